@@ -1,0 +1,66 @@
+"""Wire types of aip-hermes-worker: what travels on the bus, as strict msgspec Structs.
+
+Publishers in other languages use the generated JSON Schema files in `schemas/json/`.
+"""
+
+from schemas.action import Action, ApprovalRef, DelegationRef, Identity, Mode, Trace
+from schemas.cancel import CancelReply, CancelRequest
+from schemas.chunk import (
+    ChunkKind,
+    DataChunk,
+    DoneChunk,
+    ErrorChunk,
+    PendingApprovalChunk,
+    ProgressChunk,
+    StreamChunk,
+    ThoughtChunk,
+    ToolChunk,
+    make_chunk,
+)
+from schemas.codec import EnvelopeRejected, decode_action, encode
+from schemas.delegation import DelegationRequest
+from schemas.errors import CODE_RULES, ErrorCategory, ErrorCode, ProtocolError
+from schemas.ids import capability_id, new_action_id
+from schemas.manifest import CapabilityEntry, CapabilityManifest, Risk
+from schemas.operator import ApprovalChoice, OperatorInput, OperatorObjective, OperatorResume
+from schemas.result import ActionResult, ResultStatus
+
+__all__ = [
+    "CODE_RULES",
+    "Action",
+    "ActionResult",
+    "ApprovalChoice",
+    "ApprovalRef",
+    "CancelReply",
+    "CancelRequest",
+    "CapabilityEntry",
+    "CapabilityManifest",
+    "ChunkKind",
+    "DataChunk",
+    "DelegationRef",
+    "DelegationRequest",
+    "DoneChunk",
+    "EnvelopeRejected",
+    "ErrorCategory",
+    "ErrorChunk",
+    "ErrorCode",
+    "Identity",
+    "Mode",
+    "OperatorInput",
+    "OperatorObjective",
+    "OperatorResume",
+    "PendingApprovalChunk",
+    "ProgressChunk",
+    "ProtocolError",
+    "ResultStatus",
+    "Risk",
+    "StreamChunk",
+    "ThoughtChunk",
+    "ToolChunk",
+    "Trace",
+    "capability_id",
+    "decode_action",
+    "encode",
+    "make_chunk",
+    "new_action_id",
+]

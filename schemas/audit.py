@@ -1,0 +1,52 @@
+"""Receipt: one redacted decision record on `aip.hermes.{endpoint}.audit`.
+
+Receipts let an operator reconstruct what happened to an Action without trusting any one
+process. They are redacted by construction: `details` holds only scalars chosen by the
+emitting code (input appears only as a fingerprint, never a body, header value or key).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import msgspec
+
+from schemas._base import WireStruct
+from schemas.ids import UnixMs
+
+DetailValue = str | int | float | bool | None
+
+
+class ReceiptEvent(StrEnum):
+    RECEIVED = "received"
+    REFUSED = "refused"
+    DEAD_LETTERED = "dead_lettered"
+    LEASE_ACQUIRED = "lease_acquired"
+    LEASE_LOST = "lease_lost"
+    LEASE_RELEASED = "lease_released"
+    DUPLICATE = "duplicate"
+    START_CLAIMED = "start_claimed"
+    PROVIDER_REQUEST = "provider_request"
+    RUN_BOUND = "run_bound"
+    APPROVAL_COMMAND = "approval_command"
+    CANCEL_REQUESTED = "cancel_requested"
+    CANCEL_SENT = "cancel_sent"
+    CANCEL_CONFIRMED = "cancel_confirmed"
+    SETTLED = "settled"
+    FENCED_OUT = "fenced_out"
+    REPUBLISHED = "republished"
+
+
+class Receipt(WireStruct, kw_only=True, frozen=True):
+    #: Unique and deterministic per decision: also the `Nats-Msg-Id`, so a retried publish of
+    #: the same receipt is dropped by the server.
+    receipt_id: Annotated[str, msgspec.Meta(max_length=256)]
+    event: ReceiptEvent
+    action_id: str
+    endpoint_id: str
+    worker_id: str
+    fence: int = 0
+    trace_id: str | None = None
+    ts_unix_ms: UnixMs
+    details: dict[str, DetailValue] = msgspec.field(default_factory=dict)

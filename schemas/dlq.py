@@ -1,0 +1,22 @@
+"""How a rejected envelope is kept on `aip.hermes.{endpoint}.dlq`.
+
+The DLQ message body is the rejected payload byte for byte (nothing is lost, nothing is
+re-encoded); the reason travels in these headers so any NATS client can read it.
+"""
+
+from __future__ import annotations
+
+#: The error code (`schema.envelope.invalid`, `envelope.decode.invalid`, …).
+DLQ_CODE = "Aip-Dlq-Code"
+#: Why it was rejected, for people (bounded, no secrets).
+DLQ_REASON = "Aip-Dlq-Reason"
+#: The subject the envelope arrived on.
+DLQ_SUBJECT = "Aip-Dlq-Subject"
+#: Its sequence in the source stream, for tracing it back.
+DLQ_STREAM_SEQ = "Aip-Dlq-Stream-Seq"
+#: The worker that rejected it.
+DLQ_WORKER = "Aip-Dlq-Worker"
+#: Size of the original payload in bytes.
+DLQ_SIZE = "Aip-Dlq-Size"
+#: Set when only a prefix of an over-size payload could be kept.
+DLQ_TRUNCATED = "Aip-Dlq-Truncated"

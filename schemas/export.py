@@ -1,0 +1,68 @@
+"""Generate `schemas/json/*.json` from the Python types (and check them for drift)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from schemas.action import Action
+from schemas.cancel import CancelReply, CancelRequest
+from schemas.chunk import StreamChunk
+from schemas.audit import Receipt
+from schemas.delegation import DelegationRequest
+from schemas.errors import ProtocolError
+from schemas.manifest import CapabilityManifest
+from schemas.operator import OperatorInput
+from schemas.result import ActionResult
+
+JSON_DIR = Path(__file__).parent / "json"
+
+EXPORTED: dict[str, Any] = {
+    "Action": Action,
+    "OperatorInput": OperatorInput,
+    "StreamChunk": StreamChunk,
+    "ActionResult": ActionResult,
+    "ProtocolError": ProtocolError,
+    "CancelRequest": CancelRequest,
+    "CancelReply": CancelReply,
+    "DelegationRequest": DelegationRequest,
+    "CapabilityManifest": CapabilityManifest,
+    "Receipt": Receipt,
+}
+
+
+def render(name: str) -> str:
+    """The JSON Schema document of one exported type, byte-stable for drift checks."""
+    schema = msgspec.json.schema(EXPORTED[name])
+    schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
+    schema["$id"] = f"https://aip-hermes-worker/schemas/{name}.json"
+    schema["title"] = name
+    return json.dumps(schema, indent=2, sort_keys=True) + "\n"
+
+
+def rendered() -> dict[str, str]:
+    return {f"{name}.json": render(name) for name in EXPORTED}
+
+
+def export(target: Path = JSON_DIR) -> list[Path]:
+    """Write every schema file; returns the paths written."""
+    target.mkdir(parents=True, exist_ok=True)
+    written = []
+    for filename, text in rendered().items():
+        path = target / filename
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+    return written
+
+
+def drift(target: Path = JSON_DIR) -> list[str]:
+    """Names of files whose committed text differs from what the types generate."""
+    out = []
+    for filename, text in rendered().items():
+        path = target / filename
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            out.append(filename)
+    return out

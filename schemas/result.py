@@ -1,0 +1,31 @@
+"""ActionResult: the one terminal answer per Action, settled under a lease fence."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from schemas._base import WireStruct
+from schemas.errors import ProtocolError
+from schemas.ids import ActionId, UnixMs
+
+
+class ResultStatus(StrEnum):
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    REQUIRES_HUMAN = "requires_human"
+
+
+class ActionResult(WireStruct, kw_only=True, frozen=True):
+    action_id: ActionId
+    capability: str
+    endpoint_id: str
+    status: ResultStatus
+    output: Any = None
+    error: ProtocolError | None = None
+    #: The worker whose fenced settle wrote this result.
+    settled_by: str
+    #: The lease fence that settle held; a higher fence never sees a lower one overwrite it.
+    fence: int
+    settled_at_unix_ms: UnixMs

@@ -1,0 +1,19 @@
+"""Where messages travel: the subject grammar, stream specs and provisioning (DESIGN §3)."""
+
+from subjects.grammar import (
+    DEFAULT_PREFIX,
+    InvalidEndpointId,
+    Subjects,
+    chunk_msg_id,
+    normalize_endpoint_id,
+    result_msg_id,
+)
+
+__all__ = [
+    "DEFAULT_PREFIX",
+    "InvalidEndpointId",
+    "Subjects",
+    "chunk_msg_id",
+    "normalize_endpoint_id",
+    "result_msg_id",
+]

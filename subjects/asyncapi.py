@@ -1,0 +1,99 @@
+"""Generate the AsyncAPI 3 document of every subject and message (drift-checked by a test)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from schemas.export import EXPORTED, render
+from subjects.grammar import Subjects
+
+DOC_PATH = Path(__file__).parent / "asyncapi.json"
+
+# (channel id, address template, message, stream, what it is for, who sends)
+_CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
+    ("actions", "{prefix}.hermes.{endpoint}.actions", "Action", "ACTIONS",
+     "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to the Action id and "
+     "sign the payload (headers Aip-Signer, Aip-Signature).", "publisher"),
+    ("delegations", "{prefix}.hermes.{endpoint}.delegations", "DelegationRequest", "DELEGATIONS",
+     "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue).", "publisher"),
+    ("cancel", "{prefix}.hermes.{endpoint}.cancel", "CancelRequest", None,
+     "Core NATS request/reply; the reply is a CancelReply. Signed like an Action.", "publisher"),
+    ("chunks", "{prefix}.hermes.{endpoint}.chunks.{action_id}", "StreamChunk", "CHUNKS",
+     "Typed progress of one Action, seq 0,1,2… (Nats-Msg-Id {action_id}:{seq}).", "worker"),
+    ("results", "{prefix}.hermes.{endpoint}.results.{action_id}", "ActionResult", "RESULTS",
+     "The one ActionResult of an Action (Nats-Msg-Id {action_id}:result).", "worker"),
+    ("dlq", "{prefix}.hermes.{endpoint}.dlq", "RejectedEnvelope", "DLQ",
+     "Rejected envelopes byte for byte; the reason is in the Aip-Dlq-* headers.", "worker"),
+    ("audit", "{prefix}.hermes.{endpoint}.audit", "Receipt", "AUDIT",
+     "Redacted decision receipts of every Action.", "worker"),
+    ("manifest", "{prefix}.hermes.{endpoint}.manifest", "CapabilityManifest", None,
+     "Core NATS request/reply (also NATS micro $SRV): the capability manifest.", "worker"),
+)
+
+
+def document(prefix: str = "aip") -> dict[str, Any]:
+    subjects = Subjects(prefix)
+    channels: dict[str, Any] = {}
+    operations: dict[str, Any] = {}
+    messages: dict[str, Any] = {}
+    schemas: dict[str, Any] = {}
+    for name in EXPORTED:
+        schemas[name] = json.loads(render(name))
+    schemas["RejectedEnvelope"] = {
+        "description": "The rejected payload, unchanged (any bytes).",
+        "type": "string",
+        "contentEncoding": "binary",
+    }
+    for channel_id, address, message, stream, description, sender in _CHANNELS:
+        params = {
+            p: {"description": f"the {p.replace('_', ' ')}"}
+            for p in ("endpoint", "action_id")
+            if "{" + p + "}" in address
+        }
+        channel: dict[str, Any] = {
+            "address": address.replace("{prefix}", prefix),
+            "description": description
+            + (f" Stream {subjects.stream_name(stream)}." if stream else ""),
+            "messages": {message: {"$ref": f"#/components/messages/{message}"}},
+        }
+        if params:
+            channel["parameters"] = params
+        channels[channel_id] = channel
+        operations[f"{channel_id}_{'send' if sender == 'publisher' else 'receive'}"] = {
+            "action": "send" if sender == "publisher" else "receive",
+            "channel": {"$ref": f"#/channels/{channel_id}"},
+            "summary": f"{sender} side of {channel_id}",
+        }
+        messages[message] = {
+            "name": message,
+            "contentType": "application/json" if message != "RejectedEnvelope" else
+            "application/octet-stream",
+            "payload": {"$ref": f"#/components/schemas/{message}"},
+        }
+    return {
+        "asyncapi": "3.0.0",
+        "info": {
+            "title": "aip-hermes-worker",
+            "version": "0.1.0",
+            "description": "Subjects and messages between AIP publishers and Hermes workers.",
+        },
+        "defaultContentType": "application/json",
+        "channels": channels,
+        "operations": operations,
+        "components": {"messages": messages, "schemas": schemas},
+    }
+
+
+def render_document(prefix: str = "aip") -> str:
+    return json.dumps(document(prefix), indent=2, sort_keys=True) + "\n"
+
+
+def export(path: Path = DOC_PATH) -> Path:
+    path.write_text(render_document(), encoding="utf-8")
+    return path
+
+
+def drifted(path: Path = DOC_PATH) -> bool:
+    return not path.exists() or path.read_text(encoding="utf-8") != render_document()

@@ -1,0 +1,109 @@
+"""The subject grammar of DESIGN §3: every subject and durable name is built here, nowhere else."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
+
+DEFAULT_PREFIX = "aip"
+_ENDPOINT_RE = re.compile(ENDPOINT_ID_PATTERN)
+_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_FOLD_RE = re.compile(r"[^a-z0-9_-]+")
+
+
+class InvalidEndpointId(ValueError):
+    """An endpoint id that cannot be normalized into the subject grammar."""
+
+
+def normalize_endpoint_id(raw: str) -> str:
+    """Lower-case, fold every run of other characters into `-`, and validate.
+
+    Normalization is deliberately simple and visible: `Hermes.1` becomes `hermes-1`, so two
+    descriptors that normalize to one id are caught as duplicates at startup.
+    """
+    folded = _FOLD_RE.sub("-", raw.strip().lower()).strip("-")
+    if not _ENDPOINT_RE.fullmatch(folded):
+        raise InvalidEndpointId(
+            f"endpoint id {raw!r} does not normalize to [a-z0-9][a-z0-9_-]{{0,62}}"
+        )
+    return folded
+
+
+@dataclass(frozen=True, slots=True)
+class Subjects:
+    """Subjects under one prefix (default `aip`)."""
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        if not _PREFIX_RE.fullmatch(self.prefix):
+            raise ValueError(f"subject prefix {self.prefix!r} must match [a-z0-9][a-z0-9_-]*")
+
+    # Per-endpoint subjects.
+    def actions(self, endpoint_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.actions"
+
+    def delegations(self, endpoint_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.delegations"
+
+    def cancel(self, endpoint_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.cancel"
+
+    def chunks(self, endpoint_id: str, action_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.chunks.{_checked(action_id)}"
+
+    def results(self, endpoint_id: str, action_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.results.{_checked(action_id)}"
+
+    def dlq(self, endpoint_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.dlq"
+
+    def audit(self, endpoint_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.audit"
+
+    def manifest(self, endpoint_id: str) -> str:
+        return f"{self.prefix}.hermes.{endpoint_id}.manifest"
+
+    # Wildcards that streams bind.
+    def all_actions(self) -> str:
+        return f"{self.prefix}.hermes.*.actions"
+
+    def all_delegations(self) -> str:
+        return f"{self.prefix}.hermes.*.delegations"
+
+    def all_chunks(self) -> str:
+        return f"{self.prefix}.hermes.*.chunks.*"
+
+    def all_results(self) -> str:
+        return f"{self.prefix}.hermes.*.results.*"
+
+    def all_dlq(self) -> str:
+        return f"{self.prefix}.hermes.*.dlq"
+
+    def all_audit(self) -> str:
+        return f"{self.prefix}.hermes.*.audit"
+
+    # Stream and consumer names.
+    def stream_name(self, kind: str) -> str:
+        """`AIP_HERMES_ACTIONS` for the default prefix; another prefix gets its own streams."""
+        return f"{self.prefix.upper().replace('-', '_')}_HERMES_{kind.upper()}"
+
+    def durable(self, endpoint_id: str, kind: str) -> str:
+        return f"hermes_{endpoint_id.replace('-', '_')}_{kind}"
+
+
+def chunk_msg_id(action_id: str, seq: int) -> str:
+    """`Nats-Msg-Id` of a chunk: a republish after a crash is dropped by the server."""
+    return f"{action_id}:{seq}"
+
+
+def result_msg_id(action_id: str) -> str:
+    return f"{action_id}:result"
+
+
+def _checked(action_id: str) -> str:
+    if not is_action_id(action_id):
+        raise ValueError("not an action id")
+    return action_id

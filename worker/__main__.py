@@ -1,0 +1,7 @@
+"""`python -m worker` is the `aip-hermes-worker` command."""
+
+import sys
+
+from worker.cli import main
+
+sys.exit(main())

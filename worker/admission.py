@@ -1,0 +1,39 @@
+"""What the runtime asks of the trust layer before anything reaches a provider.
+
+Two steps, because they fail differently: an envelope whose *signature* fails cannot be
+trusted even for its Action id, so it goes to the DLQ and touches no Action state (otherwise
+a forger could settle, or poison the fingerprint of, someone else's Action id). A signed
+envelope refused for its identity, tenant or approval is answered with a settled, failed
+ActionResult, so its publisher learns why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from schemas.action import Action
+from worker.operations.base import OperationSpec
+from worker.settings import Endpoint
+
+
+class Admission(Protocol):
+    def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
+        """The verified signer (None when unsigned input is allowed); raises ConnectorError."""
+        ...
+
+    async def admit(
+        self,
+        *,
+        action: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+    ) -> Mapping[str, str]:
+        """Check identity, tenant and approval; return the trusted provider headers.
+
+        Raises ConnectorError with the refusal code; nothing has been sent to Hermes then.
+        """
+        ...

@@ -1,0 +1,169 @@
+"""The worker process: wires the runtime together, runs it, and drains it on SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+from typing import Any
+
+from nats.aio.client import Client as NATS
+
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from worker.admission import Admission
+from worker.audit import AuditLog
+from worker.connections import connect_nats, stream_policy
+from worker.consumer import PullLoop, Slots
+from worker.control import BindingCancelHook, ControlPlane
+from worker.delivery import DeliveryHandler, EndpointRuntime, Runtime
+from worker.hermes.client import HermesClient
+from worker.leases import LeaseKeeper
+from worker.operations.base import Registry
+from worker.publisher import BusPublisher
+from worker.settings import Settings
+from worker.store.connection import open_redis
+from worker.store.lease_store import LeaseStore
+
+log = logging.getLogger(__name__)
+
+
+class Worker:
+    """One worker process serving every configured endpoint."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        admission: Admission,
+        registry: Registry,
+        binding_cancel: BindingCancelHook | None = None,
+    ) -> None:
+        self.settings = settings
+        self.admission = admission
+        self.registry = registry
+        self.binding_cancel = binding_cancel
+        self.subjects = Subjects(settings.subject_prefix)
+        self.nc: NATS | None = None
+        self.redis: Any = None
+        self.rt: Runtime | None = None
+        self.loops: list[PullLoop] = []
+        self.control: ControlPlane | None = None
+        self.slots = Slots(settings.concurrency)
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stopped = asyncio.Event()
+
+    async def start(self) -> None:
+        settings = self.settings
+        endpoints = settings.resolve_endpoints()
+        if not endpoints:
+            raise ValueError("no Hermes endpoint is configured (AIPD_HERMES_ENDPOINTS)")
+        self.nc = await connect_nats(settings)
+        js = self.nc.jetstream()
+        if settings.auto_provision:
+            await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
+        self.redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+        store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms)
+        publisher = BusPublisher(js, self.subjects)
+        audit = AuditLog(publisher, settings.worker_id)
+        keeper = LeaseKeeper(store, audit, lease_ttl_ms=settings.lease_ttl_ms)
+        self.rt = Runtime(
+            settings=settings,
+            subjects=self.subjects,
+            js=js,
+            store=store,
+            publisher=publisher,
+            audit=audit,
+            keeper=keeper,
+            registry=self.registry,
+            endpoints={
+                e.id: EndpointRuntime(
+                    e, HermesClient(e, transport=settings.hermes_http_transport)
+                )
+                for e in endpoints
+            },
+            admission=self.admission,
+            worker_id=settings.worker_id,
+        )
+        handler = DeliveryHandler(self.rt)
+        self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
+        await self.control.start()
+        loop = asyncio.get_running_loop()
+        self._tasks.append(loop.create_task(keeper.run()))
+        for endpoint in endpoints:
+            pull = PullLoop(
+                js,
+                stream=self.subjects.stream_name("actions"),
+                durable=self.subjects.durable(endpoint.id, "actions"),
+                subject=self.subjects.actions(endpoint.id),
+                slots=self.slots,
+                handle=_bound(handler, endpoint.id),
+            )
+            self.loops.append(pull)
+            self._tasks.append(loop.create_task(pull.run()))
+        log.info(
+            "worker %s serving %s (concurrency %d, lease ttl %d ms)",
+            settings.worker_id,
+            ", ".join(e.id for e in endpoints),
+            settings.concurrency,
+            settings.lease_ttl_ms,
+        )
+
+    @property
+    def ready(self) -> bool:
+        return bool(self.nc and self.nc.is_connected and self.loops and all(
+            loop.bound for loop in self.loops
+        ))
+
+    async def shutdown(self) -> None:
+        """Stop fetching, let in-flight work finish within the grace period (heartbeating),
+        then release the leases of unfinished work without settling it."""
+        if self._stopped.is_set():
+            return
+        self._stopped.set()
+        for pull in self.loops:
+            pull.stop()
+        for task in self._tasks[1:]:
+            task.cancel()
+        finished = await self.slots.wait_idle(self.settings.shutdown_grace_s)
+        if not finished and self.rt is not None:
+            self.rt.shutting_down = True
+            for execution in list(self.rt.keeper.executions.values()):
+                if execution.task is not None:
+                    execution.task.cancel("shutdown")
+            await self.slots.wait_idle(10.0)
+        self._tasks[0].cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.control is not None:
+            await self.control.stop()
+        if self.rt is not None:
+            await self.rt.audit.drain()
+            for ep in self.rt.endpoints.values():
+                await ep.hermes.aclose()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+        if self.redis is not None:
+            with contextlib.suppress(Exception):
+                await self.redis.aclose()
+        log.info("worker %s stopped", self.settings.worker_id)
+
+    async def run_until_signalled(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await stop.wait()
+        log.info("signal received: draining")
+        await self.shutdown()
+
+
+def _bound(handler: DeliveryHandler, endpoint_id: str) -> Any:
+    async def handle(msg: Any) -> None:
+        await handler.handle(msg, endpoint_id)
+
+    return handle

@@ -1,0 +1,214 @@
+"""The publisher's side: build, sign and publish an Action, then follow its chunks and result.
+
+    async with AipClient.connect("nats://127.0.0.1:4222") as client:
+        handle = await client.submit(endpoint_id="hermes-1", operation="models", input={},
+                                     principal_id="user:alice", tenant_id="acme")
+        async for chunk in handle.chunks():
+            print(chunk.seq, chunk.kind)
+        result = await handle.result(timeout_s=30)
+
+`chunks()` reads the Action's chunk subject through an ordered JetStream consumer, which
+re-creates itself after a disconnect and resumes at the next stream sequence, so the
+iterator yields every chunk once, in `seq` order, from any starting seq.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
+from schemas.cancel import CancelReply, CancelRequest
+from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
+from schemas.codec import encode
+from schemas.ids import capability_id, new_action_id
+from schemas.result import ActionResult
+from subjects.grammar import Subjects
+
+_chunk_decoder = msgspec.json.Decoder(StreamChunk)
+_result_decoder = msgspec.json.Decoder(ActionResult)
+_reply_decoder = msgspec.json.Decoder(CancelReply)
+
+
+def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
+    if sign_key is None:
+        return {}
+    from worker.trust.signing import sign_envelope  # the gateway's signing helper
+
+    return sign_envelope(payload, sign_key.read_bytes().strip())
+
+
+class ActionHandle:
+    """A published Action: follow its chunks and wait for its one result."""
+
+    def __init__(self, client: AipClient, endpoint_id: str, action_id: str) -> None:
+        self.client = client
+        self.endpoint_id = endpoint_id
+        self.action_id = action_id
+
+    async def chunks(
+        self, *, from_seq: int = 0, idle_timeout_s: float | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk."""
+        js = self.client.nc.jetstream()
+        subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
+        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        expected = from_seq
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=idle_timeout_s or 3600.0)
+                chunk = _chunk_decoder.decode(msg.data)
+                if chunk.seq < expected:
+                    continue  # a republish after a takeover, or before from_seq
+                expected = chunk.seq + 1
+                yield chunk
+                if isinstance(chunk, DoneChunk | ErrorChunk):
+                    return
+        finally:
+            await sub.unsubscribe()
+
+    async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
+        """The settled ActionResult (waits for it; returns at once if it already exists)."""
+        js = self.client.nc.jetstream()
+        subject = self.client.subjects.results(self.endpoint_id, self.action_id)
+        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        try:
+            msg = await sub.next_msg(timeout=timeout_s)
+            return _result_decoder.decode(msg.data)
+        finally:
+            await sub.unsubscribe()
+
+    async def cancel(self, *, reason: str = "", requested_by: str) -> CancelReply:
+        return await self.client.cancel(
+            self.endpoint_id, self.action_id, reason=reason, requested_by=requested_by
+        )
+
+
+class AipClient:
+    def __init__(self, nc: NATS, *, prefix: str = "aip", sign_key: Path | None = None) -> None:
+        self.nc = nc
+        self.subjects = Subjects(prefix)
+        self.sign_key = sign_key
+        self._owns_connection = False
+
+    @classmethod
+    async def connect(
+        cls, servers: str | list[str], *, prefix: str = "aip", sign_key: Path | None = None
+    ) -> AipClient:
+        nc = await nats.connect(servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        client = cls(nc, prefix=prefix, sign_key=sign_key)
+        client._owns_connection = True
+        return client
+
+    async def __aenter__(self) -> AipClient:
+        return self
+
+    async def __aexit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._owns_connection:
+            await self.nc.drain()
+
+    def build_action(
+        self,
+        *,
+        endpoint_id: str,
+        operation: str,
+        input: Mapping[str, Any],
+        principal_id: str,
+        principal_kind: str = "user",
+        tenant_id: str | None = None,
+        credential_revision: int | None = None,
+        authentication_issuer: str | None = None,
+        mode: Mode = Mode.ASYNC,
+        idempotency_key: str | None = None,
+        timeout_ms: int | None = None,
+        deadline_unix_ms: int | None = None,
+        trace_id: str | None = None,
+        approval_decision_id: str | None = None,
+        action_id: str | None = None,
+    ) -> Action:
+        action_id = action_id or new_action_id()
+        return Action(
+            id=action_id,
+            capability=capability_id(endpoint_id, operation),
+            input=dict(input),
+            identity=Identity(
+                principal_id=principal_id,
+                principal_kind=principal_kind,
+                tenant_id=tenant_id,
+                authentication_issuer=authentication_issuer,
+                credential_revision=credential_revision,
+            ),
+            created_at_unix_ms=time.time_ns() // 1_000_000,
+            mode=mode,
+            idempotency_key=idempotency_key or action_id,
+            timeout_ms=timeout_ms,
+            deadline_unix_ms=deadline_unix_ms,
+            trace=Trace(trace_id=trace_id) if trace_id else None,
+            approval=ApprovalRef(decision_id=approval_decision_id)
+            if approval_decision_id
+            else None,
+        )
+
+    async def publish(self, action: Action) -> ActionHandle:
+        """Publish an Action (signed when a key is set); `Nats-Msg-Id` = its id."""
+        from schemas.ids import split_capability
+
+        endpoint_id, _ = split_capability(action.capability)
+        payload = encode(action)
+        headers = {"Nats-Msg-Id": action.id, **_signed_headers(payload, self.sign_key)}
+        await self.nc.jetstream().publish(
+            self.subjects.actions(endpoint_id), payload, headers=headers
+        )
+        return ActionHandle(self, endpoint_id, action.id)
+
+    async def submit(self, **fields: Any) -> ActionHandle:
+        return await self.publish(self.build_action(**fields))
+
+    async def submit_and_wait(self, *, timeout_s: float = 60.0, **fields: Any) -> ActionResult:
+        handle = await self.submit(**fields)
+        return await handle.result(timeout_s=timeout_s)
+
+    def handle(self, endpoint_id: str, action_id: str) -> ActionHandle:
+        return ActionHandle(self, endpoint_id, action_id)
+
+    async def stored_result(self, endpoint_id: str, action_id: str) -> ActionResult | None:
+        """The result already on the results stream, without waiting."""
+        try:
+            msg = await self.nc.jetstream().get_last_msg(
+                self.subjects.stream_name("results"),
+                self.subjects.results(endpoint_id, action_id),
+            )
+        except NotFoundError:
+            return None
+        return _result_decoder.decode(msg.data or b"")
+
+    async def cancel(
+        self, endpoint_id: str, action_id: str, *, reason: str = "", requested_by: str
+    ) -> CancelReply:
+        payload = encode(
+            CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
+        )
+        reply = await self.nc.request(
+            self.subjects.cancel(endpoint_id),
+            payload,
+            timeout=5.0,
+            headers=_signed_headers(payload, self.sign_key) or None,
+        )
+        return _reply_decoder.decode(reply.data)
+
+    async def manifest(self, endpoint_id: str) -> dict[str, Any]:
+        reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)
+        decoded: dict[str, Any] = msgspec.json.decode(reply.data)
+        return decoded
+

@@ -1,0 +1,85 @@
+"""Open the NATS connection with every credential kind and reconnects that never give up."""
+
+from __future__ import annotations
+
+import logging
+import ssl
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+
+from worker.secret_files import read_secret_file
+from worker.settings import Settings
+from subjects.streams import StreamPolicy
+
+log = logging.getLogger(__name__)
+
+
+def stream_policy(settings: Settings) -> StreamPolicy:
+    return StreamPolicy(
+        replicas=settings.stream_replicas,
+        duplicate_window_s=settings.duplicate_window_s,
+        ack_wait_s=settings.effective_ack_wait_s,
+    )
+
+
+def _tls(settings: Settings) -> ssl.SSLContext | None:
+    if not (settings.nats_tls_ca_file or settings.nats_tls_cert_file):
+        return None
+    context = ssl.create_default_context(
+        cafile=str(settings.nats_tls_ca_file) if settings.nats_tls_ca_file else None
+    )
+    if settings.nats_tls_cert_file and settings.nats_tls_key_file:
+        context.load_cert_chain(str(settings.nats_tls_cert_file), str(settings.nats_tls_key_file))
+    return context
+
+
+async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -> NATS:
+    """Unlimited reconnects (the default gives up after ~60 tries, pitfalls.md)."""
+
+    async def on_error(exc: Exception) -> None:
+        log.warning("nats error: %s", type(exc).__name__)
+
+    async def on_disconnect() -> None:
+        log.warning("nats disconnected; reconnecting")
+
+    async def on_reconnect() -> None:
+        log.info("nats reconnected")
+
+    async def on_closed() -> None:
+        log.info("nats connection closed")
+
+    options: dict[str, Any] = {
+        "servers": settings.nats_servers,
+        "name": name,
+        "max_reconnect_attempts": -1,
+        "reconnect_time_wait": 0.5,
+        "connect_timeout": 3,
+        "allow_reconnect": True,
+        "error_cb": on_error,
+        "disconnected_cb": on_disconnect,
+        "reconnected_cb": on_reconnect,
+        "closed_cb": on_closed,
+        "pending_size": 64 * 1024 * 1024,
+    }
+    if settings.nats_user:
+        options["user"] = settings.nats_user
+    if settings.nats_password_file:
+        options["password"] = read_secret_file(
+            settings.nats_password_file, what="AIPD_NATS_PASSWORD_FILE"
+        ).reveal()
+    if settings.nats_token_file:
+        options["token"] = read_secret_file(
+            settings.nats_token_file, what="AIPD_NATS_TOKEN_FILE"
+        ).reveal()
+    if settings.nats_nkey_seed_file:
+        read_secret_file(settings.nats_nkey_seed_file, what="AIPD_NATS_NKEY_SEED_FILE")
+        options["nkeys_seed"] = str(settings.nats_nkey_seed_file)
+    if settings.nats_creds_file:
+        read_secret_file(settings.nats_creds_file, what="AIPD_NATS_CREDS_FILE")
+        options["user_credentials"] = str(settings.nats_creds_file)
+    tls = _tls(settings)
+    if tls is not None:
+        options["tls"] = tls
+    return await nats.connect(**options)

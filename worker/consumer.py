@@ -1,0 +1,146 @@
+"""The pull loop: fetch only as many Actions as there are free slots, and never stop.
+
+Nothing waits in a local buffer while its AckWait runs: a fetch asks for at most the free
+execution slots. An empty fetch is normal (nats-py raises a timeout for it); any other
+failure — a NATS restart, a deleted consumer, a lost connection — is logged and the loop
+binds again, so the pull consumer resumes by itself (nats.py #504).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.errors import FetchTimeoutError
+
+log = logging.getLogger(__name__)
+
+MAX_BATCH = 128
+
+Handler = Callable[..., Awaitable[None]]
+
+
+class Slots:
+    """The worker's execution slots, shared by every endpoint it serves."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.in_use = 0
+        self._changed = asyncio.Condition()
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.in_use
+
+    async def wait_free(self) -> int:
+        async with self._changed:
+            await self._changed.wait_for(lambda: self.free > 0)
+            return self.free
+
+    def take(self, n: int) -> None:
+        self.in_use += n
+
+    async def give(self) -> None:
+        async with self._changed:
+            self.in_use -= 1
+            self._changed.notify_all()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait_for(lambda: self.in_use == 0), timeout_s)
+            except TimeoutError:
+                return False
+            return True
+
+
+class PullLoop:
+    """Fetch from one durable consumer and hand each message to the delivery handler."""
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        *,
+        stream: str,
+        durable: str,
+        subject: str,
+        slots: Slots,
+        handle: Callable[[object], Awaitable[None]],
+        fetch_timeout_s: float = 2.0,
+    ) -> None:
+        self.js = js
+        self.stream = stream
+        self.durable = durable
+        self.subject = subject
+        self.slots = slots
+        self.handle = handle
+        self.fetch_timeout_s = fetch_timeout_s
+        self.stopping = asyncio.Event()
+        self.bound = False
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    async def run(self) -> None:
+        backoff = 0.1
+        while not self.stopping.is_set():
+            try:
+                sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
+            except Exception as exc:  # noqa: BLE001 - bind again until the server is back
+                self.bound = False
+                log.warning("cannot bind %s/%s: %s", self.stream, self.durable, exc)
+                await self._pause(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            if not self.bound:
+                log.info("bound to consumer %s/%s", self.stream, self.durable)
+            self.bound = True
+            backoff = 0.1
+            try:
+                await self._fetch_until_error(sub)
+            finally:
+                self.bound = False
+                await _quiet_unsubscribe(sub)
+
+    async def _fetch_until_error(self, sub: JetStreamContext.PullSubscription) -> None:
+        while not self.stopping.is_set():
+            free = await self.slots.wait_free()
+            if self.stopping.is_set():
+                return
+            batch = min(free, MAX_BATCH)
+            try:
+                msgs = await sub.fetch(batch, timeout=self.fetch_timeout_s)
+            except (FetchTimeoutError, NatsTimeoutError, asyncio.TimeoutError):
+                continue
+            except Exception as exc:  # noqa: BLE001 - rebind after any other fetch failure
+                log.warning("fetch from %s failed (%s); binding again", self.durable, exc)
+                await self._pause(0.2)
+                return
+            self.slots.take(len(msgs))
+            for msg in msgs:
+                task = asyncio.get_running_loop().create_task(self._one(msg))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+
+    async def _one(self, msg: object) -> None:
+        try:
+            await self.handle(msg)
+        finally:
+            await self.slots.give()
+
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self.stopping.wait(), seconds)
+        except TimeoutError:
+            pass
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+async def _quiet_unsubscribe(sub: JetStreamContext.PullSubscription) -> None:
+    try:
+        await sub.unsubscribe()
+    except Exception:  # noqa: BLE001, S110 - the connection may already be gone
+        pass

@@ -1,0 +1,167 @@
+"""The request/reply side of a worker: cancel and discovery (DESIGN §3).
+
+Both are NATS micro endpoints in one service, so `$SRV.PING|INFO|STATS.aip-hermes-worker`
+discovers every worker and what it serves. Requests are load-balanced by the micro queue
+group; a cancel is persisted in Redis first (so it holds even if no worker runs the Action
+yet), then announced on an internal subject that every worker hears, so the holder reacts
+at once instead of at its next heartbeat.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import Service
+
+from schemas.audit import ReceiptEvent
+from schemas.cancel import CancelReply
+from schemas.codec import EnvelopeRejected, decode_cancel, encode
+from schemas.errors import ErrorCode
+from schemas.manifest import CapabilityManifest
+from subjects.grammar import Subjects
+from worker import __version__
+from worker.delivery import Runtime
+from worker.errors import ConnectorError, protocol_error
+from worker.store.keys import ActionKeys
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "aip-hermes-worker"
+QUEUE_GROUP = "aip-hermes-worker"
+
+#: Optional hook that records the intent in an operator binding and returns its state.
+BindingCancelHook = Callable[[Any, str], Awaitable[str | None]]
+
+
+def control_cancel_subject(subjects: Subjects, endpoint_id: str) -> str:
+    """Internal fan-out subject announcing a durable cancel intent to every worker."""
+    return f"{subjects.prefix}.hermes.{endpoint_id}.control.cancel"
+
+
+def manifest_of(rt: Runtime, endpoint_id: str) -> CapabilityManifest:
+    return CapabilityManifest(
+        endpoint_id=endpoint_id,
+        worker_version=__version__,
+        capabilities=rt.registry.manifest(endpoint_id),
+    )
+
+
+class ControlPlane:
+    def __init__(
+        self, nc: NATS, rt: Runtime, *, binding_cancel: BindingCancelHook | None = None
+    ) -> None:
+        self.nc = nc
+        self.rt = rt
+        self.binding_cancel = binding_cancel
+        self.service: Service | None = None
+        self._manifests = {
+            endpoint_id: encode(manifest_of(rt, endpoint_id)) for endpoint_id in rt.endpoints
+        }
+
+    async def start(self) -> None:
+        subjects = self.rt.subjects
+        self.service = await add_service(
+            self.nc,
+            name=SERVICE_NAME,
+            version=__version__,
+            description="Drives Hermes Agent endpoints for AIP Actions on JetStream",
+            queue_group=QUEUE_GROUP,
+            metadata={"worker_id": self.rt.worker_id},
+        )
+        for endpoint_id in self.rt.endpoints:
+            await self.service.add_endpoint(
+                name=f"manifest-{endpoint_id}",
+                subject=subjects.manifest(endpoint_id),
+                handler=self._manifest_handler(endpoint_id),
+            )
+            await self.service.add_endpoint(
+                name=f"cancel-{endpoint_id}",
+                subject=subjects.cancel(endpoint_id),
+                handler=self._cancel_handler(endpoint_id),
+            )
+            await self.nc.subscribe(
+                control_cancel_subject(subjects, endpoint_id), cb=self._on_cancel_notice
+            )
+
+    async def stop(self) -> None:
+        if self.service is not None:
+            await self.service.stop()
+
+    def _manifest_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
+        async def handle(request: Request) -> None:
+            await request.respond(self._manifests[endpoint_id])
+
+        return handle
+
+    def _cancel_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
+        async def handle(request: Request) -> None:
+            reply = await self.cancel(endpoint_id, request.data, request.headers or {})
+            await request.respond(encode(reply))
+
+        return handle
+
+    async def cancel(self, endpoint_id: str, data: bytes, headers: dict[str, str]) -> CancelReply:
+        """Persist the intent durably, then announce it; the Action's result tells the end."""
+        rt = self.rt
+        try:
+            request = decode_cancel(data, max_bytes=rt.settings.max_envelope_bytes)
+        except EnvelopeRejected as exc:
+            return _refused(None, exc.code, exc.reason, endpoint_id)
+        try:
+            rt.admission.verify_signature(data, headers)
+        except ConnectorError as exc:
+            return _refused(request.action_id, exc.code, exc.message, endpoint_id)
+        keys = ActionKeys.of(request.action_id)
+        intent = msgspec.json.encode(
+            {
+                "requested_by": request.requested_by,
+                "reason": request.reason,
+                "at_unix_ms": time.time_ns() // 1_000_000,
+            }
+        )
+        try:
+            state, owner = await rt.store.request_cancel(keys, intent)
+            binding_state = None
+            if self.binding_cancel is not None:
+                binding_state = await self.binding_cancel(rt.store.redis, request.action_id)
+        except Exception as exc:  # noqa: BLE001 - the caller learns the intent is not durable
+            log.warning("cancel of %s not recorded: %s", request.action_id, type(exc).__name__)
+            return _refused(
+                request.action_id, ErrorCode.HOST_NOT_READY, "cancel intent not recorded", endpoint_id
+            )
+        rt.audit.emit(
+            ReceiptEvent.CANCEL_REQUESTED,
+            action_id=request.action_id,
+            endpoint_id=endpoint_id,
+            requested_by=request.requested_by,
+            state=state.value,
+        )
+        if owner:
+            await self.nc.publish(
+                control_cancel_subject(rt.subjects, endpoint_id), request.action_id.encode()
+            )
+        reported = binding_state or ("settled" if state.value == "settled" else
+                                     ("running" if owner else "pending"))
+        return CancelReply(action_id=request.action_id, accepted=True, state=reported)
+
+    async def _on_cancel_notice(self, msg: Msg) -> None:
+        execution = self.rt.keeper.holding(msg.data.decode(errors="replace"))
+        if execution is not None and not execution.cancel_requested.is_set():
+            self.rt.keeper.cancel(execution)
+
+
+def _refused(action_id: str | None, code: ErrorCode, message: str, endpoint_id: str) -> CancelReply:
+    return CancelReply(
+        action_id=action_id,
+        accepted=False,
+        state="unknown",
+        error=protocol_error(code, message, endpoint_id=endpoint_id),
+    )

@@ -1,0 +1,564 @@
+"""One delivery, start to finish (DESIGN §6): decode, trust, lease, execute, settle, ack.
+
+The order is the guarantee. Nothing reaches Hermes before the envelope is decoded, trusted
+and leased; nothing is published as a result before the fenced settle wrote it; nothing is
+acked before the result is durable on JetStream. JetStream acks are cleanup, never
+authority: a worker that lost its lease stops without writing, publishing or acking, and
+the fence in Redis rejects anything it might still try.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from schemas.action import Action
+from schemas.audit import ReceiptEvent
+from schemas.chunk import ChunkKind
+from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
+from schemas.dlq import (
+    DLQ_CODE,
+    DLQ_REASON,
+    DLQ_SIZE,
+    DLQ_STREAM_SEQ,
+    DLQ_SUBJECT,
+    DLQ_WORKER,
+)
+from schemas.errors import ErrorCode, ProtocolError
+from schemas.ids import is_action_id, split_capability
+from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import Subjects
+from worker import faults
+from worker.admission import Admission
+from worker.audit import AuditLog
+from worker.errors import ConnectorError, deadline_exceeded
+from worker.execution import Execution, now_ms
+from worker.hermes.client import HermesClient
+from worker.leases import LeaseKeeper
+from worker.operations.base import LeaseLost, Operation, OperationSpec, Outcome, Registry
+from worker.publisher import BusPublisher
+from worker.settings import Endpoint, Settings
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
+
+log = logging.getLogger(__name__)
+
+_result_decoder = msgspec.json.Decoder(ActionResult)
+_canonical = msgspec.json.Encoder(order="sorted")
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRuntime:
+    endpoint: Endpoint
+    hermes: HermesClient
+
+
+@dataclass(slots=True)
+class Runtime:
+    """What every delivery shares; built once by the worker app."""
+
+    settings: Settings
+    subjects: Subjects
+    js: JetStreamContext
+    store: LeaseStore
+    publisher: BusPublisher
+    audit: AuditLog
+    keeper: LeaseKeeper
+    registry: Registry
+    endpoints: dict[str, EndpointRuntime]
+    admission: Admission
+    worker_id: str
+    shutting_down: bool = False
+
+
+def request_fingerprint(action: Action) -> str:
+    """sha256 of the canonical request: reuse of an Action id with another one collides."""
+    material = {
+        "capability": action.capability,
+        "input": action.input,
+        "delegation": msgspec.to_builtins(action.delegation),
+    }
+    return hashlib.sha256(_canonical.encode(material)).hexdigest()
+
+
+def keys_for(action: Action, operation: str) -> ActionKeys:
+    """A resume keeps its keys under its source Action's hash tag (DESIGN §5)."""
+    if operation == "operator":
+        resume = action.input.get("resume")
+        if isinstance(resume, dict):
+            source = resume.get("source_action_id")
+            if isinstance(source, str) and is_action_id(source) and source != action.id:
+                return ActionKeys.of(action.id, source_action_id=source)
+    return ActionKeys.of(action.id)
+
+
+class _Refusal(Exception):
+    def __init__(self, error: ConnectorError, *, read_only: bool) -> None:
+        self.error = error
+        self.read_only = read_only
+
+
+class DeliveryHandler:
+    def __init__(self, rt: Runtime) -> None:
+        self.rt = rt
+
+    async def handle(self, msg: Msg, endpoint_id: str) -> None:
+        """Never raises: bad input or a failing dependency must not stop the consumer loop."""
+        try:
+            await self._handle(msg, endpoint_id)
+        except Exception:
+            log.exception("delivery failed unexpectedly on %s; redelivering later", endpoint_id)
+            await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
+
+    async def _handle(self, msg: Msg, endpoint_id: str) -> None:
+        rt = self.rt
+        payload = msg.data
+        headers = dict(msg.headers or {})
+        try:
+            action = decode_action(payload, max_bytes=rt.settings.max_envelope_bytes)
+        except EnvelopeRejected as exc:
+            await self.dead_letter(msg, endpoint_id, exc.code, exc.reason)
+            return
+        faults.hit("after_decode", action.id)
+        try:
+            signer = rt.admission.verify_signature(payload, headers)
+        except ConnectorError as exc:
+            await self.dead_letter(msg, endpoint_id, exc.code, exc.message, action_id=action.id)
+            return
+        rt.audit.emit(
+            ReceiptEvent.RECEIVED,
+            action_id=action.id,
+            endpoint_id=endpoint_id,
+            trace_id=action.trace.trace_id if action.trace else None,
+            envelope_sha256=hashlib.sha256(payload).hexdigest(),
+            signer=signer,
+            capability=action.capability,
+        )
+        cap_endpoint, operation_name = split_capability(action.capability)
+        keys = keys_for(action, operation_name)
+        operation = rt.registry.get(operation_name)
+        try:
+            runtime_endpoint = rt.endpoints[endpoint_id]
+            if cap_endpoint != endpoint_id:
+                raise _Refusal(
+                    ConnectorError(
+                        ErrorCode.HOST_ROUTE_MISMATCH,
+                        f"capability names endpoint {cap_endpoint!r}, "
+                        f"delivered for {endpoint_id!r}",
+                    ),
+                    read_only=False,
+                )
+            if operation is None:
+                raise _Refusal(
+                    ConnectorError(
+                        ErrorCode.CONFIGURATION_OR_INPUT,
+                        f"operation {operation_name!r} is not published by this worker",
+                    ),
+                    read_only=False,
+                )
+            spec = operation.spec
+            try:
+                params = convert_input(action.input, spec.input_type)
+            except EnvelopeRejected as exc:
+                raise _Refusal(
+                    ConnectorError(ErrorCode.CONFIGURATION_OR_INPUT, exc.reason),
+                    read_only=spec.read_only,
+                ) from None
+            try:
+                trusted = await rt.admission.admit(
+                    action=action,
+                    payload=payload,
+                    headers=headers,
+                    endpoint=runtime_endpoint.endpoint,
+                    spec=spec,
+                    redis=rt.store.redis,
+                )
+            except ConnectorError as exc:
+                raise _Refusal(exc, read_only=spec.read_only) from None
+            deadline_ms = self.deadline_of(action, spec)
+            if deadline_ms <= now_ms():
+                raise _Refusal(
+                    ConnectorError(
+                        ErrorCode.DEADLINE_EXCEEDED,
+                        "the Action's deadline passed before it was started",
+                        uncertain_outcome=False,
+                    ),
+                    read_only=spec.read_only,
+                )
+        except _Refusal as refusal:
+            await self.refuse(msg, action, keys, endpoint_id, refusal)
+            return
+        assert operation is not None
+        await self.run(msg, action, keys, runtime_endpoint, operation, params, trusted, deadline_ms)
+
+    def deadline_of(self, action: Action, spec: OperationSpec) -> int:
+        """The earliest of the Action's deadline, its timeout, and the operation's own bound."""
+        candidates = [now_ms() + spec.timeout_ms]
+        if action.deadline_unix_ms is not None:
+            candidates.append(action.deadline_unix_ms)
+        if action.timeout_ms is not None:
+            candidates.append(action.created_at_unix_ms + action.timeout_ms)
+        return min(candidates)
+
+    # --- the leased path --------------------------------------------------------------
+
+    async def run(
+        self,
+        msg: Msg,
+        action: Action,
+        keys: ActionKeys,
+        ep: EndpointRuntime,
+        operation: Operation,
+        params: Any,
+        trusted: Mapping[str, str],
+        deadline_ms: int,
+    ) -> None:
+        rt = self.rt
+        spec = operation.spec
+        owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
+        grant = await rt.store.acquire(
+            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action)
+        )
+        if not await self.answer_without_lease(msg, action, keys, ep.endpoint.id, grant):
+            return
+        faults.hit("after_lease", action.id)
+        first_seq = await self.next_chunk_seq(ep.endpoint.id, action.id) if grant.is_takeover else 0
+        execution = Execution(
+            action=action,
+            endpoint=ep.endpoint,
+            operation=operation,
+            hermes=ep.hermes,
+            keys=keys,
+            worker_id=rt.worker_id,
+            owner=owner,
+            fence=grant.fence,
+            is_takeover=grant.is_takeover,
+            attempted_fence=grant.attempted_fence,
+            first_seq=first_seq,
+            deadline_ms=deadline_ms,
+            lease_ttl_ms=rt.settings.lease_ttl_ms,
+            store=rt.store,
+            publisher=rt.publisher,
+            msg=msg,
+            trusted_headers=trusted,
+            cancel_requested=grant.cancel_requested,
+        )
+        rt.audit.emit(
+            ReceiptEvent.LEASE_ACQUIRED,
+            action_id=action.id,
+            endpoint_id=ep.endpoint.id,
+            fence=grant.fence,
+            takeover=grant.is_takeover,
+            previous_owner=grant.other_owner or None,
+        )
+        rt.keeper.add(execution)
+        try:
+            outcome = await self.execute(execution, operation, params)
+            if outcome is None:
+                return  # lease lost or shutting down: nothing settled, nothing acked
+            await self.settle(execution, spec, outcome)
+        finally:
+            rt.keeper.remove(execution)
+
+    async def answer_without_lease(
+        self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, grant: Any
+    ) -> bool:
+        """Handle every acquire answer but ACQUIRED; True means: go on and execute."""
+        rt = self.rt
+        if grant.status is AcquireStatus.ACQUIRED:
+            return True
+        if grant.status is AcquireStatus.COLLISION:
+            code = (
+                ErrorCode.OPERATOR_POLICY
+                if action.capability.endswith(":operator")
+                else ErrorCode.CONFIGURATION_OR_INPUT
+            )
+            await self.dead_letter(
+                msg,
+                endpoint_id,
+                code,
+                "idempotency collision: this Action id was first used with a different request",
+                action_id=action.id,
+            )
+            return False
+        if grant.status is AcquireStatus.SETTLED:
+            await self.republish(msg, action.id, keys, endpoint_id)
+            return False
+        holder = rt.keeper.holding(action.id)
+        if holder is not None:
+            # A redelivery of an Action this very worker is running: keep the newest handle
+            # alive too, and ack it with the rest when the Action settles.
+            holder.messages.append(msg)
+            return False
+        rt.audit.emit(
+            ReceiptEvent.DUPLICATE, action_id=action.id, endpoint_id=endpoint_id,
+            fence=grant.fence, holder=grant.other_owner,
+        )
+        wait_ms = max(50, min(grant.expires_at_ms - now_ms() + 50, rt.settings.lease_ttl_ms))
+        await _quiet(msg.nak(delay=wait_ms / 1000))
+        return False
+
+    async def execute(
+        self, execution: Execution, operation: Operation, params: Any
+    ) -> Outcome | None:
+        spec = operation.spec
+        if execution.cancel_requested.is_set() and not operation.handles_cancel:
+            return Outcome(
+                ResultStatus.CANCELLED,
+                error=ConnectorError(ErrorCode.CANCELLED, "cancelled before it started"),
+            )
+        if not spec.read_only and not operation.self_fenced:
+            if execution.attempted_fence:
+                return Outcome(
+                    ResultStatus.FAILED,
+                    error=ConnectorError(
+                        ErrorCode.TRANSPORT,
+                        "an earlier worker may have sent this request before it stopped; "
+                        "the outcome is unknown and it is not sent again",
+                        retryable=False,
+                        uncertain_outcome=True,
+                    ),
+                )
+            try:
+                await execution.mark_unsafe_attempt()
+            except LeaseLost:
+                return None
+        faults.hit("before_execute", execution.action.id)
+        execution.task = asyncio.get_running_loop().create_task(
+            self._execute_bounded(execution, operation, params)
+        )
+        try:
+            outcome = await execution.task
+        except asyncio.CancelledError:
+            if execution.lease_lost or self.rt.shutting_down:
+                if not execution.lease_lost:
+                    await self.release(execution)
+                return None
+            if execution.cancel_requested.is_set():
+                return Outcome(
+                    ResultStatus.CANCELLED,
+                    error=ConnectorError(ErrorCode.CANCELLED, "cancelled on request"),
+                )
+            raise
+        faults.hit("after_execute", execution.action.id)
+        if execution.lease_lost:
+            return None
+        return outcome
+
+    async def _execute_bounded(
+        self, execution: Execution, operation: Operation, params: Any
+    ) -> Outcome:
+        try:
+            async with asyncio.timeout(execution.remaining_s()):
+                outcome = await operation.execute(execution, params)
+            await execution.confirm_chunks()
+            return outcome
+        except TimeoutError:
+            return Outcome(ResultStatus.FAILED, error=deadline_exceeded(operation.spec.name))
+        except ConnectorError as exc:
+            return Outcome(ResultStatus.FAILED, error=exc)
+        except LeaseLost:
+            execution.lease_lost = True
+            raise asyncio.CancelledError("lease lost") from None
+
+    async def release(self, execution: Execution) -> None:
+        """Give the lease back unsettled (shutdown): the next owner need not wait out the TTL."""
+        try:
+            await self.rt.store.release(execution.keys, execution.owner, execution.fence)
+        except Exception:  # noqa: BLE001 - the lease then simply expires
+            log.warning("could not release lease of %s", execution.action.id)
+        for msg in execution.messages:
+            await _quiet(msg.nak())
+        self.rt.audit.emit(
+            ReceiptEvent.LEASE_RELEASED, action_id=execution.action.id,
+            endpoint_id=execution.endpoint.id, fence=execution.fence,
+        )
+
+    async def settle(self, execution: Execution, spec: OperationSpec, outcome: Outcome) -> None:
+        rt = self.rt
+        action = execution.action
+        endpoint_id = execution.endpoint.id
+        error: ProtocolError | None = None
+        if outcome.error is not None:
+            error = outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=spec.read_only)
+        result = ActionResult(
+            action_id=action.id,
+            capability=action.capability,
+            endpoint_id=endpoint_id,
+            status=outcome.status,
+            output=outcome.output,
+            error=error,
+            settled_by=rt.worker_id,
+            fence=execution.fence,
+            settled_at_unix_ms=now_ms(),
+        )
+        terminal = execution.terminal_chunk(
+            ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
+            {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
+            None,
+        )
+        try:
+            execution.ensure_lease()
+        except LeaseLost:
+            return
+        stored = await rt.store.settle(
+            execution.keys, execution.owner, execution.fence, encode(result)
+        )
+        if stored.status is SettleStatus.FENCED_OUT:
+            rt.audit.emit(
+                ReceiptEvent.FENCED_OUT, action_id=action.id, endpoint_id=endpoint_id,
+                fence=execution.fence,
+            )
+            return
+        if stored.status is SettleStatus.EXISTS and not _is_own(stored.stored, execution):
+            await self.republish_bytes(execution.messages, action.id, endpoint_id, stored.stored)
+            return
+        rt.audit.emit(
+            ReceiptEvent.SETTLED, action_id=action.id, endpoint_id=endpoint_id,
+            fence=execution.fence, status=outcome.status.value,
+            code=error.code.value if error else None,
+        )
+        faults.hit("after_settle", action.id)
+        await rt.publisher.chunk_awaited(terminal)
+        await rt.publisher.result(result)
+        faults.hit("after_result_publish", action.id)
+        faults.hit("before_ack", action.id)
+        await self.ack_all(execution.messages)
+
+    # --- answers without execution ----------------------------------------------------
+
+    async def refuse(
+        self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, refusal: _Refusal
+    ) -> None:
+        """Settle a failed result for a trusted envelope that may not run (exactly once)."""
+        rt = self.rt
+        error = refusal.error.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only)
+        rt.audit.emit(
+            ReceiptEvent.REFUSED, action_id=action.id, endpoint_id=endpoint_id,
+            code=error.code.value,
+        )
+        owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
+        grant = await rt.store.acquire(
+            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action)
+        )
+        if not await self.answer_without_lease(msg, action, keys, endpoint_id, grant):
+            return
+        result = ActionResult(
+            action_id=action.id,
+            capability=action.capability,
+            endpoint_id=endpoint_id,
+            status=ResultStatus.FAILED,
+            error=error,
+            settled_by=rt.worker_id,
+            fence=grant.fence,
+            settled_at_unix_ms=now_ms(),
+        )
+        stored = await rt.store.settle(keys, owner, grant.fence, encode(result))
+        if stored.status is SettleStatus.FENCED_OUT:
+            return
+        await rt.publisher.result_bytes(endpoint_id, action.id, stored.stored or encode(result))
+        await self.ack_all([msg])
+
+    async def republish(self, msg: Msg, action_id: str, keys: ActionKeys, endpoint_id: str) -> None:
+        stored = await self.rt.store.get_result(keys)
+        await self.republish_bytes([msg], action_id, endpoint_id, stored)
+
+    async def republish_bytes(
+        self, msgs: list[Msg], action_id: str, endpoint_id: str, stored: bytes | None
+    ) -> None:
+        """A duplicate of a settled Action: the stored result again (same Msg-Id), then ack."""
+        if stored is None:
+            # The result expired between the two reads; the lease still remembers the Action.
+            for msg in msgs:
+                await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
+            return
+        await self.rt.publisher.result_bytes(endpoint_id, action_id, stored)
+        self.rt.audit.emit(ReceiptEvent.REPUBLISHED, action_id=action_id, endpoint_id=endpoint_id)
+        await self.ack_all(msgs)
+
+    async def dead_letter(
+        self,
+        msg: Msg,
+        endpoint_id: str,
+        code: ErrorCode,
+        reason: str,
+        *,
+        action_id: str | None = None,
+    ) -> None:
+        """Keep the rejected envelope byte for byte with its reason, then `term()` it."""
+        rt = self.rt
+        seq = _stream_seq(msg)
+        headers = {
+            DLQ_CODE: code.value,
+            DLQ_REASON: _header_safe(reason),
+            DLQ_SUBJECT: msg.subject,
+            DLQ_STREAM_SEQ: str(seq),
+            DLQ_WORKER: rt.worker_id,
+            DLQ_SIZE: str(len(msg.data)),
+        }
+        await rt.publisher.dead_letter(endpoint_id, msg.data, headers, f"dlq:{msg.subject}:{seq}")
+        if action_id is not None:
+            rt.audit.emit(
+                ReceiptEvent.DEAD_LETTERED, action_id=action_id, endpoint_id=endpoint_id,
+                code=code.value,
+            )
+        log.warning("dead-lettered %s seq %s: %s (%s)", msg.subject, seq, code.value, reason)
+        await _quiet(msg.term())
+
+    async def next_chunk_seq(self, endpoint_id: str, action_id: str) -> int:
+        """After a takeover, continue after the last chunk the stream holds (gap-free seq)."""
+        subjects = self.rt.subjects
+        try:
+            last = await self.rt.js.get_last_msg(
+                subjects.stream_name("chunks"), subjects.chunks(endpoint_id, action_id)
+            )
+        except NotFoundError:
+            return 0
+        seq = msgspec.json.decode(last.data or b"{}").get("seq")
+        return int(seq) + 1 if isinstance(seq, int) else 0
+
+    async def ack_all(self, msgs: list[Msg]) -> None:
+        for msg in msgs:
+            try:
+                await msg.ack_sync(timeout=5.0)
+            except Exception:  # noqa: BLE001 - an unconfirmed ack only causes a redelivery,
+                log.info("ack not confirmed; a redelivery will republish the stored result")
+
+
+def _is_own(stored: bytes | None, execution: Execution) -> bool:
+    """True when the stored result is this execution's own write (its reply was lost)."""
+    if stored is None:
+        return False
+    try:
+        result = _result_decoder.decode(stored)
+    except msgspec.DecodeError:
+        return False
+    return result.fence == execution.fence and result.settled_by == execution.worker_id
+
+
+def _stream_seq(msg: Msg) -> int:
+    try:
+        return int(msg.metadata.sequence.stream)
+    except Exception:  # noqa: BLE001 - a message without JetStream metadata
+        return 0
+
+
+def _header_safe(text: str) -> str:
+    return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in text)[:300]
+
+
+async def _quiet(awaitable: Any) -> None:
+    try:
+        await awaitable
+    except Exception:  # noqa: BLE001 - the message then follows its AckWait
+        log.debug("jetstream ack/nak failed", exc_info=True)

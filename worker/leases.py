@@ -1,0 +1,101 @@
+"""The heartbeat: keep every lease this worker holds alive, and stop work the moment one is lost.
+
+One pipelined round trip per tick renews all leases (cost does not grow with the number of
+Actions in flight) and reports cancel intents in the same replies. A lease is lost when a
+renewal says so, or when no renewal has succeeded for a whole TTL (Redis unreachable,
+process paused): either way the execution is cancelled at once and settles nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from schemas.audit import ReceiptEvent
+from worker.audit import AuditLog
+from worker.execution import Execution
+from worker.store.lease_store import LeaseStore, StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+class LeaseKeeper:
+    def __init__(self, store: LeaseStore, audit: AuditLog, *, lease_ttl_ms: int) -> None:
+        self.store = store
+        self.audit = audit
+        self.lease_ttl_ms = lease_ttl_ms
+        self.interval_s = lease_ttl_ms / 3000
+        self.executions: dict[str, Execution] = {}
+        self.lost_count = 0
+        self.renew_round_trips = 0
+
+    def add(self, execution: Execution) -> None:
+        self.executions[execution.owner] = execution
+
+    def remove(self, execution: Execution) -> None:
+        self.executions.pop(execution.owner, None)
+
+    def holding(self, action_id: str) -> Execution | None:
+        for execution in self.executions.values():
+            if execution.action.id == action_id:
+                return execution
+        return None
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.tick()
+
+    async def tick(self) -> None:
+        held = list(self.executions.values())
+        if not held:
+            return
+        sent_at = time.monotonic()
+        try:
+            renewals = await self.store.renew_many(
+                [(e.keys, e.owner, e.fence) for e in held],
+                self.lease_ttl_ms,
+                budget_s=self.interval_s,
+            )
+            self.renew_round_trips += 1
+        except StoreUnavailable:
+            log.warning("lease renewal failed: redis unavailable")
+            self._expire_stale(held)
+            return
+        for execution, renewal in zip(held, renewals, strict=True):
+            if not renewal.still_held:
+                self.lose(execution, "renewal refused: another owner holds the lease")
+                continue
+            execution.renewed_at = sent_at
+            await execution.in_progress()
+            if renewal.cancel_requested and not execution.cancel_requested.is_set():
+                self.cancel(execution)
+
+    def _expire_stale(self, held: list[Execution]) -> None:
+        limit = self.lease_ttl_ms / 1000
+        for execution in held:
+            if time.monotonic() - execution.renewed_at > limit:
+                self.lose(execution, "no successful renewal for a whole lease TTL")
+
+    def lose(self, execution: Execution, why: str) -> None:
+        if execution.lease_lost:
+            return
+        execution.lease_lost = True
+        self.lost_count += 1
+        log.warning("lease lost for %s (fence %d): %s", execution.action.id, execution.fence, why)
+        self.audit.emit(
+            ReceiptEvent.LEASE_LOST,
+            action_id=execution.action.id,
+            endpoint_id=execution.endpoint.id,
+            fence=execution.fence,
+            reason=why,
+        )
+        if execution.task is not None:
+            execution.task.cancel("lease lost")
+
+    def cancel(self, execution: Execution) -> None:
+        """A durable cancel intent reached this holder (by heartbeat or by notification)."""
+        execution.cancel_requested.set()
+        if not execution.operation.handles_cancel and execution.task is not None:
+            execution.task.cancel("cancel requested")

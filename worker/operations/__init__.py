@@ -1,0 +1,1 @@
+"""Operations: one per Hermes route, each a capability with a manifest entry."""

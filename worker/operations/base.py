@@ -1,0 +1,149 @@
+"""What an operation is, and what it may ask of the runtime while it executes.
+
+An operation is one capability (`cap:hermes_agent:{endpoint}:{name}`): a spec that the
+manifest publishes and an `execute` that talks to Hermes. It never touches leases, acks or
+result publication: the runtime owns those (DESIGN §6). It reports progress with
+`ctx.emit(...)` and returns an `Outcome`, or raises `ConnectorError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+import msgspec
+
+from schemas.action import Action
+from schemas.chunk import ChunkKind
+from schemas.manifest import CapabilityEntry, Risk
+from schemas.result import ResultStatus
+from worker.errors import ConnectorError
+from worker.hermes.client import HermesClient
+from worker.settings import Endpoint
+from worker.store.keys import ActionKeys
+
+
+@dataclass(frozen=True, slots=True)
+class OperationSpec:
+    """The manifest facts of one operation (DESIGN §7)."""
+
+    name: str
+    method: str
+    route: str
+    read_only: bool
+    risk: Risk
+    approval_required: bool
+    idempotency_required: bool
+    streaming: bool
+    timeout_ms: int
+    #: The msgspec type `Action.input` is validated against (its JSON Schema is published).
+    input_type: type[Any]
+    description: str = ""
+
+    def manifest_entry(self, endpoint_id: str) -> CapabilityEntry:
+        return CapabilityEntry(
+            capability=f"cap:hermes_agent:{endpoint_id}:{self.name}",
+            operation=self.name,
+            method=self.method,
+            route=self.route,
+            read_only=self.read_only,
+            risk=self.risk,
+            approval_required=self.approval_required,
+            idempotency_required=self.idempotency_required,
+            streaming=self.streaming,
+            timeout_ms=self.timeout_ms,
+            input_schema=msgspec.json.schema(self.input_type),
+        )
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an execution ended with; the runtime turns it into the settled ActionResult."""
+
+    status: ResultStatus
+    output: Any = None
+    error: ConnectorError | None = None
+
+
+class LeaseLost(Exception):
+    """This worker no longer owns the Action: stop at once, settle nothing, ack nothing."""
+
+
+class ExecutionContext(Protocol):
+    """What the runtime gives an executing operation (implemented in `worker.execution`)."""
+
+    action: Action
+    endpoint: Endpoint
+    hermes: HermesClient
+    keys: ActionKeys
+    worker_id: str
+    #: Unique per delivery attempt; the lease owner token.
+    owner: str
+    fence: int
+    #: True when this delivery took the Action over from an earlier owner.
+    is_takeover: bool
+    #: Fence of an earlier owner that recorded sending an unsafe request (0: none did).
+    attempted_fence: int
+    #: Set when a cancel intent for this Action is durable (operations that handle
+    #: cancellation themselves watch it; others are cancelled by the runtime).
+    cancel_requested: asyncio.Event
+    redis: Any
+
+    @property
+    def next_seq(self) -> int: ...
+
+    def deadline_unix_ms(self) -> int: ...
+
+    def remaining_s(self) -> float: ...
+
+    def trusted_headers(self) -> Mapping[str, str]: ...
+
+    async def emit(
+        self,
+        kind: ChunkKind,
+        payload: Any = None,
+        *,
+        provider_event: str | None = None,
+        run_id: str | None = None,
+    ) -> int:
+        """Publish the next chunk (its seq is returned); raises ConnectorError on failure."""
+        ...
+
+    async def mark_unsafe_attempt(self) -> None:
+        """Record that this fence sends an unsafe request now; raises LeaseLost if fenced out."""
+        ...
+
+
+class Operation(Protocol):
+    spec: OperationSpec
+    #: True when the operation reconciles cancellation itself (the operator); otherwise the
+    #: runtime cancels the execution task and settles `cancelled`.
+    handles_cancel: ClassVar[bool]
+    #: True when the operation fences its own unsafe provider calls (the operator's start
+    #: claim). Otherwise, for an unsafe operation the runtime records the attempt before
+    #: `execute`, and settles an uncertain failure instead of executing when an earlier owner
+    #: had recorded one.
+    self_fenced: ClassVar[bool]
+
+    async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome: ...
+
+
+@dataclass(slots=True)
+class Registry:
+    """Operations by name; the manifest and the dispatcher read the same table."""
+
+    operations: dict[str, Operation] = field(default_factory=dict)
+
+    def add(self, operation: Operation) -> None:
+        name = operation.spec.name
+        if name in self.operations:
+            raise ValueError(f"operation {name!r} registered twice")
+        self.operations[name] = operation
+
+    def get(self, name: str) -> Operation | None:
+        return self.operations.get(name)
+
+    def manifest(self, endpoint_id: str) -> list[CapabilityEntry]:
+        return [op.spec.manifest_entry(endpoint_id) for op in self.operations.values()]

@@ -1,0 +1,118 @@
+"""Everything a worker puts on JetStream: chunks, results, DLQ entries and receipts.
+
+Chunks go out with `publish_async` (bounded in flight, ~8x an awaited publish here) and are
+confirmed before the Action settles; a result is published awaited, because the delivery is
+acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a republish after a
+crash or a retry is dropped by the server inside the duplicate window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from nats.js import JetStreamContext
+from nats.js.api import PubAck
+
+from schemas.audit import Receipt
+from schemas.chunk import StreamChunk
+from schemas.codec import encode
+from schemas.result import ActionResult
+from subjects.grammar import Subjects, chunk_msg_id, result_msg_id
+
+log = logging.getLogger(__name__)
+
+MSG_ID = "Nats-Msg-Id"
+
+
+class PublishFailed(Exception):
+    """JetStream did not confirm a publish within the budget."""
+
+
+class BusPublisher:
+    def __init__(
+        self, js: JetStreamContext, subjects: Subjects, *, confirm_timeout_s: float = 5.0
+    ) -> None:
+        self.js = js
+        self.subjects = subjects
+        self.confirm_timeout_s = confirm_timeout_s
+
+    async def chunk(self, chunk: StreamChunk) -> asyncio.Future[PubAck]:
+        """Send a chunk now; the returned future confirms it (see `confirm_chunks`)."""
+        return await self.js.publish_async(
+            self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
+            encode(chunk),
+            headers={MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
+            wait_stall=self.confirm_timeout_s,
+        )
+
+    async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
+        return await self._publish(
+            self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
+            encode(chunk),
+            chunk_msg_id(chunk.action_id, chunk.seq),
+        )
+
+    async def confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
+        """Wait for chunk confirmations; a failed one is sent once more (same Msg-Id)."""
+        for chunk, future in pending:
+            try:
+                await asyncio.wait_for(future, self.confirm_timeout_s)
+            except Exception:  # noqa: BLE001 - any failure gets the one awaited retry below
+                try:
+                    await self.chunk_awaited(chunk)
+                except Exception as exc:
+                    raise PublishFailed(f"chunk {chunk.seq}: {type(exc).__name__}") from None
+
+    async def result(self, result: ActionResult) -> PubAck:
+        return await self._publish(
+            self.subjects.results(result.endpoint_id, result.action_id),
+            encode(result),
+            result_msg_id(result.action_id),
+        )
+
+    async def result_bytes(self, endpoint_id: str, action_id: str, stored: bytes) -> PubAck:
+        """Republish a stored result byte for byte (same Msg-Id as the first publish)."""
+        return await self._publish(
+            self.subjects.results(endpoint_id, action_id), stored, result_msg_id(action_id)
+        )
+
+    async def dead_letter(
+        self, endpoint_id: str, payload: bytes, headers: Mapping[str, str], msg_id: str
+    ) -> PubAck:
+        return await self._publish(self.subjects.dlq(endpoint_id), payload, msg_id, headers)
+
+    async def receipt(self, receipt: Receipt) -> None:
+        """Best effort, never blocks the delivery: a lost receipt must not stall real work."""
+        try:
+            await self.js.publish_async(
+                self.subjects.audit(receipt.endpoint_id),
+                encode(receipt),
+                headers={MSG_ID: receipt.receipt_id},
+                wait_stall=0.5,
+            )
+        except Exception as exc:  # noqa: BLE001 - logged; audit loss is visible in metrics
+            log.warning("audit receipt not published: %s", type(exc).__name__)
+
+    async def _publish(
+        self,
+        subject: str,
+        payload: bytes,
+        msg_id: str,
+        headers: Mapping[str, str] | None = None,
+    ) -> PubAck:
+        all_headers = dict(headers or {})
+        all_headers[MSG_ID] = msg_id
+        delay = 0.05
+        deadline = asyncio.get_running_loop().time() + self.confirm_timeout_s * 3
+        while True:
+            try:
+                return await self.js.publish(
+                    subject, payload, timeout=self.confirm_timeout_s, headers=all_headers
+                )
+            except Exception as exc:  # noqa: BLE001 - retried (same Msg-Id), then surfaced
+                if asyncio.get_running_loop().time() + delay > deadline:
+                    raise PublishFailed(f"{subject}: {type(exc).__name__}") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)

@@ -1,0 +1,88 @@
+"""Every Redis key this project uses is built here, nowhere else (DESIGN §5).
+
+Every key of one Action carries the hash tag `{act_…}` so each script touches one slot and
+runs unchanged on Redis Cluster. A resume Action keeps its keys under its *source* action's
+tag (`…:{act_source}:lease:{act_resume}`) so the scripts that touch both stay in one slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
+
+NAMESPACE = "aip:connector:hermes_agent:operator_runs:v1"
+CAPACITY_NAMESPACE = "aip:connector:hermes_agent:capacity:v1"
+APPROVALS_PREFIX = "aip:approvals"
+
+
+def _tag(action_id: str) -> str:
+    if not is_action_id(action_id):
+        # Keys are only ever built from validated ids; this guards the slot layout.
+        raise ValueError("not an action id")
+    return "{" + action_id + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class ActionKeys:
+    """The keys one Action's delivery uses: its lease, stored result and cancel intent.
+
+    For an ordinary Action all three sit under its own tag. For a resume Action they sit
+    under the source Action's tag with the resume id as a suffix.
+    """
+
+    action_id: str
+    #: The Action whose hash tag these keys share (the action itself, or a resume's source).
+    slot_action_id: str
+
+    @classmethod
+    def of(cls, action_id: str, *, source_action_id: str | None = None) -> ActionKeys:
+        _tag(action_id)
+        return cls(action_id=action_id, slot_action_id=source_action_id or action_id)
+
+    @property
+    def _base(self) -> str:
+        return f"{NAMESPACE}:{_tag(self.slot_action_id)}"
+
+    @property
+    def _suffix(self) -> str:
+        return "" if self.slot_action_id == self.action_id else f":{self.action_id}"
+
+    @property
+    def lease(self) -> str:
+        return f"{self._base}:lease{self._suffix}"
+
+    @property
+    def result(self) -> str:
+        return f"{self._base}:result{self._suffix}"
+
+    @property
+    def cancel(self) -> str:
+        return f"{self._base}:cancel{self._suffix}"
+
+    @property
+    def binding(self) -> str:
+        """The operator binding of the slot's source Action (shared by its resumes)."""
+        return f"{self._base}:binding"
+
+    @property
+    def approvals(self) -> str:
+        """The ApprovalRecord an approval authority wrote for this Action."""
+        return f"{APPROVALS_PREFIX}:{_tag(self.action_id)}"
+
+
+def binding_key(action_id: str) -> str:
+    return f"{NAMESPACE}:{_tag(action_id)}:binding"
+
+
+def approvals_key(action_id: str) -> str:
+    return f"{APPROVALS_PREFIX}:{_tag(action_id)}"
+
+
+def capacity_key(endpoint_id: str) -> str:
+    """The per-endpoint run semaphore (a sorted set of holders scored by expiry)."""
+    import re
+
+    if not re.fullmatch(ENDPOINT_ID_PATTERN, endpoint_id):
+        raise ValueError("not an endpoint id")
+    return f"{CAPACITY_NAMESPACE}:{{{endpoint_id}}}"

@@ -1,0 +1,209 @@
+"""Leases, fences and settled results: the store side of DESIGN §6.
+
+Every call here is one script on one slot. A call that fails ambiguously (timeout, lost
+connection) is retried with the same owner token until it gets an answer or the deadline
+passes: each script answers a repeat with what the first run did, so the retry *is* the
+re-read, and nothing is decided on a guess. Calls are shielded from cancellation so a
+cancelled caller never leaves a half-read reply on a shared connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from worker.store.keys import ActionKeys
+from worker.store.scripts import Scripts
+
+T = TypeVar("T")
+
+_AMBIGUOUS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
+
+
+class StoreUnavailable(Exception):
+    """Redis did not answer within the caller's budget; nothing may be decided from it."""
+
+
+class AcquireStatus(StrEnum):
+    ACQUIRED = "acquired"
+    HELD = "held"
+    SETTLED = "settled"
+    #: The Action id was first delivered with a different request: nothing is acquired.
+    COLLISION = "collision"
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """The answer to an acquire: who holds the lease now, and at which fence."""
+
+    status: AcquireStatus
+    fence: int
+    #: For ACQUIRED: the owner this one replaced ('' for a first delivery). For HELD: the holder.
+    other_owner: str
+    expires_at_ms: int
+    #: The fence of an owner that recorded an unsafe provider request (0: none ever did).
+    attempted_fence: int
+    #: A durable cancel intent exists for the Action.
+    cancel_requested: bool
+
+    @property
+    def is_takeover(self) -> bool:
+        return self.status is AcquireStatus.ACQUIRED and self.fence > 1
+
+
+@dataclass(frozen=True, slots=True)
+class Renewal:
+    still_held: bool
+    expires_at_ms: int
+    cancel_requested: bool
+
+
+class SettleStatus(StrEnum):
+    SETTLED = "settled"
+    EXISTS = "exists"
+    FENCED_OUT = "fenced_out"
+
+
+@dataclass(frozen=True, slots=True)
+class SettleOutcome:
+    status: SettleStatus
+    #: The stored result (ours when SETTLED, the earlier one when EXISTS).
+    stored: bytes | None
+
+
+class CancelState(StrEnum):
+    SETTLED = "settled"
+    RECORDED = "recorded"
+    ALREADY_REQUESTED = "already_requested"
+
+
+def _s(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class LeaseStore:
+    """Typed calls over the lease/result scripts of one Redis client."""
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        result_ttl_ms: int = 86_400_000,
+        call_budget_s: float = 10.0,
+    ) -> None:
+        self.redis = redis
+        self.scripts = Scripts(redis)
+        self.result_ttl_ms = result_ttl_ms
+        # The lease hash outlives the result so the fence never restarts while a replay of
+        # the Action could still be answered from the stored result.
+        self.lease_key_ttl_ms = result_ttl_ms + 3_600_000
+        self.call_budget_s = call_budget_s
+
+    async def _call(self, fn: Callable[[], Awaitable[T]], budget_s: float | None = None) -> T:
+        deadline = time.monotonic() + (self.call_budget_s if budget_s is None else budget_s)
+        delay = 0.02
+        while True:
+            try:
+                return await asyncio.shield(fn())
+            except _AMBIGUOUS as exc:
+                if time.monotonic() + delay > deadline:
+                    raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
+    async def acquire(
+        self, keys: ActionKeys, owner: str, ttl_ms: int, fingerprint: str
+    ) -> LeaseGrant:
+        reply = await self._call(
+            lambda: self.scripts["lease_acquire"](
+                keys=[keys.lease, keys.result, keys.cancel],
+                args=[owner, ttl_ms, self.lease_key_ttl_ms, fingerprint],
+            )
+        )
+        status, fence, other, expires, attempted, cancel = reply
+        return LeaseGrant(
+            status=AcquireStatus(_s(status)),
+            fence=int(fence),
+            other_owner=_s(other),
+            expires_at_ms=int(expires),
+            attempted_fence=int(attempted),
+            cancel_requested=bool(cancel),
+        )
+
+    async def renew_many(
+        self, leases: Sequence[tuple[ActionKeys, str, int]], ttl_ms: int, budget_s: float
+    ) -> list[Renewal]:
+        """Renew every held lease in one pipelined round trip (cost is O(1) round trips)."""
+        if not leases:
+            return []
+
+        async def run() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            for keys, owner, fence in leases:
+                await self.scripts["lease_renew"](
+                    keys=[keys.lease, keys.cancel], args=[owner, fence, ttl_ms], client=pipe
+                )
+            return list(await pipe.execute())
+
+        replies = await self._call(run, budget_s)
+        return [
+            Renewal(still_held=int(r[0]) > 0, expires_at_ms=int(r[0]), cancel_requested=bool(r[1]))
+            for r in replies
+        ]
+
+    async def release(self, keys: ActionKeys, owner: str, fence: int) -> bool:
+        reply = await self._call(
+            lambda: self.scripts["lease_release"](keys=[keys.lease], args=[owner, fence])
+        )
+        return bool(reply)
+
+    async def mark_attempt(self, keys: ActionKeys, owner: str, fence: int) -> bool:
+        """Record that this fence is about to send an unsafe request; False: send nothing."""
+        reply = await self._call(
+            lambda: self.scripts["mark_attempt"](keys=[keys.lease], args=[owner, fence])
+        )
+        return bool(reply)
+
+    async def settle(
+        self, keys: ActionKeys, owner: str, fence: int, result_json: bytes
+    ) -> SettleOutcome:
+        reply = await self._call(
+            lambda: self.scripts["settle"](
+                keys=[keys.lease, keys.result],
+                args=[owner, fence, result_json, self.result_ttl_ms],
+            )
+        )
+        status, stored = reply
+        stored_bytes = stored if isinstance(stored, bytes) else _s(stored).encode()
+        return SettleOutcome(SettleStatus(_s(status)), stored_bytes or None)
+
+    async def get_result(self, keys: ActionKeys) -> bytes | None:
+        value = await self._call(lambda: self.redis.get(keys.result))
+        return value if value is None or isinstance(value, bytes) else _s(value).encode()
+
+    async def request_cancel(
+        self, keys: ActionKeys, intent_json: bytes
+    ) -> tuple[CancelState, str]:
+        reply = await self._call(
+            lambda: self.scripts["cancel_request"](
+                keys=[keys.cancel, keys.result, keys.lease],
+                args=[intent_json, self.lease_key_ttl_ms],
+            )
+        )
+        state, owner = reply
+        return CancelState(_s(state)), _s(owner)
+
+    async def cancel_intent(self, keys: ActionKeys) -> bytes | None:
+        value = await self._call(lambda: self.redis.get(keys.cancel))
+        return value if value is None or isinstance(value, bytes) else _s(value).encode()
+
+    async def lease_view(self, keys: ActionKeys) -> dict[str, str]:
+        raw = await self._call(lambda: self.redis.hgetall(keys.lease))
+        return {_s(k): _s(v) for k, v in raw.items()}

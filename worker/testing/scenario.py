@@ -1,0 +1,61 @@
+"""The words a test puts in an input to choose what the agent does.
+
+The project's fake LLM (driving the real Hermes 0.19.0) and the fake Hermes read the same
+words, so one test input produces the same run events against both servers. That is what
+lets the conformance suite run each behavioural test parametrized over `fake` and `real`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: The agent calls the `terminal` tool with a harmless `echo`; no approval is needed.
+TOOL_ECHO = "scenario-tool-echo"
+#: The agent calls `terminal` with `chmod 777 …`, which Hermes holds for approval (manual mode).
+NEEDS_APPROVAL = "scenario-needs-approval"
+#: The reply is streamed slowly (SLOW_DELTAS deltas, SLOW_DELTA_DELAY_S apart) so runs can be stopped.
+SLOW_REPLY = "scenario-slow-reply"
+#: The LLM answers with an HTTP error, so the run ends `run.failed`.
+LLM_ERROR = "scenario-llm-error"
+
+#: The shell command the echo scenario runs, and what it prints.
+ECHO_COMMAND = "echo hello-from-tool"
+#: The command that needs approval (the file is created in the scratch working directory).
+APPROVAL_COMMAND = "chmod 777 aip-scenario-file.txt"
+
+SLOW_DELTAS = 40
+SLOW_DELTA_DELAY_S = 0.1
+
+#: Final text of a plain reply is REPLY_PREFIX + the first 40 characters of the input.
+REPLY_PREFIX = "fake-reply: "
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """What an input asks the agent to do."""
+
+    tool_echo: bool
+    needs_approval: bool
+    slow: bool
+    llm_error: bool
+
+
+def scenario_of(text: str) -> Scenario:
+    """Read the scenario words in an input; plain text is a plain streamed reply."""
+    return Scenario(
+        tool_echo=TOOL_ECHO in text,
+        needs_approval=NEEDS_APPROVAL in text,
+        slow=SLOW_REPLY in text,
+        llm_error=LLM_ERROR in text,
+    )
+
+
+def reply_text(text: str) -> str:
+    """The final text the fake LLM returns for an input (deterministic, so tests can compare)."""
+    return REPLY_PREFIX + text[:40]
+
+
+def reply_deltas(text: str) -> list[str]:
+    """The reply split into the word-sized deltas that the stream carries."""
+    words = reply_text(text).split(" ")
+    return [w + " " for w in words[:-1]] + [words[-1]]

@@ -1,0 +1,38 @@
+"""Assemble the parts a worker process runs with, from its settings.
+
+The one place that knows which trust layer, which operations and which extra CLI commands
+exist, so `app` and `cli` stay free of those choices and tests can assemble their own.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from worker.admission import Admission
+from worker.control import BindingCancelHook
+from worker.operations.base import Registry
+from worker.operations.registry import default_registry
+from worker.settings import Settings
+
+
+def build_registry(settings: Settings) -> Registry:
+    return default_registry(settings)
+
+
+def build_admission(settings: Settings) -> Admission:
+    from worker.trust.runtime_admission import GateAdmission
+
+    return GateAdmission.from_settings(settings)
+
+
+def binding_cancel_hook() -> BindingCancelHook | None:
+    return None
+
+
+def add_extra_commands(sub: Any) -> None:
+    """Subcommands owned by other packages (trust, operator, audit, demo)."""
+    from worker.trust import admin as trust_admin
+
+    trust_admin.add_commands(sub)
+
+
