@@ -1,0 +1,72 @@
+"""The `hermes` fixture: the same HTTP tests run against the fake and the real Hermes 0.19.0.
+
+Both servers are session-scoped (the real one costs seconds to start). When the real Hermes
+cannot be installed, its half of the suite fails under `CI=true` and is skipped otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import secrets
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from worker.testing.fake_hermes import FakeHermes
+
+
+@dataclass(frozen=True)
+class Hermes:
+    """One server under test: where it is, its key, how to restart it, and the fake if any."""
+
+    kind: str
+    url: str
+    api_key: str
+    restart: Callable[[], Awaitable[None]]
+    fake: FakeHermes | None
+
+    def require_fake(self) -> FakeHermes:
+        """Skip on the real server: the test observes something only the fake can show."""
+        if self.fake is None:
+            pytest.skip("fake-only: observes the fake's stats or faults")
+        return self.fake
+
+
+async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Hermes]:
+    try:
+        from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
+    except ImportError as exc:
+        pytest.skip(f"worker.testing.real_hermes is not available: {exc}")
+    try:
+        await asyncio.to_thread(ensure_hermes_venv)
+        async with RealHermes(tmp_path_factory.mktemp("real-hermes")) as real:
+            yield Hermes("real", real.url, real.api_key, real.restart, None)
+    except HermesUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the real Hermes is unavailable under CI: {exc.reason}")
+        pytest.skip(f"the real Hermes is unavailable: {exc.reason}")
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session", params=["fake", "real"])
+async def hermes(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[Hermes]:
+    """The server under test (parametrized: `fake`, `real`)."""
+    if request.param == "real":
+        async for real in _real(tmp_path_factory):
+            yield real
+        return
+    async with FakeHermes(api_key=secrets.token_urlsafe(32)) as fake:
+        yield Hermes("fake", fake.url, fake.api_key, fake.restart, fake)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(hermes: Hermes) -> AsyncIterator[httpx.AsyncClient]:
+    """An authenticated client for the server under test."""
+    headers = {"Authorization": f"Bearer {hermes.api_key}"}
+    async with httpx.AsyncClient(base_url=hermes.url, headers=headers, timeout=30.0) as http:
+        yield http
