@@ -1,0 +1,208 @@
+"""The bounded SSE decoder: Hermes' three frame shapes, every line ending, and its bounds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from worker.hermes.sse import (
+    SSEDecodeError,
+    SSEDecoder,
+    SSEError,
+    SSELimitReached,
+    SSELimits,
+    aiter_events,
+    parse_event,
+)
+
+RUN_STREAM = (
+    b'data: {"event": "message.delta", "run_id": "run_1", "delta": "Hel"}\n\n'
+    b": keepalive\n\n"
+    b'data: {"event": "run.completed", "run_id": "run_1", "output": "Hello"}\n\n'
+    b": stream closed\n\n"
+)
+
+
+def decode_all(data: bytes, limits: SSELimits | None = None, step: int | None = None) -> list:
+    decoder = SSEDecoder(limits)
+    out = []
+    pieces = [data] if step is None else [data[i : i + step] for i in range(0, len(data), step)]
+    for piece in pieces:
+        out.extend(decoder.feed(piece))
+        if decoder.failure is not None:
+            raise decoder.failure
+    return out
+
+
+def test_data_only_frames_are_named_by_their_json_event_field() -> None:
+    events = [parse_event(raw) for raw in decode_all(RUN_STREAM)]
+    assert [e.name for e in events] == ["message.delta", "run.completed"]
+    assert events[1].data["output"] == "Hello"
+    assert not events[0].named
+
+
+def test_named_frames_take_the_event_line_as_their_name() -> None:
+    data = b'event: response.completed\ndata: {"type": "response.completed", "x": 1}\n\n'
+    (event,) = [parse_event(raw) for raw in decode_all(data)]
+    assert (event.name, event.named, event.data["x"]) == ("response.completed", True, 1)
+
+
+def test_done_marker_is_its_own_event_without_data() -> None:
+    (event,) = [parse_event(raw) for raw in decode_all(b"data: [DONE]\n\n")]
+    assert event.is_done_marker
+    assert event.data is None
+
+
+def test_comment_only_frames_dispatch_nothing() -> None:
+    assert decode_all(b": keepalive\n\n: stream closed\n\n:\n\n") == []
+
+
+@pytest.mark.parametrize("newline", [b"\n", b"\r\n", b"\r"])
+def test_every_line_ending_frames_the_same_events(newline: bytes) -> None:
+    data = RUN_STREAM.replace(b"\n", newline)
+    assert decode_all(data) == decode_all(RUN_STREAM)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 7, 64])
+def test_split_points_do_not_change_the_events(step: int) -> None:
+    data = RUN_STREAM.replace(b"\n", b"\r\n")
+    assert decode_all(data, step=step) == decode_all(RUN_STREAM)
+
+
+def test_multi_line_data_is_joined_with_newlines() -> None:
+    (raw,) = decode_all(b'data: {"a":\ndata: 1}\n\n')
+    assert raw.data == '{"a":\n1}'
+    assert parse_event(raw).data == {"a": 1}
+
+
+def test_frame_over_the_size_bound_is_a_decode_error() -> None:
+    limits = SSELimits(max_frame_bytes=128)
+    with pytest.raises(SSEDecodeError):
+        decode_all(b"data: " + b"x" * 200 + b"\n\n", limits)
+
+
+def test_a_line_without_end_cannot_grow_past_the_bound() -> None:
+    decoder = SSEDecoder(SSELimits(max_frame_bytes=128))
+    for _ in range(5):
+        decoder.feed(b": never ending comment ")
+    with pytest.raises(SSEDecodeError):
+        decoder.feed(b": never ending comment ")
+
+
+def test_a_frame_of_many_short_lines_counts_all_its_lines() -> None:
+    with pytest.raises(SSEDecodeError):
+        decode_all(b"data: x\n" * 40 + b"\n", SSELimits(max_frame_bytes=128))
+
+
+def test_frame_exactly_at_the_bound_is_accepted() -> None:
+    line = b'data: "' + b"x" * 119 + b'"'
+    assert len(line) + 1 == 128
+    (raw,) = decode_all(line + b"\n\n", SSELimits(max_frame_bytes=128))
+    assert parse_event(raw).data == "x" * 119
+
+
+def test_frames_before_a_broken_bound_are_still_delivered_in_order() -> None:
+    decoder = SSEDecoder(SSELimits(max_events=2))
+    data = b'data: {"event": "a"}\n\n' * 3
+    assert [parse_event(raw).name for raw in decoder.feed(data)] == ["a", "a"]
+    assert isinstance(decoder.failure, SSELimitReached)
+    with pytest.raises(SSELimitReached):
+        decoder.feed(b"data: 1\n\n")
+
+
+def test_event_limit_stops_consumption() -> None:
+    data = b'data: {"event": "message.delta"}\n\n' * 4
+    assert len(decode_all(data, SSELimits(max_events=4))) == 4
+    with pytest.raises(SSELimitReached):
+        decode_all(data * 2, SSELimits(max_events=4))
+
+
+def test_data_that_is_not_json_is_a_decode_error() -> None:
+    (raw,) = decode_all(b'data: {"event": "message.delta", "delta": \n\n')
+    with pytest.raises(SSEDecodeError):
+        parse_event(raw)
+
+
+def test_bytes_that_are_not_utf8_are_a_decode_error() -> None:
+    with pytest.raises(SSEDecodeError):
+        decode_all(b"data: \xff\xfe\n\n")
+
+
+async def test_unterminated_last_frame_is_not_an_event() -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b'data: {"event": "message.delta"}\n\n'
+        yield b'data: {"event": "run.completed"}\n'
+
+    names = [event.name async for event in aiter_events(chunks())]
+    assert names == ["message.delta"]
+
+
+# --- properties -----------------------------------------------------------------------------
+
+FRAME_LIMIT = 256
+EVENT_LIMIT = 8
+LIMITS = SSELimits(max_frame_bytes=FRAME_LIMIT, max_events=EVENT_LIMIT)
+
+_line = st.one_of(
+    st.builds(
+        lambda v: b"data: " + json.dumps(v).encode(),
+        st.dictionaries(st.text(max_size=5), st.integers(), max_size=3),
+    ),
+    st.just(b"data: [DONE]"),
+    st.builds(lambda s: b"event: " + s.encode(), st.text(alphabet="abc.", max_size=12)),
+    st.just(b": keepalive"),
+    st.just(b""),
+    st.binary(max_size=40),
+)
+_stream = st.lists(st.tuples(_line, st.sampled_from([b"\n", b"\r\n", b"\r"])), max_size=40).map(
+    lambda parts: b"".join(line + end for line, end in parts)
+)
+
+
+def _mutate(data: bytes, flips: list[tuple[int, int]]) -> bytes:
+    mutated = bytearray(data)
+    for index, value in flips:
+        if mutated:
+            mutated[index % len(mutated)] = value
+    return bytes(mutated)
+
+
+@settings(max_examples=300, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    data=_stream,
+    flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)), max_size=4),
+    step=st.integers(1, 50),
+)
+def test_decoder_never_crashes_and_never_exceeds_its_bounds(
+    data: bytes, flips: list[tuple[int, int]], step: int
+) -> None:
+    data = _mutate(data, flips)
+    decoder = SSEDecoder(LIMITS)
+    delivered = 0
+    try:
+        for i in range(0, len(data), step):
+            for raw in decoder.feed(data[i : i + step]):
+                delivered += 1
+                parse_event(raw)
+            # What the decoder holds between feeds: the partial line and the frame's data.
+            assert len(decoder._line) <= FRAME_LIMIT
+            assert sum(len(part) for part in decoder._data) <= FRAME_LIMIT
+    except SSEError:
+        pass
+    assert delivered <= EVENT_LIMIT
+
+
+@settings(max_examples=300)
+@given(data=st.binary(max_size=2_000), step=st.integers(1, 97))
+def test_chunking_never_changes_what_is_decoded(data: bytes, step: int) -> None:
+    def run(split: int | None) -> object:
+        try:
+            return decode_all(data, SSELimits(max_frame_bytes=4096, max_events=10_000), split)
+        except SSEError as exc:
+            return type(exc)
+
+    assert run(step) == run(None)

@@ -1,0 +1,182 @@
+"""Failure semantics by operation safety (troubleshooting "Interpret provider failures").
+
+Reads retry temporary and transport failures within the policy and the deadline; unsafe
+operations make exactly one attempt, and their 429/5xx/transport/deadline failures are
+`uncertain_outcome: true, retryable: false`. Streams end typed: truncated, incomplete or
+undecodable. These need the fake's fault injection.
+"""
+
+from __future__ import annotations
+
+import pytest
+from ops_harness import HermesServer, Invoke, endpoint_for
+
+from schemas.errors import ErrorCode
+from schemas.result import ResultStatus
+from worker.hermes.client import HermesClient
+from worker.hermes.sse import SSELimits
+from worker.operations.registry import default_registry
+from worker.testing.fake_hermes import (
+    EventsDisconnect,
+    EventsFlood,
+    EventsMalformed,
+    EventsOversize,
+    RouteDelay,
+    RouteError,
+    RouteRedirect,
+    StartDrop,
+    StartHang,
+    StartServerError,
+)
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture
+def fake(hermes: HermesServer):  # type: ignore[no-untyped-def]
+    server = hermes.require_fake()
+    server.reset()
+    yield server
+    server.reset()
+
+
+async def test_a_read_rides_out_one_temporary_failure(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
+    fake.faults.add(RouteError(route="GET /v1/models", status=503, times=1))
+    result = await invoke("models", {})
+    assert result.status is ResultStatus.COMPLETED
+    assert fake.stats().count("GET /v1/models") == 2
+
+
+async def test_a_read_gives_up_after_the_policy_and_stays_retryable(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
+    fake.faults.add(RouteError(route="GET /v1/skills", status=500, times=None))
+    result = await invoke("skills", {})
+    assert result.error_code() == ErrorCode.REMOTE_TEMPORARY
+    error = result.protocol_error()
+    assert (error.retryable, error.uncertain_outcome, error.remote_status) == (True, False, 500)
+    assert fake.stats().count("GET /v1/skills") == 3  # one try + hermes_read_retry_attempts
+
+
+async def test_a_rejected_read_is_not_retried(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
+    result = await invoke("run_status", {"run_id": "run_" + "0" * 32})
+    assert result.error_code() == ErrorCode.REMOTE_REJECTED
+    assert fake.stats().count("GET /v1/runs/{run_id}") == 1
+
+
+@pytest.mark.parametrize("status", [429, 500, 503])
+async def test_unsafe_temporary_failure_is_uncertain_and_never_retried(
+    invoke: Invoke,
+    fake,
+    status: int,  # type: ignore[no-untyped-def]
+) -> None:
+    fake.faults.add(RouteError(route="POST /api/sessions", status=status, times=None))
+    result = await invoke("session_create", {})
+    assert result.error_code() == ErrorCode.REMOTE_TEMPORARY
+    error = result.protocol_error()
+    assert (error.uncertain_outcome, error.retryable, error.remote_status) == (True, False, status)
+    assert fake.stats().count("POST /api/sessions") == 1
+
+
+async def test_unsafe_start_lost_after_acceptance_is_uncertain(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
+    fake.faults.add(StartDrop(input_contains="drop-me"), StartServerError(input_contains="500-me"))
+    for text, code in (("drop-me", ErrorCode.TRANSPORT), ("500-me", ErrorCode.REMOTE_TEMPORARY)):
+        result = await invoke("run_start", {"input": text})
+        assert result.error_code() == code
+        error = result.protocol_error()
+        assert (error.uncertain_outcome, error.retryable) == (True, False)
+    assert fake.stats().count("POST /v1/runs") == 2
+
+
+async def test_unsafe_deadline_is_uncertain_read_deadline_is_retryable(
+    invoke: Invoke,
+    fake,  # type: ignore[no-untyped-def]
+) -> None:
+    fake.faults.add(StartHang(input_contains="hang-me"))
+    fake.faults.add(RouteDelay(route="GET /v1/toolsets", delay_s=3.0, times=None))
+    start = await invoke("run_start", {"input": "hang-me"}, deadline_s=0.5)
+    assert start.error_code() == ErrorCode.DEADLINE_EXCEEDED
+    assert (start.protocol_error().uncertain_outcome, start.protocol_error().retryable) == (
+        True,
+        False,
+    )
+    read = await invoke("toolsets", {}, deadline_s=0.5)
+    assert read.error_code() == ErrorCode.DEADLINE_EXCEEDED
+    assert (read.protocol_error().uncertain_outcome, read.protocol_error().retryable) == (
+        False,
+        True,
+    )
+
+
+async def test_a_redirect_is_rejected_with_its_status(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
+    fake.faults.add(RouteRedirect(route="GET /v1/capabilities", status=302))
+    result = await invoke("capabilities", {})
+    assert result.error_code() == ErrorCode.REMOTE_REJECTED
+    assert result.protocol_error().remote_status == 302
+    assert fake.stats().count("GET /v1/capabilities") == 1
+
+
+async def _run_id(invoke: Invoke, text: str) -> str:
+    started = await invoke("run_start", {"input": text})
+    run_id: str = started.output["run_id"]
+    return run_id
+
+
+async def test_a_cut_event_stream_is_incomplete_not_success(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
+    run_id = await _run_id(invoke, "cut me")
+    fake.faults.add(EventsDisconnect(run_id=run_id, after=1))
+    result = await invoke("run_events", {"run_id": run_id})
+    assert result.error_code() == ErrorCode.STREAM_INCOMPLETE
+    assert len(result.ctx.chunks) == 1
+
+
+async def test_the_event_limit_truncates_the_stream(
+    invoke: Invoke,
+    fake,
+    hermes_client: HermesClient,  # type: ignore[no-untyped-def]
+) -> None:
+    small = default_registry(limits=SSELimits(max_events=50))
+    run_id = await _run_id(invoke, "flood me")
+    fake.faults.add(EventsFlood(run_id=run_id, count=500))
+    result = await invoke("run_events", {"run_id": run_id}, operation=small.get("run_events"))
+    assert result.error_code() == ErrorCode.STREAM_TRUNCATED
+    assert len(result.ctx.chunks) == 50
+
+
+@pytest.mark.parametrize(
+    "fault", [EventsMalformed(after=1), EventsOversize(after=1)], ids=["malformed", "oversize"]
+)
+async def test_an_undecodable_frame_is_a_transport_failure(
+    invoke: Invoke,
+    fake,
+    fault,  # type: ignore[no-untyped-def]
+) -> None:
+    import msgspec
+
+    run_id = await _run_id(invoke, "garble me")
+    fake.faults.add(msgspec.structs.replace(fault, run_id=run_id))
+    result = await invoke("run_events", {"run_id": run_id})
+    assert result.error_code() == ErrorCode.TRANSPORT
+    assert len(result.ctx.chunks) == 1
+
+
+async def test_opening_a_read_stream_is_retried_but_its_events_are_not(
+    invoke: Invoke,
+    fake,  # type: ignore[no-untyped-def]
+) -> None:
+    run_id = await _run_id(invoke, "retry open")
+    fake.faults.add(RouteError(route="GET /v1/runs/{run_id}/events", status=502, times=1))
+    result = await invoke("run_events", {"run_id": run_id})
+    assert result.status is ResultStatus.COMPLETED
+    assert fake.stats().count("GET /v1/runs/{run_id}/events") == 2
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_both_transports_run_json_and_stream_operations(
+    invoke: Invoke, hermes: HermesServer, transport: str
+) -> None:
+    client = HermesClient(endpoint_for(hermes.url, hermes.api_key), transport=transport)  # type: ignore[arg-type]
+    try:
+        started = await invoke("run_start", {"input": "both transports"}, client=client)
+        events = await invoke("run_events", {"run_id": started.output["run_id"]}, client=client)
+    finally:
+        await client.aclose()
+    assert events.status is ResultStatus.COMPLETED

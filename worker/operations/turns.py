@@ -1,0 +1,169 @@
+"""Model turns: chat completions and the Responses API (streamed or not, chosen by input).
+
+Both run a full agent turn with tools on the Hermes host, so they are unsafe (medium risk).
+Hermes 0.19 honours `Idempotency-Key` (from the verified envelope, never from input) on the
+non-streaming forms only, for 300 s in memory; a streamed turn is never deduplicated.
+
+A failed turn can still be HTTP 200: chat completions add a `hermes` block with
+`failed: true`, the Responses API reports `status: failed|incomplete`. Those fail the Action
+with `remote_rejected` (remote status 200), so automation never reads a failed turn as
+completed. Streams classify their terminal events instead (`stream_failed`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, ClassVar, Literal
+
+import msgspec
+
+from schemas._base import WireStruct
+from schemas.chunk import ChunkKind
+from schemas.errors import ErrorCode
+from schemas.manifest import Risk
+from schemas.result import ResultStatus
+from worker.errors import ConnectorError
+from worker.hermes.sse import SSELimits
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operations.calls import HermesCall, JsonOperation, body_of, send
+from worker.operations.classifiers import ChatCompletionChunks, ResponseEvents
+from worker.operations.ids import Instructions, Label, Prompt, ProviderObject, ResponseId
+from worker.operations.messages import ChatMessage, Messages
+from worker.operations.retry import ReadRetryPolicy
+from worker.operations.specs import TURN_MS, read, unsafe
+from worker.operations.streaming import Classifier, stream_call
+
+_RESPONSE = "/v1/responses/{response_id}"
+Tools = Annotated[list[ProviderObject], msgspec.Meta(max_length=128)]
+ResponseItems = Annotated[list[Prompt | ChatMessage], msgspec.Meta(min_length=1, max_length=512)]
+
+
+class ChatCompletionsInput(WireStruct, kw_only=True, frozen=True, omit_defaults=True):
+    messages: Messages
+    model: Label | None = None
+    stream: bool = False
+    tools: Tools | None = None
+    tool_choice: Label | ProviderObject | None = None
+
+
+class ResponsesInput(WireStruct, kw_only=True, frozen=True, omit_defaults=True):
+    #: A prompt, or messages/strings whose last one is the turn.
+    input: Prompt | ResponseItems
+    instructions: Instructions | None = None
+    previous_response_id: ResponseId | None = None
+    #: A conversation name mapping to its latest response (exclusive with previous id).
+    conversation: Label | None = None
+    conversation_history: Annotated[list[ChatMessage], msgspec.Meta(max_length=512)] | None = None
+    #: Hermes stores responses by default (at most 100, least recently used out).
+    store: bool | None = None
+    #: `auto` keeps the last 100 history messages.
+    truncation: Literal["auto", "disabled"] | None = None
+    model: Label | None = None
+    stream: bool = False
+
+    def __post_init__(self) -> None:
+        if self.conversation is not None and self.previous_response_id is not None:
+            raise ValueError("use either `conversation` or `previous_response_id`, not both")
+
+
+class ResponseRef(WireStruct, kw_only=True, frozen=True):
+    response_id: ResponseId
+
+
+def _turn_failed(body: Any) -> bool:
+    if not isinstance(body, dict):
+        return False
+    hermes = body.get("hermes")
+    if isinstance(hermes, dict) and hermes.get("failed") is True:
+        return True
+    return body.get("object") == "response" and body.get("status") in ("failed", "incomplete")
+
+
+class _Turn:
+    """One model turn: streamed through a classifier, or one JSON answer checked for failure."""
+
+    handles_cancel: ClassVar[bool] = False
+    self_fenced: ClassVar[bool] = False
+
+    def __init__(
+        self, spec: OperationSpec, classifier: type[Classifier], limits: SSELimits
+    ) -> None:
+        self.spec = spec
+        self.classifier = classifier
+        self.limits = limits
+
+    async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
+        call = HermesCall(body=body_of(params))
+        if params.stream:
+            return await stream_call(ctx, self.spec, call, self.classifier(), limits=self.limits)
+        response = await send(ctx, self.spec, call)
+        await ctx.emit(ChunkKind.DATA, response.body)
+        if _turn_failed(response.body):
+            error = ConnectorError(
+                ErrorCode.REMOTE_REJECTED,
+                f"{self.spec.method} {self.spec.route} answered 200 for a failed agent turn",
+                remote_status=response.status,
+            )
+            return Outcome(ResultStatus.FAILED, response.body, error)
+        return Outcome(ResultStatus.COMPLETED, response.body)
+
+
+def _ref(params: Any) -> HermesCall:
+    return HermesCall(params={"response_id": params.response_id})
+
+
+def turn_operations(retry: ReadRetryPolicy, limits: SSELimits) -> list[Any]:
+    return [
+        _Turn(
+            unsafe(
+                "chat_completions",
+                "POST",
+                "/v1/chat/completions",
+                ChatCompletionsInput,
+                "An OpenAI-style chat completion (streamed when `stream` is true)",
+                risk=Risk.MEDIUM,
+                approval=False,
+                streaming=True,
+                timeout_ms=TURN_MS,
+            ),
+            ChatCompletionChunks,
+            limits,
+        ),
+        _Turn(
+            unsafe(
+                "responses_create",
+                "POST",
+                "/v1/responses",
+                ResponsesInput,
+                "A Responses API turn (streamed when `stream` is true)",
+                risk=Risk.MEDIUM,
+                approval=False,
+                streaming=True,
+                timeout_ms=TURN_MS,
+            ),
+            ResponseEvents,
+            limits,
+        ),
+        JsonOperation(
+            read(
+                "response_get",
+                "GET",
+                _RESPONSE,
+                ResponseRef,
+                "A stored response (survives Hermes restarts; at most 100 kept)",
+            ),
+            _ref,
+            retry=retry,
+        ),
+        JsonOperation(
+            unsafe(
+                "response_delete",
+                "DELETE",
+                _RESPONSE,
+                ResponseRef,
+                "Delete a stored response (cannot be undone)",
+                risk=Risk.HIGH,
+                approval=True,
+            ),
+            _ref,
+        ),
+    ]
