@@ -1,0 +1,125 @@
+"""The operator commands: `keys generate`, `approve`, `approval show`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+from trust_support import action_document
+
+from schemas.approval import ApprovalDecision, ApprovalRecord
+from worker.testing.identities import APPROVER_A, USER_B, TrustFiles
+from worker.testing.redis_server import RedisServer
+from worker.trust.admin import add_commands
+from worker.trust.signing import TrustedGatewayKeys, read_seed_file, sign_envelope, verify_envelope
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="aip-hermes-worker")
+    add_commands(parser.add_subparsers(dest="command", required=True))
+    return parser.parse_args(argv)
+
+
+async def test_keys_generate_writes_an_owner_only_seed_and_prints_its_public_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "gateway.seed"
+    args = parse("keys", "generate", "--out", str(out))
+    assert await args.func(args) == 0
+    public_key = capsys.readouterr().out.strip()
+    assert out.stat().st_mode & 0o777 == 0o600
+    keys_file = tmp_path / "keys"
+    keys_file.write_text(public_key + "\n")
+    headers = sign_envelope(b"payload", read_seed_file(out))
+    assert verify_envelope(b"payload", headers, TrustedGatewayKeys.load(keys_file)) == public_key
+    seed = out.read_bytes()
+    assert await args.func(args) == 1
+    assert "never overwritten" in capsys.readouterr().err
+    assert out.read_bytes() == seed
+
+
+def _write_action(tmp_path: Path) -> tuple[str, Path]:
+    document = action_document()
+    path = tmp_path / "action.json"
+    path.write_text(json.dumps(document))
+    return document["id"], path
+
+
+def _store_flags(files: TrustFiles, server: RedisServer) -> list[str]:
+    return ["--redis-url", server.url, "--approval-authority-file", str(files.authority_file)]
+
+
+async def test_approve_records_the_decision_for_the_action_in_the_file(
+    tmp_path: Path,
+    trust_files: TrustFiles,
+    trust_redis_server: RedisServer,
+    redis: Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    action_id, path = _write_action(tmp_path)
+    flags = _store_flags(trust_files, trust_redis_server)
+    args = parse(
+        "approve", action_id, "--action-file", str(path), "--as", APPROVER_A,
+        "--reason", "ticket OPS-7", "--ttl-minutes", "5", *flags,
+    )  # fmt: skip
+    assert await args.func(args) == 0
+    printed = msgspec.json.decode(capsys.readouterr().out, type=ApprovalRecord)
+    assert printed.decision is ApprovalDecision.APPROVED
+    assert printed.expires_at_unix_ms - printed.created_at_unix_ms == 5 * 60_000
+    show = parse("approval", "show", action_id, "--redis-url", trust_redis_server.url)
+    assert await show.func(show) == 0
+    assert msgspec.json.decode(capsys.readouterr().out, type=ApprovalRecord) == printed
+
+
+async def test_approve_refuses_a_file_holding_another_action(
+    tmp_path: Path,
+    trust_files: TrustFiles,
+    trust_redis_server: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _, path = _write_action(tmp_path)
+    other_id = action_document()["id"]
+    args = parse(
+        "approve", other_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
+        *_store_flags(trust_files, trust_redis_server),
+    )  # fmt: skip
+    assert await args.func(args) == 2
+    assert "not " + other_id in capsys.readouterr().err
+
+
+async def test_deny_by_a_non_member_is_refused_with_the_reason(
+    tmp_path: Path,
+    trust_files: TrustFiles,
+    trust_redis_server: RedisServer,
+    redis: Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    action_id, path = _write_action(tmp_path)
+    args = parse(
+        "approve", action_id, "--action-file", str(path), "--as", USER_B, "--reason", "no",
+        "--deny", *_store_flags(trust_files, trust_redis_server),
+    )  # fmt: skip
+    assert await args.func(args) == 1
+    assert "no approval membership" in capsys.readouterr().err
+    show = parse("approval", "show", action_id, "--redis-url", trust_redis_server.url)
+    assert await show.func(show) == 1
+
+
+async def test_approve_without_an_authority_file_is_a_configuration_error(
+    tmp_path: Path,
+    trust_redis_server: RedisServer,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("AIPD_APPROVAL_AUTHORITY_FILE", raising=False)
+    action_id, path = _write_action(tmp_path)
+    args = parse(
+        "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
+        "--redis-url", trust_redis_server.url,
+    )  # fmt: skip
+    assert await args.func(args) == 2
+    assert "AIPD_APPROVAL_AUTHORITY_FILE" in capsys.readouterr().err

@@ -1,0 +1,380 @@
+"""Approval: only a durable, matching, live, approved record lets a governed capability run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+from trust_support import GOVERNED, action_document, encode_action, endpoint, now_ms
+
+from schemas.action import Action
+from schemas.approval import MAX_INPUT_SNAPSHOT_BYTES, ApprovalDecision, ApprovalRecord
+from schemas.errors import ErrorCode
+from worker.errors import ConnectorError
+from worker.settings import Settings
+from worker.store.keys import approvals_key
+from worker.store.scripts import script_source
+from worker.testing.identities import (
+    APPROVER_A,
+    APPROVER_B,
+    TENANT_A,
+    USER_B,
+    TrustFiles,
+    authority_memberships,
+    write_json,
+)
+from worker.trust.approvals import ApprovalRefused, approve
+from worker.trust.authority import ApprovalAuthority
+from worker.trust.files import TrustConfigError
+from worker.trust.fingerprint import fingerprint_request
+from worker.trust.gate import AdmitDecision, TrustGate
+
+CONFLICT = ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT
+UNAVAILABLE = ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE
+
+
+@pytest.fixture
+def authority(trust_files: TrustFiles) -> ApprovalAuthority:
+    return ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
+
+
+async def admit(
+    gate: TrustGate, redis: Redis, files: TrustFiles, document: dict[str, Any]
+) -> AdmitDecision:
+    action, payload = encode_action(document)
+    return await gate.admit(
+        action=action,
+        payload=payload,
+        headers=files.sign(payload),
+        endpoint=endpoint(),
+        spec=GOVERNED,
+        redis=redis,
+    )
+
+
+async def refused(
+    gate: TrustGate, redis: Redis, files: TrustFiles, document: dict[str, Any]
+) -> ConnectorError:
+    with pytest.raises(ConnectorError) as caught:
+        await admit(gate, redis, files, document)
+    return caught.value
+
+
+async def decide(
+    redis: Redis,
+    authority: ApprovalAuthority,
+    document: dict[str, Any],
+    decision: ApprovalDecision = ApprovalDecision.APPROVED,
+    *,
+    approver: str = APPROVER_A,
+    **kwargs: Any,
+) -> ApprovalRecord:
+    action, _ = encode_action(document)
+    return await approve(
+        redis, authority, action, approver, "reviewed the objective", decision, **kwargs
+    )
+
+
+async def test_an_approved_matching_record_admits_and_is_carried_for_audit(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    record = await decide(redis, authority, document)
+    decision = await admit(gate, redis, trust_files, document)
+    assert decision.approval == record
+    assert decision.receipt_details()["approval_decision_id"] == record.decision_id
+    with_pointer = {**document, "approval": {"decision_id": record.decision_id}}
+    assert (await admit(gate, redis, trust_files, with_pointer)).approval == record
+
+
+async def test_the_record_holds_the_policy_evidence(
+    redis: Redis, authority: ApprovalAuthority, trust_files: TrustFiles
+) -> None:
+    document = action_document()
+    record = await decide(redis, authority, document)
+    action, _ = encode_action(document)
+    assert record.action_id == action.id
+    assert record.input_fingerprint == fingerprint_request(action)
+    assert record.approver_principal_id == APPROVER_A
+    assert record.approver_revision == 1
+    assert record.reason == "reviewed the objective"
+    assert record.expires_at_unix_ms - record.created_at_unix_ms == 15 * 60_000
+    assert "summarise the inbox" in record.input_snapshot
+    evidence = record.policy_decision
+    assert evidence.matched_capability_prefix == "cap:hermes_agent:"
+    assert evidence.membership_tenant_id == TENANT_A
+    assert evidence.authority_file_sha256 == authority.sha256
+    assert record.revision == 1
+    stored = await redis.hget(approvals_key(action.id), "record")
+    assert stored is not None
+    assert msgspec.json.decode(stored, type=ApprovalRecord) == record
+    ttl_ms = await redis.pttl(approvals_key(action.id))
+    assert 15 * 60_000 < ttl_ms <= 15 * 60_000 + 24 * 3_600_000
+
+
+async def test_no_record_means_no_run(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles
+) -> None:
+    assert (await refused(gate, redis, trust_files, action_document())).code is UNAVAILABLE
+
+
+async def test_a_record_of_another_action_grants_nothing(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    approved = action_document()
+    record = await decide(redis, authority, approved)
+    borrower = {**action_document(), "approval": {"decision_id": record.decision_id}}
+    assert (await refused(gate, redis, trust_files, borrower)).code is UNAVAILABLE
+    await decide(redis, authority, borrower)
+    assert (await refused(gate, redis, trust_files, borrower)).code is CONFLICT
+
+
+async def test_a_record_for_another_capability_grants_nothing(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document(operation="run_stop")
+    await decide(redis, authority, document)
+    same_id = {**document, "capability": "cap:hermes_agent:hermes-a:operator"}
+    error = await refused(gate, redis, trust_files, same_id)
+    assert (error.code, "another capability" in error.message) == (CONFLICT, True)
+
+
+async def test_a_changed_input_voids_the_approval(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    await decide(redis, authority, document)
+    changed = {**document, "input": {"objective": {"objective": "wire the funds"}}}
+    error = await refused(gate, redis, trust_files, changed)
+    assert (error.code, "input changed" in error.message) == (CONFLICT, True)
+
+
+async def test_an_expired_approval_grants_nothing(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    await decide(redis, authority, document, ttl_ms=50)
+    await asyncio.sleep(0.1)
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, "expired" in error.message) == (UNAVAILABLE, True)
+
+
+async def test_a_denial_refuses_and_is_final(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    await decide(redis, authority, document, ApprovalDecision.DENIED, ttl_ms=50)
+    assert (await refused(gate, redis, trust_files, document)).code is CONFLICT
+    await asyncio.sleep(0.1)
+    with pytest.raises(ApprovalRefused, match="denial is final"):
+        await decide(redis, authority, document)
+
+
+async def test_a_live_approval_cannot_be_replaced_but_an_expired_one_can(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    first = await decide(redis, authority, document, ttl_ms=500)
+    with pytest.raises(ApprovalRefused, match=first.decision_id):
+        await decide(redis, authority, document, ApprovalDecision.DENIED)
+    await asyncio.sleep(0.55)
+    second = await decide(redis, authority, document)
+    assert second.revision == 2
+    assert (await admit(gate, redis, trust_files, document)).approval == second
+
+
+async def test_a_forged_decision_id_grants_nothing(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    forged = {**action_document(), "approval": {"decision_id": "apr_" + "0" * 32}}
+    assert (await refused(gate, redis, trust_files, forged)).code is UNAVAILABLE
+    await decide(redis, authority, forged)
+    error = await refused(gate, redis, trust_files, forged)
+    assert (error.code, "decision_id" in error.message) == (CONFLICT, True)
+
+
+async def test_approval_claims_inside_the_payload_grant_nothing(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles
+) -> None:
+    claims = {
+        "objective": {"objective": "x"},
+        "approval": {"decision": "approved", "approver": APPROVER_A},
+        "_aip": {"approval": {"decision_id": "apr_" + "1" * 32, "decision": "approved"}},
+    }
+    document = action_document(input=claims)
+    assert (await refused(gate, redis, trust_files, document)).code is UNAVAILABLE
+
+
+@pytest.mark.parametrize(
+    ("approver", "document_args", "expected"),
+    [
+        (USER_B, {}, "no approval membership"),
+        (APPROVER_B, {}, "no approval membership"),
+        (APPROVER_A, {"principal": APPROVER_A}, "own principal"),
+    ],
+    ids=["not-an-approver", "other-tenants-approver", "self-approval"],
+)
+async def test_approvers_without_standing_cannot_decide(
+    redis: Redis,
+    authority: ApprovalAuthority,
+    approver: str,
+    document_args: dict[str, Any],
+    expected: str,
+) -> None:
+    document = action_document(**document_args)
+    with pytest.raises(ApprovalRefused, match=expected):
+        await decide(redis, authority, document, approver=approver)
+    action, _ = encode_action(document)
+    assert await redis.exists(approvals_key(action.id)) == 0
+
+
+async def test_membership_prefixes_and_expiry_bound_what_may_be_approved(
+    tmp_path: Path, redis: Redis
+) -> None:
+    memberships = authority_memberships()
+    memberships[0]["capability_prefixes"] = ["cap:hermes_agent:hermes-a:models"]
+    path = write_json(tmp_path / "authority.json", memberships, mode=0o644)
+    narrow = ApprovalAuthority.load(path, now_ms=now_ms())
+    with pytest.raises(ApprovalRefused, match="may not approve capability"):
+        await decide(redis, narrow, action_document())
+    memberships[0]["capability_prefixes"] = ["*"]
+    memberships[0]["expires_at_unix_ms"] = now_ms() + 50
+    write_json(path, memberships, mode=0o644)
+    short_lived = ApprovalAuthority.load(path, now_ms=now_ms())
+    await asyncio.sleep(0.1)
+    with pytest.raises(ApprovalRefused, match="expired"):
+        await decide(redis, short_lived, action_document())
+
+
+async def test_a_reason_is_required(redis: Redis, authority: ApprovalAuthority) -> None:
+    action, _ = encode_action(action_document())
+    with pytest.raises(ApprovalRefused, match="reason"):
+        await approve(redis, authority, action, APPROVER_A, "   ", ApprovalDecision.APPROVED)
+
+
+async def test_an_approver_removed_after_deciding_no_longer_authorizes(
+    trust_files: TrustFiles, redis: Redis, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    await decide(redis, authority, document)
+    memberships = authority_memberships()
+    memberships[0]["revision"] = 2
+    write_json(trust_files.authority_file, memberships, mode=0o644)
+    gate = TrustGate.from_settings(Settings(**trust_files.settings_overrides()))
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, "revision" in error.message) == (CONFLICT, True)
+
+
+async def test_without_an_authority_file_governed_capabilities_cannot_run(
+    trust_files: TrustFiles, redis: Redis, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    await decide(redis, authority, document)
+    overrides = {**trust_files.settings_overrides(), "approval_authority_file": None}
+    gate = TrustGate.from_settings(Settings(**overrides))
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, "AIPD_APPROVAL_AUTHORITY_FILE" in error.message) == (UNAVAILABLE, True)
+
+
+async def test_an_unreadable_record_is_unavailable_not_a_crash(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles
+) -> None:
+    document = action_document()
+    action, _ = encode_action(document)
+    await redis.hset(approvals_key(action.id), mapping={"record": b'{"decision":"approved"}'})
+    assert (await refused(gate, redis, trust_files, document)).code is UNAVAILABLE
+
+
+async def test_a_tampered_record_for_another_action_is_a_conflict(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    original = action_document()
+    record = await decide(redis, authority, original)
+    target = action_document()
+    target_action, _ = encode_action(target)
+    await redis.hset(approvals_key(target_action.id), "record", msgspec.json.encode(record))
+    error = await refused(gate, redis, trust_files, target)
+    assert (error.code, "another Action" in error.message) == (CONFLICT, True)
+
+
+async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None:
+    action: Action = encode_action(action_document())[0]
+    key = approvals_key(action.id)
+    script = redis.register_script(script_source("approval_write"))
+    later = now_ms() + 60_000
+
+    async def write(decision_id: str, record: bytes, read_revision: int, expires: int) -> bytes:
+        args: list[bytes | str | int] = [
+            decision_id, record, read_revision, "approved", expires, 1_000,
+        ]  # fmt: skip
+        reply = await script(keys=[key], args=args)
+        return bytes(reply[0])
+
+    first = "apr_" + "a" * 32
+    assert await write(first, b'{"v":1}', 0, later) == b"written"
+    assert await write(first, b'{"v":1}', 0, later) == b"exists"
+    assert await write(first, b'{"v":2}', 1, later) == b"conflict"
+    assert await write("apr_" + "b" * 32, b'{"v":3}', 0, later) == b"stale"
+    assert await write("apr_" + "b" * 32, b'{"v":3}', 1, later) == b"conflict"
+    assert await redis.hget(key, "record") == b'{"v":1}'
+    key = approvals_key(encode_action(action_document())[0].id)
+    assert await write("apr_" + "c" * 32, b'{"v":4}', 0, 1) == b"expired"
+    assert await redis.exists(key) == 0
+
+
+async def test_large_inputs_are_snapshotted_within_bounds(
+    redis: Redis, authority: ApprovalAuthority
+) -> None:
+    document = action_document(input={"objective": {"objective": "é" * 20_000}})
+    record = await decide(redis, authority, document)
+    assert record.input_snapshot_truncated
+    assert len(record.input_snapshot.encode()) <= MAX_INPUT_SNAPSHOT_BYTES
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        ({"revision": 0}, r"membership 0 \(principal 'approver:carol'\): revision must be"),
+        ({"revoked": True}, "is revoked"),
+        ({"expires_at_unix_ms": 1}, "has expired"),
+        ({"capability_prefixes": []}, "capability_prefixes"),
+        (
+            {"tenant_id": "tenant-b", "principal_id": "approver:dave"},
+            "membership 1 .*duplicate of membership 0",
+        ),
+    ],
+    ids=["zero-revision", "revoked", "expired", "no-prefixes", "duplicate"],
+)
+def test_bad_memberships_stop_startup(
+    trust_files: TrustFiles, change: dict[str, Any], expected: str
+) -> None:
+    memberships = authority_memberships()
+    memberships[0].update(change)
+    write_json(trust_files.authority_file, memberships, mode=0o644)
+    with pytest.raises(TrustConfigError, match=r"^AIPD_APPROVAL_AUTHORITY_FILE: .*" + expected):
+        TrustGate.from_settings(Settings(**trust_files.settings_overrides()))
+
+
+def test_authority_file_others_may_write_is_refused(trust_files: TrustFiles) -> None:
+    os.chmod(trust_files.authority_file, 0o664)
+    with pytest.raises(TrustConfigError, match="write"):
+        ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
+
+
+def test_fingerprint_binds_capability_and_input_only() -> None:
+    base = action_document(input={"b": 1, "a": [1, {"y": 2, "x": 1}]})
+    reordered = {**base, "input": {"a": [1, {"x": 1, "y": 2}], "b": 1}}
+    other_envelope = {**base, "trace": {"trace_id": "t-2"}, "approval": {"decision_id": "x"}}
+    fingerprints = {
+        fingerprint_request(encode_action(doc)[0]) for doc in (base, reordered, other_envelope)
+    }
+    assert len(fingerprints) == 1
+    changed_input = {**base, "input": {"b": 2, "a": [1, {"y": 2, "x": 1}]}}
+    changed_capability = {**base, "capability": "cap:hermes_agent:hermes-a:models"}
+    for doc in (changed_input, changed_capability):
+        assert fingerprint_request(encode_action(doc)[0]) not in fingerprints

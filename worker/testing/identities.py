@@ -1,0 +1,146 @@
+"""A complete, valid trust setup in a directory: for tests and the demo.
+
+`write_trust_files(dir)` creates a gateway key pair (seed file 0600, keys file), an identity
+directory and an approval authority file whose principals are the constants below, and
+returns paths plus helpers to sign envelopes and build settings. Tests that need a bad file
+start from these and change one thing, so each failure has exactly one cause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from worker.trust.signing import generate_keypair, sign_envelope, write_seed_file
+
+TENANT_A = "tenant-a"
+TENANT_B = "tenant-b"
+#: Ordinary callers, one per tenant, and one without a tenant.
+USER_A = "user:alice"
+USER_B = "user:bob"
+USER_UNTENANTED = "user:demo"
+#: Approvers: one per tenant (cannot approve for the other), and one untenanted.
+APPROVER_A = "approver:carol"
+APPROVER_B = "approver:dave"
+APPROVER_UNTENANTED = "approver:demo"
+PRINCIPAL_KIND = "user"
+ISSUER = "https://idp.example.test"
+REVISION = 3
+
+
+def identity_entries() -> list[dict[str, Any]]:
+    def entry(principal: str, tenant: str | None) -> dict[str, Any]:
+        return {
+            "principal_id": principal,
+            "revision": REVISION,
+            "tenant_id": tenant,
+            "credential": f"opaque-credential-of-{principal}",
+            "identity": {"principal_kind": PRINCIPAL_KIND, "authentication_issuer": ISSUER},
+        }
+
+    return [
+        entry(USER_A, TENANT_A),
+        entry(USER_B, TENANT_B),
+        entry(USER_UNTENANTED, None),
+        entry(APPROVER_A, TENANT_A),
+        entry(APPROVER_B, TENANT_B),
+        entry(APPROVER_UNTENANTED, None),
+    ]
+
+
+def authority_memberships() -> list[dict[str, Any]]:
+    def membership(principal: str, tenant: str | None) -> dict[str, Any]:
+        return {
+            "principal_id": principal,
+            "revision": 1,
+            "tenant_id": tenant,
+            "capability_prefixes": ["cap:hermes_agent:"],
+        }
+
+    return [
+        membership(APPROVER_A, TENANT_A),
+        membership(APPROVER_B, TENANT_B),
+        membership(APPROVER_UNTENANTED, None),
+    ]
+
+
+def write_json(path: Path, value: Any, *, mode: int = 0o600) -> Path:
+    """Write `value` as JSON with `mode` (set explicitly, whatever the umask)."""
+    path.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8")
+    os.chmod(path, mode)
+    return path
+
+
+@dataclass(frozen=True, slots=True)
+class TrustFiles:
+    """Where the trust files are, and the gateway seed that signs for them."""
+
+    directory: Path
+    seed_file: Path
+    gateway_keys_file: Path
+    identity_file: Path
+    authority_file: Path
+    public_key: str
+    seed: bytes = field(repr=False)
+
+    def sign(self, payload: bytes) -> dict[str, str]:
+        return sign_envelope(payload, self.seed)
+
+    def settings_overrides(self, *, allow_unsigned: bool = False) -> dict[str, Any]:
+        """Keyword arguments for `Settings(...)` that point at these files."""
+        return {
+            "trusted_gateway_keys_file": self.gateway_keys_file,
+            "trusted_identity_file": self.identity_file,
+            "approval_authority_file": self.authority_file,
+            "allow_unsigned_envelopes": allow_unsigned,
+        }
+
+    def environment(self) -> Mapping[str, str]:
+        """The same as `AIPD_*` variables, for a worker started as a subprocess."""
+        return {
+            "AIPD_TRUSTED_GATEWAY_KEYS_FILE": str(self.gateway_keys_file),
+            "AIPD_TRUSTED_IDENTITY_FILE": str(self.identity_file),
+            "AIPD_APPROVAL_AUTHORITY_FILE": str(self.authority_file),
+        }
+
+
+def write_trust_files(
+    directory: Path,
+    *,
+    identities: Sequence[Mapping[str, Any]] | None = None,
+    memberships: Sequence[Mapping[str, Any]] | None = None,
+    extra_public_keys: Sequence[str] = (),
+) -> TrustFiles:
+    """Create the four files in `directory` (which must exist); returns where they are."""
+    pair = generate_keypair()
+    seed_file = directory / "gateway.seed"
+    write_seed_file(seed_file, pair.seed)
+    keys_file = directory / "gateway-keys.txt"
+    keys_file.write_text(
+        "# trusted gateway signing keys, one per line\n"
+        + "".join(f"{key}\n" for key in (pair.public_key, *extra_public_keys)),
+        encoding="utf-8",
+    )
+    os.chmod(keys_file, 0o644)
+    identity_file = write_json(
+        directory / "identities.json",
+        list(identities) if identities is not None else identity_entries(),
+    )
+    authority_file = write_json(
+        directory / "authority.json",
+        list(memberships) if memberships is not None else authority_memberships(),
+        mode=0o644,
+    )
+    return TrustFiles(
+        directory=directory,
+        seed_file=seed_file,
+        gateway_keys_file=keys_file,
+        identity_file=identity_file,
+        authority_file=authority_file,
+        public_key=pair.public_key,
+        seed=pair.seed,
+    )

@@ -1,0 +1,38 @@
+"""Governance and security: who may act, through which gateway, with whose approval.
+
+`TrustGate` is what the runtime calls; the modules below it each own one check.
+"""
+
+from worker.trust.approvals import ApprovalRefused, approve, check_approval, read_record
+from worker.trust.authority import ApprovalAuthority, NotAuthorized
+from worker.trust.files import TrustConfigError
+from worker.trust.fingerprint import fingerprint_request
+from worker.trust.gate import AdmitDecision, TrustGate
+from worker.trust.identities import IdentityDirectory, TrustedIdentity
+from worker.trust.projection import trusted_projection
+from worker.trust.signing import (
+    TrustedGatewayKeys,
+    generate_keypair,
+    sign_envelope,
+    verify_envelope,
+)
+
+__all__ = [
+    "AdmitDecision",
+    "ApprovalAuthority",
+    "ApprovalRefused",
+    "IdentityDirectory",
+    "NotAuthorized",
+    "TrustConfigError",
+    "TrustGate",
+    "TrustedGatewayKeys",
+    "TrustedIdentity",
+    "approve",
+    "check_approval",
+    "fingerprint_request",
+    "generate_keypair",
+    "read_record",
+    "sign_envelope",
+    "trusted_projection",
+    "verify_envelope",
+]

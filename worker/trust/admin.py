@@ -1,0 +1,188 @@
+"""Operator commands of the trust layer: `keys generate` and `approve`.
+
+`approve` takes the Action itself (`--action-file`, the JSON the publisher will send; `-`
+reads stdin) rather than a capability plus input: the fingerprint is then computed by the
+same code, from the same bytes, as when the Action runs, so what was read is exactly what
+was approved, and the Action's tenant and principal (needed for the membership and
+self-approval checks) come with it. The positional ACTION_ID must equal the file's `id`,
+which guards against deciding on the wrong file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from redis.exceptions import RedisError
+
+from schemas.action import Action
+from schemas.approval import ApprovalDecision, ApprovalRecord
+from schemas.codec import EnvelopeRejected, decode_action
+from worker.cli_settings import add_settings_flags, settings_from
+from worker.errors import ConnectorError
+from worker.settings import Settings
+from worker.store.connection import open_redis
+from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS, ApprovalRefused, approve, read_record
+from worker.trust.authority import ApprovalAuthority
+from worker.trust.clock import redis_now_ms
+from worker.trust.files import TrustConfigError
+from worker.trust.signing import generate_keypair, write_seed_file
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_UNREACHABLE = 3
+
+
+def keys_generate(out: Path) -> str:
+    """Write a new gateway seed to `out` (0600, never overwriting); return its public key."""
+    pair = generate_keypair()
+    write_seed_file(out, pair.seed)
+    return pair.public_key
+
+
+def load_action_file(path: str) -> Action:
+    """The Action in `path` (`-`: stdin), decoded and validated exactly like an envelope."""
+    data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
+    try:
+        return decode_action(data)
+    except EnvelopeRejected as exc:
+        raise ValueError(f"{path}: not a valid Action ({exc.reason})") from None
+
+
+async def approve_action(
+    settings: Settings,
+    action: Action,
+    *,
+    as_principal: str,
+    reason: str,
+    decision: ApprovalDecision,
+    ttl_ms: int = DEFAULT_APPROVAL_TTL_MS,
+) -> ApprovalRecord:
+    """Record a decision with the authority file and Redis named by `settings`."""
+    if settings.approval_authority_file is None:
+        raise TrustConfigError(
+            "AIPD_APPROVAL_AUTHORITY_FILE (--approval-authority-file) is required to approve"
+        )
+    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    try:
+        now = await redis_now_ms(redis)
+        try:
+            authority = ApprovalAuthority.load(settings.approval_authority_file, now_ms=now)
+        except TrustConfigError as exc:
+            raise TrustConfigError(f"AIPD_APPROVAL_AUTHORITY_FILE: {exc}") from None
+        return await approve(
+            redis, authority, action, as_principal, reason, decision, ttl_ms=ttl_ms
+        )
+    finally:
+        await redis.aclose()
+
+
+async def show_approval(settings: Settings, action_id: str) -> ApprovalRecord | None:
+    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    try:
+        return await read_record(redis, action_id)
+    finally:
+        await redis.aclose()
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+async def cmd_keys_generate(args: argparse.Namespace) -> int:
+    try:
+        public_key = keys_generate(args.out)
+    except FileExistsError:
+        return _fail(EXIT_FAILED, f"{args.out} exists; a seed file is never overwritten")
+    except OSError as exc:
+        return _fail(EXIT_FAILED, f"{args.out}: {exc.strerror}")
+    print(public_key)
+    return 0
+
+
+async def cmd_approve(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    try:
+        action = load_action_file(args.action_file)
+    except (OSError, ValueError) as exc:
+        return _fail(EXIT_CONFIG, str(exc))
+    if action.id != args.action_id:
+        return _fail(EXIT_CONFIG, f"{args.action_file} holds {action.id}, not {args.action_id}")
+    decision = ApprovalDecision.DENIED if args.deny else ApprovalDecision.APPROVED
+    try:
+        record = await approve_action(
+            settings,
+            action,
+            as_principal=args.as_principal,
+            reason=args.reason,
+            decision=decision,
+            ttl_ms=int(args.ttl_minutes * 60_000),
+        )
+    except TrustConfigError as exc:
+        return _fail(EXIT_CONFIG, str(exc))
+    except ApprovalRefused as exc:
+        return _fail(EXIT_FAILED, str(exc))
+    except (RedisError, OSError) as exc:
+        return _fail(
+            EXIT_UNREACHABLE,
+            f"cannot reach Redis ({type(exc).__name__}); set --redis-url or AIPD_REDIS_URL",
+        )
+    print(msgspec.json.encode(record).decode())
+    return 0
+
+
+async def cmd_approval_show(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    try:
+        record = await show_approval(settings, args.action_id)
+    except ConnectorError as exc:
+        return _fail(EXIT_UNREACHABLE, f"{exc.message}; check --redis-url or AIPD_REDIS_URL")
+    except ValueError as exc:
+        return _fail(EXIT_CONFIG, str(exc))
+    if record is None:
+        return _fail(EXIT_FAILED, f"no decision is recorded for {args.action_id}")
+    print(msgspec.json.encode(record).decode())
+    return 0
+
+
+def add_commands(subparsers: Any) -> None:
+    """Add `keys generate`, `approve` and `approval show` (each sets an async `func`)."""
+    keys = subparsers.add_parser("keys", help="gateway signing keys")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    generate = keys_sub.add_parser(
+        "generate", help="write a new gateway nkey seed (0600) and print its public key"
+    )
+    generate.add_argument("--out", type=Path, required=True, help="seed file to create")
+    generate.set_defaults(func=cmd_keys_generate)
+
+    approve_cmd = subparsers.add_parser(
+        "approve", help="record an approval decision for one Action request"
+    )
+    approve_cmd.add_argument("action_id")
+    approve_cmd.add_argument(
+        "--action-file", required=True, help="the Action JSON the publisher sends ('-': stdin)"
+    )
+    approve_cmd.add_argument(
+        "--as", dest="as_principal", required=True, help="approver principal id"
+    )
+    approve_cmd.add_argument("--reason", required=True, help="why (required, recorded)")
+    approve_cmd.add_argument("--deny", action="store_true", help="record a denial (final)")
+    approve_cmd.add_argument(
+        "--ttl-minutes",
+        type=float,
+        default=DEFAULT_APPROVAL_TTL_MS / 60_000,
+        help="how long an approval stays usable (default 15)",
+    )
+    add_settings_flags(approve_cmd)
+    approve_cmd.set_defaults(func=cmd_approve)
+
+    approval = subparsers.add_parser("approval", help="inspect approval decisions")
+    approval_sub = approval.add_subparsers(dest="approval_command", required=True)
+    show = approval_sub.add_parser("show", help="print an Action's recorded decision")
+    show.add_argument("action_id")
+    add_settings_flags(show)
+    show.set_defaults(func=cmd_approval_show)

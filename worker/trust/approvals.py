@@ -1,0 +1,242 @@
+"""The approval ledger: durable decisions in Redis, and the check an approved run must pass.
+
+Only a record at `approvals_key(action_id)` authorizes an approval-governed capability; the
+Action's `approval.decision_id`, anything in `input` or a legacy `_aip` field are claims, and
+claims grant nothing. Refusal codes when the check fails:
+
+- `connector_host.approval_authorization_unavailable`: no authority file is configured, no
+  decision is recorded, the decision expired, or Redis could not be read;
+- `connector_host.approval_authorization_conflict`: the record is for another action,
+  capability, input or tenant; it is a denial; the Action's `decision_id` is not the
+  record's; or the approver is no longer authorized (membership gone, expired, or at
+  another revision).
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Any
+
+import msgspec
+from redis.exceptions import RedisError
+
+from schemas.action import Action
+from schemas.approval import (
+    MAX_INPUT_SNAPSHOT_BYTES,
+    MAX_REASON_CHARS,
+    ApprovalDecision,
+    ApprovalRecord,
+    PolicyDecision,
+)
+from schemas.errors import ErrorCode
+from worker.errors import ConnectorError
+from worker.store.keys import approvals_key
+from worker.store.scripts import script_source
+from worker.trust.authority import ApprovalAuthority, NotAuthorized
+from worker.trust.clock import Clock, redis_now_ms
+from worker.trust.files import describe_principal
+from worker.trust.fingerprint import canonical_request, fingerprint_request
+
+#: The operator's approval policy: a decision lasts 15 minutes (operator-and-delegation).
+DEFAULT_APPROVAL_TTL_MS = 15 * 60 * 1_000
+MAX_APPROVAL_TTL_MS = 24 * 3_600 * 1_000
+#: Decisions stay readable for audit this long after they expire.
+RETAIN_AFTER_EXPIRY_MS = 24 * 3_600 * 1_000
+
+_decoder = msgspec.json.Decoder(ApprovalRecord)
+_encoder = msgspec.json.Encoder()
+
+
+class ApprovalRefused(Exception):
+    """`approve` could not record the decision; the message tells the operator why."""
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def new_decision_id() -> str:
+    return "apr_" + secrets.token_hex(16)
+
+
+def input_snapshot(action: Action) -> tuple[str, bool]:
+    """Canonical JSON of {capability, input} for people, cut on a character boundary."""
+    text = canonical_request(action.capability, action.input).decode()
+    encoded = text.encode()
+    if len(encoded) <= MAX_INPUT_SNAPSHOT_BYTES:
+        return text, False
+    return encoded[:MAX_INPUT_SNAPSHOT_BYTES].decode("utf-8", errors="ignore"), True
+
+
+async def read_record(redis: Any, action_id: str) -> ApprovalRecord | None:
+    """The stored decision for an Action, or None; raises ConnectorError when unreadable."""
+    try:
+        raw = await redis.hget(approvals_key(action_id), "record")
+    except (TimeoutError, RedisError, OSError) as exc:
+        raise ConnectorError(
+            ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
+            f"approval record could not be read: {type(exc).__name__}",
+        ) from None
+    if raw is None:
+        return None
+    try:
+        return _decoder.decode(raw if isinstance(raw, bytes) else _text(raw).encode())
+    except msgspec.DecodeError:
+        raise ConnectorError(
+            ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
+            "stored approval record is not a valid ApprovalRecord",
+        ) from None
+
+
+async def approve(
+    redis: Any,
+    authority: ApprovalAuthority,
+    action: Action,
+    as_principal: str,
+    reason: str,
+    decision: ApprovalDecision,
+    *,
+    ttl_ms: int = DEFAULT_APPROVAL_TTL_MS,
+) -> ApprovalRecord:
+    """Record `as_principal`'s decision on exactly this Action request.
+
+    The approver must hold a live membership for the Action's tenant whose capability
+    prefixes cover its capability, and may not decide on an Action of its own principal
+    (the point of approval is a second party). Raises ApprovalRefused otherwise, or when
+    a live decision already exists for the Action.
+    """
+    reason = reason.strip()
+    if not reason or len(reason) > MAX_REASON_CHARS:
+        raise ApprovalRefused(f"a reason of 1 to {MAX_REASON_CHARS} characters is required")
+    if not 1 <= ttl_ms <= MAX_APPROVAL_TTL_MS:
+        raise ApprovalRefused(f"ttl must be between 1 ms and {MAX_APPROVAL_TTL_MS} ms")
+    if as_principal == action.identity.principal_id:
+        raise ApprovalRefused("an approver may not decide on an Action of its own principal")
+    key = approvals_key(action.id)
+    now = await redis_now_ms(redis)
+    tenant_id = action.identity.tenant_id
+    try:
+        match = authority.authorize(
+            principal_id=as_principal, tenant_id=tenant_id, capability=action.capability, now_ms=now
+        )
+    except NotAuthorized as exc:
+        raise ApprovalRefused(str(exc)) from None
+    read_revision = int(_text(await redis.hget(key, "revision") or "0"))
+    snapshot, truncated = input_snapshot(action)
+    membership = match.membership
+    record = ApprovalRecord(
+        decision_id=new_decision_id(),
+        action_id=action.id,
+        capability=action.capability,
+        input_fingerprint=fingerprint_request(action),
+        decision=decision,
+        approver_principal_id=as_principal,
+        approver_revision=membership.revision,
+        tenant_id=tenant_id,
+        reason=reason,
+        input_snapshot=snapshot,
+        input_snapshot_truncated=truncated,
+        policy_decision=PolicyDecision(
+            authority_file_sha256=authority.sha256,
+            membership_principal_id=membership.principal_id,
+            membership_revision=membership.revision,
+            membership_tenant_id=membership.tenant_id,
+            matched_capability_prefix=match.matched_prefix,
+            ttl_ms=ttl_ms,
+            evaluated_at_unix_ms=now,
+        ),
+        created_at_unix_ms=now,
+        expires_at_unix_ms=now + ttl_ms,
+        revision=read_revision + 1,
+    )
+    script = redis.register_script(script_source("approval_write"))
+    status, stored = await script(
+        keys=[key],
+        args=[
+            record.decision_id,
+            _encoder.encode(record),
+            read_revision,
+            decision.value,
+            record.expires_at_unix_ms,
+            RETAIN_AFTER_EXPIRY_MS,
+        ],
+    )
+    status = _text(status)
+    if status in ("written", "exists"):
+        return record
+    if status == "conflict":
+        try:
+            existing = _decoder.decode(
+                stored if isinstance(stored, bytes) else _text(stored).encode()
+            )
+            what = (
+                f"{existing.decision_id} ({existing.decision.value} by "
+                f"{describe_principal(existing.approver_principal_id)})"
+            )
+        except msgspec.DecodeError:
+            what = "an unreadable decision"
+        raise ApprovalRefused(
+            f"{what} is already recorded for {action.id}; a denial is final and a live "
+            "approval cannot be replaced"
+        )
+    if status == "stale":
+        raise ApprovalRefused(f"the decision for {action.id} changed meanwhile; run again")
+    raise ApprovalRefused("the decision would already have expired")
+
+
+def _conflict(why: str) -> ConnectorError:
+    return ConnectorError(ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT, f"approval: {why}")
+
+
+def _unavailable(why: str) -> ConnectorError:
+    return ConnectorError(ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE, f"approval: {why}")
+
+
+async def check_approval(
+    redis: Any,
+    authority: ApprovalAuthority | None,
+    action: Action,
+    *,
+    tenant_id: str | None,
+    clock: Clock,
+) -> ApprovalRecord:
+    """The terminal approved record that lets this exact Action run; raises ConnectorError.
+
+    `tenant_id` is the verified tenant (from the identity directory), not the claimed one.
+    """
+    if authority is None:
+        raise _unavailable(
+            "no approval authority directory is configured (AIPD_APPROVAL_AUTHORITY_FILE); "
+            "approval-governed capabilities cannot run"
+        )
+    record = await read_record(redis, action.id)
+    if record is None:
+        raise _unavailable(f"no decision is recorded for {action.id}")
+    if action.approval is not None and action.approval.decision_id != record.decision_id:
+        raise _conflict("the Action's decision_id is not the recorded decision")
+    if record.action_id != action.id:
+        raise _conflict("the recorded decision is for another Action")
+    if record.capability != action.capability:
+        raise _conflict("the recorded decision is for another capability")
+    if record.input_fingerprint != fingerprint_request(action):
+        raise _conflict("the input changed after the decision")
+    if record.tenant_id != tenant_id:
+        raise _conflict("the recorded decision is for another tenant")
+    if record.decision is not ApprovalDecision.APPROVED:
+        raise _conflict(f"{record.decision_id} denied this Action")
+    if record.approver_principal_id == action.identity.principal_id:
+        raise _conflict("the approver is the Action's own principal")
+    now = await clock.now_ms()
+    if now >= record.expires_at_unix_ms:
+        raise _unavailable(f"{record.decision_id} has expired; a new decision is needed")
+    try:
+        authority.authorize(
+            principal_id=record.approver_principal_id,
+            tenant_id=tenant_id,
+            capability=action.capability,
+            now_ms=now,
+            revision=record.approver_revision,
+        )
+    except NotAuthorized as exc:
+        raise _conflict(f"the approver is no longer authorized: {exc}") from None
+    return record

@@ -1,0 +1,114 @@
+"""The approval authority directory: who may approve which capabilities for which tenant.
+
+Loaded from `--approval-authority-file` (`AIPD_APPROVAL_AUTHORITY_FILE`): a JSON array of
+`AuthorityMembership` records in a regular file under 1 MiB that group and others cannot
+write. It is authorization policy, not a credential store, so it may be world-readable.
+Duplicate (same principal and tenant), expired, revoked and zero-revision memberships stop
+the worker at startup. The same check runs when a decision is made and again when the
+approved Action executes, so a membership removed in between withdraws the approval.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from schemas.approval import AuthorityMembership
+from worker.trust.files import TrustConfigError, describe_principal, read_policy_file
+
+_WHAT = "approval authority file"
+UNRESTRICTED = "*"
+
+
+class NotAuthorized(Exception):
+    """The principal holds no live membership covering this tenant and capability."""
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipMatch:
+    membership: AuthorityMembership
+    matched_prefix: str
+
+
+class ApprovalAuthority:
+    """Memberships by (principal, tenant), plus the file's digest for decision evidence."""
+
+    def __init__(
+        self, memberships: dict[tuple[str, str | None], AuthorityMembership], sha256: str
+    ) -> None:
+        self._memberships = memberships
+        self.sha256 = sha256
+
+    def __len__(self) -> int:
+        return len(self._memberships)
+
+    @classmethod
+    def load(cls, path: Path, *, now_ms: int) -> ApprovalAuthority:
+        policy = read_policy_file(path, what=_WHAT)
+        try:
+            raw: Any = msgspec.json.decode(policy.data)
+        except msgspec.DecodeError as exc:
+            raise TrustConfigError(f"{_WHAT} {path}: not JSON ({exc})") from None
+        if not isinstance(raw, list) or not raw:
+            raise TrustConfigError(f"{_WHAT} {path}: must be a non-empty JSON array")
+        found: dict[tuple[str, str | None], AuthorityMembership] = {}
+        index_of: dict[tuple[str, str | None], int] = {}
+        for index, item in enumerate(raw):
+            where = f"{_WHAT} {path}: membership {index}"
+            if isinstance(item, dict):
+                where += f" (principal {describe_principal(item.get('principal_id'))})"
+            try:
+                membership = msgspec.convert(item, AuthorityMembership, strict=True)
+            except msgspec.ValidationError as exc:
+                raise TrustConfigError(f"{where}: {exc}") from None
+            key = (membership.principal_id, membership.tenant_id)
+            problem = _membership_problem(membership, now_ms)
+            if problem is None and key in index_of:
+                problem = f"duplicate of membership {index_of[key]} (same principal and tenant)"
+            if problem is not None:
+                raise TrustConfigError(f"{where}: {problem}")
+            index_of[key] = index
+            found[key] = membership
+        return cls(found, policy.sha256)
+
+    def authorize(
+        self,
+        *,
+        principal_id: str,
+        tenant_id: str | None,
+        capability: str,
+        now_ms: int,
+        revision: int | None = None,
+    ) -> MembershipMatch:
+        """The membership that lets `principal_id` decide on `capability` for `tenant_id`.
+
+        With `revision`, the membership must still be at that revision (the check made when
+        an approved Action runs). Raises NotAuthorized with a reason fit for an operator.
+        """
+        membership = self._memberships.get((principal_id, tenant_id))
+        who = describe_principal(principal_id)
+        if membership is None:
+            raise NotAuthorized(f"{who} holds no approval membership for this tenant")
+        if revision is not None and membership.revision != revision:
+            raise NotAuthorized(
+                f"{who} decided at membership revision {revision}; it is now {membership.revision}"
+            )
+        if membership.expires_at_unix_ms is not None and now_ms >= membership.expires_at_unix_ms:
+            raise NotAuthorized(f"{who}'s approval membership has expired")
+        for prefix in membership.capability_prefixes:
+            if prefix == UNRESTRICTED or capability.startswith(prefix):
+                return MembershipMatch(membership, prefix)
+        raise NotAuthorized(f"{who} may not approve capability {capability!r}")
+
+
+def _membership_problem(membership: AuthorityMembership, now_ms: int) -> str | None:
+    if membership.revision == 0:
+        return "revision must be non-zero"
+    if membership.revoked:
+        return "is revoked; remove the membership"
+    if membership.expires_at_unix_ms is not None and membership.expires_at_unix_ms <= now_ms:
+        return "has expired; remove or renew the membership"
+    return None

@@ -1,0 +1,58 @@
+"""The time trust decisions are made at: Redis `TIME`, read at most once per admission.
+
+Expiry of identities, tenant bindings and approvals is decided on Redis' clock (DESIGN §5),
+not on the worker's, so workers with skewed clocks agree about the same record. The read is
+lazy: an admission that meets no expiry costs no round trip.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from redis.exceptions import RedisError
+
+from schemas.errors import ErrorCode
+from worker.errors import ConnectorError
+
+
+class Clock(Protocol):
+    async def now_ms(self) -> int: ...
+
+
+async def redis_now_ms(redis: Any) -> int:
+    """Redis TIME in Unix ms; raises RedisError/OSError when Redis does not answer."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1_000 + int(micros) // 1_000
+
+
+class RedisClock:
+    """One admission's view of now: the first call asks Redis, later calls reuse the answer."""
+
+    __slots__ = ("_now", "_redis")
+
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self._now: int | None = None
+
+    async def now_ms(self) -> int:
+        if self._now is None:
+            try:
+                self._now = await redis_now_ms(self._redis)
+            except (TimeoutError, RedisError, OSError) as exc:
+                raise ConnectorError(
+                    ErrorCode.HOST_NOT_READY,
+                    f"trust check could not read Redis TIME: {type(exc).__name__}",
+                ) from None
+        return self._now
+
+
+class FixedClock:
+    """A clock that always answers `now`: for checks made outside an admission, and tests."""
+
+    __slots__ = ("_now",)
+
+    def __init__(self, now_ms: int) -> None:
+        self._now = now_ms
+
+    async def now_ms(self) -> int:
+        return self._now

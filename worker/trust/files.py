@@ -1,0 +1,70 @@
+"""Read the trust files (gateway keys, identity directory, approval authority) safely.
+
+These files are policy: whoever can write one can admit any Action, so a file that group or
+others may write is refused at startup rather than trusted. Each is read through one file
+descriptor (checked with `fstat`, then read), so a swap between the check and the read is not
+possible, and a FIFO or device cannot stall startup.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The spec's bound for the authority directory; the other trust files share it.
+MAX_POLICY_FILE_BYTES = 1_048_576
+
+
+class TrustConfigError(ValueError):
+    """A trust file that is missing, unsafe or invalid; the message names file and entry."""
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyFile:
+    path: Path
+    data: bytes
+    mode: int
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.data).hexdigest()
+
+    @property
+    def readable_by_others(self) -> bool:
+        return bool(self.mode & 0o077)
+
+
+def read_policy_file(path: Path, *, what: str) -> PolicyFile:
+    """The bytes of a regular, non-empty file under 1 MiB that only its owner may write."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as exc:
+        raise TrustConfigError(f"{what} {path}: cannot be opened ({exc.strerror})") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise TrustConfigError(f"{what} {path}: not a regular file")
+        if info.st_mode & 0o022:
+            raise TrustConfigError(
+                f"{what} {path}: mode {stat.filemode(info.st_mode)} lets group or others "
+                "write it; chmod go-w it"
+            )
+        with os.fdopen(os.dup(fd), "rb") as handle:
+            data = handle.read(MAX_POLICY_FILE_BYTES)
+    finally:
+        os.close(fd)
+    if not data.strip():
+        raise TrustConfigError(f"{what} {path}: empty")
+    if len(data) >= MAX_POLICY_FILE_BYTES:
+        raise TrustConfigError(f"{what} {path}: not smaller than 1 MiB")
+    return PolicyFile(path=path, data=data, mode=info.st_mode)
+
+
+def describe_principal(value: object) -> str:
+    """A principal id fit for an error message: quoted, printable, and short."""
+    text = value if isinstance(value, str) else "?"
+    shown = "".join(ch if ch.isprintable() else "?" for ch in text[:80])
+    return repr(shown + ("…" if len(text) > 80 else ""))

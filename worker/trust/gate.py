@@ -1,0 +1,194 @@
+"""The trust gate: everything an Action must pass before any provider request.
+
+Checks run in this order and stop at the first refusal (each raises `ConnectorError`):
+
+1. envelope signature (`connector_host.authentication`); unsigned envelopes pass only with
+   `AIPD_ALLOW_UNSIGNED_ENVELOPES`, logged as a WARNING on every acceptance;
+2. identity directory (`connector_host.authentication`,
+   `connector_host.credential_revision_denied`, `connector.hermes_agent.tenant_mismatch`);
+   without a directory every Action is refused: governed execution fails closed;
+3. route and endpoint tenant binding (`connector_host.route_mismatch`,
+   `connector.hermes_agent.tenant_mismatch`);
+4. the durable approval record when the capability requires approval
+   (`connector_host.approval_authorization_unavailable|conflict`);
+5. the trusted projection's header values (`connector.hermes_agent.configuration_or_input`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.action import Action
+from schemas.approval import ApprovalRecord
+from schemas.audit import DetailValue
+from schemas.errors import ErrorCode
+from worker.errors import ConnectorError
+from worker.operations.base import OperationSpec
+from worker.settings import Endpoint, Settings
+from worker.trust.approvals import check_approval
+from worker.trust.authority import ApprovalAuthority
+from worker.trust.clock import RedisClock
+from worker.trust.files import TrustConfigError
+from worker.trust.identities import IdentityDirectory, TrustedIdentity
+from worker.trust.projection import trusted_projection
+from worker.trust.signing import (
+    SIGNATURE_HEADER,
+    SIGNER_HEADER,
+    TrustedGatewayKeys,
+    verify_envelope,
+)
+from worker.trust.tenancy import check_endpoint_tenant, check_route
+
+log = logging.getLogger(__name__)
+
+_UNSIGNED_WARNING = (
+    "AIPD_ALLOW_UNSIGNED_ENVELOPES is on: envelopes without a gateway signature are "
+    "accepted. Anyone who can publish to the actions subject can act as any principal in "
+    "the identity directory. Development only."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class AdmitDecision:
+    """What admitted an Action: the facts its audit receipts record, and its headers."""
+
+    #: The verified gateway key, or None for an unsigned envelope accepted in development.
+    signer: str | None
+    identity: TrustedIdentity
+    approval: ApprovalRecord | None
+    #: The trusted projection for provider requests (see `worker.trust.projection`).
+    headers: Mapping[str, str]
+
+    @property
+    def principal_id(self) -> str:
+        return self.identity.principal_id
+
+    @property
+    def tenant_id(self) -> str | None:
+        return self.identity.tenant_id
+
+    def receipt_details(self) -> dict[str, DetailValue]:
+        """Redacted facts for a `received` receipt: ids and revisions, never a credential."""
+        return {
+            "signer": self.signer,
+            "principal_id": self.identity.principal_id,
+            "credential_revision": self.identity.revision,
+            "tenant_id": self.identity.tenant_id,
+            "approval_decision_id": self.approval.decision_id if self.approval else None,
+            "approver_principal_id": (
+                self.approval.approver_principal_id if self.approval else None
+            ),
+        }
+
+
+class TrustGate:
+    """Signature, identity, tenant and approval checks, configured once at startup."""
+
+    def __init__(
+        self,
+        *,
+        gateway_keys: TrustedGatewayKeys | None,
+        identities: IdentityDirectory | None,
+        authority: ApprovalAuthority | None,
+        allow_unsigned: bool = False,
+    ) -> None:
+        self.gateway_keys = gateway_keys
+        self.identities = identities
+        self.authority = authority
+        self.allow_unsigned = allow_unsigned
+        if allow_unsigned:
+            log.warning(_UNSIGNED_WARNING)
+        elif gateway_keys is None:
+            log.error("AIPD_TRUSTED_GATEWAY_KEYS_FILE is not set: every envelope will be refused")
+        if identities is None:
+            log.error(
+                "AIPD_TRUSTED_IDENTITY_FILE is not set: governed execution is refused (fail "
+                "closed) until a trusted identity directory is installed"
+            )
+
+    @classmethod
+    def from_settings(cls, settings: Settings, *, now_ms: int | None = None) -> TrustGate:
+        """Load the trust files; a missing, unsafe or invalid one stops startup.
+
+        The error is a TrustConfigError naming the setting, the file and the bad entry.
+        `now_ms` (default: this host's clock) decides which entries have already expired.
+        """
+        now = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+        keys = identities = authority = None
+        try:
+            setting = "AIPD_TRUSTED_GATEWAY_KEYS_FILE"
+            if settings.trusted_gateway_keys_file is not None:
+                keys = TrustedGatewayKeys.load(settings.trusted_gateway_keys_file)
+            setting = "AIPD_TRUSTED_IDENTITY_FILE"
+            if settings.trusted_identity_file is not None:
+                identities = IdentityDirectory.load(settings.trusted_identity_file, now_ms=now)
+            setting = "AIPD_APPROVAL_AUTHORITY_FILE"
+            if settings.approval_authority_file is not None:
+                authority = ApprovalAuthority.load(settings.approval_authority_file, now_ms=now)
+        except TrustConfigError as exc:
+            raise TrustConfigError(f"{setting}: {exc}") from None
+        return cls(
+            gateway_keys=keys,
+            identities=identities,
+            authority=authority,
+            allow_unsigned=settings.allow_unsigned_envelopes,
+        )
+
+    def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
+        """The verified signer, or None for an unsigned envelope allowed in development.
+
+        A *present* signature is always verified, also in development: an altered payload
+        is never accepted because unsigned ones are.
+        """
+        if self.allow_unsigned and not _carries_signature(headers):
+            log.warning("accepted an UNSIGNED envelope (AIPD_ALLOW_UNSIGNED_ENVELOPES is on)")
+            return None
+        if self.gateway_keys is None:
+            raise ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION,
+                "no trusted gateway keys are configured (AIPD_TRUSTED_GATEWAY_KEYS_FILE)",
+            )
+        return verify_envelope(payload, headers, self.gateway_keys)
+
+    async def admit(
+        self,
+        *,
+        action: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+    ) -> AdmitDecision:
+        """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent."""
+        signer = self.verify_signature(payload, headers)
+        if self.identities is None:
+            raise ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION,
+                "no trusted identity directory is configured (AIPD_TRUSTED_IDENTITY_FILE); "
+                "governed execution is refused",
+            )
+        clock = RedisClock(redis)
+        identity = await self.identities.verify(action.identity, clock)
+        check_route(action.capability, endpoint)
+        await check_endpoint_tenant(endpoint, identity.tenant_id, clock)
+        approval = None
+        if spec.approval_required:
+            approval = await check_approval(
+                redis, self.authority, action, tenant_id=identity.tenant_id, clock=clock
+            )
+        return AdmitDecision(
+            signer=signer,
+            identity=identity,
+            approval=approval,
+            headers=trusted_projection(action, identity),
+        )
+
+
+def _carries_signature(headers: Mapping[str, str]) -> bool:
+    names = {SIGNER_HEADER.lower(), SIGNATURE_HEADER.lower()}
+    return any(key.lower() in names for key in headers)

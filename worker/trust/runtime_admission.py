@@ -1,0 +1,69 @@
+"""`GateAdmission`: the `worker.admission.Admission` the runtime wires in (`worker.wiring`).
+
+The runtime's protocol takes only the provider headers from `admit`. `admit_decision`
+returns the gate's whole `AdmitDecision` (signer, principal, tenant, approval) for callers
+that record those facts in audit receipts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from schemas.action import Action
+from worker.operations.base import OperationSpec
+from worker.settings import Endpoint, Settings
+from worker.trust.gate import AdmitDecision, TrustGate
+
+
+class GateAdmission:
+    """The trust gate behind the runtime's two-step admission protocol."""
+
+    def __init__(self, gate: TrustGate) -> None:
+        self.gate = gate
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> GateAdmission:
+        return cls(TrustGate.from_settings(settings))
+
+    def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
+        return self.gate.verify_signature(payload, headers)
+
+    async def admit_decision(
+        self,
+        *,
+        action: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+    ) -> AdmitDecision:
+        return await self.gate.admit(
+            action=action,
+            payload=payload,
+            headers=headers,
+            endpoint=endpoint,
+            spec=spec,
+            redis=redis,
+        )
+
+    async def admit(
+        self,
+        *,
+        action: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+    ) -> Mapping[str, str]:
+        decision = await self.admit_decision(
+            action=action,
+            payload=payload,
+            headers=headers,
+            endpoint=endpoint,
+            spec=spec,
+            redis=redis,
+        )
+        return decision.headers
