@@ -1,0 +1,92 @@
+"""Fixtures of the operator tests: a real redis-server and the project's fake Hermes.
+
+The redis-server runs on a free loopback port for the whole session (AOF `always`, as in
+production) and is flushed before each test; each test gets its own fake Hermes with short
+timers, its own HTTP client and its own Redis connection, so nothing leaks between tests.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import pytest_asyncio
+from operator_support import Harness, endpoint_for
+from redis.asyncio import Redis
+
+from worker.hermes.client import HermesClient
+from worker.operator.policy import HermesOperatorPolicy
+from worker.testing._errors import ServiceStartError
+from worker.testing.fake_hermes import FakeConfig, FakeHermes
+from worker.testing.redis_server import RedisServer
+
+
+@pytest.fixture(scope="session")
+def redis_service() -> Iterator[RedisServer]:
+    try:
+        server = RedisServer()
+        server.start()
+    except ServiceStartError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"redis-server unavailable under CI: {exc}")
+        pytest.skip(f"redis-server unavailable: {exc}")
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest_asyncio.fixture
+async def redis(redis_service: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_service.url)
+    await client.flushall()
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+def fake_config(**changes: object) -> FakeConfig:
+    """Hermes 0.19 behaviour with test-sized timers."""
+    base = {
+        "api_key": secrets.token_urlsafe(32),
+        "missing_stream_delay_s": 0.05,
+        "build_delay_s": 0.02,
+        "keepalive_s": 5.0,
+    }
+    base.update(changes)
+    return FakeConfig(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def fake_settings() -> FakeConfig:
+    """Override in a module (or parametrize) to change the fake's timers."""
+    return fake_config()
+
+
+@pytest_asyncio.fixture
+async def fake(fake_settings: FakeConfig) -> AsyncIterator[FakeHermes]:
+    async with FakeHermes(config=fake_settings) as server:
+        yield server
+
+
+@pytest_asyncio.fixture
+async def hermes(fake: FakeHermes) -> AsyncIterator[HermesClient]:
+    client = HermesClient(endpoint_for(fake.url, fake.api_key))
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def policy() -> HermesOperatorPolicy:
+    """Spec defaults, with a fast poll so recovery tests take milliseconds."""
+    return HermesOperatorPolicy(poll_interval_ms=20, cancel_grace_ms=3_000)
+
+
+@pytest.fixture
+def harness(redis: Redis, hermes: HermesClient, policy: HermesOperatorPolicy) -> Harness:
+    return Harness(redis, hermes, policy)

@@ -1,0 +1,285 @@
+"""Resume a provider approval through the source binding's command ledger.
+
+Spec "Resume a provider approval": each resume command is recorded in the source binding
+(resume Action id, canonical fingerprint, approval generation, decision, claim owner,
+timestamps) *before* Hermes is contacted, so
+
+* an exact replay of a resume sends nothing and returns the stored progress;
+* a resume Action id reused with changed input is refused;
+* a command is bound to the generation it answered: a replay can never approve a later
+  prompt, and one generation takes one decision;
+* a 4xx is `rejected` (nothing applied); a 5xx or transport failure leaves both the command
+  and the source binding `outcome_unknown` (Hermes may have applied it): never resent.
+
+After a decision is applied the resume keeps observing the run by polling (the source's
+single-use event stream is gone) until a terminal state or the next approval.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass
+
+from schemas.errors import ErrorCode
+from schemas.operator import OperatorResume
+from worker.errors import ConnectorError
+from worker.operator import provider
+from worker.operator.binding import (
+    MAX_APPROVAL_COMMANDS,
+    ApprovalCommand,
+    BindingState,
+    CommandState,
+    OperatorBinding,
+    ProviderSnapshot,
+    request_fingerprint,
+)
+from worker.operator.events import ProviderStatus
+from worker.operator.observe import OBSERVE, Observer
+from worker.operator.session import OperatorSession
+
+S = BindingState
+C = CommandState
+
+#: Bound on one approval request or its status read.
+MAX_COMMAND_REQUEST_S = 10.0
+MAX_WAIT_POLL_S = 0.1
+
+
+def policy_error(message: str) -> ConnectorError:
+    return ConnectorError(ErrorCode.OPERATOR_POLICY, message)
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeEnd:
+    """How a resume ended: the source binding, and this command's own failure if any."""
+
+    binding: OperatorBinding
+    error: ConnectorError | None = None
+    #: This resume was cancelled before its decision was sent (the source is untouched).
+    cancelled: bool = False
+
+
+class ResumeLedger:
+    """One resume Action against its source binding."""
+
+    def __init__(self, session: OperatorSession, resume: OperatorResume) -> None:
+        self.s = session
+        self.resume = resume
+        ctx = session.ctx
+        self.resume_id = ctx.action.id
+        self.fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
+        self.claim_id = "clm_" + secrets.token_hex(16)
+
+    async def run(self) -> ResumeEnd:
+        handle = self.s.handle
+        binding = await handle.read()
+        if binding is None:
+            raise policy_error("no operator binding exists for the resume's source Action")
+        if binding.endpoint_id != self.s.ctx.endpoint.id:
+            raise policy_error("the resume endpoint does not match the source binding's endpoint")
+        while True:
+            command = binding.command_for(self.resume_id)
+            if command is None:
+                if binding.terminal:
+                    return ResumeEnd(binding)  # nothing left to decide: the source outcome
+                if self.s.ctx.cancel_requested.is_set():
+                    return ResumeEnd(binding, cancelled=True)
+                binding = await self._claim(binding)
+                mine = binding.command_for(self.resume_id)
+                if mine is not None and mine.claim_id == self.claim_id:
+                    return await self._apply(mine)
+                continue
+            if command.fingerprint != self.fingerprint:
+                raise policy_error(
+                    "idempotency collision: this resume Action id was recorded with a "
+                    "different input"
+                )
+            match command.state:
+                case C.APPLIED:
+                    return await self._observe(command.baseline)
+                case C.REJECTED:
+                    return ResumeEnd(binding, _rejected(command.remote_status))
+                case C.OUTCOME_UNKNOWN:
+                    return ResumeEnd(binding, _approval_unknown("an earlier attempt"))
+                case C.CLAIMED:
+                    if command.fence < self.s.ctx.fence or command.expires_at_ms <= handle.now_ms:
+                        return await self._abandoned(command)
+                    await self.s.pause(
+                        min(MAX_WAIT_POLL_S, (command.expires_at_ms - handle.now_ms) / 1000)
+                    )
+                    binding = await handle.read() or binding
+
+    async def _claim(self, binding: OperatorBinding) -> OperatorBinding:
+        """Record `claimed` for the current generation, or refuse with a policy error."""
+        if binding.status is not S.WAITING_FOR_APPROVAL:
+            raise policy_error(
+                f"the source binding is {binding.status.value}, not waiting for approval"
+            )
+        if binding.cancel_requested:
+            raise policy_error("the source binding is being cancelled; no new approval is sent")
+        generation = binding.approval_generation
+        taken = [
+            c
+            for c in binding.approval_commands
+            if c.generation == generation and c.state is not C.REJECTED
+        ]
+        if taken:
+            raise policy_error(
+                f"approval generation {generation} was already answered by resume Action "
+                f"{taken[0].resume_action_id}"
+            )
+        if len(binding.approval_commands) >= MAX_APPROVAL_COMMANDS:
+            raise policy_error(
+                f"the source run's approval ledger holds its maximum of {MAX_APPROVAL_COMMANDS}"
+            )
+        ctx = self.s.ctx
+        ttl = self.s.policy.start_claim_ttl_ms
+
+        def claim(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            if (
+                b.command_for(self.resume_id) is not None
+                or b.status is not S.WAITING_FOR_APPROVAL
+                or b.approval_generation != generation
+            ):
+                return None
+            return b.with_command(
+                ApprovalCommand(
+                    resume_action_id=self.resume_id,
+                    fingerprint=self.fingerprint,
+                    generation=generation,
+                    choice=self.resume.choice.value,
+                    resolve_all=self.resume.resolve_all,
+                    state=C.CLAIMED,
+                    claim_id=self.claim_id,
+                    owner=ctx.owner,
+                    fence=ctx.fence,
+                    instance_id=ctx.worker_id,
+                    claimed_at_ms=now,
+                    expires_at_ms=now + ttl,
+                    updated_at_ms=now,
+                ),
+                now,
+            )
+
+        return await self.s.handle.update(claim)
+
+    def _request_budget_s(self) -> float:
+        return max(0.1, min(MAX_COMMAND_REQUEST_S, self.s.remaining_s()))
+
+    async def _baseline(self, run_id: str) -> ProviderSnapshot:
+        """The prompt as Hermes shows it right before the decision (stale-prompt detection).
+
+        When the status cannot be read, the prompt is described by its event name only.
+        """
+        read = await provider.read_status(
+            self.s.ctx.hermes, run_id, self.s.headers(), self._request_budget_s()
+        )
+        if isinstance(read, provider.StatusRead):
+            last_event = read.body.get("last_event")
+            updated_at = read.body.get("updated_at")
+            return ProviderSnapshot(
+                status=str(read.body.get("status")),
+                last_event=last_event if isinstance(last_event, str) else None,
+                updated_at=float(updated_at) if isinstance(updated_at, int | float) else None,
+            )
+        return ProviderSnapshot(
+            status=ProviderStatus.WAITING_FOR_APPROVAL.value, last_event="approval.request"
+        )
+
+    async def _apply(self, command: ApprovalCommand) -> ResumeEnd:
+        binding = self.s.handle.binding
+        run_id = binding.run_id
+        if run_id is None:
+            raise ConnectorError(ErrorCode.ERROR, "a waiting binding without a run id")
+        baseline = await self._baseline(run_id)
+        outcome = await provider.send_approval(
+            self.s.ctx.hermes,
+            run_id,
+            command.choice,
+            command.resolve_all,
+            self.s.headers(),
+            self._request_budget_s(),
+        )
+        match outcome:
+            case provider.CommandApplied():
+
+                def applied(b: OperatorBinding, now: int) -> OperatorBinding:
+                    ledger = b.with_command(command.moved(C.APPLIED, now, baseline=baseline), now)
+                    if ledger.status is S.WAITING_FOR_APPROVAL:
+                        return ledger.moved(S.RUNNING, now, pending_approval=None)
+                    return ledger
+
+                await self.s.handle.update(applied)
+                await self.s.capacity.keep(force=True)
+                return await self._observe(baseline)
+            case provider.CommandRejected(status=status):
+                return await self._rejected(command, status, baseline)
+            case provider.CommandUnknown(reason=reason, remote_status=status):
+                error = _approval_unknown(reason, status)
+                binding = await self.s.handle.update(
+                    lambda b, now: b.with_command(
+                        command.moved(C.OUTCOME_UNKNOWN, now, remote_status=status), now
+                    ).ended(S.OUTCOME_UNKNOWN, now, error=error)
+                )
+                await self.s.capacity.release()
+                return ResumeEnd(binding, error)
+
+    async def _rejected(
+        self, command: ApprovalCommand, status: int, baseline: ProviderSnapshot
+    ) -> ResumeEnd:
+        """Hermes refused the decision before applying it; the source keeps waiting unless
+        the refusal shows the run itself is gone or over."""
+        binding = await self.s.handle.update(
+            lambda b, now: b.with_command(
+                command.moved(C.REJECTED, now, remote_status=status, baseline=baseline), now
+            )
+        )
+        error = _rejected(status)
+        if status in (404, 409):
+            # 404: Hermes forgot the run; 409: it may have ended (an unanswered prompt times
+            # out as a deny). Read it once so the source binding does not wait forever.
+            binding = await Observer(self.s).read_once()
+        return ResumeEnd(binding, error)
+
+    async def _abandoned(self, command: ApprovalCommand) -> ResumeEnd:
+        error = _approval_unknown(
+            "the claim owner was replaced or its claim expired before it recorded Hermes' answer"
+        )
+
+        def give_up(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            current = b.command_for(self.resume_id)
+            if current is None or current.state is not C.CLAIMED:
+                return None
+            return b.with_command(current.moved(C.OUTCOME_UNKNOWN, now), now).ended(
+                S.OUTCOME_UNKNOWN, now, error=error
+            )
+
+        binding = await self.s.handle.update(give_up)
+        await self.s.capacity.release()
+        return ResumeEnd(binding, error)
+
+    async def _observe(self, answered: ProviderSnapshot | None) -> ResumeEnd:
+        """Follow the run after an applied decision, by polling, until it is terminal or
+        asks again; a terminal or waiting binding is returned as stored."""
+        binding = self.s.handle.binding
+        if binding.terminal or binding.status is S.WAITING_FOR_APPROVAL:
+            return ResumeEnd(binding)
+        observer = Observer(self.s, answered_prompt=answered)
+        return ResumeEnd(await observer.poll(self.s.deadline, OBSERVE), None)
+
+
+def _rejected(status: int | None) -> ConnectorError:
+    code = ErrorCode.AUTHENTICATION if status in (401, 403) else ErrorCode.REMOTE_REJECTED
+    return ConnectorError(
+        code,
+        f"POST /v1/runs/{{run_id}}/approval answered HTTP {status}: the decision was not applied",
+        remote_status=status,
+    )
+
+
+def _approval_unknown(reason: str, status: int | None = None) -> ConnectorError:
+    return ConnectorError(
+        ErrorCode.APPROVAL_OUTCOME_UNKNOWN,
+        f"the approval decision may have been applied ({reason}); it is never resent",
+        remote_status=status,
+    )

@@ -1,0 +1,162 @@
+"""One execution's view of its binding: read it, and change it only by fenced compare-and-set.
+
+A change is a pure function of the current binding and the Redis clock. On a revision
+conflict the latest binding is re-read from the script's reply and the function applied
+again, so concurrent writers (a duplicate delivery, the cancel handler's flag) never lose
+each other's updates. A terminal binding is returned as it is: the function is not even
+called, which is how "terminal states are write-once" reaches every caller.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+
+from schemas.errors import ErrorCode
+from worker.errors import ConnectorError
+from worker.operations.base import LeaseLost
+from worker.operator.binding import OperatorBinding, decode_binding, encode_binding
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import StoreUnavailable
+from worker.store.operator_store import OperatorStore, StoredBinding, WriteStatus
+
+#: A change: given the binding and Redis time, the new binding, or None for "no change".
+Change = Callable[[OperatorBinding, int], OperatorBinding | None]
+
+#: Conflicts in a row before contention itself is reported (`operator_state`).
+MAX_CAS_ATTEMPTS = 64
+
+
+@dataclass(slots=True)
+class View:
+    """The binding as last read or written, with the Redis clock of that step."""
+
+    binding: OperatorBinding
+    revision: int
+    now_ms: int
+    #: The cancel handler's durable flag (folded into the doc on the next write).
+    cancel_flag: bool
+
+
+def state_error(exc: StoreUnavailable) -> ConnectorError:
+    return ConnectorError(ErrorCode.OPERATOR_STATE, f"operator state unavailable: {exc}")
+
+
+class BindingHandle:
+    """Fenced access to one binding for one lease holder (`keys`, `owner`, `fence`)."""
+
+    def __init__(self, store: OperatorStore, keys: ActionKeys, owner: str, fence: int) -> None:
+        self.store = store
+        self.keys = keys
+        self.owner = owner
+        self.fence = fence
+        self.view: View | None = None
+
+    @property
+    def binding(self) -> OperatorBinding:
+        if self.view is None:
+            raise RuntimeError("binding not loaded")
+        return self.view.binding
+
+    @property
+    def now_ms(self) -> int:
+        return 0 if self.view is None else self.view.now_ms
+
+    @property
+    def cancel_flag(self) -> bool:
+        return self.view is not None and (self.view.cancel_flag or self.binding.cancel_requested)
+
+    def _adopt(self, stored: StoredBinding) -> View:
+        if stored.doc is None:
+            raise ConnectorError(ErrorCode.OPERATOR_STATE, "operator binding vanished")
+        self.view = View(
+            decode_binding(stored.doc), stored.revision, stored.now_ms, stored.cancel_requested
+        )
+        return self.view
+
+    async def read(self) -> OperatorBinding | None:
+        """The stored binding (None when there is none); never fenced: reading is harmless."""
+        try:
+            stored = await self.store.read(self.keys.binding)
+        except StoreUnavailable as exc:
+            raise state_error(exc) from None
+        if stored.doc is None:
+            self.view = None
+            return None
+        return self._adopt(stored).binding
+
+    async def read_clock(self) -> int:
+        """Redis time now (the same clock every claim expiry was computed with)."""
+        try:
+            stored = await self.store.read(self.keys.binding)
+        except StoreUnavailable as exc:
+            raise state_error(exc) from None
+        if stored.doc is not None:
+            self._adopt(stored)
+        return stored.now_ms
+
+    async def create(self, make: Callable[[int], OperatorBinding]) -> OperatorBinding:
+        """The Action's binding: the stored one, or `make(now)` created under the fence."""
+        existing = await self.read()
+        if existing is not None:
+            return existing
+        try:
+            clock = await self.store.read(self.keys.binding)
+            fresh = make(clock.now_ms)
+            reply = await self.store.create(
+                self.keys, self.owner, self.fence, encode_binding(fresh), fresh.status.value
+            )
+        except StoreUnavailable as exc:
+            raise state_error(exc) from None
+        if reply.status is WriteStatus.FENCED_OUT:
+            raise LeaseLost("lease lost before the operator binding was created")
+        return self._adopt(reply.stored).binding
+
+    async def update(self, change: Change) -> OperatorBinding:
+        """Apply `change` by compare-and-set; returns the binding stored afterwards.
+
+        Raises LeaseLost when this holder's fence is no longer current: nothing is written.
+        """
+        if self.view is None:
+            await self.read()
+            if self.view is None:
+                raise ConnectorError(ErrorCode.OPERATOR_STATE, "operator binding is missing")
+        for _ in range(MAX_CAS_ATTEMPTS):
+            view = self.view
+            assert view is not None
+            if view.binding.terminal:
+                return view.binding
+            proposed = change(view.binding, view.now_ms)
+            if proposed is None:
+                return view.binding
+            # Bookkeeping, not a transition: the revision of the write, and the cancel flag
+            # folded in so the doc never forgets an intent recorded beside it.
+            proposed = msgspec.structs.replace(
+                proposed,
+                revision=view.revision + 1,
+                cancel_requested=proposed.cancel_requested or view.cancel_flag,
+            )
+            try:
+                reply = await self.store.write(
+                    self.keys,
+                    self.owner,
+                    self.fence,
+                    view.revision,
+                    encode_binding(proposed),
+                    proposed.status.value,
+                )
+            except StoreUnavailable as exc:
+                raise state_error(exc) from None
+            if reply.status is WriteStatus.FENCED_OUT:
+                raise LeaseLost("lease lost: the operator binding was not changed")
+            if reply.status is WriteStatus.MISSING:
+                raise ConnectorError(ErrorCode.OPERATOR_STATE, "operator binding vanished")
+            self._adopt(reply.stored)
+            if reply.status is WriteStatus.WRITTEN:
+                return self.binding
+        raise ConnectorError(
+            ErrorCode.OPERATOR_STATE,
+            f"operator binding still contended after {MAX_CAS_ATTEMPTS} compare-and-set attempts",
+        )

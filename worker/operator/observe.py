@@ -1,0 +1,420 @@
+"""Follow a bound run: its event stream while one is open, else `GET /v1/runs/{id}` polling.
+
+Hermes 0.19's event stream is single-use and has no replay cursor, so the stream is tried
+only right after a new run is bound; a replayed or taken-over execution, and any stream
+failure (404, transport, over-size frame, undecodable frame, event limit), fall back to
+polling, which is the authority (spec "Observe events and recover by polling").
+
+The observer stops at a terminal state, at an approval prompt, when a cancel is requested
+(the caller reconciles it), or at the deadline (a governed timeout is `outcome_unknown`:
+the run may still be working).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from schemas.chunk import ChunkKind
+from schemas.errors import ErrorCode
+from worker import faults
+from worker.errors import ConnectorError
+from worker.hermes.sse import SSEError, SSEEvent, SSELimits
+from worker.operator import provider
+from worker.operator.binding import BindingState, OperatorBinding, ProviderSnapshot
+from worker.operator.events import (
+    STATUS_READINGS,
+    TERMINAL_EVENT,
+    Effect,
+    ProviderStatus,
+    Reading,
+    parse_status,
+    rule_for,
+)
+from worker.operator.redaction import bounded_text, redact_event
+from worker.operator.session import OperatorSession
+
+#: One SSE frame is capped at 1 MiB (spec), whatever the event limit.
+MAX_FRAME_BYTES = 1024 * 1024
+#: Progress (last event, next sequence) is persisted at most this often while streaming.
+FLUSH_INTERVAL_S = 0.25
+#: Bound on one status request, so a hung GET cannot eat the whole observation budget.
+MAX_STATUS_REQUEST_S = 10.0
+
+S = BindingState
+
+RUN_GONE = (
+    "the bound run answered 404 run_not_found: Hermes no longer knows it (restart or "
+    "retention), which is not proof that it had no effect"
+)
+
+_END = object()
+_CANCELLED = object()
+
+
+@dataclass(frozen=True, slots=True)
+class PollMode:
+    """How a polling loop behaves: normal observation, or a cancellation grace window."""
+
+    #: Stop and hand back to the caller when a cancel is requested.
+    yields_to_cancel: bool
+    #: Treat `waiting_for_approval` as a new prompt (False while cancelling: only the
+    #: stop's outcome matters then).
+    approvals: bool
+    #: The code of the unknown outcome at the end of the window.
+    timeout_code: ErrorCode
+    timeout_reason: str
+
+
+OBSERVE = PollMode(
+    yields_to_cancel=True,
+    approvals=True,
+    timeout_code=ErrorCode.OPERATOR_OUTCOME_UNKNOWN,
+    timeout_reason="the governed operator timeout passed before the run reached a terminal state",
+)
+#: A single read that must not turn a waiting run into a new prompt.
+READ_ONCE = PollMode(
+    yields_to_cancel=False,
+    approvals=False,
+    timeout_code=ErrorCode.OPERATOR_OUTCOME_UNKNOWN,
+    timeout_reason="",
+)
+CANCEL_GRACE = PollMode(
+    yields_to_cancel=False,
+    approvals=False,
+    timeout_code=ErrorCode.CANCELLATION_OUTCOME_UNKNOWN,
+    timeout_reason="the run did not confirm cancellation within the grace window",
+)
+
+
+class Observer:
+    def __init__(
+        self, session: OperatorSession, *, answered_prompt: ProviderSnapshot | None = None
+    ) -> None:
+        self.s = session
+        #: A prompt this invocation already answered: seeing it again is not a new approval
+        #: until the run has visibly moved on (the provider may lag behind our POST).
+        self.answered_prompt = answered_prompt
+        self._last_event: str | None = None
+        self._dirty = False
+        self._flushed_at = 0.0
+        self._last_status: ProviderStatus | None = None
+
+    @property
+    def binding(self) -> OperatorBinding:
+        return self.s.handle.binding
+
+    @property
+    def run_id(self) -> str:
+        run_id = self.binding.run_id
+        if run_id is None:
+            raise ConnectorError(ErrorCode.ERROR, "observing a binding without a run id")
+        return run_id
+
+    # --- entry points ------------------------------------------------------------------
+
+    async def follow(self, *, stream: bool) -> OperatorBinding:
+        """Observe until terminal, approval, cancel request or the deadline."""
+        if stream and not self.s.cancel_wanted():
+            done = await self._follow_stream()
+            if done:
+                return self.binding
+        return await self.poll(self.s.deadline, OBSERVE)
+
+    async def poll(self, until: float, mode: PollMode) -> OperatorBinding:
+        """Poll the run status every poll interval until `until` (loop time)."""
+        loop = asyncio.get_running_loop()
+        interval = self.s.policy.poll_interval_ms / 1000
+        while True:
+            if mode.yields_to_cancel and self.s.cancel_wanted():
+                await self._flush()
+                return self.binding
+            left = until - loop.time()
+            if left <= 0:
+                return await self.conclude_unknown(mode.timeout_code, mode.timeout_reason)
+            read = await provider.read_status(
+                self.s.ctx.hermes, self.run_id, self.s.headers(), min(left, MAX_STATUS_REQUEST_S)
+            )
+            match read:
+                case provider.RunGone():
+                    return await self.conclude_unknown(mode.timeout_code, RUN_GONE)
+                case provider.ReadFailed(error=error, transient=False):
+                    return await self.conclude_unknown(
+                        mode.timeout_code, f"run status unreadable: {error.message}"
+                    )
+                case provider.ReadFailed():
+                    pass  # temporary: the next poll may answer
+                case provider.StatusRead(body=body):
+                    if await self._on_status(body, mode):
+                        return self.binding
+            await self.s.capacity.keep()
+            if mode.yields_to_cancel:
+                await self.s.pause(min(interval, max(0.0, until - loop.time())))
+            else:
+                await asyncio.sleep(min(interval, max(0.0, until - loop.time())))
+
+    async def read_once(self) -> OperatorBinding:
+        """One status read that records only what is certain: a terminal state, or a run
+        Hermes no longer knows. A live or waiting run leaves the binding as it is."""
+        read = await provider.read_status(
+            self.s.ctx.hermes, self.run_id, self.s.headers(), MAX_STATUS_REQUEST_S
+        )
+        match read:
+            case provider.RunGone():
+                return await self.conclude_unknown(ErrorCode.OPERATOR_OUTCOME_UNKNOWN, RUN_GONE)
+            case provider.StatusRead(body=body):
+                await self._on_status(body, READ_ONCE)
+        return self.binding
+
+    # --- the event stream --------------------------------------------------------------
+
+    async def _follow_stream(self) -> bool:
+        """True when the stream ended the observation (terminal, approval, cancel)."""
+        limits = SSELimits(max_frame_bytes=MAX_FRAME_BYTES, max_events=self.s.policy.max_events)
+        try:
+            async with asyncio.timeout(self.s.remaining_s()):
+                async with provider.open_events(
+                    self.s.ctx.hermes, self.run_id, self.s.headers(), limits
+                ) as events:
+                    iterator = aiter(events)
+                    while True:
+                        item = await self._next(iterator)
+                        if item is _CANCELLED:
+                            await self._flush()
+                            return True
+                        if item is _END:
+                            break
+                        assert isinstance(item, SSEEvent)
+                        if await self._on_event(item):
+                            return True
+        except (provider.StreamUnavailable, SSEError, TimeoutError):
+            pass  # poll instead: the status route is the authority
+        await self._flush()
+        return False
+
+    async def _next(self, iterator: AsyncIterator[SSEEvent]) -> object:
+        """The next event, `_END`, or `_CANCELLED` when a cancel arrives first."""
+        if self.s.cancel_wanted():
+            return _CANCELLED
+
+        async def step() -> object:
+            try:
+                return await anext(iterator)
+            except StopAsyncIteration:
+                return _END
+
+        nxt = asyncio.ensure_future(step())
+        cancel = asyncio.ensure_future(self.s.ctx.cancel_requested.wait())
+        try:
+            done, _ = await asyncio.wait({nxt, cancel}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (nxt, cancel):
+                if not task.done():
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
+        if nxt in done:
+            return nxt.result()
+        return _CANCELLED
+
+    async def _on_event(self, event: SSEEvent) -> bool:
+        data: dict[str, Any] = event.data if isinstance(event.data, dict) else {}
+        name = event.name
+        rule = rule_for(name)
+        shown = redact_event(data if data else {"event": name})
+        match rule.effect:
+            case Effect.ADVANCE:
+                await self.s.emit(rule.kind, shown, provider_event=name)
+                faults.hit("mid_stream", self.s.ctx.action.id)
+                self._last_event = name
+                self._dirty = True
+                await self._flush(coalesce=True)
+                await self.s.capacity.keep()
+                return False
+            case Effect.APPROVAL:
+                return await self.record_approval(shown, name, emit_event=name)
+            case Effect.COMPLETED:
+                output = {"event": name, "output": data.get("output"), "usage": data.get("usage")}
+                return await self.conclude(Reading.COMPLETED, output, shown, name)
+            case Effect.FAILED:
+                output = {"event": name, "error": bounded_text(data.get("error"))}
+                return await self.conclude(Reading.FAILED, output, shown, name)
+            case Effect.CANCELLED:
+                return await self.conclude(Reading.CANCELLED, {"event": name}, shown, name)
+
+    # --- statuses ----------------------------------------------------------------------
+
+    async def _on_status(self, body: dict[str, Any], mode: PollMode) -> bool:
+        status = parse_status(body.get("status"))
+        if status is None:
+            return await self._unsupported(body.get("status"), mode)
+        last_event = body.get("last_event")
+        updated_at = body.get("updated_at")
+        snapshot = ProviderSnapshot(
+            status=status.value,
+            last_event=last_event if isinstance(last_event, str) else None,
+            updated_at=float(updated_at) if isinstance(updated_at, int | float) else None,
+        )
+        reading = STATUS_READINGS[status]
+        if self.answered_prompt is not None:
+            if _same_prompt(self.answered_prompt, snapshot):
+                reading = Reading.ACTIVE
+            else:
+                self.answered_prompt = None  # the run moved on: later prompts are new
+        if reading is Reading.APPROVAL and not mode.approvals:
+            reading = Reading.ACTIVE
+        if snapshot.last_event is not None:
+            self._last_event = snapshot.last_event
+            self._dirty = True
+        match reading:
+            case Reading.ACTIVE:
+                if status is not self._last_status:
+                    self._last_status = status
+                    await self.s.emit(
+                        ChunkKind.PROGRESS,
+                        {"status": status.value, "last_event": snapshot.last_event},
+                    )
+                await self._flush(coalesce=True)
+                return False
+            case Reading.APPROVAL:
+                pending = {
+                    "event": "approval.request",
+                    "run_id": self.run_id,
+                    "observed": "status",
+                    "last_event": snapshot.last_event,
+                }
+                return await self.record_approval(pending, snapshot.last_event, emit_event=None)
+            case Reading.COMPLETED:
+                output = {
+                    "event": TERMINAL_EVENT[reading],
+                    "output": body.get("output"),
+                    "usage": body.get("usage"),
+                }
+            case Reading.FAILED:
+                output = {
+                    "event": TERMINAL_EVENT[reading],
+                    "error": bounded_text(body.get("error")),
+                }
+            case Reading.CANCELLED:
+                output = {"event": TERMINAL_EVENT[reading]}
+        payload = {"status": status.value, **{k: v for k, v in output.items() if k != "usage"}}
+        return await self.conclude(reading, output, payload, None)
+
+    async def _unsupported(self, raw: object, mode: PollMode) -> bool:
+        shown = bounded_text(raw, 64)
+        await self.conclude_unknown(
+            mode.timeout_code,
+            f"Hermes reported an unsupported run status {shown!r}; failing closed",
+        )
+        return True
+
+    # --- binding effects ---------------------------------------------------------------
+
+    def _progress(self) -> dict[str, Any]:
+        changes: dict[str, Any] = {}
+        if self._last_event is not None:
+            changes["last_event"] = self._last_event
+        if self.s.is_source:
+            changes["next_sequence"] = self.s.ctx.next_seq
+        return changes
+
+    async def _flush(self, *, coalesce: bool = False) -> None:
+        """Persist last event and next sequence; coalesced to one write per interval."""
+        if not self._dirty:
+            return
+        loop = asyncio.get_running_loop()
+        if coalesce and loop.time() - self._flushed_at < FLUSH_INTERVAL_S:
+            return
+        progress = self._progress()
+        await self.s.handle.update(lambda b, now: b.changed(now, **progress))
+        self._dirty = False
+        self._flushed_at = loop.time()
+
+    async def record_approval(
+        self, pending: dict[str, Any], last_event: str | None, *, emit_event: str | None
+    ) -> bool:
+        """A prompt: the generation moves on, the redacted prompt is retained, and this
+        invocation ends `requires_human`."""
+        progress = self._progress()
+        if last_event is not None:
+            progress["last_event"] = last_event
+
+        def wait(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            if b.status is not S.RUNNING:
+                return None  # already recorded by a concurrent observer
+            return b.moved(
+                S.WAITING_FOR_APPROVAL,
+                now,
+                approval_generation=b.approval_generation + 1,
+                pending_approval=pending,
+                **progress,
+            )
+
+        binding = await self.s.handle.update(wait)
+        self._dirty = False
+        if binding.status is S.WAITING_FOR_APPROVAL:
+            # The run stays open in Hermes while a human decides: keep its slot counted.
+            await self.s.capacity.keep(ttl_ms=self.s.policy.timeout_ms, force=True)
+            await self.s.emit(
+                ChunkKind.PENDING_APPROVAL,
+                {**pending, "approval_generation": binding.approval_generation},
+                provider_event=emit_event,
+            )
+        return True
+
+    async def conclude(
+        self,
+        reading: Reading,
+        output: dict[str, Any],
+        chunk_payload: dict[str, Any],
+        provider_event: str | None,
+    ) -> bool:
+        """Retain a provider terminal state (written before its chunk is emitted)."""
+        state = {
+            Reading.COMPLETED: S.COMPLETED,
+            Reading.FAILED: S.FAILED,
+            Reading.CANCELLED: S.CANCELLED,
+        }[reading]
+        progress = self._progress()
+        progress["last_event"] = output["event"]
+        error = None
+        if state is S.FAILED:
+            error = ConnectorError(
+                ErrorCode.OPERATOR_FAILED, "the bound Hermes run reported failure"
+            )
+        binding = await self.s.handle.update(
+            lambda b, now: b.ended(state, now, error=error, output=output, **progress)
+        )
+        self._dirty = False
+        await self.s.capacity.release()
+        if binding.status is state:
+            kind = ChunkKind.ERROR if state is S.FAILED else ChunkKind.DONE
+            await self.s.emit(kind, chunk_payload, provider_event=provider_event)
+        return True
+
+    async def conclude_unknown(self, code: ErrorCode, reason: str) -> OperatorBinding:
+        """The run may still act, and we cannot tell: terminal `outcome_unknown`, no replay."""
+        error = ConnectorError(code, reason)
+        progress = self._progress()
+        await self.s.handle.update(
+            lambda b, now: b.ended(S.OUTCOME_UNKNOWN, now, error=error, **progress)
+        )
+        self._dirty = False
+        await self.s.capacity.release()
+        return self.binding
+
+
+def _same_prompt(answered: ProviderSnapshot, seen: ProviderSnapshot) -> bool:
+    """Is `seen` still the prompt this invocation answered?
+
+    Without a provider `updated_at` to compare, a waiting status whose last event is still
+    the same prompt counts as the old prompt until the run is seen to move on.
+    """
+    if seen.status != ProviderStatus.WAITING_FOR_APPROVAL.value:
+        return False
+    if answered.updated_at is None or seen.updated_at is None:
+        return seen.last_event == answered.last_event
+    return seen.last_event == answered.last_event and seen.updated_at == answered.updated_at

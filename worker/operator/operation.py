@@ -1,0 +1,144 @@
+"""`cap:hermes_agent:{endpoint}:operator`: the governed operator as one operation.
+
+An objective creates (or replays) the Action's binding, fences the provider start, observes
+the run, and reconciles a cancel; a resume answers the source run's current approval
+through the command ledger and keeps observing. The operation fences its own unsafe call
+(`self_fenced`: the start claim) and reconciles cancellation itself (`handles_cancel`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from schemas.errors import ErrorCode
+from schemas.manifest import Risk
+from schemas.operator import OperatorInput, OperatorObjective, OperatorResume
+from schemas.result import ResultStatus
+from worker.errors import ConnectorError
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operator.approval import ResumeLedger
+from worker.operator.binding import (
+    BindingState,
+    OperatorBinding,
+    collision_error,
+    new_binding,
+    request_fingerprint,
+    session_id_for,
+)
+from worker.operator.cancel import reconcile_cancel
+from worker.operator.observe import Observer
+from worker.operator.policy import HermesOperatorPolicy
+from worker.operator.result import binding_output, outcome_of
+from worker.operator.session import OperatorSession
+from worker.operator.start import StartFence, provider_payload
+from worker.store.operator_store import OperatorStore
+
+S = BindingState
+
+OPERATOR_SPEC = OperationSpec(
+    name="operator",
+    method="POST",
+    route="/v1/runs",
+    read_only=False,
+    risk=Risk.HIGH,
+    approval_required=True,
+    idempotency_required=True,
+    streaming=True,
+    timeout_ms=900_000,
+    input_type=OperatorInput,
+    description=(
+        "Run or resume the governed Hermes operator: a durable binding fences the run start, "
+        "approvals resume through a command ledger, cancellation needs provider evidence"
+    ),
+)
+
+
+class OperatorOperation:
+    handles_cancel: ClassVar[bool] = True
+    self_fenced: ClassVar[bool] = True
+
+    def __init__(self, policy: HermesOperatorPolicy) -> None:
+        policy.validate()
+        self.spec = OPERATOR_SPEC
+        self.policy = policy
+        self._store: OperatorStore | None = None
+
+    def _store_for(self, redis: Any) -> OperatorStore:
+        # Registering the scripts hashes their source: once per client, not per Action.
+        if self._store is None or self._store.redis is not redis:
+            self._store = OperatorStore(redis)
+        return self._store
+
+    async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
+        self.policy.validate()  # "validates this policy before an operator run"
+        if not isinstance(params, OperatorInput) or not params.exactly_one_branch():
+            raise ConnectorError(
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                "operator input needs exactly one of `objective` or `resume`",
+            )
+        ctx.hermes.require_key("POST /v1/runs")
+        store = self._store_for(ctx.redis)
+        if params.objective is not None:
+            return await self._objective(ctx, store, params.objective)
+        assert params.resume is not None
+        return await self._resume(ctx, store, params.resume)
+
+    async def _objective(
+        self, ctx: ExecutionContext, store: OperatorStore, objective: OperatorObjective
+    ) -> Outcome:
+        session = OperatorSession(ctx, self.policy, store, source_action_id=ctx.action.id)
+        fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
+        # Built before the binding exists, so an over-size input never leaves one behind.
+        body = provider_payload(session, objective, session_id_for(ctx.action.id))
+        binding = await session.handle.create(
+            lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
+        )
+        if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
+            raise collision_error()
+        stream = False
+        if binding.status is S.STARTING:
+            fence = StartFence(session, body)
+            binding = await fence.run()
+            # Only the invocation that bound the run may read its single-use stream.
+            stream = fence.bound
+        return outcome_of(await self._drive(session, stream=stream))
+
+    async def _resume(
+        self, ctx: ExecutionContext, store: OperatorStore, resume: OperatorResume
+    ) -> Outcome:
+        source = resume.source_action_id
+        if source == ctx.action.id or ctx.keys.slot_action_id != source:
+            raise ConnectorError(
+                ErrorCode.OPERATOR_POLICY,
+                "a resume needs a new Action id, keyed under its source Action",
+            )
+        session = OperatorSession(ctx, self.policy, store, source_action_id=source)
+        end = await ResumeLedger(session, resume).run()
+        if end.cancelled:
+            return Outcome(
+                ResultStatus.CANCELLED,
+                binding_output(end.binding),
+                ConnectorError(ErrorCode.CANCELLED, "cancelled before the decision was sent"),
+            )
+        if end.error is not None:
+            return outcome_of(end.binding, end.error)
+        return outcome_of(await self._drive(session, stream=False))
+
+    async def _drive(self, session: OperatorSession, *, stream: bool) -> OperatorBinding:
+        """Observe until the binding is terminal or waits for a human, reconciling a cancel."""
+        observer = Observer(session)
+        binding = session.handle.binding
+        while not binding.terminal and binding.status is not S.WAITING_FOR_APPROVAL:
+            if binding.status is S.STARTING:
+                break  # the start fence ended without a run: nothing to observe
+            if binding.status is S.CANCELLING or session.cancel_wanted():
+                binding = await reconcile_cancel(session, observer)
+                break
+            binding = await observer.follow(stream=stream)
+            stream = False
+        return binding
+
+
+def operator_operation(policy: HermesOperatorPolicy) -> OperatorOperation:
+    """The operator for a validated policy (`HermesOperatorPolicy.from_settings(settings)`)."""
+    return OperatorOperation(policy)

@@ -1,0 +1,274 @@
+"""The operator's Hermes calls, each answered as a typed outcome instead of an exception.
+
+The operator's decisions are asymmetric on purpose (spec "Fence provider start"): a 4xx is
+proof nothing was accepted, while a 5xx, a transport failure or a 2xx without `run_id` leave
+the provider state unknown. Returning sum types makes every caller handle every case.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import msgspec
+
+from schemas.errors import ErrorCode
+from worker.errors import ConnectorError
+from worker.hermes.client import HermesClient, route_path
+from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
+
+START_ROUTE = "/v1/runs"
+STATUS_ROUTE = "/v1/runs/{run_id}"
+EVENTS_ROUTE = "/v1/runs/{run_id}/events"
+APPROVAL_ROUTE = "/v1/runs/{run_id}/approval"
+STOP_ROUTE = "/v1/runs/{run_id}/stop"
+
+#: A start reply is a tiny JSON object; anything larger is not one.
+MAX_START_REPLY_BYTES = 65_536
+MAX_RUN_ID_CHARS = 256
+#: What a 429 without `Retry-After` waits (DESIGN §7).
+DEFAULT_RETRY_AFTER_S = 1.0
+MAX_RETRY_AFTER_S = 60.0
+
+_json = msgspec.json.Decoder()
+
+
+# --- start ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StartAccepted:
+    run_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class StartRejected:
+    """A definitive 4xx: the run was rejected before acceptance."""
+
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartRateLimited:
+    """429: Hermes refuses before creating anything, so a later retry is safe."""
+
+    retry_after_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class StartUnknown:
+    """The run may or may not exist: never retried, never replayed."""
+
+    reason: str
+    remote_status: int | None = None
+
+
+StartOutcome = StartAccepted | StartRejected | StartRateLimited | StartUnknown
+
+
+def _headers(hermes: HermesClient, extra: Mapping[str, str]) -> dict[str, str]:
+    headers = dict(extra)
+    headers.update(hermes.auth_headers())
+    return headers
+
+
+async def start_run(
+    hermes: HermesClient, body: bytes, headers: Mapping[str, str], timeout_s: float
+) -> StartOutcome:
+    """`POST /v1/runs` once. Cancellation propagates (the caller's lease is gone)."""
+    all_headers = _headers(hermes, headers)
+    all_headers["Content-Type"] = "application/json"
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await hermes.http.post(START_ROUTE, content=body, headers=all_headers)
+    except TimeoutError:
+        return StartUnknown("POST /v1/runs did not answer before the start claim budget")
+    except httpx.HTTPError as exc:
+        return StartUnknown(f"POST /v1/runs failed in transport: {type(exc).__name__}")
+    status = response.status_code
+    if 200 <= status < 300:
+        run_id = _run_id(response.content)
+        if run_id is None:
+            return StartUnknown(f"POST /v1/runs answered HTTP {status} without a run_id", status)
+        return StartAccepted(run_id)
+    if status == 429:
+        return StartRateLimited(_retry_after(response.headers.get("Retry-After")))
+    if 400 <= status < 500:
+        return StartRejected(status)
+    return StartUnknown(f"POST /v1/runs answered HTTP {status}", status)
+
+
+def _run_id(raw: bytes) -> str | None:
+    if len(raw) > MAX_START_REPLY_BYTES:
+        return None
+    try:
+        body = _json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    run_id = body.get("run_id") if isinstance(body, dict) else None
+    if isinstance(run_id, str) and run_id.strip() and len(run_id) <= MAX_RUN_ID_CHARS:
+        return run_id
+    return None
+
+
+def _retry_after(value: str | None) -> float:
+    if value is None:
+        return DEFAULT_RETRY_AFTER_S
+    try:
+        seconds = float(value)
+    except ValueError:
+        return DEFAULT_RETRY_AFTER_S
+    if seconds != seconds or seconds < 0:  # NaN or negative
+        return DEFAULT_RETRY_AFTER_S
+    return min(seconds, MAX_RETRY_AFTER_S)
+
+
+# --- status --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRead:
+    body: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class RunGone:
+    """404: Hermes forgot the run (restart or retention). Not proof of no effect."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReadFailed:
+    """No usable answer; `transient` failures (429, 5xx, transport) are worth another poll."""
+
+    error: ConnectorError
+    transient: bool
+
+
+StatusOutcome = StatusRead | RunGone | ReadFailed
+
+
+async def read_status(
+    hermes: HermesClient, run_id: str, headers: Mapping[str, str], timeout_s: float
+) -> StatusOutcome:
+    try:
+        response = await hermes.request_json(
+            "GET",
+            STATUS_ROUTE,
+            {"run_id": run_id},
+            headers=headers,
+            total_timeout_s=max(0.1, timeout_s),
+        )
+    except ConnectorError as exc:
+        status = exc.remote_status
+        if status == 404:
+            return RunGone()
+        transient = status is None or status == 429 or status >= 500
+        return ReadFailed(exc, transient)
+    if not isinstance(response.body, dict):
+        error = ConnectorError(ErrorCode.TRANSPORT, f"GET {STATUS_ROUTE} answered a non-object")
+        return ReadFailed(error, True)
+    return StatusRead(response.body)
+
+
+# --- approval and stop ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CommandApplied:
+    body: Any
+
+
+@dataclass(frozen=True, slots=True)
+class CommandRejected:
+    """A definitive 4xx: Hermes did not apply the command."""
+
+    status: int
+
+
+@dataclass(frozen=True, slots=True)
+class CommandUnknown:
+    """5xx or transport failure: Hermes may have applied it."""
+
+    reason: str
+    remote_status: int | None = None
+
+
+CommandOutcome = CommandApplied | CommandRejected | CommandUnknown
+
+
+async def _command(
+    hermes: HermesClient,
+    route: str,
+    run_id: str,
+    body: dict[str, Any],
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> CommandOutcome:
+    try:
+        response = await hermes.request_json(
+            "POST",
+            route,
+            {"run_id": run_id},
+            json_body=body,
+            headers=headers,
+            total_timeout_s=max(0.1, timeout_s),
+        )
+    except ConnectorError as exc:
+        status = exc.remote_status
+        if status is not None and 400 <= status < 500:
+            return CommandRejected(status)
+        return CommandUnknown(exc.message, status)
+    return CommandApplied(response.body)
+
+
+async def send_approval(
+    hermes: HermesClient,
+    run_id: str,
+    choice: str,
+    resolve_all: bool,
+    headers: Mapping[str, str],
+    timeout_s: float,
+) -> CommandOutcome:
+    body: dict[str, Any] = {"choice": choice}
+    if resolve_all:
+        body["all"] = True
+    return await _command(hermes, APPROVAL_ROUTE, run_id, body, headers, timeout_s)
+
+
+async def send_stop(
+    hermes: HermesClient, run_id: str, headers: Mapping[str, str], timeout_s: float
+) -> CommandOutcome:
+    return await _command(hermes, STOP_ROUTE, run_id, {}, headers, timeout_s)
+
+
+# --- events --------------------------------------------------------------------------------
+
+
+class StreamUnavailable(Exception):
+    """The event stream could not be opened (404, other status, transport): poll instead."""
+
+
+@contextlib.asynccontextmanager
+async def open_events(
+    hermes: HermesClient, run_id: str, headers: Mapping[str, str], limits: SSELimits
+) -> AsyncIterator[AsyncIterator[SSEEvent]]:
+    """The run's event stream, bounded by `limits` (frame bytes, event count).
+
+    Decode and limit failures surface as `SSEError` from the iterator; the connection is
+    closed whatever way the block ends.
+    """
+    all_headers = _headers(hermes, headers)
+    all_headers["Accept"] = "text/event-stream"
+    try:
+        async with hermes.http.stream(
+            "GET", route_path(EVENTS_ROUTE, {"run_id": run_id}), headers=all_headers
+        ) as response:
+            if response.status_code != 200:
+                raise StreamUnavailable(f"GET {EVENTS_ROUTE} answered HTTP {response.status_code}")
+            yield aiter_events(response.aiter_bytes(), limits)
+    except httpx.HTTPError as exc:
+        raise StreamUnavailable(f"GET {EVENTS_ROUTE} failed: {type(exc).__name__}") from None

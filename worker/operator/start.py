@@ -1,0 +1,310 @@
+"""Fence the provider start: one claim, one `POST /v1/runs`, and an asymmetric outcome table.
+
+`POST /v1/runs` is not idempotent in Hermes 0.19, so the connector's own fence is the only
+thing between a redelivery and a second agent run (spec "Fence provider start"):
+
+* the claim (claim id, instance id, acquisition time, expiry) is taken by compare-and-set
+  on the binding before the request, and only its winner sends it;
+* other invocations wait for a bound `run_id` or a terminal record;
+* a claim whose owner was replaced (a higher fence on the Action's lease: it can no longer
+  bind) or that expired unbound is never stolen: the outcome becomes unknown;
+* 4xx -> `failed` (`operator_start_rejected`); 2xx + run_id -> bound before any event is
+  read; 2xx without run_id, 5xx, transport failure -> `outcome_unknown`.
+
+Departure (DESIGN §7 "Endpoint capacity"): a 429 is not a definitive rejection. Hermes
+answers it before creating anything, so the claim holder waits `Retry-After` (1 s when
+absent) and sends again within the deadline, then fails `remote_temporary` with
+`uncertain_outcome: false`. A run slot of the endpoint's shared semaphore is taken before
+the claim, so the claim window covers only the request itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from typing import Any
+
+import msgspec
+
+from schemas.errors import ErrorCode
+from schemas.operator import OperatorObjective
+from worker import faults
+from worker.errors import ConnectorError
+from worker.operator import provider
+from worker.operator.binding import BindingState, OperatorBinding, StartClaim
+from worker.operator.session import OperatorSession
+
+S = BindingState
+log = logging.getLogger(__name__)
+
+#: A claim holder does not send with less than this left on its claim or deadline: a start
+#: that cannot be bound in time would only manufacture an unknown outcome. It stays below
+#: the smallest claim TTL the policy allows (1 s), so every valid policy can start a run.
+MIN_SEND_BUDGET_S = 0.5
+#: Waiters re-read the binding at most this often while another delivery holds the claim.
+MAX_WAIT_POLL_S = 0.1
+
+PAYLOAD_KIND = "aip_operator_objective"
+
+
+def provider_payload(
+    session: OperatorSession, objective: OperatorObjective, session_id: str
+) -> bytes:
+    """The `POST /v1/runs` body: the objective as data, deployment instructions and model.
+
+    Nothing from the Action selects the endpoint, the credential, the instructions or the
+    model route (spec "Submit a direct objective").
+    """
+    action = session.ctx.action
+    policy = session.policy
+    request_input = {
+        "kind": PAYLOAD_KIND,
+        "operator_action_id": action.id,
+        "objective": objective.objective,
+        "context": objective.context,
+        "candidate_capabilities": objective.candidate_capabilities,
+        "constraints": objective.constraints,
+    }
+    serialized = msgspec.json.encode(request_input)
+    if len(serialized) > policy.max_input_bytes:
+        raise ConnectorError(
+            ErrorCode.CONFIGURATION_OR_INPUT,
+            f"serialized operator input is {len(serialized)} bytes, over the "
+            f"{policy.max_input_bytes}-byte policy limit",
+        )
+    body: dict[str, Any] = {
+        "input": serialized.decode("utf-8"),
+        "session_id": session_id,
+        "instructions": policy.system_instructions,
+    }
+    if policy.model is not None:
+        body["model"] = policy.model
+    return msgspec.json.encode(body)
+
+
+def _nothing_started(message: str, code: ErrorCode = ErrorCode.REMOTE_TEMPORARY) -> ConnectorError:
+    # Nothing reached Hermes (or Hermes created nothing): certain, and not auto-retried,
+    # because the binding is now terminal for this Action id.
+    return ConnectorError(code, message, retryable=False, uncertain_outcome=False)
+
+
+class StartFence:
+    """Bring a `starting` binding to a bound run or a terminal state, sending at most once."""
+
+    def __init__(self, session: OperatorSession, body: bytes) -> None:
+        self.s = session
+        self.body = body
+        self.claim_id = "clm_" + secrets.token_hex(16)
+        #: True once this invocation bound the run id it started.
+        self.bound = False
+
+    async def run(self) -> OperatorBinding:
+        handle = self.s.handle
+        binding = handle.binding
+        while binding.status is S.STARTING:
+            claim = binding.start_claim
+            if claim is None:
+                binding = await self._claim_or_settle()
+                if (
+                    binding.start_claim is not None
+                    and binding.start_claim.claim_id == self.claim_id
+                ):
+                    return await self._send(binding.start_claim)
+                continue
+            if claim.fence < self.s.ctx.fence:
+                return await self._unknown(
+                    f"the start claim of an earlier delivery (fence {claim.fence}) was never "
+                    "bound to a run id; it may have reached Hermes, so it is not sent again"
+                )
+            if claim.expires_at_ms <= handle.now_ms:
+                return await self._unknown(
+                    "the start claim expired before a run id was bound; it may have reached "
+                    "Hermes, so it is not sent again"
+                )
+            # Another invocation of this delivery holds the claim: wait for its run id.
+            wait_ms = min(claim.expires_at_ms - handle.now_ms, MAX_WAIT_POLL_S * 1000)
+            await self.s.pause(wait_ms / 1000)
+            binding = await handle.read() or binding
+        return binding
+
+    async def _claim_or_settle(self) -> OperatorBinding:
+        """Cancel before anything was sent, take a run slot and the claim, or fail cleanly."""
+        s = self.s
+        if s.cancel_wanted():
+            return await s.handle.update(
+                lambda b, now: (
+                    b.ended(S.CANCELLED, now, cancel_requested=True)
+                    if b.status is S.STARTING and b.start_claim is None
+                    else None
+                )
+            )
+        if s.remaining_s() < MIN_SEND_BUDGET_S:
+            return await self._fail_unclaimed(
+                _nothing_started(
+                    "the Action's deadline left no time to start the operator run",
+                    ErrorCode.DEADLINE_EXCEEDED,
+                )
+            )
+        if not await s.capacity.acquire(s.remaining_s() - MIN_SEND_BUDGET_S):
+            return await self._fail_unclaimed(
+                _nothing_started(
+                    f"endpoint {s.ctx.endpoint.id} stayed at its open-run capacity until the "
+                    "deadline; nothing was started"
+                )
+            )
+        policy = s.policy
+        ctx = s.ctx
+
+        def claim(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            if b.status is not S.STARTING or b.start_claim is not None:
+                return None
+            return b.changed(
+                now,
+                start_claim=StartClaim(
+                    claim_id=self.claim_id,
+                    instance_id=ctx.worker_id,
+                    owner=ctx.owner,
+                    fence=ctx.fence,
+                    acquired_at_ms=now,
+                    expires_at_ms=now + policy.start_claim_ttl_ms,
+                ),
+            )
+
+        return await s.handle.update(claim)
+
+    async def _fail_unclaimed(self, error: ConnectorError) -> OperatorBinding:
+        binding = await self.s.handle.update(
+            lambda b, now: (
+                b.ended(S.FAILED, now, error=error)
+                if b.status is S.STARTING and b.start_claim is None
+                else None
+            )
+        )
+        if binding.terminal:
+            await self.s.capacity.release()
+        return binding
+
+    async def _claim_budget_s(self, claim: StartClaim, *, fresh_clock: bool) -> float:
+        """Seconds this holder may spend on one attempt: what is left on the claim (Redis
+        time) and on the deadline, whichever ends first."""
+        now_ms = await self.s.handle.read_clock() if fresh_clock else self.s.handle.now_ms
+        left_on_claim = (claim.expires_at_ms - now_ms) / 1000
+        return min(left_on_claim, self.s.remaining_s())
+
+    async def _send(self, claim: StartClaim) -> OperatorBinding:
+        """The one place `POST /v1/runs` is sent, only while this claim is ours."""
+        s = self.s
+        attempt = 0
+        while True:
+            budget = await self._claim_budget_s(claim, fresh_clock=attempt > 0)
+            attempt += 1
+            if budget < MIN_SEND_BUDGET_S:
+                return await self._end_claimed(
+                    S.FAILED,
+                    _nothing_started(
+                        "no time was left on the start claim or the deadline to send the start",
+                        ErrorCode.DEADLINE_EXCEEDED,
+                    ),
+                )
+            faults.hit("after_claim", s.ctx.action.id)
+            outcome = await provider.start_run(s.ctx.hermes, self.body, s.headers(), budget)
+            faults.hit("after_post_run", s.ctx.action.id)
+            match outcome:
+                case provider.StartAccepted(run_id=run_id):
+                    bound = await self._bind(run_id)
+                    faults.hit("after_bind", s.ctx.action.id)
+                    return bound
+                case provider.StartRejected(status=status):
+                    return await self._end_claimed(
+                        S.FAILED,
+                        ConnectorError(
+                            ErrorCode.OPERATOR_START_REJECTED,
+                            f"POST /v1/runs answered HTTP {status}: the run was rejected "
+                            "before acceptance",
+                            remote_status=status,
+                        ),
+                    )
+                case provider.StartUnknown(reason=reason, remote_status=status):
+                    return await self._unknown(reason, remote_status=status)
+                case provider.StartRateLimited(retry_after_s=wait_s):
+                    if wait_s + MIN_SEND_BUDGET_S > s.remaining_s():
+                        return await self._end_claimed(
+                            S.FAILED,
+                            _nothing_started(
+                                "POST /v1/runs kept answering 429 until the deadline; "
+                                "nothing was started",
+                            ),
+                        )
+                    renewed = await self._renew(wait_s)
+                    if renewed is None:
+                        return s.handle.binding
+                    claim = renewed
+                    await s.pause(wait_s)
+                    if s.cancel_wanted():
+                        return await self._end_claimed(S.CANCELLED, None)
+
+    async def _renew(self, wait_s: float) -> StartClaim | None:
+        """Extend our claim over the Retry-After wait and one more attempt (fenced: a
+        replaced holder sends nothing). None when the claim is no longer ours."""
+        extra_ms = int(wait_s * 1000) + self.s.policy.start_claim_ttl_ms
+
+        def extend(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            if b.start_claim is None or b.start_claim.claim_id != self.claim_id:
+                return None
+            renewed = msgspec.structs.replace(b.start_claim, expires_at_ms=now + extra_ms)
+            return b.changed(now, start_claim=renewed)
+
+        binding = await self.s.handle.update(extend)
+        mine = binding.start_claim
+        if mine is None or mine.claim_id != self.claim_id or binding.status is not S.STARTING:
+            return None
+        return mine
+
+    async def _bind(self, run_id: str) -> OperatorBinding:
+        """Persist the run id before reading a single event."""
+        cancel = self.s.cancel_wanted()
+
+        def bind(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            if b.start_claim is None or b.start_claim.claim_id != self.claim_id:
+                return None
+            state = S.CANCELLING if (cancel or b.cancel_requested) else S.RUNNING
+            return b.moved(state, now, run_id=run_id, start_claim=None)
+
+        binding = await self.s.handle.update(bind)
+        self.bound = binding.run_id == run_id
+        if not self.bound:
+            # Our claim was declared unknown while the request was in flight: the record
+            # stays as it is (terminal is write-once), so the run id survives only here.
+            log.warning(
+                "operator %s: Hermes accepted run %s after its start claim was declared "
+                "unknown; the binding keeps outcome %s",
+                self.s.ctx.action.id,
+                run_id,
+                binding.status,
+            )
+        return binding
+
+    async def _end_claimed(
+        self, state: BindingState, error: ConnectorError | None
+    ) -> OperatorBinding:
+        binding = await self.s.handle.update(
+            lambda b, now: (
+                b.ended(state, now, error=error)
+                if b.start_claim is not None and b.start_claim.claim_id == self.claim_id
+                else None
+            )
+        )
+        await self.s.capacity.release()
+        return binding
+
+    async def _unknown(self, reason: str, *, remote_status: int | None = None) -> OperatorBinding:
+        error = ConnectorError(
+            ErrorCode.OPERATOR_OUTCOME_UNKNOWN, reason, remote_status=remote_status
+        )
+        binding = await self.s.handle.update(
+            lambda b, now: (
+                b.ended(S.OUTCOME_UNKNOWN, now, error=error) if b.status is S.STARTING else None
+            )
+        )
+        await self.s.capacity.release()
+        return binding
