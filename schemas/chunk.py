@@ -36,32 +36,37 @@ class _Chunk(
     payload: Any = None
     ts_unix_ms: UnixMs
 
+    @property
+    def kind(self) -> ChunkKind:
+        """The chunk's kind (its JSON `kind` tag), for code that does not match on classes."""
+        return ChunkKind(self.__struct_config__.tag)
 
-class DataChunk(_Chunk, tag="data"):
+
+class DataChunk(_Chunk, tag="data", frozen=True):
     """Model output (message deltas)."""
 
 
-class ThoughtChunk(_Chunk, tag="thought"):
+class ThoughtChunk(_Chunk, tag="thought", frozen=True):
     """Reasoning the provider chose to expose."""
 
 
-class ToolChunk(_Chunk, tag="tool"):
+class ToolChunk(_Chunk, tag="tool", frozen=True):
     """Tool start, progress and completion."""
 
 
-class ProgressChunk(_Chunk, tag="progress"):
+class ProgressChunk(_Chunk, tag="progress", frozen=True):
     """Any other provider event, retained by name."""
 
 
-class PendingApprovalChunk(_Chunk, tag="pending_approval"):
+class PendingApprovalChunk(_Chunk, tag="pending_approval", frozen=True):
     """A redacted provider approval prompt; the Action ends `requires_human`."""
 
 
-class ErrorChunk(_Chunk, tag="error"):
+class ErrorChunk(_Chunk, tag="error", frozen=True):
     """The stream ended in failure; the ActionResult carries the typed error."""
 
 
-class DoneChunk(_Chunk, tag="done"):
+class DoneChunk(_Chunk, tag="done", frozen=True):
     """The last chunk of an Action, whatever its outcome."""
 
 

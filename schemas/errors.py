@@ -83,9 +83,7 @@ class ErrorCode(StrEnum):
     # Delegated results.
     DELEGATED_RESULT_NOT_READY = "connector.hermes_agent.delegated_result_not_ready"
     DELEGATED_EXECUTION_NOT_OBSERVED = "connector.hermes_agent.delegated_execution_not_observed"
-    DELEGATED_ACTION_CONTRACT_MISMATCH = (
-        "connector.hermes_agent.delegated_action_contract_mismatch"
-    )
+    DELEGATED_ACTION_CONTRACT_MISMATCH = "connector.hermes_agent.delegated_action_contract_mismatch"
     DELEGATED_IDENTITY_UNVERIFIED = "connector.hermes_agent.delegated_identity_unverified"
     DELEGATED_IDENTITY_MISMATCH = "connector.hermes_agent.delegated_identity_mismatch"
     DELEGATED_IDENTITY_INTEGRITY = "connector.hermes_agent.delegated_identity_integrity"

@@ -9,9 +9,9 @@ from typing import Any
 import msgspec
 
 from schemas.action import Action
+from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import StreamChunk
-from schemas.audit import Receipt
 from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
 from schemas.manifest import CapabilityManifest

@@ -11,9 +11,7 @@ import msgspec
 ACTION_ID_PATTERN = r"^act_[0-9a-f]{32}$"
 ENDPOINT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}$"
 OPERATION_PATTERN = r"^[a-z][a-z0-9_]{0,62}$"
-CAPABILITY_PATTERN = (
-    r"^cap:hermes_agent:[a-z0-9][a-z0-9_-]{0,62}:[a-z][a-z0-9_]{0,62}$"
-)
+CAPABILITY_PATTERN = r"^cap:hermes_agent:[a-z0-9][a-z0-9_-]{0,62}:[a-z][a-z0-9_]{0,62}$"
 RUN_ID_PATTERN = r"^run_[0-9a-f]{32}$"
 
 ActionId = Annotated[str, msgspec.Meta(pattern=ACTION_ID_PATTERN)]

@@ -25,9 +25,9 @@ class OperatorObjective(WireStruct, kw_only=True, frozen=True):
     #: Application context: data for the model, never authority.
     context: Any = None
     #: Hints only; they admit nothing and authorize nothing.
-    candidate_capabilities: Annotated[
-        list[NonEmptyCapability], msgspec.Meta(max_length=256)
-    ] = msgspec.field(default_factory=list)
+    candidate_capabilities: Annotated[list[NonEmptyCapability], msgspec.Meta(max_length=256)] = (
+        msgspec.field(default_factory=list)
+    )
     constraints: dict[str, Any] = msgspec.field(default_factory=dict)
 
 

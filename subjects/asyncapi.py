@@ -13,23 +13,71 @@ DOC_PATH = Path(__file__).parent / "asyncapi.json"
 
 # (channel id, address template, message, stream, what it is for, who sends)
 _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
-    ("actions", "{prefix}.hermes.{endpoint}.actions", "Action", "ACTIONS",
-     "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to the Action id and "
-     "sign the payload (headers Aip-Signer, Aip-Signature).", "publisher"),
-    ("delegations", "{prefix}.hermes.{endpoint}.delegations", "DelegationRequest", "DELEGATIONS",
-     "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue).", "publisher"),
-    ("cancel", "{prefix}.hermes.{endpoint}.cancel", "CancelRequest", None,
-     "Core NATS request/reply; the reply is a CancelReply. Signed like an Action.", "publisher"),
-    ("chunks", "{prefix}.hermes.{endpoint}.chunks.{action_id}", "StreamChunk", "CHUNKS",
-     "Typed progress of one Action, seq 0,1,2… (Nats-Msg-Id {action_id}:{seq}).", "worker"),
-    ("results", "{prefix}.hermes.{endpoint}.results.{action_id}", "ActionResult", "RESULTS",
-     "The one ActionResult of an Action (Nats-Msg-Id {action_id}:result).", "worker"),
-    ("dlq", "{prefix}.hermes.{endpoint}.dlq", "RejectedEnvelope", "DLQ",
-     "Rejected envelopes byte for byte; the reason is in the Aip-Dlq-* headers.", "worker"),
-    ("audit", "{prefix}.hermes.{endpoint}.audit", "Receipt", "AUDIT",
-     "Redacted decision receipts of every Action.", "worker"),
-    ("manifest", "{prefix}.hermes.{endpoint}.manifest", "CapabilityManifest", None,
-     "Core NATS request/reply (also NATS micro $SRV): the capability manifest.", "worker"),
+    (
+        "actions",
+        "{prefix}.hermes.{endpoint}.actions",
+        "Action",
+        "ACTIONS",
+        "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to the Action id and "
+        "sign the payload (headers Aip-Signer, Aip-Signature).",
+        "publisher",
+    ),
+    (
+        "delegations",
+        "{prefix}.hermes.{endpoint}.delegations",
+        "DelegationRequest",
+        "DELEGATIONS",
+        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue).",
+        "publisher",
+    ),
+    (
+        "cancel",
+        "{prefix}.hermes.{endpoint}.cancel",
+        "CancelRequest",
+        None,
+        "Core NATS request/reply; the reply is a CancelReply. Signed like an Action.",
+        "publisher",
+    ),
+    (
+        "chunks",
+        "{prefix}.hermes.{endpoint}.chunks.{action_id}",
+        "StreamChunk",
+        "CHUNKS",
+        "Typed progress of one Action, seq 0,1,2… (Nats-Msg-Id {action_id}:{seq}).",
+        "worker",
+    ),
+    (
+        "results",
+        "{prefix}.hermes.{endpoint}.results.{action_id}",
+        "ActionResult",
+        "RESULTS",
+        "The one ActionResult of an Action (Nats-Msg-Id {action_id}:result).",
+        "worker",
+    ),
+    (
+        "dlq",
+        "{prefix}.hermes.{endpoint}.dlq",
+        "RejectedEnvelope",
+        "DLQ",
+        "Rejected envelopes byte for byte; the reason is in the Aip-Dlq-* headers.",
+        "worker",
+    ),
+    (
+        "audit",
+        "{prefix}.hermes.{endpoint}.audit",
+        "Receipt",
+        "AUDIT",
+        "Redacted decision receipts of every Action.",
+        "worker",
+    ),
+    (
+        "manifest",
+        "{prefix}.hermes.{endpoint}.manifest",
+        "CapabilityManifest",
+        None,
+        "Core NATS request/reply (also NATS micro $SRV): the capability manifest.",
+        "worker",
+    ),
 )
 
 
@@ -68,8 +116,9 @@ def document(prefix: str = "aip") -> dict[str, Any]:
         }
         messages[message] = {
             "name": message,
-            "contentType": "application/json" if message != "RejectedEnvelope" else
-            "application/octet-stream",
+            "contentType": "application/json"
+            if message != "RejectedEnvelope"
+            else "application/octet-stream",
             "payload": {"$ref": f"#/components/schemas/{message}"},
         }
     return {

@@ -1,2 +1,3 @@
 """aip-hermes-worker: drive Hermes Agent instances safely from NATS JetStream."""
+
 __version__ = "0.1.0"

@@ -78,9 +78,7 @@ class Worker:
             keeper=keeper,
             registry=self.registry,
             endpoints={
-                e.id: EndpointRuntime(
-                    e, HermesClient(e, transport=settings.hermes_http_transport)
-                )
+                e.id: EndpointRuntime(e, HermesClient(e, transport=settings.hermes_http_transport))
                 for e in endpoints
             },
             admission=self.admission,
@@ -112,9 +110,12 @@ class Worker:
 
     @property
     def ready(self) -> bool:
-        return bool(self.nc and self.nc.is_connected and self.loops and all(
-            loop.bound for loop in self.loops
-        ))
+        return bool(
+            self.nc
+            and self.nc.is_connected
+            and self.loops
+            and all(loop.bound for loop in self.loops)
+        )
 
     async def shutdown(self) -> None:
         """Stop fetching, let in-flight work finish within the grace period (heartbeating),

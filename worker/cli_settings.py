@@ -25,8 +25,11 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         help_text = f"env AIPD_{name.upper()}"
         if field.annotation is bool:
             group.add_argument(
-                flag, dest=f"setting_{name}", action=argparse.BooleanOptionalAction,
-                default=None, help=help_text,
+                flag,
+                dest=f"setting_{name}",
+                action=argparse.BooleanOptionalAction,
+                default=None,
+                help=help_text,
             )
         else:
             group.add_argument(flag, dest=f"setting_{name}", default=None, help=help_text)

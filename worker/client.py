@@ -211,4 +211,3 @@ class AipClient:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)
         decoded: dict[str, Any] = msgspec.json.decode(reply.data)
         return decoded
-

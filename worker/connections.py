@@ -9,9 +9,9 @@ from typing import Any
 import nats
 from nats.aio.client import Client as NATS
 
+from subjects.streams import StreamPolicy
 from worker.secret_files import read_secret_file
 from worker.settings import Settings
-from subjects.streams import StreamPolicy
 
 log = logging.getLogger(__name__)
 

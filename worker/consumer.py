@@ -9,6 +9,7 @@ binds again, so the pull consumer resumes by itself (nats.py #504).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 
@@ -87,7 +88,7 @@ class PullLoop:
         while not self.stopping.is_set():
             try:
                 sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
-            except Exception as exc:  # noqa: BLE001 - bind again until the server is back
+            except Exception as exc:
                 self.bound = False
                 log.warning("cannot bind %s/%s: %s", self.stream, self.durable, exc)
                 await self._pause(backoff)
@@ -111,9 +112,9 @@ class PullLoop:
             batch = min(free, MAX_BATCH)
             try:
                 msgs = await sub.fetch(batch, timeout=self.fetch_timeout_s)
-            except (FetchTimeoutError, NatsTimeoutError, asyncio.TimeoutError):
+            except (TimeoutError, FetchTimeoutError, NatsTimeoutError):
                 continue
-            except Exception as exc:  # noqa: BLE001 - rebind after any other fetch failure
+            except Exception as exc:
                 log.warning("fetch from %s failed (%s); binding again", self.durable, exc)
                 await self._pause(0.2)
                 return
@@ -130,17 +131,13 @@ class PullLoop:
             await self.slots.give()
 
     async def _pause(self, seconds: float) -> None:
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.stopping.wait(), seconds)
-        except TimeoutError:
-            pass
 
     def stop(self) -> None:
         self.stopping.set()
 
 
 async def _quiet_unsubscribe(sub: JetStreamContext.PullSubscription) -> None:
-    try:
+    with contextlib.suppress(Exception):  # the connection may already be gone
         await sub.unsubscribe()
-    except Exception:  # noqa: BLE001, S110 - the connection may already be gone
-        pass

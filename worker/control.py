@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -30,15 +30,19 @@ from subjects.grammar import Subjects
 from worker import __version__
 from worker.delivery import Runtime
 from worker.errors import ConnectorError, protocol_error
-from worker.store.keys import ActionKeys
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "aip-hermes-worker"
 QUEUE_GROUP = "aip-hermes-worker"
 
-#: Optional hook that records the intent in an operator binding and returns its state.
-BindingCancelHook = Callable[[Any, str], Awaitable[str | None]]
+
+class BindingCancelHook(Protocol):
+    """Records the intent in an operator binding and returns the binding's state."""
+
+    def __call__(
+        self, redis: Any, action_id: str, *, source_action_id: str | None = None
+    ) -> Awaitable[str | None]: ...
 
 
 def control_cancel_subject(subjects: Subjects, endpoint_id: str) -> str:
@@ -119,7 +123,6 @@ class ControlPlane:
             rt.admission.verify_signature(data, headers)
         except ConnectorError as exc:
             return _refused(request.action_id, exc.code, exc.message, endpoint_id)
-        keys = ActionKeys.of(request.action_id)
         intent = msgspec.json.encode(
             {
                 "requested_by": request.requested_by,
@@ -128,14 +131,22 @@ class ControlPlane:
             }
         )
         try:
+            keys = await rt.store.keys_of(request.action_id)
             state, owner = await rt.store.request_cancel(keys, intent)
             binding_state = None
             if self.binding_cancel is not None:
-                binding_state = await self.binding_cancel(rt.store.redis, request.action_id)
-        except Exception as exc:  # noqa: BLE001 - the caller learns the intent is not durable
+                binding_state = await self.binding_cancel(
+                    rt.store.redis,
+                    request.action_id,
+                    source_action_id=keys.slot_action_id if keys.is_resume else None,
+                )
+        except Exception as exc:
             log.warning("cancel of %s not recorded: %s", request.action_id, type(exc).__name__)
             return _refused(
-                request.action_id, ErrorCode.HOST_NOT_READY, "cancel intent not recorded", endpoint_id
+                request.action_id,
+                ErrorCode.HOST_NOT_READY,
+                "cancel intent not recorded",
+                endpoint_id,
             )
         rt.audit.emit(
             ReceiptEvent.CANCEL_REQUESTED,
@@ -144,18 +155,17 @@ class ControlPlane:
             requested_by=request.requested_by,
             state=state.value,
         )
-        if owner:
+        if state.value != "settled":
             await self.nc.publish(
                 control_cancel_subject(rt.subjects, endpoint_id), request.action_id.encode()
             )
-        reported = binding_state or ("settled" if state.value == "settled" else
-                                     ("running" if owner else "pending"))
+        reported = binding_state or (
+            "settled" if state.value == "settled" else ("running" if owner else "pending")
+        )
         return CancelReply(action_id=request.action_id, accepted=True, state=reported)
 
     async def _on_cancel_notice(self, msg: Msg) -> None:
-        execution = self.rt.keeper.holding(msg.data.decode(errors="replace"))
-        if execution is not None and not execution.cancel_requested.is_set():
-            self.rt.keeper.cancel(execution)
+        self.rt.keeper.cancel_notice(msg.data.decode(errors="replace"))
 
 
 def _refused(action_id: str | None, code: ErrorCode, message: str, endpoint_id: str) -> CancelReply:

@@ -226,6 +226,8 @@ class DeliveryHandler:
         rt = self.rt
         spec = operation.spec
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
+        if keys.is_resume:
+            await rt.store.remember_resume(keys)
         grant = await rt.store.acquire(
             keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action)
         )
@@ -301,8 +303,11 @@ class DeliveryHandler:
             holder.messages.append(msg)
             return False
         rt.audit.emit(
-            ReceiptEvent.DUPLICATE, action_id=action.id, endpoint_id=endpoint_id,
-            fence=grant.fence, holder=grant.other_owner,
+            ReceiptEvent.DUPLICATE,
+            action_id=action.id,
+            endpoint_id=endpoint_id,
+            fence=grant.fence,
+            holder=grant.other_owner,
         )
         wait_ms = max(50, min(grant.expires_at_ms - now_ms() + 50, rt.settings.lease_ttl_ms))
         await _quiet(msg.nak(delay=wait_ms / 1000))
@@ -338,7 +343,7 @@ class DeliveryHandler:
             self._execute_bounded(execution, operation, params)
         )
         try:
-            outcome = await execution.task
+            outcome: Outcome = await execution.task
         except asyncio.CancelledError:
             if execution.lease_lost or self.rt.shutting_down:
                 if not execution.lease_lost:
@@ -375,13 +380,15 @@ class DeliveryHandler:
         """Give the lease back unsettled (shutdown): the next owner need not wait out the TTL."""
         try:
             await self.rt.store.release(execution.keys, execution.owner, execution.fence)
-        except Exception:  # noqa: BLE001 - the lease then simply expires
+        except Exception:
             log.warning("could not release lease of %s", execution.action.id)
         for msg in execution.messages:
             await _quiet(msg.nak())
         self.rt.audit.emit(
-            ReceiptEvent.LEASE_RELEASED, action_id=execution.action.id,
-            endpoint_id=execution.endpoint.id, fence=execution.fence,
+            ReceiptEvent.LEASE_RELEASED,
+            action_id=execution.action.id,
+            endpoint_id=execution.endpoint.id,
+            fence=execution.fence,
         )
 
     async def settle(self, execution: Execution, spec: OperationSpec, outcome: Outcome) -> None:
@@ -416,7 +423,9 @@ class DeliveryHandler:
         )
         if stored.status is SettleStatus.FENCED_OUT:
             rt.audit.emit(
-                ReceiptEvent.FENCED_OUT, action_id=action.id, endpoint_id=endpoint_id,
+                ReceiptEvent.FENCED_OUT,
+                action_id=action.id,
+                endpoint_id=endpoint_id,
                 fence=execution.fence,
             )
             return
@@ -424,8 +433,11 @@ class DeliveryHandler:
             await self.republish_bytes(execution.messages, action.id, endpoint_id, stored.stored)
             return
         rt.audit.emit(
-            ReceiptEvent.SETTLED, action_id=action.id, endpoint_id=endpoint_id,
-            fence=execution.fence, status=outcome.status.value,
+            ReceiptEvent.SETTLED,
+            action_id=action.id,
+            endpoint_id=endpoint_id,
+            fence=execution.fence,
+            status=outcome.status.value,
             code=error.code.value if error else None,
         )
         faults.hit("after_settle", action.id)
@@ -444,7 +456,9 @@ class DeliveryHandler:
         rt = self.rt
         error = refusal.error.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only)
         rt.audit.emit(
-            ReceiptEvent.REFUSED, action_id=action.id, endpoint_id=endpoint_id,
+            ReceiptEvent.REFUSED,
+            action_id=action.id,
+            endpoint_id=endpoint_id,
             code=error.code.value,
         )
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
@@ -482,9 +496,24 @@ class DeliveryHandler:
             for msg in msgs:
                 await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
             return
-        await self.rt.publisher.result_bytes(endpoint_id, action_id, stored)
-        self.rt.audit.emit(ReceiptEvent.REPUBLISHED, action_id=action_id, endpoint_id=endpoint_id)
+        if not await self.result_on_stream(endpoint_id, action_id):
+            # Only when it is missing (a crash between settle and publish, or expired): a
+            # republish after the duplicate window would otherwise store a second copy.
+            await self.rt.publisher.result_bytes(endpoint_id, action_id, stored)
+            self.rt.audit.emit(
+                ReceiptEvent.REPUBLISHED, action_id=action_id, endpoint_id=endpoint_id
+            )
         await self.ack_all(msgs)
+
+    async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
+        subjects = self.rt.subjects
+        try:
+            await self.rt.js.get_last_msg(
+                subjects.stream_name("results"), subjects.results(endpoint_id, action_id)
+            )
+        except NotFoundError:
+            return False
+        return True
 
     async def dead_letter(
         self,
@@ -509,7 +538,9 @@ class DeliveryHandler:
         await rt.publisher.dead_letter(endpoint_id, msg.data, headers, f"dlq:{msg.subject}:{seq}")
         if action_id is not None:
             rt.audit.emit(
-                ReceiptEvent.DEAD_LETTERED, action_id=action_id, endpoint_id=endpoint_id,
+                ReceiptEvent.DEAD_LETTERED,
+                action_id=action_id,
+                endpoint_id=endpoint_id,
                 code=code.value,
             )
         log.warning("dead-lettered %s seq %s: %s (%s)", msg.subject, seq, code.value, reason)
@@ -531,7 +562,7 @@ class DeliveryHandler:
         for msg in msgs:
             try:
                 await msg.ack_sync(timeout=5.0)
-            except Exception:  # noqa: BLE001 - an unconfirmed ack only causes a redelivery,
+            except Exception:
                 log.info("ack not confirmed; a redelivery will republish the stored result")
 
 
@@ -549,7 +580,7 @@ def _is_own(stored: bytes | None, execution: Execution) -> bool:
 def _stream_seq(msg: Msg) -> int:
     try:
         return int(msg.metadata.sequence.stream)
-    except Exception:  # noqa: BLE001 - a message without JetStream metadata
+    except Exception:
         return 0
 
 
@@ -560,5 +591,5 @@ def _header_safe(text: str) -> str:
 async def _quiet(awaitable: Any) -> None:
     try:
         await awaitable
-    except Exception:  # noqa: BLE001 - the message then follows its AckWait
+    except Exception:
         log.debug("jetstream ack/nak failed", exc_info=True)

@@ -8,6 +8,7 @@ from publishing anything after its lease may have passed to someone else.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -171,7 +172,9 @@ class Execution:
                 ErrorCode.STREAM_PUBLICATION, f"chunks not confirmed: {exc}"
             ) from None
 
-    def terminal_chunk(self, kind: ChunkKind, payload: Any, provider_event: str | None) -> StreamChunk:
+    def terminal_chunk(
+        self, kind: ChunkKind, payload: Any, provider_event: str | None
+    ) -> StreamChunk:
         """The chunk that closes the stream: the operation's own, or one made from the result."""
         if self.terminal is not None:
             return self.terminal
@@ -190,7 +193,5 @@ class Execution:
     async def in_progress(self) -> None:
         """Tell JetStream the delivery is alive (buffered, no flush: ~700k/s here)."""
         for msg in self.messages:
-            try:
+            with contextlib.suppress(Exception):  # a lost signal only shortens AckWait
                 await msg.in_progress()
-            except Exception:  # noqa: BLE001, S110 - a lost signal only shortens AckWait
-                pass

@@ -47,9 +47,9 @@ def _parse(spec: str) -> dict[str, tuple[str, str | None]]:
     return plan
 
 
-_PLAN: dict[str, tuple[str, str | None]] | None = _parse(os.environ[ENV]) if os.environ.get(
-    ENV
-) else None
+_PLAN: dict[str, tuple[str, str | None]] | None = (
+    _parse(os.environ[ENV]) if os.environ.get(ENV) else None
+)
 
 
 def hit(point: str, action_id: str) -> None:

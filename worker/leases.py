@@ -29,9 +29,27 @@ class LeaseKeeper:
         self.executions: dict[str, Execution] = {}
         self.lost_count = 0
         self.renew_round_trips = 0
+        #: Cancel notices that arrived before this worker registered the execution (between
+        #: its lease acquisition and `add`): applied on `add`, forgotten after a minute.
+        self._early_cancels: dict[str, float] = {}
 
     def add(self, execution: Execution) -> None:
         self.executions[execution.owner] = execution
+        noticed = self._early_cancels.pop(execution.action.id, None)
+        if noticed is not None and time.monotonic() - noticed < 60.0:
+            execution.cancel_requested.set()
+
+    def cancel_notice(self, action_id: str) -> None:
+        """A worker recorded a cancel intent for `action_id`: act on it if it runs here."""
+        execution = self.holding(action_id)
+        if execution is None:
+            now = time.monotonic()
+            self._early_cancels = {
+                a: t for a, t in self._early_cancels.items() if now - t < 60.0
+            }
+            self._early_cancels[action_id] = now
+        elif not execution.cancel_requested.is_set():
+            self.cancel(execution)
 
     def remove(self, execution: Execution) -> None:
         self.executions.pop(execution.owner, None)

@@ -59,7 +59,7 @@ class BusPublisher:
         for chunk, future in pending:
             try:
                 await asyncio.wait_for(future, self.confirm_timeout_s)
-            except Exception:  # noqa: BLE001 - any failure gets the one awaited retry below
+            except Exception:
                 try:
                     await self.chunk_awaited(chunk)
                 except Exception as exc:
@@ -92,7 +92,7 @@ class BusPublisher:
                 headers={MSG_ID: receipt.receipt_id},
                 wait_stall=0.5,
             )
-        except Exception as exc:  # noqa: BLE001 - logged; audit loss is visible in metrics
+        except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
 
     async def _publish(
@@ -111,7 +111,7 @@ class BusPublisher:
                 return await self.js.publish(
                     subject, payload, timeout=self.confirm_timeout_s, headers=all_headers
                 )
-            except Exception as exc:  # noqa: BLE001 - retried (same Msg-Id), then surfaced
+            except Exception as exc:
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise PublishFailed(f"{subject}: {type(exc).__name__}") from None
                 await asyncio.sleep(delay)

@@ -16,7 +16,12 @@ from worker.settings import Settings
 
 
 def build_registry(settings: Settings) -> Registry:
-    return default_registry(settings)
+    """Every Hermes route, plus the governed operator under the deployment's policy."""
+    from worker.operator import HermesOperatorPolicy, operator_operation
+
+    registry = default_registry(settings)
+    registry.add(operator_operation(HermesOperatorPolicy.from_settings(settings)))
+    return registry
 
 
 def build_admission(settings: Settings) -> Admission:
@@ -26,13 +31,15 @@ def build_admission(settings: Settings) -> Admission:
 
 
 def binding_cancel_hook() -> BindingCancelHook | None:
-    return None
+    from worker.operator import request_cancel
+
+    return request_cancel
 
 
 def add_extra_commands(sub: Any) -> None:
     """Subcommands owned by other packages (trust, operator, audit, demo)."""
+    from worker.operator import admin as operator_admin
     from worker.trust import admin as trust_admin
 
     trust_admin.add_commands(sub)
-
-
+    operator_admin.add_commands(sub)

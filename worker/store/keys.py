@@ -61,6 +61,15 @@ class ActionKeys:
         return f"{self._base}:cancel{self._suffix}"
 
     @property
+    def resume_alias(self) -> str:
+        """Under the resume's *own* tag: which source slot holds its keys (for cancels)."""
+        return f"{NAMESPACE}:{_tag(self.action_id)}:resume_of"
+
+    @property
+    def is_resume(self) -> bool:
+        return self.slot_action_id != self.action_id
+
+    @property
     def binding(self) -> str:
         """The operator binding of the slot's source Action (shared by its resumes)."""
         return f"{self._base}:binding"

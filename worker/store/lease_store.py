@@ -188,9 +188,7 @@ class LeaseStore:
         value = await self._call(lambda: self.redis.get(keys.result))
         return value if value is None or isinstance(value, bytes) else _s(value).encode()
 
-    async def request_cancel(
-        self, keys: ActionKeys, intent_json: bytes
-    ) -> tuple[CancelState, str]:
+    async def request_cancel(self, keys: ActionKeys, intent_json: bytes) -> tuple[CancelState, str]:
         reply = await self._call(
             lambda: self.scripts["cancel_request"](
                 keys=[keys.cancel, keys.result, keys.lease],
@@ -199,6 +197,19 @@ class LeaseStore:
         )
         state, owner = reply
         return CancelState(_s(state)), _s(owner)
+
+    async def remember_resume(self, keys: ActionKeys) -> None:
+        """Record where a resume Action's keys live, so a cancel naming it finds them."""
+        await self._call(
+            lambda: self.redis.set(keys.resume_alias, keys.slot_action_id, px=self.lease_key_ttl_ms)
+        )
+
+    async def keys_of(self, action_id: str) -> ActionKeys:
+        """The keys of an Action known only by id (a resume's live under its source)."""
+        source = await self._call(lambda: self.redis.get(ActionKeys.of(action_id).resume_alias))
+        if source is None:
+            return ActionKeys.of(action_id)
+        return ActionKeys.of(action_id, source_action_id=_s(source))
 
     async def cancel_intent(self, keys: ActionKeys) -> bytes | None:
         value = await self._call(lambda: self.redis.get(keys.cancel))

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import pytest
+
+from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from worker.client import AipClient
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.identities import write_trust_files
+from worker.testing.services import ServiceHandle
+
+LEASE_TTL_MS = 3000
+
+
+@pytest.fixture
+async def stack(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[Stack]:
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    trust = write_trust_files(trust_dir)
+    api_key = "fake-" + secrets.token_hex(16)
+    key_file = tmp_path / "hermes.key"
+    key_file.write_text(api_key)
+    os.chmod(key_file, 0o600)
+    await provision_streams(nats_server.url, ack_wait_s=LEASE_TTL_MS / 1000)
+    async with FakeHermes(api_key=api_key, port=0) as fake:
+        env = {
+            "AIPD_NATS_URL": nats_server.url,
+            "AIPD_REDIS_URL": redis_server.url,
+            "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
+            "AIPD_HERMES_API_KEY_FILE": str(key_file),
+            "AIPD_LEASE_TTL_MS": str(LEASE_TTL_MS),
+            "AIPD_NAK_DELAY_MS": "200",
+            "AIPD_SHUTDOWN_GRACE_S": "5",
+            **trust.environment(),
+        }
+        nc = await nats.connect(nats_server.url)
+        stack = Stack(
+            root=tmp_path,
+            nats_url=nats_server.url,
+            redis_url=redis_server.url,
+            fake=fake,
+            trust=trust,
+            nc=nc,
+            client=AipClient(nc, sign_key=trust.seed_file),
+            env=env,
+        )
+        try:
+            yield stack
+        finally:
+            stack.stop_workers()
+            await nc.close()

@@ -1,0 +1,223 @@
+"""A whole deployment for one test: NATS, Redis, the fake Hermes, trust files, workers.
+
+Everything is real except Hermes (the project's fake, over real HTTP): workers are
+`python -m worker run` subprocesses, so a test can kill -9 or SIGSTOP them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.js.api import ConsumerInfo
+
+from schemas.action import Action
+from schemas.audit import Receipt
+from schemas.chunk import StreamChunk
+from schemas.codec import encode
+from schemas.result import ActionResult
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from worker.client import ActionHandle, AipClient
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.identities import APPROVER_UNTENANTED, ISSUER, PRINCIPAL_KIND, REVISION, USER_UNTENANTED, TrustFiles
+from worker.testing.workers import WorkerProcess
+
+ENDPOINT = "h1"
+
+
+@dataclass
+class Stack:
+    root: Path
+    nats_url: str
+    redis_url: str
+    fake: FakeHermes
+    trust: TrustFiles
+    nc: NATS
+    client: AipClient
+    env: dict[str, str]
+    workers: list[WorkerProcess] = field(default_factory=list)
+    subjects: Subjects = field(default_factory=Subjects)
+
+    async def spawn(
+        self, worker_id: str, *, fault_points: str | None = None, wait: bool = True, **env: str
+    ) -> WorkerProcess:
+        worker = WorkerProcess(
+            worker_id=worker_id,
+            env={**self.env, **env},
+            log_dir=self.root,
+            fault_points=fault_points,
+        )
+        self.workers.append(worker)
+        # Started off the event loop: the in-process fake Hermes must keep answering.
+        return await asyncio.to_thread(worker.start, wait_ready_s=20.0 if wait else 0)
+
+    def action(self, operation: str, input: Mapping[str, Any] | None = None, **kw: Any) -> Action:
+        return self.client.build_action(
+            endpoint_id=ENDPOINT,
+            operation=operation,
+            input=dict(input or {}),
+            principal_id=kw.pop("principal_id", USER_UNTENANTED),
+            principal_kind=PRINCIPAL_KIND,
+            authentication_issuer=ISSUER,
+            credential_revision=REVISION,
+            **kw,
+        )
+
+    async def publish(
+        self, action: Action, *, msg_id: str | None = None, signed: bool = True
+    ) -> ActionHandle:
+        payload = encode(action)
+        headers = {"Nats-Msg-Id": msg_id or action.id}
+        if signed:
+            headers.update(self.trust.sign(payload))
+        await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
+        return self.client.handle(ENDPOINT, action.id)
+
+    async def publish_raw(self, payload: bytes, *, signed: bool = True) -> None:
+        headers = {"Nats-Msg-Id": secrets.token_hex(8)}
+        if signed:
+            headers.update(self.trust.sign(payload))
+        await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
+
+    async def results(self, action_id: str) -> list[ActionResult]:
+        return [
+            msgspec.json.decode(m, type=ActionResult)
+            for m in await self.stream_messages(
+                "results", self.subjects.results(ENDPOINT, action_id)
+            )
+        ]
+
+    async def chunks(self, action_id: str) -> list[StreamChunk]:
+        return [
+            msgspec.json.decode(m, type=StreamChunk)
+            for m in await self.stream_messages("chunks", self.subjects.chunks(ENDPOINT, action_id))
+        ]
+
+    async def receipts(self, action_id: str) -> list[Receipt]:
+        found = [
+            msgspec.json.decode(m, type=Receipt)
+            for m in await self.stream_messages("audit", self.subjects.audit(ENDPOINT))
+        ]
+        return [r for r in found if r.action_id == action_id]
+
+    async def dlq(self) -> list[tuple[bytes, dict[str, str]]]:
+        return await self.stream_messages_with_headers("dlq", self.subjects.dlq(ENDPOINT))
+
+    async def stream_messages(self, kind: str, subject: str) -> list[bytes]:
+        return [data for data, _ in await self.stream_messages_with_headers(kind, subject)]
+
+    async def stream_messages_with_headers(
+        self, kind: str, subject: str
+    ) -> list[tuple[bytes, dict[str, str]]]:
+        js = self.nc.jetstream()
+        sub = await js.subscribe(subject, ordered_consumer=True)
+        out: list[tuple[bytes, dict[str, str]]] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=0.5)
+                except nats.errors.TimeoutError:
+                    return out
+                out.append((msg.data, dict(msg.headers or {})))
+        finally:
+            await sub.unsubscribe()
+
+    async def consumer(self) -> ConsumerInfo:
+        return await self.nc.jetstream().consumer_info(
+            self.subjects.stream_name("actions"), self.subjects.durable(ENDPOINT, "actions")
+        )
+
+    async def settled_and_acked(self, timeout_s: float = 20.0) -> ConsumerInfo:
+        """Wait until the work consumer has nothing pending and nothing unacked."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            info = await self.consumer()
+            if info.num_pending == 0 and info.num_ack_pending == 0:
+                return info
+            if time.monotonic() > deadline:
+                raise AssertionError(f"consumer still busy: {info}")
+            await asyncio.sleep(0.1)
+
+    async def lease(self, action_id: str) -> dict[str, str]:
+        from redis.asyncio import Redis
+
+        from worker.store.keys import ActionKeys
+
+        client = Redis.from_url(self.redis_url, decode_responses=True)
+        try:
+            return dict(await client.hgetall(ActionKeys.of(action_id).lease))
+        finally:
+            await client.aclose()
+
+    async def wait_owner(self, action_id: str, worker_id: str, timeout_s: float = 20.0) -> int:
+        """Wait until `worker_id` holds the Action's lease; returns the fence."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            lease = await self.lease(action_id)
+            if lease.get("owner", "").startswith(worker_id + "#"):
+                return int(lease["fence"])
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"{worker_id} never held {action_id}: {await self.lease(action_id)}")
+
+    async def approve(self, action: Action, *, approver: str = APPROVER_UNTENANTED) -> None:
+        """Record an approval from the demo authority (the operator requires one)."""
+        from redis.asyncio import Redis
+
+        from schemas.approval import ApprovalDecision
+        from worker.trust.approvals import approve
+        from worker.trust.authority import ApprovalAuthority
+
+        client = Redis.from_url(self.redis_url)
+        try:
+            authority = ApprovalAuthority.load(
+                self.trust.authority_file, now_ms=time.time_ns() // 1_000_000
+            )
+            await approve(
+                client, authority, action, approver, "approved by the test",
+                ApprovalDecision.APPROVED,
+            )
+        finally:
+            await client.aclose()
+
+    async def operator(self, objective: str, **kw: Any) -> tuple[Action, ActionHandle]:
+        action = self.action("operator", {"objective": {"objective": objective}}, **kw)
+        await self.approve(action)
+        return action, await self.publish(action)
+
+    async def resume(self, source_id: str, choice: str = "once") -> tuple[Action, ActionHandle]:
+        action = self.action(
+            "operator", {"resume": {"source_action_id": source_id, "choice": choice}}
+        )
+        await self.approve(action)
+        return action, await self.publish(action)
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            if worker.alive:
+                worker.resume()
+                worker.kill()
+
+
+async def provision_streams(
+    nats_url: str, *, duplicate_window_s: float = 120.0, ack_wait_s: float = 3.0
+) -> None:
+    nc = await nats.connect(nats_url)
+    try:
+        await provision(
+            nc.jetstream(),
+            Subjects(),
+            [ENDPOINT],
+            StreamPolicy(duplicate_window_s=duplicate_window_s, ack_wait_s=ack_wait_s),
+        )
+    finally:
+        await nc.close()

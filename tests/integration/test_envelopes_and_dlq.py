@@ -1,0 +1,80 @@
+"""Decode and trust (DESIGN §6 step 1-2): bad input goes to the DLQ with its reason and
+loses nothing; the consumer keeps serving the next message; nothing reaches Hermes."""
+
+from __future__ import annotations
+
+import msgspec
+
+from schemas.codec import encode
+from schemas.dlq import DLQ_CODE, DLQ_REASON, DLQ_SUBJECT
+from schemas.result import ResultStatus
+from tests.integration.stack import Stack
+
+
+async def test_invalid_envelopes_are_dead_lettered_with_reason_and_serving_continues(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1", AIPD_MAX_ENVELOPE_BYTES="65536")
+    good = stack.action("models")
+    document = msgspec.to_builtins(good)
+    unknown_field = encode({**document, "id": "act_" + "1" * 32, "surprise": 1})
+    wrong_type = encode({**document, "id": "act_" + "2" * 32, "created_at_unix_ms": "soon"})
+    over_size = encode({**document, "id": "act_" + "3" * 32, "input": {"blob": "x" * 100_000}})
+    not_json = b"\xff\xfe{definitely not json"
+    for payload in (unknown_field, wrong_type, over_size, not_json):
+        await stack.publish_raw(payload)
+    handle = await stack.publish(good)
+
+    result = await handle.result(timeout_s=20)
+    assert result.status is ResultStatus.COMPLETED
+    await stack.settled_and_acked()
+    dead = await stack.dlq()
+    assert [body for body, _ in dead] == [unknown_field, wrong_type, over_size, not_json]
+    codes = [headers[DLQ_CODE] for _, headers in dead]
+    assert codes == [
+        "schema.envelope.invalid",
+        "schema.envelope.invalid",
+        "schema.envelope.invalid",
+        "envelope.decode.invalid",
+    ]
+    reasons = [headers[DLQ_REASON] for _, headers in dead]
+    assert "surprise" in reasons[0]
+    assert "created_at_unix_ms" in reasons[1]
+    assert "limit" in reasons[2]
+    assert all(h[DLQ_SUBJECT] == "aip.hermes.h1.actions" for _, h in dead)
+    assert stack.fake.stats().count("GET /v1/models") == 1
+
+
+async def test_unsigned_and_forged_envelopes_never_reach_hermes_nor_touch_the_action_id(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    victim = stack.action("models")
+    await stack.publish(victim, signed=False)
+    forged = encode(victim)
+    await stack.nc.jetstream().publish(
+        stack.subjects.actions("h1"),
+        forged,
+        headers={"Nats-Msg-Id": "forged", **stack.trust.sign(forged + b" ")},
+    )
+    await stack.settled_and_acked()
+    codes = [h[DLQ_CODE] for _, h in await stack.dlq()]
+    assert codes == ["connector_host.authentication", "connector_host.authentication"]
+    assert await stack.results(victim.id) == []
+    assert stack.fake.stats().count("GET /v1/models") == 0
+    # The genuine envelope with the same id still runs: nothing was recorded for it.
+    result = await (await stack.publish(victim, msg_id="genuine")).result(timeout_s=20)
+    assert result.status is ResultStatus.COMPLETED
+
+
+async def test_refused_identity_settles_one_failed_result_without_a_provider_request(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    stranger = stack.action("models", principal_id="user:mallory")
+    result = await (await stack.publish(stranger)).result(timeout_s=20)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == "connector_host.authentication"
+    assert result.error.retryable is False
+    assert stack.fake.stats().count("GET /v1/models") == 0

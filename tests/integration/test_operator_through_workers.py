@@ -1,0 +1,165 @@
+"""The governed operator end to end: real worker processes, real NATS and Redis, the fake
+Hermes counting every request. One Action means at most one Hermes run, whatever happens
+to the workers or to Hermes."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from schemas.chunk import DoneChunk, PendingApprovalChunk
+from schemas.result import ResultStatus
+from tests.integration.stack import Stack
+from worker.testing.scenario import NEEDS_APPROVAL, REPLY_PREFIX, SLOW_REPLY
+
+POST_RUNS = "POST /v1/runs"
+
+
+async def test_objective_streams_deltas_and_settles_the_operator_output(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action, handle = await stack.operator("summarize the case")
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    output = result.output
+    assert output["status"] == "completed"
+    assert output["session_id"] == f"aip-operator-{action.id}"
+    assert output["source_action_id"] == action.id
+    assert output["run_id"].startswith("run_")
+    assert output["provider"]["output"].startswith(REPLY_PREFIX)
+    chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert [c.kind for c in chunks if c.provider_event == "message.delta"]
+    assert isinstance(chunks[-1], DoneChunk)
+    assert stack.fake.stats().count(POST_RUNS) == 1
+
+
+async def test_fifty_concurrent_deliveries_across_three_workers_start_one_run(
+    stack: Stack,
+) -> None:
+    for n in range(3):
+        await stack.spawn(f"w{n}")
+    action, handle = await stack.operator("one run only")
+    await asyncio.gather(*(stack.publish(action, msg_id=f"copy-{n}") for n in range(49)))
+    result = await handle.result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    await stack.settled_and_acked(timeout_s=60)
+    assert stack.fake.stats().count(POST_RUNS) == 1
+    assert len(await stack.results(action.id)) == 1
+
+
+@pytest.mark.parametrize(
+    ("point", "status", "code", "posts"),
+    [
+        ("after_claim", "failed", "connector.hermes_agent.operator_outcome_unknown", 0),
+        ("after_post_run", "failed", "connector.hermes_agent.operator_outcome_unknown", 1),
+        ("after_bind", "completed", None, 1),
+        ("mid_stream", "completed", None, 1),
+        ("after_settle", "completed", None, 1),
+    ],
+)
+async def test_kill_at_each_step_ends_in_the_right_state_without_a_second_start(
+    stack: Stack, point: str, status: str, code: str | None, posts: int
+) -> None:
+    action = stack.action("operator", {"objective": {"objective": f"{SLOW_REPLY} {point}"}})
+    await stack.approve(action)
+    w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
+    handle = await stack.publish(action)
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    await stack.spawn("w2")
+    result = await handle.result(timeout_s=60)
+    assert result.status.value == status, result.error
+    assert (result.error.code if result.error else None) == code
+    if code is not None:
+        assert result.error is not None
+        assert result.error.uncertain_outcome is True
+        assert result.error.retryable is False
+    assert stack.fake.stats().count(POST_RUNS) == posts
+    await stack.settled_and_acked(timeout_s=30)
+    assert len(await stack.results(action.id)) == 1
+    chunks = await stack.chunks(action.id)
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+
+
+async def test_paused_owner_is_taken_over_by_polling_and_never_settles(stack: Stack) -> None:
+    w1 = await stack.spawn("w1")
+    action, handle = await stack.operator(f"{SLOW_REPLY} pause me")
+    await stack.wait_owner(action.id, "w1")
+    while stack.fake.stats().count(POST_RUNS) == 0:
+        await asyncio.sleep(0.05)
+    await stack.spawn("w2")
+    w1.pause()
+    result = await handle.result(timeout_s=60)
+    w1.resume()
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.settled_by == "w2"
+    await asyncio.sleep(2.0)
+    assert w1.alive
+    assert len(await stack.results(action.id)) == 1
+    assert stack.fake.stats().count(POST_RUNS) == 1
+    chunks = await stack.chunks(action.id)
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+
+
+async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    action, handle = await stack.operator(f"{SLOW_REPLY} restart hermes")
+    while stack.fake.stats().count(POST_RUNS) == 0:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.5)
+    await stack.fake.restart()
+    result = await handle.result(timeout_s=60)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == "connector.hermes_agent.operator_outcome_unknown"
+    assert result.error.uncertain_outcome is True
+    assert stack.fake.stats().count(POST_RUNS) == 1
+
+
+async def test_approval_pauses_then_one_resume_command_completes_the_same_run(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    source, handle = await stack.operator(f"{NEEDS_APPROVAL} tidy the files")
+    paused = await handle.result(timeout_s=30)
+    assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
+    chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
+    assert any(isinstance(c, PendingApprovalChunk) for c in chunks)
+    resume, resumed = await stack.resume(source.id, "once")
+    result = await resumed.result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.output["source_action_id"] == source.id
+    await stack.publish(resume, msg_id="replayed-resume")
+    await stack.settled_and_acked(timeout_s=30)
+    assert stack.fake.stats().count("POST /v1/runs/{run_id}/approval") == 1
+    assert stack.fake.stats().count(POST_RUNS) == 1
+    assert len(await stack.results(resume.id)) == 1
+
+
+async def test_cancel_during_a_run_is_cancelled_on_provider_evidence(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action, handle = await stack.operator(f"{SLOW_REPLY} cancel me")
+    while stack.fake.stats().count(POST_RUNS) == 0:
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)
+    reply = await handle.cancel(requested_by="user:demo", reason="changed my mind")
+    assert reply.accepted
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.CANCELLED, result.error
+    assert stack.fake.stats().count("POST /v1/runs/{run_id}/stop") == 1
+
+
+async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action = stack.action("operator", {"objective": {"objective": "never start"}})
+    await stack.approve(action)
+    handle = stack.client.handle("h1", action.id)
+    reply = await handle.cancel(requested_by="user:demo")
+    assert reply.accepted
+    assert reply.state == "pending"
+    await stack.publish(action)
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.CANCELLED
+    assert stack.fake.stats().count(POST_RUNS) == 0
