@@ -39,7 +39,7 @@ class _Chunk(
     @property
     def kind(self) -> ChunkKind:
         """The chunk's kind (its JSON `kind` tag), for code that does not match on classes."""
-        return ChunkKind(self.__struct_config__.tag)
+        return ChunkKind(str(self.__struct_config__.tag))
 
 
 class DataChunk(_Chunk, tag="data", frozen=True):

@@ -64,10 +64,10 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     ),
     (
         "audit",
-        "{prefix}.hermes.{endpoint}.audit",
+        "{prefix}.hermes.{endpoint}.audit.{action_id}",
         "Receipt",
         "AUDIT",
-        "Redacted decision receipts of every Action.",
+        "Redacted decision receipts of one Action (Nats-Msg-Id = receipt_id).",
         "worker",
     ),
     (

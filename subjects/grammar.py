@@ -60,8 +60,10 @@ class Subjects:
     def dlq(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.dlq"
 
-    def audit(self, endpoint_id: str) -> str:
-        return f"{self.prefix}.hermes.{endpoint_id}.audit"
+    def audit(self, endpoint_id: str, action_id: str) -> str:
+        """Receipts of one Action: the Action id in the subject lets `audit ACTION_ID` read its
+        chain with a filtered consumer instead of scanning every receipt of the endpoint."""
+        return f"{self.prefix}.hermes.{endpoint_id}.audit.{_checked(action_id)}"
 
     def manifest(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.manifest"
@@ -83,7 +85,7 @@ class Subjects:
         return f"{self.prefix}.hermes.*.dlq"
 
     def all_audit(self) -> str:
-        return f"{self.prefix}.hermes.*.audit"
+        return f"{self.prefix}.hermes.*.audit.*"
 
     # Stream and consumer names.
     def stream_name(self, kind: str) -> str:

@@ -22,6 +22,7 @@ from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.operations.base import Registry
 from worker.publisher import BusPublisher
+from worker.secret_files import read_secret_file
 from worker.settings import Settings
 from worker.store.connection import open_redis
 from worker.store.lease_store import LeaseStore
@@ -63,7 +64,19 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        self.redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+        if settings.hermes_api_key:
+            log.warning(
+                "AIPD_HERMES_API_KEY holds a key value in the environment; "
+                "prefer AIPD_HERMES_API_KEY_FILE (an owner-only file)"
+            )
+        password = (
+            read_secret_file(settings.redis_password_file, what="AIPD_REDIS_PASSWORD_FILE")
+            if settings.redis_password_file
+            else None
+        )
+        self.redis = open_redis(
+            settings.redis_url, cluster=settings.redis_cluster, password=password
+        )
         store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms)
         publisher = BusPublisher(js, self.subjects)
         audit = AuditLog(publisher, settings.worker_id)

@@ -108,6 +108,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     client = AipClient(nc, prefix=args.prefix, sign_key=args.sign_key)
     try:
         action = client.build_action(
+            authentication_issuer=args.issuer,
             endpoint_id=args.endpoint,
             operation=args.operation,
             input=args.input,
@@ -201,20 +202,60 @@ async def cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_audit(args: argparse.Namespace) -> int:
+    """Print an Action's receipt chain in order: what every worker decided about it."""
+    from worker.client import AipClient
+
+    nc = await _connect_nats(args.nats_url)
+    try:
+        receipts = await AipClient(nc, prefix=args.prefix).receipts(args.endpoint, args.action_id)
+    finally:
+        await nc.drain()
+    if not receipts:
+        print(f"no receipts for {args.action_id}", file=sys.stderr)
+        return 1
+    for receipt in receipts:
+        if args.json:
+            print(msgspec.json.encode(receipt).decode())
+            continue
+        details = " ".join(f"{k}={v}" for k, v in receipt.details.items() if v is not None)
+        print(
+            f"{receipt.ts_unix_ms} {receipt.worker_id:>16} fence={receipt.fence:<3} "
+            f"{receipt.event.value:<16} {details}"
+        )
+    return 0
+
+
+async def cmd_sign(args: argparse.Namespace) -> int:
+    """Print the signature headers for a payload, for publishers using the `nats` CLI."""
+    from worker.trust.signing import read_seed_file, sign_envelope
+
+    # A one-shot command: nothing else runs on the loop while the file is read.
+    source = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: ASYNC230, SIM115
+    with source:
+        payload = source.read()
+    for name, value in sign_envelope(payload, read_seed_file(args.key)).items():
+        print(f"{name}:{value}")
+    return 0
+
+
 async def cmd_schemas(args: argparse.Namespace) -> int:
     from schemas.export import JSON_DIR, drift, export
     from subjects import asyncapi
+    from worker import config_doc
 
     if args.check:
         stale = drift() + (["asyncapi.json"] if asyncapi.drifted() else [])
+        stale += ["docs/configuration.md"] if config_doc.drifted() else []
         if stale:
             print("out of date: " + ", ".join(stale) + " (run: aip-hermes-worker schemas export)")
             return 1
-        print("schemas and asyncapi.json are up to date")
+        print("schemas, asyncapi.json and docs/configuration.md are up to date")
         return 0
     for path in export():
         print(path)
     print(asyncapi.export())
+    print(config_doc.export())
     print(f"wrote {JSON_DIR}")
     return 0
 
@@ -255,6 +296,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--principal-kind", default="user")
     submit.add_argument("--tenant")
     submit.add_argument("--revision", type=int, help="credential revision of the principal")
+    submit.add_argument("--issuer", help="authentication issuer of the principal")
     submit.add_argument("--idempotency-key")
     submit.add_argument("--timeout-ms", type=int)
     submit.add_argument("--action-id", help="reuse an id (a replay); default: a new one")
@@ -291,9 +333,23 @@ def build_parser() -> argparse.ArgumentParser:
     manifest.add_argument("--endpoint", required=True)
     manifest.set_defaults(func=cmd_manifest)
 
+    audit = sub.add_parser("audit", help="print an Action's audit receipt chain in order")
+    _bus_flags(audit)
+    audit.add_argument("action_id")
+    audit.add_argument("--endpoint", required=True)
+    audit.add_argument("--json", action="store_true", help="one JSON receipt per line")
+    audit.set_defaults(func=cmd_audit)
+
+    sign = sub.add_parser("sign", help="print Aip-Signer/Aip-Signature headers for a payload")
+    sign.add_argument("payload", help="the exact payload file to sign, or - for stdin")
+    sign.add_argument("--key", type=Path, required=True, help="gateway nkey seed file")
+    sign.set_defaults(func=cmd_sign)
+
     schemas = sub.add_parser("schemas", help="JSON Schema and AsyncAPI files")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)
-    export = schemas_sub.add_parser("export", help="write schemas/json/*.json and asyncapi.json")
+    export = schemas_sub.add_parser(
+        "export", help="write schemas/json/*.json, subjects/asyncapi.json, docs/configuration.md"
+    )
     export.add_argument("--check", action="store_true", help="only report drift")
     export.set_defaults(func=cmd_schemas)
 

@@ -22,7 +22,8 @@ def add_settings_flags(parser: argparse.ArgumentParser) -> None:
         if name in NO_FLAG:
             continue
         flag = "--" + name.replace("_", "-")
-        help_text = f"env AIPD_{name.upper()}"
+        description = " ".join((field.description or "").split()).replace("%", "%%")
+        help_text = f"{description} (env AIPD_{name.upper()})"
         if field.annotation is bool:
             group.add_argument(
                 flag,

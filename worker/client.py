@@ -27,6 +27,7 @@ from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
+from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.codec import encode
@@ -37,6 +38,7 @@ from subjects.grammar import Subjects
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 _result_decoder = msgspec.json.Decoder(ActionResult)
 _reply_decoder = msgspec.json.Decoder(CancelReply)
+_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 
 def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
@@ -206,6 +208,24 @@ class AipClient:
             headers=_signed_headers(payload, self.sign_key) or None,
         )
         return _reply_decoder.decode(reply.data)
+
+    async def receipts(self, endpoint_id: str, action_id: str) -> list[Receipt]:
+        """Every audit receipt of one Action, in the order they were stored."""
+        js = self.nc.jetstream()
+        sub = await js.subscribe(
+            self.subjects.audit(endpoint_id, action_id),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        found: list[Receipt] = []
+        try:
+            pending = (await sub.consumer_info()).num_pending or 0
+            while len(found) < pending:
+                msg = await sub.next_msg(timeout=5.0)
+                found.append(_receipt_decoder.decode(msg.data))
+        finally:
+            await sub.unsubscribe()
+        return sorted(found, key=lambda r: r.ts_unix_ms)
 
     async def manifest(self, endpoint_id: str) -> dict[str, Any]:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)

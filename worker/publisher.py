@@ -87,7 +87,7 @@ class BusPublisher:
         """Best effort, never blocks the delivery: a lost receipt must not stall real work."""
         try:
             await self.js.publish_async(
-                self.subjects.audit(receipt.endpoint_id),
+                self.subjects.audit(receipt.endpoint_id, receipt.action_id),
                 encode(receipt),
                 headers={MSG_ID: receipt.receipt_id},
                 wait_stall=0.5,

@@ -86,78 +86,134 @@ def _split_list(value: str) -> list[str]:
 
 
 class Settings(BaseSettings):
-    """Every worker setting. Environment: `AIPD_<FIELD>`; CLI flags override."""
+    """Every worker setting. Environment: `AIPD_<FIELD>`; CLI flags override.
 
-    model_config = SettingsConfigDict(env_prefix="AIPD_", extra="ignore", frozen=True)
+    The docstring under each field is its documentation: `--help`, `docs/configuration.md`
+    (generated, drift-checked) and this file say the same thing.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix="AIPD_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     # Services.
     nats_url: str = "nats://127.0.0.1:4222"
+    """NATS server URL(s), comma-separated (`nats://`, `tls://`)."""
     nats_user: str | None = None
+    """NATS user name (with `nats_password_file`)."""
     nats_password_file: Path | None = None
+    """Owner-only file holding the NATS password."""
     nats_token_file: Path | None = None
+    """Owner-only file holding a NATS token."""
     nats_nkey_seed_file: Path | None = None
+    """Owner-only NATS nkey seed file (the worker's own user key, not the gateway's)."""
     nats_creds_file: Path | None = None
+    """Owner-only NATS `.creds` file (JWT + nkey seed)."""
     nats_tls_ca_file: Path | None = None
+    """CA bundle to verify the NATS server."""
     nats_tls_cert_file: Path | None = None
+    """Client certificate for NATS mutual TLS."""
     nats_tls_key_file: Path | None = None
+    """Client key for NATS mutual TLS."""
     redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis URL (`redis://`, `rediss://` for TLS, `unix://`); a user name may be in the URL."""
     redis_cluster: bool = False
+    """Use the Redis Cluster client (every script touches one `{act_…}` slot)."""
     redis_password_file: Path | None = None
+    """Owner-only file holding the Redis password (ACL user)."""
 
     # Endpoints.
     hermes_endpoints: str = ""
+    """Hermes endpoints as `id=url[,id=url…]`, e.g. `hermes-1=http://hermes-1:8642`."""
     hermes_endpoints_file: Path | None = None
+    """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, timeouts)."""
     hermes_api_key_file: Path | None = None
-    #: Compatibility with the spec's example; a value in the environment is warned about.
+    """Owner-only file with the bearer key for endpoints that have no key file of their own."""
     hermes_api_key: str | None = Field(default=None, repr=False)
+    """The key as a value (compatibility with the spec's example; warned at startup)."""
     hermes_max_concurrent_runs: Annotated[int, Field(ge=1, le=1_000)] = 8
+    """Operator runs admitted at once per endpoint, across all workers (Redis semaphore)."""
     hermes_http_transport: Literal["aiohttp", "httpx"] = "aiohttp"
+    """HTTP transport under httpx: `aiohttp` (httpx-aiohttp, fast) or the stock `httpx` one."""
     hermes_read_retry_attempts: Annotated[int, Field(ge=0, le=10)] = 2
+    """Retries of a read-only call after a temporary or transport failure (never unsafe ones)."""
 
     # Operator policy (spec: "Apply operator policy bounds").
     hermes_operator_delegation_enabled: bool = False
+    """Accept first-class delegation (needs both prefix allowlists)."""
     hermes_operator_delegation_requires_approval: bool = True
+    """Require a durable approval for delegated children."""
     hermes_operator_capability_prefixes: str = ""
+    """Delegated capability-id prefixes, comma-separated (`*`: unrestricted)."""
     hermes_operator_scope_prefixes: str = ""
+    """Delegated scope prefixes, comma-separated (`*`: unrestricted)."""
     hermes_operator_model: str | None = None
+    """Model route for operator runs (deployment-owned; never from input)."""
     hermes_operator_instructions_file: Path | None = None
+    """Operator system instructions (default: the governed built-in text)."""
     hermes_operator_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 900_000
+    """Longest operator observation (a shorter trusted deadline wins)."""
     hermes_operator_poll_interval_ms: Annotated[int, Field(ge=10, le=60_000)] = 250
+    """Status polling interval when the event stream is unavailable."""
     hermes_operator_max_events: Annotated[int, Field(ge=1, le=100_000)] = 4_096
+    """Provider events read from one run's stream."""
     hermes_operator_max_input_bytes: Annotated[int, Field(ge=1_024, le=16_777_216)] = 1_048_576
+    """Largest serialized provider input of an objective."""
     hermes_operator_max_delegation_depth: Annotated[int, Field(ge=1, le=128)] = 16
+    """Longest delegation chain accepted."""
     hermes_operator_start_claim_ttl_ms: Annotated[int, Field(ge=1_000, le=300_000)] = 60_000
+    """How long a start claim fences `POST /v1/runs` before it counts as lost."""
     hermes_operator_cancel_grace_ms: Annotated[int, Field(ge=1_000, le=300_000)] = 15_000
+    """How long a stop is reconciled before `cancellation_outcome_unknown`."""
 
     # Trust.
     trusted_gateway_keys_file: Path | None = None
+    """Public nkeys (`U…`) of trusted envelope signers, one per line."""
     trusted_identity_file: Path | None = None
+    """Trusted identity directory (JSON); without it governed execution is refused."""
     approval_authority_file: Path | None = None
+    """Approval authority directory (JSON `AuthorityMembership` records)."""
     allow_unsigned_envelopes: bool = False
+    """Accept unsigned envelopes. Development only: warned at start and on every acceptance."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
+    """This worker's identity in leases, results and receipts (default: host-pid)."""
     concurrency: Annotated[int, Field(ge=1, le=10_000)] = 64
+    """Actions in flight at once in this worker (fetches never exceed the free slots)."""
     lease_ttl_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 15_000
+    """Lease TTL; the heartbeat renews every third of it."""
     result_ttl_ms: Annotated[int, Field(ge=60_000, le=30 * 86_400_000)] = 86_400_000
+    """How long a settled result is kept for replays (idempotency TTL)."""
     subject_prefix: str = "aip"
+    """First token of every subject."""
     max_envelope_bytes: Annotated[int, Field(ge=1_024, le=8_388_608)] = 1_048_576
+    """Largest envelope decoded; a larger one goes to the DLQ."""
     stream_replicas: Annotated[int, Field(ge=1, le=5)] = 1
+    """Replicas of every stream `provision` creates (3 on a NATS cluster)."""
     duplicate_window_s: Annotated[float, Field(ge=1, le=86_400)] = 120.0
-    #: AckWait of the work consumers; default: the lease TTL, so a dead worker's Actions are
-    #: redelivered about when its leases expire (the heartbeat keeps live ones in progress).
+    """JetStream duplicate window of every stream (`Nats-Msg-Id` dedupe)."""
     ack_wait_s: Annotated[float, Field(ge=1, le=3_600)] | None = None
-    #: Create/update streams and consumers at startup (`provision` does it explicitly).
+    """AckWait of the work consumers (default: the lease TTL, so a dead worker's Actions
+    come back about when its leases expire; the heartbeat keeps live ones in progress)."""
     auto_provision: bool = False
+    """Create/update streams and consumers at startup (`provision` does it explicitly)."""
     shutdown_grace_s: Annotated[float, Field(ge=0, le=3_600)] = 30.0
+    """On SIGTERM, how long in-flight work may finish before its leases are released."""
     nak_delay_ms: Annotated[int, Field(ge=10, le=600_000)] = 1_000
+    """Redelivery delay after a failed delivery."""
 
     # Operations.
     metrics_host: str = "127.0.0.1"
+    """Address of the /health, /ready and /metrics server."""
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] | None = None
+    """Port of the /health, /ready and /metrics server (unset: off)."""
     log_format: Literal["json", "human"] = "json"
+    """`json` lines for machines, `human` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged."""
     use_uvloop: bool = True
+    """Run on uvloop when it is installed (+10-40% on the JetStream paths)."""
 
     @field_validator("nats_url")
     @classmethod

@@ -29,7 +29,14 @@ from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from worker.client import ActionHandle, AipClient
 from worker.testing.fake_hermes import FakeHermes
-from worker.testing.identities import APPROVER_UNTENANTED, ISSUER, PRINCIPAL_KIND, REVISION, USER_UNTENANTED, TrustFiles
+from worker.testing.identities import (
+    APPROVER_UNTENANTED,
+    ISSUER,
+    PRINCIPAL_KIND,
+    REVISION,
+    USER_UNTENANTED,
+    TrustFiles,
+)
 from worker.testing.workers import WorkerProcess
 
 ENDPOINT = "h1"
@@ -106,7 +113,7 @@ class Stack:
     async def receipts(self, action_id: str) -> list[Receipt]:
         found = [
             msgspec.json.decode(m, type=Receipt)
-            for m in await self.stream_messages("audit", self.subjects.audit(ENDPOINT))
+            for m in await self.stream_messages("audit", self.subjects.audit(ENDPOINT, action_id))
         ]
         return [r for r in found if r.action_id == action_id]
 

@@ -105,7 +105,7 @@ async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay
     stack: Stack,
 ) -> None:
     await stack.spawn("w1")
-    action, handle = await stack.operator(f"{SLOW_REPLY} restart hermes")
+    _, handle = await stack.operator(f"{SLOW_REPLY} restart hermes")
     while stack.fake.stats().count(POST_RUNS) == 0:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.5)
@@ -140,7 +140,7 @@ async def test_approval_pauses_then_one_resume_command_completes_the_same_run(
 
 async def test_cancel_during_a_run_is_cancelled_on_provider_evidence(stack: Stack) -> None:
     await stack.spawn("w1")
-    action, handle = await stack.operator(f"{SLOW_REPLY} cancel me")
+    _, handle = await stack.operator(f"{SLOW_REPLY} cancel me")
     while stack.fake.stats().count(POST_RUNS) == 0:
         await asyncio.sleep(0.05)
     await asyncio.sleep(0.3)

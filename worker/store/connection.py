@@ -11,9 +11,15 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from worker.secret_files import Secret
+
 
 def open_redis(
-    url: str, *, cluster: bool = False, socket_timeout_s: float = 5.0
+    url: str,
+    *,
+    cluster: bool = False,
+    socket_timeout_s: float = 5.0,
+    password: Secret | None = None,
 ) -> Redis | RedisCluster:
     """A client that reconnects by itself; callers decide what an ambiguous failure means.
 
@@ -28,6 +34,8 @@ def open_redis(
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=2),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
     }
+    if password is not None:
+        common["password"] = password.reveal()
     if cluster:
         return RedisCluster.from_url(url, **common)
     return Redis.from_url(url, **common)

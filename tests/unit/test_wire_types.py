@@ -1,0 +1,118 @@
+"""Schema round trip and rejection (DESIGN §4): strict, unknown fields rejected, sized."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from schemas import ActionResult, ResultStatus, StreamChunk, encode, new_action_id
+from schemas.chunk import ChunkKind, DoneChunk, make_chunk
+from schemas.codec import EnvelopeRejected, decode_action, decode_operator_input
+from schemas.errors import CODE_RULES, ErrorCode
+from subjects.grammar import InvalidEndpointId, Subjects, normalize_endpoint_id
+
+ACTION = {
+    "id": "act_" + "a" * 32,
+    "capability": "cap:hermes_agent:hermes-1:models",
+    "input": {},
+    "identity": {"principal_id": "user:alice", "principal_kind": "user"},
+    "created_at_unix_ms": 1,
+}
+
+
+def test_action_round_trips_and_defaults_to_async_mode() -> None:
+    action = decode_action(encode(ACTION))
+    assert action.mode == "async"
+    assert decode_action(encode(action)) == action
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"surprise": 1}, "schema.envelope.invalid"),
+        ({"created_at_unix_ms": "1"}, "schema.envelope.invalid"),
+        ({"id": "act_short"}, "schema.envelope.invalid"),
+        ({"capability": "cap:other:hermes-1:models"}, "schema.envelope.invalid"),
+        ({"mode": "eventually"}, "schema.envelope.invalid"),
+        ({"identity": {"principal_id": "", "principal_kind": "user"}}, "schema.envelope.invalid"),
+    ],
+)
+def test_invalid_actions_are_refused_with_the_envelope_code(
+    change: dict[str, object], code: str
+) -> None:
+    with pytest.raises(EnvelopeRejected) as refused:
+        decode_action(encode({**ACTION, **change}))
+    assert refused.value.code == code
+
+
+def test_size_is_checked_before_parsing() -> None:
+    payload = encode({**ACTION, "input": {"x": "y" * 2000}})
+    with pytest.raises(EnvelopeRejected, match="limit"):
+        decode_action(payload, max_bytes=1024)
+
+
+def test_malformed_json_and_deep_nesting_are_decode_errors() -> None:
+    for payload in (b"{", b"\xff", b"[" * 100_000):
+        with pytest.raises(EnvelopeRejected) as refused:
+            decode_action(payload)
+        assert refused.value.code in ("envelope.decode.invalid", "schema.envelope.invalid")
+
+
+def test_operator_input_needs_exactly_one_branch() -> None:
+    with pytest.raises(EnvelopeRejected, match="exactly one"):
+        decode_operator_input({})
+    both = {
+        "objective": {"objective": "x"},
+        "resume": {"source_action_id": "act_" + "b" * 32, "choice": "once"},
+    }
+    with pytest.raises(EnvelopeRejected, match="exactly one"):
+        decode_operator_input(both)
+    with pytest.raises(EnvelopeRejected):
+        decode_operator_input(
+            {"objective": {"objective": "x", "candidate_capabilities": ["c"] * 257}}
+        )
+    with pytest.raises(EnvelopeRejected):
+        decode_operator_input({"resume": {"source_action_id": "act_" + "b" * 32, "choice": "yes"}})
+
+
+def test_chunks_are_a_tagged_union_on_kind() -> None:
+    chunk = make_chunk(
+        ChunkKind.DONE, action_id=new_action_id(), endpoint_id="h1", seq=3, ts_unix_ms=5
+    )
+    data = encode(chunk)
+    assert msgspec.json.decode(data)["kind"] == "done"
+    back = msgspec.json.decode(data, type=StreamChunk)
+    assert isinstance(back, DoneChunk)
+    assert back.kind is ChunkKind.DONE
+
+
+def test_every_code_has_a_rule_and_unsafe_temporaries_are_uncertain() -> None:
+    assert set(CODE_RULES) == set(ErrorCode)
+    rule = CODE_RULES[ErrorCode.REMOTE_TEMPORARY]
+    assert rule.retryable(read_only=True)
+    assert not rule.retryable(read_only=False)
+    assert rule.uncertain_outcome(read_only=False)
+    assert not rule.uncertain_outcome(read_only=True)
+    assert CODE_RULES[ErrorCode.OPERATOR_OUTCOME_UNKNOWN].uncertain_outcome(read_only=True)
+
+
+def test_result_status_values_are_the_wire_contract() -> None:
+    assert {s.value for s in ResultStatus} == {
+        "completed",
+        "failed",
+        "cancelled",
+        "requires_human",
+    }
+    assert "error" in ActionResult.__struct_fields__
+
+
+def test_endpoint_ids_normalize_or_are_refused() -> None:
+    assert normalize_endpoint_id(" Hermes.1 ") == "hermes-1"
+    with pytest.raises(InvalidEndpointId):
+        normalize_endpoint_id("--")
+    subjects = Subjects()
+    action_id = new_action_id()
+    assert subjects.chunks("h1", action_id) == f"aip.hermes.h1.chunks.{action_id}"
+    assert subjects.stream_name("actions") == "AIP_HERMES_ACTIONS"
+    with pytest.raises(ValueError, match="action id"):
+        subjects.results("h1", "act_x.>")
