@@ -272,8 +272,19 @@ def _bus_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=os.environ.get("AIPD_SUBJECT_PREFIX", "aip"))
 
 
+class _Parser(argparse.ArgumentParser):
+    """No abbreviated flags: `--hermes-api-key` must not silently mean `--hermes-api-key-file`.
+
+    Subparsers are built with the parent's class, so every subcommand inherits this.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="aip-hermes-worker",
         description="Drive Hermes Agent endpoints from NATS JetStream, fenced by Redis.",
     )

@@ -1,0 +1,83 @@
+"""The CLI names what to fix: bad settings exit 2 naming the field, unreachable services
+exit 3 naming the URL and the setting, and no command accepts a key value as a flag."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from worker.cli import build_parser
+from worker.testing.services import free_port
+
+
+def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "worker", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, **(env or {})},
+        check=False,
+    )
+
+
+def test_a_bad_setting_stops_with_the_field_named() -> None:
+    done = run_cli("run", "--lease-ttl-ms", "5", "--hermes-endpoints", "h1=http://127.0.0.1:1")
+    assert done.returncode == 2
+    assert "lease_ttl_ms" in done.stderr
+
+
+def test_a_bad_environment_value_stops_with_the_field_named() -> None:
+    done = run_cli("provision", env={"AIPD_REDIS_URL": "http://not-redis"})
+    assert done.returncode == 2
+    assert "redis_url" in done.stderr
+
+
+def test_a_non_http_endpoint_url_is_refused() -> None:
+    done = run_cli("provision", "--hermes-endpoints", "h1=ftp://host/")
+    assert done.returncode == 2
+    assert "http" in done.stderr
+
+
+def test_an_unreachable_nats_names_the_url_and_the_setting() -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    done = run_cli("provision", "--nats-url", url, "--hermes-endpoints", "h1=http://127.0.0.1:1")
+    assert done.returncode == 3
+    assert url in done.stderr
+    assert "AIPD_NATS_URL" in done.stderr
+
+
+def test_an_unsafe_key_file_is_refused_at_startup(tmp_path: Path) -> None:
+    key = tmp_path / "key"
+    key.write_text("k" * 32)
+    key.chmod(0o644)
+    done = run_cli(
+        "run",
+        "--hermes-endpoints",
+        "h1=http://127.0.0.1:1",
+        "--hermes-api-key-file",
+        str(key),
+        "--nats-url",
+        f"nats://127.0.0.1:{free_port()}",
+    )
+    assert done.returncode == 2
+    assert "chmod 600" in done.stderr
+    assert "k" * 32 not in done.stderr
+
+
+def test_no_flag_accepts_an_api_key_value() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "--hermes-api-key", "secret"])
+
+
+def test_every_documented_subcommand_exists() -> None:
+    help_text = run_cli("--help").stdout
+    for command in (
+        "run", "provision", "submit", "tail", "result", "cancel", "manifest", "schemas",
+        "audit", "sign", "keys", "approve", "binding", "reconcile",
+    ):
+        assert command in help_text
