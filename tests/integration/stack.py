@@ -190,7 +190,11 @@ class Stack:
                 self.trust.authority_file, now_ms=time.time_ns() // 1_000_000
             )
             await approve(
-                client, authority, action, approver, "approved by the test",
+                client,
+                authority,
+                action,
+                approver,
+                "approved by the test",
                 ApprovalDecision.APPROVED,
             )
         finally:

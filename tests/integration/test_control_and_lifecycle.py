@@ -30,8 +30,12 @@ async def test_provision_twice_changes_nothing(nats_server: ServiceHandle) -> No
         assert {item.change for item in second} == {Change.UNCHANGED}
         third = await provision(js, Subjects(), ["h1"], StreamPolicy(duplicate_window_s=60))
         assert {i.name for i in third if i.change is Change.UPDATED} == {
-            "AIP_HERMES_ACTIONS", "AIP_HERMES_DELEGATIONS", "AIP_HERMES_CHUNKS",
-            "AIP_HERMES_RESULTS", "AIP_HERMES_DLQ", "AIP_HERMES_AUDIT",
+            "AIP_HERMES_ACTIONS",
+            "AIP_HERMES_DELEGATIONS",
+            "AIP_HERMES_CHUNKS",
+            "AIP_HERMES_RESULTS",
+            "AIP_HERMES_DLQ",
+            "AIP_HERMES_AUDIT",
         }
     finally:
         await nc.close()

@@ -34,13 +34,24 @@ def _hostile(stack: Stack, rng: random.Random) -> list[tuple[bytes, bool]]:
         {**base, "identity": {"principal_id": "x" * 600, "principal_kind": "user"}},
         {**base, "input": {"identity": {"principal_id": "admin"}, "_aip": {"tenant": "t"}}},
         {**operator, "input": {}},
-        {**operator, "input": {"objective": {"objective": "a"},
-                               "resume": {"source_action_id": source, "choice": "once"}}},
+        {
+            **operator,
+            "input": {
+                "objective": {"objective": "a"},
+                "resume": {"source_action_id": source, "choice": "once"},
+            },
+        },
         {**operator, "input": {"resume": {"source_action_id": source, "choice": "always-yes"}}},
-        {**operator, "input": {"objective": {"objective": "a",
-                                             "candidate_capabilities": ["c"] * 300}}},
-        {**operator, "input": {"objective": {"objective": "x",
-                                             "context": {"_aip": {"principal_id": "admin"}}}}},
+        {
+            **operator,
+            "input": {"objective": {"objective": "a", "candidate_capabilities": ["c"] * 300}},
+        },
+        {
+            **operator,
+            "input": {
+                "objective": {"objective": "x", "context": {"_aip": {"principal_id": "admin"}}}
+            },
+        },
         {**base, "trace": {"trace_id": "abc\r\nX-Evil: 1"}},
         {**base, "idempotency_key": "k\nAuthorization: Bearer stolen"},
         {**base, "input": {"deep": _nested(200)}},
@@ -112,7 +123,9 @@ async def test_the_receipt_chain_of_a_killed_run_tells_the_true_story(stack: Sta
     assert ("w2", "lease_acquired", 2) in story
     assert story[-1] == ("w2", "settled", 2)
     assert not any(w == "w1" and e == "settled" for w, e, _ in story)
-    takeover = next(r for r in receipts if r.worker_id == "w2" and r.event.value == "lease_acquired")
+    takeover = next(
+        r for r in receipts if r.worker_id == "w2" and r.event.value == "lease_acquired"
+    )
     assert takeover.details["takeover"] is True
     assert str(takeover.details["previous_owner"]).startswith("w1#")
 

@@ -77,7 +77,19 @@ def test_no_flag_accepts_an_api_key_value() -> None:
 def test_every_documented_subcommand_exists() -> None:
     help_text = run_cli("--help").stdout
     for command in (
-        "run", "provision", "submit", "tail", "result", "cancel", "manifest", "schemas",
-        "audit", "sign", "keys", "approve", "binding", "reconcile",
+        "run",
+        "provision",
+        "submit",
+        "tail",
+        "result",
+        "cancel",
+        "manifest",
+        "schemas",
+        "audit",
+        "sign",
+        "keys",
+        "approve",
+        "binding",
+        "reconcile",
     ):
         assert command in help_text
