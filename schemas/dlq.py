@@ -18,5 +18,3 @@ DLQ_STREAM_SEQ = "Aip-Dlq-Stream-Seq"
 DLQ_WORKER = "Aip-Dlq-Worker"
 #: Size of the original payload in bytes.
 DLQ_SIZE = "Aip-Dlq-Size"
-#: Set when only a prefix of an over-size payload could be kept.
-DLQ_TRUNCATED = "Aip-Dlq-Truncated"

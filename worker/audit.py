@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from contextvars import ContextVar
+from dataclasses import dataclass
 
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
 from worker.publisher import BusPublisher
@@ -50,3 +52,40 @@ class AuditLog:
     async def drain(self, timeout_s: float = 2.0) -> None:
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=timeout_s)
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiptScope:
+    """The Action an execution task works on, so deep code can leave receipts for it."""
+
+    log: AuditLog
+    action_id: str
+    endpoint_id: str
+    fence: int
+    trace_id: str | None
+
+
+_scope: ContextVar[ReceiptScope | None] = ContextVar("aip_receipt_scope", default=None)
+
+
+def enter_scope(scope: ReceiptScope) -> None:
+    """Bind receipts to `scope` for the current task (each execution runs in its own task,
+    so its context copy carries the scope and nothing else sees it)."""
+    _scope.set(scope)
+
+
+def receipt(event: ReceiptEvent, **details: DetailValue) -> None:
+    """Record a decision about the Action the current task executes (no-op outside one).
+
+    The HTTP client and the operator call this without knowing which Action they serve.
+    """
+    scope = _scope.get()
+    if scope is not None:
+        scope.log.emit(
+            event,
+            action_id=scope.action_id,
+            endpoint_id=scope.endpoint_id,
+            fence=scope.fence,
+            trace_id=scope.trace_id,
+            **details,
+        )

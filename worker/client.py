@@ -219,8 +219,12 @@ class AipClient:
         )
         found: list[Receipt] = []
         try:
-            pending = (await sub.consumer_info()).num_pending or 0
-            while len(found) < pending:
+            # Messages already pushed to us count as delivered, not pending: the chain is
+            # both, read at one instant from the consumer's own bookkeeping.
+            info = await sub.consumer_info()
+            delivered = info.delivered.consumer_seq if info.delivered else 0
+            total = (delivered or 0) + (info.num_pending or 0)
+            while len(found) < total:
                 msg = await sub.next_msg(timeout=5.0)
                 found.append(_receipt_decoder.decode(msg.data))
         finally:

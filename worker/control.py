@@ -162,7 +162,10 @@ class ControlPlane:
         reported = binding_state or (
             "settled" if state.value == "settled" else ("running" if owner else "pending")
         )
-        return CancelReply(action_id=request.action_id, accepted=True, state=reported)
+        # `accepted` means the intent is durable; a settled Action records none.
+        return CancelReply(
+            action_id=request.action_id, accepted=state.value != "settled", state=reported
+        )
 
     async def _on_cancel_notice(self, msg: Msg) -> None:
         self.rt.keeper.cancel_notice(msg.data.decode(errors="replace"))

@@ -24,7 +24,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.action import Action
 from schemas.audit import ReceiptEvent
-from schemas.chunk import ChunkKind
+from schemas.chunk import ChunkKind, make_chunk
 from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
 from schemas.dlq import (
     DLQ_CODE,
@@ -40,11 +40,12 @@ from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from worker import faults
 from worker.admission import Admission
-from worker.audit import AuditLog
+from worker.audit import AuditLog, ReceiptScope, enter_scope
 from worker.errors import ConnectorError, deadline_exceeded
 from worker.execution import Execution, now_ms
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
+from worker.metrics import DeliveryOutcome, FenceStep, Metrics
 from worker.operations.base import LeaseLost, Operation, OperationSpec, Outcome, Registry
 from worker.publisher import BusPublisher
 from worker.settings import Endpoint, Settings
@@ -78,6 +79,7 @@ class Runtime:
     endpoints: dict[str, EndpointRuntime]
     admission: Admission
     worker_id: str
+    metrics: Metrics
     shutting_down: bool = False
 
 
@@ -118,6 +120,7 @@ class DeliveryHandler:
             await self._handle(msg, endpoint_id)
         except Exception:
             log.exception("delivery failed unexpectedly on %s; redelivering later", endpoint_id)
+            self.rt.metrics.delivery(endpoint_id, DeliveryOutcome.ERROR)
             await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
 
     async def _handle(self, msg: Msg, endpoint_id: str) -> None:
@@ -167,6 +170,14 @@ class DeliveryHandler:
                     read_only=False,
                 )
             spec = operation.spec
+            if spec.idempotency_required and action.idempotency_key is None:
+                raise _Refusal(
+                    ConnectorError(
+                        ErrorCode.CONFIGURATION_OR_INPUT,
+                        f"{operation_name} requires an idempotency_key on the Action",
+                    ),
+                    read_only=spec.read_only,
+                )
             try:
                 params = convert_input(action.input, spec.input_type)
             except EnvelopeRejected as exc:
@@ -233,6 +244,9 @@ class DeliveryHandler:
         )
         if not await self.answer_without_lease(msg, action, keys, ep.endpoint.id, grant):
             return
+        rt.metrics.delivery(ep.endpoint.id, DeliveryOutcome.EXECUTED)
+        if grant.is_takeover:
+            rt.metrics.takeover(ep.endpoint.id)
         faults.hit("after_lease", action.id)
         first_seq = await self.next_chunk_seq(ep.endpoint.id, action.id) if grant.is_takeover else 0
         execution = Execution(
@@ -254,6 +268,7 @@ class DeliveryHandler:
             msg=msg,
             trusted_headers=trusted,
             cancel_requested=grant.cancel_requested,
+            metrics=rt.metrics,
         )
         rt.audit.emit(
             ReceiptEvent.LEASE_ACQUIRED,
@@ -265,10 +280,11 @@ class DeliveryHandler:
         )
         rt.keeper.add(execution)
         try:
-            outcome = await self.execute(execution, operation, params)
-            if outcome is None:
-                return  # lease lost or shutting down: nothing settled, nothing acked
-            await self.settle(execution, spec, outcome)
+            with rt.metrics.executing(ep.endpoint.id):
+                outcome = await self.execute(execution, operation, params)
+                if outcome is None:
+                    return  # lease lost or shutting down: nothing settled, nothing acked
+                await self.settle(execution, spec, outcome)
         finally:
             rt.keeper.remove(execution)
 
@@ -294,10 +310,12 @@ class DeliveryHandler:
             )
             return False
         if grant.status is AcquireStatus.SETTLED:
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.REPUBLISHED)
             await self.republish(msg, action.id, keys, endpoint_id)
             return False
         holder = rt.keeper.holding(action.id)
         if holder is not None:
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.JOINED)
             # A redelivery of an Action this very worker is running: keep the newest handle
             # alive too, and ack it with the rest when the Action settles.
             holder.messages.append(msg)
@@ -309,6 +327,7 @@ class DeliveryHandler:
             fence=grant.fence,
             holder=grant.other_owner,
         )
+        rt.metrics.delivery(endpoint_id, DeliveryOutcome.DUPLICATE)
         wait_ms = max(50, min(grant.expires_at_ms - now_ms() + 50, rt.settings.lease_ttl_ms))
         await _quiet(msg.nak(delay=wait_ms / 1000))
         return False
@@ -363,6 +382,16 @@ class DeliveryHandler:
     async def _execute_bounded(
         self, execution: Execution, operation: Operation, params: Any
     ) -> Outcome:
+        action = execution.action
+        enter_scope(
+            ReceiptScope(
+                log=self.rt.audit,
+                action_id=action.id,
+                endpoint_id=execution.endpoint.id,
+                fence=execution.fence,
+                trace_id=action.trace.trace_id if action.trace else None,
+            )
+        )
         try:
             async with asyncio.timeout(execution.remaining_s()):
                 outcome = await operation.execute(execution, params)
@@ -422,6 +451,7 @@ class DeliveryHandler:
             execution.keys, execution.owner, execution.fence, encode(result)
         )
         if stored.status is SettleStatus.FENCED_OUT:
+            rt.metrics.fenced_out(endpoint_id, FenceStep.SETTLE)
             rt.audit.emit(
                 ReceiptEvent.FENCED_OUT,
                 action_id=action.id,
@@ -440,9 +470,14 @@ class DeliveryHandler:
             status=outcome.status.value,
             code=error.code.value if error else None,
         )
+        rt.metrics.settled(
+            action.capability, outcome.status.value, error.code.value if error else None,
+            uncertain=bool(error and error.uncertain_outcome),
+        )
         faults.hit("after_settle", action.id)
         await rt.publisher.chunk_awaited(terminal)
         await rt.publisher.result(result)
+        rt.metrics.chunk_published(endpoint_id, str(terminal.__struct_config__.tag))
         faults.hit("after_result_publish", action.id)
         faults.hit("before_ack", action.id)
         await self.ack_all(execution.messages)
@@ -480,7 +515,21 @@ class DeliveryHandler:
         stored = await rt.store.settle(keys, owner, grant.fence, encode(result))
         if stored.status is SettleStatus.FENCED_OUT:
             return
+        # Like every Action, a refused one ends its chunk stream before its result, so a
+        # consumer following the chunks learns the outcome too.
+        await rt.publisher.chunk_awaited(
+            make_chunk(
+                ChunkKind.ERROR,
+                action_id=action.id,
+                endpoint_id=endpoint_id,
+                seq=0,
+                ts_unix_ms=now_ms(),
+                payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+            )
+        )
         await rt.publisher.result_bytes(endpoint_id, action.id, stored.stored or encode(result))
+        rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
+        rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
         await self.ack_all([msg])
 
     async def republish(self, msg: Msg, action_id: str, keys: ActionKeys, endpoint_id: str) -> None:
@@ -543,6 +592,7 @@ class DeliveryHandler:
                 endpoint_id=endpoint_id,
                 code=code.value,
             )
+        rt.metrics.dead_lettered(endpoint_id, code.value)
         log.warning("dead-lettered %s seq %s: %s (%s)", msg.subject, seq, code.value, reason)
         await _quiet(msg.term())
 

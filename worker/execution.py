@@ -21,6 +21,7 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.hermes.client import HermesClient
+from worker.metrics import FenceStep, Metrics
 from worker.operations.base import LeaseLost, Operation
 from worker.publisher import BusPublisher
 from worker.settings import Endpoint
@@ -62,7 +63,9 @@ class Execution:
         msg: Msg,
         trusted_headers: Mapping[str, str],
         cancel_requested: bool,
+        metrics: Metrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.action = action
         self.endpoint = endpoint
         self.operation = operation
@@ -139,6 +142,8 @@ class Execution:
                 ErrorCode.STREAM_PUBLICATION, f"chunk {seq} not published: {type(exc).__name__}"
             ) from None
         self._pending.append((chunk, future))
+        if self.metrics is not None:
+            self.metrics.chunk_published(self.endpoint.id, kind.value)
         if len(self._pending) >= 256:
             await self.confirm_chunks()
         return seq
@@ -146,6 +151,8 @@ class Execution:
     async def mark_unsafe_attempt(self) -> None:
         self.ensure_lease()
         if not await self.store.mark_attempt(self.keys, self.owner, self.fence):
+            if self.metrics is not None:
+                self.metrics.fenced_out(self.endpoint.id, FenceStep.UNSAFE_ATTEMPT)
             self.lease_lost = True
             raise LeaseLost("lease lost before an unsafe provider request")
 

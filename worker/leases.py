@@ -15,14 +15,23 @@ import time
 from schemas.audit import ReceiptEvent
 from worker.audit import AuditLog
 from worker.execution import Execution
+from worker.metrics import FenceStep, Metrics
 from worker.store.lease_store import LeaseStore, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    def __init__(self, store: LeaseStore, audit: AuditLog, *, lease_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        store: LeaseStore,
+        audit: AuditLog,
+        *,
+        lease_ttl_ms: int,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.store = store
+        self.metrics = metrics
         self.audit = audit
         self.lease_ttl_ms = lease_ttl_ms
         self.interval_s = lease_ttl_ms / 3000
@@ -78,11 +87,17 @@ class LeaseKeeper:
             )
             self.renew_round_trips += 1
         except StoreUnavailable:
+            if self.metrics is not None:
+                self.metrics.heartbeat(time.monotonic() - sent_at, leases=len(held), ok=False)
             log.warning("lease renewal failed: redis unavailable")
             self._expire_stale(held)
             return
+        if self.metrics is not None:
+            self.metrics.heartbeat(time.monotonic() - sent_at, leases=len(held), ok=True)
         for execution, renewal in zip(held, renewals, strict=True):
             if not renewal.still_held:
+                if self.metrics is not None:
+                    self.metrics.fenced_out(execution.endpoint.id, FenceStep.RENEW)
                 self.lose(execution, "renewal refused: another owner holds the lease")
                 continue
             execution.renewed_at = sent_at
@@ -101,6 +116,8 @@ class LeaseKeeper:
             return
         execution.lease_lost = True
         self.lost_count += 1
+        if self.metrics is not None:
+            self.metrics.lease_lost(execution.endpoint.id)
         log.warning("lease lost for %s (fence %d): %s", execution.action.id, execution.fence, why)
         self.audit.emit(
             ReceiptEvent.LEASE_LOST,

@@ -47,7 +47,8 @@ class Stack:
     root: Path
     nats_url: str
     redis_url: str
-    fake: FakeHermes
+    #: The fake Hermes, or None when the stack drives the real one.
+    fake: FakeHermes | None
     trust: TrustFiles
     nc: NATS
     client: AipClient

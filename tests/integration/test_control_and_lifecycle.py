@@ -92,7 +92,7 @@ async def test_cancel_of_a_running_read_settles_cancelled(stack: Stack) -> None:
     assert result.error is not None
     assert result.error.code == "connector.hermes_agent.cancelled"
     again = await handle.cancel(requested_by="user:demo")
-    assert (again.accepted, again.state) == (True, "settled")
+    assert (again.accepted, again.state) == (False, "settled")
 
 
 async def test_sigterm_lets_in_flight_work_finish_then_exits(stack: Stack) -> None:

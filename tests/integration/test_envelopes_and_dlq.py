@@ -78,3 +78,19 @@ async def test_refused_identity_settles_one_failed_result_without_a_provider_req
     assert result.error.code == "connector_host.authentication"
     assert result.error.retryable is False
     assert stack.fake.stats().count("GET /v1/models") == 0
+    chunks = await stack.chunks(stranger.id)
+    assert [(c.seq, c.kind.value) for c in chunks] == [(0, "error")]
+
+
+async def test_an_unsafe_action_without_idempotency_key_is_refused_before_hermes(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    action = stack.action("session_create", {})
+    action = msgspec.structs.replace(action, idempotency_key=None)
+    result = await (await stack.publish(action)).result(timeout_s=20)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == "connector.hermes_agent.configuration_or_input"
+    assert "idempotency_key" in result.error.message
+    assert stack.fake.stats().count("POST /api/sessions") == 0

@@ -130,6 +130,24 @@ async def test_the_receipt_chain_of_a_killed_run_tells_the_true_story(stack: Sta
     assert str(takeover.details["previous_owner"]).startswith("w1#")
 
 
+async def test_an_operator_run_leaves_claim_request_bind_and_settle_receipts(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    action, handle = await stack.operator("leave a trail")
+    await handle.result(timeout_s=30)
+    await asyncio.sleep(1.0)
+    receipts = await stack.client.receipts("h1", action.id)
+    events = [r.event.value for r in receipts]
+    for expected in ("received", "lease_acquired", "start_claimed", "run_bound", "settled"):
+        assert expected in events
+    assert events.index("start_claimed") < events.index("run_bound") < events.index("settled")
+    requests = [r.details for r in receipts if r.event.value == "provider_request"]
+    assert {"method": "POST", "route": "/v1/runs", "status": 202} in [
+        {k: d[k] for k in ("method", "route", "status")} for d in requests
+    ]
+
+
 async def test_receipts_carry_no_secret_and_no_raw_input(stack: Stack) -> None:
     await stack.spawn("w1")
     action, handle = await stack.operator(f"{SECRET_INPUT} please")

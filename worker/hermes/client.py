@@ -15,6 +15,7 @@ header or a provider message.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass
@@ -26,9 +27,12 @@ import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
 
+from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
+from worker.audit import receipt
 from worker.errors import ConnectorError, deadline_exceeded, from_http_status, from_transport
 from worker.hermes.sse import SSEDecodeError, SSEEvent, SSELimitReached, SSELimits, aiter_events
+from worker.metrics import Metrics
 from worker.settings import Endpoint
 
 Transport = Literal["aiohttp", "httpx"]
@@ -117,8 +121,10 @@ class HermesClient:
         *,
         transport: Transport = "aiohttp",
         max_connections: int = 512,
+        metrics: Metrics | None = None,
     ) -> None:
         self.endpoint = endpoint
+        self.metrics = metrics
         d = endpoint.descriptor
         #: `read` is above Hermes' 30 s SSE keepalive (descriptor default 45 s), so a quiet
         #: but healthy stream is never cut; the Action deadline bounds the whole exchange.
@@ -233,7 +239,7 @@ class HermesClient:
         failure: ConnectorError | None = None
         try:
             async with asyncio.timeout(budget):
-                status, raw, response_headers = await self._exchange(what, request)
+                status, raw, response_headers = await self._exchange(what, request, method, route)
         except TimeoutError:
             failure = (
                 deadline_exceeded(what)
@@ -257,9 +263,16 @@ class HermesClient:
         return HermesResponse(status, body, response_headers)
 
     async def _exchange(
-        self, what: str, request: httpx.Request
+        self, what: str, request: httpx.Request, method: str, route: str
     ) -> tuple[int, bytes, httpx.Headers]:
-        response = await self._client.send(request, stream=True)
+        started = time.monotonic()
+        status: int | None = None
+        try:
+            response = await self._client.send(request, stream=True)
+        except BaseException:
+            self.observe(method, route, None, started)
+            raise
+        status = response.status_code
         try:
             if not 200 <= response.status_code < 300:
                 # The provider body is never read: it may echo input or secrets.
@@ -272,6 +285,22 @@ class HermesClient:
             return response.status_code, bytes(body), response.headers
         finally:
             await response.aclose()
+            self.observe(method, route, status, started)
+
+    def observe(self, method: str, route: str, status: int | None, started: float) -> None:
+        """Record one finished exchange (metrics and an audit receipt); callers that talk
+        to `.http` directly (the operator's start and event stream) call it too."""
+        seconds = time.monotonic() - started
+        if self.metrics is not None:
+            self.metrics.provider_call(self.endpoint.id, method, route, status, seconds)
+        # Method, route template, status and duration only: never a body or a header value.
+        receipt(
+            ReceiptEvent.PROVIDER_REQUEST,
+            method=method,
+            route=route,
+            status=status,
+            duration_ms=round(seconds * 1000, 1),
+        )
 
     @asynccontextmanager
     async def stream_sse(
@@ -304,11 +333,13 @@ class HermesClient:
             accept="text/event-stream",
         )
         failure: ConnectorError | None = None
+        started = time.monotonic()
         try:
             response = await self._client.send(request, stream=True)
         except _TRANSPORT_ERRORS as exc:
             failure = from_transport(exc, what)
         if failure is not None:
+            self.observe(method, route, None, started)
             raise failure
         try:
             if not 200 <= response.status_code < 300:
@@ -321,6 +352,7 @@ class HermesClient:
             yield SSEStream(what, response, limits or SSELimits())
         finally:
             await _close_quietly(response)
+            self.observe(method, route, response.status_code, started)
 
     async def aclose(self) -> None:
         await self._client.aclose()

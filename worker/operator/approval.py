@@ -20,8 +20,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 
+from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorResume
+from worker.audit import receipt
 from worker.errors import ConnectorError
 from worker.operator import provider
 from worker.operator.binding import (
@@ -199,6 +201,13 @@ class ResumeLedger:
             command.resolve_all,
             self.s.headers(),
             self._request_budget_s(),
+        )
+        receipt(
+            ReceiptEvent.APPROVAL_COMMAND,
+            run_id=run_id,
+            generation=command.generation,
+            choice=str(command.choice),
+            outcome=type(outcome).__name__,
         )
         match outcome:
             case provider.CommandApplied():

@@ -13,7 +13,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind
+from worker.audit import receipt
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding
 from worker.operator.observe import CANCEL_GRACE, Observer
@@ -51,13 +53,20 @@ async def reconcile_cancel(session: OperatorSession, observer: Observer) -> Oper
     stop = await provider.send_stop(
         session.ctx.hermes, binding.run_id, session.headers(), min(left, MAX_STOP_REQUEST_S)
     )
+    receipt(
+        ReceiptEvent.CANCEL_SENT,
+        run_id=binding.run_id,
+        outcome=type(stop).__name__,
+    )
     if isinstance(stop, provider.CommandApplied):
         status = stop.body.get("status") if isinstance(stop.body, dict) else None
         await session.emit(ChunkKind.PROGRESS, {"status": status or "stopping", "stop": "sent"})
     # A 404 (run already over or forgotten) or an unknown stop: the status decides.
     grace_s = min(session.policy.cancel_grace_ms / 1000, session.remaining_s())
     until = asyncio.get_running_loop().time() + grace_s
-    return await observer.poll(until, CANCEL_GRACE)
+    final = await observer.poll(until, CANCEL_GRACE)
+    receipt(ReceiptEvent.CANCEL_CONFIRMED, run_id=binding.run_id, status=final.status.value)
+    return final
 
 
 async def request_cancel(

@@ -8,6 +8,7 @@ through the command ledger and keeps observing. The operation fences its own uns
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from schemas.errors import ErrorCode
@@ -59,7 +60,8 @@ class OperatorOperation:
 
     def __init__(self, policy: HermesOperatorPolicy) -> None:
         policy.validate()
-        self.spec = OPERATOR_SPEC
+        # The runtime bounds an execution by the spec's timeout: the policy's is the one.
+        self.spec = dataclasses.replace(OPERATOR_SPEC, timeout_ms=policy.timeout_ms)
         self.policy = policy
         self._store: OperatorStore | None = None
 

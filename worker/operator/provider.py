@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -82,14 +83,18 @@ async def start_run(
     """`POST /v1/runs` once. Cancellation propagates (the caller's lease is gone)."""
     all_headers = _headers(hermes, headers)
     all_headers["Content-Type"] = "application/json"
+    started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
             response = await hermes.http.post(START_ROUTE, content=body, headers=all_headers)
     except TimeoutError:
+        hermes.observe("POST", START_ROUTE, None, started)
         return StartUnknown("POST /v1/runs did not answer before the start claim budget")
     except httpx.HTTPError as exc:
+        hermes.observe("POST", START_ROUTE, None, started)
         return StartUnknown(f"POST /v1/runs failed in transport: {type(exc).__name__}")
     status = response.status_code
+    hermes.observe("POST", START_ROUTE, status, started)
     if 200 <= status < 300:
         run_id = _run_id(response.content)
         if run_id is None:
@@ -263,10 +268,12 @@ async def open_events(
     """
     all_headers = _headers(hermes, headers)
     all_headers["Accept"] = "text/event-stream"
+    started = time.monotonic()
     try:
         async with hermes.http.stream(
             "GET", route_path(EVENTS_ROUTE, {"run_id": run_id}), headers=all_headers
         ) as response:
+            hermes.observe("GET", EVENTS_ROUTE, response.status_code, started)
             if response.status_code != 200:
                 raise StreamUnavailable(f"GET {EVENTS_ROUTE} answered HTTP {response.status_code}")
             yield aiter_events(response.aiter_bytes(), limits)

@@ -26,9 +26,11 @@ from typing import Any
 
 import msgspec
 
+from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorObjective
 from worker import faults
+from worker.audit import receipt
 from worker.errors import ConnectorError
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, StartClaim
@@ -109,6 +111,11 @@ class StartFence:
                     binding.start_claim is not None
                     and binding.start_claim.claim_id == self.claim_id
                 ):
+                    receipt(
+                        ReceiptEvent.START_CLAIMED,
+                        claim_id=self.claim_id,
+                        expires_at_ms=binding.start_claim.expires_at_ms,
+                    )
                     return await self._send(binding.start_claim)
                 continue
             if claim.fence < self.s.ctx.fence:
@@ -272,6 +279,7 @@ class StartFence:
 
         binding = await self.s.handle.update(bind)
         self.bound = binding.run_id == run_id
+        receipt(ReceiptEvent.RUN_BOUND, run_id=run_id, bound=self.bound)
         if not self.bound:
             # Our claim was declared unknown while the request was in flight: the record
             # stays as it is (terminal is write-once), so the run id survives only here.

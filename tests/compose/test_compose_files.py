@@ -1,0 +1,391 @@
+"""The compose deployment is correct by reference and by running its own config files.
+
+No Docker engine is needed for most of this: every file the compose file names must exist,
+every `AIPD_*` name must be a real Settings field, every key path must be mounted, the keys
+and password hashes in the configs must match the secrets, and the NATS and Redis config
+files are run for real (on free local ports) to prove that the worker's permissions cover
+every subject of the grammar and every key it writes, and nothing more. `docker compose
+config` runs too when the client has the compose plugin and an engine answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import re
+import shutil
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import nkeys
+import pytest
+import redis
+import redis.asyncio
+import yaml
+from nats.aio.client import Client as NATS
+
+from subjects.grammar import Subjects
+from worker.control import control_cancel_subject
+from worker.settings import Settings
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseStore
+from worker.testing._procs import free_ports, port_accepts, wait_until
+from worker.testing.pytest_plugin import service_unavailable
+from worker.testing.services import find_nats_server, find_redis_cli, find_redis_server
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "compose"
+COMPOSE_FILE = COMPOSE / "docker-compose.yml"
+ENDPOINT = "hermes-1"
+ACTION_ID = "act_" + "a" * 32
+
+
+def _compose() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE_FILE.read_text(encoding="utf-8"))
+    return loaded
+
+
+def _secret(name: str) -> str:
+    return (COMPOSE / "secrets" / name).read_text(encoding="utf-8").strip()
+
+
+def _public_key(seed_file: str) -> str:
+    public: bytes = nkeys.from_seed(_secret(seed_file).encode()).public_key
+    return public.decode()
+
+
+# --- docker compose config --------------------------------------------------------------
+
+
+def _docker_compose_usable() -> str | None:
+    """None when `docker compose` can validate here; otherwise why not."""
+    if shutil.which("docker") is None:
+        return "no docker client on PATH"
+    version = subprocess.run(
+        ["docker", "compose", "version"], capture_output=True, text=True, timeout=20
+    )
+    if version.returncode != 0:
+        return "the docker client has no compose plugin"
+    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
+    if info.returncode != 0:
+        return "no Docker engine answers"
+    return None
+
+
+def test_docker_compose_config_accepts_the_deployment() -> None:
+    why_not = _docker_compose_usable()
+    if why_not is not None:
+        pytest.skip(f"docker compose config not run: {why_not}")
+    done = subprocess.run(
+        ["docker", "compose", "-f", str(COMPOSE_FILE), "config", "--quiet"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# --- references --------------------------------------------------------------------------
+
+
+def test_every_file_the_deployment_names_exists() -> None:
+    doc = _compose()
+    for kind in ("configs", "secrets"):
+        for name, entry in doc[kind].items():
+            assert (COMPOSE / entry["file"]).is_file(), f"{kind}.{name}: {entry['file']}"
+    build = doc["x-worker-image"]["build"]
+    context = (COMPOSE / build["context"]).resolve()
+    assert context == ROOT
+    dockerfile = context / build["dockerfile"]
+    for line in dockerfile.read_text(encoding="utf-8").splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (context / source).exists(), f"Dockerfile copies missing {source}"
+
+
+def test_services_use_only_declared_configs_secrets_and_volumes() -> None:
+    doc = _compose()
+    for name, service in doc["services"].items():
+        for config in service.get("configs", []):
+            assert config["source"] in doc["configs"], f"{name}: config {config['source']}"
+        for secret in service.get("secrets", []):
+            assert secret in doc["secrets"], f"{name}: secret {secret}"
+        for volume in service.get("volumes", []):
+            assert volume.split(":")[0] in doc["volumes"], f"{name}: volume {volume}"
+        for needed in service.get("depends_on", {}):
+            assert needed in doc["services"], f"{name} depends on unknown {needed}"
+
+
+def test_every_environment_name_is_a_settings_field() -> None:
+    env = _compose()["x-worker-env"]
+    fields = set(Settings.model_fields)
+    unknown = [key for key in env if key.removeprefix("AIPD_").lower() not in fields]
+    assert not unknown
+    assert all(key.startswith("AIPD_") for key in env)
+    # The values are valid together, as a worker would read them at startup.
+    Settings(**{key.removeprefix("AIPD_").lower(): value for key, value in env.items()})
+
+
+def test_every_file_path_in_the_environment_is_mounted_where_it_is_used() -> None:
+    doc = _compose()
+    for name, service in doc["services"].items():
+        env = service.get("environment") or {}
+        secrets = set(service.get("secrets", []))
+        configs = {c["target"] for c in service.get("configs", [])}
+        for key, value in env.items():
+            if not key.endswith("_FILE"):
+                continue
+            if value.startswith("/run/aip/"):
+                # The entrypoint copies /run/secrets/<name> to /run/aip/<name>.
+                assert value.removeprefix("/run/aip/") in secrets or name == "provision", (
+                    f"{name}: {key} points at a secret the service does not mount"
+                )
+            else:
+                assert value in configs or name == "provision", f"{name}: {key} not mounted"
+    # provision reads settings only: it needs the NATS credential, nothing else.
+    assert doc["services"]["provision"]["secrets"] == ["nats_worker.nk"]
+
+
+def test_worker_replicas_health_checks_and_drain_time() -> None:
+    worker = _compose()["services"]["worker"]
+    assert worker["deploy"]["replicas"] == 3
+    assert "/ready" in " ".join(worker["healthcheck"]["test"])
+    grace = float(_compose()["x-worker-env"]["AIPD_SHUTDOWN_GRACE_S"])
+    assert float(worker["stop_grace_period"].removesuffix("s")) > grace
+
+
+def test_config_keys_and_password_hashes_match_the_secrets() -> None:
+    nats_conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
+    for seed in ("nats_worker.nk", "nats_gateway.nk"):
+        public = _public_key(seed)
+        assert f"nkey: {public}" in nats_conf, seed
+    signer = _public_key("gateway_signing.nk")
+    assert signer in (COMPOSE / "config" / "gateway-keys.txt").read_text(encoding="utf-8")
+    acl = (COMPOSE / "redis" / "users.acl").read_text(encoding="utf-8")
+    for user, secret in (("aipworker", "redis_worker_password"), ("admin", "redis_admin_password")):
+        digest = hashlib.sha256(_secret(secret).encode()).hexdigest()
+        assert f"user {user} on #{digest} " in acl, user
+
+
+# --- NATS: the compose config, run -------------------------------------------------------
+
+#: Who may do what on each per-endpoint subject (DESIGN §10). Every subject method of
+#: `Subjects` must be listed, so a new subject cannot ship without a permission decision.
+WORKER_PUBLISHES = {"chunks", "results", "dlq", "audit", "control.cancel"}
+WORKER_SUBSCRIBES = {"actions", "delegations", "cancel", "manifest", "control.cancel"}
+GATEWAY_PUBLISHES = {"actions", "delegations", "cancel", "manifest"}
+
+
+def _endpoint_subjects() -> dict[str, str]:
+    subjects = Subjects()
+    found: dict[str, str] = {}
+    for name, method in inspect.getmembers(subjects, inspect.ismethod):
+        params = list(inspect.signature(method).parameters)
+        if params == ["endpoint_id"]:
+            found[name] = method(ENDPOINT)
+        elif params == ["endpoint_id", "action_id"]:
+            found[name] = method(ENDPOINT, ACTION_ID)
+    found["control.cancel"] = control_cancel_subject(subjects, ENDPOINT)
+    return found
+
+
+def test_the_permission_matrix_names_every_subject_of_the_grammar() -> None:
+    names = set(_endpoint_subjects())
+    assert names == WORKER_PUBLISHES | WORKER_SUBSCRIBES | GATEWAY_PUBLISHES
+
+
+@pytest.fixture
+def compose_nats(tmp_path: Path) -> Iterator[str]:
+    binary = find_nats_server()
+    if binary is None:
+        service_unavailable("no nats-server to run compose/nats/nats.conf with")
+    port, http_port = free_ports(2)
+    conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
+    conf = conf.replace("http_port: 8222", f"http_port: {http_port}")
+    conf = conf.replace("port: 4222", f"port: {port}")
+    conf = conf.replace('"/data/jetstream"', f'"{tmp_path / "js"}"')
+    conf = conf.replace("server_name: aip-nats-1", "server_name: aip-nats-1\nhost: 127.0.0.1")
+    path = tmp_path / "nats.conf"
+    path.write_text(conf, encoding="utf-8")
+    check = subprocess.run([binary, "-t", "-c", str(path)], capture_output=True, text=True)
+    assert check.returncode == 0, check.stderr + check.stdout
+    with (tmp_path / "nats.log").open("wb") as log:
+        proc = subprocess.Popen([binary, "-c", str(path)], stdout=log, stderr=log)
+    try:
+        wait_until(lambda: port_accepts(port), timeout=10, what="compose nats-server")
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+class _Client:
+    """A NATS connection as one compose user, recording permission violations."""
+
+    def __init__(self) -> None:
+        self.nc: NATS | None = None
+        self.errors: list[str] = []
+
+    async def connect(self, url: str, seed: str) -> None:
+        async def on_error(exc: Exception) -> None:
+            self.errors.append(str(exc).lower())
+
+        self.nc = await nats.connect(
+            url, nkeys_seed=str(COMPOSE / "secrets" / seed), error_cb=on_error,
+            allow_reconnect=False,
+        )
+
+    async def refused(self, subject: str, action: str) -> bool:
+        """Whether the server refused `action` ("publish"/"subscribe") on `subject`."""
+        assert self.nc is not None
+        before = len(self.errors)
+        if action == "publish":
+            await self.nc.publish(subject, b"{}")
+        else:
+            sub = await self.nc.subscribe(subject)
+        await self.nc.flush(timeout=2)
+        await asyncio.sleep(0.05)
+        if action == "subscribe":
+            await sub.unsubscribe()
+        verb = "publish" if action == "publish" else "subscription"
+        return any(subject in err and verb in err for err in self.errors[before:])
+
+
+@pytest.fixture
+async def users(compose_nats: str) -> AsyncIterator[dict[str, _Client]]:
+    clients = {"worker": _Client(), "gateway": _Client()}
+    await clients["worker"].connect(compose_nats, "nats_worker.nk")
+    await clients["gateway"].connect(compose_nats, "nats_gateway.nk")
+    try:
+        yield clients
+    finally:
+        for client in clients.values():
+            if client.nc is not None:
+                await client.nc.close()
+
+
+async def test_workers_may_publish_only_their_outputs_and_never_an_action(
+    users: dict[str, _Client],
+) -> None:
+    for name, subject in _endpoint_subjects().items():
+        refused = await users["worker"].refused(subject, "publish")
+        assert refused is (name not in WORKER_PUBLISHES), f"worker publish {subject}"
+
+
+async def test_workers_may_subscribe_to_their_inputs(users: dict[str, _Client]) -> None:
+    for name, subject in _endpoint_subjects().items():
+        refused = await users["worker"].refused(subject, "subscribe")
+        assert refused is (name not in WORKER_SUBSCRIBES), f"worker subscribe {subject}"
+
+
+async def test_only_the_gateway_publishes_actions_and_it_cannot_forge_results(
+    users: dict[str, _Client],
+) -> None:
+    for name, subject in _endpoint_subjects().items():
+        refused = await users["gateway"].refused(subject, "publish")
+        assert refused is (name not in GATEWAY_PUBLISHES), f"gateway publish {subject}"
+
+
+async def test_the_worker_user_can_provision_and_use_jetstream(compose_nats: str) -> None:
+    from subjects.provision import Change, provision
+    from subjects.streams import StreamPolicy
+
+    nc = await nats.connect(compose_nats, nkeys_seed=str(COMPOSE / "secrets" / "nats_worker.nk"))
+    try:
+        report = await provision(nc.jetstream(), Subjects(), [ENDPOINT], StreamPolicy())
+        assert {item.change for item in report} == {Change.CREATED}
+        ack = await nc.jetstream().publish(Subjects().results(ENDPOINT, ACTION_ID), b"{}")
+        assert ack.stream == "AIP_HERMES_RESULTS"
+    finally:
+        await nc.close()
+
+
+# --- Redis: the compose config, run ------------------------------------------------------
+
+
+@pytest.fixture
+def compose_redis(tmp_path: Path) -> Iterator[int]:
+    binary = find_redis_server()
+    if binary is None:
+        service_unavailable("no redis-server to run compose/redis/redis.conf with")
+    (port,) = free_ports(1)
+    (tmp_path / "data").mkdir()
+    conf = (COMPOSE / "redis" / "redis.conf").read_text(encoding="utf-8")
+    for directive, value in (
+        ("port", str(port)),
+        ("dir", str(tmp_path / "data")),
+        ("aclfile", str(COMPOSE / "redis" / "users.acl")),
+    ):
+        conf, count = re.subn(rf"(?m)^{directive} .*$", f"{directive} {value}", conf)
+        assert count == 1, directive
+    path = tmp_path / "redis.conf"
+    path.write_text(conf + "bind 127.0.0.1\n", encoding="utf-8")
+    with (tmp_path / "redis.log").open("wb") as log:
+        proc = subprocess.Popen([binary, str(path)], stdout=log, stderr=log)
+    try:
+        wait_until(lambda: _pings(port), timeout=10, what="compose redis-server")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def _pings(port: int) -> bool:
+    client = redis.Redis(port=port, username="healthcheck", password="any", socket_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+def test_redis_runs_with_the_durability_settings(compose_redis: int) -> None:
+    admin = redis.Redis(
+        port=compose_redis, username="admin", password=_secret("redis_admin_password"),
+        decode_responses=True,
+    )
+    try:
+        config = {**admin.config_get("appendonly"), **admin.config_get("appendfsync"),
+                  **admin.config_get("maxmemory-policy"), **admin.config_get("save")}
+    finally:
+        admin.close()
+    assert config == {
+        "appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction", "save": "",
+    }
+
+
+def test_the_compose_health_check_command_works(compose_redis: int) -> None:
+    server = find_redis_server()
+    cli = find_redis_cli(server) if server is not None else None
+    if cli is None:
+        pytest.skip("no redis-cli to run the compose health check with")
+    test = _compose()["services"]["redis"]["healthcheck"]["test"]
+    argv = [cli, "-p", str(compose_redis), *test[2:]]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    assert done.stdout.strip() == "PONG", done.stdout + done.stderr
+    default_user = redis.Redis(port=compose_redis)
+    with pytest.raises(redis.AuthenticationError):
+        default_user.ping()
+    default_user.close()
+
+
+async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_redis: int) -> None:
+    client = redis.asyncio.Redis(
+        port=compose_redis, username="aipworker", password=_secret("redis_worker_password")
+    )
+    try:
+        store = LeaseStore(client)
+        keys = ActionKeys.of(ACTION_ID)
+        grant = await store.acquire(keys, "w1#1", 5_000, "f" * 64)
+        assert grant.status is AcquireStatus.ACQUIRED
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}')
+        await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.set("some:other:key", "x")
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.flushall()
+    finally:
+        await client.aclose()

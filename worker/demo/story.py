@@ -1,0 +1,291 @@
+"""The scripted story: six things a publisher and an operator see, each with its expected end.
+
+Every step publishes signed Actions through the same `AipClient` a real publisher uses,
+follows their chunk subjects live, waits for the one ActionResult, and compares it with the
+state the step expects. A step never raises: whatever goes wrong becomes its row in the
+summary ("operator not available", "no result in 30 s", …), so the story always finishes
+and the exit code says whether every step reached its state.
+
+The operator requires AIP approval, so before publishing an operator Action the demo acts
+as the approval authority: it records a decision with the trust layer's `approve`, as the
+demo approver principal of the trust files, exactly as `aip-hermes-worker approve` would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from schemas.action import Action, Mode
+from schemas.approval import ApprovalDecision
+from schemas.chunk import ChunkKind, StreamChunk
+from schemas.result import ActionResult, ResultStatus
+from worker.client import ActionHandle, AipClient
+from worker.demo.console import Console, StepReport
+from worker.demo.environment import ENDPOINT, DemoEnvironment
+from worker.store.keys import ActionKeys
+from worker.testing.identities import (
+    APPROVER_UNTENANTED,
+    ISSUER,
+    PRINCIPAL_KIND,
+    REVISION,
+    USER_UNTENANTED,
+)
+from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
+from worker.trust.approvals import approve
+from worker.trust.authority import ApprovalAuthority
+
+OPERATOR_UNAVAILABLE = "operator not available"
+
+
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """How long the story waits; `--short` keeps the results' bounds and drops the pauses."""
+
+    pause_s: float
+    result_s: float
+    takeover_result_s: float
+
+    @classmethod
+    def of(cls, *, short: bool) -> Pace:
+        if short:
+            return cls(pause_s=0.0, result_s=30.0, takeover_result_s=40.0)
+        return cls(pause_s=1.0, result_s=60.0, takeover_result_s=60.0)
+
+
+@dataclass
+class Followed:
+    """An Action being followed: its chunks as they arrive, then its result."""
+
+    handle: ActionHandle
+    chunks: list[StreamChunk] = field(default_factory=list)
+    first_output: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task[None] | None = None
+
+    def kinds(self) -> set[str]:
+        return {str(chunk.__struct_config__.tag) for chunk in self.chunks}
+
+
+class StepFailed(Exception):
+    """A step could not go on; the message becomes its "got" column."""
+
+
+class Story:
+    def __init__(
+        self,
+        env: DemoEnvironment,
+        client: AipClient,
+        redis: Any,
+        authority: ApprovalAuthority,
+        console: Console,
+        pace: Pace,
+    ) -> None:
+        self.env = env
+        self.client = client
+        self.redis = redis
+        self.authority = authority
+        self.console = console
+        self.pace = pace
+        self.operator_available = False
+        #: The Action step d1 left waiting for a human; step d2 resumes it.
+        self.paused_action_id: str | None = None
+
+    async def run(self) -> list[StepReport]:
+        manifest = await self.client.manifest(ENDPOINT)
+        operations = {entry.get("operation") for entry in manifest.get("capabilities", [])}
+        self.operator_available = "operator" in operations
+        self.console.note(
+            f"{ENDPOINT} serves {len(operations)} capabilities"
+            + ("" if self.operator_available else f"; {OPERATOR_UNAVAILABLE} in this build")
+        )
+        steps: list[tuple[str, str, str, bool, Callable[[], Awaitable[str]]]] = [
+            ("a", "read-only call: models", "completed", False, self.read_only),
+            ("b", "streamed chat: chat_completions", "completed, streamed", False, self.chat),
+            ("c", "operator objective streams deltas", "completed, streamed",
+             True, self.operator_objective),
+            ("d1", "operator pauses for approval", "requires_human", True, self.pause),
+            ("d2", "resume with choice once", "completed", True, self.resume),
+            ("e", "operator run cancelled", "cancelled", True, self.cancelled),
+            ("f", "worker killed mid-run", "completed by the other worker",
+             True, self.takeover),
+        ]  # fmt: skip
+        reports = []
+        for key, title, expected, needs_operator, body in steps:
+            self.console.step(key, title)
+            started = time.monotonic()
+            if needs_operator and not self.operator_available:
+                got, reached = OPERATOR_UNAVAILABLE, False
+                self.console.note("skipped: the workers do not register cap:…:operator")
+            else:
+                got, reached = await self._attempt(body, expected)
+            report = StepReport(key, title, expected, got, reached, time.monotonic() - started)
+            self.console.outcome(report)
+            reports.append(report)
+            if self.pace.pause_s:
+                await asyncio.sleep(self.pace.pause_s)
+        return reports
+
+    async def _attempt(self, body: Callable[[], Awaitable[str]], expected: str) -> tuple[str, bool]:
+        try:
+            got = await body()
+        except StepFailed as exc:
+            return str(exc), False
+        except Exception as exc:
+            return f"error: {type(exc).__name__}: {exc}"[:120], False
+        return got, got == expected
+
+    # --- the steps -----------------------------------------------------------------------
+
+    async def read_only(self) -> str:
+        followed = await self.publish(self.action("models", {}))
+        result = await self.result_of(followed, self.pace.result_s)
+        return result.status.value
+
+    async def chat(self) -> str:
+        action = self.action(
+            "chat_completions",
+            {"messages": [{"role": "user", "content": "Say hello to the demo"}], "stream": True},
+            mode=Mode.STREAM,
+        )
+        followed = await self.publish(action)
+        result = await self.result_of(followed, self.pace.result_s)
+        return self.streamed(result, followed)
+
+    async def operator_objective(self) -> str:
+        followed = await self.publish_approved(
+            self.objective("Summarize why fenced leases matter, in one sentence")
+        )
+        result = await self.result_of(followed, self.pace.result_s)
+        return self.streamed(result, followed)
+
+    async def pause(self) -> str:
+        followed = await self.publish_approved(
+            self.objective(f"Tidy the scratch file ({NEEDS_APPROVAL})")
+        )
+        result = await self.result_of(followed, self.pace.result_s)
+        if result.status is not ResultStatus.REQUIRES_HUMAN:
+            return result.status.value
+        if "pending_approval" not in followed.kinds():
+            return "requires_human without a pending_approval chunk"
+        self.paused_action_id = result.action_id
+        return result.status.value
+
+    async def resume(self) -> str:
+        source = self.paused_action_id
+        if source is None:
+            raise StepFailed("nothing to resume: step d1 did not pause")
+        self.console.note(f"a second operator Action answers {source}'s prompt: once")
+        followed = await self.publish_approved(
+            self.action("operator", {"resume": {"source_action_id": source, "choice": "once"}},
+                        mode=Mode.STREAM)
+        )
+        result = await self.result_of(followed, self.pace.result_s)
+        return result.status.value
+
+    async def cancelled(self) -> str:
+        followed = await self.publish_approved(
+            self.objective(f"Write a long answer slowly ({SLOW_REPLY})")
+        )
+        await self.wait_output(followed)
+        reply = await self.client.cancel(
+            ENDPOINT, followed.handle.action_id, reason="the demo changed its mind",
+            requested_by=USER_UNTENANTED,
+        )
+        self.console.note(f"cancel requested: accepted={reply.accepted} state={reply.state}")
+        result = await self.result_of(followed, self.pace.result_s)
+        return result.status.value
+
+    async def takeover(self) -> str:
+        followed = await self.publish_approved(
+            self.objective(f"Write another long answer slowly ({SLOW_REPLY})")
+        )
+        await self.wait_output(followed)
+        lease = ActionKeys.of(followed.handle.action_id).lease
+        owner = await self.redis.hget(lease, "owner")
+        owner = owner.decode() if isinstance(owner, bytes) else str(owner or "")
+        victim = self.env.worker(owner.partition("#")[0])
+        if victim is None or not victim.alive:
+            raise StepFailed(f"lease owner {owner!r} is not a running demo worker")
+        self.console.note(f"kill -9 {victim.worker_id} (pid {victim.pid}): it owns the lease")
+        await asyncio.to_thread(victim.kill)
+        self.console.note("the other worker takes over when the lease expires")
+        result = await self.result_of(followed, self.pace.takeover_result_s)
+        if result.status is not ResultStatus.COMPLETED:
+            return result.status.value
+        if result.settled_by == victim.worker_id:
+            return f"completed by the killed worker {victim.worker_id}"
+        return "completed by the other worker"
+
+    # --- helpers -------------------------------------------------------------------------
+
+    def action(self, operation: str, input: dict[str, Any], *, mode: Mode = Mode.ASYNC) -> Action:
+        return self.client.build_action(
+            endpoint_id=ENDPOINT,
+            operation=operation,
+            input=input,
+            principal_id=USER_UNTENANTED,
+            principal_kind=PRINCIPAL_KIND,
+            authentication_issuer=ISSUER,
+            credential_revision=REVISION,
+            mode=mode,
+            timeout_ms=int(self.pace.takeover_result_s * 1000),
+        )
+
+    def objective(self, text: str) -> Action:
+        return self.action("operator", {"objective": {"objective": text}}, mode=Mode.STREAM)
+
+    async def publish_approved(self, action: Action) -> Followed:
+        """Record the demo approver's decision on exactly this Action, then publish it."""
+        record = await approve(
+            self.redis, self.authority, action, APPROVER_UNTENANTED,
+            "approved by the demo's approval authority", ApprovalDecision.APPROVED,
+        )
+        self.console.note(f"approval {record.decision_id} recorded by {APPROVER_UNTENANTED}")
+        return await self.publish(action)
+
+    async def publish(self, action: Action) -> Followed:
+        handle = await self.client.publish(action)
+        self.console.published(action.id, action.capability.rsplit(":", 1)[-1])
+        followed = Followed(handle)
+        followed.task = asyncio.get_running_loop().create_task(self._follow(followed))
+        return followed
+
+    async def _follow(self, followed: Followed) -> None:
+        async for chunk in followed.handle.chunks():
+            followed.chunks.append(chunk)
+            self.console.chunk(chunk)
+            if chunk.__struct_config__.tag in (ChunkKind.DATA, ChunkKind.TOOL, ChunkKind.PROGRESS):
+                followed.first_output.set()
+
+    async def wait_output(self, followed: Followed) -> None:
+        """Until the run produced output: it is running on a worker now."""
+        try:
+            await asyncio.wait_for(followed.first_output.wait(), self.pace.result_s)
+        except TimeoutError:
+            raise StepFailed(f"no output within {self.pace.result_s:.0f} s") from None
+
+    async def result_of(self, followed: Followed, timeout_s: float) -> ActionResult:
+        try:
+            result = await followed.handle.result(timeout_s=timeout_s)
+        except Exception:  # nats raises its own TimeoutError type
+            raise StepFailed(f"no result within {timeout_s:.0f} s") from None
+        if followed.task is not None:
+            # The terminal chunk is published before the result: let the follower print it.
+            with contextlib.suppress(asyncio.TimeoutError, Exception):
+                await asyncio.wait_for(asyncio.shield(followed.task), 1.0)
+            followed.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await followed.task
+        self.console.status(result)
+        return result
+
+    @staticmethod
+    def streamed(result: ActionResult, followed: Followed) -> str:
+        if result.status is not ResultStatus.COMPLETED:
+            return result.status.value
+        deltas = sum(1 for c in followed.chunks if c.__struct_config__.tag == ChunkKind.DATA)
+        return "completed, streamed" if deltas >= 2 else f"completed with {deltas} data chunk(s)"

@@ -1,0 +1,267 @@
+"""Prometheus metrics of one worker process, in its own registry.
+
+Every number an operator needs to tell "healthy and busy" from "stuck" or "losing work":
+deliveries and how each one ended, settled Actions by capability and status, what is in
+flight, lease takeovers and losses, fence rejections (a stale worker stopped), dead letters,
+provider latency and status per route template, chunks, uncertain outcomes and the heartbeat.
+
+The registry is private (not prometheus-client's global one) so several workers can live in
+one test process and a library importing prometheus-client cannot leak series into ours.
+Recording is on the hot path, so each method looks its label child up in a plain dict first
+and only asks prometheus-client (which takes a lock) the first time a label set is seen.
+
+Label values come from bounded sets (endpoint ids, registered capabilities, route templates,
+error codes), but a refused envelope may name any capability string. A family therefore
+folds label sets beyond `MAX_SERIES_PER_FAMILY` into `OTHER`, so a hostile publisher cannot
+grow the scrape without bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+from worker import __version__
+
+PREFIX = "aip_hermes_worker"
+#: Distinct label sets one family keeps before folding new ones into `OTHER`.
+MAX_SERIES_PER_FAMILY = 2_000
+OTHER = "_other"
+
+#: Provider exchanges range from a 5 ms discovery read to a 15-minute operator stream.
+PROVIDER_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0,
+)  # fmt: skip
+#: A renewal round trip is one pipelined Redis call; above a third of the TTL it is a problem.
+HEARTBEAT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 5.0)
+
+
+class DeliveryOutcome(StrEnum):
+    """How the worker answered one JetStream delivery of an Action (DESIGN §6)."""
+
+    #: Leased and handed to its operation (whatever the operation's result).
+    EXECUTED = "executed"
+    #: Trusted envelope that may not run: one failed result was settled.
+    REFUSED = "refused"
+    #: Undecodable, over-size, unsigned or colliding: kept on the DLQ and terminated.
+    DEAD_LETTERED = "dead_lettered"
+    #: Another live owner holds the lease: nak'ed until that lease ends.
+    DUPLICATE = "duplicate"
+    #: Already settled: the stored result was published again and the message acked.
+    REPUBLISHED = "republished"
+    #: A redelivery of an Action this very worker runs: acked with it when it settles.
+    JOINED = "joined"
+    #: The handler failed unexpectedly: nak'ed for a later redelivery.
+    ERROR = "error"
+
+
+class FenceStep(StrEnum):
+    """Where a fenced write found that a newer owner holds the Action."""
+
+    SETTLE = "settle"
+    RENEW = "renew"
+    UNSAFE_ATTEMPT = "unsafe_attempt"
+    BINDING = "binding"
+
+
+_Child = TypeVar("_Child")
+
+
+class _Family(Generic[_Child]):
+    """Label children cached by value tuple, with a bound on how many exist."""
+
+    __slots__ = ("_children", "_make")
+
+    def __init__(self, make: Callable[..., _Child]) -> None:
+        self._make = make
+        self._children: dict[tuple[str, ...], _Child] = {}
+
+    def get(self, *values: str) -> _Child:
+        child = self._children.get(values)
+        if child is None:
+            if len(self._children) >= MAX_SERIES_PER_FAMILY:
+                values = tuple(OTHER for _ in values)
+                child = self._children.get(values)
+            if child is None:
+                child = self._make(*values)
+                self._children[values] = child
+        return child
+
+
+class Metrics:
+    """The worker's metrics; one instance per process, shared by every component.
+
+    Method names say which runtime step calls them (see docs/operations.md, "Metrics").
+    """
+
+    def __init__(self, *, worker_id: str, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
+        r = self.registry
+        info = Gauge(
+            f"{PREFIX}_info", "Constant 1, labelled with this worker's id and version",
+            ["worker_id", "version"], registry=r,
+        )
+        info.labels(worker_id, __version__).set(1)
+        self._deliveries = Counter(
+            f"{PREFIX}_deliveries", "Action deliveries by endpoint and how they were answered",
+            ["endpoint", "outcome"], registry=r,
+        )
+        self._actions = Counter(
+            f"{PREFIX}_actions", "Actions settled by this worker, by capability, status and code",
+            ["capability", "status", "code"], registry=r,
+        )
+        self._in_flight = Gauge(
+            f"{PREFIX}_in_flight", "Leased Actions executing on this worker now",
+            ["endpoint"], registry=r,
+        )
+        self._takeovers = Counter(
+            f"{PREFIX}_lease_takeovers", "Leases acquired from an owner whose lease had expired",
+            ["endpoint"], registry=r,
+        )
+        self._lost = Counter(
+            f"{PREFIX}_leases_lost", "Executions stopped because their lease was lost",
+            ["endpoint"], registry=r,
+        )
+        self._fenced = Counter(
+            f"{PREFIX}_fence_rejections", "Fenced writes refused because a newer owner exists",
+            ["endpoint", "step"], registry=r,
+        )
+        self._dlq = Counter(
+            f"{PREFIX}_dlq_entries", "Envelopes dead-lettered, by endpoint and error code",
+            ["endpoint", "code"], registry=r,
+        )
+        self._provider_seconds = Histogram(
+            f"{PREFIX}_provider_request_seconds",
+            "Hermes exchange duration (to the end of the body or stream), by route template",
+            ["endpoint", "method", "route"], buckets=PROVIDER_BUCKETS, registry=r,
+        )
+        self._provider_status = Counter(
+            f"{PREFIX}_provider_responses",
+            "Hermes answers by route template and HTTP status ('transport' when none came)",
+            ["endpoint", "method", "route", "status"], registry=r,
+        )
+        self._chunks = Counter(
+            f"{PREFIX}_chunks_published", "StreamChunks published, by endpoint and kind",
+            ["endpoint", "kind"], registry=r,
+        )
+        self._unknown = Counter(
+            f"{PREFIX}_outcome_unknown",
+            "Actions settled with uncertain_outcome (sent, result unknown, never replayed)",
+            ["capability"], registry=r,
+        )
+        self._heartbeats = Counter(
+            f"{PREFIX}_heartbeat_round_trips", "Lease renewal round trips by result",
+            ["result"], registry=r,
+        )
+        self.heartbeat_seconds = Histogram(
+            f"{PREFIX}_heartbeat_seconds", "Duration of one pipelined renewal of every lease",
+            buckets=HEARTBEAT_BUCKETS, registry=r,
+        )
+        self.leases_held = Gauge(
+            f"{PREFIX}_leases_held", "Leases the heartbeat renewed on its last tick", registry=r,
+        )
+        self._ready = Gauge(
+            f"{PREFIX}_ready", "1 when the named readiness check passed at its last evaluation",
+            ["check"], registry=r,
+        )
+        self._f_deliveries = _Family(self._deliveries.labels)
+        self._f_actions = _Family(self._actions.labels)
+        self._f_in_flight = _Family(self._in_flight.labels)
+        self._f_takeovers = _Family(self._takeovers.labels)
+        self._f_lost = _Family(self._lost.labels)
+        self._f_fenced = _Family(self._fenced.labels)
+        self._f_dlq = _Family(self._dlq.labels)
+        self._f_seconds = _Family(self._provider_seconds.labels)
+        self._f_status = _Family(self._provider_status.labels)
+        self._f_chunks = _Family(self._chunks.labels)
+        self._f_unknown = _Family(self._unknown.labels)
+        self._f_heartbeats = _Family(self._heartbeats.labels)
+        self._f_ready = _Family(self._ready.labels)
+
+    # --- delivery (worker/delivery.py) ---------------------------------------------------
+
+    def delivery(self, endpoint: str, outcome: DeliveryOutcome) -> None:
+        """One delivery answered; call once per message, with how it ended."""
+        self._f_deliveries.get(endpoint, outcome.value).inc()
+
+    def dead_lettered(self, endpoint: str, code: str) -> None:
+        """An envelope went to the DLQ with `code` (also counts the delivery)."""
+        self._f_dlq.get(endpoint, code).inc()
+        self.delivery(endpoint, DeliveryOutcome.DEAD_LETTERED)
+
+    def takeover(self, endpoint: str) -> None:
+        """A lease was acquired from an expired owner (`grant.is_takeover`)."""
+        self._f_takeovers.get(endpoint).inc()
+
+    @contextmanager
+    def executing(self, endpoint: str) -> Iterator[None]:
+        """Around one leased execution: the in-flight gauge, exact even on cancellation."""
+        gauge = self._f_in_flight.get(endpoint)
+        gauge.inc()
+        try:
+            yield
+        finally:
+            gauge.dec()
+
+    def settled(
+        self, capability: str, status: str, code: str | None = None, *, uncertain: bool = False
+    ) -> None:
+        """One ActionResult written by this worker's fenced settle (or a refusal)."""
+        self._f_actions.get(capability, status, code or "").inc()
+        if uncertain:
+            self._f_unknown.get(capability).inc()
+
+    def fenced_out(self, endpoint: str, step: FenceStep) -> None:
+        """A fenced write was refused: a newer owner exists, this worker stops."""
+        self._f_fenced.get(endpoint, step.value).inc()
+
+    def chunk_published(self, endpoint: str, kind: str) -> None:
+        """One StreamChunk handed to JetStream (terminal chunks included)."""
+        self._f_chunks.get(endpoint, kind).inc()
+
+    # --- heartbeat (worker/leases.py) ----------------------------------------------------
+
+    def heartbeat(self, seconds: float, *, leases: int, ok: bool) -> None:
+        """One renewal round trip of every held lease, and whether Redis answered it."""
+        self._f_heartbeats.get("ok" if ok else "failed").inc()
+        if ok:
+            self.heartbeat_seconds.observe(seconds)
+            self.leases_held.set(leases)
+
+    def lease_lost(self, endpoint: str) -> None:
+        """An execution was cancelled because its lease was lost."""
+        self._f_lost.get(endpoint).inc()
+
+    # --- provider (worker/hermes/client.py) ---------------------------------------------
+
+    def provider_call(
+        self, endpoint: str, method: str, route: str, status: int | None, seconds: float
+    ) -> None:
+        """One Hermes exchange by route *template* (never the filled path: ids are unbounded).
+
+        `status` is None when no HTTP answer arrived (connect error, timeout, reset).
+        """
+        self._f_seconds.get(endpoint, method, route).observe(seconds)
+        label = "transport" if status is None else str(status)
+        self._f_status.get(endpoint, method, route, label).inc()
+
+    # --- health (worker/health.py) -------------------------------------------------------
+
+    def readiness(self, check: str, ok: bool) -> None:
+        """The result of one readiness check, so dashboards see which one failed."""
+        self._f_ready.get(check).set(1 if ok else 0)
+
+    def render(self) -> tuple[bytes, str]:
+        """The text exposition of every metric and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
