@@ -3,10 +3,16 @@
 Running it twice changes nothing. A stream that exists with a setting that cannot be changed
 in place (retention, storage, or subjects another stream owns) is reported as a conflict and
 left alone: replacing it would delete its messages, which is an operator's decision.
+
+On a NATS cluster the report also says where each stream lives (its raft leader and
+replicas, and whether each replica is current): after `provision` an operator can see at
+once that a stream asked for three replicas really has three, and which node a leader loss
+would hit.
 """
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -26,11 +32,59 @@ class Change(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class Peer:
+    """One replica of a clustered stream, as the stream leader sees it."""
+
+    name: str
+    current: bool
+    offline: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where a clustered stream lives: its raft leader and the other replicas."""
+
+    leader: str | None
+    replicas: tuple[Peer, ...]
+
+    @property
+    def size(self) -> int:
+        return len(self.replicas) + (1 if self.leader else 0)
+
+    def settled(self, replicas: int) -> bool:
+        """A leader, every wanted replica placed, and each of them current."""
+        return (
+            self.leader is not None
+            and self.size >= replicas
+            and all(p.current and not p.offline for p in self.replicas)
+        )
+
+    def describe(self) -> str:
+        peers = " ".join(p.name + _peer_note(p) for p in self.replicas)
+        return f"leader {self.leader or 'none'}; replicas {peers or 'none'}"
+
+
+def _peer_note(peer: Peer) -> str:
+    if peer.offline:
+        return " (offline)"
+    return "" if peer.current else " (behind)"
+
+
+@dataclass(frozen=True, slots=True)
 class ProvisionItem:
     kind: str  # "stream" or "consumer"
     name: str
     change: Change
     detail: str = ""
+    #: Streams on a NATS cluster only (None on a single server or for consumers).
+    placement: Placement | None = None
+
+    def describe(self) -> str:
+        """One report line, as `aip-hermes-worker provision` prints it."""
+        notes = [n for n in (self.detail, self.placement and self.placement.describe()) if n]
+        return f"{self.kind:8} {self.name:48} {self.change.value}" + "".join(
+            f"  ({note})" for note in notes
+        )
 
 
 #: Stream fields we own and may update in place.
@@ -95,6 +149,31 @@ async def provision_consumer(
     return ProvisionItem("consumer", name, Change.UPDATED, "changed " + ", ".join(changed))
 
 
+async def stream_placement(
+    js: JetStreamContext, name: str, replicas: int, wait_s: float = 10.0
+) -> Placement | None:
+    """The stream's leader and replicas once it is settled (a leader elected, all `replicas`
+    placed and current: a new stream's peers catch up within a heartbeat or two), or as
+    they are at `wait_s`, so a replica still behind then is reported as such.
+    None when the server is not clustered."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while True:
+        cluster = (await js.stream_info(name)).cluster
+        if cluster is None or (cluster.leader is None and not cluster.replicas and replicas == 1):
+            return None
+        placement = Placement(
+            leader=cluster.leader,
+            replicas=tuple(
+                Peer(p.name or "?", bool(p.current), bool(p.offline))
+                for p in cluster.replicas or ()
+            ),
+        )
+        if placement.settled(replicas) or loop.time() >= deadline:
+            return placement
+        await asyncio.sleep(0.1)
+
+
 async def provision(
     js: JetStreamContext,
     subjects: Subjects,
@@ -103,7 +182,13 @@ async def provision(
 ) -> list[ProvisionItem]:
     """Bring every stream and consumer to the wanted shape; returns what happened to each."""
     policy = policy or StreamPolicy()
-    report = [await provision_stream(js, cfg) for cfg in stream_configs(subjects, policy)]
+    report = []
+    for cfg in stream_configs(subjects, policy):
+        item = await provision_stream(js, cfg)
+        if item.change is not Change.CONFLICT:
+            placement = await stream_placement(js, item.name, policy.replicas)
+            item = ProvisionItem(item.kind, item.name, item.change, item.detail, placement)
+        report.append(item)
     conflicted = {item.name for item in report if item.change is Change.CONFLICT}
     for spec in consumer_specs(subjects, endpoint_ids, policy):
         if spec.stream in conflicted:

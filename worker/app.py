@@ -18,13 +18,21 @@ from worker.connections import connect_nats, stream_policy
 from worker.consumer import PullLoop, Slots
 from worker.control import BindingCancelHook, ControlPlane
 from worker.delivery import DeliveryHandler, EndpointRuntime, Runtime
+from worker.health import (
+    CallbackProbe,
+    HealthServer,
+    hermes_models_check,
+    redis_ping_check,
+    start_health_server,
+)
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
+from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.publisher import BusPublisher
 from worker.secret_files import read_secret_file
 from worker.settings import Settings
-from worker.store.connection import open_redis
+from worker.store.connection import WriteConfirmation, open_redis
 from worker.store.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -52,6 +60,8 @@ class Worker:
         self.loops: list[PullLoop] = []
         self.control: ControlPlane | None = None
         self.slots = Slots(settings.concurrency)
+        self.metrics = Metrics(worker_id=settings.worker_id)
+        self.health: HealthServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
 
@@ -74,13 +84,23 @@ class Worker:
             if settings.redis_password_file
             else None
         )
+        confirm = (
+            WriteConfirmation(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
+            if settings.redis_wait_replicas
+            else None
+        )
         self.redis = open_redis(
-            settings.redis_url, cluster=settings.redis_cluster, password=password
+            settings.redis_url,
+            cluster=settings.redis_cluster,
+            password=password,
+            confirm=confirm,
         )
         store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms)
         publisher = BusPublisher(js, self.subjects)
         audit = AuditLog(publisher, settings.worker_id)
-        keeper = LeaseKeeper(store, audit, lease_ttl_ms=settings.lease_ttl_ms)
+        keeper = LeaseKeeper(
+            store, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics
+        )
         self.rt = Runtime(
             settings=settings,
             subjects=self.subjects,
@@ -91,11 +111,14 @@ class Worker:
             keeper=keeper,
             registry=self.registry,
             endpoints={
-                e.id: EndpointRuntime(e, HermesClient(e, transport=settings.hermes_http_transport))
+                e.id: EndpointRuntime(e, HermesClient(
+                    e, transport=settings.hermes_http_transport, metrics=self.metrics
+                ))
                 for e in endpoints
             },
             admission=self.admission,
             worker_id=settings.worker_id,
+            metrics=self.metrics,
         )
         handler = DeliveryHandler(self.rt)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
@@ -113,6 +136,16 @@ class Worker:
             )
             self.loops.append(pull)
             self._tasks.append(loop.create_task(pull.run()))
+        rt = self.rt
+        probe = CallbackProbe(
+            nats=lambda: bool(self.nc is not None and self.nc.is_connected),
+            consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
+            redis=redis_ping_check(self.redis),
+            hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
+        )
+        self.health = await start_health_server(
+            probe, self.metrics, host=settings.metrics_host, port=settings.metrics_port
+        )
         log.info(
             "worker %s serving %s (concurrency %d, lease ttl %d ms)",
             settings.worker_id,
@@ -151,6 +184,8 @@ class Worker:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        if self.health is not None:
+            await self.health.stop()
         if self.control is not None:
             await self.control.stop()
         if self.rt is not None:

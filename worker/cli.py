@@ -41,8 +41,12 @@ async def _connect_nats(servers: str) -> Any:
     from nats.errors import NoServersError
 
     try:
+        # A cluster is a comma-separated list; nats-py wants it as a list, not one string.
         return await nats.connect(
-            servers, connect_timeout=3, max_reconnect_attempts=1, allow_reconnect=False
+            [url.strip() for url in servers.split(",") if url.strip()],
+            connect_timeout=3,
+            max_reconnect_attempts=1,
+            allow_reconnect=False,
         )
     except (NoServersError, OSError) as exc:
         raise Unreachable(
@@ -94,10 +98,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     finally:
         await nc.close()
     for item in report:
-        print(
-            f"{item.kind:8} {item.name:48} {item.change.value}"
-            + (f"  ({item.detail})" if item.detail else "")
-        )
+        print(item.describe())
     return 1 if any(item.change is Change.CONFLICT for item in report) else 0
 
 
@@ -133,10 +134,14 @@ async def _follow(
     client: Any, endpoint: str, action_id: str, from_seq: int, timeout_s: float
 ) -> int:
     handle = client.handle(endpoint, action_id)
-    async with asyncio.timeout(timeout_s):
-        async for chunk in handle.chunks(from_seq=from_seq):
-            print(msgspec.json.encode(chunk).decode(), flush=True)
-        result = await handle.result(timeout_s=timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s):
+            async for chunk in handle.chunks(from_seq=from_seq):
+                print(msgspec.json.encode(chunk).decode(), flush=True)
+            result = await handle.result(timeout_s=timeout_s)
+    except TimeoutError:
+        print(f"no result for {action_id} within {timeout_s:g} s", file=sys.stderr)
+        return 1
     print(msgspec.json.encode(result).decode(), flush=True)
     return 0 if result.status.value in ("completed", "requires_human") else 1
 

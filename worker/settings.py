@@ -121,6 +121,11 @@ class Settings(BaseSettings):
     """Use the Redis Cluster client (every script touches one `{act_…}` slot)."""
     redis_password_file: Path | None = None
     """Owner-only file holding the Redis password (ACL user)."""
+    redis_wait_replicas: Annotated[int, Field(ge=0, le=5)] = 0
+    """Replicas that must acknowledge the operator's start claim before `POST /v1/runs`
+    (WAIT; WAITAOF from Redis 7.2); 0: off. Set 1 when masters have failover replicas."""
+    redis_wait_timeout_ms: Annotated[int, Field(ge=10, le=4_000)] = 500
+    """How long one replica confirmation may wait (kept below the 5 s Redis socket timeout)."""
 
     # Endpoints.
     hermes_endpoints: str = ""

@@ -1,17 +1,84 @@
-"""Open the Redis client: a single server or Redis Cluster, with reconnects built in."""
+"""Open the Redis client: a single server or Redis Cluster, with reconnects built in.
+
+The client also carries the deployment's write-confirmation policy (`WriteConfirmation`):
+whether a write that must survive a failover waits for replicas (WAIT, or WAITAOF where the
+server has it) before the worker acts on it. It travels with the client because it is a
+property of the Redis deployment, and every store built on the client must honour it.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import weakref
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
+from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.secret_files import Secret
+
+_TRANSIENT = (
+    RedisConnectionError,
+    RedisTimeoutError,
+    OSError,
+    asyncio.TimeoutError,
+    # Redis Cluster during a failover: slots without a master (CLUSTERDOWN) or in the middle
+    # of a move (TRYAGAIN). The server refused the command, so sending it again is safe.
+    ClusterDownError,
+    TryAgainError,
+)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether a Redis call failed in a way that a repeat of the same call may fix.
+
+    The store's scripts all answer a repeat with what their first run did, so "may have run"
+    and "did not run" are both safe to retry. Besides the usual connection errors this
+    includes the cluster's failover refusals, and the errors a write raises when redis-py
+    closed its connection under it: the async cluster pipeline (redis-py 8.1) answers a dead
+    node by closing every connection of the whole client, including ones other tasks are
+    writing to at that moment. Those writes never left the process.
+    """
+    if isinstance(exc, _TRANSIENT):
+        return True
+    text = str(exc)
+    if isinstance(exc, RuntimeError):
+        return "handler is closed" in text  # uvloop: write on a closed transport
+    if isinstance(exc, AttributeError):
+        return "writelines" in text  # asyncio: write after the connection dropped its writer
+    return False
+
+
+@dataclass(frozen=True, slots=True)
+class WriteConfirmation:
+    """Wait for `replicas` replica acknowledgements (at most `timeout_ms` per wait).
+
+    Redis replicates asynchronously: a master that acknowledged a write and died before
+    shipping it can be replaced by a replica that never saw it. The operator's start claim
+    is the write whose loss costs most (a second `POST /v1/runs`), so it is confirmed before
+    the request is sent; see `OperatorStore` for which writes wait and what a timeout means.
+    """
+
+    replicas: int
+    timeout_ms: int = 500
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1 or self.timeout_ms < 1:
+            raise ValueError("a write confirmation needs replicas >= 1 and timeout_ms >= 1")
+
+
+_confirmations: weakref.WeakKeyDictionary[Any, WriteConfirmation] = weakref.WeakKeyDictionary()
+
+
+def write_confirmation(redis: Any) -> WriteConfirmation | None:
+    """The confirmation policy `open_redis` attached to this client (None: off)."""
+    return _confirmations.get(redis)
 
 
 def open_redis(
@@ -20,6 +87,7 @@ def open_redis(
     cluster: bool = False,
     socket_timeout_s: float = 5.0,
     password: Secret | None = None,
+    confirm: WriteConfirmation | None = None,
 ) -> Redis | RedisCluster:
     """A client that reconnects by itself; callers decide what an ambiguous failure means.
 
@@ -36,6 +104,9 @@ def open_redis(
     }
     if password is not None:
         common["password"] = password.reveal()
-    if cluster:
-        return RedisCluster.from_url(url, **common)
-    return Redis.from_url(url, **common)
+    client: Redis | RedisCluster = (
+        RedisCluster.from_url(url, **common) if cluster else Redis.from_url(url, **common)
+    )
+    if confirm is not None:
+        _confirmations[client] = confirm
+    return client

@@ -16,15 +16,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
-
+from worker.store.connection import is_transient
 from worker.store.keys import ActionKeys
-from worker.store.scripts import Scripts
+from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")
 
-_AMBIGUOUS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
 
 
 class StoreUnavailable(Exception):
@@ -112,7 +109,9 @@ class LeaseStore:
         while True:
             try:
                 return await asyncio.shield(fn())
-            except _AMBIGUOUS as exc:
+            except Exception as exc:
+                if not is_transient(exc):
+                    raise
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
                 await asyncio.sleep(delay)
@@ -144,15 +143,13 @@ class LeaseStore:
         if not leases:
             return []
 
-        async def run() -> list[Any]:
-            pipe = self.redis.pipeline(transaction=False)
-            for keys, owner, fence in leases:
-                await self.scripts["lease_renew"](
-                    keys=[keys.lease, keys.cancel], args=[owner, fence, ttl_ms], client=pipe
-                )
-            return list(await pipe.execute())
-
-        replies = await self._call(run, budget_s)
+        calls = [
+            ScriptCall("lease_renew", [keys.lease, keys.cancel], [owner, fence, ttl_ms])
+            for keys, owner, fence in leases
+        ]
+        # One pipeline: on Redis Cluster it is split into one round trip per master, sent
+        # concurrently, so the cost stays O(masters) whatever the number of leases.
+        replies = await self._call(lambda: self.scripts.pipeline(calls), budget_s)
         return [
             Renewal(still_held=int(r[0]) > 0, expires_at_ms=int(r[0]), cancel_requested=bool(r[1]))
             for r in replies

@@ -12,25 +12,42 @@ The binding of one source Action lives in one hash (`binding` of `ActionKeys`):
 Every call is one script on one slot and shares the lease store's retry discipline: an
 ambiguous failure is retried with the same arguments (each script answers a repeat with what
 the first run did), calls are shielded from cancellation, and a budget bounds the retries.
+
+Write confirmation (when the client carries a `WriteConfirmation`, see `connection.py`):
+Redis replicates asynchronously, so a failover can promote a replica that never received an
+acknowledged write. Binding writes are therefore followed by WAIT (WAITAOF from Redis 7.2)
+on the same connection, in the same pipeline, on the node that owns the slot:
+
+* a write that leaves the binding `starting` (the create, the start claim, its renewal)
+  must be confirmed before the caller may act on it: it is re-sent with its confirmation
+  until replicas acknowledge it or the budget ends, then `StoreUnavailable` is raised and
+  `POST /v1/runs` is never sent on a claim a failover could forget;
+* any other binding write (the bound run id, terminal states) is confirmed once and a
+  shortfall only logged: the run exists whatever Redis remembers, and a write lost in a
+  failover is seen by the next owner as an unbound claim, which settles an honest
+  `outcome_unknown` instead of starting a second run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
 
+from worker.store.connection import WriteConfirmation, is_transient, write_confirmation
 from worker.store.keys import ActionKeys, capacity_key
 from worker.store.lease_store import StoreUnavailable
-from worker.store.scripts import Scripts
+from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 OPERATOR_SCRIPTS = (
     "operator_read",
@@ -46,7 +63,15 @@ OPERATOR_SCRIPTS = (
 #: answered from the stored result never finds the binding already gone.
 DEFAULT_BINDING_TTL_MS = 86_400_000 + 3_600_000
 
-_AMBIGUOUS = (RedisConnectionError, RedisTimeoutError, OSError, asyncio.TimeoutError)
+
+class _Redirected(Exception):
+    """A confirmed write's slot moved between the write and its WAIT; repeat both."""
+
+
+#: The binding state whose writes must be confirmed before the caller acts on them.
+_MUST_CONFIRM_STATE = "starting"
+#: The first server version with WAITAOF (Valkey 7.2 reports the same `redis_version`).
+_WAITAOF_SINCE = (7, 2)
 
 
 class WriteStatus(StrEnum):
@@ -112,11 +137,17 @@ class OperatorStore:
         *,
         binding_ttl_ms: int = DEFAULT_BINDING_TTL_MS,
         call_budget_s: float = 10.0,
+        confirm: WriteConfirmation | None = None,
     ) -> None:
         self.redis = redis
         self.scripts = Scripts(redis, names=OPERATOR_SCRIPTS)
         self.binding_ttl_ms = binding_ttl_ms
         self.call_budget_s = call_budget_s
+        self.confirm = confirm if confirm is not None else write_confirmation(redis)
+        #: Learned from the server on the first confirmed write (None: not asked yet).
+        self._has_waitaof: bool | None = None
+        #: Writes that were not confirmed in time (diagnostics and tests).
+        self.unconfirmed_writes = 0
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         deadline = time.monotonic() + self.call_budget_s
@@ -124,7 +155,9 @@ class OperatorStore:
         while True:
             try:
                 return await asyncio.shield(fn())
-            except _AMBIGUOUS as exc:
+            except Exception as exc:
+                if not (is_transient(exc) or isinstance(exc, _Redirected)):
+                    raise
                 if time.monotonic() + delay > deadline:
                     raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
                 await asyncio.sleep(delay)
@@ -148,13 +181,12 @@ class OperatorStore:
     async def create(
         self, keys: ActionKeys, owner: str, fence: int, doc: bytes, state: str
     ) -> WriteReply:
-        reply = await self._call(
-            lambda: self.scripts["operator_create"](
-                keys=[keys.binding, keys.lease],
-                args=[owner, fence, doc, state, self.binding_ttl_ms],
-            )
+        call = ScriptCall(
+            "operator_create",
+            [keys.binding, keys.lease],
+            [owner, fence, doc, state, self.binding_ttl_ms],
         )
-        return _write_reply(reply)
+        return _write_reply(await self._write(call, must_confirm=state == _MUST_CONFIRM_STATE))
 
     async def write(
         self,
@@ -165,13 +197,12 @@ class OperatorStore:
         doc: bytes,
         state: str,
     ) -> WriteReply:
-        reply = await self._call(
-            lambda: self.scripts["operator_write"](
-                keys=[keys.binding, keys.lease],
-                args=[owner, fence, expected_revision, doc, state, self.binding_ttl_ms],
-            )
+        call = ScriptCall(
+            "operator_write",
+            [keys.binding, keys.lease],
+            [owner, fence, expected_revision, doc, state, self.binding_ttl_ms],
         )
-        return _write_reply(reply)
+        return _write_reply(await self._write(call, must_confirm=state == _MUST_CONFIRM_STATE))
 
     async def mark_cancel(self, binding_key: str) -> tuple[MarkStatus, str]:
         reply = await self._call(lambda: self.scripts["operator_mark_cancel"](keys=[binding_key]))
@@ -186,6 +217,82 @@ class OperatorStore:
         )
         status, stored = reply
         return ReconcileStatus(_s(status)), _b(stored)
+
+    # --- write confirmation ---------------------------------------------------------------
+
+    async def _write(self, call: ScriptCall, *, must_confirm: bool) -> Any:
+        """Run a binding write; with a confirmation policy, wait for replicas (module doc)."""
+        confirm = self.confirm
+        if confirm is None:
+            return await self._call(
+                lambda: self.scripts[call.name](keys=call.keys, args=call.args)
+            )
+        deadline = time.monotonic() + self.call_budget_s
+        while True:
+            reply, confirmed = await self._call(lambda: self._write_and_wait(call, confirm))
+            if confirmed or _s(reply[0]) not in (WriteStatus.CREATED, WriteStatus.WRITTEN):
+                return reply
+            self.unconfirmed_writes += 1
+            if not must_confirm:
+                log.warning(
+                    "binding write not confirmed by %d replica(s) in %d ms; a failover now "
+                    "could forget it (the next owner would settle outcome_unknown)",
+                    confirm.replicas,
+                    confirm.timeout_ms,
+                )
+                return reply
+            if time.monotonic() >= deadline:
+                raise StoreUnavailable(
+                    f"the start claim was not confirmed by {confirm.replicas} replica(s); "
+                    "nothing is sent on a claim a failover could forget"
+                )
+
+    async def _write_and_wait(
+        self, call: ScriptCall, confirm: WriteConfirmation
+    ) -> tuple[Any, bool]:
+        """The write and its WAIT in one pipeline: WAIT only covers writes made earlier on
+        its own connection, and a pipeline keeps both on one connection to one node.
+
+        A repeat of a write that already happened is harmless and still confirms it: the
+        scripts' idempotent branches touch the key's TTL, which is replicated, so the
+        connection's replication offset covers the original write too.
+        """
+        cluster = isinstance(self.redis, RedisCluster)
+        node: Any = None
+        if cluster:
+            await self.redis.initialize()
+            node = self.redis.get_node_from_key(call.keys[0])
+        command = await self._wait_command(confirm, node)
+        target: dict[str, Any] = {"target_nodes": node} if cluster else {}
+        try:
+            reply, acks = await self.scripts.pipeline(
+                [call], lambda pipe: pipe.execute_command(*command, **target)
+            )
+        except ResponseError as exc:
+            if cluster and "replica" in str(exc):
+                # The node became a replica (failover): the write went to the new master by
+                # redirection but the WAIT did not follow it. Send the pair again.
+                raise _Redirected(call.keys[0]) from None
+            raise
+        if cluster and self.redis.get_node_from_key(call.keys[0]).name != node.name:
+            # The write was redirected (MOVED) to a new owner: the WAIT ran on the old one.
+            return reply, False
+        if command[0] == "WAITAOF":
+            local, replicas = (int(n) for n in acks)
+            return reply, local >= 1 and replicas >= confirm.replicas
+        return reply, int(acks) >= confirm.replicas
+
+    async def _wait_command(self, confirm: WriteConfirmation, node: Any) -> tuple[Any, ...]:
+        """WAITAOF 1 N (the master's AOF fsync and N replicas') where the server has it,
+        else WAIT N (N replicas hold the write in memory)."""
+        if self._has_waitaof is None:
+            target: dict[str, Any] = {} if node is None else {"target_nodes": node}
+            info = await self._call(lambda: self.redis.execute_command("INFO", "server", **target))
+            version = tuple(int(p) for p in str(info.get("redis_version", "0")).split(".")[:2])
+            self._has_waitaof = version >= _WAITAOF_SINCE
+        if self._has_waitaof:
+            return ("WAITAOF", 1, confirm.replicas, confirm.timeout_ms)
+        return ("WAIT", confirm.replicas, confirm.timeout_ms)
 
     # --- endpoint capacity -----------------------------------------------------------------
 

@@ -14,7 +14,9 @@ claims grant nothing. Refusal codes when the check fails:
 
 from __future__ import annotations
 
+import asyncio
 import secrets
+import time
 from typing import Any
 
 import msgspec
@@ -30,6 +32,7 @@ from schemas.approval import (
 )
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
+from worker.store.connection import is_transient
 from worker.store.keys import approvals_key
 from worker.store.scripts import script_source
 from worker.trust.authority import ApprovalAuthority, NotAuthorized
@@ -59,6 +62,10 @@ def new_decision_id() -> str:
     return "apr_" + secrets.token_hex(16)
 
 
+#: How long a transient Redis failure may delay reading a decision (the stores' budget).
+READ_BUDGET_S = 10.0
+
+
 def input_snapshot(action: Action) -> tuple[str, bool]:
     """Canonical JSON of {capability, input} for people, cut on a character boundary."""
     text = canonical_request(action.capability, action.input).decode()
@@ -68,15 +75,31 @@ def input_snapshot(action: Action) -> tuple[str, bool]:
     return encoded[:MAX_INPUT_SNAPSHOT_BYTES].decode("utf-8", errors="ignore"), True
 
 
-async def read_record(redis: Any, action_id: str) -> ApprovalRecord | None:
-    """The stored decision for an Action, or None; raises ConnectorError when unreadable."""
-    try:
-        raw = await redis.hget(approvals_key(action_id), "record")
-    except (TimeoutError, RedisError, OSError) as exc:
-        raise ConnectorError(
-            ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
-            f"approval record could not be read: {type(exc).__name__}",
-        ) from None
+async def read_record(
+    redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
+) -> ApprovalRecord | None:
+    """The stored decision for an Action, or None; raises ConnectorError when unreadable.
+
+    A transient failure (a Redis Cluster failover, a restart) is retried within `budget_s`:
+    refusing the Action would settle it `failed` for an outage the lease store rides out.
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.02
+    while True:
+        try:
+            raw = await redis.hget(approvals_key(action_id), "record")
+            break
+        except Exception as exc:
+            transient = is_transient(exc)
+            if not (transient or isinstance(exc, RedisError)):
+                raise
+            if not transient or time.monotonic() + delay > deadline:
+                raise ConnectorError(
+                    ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
+                    f"approval record could not be read: {type(exc).__name__}",
+                ) from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
     if raw is None:
         return None
     try:

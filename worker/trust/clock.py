@@ -7,22 +7,44 @@ lazy: an admission that meets no expiry costs no round trip.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any, Protocol
 
 from redis.exceptions import RedisError
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
+from worker.store.connection import is_transient
 
 
 class Clock(Protocol):
     async def now_ms(self) -> int: ...
 
 
-async def redis_now_ms(redis: Any) -> int:
-    """Redis TIME in Unix ms; raises RedisError/OSError when Redis does not answer."""
-    seconds, micros = await redis.time()
-    return int(seconds) * 1_000 + int(micros) // 1_000
+#: How long transient failures (a Redis Cluster failover, a restart) may delay reading TIME.
+TIME_BUDGET_S = 10.0
+
+
+async def redis_now_ms(redis: Any, *, budget_s: float = TIME_BUDGET_S) -> int:
+    """Redis TIME in Unix ms; raises RedisError/OSError when Redis does not answer.
+
+    Transient failures are retried within `budget_s` (reading the clock has no effect, so a
+    repeat is always safe); whatever the last attempt raised is raised after that.
+    """
+    deadline = time.monotonic() + budget_s
+    delay = 0.02
+    while True:
+        try:
+            seconds, micros = await redis.time()
+            return int(seconds) * 1_000 + int(micros) // 1_000
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() + delay > deadline:
+                if isinstance(exc, (RuntimeError, AttributeError)):
+                    raise OSError(f"redis connection closed: {exc}") from None
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
 
 class RedisClock:

@@ -5,7 +5,8 @@
 -- Guarantees: the first binding of an Action wins and is never replaced by a later create
 -- (concurrent deliveries all observe that one binding); a caller that no longer holds the
 -- lease at this fence creates nothing. Re-running it returns 'exists' with the stored doc,
--- which is the caller's own when its first run succeeded.
+-- which is the caller's own when its first run succeeded; that repeat refreshes the key's
+-- TTL, a replicated write, so a WAIT after it also covers the original create.
 -- Returns {status, doc, revision, cancel_requested, now_ms}
 --   status: 'created' | 'exists' | 'fenced_out'
 local t = redis.call('TIME')
@@ -14,6 +15,7 @@ local doc = redis.call('HGET', KEYS[1], 'doc')
 if doc then
   local rev = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
   local cancel = redis.call('HGET', KEYS[1], 'cancel_requested') and 1 or 0
+  redis.call('PEXPIRE', KEYS[1], ARGV[5])
   return {'exists', doc, rev, cancel, now}
 end
 if redis.call('HGET', KEYS[2], 'owner') ~= ARGV[1]

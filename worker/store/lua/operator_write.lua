@@ -8,7 +8,8 @@
 --   * the binding is still at the revision the caller read (no lost update);
 --   * a terminal binding (completed, failed, cancelled, outcome_unknown) is write-once.
 -- Re-running after a lost reply returns 'written' when the stored doc is byte-identical to
--- ARGV[4] at expected + 1, so a retry is also the re-read.
+-- ARGV[4] at expected + 1, so a retry is also the re-read. That repeat refreshes the key's
+-- TTL, a replicated write, so a WAIT after it also covers the original write.
 -- Returns {status, doc, revision, cancel_requested, now_ms}: the stored binding after the call
 --   status: 'written' | 'conflict' | 'terminal' | 'fenced_out' | 'missing'
 local t = redis.call('TIME')
@@ -21,6 +22,7 @@ local rev = tonumber(redis.call('HGET', KEYS[1], 'revision') or '0')
 local cancel = redis.call('HGET', KEYS[1], 'cancel_requested') and 1 or 0
 local expected = tonumber(ARGV[3])
 if rev == expected + 1 and doc == ARGV[4] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
   return {'written', doc, rev, cancel, now}
 end
 if redis.call('HGET', KEYS[2], 'owner') ~= ARGV[1]
