@@ -16,7 +16,8 @@ from schemas.audit import ReceiptEvent
 from worker.audit import AuditLog
 from worker.execution import Execution
 from worker.metrics import FenceStep, Metrics
-from worker.store.lease_store import LeaseStore, StoreUnavailable
+from worker.store.lease_store import LeaseStore
+from worker.store.reask import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,8 @@ from redis.asyncio import Redis
 
 from schemas.ids import new_action_id
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import (
-    AcquireStatus,
-    CancelState,
-    LeaseStore,
-    SettleStatus,
-    StoreUnavailable,
-)
+from worker.store.lease_store import AcquireStatus, CancelState, LeaseStore, SettleStatus
+from worker.store.reask import StoreUnavailable
 from worker.testing.services import ServiceHandle
 
 

@@ -29,8 +29,8 @@ from worker.operator.binding import BindingState, OperatorBinding, decode_bindin
 from worker.operator.redaction import bounded_text, digest, redact_output
 from worker.store.connection import open_redis
 from worker.store.keys import binding_key
-from worker.store.lease_store import StoreUnavailable
 from worker.store.operator_store import OperatorStore, ReconcileStatus
+from worker.store.reask import StoreUnavailable
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2

@@ -19,8 +19,8 @@ from worker.errors import ConnectorError
 from worker.operations.base import LeaseLost
 from worker.operator.binding import OperatorBinding, decode_binding, encode_binding
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import StoreUnavailable
 from worker.store.operator_store import OperatorStore, StoredBinding, WriteStatus
+from worker.store.reask import StoreUnavailable
 
 #: A change: given the binding and Redis time, the new binding, or None for "no change".
 Change = Callable[[OperatorBinding, int], OperatorBinding | None]

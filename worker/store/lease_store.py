@@ -9,23 +9,17 @@ cancelled caller never leaves a half-read reply on a shared connection.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
-from worker.store.connection import is_transient
 from worker.store.keys import ActionKeys
+from worker.store.reask import reask
 from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")
 
-
-
-class StoreUnavailable(Exception):
-    """Redis did not answer within the caller's budget; nothing may be decided from it."""
 
 
 class AcquireStatus(StrEnum):
@@ -104,18 +98,7 @@ class LeaseStore:
         self.call_budget_s = call_budget_s
 
     async def _call(self, fn: Callable[[], Awaitable[T]], budget_s: float | None = None) -> T:
-        deadline = time.monotonic() + (self.call_budget_s if budget_s is None else budget_s)
-        delay = 0.02
-        while True:
-            try:
-                return await asyncio.shield(fn())
-            except Exception as exc:
-                if not is_transient(exc):
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        return await reask(fn, budget_s=self.call_budget_s if budget_s is None else budget_s)
 
     async def acquire(
         self, keys: ActionKeys, owner: str, ttl_ms: int, fingerprint: str

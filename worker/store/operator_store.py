@@ -30,7 +30,6 @@ on the same connection, in the same pipeline, on the node that owns the slot:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -43,7 +42,7 @@ from redis.exceptions import ResponseError
 
 from worker.store.connection import WriteConfirmation, is_transient, write_confirmation
 from worker.store.keys import ActionKeys, capacity_key
-from worker.store.lease_store import StoreUnavailable
+from worker.store.reask import StoreUnavailable, reask
 from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")
@@ -124,6 +123,10 @@ def _b(value: Any) -> bytes:
     return str(value).encode()
 
 
+def _retriable(exc: BaseException) -> bool:
+    return is_transient(exc) or isinstance(exc, _Redirected)
+
+
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -150,18 +153,7 @@ class OperatorStore:
         self.unconfirmed_writes = 0
 
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        deadline = time.monotonic() + self.call_budget_s
-        delay = 0.02
-        while True:
-            try:
-                return await asyncio.shield(fn())
-            except Exception as exc:
-                if not (is_transient(exc) or isinstance(exc, _Redirected)):
-                    raise
-                if time.monotonic() + delay > deadline:
-                    raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.5)
+        return await reask(fn, budget_s=self.call_budget_s, retry_if=_retriable)
 
     # --- bindings --------------------------------------------------------------------------
 

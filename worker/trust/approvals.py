@@ -14,9 +14,7 @@ claims grant nothing. Refusal codes when the check fails:
 
 from __future__ import annotations
 
-import asyncio
 import secrets
-import time
 from typing import Any
 
 import msgspec
@@ -32,8 +30,8 @@ from schemas.approval import (
 )
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.store.connection import is_transient
 from worker.store.keys import approvals_key
+from worker.store.reask import StoreUnavailable, reask
 from worker.store.scripts import script_source
 from worker.trust.authority import ApprovalAuthority, NotAuthorized
 from worker.trust.clock import Clock, redis_now_ms
@@ -83,23 +81,15 @@ async def read_record(
     A transient failure (a Redis Cluster failover, a restart) is retried within `budget_s`:
     refusing the Action would settle it `failed` for an outage the lease store rides out.
     """
-    deadline = time.monotonic() + budget_s
-    delay = 0.02
-    while True:
-        try:
-            raw = await redis.hget(approvals_key(action_id), "record")
-            break
-        except Exception as exc:
-            transient = is_transient(exc)
-            if not (transient or isinstance(exc, RedisError)):
-                raise
-            if not transient or time.monotonic() + delay > deadline:
-                raise ConnectorError(
-                    ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
-                    f"approval record could not be read: {type(exc).__name__}",
-                ) from None
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 0.5)
+    try:
+        raw = await reask(
+            lambda: redis.hget(approvals_key(action_id), "record"), budget_s=budget_s
+        )
+    except (StoreUnavailable, RedisError) as exc:
+        raise ConnectorError(
+            ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
+            f"approval record could not be read: {exc}",
+        ) from None
     if raw is None:
         return None
     try:

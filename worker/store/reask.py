@@ -1,0 +1,47 @@
+"""Re-ask Redis after an ambiguous failure, within a budget: the one retry loop of the stores.
+
+Every script here answers a repeat (with the same owner token) with what its first run did,
+and plain reads have no effect, so after a lost reply or a failover refusal the safe next
+step is always to ask again. The call is shielded from cancellation so a cancelled caller
+never leaves a half-read reply on a shared connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from worker.store.connection import is_transient
+
+T = TypeVar("T")
+
+FIRST_DELAY_S = 0.02
+MAX_DELAY_S = 0.5
+
+
+class StoreUnavailable(Exception):
+    """Redis did not answer within the caller's budget; nothing may be decided from it."""
+
+
+async def reask(
+    fn: Callable[[], Awaitable[T]],
+    *,
+    budget_s: float,
+    retry_if: Callable[[BaseException], bool] = is_transient,
+) -> T:
+    """`fn()` until it answers; a failure `retry_if` rejects is raised as it is, and a
+    budget spent on retriable failures raises StoreUnavailable naming the last one."""
+    deadline = time.monotonic() + budget_s
+    delay = FIRST_DELAY_S
+    while True:
+        try:
+            return await asyncio.shield(fn())
+        except Exception as exc:
+            if not retry_if(exc):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, MAX_DELAY_S)
