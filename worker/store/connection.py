@@ -13,7 +13,7 @@ import weakref
 from dataclasses import dataclass
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -87,6 +87,7 @@ def open_redis(
     cluster: bool = False,
     socket_timeout_s: float = 5.0,
     password: Secret | None = None,
+    max_connections: int = 256,
     confirm: WriteConfirmation | None = None,
 ) -> Redis | RedisCluster:
     """A client that reconnects by itself; callers decide what an ambiguous failure means.
@@ -104,9 +105,17 @@ def open_redis(
     }
     if password is not None:
         common["password"] = password.reveal()
-    client: Redis | RedisCluster = (
-        RedisCluster.from_url(url, **common) if cluster else Redis.from_url(url, **common)
-    )
+    client: Redis | RedisCluster
+    if cluster:
+        client = RedisCluster.from_url(url, **common)
+    else:
+        # A blocking pool: past `max_connections`, a call waits for a free connection
+        # instead of failing (redis-py's default pool raises MaxConnectionsError at 100,
+        # which turned every delivery beyond 100 concurrent Redis calls into a redelivery).
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=None, **common
+        )
+        client = Redis(connection_pool=pool)
     if confirm is not None:
         _confirmations[client] = confirm
     return client
