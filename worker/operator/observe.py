@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,9 +50,6 @@ RUN_GONE = (
     "the bound run answered 404 run_not_found: Hermes no longer knows it (restart or "
     "retention), which is not proof that it had no effect"
 )
-
-_END = object()
-_CANCELLED = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,51 +171,35 @@ class Observer:
     async def _follow_stream(self) -> bool:
         """True when the stream ended the observation (terminal, approval, cancel)."""
         limits = SSELimits(max_frame_bytes=MAX_FRAME_BYTES, max_events=self.s.policy.max_events)
+        interrupt = _CancelInterrupt(self.s.ctx.cancel_requested)
         try:
             async with asyncio.timeout(self.s.remaining_s()):
                 async with provider.open_events(
                     self.s.ctx.hermes, self.run_id, self.s.headers(), limits
                 ) as events:
                     iterator = aiter(events)
-                    while True:
-                        item = await self._next(iterator)
-                        if item is _CANCELLED:
-                            await self._flush()
-                            return True
-                        if item is _END:
+                    while not self.s.cancel_wanted():
+                        try:
+                            with interrupt.waiting():
+                                event = await anext(iterator)
+                        except StopAsyncIteration:
                             break
-                        assert isinstance(item, SSEEvent)
-                        if await self._on_event(item):
+                        if await self._on_event(event):
                             return True
+                    else:
+                        await self._flush()
+                        return True
+        except asyncio.CancelledError:
+            if not interrupt.absorb():
+                raise  # the lease was lost (or the worker stops): not ours to handle
+            await self._flush()
+            return True
         except (provider.StreamUnavailable, SSEError, TimeoutError):
             pass  # poll instead: the status route is the authority
+        finally:
+            interrupt.close()
         await self._flush()
         return False
-
-    async def _next(self, iterator: AsyncIterator[SSEEvent]) -> object:
-        """The next event, `_END`, or `_CANCELLED` when a cancel arrives first."""
-        if self.s.cancel_wanted():
-            return _CANCELLED
-
-        async def step() -> object:
-            try:
-                return await anext(iterator)
-            except StopAsyncIteration:
-                return _END
-
-        nxt = asyncio.ensure_future(step())
-        cancel = asyncio.ensure_future(self.s.ctx.cancel_requested.wait())
-        try:
-            done, _ = await asyncio.wait({nxt, cancel}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (nxt, cancel):
-                if not task.done():
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-        if nxt in done:
-            return nxt.result()
-        return _CANCELLED
 
     async def _on_event(self, event: SSEEvent) -> bool:
         data: dict[str, Any] = event.data if isinstance(event.data, dict) else {}
@@ -418,3 +399,42 @@ def _same_prompt(answered: ProviderSnapshot, seen: ProviderSnapshot) -> bool:
     if answered.updated_at is None or seen.updated_at is None:
         return seen.last_event == answered.last_event
     return seen.last_event == answered.last_event and seen.updated_at == answered.updated_at
+
+
+class _CancelInterrupt:
+    """Stops a wait for the next provider event the moment a cancel is requested.
+
+    One watcher per stream instead of racing two fresh tasks per event (that race cost
+    more than the event itself). The task is cancelled only while it waits in `anext`,
+    never while it handles an event, so an event is never half-recorded; a cancel that
+    arrives meanwhile is seen by the loop's `cancel_wanted()` check.
+    """
+
+    def __init__(self, requested: asyncio.Event) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._waiting = False
+        self._fired = False
+        self._watch = asyncio.ensure_future(requested.wait())
+        self._watch.add_done_callback(self._on_requested)
+
+    def _on_requested(self, watch: asyncio.Future[Any]) -> None:
+        if not watch.cancelled() and self._waiting and not self._fired:
+            self._fired = True
+            self._task.cancel("operator cancel requested")
+
+    @contextlib.contextmanager
+    def waiting(self) -> Iterator[None]:
+        self._waiting = True
+        try:
+            yield
+        finally:
+            self._waiting = False
+
+    def absorb(self) -> bool:
+        """True when the CancelledError being handled is ours alone (then it is undone)."""
+        return self._fired and self._task.uncancel() == 0
+
+    def close(self) -> None:
+        self._watch.cancel()
