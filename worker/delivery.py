@@ -475,8 +475,11 @@ class DeliveryHandler:
             uncertain=bool(error and error.uncertain_outcome),
         )
         faults.hit("after_settle", action.id)
-        await rt.publisher.chunk_awaited(terminal)
+        # The terminal chunk is sent first (same connection, so it arrives first) and
+        # confirmed together with the awaited result: one round trip, not two.
+        pending_terminal = await rt.publisher.chunk(terminal)
         await rt.publisher.result(result)
+        await rt.publisher.confirm([(terminal, pending_terminal)])
         rt.metrics.chunk_published(endpoint_id, str(terminal.__struct_config__.tag))
         faults.hit("after_result_publish", action.id)
         faults.hit("before_ack", action.id)

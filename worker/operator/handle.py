@@ -99,12 +99,16 @@ class BindingHandle:
 
     async def create(self, make: Callable[[int], OperatorBinding]) -> OperatorBinding:
         """The Action's binding: the stored one, or `make(now)` created under the fence."""
-        existing = await self.read()
-        if existing is not None:
-            return existing
         try:
-            clock = await self.store.read(self.keys.binding)
-            fresh = make(clock.now_ms)
+            stored = await self.store.read(self.keys.binding)
+        except StoreUnavailable as exc:
+            raise state_error(exc) from None
+        if stored.doc is not None:
+            return self._adopt(stored).binding
+        self.view = None
+        # The read's Redis time is the creation time: no second round trip for the clock.
+        fresh = make(stored.now_ms)
+        try:
             reply = await self.store.create(
                 self.keys, self.owner, self.fence, encode_binding(fresh), fresh.status.value
             )

@@ -97,7 +97,9 @@ class Observer:
         self.answered_prompt = answered_prompt
         self._last_event: str | None = None
         self._dirty = False
-        self._flushed_at = 0.0
+        # The bind (or the read that found the binding) just persisted it: the first
+        # coalesced progress write can wait a whole interval.
+        self._flushed_at = asyncio.get_running_loop().time()
         self._last_status: ProviderStatus | None = None
 
     @property
