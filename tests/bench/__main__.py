@@ -1,0 +1,122 @@
+"""`python -m tests.bench`: run the figures and print them as Markdown tables.
+
+    .venv/bin/python -m tests.bench                    # every figure, 3 runs (≈15 min)
+    .venv/bin/python -m tests.bench --figures 1,3 --runs 1 --actions 300   # a quick look
+
+Figures 1-3 are repeated `--runs` times, systems interleaved inside each round so a noisy
+minute hurts every system alike; the tables show medians. Figures 4 and 5 are driven by
+timers (lease TTL, AckWait, job timeout) rather than by throughput and run `--slow-runs`
+times. Raw results go to `results.json` in the session directory (printed at the end),
+next to every process log.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+import time
+from typing import Any
+
+from tests.bench import counting, inflight, recovery, relay, report, throughput
+from tests.bench.env import Bench
+
+
+def _machine() -> str:
+    import os
+
+    import msgspec
+
+    # The ceilings page's serialization case: how fast this CPU is compared with the machine
+    # the peer figures were measured on (912k encodes/s there).
+    sample = {"id": 1, "items": [{"sku": f"sku-{i}", "qty": i, "price": 9.99} for i in range(8)],
+              "address": {"street": "Main St 1", "city": "Town", "zip": "12345"},
+              "attrs": {f"k{i}": f"value-{i}" for i in range(8)}, "note": "x" * 300}
+    began = time.perf_counter()
+    for _ in range(100_000):
+        msgspec.json.encode(sample)
+    rate = 100_000 / (time.perf_counter() - began)
+    load = os.getloadavg()
+    return (f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, msgspec encode "
+            f"{rate / 1000:.0f}k/s (ceilings machine: 912k/s), load average at start "
+            f"{load[0]:.2f}")
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    figures = {int(f) for f in args.figures.split(",")}
+    bench = Bench.start()
+    out: dict[str, Any] = {"machine": _machine(), "root": str(bench.root)}
+    print(f"# bench session in {bench.root}\n{out['machine']}\n", flush=True)
+    try:
+        if figures & {1, 2}:
+            counts = sorted(({1} if 1 in figures else set()) | ({2, 4} if 2 in figures else set()))
+            results = []
+            for round_ in range(args.runs):
+                for workers in counts:
+                    for system in throughput.SYSTEMS:
+                        result = await throughput.measure(bench, system, workers, args.actions)
+                        print(f"  round {round_ + 1} {system} x{workers}: "
+                              f"{result.actions_per_s:,.0f} Actions/s", flush=True)
+                        results.append(result)
+            out["throughput"] = results
+            print("\n## Figures 1-2: throughput\n" + report.throughput_table(results))
+            print("\nRedis commands our worker sends per Action (1 process):\n"
+                  + report.breakdown_table(results) + "\n", flush=True)
+        if 3 in figures:
+            rates, latencies = [], []
+            for _ in range(args.runs):
+                ours, sample = await relay.ours_max_rate(bench, args.flood)
+                rates += [ours, await relay.raw_publish_rate(bench, sample, args.flood),
+                          await relay.raw_relay_rate(bench, args.flood)]
+                for rate in relay.OFFERED_RATES:
+                    latencies += [await relay.ours_latency(bench, rate),
+                                  await relay.raw_relay_latency(bench, rate)]
+            out["relay"] = {"rates": rates, "latencies": latencies}
+            print("\n## Figure 3: chunk relay\n" + report.relay_tables(rates, latencies) + "\n",
+                  flush=True)
+        if 4 in figures:
+            held = [await inflight.measure(bench, args.inflight) for _ in range(args.slow_runs)]
+            out["inflight"] = held
+            print("\n## Figure 4: in-flight scale\n" + report.inflight_table(held) + "\n",
+                  flush=True)
+        if 5 in figures:
+            recovered = []
+            for _ in range(args.slow_runs):
+                for system in throughput.SYSTEMS:
+                    recovered.append(await recovery.measure(bench, system))
+            out["recovery"] = recovered
+            print("\n## Figure 5: recovery after kill -9\n" + report.recovery_table(recovered)
+                  + "\n", flush=True)
+    finally:
+        bench.close()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
+    parser.add_argument("--figures", default="1,2,3,4,5")
+    parser.add_argument("--runs", type=int, default=3, help="repetitions of figures 1-3")
+    parser.add_argument("--slow-runs", type=int, default=1, help="repetitions of figures 4-5")
+    parser.add_argument("--actions", type=int, default=1000, help="Actions per throughput run")
+    parser.add_argument("--flood", type=int, default=10_000, help="events of the relay run")
+    parser.add_argument("--inflight", type=int, default=inflight.RUNS)
+    args = parser.parse_args()
+    counting.install()
+    began = time.monotonic()
+    out = asyncio.run(run(args))
+    path = f"{out['root']}/results.json"
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(out, handle, default=_plain, indent=1)
+    print(f"results: {path} ({time.monotonic() - began:.0f} s)")
+
+
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    raise TypeError(type(value))
+
+
+if __name__ == "__main__":
+    main()

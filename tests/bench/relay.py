@@ -1,0 +1,230 @@
+"""Figure 3: one run's provider events relayed to chunks, next to the raw publish rate.
+
+Max rate: the fake floods one run with one-character `message.delta`s (256 frames per
+write) and a JetStream pull consumer in the bench counts the chunks; the rate is chunks over
+the time between the first and the last one received. The raw baselines publish the same
+chunk bytes with `publish_async` (no SSE at all), and relay the same flood without leases.
+
+Latency: the pacer offers 5,000 events/s on one run; each event carries the time it was
+written, the chunk keeps it in its payload, and the consumer records when the chunk
+arrived. This is "event written → chunk received", an upper bound of the relay's added
+latency (it includes the loopback SSE hop).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import nats
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from schemas.ids import new_action_id
+from tests.bench.env import ENDPOINT, Bench, Proc
+from tests.bench.throughput import prepare, start_workers
+from tests.bench.workload import publish_all
+from worker.testing.fake_hermes import EventsFlood, FakeHermesControl
+
+FLOOD_EVENTS = 30_000
+#: The run's own events after the flood: two deltas, `reasoning.available`, `run.completed`.
+OWN_EVENTS = 4
+#: The issue's offered rate, and one a saturated worker can still keep up with: past its
+#: ceiling the latency is only the age of the backlog, which says nothing about the relay.
+OFFERED_RATES = (5_000, 500)
+LATENCY_SECONDS = 6
+#: Chunks received in the first half second are left out of the latency percentiles: they
+#: include the start of the run (admission, lease, claim, POST) queued behind the stream.
+WARMUP_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class RelayRate:
+    system: str
+    chunks: int
+    chunks_per_s: float
+    cpu_us_per_chunk: float
+
+
+@dataclass(frozen=True, slots=True)
+class RelayLatency:
+    system: str
+    offered_per_s: float
+    achieved_per_s: float
+    p50_ms: float
+    p99_ms: float
+
+
+class ChunkConsumer:
+    """A JetStream pull consumer on every chunk subject, recording arrival times."""
+
+    def __init__(self, *, parse_timestamps: bool = False) -> None:
+        self.arrivals: list[float] = []
+        self.latencies_ms: list[tuple[float, float]] = []
+        self.parse = parse_timestamps
+        self.sample: bytes | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self, nc: Any) -> None:
+        js = nc.jetstream()
+        sub = await js.pull_subscribe(
+            f"aip.hermes.{ENDPOINT}.chunks.*",
+            stream="AIP_HERMES_CHUNKS",
+            config=ConsumerConfig(ack_policy=AckPolicy.NONE, deliver_policy=DeliverPolicy.NEW),
+        )
+        self._task = asyncio.get_running_loop().create_task(self._run(sub))
+
+    async def _run(self, sub: Any) -> None:
+        decode = msgspec.json.decode
+        while True:
+            try:
+                msgs = await sub.fetch(256, timeout=0.5)
+            except (TimeoutError, nats.errors.TimeoutError):
+                continue
+            now = time.monotonic()
+            wall = time.time()
+            for msg in msgs:
+                self.arrivals.append(now)
+                if self.sample is None:
+                    self.sample = msg.data
+                if self.parse:
+                    stamp = decode(msg.data).get("payload", {}).get("timestamp")
+                    if isinstance(stamp, float):
+                        self.latencies_ms.append((now, (wall - stamp) * 1000))
+
+    async def wait_count(self, count: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.arrivals) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{len(self.arrivals)} of {count} chunks arrived")
+            await asyncio.sleep(0.05)
+
+    def rate(self) -> float:
+        if len(self.arrivals) < 2:
+            return 0.0
+        return (len(self.arrivals) - 1) / (self.arrivals[-1] - self.arrivals[0])
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+
+async def ours_max_rate(bench: Bench, events: int = FLOOD_EVENTS) -> tuple[RelayRate, bytes]:
+    """Our worker relaying one flooded operator run; returns a chunk sample for the raw runs."""
+    envelopes = await prepare(bench, "ours", 1)
+    procs = start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS="100000")
+    async with FakeHermesControl(bench.fake_url) as control:
+        await control.add_faults(EventsFlood(count=events, times=1))
+    nc = await nats.connect(bench.nats_url)
+    consumer = ChunkConsumer()
+    try:
+        await consumer.start(nc)
+        cpu0 = procs[0].cpu_s()
+        await publish_all(nc, bench.subjects.actions(ENDPOINT), envelopes)
+        await consumer.wait_count(events + OWN_EVENTS, 60 + events / 500)
+        cpu1 = procs[0].cpu_s()
+    finally:
+        await consumer.stop()
+        await nc.close()
+    bench.reap()
+    assert consumer.sample is not None
+    received = len(consumer.arrivals)
+    return (
+        RelayRate("ours", received, consumer.rate(), (cpu1 - cpu0) * 1e6 / received),
+        consumer.sample,
+    )
+
+
+async def raw_publish_rate(bench: Bench, sample: bytes, events: int = FLOOD_EVENTS) -> RelayRate:
+    await bench.wipe()
+    payload_file = bench.root / "chunk-sample.json"
+    payload_file.write_bytes(sample)
+    return await _raw(bench, "publish", events, [
+        "--payload-file", str(payload_file), "--count", str(events)], bench.fake_url)
+
+
+async def raw_relay_rate(bench: Bench, events: int = FLOOD_EVENTS) -> RelayRate:
+    await bench.wipe()
+    async with FakeHermesControl(bench.fake_url) as control:
+        await control.add_faults(EventsFlood(count=events, times=1))
+    return await _raw(bench, "relay", events, [], bench.fake_url)
+
+
+async def _raw(bench: Bench, mode: str, events: int, extra: list[str], url: str) -> RelayRate:
+    nc = await nats.connect(bench.nats_url)
+    consumer = ChunkConsumer()
+    try:
+        await consumer.start(nc)
+        proc = bench.spawn(f"raw-{mode}", [
+            sys.executable, "-m", "tests.bench.raw_relay", mode, "--nats-url", bench.nats_url,
+            "--action-id", new_action_id(), "--hermes-url", url,
+            "--api-key-file", str(bench.key_file), *extra], {})
+        await asyncio.to_thread(proc.wait_for_log, f"raw {mode} done", 120.0)
+        cpu = proc.cpu_s()
+        await consumer.wait_count(events, 30)
+    finally:
+        await consumer.stop()
+        await nc.close()
+    bench.reap()
+    received = len(consumer.arrivals)
+    # The process CPU includes its start-up (imports, connect): an upper bound per chunk.
+    return RelayRate(f"raw {mode}", received, consumer.rate(), cpu * 1e6 / received)
+
+
+def _pacer(bench: Bench, rate: float, count: int) -> tuple[Proc, str]:
+    proc = bench.spawn("pacer", [sys.executable, "-m", "tests.bench.pacer", "--rate", str(rate),
+                                 "--count", str(count)], {})
+    proc.wait_for_log("listening on", 20.0)
+    return proc, proc.log_text().split("listening on", 1)[1].split()[0]
+
+
+def _latency(system: str, rate: float, consumer: ChunkConsumer) -> RelayLatency:
+    if not consumer.latencies_ms:
+        raise RuntimeError(f"{system}: no timestamped chunk arrived")
+    start = consumer.latencies_ms[0][0] + WARMUP_S
+    values = [ms for at, ms in consumer.latencies_ms if at >= start]
+    cuts = statistics.quantiles(values, n=100)
+    return RelayLatency(system, rate, consumer.rate(), statistics.median(values), cuts[98])
+
+
+async def ours_latency(bench: Bench, rate: float) -> RelayLatency:
+    count = int(rate * LATENCY_SECONDS)
+    envelopes = await prepare(bench, "ours", 1)
+    _, url = _pacer(bench, rate, count)
+    start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS="100000",
+                  AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}={url}")
+    nc = await nats.connect(bench.nats_url)
+    consumer = ChunkConsumer(parse_timestamps=True)
+    try:
+        await consumer.start(nc)
+        await publish_all(nc, bench.subjects.actions(ENDPOINT), envelopes)
+        await consumer.wait_count(count, 60 + LATENCY_SECONDS * 4)
+    finally:
+        await consumer.stop()
+        await nc.close()
+    bench.reap()
+    return _latency("ours", rate, consumer)
+
+
+async def raw_relay_latency(bench: Bench, rate: float) -> RelayLatency:
+    count = int(rate * LATENCY_SECONDS)
+    await bench.wipe()
+    _, url = _pacer(bench, rate, count)
+    nc = await nats.connect(bench.nats_url)
+    consumer = ChunkConsumer(parse_timestamps=True)
+    try:
+        await consumer.start(nc)
+        bench.spawn("raw-relay", [
+            sys.executable, "-m", "tests.bench.raw_relay", "relay", "--nats-url",
+            bench.nats_url, "--action-id", new_action_id(), "--hermes-url", url], {})
+        await consumer.wait_count(count, 60 + LATENCY_SECONDS * 4)
+    finally:
+        await consumer.stop()
+        await nc.close()
+    bench.reap()
+    return _latency("raw relay", rate, consumer)
