@@ -119,7 +119,11 @@ class DeliveryHandler:
         try:
             await self._handle(msg, endpoint_id)
         except Exception:
-            log.exception("delivery failed unexpectedly on %s; redelivering later", endpoint_id)
+            log.exception(
+                "delivery failed unexpectedly on %s; redelivering later",
+                endpoint_id,
+                extra={"endpoint": endpoint_id},
+            )
             self.rt.metrics.delivery(endpoint_id, DeliveryOutcome.ERROR)
             await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
 
@@ -470,6 +474,13 @@ class DeliveryHandler:
             status=outcome.status.value,
             code=error.code.value if error else None,
         )
+        log.info(
+            "settled %s %s%s",
+            action.id,
+            outcome.status.value,
+            f" ({error.code.value})" if error else "",
+            extra=execution.log_fields(),
+        )
         rt.metrics.settled(
             action.capability, outcome.status.value, error.code.value if error else None,
             uncertain=bool(error and error.uncertain_outcome),
@@ -596,7 +607,14 @@ class DeliveryHandler:
                 code=code.value,
             )
         rt.metrics.dead_lettered(endpoint_id, code.value)
-        log.warning("dead-lettered %s seq %s: %s (%s)", msg.subject, seq, code.value, reason)
+        log.warning(
+            "dead-lettered %s seq %s: %s (%s)",
+            msg.subject,
+            seq,
+            code.value,
+            reason,
+            extra={"endpoint": endpoint_id, "action_id": action_id},
+        )
         await _quiet(msg.term())
 
     async def next_chunk_seq(self, endpoint_id: str, action_id: str) -> int:

@@ -197,6 +197,18 @@ class Execution:
             provider_event=provider_event,
         )
 
+    def log_fields(self) -> dict[str, object]:
+        """Structured context for log records about this Action (see worker.logs)."""
+        trace = self.action.trace
+        return {
+            "action_id": self.action.id,
+            "endpoint": self.endpoint.id,
+            "capability": self.action.capability,
+            "fence": self.fence,
+            "trace_id": trace.trace_id if trace else None,
+            "worker_id": self.worker_id,
+        }
+
     async def in_progress(self) -> None:
         """Tell JetStream the delivery is alive (buffered, no flush: ~700k/s here)."""
         for msg in self.messages:

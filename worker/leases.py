@@ -119,7 +119,13 @@ class LeaseKeeper:
         self.lost_count += 1
         if self.metrics is not None:
             self.metrics.lease_lost(execution.endpoint.id)
-        log.warning("lease lost for %s (fence %d): %s", execution.action.id, execution.fence, why)
+        log.warning(
+            "lease lost for %s (fence %d): %s",
+            execution.action.id,
+            execution.fence,
+            why,
+            extra=execution.log_fields(),
+        )
         self.audit.emit(
             ReceiptEvent.LEASE_LOST,
             action_id=execution.action.id,

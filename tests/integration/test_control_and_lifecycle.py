@@ -14,6 +14,7 @@ from subjects.provision import Change, provision
 from subjects.streams import StreamPolicy
 from tests.integration.stack import ENDPOINT, Stack
 from worker.testing.fake_hermes import RouteDelay
+from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import ServiceHandle
 
 MODELS = "GET /v1/models"
@@ -123,3 +124,41 @@ async def test_sigterm_past_the_grace_releases_the_lease_for_another_worker(
     await stack.spawn("w2")
     result = await handle.result(timeout_s=20)
     assert (result.status, result.settled_by, result.fence) == (ResultStatus.COMPLETED, "w2", 2)
+
+
+async def test_logs_are_json_lines_with_action_context_and_no_secret(stack: Stack) -> None:
+    worker = await stack.spawn("w1")
+    action = stack.action("models", trace_id="trace-1234")
+    await (await stack.publish(action)).result(timeout_s=20)
+    await asyncio.sleep(0.5)
+    records = [json.loads(line) for line in worker.log_text().splitlines() if line.strip()]
+    settled = [r for r in records if r.get("action_id") == action.id]
+    assert settled, worker.log_tail()
+    record = settled[-1]
+    assert record["capability"] == f"cap:hermes_agent:{ENDPOINT}:models"
+    assert (record["fence"], record["trace_id"], record["worker_id"]) == (1, "trace-1234", "w1")
+    assert record["endpoint"] == ENDPOINT
+    assert (stack.root / "hermes.key").read_text() not in worker.log_text()
+
+
+async def test_chunks_follow_resumes_after_a_nats_restart_without_gaps_or_duplicates(
+    stack: Stack, nats_server: ServiceHandle
+) -> None:
+    await stack.spawn("w1")
+    _, handle = await stack.operator(f"{SLOW_REPLY} follow me")
+    seen: list[int] = []
+
+    async def follow() -> None:
+        async for chunk in handle.chunks(idle_timeout_s=60):
+            seen.append(chunk.seq)
+
+    follower = asyncio.create_task(follow())
+    while len(seen) < 5:
+        await asyncio.sleep(0.05)
+    await asyncio.to_thread(nats_server.kill)
+    await asyncio.sleep(0.5)
+    await asyncio.to_thread(nats_server.restart)
+    await asyncio.wait_for(follower, 90)
+    assert seen == list(range(len(seen)))
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
