@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from pydantic import ValidationError
 
 from worker.cli_settings import SettingsError, add_settings_flags, settings_from
 from worker.logs import setup_logging
@@ -37,9 +38,19 @@ def _json_input(text: str) -> dict[str, Any]:
 
 
 async def _connect_nats(servers: str) -> Any:
+    """A short-lived connection for one command, with the same credentials (AIPD_NATS_*
+    files, TLS) a worker uses; it fails fast instead of retrying forever."""
     import nats
+    from nats.errors import Error as NatsError
     from nats.errors import NoServersError
 
+    from worker.connections import credential_options
+    from worker.settings import Settings
+
+    try:
+        credentials = credential_options(Settings(nats_url=servers))
+    except ValidationError as exc:
+        raise SettingsError(str(exc.errors()[0]["msg"])) from None
     try:
         # A cluster is a comma-separated list; nats-py wants it as a list, not one string.
         return await nats.connect(
@@ -47,11 +58,17 @@ async def _connect_nats(servers: str) -> Any:
             connect_timeout=3,
             max_reconnect_attempts=1,
             allow_reconnect=False,
+            **credentials,
         )
     except (NoServersError, OSError) as exc:
         raise Unreachable(
             f"cannot reach NATS at {servers} ({type(exc).__name__}); "
             "set --nats-url or AIPD_NATS_URL"
+        ) from None
+    except NatsError as exc:
+        raise Unreachable(
+            f"NATS at {servers} refused the connection ({str(exc).strip()}); "
+            "check the AIPD_NATS_* credential settings"
         ) from None
 
 

@@ -63,6 +63,13 @@ async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -
         "closed_cb": on_closed,
         "pending_size": 64 * 1024 * 1024,
     }
+    options.update(credential_options(settings))
+    return await nats.connect(**options)
+
+
+def credential_options(settings: Settings) -> dict[str, Any]:
+    """nats-py keyword arguments for the configured credentials and TLS (files checked)."""
+    options: dict[str, Any] = {}
     if settings.nats_user:
         options["user"] = settings.nats_user
     if settings.nats_password_file:
@@ -82,4 +89,4 @@ async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -
     tls = _tls(settings)
     if tls is not None:
         options["tls"] = tls
-    return await nats.connect(**options)
+    return options

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,41 @@ def test_every_documented_subcommand_exists() -> None:
         "reconcile",
     ):
         assert command in help_text
+
+
+def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> None:
+    port = free_port()
+    server = subprocess.Popen(
+        [
+            "nats-server",
+            "-a",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "-js",
+            "-sd",
+            str(tmp_path),
+            "--auth",
+            "s3cret-token-for-the-cli",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        url = f"nats://127.0.0.1:{port}"
+        args = ("result", "act_" + "e" * 32, "--endpoint", "h1", "--nats-url", url)
+        deadline = time.monotonic() + 10
+        while (anonymous := run_cli(*args)).returncode != 3 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert anonymous.returncode == 3  # refused without the token
+        token = tmp_path / "token"
+        token.write_text("s3cret-token-for-the-cli")
+        token.chmod(0o600)
+        authorized = run_cli(*args, env={"AIPD_NATS_TOKEN_FILE": str(token)})
+        # Connected: the results stream does not exist on this bare server, which is an
+        # error of the command, not of the connection.
+        assert authorized.returncode not in (2, 3), authorized.stderr
+        assert "s3cret" not in authorized.stderr
+    finally:
+        server.terminate()
+        server.wait(5)
