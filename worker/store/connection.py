@@ -115,7 +115,7 @@ def open_redis(
         pool = BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=None, **common
         )
-        client = Redis(connection_pool=pool)
+        client = Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
     if confirm is not None:
         _confirmations[client] = confirm
     return client
