@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Self
@@ -349,3 +349,30 @@ def close_all_on_sigterm() -> None:
         os.kill(os.getpid(), signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, on_sigterm)
+
+
+class ServiceGroup(abc.ABC):
+    """Several servers started and stopped as one (a cluster): start, close, `with`."""
+
+    nodes: Sequence[ProcessService]
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Start every node and wait until the group works as a whole."""
+
+    def close(self) -> None:
+        """Kill every node and delete their directories."""
+        for node in self.nodes:
+            node.close()
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from types import TracebackType
-from typing import Self
 
 from worker.testing._errors import ServiceStartError
-from worker.testing._procs import free_ports, wait_until
+from worker.testing._procs import ServiceGroup, free_ports, wait_until
 from worker.testing.nats_server import NatsRoutes, NatsServer
 
 _ATTEMPTS = 3
 
 
-class NatsCluster:
+class NatsCluster(ServiceGroup):
     """`size` JetStream nodes named n1..nN with full-mesh routes, each with its own store.
 
     Reach a node with `node("n2")` or `nodes[1]` and kill, pause or restart it like a single
@@ -95,23 +93,6 @@ class NatsCluster:
             timeout,
             every_node_knows=False,
         )
-
-    def close(self) -> None:
-        """Kill every node and delete their directories."""
-        for node in self.nodes:
-            node.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _build(self) -> None:
         ports = free_ports(3 * self.size)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import time
-from types import TracebackType
-from typing import Any, NamedTuple, Self
+from typing import Any, NamedTuple
 
 import redis
 from redis.cluster import ClusterNode
@@ -24,7 +23,7 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 from worker.testing._binaries import absolute, find_redis_cli, find_redis_server
 from worker.testing._errors import ServiceStartError
-from worker.testing._procs import HOST, free_ports, wait_until
+from worker.testing._procs import HOST, ServiceGroup, free_ports, wait_until
 from worker.testing.redis_server import RedisServer
 
 _ATTEMPTS = 3
@@ -41,7 +40,7 @@ class HostPort(NamedTuple):
     port: int
 
 
-class RedisCluster:
+class RedisCluster(ServiceGroup):
     """`masters` primaries, each with `replicas_per_master` replicas, sharing all 16384 slots.
 
     Nodes are `RedisServer`s (AOF `always` by default) and keep their ports and data dirs, so a
@@ -157,23 +156,6 @@ class RedisCluster:
             poll=0.1,
         )
         self.wait_ok(timeout=max(deadline - time.monotonic(), 0.1))
-
-    def close(self) -> None:
-        """Kill every node and delete their directories."""
-        for node in self.nodes:
-            node.close()
-
-    def __enter__(self) -> Self:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
     def _build(self) -> None:
         count = self.masters_count * (1 + self.replicas_per_master)

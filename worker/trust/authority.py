@@ -12,12 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import msgspec
 
 from schemas.approval import AuthorityMembership
-from worker.trust.files import TrustConfigError, describe_principal, read_policy_file
+from worker.trust.files import (
+    TrustConfigError,
+    describe_principal,
+    policy_records,
+    read_policy_file,
+)
 
 _WHAT = "approval authority file"
 UNRESTRICTED = "*"
@@ -48,22 +50,11 @@ class ApprovalAuthority:
     @classmethod
     def load(cls, path: Path, *, now_ms: int) -> ApprovalAuthority:
         policy = read_policy_file(path, what=_WHAT)
-        try:
-            raw: Any = msgspec.json.decode(policy.data)
-        except msgspec.DecodeError as exc:
-            raise TrustConfigError(f"{_WHAT} {path}: not JSON ({exc})") from None
-        if not isinstance(raw, list) or not raw:
-            raise TrustConfigError(f"{_WHAT} {path}: must be a non-empty JSON array")
         found: dict[tuple[str, str | None], AuthorityMembership] = {}
         index_of: dict[tuple[str, str | None], int] = {}
-        for index, item in enumerate(raw):
-            where = f"{_WHAT} {path}: membership {index}"
-            if isinstance(item, dict):
-                where += f" (principal {describe_principal(item.get('principal_id'))})"
-            try:
-                membership = msgspec.convert(item, AuthorityMembership, strict=True)
-            except msgspec.ValidationError as exc:
-                raise TrustConfigError(f"{where}: {exc}") from None
+        for index, where, membership in policy_records(
+            policy, path, what=_WHAT, noun="membership", record_type=AuthorityMembership
+        ):
             key = (membership.principal_id, membership.tenant_id)
             problem = _membership_problem(membership, now_ms)
             if problem is None and key in index_of:

@@ -11,11 +11,18 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
+
+import msgspec
 
 #: The spec's bound for the authority directory; the other trust files share it.
 MAX_POLICY_FILE_BYTES = 1_048_576
+
+
+T = TypeVar("T")
 
 
 class TrustConfigError(ValueError):
@@ -68,3 +75,28 @@ def describe_principal(value: object) -> str:
     text = value if isinstance(value, str) else "?"
     shown = "".join(ch if ch.isprintable() else "?" for ch in text[:80])
     return repr(shown + ("…" if len(text) > 80 else ""))
+
+
+def policy_records(
+    policy: PolicyFile, path: Path, *, what: str, noun: str, record_type: type[T]
+) -> Iterator[tuple[int, str, T]]:
+    """Each record of a JSON-array policy file, typed, with `where` to name it in errors.
+
+    The identity directory and the approval authority share this shape: a non-empty array
+    of strict records, every error naming the record's index and principal, never a value.
+    """
+    try:
+        raw: Any = msgspec.json.decode(policy.data)
+    except msgspec.DecodeError as exc:
+        raise TrustConfigError(f"{what} {path}: not JSON ({exc})") from None
+    if not isinstance(raw, list) or not raw:
+        raise TrustConfigError(f"{what} {path}: must be a non-empty JSON array")
+    for index, item in enumerate(raw):
+        where = f"{what} {path}: {noun} {index}"
+        if isinstance(item, dict):
+            where += f" (principal {describe_principal(item.get('principal_id'))})"
+        try:
+            record = msgspec.convert(item, record_type, strict=True)
+        except msgspec.ValidationError as exc:
+            raise TrustConfigError(f"{where}: {exc}") from None
+        yield index, where, record

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import msgspec
 
@@ -29,7 +29,12 @@ from schemas.ids import ShortText, UnixMs
 from worker.errors import ConnectorError
 from worker.secret_files import Secret
 from worker.trust.clock import Clock
-from worker.trust.files import TrustConfigError, describe_principal, read_policy_file
+from worker.trust.files import (
+    TrustConfigError,
+    describe_principal,
+    policy_records,
+    read_policy_file,
+)
 
 _WHAT = "trusted identity file"
 
@@ -91,22 +96,11 @@ class IdentityDirectory:
         a credential that others can read is already leaked.
         """
         policy = read_policy_file(path, what=_WHAT)
-        try:
-            raw: Any = msgspec.json.decode(policy.data)
-        except msgspec.DecodeError as exc:
-            raise TrustConfigError(f"{_WHAT} {path}: not JSON ({exc})") from None
-        if not isinstance(raw, list) or not raw:
-            raise TrustConfigError(f"{_WHAT} {path}: must be a non-empty JSON array")
         entries: dict[str, TrustedIdentity] = {}
         index_of: dict[str, int] = {}
-        for index, item in enumerate(raw):
-            where = f"{_WHAT} {path}: entry {index}"
-            if isinstance(item, dict):
-                where += f" (principal {describe_principal(item.get('principal_id'))})"
-            try:
-                entry = msgspec.convert(item, _Entry, strict=True)
-            except msgspec.ValidationError as exc:
-                raise TrustConfigError(f"{where}: {exc}") from None
+        for index, where, entry in policy_records(
+            policy, path, what=_WHAT, noun="entry", record_type=_Entry
+        ):
             problem = _entry_problem(entry, now_ms)
             if problem is None and entry.principal_id in index_of:
                 problem = f"duplicate of entry {index_of[entry.principal_id]}"
