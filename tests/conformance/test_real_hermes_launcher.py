@@ -9,16 +9,25 @@ worker relies on (the 11th live run is refused with `Retry-After`, a restart for
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 
+from tests.conformance.run_events import (
+    AFTER_TOOL,
+    RUN_TIMEOUT_S,
+    Event,
+    answer,
+    names,
+    read_events,
+    start_run,
+    status_of,
+    text_of,
+)
 from worker.testing.fake_llm import slow_deltas
 from worker.testing.real_hermes import (
     SCENARIO_FILE,
@@ -39,13 +48,7 @@ from worker.testing.scenario import (
 
 pytestmark = [pytest.mark.real_hermes, pytest.mark.asyncio(loop_scope="session")]
 
-Event = dict[str, Any]
-React = Callable[[httpx.AsyncClient, str, Event], Awaitable[None]]
-
-_RUN_TIMEOUT_S = 30.0
 _TERMINAL = frozenset({"completed", "failed", "cancelled"})
-#: What 0.19.0 puts before the first text delta that follows a tool call.
-_AFTER_TOOL = "\n\n"
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session")
@@ -69,74 +72,6 @@ async def real_client(real_hermes: RealHermes) -> AsyncIterator[httpx.AsyncClien
         yield http
 
 
-async def start_run(client: httpx.AsyncClient, text: str) -> str:
-    response = await client.post("/v1/runs", json={"input": text})
-    assert response.status_code == 202, response.text
-    body = response.json()
-    assert body["status"] == "started"
-    run_id: str = body["run_id"]
-    return run_id
-
-
-async def read_events(
-    client: httpx.AsyncClient, run_id: str, react: React | None = None
-) -> list[Event]:
-    """Every event of the run's (single-use) stream, calling `react` as each one arrives."""
-    events: list[Event] = []
-    async with asyncio.timeout(_RUN_TIMEOUT_S):
-        async with client.stream("GET", f"/v1/runs/{run_id}/events") as response:
-            assert response.status_code == 200
-            async for line in response.aiter_lines():
-                # 0.19.0 sends neither `event:` nor `id:` lines: only data and comments.
-                assert line == "" or line.startswith(("data: ", ": ")), line
-                if not line.startswith("data: "):
-                    continue
-                event: Event = json.loads(line.removeprefix("data: "))
-                assert event["run_id"] == run_id
-                assert isinstance(event["timestamp"], float)
-                events.append(event)
-                if react is not None:
-                    await react(client, run_id, event)
-    return events
-
-
-def names(events: list[Event]) -> list[str]:
-    """Event names with each run of consecutive deltas shown once (their count varies)."""
-    shown: list[str] = []
-    for event in events:
-        if not (shown and event["event"] == shown[-1] == "message.delta"):
-            shown.append(event["event"])
-    return shown
-
-
-def text_of(events: list[Event]) -> str:
-    return "".join(e["delta"] for e in events if e["event"] == "message.delta")
-
-
-async def status_of(client: httpx.AsyncClient, run_id: str) -> Event:
-    response = await client.get(f"/v1/runs/{run_id}")
-    assert response.status_code == 200, response.text
-    status: Event = response.json()
-    return status
-
-
-def answer_approval(choice: str) -> React:
-    async def react(client: httpx.AsyncClient, run_id: str, event: Event) -> None:
-        if event["event"] != "approval.request":
-            return
-        assert (await status_of(client, run_id))["status"] == "waiting_for_approval"
-        response = await client.post(f"/v1/runs/{run_id}/approval", json={"choice": choice})
-        assert response.status_code == 200, response.text
-        assert response.json() == {
-            "object": "hermes.run.approval_response",
-            "run_id": run_id,
-            "choice": choice,
-            "resolved": 1,
-        }
-
-    return react
-
-
 def scenario_file(hermes: RealHermes) -> Path:
     path = hermes.scratch / SCENARIO_FILE
     path.chmod(0o644)
@@ -146,7 +81,7 @@ def scenario_file(hermes: RealHermes) -> Path:
 async def test_plain_input_streams_the_reply_then_completes(real_client: httpx.AsyncClient) -> None:
     text = "plain words for the launcher test"
     run_id = await start_run(real_client, text)
-    events = await read_events(real_client, run_id)
+    events, _ = await read_events(real_client, run_id)
 
     assert names(events) == ["message.delta", "reasoning.available", "run.completed"]
     assert text_of(events) == reply_text(text)
@@ -164,7 +99,7 @@ async def test_tool_echo_runs_the_command_without_approval(
 ) -> None:
     text = f"please {TOOL_ECHO}"
     run_id = await start_run(real_client, text)
-    events = await read_events(real_client, run_id)
+    events, _ = await read_events(real_client, run_id)
 
     assert names(events) == [
         "tool.started",
@@ -176,7 +111,7 @@ async def test_tool_echo_runs_the_command_without_approval(
     assert events[0]["tool"] == "terminal"
     assert events[0]["preview"] == ECHO_COMMAND
     assert events[1]["error"] is False
-    assert text_of(events) == _AFTER_TOOL + reply_text(text)
+    assert text_of(events) == AFTER_TOOL + reply_text(text)
     assert events[-1]["output"] == reply_text(text)
     answered = [c for c in real_hermes.llm.calls if c.user_text == text and c.tool_results]
     assert "hello-from-tool" in answered[-1].tool_results[0]
@@ -187,7 +122,7 @@ async def test_approved_once_command_runs_and_the_run_completes(
 ) -> None:
     target = scenario_file(real_hermes)
     run_id = await start_run(real_client, f"approve {NEEDS_APPROVAL}")
-    events = await read_events(real_client, run_id, answer_approval("once"))
+    events, _ = await read_events(real_client, run_id, answer("once"))
 
     assert names(events) == [
         "tool.started",
@@ -216,7 +151,7 @@ async def test_denied_command_does_not_run_yet_the_run_completes(
     target = scenario_file(real_hermes)
     text = f"deny {NEEDS_APPROVAL}"
     run_id = await start_run(real_client, text)
-    events = await read_events(real_client, run_id, answer_approval("deny"))
+    events, _ = await read_events(real_client, run_id, answer("deny"))
 
     assert names(events) == [
         "tool.started",
@@ -243,7 +178,7 @@ async def test_stop_during_a_slow_reply_cancels_the_run(real_client: httpx.Async
             assert response.json() == {"run_id": run_id, "status": "stopping"}
 
     run_id = await start_run(real_client, f"slowly {SLOW_REPLY}")
-    events = await read_events(real_client, run_id, stop_after_three_deltas)
+    events, _ = await read_events(real_client, run_id, stop_after_three_deltas)
 
     assert names(events) == ["message.delta", "run.cancelled"]
     assert len(events) - 1 < SLOW_DELTAS
@@ -265,7 +200,7 @@ async def test_stop_while_waiting_for_approval_cancels_the_run(
             assert (await http.post(f"/v1/runs/{run_id}/stop")).status_code == 200
 
     run_id = await start_run(real_client, f"then stop {NEEDS_APPROVAL}")
-    events = await read_events(real_client, run_id, stop_at_approval)
+    events, _ = await read_events(real_client, run_id, stop_at_approval)
 
     # The approval wait notices the stop on its next 1 s poll and reports a blocked tool.
     assert names(events) == ["tool.started", "approval.request", "tool.completed", "run.cancelled"]
@@ -276,7 +211,7 @@ async def test_stop_while_waiting_for_approval_cancels_the_run(
 
 async def test_llm_error_fails_the_run(real_client: httpx.AsyncClient) -> None:
     run_id = await start_run(real_client, f"break {LLM_ERROR}")
-    events = await read_events(real_client, run_id)
+    events, _ = await read_events(real_client, run_id)
 
     assert names(events) == ["run.failed"]
     assert events[0]["error"].startswith("HTTP 400: ")
@@ -301,7 +236,7 @@ async def test_eleventh_live_run_is_refused_with_retry_after(
         assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     finally:
         await asyncio.gather(*(real_client.post(f"/v1/runs/{r}/stop") for r in run_ids))
-        async with asyncio.timeout(_RUN_TIMEOUT_S):
+        async with asyncio.timeout(RUN_TIMEOUT_S):
             # Later tests must not meet these runs still holding capacity.
             for run_id in run_ids:
                 while (await status_of(real_client, run_id))["status"] not in _TERMINAL:
