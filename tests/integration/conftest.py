@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import os
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,7 +9,7 @@ import pytest
 from tests.integration.stack import ENDPOINT, Stack, provision_streams
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
-from worker.testing.identities import write_trust_files
+from worker.testing.identities import write_api_key_file, write_trust_files
 from worker.testing.services import ServiceHandle
 
 LEASE_TTL_MS = 3000
@@ -24,10 +22,7 @@ async def stack(
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
     trust = write_trust_files(trust_dir)
-    api_key = "fake-" + secrets.token_hex(16)
-    key_file = tmp_path / "hermes.key"
-    key_file.write_text(api_key)
-    os.chmod(key_file, 0o600)
+    api_key, key_file = write_api_key_file(tmp_path)
     await provision_streams(nats_server.url, ack_wait_s=LEASE_TTL_MS / 1000)
     async with FakeHermes(api_key=api_key, port=0) as fake:
         env = {

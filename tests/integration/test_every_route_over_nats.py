@@ -21,7 +21,7 @@ from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack, provision_streams
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
-from worker.testing.identities import write_trust_files
+from worker.testing.identities import write_api_key_file, write_trust_files
 from worker.testing.scenario import NEEDS_APPROVAL, reply_text
 from worker.testing.services import ServiceHandle
 
@@ -37,7 +37,7 @@ async def route_stack(
     trust_dir.mkdir()
     trust = write_trust_files(trust_dir)
     await provision_streams(nats_server.url, ack_wait_s=15)
-    api_key = "key-" + secrets.token_hex(16)
+    api_key, key_file = write_api_key_file(tmp_path)
     if request.param == "fake":
         hermes_cm: Any = FakeHermes(api_key=api_key, port=0)
     else:
@@ -50,9 +50,6 @@ async def route_stack(
         if os.environ.get("CI") == "true" or not isinstance(exc, HermesUnavailable):
             raise
         pytest.skip(f"real Hermes unavailable: {exc}")
-    key_file = tmp_path / "hermes.key"
-    key_file.write_text(api_key)
-    key_file.chmod(0o600)
     nc = await nats.connect(nats_server.url)
     stack = Stack(
         root=tmp_path,

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from schemas.action import Action, DelegationRef, Identity, Trace
-from schemas.chunk import CHUNK_TYPES, ChunkKind, StreamChunk, make_chunk
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
 from worker.hermes.client import HermesClient
@@ -128,8 +128,7 @@ class RecordingContext:
         self.unsafe_attempts += 1
 
     def kinds(self) -> list[ChunkKind]:
-        by_type = {cls: kind for kind, cls in CHUNK_TYPES.items()}
-        return [by_type[type(chunk)] for chunk in self.chunks]
+        return [chunk.kind for chunk in self.chunks]
 
 
 @dataclass

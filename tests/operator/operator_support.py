@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.action import Action, DelegationRef, Identity
-from schemas.chunk import CHUNK_TYPES, ChunkKind, StreamChunk, make_chunk
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import convert_input
 from schemas.ids import new_action_id
 from schemas.operator import OperatorInput
@@ -132,8 +132,7 @@ class LeasedContext:
         raise AssertionError("the operator fences itself; the runtime's attempt mark is unused")
 
     def kinds(self) -> list[ChunkKind]:
-        by_type = {cls: kind for kind, cls in CHUNK_TYPES.items()}
-        return [by_type[type(chunk)] for chunk in self.chunks]
+        return [chunk.kind for chunk in self.chunks]
 
     def seqs(self) -> list[int]:
         return [chunk.seq for chunk in self.chunks]

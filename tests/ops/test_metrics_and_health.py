@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
@@ -37,6 +35,7 @@ from worker.testing.identities import (
     PRINCIPAL_KIND,
     REVISION,
     USER_UNTENANTED,
+    write_api_key_file,
     write_trust_files,
 )
 from worker.testing.services import ServiceHandle
@@ -87,8 +86,10 @@ def test_each_runtime_step_is_counted_under_its_labels() -> None:
     assert value(text, f"{p}_info", worker_id="w1", version="0.1.0") == 1
     assert value(text, f"{p}_deliveries_total", endpoint=ENDPOINT, outcome="executed") == 2
     assert value(text, f"{p}_deliveries_total", endpoint=ENDPOINT, outcome="dead_lettered") == 1
-    assert value(text, f"{p}_dlq_entries_total", endpoint=ENDPOINT,
-                 code="schema.envelope.invalid") == 1
+    assert (
+        value(text, f"{p}_dlq_entries_total", endpoint=ENDPOINT, code="schema.envelope.invalid")
+        == 1
+    )
     assert value(text, f"{p}_actions_total", capability=CAP, status="completed", code="") == 1
     assert value(text, f"{p}_outcome_unknown_total", capability=CAP) == 1
     assert value(text, f"{p}_lease_takeovers_total", endpoint=ENDPOINT) == 1
@@ -110,8 +111,10 @@ def test_two_workers_in_one_process_keep_separate_registries() -> None:
     first, second = Metrics(worker_id="a"), Metrics(worker_id="b")
     first.delivery(ENDPOINT, DeliveryOutcome.DUPLICATE)
     text = second.render()[0].decode()
-    assert value(text, "aip_hermes_worker_deliveries_total", endpoint=ENDPOINT,
-                 outcome="duplicate") == 0
+    assert (
+        value(text, "aip_hermes_worker_deliveries_total", endpoint=ENDPOINT, outcome="duplicate")
+        == 0
+    )
 
 
 def test_unbounded_label_values_fold_into_other() -> None:
@@ -121,8 +124,10 @@ def test_unbounded_label_values_fold_into_other() -> None:
     text = metrics.render()[0].decode()
     series = [key for key in samples(text) if key[0] == "aip_hermes_worker_actions_total"]
     assert len(series) == MAX_SERIES_PER_FAMILY + 1
-    assert value(text, "aip_hermes_worker_actions_total", capability=OTHER, status=OTHER,
-                 code=OTHER) == 50
+    assert (
+        value(text, "aip_hermes_worker_actions_total", capability=OTHER, status=OTHER, code=OTHER)
+        == 50
+    )
 
 
 # --- Readiness ---------------------------------------------------------------------------
@@ -241,10 +246,7 @@ async def running(
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
     trust = write_trust_files(trust_dir)
-    api_key = "fake-" + secrets.token_hex(16)
-    key_file = tmp_path / "hermes.key"
-    key_file.write_text(api_key)
-    os.chmod(key_file, 0o600)
+    api_key, key_file = write_api_key_file(tmp_path)
     nc = await nats.connect(nats_server.url)
     try:
         await provision(nc.jetstream(), Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=3.0))
@@ -263,8 +265,9 @@ async def running(
             worker = WorkerProcess(worker_id="w-metrics", env=env, log_dir=tmp_path)
             await asyncio.to_thread(worker.start, wait_ready_s=30.0)
             try:
-                yield Running(worker, f"http://127.0.0.1:{port}",
-                              AipClient(nc, sign_key=trust.seed_file))
+                yield Running(
+                    worker, f"http://127.0.0.1:{port}", AipClient(nc, sign_key=trust.seed_file)
+                )
             finally:
                 await asyncio.to_thread(worker.kill)
     finally:
@@ -276,8 +279,9 @@ async def _get(http: aiohttp.ClientSession, url: str) -> tuple[int, str]:
         return response.status, await response.text()
 
 
-async def _until_status(http: aiohttp.ClientSession, url: str, status: int,
-                        timeout_s: float = 15.0) -> dict[str, Any]:
+async def _until_status(
+    http: aiohttp.ClientSession, url: str, status: int, timeout_s: float = 15.0
+) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while True:
         got, body = await _get(http, url)
@@ -300,8 +304,12 @@ async def test_a_running_worker_reports_its_work_and_loses_readiness_without_red
         assert ready["hermes"] == {ENDPOINT: True}
 
         action = running.client.build_action(
-            endpoint_id=ENDPOINT, operation="models", input={}, principal_id=USER_UNTENANTED,
-            principal_kind=PRINCIPAL_KIND, authentication_issuer=ISSUER,
+            endpoint_id=ENDPOINT,
+            operation="models",
+            input={},
+            principal_id=USER_UNTENANTED,
+            principal_kind=PRINCIPAL_KIND,
+            authentication_issuer=ISSUER,
             credential_revision=REVISION,
         )
         result = await (await running.client.publish(action)).result(timeout_s=20)
@@ -320,14 +328,26 @@ async def test_a_running_worker_reports_its_work_and_loses_readiness_without_red
             await asyncio.sleep(0.1)
         assert value(text, f"{p}_actions_total", capability=CAP, status="completed", code="") == 1
         assert value(text, f"{p}_deliveries_total", endpoint=ENDPOINT, outcome="executed") == 1
-        assert value(text, f"{p}_provider_responses_total", endpoint=ENDPOINT, method="GET",
-                     route="/v1/models", status="200") >= 1
+        assert (
+            value(
+                text,
+                f"{p}_provider_responses_total",
+                endpoint=ENDPOINT,
+                method="GET",
+                route="/v1/models",
+                status="200",
+            )
+            >= 1
+        )
         assert value(text, f"{p}_chunks_published_total", endpoint=ENDPOINT, kind="done") == 1
 
         await asyncio.to_thread(redis_server.stop)
         down = await _until_status(http, base + "/ready", 503)
         assert down["checks"] == {
-            "nats_connected": True, "redis": False, "consumers_bound": True, "hermes": True,
+            "nats_connected": True,
+            "redis": False,
+            "consumers_bound": True,
+            "hermes": True,
         }
         assert (await _get(http, base + "/health"))[0] == 200
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,3 +145,12 @@ def write_trust_files(
         public_key=pair.public_key,
         seed=pair.seed,
     )
+
+
+def write_api_key_file(directory: Path, name: str = "hermes.key") -> tuple[str, Path]:
+    """A fresh Hermes API key and the owner-only file a worker reads it from."""
+    key = "key-" + secrets.token_hex(16)
+    path = directory / name
+    path.write_text(key, encoding="utf-8")
+    os.chmod(path, 0o600)
+    return key, path
