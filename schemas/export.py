@@ -14,6 +14,7 @@ from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import StreamChunk
 from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
+from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
 from schemas.operator import OperatorInput
 from schemas.result import ActionResult
@@ -29,6 +30,8 @@ EXPORTED: dict[str, Any] = {
     "CancelRequest": CancelRequest,
     "CancelReply": CancelReply,
     "DelegationRequest": DelegationRequest,
+    "QueueRecord": QueueRecord,
+    "LifecycleRecord": LifecycleRecord,
     "CapabilityManifest": CapabilityManifest,
     "Receipt": Receipt,
 }

@@ -71,6 +71,24 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "worker",
     ),
     (
+        "runtime_queue",
+        "{prefix}.runtime.queue.{action_id}",
+        "QueueRecord",
+        "RUNTIME:QUEUE",
+        "The AIP runtime's Action queue entry of a delegated child (last message = current), "
+        "signed like an envelope; read by the delegated-result resolver.",
+        "publisher",
+    ),
+    (
+        "runtime_lifecycle",
+        "{prefix}.runtime.lifecycle.{action_id}",
+        "LifecycleRecord",
+        "RUNTIME:LIFECYCLE",
+        "The AIP runtime's lifecycle record and durable result of a delegated child, written "
+        "before the queue entry turns terminal; signed; read by the resolver.",
+        "publisher",
+    ),
+    (
         "manifest",
         "{prefix}.hermes.{endpoint}.manifest",
         "CapabilityManifest",
@@ -79,6 +97,11 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "worker",
     ),
 )
+
+
+def _stream_name(subjects: Subjects, stream: str) -> str:
+    owner, _, kind = stream.rpartition(":")
+    return subjects.runtime_stream_name(kind) if owner == "RUNTIME" else subjects.stream_name(kind)
 
 
 def document(prefix: str = "aip") -> dict[str, Any]:
@@ -103,7 +126,7 @@ def document(prefix: str = "aip") -> dict[str, Any]:
         channel: dict[str, Any] = {
             "address": address.replace("{prefix}", prefix),
             "description": description
-            + (f" Stream {subjects.stream_name(stream)}." if stream else ""),
+            + (f" Stream {_stream_name(subjects, stream)}." if stream else ""),
             "messages": {message: {"$ref": f"#/components/messages/{message}"}},
         }
         if params:

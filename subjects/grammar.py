@@ -68,6 +68,24 @@ class Subjects:
     def manifest(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.manifest"
 
+    # The AIP runtime's Action queue and lifecycle stores (written by the runtime, read by
+    # the delegated-result resolver; see schemas/lifecycle.py).
+    def runtime_queue(self, action_id: str) -> str:
+        return f"{self.prefix}.runtime.queue.{_checked(action_id)}"
+
+    def runtime_lifecycle(self, action_id: str) -> str:
+        return f"{self.prefix}.runtime.lifecycle.{_checked(action_id)}"
+
+    def all_runtime_queue(self) -> str:
+        return f"{self.prefix}.runtime.queue.*"
+
+    def all_runtime_lifecycle(self) -> str:
+        return f"{self.prefix}.runtime.lifecycle.*"
+
+    def runtime_stream_name(self, kind: str) -> str:
+        """`AIP_RUNTIME_QUEUE` / `AIP_RUNTIME_LIFECYCLE` for the default prefix."""
+        return f"{self.prefix.upper().replace('-', '_')}_RUNTIME_{kind.upper()}"
+
     # Wildcards that streams bind.
     def all_actions(self) -> str:
         return f"{self.prefix}.hermes.*.actions"

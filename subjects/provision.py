@@ -21,7 +21,7 @@ from nats.js.api import ConsumerConfig, StreamConfig
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
-from subjects.streams import StreamPolicy, consumer_specs, stream_configs
+from subjects.streams import StreamPolicy, consumer_specs, runtime_store_configs, stream_configs
 
 
 class Change(StrEnum):
@@ -179,11 +179,20 @@ async def provision(
     subjects: Subjects,
     endpoint_ids: list[str],
     policy: StreamPolicy | None = None,
+    *,
+    runtime_stores: bool = False,
 ) -> list[ProvisionItem]:
-    """Bring every stream and consumer to the wanted shape; returns what happened to each."""
+    """Bring every stream and consumer to the wanted shape; returns what happened to each.
+
+    `runtime_stores` also creates the AIP runtime's queue and lifecycle streams that the
+    delegated-result resolver reads (for a runtime that does not create its own).
+    """
     policy = policy or StreamPolicy()
     report = []
-    for cfg in stream_configs(subjects, policy):
+    wanted = stream_configs(subjects, policy)
+    if runtime_stores:
+        wanted += runtime_store_configs(subjects, policy)
+    for cfg in wanted:
         item = await provision_stream(js, cfg)
         if item.change is not Change.CONFLICT:
             placement = await stream_placement(js, item.name, policy.replicas)

@@ -72,6 +72,32 @@ def stream_configs(subjects: Subjects, policy: StreamPolicy) -> list[StreamConfi
     ]
 
 
+def runtime_store_configs(subjects: Subjects, policy: StreamPolicy) -> list[StreamConfig]:
+    """The AIP runtime's queue and lifecycle streams (schemas/lifecycle.py).
+
+    They belong to the runtime, not to the workers: `provision` creates them only when asked
+    (`--runtime-stores`), for a deployment or a test whose runtime does not bring its own.
+    One record per Action id and subject is enough: the resolver reads the last one.
+    """
+    return [
+        StreamConfig(
+            name=subjects.runtime_stream_name(kind),
+            subjects=[subject],
+            retention=RetentionPolicy.LIMITS,
+            storage=StorageType.FILE,
+            num_replicas=policy.replicas,
+            duplicate_window=policy.duplicate_window_s,
+            max_age=policy.results_max_age_s,
+            max_msgs_per_subject=16,
+            discard=DiscardPolicy.OLD,
+        )
+        for kind, subject in (
+            ("queue", subjects.all_runtime_queue()),
+            ("lifecycle", subjects.all_runtime_lifecycle()),
+        )
+    ]
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerSpec:
     stream: str

@@ -37,3 +37,23 @@ class Admission(Protocol):
         Raises ConnectorError with the refusal code; nothing has been sent to Hermes then.
         """
         ...
+
+    async def admit_delegation(
+        self,
+        *,
+        action: Action,
+        child: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+        child_approval: bool,
+    ) -> tuple[Mapping[str, str], str | None]:
+        """Admit a delegation's internal Action (its delegator's identity and tenant), and,
+        when `child_approval`, the durable approval of the exact `child` Action.
+
+        Returns the trusted provider headers and the delegator's verified tenant; raises
+        ConnectorError with the refusal code, before anything was sent to Hermes.
+        """
+        ...

@@ -17,6 +17,9 @@ from worker.audit import AuditLog
 from worker.connections import connect_nats, stream_policy
 from worker.consumer import PullLoop, Slots
 from worker.control import BindingCancelHook, ControlPlane
+from worker.delegation.handler import DelegationHandler
+from worker.delegation.operation import DelegatedOperation
+from worker.delegation.stores import JetStreamLifecycleStores
 from worker.delivery import DeliveryHandler, EndpointRuntime, Runtime
 from worker.health import (
     CallbackProbe,
@@ -48,8 +51,11 @@ class Worker:
         admission: Admission,
         registry: Registry,
         binding_cancel: BindingCancelHook | None = None,
+        delegation: DelegatedOperation | None = None,
     ) -> None:
         self.settings = settings
+        #: The delegated entry; None serves no delegations subject at all.
+        self.delegation = delegation
         self.admission = admission
         self.registry = registry
         self.binding_cancel = binding_cancel
@@ -136,6 +142,20 @@ class Worker:
             )
             self.loops.append(pull)
             self._tasks.append(loop.create_task(pull.run()))
+        if self.delegation is not None:
+            stores = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_signature)
+            delegations = DelegationHandler(handler, self.delegation.with_stores(stores))
+            for endpoint in endpoints:
+                pull = PullLoop(
+                    js,
+                    stream=self.subjects.stream_name("delegations"),
+                    durable=self.subjects.durable(endpoint.id, "delegations"),
+                    subject=self.subjects.delegations(endpoint.id),
+                    slots=self.slots,
+                    handle=_bound(delegations, endpoint.id),
+                )
+                self.loops.append(pull)
+                self._tasks.append(loop.create_task(pull.run()))
         rt = self.rt
         probe = CallbackProbe(
             nats=lambda: bool(self.nc is not None and self.nc.is_connected),
@@ -211,7 +231,7 @@ class Worker:
         await self.shutdown()
 
 
-def _bound(handler: DeliveryHandler, endpoint_id: str) -> Any:
+def _bound(handler: DeliveryHandler | DelegationHandler, endpoint_id: str) -> Any:
     async def handle(msg: Any) -> None:
         await handler.handle(msg, endpoint_id)
 

@@ -77,7 +77,12 @@ async def _connect_nats(servers: str) -> Any:
 
 async def cmd_run(args: argparse.Namespace) -> int:
     from worker.app import Worker
-    from worker.wiring import binding_cancel_hook, build_admission, build_registry
+    from worker.wiring import (
+        binding_cancel_hook,
+        build_admission,
+        build_delegation,
+        build_registry,
+    )
 
     settings = settings_from(args)
     setup_logging(settings.log_format, settings.log_level)
@@ -87,6 +92,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         admission=build_admission(settings),
         registry=registry,
         binding_cancel=binding_cancel_hook(),
+        delegation=build_delegation(settings),
     )
     try:
         await worker.run_until_signalled()
@@ -111,6 +117,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
             Subjects(settings.subject_prefix),
             endpoint_ids,
             stream_policy(settings),
+            runtime_stores=args.runtime_stores,
         )
     finally:
         await nc.close()
@@ -318,6 +325,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     prov = sub.add_parser("provision", help="create or update streams and consumers")
     add_settings_flags(prov)
+    prov.add_argument(
+        "--runtime-stores",
+        action="store_true",
+        help="also create the AIP runtime's queue and lifecycle streams (delegation results)",
+    )
     prov.set_defaults(func=cmd_provision)
 
     submit = sub.add_parser("submit", help="publish an Action and print its id")

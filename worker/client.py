@@ -31,6 +31,7 @@ from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.codec import encode
+from schemas.delegation import DelegationRequest
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
@@ -176,6 +177,25 @@ class AipClient:
 
     async def submit(self, **fields: Any) -> ActionHandle:
         return await self.publish(self.build_action(**fields))
+
+    async def delegate(self, request: DelegationRequest) -> ActionHandle:
+        """Publish a DelegationRequest to the delegate's endpoint (signed when a key is set).
+
+        The returned handle follows the delegation's own Action id
+        (`worker.delegation.delegation_action_id`): its chunks are the operator run's, its
+        result carries the verified child result in `output.child_result`.
+        """
+        from worker.delegation.ids import delegation_action_id
+        from worker.delegation.router import delegate_endpoint
+
+        endpoint_id = delegate_endpoint(request)
+        action_id = delegation_action_id(request.delegation_id)
+        payload = encode(request)
+        headers = {"Nats-Msg-Id": action_id, **_signed_headers(payload, self.sign_key)}
+        await self.nc.jetstream().publish(
+            self.subjects.delegations(endpoint_id), payload, headers=headers
+        )
+        return ActionHandle(self, endpoint_id, action_id)
 
     async def submit_and_wait(self, *, timeout_s: float = 60.0, **fields: Any) -> ActionResult:
         handle = await self.submit(**fields)

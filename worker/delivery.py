@@ -110,6 +110,10 @@ class _Refusal(Exception):
         self.read_only = read_only
 
 
+#: A trusted envelope that may not run: settled once as a failed result (`refuse`).
+Refusal = _Refusal
+
+
 class DeliveryHandler:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt

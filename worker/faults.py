@@ -29,6 +29,7 @@ POINTS = (
     "after_post_run",
     "after_bind",
     "mid_stream",
+    "before_resolve",
     "after_execute",
     "after_settle",
     "after_result_publish",

@@ -148,6 +148,8 @@ class Settings(BaseSettings):
     """Accept first-class delegation (needs both prefix allowlists)."""
     hermes_operator_delegation_requires_approval: bool = True
     """Require a durable approval for delegated children."""
+    hermes_operator_delegation_approval_exempt_prefixes: str = ""
+    """Child capability-id prefixes exempt from the delegation approval check (narrow!)."""
     hermes_operator_capability_prefixes: str = ""
     """Delegated capability-id prefixes, comma-separated (`*`: unrestricted)."""
     hermes_operator_scope_prefixes: str = ""
@@ -251,7 +253,11 @@ class Settings(BaseSettings):
                 "hermes_operator_delegation_enabled needs both "
                 "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES and AIPD_HERMES_OPERATOR_SCOPE_PREFIXES"
             )
-        for prefix in self.operator_capability_prefixes + self.operator_scope_prefixes:
+        for prefix in (
+            self.operator_capability_prefixes
+            + self.operator_scope_prefixes
+            + self.operator_approval_exempt_prefixes
+        ):
             if len(prefix) > 512:
                 raise ValueError("operator allowlist prefixes are at most 512 characters")
         return self
@@ -271,6 +277,10 @@ class Settings(BaseSettings):
     @property
     def operator_scope_prefixes(self) -> list[str]:
         return _split_list(self.hermes_operator_scope_prefixes)
+
+    @property
+    def operator_approval_exempt_prefixes(self) -> list[str]:
+        return _split_list(self.hermes_operator_delegation_approval_exempt_prefixes)
 
     def endpoint_descriptors(self) -> list[EndpointDescriptor]:
         """Endpoints from the file and the inline list; duplicate normalized ids are refused."""

@@ -6,13 +6,16 @@ exist, so `app` and `cli` stay free of those choices and tests can assemble thei
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from worker.admission import Admission
 from worker.control import BindingCancelHook
 from worker.operations.base import Registry
 from worker.operations.registry import default_registry
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.delegation import DelegatedOperation
 
 
 def build_registry(settings: Settings) -> Registry:
@@ -22,6 +25,15 @@ def build_registry(settings: Settings) -> Registry:
     registry = default_registry(settings)
     registry.add(operator_operation(HermesOperatorPolicy.from_settings(settings)))
     return registry
+
+
+def build_delegation(settings: Settings) -> DelegatedOperation:
+    """The first-class delegation entry under the same operator policy (fail closed: with
+    delegation disabled every request is refused with `operator_policy`, and answered)."""
+    from worker.delegation import DelegatedOperation
+    from worker.operator import HermesOperatorPolicy
+
+    return DelegatedOperation(HermesOperatorPolicy.from_settings(settings), stores=None)
 
 
 def build_admission(settings: Settings) -> Admission:

@@ -288,6 +288,15 @@ async def test_only_the_gateway_publishes_actions_and_it_cannot_forge_results(
         assert refused is (name not in GATEWAY_PUBLISHES), f"gateway publish {subject}"
 
 
+async def test_only_the_gateway_writes_the_runtime_records_the_resolver_trusts(
+    users: dict[str, _Client],
+) -> None:
+    subjects = Subjects()
+    for subject in (subjects.runtime_queue(ACTION_ID), subjects.runtime_lifecycle(ACTION_ID)):
+        assert await users["worker"].refused(subject, "publish"), f"worker publish {subject}"
+        assert not await users["gateway"].refused(subject, "publish"), f"gateway {subject}"
+
+
 async def test_the_worker_user_can_provision_and_use_jetstream(compose_nats: str) -> None:
     from subjects.provision import Change, provision
     from subjects.streams import StreamPolicy

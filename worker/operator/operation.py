@@ -127,18 +127,26 @@ class OperatorOperation:
         return outcome_of(await self._drive(session, stream=False))
 
     async def _drive(self, session: OperatorSession, *, stream: bool) -> OperatorBinding:
-        """Observe until the binding is terminal or waits for a human, reconciling a cancel."""
-        observer = Observer(session)
-        binding = session.handle.binding
-        while not binding.terminal and binding.status is not S.WAITING_FOR_APPROVAL:
-            if binding.status is S.STARTING:
-                break  # the start fence ended without a run: nothing to observe
-            if binding.status is S.CANCELLING or session.cancel_wanted():
-                binding = await reconcile_cancel(session, observer)
-                break
-            binding = await observer.follow(stream=stream)
-            stream = False
-        return binding
+        return await drive_binding(session, stream=stream)
+
+
+async def drive_binding(session: OperatorSession, *, stream: bool) -> OperatorBinding:
+    """Observe until the binding is terminal or waits for a human, reconciling a cancel.
+
+    Shared by the objective, the resume and the first-class delegation entries: however a
+    run was started, it is observed, recovered and cancelled the same way.
+    """
+    observer = Observer(session)
+    binding = session.handle.binding
+    while not binding.terminal and binding.status is not S.WAITING_FOR_APPROVAL:
+        if binding.status is S.STARTING:
+            break  # the start fence ended without a run: nothing to observe
+        if binding.status is S.CANCELLING or session.cancel_wanted():
+            binding = await reconcile_cancel(session, observer)
+            break
+        binding = await observer.follow(stream=stream)
+        stream = False
+    return binding
 
 
 def operator_operation(policy: HermesOperatorPolicy) -> OperatorOperation:

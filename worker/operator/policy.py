@@ -80,6 +80,9 @@ class HermesOperatorPolicy:
     cancel_grace_ms: int = 15_000
     capability_prefixes: tuple[str, ...] = field(default_factory=tuple)
     scope_prefixes: tuple[str, ...] = field(default_factory=tuple)
+    #: Child capability prefixes exempt from the connector's extra delegation approval check
+    #: (normal AIP authorization and downstream approval still apply).
+    approval_exempt_prefixes: tuple[str, ...] = field(default_factory=tuple)
     #: DESIGN §7 "Endpoint capacity" (an addition to the spec): open runs per endpoint,
     #: shared by every worker; an endpoint descriptor may set its own.
     max_concurrent_runs: int = 8
@@ -104,6 +107,7 @@ class HermesOperatorPolicy:
             cancel_grace_ms=settings.hermes_operator_cancel_grace_ms,
             capability_prefixes=tuple(settings.operator_capability_prefixes),
             scope_prefixes=tuple(settings.operator_scope_prefixes),
+            approval_exempt_prefixes=tuple(settings.operator_approval_exempt_prefixes),
             max_concurrent_runs=settings.hermes_max_concurrent_runs,
         )
         policy.validate()
@@ -126,6 +130,7 @@ class HermesOperatorPolicy:
         for kind, prefixes in (
             ("capability", self.capability_prefixes),
             ("scope", self.scope_prefixes),
+            ("approval exemption", self.approval_exempt_prefixes),
         ):
             for prefix in prefixes:
                 if not prefix or len(prefix) > MAX_PREFIX_CHARS:
@@ -148,6 +153,12 @@ class HermesOperatorPolicy:
 
     def allows_scope(self, scope: str) -> bool:
         return _matches(self.scope_prefixes, scope)
+
+    def delegation_needs_approval(self, capability: str) -> bool:
+        """The connector's extra approval check applies unless a textual prefix exempts it."""
+        if not self.delegation_requires_approval:
+            return False
+        return not any(capability.startswith(p) for p in self.approval_exempt_prefixes)
 
 
 def _matches(prefixes: tuple[str, ...], value: str) -> bool:

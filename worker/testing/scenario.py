@@ -7,7 +7,9 @@ lets the conformance suite run each behavioural test parametrized over `fake` an
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 #: The agent calls the `terminal` tool with a harmless `echo`; no approval is needed.
 TOOL_ECHO = "scenario-tool-echo"
@@ -28,6 +30,13 @@ SLOW_DELTA_DELAY_S = 0.1
 
 #: Final text of a plain reply is REPLY_PREFIX + the first 40 characters of the input.
 REPLY_PREFIX = "fake-reply: "
+
+#: The `kind` of a first-class delegation input (`worker.delegation.payload`): when the AIP
+#: MCP tool is available, the agent calls it once with the input's `aip_call_arguments`.
+DELEGATED_KIND = "aip_delegated_call"
+#: The model-facing name of the AIP MCP tool in Hermes 0.19: `mcp__<server>__<tool>` with
+#: server `aip` and tool `aip_call` (tools/mcp_tool.py); its `tool.*` events say the same.
+AIP_CALL_TOOL = "mcp__aip__aip_call"
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,5 +66,29 @@ def reply_text(text: str) -> str:
 
 def reply_deltas(text: str) -> list[str]:
     """The reply split into the word-sized deltas that the stream carries."""
-    words = reply_text(text).split(" ")
+    return word_deltas(reply_text(text))
+
+
+def word_deltas(text: str) -> list[str]:
+    """`text` as word-sized deltas that join back to exactly `text`."""
+    words = text.split(" ")
     return [w + " " for w in words[:-1]] + [words[-1]]
+
+
+def delegated_arguments(text: str) -> dict[str, Any] | None:
+    """The `aip_call_arguments` of a delegated run's input, or None for any other input."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(document, dict) or document.get("kind") != DELEGATED_KIND:
+        return None
+    arguments = document.get("aip_call_arguments")
+    return arguments if isinstance(arguments, dict) else None
+
+
+def delegated_final_text(tool_result: str, failed: bool) -> str:
+    """What the agent says after its one `aip_call`: prose never to be taken as the result."""
+    if failed:
+        return "The aip_call tool failed; I did not retry it."
+    return f"I called aip_call once. It returned: {tool_result[:200]}"

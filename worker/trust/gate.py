@@ -188,6 +188,23 @@ class TrustGate:
             headers=trusted_projection(action, identity),
         )
 
+    async def check_delegated_child(
+        self, redis: Any, child: Action, *, tenant_id: str | None, decision_id: str | None
+    ) -> ApprovalRecord:
+        """The connector-level delegation approval (overview "Router Policy"): a terminal
+        approved record in the approval store for the exact child Action id, capability and
+        input, in the verified tenant; `decision_id` (the request's approval reference), when
+        given, must name that record. Payload claims alone are never authority."""
+        record = await check_approval(
+            redis, self.authority, child, tenant_id=tenant_id, clock=RedisClock(redis)
+        )
+        if decision_id is not None and decision_id != record.decision_id:
+            raise ConnectorError(
+                ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT,
+                "approval: the delegation's decision_id is not the recorded decision",
+            )
+        return record
+
 
 def _carries_signature(headers: Mapping[str, str]) -> bool:
     names = {SIGNER_HEADER.lower(), SIGNATURE_HEADER.lower()}

@@ -67,3 +67,32 @@ class GateAdmission:
             redis=redis,
         )
         return decision.headers
+
+    async def admit_delegation(
+        self,
+        *,
+        action: Action,
+        child: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+        child_approval: bool,
+    ) -> tuple[Mapping[str, str], str | None]:
+        decision = await self.admit_decision(
+            action=action,
+            payload=payload,
+            headers=headers,
+            endpoint=endpoint,
+            spec=spec,
+            redis=redis,
+        )
+        if child_approval:
+            await self.gate.check_delegated_child(
+                redis,
+                child,
+                tenant_id=decision.tenant_id,
+                decision_id=action.approval.decision_id if action.approval else None,
+            )
+        return decision.headers, decision.tenant_id

@@ -15,11 +15,12 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from worker.testing.fake_hermes import agent
+from worker.testing.fake_hermes import agent, mcp
 from worker.testing.fake_hermes.channel import EventChannel
 from worker.testing.fake_hermes.config import FakeConfig
 from worker.testing.fake_hermes.sessions import SessionStore
 from worker.testing.fake_hermes.stats import now
+from worker.testing.scenario import word_deltas
 
 
 class RunStatus(enum.StrEnum):
@@ -199,6 +200,8 @@ class RunRegistry:
         self._sessions = sessions
         self._runs: dict[str, Run] = {}
         self._other_agents = 0
+        #: MCP tools by name (see `mcp`); kept across a restart, like Hermes' config.
+        self.mcp_tools: dict[str, mcp.McpTool] = {}
 
     # --- the shared cap ----------------------------------------------------------------
 
@@ -302,12 +305,47 @@ class RunRegistry:
             run.channel.finish()
 
     async def _play(self, run: Run) -> None:
+        arguments = mcp.delegated_arguments(run.input_text)
+        tool = self.mcp_tools.get(mcp.AIP_CALL)
+        if arguments is not None and tool is not None:
+            await self._play_delegated(run, tool, arguments)
+            return
         gate = _RunGate(run, self._config.approval_timeout_s)
         async with contextlib.aclosing(agent.run_turn(run.input_text, gate)) as steps:
             async for step in steps:
                 self._render(run, step)
                 if run.status is RunStatus.STOPPING:
                     return
+
+    async def _play_delegated(
+        self, run: Run, tool: mcp.McpTool, arguments: dict[str, Any]
+    ) -> None:
+        """One `aip_call` with the exact arguments, then prose, then `run.completed`."""
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        # Hermes has no main argument to preview for an MCP tool (agent/display.py).
+        run.emit("tool.started", tool=mcp.HERMES_TOOL_NAME, preview=None)
+        failed = False
+        try:
+            result = await tool(arguments)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            result, failed = f"error: {exc}", True
+        if run.status is RunStatus.STOPPING:
+            return
+        run.emit(
+            "tool.completed",
+            tool=mcp.HERMES_TOOL_NAME,
+            duration=round(loop.time() - started, 3),
+            error=failed,
+        )
+        text = mcp.delegated_final_text(result, failed)
+        # As after any tool call, 0.19.0 starts the next text with "\n\n".
+        for n, piece in enumerate(word_deltas(text)):
+            run.emit("message.delta", delta="\n\n" + piece if n == 0 else piece)
+        usage = agent.Usage(agent.INPUT_TOKENS_PER_CALL * 2, agent.OUTPUT_TOKENS_PER_CALL * 2)
+        self._render(run, agent.Finished(text, usage, [], []))
 
     @property
     def _model(self) -> str:

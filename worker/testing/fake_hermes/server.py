@@ -10,6 +10,7 @@ from aiohttp import web
 from worker.testing.fake_hermes.app import build_app
 from worker.testing.fake_hermes.config import FakeConfig
 from worker.testing.fake_hermes.faults import Faults
+from worker.testing.fake_hermes.mcp import McpTool
 from worker.testing.fake_hermes.state import FakeState
 from worker.testing.fake_hermes.stats import RecordedRequest, StatsSnapshot
 
@@ -69,6 +70,11 @@ class FakeHermes:
     def faults(self) -> Faults:
         """The armed faults; add or clear them at any time."""
         return self.state.faults
+
+    @property
+    def mcp_tools(self) -> dict[str, McpTool]:
+        """MCP tools the agent may call by name (`aip_call` for delegation); see `mcp`."""
+        return self.state.runs.mcp_tools
 
     def stats(self) -> StatsSnapshot:
         """Request counts so far."""

@@ -1,0 +1,131 @@
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+
+from schemas.approval import ApprovalDecision
+from schemas.codec import encode
+from schemas.delegation import DelegationRequest
+from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from worker.client import ActionHandle, AipClient
+from worker.testing.aip_runtime import FakeAipRuntime
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.identities import (
+    APPROVER_UNTENANTED,
+    authority_memberships,
+    write_api_key_file,
+    write_trust_files,
+)
+from worker.testing.services import ServiceHandle
+
+from .support import make_request
+
+LEASE_TTL_MS = 3000
+CHILD_PREFIX = "cap:support_sandbox:"
+
+
+@dataclass
+class DelegationStack:
+    """The integration Stack with delegation enabled, plus the fake AIP runtime."""
+
+    stack: Stack
+    runtime: FakeAipRuntime
+
+    @property
+    def fake(self) -> FakeHermes:
+        assert self.stack.fake is not None
+        return self.stack.fake
+
+    def request(self, **kw: object) -> DelegationRequest:
+        return make_request(ENDPOINT, **kw)  # type: ignore[arg-type]
+
+    async def approve_child(self, request: DelegationRequest) -> None:
+        from redis.asyncio import Redis
+
+        from worker.trust.approvals import approve
+        from worker.trust.authority import ApprovalAuthority
+
+        client = Redis.from_url(self.stack.redis_url)
+        try:
+            authority = ApprovalAuthority.load(
+                self.stack.trust.authority_file, now_ms=time.time_ns() // 1_000_000
+            )
+            await approve(
+                client,
+                authority,
+                request.action,
+                APPROVER_UNTENANTED,
+                "delegation approved by the test",
+                ApprovalDecision.APPROVED,
+            )
+        finally:
+            await client.aclose()
+
+    async def delegate(
+        self, request: DelegationRequest, *, approve: bool = True, msg_id: str | None = None
+    ) -> ActionHandle:
+        if approve:
+            await self.approve_child(request)
+        if msg_id is None:
+            return await self.stack.client.delegate(request)
+        payload = encode(request)
+        headers = {"Nats-Msg-Id": msg_id, **self.stack.trust.sign(payload)}
+        await self.stack.nc.jetstream().publish(
+            self.stack.subjects.delegations(ENDPOINT), payload, headers=headers
+        )
+        from worker.delegation import delegation_action_id
+
+        return self.stack.client.handle(ENDPOINT, delegation_action_id(request.delegation_id))
+
+
+@pytest.fixture
+async def dstack(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[DelegationStack]:
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    memberships = authority_memberships()
+    for membership in memberships:
+        membership["capability_prefixes"] = [*membership["capability_prefixes"], CHILD_PREFIX]
+    trust = write_trust_files(trust_dir, memberships=memberships)
+    api_key, key_file = write_api_key_file(tmp_path)
+    await provision_streams(nats_server.url, ack_wait_s=LEASE_TTL_MS / 1000)
+    async with FakeHermes(api_key=api_key, port=0) as fake:
+        env = {
+            "AIPD_NATS_URL": nats_server.url,
+            "AIPD_REDIS_URL": redis_server.url,
+            "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
+            "AIPD_HERMES_API_KEY_FILE": str(key_file),
+            "AIPD_LEASE_TTL_MS": str(LEASE_TTL_MS),
+            "AIPD_NAK_DELAY_MS": "200",
+            "AIPD_SHUTDOWN_GRACE_S": "5",
+            "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+            "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD_PREFIX,
+            "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
+            "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "50",
+            **trust.environment(),
+        }
+        nc = await nats.connect(nats_server.url)
+        stack = Stack(
+            root=tmp_path,
+            nats_url=nats_server.url,
+            redis_url=redis_server.url,
+            fake=fake,
+            trust=trust,
+            nc=nc,
+            client=AipClient(nc, sign_key=trust.seed_file),
+            env=env,
+        )
+        runtime = FakeAipRuntime(nc, seed=trust.seed)
+        await runtime.provision()
+        fake.mcp_tools["aip_call"] = runtime.tool_for(runtime.principal(ENDPOINT))
+        try:
+            yield DelegationStack(stack, runtime)
+        finally:
+            stack.stop_workers()
+            await nc.close()

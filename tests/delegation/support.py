@@ -1,0 +1,80 @@
+"""Builders shared by the delegation tests: one valid request, changed one field at a time."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+import msgspec
+
+from schemas.action import DelegationRef, Identity
+from schemas.delegation import ChildAction, DelegationRequest
+from schemas.ids import new_action_id
+from worker.operator.policy import HermesOperatorPolicy
+
+CHILD_CAPABILITY = "cap:support_sandbox:case.get"
+DELEGATOR = "user:demo"
+ISSUER = "https://idp.example.test"
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def enabled_policy(**changes: Any) -> HermesOperatorPolicy:
+    fields: dict[str, Any] = {
+        "delegation_enabled": True,
+        "capability_prefixes": ("cap:support_sandbox:",),
+        "scope_prefixes": ("support.",),
+        "poll_interval_ms": 50,
+    }
+    fields.update(changes)
+    return HermesOperatorPolicy(**fields)
+
+
+def make_request(
+    endpoint_id: str = "h1",
+    *,
+    tenant_id: str | None = None,
+    chain: list[str] | None = None,
+    child_input: dict[str, Any] | None = None,
+    deadline_s: float = 30.0,
+    **child_changes: Any,
+) -> DelegationRequest:
+    delegate = f"agent:hermes_operator:{endpoint_id}"
+    delegation_id = "dlg-" + secrets.token_hex(8)
+    chain = chain if chain is not None else [DELEGATOR]
+    created = now_ms()
+    child = ChildAction(
+        id=new_action_id(),
+        capability=CHILD_CAPABILITY,
+        input=child_input if child_input is not None else {"case_id": "case-2030"},
+        identity=Identity(principal_id=delegate, principal_kind="agent", tenant_id=tenant_id),
+        created_at_unix_ms=created,
+        idempotency_key="idem-" + secrets.token_hex(6),
+        timeout_ms=60_000,
+        conversation={"thread": "t-1"},
+        memory={"notes": ["keep"]},
+        delegation=DelegationRef(
+            delegation_id=delegation_id, parent_action_id=new_action_id(), chain=list(chain)
+        ),
+    )
+    if child_changes:
+        child = msgspec.structs.replace(child, **child_changes)
+    return DelegationRequest(
+        delegation_id=delegation_id,
+        delegator=Identity(
+            principal_id=DELEGATOR,
+            principal_kind="user",
+            tenant_id=tenant_id,
+            authentication_issuer=ISSUER,
+            credential_revision=3,
+        ),
+        delegate=delegate,
+        action=child,
+        chain=list(chain),
+        scopes=["support.read"],
+        created_at_unix_ms=created,
+        deadline_unix_ms=created + int(deadline_s * 1000),
+    )

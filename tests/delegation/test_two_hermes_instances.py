@@ -1,0 +1,168 @@
+"""Delegation routed to two isolated Hermes instances, with a real downstream capability call.
+
+Qualification items 8 and 9 of the connector overview, on this bus: two endpoints, each its
+own fake Hermes, its own worker process and its own MCP principal. A delegation selects its
+endpoint by the delegate principal only; the Hermes it reaches calls `aip_call`, and the
+child is a real Action (`cap:hermes_agent:h2:models`) that the runtime dispatches to the
+other endpoint's queue, where a worker executes and settles it. The delegation's result is
+that child's verified native result, and both Actions leave their receipt chains.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+import nats
+import pytest
+
+from schemas.delegation import DelegationRequest
+from schemas.result import ResultStatus
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from tests.integration.stack import Stack
+from worker.client import AipClient
+from worker.testing.aip_runtime import ISSUER as MCP_ISSUER
+from worker.testing.aip_runtime import FakeAipRuntime, bus_executor
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
+from worker.testing.services import ServiceHandle
+
+from .support import make_request
+
+ENDPOINTS = ("h1", "h2")
+POST_RUNS = "POST /v1/runs"
+
+
+@dataclass
+class TwoHermes:
+    stack: Stack
+    fakes: dict[str, FakeHermes]
+    runtime: FakeAipRuntime
+
+    def request(self, endpoint_id: str, capability: str) -> DelegationRequest:
+        return make_request(endpoint_id, capability=capability, child_input={})
+
+
+@pytest.fixture
+async def two(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[TwoHermes]:
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    # The Hermes principals are directory identities too: their children run as them.
+    identities = identity_entries() + [
+        {
+            "principal_id": f"agent:hermes_operator:{endpoint_id}",
+            "revision": 1,
+            "tenant_id": None,
+            "credential": f"opaque-mcp-token-of-{endpoint_id}",
+            "identity": {"principal_kind": "agent", "authentication_issuer": MCP_ISSUER},
+        }
+        for endpoint_id in ENDPOINTS
+    ]
+    trust = write_trust_files(trust_dir, identities=identities)
+    api_key, key_file = write_api_key_file(tmp_path)
+    nc = await nats.connect(nats_server.url)
+    await provision(nc.jetstream(), Subjects(), list(ENDPOINTS), StreamPolicy(ack_wait_s=3.0))
+    async with FakeHermes(api_key=api_key) as h1, FakeHermes(api_key=api_key) as h2:
+        fakes = {"h1": h1, "h2": h2}
+        client = AipClient(nc, sign_key=trust.seed_file)
+        runtime = FakeAipRuntime(nc, seed=trust.seed, execute=bus_executor(client))
+        await runtime.provision()
+        for endpoint_id, fake in fakes.items():
+            fake.mcp_tools["aip_call"] = runtime.tool_for(runtime.principal(endpoint_id))
+        base = {
+            "AIPD_NATS_URL": nats_server.url,
+            "AIPD_REDIS_URL": redis_server.url,
+            "AIPD_HERMES_API_KEY_FILE": str(key_file),
+            "AIPD_LEASE_TTL_MS": "3000",
+            "AIPD_NAK_DELAY_MS": "200",
+            "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+            "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": "cap:hermes_agent:h2:models",
+            "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
+            "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": (
+                "cap:hermes_agent:h2:models"
+            ),
+            "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "50",
+            **trust.environment(),
+        }
+        stack = Stack(
+            root=tmp_path,
+            nats_url=nats_server.url,
+            redis_url=redis_server.url,
+            fake=None,
+            trust=trust,
+            nc=nc,
+            client=client,
+            env=base,
+        )
+        try:
+            # One isolated worker per Hermes instance: each serves exactly one endpoint.
+            for endpoint_id, fake in fakes.items():
+                await stack.spawn(
+                    f"w-{endpoint_id}", AIPD_HERMES_ENDPOINTS=f"{endpoint_id}={fake.url}"
+                )
+            yield TwoHermes(stack, fakes, runtime)
+        finally:
+            stack.stop_workers()
+            await nc.close()
+
+
+async def test_a_delegation_reaches_only_its_hermes_and_returns_the_downstream_result(
+    two: TwoHermes,
+) -> None:
+    request = two.request("h1", "cap:hermes_agent:h2:models")
+    handle = await two.stack.client.delegate(request)
+    result = await handle.result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    child = result.output["child_result"]
+    assert child["action_id"] == request.action.id
+    # The native result of the downstream call: h2's model list, executed by w-h2.
+    downstream = await two.stack.client.handle("h2", request.action.id).result(timeout_s=5)
+    assert downstream.settled_by == "w-h2"
+    assert child["output"] == downstream.output
+    assert downstream.output["data"][0]["id"] == "hermes-agent"
+    # Routing: only h1's Hermes started a run; h2 served one plain read.
+    assert two.fakes["h1"].stats().count(POST_RUNS) == 1
+    assert two.fakes["h2"].stats().count(POST_RUNS) == 0
+    assert two.fakes["h2"].stats().count("GET /v1/models") == 1
+    assert result.settled_by == "w-h1"
+    # Exact child-action execution and retained receipts for both Actions.
+    assert two.runtime.calls[0]["action_id"] == request.action.id
+    delegated = {r.event.value for r in await two.stack.client.receipts("h1", handle.action_id)}
+    assert {"received", "lease_acquired", "start_claimed", "run_bound", "settled"} <= delegated
+    executed = {r.event.value for r in await two.stack.client.receipts("h2", request.action.id)}
+    assert {"received", "lease_acquired", "settled"} <= executed
+
+
+async def test_each_instance_runs_as_its_own_principal(two: TwoHermes) -> None:
+    first = two.request("h1", "cap:hermes_agent:h2:models")
+    second = two.request("h2", "cap:hermes_agent:h2:models")
+    results = [
+        await (await two.stack.client.delegate(r)).result(timeout_s=60) for r in (first, second)
+    ]
+    assert [r.status for r in results] == [ResultStatus.COMPLETED, ResultStatus.COMPLETED]
+    assert [r.settled_by for r in results] == ["w-h1", "w-h2"]
+    assert two.fakes["h1"].stats().count(POST_RUNS) == 1
+    assert two.fakes["h2"].stats().count(POST_RUNS) == 1
+
+
+async def test_a_delegation_on_the_wrong_endpoint_subject_is_refused(two: TwoHermes) -> None:
+    request = two.request("h2", "cap:hermes_agent:h2:models")
+    payload = msgspec.json.encode(request)
+    from worker.delegation import delegation_action_id
+
+    action_id = delegation_action_id(request.delegation_id)
+    headers = {"Nats-Msg-Id": action_id, **two.stack.trust.sign(payload)}
+    await two.stack.nc.jetstream().publish(
+        two.stack.subjects.delegations("h1"), payload, headers=headers
+    )
+    result = await two.stack.client.handle("h1", action_id).result(timeout_s=30)
+    assert result.error is not None
+    assert result.error.code == "connector_host.route_mismatch"
+    assert two.fakes["h1"].stats().count(POST_RUNS) == 0
+    assert two.fakes["h2"].stats().count(POST_RUNS) == 0

@@ -1,0 +1,172 @@
+"""Execute one admitted delegation: one fenced operator run, then the verified child result.
+
+The run goes through the operator's own machinery (binding, start claim, observation,
+polling, cancellation): a delegation can no more start Hermes twice than an objective can.
+Only the result differs (spec "Read an operator result": "for first-class delegation, the
+native child Action result replaces the provider operator output as the business result"):
+
+* Hermes `completed` -> the resolver waits for the verified child; not observed ->
+  `delegated_execution_not_observed`, whatever Hermes wrote;
+* Hermes `failed`, `cancelled` or `outcome_unknown` after a run was bound -> one look at the
+  stores: a verified terminal child is still the business result (it happened); otherwise
+  the operator's own outcome stands;
+* `waiting_for_approval` -> `requires_human`, exactly as for an objective.
+
+The output always carries the operator binding too, so the run that did the work is known.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import msgspec
+
+from schemas.delegation import DelegationRequest
+from schemas.errors import ErrorCode
+from schemas.lifecycle import ChildResult
+from schemas.manifest import Risk
+from schemas.result import ResultStatus
+from worker import faults
+from worker.delegation.payload import delegated_payload
+from worker.delegation.resolver import DelegatedResolver
+from worker.delegation.stores import LifecycleStores
+from worker.errors import ConnectorError
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operator.binding import (
+    BindingState,
+    OperatorBinding,
+    collision_error,
+    new_binding,
+    request_fingerprint,
+    session_id_for,
+)
+from worker.operator.operation import drive_binding
+from worker.operator.policy import HermesOperatorPolicy
+from worker.operator.result import binding_output, outcome_of
+from worker.operator.session import OperatorSession
+from worker.operator.start import StartFence
+from worker.store.operator_store import OperatorStore
+from worker.trust.clock import RedisClock
+
+S = BindingState
+
+#: Not a published capability: the delegated entry is the delegations subject, not an Action.
+DELEGATION_SPEC = OperationSpec(
+    name="delegation",
+    method="POST",
+    route="/v1/runs",
+    read_only=False,
+    risk=Risk.HIGH,
+    # The connector's own delegation approval check covers the child (handler); the
+    # internal Action has no approval record of its own.
+    approval_required=False,
+    idempotency_required=False,
+    streaming=True,
+    timeout_ms=900_000,
+    input_type=DelegationRequest,
+    description="first-class delegation of one exact child Action to the Hermes operator",
+)
+
+
+def delegated_output(
+    request: DelegationRequest, binding: OperatorBinding, child: ChildResult | None
+) -> dict[str, Any]:
+    return {
+        "delegation_id": request.delegation_id,
+        "child_action_id": request.action.id,
+        "child_capability": request.action.capability,
+        "child_result": None if child is None else msgspec.to_builtins(child),
+        "operator": binding_output(binding),
+    }
+
+
+def _child_outcome(
+    request: DelegationRequest, binding: OperatorBinding, child: ChildResult
+) -> Outcome:
+    # The child's own status is the business status; its own error (a foreign code) stays
+    # verbatim in `child_result.error`.
+    return Outcome(ResultStatus(child.status), delegated_output(request, binding, child))
+
+
+class DelegatedOperation:
+    handles_cancel: ClassVar[bool] = True
+    self_fenced: ClassVar[bool] = True
+
+    def __init__(self, policy: HermesOperatorPolicy, stores: LifecycleStores | None) -> None:
+        policy.validate()
+        self.spec = dataclasses.replace(DELEGATION_SPEC, timeout_ms=policy.timeout_ms)
+        self.policy = policy
+        self.stores = stores
+        self._store: OperatorStore | None = None
+
+    def with_stores(self, stores: LifecycleStores) -> DelegatedOperation:
+        """The same operation reading the runtime's stores (wired once NATS is connected)."""
+        return DelegatedOperation(self.policy, stores)
+
+    def _store_for(self, redis: Any) -> OperatorStore:
+        if self._store is None or self._store.redis is not redis:
+            self._store = OperatorStore(redis)
+        return self._store
+
+    def resolver(self, redis: Any) -> DelegatedResolver:
+        if self.stores is None:
+            raise ConnectorError(
+                ErrorCode.DELEGATED_RESULT_RESOLVER_MISSING,
+                "no AIP runtime queue and lifecycle stores are wired into this worker",
+            )
+        return DelegatedResolver(
+            self.stores, RedisClock(redis), poll_s=self.policy.poll_interval_ms / 1000
+        )
+
+    async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
+        self.policy.validate()
+        if not isinstance(params, DelegationRequest):
+            raise ConnectorError(ErrorCode.CONFIGURATION_OR_INPUT, "not a DelegationRequest")
+        request = params
+        ctx.hermes.require_key("POST /v1/runs")
+        resolver = self.resolver(ctx.redis)  # fail before starting anything when missing
+        session = OperatorSession(
+            ctx, self.policy, self._store_for(ctx.redis), source_action_id=ctx.action.id
+        )
+        fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
+        body = delegated_payload(self.policy, request, session_id_for(ctx.action.id))
+        binding = await session.handle.create(
+            lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
+        )
+        if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
+            raise collision_error()
+        stream = False
+        if binding.status is S.STARTING:
+            fence = StartFence(session, body)
+            binding = await fence.run()
+            stream = fence.bound
+        binding = await drive_binding(session, stream=stream)
+        return await self._result(session, resolver, request, binding)
+
+    async def _result(
+        self,
+        session: OperatorSession,
+        resolver: DelegatedResolver,
+        request: DelegationRequest,
+        binding: OperatorBinding,
+    ) -> Outcome:
+        tenant_id = session.ctx.endpoint.descriptor.tenant_id or request.action.identity.tenant_id
+        faults.hit("before_resolve", session.ctx.action.id)
+        if binding.status is S.COMPLETED:
+            try:
+                child = await resolver.resolve(request, tenant_id, session.remaining_s)
+            except ConnectorError as exc:
+                return Outcome(ResultStatus.FAILED, delegated_output(request, binding, None), exc)
+            return _child_outcome(request, binding, child)
+        operator = outcome_of(binding)
+        if binding.terminal and binding.run_id is not None:
+            try:
+                seen = await resolver.look(request, tenant_id)
+            except ConnectorError as exc:
+                return Outcome(ResultStatus.FAILED, delegated_output(request, binding, None), exc)
+            if seen is not None:
+                return _child_outcome(request, binding, seen)
+        return Outcome(
+            operator.status, delegated_output(request, binding, None), operator.error
+        )

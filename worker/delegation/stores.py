@@ -1,0 +1,105 @@
+"""Read the AIP runtime's Action queue and lifecycle records from JetStream.
+
+The records are evidence, so each one must carry a valid signature of a trusted
+gateway/runtime key (the same key file as envelopes) and decode strictly. A missing stream
+means this deployment has no authoritative resolver at all
+(`delegated_result_resolver_missing`); a missing record only means "not there yet".
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from schemas.errors import ErrorCode
+from schemas.lifecycle import LifecycleRecord, QueueRecord
+from subjects.grammar import Subjects
+from worker.errors import ConnectorError
+
+log = logging.getLogger(__name__)
+
+#: JetStream's "stream not found" API error code (as opposed to 10037, no message found).
+STREAM_NOT_FOUND = 10059
+MAX_RECORD_BYTES = 4 * 1024 * 1024
+
+T = TypeVar("T", QueueRecord, LifecycleRecord)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreRecords:
+    queue: QueueRecord | None
+    lifecycle: LifecycleRecord | None
+
+
+class StoreUnreadable(Exception):
+    """A transient read failure (NATS reconnecting, a timeout): try again, decide nothing."""
+
+
+class LifecycleStores(Protocol):
+    async def read(self, action_id: str) -> StoreRecords:
+        """Both records of one child; raises ConnectorError or StoreUnreadable."""
+        ...
+
+
+SignatureCheck = Callable[[bytes, Mapping[str, str]], object]
+
+
+class JetStreamLifecycleStores:
+    def __init__(self, js: JetStreamContext, subjects: Subjects, verify: SignatureCheck) -> None:
+        self.js = js
+        self.subjects = subjects
+        self.verify = verify
+
+    async def read(self, action_id: str) -> StoreRecords:
+        s = self.subjects
+        queue = await self._last(
+            s.runtime_stream_name("queue"), s.runtime_queue(action_id), QueueRecord
+        )
+        lifecycle = await self._last(
+            s.runtime_stream_name("lifecycle"), s.runtime_lifecycle(action_id), LifecycleRecord
+        )
+        return StoreRecords(queue, lifecycle)
+
+    async def _last(self, stream: str, subject: str, typ: type[T]) -> T | None:
+        try:
+            msg = await self.js.get_last_msg(stream, subject)
+        except NotFoundError as exc:
+            if exc.err_code == STREAM_NOT_FOUND:
+                raise ConnectorError(
+                    ErrorCode.DELEGATED_RESULT_RESOLVER_MISSING,
+                    f"the AIP runtime store {stream} does not exist on this NATS; no "
+                    "authoritative child result can be read",
+                ) from None
+            return None
+        except Exception as exc:
+            log.info("runtime store %s unreadable: %s", stream, exc)
+            raise StoreUnreadable(str(exc)) from None
+        data = msg.data or b""
+        headers: Mapping[str, str] = msg.headers or {}
+        return decode_record(data, headers, typ, self.verify, what=stream)
+
+
+def decode_record(
+    data: bytes, headers: Mapping[str, str], typ: type[T], verify: SignatureCheck, *, what: str
+) -> T:
+    """A signed, strictly decoded store record; anything else is a result-integrity failure."""
+    integrity = ErrorCode.DELEGATED_RESULT_INTEGRITY
+    if len(data) > MAX_RECORD_BYTES:
+        raise ConnectorError(integrity, f"a {what} record is over {MAX_RECORD_BYTES} bytes")
+    try:
+        verify(data, headers)
+    except ConnectorError:
+        raise ConnectorError(
+            integrity, f"a {what} record is not signed by a trusted runtime key"
+        ) from None
+    try:
+        record: Any = msgspec.json.decode(data, type=typ)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ConnectorError(integrity, f"a {what} record does not parse: {exc}") from None
+    return record  # type: ignore[no-any-return]
