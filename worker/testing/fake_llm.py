@@ -11,7 +11,11 @@ run events here as on the project's fake Hermes:
 - SLOW_REPLY: `slow_deltas()` (SLOW_DELTAS deltas SLOW_DELTA_DELAY_S apart), so a run stays
   stoppable for a few seconds;
 - LLM_ERROR: HTTP 400, which Hermes treats as non-retryable and ends the run `run.failed`
-  at once (a 5xx would be retried with back-off for minutes).
+  at once (a 5xx would be retried with back-off for minutes);
+- a delegated input (JSON of kind DELEGATED_KIND, what `worker.delegation` sends) when the
+  request offers AIP_CALL_TOOL (Hermes reached the AIP MCP server): one call of that tool
+  with `{"arguments": <aip_call_arguments>}`, unchanged, then `delegated_final_text` of its
+  result. Without the tool it is a plain input, as on a Hermes without the MCP server.
 
 Requests without tools that do not stream are Hermes' auxiliary calls (titles and the like);
 they get a short plain answer whatever the input says, so they never add noise to a scenario.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import signal
 import time
 import uuid
@@ -35,12 +40,16 @@ from typing import Any, Final
 from aiohttp import web
 
 from worker.testing.scenario import (
+    AIP_CALL_TOOL,
     APPROVAL_COMMAND,
     ECHO_COMMAND,
     SLOW_DELTA_DELAY_S,
     SLOW_DELTAS,
+    delegated_arguments,
+    delegated_final_text,
     reply_deltas,
     scenario_of,
+    word_deltas,
 )
 
 MODEL_ID: Final = "fake-model"
@@ -52,6 +61,12 @@ LLM_ERROR_MESSAGE: Final = "fake-llm: scenario-llm-error requested"
 TERMINAL_TOOL: Final = "terminal"
 
 _JSON = dict[str, Any]
+#: How Hermes 0.19 fences an `mcp_*` tool's result for the model: an opening tag, one line
+#: telling the model the block is data, a blank line, the result, the closing tag.
+_UNTRUSTED_RESULT: Final = re.compile(
+    r'<untrusted_tool_result source="[^"]*">\n[^\n]*\n\n(?P<body>.*)\n</untrusted_tool_result>',
+    re.DOTALL,
+)
 
 
 def slow_deltas() -> list[str]:
@@ -67,11 +82,14 @@ class ChatCall:
     tool_results: tuple[str, ...]
     stream: bool
     has_tools: bool
+    #: The names of the tools the request offers the model.
+    tool_names: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class _ToolCall:
-    command: str
+    name: str
+    arguments: _JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,24 +130,67 @@ def read_call(body: _JSON) -> ChatCall:
         for m in messages[last_user + 1 :]
         if m.get("role") == "tool"
     )
+    tools = body.get("tools")
+    tool_names = tuple(
+        str(tool["function"].get("name"))
+        for tool in (tools if isinstance(tools, list) else [])
+        if isinstance(tool, dict) and isinstance(tool.get("function"), dict)
+    )
     return ChatCall(
         user_text=user_text,
         tool_results=tool_results,
         stream=bool(body.get("stream")),
-        has_tools=bool(body.get("tools")),
+        has_tools=bool(tools),
+        tool_names=tool_names,
     )
 
 
+def mcp_tool_outcome(content: str) -> tuple[str, bool]:
+    """The text and failure flag of an MCP tool result as Hermes 0.19 hands it to the model.
+
+    Hermes encodes the tool's text as `{"result": text}` and a failure as `{"error": message}`
+    (tools/mcp_tool.py), then, from 32 characters on, fences it as untrusted data
+    (agent/tool_dispatch_helpers.py). Unwrapping both lets the final prose match the fake
+    Hermes, which passes the tool's text on as it is.
+    """
+    fenced = _UNTRUSTED_RESULT.fullmatch(content)
+    if fenced is not None:
+        content = fenced.group("body")
+    try:
+        document = json.loads(content)
+    except ValueError:
+        return content, False
+    if isinstance(document, dict):
+        if "error" in document:
+            return str(document["error"]), True
+        if isinstance(document.get("result"), str):
+            return document["result"], False
+    return content, False
+
+
 def answer_for(call: ChatCall) -> _Answer:
-    """Choose the answer; an error wins over a tool call, which wins over a slow reply."""
+    """Choose the answer.
+
+    A delegated input with the AIP tool on offer is answered before any scenario word is read
+    (its contract is data, not instructions); otherwise an error wins over a tool call, which
+    wins over a slow reply.
+    """
     if not call.stream and not call.has_tools:
         return _Text((AUX_ANSWER,))
+    delegated = delegated_arguments(call.user_text)
+    if delegated is not None and AIP_CALL_TOOL in call.tool_names:
+        if not call.tool_results:
+            # The MCP tool's own parameter is `arguments`: the contract goes inside it, as is.
+            return _ToolCall(AIP_CALL_TOOL, {"arguments": delegated})
+        text, failed = mcp_tool_outcome(call.tool_results[-1])
+        return _Text(tuple(word_deltas(delegated_final_text(text, failed))))
     scenario = scenario_of(call.user_text)
     if scenario.llm_error:
         return _Error(LLM_ERROR_MESSAGE)
     wants_tool = scenario.needs_approval or scenario.tool_echo
     if wants_tool and not call.tool_results:
-        return _ToolCall(APPROVAL_COMMAND if scenario.needs_approval else ECHO_COMMAND)
+        command = APPROVAL_COMMAND if scenario.needs_approval else ECHO_COMMAND
+        return _ToolCall(TERMINAL_TOOL, {"command": command})
     if scenario.slow and not wants_tool:
         return _Text(tuple(slow_deltas()), SLOW_DELTA_DELAY_S)
     return _Text(tuple(reply_deltas(call.user_text)))
@@ -144,11 +205,11 @@ def _usage(call: ChatCall, completion_parts: int) -> _JSON:
     }
 
 
-def _tool_call_json(command: str) -> _JSON:
+def _tool_call_json(call: _ToolCall) -> _JSON:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": TERMINAL_TOOL, "arguments": json.dumps({"command": command})},
+        "function": {"name": call.name, "arguments": json.dumps(call.arguments)},
     }
 
 
@@ -159,7 +220,7 @@ def _completion(call: ChatCall, answer: _ToolCall | _Text) -> _JSON:
         message = {
             "role": "assistant",
             "content": None,
-            "tool_calls": [_tool_call_json(answer.command)],
+            "tool_calls": [_tool_call_json(answer)],
         }
         finish, parts = "tool_calls", 1
     else:
@@ -189,7 +250,7 @@ async def _chunks(call: ChatCall, answer: _ToolCall | _Text, usage: bool) -> Asy
 
     yield frame({"role": "assistant", "content": ""})
     if isinstance(answer, _ToolCall):
-        tool_call = {"index": 0, **_tool_call_json(answer.command)}
+        tool_call = {"index": 0, **_tool_call_json(answer)}
         yield frame({"tool_calls": [tool_call]})
         finish, parts = "tool_calls", 1
     else:

@@ -6,6 +6,10 @@ environment (Hermes has its own pinned dependency tree and must not share the pr
 private `HERMES_HOME` configured as `shared/reference/hermes-0.19.md` says, and a gateway
 process that tests can restart (Hermes forgets every run when it restarts) and always stop.
 
+First-class delegation needs Hermes to reach an MCP server (`mcp_servers=`, for instance a
+`worker.testing.mcp_server.AipMcpServer`): Hermes discovers MCP tools once, when the gateway
+starts, so that server must be up before `RealHermes` starts (and before every `restart`).
+
 Run one by hand with `python -m worker.testing.real_hermes --port N`.
 """
 
@@ -16,7 +20,10 @@ import asyncio
 import atexit
 import contextlib
 import fcntl
+import hashlib
+import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -24,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Final
@@ -39,12 +46,20 @@ HERMES_VERSION: Final = "0.19.0"
 #: The API server needs aiohttp but hermes-agent does not depend on it; this pin is the one
 #: the reference was observed with.
 AIOHTTP_VERSION: Final = "3.14.1"
-REQUIREMENTS: Final = (f"hermes-agent=={HERMES_VERSION}", f"aiohttp=={AIOHTTP_VERSION}")
+#: The `mcp` extra brings Hermes' MCP client (it pins `mcp==1.26.0`), which delegation needs.
+REQUIREMENTS: Final = (f"hermes-agent[mcp]=={HERMES_VERSION}", f"aiohttp=={AIOHTTP_VERSION}")
 VENV_ENV_VAR: Final = "AIPD_HERMES_VENV"
 #: The file whose tail goes into every start error.
 LOG_NAME: Final = "hermes-gateway.log"
 #: Created in the terminal's working directory so `APPROVAL_COMMAND` has a file to chmod.
 SCENARIO_FILE: Final = "aip-scenario-file.txt"
+#: The only MCP tool Hermes takes from a configured server (no resources, no prompts), so the
+#: model sees exactly `mcp__<name>__aip_call` from it.
+MCP_TOOL_INCLUDE: Final = ("aip_call",)
+#: Hermes names the model-facing tools `mcp__<name>__<tool>`: keep names plain.
+_MCP_SERVER_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_MCP_TIMEOUT_S: Final = 30
+_MCP_CONNECT_TIMEOUT_S: Final = 10
 
 _INSTALL_TIMEOUT_S: Final = 900.0
 _LOCK_TIMEOUT_S: Final = 1200.0
@@ -74,11 +89,17 @@ class HermesStartError(ServiceStartError):
 
 
 def default_venv_dir() -> Path:
-    """`$AIPD_HERMES_VENV`, else a per-user cache shared by every checkout and test process."""
+    """`$AIPD_HERMES_VENV`, else a per-user cache shared by every checkout and test process.
+
+    The cache directory is named after the requirement set, so changing a pin installs a new
+    venv beside the old one instead of deleting a venv another checkout may be running.
+    """
     configured = os.environ.get(VENV_ENV_VAR)
     if configured:
         return Path(configured).expanduser()
-    return Path.home() / ".cache" / "aip-hermes-worker" / f"hermes-agent-{HERMES_VERSION}" / "venv"
+    digest = hashlib.sha256("\n".join(REQUIREMENTS).encode()).hexdigest()[:8]
+    name = f"hermes-agent-{HERMES_VERSION}-{digest}"
+    return Path.home() / ".cache" / "aip-hermes-worker" / name / "venv"
 
 
 def ensure_hermes_venv() -> Path:
@@ -145,7 +166,7 @@ def _install(venv: Path) -> None:
         ("pip install", [str(python), "-m", "pip", "install", "--quiet", *REQUIREMENTS]),
         (
             "import the API server",
-            [str(python), "-c", "import aiohttp, gateway.platforms.api_server"],
+            [str(python), "-c", "import aiohttp, mcp, gateway.platforms.api_server"],
         ),
     )
     for step, argv in steps:
@@ -181,6 +202,11 @@ class RealHermes:
     and the gateway, and returns once `GET /health` answers as 0.19.0. The gateway process can
     stay alive while nothing listens (a refused key, a port clash), so readiness is the port
     answering, never the process existing.
+
+    `mcp_servers` maps a server name to the (Streamable HTTP URL, bearer token) of an MCP
+    server whose `aip_call` tool the model may call, as `mcp__<name>__aip_call`. Hermes lists
+    MCP tools only while the gateway starts: start those servers first, and keep them up
+    across `restart`.
     """
 
     def __init__(
@@ -190,7 +216,11 @@ class RealHermes:
         port: int | None = None,
         api_key: str | None = None,
         approval_timeout_s: int = 120,
+        mcp_servers: Mapping[str, tuple[str, str]] | None = None,
     ) -> None:
+        for name in mcp_servers or {}:
+            if not _MCP_SERVER_NAME.fullmatch(name):
+                raise ValueError(f"MCP server name {name!r} is not [a-z0-9][a-z0-9_-]*")
         self.workdir = Path(workdir)
         self.home = self.workdir / "hermes-home"
         #: The terminal tool's working directory; tool commands run here.
@@ -201,6 +231,7 @@ class RealHermes:
             raise ValueError("Hermes refuses API keys shorter than 16 characters")
         self._port = port
         self._approval_timeout_s = approval_timeout_s
+        self._mcp_servers = dict(mcp_servers or {})
         self._hermes: Path | None = None
         self._llm: FakeLLM | None = None
         self._process: asyncio.subprocess.Process | None = None
@@ -286,7 +317,8 @@ class RealHermes:
             f"API_SERVER_PORT={self.port}\n"
         )
         env_file.chmod(0o600)
-        (self.home / "config.yaml").write_text(
+        config = self.home / "config.yaml"
+        config.write_text(
             "model:\n"
             "  provider: custom\n"
             f"  default: {MODEL_ID}\n"
@@ -300,8 +332,29 @@ class RealHermes:
             "  backend: local\n"
             f"  cwd: {self.scratch}\n"
             "security:\n"
-            "  tirith_enabled: false\n"
+            "  tirith_enabled: false\n" + self._mcp_config()
         )
+        config.chmod(0o600)  # it may hold MCP bearer tokens
+
+    def _mcp_config(self) -> str:
+        """The `mcp_servers` section; strings are JSON-quoted, which YAML reads as they are."""
+        if not self._mcp_servers:
+            return ""
+        lines = ["mcp_servers:"]
+        for name, (url, token) in self._mcp_servers.items():
+            lines += [
+                f"  {name}:",
+                f"    url: {json.dumps(url)}",
+                "    headers:",
+                f"      Authorization: {json.dumps('Bearer ' + token)}",
+                f"    timeout: {_MCP_TIMEOUT_S}",
+                f"    connect_timeout: {_MCP_CONNECT_TIMEOUT_S}",
+                "    tools:",
+                f"      include: {json.dumps(list(MCP_TOOL_INCLUDE))}",
+                "      resources: false",
+                "      prompts: false",
+            ]
+        return "\n".join(lines) + "\n"
 
     def _environment(self) -> dict[str, str]:
         env = {
