@@ -1,0 +1,133 @@
+"""The delegation happy path and its key failure, through a worker process, against the fake
+Hermes and the real hermes-agent 0.19.0 alike.
+
+On the real side Hermes reaches `aip_call` as a real MCP client: the harness's MCP server
+(`worker.testing.mcp_server.AipMcpServer`) authenticates it by its bearer token as
+`agent:hermes_operator:h1` and hands the call to the same fake AIP runtime the fake side
+uses, so both sides are judged by the same assertions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+
+from schemas.result import ResultStatus
+from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from worker.client import AipClient
+from worker.delegation.payload import aip_call_arguments
+from worker.testing.aip_runtime import FakeAipRuntime, RuntimeFault
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.identities import write_api_key_file, write_trust_files
+from worker.testing.services import ServiceHandle
+
+from .conftest import CHILD_PREFIX, DelegationStack
+
+POST_RUNS = "POST /v1/runs"
+
+
+@pytest.fixture(params=["fake", "real"])
+async def both(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    nats_server: ServiceHandle,
+    redis_server: ServiceHandle,
+) -> AsyncIterator[DelegationStack]:
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    trust = write_trust_files(trust_dir)
+    api_key, key_file = write_api_key_file(tmp_path)
+    await provision_streams(nats_server.url, ack_wait_s=15)
+    nc = await nats.connect(nats_server.url)
+    runtime = FakeAipRuntime(nc, seed=trust.seed)
+    await runtime.provision()
+    tool = runtime.tool_for(runtime.principal(ENDPOINT))
+    async with contextlib.AsyncExitStack() as exits:
+        hermes: Any
+        if request.param == "fake":
+            hermes = await exits.enter_async_context(FakeHermes(api_key=api_key))
+            hermes.mcp_tools["aip_call"] = tool
+        else:
+            from worker.testing.mcp_server import AipMcpServer
+            from worker.testing.real_hermes import HermesUnavailable, RealHermes
+
+            token = "mcp-" + secrets.token_hex(16)
+            mcp = await exits.enter_async_context(AipMcpServer({token: tool}))
+            try:
+                hermes = await exits.enter_async_context(
+                    RealHermes(
+                        tmp_path / "hermes", api_key=api_key, mcp_servers={"aip": (mcp.url, token)}
+                    )
+                )
+            except HermesUnavailable as exc:
+                if os.environ.get("CI") == "true":
+                    raise
+                pytest.skip(f"real Hermes unavailable: {exc}")
+        stack = Stack(
+            root=tmp_path,
+            nats_url=nats_server.url,
+            redis_url=redis_server.url,
+            fake=hermes if request.param == "fake" else None,
+            trust=trust,
+            nc=nc,
+            client=AipClient(nc, sign_key=trust.seed_file),
+            env={
+                "AIPD_NATS_URL": nats_server.url,
+                "AIPD_REDIS_URL": redis_server.url,
+                "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={hermes.url}",
+                "AIPD_HERMES_API_KEY_FILE": str(key_file),
+                "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+                "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD_PREFIX,
+                "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
+                "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": CHILD_PREFIX,
+                "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "100",
+                **trust.environment(),
+            },
+        )
+        try:
+            await stack.spawn("w1")
+            yield DelegationStack(stack, runtime)
+        finally:
+            stack.stop_workers()
+            await nc.close()
+
+
+async def test_hermes_calls_aip_call_once_and_the_result_is_the_native_child(
+    both: DelegationStack,
+) -> None:
+    request = both.request()
+    handle = await both.stack.client.delegate(request)
+    result = await handle.result(timeout_s=90)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    child = result.output["child_result"]
+    assert child["action_id"] == request.action.id
+    expected = {"echo": request.action.input, "capability": request.action.capability}
+    assert child["output"] == expected
+    assert both.runtime.calls == [aip_call_arguments(request.action)]
+    operator = result.output["operator"]
+    assert operator["status"] == "completed"
+    assert operator["provider"]["output"].startswith("I called aip_call once.")
+    chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    tools = [c.payload for c in chunks if c.provider_event in ("tool.started", "tool.completed")]
+    assert [t["tool"] for t in tools] == ["mcp__aip__aip_call"] * 2
+    if both.stack.fake is not None:
+        assert both.stack.fake.stats().count(POST_RUNS) == 1
+
+
+async def test_a_child_hermes_only_talked_about_is_not_observed(both: DelegationStack) -> None:
+    both.runtime.fault = RuntimeFault.NOT_CREATED
+    result = await (await both.stack.client.delegate(both.request())).result(timeout_s=90)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == "connector.hermes_agent.delegated_execution_not_observed"
+    assert result.output["operator"]["status"] == "completed"
+    assert result.output["child_result"] is None
+    assert len(both.runtime.calls) == 1
