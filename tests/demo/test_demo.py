@@ -21,7 +21,7 @@ from worker.testing.services import find_nats_server, find_redis_server
 pytestmark = pytest.mark.demo
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("a", "b", "c", "d1", "d2", "e", "f")
+STEPS = ("a", "b", "c", "d1", "d2", "e", "f", "g")
 #: The issue's promise on a 2-core machine, for the whole command (start to cleanup).
 BUDGET_S = 60.0
 
@@ -64,10 +64,10 @@ def test_short_demo_reaches_every_expected_state_within_a_minute() -> None:
     for key in STEPS:
         assert rows[key].rstrip().endswith(" yes"), rows[key]
     verdict = [line for line in output.splitlines() if line.startswith(VERDICT_PREFIX)]
-    assert verdict[0].startswith(f"{VERDICT_PREFIX} 7/7 steps reached"), output
+    assert verdict[0].startswith(f"{VERDICT_PREFIX} 8/8 steps reached"), output
     # Live output: every Action's chunks were printed as they came, with status lines.
-    assert output.count("→ published") == 7
-    assert output.count("■ act_") == 7
+    assert output.count("→ published") == 8
+    assert output.count("■ act_") == 8
     assert "pending_approval" in output
     assert "kill -9 demo-w" in output
     assert elapsed < BUDGET_S, f"the demo took {elapsed:.1f} s"
@@ -99,7 +99,7 @@ def test_interrupted_demo_stops_every_process_it_started() -> None:
     assert "every process it started is stopped" in text
     ports = [int(p) for p in re.findall(r"://127\.0\.0\.1:(\d+)", text.split("[a]")[0])]
     pids = [int(p) for p in re.findall(r"\(pid (\d+)\)", text)]
-    assert len(ports) == 3, text  # nats, redis, hermes
+    assert len(ports) == 4, text  # nats, redis, the AIP MCP server, hermes
     assert len(pids) == 2, text  # the two workers
     assert not [port for port in ports if port_accepts(port)]
     for pid in pids:

@@ -61,6 +61,7 @@ async def run_demo(
         await _cancel_firmly(work)
         return EXIT_INTERRUPTED
     finally:
+        await env.stop_aip_runtime()
         env.close(keep_files=False)
         console.muted = False
         console.final("demo: every process it started is stopped")
@@ -98,10 +99,13 @@ async def _start(env: DemoEnvironment, console: Console) -> None:
     assert env.redis is not None
     console.setup("nats", f"{env.nats.url} (JetStream, file storage)")
     console.setup("redis", f"{env.redis.url} (AOF appendfsync always, noeviction)")
-    hermes = await env.start_hermes()
-    console.setup("hermes", f"{hermes.url} ({'fake Hermes 0.19.0' if hermes.fake else 'yours'})")
     env.write_trust()
     console.setup("trust", f"gateway key, identities and approval authority in {env.root}/trust")
+    if env.hermes_url is None:
+        mcp_url = await env.start_aip_runtime()
+        console.setup("aip mcp", f"{mcp_url} (aip_call for delegations; the runtime's stores)")
+    hermes = await env.start_hermes()
+    console.setup("hermes", f"{hermes.url} ({'fake Hermes 0.19.0' if hermes.fake else 'yours'})")
     provisioned = await env.provision()
     console.setup("provision", f"{len(provisioned)} streams and consumers")
     workers = await env.start_workers()

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import nats
 
@@ -31,7 +32,8 @@ from subjects.grammar import Subjects
 from subjects.provision import Change, provision
 from subjects.streams import StreamPolicy
 from worker.testing._procs import free_port
-from worker.testing.identities import TrustFiles, write_trust_files
+from worker.testing.aip_runtime import FakeAipRuntime
+from worker.testing.identities import TrustFiles, authority_memberships, write_trust_files
 from worker.testing.services import NatsServer, RedisServer
 from worker.testing.workers import WorkerProcess
 
@@ -41,6 +43,8 @@ WORKER_IDS = ("demo-w1", "demo-w2")
 LEASE_TTL_MS = 3_000
 _HERMES_START_S = 20.0
 _WORKER_START_S = 30.0
+#: The child capabilities step (g) delegates; the demo approver may approve them too.
+DELEGATED_PREFIX = "cap:support_sandbox:"
 
 
 class DemoError(Exception):
@@ -70,6 +74,12 @@ class DemoEnvironment:
     workers: list[WorkerProcess] = field(default_factory=list)
     metrics_ports: dict[str, int] = field(default_factory=dict)
     subjects: Subjects = field(default_factory=Subjects)
+    #: The fake AIP runtime behind the MCP server the fake Hermes calls `aip_call` on
+    #: (step g); None with a real Hermes, which the demo cannot configure.
+    runtime: FakeAipRuntime | None = None
+    _mcp: Any = None
+    _mcp_token_file: Path | None = None
+    _runtime_nc: Any = None
     _fake_proc: subprocess.Popen[bytes] | None = None
     _owns_root: bool = False
 
@@ -109,11 +119,44 @@ class DemoEnvironment:
         self.hermes = HermesTarget(line.removeprefix("listening on ").strip(), key_file, True)
         return self.hermes
 
+    async def start_aip_runtime(self) -> str:
+        """The AIP runtime's side of delegation for the fake Hermes: its queue and lifecycle
+        streams, and an MCP server whose `aip_call` records and executes the child."""
+        from worker.testing.mcp_server import AipMcpServer
+
+        assert self.nats is not None
+        assert self.trust is not None
+        self._runtime_nc = await nats.connect(self.nats.url)
+        self.runtime = FakeAipRuntime(self._runtime_nc, seed=self.trust.seed)
+        await self.runtime.provision()
+        token = "demo-mcp-" + os.urandom(16).hex()
+        token_file = self.root / "mcp.token"
+        token_file.write_text(token + "\n", encoding="utf-8")
+        os.chmod(token_file, 0o600)
+        tool = self.runtime.tool_for(self.runtime.principal(ENDPOINT))
+        self._mcp = AipMcpServer({token: tool})
+        await self._mcp.__aenter__()
+        self._mcp_token_file = token_file
+        return str(self._mcp.url)
+
+    async def stop_aip_runtime(self) -> None:
+        if self._mcp is not None:
+            with contextlib.suppress(Exception):
+                await self._mcp.__aexit__(None, None, None)
+            self._mcp = None
+        if self._runtime_nc is not None:
+            with contextlib.suppress(Exception):
+                await self._runtime_nc.close()
+            self._runtime_nc = None
+
     def _spawn_fake(self, key_file: Path) -> None:
+        mcp: list[str] = []
+        if self._mcp is not None and self._mcp_token_file is not None:
+            mcp = ["--mcp-url", str(self._mcp.url), "--mcp-token-file", str(self._mcp_token_file)]
         with (self.root / "fake-hermes.log").open("ab") as log:
             self._fake_proc = subprocess.Popen(
                 [sys.executable, "-m", "worker.testing.fake_hermes", "--port", "0",
-                 "--api-key-file", str(key_file)],
+                 "--api-key-file", str(key_file), *mcp],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
@@ -127,7 +170,12 @@ class DemoEnvironment:
     def write_trust(self) -> TrustFiles:
         directory = self.root / "trust"
         directory.mkdir(mode=0o700)
-        self.trust = write_trust_files(directory)
+        memberships = authority_memberships()
+        for membership in memberships:
+            membership["capability_prefixes"] = [
+                *membership["capability_prefixes"], DELEGATED_PREFIX
+            ]
+        self.trust = write_trust_files(directory, memberships=memberships)
         return self.trust
 
     async def provision(self) -> list[str]:
@@ -161,6 +209,9 @@ class DemoEnvironment:
             "AIPD_SHUTDOWN_GRACE_S": "3",
             "AIPD_CONCURRENCY": "16",
             "AIPD_LOG_FORMAT": "json",
+            "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+            "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": DELEGATED_PREFIX,
+            "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
             **self.trust.environment(),
         }
 
@@ -190,6 +241,8 @@ class DemoEnvironment:
             found["redis"] = self.redis.url
         if self.hermes is not None:
             found["hermes"] = self.hermes.url
+        if self._mcp is not None:
+            found["aip mcp server (aip_call)"] = str(self._mcp.url)
         for worker in self.workers:
             if worker.alive:
                 port = self.metrics_ports[worker.worker_id]

@@ -1,4 +1,4 @@
-"""The scripted story: six things a publisher and an operator see, each with its expected end.
+"""The scripted story: what a publisher and an operator see, each step with its expected end.
 
 Every step publishes signed Actions through the same `AipClient` a real publisher uses,
 follows their chunk subjects live, waits for the one ActionResult, and compares it with the
@@ -15,18 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.action import Action, Mode
+from schemas.action import Action, DelegationRef, Identity, Mode
 from schemas.approval import ApprovalDecision
 from schemas.chunk import ChunkKind, StreamChunk
+from schemas.delegation import DELEGATE_PREFIX, ChildAction, DelegationRequest
+from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.client import ActionHandle, AipClient
 from worker.demo.console import Console, StepReport
-from worker.demo.environment import ENDPOINT, DemoEnvironment
+from worker.demo.environment import DELEGATED_PREFIX, ENDPOINT, DemoEnvironment
 from worker.store.keys import ActionKeys
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
@@ -40,6 +43,7 @@ from worker.trust.approvals import approve
 from worker.trust.authority import ApprovalAuthority
 
 OPERATOR_UNAVAILABLE = "operator not available"
+DELEGATED_EXPECTED = "completed, child verified"
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +117,13 @@ class Story:
             ("f", "worker killed mid-run", "completed by the other worker",
              True, self.takeover),
         ]  # fmt: skip
+        if self.env.runtime is not None:
+            steps.append(
+                ("g", "delegation: Hermes calls aip_call once", DELEGATED_EXPECTED,
+                 True, self.delegation)
+            )  # fmt: skip
+        else:
+            self.console.note("step g (delegation) needs the demo's own AIP MCP server: skipped")
         reports = []
         for key, title, expected, needs_operator, body in steps:
             self.console.step(key, title)
@@ -219,6 +230,65 @@ class Story:
         if result.settled_by == victim.worker_id:
             return f"completed by the killed worker {victim.worker_id}"
         return "completed by the other worker"
+
+    async def delegation(self) -> str:
+        """A DelegationRequest: the fake Hermes calls `aip_call` on the demo's MCP server, the
+        fake AIP runtime records and executes the child, the worker verifies it."""
+        runtime = self.env.runtime
+        if runtime is None:
+            raise StepFailed("no AIP runtime in this demo")
+        request = self.delegation_request()
+        record = await approve(
+            self.redis, self.authority, request.action, APPROVER_UNTENANTED,
+            "delegated child approved by the demo's approval authority",
+            ApprovalDecision.APPROVED,
+        )  # fmt: skip
+        self.console.note(
+            f"child {request.action.id} ({request.action.capability}) approved: "
+            f"{record.decision_id}"
+        )
+        handle = await self.client.delegate(request)
+        self.console.published(handle.action_id, "delegation")
+        followed = Followed(handle)
+        followed.task = asyncio.get_running_loop().create_task(self._follow(followed))
+        result = await self.result_of(followed, self.pace.result_s)
+        if result.status is not ResultStatus.COMPLETED:
+            return result.status.value
+        child = (result.output or {}).get("child_result") or {}
+        calls = [c for c in runtime.calls if c.get("action_id") == request.action.id]
+        if child.get("action_id") != request.action.id or len(calls) != 1:
+            return f"completed, but {len(calls)} aip_call(s) for the child"
+        self.console.note(f"verified native child result: {child.get('output')}")
+        return DELEGATED_EXPECTED
+
+    def delegation_request(self) -> DelegationRequest:
+        delegate = DELEGATE_PREFIX + ENDPOINT
+        delegation_id = "dlg-demo-" + secrets.token_hex(6)
+        now = time.time_ns() // 1_000_000
+        child = ChildAction(
+            id=new_action_id(),
+            capability=DELEGATED_PREFIX + "case.get",
+            input={"case_id": "case-2030"},
+            identity=Identity(principal_id=delegate, principal_kind="agent"),
+            created_at_unix_ms=now,
+            idempotency_key="demo-" + secrets.token_hex(6),
+            delegation=DelegationRef(delegation_id=delegation_id, chain=[USER_UNTENANTED]),
+        )
+        return DelegationRequest(
+            delegation_id=delegation_id,
+            delegator=Identity(
+                principal_id=USER_UNTENANTED,
+                principal_kind=PRINCIPAL_KIND,
+                authentication_issuer=ISSUER,
+                credential_revision=REVISION,
+            ),
+            delegate=delegate,
+            action=child,
+            chain=[USER_UNTENANTED],
+            scopes=["support.read"],
+            created_at_unix_ms=now,
+            deadline_unix_ms=now + int(self.pace.result_s * 1000),
+        )
 
     # --- helpers -------------------------------------------------------------------------
 

@@ -1,7 +1,9 @@
 """`python -m worker.testing.fake_hermes --port N --api-key-file FILE [--host H]`.
 
 Prints exactly one line, `listening on http://HOST:PORT`, once it accepts connections (port
-0 picks a free one), then serves until SIGTERM or SIGINT.
+0 picks a free one), then serves until SIGTERM or SIGINT. With `--mcp-url` and
+`--mcp-token-file` its agent calls `aip_call` on that MCP server for delegated runs, as a
+real Hermes configured with the AIP MCP server does.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--build-delay-s", type=float, default=0.05)
     parser.add_argument("--max-concurrent-runs", type=int, default=10)
     parser.add_argument("--missing-stream-delay-s", type=float, default=1.0)
+    parser.add_argument("--mcp-url", help="AIP MCP server whose aip_call delegated runs use")
+    parser.add_argument("--mcp-token-file", type=Path, help="bearer token for --mcp-url")
     return parser
 
 
@@ -44,6 +48,13 @@ async def _serve(args: argparse.Namespace) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     async with FakeHermes(host=args.host, port=args.port, config=config) as fake:
+        if args.mcp_url:
+            from worker.testing.fake_hermes.mcp_client import remote_aip_call
+
+            if args.mcp_token_file is None:
+                raise SystemExit("--mcp-url needs --mcp-token-file")
+            token = args.mcp_token_file.read_text().strip()
+            fake.mcp_tools["aip_call"] = remote_aip_call(args.mcp_url, token)
         sys.stdout.write(f"listening on {fake.url}\n")
         sys.stdout.flush()
         await stop.wait()
