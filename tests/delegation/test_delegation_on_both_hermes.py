@@ -26,6 +26,7 @@ from worker.delegation.payload import aip_call_arguments
 from worker.testing.aip_runtime import FakeAipRuntime, RuntimeFault
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.identities import write_api_key_file, write_trust_files
+from worker.testing.scenario import NEEDS_APPROVAL, OFF_CONTRACT
 from worker.testing.services import ServiceHandle
 
 from .conftest import CHILD_PREFIX, DelegationStack
@@ -131,3 +132,23 @@ async def test_a_child_hermes_only_talked_about_is_not_observed(both: Delegation
     assert result.output["operator"]["status"] == "completed"
     assert result.output["child_result"] is None
     assert len(both.runtime.calls) == 1
+
+
+async def test_an_off_contract_run_asking_approval_is_stopped_not_parked(
+    both: DelegationStack,
+) -> None:
+    # The model ignores the contract and runs a dangerous command: Hermes asks approval.
+    request = both.request(child_input={"note": f"{OFF_CONTRACT} {NEEDS_APPROVAL}"})
+    handle = await both.stack.client.delegate(request)
+    result = await handle.result(timeout_s=90)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == "connector.hermes_agent.operator_policy", result.error
+    assert "approval" in result.error.message
+    assert result.output["operator"]["status"] == "cancelled"
+    assert result.output["child_result"] is None
+    assert both.runtime.calls == []
+    chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
+    assert any(c.provider_event == "approval.request" for c in chunks)
+    if both.stack.fake is not None:
+        assert both.stack.fake.stats().count("POST /v1/runs/{run_id}/stop") == 1

@@ -10,7 +10,10 @@ native child Action result replaces the provider operator output as the business
 * Hermes `failed`, `cancelled` or `outcome_unknown` after a run was bound -> one look at the
   stores: a verified terminal child is still the business result (it happened); otherwise
   the operator's own outcome stands;
-* `waiting_for_approval` -> `requires_human`, exactly as for an objective.
+* `waiting_for_approval` -> the run is stopped, never parked for a human: Hermes asks
+  approval only for a dangerous command, a state-changing tool the delegation forbids. A
+  confirmed stop is `operator_policy`; a racing completion is resolved as above; an
+  unconfirmed stop is `cancellation_outcome_unknown`.
 
 The output always carries the operator binding too, so the run that did the work is known.
 """
@@ -41,6 +44,8 @@ from worker.operator.binding import (
     request_fingerprint,
     session_id_for,
 )
+from worker.operator.cancel import reconcile_cancel
+from worker.operator.observe import Observer
 from worker.operator.operation import drive_binding
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
@@ -142,7 +147,13 @@ class DelegatedOperation:
             binding = await fence.run()
             stream = fence.bound
         binding = await drive_binding(session, stream=stream)
-        return await self._result(session, resolver, request, binding)
+        off_contract = binding.status is S.WAITING_FOR_APPROVAL
+        if off_contract:
+            # Hermes asks approval only for a dangerous command: a state-changing tool the
+            # delegation forbids. Never park such a run for a human to approve; stop it and
+            # take only provider evidence of the end (a racing completion still wins).
+            binding = await reconcile_cancel(session, Observer(session))
+        return await self._result(session, resolver, request, binding, off_contract)
 
     async def _result(
         self,
@@ -150,6 +161,7 @@ class DelegatedOperation:
         resolver: DelegatedResolver,
         request: DelegationRequest,
         binding: OperatorBinding,
+        off_contract: bool,
     ) -> Outcome:
         tenant_id = session.ctx.endpoint.descriptor.tenant_id or request.action.identity.tenant_id
         faults.hit("before_resolve", session.ctx.action.id)
@@ -167,6 +179,15 @@ class DelegatedOperation:
                 return Outcome(ResultStatus.FAILED, delegated_output(request, binding, None), exc)
             if seen is not None:
                 return _child_outcome(request, binding, seen)
-        return Outcome(
-            operator.status, delegated_output(request, binding, None), operator.error
-        )
+        output = delegated_output(request, binding, None)
+        if off_contract and binding.status is S.CANCELLED:
+            return Outcome(
+                ResultStatus.FAILED,
+                output,
+                ConnectorError(
+                    ErrorCode.OPERATOR_POLICY,
+                    "the delegated run asked for a provider approval, i.e. tried a "
+                    "state-changing tool the delegation forbids; it was stopped",
+                ),
+            )
+        return Outcome(operator.status, output, operator.error)

@@ -43,6 +43,7 @@ from worker.testing.scenario import (
     AIP_CALL_TOOL,
     APPROVAL_COMMAND,
     ECHO_COMMAND,
+    OFF_CONTRACT,
     SLOW_DELTA_DELAY_S,
     SLOW_DELTAS,
     delegated_arguments,
@@ -178,7 +179,9 @@ def answer_for(call: ChatCall) -> _Answer:
     if not call.stream and not call.has_tools:
         return _Text((AUX_ANSWER,))
     delegated = delegated_arguments(call.user_text)
-    if delegated is not None and AIP_CALL_TOOL in call.tool_names:
+    if delegated is not None and AIP_CALL_TOOL in call.tool_names and (
+        OFF_CONTRACT not in call.user_text
+    ):
         if not call.tool_results:
             # The MCP tool's own parameter is `arguments`: the contract goes inside it, as is.
             return _ToolCall(AIP_CALL_TOOL, {"arguments": delegated})

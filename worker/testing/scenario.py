@@ -19,6 +19,10 @@ NEEDS_APPROVAL = "scenario-needs-approval"
 SLOW_REPLY = "scenario-slow-reply"
 #: The LLM answers with an HTTP error, so the run ends `run.failed`.
 LLM_ERROR = "scenario-llm-error"
+#: In a delegated input: the model ignores the delegation contract and does what the other
+#: scenario words say instead of calling `aip_call` (with NEEDS_APPROVAL: a dangerous
+#: command Hermes holds for approval).
+OFF_CONTRACT = "scenario-off-contract"
 
 #: The shell command the echo scenario runs, and what it prints.
 ECHO_COMMAND = "echo hello-from-tool"

@@ -20,7 +20,7 @@ from worker.testing.fake_hermes.channel import EventChannel
 from worker.testing.fake_hermes.config import FakeConfig
 from worker.testing.fake_hermes.sessions import SessionStore
 from worker.testing.fake_hermes.stats import now
-from worker.testing.scenario import word_deltas
+from worker.testing.scenario import OFF_CONTRACT, word_deltas
 
 
 class RunStatus(enum.StrEnum):
@@ -307,7 +307,7 @@ class RunRegistry:
     async def _play(self, run: Run) -> None:
         arguments = mcp.delegated_arguments(run.input_text)
         tool = self.mcp_tools.get(mcp.AIP_CALL)
-        if arguments is not None and tool is not None:
+        if arguments is not None and tool is not None and OFF_CONTRACT not in run.input_text:
             await self._play_delegated(run, tool, arguments)
             return
         gate = _RunGate(run, self._config.approval_timeout_s)
