@@ -19,6 +19,8 @@ DELEGATE_PATTERN = r"^agent:hermes_operator:[a-z0-9][a-z0-9_-]{0,62}$"
 DELEGATE_PREFIX = "agent:hermes_operator:"
 #: Any AIP capability id: `cap:` + a connector name + one to four further segments.
 ANY_CAPABILITY_PATTERN = r"^cap:[a-z0-9][a-z0-9_]{0,63}(:[A-Za-z0-9_.\-]{1,128}){1,4}$"
+#: The delegate is an Agent principal (spec "Route first-class delegation").
+AGENT_KIND = "agent"
 #: The scope an authenticated principal needs to create the child Action.
 ACTION_WRITE_SCOPE = "action:write"
 MAX_SCOPES = 64

@@ -47,7 +47,7 @@ class AuthenticatedPrincipal(WireStruct, kw_only=True, frozen=True):
     scopes: Annotated[list[Scope], msgspec.Meta(max_length=MAX_SCOPES)] = msgspec.field(
         default_factory=list
     )
-    #: When the authentication expires; a child created after it is not authenticated.
+    #: When the authentication expires; a child enqueued at or after it is not authenticated.
     expires_at_unix_ms: UnixMs
     #: When the principal's membership of `tenant_id` expires (None: it does not).
     tenant_expires_at_unix_ms: UnixMs | None = None
@@ -65,6 +65,8 @@ class QueueRecord(WireStruct, kw_only=True, frozen=True):
     #: The tenant partition the entry is stored in.
     tenant_partition: ShortText | None = None
     state: LifecycleState
+    #: When the runtime accepted the child: the authentication must be valid then.
+    enqueued_at_unix_ms: UnixMs
     updated_at_unix_ms: UnixMs
 
 

@@ -42,18 +42,31 @@ class Admission(Protocol):
         self,
         *,
         action: Action,
-        child: Action,
         payload: bytes,
         headers: Mapping[str, str],
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
-        child_approval: bool,
     ) -> tuple[Mapping[str, str], str | None]:
-        """Admit a delegation's internal Action (its delegator's identity and tenant), and,
-        when `child_approval`, the durable approval of the exact `child` Action.
-
-        Returns the trusted provider headers and the delegator's verified tenant; raises
+        """Admit a delegation's internal Action: its delegator's identity and the endpoint's
+        tenant binding. Returns the trusted provider headers and the verified tenant; raises
         ConnectorError with the refusal code, before anything was sent to Hermes.
         """
+        ...
+
+    async def check_delegated_approval(
+        self,
+        *,
+        child: Action,
+        delegator_id: str,
+        tenant_id: str | None,
+        decision_id: str | None,
+        redis: Any,
+    ) -> None:
+        """The durable approval of the exact delegated `child`; raises ConnectorError."""
+        ...
+
+    def verify_record(self, payload: bytes, headers: Mapping[str, str]) -> str:
+        """A trusted-key signature over a store record; never waived by the unsigned-envelope
+        development flag (records are evidence). Raises ConnectorError."""
         ...

@@ -66,6 +66,7 @@ class Worker:
         self.loops: list[PullLoop] = []
         self.control: ControlPlane | None = None
         self.slots = Slots(settings.concurrency)
+        self.delegation_slots = Slots(settings.concurrency)
         self.metrics = Metrics(worker_id=settings.worker_id)
         self.health: HealthServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -143,7 +144,7 @@ class Worker:
             self.loops.append(pull)
             self._tasks.append(loop.create_task(pull.run()))
         if self.delegation is not None:
-            stores = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_signature)
+            stores = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
             delegations = DelegationHandler(handler, self.delegation.with_stores(stores))
             for endpoint in endpoints:
                 pull = PullLoop(
@@ -151,7 +152,9 @@ class Worker:
                     stream=self.subjects.stream_name("delegations"),
                     durable=self.subjects.durable(endpoint.id, "delegations"),
                     subject=self.subjects.delegations(endpoint.id),
-                    slots=self.slots,
+                    # Their own slots: a delegation waits for its child, which may be an
+                    # Action this very pool must execute; shared slots could starve it.
+                    slots=self.delegation_slots,
                     handle=_bound(delegations, endpoint.id),
                 )
                 self.loops.append(pull)
@@ -193,13 +196,18 @@ class Worker:
             pull.stop()
         for task in self._tasks[1:]:
             task.cancel()
-        finished = await self.slots.wait_idle(self.settings.shutdown_grace_s)
+        grace = self.settings.shutdown_grace_s
+        finished = all(
+            await asyncio.gather(
+                self.slots.wait_idle(grace), self.delegation_slots.wait_idle(grace)
+            )
+        )
         if not finished and self.rt is not None:
             self.rt.shutting_down = True
             for execution in list(self.rt.keeper.executions.values()):
                 if execution.task is not None:
                     execution.task.cancel("shutdown")
-            await self.slots.wait_idle(10.0)
+            await asyncio.gather(self.slots.wait_idle(10.0), self.delegation_slots.wait_idle(10.0))
         self._tasks[0].cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -40,11 +40,12 @@ def make_request(
     chain: list[str] | None = None,
     child_input: dict[str, Any] | None = None,
     deadline_s: float = 30.0,
+    delegator: str = DELEGATOR,
     **child_changes: Any,
 ) -> DelegationRequest:
     delegate = f"agent:hermes_operator:{endpoint_id}"
     delegation_id = "dlg-" + secrets.token_hex(8)
-    chain = chain if chain is not None else [DELEGATOR]
+    chain = chain if chain is not None else [delegator]
     created = now_ms()
     child = ChildAction(
         id=new_action_id(),
@@ -65,7 +66,7 @@ def make_request(
     return DelegationRequest(
         delegation_id=delegation_id,
         delegator=Identity(
-            principal_id=DELEGATOR,
+            principal_id=delegator,
             principal_kind="user",
             tenant_id=tenant_id,
             authentication_issuer=ISSUER,

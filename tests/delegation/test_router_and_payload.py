@@ -120,6 +120,17 @@ def test_the_child_must_be_issued_to_the_delegate() -> None:
     )
 
 
+def test_the_delegate_must_be_an_agent_principal() -> None:
+    request = make_request()
+    child = msgspec.structs.replace(
+        request.action,
+        identity=msgspec.structs.replace(request.action.identity, principal_kind="user"),
+    )
+    assert "Agent principal" in refusal(
+        msgspec.structs.replace(request, action=child), enabled_policy()
+    )
+
+
 def test_a_hermes_operator_child_is_never_delegated_to_the_operator() -> None:
     request = make_request(capability="cap:hermes_agent:h1:operator")
     policy = enabled_policy(capability_prefixes=("*",))
@@ -164,7 +175,20 @@ def test_the_model_facing_payload_holds_the_arguments_and_governed_instructions(
     assert provider_input["kind"] == PAYLOAD_KIND
     assert provider_input["aip_call_arguments"] == aip_call_arguments(request.action)
     # No identity travels to the model: the authenticated MCP transport supplies it.
-    assert "principal_kind" not in json.dumps(provider_input)
+    assert not _keys_named(provider_input, {"identity", "principal_kind", "credential_revision"})
+    assert request.delegator.authentication_issuer not in body["input"]
+
+
+def _keys_named(value: Any, names: set[str]) -> set[str]:
+    """Every key in `names` found anywhere in a JSON value."""
+    if isinstance(value, dict):
+        found = names & set(value)
+        for item in value.values():
+            found |= _keys_named(item, names)
+        return found
+    if isinstance(value, list):
+        return set().union(*(_keys_named(item, names) for item in value)) if value else set()
+    return set()
 
 
 def test_an_oversize_delegation_input_is_refused_before_any_binding() -> None:

@@ -70,6 +70,7 @@ def records(
         actor_principal_id=request.delegate,
         tenant_partition=TENANT,
         state=state,
+        enqueued_at_unix_ms=now_ms(),
         updated_at_unix_ms=now_ms(),
     )
     queue = msgspec.structs.replace(queue, **queue_changes)
@@ -146,6 +147,7 @@ def test_a_live_child_is_not_ready_yet() -> None:
         ("compliance", {"x": 1}),
         ("approval", {"decision_id": "apr_" + "1" * 32}),
         ("transaction", {"x": 1}),
+        ("delegation", {"delegation_id": "dlg-other", "chain": ["user:demo"]}),
     ],
 )
 def test_an_altered_contract_field_is_a_contract_mismatch(field: str, value: Any) -> None:
@@ -189,6 +191,41 @@ def test_authentication_must_be_current_and_hold_action_write(
     auth = authenticated(request, **auth_changes)
     queue, lifecycle = records(request, auth=auth)
     assert refused(request, queue, lifecycle) is code
+
+
+def test_authority_is_judged_when_the_child_was_enqueued() -> None:
+    request = make_request(tenant_id=TENANT)
+    enqueued = now_ms() - 10_000
+    # Valid when the child was created, expired since: the child stands.
+    auth = authenticated(request, expires_at_unix_ms=enqueued + 1_000)
+    queue, lifecycle = records(request, auth=auth, enqueued_at_unix_ms=enqueued)
+    assert verify(request, queue, lifecycle) is not None
+    # Already expired when the child was created: not authenticated.
+    auth = authenticated(request, expires_at_unix_ms=enqueued - 1)
+    queue, lifecycle = records(request, auth=auth, enqueued_at_unix_ms=enqueued)
+    assert refused(request, queue, lifecycle) is ErrorCode.DELEGATED_IDENTITY_UNVERIFIED
+
+
+def test_the_creator_must_be_an_agent_principal() -> None:
+    request = make_request(tenant_id=TENANT)
+    auth = authenticated(request, principal_kind="user")
+    queue, lifecycle = records(request, auth=auth, child=observed_child(request, auth))
+    assert refused(request, queue, lifecycle) is ErrorCode.DELEGATED_IDENTITY_MISMATCH
+
+
+def test_the_first_broken_invariant_in_the_spec_order_decides() -> None:
+    request = make_request(tenant_id=TENANT)
+    auth = authenticated(request, scopes=[], principal_id="agent:other")
+    document = msgspec.to_builtins(observed_child(request, auth))
+    document["input"] = {"changed": True}
+    queue, lifecycle = records(
+        request,
+        auth=auth,
+        child=msgspec.convert(document, ChildAction),
+        tenant_partition="tenant-b",
+        lifecycle_state=LifecycleState.FAILED,
+    )
+    assert refused(request, queue, lifecycle) is ErrorCode.DELEGATED_ACTION_CONTRACT_MISMATCH
 
 
 @pytest.mark.parametrize("role", ["owner_principal_id", "actor_principal_id"])
@@ -254,3 +291,10 @@ def test_the_terminal_result_must_name_the_expected_child() -> None:
         lifecycle, result=msgspec.structs.replace(lifecycle.result, status="failed")
     )
     assert refused(request, queue, wrong_status) is integrity
+    wrong_capability = msgspec.structs.replace(
+        lifecycle,
+        result=msgspec.structs.replace(
+            lifecycle.result, capability="cap:support_sandbox:case.delete"
+        ),
+    )
+    assert refused(request, queue, wrong_capability) is integrity

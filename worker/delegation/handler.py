@@ -5,11 +5,13 @@ The same order as an Action (DESIGN §6) and the same runtime after admission:
 1. decode strictly (over-size or invalid -> DLQ with the reason, `term()`);
 2. verify the gateway signature (bad or missing -> DLQ: an unauthenticated envelope is not
    trusted even for its delegation id);
-3. the router policy (`worker.delegation.router`), the delegator's identity and the
-   endpoint's tenant binding, the child's tenant, and, unless exempted by prefix, the
-   durable approval of the exact child; a refusal settles one failed result under the
-   delegation's Action id, so the gateway learns why (a permanent policy denial is settled
-   once and never retried);
+3. trust and routing in the runbook's order: the delegator's identity and the endpoint's
+   tenant binding, the router policy (`worker.delegation.router`), unless exempted by
+   prefix the durable approval of the exact child, the child's tenant, the deadline; a
+   refusal settles one failed result under the delegation's Action id, so the gateway
+   learns why (a permanent policy denial is settled once and never retried) — unless an
+   earlier delivery already created the delegation's binding: then the refusal only forbids
+   a new start, and what exists is observed, stopped or resolved on the leased path;
 4. the leased path of `DeliveryHandler.run`: lease, heartbeat, the delegated operator run,
    fenced settle, terminal chunk and result on the delegation's Action id, ack.
 """
@@ -18,22 +20,30 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Mapping
 
 from nats.aio.msg import Msg
 
+from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from schemas.codec import EnvelopeRejected, decode_delegation
+from schemas.delegation import DelegationRequest
 from schemas.errors import ErrorCode
 from worker.delegation.entry import internal_action
-from worker.delegation.operation import DelegatedOperation
+from worker.delegation.operation import DelegatedOperation, Recovery
 from worker.delegation.router import check_child_tenant, check_route_policy
-from worker.delivery import DeliveryHandler, Refusal, _quiet
+from worker.delivery import DeliveryHandler, EndpointRuntime, Refusal, _quiet
 from worker.errors import ConnectorError
 from worker.execution import now_ms
 from worker.metrics import DeliveryOutcome
 from worker.store.keys import ActionKeys
+from worker.store.operator_store import OperatorStore
 
 log = logging.getLogger(__name__)
+
+#: What a recovering redelivery may spend observing what exists when the delegation's own
+#: deadline has already passed (it never starts anything).
+RECOVERY_BUDGET_MS = 10_000
 
 
 class DelegationHandler:
@@ -86,8 +96,8 @@ class DelegationHandler:
         )
         keys = ActionKeys.of(action.id)
         operation = self.operation
+        ep = rt.endpoints.get(endpoint_id)
         try:
-            ep = rt.endpoints.get(endpoint_id)
             if ep is None:
                 raise Refusal(
                     ConnectorError(
@@ -95,33 +105,7 @@ class DelegationHandler:
                     ),
                     read_only=False,
                 )
-            try:
-                check_route_policy(request, ep.endpoint, operation.policy)
-                trusted, tenant_id = await rt.admission.admit_delegation(
-                    action=action,
-                    child=request.action,
-                    payload=payload,
-                    headers=headers,
-                    endpoint=ep.endpoint,
-                    spec=operation.spec,
-                    redis=rt.store.redis,
-                    child_approval=operation.policy.delegation_needs_approval(
-                        request.action.capability
-                    ),
-                )
-                check_child_tenant(request, ep.endpoint, tenant_id)
-            except ConnectorError as exc:
-                raise Refusal(exc, read_only=False) from None
-            deadline_ms = self.delivery.deadline_of(action, operation.spec)
-            if deadline_ms <= now_ms():
-                raise Refusal(
-                    ConnectorError(
-                        ErrorCode.DEADLINE_EXCEEDED,
-                        "the delegation's deadline passed before it was started",
-                        uncertain_outcome=False,
-                    ),
-                    read_only=False,
-                )
+            trusted, deadline_ms = await self._admit(request, action, payload, headers, ep)
         except Refusal as refusal:
             log.info(
                 "delegation %s refused: %s",
@@ -129,6 +113,72 @@ class DelegationHandler:
                 refusal.error.code.value,
                 extra={"endpoint": endpoint_id, "action_id": action.id},
             )
+            if ep is not None and await self._has_binding(keys):
+                # An earlier delivery got as far as the binding: what exists must be
+                # observed, stopped or resolved, never settled as "nothing started".
+                await self.delivery.run(
+                    msg,
+                    action,
+                    keys,
+                    ep,
+                    operation,
+                    Recovery(request, refusal.error),
+                    {},
+                    max(now_ms() + RECOVERY_BUDGET_MS, self.delivery.deadline_of(
+                        action, operation.spec
+                    )),
+                )
+                return
             await self.delivery.refuse(msg, action, keys, endpoint_id, refusal)
             return
         await self.delivery.run(msg, action, keys, ep, operation, request, trusted, deadline_ms)
+
+    async def _admit(
+        self,
+        request: DelegationRequest,
+        action: Action,
+        payload: bytes,
+        headers: Mapping[str, str],
+        ep: EndpointRuntime,
+    ) -> tuple[Mapping[str, str], int]:
+        """Trust and routing in the runbook's order; returns the headers and the deadline."""
+        rt = self.rt
+        operation = self.operation
+        child = request.action
+        try:
+            # Authentication first (identity directory, route, endpoint tenant binding).
+            trusted, tenant_id = await rt.admission.admit_delegation(
+                action=action,
+                payload=payload,
+                headers=headers,
+                endpoint=ep.endpoint,
+                spec=operation.spec,
+                redis=rt.store.redis,
+            )
+            check_route_policy(request, ep.endpoint, operation.policy)
+            if operation.policy.delegation_needs_approval(child.capability):
+                await rt.admission.check_delegated_approval(
+                    child=child,
+                    delegator_id=request.delegator.principal_id,
+                    tenant_id=tenant_id,
+                    decision_id=request.approval.decision_id if request.approval else None,
+                    redis=rt.store.redis,
+                )
+            check_child_tenant(request, ep.endpoint, tenant_id)
+        except ConnectorError as exc:
+            raise Refusal(exc, read_only=False) from None
+        deadline_ms = self.delivery.deadline_of(action, operation.spec)
+        if deadline_ms <= now_ms():
+            raise Refusal(
+                ConnectorError(
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    "the delegation's deadline passed before it was started",
+                    uncertain_outcome=False,
+                ),
+                read_only=False,
+            )
+        return trusted, deadline_ms
+
+    async def _has_binding(self, keys: ActionKeys) -> bool:
+        store = OperatorStore(self.rt.store.redis)
+        return (await store.read(keys.binding)).doc is not None

@@ -7,9 +7,9 @@ native child Action result replaces the provider operator output as the business
 
 * Hermes `completed` -> the resolver waits for the verified child; not observed ->
   `delegated_execution_not_observed`, whatever Hermes wrote;
-* Hermes `failed`, `cancelled` or `outcome_unknown` after a run was bound -> one look at the
-  stores: a verified terminal child is still the business result (it happened); otherwise
-  the operator's own outcome stands;
+* Hermes `failed`, `cancelled` or `outcome_unknown` when a run may have happened -> the
+  stores are read too: an observed child is waited for and, verified, is the business
+  result (it happened); an unseen one leaves the operator's own outcome;
 * `waiting_for_approval` -> the run is stopped, never parked for a human: Hermes asks
   approval only for a dangerous command, a state-changing tool the delegation forbids. A
   confirmed stop is `operator_policy`; a racing completion is resolved as above; an
@@ -21,6 +21,7 @@ The output always carries the operator binding too, so the run that did the work
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
@@ -74,6 +75,15 @@ DELEGATION_SPEC = OperationSpec(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """A redelivery refused by admission for a delegation that already has a binding: it may
+    observe, stop and resolve what exists, but never start anything (`error` says why)."""
+
+    request: DelegationRequest
+    error: ConnectorError
+
+
 def delegated_output(
     request: DelegationRequest, binding: OperatorBinding, child: ChildResult | None
 ) -> dict[str, Any]:
@@ -114,23 +124,29 @@ class DelegatedOperation:
             self._store = OperatorStore(redis)
         return self._store
 
-    def resolver(self, redis: Any) -> DelegatedResolver:
+    async def resolver(self, redis: Any) -> DelegatedResolver:
+        """The resolver over stores that exist; raises `delegated_result_resolver_missing`."""
         if self.stores is None:
             raise ConnectorError(
                 ErrorCode.DELEGATED_RESULT_RESOLVER_MISSING,
                 "no AIP runtime queue and lifecycle stores are wired into this worker",
             )
+        await self.stores.check_available()
         return DelegatedResolver(
             self.stores, RedisClock(redis), poll_s=self.policy.poll_interval_ms / 1000
         )
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()
+        forbid_start: ConnectorError | None = None
+        if isinstance(params, Recovery):
+            params, forbid_start = params.request, params.error
         if not isinstance(params, DelegationRequest):
             raise ConnectorError(ErrorCode.CONFIGURATION_OR_INPUT, "not a DelegationRequest")
         request = params
         ctx.hermes.require_key("POST /v1/runs")
-        resolver = self.resolver(ctx.redis)  # fail before starting anything when missing
+        # Before anything is stored or sent: a child whose result cannot be read must not run.
+        resolver = await self.resolver(ctx.redis)
         session = OperatorSession(
             ctx, self.policy, self._store_for(ctx.redis), source_action_id=ctx.action.id
         )
@@ -143,17 +159,16 @@ class DelegatedOperation:
             raise collision_error()
         stream = False
         if binding.status is S.STARTING:
-            fence = StartFence(session, body)
+            fence = StartFence(session, body, forbid_start=forbid_start)
             binding = await fence.run()
             stream = fence.bound
         binding = await drive_binding(session, stream=stream)
-        off_contract = binding.status is S.WAITING_FOR_APPROVAL
-        if off_contract:
+        if binding.status is S.WAITING_FOR_APPROVAL:
             # Hermes asks approval only for a dangerous command: a state-changing tool the
             # delegation forbids. Never park such a run for a human to approve; stop it and
             # take only provider evidence of the end (a racing completion still wins).
             binding = await reconcile_cancel(session, Observer(session))
-        return await self._result(session, resolver, request, binding, off_contract)
+        return await self._result(session, resolver, request, binding)
 
     async def _result(
         self,
@@ -161,26 +176,25 @@ class DelegatedOperation:
         resolver: DelegatedResolver,
         request: DelegationRequest,
         binding: OperatorBinding,
-        off_contract: bool,
     ) -> Outcome:
         tenant_id = session.ctx.endpoint.descriptor.tenant_id or request.action.identity.tenant_id
         faults.hit("before_resolve", session.ctx.action.id)
-        if binding.status is S.COMPLETED:
+        completed = binding.status is S.COMPLETED
+        # A run may have happened when one was bound, or when its start is unknown.
+        may_have_run = binding.run_id is not None or binding.status is S.OUTCOME_UNKNOWN
+        child: ChildResult | None = None
+        if completed or (binding.terminal and may_have_run):
             try:
-                child = await resolver.resolve(request, tenant_id, session.remaining_s)
+                child = await resolver.resolve(
+                    request, tenant_id, session.remaining_s, unseen_is_final=completed
+                )
             except ConnectorError as exc:
                 return Outcome(ResultStatus.FAILED, delegated_output(request, binding, None), exc)
+        if child is not None:
             return _child_outcome(request, binding, child)
-        operator = outcome_of(binding)
-        if binding.terminal and binding.run_id is not None:
-            try:
-                seen = await resolver.look(request, tenant_id)
-            except ConnectorError as exc:
-                return Outcome(ResultStatus.FAILED, delegated_output(request, binding, None), exc)
-            if seen is not None:
-                return _child_outcome(request, binding, seen)
         output = delegated_output(request, binding, None)
-        if off_contract and binding.status is S.CANCELLED:
+        # Durable, so any owner concludes the same: the run asked for a provider approval.
+        if binding.status is S.CANCELLED and binding.approval_generation > 0:
             return Outcome(
                 ResultStatus.FAILED,
                 output,
@@ -190,4 +204,5 @@ class DelegatedOperation:
                     "state-changing tool the delegation forbids; it was stopped",
                 ),
             )
+        operator = outcome_of(binding)
         return Outcome(operator.status, output, operator.error)

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 
-from schemas.delegation import DELEGATE_PREFIX, DelegationRequest
+from schemas.delegation import AGENT_KIND, DELEGATE_PREFIX, DelegationRequest
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.operator.policy import HermesOperatorPolicy
@@ -68,6 +68,8 @@ def check_route_policy(
         raise _policy("the child Action's delegation chain differs from the request's")
     if child.identity.principal_id != request.delegate:
         raise _policy("the child Action is not issued to the delegate principal")
+    if child.identity.principal_kind != AGENT_KIND:
+        raise _policy("the delegate must be an Agent principal (principal_kind agent)")
 
 
 def _check_chain(request: DelegationRequest, policy: HermesOperatorPolicy) -> None:

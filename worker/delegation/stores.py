@@ -46,6 +46,11 @@ class LifecycleStores(Protocol):
         """Both records of one child; raises ConnectorError or StoreUnreadable."""
         ...
 
+    async def check_available(self) -> None:
+        """Raise `delegated_result_resolver_missing` unless both stores exist (checked before
+        a delegation starts anything: a child whose result cannot be read must not run)."""
+        ...
+
 
 SignatureCheck = Callable[[bytes, Mapping[str, str]], object]
 
@@ -66,16 +71,23 @@ class JetStreamLifecycleStores:
         )
         return StoreRecords(queue, lifecycle)
 
+    async def check_available(self) -> None:
+        for kind in ("queue", "lifecycle"):
+            stream = self.subjects.runtime_stream_name(kind)
+            try:
+                await self.js.stream_info(stream)
+            except NotFoundError:
+                raise _missing(stream) from None
+            except Exception as exc:
+                # Unknown is not missing: the resolver's own reads will retry.
+                log.info("runtime store %s not checked: %s", stream, exc)
+
     async def _last(self, stream: str, subject: str, typ: type[T]) -> T | None:
         try:
             msg = await self.js.get_last_msg(stream, subject)
         except NotFoundError as exc:
             if exc.err_code == STREAM_NOT_FOUND:
-                raise ConnectorError(
-                    ErrorCode.DELEGATED_RESULT_RESOLVER_MISSING,
-                    f"the AIP runtime store {stream} does not exist on this NATS; no "
-                    "authoritative child result can be read",
-                ) from None
+                raise _missing(stream) from None
             return None
         except Exception as exc:
             log.info("runtime store %s unreadable: %s", stream, exc)
@@ -83,6 +95,14 @@ class JetStreamLifecycleStores:
         data = msg.data or b""
         headers: Mapping[str, str] = msg.headers or {}
         return decode_record(data, headers, typ, self.verify, what=stream)
+
+
+def _missing(stream: str) -> ConnectorError:
+    return ConnectorError(
+        ErrorCode.DELEGATED_RESULT_RESOLVER_MISSING,
+        f"the AIP runtime store {stream} does not exist on this NATS; no authoritative child "
+        "result can be read",
+    )
 
 
 def decode_record(

@@ -7,9 +7,9 @@ checks run in the spec's order and the first broken one decides the typed code:
    delegation, federation, callback, observability, compliance, approval, transaction)
    -> `delegated_action_contract_mismatch`;
 2. application memory, allowing trusted `_aip` enrichment -> the same code;
-3. a non-expired transport-authenticated principal holding `action:write`
-   -> `delegated_identity_unverified`;
-4. the expected Hermes principal as queue owner, authenticated owner and actor
+3. a transport-authenticated principal holding `action:write`, not expired when the child
+   was enqueued -> `delegated_identity_unverified`;
+4. the expected Hermes (Agent) principal as queue owner, authenticated owner and actor
    -> `delegated_identity_mismatch`;
 5. the Action's identity equal to the resolved trusted identity -> `delegated_identity_integrity`;
 6. the exact valid tenant partition -> `delegated_tenant_mismatch` / `delegated_tenant_expired`;
@@ -27,7 +27,7 @@ from typing import Any
 
 import msgspec
 
-from schemas.delegation import ACTION_WRITE_SCOPE, ChildAction
+from schemas.delegation import ACTION_WRITE_SCOPE, AGENT_KIND, ChildAction
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, QueueRecord
 from worker.errors import ConnectorError
@@ -92,7 +92,9 @@ def verify_child(
             "the child Action's application memory differs from the delegated contract",
         )
     authenticated = queue.authenticated
-    if authenticated.expires_at_unix_ms <= now_ms:
+    # Authority is judged when the child was created: a later expiry does not undo it.
+    created_ms = min(queue.enqueued_at_unix_ms, now_ms)
+    if authenticated.expires_at_unix_ms <= created_ms:
         raise _fail(
             ErrorCode.DELEGATED_IDENTITY_UNVERIFIED,
             "the transport authentication that created the child has expired",
@@ -108,6 +110,8 @@ def verify_child(
         "actor": queue.actor_principal_id,
     }
     wrong = [role for role, principal in owners.items() if principal != delegate]
+    if authenticated.principal_kind != AGENT_KIND:
+        wrong.append("principal kind")
     if wrong:
         raise _fail(
             ErrorCode.DELEGATED_IDENTITY_MISMATCH,
@@ -139,7 +143,7 @@ def verify_child(
             "the child lives in another tenant partition than the delegation",
         )
     tenant_expiry = authenticated.tenant_expires_at_unix_ms
-    if tenant_expiry is not None and tenant_expiry <= now_ms:
+    if tenant_expiry is not None and tenant_expiry <= created_ms:
         raise _fail(
             ErrorCode.DELEGATED_TENANT_EXPIRED,
             "the creator's membership of the tenant has expired",

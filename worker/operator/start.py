@@ -93,9 +93,19 @@ def _nothing_started(message: str, code: ErrorCode = ErrorCode.REMOTE_TEMPORARY)
 class StartFence:
     """Bring a `starting` binding to a bound run or a terminal state, sending at most once."""
 
-    def __init__(self, session: OperatorSession, body: bytes) -> None:
+    def __init__(
+        self,
+        session: OperatorSession,
+        body: bytes,
+        *,
+        forbid_start: ConnectorError | None = None,
+    ) -> None:
         self.s = session
         self.body = body
+        #: Why a start may no longer be sent (a redelivery refused by admission, recovering
+        #: an existing binding): an unclaimed binding ends failed with it, certain that
+        #: nothing was sent, instead of being claimed.
+        self.forbid_start = forbid_start
         self.claim_id = "clm_" + secrets.token_hex(16)
         #: True once this invocation bound the run id it started.
         self.bound = False
@@ -137,6 +147,8 @@ class StartFence:
     async def _claim_or_settle(self) -> OperatorBinding:
         """Cancel before anything was sent, take a run slot and the claim, or fail cleanly."""
         s = self.s
+        if self.forbid_start is not None:
+            return await self._fail_unclaimed(self.forbid_start)
         if s.cancel_wanted():
             return await s.handle.update(
                 lambda b, now: (

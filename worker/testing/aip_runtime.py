@@ -179,6 +179,8 @@ class FakeAipRuntime:
         if fault is RuntimeFault.TENANT_DRIFT:
             partition = "tenant-elsewhere"
 
+        enqueued = _now_ms()
+
         async def queue(state: LifecycleState) -> None:
             record = QueueRecord(
                 action=child,
@@ -187,6 +189,7 @@ class FakeAipRuntime:
                 actor_principal_id=principal.principal_id,
                 tenant_partition=partition,
                 state=state,
+                enqueued_at_unix_ms=enqueued,
                 updated_at_unix_ms=_now_ms(),
             )
             await self._publish(self.subjects.runtime_queue(child.id), record)
@@ -241,7 +244,7 @@ class FakeAipRuntime:
         return msgspec.convert(document, ChildAction)
 
     def _authenticated(self, principal: AuthenticatedPrincipal) -> AuthenticatedPrincipal:
-        past = _now_ms() - 1
+        past = _now_ms() - 60_000
         if self.fault is RuntimeFault.EXPIRED_AUTH:
             return replace(principal, expires_at_unix_ms=past)
         if self.fault is RuntimeFault.NO_WRITE_SCOPE:

@@ -188,16 +188,37 @@ class TrustGate:
             headers=trusted_projection(action, identity),
         )
 
+    def verify_strict(self, payload: bytes, headers: Mapping[str, str]) -> str:
+        """A valid signature of a trusted key, whatever AIPD_ALLOW_UNSIGNED_ENVELOPES says."""
+        if self.gateway_keys is None:
+            raise ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION,
+                "no trusted gateway keys are configured (AIPD_TRUSTED_GATEWAY_KEYS_FILE)",
+            )
+        return verify_envelope(payload, headers, self.gateway_keys)
+
     async def check_delegated_child(
-        self, redis: Any, child: Action, *, tenant_id: str | None, decision_id: str | None
+        self,
+        redis: Any,
+        child: Action,
+        *,
+        delegator_id: str,
+        tenant_id: str | None,
+        decision_id: str | None,
     ) -> ApprovalRecord:
         """The connector-level delegation approval (overview "Router Policy"): a terminal
         approved record in the approval store for the exact child Action id, capability and
-        input, in the verified tenant; `decision_id` (the request's approval reference), when
-        given, must name that record. Payload claims alone are never authority."""
+        input, in the verified tenant, by an approver who is neither the child's principal
+        nor the delegator; `decision_id` (the request's approval reference), when given,
+        must name that record. Payload claims alone are never authority."""
         record = await check_approval(
             redis, self.authority, child, tenant_id=tenant_id, clock=RedisClock(redis)
         )
+        if record.approver_principal_id == delegator_id:
+            raise ConnectorError(
+                ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT,
+                "approval: the approver is the delegator of this child",
+            )
         if decision_id is not None and decision_id != record.decision_id:
             raise ConnectorError(
                 ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT,

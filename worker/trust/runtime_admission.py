@@ -72,13 +72,11 @@ class GateAdmission:
         self,
         *,
         action: Action,
-        child: Action,
         payload: bytes,
         headers: Mapping[str, str],
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
-        child_approval: bool,
     ) -> tuple[Mapping[str, str], str | None]:
         decision = await self.admit_decision(
             action=action,
@@ -88,11 +86,20 @@ class GateAdmission:
             spec=spec,
             redis=redis,
         )
-        if child_approval:
-            await self.gate.check_delegated_child(
-                redis,
-                child,
-                tenant_id=decision.tenant_id,
-                decision_id=action.approval.decision_id if action.approval else None,
-            )
         return decision.headers, decision.tenant_id
+
+    async def check_delegated_approval(
+        self,
+        *,
+        child: Action,
+        delegator_id: str,
+        tenant_id: str | None,
+        decision_id: str | None,
+        redis: Any,
+    ) -> None:
+        await self.gate.check_delegated_child(
+            redis, child, delegator_id=delegator_id, tenant_id=tenant_id, decision_id=decision_id
+        )
+
+    def verify_record(self, payload: bytes, headers: Mapping[str, str]) -> str:
+        return self.gate.verify_strict(payload, headers)
