@@ -46,7 +46,15 @@ from worker.execution import Execution, now_ms
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.metrics import DeliveryOutcome, FenceStep, Metrics
-from worker.operations.base import LeaseLost, Operation, OperationSpec, Outcome, Registry
+from worker.operations.base import (
+    RECOVERY_BUDGET_MS,
+    LeaseLost,
+    Operation,
+    OperationSpec,
+    Outcome,
+    Recovering,
+    Registry,
+)
 from worker.publisher import BusPublisher
 from worker.settings import Endpoint, Settings
 from worker.store.keys import ActionKeys
@@ -158,6 +166,7 @@ class DeliveryHandler:
         cap_endpoint, operation_name = split_capability(action.capability)
         keys = keys_for(action, operation_name)
         operation = rt.registry.get(operation_name)
+        params: Any = None
         try:
             runtime_endpoint = rt.endpoints[endpoint_id]
             if cap_endpoint != endpoint_id:
@@ -215,10 +224,37 @@ class DeliveryHandler:
                     read_only=spec.read_only,
                 )
         except _Refusal as refusal:
+            if params is not None and await self.began(operation, keys):
+                # An earlier delivery already bound this work: the refusal forbids only a
+                # new start; what exists is observed, stopped or settled on the leased path.
+                assert operation is not None
+                recovery_deadline = max(
+                    now_ms() + RECOVERY_BUDGET_MS, self.deadline_of(action, operation.spec)
+                )
+                await self.run(
+                    msg,
+                    action,
+                    keys,
+                    runtime_endpoint,
+                    operation,
+                    Recovering(params, refusal.error),
+                    {},
+                    recovery_deadline,
+                )
+                return
             await self.refuse(msg, action, keys, endpoint_id, refusal)
             return
         assert operation is not None
         await self.run(msg, action, keys, runtime_endpoint, operation, params, trusted, deadline_ms)
+
+    async def began(self, operation: Operation | None, keys: ActionKeys) -> bool:
+        """True when a self-fenced operation's own binding for this Action exists (an
+        earlier delivery got past admission); resumes are never recovered this way."""
+        if operation is None or not operation.self_fenced or keys.is_resume:
+            return False
+        from worker.store.operator_store import OperatorStore
+
+        return (await OperatorStore(self.rt.store.redis).read(keys.binding)).doc is not None
 
     def deadline_of(self, action: Action, spec: OperationSpec) -> int:
         """The earliest of the Action's deadline, its timeout, and the operation's own bound."""

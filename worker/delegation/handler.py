@@ -30,20 +30,17 @@ from schemas.codec import EnvelopeRejected, decode_delegation
 from schemas.delegation import DelegationRequest
 from schemas.errors import ErrorCode
 from worker.delegation.entry import internal_action
-from worker.delegation.operation import DelegatedOperation, Recovery
+from worker.delegation.operation import DelegatedOperation
 from worker.delegation.router import check_child_tenant, check_route_policy
 from worker.delivery import DeliveryHandler, EndpointRuntime, Refusal, _quiet
 from worker.errors import ConnectorError
 from worker.execution import now_ms
 from worker.metrics import DeliveryOutcome
+from worker.operations.base import RECOVERY_BUDGET_MS, Recovering
 from worker.store.keys import ActionKeys
 from worker.store.operator_store import OperatorStore
 
 log = logging.getLogger(__name__)
-
-#: What a recovering redelivery may spend observing what exists when the delegation's own
-#: deadline has already passed (it never starts anything).
-RECOVERY_BUDGET_MS = 10_000
 
 
 class DelegationHandler:
@@ -122,7 +119,7 @@ class DelegationHandler:
                     keys,
                     ep,
                     operation,
-                    Recovery(request, refusal.error),
+                    Recovering(request, refusal.error),
                     {},
                     max(now_ms() + RECOVERY_BUDGET_MS, self.delivery.deadline_of(
                         action, operation.spec

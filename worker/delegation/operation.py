@@ -21,7 +21,6 @@ The output always carries the operator binding too, so the run that did the work
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import msgspec
@@ -36,7 +35,7 @@ from worker.delegation.payload import delegated_payload
 from worker.delegation.resolver import DelegatedResolver
 from worker.delegation.stores import LifecycleStores
 from worker.errors import ConnectorError
-from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
 from worker.operator.binding import (
     BindingState,
     OperatorBinding,
@@ -73,15 +72,6 @@ DELEGATION_SPEC = OperationSpec(
     input_type=DelegationRequest,
     description="first-class delegation of one exact child Action to the Hermes operator",
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Recovery:
-    """A redelivery refused by admission for a delegation that already has a binding: it may
-    observe, stop and resolve what exists, but never start anything (`error` says why)."""
-
-    request: DelegationRequest
-    error: ConnectorError
 
 
 def delegated_output(
@@ -139,8 +129,8 @@ class DelegatedOperation:
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()
         forbid_start: ConnectorError | None = None
-        if isinstance(params, Recovery):
-            params, forbid_start = params.request, params.error
+        if isinstance(params, Recovering):
+            params, forbid_start = params.params, params.error
         if not isinstance(params, DelegationRequest):
             raise ConnectorError(ErrorCode.CONFIGURATION_OR_INPUT, "not a DelegationRequest")
         request = params

@@ -67,6 +67,22 @@ class Outcome:
     error: ConnectorError | None = None
 
 
+#: What a recovering redelivery may spend observing what exists when the Action's own
+#: deadline has already passed (it never starts anything new).
+RECOVERY_BUDGET_MS = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Recovering:
+    """The params of a redelivery that admission refused although an earlier delivery had
+    already begun the work (its binding exists): the deadline passed, an approval expired, a
+    credential was rotated. A self-fenced operation may observe, stop and settle what
+    exists, but must not start anything new; `error` is why not."""
+
+    params: Any
+    error: ConnectorError
+
+
 class LeaseLost(Exception):
     """This worker no longer owns the Action: stop at once, settle nothing, ack nothing."""
 

@@ -16,7 +16,7 @@ from schemas.manifest import Risk
 from schemas.operator import OperatorInput, OperatorObjective, OperatorResume
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
-from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
 from worker.operator.approval import ResumeLedger
 from worker.operator.binding import (
     BindingState,
@@ -73,6 +73,9 @@ class OperatorOperation:
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()  # "validates this policy before an operator run"
+        forbid_start: ConnectorError | None = None
+        if isinstance(params, Recovering):
+            params, forbid_start = params.params, params.error
         if not isinstance(params, OperatorInput) or not params.exactly_one_branch():
             raise ConnectorError(
                 ErrorCode.CONFIGURATION_OR_INPUT,
@@ -81,12 +84,18 @@ class OperatorOperation:
         ctx.hermes.require_key("POST /v1/runs")
         store = self._store_for(ctx.redis)
         if params.objective is not None:
-            return await self._objective(ctx, store, params.objective)
+            return await self._objective(ctx, store, params.objective, forbid_start)
+        if forbid_start is not None:
+            raise forbid_start  # the runtime recovers objectives only
         assert params.resume is not None
         return await self._resume(ctx, store, params.resume)
 
     async def _objective(
-        self, ctx: ExecutionContext, store: OperatorStore, objective: OperatorObjective
+        self,
+        ctx: ExecutionContext,
+        store: OperatorStore,
+        objective: OperatorObjective,
+        forbid_start: ConnectorError | None = None,
     ) -> Outcome:
         session = OperatorSession(ctx, self.policy, store, source_action_id=ctx.action.id)
         fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
@@ -99,7 +108,7 @@ class OperatorOperation:
             raise collision_error()
         stream = False
         if binding.status is S.STARTING:
-            fence = StartFence(session, body)
+            fence = StartFence(session, body, forbid_start=forbid_start)
             binding = await fence.run()
             # Only the invocation that bound the run may read its single-use stream.
             stream = fence.bound

@@ -1,0 +1,60 @@
+"""A redelivery that admission refuses after an earlier delivery created the binding.
+
+The refusal (deadline passed, approval expired, credential rotated) forbids only a new
+start: an unclaimed binding ends failed with the refusal, certain that nothing was sent;
+a bound run is observed to its end. Nothing is settled as "nothing started" when
+something did.
+"""
+
+from __future__ import annotations
+
+from operator_support import Harness, error_code, objective
+
+from schemas.codec import convert_input
+from schemas.errors import ErrorCode
+from schemas.operator import OperatorInput
+from schemas.result import ResultStatus
+from worker.errors import ConnectorError
+from worker.operations.base import Recovering
+from worker.operator.binding import BindingState, new_binding, request_fingerprint
+from worker.operator.handle import BindingHandle
+from worker.testing.fake_hermes import FakeHermes
+
+START = "POST /v1/runs"
+REFUSAL = ConnectorError(
+    ErrorCode.DEADLINE_EXCEEDED,
+    "the deadline passed before it was started",
+    uncertain_outcome=False,
+)
+
+
+async def test_an_unclaimed_binding_ends_failed_with_the_refusal_and_nothing_is_sent(
+    harness: Harness, fake: FakeHermes
+) -> None:
+    action = harness.action(objective("created, never claimed"))
+    first = await harness.lease(action)
+    fingerprint = request_fingerprint(first.endpoint.id, action)
+    handle = BindingHandle(harness.store, first.keys, first.owner, first.fence)
+    await handle.create(lambda now: new_binding(action, first.endpoint.id, fingerprint, now))
+    second = await harness.replace_owner(first)
+    params = Recovering(convert_input(action.input, OperatorInput), REFUSAL)
+    outcome = await harness.operation.execute(second, params)
+    assert outcome.status is ResultStatus.FAILED
+    assert error_code(outcome) == ErrorCode.DEADLINE_EXCEEDED.value
+    assert outcome.error is not None
+    assert outcome.error.to_protocol(endpoint_id=None, read_only=False).uncertain_outcome is False
+    assert fake.stats().count(START) == 0
+    assert (await harness.require_binding(action.id)).status is BindingState.FAILED
+
+
+async def test_a_bound_run_is_observed_to_its_end(harness: Harness, fake: FakeHermes) -> None:
+    action = harness.action(objective("bound, then the owner died"))
+    first = await harness.lease(action)
+    done = await harness.execute(first)
+    assert done.status is ResultStatus.COMPLETED
+    second = await harness.replace_owner(first)
+    params = Recovering(convert_input(action.input, OperatorInput), REFUSAL)
+    outcome = await harness.operation.execute(second, params)
+    assert outcome.status is ResultStatus.COMPLETED
+    assert outcome.output["run_id"] == done.output["run_id"]
+    assert fake.stats().count(START) == 1
