@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from collections import deque
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -13,13 +14,19 @@ from worker.publisher import BusPublisher
 
 
 class AuditLog:
-    """Emits receipts without ever blocking or failing the delivery that produced them."""
+    """Emits receipts without ever blocking or failing the delivery that produced them.
+
+    Receipts wait in a queue that one sender task empties (started on demand, ending when
+    the queue is empty), in the order they were emitted: a task per receipt cost more CPU
+    than publishing the receipt itself.
+    """
 
     def __init__(self, publisher: BusPublisher | None, worker_id: str) -> None:
         self.publisher = publisher
         self.worker_id = worker_id
         self._counter = itertools.count()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._queue: deque[Receipt] = deque()
+        self._sender: asyncio.Task[None] | None = None
 
     def emit(
         self,
@@ -45,13 +52,22 @@ class AuditLog:
             ts_unix_ms=time.time_ns() // 1_000_000,
             details=dict(details),
         )
-        task = asyncio.get_running_loop().create_task(self.publisher.receipt(receipt))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._queue.append(receipt)
+        if self._sender is None:
+            self._sender = asyncio.get_running_loop().create_task(self._send(self.publisher))
+
+    async def _send(self, publisher: BusPublisher) -> None:
+        queue = self._queue
+        try:
+            while queue:
+                await publisher.receipt(queue.popleft())  # never raises (best effort)
+        finally:
+            self._sender = None
 
     async def drain(self, timeout_s: float = 2.0) -> None:
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=timeout_s)
+        sender = self._sender
+        if sender is not None:
+            await asyncio.wait([sender], timeout=timeout_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -313,6 +313,7 @@ class DeliveryHandler:
             trusted_headers=trusted,
             cancel_requested=grant.cancel_requested,
             metrics=rt.metrics,
+            leased_at_ms=grant.now_ms,
         )
         rt.audit.emit(
             ReceiptEvent.LEASE_ACQUIRED,

@@ -64,8 +64,11 @@ class Execution:
         trusted_headers: Mapping[str, str],
         cancel_requested: bool,
         metrics: Metrics | None = None,
+        leased_at_ms: int = 0,
     ) -> None:
         self.metrics = metrics
+        #: Redis time at which this delivery acquired its lease (0: unknown).
+        self.leased_at_ms = leased_at_ms
         self.action = action
         self.endpoint = endpoint
         self.operation = operation

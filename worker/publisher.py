@@ -38,13 +38,28 @@ class BusPublisher:
         self.subjects = subjects
         self.confirm_timeout_s = confirm_timeout_s
 
+    async def _publish_async(
+        self, subject: str, payload: bytes, headers: dict[str, str], wait_stall: float
+    ) -> asyncio.Future[PubAck]:
+        """`js.publish_async`, without its stall timer when a slot is free.
+
+        nats-py wraps the wait for a free in-flight slot in `asyncio.wait_for`, which costs a
+        task per publish; with a slot free the wait cannot block, so no timer is needed.
+        """
+        slots = getattr(self.js, "_publish_async_pending_semaphore", None)
+        free = getattr(slots, "_value", 0) > 0 and not getattr(slots, "_waiters", None)
+        wait_stall_or_none = None if free else wait_stall
+        return await self.js.publish_async(
+            subject, payload, headers=headers, wait_stall=wait_stall_or_none
+        )
+
     async def chunk(self, chunk: StreamChunk) -> asyncio.Future[PubAck]:
         """Send a chunk now; the returned future confirms it (see `confirm_chunks`)."""
-        return await self.js.publish_async(
+        return await self._publish_async(
             self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
             encode(chunk),
-            headers={MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
-            wait_stall=self.confirm_timeout_s,
+            {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
+            self.confirm_timeout_s,
         )
 
     async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
@@ -55,15 +70,24 @@ class BusPublisher:
         )
 
     async def confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
-        """Wait for chunk confirmations; a failed one is sent once more (same Msg-Id)."""
+        """Wait for chunk confirmations; a failed one is sent once more (same Msg-Id).
+
+        One wait for the whole batch (at most `confirm_timeout_s`), not a timer per chunk:
+        most acks have arrived by the time a batch is confirmed. A confirmation still
+        missing after the wait is cancelled (which frees its in-flight slot) and its chunk
+        published again, awaited, in seq order.
+        """
+        waiting = [future for _, future in pending if not future.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.confirm_timeout_s)
         for chunk, future in pending:
+            if future.done() and not future.cancelled() and future.exception() is None:
+                continue
+            future.cancel()
             try:
-                await asyncio.wait_for(future, self.confirm_timeout_s)
-            except Exception:
-                try:
-                    await self.chunk_awaited(chunk)
-                except Exception as exc:
-                    raise PublishFailed(f"chunk {chunk.seq}: {type(exc).__name__}") from None
+                await self.chunk_awaited(chunk)
+            except Exception as exc:
+                raise PublishFailed(f"chunk {chunk.seq}: {type(exc).__name__}") from None
 
     async def result(self, result: ActionResult) -> PubAck:
         return await self._publish(
@@ -84,14 +108,21 @@ class BusPublisher:
         return await self._publish(self.subjects.dlq(endpoint_id), payload, msg_id, headers)
 
     async def receipt(self, receipt: Receipt) -> None:
-        """Best effort, never blocks the delivery: a lost receipt must not stall real work."""
+        """Best effort, never blocks the delivery: a lost receipt must not stall real work.
+
+        Sent as a plain NATS publish to the audit stream's subject (JetStream stores it all
+        the same, deduplicated by its `Nats-Msg-Id`) rather than with `publish_async`: no
+        caller ever waited for a receipt's acknowledgement, so asking the server for one
+        (a reply inbox, a future and a JSON PubAck per receipt) bought nothing.
+        """
+        subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
+        headers = {MSG_ID: receipt.receipt_id}
         try:
-            await self.js.publish_async(
-                self.subjects.audit(receipt.endpoint_id, receipt.action_id),
-                encode(receipt),
-                headers={MSG_ID: receipt.receipt_id},
-                wait_stall=0.5,
-            )
+            nc = getattr(self.js, "_nc", None)
+            if nc is not None:
+                await nc.publish(subject, encode(receipt), headers=headers)
+            else:
+                await self._publish_async(subject, encode(receipt), headers, 0.5)
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
 

@@ -68,6 +68,7 @@ class ChunkConsumer:
         self.parse = parse_timestamps
         self.sample: bytes | None = None
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     async def start(self, nc: Any) -> None:
         js = nc.jetstream()
@@ -80,10 +81,12 @@ class ChunkConsumer:
 
     async def _run(self, sub: Any) -> None:
         decode = msgspec.json.decode
-        while True:
+        while not self._stopping:
             try:
                 msgs = await sub.fetch(256, timeout=0.5)
             except (TimeoutError, nats.errors.TimeoutError):
+                # nats-py may turn the cancellation of a pending fetch into a timeout, so
+                # `stop()` also sets a flag this loop checks (a fig. 3 run once hung here).
                 continue
             now = time.monotonic()
             wall = time.time()
@@ -109,9 +112,10 @@ class ChunkConsumer:
         return (len(self.arrivals) - 1) / (self.arrivals[-1] - self.arrivals[0])
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            await asyncio.wait([self._task], timeout=5.0)
 
 
 async def ours_max_rate(bench: Bench, events: int = FLOOD_EVENTS) -> tuple[RelayRate, bytes]:

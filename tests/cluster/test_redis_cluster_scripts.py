@@ -36,7 +36,7 @@ from worker.testing.identities import (
     write_trust_files,
 )
 from worker.testing.redis_cluster import RedisCluster
-from worker.trust.approvals import approve
+from worker.trust.approvals import approve, read_record
 from worker.trust.authority import ApprovalAuthority
 
 pytestmark = pytest.mark.cluster
@@ -189,6 +189,9 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
         cluster_client, authority, action, APPROVER_UNTENANTED, "ok", ApprovalDecision.APPROVED
     )
     assert await cluster_client.hget(approvals_key(third), "decision") == b"approved"
+    record = await read_record(cluster_client, third)
+    assert record is not None
+    assert record.decision is ApprovalDecision.APPROVED
     assert capacity_key("h1") != approvals_key(third)
 
     names, ports = _scripts_run(redis_cluster)

@@ -87,6 +87,8 @@ class LeasedContext:
     attempted_fence: int = 0
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     chunks: list[StreamChunk] = field(default_factory=list)
+    #: Redis time of the lease acquire, as the runtime's Execution carries it.
+    leased_at_ms: int = 0
 
     @property
     def next_seq(self) -> int:
@@ -182,6 +184,7 @@ class Harness:
             fence=grant.fence,
             is_takeover=grant.is_takeover,
             first_seq=first_seq,
+            leased_at_ms=grant.now_ms,
         )
 
     async def replace_owner(

@@ -378,3 +378,25 @@ def test_fingerprint_binds_capability_and_input_only() -> None:
     changed_capability = {**base, "capability": "cap:hermes_agent:hermes-a:models"}
     for doc in (changed_input, changed_capability):
         assert fingerprint_request(encode_action(doc)[0]) not in fingerprints
+
+
+async def test_the_approval_check_costs_one_redis_command(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    """The record and the Redis clock its expiry is decided on come from one script."""
+    document = action_document()
+    record = await decide(redis, authority, document)
+    await admit(gate, redis, trust_files, document)  # loads the read script once
+    sent: list[Any] = []
+    original = redis.execute_command
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        sent.append(args[0])
+        return await original(*args, **kwargs)
+
+    redis.execute_command = counted  # type: ignore[method-assign]
+    try:
+        assert (await admit(gate, redis, trust_files, document)).approval == record
+    finally:
+        redis.execute_command = original  # type: ignore[method-assign]
+    assert sent == ["EVALSHA"]

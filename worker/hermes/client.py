@@ -112,6 +112,15 @@ class SSEStream:
             yield event
 
 
+#: Connections to one endpoint. An Action holds at most one at a time (its POST, then its
+#: event stream), so this must not be below the Actions one worker may run against one
+#: endpoint: at 512, a worker holding 2,000 operator runs on two endpoints (benchmark
+#: figure 4) could open only ~1,024 event streams, and every start past the pool waited
+#: out the pool timeout and settled `outcome_unknown`. 2,048 covers the endpoint
+#: capacity's ceiling (1,000 open runs per endpoint) with room for status reads.
+DEFAULT_MAX_CONNECTIONS = 2_048
+
+
 class HermesClient:
     """Requests to one endpoint; safe to share across every Action the worker runs."""
 
@@ -120,7 +129,7 @@ class HermesClient:
         endpoint: Endpoint,
         *,
         transport: Transport = "aiohttp",
-        max_connections: int = 512,
+        max_connections: int = DEFAULT_MAX_CONNECTIONS,
         metrics: Metrics | None = None,
     ) -> None:
         self.endpoint = endpoint

@@ -47,12 +47,22 @@ def state_error(exc: StoreUnavailable) -> ConnectorError:
 class BindingHandle:
     """Fenced access to one binding for one lease holder (`keys`, `owner`, `fence`)."""
 
-    def __init__(self, store: OperatorStore, keys: ActionKeys, owner: str, fence: int) -> None:
+    def __init__(
+        self,
+        store: OperatorStore,
+        keys: ActionKeys,
+        owner: str,
+        fence: int,
+        *,
+        created_at_hint_ms: int = 0,
+    ) -> None:
         self.store = store
         self.keys = keys
         self.owner = owner
         self.fence = fence
         self.view: View | None = None
+        #: Redis time of this holder's first lease of the Action (0: unknown, read first).
+        self._created_at_hint_ms = created_at_hint_ms
 
     @property
     def binding(self) -> OperatorBinding:
@@ -98,16 +108,26 @@ class BindingHandle:
         return stored.now_ms
 
     async def create(self, make: Callable[[int], OperatorBinding]) -> OperatorBinding:
-        """The Action's binding: the stored one, or `make(now)` created under the fence."""
-        try:
-            stored = await self.store.read(self.keys.binding)
-        except StoreUnavailable as exc:
-            raise state_error(exc) from None
-        if stored.doc is not None:
-            return self._adopt(stored).binding
+        """The Action's binding: the stored one, or `make(now)` created under the fence.
+
+        With a creation-time hint (the Redis time of a first lease, when no earlier owner
+        can have created a binding) the create is sent without reading first: the script
+        answers `exists` with the stored binding if there is one after all, and that one is
+        adopted exactly as a read would have found it. Otherwise the read comes first and
+        its Redis time is the creation time.
+        """
+        if self._created_at_hint_ms > 0:
+            created_at = self._created_at_hint_ms
+        else:
+            try:
+                stored = await self.store.read(self.keys.binding)
+            except StoreUnavailable as exc:
+                raise state_error(exc) from None
+            if stored.doc is not None:
+                return self._adopt(stored).binding
+            created_at = stored.now_ms
         self.view = None
-        # The read's Redis time is the creation time: no second round trip for the clock.
-        fresh = make(stored.now_ms)
+        fresh = make(created_at)
         try:
             reply = await self.store.create(
                 self.keys, self.owner, self.fence, encode_binding(fresh), fresh.status.value

@@ -13,8 +13,6 @@ the run may still be working).
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,11 +179,13 @@ class Observer:
                 ) as events:
                     iterator = aiter(events)
                     while not self.s.cancel_wanted():
+                        interrupt.waiting = True
                         try:
-                            with interrupt.waiting():
-                                event = await anext(iterator)
+                            event = await anext(iterator)
                         except StopAsyncIteration:
                             break
+                        finally:
+                            interrupt.waiting = False
                         if await self._on_event(event):
                             return True
                     else:
@@ -416,23 +416,17 @@ class _CancelInterrupt:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
-        self._waiting = False
+        #: True only while the task waits in `anext` (set and cleared around it by the
+        #: caller: a plain flag, as a context manager per event cost more than the event).
+        self.waiting = False
         self._fired = False
         self._watch = asyncio.ensure_future(requested.wait())
         self._watch.add_done_callback(self._on_requested)
 
     def _on_requested(self, watch: asyncio.Future[Any]) -> None:
-        if not watch.cancelled() and self._waiting and not self._fired:
+        if not watch.cancelled() and self.waiting and not self._fired:
             self._fired = True
             self._task.cancel("operator cancel requested")
-
-    @contextlib.contextmanager
-    def waiting(self) -> Iterator[None]:
-        self._waiting = True
-        try:
-            yield
-        finally:
-            self._waiting = False
 
     def absorb(self) -> bool:
         """True when the CancelledError being handled is ours alone (then it is undone)."""

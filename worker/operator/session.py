@@ -40,7 +40,13 @@ class OperatorSession:
         self.policy = policy
         self.store = store
         self.source_action_id = source_action_id
-        self.handle = BindingHandle(store, ctx.keys, ctx.owner, ctx.fence)
+        # A first lease of an Action's own keys (fence 1, no takeover): no owner before this
+        # one could have created its binding, so `create` may skip the read (see there).
+        first_lease_at = getattr(ctx, "leased_at_ms", 0)
+        fresh = not ctx.is_takeover and ctx.keys.slot_action_id == ctx.action.id
+        self.handle = BindingHandle(
+            store, ctx.keys, ctx.owner, ctx.fence, created_at_hint_ms=first_lease_at if fresh else 0
+        )
         self.capacity = EndpointCapacity(
             store,
             ctx.endpoint.id,

@@ -43,6 +43,8 @@ class LeaseGrant:
     attempted_fence: int
     #: A durable cancel intent exists for the Action.
     cancel_requested: bool
+    #: Redis time of the acquire (0 when the reply did not carry it).
+    now_ms: int = 0
 
     @property
     def is_takeover(self) -> bool:
@@ -109,7 +111,7 @@ class LeaseStore:
                 args=[owner, ttl_ms, self.lease_key_ttl_ms, fingerprint],
             )
         )
-        status, fence, other, expires, attempted, cancel = reply
+        status, fence, other, expires, attempted, cancel = reply[:6]
         return LeaseGrant(
             status=AcquireStatus(_s(status)),
             fence=int(fence),
@@ -117,6 +119,7 @@ class LeaseStore:
             expires_at_ms=int(expires),
             attempted_fence=int(attempted),
             cancel_requested=bool(cancel),
+            now_ms=int(reply[6]) if len(reply) > 6 else 0,
         )
 
     async def renew_many(

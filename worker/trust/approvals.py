@@ -15,6 +15,7 @@ claims grant nothing. Refusal codes when the check fails:
 from __future__ import annotations
 
 import secrets
+import weakref
 from typing import Any
 
 import msgspec
@@ -32,9 +33,9 @@ from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.store.keys import approvals_key
 from worker.store.reask import StoreUnavailable, reask
-from worker.store.scripts import script_source
+from worker.store.scripts import Script, script_source
 from worker.trust.authority import ApprovalAuthority, NotAuthorized
-from worker.trust.clock import Clock, redis_now_ms
+from worker.trust.clock import Clock, RedisClock, redis_now_ms
 from worker.trust.files import describe_principal
 from worker.trust.fingerprint import canonical_request, fingerprint_request
 
@@ -73,6 +74,17 @@ def input_snapshot(action: Action) -> tuple[str, bool]:
     return encoded[:MAX_INPUT_SNAPSHOT_BYTES].decode("utf-8", errors="ignore"), True
 
 
+#: The read script of each client (hashing its source once per client, not per Action).
+_read_scripts: weakref.WeakKeyDictionary[Any, Script] = weakref.WeakKeyDictionary()
+
+
+def _read_script(redis: Any) -> Script:
+    script = _read_scripts.get(redis)
+    if script is None:
+        script = _read_scripts[redis] = Script(redis, script_source("approval_read"))
+    return script
+
+
 async def read_record(
     redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
 ) -> ApprovalRecord | None:
@@ -81,16 +93,28 @@ async def read_record(
     A transient failure (a Redis Cluster failover, a restart) is retried within `budget_s`:
     refusing the Action would settle it `failed` for an outage the lease store rides out.
     """
+    return (await read_record_at(redis, action_id, budget_s=budget_s))[0]
+
+
+async def read_record_at(
+    redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
+) -> tuple[ApprovalRecord | None, int]:
+    """`read_record` and the Redis time of the same step (one script, one round trip)."""
+    script = _read_script(redis)
     try:
-        raw = await reask(
-            lambda: redis.hget(approvals_key(action_id), "record"), budget_s=budget_s
+        raw, now = await reask(
+            lambda: script(keys=[approvals_key(action_id)]), budget_s=budget_s
         )
     except (StoreUnavailable, RedisError) as exc:
         raise ConnectorError(
             ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
             f"approval record could not be read: {exc}",
         ) from None
-    if raw is None:
+    return _decode_record(raw), int(now)
+
+
+def _decode_record(raw: Any) -> ApprovalRecord | None:
+    if not raw:
         return None
     try:
         return _decoder.decode(raw if isinstance(raw, bytes) else _text(raw).encode())
@@ -222,7 +246,10 @@ async def check_approval(
             "no approval authority directory is configured (AIPD_APPROVAL_AUTHORITY_FILE); "
             "approval-governed capabilities cannot run"
         )
-    record = await read_record(redis, action.id)
+    record, read_at = await read_record_at(redis, action.id)
+    if isinstance(clock, RedisClock):
+        # The record's own read carried Redis TIME: the admission's clock needs no TIME.
+        clock.offer(read_at)
     if record is None:
         raise _unavailable(f"no decision is recorded for {action.id}")
     if action.approval is not None and action.approval.decision_id != record.decision_id:

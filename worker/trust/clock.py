@@ -56,6 +56,11 @@ class RedisClock:
         self._redis = redis
         self._now: int | None = None
 
+    def offer(self, now_ms: int) -> None:
+        """Use a Redis time another read of this admission returned (if none is read yet)."""
+        if self._now is None:
+            self._now = now_ms
+
     async def now_ms(self) -> int:
         if self._now is None:
             try:

@@ -9,31 +9,32 @@
 -- so a call whose reply was lost can be repeated to learn what happened.
 -- The first delivery records the request fingerprint; a later delivery of the same Action id
 -- with another fingerprint is an idempotency collision and acquires nothing.
--- Returns {status, fence, previous_owner, expires_at_ms, attempted_fence, cancel_requested}
+-- Returns {status, fence, previous_owner, expires_at_ms, attempted_fence, cancel_requested,
+--   now_ms} (now_ms: the Redis time of this step)
 --   status: 'settled' | 'held' | 'acquired' | 'collision'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cancel = redis.call('EXISTS', KEYS[3])
 local recorded = redis.call('HGET', KEYS[1], 'fingerprint')
 if recorded and recorded ~= ARGV[4] then
-  return {'collision', 0, '', 0, 0, cancel}
+  return {'collision', 0, '', 0, 0, cancel, now}
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
-  return {'settled', 0, '', 0, 0, cancel}
+  return {'settled', 0, '', 0, 0, cancel, now}
 end
 local owner = redis.call('HGET', KEYS[1], 'owner') or ''
 local expires = tonumber(redis.call('HGET', KEYS[1], 'expires_at_ms') or '0')
 local fence = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 local attempted = tonumber(redis.call('HGET', KEYS[1], 'attempted_fence') or '0')
 if owner == ARGV[1] then
-  return {'acquired', fence, owner, expires, attempted, cancel}
+  return {'acquired', fence, owner, expires, attempted, cancel, now}
 end
 if owner ~= '' and expires > now then
-  return {'held', fence, owner, expires, attempted, cancel}
+  return {'held', fence, owner, expires, attempted, cancel, now}
 end
 fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 local until_ms = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'expires_at_ms', until_ms, 'acquired_at_ms', now,
   'fingerprint', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {'acquired', fence, owner, until_ms, attempted, cancel}
+return {'acquired', fence, owner, until_ms, attempted, cancel, now}

@@ -1,0 +1,135 @@
+"""The cheaper hot path keeps every promise of the one it replaced (benchmark issue #5)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from nats.js.api import PubAck
+
+from schemas.audit import ReceiptEvent
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from schemas.ids import new_action_id
+from subjects.grammar import Subjects
+from worker.audit import AuditLog
+from worker.publisher import MSG_ID, BusPublisher
+from worker.store.connection import LeanBlockingConnectionPool, open_redis
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseStore
+from worker.testing.services import ServiceHandle
+
+
+@pytest.fixture
+async def redis(redis_server: ServiceHandle) -> AsyncIterator[Any]:
+    client = open_redis(redis_server.url, max_connections=3)
+    yield client
+    await client.aclose()
+
+
+async def test_concurrent_first_calls_load_each_script_once(redis: Any) -> None:
+    await redis.script_flush()
+    store = LeaseStore(redis)
+    loads: list[str] = []
+    original = redis.script_load
+
+    async def counted(script: str) -> Any:
+        loads.append(script)
+        return await original(script)
+
+    redis.script_load = counted
+    keys = [ActionKeys.of(new_action_id()) for _ in range(20)]
+    grants = await asyncio.gather(*(store.acquire(k, f"w#{i}", 5_000, "fp")
+                                    for i, k in enumerate(keys)))
+    assert {g.status for g in grants} == {AcquireStatus.ACQUIRED}
+    assert all(g.now_ms > 0 for g in grants)
+    assert len(loads) == len(set(loads)) == len(store.scripts._scripts)
+    # After a restart emptied the script cache, a call reloads its script by itself.
+    await redis.script_flush()
+    again = await store.acquire(ActionKeys.of(new_action_id()), "w#x", 5_000, "fp")
+    assert again.status is AcquireStatus.ACQUIRED
+
+
+async def test_the_lean_pool_blocks_past_its_size_and_never_hands_out_unread_data(
+    redis: Any,
+) -> None:
+    pool = redis.connection_pool
+    assert isinstance(pool, LeanBlockingConnectionPool)
+    await redis.set("k", "v")
+    values = await asyncio.gather(*(redis.get("k") for _ in range(40)))
+    assert values == [b"v"] * 40
+    assert len(pool._in_use_connections) == 0
+    assert len(pool._available_connections) <= 3
+    # A connection released with a reply still unread (as a cancelled call could leave
+    # it) is reconnected before reuse, so the next caller reads its own reply.
+    conn = await pool.get_connection()
+    await conn.send_command("PING")
+    await asyncio.sleep(0.05)
+    await pool.release(conn)
+    assert await redis.get("k") == b"v"
+    assert await redis.echo("mine") == b"mine"
+
+
+class _FakeJs:
+    """Records publishes; `publish_async` futures are completed by the test."""
+
+    def __init__(self) -> None:
+        self.async_sent: list[tuple[str, dict[str, str]]] = []
+        self.awaited: list[tuple[str, dict[str, str]]] = []
+        self.futures: list[asyncio.Future[PubAck]] = []
+
+    async def publish_async(self, subject: str, payload: bytes, **kw: Any) -> Any:
+        self.async_sent.append((subject, kw["headers"]))
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self.futures.append(future)
+        return future
+
+    async def publish(self, subject: str, payload: bytes, **kw: Any) -> PubAck:
+        self.awaited.append((subject, kw["headers"]))
+        return PubAck(stream="S", seq=len(self.awaited))
+
+
+def _chunk(action_id: str, seq: int) -> StreamChunk:
+    return make_chunk(
+        ChunkKind.DATA, action_id=action_id, endpoint_id="h1", seq=seq, ts_unix_ms=1,
+        payload={"delta": str(seq)},
+    )
+
+
+async def test_a_batch_confirmation_resends_exactly_the_unconfirmed_chunks() -> None:
+    js = _FakeJs()
+    publisher = BusPublisher(js, Subjects(), confirm_timeout_s=0.1)  # type: ignore[arg-type]
+    action_id = new_action_id()
+    pending = [(c, await publisher.chunk(c)) for c in (_chunk(action_id, s) for s in range(4))]
+    js.futures[0].set_result(PubAck(stream="S", seq=1))
+    js.futures[1].set_exception(TimeoutError())
+    js.futures[3].set_result(PubAck(stream="S", seq=2))
+    await publisher.confirm(pending)  # chunk 2 never confirms: cancelled, then re-sent
+    assert [h[MSG_ID] for _, h in js.awaited] == [f"{action_id}:1", f"{action_id}:2"]
+    assert js.futures[2].cancelled()  # its in-flight slot is given back
+
+
+class _RecordingPublisher:
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    async def receipt(self, receipt: Any) -> None:
+        await asyncio.sleep(0)
+        self.sent.append(receipt.receipt_id)
+
+
+async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> None:
+    publisher = _RecordingPublisher()
+    audit = AuditLog(publisher, "w1")  # type: ignore[arg-type]
+    action_id = new_action_id()
+    for _ in range(5):
+        audit.emit(ReceiptEvent.RECEIVED, action_id=action_id, endpoint_id="h1")
+    await asyncio.sleep(0)
+    audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
+    await audit.drain()
+    assert [r.rsplit(":", 1)[1] for r in publisher.sent] == ["0", "1", "2", "3", "4", "5"]
+    assert publisher.sent[-1].startswith(f"{action_id}:settled")
+    audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")  # a new sender
+    await audit.drain()
+    assert len(publisher.sent) == 7
