@@ -8,16 +8,21 @@ something did.
 
 from __future__ import annotations
 
-from operator_support import Harness, error_code, objective
+import pytest
+from operator_support import Harness, endpoint_for, error_code, objective
+from redis.asyncio import Redis
 
 from schemas.codec import convert_input
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
+from worker.hermes.client import HermesClient, Transport
 from worker.operations.base import Recovering
 from worker.operator.binding import BindingState, new_binding, request_fingerprint
 from worker.operator.handle import BindingHandle
+from worker.operator.policy import HermesOperatorPolicy
+from worker.testing._procs import free_ports
 from worker.testing.fake_hermes import FakeHermes
 
 START = "POST /v1/runs"
@@ -58,3 +63,27 @@ async def test_a_bound_run_is_observed_to_its_end(harness: Harness, fake: FakeHe
     assert outcome.status is ResultStatus.COMPLETED
     assert outcome.output["run_id"] == done.output["run_id"]
     assert fake.stats().count(START) == 1
+
+
+@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+async def test_a_start_that_never_left_this_process_is_not_unknown(
+    redis: Redis, transport: Transport
+) -> None:
+    """Hermes is down (connection refused): `POST /v1/runs` provably never reached it, so
+    the claim holder retries within the deadline and then fails certain that nothing
+    started, instead of `operator_outcome_unknown` for a run that cannot exist."""
+    (port,) = free_ports(1)
+    endpoint = endpoint_for(f"http://127.0.0.1:{port}", "k" * 32)
+    hermes = HermesClient(endpoint, transport=transport)
+    harness = Harness(redis, hermes, HermesOperatorPolicy(poll_interval_ms=50))
+    try:
+        action = harness.action(objective("hermes is down"), deadline_s=2.5)
+        outcome, _ = await harness.run(action)
+    finally:
+        await hermes.aclose()
+    assert outcome.status is ResultStatus.FAILED
+    assert outcome.error is not None
+    assert error_code(outcome) == ErrorCode.REMOTE_TEMPORARY.value, outcome.error.message
+    assert "could not be sent" in outcome.error.message
+    assert outcome.error.to_protocol(endpoint_id=None, read_only=False).uncertain_outcome is False
+    assert (await harness.require_binding(action.id)).status is BindingState.FAILED

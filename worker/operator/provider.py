@@ -55,9 +55,16 @@ class StartRejected:
 
 @dataclass(frozen=True, slots=True)
 class StartRateLimited:
-    """429: Hermes refuses before creating anything, so a later retry is safe."""
+    """Nothing was created, so a later retry is safe: a 429 (Hermes refuses before creating
+    anything), or a request that provably never left this process (no connection)."""
 
     retry_after_s: float
+    #: How the attempt ended, for the message when the deadline stops the retries.
+    why: str = "kept answering 429"
+
+
+#: Wait before another attempt when the request could not be sent at all.
+NOT_SENT_RETRY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +99,8 @@ async def start_run(
         return StartUnknown("POST /v1/runs did not answer before the start claim budget")
     except httpx.HTTPError as exc:
         hermes.observe("POST", START_ROUTE, None, started)
+        if never_sent(exc, hermes.transport_name):
+            return StartRateLimited(NOT_SENT_RETRY_S, "could not be sent (no connection)")
         return StartUnknown(f"POST /v1/runs failed in transport: {type(exc).__name__}")
     status = response.status_code
     hermes.observe("POST", START_ROUTE, status, started)
@@ -105,6 +114,27 @@ async def start_run(
     if 400 <= status < 500:
         return StartRejected(status)
     return StartUnknown(f"POST /v1/runs answered HTTP {status}", status)
+
+
+def never_sent(exc: httpx.HTTPError, transport: str) -> bool:
+    """True only when the request provably never reached the wire: no connection could be
+    had (pool wait, connect refused or timed out). Anything after a connection existed (a
+    disconnect, a read error) may have delivered it, so it stays unknown.
+
+    The stock transport raises `ConnectError`/`ConnectTimeout`/`PoolTimeout` only before
+    sending. httpx-aiohttp maps every `aiohttp.ClientConnectionError`, including a server
+    disconnect after the request, to `ConnectTimeout`, so there the aiohttp cause decides:
+    `ClientConnectorError` (connecting failed) or `ConnectionTimeoutError` (no connection
+    within the connect timeout, pool wait included).
+    """
+    if isinstance(exc, httpx.PoolTimeout):
+        return True
+    if transport == "httpx":
+        return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    import aiohttp
+
+    cause = exc.__cause__
+    return isinstance(cause, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
 
 
 def _run_id(raw: bytes) -> str | None:

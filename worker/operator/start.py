@@ -14,8 +14,11 @@ thing between a redelivery and a second agent run (spec "Fence provider start"):
 Departure (DESIGN §7 "Endpoint capacity"): a 429 is not a definitive rejection. Hermes
 answers it before creating anything, so the claim holder waits `Retry-After` (1 s when
 absent) and sends again within the deadline, then fails `remote_temporary` with
-`uncertain_outcome: false`. A run slot of the endpoint's shared semaphore is taken before
-the claim, so the claim window covers only the request itself.
+`uncertain_outcome: false`. A request that provably never left this process (no
+connection could be had) is retried the same way: only a transport failure after which
+Hermes may have received the request is an unknown outcome. A run slot of the endpoint's
+shared semaphore is taken before the claim, so the claim window covers only the request
+itself.
 """
 
 from __future__ import annotations
@@ -245,13 +248,12 @@ class StartFence:
                     )
                 case provider.StartUnknown(reason=reason, remote_status=status):
                     return await self._unknown(reason, remote_status=status)
-                case provider.StartRateLimited(retry_after_s=wait_s):
+                case provider.StartRateLimited(retry_after_s=wait_s, why=why):
                     if wait_s + MIN_SEND_BUDGET_S > s.remaining_s():
                         return await self._end_claimed(
                             S.FAILED,
                             _nothing_started(
-                                "POST /v1/runs kept answering 429 until the deadline; "
-                                "nothing was started",
+                                f"POST /v1/runs {why} until the deadline; nothing was started",
                             ),
                         )
                     renewed = await self._renew(wait_s)
