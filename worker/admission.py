@@ -31,8 +31,13 @@ class Admission(Protocol):
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
+        signature_verified: bool = False,
+        verified_signer: str | None = None,
     ) -> Mapping[str, str]:
         """Check identity, tenant and approval; return the trusted provider headers.
+
+        With `signature_verified` the caller already verified these exact bytes (result:
+        `verified_signer`) and the signature is not checked a second time.
 
         Raises ConnectorError with the refusal code; nothing has been sent to Hermes then.
         """
@@ -47,6 +52,8 @@ class Admission(Protocol):
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
+        signature_verified: bool = False,
+        verified_signer: str | None = None,
     ) -> tuple[Mapping[str, str], str | None]:
         """Admit a delegation's internal Action: its delegator's identity and the endpoint's
         tenant binding. Returns the trusted provider headers and the verified tenant; raises

@@ -210,6 +210,8 @@ class DeliveryHandler:
                     endpoint=runtime_endpoint.endpoint,
                     spec=spec,
                     redis=rt.store.redis,
+                    signature_verified=True,
+                    verified_signer=signer,
                 )
             except ConnectorError as exc:
                 raise _Refusal(exc, read_only=spec.read_only) from None

@@ -102,7 +102,9 @@ class DelegationHandler:
                     ),
                     read_only=False,
                 )
-            trusted, deadline_ms = await self._admit(request, action, payload, headers, ep)
+            trusted, deadline_ms = await self._admit(
+                request, action, payload, headers, ep, signer
+            )
         except Refusal as refusal:
             log.info(
                 "delegation %s refused: %s",
@@ -137,6 +139,7 @@ class DelegationHandler:
         payload: bytes,
         headers: Mapping[str, str],
         ep: EndpointRuntime,
+        signer: str | None,
     ) -> tuple[Mapping[str, str], int]:
         """Trust and routing in the runbook's order; returns the headers and the deadline."""
         rt = self.rt
@@ -151,6 +154,8 @@ class DelegationHandler:
                 endpoint=ep.endpoint,
                 spec=operation.spec,
                 redis=rt.store.redis,
+                signature_verified=True,
+                verified_signer=signer,
             )
             check_route_policy(request, ep.endpoint, operation.policy)
             if operation.policy.delegation_needs_approval(child.capability):

@@ -163,9 +163,18 @@ class TrustGate:
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
+        signature_verified: bool = False,
+        verified_signer: str | None = None,
     ) -> AdmitDecision:
-        """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent."""
-        signer = self.verify_signature(payload, headers)
+        """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent.
+
+        `signature_verified` says the caller already verified these exact bytes (the runtime
+        does, to decide DLQ or not), with `verified_signer` its result: one Ed25519
+        verification per delivery instead of two.
+        """
+        signer = (
+            verified_signer if signature_verified else self.verify_signature(payload, headers)
+        )
         if self.identities is None:
             raise ConnectorError(
                 ErrorCode.HOST_AUTHENTICATION,

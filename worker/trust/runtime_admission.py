@@ -38,6 +38,8 @@ class GateAdmission:
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
+        signature_verified: bool = False,
+        verified_signer: str | None = None,
     ) -> AdmitDecision:
         return await self.gate.admit(
             action=action,
@@ -46,6 +48,8 @@ class GateAdmission:
             endpoint=endpoint,
             spec=spec,
             redis=redis,
+            signature_verified=signature_verified,
+            verified_signer=verified_signer,
         )
 
     async def admit(
@@ -57,6 +61,8 @@ class GateAdmission:
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
+        signature_verified: bool = False,
+        verified_signer: str | None = None,
     ) -> Mapping[str, str]:
         decision = await self.admit_decision(
             action=action,
@@ -65,6 +71,8 @@ class GateAdmission:
             endpoint=endpoint,
             spec=spec,
             redis=redis,
+            signature_verified=signature_verified,
+            verified_signer=verified_signer,
         )
         return decision.headers
 
@@ -77,6 +85,8 @@ class GateAdmission:
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
+        signature_verified: bool = False,
+        verified_signer: str | None = None,
     ) -> tuple[Mapping[str, str], str | None]:
         decision = await self.admit_decision(
             action=action,
@@ -85,6 +95,8 @@ class GateAdmission:
             endpoint=endpoint,
             spec=spec,
             redis=redis,
+            signature_verified=signature_verified,
+            verified_signer=verified_signer,
         )
         return decision.headers, decision.tenant_id
 
