@@ -15,7 +15,12 @@ import pytest
 from tests.bench import counting, inflight, recovery, relay, report, throughput
 from tests.bench.env import Bench
 
-pytestmark = pytest.mark.bench
+pytestmark = [
+    pytest.mark.bench,
+    # arq 0.28 (installed --no-deps beside redis-py 8) still passes redis-py's deprecated
+    # `retry_on_timeout`; the warning is arq's, and every other warning stays an error.
+    pytest.mark.filterwarnings("ignore:.*retry_on_timeout.*:DeprecationWarning"),
+]
 
 ACTIONS = 300
 FLOOD = 3_000
