@@ -13,7 +13,7 @@ import asyncio
 import hashlib
 import logging
 import secrets
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,9 +127,15 @@ class DeliveryHandler:
         self.rt = rt
 
     async def handle(self, msg: Msg, endpoint_id: str) -> None:
-        """Never raises: bad input or a failing dependency must not stop the consumer loop."""
+        await self.guarded(self._handle, msg, endpoint_id)
+
+    async def guarded(
+        self, work: Callable[[Msg, str], Awaitable[None]], msg: Msg, endpoint_id: str
+    ) -> None:
+        """Never raises: bad input or a failing dependency must not stop the consumer loop
+        (Actions and delegations alike); the message comes back after the nak delay."""
         try:
-            await self._handle(msg, endpoint_id)
+            await work(msg, endpoint_id)
         except Exception:
             log.exception(
                 "delivery failed unexpectedly on %s; redelivering later",

@@ -11,7 +11,7 @@ import pytest
 from schemas.approval import ApprovalDecision
 from schemas.codec import encode
 from schemas.delegation import DelegationRequest
-from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from tests.integration.stack import ENDPOINT, Stack, provision_streams, worker_env
 from worker.client import ActionHandle, AipClient
 from worker.testing.aip_runtime import FakeAipRuntime
 from worker.testing.fake_hermes import FakeHermes
@@ -27,6 +27,13 @@ from .support import make_request
 
 LEASE_TTL_MS = 3000
 CHILD_PREFIX = "cap:support_sandbox:"
+#: Delegation on, for the test's child capabilities and scopes, polling fast.
+DELEGATION_ENV = {
+    "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+    "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD_PREFIX,
+    "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
+    "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "50",
+}
 
 
 @dataclass
@@ -96,20 +103,10 @@ async def dstack(
     api_key, key_file = write_api_key_file(tmp_path)
     await provision_streams(nats_server.url, ack_wait_s=LEASE_TTL_MS / 1000)
     async with FakeHermes(api_key=api_key, port=0) as fake:
-        env = {
-            "AIPD_NATS_URL": nats_server.url,
-            "AIPD_REDIS_URL": redis_server.url,
-            "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
-            "AIPD_HERMES_API_KEY_FILE": str(key_file),
-            "AIPD_LEASE_TTL_MS": str(LEASE_TTL_MS),
-            "AIPD_NAK_DELAY_MS": "200",
-            "AIPD_SHUTDOWN_GRACE_S": "5",
-            "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
-            "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD_PREFIX,
-            "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
-            "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "50",
-            **trust.environment(),
-        }
+        env = worker_env(
+            nats_server.url, redis_server.url, fake.url, key_file, trust,
+            lease_ttl_ms=LEASE_TTL_MS, **DELEGATION_ENV,
+        )  # fmt: skip
         nc = await nats.connect(nats_server.url)
         stack = Stack(
             root=tmp_path,

@@ -20,7 +20,7 @@ import nats
 import pytest
 
 from schemas.result import ResultStatus
-from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from tests.integration.stack import ENDPOINT, Stack, provision_streams, worker_env
 from worker.client import AipClient
 from worker.delegation.payload import aip_call_arguments
 from worker.testing.aip_runtime import FakeAipRuntime, RuntimeFault
@@ -29,7 +29,7 @@ from worker.testing.identities import write_api_key_file, write_trust_files
 from worker.testing.scenario import NEEDS_APPROVAL, OFF_CONTRACT
 from worker.testing.services import ServiceHandle
 
-from .conftest import CHILD_PREFIX, DelegationStack
+from .conftest import CHILD_PREFIX, DELEGATION_ENV, DelegationStack
 
 POST_RUNS = "POST /v1/runs"
 
@@ -79,18 +79,19 @@ async def both(
             trust=trust,
             nc=nc,
             client=AipClient(nc, sign_key=trust.seed_file),
-            env={
-                "AIPD_NATS_URL": nats_server.url,
-                "AIPD_REDIS_URL": redis_server.url,
-                "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={hermes.url}",
-                "AIPD_HERMES_API_KEY_FILE": str(key_file),
-                "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
-                "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD_PREFIX,
-                "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
-                "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": CHILD_PREFIX,
-                "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "100",
-                **trust.environment(),
-            },
+            env=worker_env(
+                nats_server.url,
+                redis_server.url,
+                hermes.url,
+                key_file,
+                trust,
+                lease_ttl_ms=15_000,
+                **{
+                    **DELEGATION_ENV,
+                    "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": CHILD_PREFIX,
+                    "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "100",
+                },
+            ),
         )
         try:
             await stack.spawn("w1")

@@ -6,7 +6,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from tests.integration.stack import Stack, provision_streams, worker_env
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.identities import write_api_key_file, write_trust_files
@@ -25,16 +25,10 @@ async def stack(
     api_key, key_file = write_api_key_file(tmp_path)
     await provision_streams(nats_server.url, ack_wait_s=LEASE_TTL_MS / 1000)
     async with FakeHermes(api_key=api_key, port=0) as fake:
-        env = {
-            "AIPD_NATS_URL": nats_server.url,
-            "AIPD_REDIS_URL": redis_server.url,
-            "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
-            "AIPD_HERMES_API_KEY_FILE": str(key_file),
-            "AIPD_LEASE_TTL_MS": str(LEASE_TTL_MS),
-            "AIPD_NAK_DELAY_MS": "200",
-            "AIPD_SHUTDOWN_GRACE_S": "5",
-            **trust.environment(),
-        }
+        env = worker_env(
+            nats_server.url, redis_server.url, fake.url, key_file, trust,
+            lease_ttl_ms=LEASE_TTL_MS,
+        )  # fmt: skip
         nc = await nats.connect(nats_server.url)
         stack = Stack(
             root=tmp_path,

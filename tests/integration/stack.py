@@ -220,6 +220,30 @@ class Stack:
                 worker.kill()
 
 
+def worker_env(
+    nats_url: str,
+    redis_url: str,
+    hermes_url: str,
+    key_file: Path,
+    trust: TrustFiles,
+    *,
+    lease_ttl_ms: int = 3000,
+    **extra: str,
+) -> dict[str, str]:
+    """The `AIPD_*` environment of a test worker process; `extra` adds or overrides."""
+    return {
+        "AIPD_NATS_URL": nats_url,
+        "AIPD_REDIS_URL": redis_url,
+        "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={hermes_url}",
+        "AIPD_HERMES_API_KEY_FILE": str(key_file),
+        "AIPD_LEASE_TTL_MS": str(lease_ttl_ms),
+        "AIPD_NAK_DELAY_MS": "200",
+        "AIPD_SHUTDOWN_GRACE_S": "5",
+        **trust.environment(),
+        **extra,
+    }
+
+
 async def provision_streams(
     nats_url: str, *, duplicate_window_s: float = 120.0, ack_wait_s: float = 3.0
 ) -> None:

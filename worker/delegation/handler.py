@@ -32,10 +32,9 @@ from schemas.errors import ErrorCode
 from worker.delegation.entry import internal_action
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.router import check_child_tenant, check_route_policy
-from worker.delivery import DeliveryHandler, EndpointRuntime, Refusal, _quiet
+from worker.delivery import DeliveryHandler, EndpointRuntime, Refusal
 from worker.errors import ConnectorError
 from worker.execution import now_ms
-from worker.metrics import DeliveryOutcome
 from worker.operations.base import RECOVERY_BUDGET_MS, Recovering
 from worker.store.keys import ActionKeys
 from worker.store.operator_store import OperatorStore
@@ -50,17 +49,7 @@ class DelegationHandler:
         self.operation = operation
 
     async def handle(self, msg: Msg, endpoint_id: str) -> None:
-        """Never raises: bad input or a failing dependency must not stop the consumer loop."""
-        try:
-            await self._handle(msg, endpoint_id)
-        except Exception:
-            log.exception(
-                "delegation delivery failed unexpectedly on %s; redelivering later",
-                endpoint_id,
-                extra={"endpoint": endpoint_id},
-            )
-            self.rt.metrics.delivery(endpoint_id, DeliveryOutcome.ERROR)
-            await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
+        await self.delivery.guarded(self._handle, msg, endpoint_id)
 
     async def _handle(self, msg: Msg, endpoint_id: str) -> None:
         rt = self.rt
