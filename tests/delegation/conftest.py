@@ -51,7 +51,9 @@ class DelegationStack:
     def request(self, **kw: object) -> DelegationRequest:
         return make_request(ENDPOINT, **kw)  # type: ignore[arg-type]
 
-    async def approve_child(self, request: DelegationRequest) -> None:
+    async def approve_child(
+        self, request: DelegationRequest, approver: str = APPROVER_UNTENANTED
+    ) -> None:
         from redis.asyncio import Redis
 
         from worker.trust.approvals import approve
@@ -66,7 +68,7 @@ class DelegationStack:
                 client,
                 authority,
                 request.action,
-                APPROVER_UNTENANTED,
+                approver,
                 "delegation approved by the test",
                 ApprovalDecision.APPROVED,
             )

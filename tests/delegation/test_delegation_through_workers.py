@@ -297,3 +297,47 @@ async def test_the_delegator_cannot_approve_its_own_child(dstack: DelegationStac
     assert result.error.code == "connector_host.approval_authorization_conflict"
     assert "delegator" in result.error.message
     assert dstack.fake.stats().count(POST_RUNS) == 0
+
+
+async def test_a_tenanted_delegation_verifies_its_tenant_end_to_end(
+    dstack: DelegationStack,
+) -> None:
+    from worker.testing.identities import APPROVER_A, TENANT_A, USER_A
+
+    await dstack.stack.spawn("w1")
+    runtime = dstack.runtime
+    dstack.fake.mcp_tools["aip_call"] = runtime.tool_for(
+        runtime.principal("h1", tenant_id=TENANT_A)
+    )
+    request = dstack.request(tenant_id=TENANT_A, delegator=USER_A)
+    await dstack.approve_child(request, approver=APPROVER_A)
+    result = await (await dstack.delegate(request, approve=False)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.output["child_result"]["action_id"] == request.action.id
+    # The same Hermes principal acting in another tenant's partition is refused.
+    dstack.runtime.fault = RuntimeFault.TENANT_DRIFT
+    drifted = dstack.request(tenant_id=TENANT_A, delegator=USER_A)
+    await dstack.approve_child(drifted, approver=APPROVER_A)
+    failed = await (await dstack.delegate(drifted, approve=False)).result(timeout_s=30)
+    assert failed.error is not None
+    assert failed.error.code == PREFIX + "delegated_tenant_mismatch"
+
+
+async def test_a_child_outside_the_delegators_tenant_is_refused(dstack: DelegationStack) -> None:
+    from worker.testing.identities import TENANT_A, TENANT_B, USER_A
+
+    # Exempt from the child approval (which would refuse a foreign tenant first, in the
+    # runbook's order), so the child-tenant check itself answers.
+    await dstack.stack.spawn(
+        "w1", AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES="cap:support_sandbox:"
+    )
+    request = dstack.request(tenant_id=TENANT_A, delegator=USER_A)
+    child = msgspec.structs.replace(
+        request.action,
+        identity=msgspec.structs.replace(request.action.identity, tenant_id=TENANT_B),
+    )
+    request = msgspec.structs.replace(request, action=child)
+    result = await (await dstack.delegate(request, approve=False)).result(timeout_s=30)
+    assert result.error is not None
+    assert result.error.code == PREFIX + "tenant_mismatch", result.error
+    assert dstack.fake.stats().count(POST_RUNS) == 0
