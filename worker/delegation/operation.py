@@ -39,18 +39,14 @@ from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Rec
 from worker.operator.binding import (
     BindingState,
     OperatorBinding,
-    collision_error,
-    new_binding,
-    request_fingerprint,
     session_id_for,
 )
 from worker.operator.cancel import reconcile_cancel
 from worker.operator.observe import Observer
-from worker.operator.operation import drive_binding
+from worker.operator.operation import start_and_drive
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
 from worker.operator.session import OperatorSession
-from worker.operator.start import StartFence
 from worker.store.operator_store import OperatorStore
 from worker.trust.clock import RedisClock
 
@@ -103,16 +99,10 @@ class DelegatedOperation:
         self.spec = dataclasses.replace(DELEGATION_SPEC, timeout_ms=policy.timeout_ms)
         self.policy = policy
         self.stores = stores
-        self._store: OperatorStore | None = None
 
     def with_stores(self, stores: LifecycleStores) -> DelegatedOperation:
         """The same operation reading the runtime's stores (wired once NATS is connected)."""
         return DelegatedOperation(self.policy, stores)
-
-    def _store_for(self, redis: Any) -> OperatorStore:
-        if self._store is None or self._store.redis is not redis:
-            self._store = OperatorStore(redis)
-        return self._store
 
     async def resolver(self, redis: Any) -> DelegatedResolver:
         """The resolver over stores that exist; raises `delegated_result_resolver_missing`."""
@@ -128,9 +118,7 @@ class DelegatedOperation:
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()
-        forbid_start: ConnectorError | None = None
-        if isinstance(params, Recovering):
-            params, forbid_start = params.params, params.error
+        params, forbid_start = Recovering.unwrap(params)
         if not isinstance(params, DelegationRequest):
             raise ConnectorError(ErrorCode.CONFIGURATION_OR_INPUT, "not a DelegationRequest")
         request = params
@@ -138,21 +126,10 @@ class DelegatedOperation:
         # Before anything is stored or sent: a child whose result cannot be read must not run.
         resolver = await self.resolver(ctx.redis)
         session = OperatorSession(
-            ctx, self.policy, self._store_for(ctx.redis), source_action_id=ctx.action.id
+            ctx, self.policy, OperatorStore.of(ctx.redis), source_action_id=ctx.action.id
         )
-        fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
         body = delegated_payload(self.policy, request, session_id_for(ctx.action.id))
-        binding = await session.handle.create(
-            lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
-        )
-        if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
-            raise collision_error()
-        stream = False
-        if binding.status is S.STARTING:
-            fence = StartFence(session, body, forbid_start=forbid_start)
-            binding = await fence.run()
-            stream = fence.bound
-        binding = await drive_binding(session, stream=stream)
+        binding = await start_and_drive(session, body, forbid_start=forbid_start)
         if binding.status is S.WAITING_FOR_APPROVAL:
             # Hermes asks approval only for a dangerous command: a state-changing tool the
             # delegation forbids. Never park such a run for a human to approve; stop it and

@@ -14,9 +14,8 @@ from typing import Any
 import msgspec
 
 from schemas.delegation import ChildAction, DelegationRequest
-from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
 from worker.operator.policy import HermesOperatorPolicy
+from worker.operator.start import run_body
 
 PAYLOAD_KIND = "aip_delegated_call"
 
@@ -46,24 +45,16 @@ def delegated_payload(
     policy: HermesOperatorPolicy, request: DelegationRequest, session_id: str
 ) -> bytes:
     """The `POST /v1/runs` body of a delegation; refused when over `max_input_bytes`."""
-    request_input = {
+    request_input: dict[str, Any] = {
         "kind": PAYLOAD_KIND,
         "delegation_id": request.delegation_id,
         "delegate": request.delegate,
         "aip_call_arguments": aip_call_arguments(request.action),
     }
-    serialized = msgspec.json.encode(request_input)
-    if len(serialized) > policy.max_input_bytes:
-        raise ConnectorError(
-            ErrorCode.CONFIGURATION_OR_INPUT,
-            f"serialized delegation input is {len(serialized)} bytes, over the "
-            f"{policy.max_input_bytes}-byte policy limit",
-        )
-    body: dict[str, Any] = {
-        "input": serialized.decode("utf-8"),
-        "session_id": session_id,
-        "instructions": policy.system_instructions + DELEGATION_INSTRUCTIONS,
-    }
-    if policy.model is not None:
-        body["model"] = policy.model
-    return msgspec.json.encode(body)
+    return run_body(
+        policy,
+        request_input,
+        session_id,
+        what="delegation",
+        extra_instructions=DELEGATION_INSTRUCTIONS,
+    )

@@ -82,6 +82,13 @@ class Recovering:
     params: Any
     error: ConnectorError
 
+    @staticmethod
+    def unwrap(params: Any) -> tuple[Any, ConnectorError | None]:
+        """(the operation's own params, why no start may be sent or None)."""
+        if isinstance(params, Recovering):
+            return params.params, params.error
+        return params, None
+
 
 class LeaseLost(Exception):
     """This worker no longer owns the Action: stop at once, settle nothing, ack nothing."""

@@ -63,19 +63,13 @@ class OperatorOperation:
         # The runtime bounds an execution by the spec's timeout: the policy's is the one.
         self.spec = dataclasses.replace(OPERATOR_SPEC, timeout_ms=policy.timeout_ms)
         self.policy = policy
-        self._store: OperatorStore | None = None
 
     def _store_for(self, redis: Any) -> OperatorStore:
-        # Registering the scripts hashes their source: once per client, not per Action.
-        if self._store is None or self._store.redis is not redis:
-            self._store = OperatorStore(redis)
-        return self._store
+        return OperatorStore.of(redis)
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()  # "validates this policy before an operator run"
-        forbid_start: ConnectorError | None = None
-        if isinstance(params, Recovering):
-            params, forbid_start = params.params, params.error
+        params, forbid_start = Recovering.unwrap(params)
         if not isinstance(params, OperatorInput) or not params.exactly_one_branch():
             raise ConnectorError(
                 ErrorCode.CONFIGURATION_OR_INPUT,
@@ -98,21 +92,9 @@ class OperatorOperation:
         forbid_start: ConnectorError | None = None,
     ) -> Outcome:
         session = OperatorSession(ctx, self.policy, store, source_action_id=ctx.action.id)
-        fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
         # Built before the binding exists, so an over-size input never leaves one behind.
         body = provider_payload(session, objective, session_id_for(ctx.action.id))
-        binding = await session.handle.create(
-            lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
-        )
-        if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
-            raise collision_error()
-        stream = False
-        if binding.status is S.STARTING:
-            fence = StartFence(session, body, forbid_start=forbid_start)
-            binding = await fence.run()
-            # Only the invocation that bound the run may read its single-use stream.
-            stream = fence.bound
-        return outcome_of(await self._drive(session, stream=stream))
+        return outcome_of(await start_and_drive(session, body, forbid_start=forbid_start))
 
     async def _resume(
         self, ctx: ExecutionContext, store: OperatorStore, resume: OperatorResume
@@ -133,10 +115,32 @@ class OperatorOperation:
             )
         if end.error is not None:
             return outcome_of(end.binding, end.error)
-        return outcome_of(await self._drive(session, stream=False))
+        return outcome_of(await drive_binding(session, stream=False))
 
-    async def _drive(self, session: OperatorSession, *, stream: bool) -> OperatorBinding:
-        return await drive_binding(session, stream=stream)
+
+async def start_and_drive(
+    session: OperatorSession, body: bytes, *, forbid_start: ConnectorError | None = None
+) -> OperatorBinding:
+    """The Action's own binding (created, or the stored one), its start fenced with `body`,
+    then observed to rest: how an objective and a delegation run alike.
+
+    Reusing the Action id with another endpoint, input or delegation is a collision;
+    `forbid_start` (a refused redelivery) ends an unclaimed binding instead of claiming it.
+    """
+    ctx = session.ctx
+    fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
+    binding = await session.handle.create(
+        lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
+    )
+    if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
+        raise collision_error()
+    stream = False
+    if binding.status is S.STARTING:
+        fence = StartFence(session, body, forbid_start=forbid_start)
+        await fence.run()
+        # Only the invocation that bound the run may read its single-use stream.
+        stream = fence.bound
+    return await drive_binding(session, stream=stream)
 
 
 async def drive_binding(session: OperatorSession, *, stream: bool) -> OperatorBinding:

@@ -37,6 +37,7 @@ from worker.audit import receipt
 from worker.errors import ConnectorError
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, StartClaim
+from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.session import OperatorSession
 
 S = BindingState
@@ -61,8 +62,7 @@ def provider_payload(
     model route (spec "Submit a direct objective").
     """
     action = session.ctx.action
-    policy = session.policy
-    request_input = {
+    request_input: dict[str, Any] = {
         "kind": PAYLOAD_KIND,
         "operator_action_id": action.id,
         "objective": objective.objective,
@@ -70,17 +70,30 @@ def provider_payload(
         "candidate_capabilities": objective.candidate_capabilities,
         "constraints": objective.constraints,
     }
+    return run_body(session.policy, request_input, session_id, what="operator")
+
+
+def run_body(
+    policy: HermesOperatorPolicy,
+    request_input: dict[str, Any],
+    session_id: str,
+    *,
+    what: str,
+    extra_instructions: str = "",
+) -> bytes:
+    """The `POST /v1/runs` body around a provider input: refused over `max_input_bytes`,
+    with the deployment's instructions (plus `extra_instructions`) and model route."""
     serialized = msgspec.json.encode(request_input)
     if len(serialized) > policy.max_input_bytes:
         raise ConnectorError(
             ErrorCode.CONFIGURATION_OR_INPUT,
-            f"serialized operator input is {len(serialized)} bytes, over the "
+            f"serialized {what} input is {len(serialized)} bytes, over the "
             f"{policy.max_input_bytes}-byte policy limit",
         )
     body: dict[str, Any] = {
         "input": serialized.decode("utf-8"),
         "session_id": session_id,
-        "instructions": policy.system_instructions,
+        "instructions": policy.system_instructions + extra_instructions,
     }
     if policy.model is not None:
         body["model"] = policy.model
