@@ -67,6 +67,11 @@ class Worker:
         self.control: ControlPlane | None = None
         self.slots = Slots(settings.concurrency)
         self.delegation_slots = Slots(settings.concurrency)
+        #: The work subject of each consumer kind, from the subject grammar.
+        self._work_subject = {
+            "actions": self.subjects.actions,
+            "delegations": self.subjects.delegations,
+        }
         self.metrics = Metrics(worker_id=settings.worker_id)
         self.health: HealthServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -133,32 +138,14 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
         for endpoint in endpoints:
-            pull = PullLoop(
-                js,
-                stream=self.subjects.stream_name("actions"),
-                durable=self.subjects.durable(endpoint.id, "actions"),
-                subject=self.subjects.actions(endpoint.id),
-                slots=self.slots,
-                handle=_bound(handler, endpoint.id),
-            )
-            self.loops.append(pull)
-            self._tasks.append(loop.create_task(pull.run()))
+            self._pull(js, "actions", endpoint.id, self.slots, handler)
         if self.delegation is not None:
             stores = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
             delegations = DelegationHandler(handler, self.delegation.with_stores(stores))
             for endpoint in endpoints:
-                pull = PullLoop(
-                    js,
-                    stream=self.subjects.stream_name("delegations"),
-                    durable=self.subjects.durable(endpoint.id, "delegations"),
-                    subject=self.subjects.delegations(endpoint.id),
-                    # Their own slots: a delegation waits for its child, which may be an
-                    # Action this very pool must execute; shared slots could starve it.
-                    slots=self.delegation_slots,
-                    handle=_bound(delegations, endpoint.id),
-                )
-                self.loops.append(pull)
-                self._tasks.append(loop.create_task(pull.run()))
+                # Their own slots: a delegation waits for its child, which may be an Action
+                # this very pool must execute; shared slots could starve it.
+                self._pull(js, "delegations", endpoint.id, self.delegation_slots, delegations)
         rt = self.rt
         probe = CallbackProbe(
             nats=lambda: bool(self.nc is not None and self.nc.is_connected),
@@ -176,6 +163,33 @@ class Worker:
             settings.concurrency,
             settings.lease_ttl_ms,
         )
+
+    def _pull(
+        self,
+        js: Any,
+        kind: str,
+        endpoint_id: str,
+        slots: Slots,
+        handler: DeliveryHandler | DelegationHandler,
+    ) -> None:
+        """Start the pull loop of one endpoint's durable consumer of `kind`."""
+        pull = PullLoop(
+            js,
+            stream=self.subjects.stream_name(kind),
+            durable=self.subjects.durable(endpoint_id, kind),
+            subject=self._work_subject[kind](endpoint_id),
+            slots=slots,
+            handle=_bound(handler, endpoint_id),
+        )
+        self.loops.append(pull)
+        self._tasks.append(asyncio.get_running_loop().create_task(pull.run()))
+
+    async def _wait_idle(self, timeout_s: float) -> bool:
+        """Until no Action and no delegation executes, or `timeout_s`; True when idle."""
+        idle = await asyncio.gather(
+            self.slots.wait_idle(timeout_s), self.delegation_slots.wait_idle(timeout_s)
+        )
+        return all(idle)
 
     @property
     def ready(self) -> bool:
@@ -196,18 +210,13 @@ class Worker:
             pull.stop()
         for task in self._tasks[1:]:
             task.cancel()
-        grace = self.settings.shutdown_grace_s
-        finished = all(
-            await asyncio.gather(
-                self.slots.wait_idle(grace), self.delegation_slots.wait_idle(grace)
-            )
-        )
+        finished = await self._wait_idle(self.settings.shutdown_grace_s)
         if not finished and self.rt is not None:
             self.rt.shutting_down = True
             for execution in list(self.rt.keeper.executions.values()):
                 if execution.task is not None:
                     execution.task.cancel("shutdown")
-            await asyncio.gather(self.slots.wait_idle(10.0), self.delegation_slots.wait_idle(10.0))
+            await self._wait_idle(10.0)
         self._tasks[0].cancel()
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):

@@ -112,14 +112,12 @@ def keys_for(action: Action, operation: str) -> ActionKeys:
     return ActionKeys.of(action.id)
 
 
-class _Refusal(Exception):
+class Refusal(Exception):
+    """A trusted envelope that may not run: settled once as a failed result (`refuse`)."""
+
     def __init__(self, error: ConnectorError, *, read_only: bool) -> None:
         self.error = error
         self.read_only = read_only
-
-
-#: A trusted envelope that may not run: settled once as a failed result (`refuse`).
-Refusal = _Refusal
 
 
 class DeliveryHandler:
@@ -176,7 +174,7 @@ class DeliveryHandler:
         try:
             runtime_endpoint = rt.endpoints[endpoint_id]
             if cap_endpoint != endpoint_id:
-                raise _Refusal(
+                raise Refusal(
                     ConnectorError(
                         ErrorCode.HOST_ROUTE_MISMATCH,
                         f"capability names endpoint {cap_endpoint!r}, "
@@ -185,7 +183,7 @@ class DeliveryHandler:
                     read_only=False,
                 )
             if operation is None:
-                raise _Refusal(
+                raise Refusal(
                     ConnectorError(
                         ErrorCode.CONFIGURATION_OR_INPUT,
                         f"operation {operation_name!r} is not published by this worker",
@@ -194,7 +192,7 @@ class DeliveryHandler:
                 )
             spec = operation.spec
             if spec.idempotency_required and action.idempotency_key is None:
-                raise _Refusal(
+                raise Refusal(
                     ConnectorError(
                         ErrorCode.CONFIGURATION_OR_INPUT,
                         f"{operation_name} requires an idempotency_key on the Action",
@@ -204,7 +202,7 @@ class DeliveryHandler:
             try:
                 params = convert_input(action.input, spec.input_type)
             except EnvelopeRejected as exc:
-                raise _Refusal(
+                raise Refusal(
                     ConnectorError(ErrorCode.CONFIGURATION_OR_INPUT, exc.reason),
                     read_only=spec.read_only,
                 ) from None
@@ -220,49 +218,62 @@ class DeliveryHandler:
                     verified_signer=signer,
                 )
             except ConnectorError as exc:
-                raise _Refusal(exc, read_only=spec.read_only) from None
-            deadline_ms = self.deadline_of(action, spec)
-            if deadline_ms <= now_ms():
-                raise _Refusal(
-                    ConnectorError(
-                        ErrorCode.DEADLINE_EXCEEDED,
-                        "the Action's deadline passed before it was started",
-                        uncertain_outcome=False,
-                    ),
-                    read_only=spec.read_only,
-                )
-        except _Refusal as refusal:
-            if params is not None and await self.began(operation, keys):
-                # An earlier delivery already bound this work: the refusal forbids only a
-                # new start; what exists is observed, stopped or settled on the leased path.
-                assert operation is not None
-                recovery_deadline = max(
-                    now_ms() + RECOVERY_BUDGET_MS, self.deadline_of(action, operation.spec)
-                )
-                await self.run(
-                    msg,
-                    action,
-                    keys,
-                    runtime_endpoint,
-                    operation,
-                    Recovering(params, refusal.error),
-                    {},
-                    recovery_deadline,
-                )
-                return
-            await self.refuse(msg, action, keys, endpoint_id, refusal)
+                raise Refusal(exc, read_only=spec.read_only) from None
+            deadline_ms = self.live_deadline(action, spec, "the Action")
+        except Refusal as refusal:
+            ep = runtime_endpoint if params is not None else None
+            await self.recover_or_refuse(
+                msg, action, keys, endpoint_id, ep, operation, params, refusal
+            )
             return
         assert operation is not None
         await self.run(msg, action, keys, runtime_endpoint, operation, params, trusted, deadline_ms)
 
-    async def began(self, operation: Operation | None, keys: ActionKeys) -> bool:
+    def live_deadline(self, action: Action, spec: OperationSpec, what: str) -> int:
+        """The execution's deadline; a Refusal when it has already passed."""
+        deadline_ms = self.deadline_of(action, spec)
+        if deadline_ms <= now_ms():
+            raise Refusal(
+                ConnectorError(
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"{what}'s deadline passed before it was started",
+                    uncertain_outcome=False,
+                ),
+                read_only=spec.read_only,
+            )
+        return deadline_ms
+
+    async def recover_or_refuse(
+        self,
+        msg: Msg,
+        action: Action,
+        keys: ActionKeys,
+        endpoint_id: str,
+        ep: EndpointRuntime | None,
+        operation: Operation | None,
+        params: Any,
+        refusal: Refusal,
+    ) -> None:
+        """Settle the refusal, unless an earlier delivery already bound this work: then the
+        refusal forbids only a new start, and what exists is observed, stopped or settled
+        on the leased path (`ep` and `params` are None when the refusal came before them)."""
+        if ep is not None and operation is not None and await self.began(operation, keys):
+            recovery_deadline = max(
+                now_ms() + RECOVERY_BUDGET_MS, self.deadline_of(action, operation.spec)
+            )
+            recovering = Recovering(params, refusal.error)
+            await self.run(msg, action, keys, ep, operation, recovering, {}, recovery_deadline)
+            return
+        await self.refuse(msg, action, keys, endpoint_id, refusal)
+
+    async def began(self, operation: Operation, keys: ActionKeys) -> bool:
         """True when a self-fenced operation's own binding for this Action exists (an
         earlier delivery got past admission); resumes are never recovered this way."""
-        if operation is None or not operation.self_fenced or keys.is_resume:
+        if not operation.self_fenced or keys.is_resume:
             return False
         from worker.store.operator_store import OperatorStore
 
-        return (await OperatorStore(self.rt.store.redis).read(keys.binding)).doc is not None
+        return (await OperatorStore.of(self.rt.store.redis).read(keys.binding)).doc is not None
 
     def deadline_of(self, action: Action, spec: OperationSpec) -> int:
         """The earliest of the Action's deadline, its timeout, and the operation's own bound."""
@@ -548,7 +559,7 @@ class DeliveryHandler:
     # --- answers without execution ----------------------------------------------------
 
     async def refuse(
-        self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, refusal: _Refusal
+        self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, refusal: Refusal
     ) -> None:
         """Settle a failed result for a trusted envelope that may not run (exactly once)."""
         rt = self.rt

@@ -34,10 +34,7 @@ from worker.delegation.operation import DelegatedOperation
 from worker.delegation.router import check_child_tenant, check_route_policy
 from worker.delivery import DeliveryHandler, EndpointRuntime, Refusal
 from worker.errors import ConnectorError
-from worker.execution import now_ms
-from worker.operations.base import RECOVERY_BUDGET_MS, Recovering
 from worker.store.keys import ActionKeys
-from worker.store.operator_store import OperatorStore
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +98,9 @@ class DelegationHandler:
                 refusal.error.code.value,
                 extra={"endpoint": endpoint_id, "action_id": action.id},
             )
-            if ep is not None and await self._has_binding(keys):
-                # An earlier delivery got as far as the binding: what exists must be
-                # observed, stopped or resolved, never settled as "nothing started".
-                await self.delivery.run(
-                    msg,
-                    action,
-                    keys,
-                    ep,
-                    operation,
-                    Recovering(request, refusal.error),
-                    {},
-                    max(now_ms() + RECOVERY_BUDGET_MS, self.delivery.deadline_of(
-                        action, operation.spec
-                    )),
-                )
-                return
-            await self.delivery.refuse(msg, action, keys, endpoint_id, refusal)
+            await self.delivery.recover_or_refuse(
+                msg, action, keys, endpoint_id, ep, operation, request, refusal
+            )
             return
         await self.delivery.run(msg, action, keys, ep, operation, request, trusted, deadline_ms)
 
@@ -158,18 +141,5 @@ class DelegationHandler:
             check_child_tenant(request, ep.endpoint, tenant_id)
         except ConnectorError as exc:
             raise Refusal(exc, read_only=False) from None
-        deadline_ms = self.delivery.deadline_of(action, operation.spec)
-        if deadline_ms <= now_ms():
-            raise Refusal(
-                ConnectorError(
-                    ErrorCode.DEADLINE_EXCEEDED,
-                    "the delegation's deadline passed before it was started",
-                    uncertain_outcome=False,
-                ),
-                read_only=False,
-            )
+        deadline_ms = self.delivery.live_deadline(action, operation.spec, "the delegation")
         return trusted, deadline_ms
-
-    async def _has_binding(self, keys: ActionKeys) -> bool:
-        store = OperatorStore(self.rt.store.redis)
-        return (await store.read(keys.binding)).doc is not None
