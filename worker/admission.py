@@ -10,11 +10,20 @@ ActionResult, so its publisher learns why.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from schemas.action import Action
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class Admitted:
+    """What admitted an envelope: the trusted provider headers and the verified tenant."""
+
+    headers: Mapping[str, str]
+    tenant_id: str | None
 
 
 class Admission(Protocol):
@@ -26,38 +35,16 @@ class Admission(Protocol):
         self,
         *,
         action: Action,
-        payload: bytes,
-        headers: Mapping[str, str],
+        signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
-        signature_verified: bool = False,
-        verified_signer: str | None = None,
-    ) -> Mapping[str, str]:
-        """Check identity, tenant and approval; return the trusted provider headers.
-
-        With `signature_verified` the caller already verified these exact bytes (result:
-        `verified_signer`) and the signature is not checked a second time.
+    ) -> Admitted:
+        """Check identity, tenant and approval of an envelope whose signature was verified
+        (`signer`, from `verify_signature`); return the trusted headers and tenant. An
+        Action or a delegation's internal Action alike.
 
         Raises ConnectorError with the refusal code; nothing has been sent to Hermes then.
-        """
-        ...
-
-    async def admit_delegation(
-        self,
-        *,
-        action: Action,
-        payload: bytes,
-        headers: Mapping[str, str],
-        endpoint: Endpoint,
-        spec: OperationSpec,
-        redis: Any,
-        signature_verified: bool = False,
-        verified_signer: str | None = None,
-    ) -> tuple[Mapping[str, str], str | None]:
-        """Admit a delegation's internal Action: its delegator's identity and the endpoint's
-        tenant binding. Returns the trusted provider headers and the verified tenant; raises
-        ConnectorError with the refusal code, before anything was sent to Hermes.
         """
         ...
 

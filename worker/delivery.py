@@ -207,16 +207,14 @@ class DeliveryHandler:
                     read_only=spec.read_only,
                 ) from None
             try:
-                trusted = await rt.admission.admit(
+                admitted = await rt.admission.admit(
                     action=action,
-                    payload=payload,
-                    headers=headers,
+                    signer=signer,
                     endpoint=runtime_endpoint.endpoint,
                     spec=spec,
                     redis=rt.store.redis,
-                    signature_verified=True,
-                    verified_signer=signer,
                 )
+                trusted = admitted.headers
             except ConnectorError as exc:
                 raise Refusal(exc, read_only=spec.read_only) from None
             deadline_ms = self.live_deadline(action, spec, "the Action")

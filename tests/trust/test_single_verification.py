@@ -32,15 +32,8 @@ async def test_admission_reuses_the_runtimes_verification(
 
     monkeypatch.setattr(gate_module, "verify_envelope", counting)
     signer = gate.verify_signature(payload, headers)
-    decision = await gate.admit(
-        action=action,
-        payload=payload,
-        headers=headers,
-        endpoint=TARGET,
-        spec=UNGOVERNED,
-        redis=redis,
-        signature_verified=True,
-        verified_signer=signer,
+    decision = await gate.admit_verified(
+        action=action, signer=signer, endpoint=TARGET, spec=UNGOVERNED, redis=redis
     )
     assert decision.signer == signer == trust_files.public_key
     assert calls == [payload]

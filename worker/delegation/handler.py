@@ -88,9 +88,7 @@ class DelegationHandler:
                     ),
                     read_only=False,
                 )
-            trusted, deadline_ms = await self._admit(
-                request, action, payload, headers, ep, signer
-            )
+            trusted, deadline_ms = await self._admit(request, action, ep, signer)
         except Refusal as refusal:
             log.info(
                 "delegation %s refused: %s",
@@ -108,8 +106,6 @@ class DelegationHandler:
         self,
         request: DelegationRequest,
         action: Action,
-        payload: bytes,
-        headers: Mapping[str, str],
         ep: EndpointRuntime,
         signer: str | None,
     ) -> tuple[Mapping[str, str], int]:
@@ -119,16 +115,14 @@ class DelegationHandler:
         child = request.action
         try:
             # Authentication first (identity directory, route, endpoint tenant binding).
-            trusted, tenant_id = await rt.admission.admit_delegation(
+            admitted = await rt.admission.admit(
                 action=action,
-                payload=payload,
-                headers=headers,
+                signer=signer,
                 endpoint=ep.endpoint,
                 spec=operation.spec,
                 redis=rt.store.redis,
-                signature_verified=True,
-                verified_signer=signer,
             )
+            tenant_id = admitted.tenant_id
             check_route_policy(request, ep.endpoint, operation.policy)
             if operation.policy.delegation_needs_approval(child.capability):
                 await rt.admission.check_delegated_approval(
@@ -142,4 +136,4 @@ class DelegationHandler:
         except ConnectorError as exc:
             raise Refusal(exc, read_only=False) from None
         deadline_ms = self.delivery.live_deadline(action, operation.spec, "the delegation")
-        return trusted, deadline_ms
+        return admitted.headers, deadline_ms

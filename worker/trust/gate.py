@@ -163,18 +163,24 @@ class TrustGate:
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
-        signature_verified: bool = False,
-        verified_signer: str | None = None,
     ) -> AdmitDecision:
-        """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent.
-
-        `signature_verified` says the caller already verified these exact bytes (the runtime
-        does, to decide DLQ or not), with `verified_signer` its result: one Ed25519
-        verification per delivery instead of two.
-        """
-        signer = (
-            verified_signer if signature_verified else self.verify_signature(payload, headers)
+        """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent."""
+        signer = self.verify_signature(payload, headers)
+        return await self.admit_verified(
+            action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
         )
+
+    async def admit_verified(
+        self,
+        *,
+        action: Action,
+        signer: str | None,
+        endpoint: Endpoint,
+        spec: OperationSpec,
+        redis: Any,
+    ) -> AdmitDecision:
+        """`admit` for an envelope whose signature the caller already verified (`signer` is
+        that result): the runtime verifies once, to decide DLQ or not, and never twice."""
         if self.identities is None:
             raise ConnectorError(
                 ErrorCode.HOST_AUTHENTICATION,

@@ -1,8 +1,8 @@
 """`GateAdmission`: the `worker.admission.Admission` the runtime wires in (`worker.wiring`).
 
-The runtime's protocol takes only the provider headers from `admit`. `admit_decision`
-returns the gate's whole `AdmitDecision` (signer, principal, tenant, approval) for callers
-that record those facts in audit receipts.
+The runtime's protocol takes only the provider headers and the verified tenant from `admit`.
+`admit_decision` returns the gate's whole `AdmitDecision` (signer, principal, tenant,
+approval) for callers that record those facts in audit receipts.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from schemas.action import Action
+from worker.admission import Admitted
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint, Settings
 from worker.trust.gate import AdmitDecision, TrustGate
@@ -33,72 +34,28 @@ class GateAdmission:
         self,
         *,
         action: Action,
-        payload: bytes,
-        headers: Mapping[str, str],
+        signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
-        signature_verified: bool = False,
-        verified_signer: str | None = None,
     ) -> AdmitDecision:
-        return await self.gate.admit(
-            action=action,
-            payload=payload,
-            headers=headers,
-            endpoint=endpoint,
-            spec=spec,
-            redis=redis,
-            signature_verified=signature_verified,
-            verified_signer=verified_signer,
+        return await self.gate.admit_verified(
+            action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
         )
 
     async def admit(
         self,
         *,
         action: Action,
-        payload: bytes,
-        headers: Mapping[str, str],
+        signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
         redis: Any,
-        signature_verified: bool = False,
-        verified_signer: str | None = None,
-    ) -> Mapping[str, str]:
+    ) -> Admitted:
         decision = await self.admit_decision(
-            action=action,
-            payload=payload,
-            headers=headers,
-            endpoint=endpoint,
-            spec=spec,
-            redis=redis,
-            signature_verified=signature_verified,
-            verified_signer=verified_signer,
+            action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
         )
-        return decision.headers
-
-    async def admit_delegation(
-        self,
-        *,
-        action: Action,
-        payload: bytes,
-        headers: Mapping[str, str],
-        endpoint: Endpoint,
-        spec: OperationSpec,
-        redis: Any,
-        signature_verified: bool = False,
-        verified_signer: str | None = None,
-    ) -> tuple[Mapping[str, str], str | None]:
-        decision = await self.admit_decision(
-            action=action,
-            payload=payload,
-            headers=headers,
-            endpoint=endpoint,
-            spec=spec,
-            redis=redis,
-            signature_verified=signature_verified,
-            verified_signer=verified_signer,
-        )
-        return decision.headers, decision.tenant_id
+        return Admitted(headers=decision.headers, tenant_id=decision.tenant_id)
 
     async def check_delegated_approval(
         self,
