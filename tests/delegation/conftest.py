@@ -5,20 +5,18 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import nats
 import pytest
 
 from schemas.approval import ApprovalDecision
 from schemas.codec import encode
 from schemas.delegation import DelegationRequest
-from tests.integration.stack import ENDPOINT, Stack, provision_streams, worker_env
-from worker.client import ActionHandle, AipClient
+from tests.integration.stack import ENDPOINT, Stack, fake_stack
+from worker.client import ActionHandle
 from worker.testing.aip_runtime import FakeAipRuntime
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
     authority_memberships,
-    write_api_key_file,
     write_trust_files,
 )
 from worker.testing.services import ServiceHandle
@@ -102,29 +100,16 @@ async def dstack(
     for membership in memberships:
         membership["capability_prefixes"] = [*membership["capability_prefixes"], CHILD_PREFIX]
     trust = write_trust_files(trust_dir, memberships=memberships)
-    api_key, key_file = write_api_key_file(tmp_path)
-    await provision_streams(nats_server.url, ack_wait_s=LEASE_TTL_MS / 1000)
-    async with FakeHermes(api_key=api_key, port=0) as fake:
-        env = worker_env(
-            nats_server.url, redis_server.url, fake.url, key_file, trust,
-            lease_ttl_ms=LEASE_TTL_MS, **DELEGATION_ENV,
-        )  # fmt: skip
-        nc = await nats.connect(nats_server.url)
-        stack = Stack(
-            root=tmp_path,
-            nats_url=nats_server.url,
-            redis_url=redis_server.url,
-            fake=fake,
-            trust=trust,
-            nc=nc,
-            client=AipClient(nc, sign_key=trust.seed_file),
-            env=env,
-        )
-        runtime = FakeAipRuntime(nc, seed=trust.seed)
+    async with fake_stack(
+        tmp_path,
+        nats_server.url,
+        redis_server.url,
+        trust,
+        lease_ttl_ms=LEASE_TTL_MS,
+        **DELEGATION_ENV,
+    ) as stack:
+        runtime = FakeAipRuntime(stack.nc, seed=trust.seed)
         await runtime.provision()
-        fake.mcp_tools["aip_call"] = runtime.tool_for(runtime.principal(ENDPOINT))
-        try:
-            yield DelegationStack(stack, runtime)
-        finally:
-            stack.stop_workers()
-            await nc.close()
+        assert stack.fake is not None
+        stack.fake.mcp_tools["aip_call"] = runtime.tool_for(runtime.principal(ENDPOINT))
+        yield DelegationStack(stack, runtime)

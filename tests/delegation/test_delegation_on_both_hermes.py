@@ -10,7 +10,6 @@ uses, so both sides are judged by the same assertions.
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -57,6 +56,7 @@ async def both(
             hermes.mcp_tools["aip_call"] = tool
         else:
             from worker.testing.mcp_server import AipMcpServer
+            from worker.testing.pytest_plugin import service_unavailable
             from worker.testing.real_hermes import HermesUnavailable, RealHermes
 
             token = "mcp-" + secrets.token_hex(16)
@@ -68,9 +68,7 @@ async def both(
                     )
                 )
             except HermesUnavailable as exc:
-                if os.environ.get("CI") == "true":
-                    raise
-                pytest.skip(f"real Hermes unavailable: {exc}")
+                service_unavailable(f"real Hermes unavailable: {exc}")
         stack = Stack(
             root=tmp_path,
             nats_url=nats_server.url,

@@ -7,9 +7,10 @@ Everything is real except Hermes (the project's fake, over real HTTP): workers a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ from worker.testing.identities import (
     REVISION,
     USER_UNTENANTED,
     TrustFiles,
+    write_api_key_file,
 )
 from worker.testing.workers import WorkerProcess
 
@@ -242,6 +244,42 @@ def worker_env(
         **trust.environment(),
         **extra,
     }
+
+
+@contextlib.asynccontextmanager
+async def fake_stack(
+    root: Path,
+    nats_url: str,
+    redis_url: str,
+    trust: TrustFiles,
+    *,
+    lease_ttl_ms: int,
+    **extra_env: str,
+) -> AsyncIterator[Stack]:
+    """A Stack around a fresh fake Hermes: streams provisioned, workers' environment set,
+    every worker it spawned stopped at the end."""
+    api_key, key_file = write_api_key_file(root)
+    await provision_streams(nats_url, ack_wait_s=lease_ttl_ms / 1000)
+    async with FakeHermes(api_key=api_key, port=0) as fake:
+        env = worker_env(
+            nats_url, redis_url, fake.url, key_file, trust, lease_ttl_ms=lease_ttl_ms, **extra_env
+        )
+        nc = await nats.connect(nats_url)
+        stack = Stack(
+            root=root,
+            nats_url=nats_url,
+            redis_url=redis_url,
+            fake=fake,
+            trust=trust,
+            nc=nc,
+            client=AipClient(nc, sign_key=trust.seed_file),
+            env=env,
+        )
+        try:
+            yield stack
+        finally:
+            stack.stop_workers()
+            await nc.close()
 
 
 async def provision_streams(

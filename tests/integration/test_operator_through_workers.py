@@ -5,12 +5,14 @@ to the workers or to Hermes."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
 from schemas.chunk import DoneChunk, PendingApprovalChunk
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
+from worker.client import ActionHandle
 from worker.testing.scenario import NEEDS_APPROVAL, REPLY_PREFIX, SLOW_REPLY
 
 POST_RUNS = "POST /v1/runs"
@@ -165,25 +167,28 @@ async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack
     assert stack.fake.stats().count(POST_RUNS) == 0
 
 
+async def _redelivered_after_the_deadline(stack: Stack, text: str, point: str) -> ActionHandle:
+    """An approved objective whose owner dies at `point`; the next worker starts only once
+    the Action's deadline (2.5 s) has passed. Returns the handle to await."""
+    deadline = time.time_ns() // 1_000_000 + 2_500
+    action = stack.action("operator", {"objective": {"objective": text}}, deadline_unix_ms=deadline)
+    await stack.approve(action)
+    w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
+    handle = await stack.publish(action)
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    while time.time_ns() // 1_000_000 < deadline + 200:
+        await asyncio.sleep(0.1)
+    await stack.spawn("w2")
+    return handle
+
+
 async def test_a_redelivery_after_the_deadline_observes_the_run_instead_of_refusing(
     stack: Stack,
 ) -> None:
     # The owner dies right after binding the run; the next delivery comes after the Action's
     # deadline. Admission refuses a *start* then, but the run exists: it is observed to its
     # end, never settled as "the deadline passed before it was started".
-    import time
-
-    deadline = time.time_ns() // 1_000_000 + 2_500
-    action = stack.action(
-        "operator", {"objective": {"objective": "recover me"}}, deadline_unix_ms=deadline
-    )
-    await stack.approve(action)
-    w1 = await stack.spawn("w1", fault_points=f"after_bind=exit@{action.id}")
-    handle = await stack.publish(action)
-    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
-    while time.time_ns() // 1_000_000 < deadline + 200:
-        await asyncio.sleep(0.1)
-    await stack.spawn("w2")
+    handle = await _redelivered_after_the_deadline(stack, "recover me", "after_bind")
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
     assert result.settled_by == "w2"
@@ -195,19 +200,7 @@ async def test_a_refused_redelivery_before_any_binding_fails_certain(stack: Stac
     # The owner dies before executing: no binding, nothing sent. When the deadline has
     # passed by the next delivery it is refused, certain that nothing started. (A binding
     # created but never claimed: tests/operator/test_operator_recovery.py.)
-    import time
-
-    deadline = time.time_ns() // 1_000_000 + 2_500
-    action = stack.action(
-        "operator", {"objective": {"objective": "never claimed"}}, deadline_unix_ms=deadline
-    )
-    await stack.approve(action)
-    w1 = await stack.spawn("w1", fault_points=f"before_execute=exit@{action.id}")
-    handle = await stack.publish(action)
-    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
-    while time.time_ns() // 1_000_000 < deadline + 200:
-        await asyncio.sleep(0.1)
-    await stack.spawn("w2")
+    handle = await _redelivered_after_the_deadline(stack, "never claimed", "before_execute")
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.FAILED
     assert result.error is not None
