@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from schemas.approval import ApprovalDecision
 from schemas.codec import encode
 from schemas.delegation import DelegationRequest
 from tests.integration.stack import ENDPOINT, Stack, fake_stack
@@ -52,26 +50,8 @@ class DelegationStack:
     async def approve_child(
         self, request: DelegationRequest, approver: str = APPROVER_UNTENANTED
     ) -> None:
-        from redis.asyncio import Redis
-
-        from worker.trust.approvals import approve
-        from worker.trust.authority import ApprovalAuthority
-
-        client = Redis.from_url(self.stack.redis_url)
-        try:
-            authority = ApprovalAuthority.load(
-                self.stack.trust.authority_file, now_ms=time.time_ns() // 1_000_000
-            )
-            await approve(
-                client,
-                authority,
-                request.action,
-                approver,
-                "delegation approved by the test",
-                ApprovalDecision.APPROVED,
-            )
-        finally:
-            await client.aclose()
+        """Record the approval authority's decision on the exact child Action."""
+        await self.stack.approve(request.action, approver=approver)
 
     async def delegate(
         self, request: DelegationRequest, *, approve: bool = True, msg_id: str | None = None
