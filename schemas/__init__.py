@@ -22,7 +22,13 @@ from schemas.delegation import DelegationRequest
 from schemas.errors import CODE_RULES, ErrorCategory, ErrorCode, ProtocolError
 from schemas.ids import capability_id, new_action_id
 from schemas.manifest import CapabilityEntry, CapabilityManifest, Risk
-from schemas.operator import ApprovalChoice, OperatorInput, OperatorObjective, OperatorResume
+from schemas.operator import (
+    ApprovalChoice,
+    OperatorInput,
+    OperatorInputSchema,
+    OperatorObjective,
+    OperatorResume,
+)
 from schemas.result import ActionResult, ResultStatus
 
 __all__ = [
@@ -47,6 +53,7 @@ __all__ = [
     "Identity",
     "Mode",
     "OperatorInput",
+    "OperatorInputSchema",
     "OperatorObjective",
     "OperatorResume",
     "PendingApprovalChunk",

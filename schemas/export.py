@@ -16,14 +16,14 @@ from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
-from schemas.operator import OperatorInput
+from schemas.operator import OperatorInputSchema
 from schemas.result import ActionResult
 
 JSON_DIR = Path(__file__).parent / "json"
 
 EXPORTED: dict[str, Any] = {
     "Action": Action,
-    "OperatorInput": OperatorInput,
+    "OperatorInput": OperatorInputSchema,
     "StreamChunk": StreamChunk,
     "ActionResult": ActionResult,
     "ProtocolError": ProtocolError,

@@ -54,14 +54,13 @@ def new_client(url: str, api_key: str, *, max_connections: int = 512) -> httpx.A
 
 def run_body(job: Job) -> bytes:
     """The `POST /v1/runs` body the operator sends for this objective (same size, same words)."""
-    objective = job.input.get("objective", {})
     request_input = {
         "kind": PAYLOAD_KIND,
         "operator_action_id": job.id,
-        "objective": objective.get("objective", ""),
-        "context": objective.get("context"),
-        "candidate_capabilities": objective.get("candidate_capabilities"),
-        "constraints": objective.get("constraints"),
+        "objective": job.input.get("objective", ""),
+        "context": job.input.get("context"),
+        "candidate_capabilities": job.input.get("candidate_capabilities", []),
+        "constraints": job.input.get("constraints", {}),
     }
     return _encode.encode(
         {

@@ -42,7 +42,7 @@ async def relay(args: argparse.Namespace) -> None:
     js = nc.jetstream(publish_async_max_pending=256)
     key = Path(args.api_key_file).read_text().strip() if args.api_key_file else "unused"
     http = new_client(args.hermes_url, key)
-    job = Job(id=args.action_id, input={"objective": {"objective": "relay"}})
+    job = Job(id=args.action_id, input={"objective": "relay"})
     subject = f"aip.hermes.h1.chunks.{args.action_id}"
     seq = 0
 

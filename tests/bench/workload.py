@@ -64,7 +64,7 @@ def build_envelopes(
         action = Action(
             id=new_action_id(),
             capability=f"cap:hermes_agent:{endpoint}:operator",
-            input={"objective": {"objective": objective}},
+            input={"objective": objective},
             identity=Identity(
                 principal_id=USER_UNTENANTED,
                 principal_kind=PRINCIPAL_KIND,

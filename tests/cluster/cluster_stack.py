@@ -183,7 +183,7 @@ async def run_with_node_loss(
 ) -> LossReport:
     """Publish `actions` slow operator Actions, disrupt once runs are in flight, measure."""
     batch = [
-        stack.action("operator", {"objective": {"objective": f"{SLOW_REPLY} {n}"}})
+        stack.action("operator", {"objective": f"{SLOW_REPLY} {n}"})
         for n in range(actions)
     ]
     for action in batch:

@@ -175,7 +175,7 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     action = Action(
         id=third,
         capability="cap:hermes_agent:h1:operator",
-        input={"objective": {"objective": "x"}},
+        input={"objective": "x"},
         identity=Identity(
             principal_id=USER_UNTENANTED,
             principal_kind=PRINCIPAL_KIND,

@@ -1,12 +1,17 @@
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import nats
 import pytest
 
-from tests.integration.stack import Stack, fake_stack
-from worker.testing.identities import write_trust_files
+from tests.integration.stack import ENDPOINT, Stack, fake_stack, provision_streams
+from worker.client import AipClient
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.identities import write_api_key_file, write_trust_files
 from worker.testing.services import ServiceHandle
 
 LEASE_TTL_MS = 3000
@@ -23,3 +28,54 @@ async def stack(
         tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=LEASE_TTL_MS
     ) as stack:
         yield stack
+
+
+@pytest.fixture(params=["fake", "real"])
+async def route_stack(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    nats_server: ServiceHandle,
+    redis_server: ServiceHandle,
+) -> AsyncIterator[Stack]:
+    """A Stack around the fake Hermes or the real hermes-agent 0.19.0 (the param), for the
+    tests that must hold against both; `stack.fake` is None for the real one."""
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    trust = write_trust_files(trust_dir)
+    await provision_streams(nats_server.url, ack_wait_s=15)
+    api_key, key_file = write_api_key_file(tmp_path)
+    if request.param == "fake":
+        hermes_cm: Any = FakeHermes(api_key=api_key, port=0)
+    else:
+        from worker.testing.real_hermes import HermesUnavailable, RealHermes
+
+        hermes_cm = RealHermes(tmp_path / "hermes", api_key=api_key)
+    try:
+        hermes = await hermes_cm.__aenter__()
+    except Exception as exc:  # HermesUnavailable: the venv cannot be built here
+        if os.environ.get("CI") == "true" or not isinstance(exc, HermesUnavailable):
+            raise
+        pytest.skip(f"real Hermes unavailable: {exc}")
+    nc = await nats.connect(nats_server.url)
+    stack = Stack(
+        root=tmp_path,
+        nats_url=nats_server.url,
+        redis_url=redis_server.url,
+        fake=hermes if request.param == "fake" else None,
+        trust=trust,
+        nc=nc,
+        client=AipClient(nc, sign_key=trust.seed_file),
+        env={
+            "AIPD_NATS_URL": nats_server.url,
+            "AIPD_REDIS_URL": redis_server.url,
+            "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={hermes.url}",
+            "AIPD_HERMES_API_KEY_FILE": str(key_file),
+            **trust.environment(),
+        },
+    )
+    try:
+        yield stack
+    finally:
+        stack.stop_workers()
+        await nc.close()
+        await hermes_cm.__aexit__(None, None, None)

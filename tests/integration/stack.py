@@ -204,7 +204,7 @@ class Stack:
             await client.aclose()
 
     async def operator(self, objective: str, **kw: Any) -> tuple[Action, ActionHandle]:
-        action = self.action("operator", {"objective": {"objective": objective}}, **kw)
+        action = self.action("operator", {"objective": objective}, **kw)
         await self.approve(action)
         return action, await self.publish(action)
 

@@ -25,9 +25,7 @@ SECRET_INPUT = "very-private-input-text-7f3a"
 def _hostile(stack: Stack, rng: random.Random) -> list[tuple[bytes, bool]]:
     """(payload, signed by the gateway) pairs: mutations of valid envelopes and attacks."""
     base = msgspec.to_builtins(stack.action("models"))
-    operator = msgspec.to_builtins(
-        stack.action("operator", {"objective": {"objective": SECRET_INPUT}})
-    )
+    operator = msgspec.to_builtins(stack.action("operator", {"objective": SECRET_INPUT}))
     source = "act_" + "c" * 32
     cases: list[dict[str, object] | bytes] = [
         {**base, "id": "act_" + "0" * 31},
@@ -37,20 +35,18 @@ def _hostile(stack: Stack, rng: random.Random) -> list[tuple[bytes, bool]]:
         {
             **operator,
             "input": {
-                "objective": {"objective": "a"},
+                "objective": "a",
                 "resume": {"source_action_id": source, "choice": "once"},
             },
         },
         {**operator, "input": {"resume": {"source_action_id": source, "choice": "always-yes"}}},
         {
             **operator,
-            "input": {"objective": {"objective": "a", "candidate_capabilities": ["c"] * 300}},
+            "input": {"objective": "a", "candidate_capabilities": ["c"] * 300},
         },
         {
             **operator,
-            "input": {
-                "objective": {"objective": "x", "context": {"_aip": {"principal_id": "admin"}}}
-            },
+            "input": {"objective": "x", "context": {"_aip": {"principal_id": "admin"}}},
         },
         {**base, "trace": {"trace_id": "abc\r\nX-Evil: 1"}},
         {**base, "idempotency_key": "k\nAuthorization: Bearer stolen"},

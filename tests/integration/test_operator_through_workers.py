@@ -63,7 +63,7 @@ async def test_fifty_concurrent_deliveries_across_three_workers_start_one_run(
 async def test_kill_at_each_step_ends_in_the_right_state_without_a_second_start(
     stack: Stack, point: str, status: str, code: str | None, posts: int
 ) -> None:
-    action = stack.action("operator", {"objective": {"objective": f"{SLOW_REPLY} {point}"}})
+    action = stack.action("operator", {"objective": f"{SLOW_REPLY} {point}"})
     await stack.approve(action)
     w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
     handle = await stack.publish(action)
@@ -155,7 +155,7 @@ async def test_cancel_during_a_run_is_cancelled_on_provider_evidence(stack: Stac
 
 async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack) -> None:
     await stack.spawn("w1")
-    action = stack.action("operator", {"objective": {"objective": "never start"}})
+    action = stack.action("operator", {"objective": "never start"})
     await stack.approve(action)
     handle = stack.client.handle("h1", action.id)
     reply = await handle.cancel(requested_by="user:demo")
@@ -171,7 +171,7 @@ async def _redelivered_after_the_deadline(stack: Stack, text: str, point: str) -
     """An approved objective whose owner dies at `point`; the next worker starts only once
     the Action's deadline (2.5 s) has passed. Returns the handle to await."""
     deadline = time.time_ns() // 1_000_000 + 2_500
-    action = stack.action("operator", {"objective": {"objective": text}}, deadline_unix_ms=deadline)
+    action = stack.action("operator", {"objective": text}, deadline_unix_ms=deadline)
     await stack.approve(action)
     w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
     handle = await stack.publish(action)

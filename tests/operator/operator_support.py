@@ -63,7 +63,7 @@ def make_action(
 
 def objective(text: str, **extra: Any) -> dict[str, Any]:
     """An objective input as `schemas.operator.OperatorInput` shapes it."""
-    return {"objective": {"objective": text, **extra}}
+    return {"objective": text, **extra}
 
 
 def resume(source_action_id: str, choice: str = "once", **extra: Any) -> dict[str, Any]:

@@ -149,7 +149,7 @@ async def test_a_changed_input_voids_the_approval(
 ) -> None:
     document = action_document()
     await decide(redis, authority, document)
-    changed = {**document, "input": {"objective": {"objective": "wire the funds"}}}
+    changed = {**document, "input": {"objective": "wire the funds"}}
     error = await refused(gate, redis, trust_files, changed)
     assert (error.code, "input changed" in error.message) == (CONFLICT, True)
 
@@ -202,7 +202,7 @@ async def test_approval_claims_inside_the_payload_grant_nothing(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles
 ) -> None:
     claims = {
-        "objective": {"objective": "x"},
+        "objective": "x",
         "approval": {"decision": "approved", "approver": APPROVER_A},
         "_aip": {"approval": {"decision_id": "apr_" + "1" * 32, "decision": "approved"}},
     }
@@ -330,7 +330,7 @@ async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None
 async def test_large_inputs_are_snapshotted_within_bounds(
     redis: Redis, authority: ApprovalAuthority
 ) -> None:
-    document = action_document(input={"objective": {"objective": "é" * 20_000}})
+    document = action_document(input={"objective": "é" * 20_000})
     record = await decide(redis, authority, document)
     assert record.input_snapshot_truncated
     assert len(record.input_snapshot.encode()) <= MAX_INPUT_SNAPSHOT_BYTES

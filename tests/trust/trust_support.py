@@ -43,7 +43,7 @@ def action_document(
     document: dict[str, Any] = {
         "id": new_action_id(),
         "capability": f"cap:hermes_agent:{endpoint}:{operation}",
-        "input": {"objective": {"objective": "summarise the inbox"}} if input is None else input,
+        "input": {"objective": "summarise the inbox"} if input is None else input,
         "identity": identity,
         "created_at_unix_ms": now_ms(),
         "idempotency_key": "idem-1",

@@ -7,7 +7,7 @@ import pytest
 
 from schemas import ActionResult, ResultStatus, StreamChunk, encode, new_action_id
 from schemas.chunk import ChunkKind, DoneChunk, make_chunk
-from schemas.codec import EnvelopeRejected, decode_action, decode_operator_input
+from schemas.codec import EnvelopeRejected, decode_action
 from schemas.errors import CODE_RULES, ErrorCode
 from subjects.grammar import InvalidEndpointId, Subjects, normalize_endpoint_id
 
@@ -56,23 +56,6 @@ def test_malformed_json_and_deep_nesting_are_decode_errors() -> None:
         with pytest.raises(EnvelopeRejected) as refused:
             decode_action(payload)
         assert refused.value.code in ("envelope.decode.invalid", "schema.envelope.invalid")
-
-
-def test_operator_input_needs_exactly_one_branch() -> None:
-    with pytest.raises(EnvelopeRejected, match="exactly one"):
-        decode_operator_input({})
-    both = {
-        "objective": {"objective": "x"},
-        "resume": {"source_action_id": "act_" + "b" * 32, "choice": "once"},
-    }
-    with pytest.raises(EnvelopeRejected, match="exactly one"):
-        decode_operator_input(both)
-    with pytest.raises(EnvelopeRejected):
-        decode_operator_input(
-            {"objective": {"objective": "x", "candidate_capabilities": ["c"] * 257}}
-        )
-    with pytest.raises(EnvelopeRejected):
-        decode_operator_input({"resume": {"source_action_id": "act_" + "b" * 32, "choice": "yes"}})
 
 
 def test_chunks_are_a_tagged_union_on_kind() -> None:

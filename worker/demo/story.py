@@ -306,7 +306,7 @@ class Story:
         )
 
     def objective(self, text: str) -> Action:
-        return self.action("operator", {"objective": {"objective": text}}, mode=Mode.STREAM)
+        return self.action("operator", {"objective": text}, mode=Mode.STREAM)
 
     async def publish_approved(self, action: Action) -> Followed:
         """Record the demo approver's decision on exactly this Action, then publish it."""

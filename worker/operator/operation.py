@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 from schemas.errors import ErrorCode
 from schemas.manifest import Risk
-from schemas.operator import OperatorInput, OperatorObjective, OperatorResume
+from schemas.operator import OperatorInput, OperatorInputSchema, OperatorObjective, OperatorResume
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
@@ -46,7 +46,7 @@ OPERATOR_SPEC = OperationSpec(
     idempotency_required=True,
     streaming=True,
     timeout_ms=900_000,
-    input_type=OperatorInput,
+    input_type=OperatorInputSchema,
     description=(
         "Run or resume the governed Hermes operator: a durable binding fences the run start, "
         "approvals resume through a command ledger, cancellation needs provider evidence"
@@ -70,19 +70,19 @@ class OperatorOperation:
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()  # "validates this policy before an operator run"
         params, forbid_start = Recovering.unwrap(params)
-        if not isinstance(params, OperatorInput) or not params.exactly_one_branch():
+        if not isinstance(params, OperatorInput):
             raise ConnectorError(
                 ErrorCode.CONFIGURATION_OR_INPUT,
                 "operator input needs exactly one of `objective` or `resume`",
             )
         ctx.hermes.require_key("POST /v1/runs")
         store = self._store_for(ctx.redis)
-        if params.objective is not None:
-            return await self._objective(ctx, store, params.objective, forbid_start)
+        branch = params.branch()
+        if isinstance(branch, OperatorObjective):
+            return await self._objective(ctx, store, branch, forbid_start)
         if forbid_start is not None:
             raise forbid_start  # the runtime recovers objectives only
-        assert params.resume is not None
-        return await self._resume(ctx, store, params.resume)
+        return await self._resume(ctx, store, branch)
 
     async def _objective(
         self,
