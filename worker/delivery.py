@@ -41,7 +41,7 @@ from subjects.grammar import Subjects
 from worker import faults
 from worker.admission import Admission
 from worker.audit import AuditLog, ReceiptScope, enter_scope
-from worker.errors import ConnectorError, deadline_exceeded
+from worker.errors import ConnectorError, deadline_exceeded, unexpected_failure
 from worker.execution import Execution, now_ms
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
@@ -466,6 +466,11 @@ class DeliveryHandler:
         except LeaseLost:
             execution.lease_lost = True
             raise asyncio.CancelledError("lease lost") from None
+        except Exception as exc:
+            # No typed path expected this (a bug): settle it as the host's execution failure
+            # instead of redelivering the same failure forever (max_deliver is unlimited).
+            log.exception("execution of %s failed unexpectedly", action.id)
+            return Outcome(ResultStatus.FAILED, error=unexpected_failure(operation.spec.name, exc))
 
     async def release(self, execution: Execution) -> None:
         """Give the lease back unsettled (shutdown): the next owner need not wait out the TTL."""

@@ -90,3 +90,16 @@ def from_transport(exc: BaseException, what: str) -> ConnectorError:
 
 def deadline_exceeded(what: str) -> ConnectorError:
     return ConnectorError(ErrorCode.DEADLINE_EXCEEDED, f"{what} passed the Action's deadline")
+
+
+def unexpected_failure(what: str, exc: BaseException) -> ConnectorError:
+    """`connector_host.execution`: an execution ended by an exception no typed path expected.
+
+    Only the exception's class name is kept (its text may quote input or a provider body);
+    the rule makes it uncertain for unsafe operations, whose request may already be out.
+    """
+    return ConnectorError(
+        ErrorCode.HOST_EXECUTION,
+        f"{what} failed unexpectedly ({type(exc).__name__}); read the durable Action and "
+        "the worker log before deciding",
+    )

@@ -8,7 +8,8 @@ Enabled only by the test-only environment variable `AIPD_FAULT_POINTS`, read onc
 
 `exit` ends the process on the spot (`os._exit(137)`, no cleanup, like kill -9), `pause`
 stops it (SIGSTOP; the test sends SIGCONT), `sleep:S` blocks the event loop for S seconds
-(a stalled process, as seen by its peers). Production pays one `is None` check per point.
+(a stalled process, as seen by its peers), `raise` raises `FaultRaised` there (a bug: an
+exception no code path expected). Production pays one `is None` check per point.
 """
 
 from __future__ import annotations
@@ -53,6 +54,10 @@ _PLAN: dict[str, tuple[str, str | None]] | None = (
 )
 
 
+class FaultRaised(RuntimeError):
+    """What the `raise` action raises: an unexpected exception at a fault point."""
+
+
 def hit(point: str, action_id: str) -> None:
     """Pass through a fault point; acts only when a test enabled this point (and action)."""
     if _PLAN is None:
@@ -69,3 +74,5 @@ def hit(point: str, action_id: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif action.startswith("sleep:"):
         time.sleep(float(action.split(":", 1)[1]))
+    elif action == "raise":
+        raise FaultRaised(f"fault point {point}")

@@ -207,8 +207,10 @@ async def test_endpoint_capacity_admits_no_more_runs_than_its_limit(
     starved = h.action(objective("starved"), deadline_s=2.5)
     outcome, _ = await h.run(starved)
     assert outcome.error is not None
-    assert outcome.error.code is ErrorCode.REMOTE_TEMPORARY
+    assert outcome.error.code is ErrorCode.HOST_CAPACITY
     assert "capacity" in outcome.error.message
+    refusal = outcome.error.to_protocol(endpoint_id="hermes-1", read_only=False)
+    assert (refusal.retryable, refusal.uncertain_outcome) == (False, False)
     assert created_runs(fake, starved.id) == 0
     assert fake.stats().count(START) == 1
 

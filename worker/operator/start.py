@@ -18,7 +18,8 @@ absent) and sends again within the deadline, then fails `remote_temporary` with
 connection could be had) is retried the same way: only a transport failure after which
 Hermes may have received the request is an unknown outcome. A run slot of the endpoint's
 shared semaphore is taken before the claim, so the claim window covers only the request
-itself.
+itself; an endpoint that stays full until the deadline fails `connector_host.capacity`
+(the host's limit, nothing started).
 """
 
 from __future__ import annotations
@@ -181,10 +182,12 @@ class StartFence:
                 )
             )
         if not await s.capacity.acquire(s.remaining_s() - MIN_SEND_BUDGET_S):
+            # The host's own limit, not a provider answer: `connector_host.capacity`.
             return await self._fail_unclaimed(
                 _nothing_started(
                     f"endpoint {s.ctx.endpoint.id} stayed at its open-run capacity until the "
-                    "deadline; nothing was started"
+                    "deadline; nothing was started",
+                    ErrorCode.HOST_CAPACITY,
                 )
             )
         policy = s.policy

@@ -1,0 +1,152 @@
+"""The host and state codes each driven through a live worker by the failure they name:
+`connector_host.not_ready`, `connector_host.capacity`, `connector_host.execution`,
+`connector.hermes_agent.operator_state` and `connector.hermes_agent.stream_publication`."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import msgspec
+from nats.js.api import DiscardPolicy
+from redis.asyncio import Redis
+
+from schemas.cancel import CancelReply, CancelRequest
+from schemas.codec import encode
+from schemas.result import ActionResult, ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.store.keys import ActionKeys
+from worker.testing.scenario import SLOW_REPLY
+from worker.testing.services import ServiceHandle
+
+POST_RUNS = "POST /v1/runs"
+
+
+def _flags(result: ActionResult) -> tuple[str, bool, bool]:
+    assert result.error is not None, result
+    return result.error.code.value, result.error.retryable, result.error.uncertain_outcome
+
+
+async def _until_runs_started(stack: Stack, count: int, timeout_s: float = 20.0) -> None:
+    assert stack.fake is not None
+    deadline = time.monotonic() + timeout_s
+    while stack.fake.stats().count(POST_RUNS) < count:
+        assert time.monotonic() < deadline, "the run never started"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_cancel_that_cannot_be_recorded_is_not_ready(
+    stack: Stack, redis_server: ServiceHandle
+) -> None:
+    await stack.spawn("w1")
+    await asyncio.to_thread(redis_server.kill)
+    try:
+        payload = encode(
+            CancelRequest(
+                action_id=stack.action("models").id, reason="test", requested_by="user:demo"
+            )
+        )
+        # The worker spends its 10 s Redis budget before it answers.
+        reply_msg = await stack.nc.request(
+            stack.subjects.cancel(ENDPOINT), payload, timeout=30, headers=stack.trust.sign(payload)
+        )
+    finally:
+        await asyncio.to_thread(redis_server.restart)
+    reply = msgspec.json.decode(reply_msg.data, type=CancelReply)
+    assert reply.accepted is False
+    assert reply.error is not None
+    assert reply.error.code.value == "connector_host.not_ready"
+    assert (reply.error.retryable, reply.error.uncertain_outcome) == (True, False)
+    # Nothing was lost: the worker serves again once Redis is back.
+    after = await (await stack.publish(stack.action("models"))).result(timeout_s=30)
+    assert after.status is ResultStatus.COMPLETED
+
+
+async def test_an_endpoint_full_until_the_deadline_is_capacity_and_starts_nothing(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1", AIPD_HERMES_MAX_CONCURRENT_RUNS="1")
+    busy, busy_handle = await stack.operator(f"hold the only slot {SLOW_REPLY}")
+    await _until_runs_started(stack, 1)
+    starved = stack.action(
+        "operator",
+        {"objective": "no slot for me"},
+        deadline_unix_ms=time.time_ns() // 1_000_000 + 2_500,
+    )
+    await stack.approve(starved)
+    result = await (await stack.publish(starved)).result(timeout_s=30)
+    assert result.status is ResultStatus.FAILED
+    # Nothing was started for it, and its id is used up: not retryable, not uncertain.
+    assert _flags(result) == ("connector_host.capacity", False, False)
+    assert stack.fake is not None
+    assert stack.fake.stats().count(POST_RUNS) == 1
+    assert (await busy_handle.result(timeout_s=60)).status is ResultStatus.COMPLETED
+    assert busy.id != starved.id
+
+
+async def test_an_unexpected_exception_in_an_execution_settles_once_as_execution(
+    stack: Stack,
+) -> None:
+    action = stack.action("operator", {"objective": "the run is bound, then a bug"})
+    worker = await stack.spawn("w1", fault_points=f"after_bind=raise@{action.id}")
+    await stack.approve(action)
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.FAILED
+    # The run was started: an unsafe operation's unexpected failure is uncertain.
+    assert _flags(result) == ("connector_host.execution", False, True)
+    assert result.error is not None
+    assert "FaultRaised" in result.error.message
+    # Settled and acked once: the same failure is not redelivered forever.
+    await stack.settled_and_acked(timeout_s=30)
+    assert len(await stack.results(action.id)) == 1
+    assert stack.fake is not None
+    assert stack.fake.stats().count(POST_RUNS) == 1
+    assert worker.alive
+
+
+async def test_a_stored_binding_that_does_not_parse_is_operator_state_and_sends_nothing(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    action = stack.action("operator", {"objective": "meets a corrupted binding"})
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        await redis.hset(
+            ActionKeys.of(action.id).binding,
+            mapping={"doc": b"{not a binding", "revision": 1, "state": "running"},
+        )
+    finally:
+        await redis.aclose()
+    await stack.approve(action)
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.FAILED
+    assert _flags(result) == ("connector.hermes_agent.operator_state", False, False)
+    assert result.error is not None
+    assert "does not parse" in result.error.message
+    assert stack.fake is not None
+    assert stack.fake.stats().count(POST_RUNS) == 0
+
+
+async def test_a_chunk_jetstream_refuses_is_stream_publication(stack: Stack) -> None:
+    await stack.spawn("w1")
+    js = stack.nc.jetstream()
+    name = stack.subjects.stream_name("chunks")
+    unlimited = (await js.stream_info(name)).config
+    # The chunk stream takes one more message, then refuses every publish.
+    await js.update_stream(dataclasses.replace(unlimited, max_msgs=1, discard=DiscardPolicy.NEW))
+    action = stack.action(
+        "chat_completions",
+        {"messages": [{"role": "user", "content": "several words to stream"}], "stream": True},
+    )
+    try:
+        result = await (await stack.publish(action)).result(timeout_s=60)
+    finally:
+        await js.update_stream(unlimited)
+    assert result.status is ResultStatus.FAILED
+    assert _flags(result) == ("connector.hermes_agent.stream_publication", False, True)
+    # Once JetStream takes chunks again the delivery is acked with its one result.
+    await stack.settled_and_acked(timeout_s=60)
+    assert len(await stack.results(action.id)) == 1
+    assert stack.fake is not None
+    assert stack.fake.stats().count("POST /v1/chat/completions") == 1
