@@ -27,7 +27,9 @@ from schemas.operator import (
     OperatorInput,
     OperatorInputSchema,
     OperatorObjective,
+    OperatorOutput,
     OperatorResume,
+    OperatorStatus,
 )
 from schemas.result import ActionResult, ResultStatus
 
@@ -55,7 +57,9 @@ __all__ = [
     "OperatorInput",
     "OperatorInputSchema",
     "OperatorObjective",
+    "OperatorOutput",
     "OperatorResume",
+    "OperatorStatus",
     "PendingApprovalChunk",
     "ProgressChunk",
     "ProtocolError",

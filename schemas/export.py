@@ -16,7 +16,7 @@ from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
-from schemas.operator import OperatorInputSchema
+from schemas.operator import OperatorInputSchema, OperatorOutput
 from schemas.result import ActionResult
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -24,6 +24,7 @@ JSON_DIR = Path(__file__).parent / "json"
 EXPORTED: dict[str, Any] = {
     "Action": Action,
     "OperatorInput": OperatorInputSchema,
+    "OperatorOutput": OperatorOutput,
     "StreamChunk": StreamChunk,
     "ActionResult": ActionResult,
     "ProtocolError": ProtocolError,

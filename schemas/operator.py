@@ -113,3 +113,36 @@ OperatorInputSchema = Annotated[
         }
     ),
 ]
+
+
+class OperatorStatus(StrEnum):
+    """The operator binding's state as the output reports it (spec "Follow the operator
+    states")."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    WAITING_FOR_APPROVAL = "waiting_for_approval"
+    CANCELLING = "cancelling"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    OUTCOME_UNKNOWN = "outcome_unknown"
+
+
+class OperatorOutput(WireStruct, kw_only=True, frozen=True):
+    """`ActionResult.output` of every operator Action: the source binding, never an
+    unstructured provider body (spec "Read an operator result"). A resume reports its
+    source's binding: `source_action_id` names the original Action."""
+
+    endpoint_id: str
+    session_id: str
+    source_action_id: ActionId
+    status: OperatorStatus
+    run_id: str | None = None
+    delegation_id: str | None = None
+    parent_action_id: ActionId | None = None
+    last_event: str | None = None
+    #: The redacted pending provider approval event, while the run waits for one.
+    pending_approval: dict[str, Any] | None = None
+    #: Redacted provider evidence of the terminal run (`{"event", "output", …}`).
+    provider: dict[str, Any] | None = None

@@ -199,6 +199,16 @@ class DeliveryHandler:
                     ),
                     read_only=spec.read_only,
                 )
+            if action.mode not in spec.modes:
+                offered = ", ".join(mode.value for mode in spec.modes)
+                raise Refusal(
+                    ConnectorError(
+                        ErrorCode.CONFIGURATION_OR_INPUT,
+                        f"{operation_name} does not offer mode {action.mode.value!r} "
+                        f"(it offers {offered})",
+                    ),
+                    read_only=spec.read_only,
+                )
             try:
                 params = convert_input(action.input, spec.input_type)
             except EnvelopeRejected as exc:

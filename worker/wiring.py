@@ -23,7 +23,12 @@ def build_registry(settings: Settings) -> Registry:
     from worker.operator import HermesOperatorPolicy, operator_operation
 
     registry = default_registry(settings)
-    registry.add(operator_operation(HermesOperatorPolicy.from_settings(settings)))
+    registry.add(
+        operator_operation(
+            HermesOperatorPolicy.from_settings(settings),
+            idempotency_ttl_ms=settings.result_ttl_ms,
+        )
+    )
     return registry
 
 

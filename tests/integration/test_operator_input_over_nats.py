@@ -8,8 +8,10 @@ fail typed before a single request reaches Hermes.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 
 from schemas.chunk import DoneChunk
@@ -24,6 +26,9 @@ SPEC_OBJECTIVE: dict[str, Any] = {
     "candidate_capabilities": ["cap:support:case.get"],
     "constraints": {"allow_mutations": False},
 }
+OUTPUT_SCHEMA = json.loads(
+    (Path(__file__).parents[2] / "schemas" / "json" / "OperatorOutput.json").read_text()
+)
 SOURCE = "act_0123456789abcdef0123456789abcdef"
 RESUME = {"source_action_id": SOURCE, "choice": "once", "resolve_all": False}
 
@@ -54,6 +59,7 @@ async def test_the_spec_objective_example_completes_end_to_end(route_stack: Stac
     assert output["session_id"] == f"aip-operator-{action.id}"
     assert output["status"] == "completed"
     assert output["last_event"] == "run.completed"
+    jsonschema.validate(output, OUTPUT_SCHEMA, cls=jsonschema.Draft202012Validator)
     chunks = [c async for c in handle.chunks(idle_timeout_s=30)]
     assert isinstance(chunks[-1], DoneChunk)
     # What the model was given: the run's session holds the user turn Hermes received, the

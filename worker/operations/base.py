@@ -15,9 +15,9 @@ from typing import Any, ClassVar, Protocol
 
 import msgspec
 
-from schemas.action import Action
+from schemas.action import Action, Mode
 from schemas.chunk import ChunkKind
-from schemas.manifest import CapabilityEntry, Risk
+from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.hermes.client import HermesClient
@@ -41,8 +41,22 @@ class OperationSpec:
     #: The msgspec type `Action.input` is validated against (its JSON Schema is published).
     input_type: type[Any]
     description: str = ""
+    #: The whole operation contract, for a capability whose spec publishes one; its
+    #: `principal` may name `{endpoint}`.
+    contract: OperationContract | None = None
+
+    @property
+    def modes(self) -> tuple[Mode, ...]:
+        """The `Action.mode`s offered: `stream` only where the capability streams."""
+        if self.streaming:
+            return (Mode.SYNC, Mode.ASYNC, Mode.STREAM)
+        return (Mode.SYNC, Mode.ASYNC)
 
     def manifest_entry(self, endpoint_id: str) -> CapabilityEntry:
+        contract = self.contract
+        if contract is not None and contract.principal is not None:
+            principal = contract.principal.format(endpoint=endpoint_id)
+            contract = msgspec.structs.replace(contract, principal=principal)
         return CapabilityEntry(
             capability=f"cap:hermes_agent:{endpoint_id}:{self.name}",
             operation=self.name,
@@ -55,6 +69,9 @@ class OperationSpec:
             streaming=self.streaming,
             timeout_ms=self.timeout_ms,
             input_schema=msgspec.json.schema(self.input_type),
+            execution_modes=list(self.modes),
+            cancellable=True,
+            contract=contract,
         )
 
 

@@ -27,6 +27,7 @@ from worker.operator.binding import (
     session_id_for,
 )
 from worker.operator.cancel import reconcile_cancel
+from worker.operator.contract import operator_contract
 from worker.operator.observe import Observer
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
@@ -35,6 +36,9 @@ from worker.operator.start import StartFence, provider_payload
 from worker.store.operator_store import OperatorStore
 
 S = BindingState
+
+#: The default of `AIPD_RESULT_TTL_MS`: results are replayed for 24 hours.
+DEFAULT_RESULT_TTL_MS = 86_400_000
 
 OPERATOR_SPEC = OperationSpec(
     name="operator",
@@ -58,10 +62,16 @@ class OperatorOperation:
     handles_cancel: ClassVar[bool] = True
     self_fenced: ClassVar[bool] = True
 
-    def __init__(self, policy: HermesOperatorPolicy) -> None:
+    def __init__(
+        self, policy: HermesOperatorPolicy, *, idempotency_ttl_ms: int = DEFAULT_RESULT_TTL_MS
+    ) -> None:
         policy.validate()
         # The runtime bounds an execution by the spec's timeout: the policy's is the one.
-        self.spec = dataclasses.replace(OPERATOR_SPEC, timeout_ms=policy.timeout_ms)
+        self.spec = dataclasses.replace(
+            OPERATOR_SPEC,
+            timeout_ms=policy.timeout_ms,
+            contract=operator_contract(idempotency_ttl_ms=idempotency_ttl_ms),
+        )
         self.policy = policy
 
     def _store_for(self, redis: Any) -> OperatorStore:
@@ -162,6 +172,10 @@ async def drive_binding(session: OperatorSession, *, stream: bool) -> OperatorBi
     return binding
 
 
-def operator_operation(policy: HermesOperatorPolicy) -> OperatorOperation:
-    """The operator for a validated policy (`HermesOperatorPolicy.from_settings(settings)`)."""
-    return OperatorOperation(policy)
+def operator_operation(
+    policy: HermesOperatorPolicy, *, idempotency_ttl_ms: int = DEFAULT_RESULT_TTL_MS
+) -> OperatorOperation:
+    """The operator for a validated policy (`HermesOperatorPolicy.from_settings(settings)`);
+    `idempotency_ttl_ms` is how long results are kept (`AIPD_RESULT_TTL_MS`), published in
+    its contract."""
+    return OperatorOperation(policy, idempotency_ttl_ms=idempotency_ttl_ms)

@@ -1,0 +1,135 @@
+"""The operator's whole contract as the manifest serves it on its subject (spec "Operation
+contract"), the output it promises, and `mode` refused where a capability does not offer it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import msgspec
+
+from schemas.action import Mode
+from schemas.operator import OperatorOutput, OperatorStatus
+from schemas.result import ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.operator.binding import BindingState
+from worker.testing.scenario import NEEDS_APPROVAL
+
+OUTPUT_SCHEMA = json.loads(
+    (Path(__file__).parents[2] / "schemas" / "json" / "OperatorOutput.json").read_text()
+)
+ONE_HOUR_MS = 3_600_000
+
+
+def _entry(manifest: dict[str, Any], operation: str) -> dict[str, Any]:
+    return next(e for e in manifest["capabilities"] if e["operation"] == operation)
+
+
+def _conforms(output: Any) -> None:
+    """The output validates against the published schema and decodes as OperatorOutput."""
+    jsonschema.validate(output, OUTPUT_SCHEMA, cls=jsonschema.Draft202012Validator)
+    msgspec.convert(output, OperatorOutput, strict=True)
+
+
+async def test_the_manifest_publishes_the_whole_operator_contract(stack: Stack) -> None:
+    await stack.spawn("w1", AIPD_RESULT_TTL_MS=str(ONE_HOUR_MS))
+    manifest = await stack.client.manifest(ENDPOINT)
+    operator = _entry(manifest, "operator")
+    assert operator["capability"] == f"cap:hermes_agent:{ENDPOINT}:operator"
+    assert (operator["method"], operator["route"]) == ("POST", "/v1/runs")
+    assert (operator["risk"], operator["approval_required"]) == ("high", True)
+    assert operator["idempotency_required"] is True
+    assert operator["timeout_ms"] == 900_000
+    assert operator["execution_modes"] == ["sync", "async", "stream"]
+    assert operator["cancellable"] is True
+    contract = operator["contract"]
+    assert (contract["kind"], contract["stability"]) == ("agent", "stable")
+    assert contract["provider_request"] == "POST /v1/runs with endpoint Bearer authentication"
+    assert contract["side_effects"] == [
+        "read",
+        "write",
+        "send_message",
+        "external_network",
+        "code_execution",
+    ]
+    assert contract["data"] == {
+        "classification": "confidential",
+        "contains_pii": True,
+        "redaction_required": True,
+    }
+    assert contract["expected_completion"] == {"mode": "stream", "async_expected": True}
+    assert contract["expected_latency_ms"] == 30_000
+    assert contract["transaction"] == {"supported": False}
+    assert contract["compensation"] == {"rollback_supported": False, "approval_required": True}
+    # The deployment's own result retention, not a constant.
+    assert contract["idempotency"] == {
+        "required": True,
+        "key": "action_id",
+        "scope": "capability",
+        "ttl_ms": ONE_HOUR_MS,
+        "on_duplicate": "return_original_result",
+    }
+    assert contract["approval"] == {
+        "required": True,
+        "authority": "tenant_policy",
+        "ttl_ms": 900_000,
+        "evidence": ["reason", "input_snapshot", "policy_decision"],
+    }
+    assert contract["max_queue_delay_ms"] == 10_000
+    assert contract["availability_target"] == "99.9%"
+    assert contract["principal"] == f"agent:hermes_operator:{ENDPOINT}"
+    output_schema = contract["output_schema"]
+    required = output_schema["$defs"]["OperatorOutput"]["required"]
+    assert set(required) == {"endpoint_id", "session_id", "source_action_id", "status"}
+    assert output_schema == msgspec.json.schema(OperatorOutput)
+    # A capability that does not stream does not offer `stream`; none publishes a contract
+    # its spec does not give.
+    models = _entry(manifest, "models")
+    assert models["execution_modes"] == ["sync", "async"]
+    assert models["contract"] is None
+
+
+async def test_every_operator_output_matches_the_published_output_schema(stack: Stack) -> None:
+    await stack.spawn("w1")
+    waiting, waiting_handle = await stack.operator(f"tidy the scratch file {NEEDS_APPROVAL}")
+    paused = await waiting_handle.result(timeout_s=30)
+    assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
+    _conforms(paused.output)
+    assert paused.output["pending_approval"] is not None
+    resume, resume_handle = await stack.resume(waiting.id, "once")
+    resumed = await resume_handle.result(timeout_s=30)
+    assert resumed.status is ResultStatus.COMPLETED, resumed.error
+    _conforms(resumed.output)
+    assert resumed.output["source_action_id"] == waiting.id
+    assert resume.id != waiting.id
+
+
+async def test_a_mode_the_capability_does_not_offer_is_refused_before_anything_is_sent(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    refused = await (await stack.publish(stack.action("models", mode=Mode.STREAM))).result(
+        timeout_s=30
+    )
+    assert refused.status is ResultStatus.FAILED
+    assert refused.error is not None
+    assert refused.error.code == "connector.hermes_agent.configuration_or_input"
+    assert "does not offer mode 'stream'" in refused.error.message
+    assert stack.fake is not None
+    assert sum(stack.fake.stats().routes.values()) == 0
+    # Every offered mode runs: a sync read, a streamed operator.
+    read = await (await stack.publish(stack.action("models", mode=Mode.SYNC))).result(
+        timeout_s=30
+    )
+    assert read.status is ResultStatus.COMPLETED, read.error
+    _, handle = await stack.operator("stream this", mode=Mode.STREAM)
+    streamed = await handle.result(timeout_s=30)
+    assert streamed.status is ResultStatus.COMPLETED, streamed.error
+    _conforms(streamed.output)
+
+
+def test_the_published_statuses_are_exactly_the_binding_states() -> None:
+    assert [s.value for s in OperatorStatus] == [s.value for s in BindingState]
