@@ -17,6 +17,7 @@ from schemas.codec import encode
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import ActionKeys
+from worker.testing.identities import USER_UNTENANTED
 from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import ServiceHandle
 
@@ -42,9 +43,10 @@ async def test_a_cancel_that_cannot_be_recorded_is_not_ready(
     await stack.spawn("w1")
     await asyncio.to_thread(redis_server.kill)
     try:
+        # The Action's own principal asks, so only Redis can stand in the way.
         payload = encode(
             CancelRequest(
-                action_id=stack.action("models").id, reason="test", requested_by="user:demo"
+                action_id=stack.action("models").id, reason="test", requested_by=USER_UNTENANTED
             )
         )
         # The worker spends its 10 s Redis budget before it answers.
