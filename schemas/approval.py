@@ -16,8 +16,8 @@ import msgspec
 from schemas._base import WireStruct
 from schemas.ids import ActionId, ShortText, UnixMs
 
-DECISION_ID_PATTERN = r"^apr_[0-9a-f]{32}$"
-FINGERPRINT_PATTERN = r"^[0-9a-f]{64}$"
+DECISION_ID_PATTERN = r"^apr_[0-9a-f]{32}\Z"
+FINGERPRINT_PATTERN = r"^[0-9a-f]{64}\Z"
 MAX_REASON_CHARS = 2_048
 #: The input snapshot is evidence for people; the fingerprint is what binds the decision.
 MAX_INPUT_SNAPSHOT_BYTES = 16_384

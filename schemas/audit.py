@@ -20,6 +20,8 @@ DetailValue = str | int | float | bool | None
 
 class ReceiptEvent(StrEnum):
     RECEIVED = "received"
+    #: Identity, tenant and approval checks passed: who the Action runs for, and who approved.
+    ADMITTED = "admitted"
     REFUSED = "refused"
     DEAD_LETTERED = "dead_lettered"
     LEASE_ACQUIRED = "lease_acquired"
@@ -43,6 +45,8 @@ class Receipt(WireStruct, kw_only=True, frozen=True):
     #: the same receipt is dropped by the server.
     receipt_id: Annotated[str, msgspec.Meta(max_length=256)]
     event: ReceiptEvent
+    #: The Action the decision is about; for an envelope that failed authentication, its DLQ
+    #: entry's id (`dlq_…`), so an unauthenticated envelope never appends to an Action's chain.
     action_id: str
     endpoint_id: str
     worker_id: str

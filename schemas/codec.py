@@ -2,10 +2,14 @@
 
 Decoders are built once per type (msgspec caches the validation plan in them), and every
 envelope's size is checked before a byte is parsed, so a hostile payload costs nothing.
+
+A JSON object with a key twice is refused: msgspec keeps the last value, other parsers the
+first, so a gateway that validated one reading would have let the worker run the other.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, TypeVar
 
 import msgspec
@@ -22,6 +26,7 @@ DEFAULT_MAX_ENVELOPE_BYTES = 1_048_576
 _MAX_REASON = 300
 
 _encoder = msgspec.json.Encoder()
+_untyped_decoder = msgspec.json.Decoder()
 _action_decoder = msgspec.json.Decoder(Action)
 _cancel_decoder = msgspec.json.Decoder(CancelRequest)
 _delegation_decoder = msgspec.json.Decoder(DelegationRequest)
@@ -47,7 +52,8 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes, max_bytes: int) -> T:
             f"envelope is {len(data)} bytes, over the {max_bytes}-byte limit",
         )
     try:
-        return decoder.decode(data)
+        decoded = decoder.decode(data)
+        _refuse_duplicate_keys(data)
     except msgspec.ValidationError as exc:
         raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, str(exc)) from None
     except msgspec.DecodeError as exc:
@@ -55,6 +61,46 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes, max_bytes: int) -> T:
     except RecursionError:
         raise EnvelopeRejected(
             ErrorCode.ENVELOPE_DECODE_INVALID, "envelope is nested too deeply"
+        ) from None
+    return decoded
+
+
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _refuse_duplicate_keys(data: bytes) -> None:
+    """Raise EnvelopeRejected when any object of `data` (already decoded once) repeats a key.
+
+    Fast path (~10 µs for a 1 KB Action): when re-encoding the decoded value gives back the
+    exact bytes, no pair can have been dropped, so no key repeats; that is every envelope a
+    msgspec encoder wrote. Anything else (other whitespace, escapes or number forms) gets a
+    second, strict parse that sees every pair (~30 µs for the same Action).
+    """
+    if _encoder.encode(_untyped_decoder.decode(data)) == data:
+        return
+    try:
+        json.loads(data, object_pairs_hook=_unique_pairs)
+    except _DuplicateKey as exc:
+        raise EnvelopeRejected(
+            ErrorCode.ENVELOPE_DECODE_INVALID, f"duplicate key {exc.key[:64]!r} in a JSON object"
+        ) from None
+    except ValueError as exc:  # msgspec accepted what the stdlib parser does not
+        raise EnvelopeRejected(
+            ErrorCode.ENVELOPE_DECODE_INVALID, f"ambiguous JSON: {type(exc).__name__}"
         ) from None
 
 

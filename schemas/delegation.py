@@ -15,10 +15,10 @@ from schemas._base import WireStruct
 from schemas.action import Action, ApprovalRef, Identity
 from schemas.ids import ShortText, UnixMs
 
-DELEGATE_PATTERN = r"^agent:hermes_operator:[a-z0-9][a-z0-9_-]{0,62}$"
+DELEGATE_PATTERN = r"^agent:hermes_operator:[a-z0-9][a-z0-9_-]{0,62}\Z"
 DELEGATE_PREFIX = "agent:hermes_operator:"
 #: Any AIP capability id: `cap:` + a connector name + one to four further segments.
-ANY_CAPABILITY_PATTERN = r"^cap:[a-z0-9][a-z0-9_]{0,63}(:[A-Za-z0-9_.\-]{1,128}){1,4}$"
+ANY_CAPABILITY_PATTERN = r"^cap:[a-z0-9][a-z0-9_]{0,63}(:[A-Za-z0-9_.\-]{1,128}){1,4}\Z"
 #: The delegate is an Agent principal (spec "Route first-class delegation").
 AGENT_KIND = "agent"
 #: The scope an authenticated principal needs to create the child Action.

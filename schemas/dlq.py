@@ -6,6 +6,9 @@ re-encoded); the reason travels in these headers so any NATS client can read it.
 
 from __future__ import annotations
 
+#: The entry's own id (`dlq_` + 32 hex); receipts about an unauthenticated envelope are
+#: filed under it (`aip.hermes.{endpoint}.audit.{dlq_id}`), not under the id it claims.
+DLQ_ID = "Aip-Dlq-Id"
 #: The error code (`schema.envelope.invalid`, `envelope.decode.invalid`, …).
 DLQ_CODE = "Aip-Dlq-Code"
 #: Why it was rejected, for people (bounded, no secrets).

@@ -6,14 +6,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-import msgspec
-
 from schemas.action import Action
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import StreamChunk
 from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
+from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
 from schemas.operator import OperatorInputSchema, OperatorOutput
@@ -40,7 +39,7 @@ EXPORTED: dict[str, Any] = {
 
 def render(name: str) -> str:
     """The JSON Schema document of one exported type, byte-stable for drift checks."""
-    schema = msgspec.json.schema(EXPORTED[name])
+    schema = json_schema(EXPORTED[name])
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     schema["$id"] = f"https://aip-hermes-worker/schemas/{name}.json"
     schema["title"] = name

@@ -75,7 +75,7 @@ class ChildResult(WireStruct, kw_only=True, frozen=True):
 
     action_id: ActionId
     capability: AnyCapabilityId
-    status: Annotated[str, msgspec.Meta(pattern=r"^(completed|failed|cancelled)$")]
+    status: Annotated[str, msgspec.Meta(pattern=r"^(completed|failed|cancelled)\Z")]
     output: Any = None
     #: The child's error as its executor reported it (foreign codes are kept verbatim).
     error: dict[str, Any] | None = None

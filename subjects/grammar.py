@@ -5,11 +5,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
+from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id, is_dlq_id
 
 DEFAULT_PREFIX = "aip"
 _ENDPOINT_RE = re.compile(ENDPOINT_ID_PATTERN)
-_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}$")
+_PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 _FOLD_RE = re.compile(r"[^a-z0-9_-]+")
 
 
@@ -62,7 +62,10 @@ class Subjects:
 
     def audit(self, endpoint_id: str, action_id: str) -> str:
         """Receipts of one Action: the Action id in the subject lets `audit ACTION_ID` read its
-        chain with a filtered consumer instead of scanning every receipt of the endpoint."""
+        chain with a filtered consumer instead of scanning every receipt of the endpoint.
+        A DLQ entry id (`dlq_…`) names the chain of an envelope that was not authenticated."""
+        if is_dlq_id(action_id):
+            return f"{self.prefix}.hermes.{endpoint_id}.audit.{action_id}"
         return f"{self.prefix}.hermes.{endpoint_id}.audit.{_checked(action_id)}"
 
     def manifest(self, endpoint_id: str) -> str:

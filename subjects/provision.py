@@ -13,11 +13,11 @@ would hit.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, StreamConfig
+from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
@@ -102,18 +102,21 @@ def _differs(a: object, b: object) -> bool:
 
 
 async def provision_stream(js: JetStreamContext, wanted: StreamConfig) -> ProvisionItem:
-    assert wanted.name is not None
+    name = wanted.name
+    assert name is not None
     try:
-        info = await js.stream_info(wanted.name)
+        info = await js.stream_info(name)
     except NotFoundError:
         await js.add_stream(wanted)
-        return ProvisionItem("stream", wanted.name, Change.CREATED)
+        return ProvisionItem("stream", name, Change.CREATED)
     have = info.config
+    if wanted.retention is RetentionPolicy.WORK_QUEUE:
+        wanted = replace(wanted, subjects=_work_subjects(have.subjects, wanted.subjects))
     fixed = [f for f in _STREAM_FIXED if _differs(getattr(have, f), getattr(wanted, f))]
     if fixed:
         return ProvisionItem(
             "stream",
-            wanted.name,
+            name,
             Change.CONFLICT,
             "existing stream differs in " + ", ".join(fixed) + " (not replaced)",
         )
@@ -121,9 +124,16 @@ async def provision_stream(js: JetStreamContext, wanted: StreamConfig) -> Provis
     if have.num_replicas != wanted.num_replicas:
         changed.append("num_replicas")
     if not changed:
-        return ProvisionItem("stream", wanted.name, Change.UNCHANGED)
+        return ProvisionItem("stream", name, Change.UNCHANGED)
     await js.update_stream(wanted)
-    return ProvisionItem("stream", wanted.name, Change.UPDATED, "changed " + ", ".join(changed))
+    return ProvisionItem("stream", name, Change.UPDATED, "changed " + ", ".join(changed))
+
+
+def _work_subjects(have: list[str] | None, wanted: list[str] | None) -> list[str]:
+    """The endpoints' subjects a work queue binds already plus the wanted ones, in order; a
+    wildcard (what streams bound before) is dropped, so nothing unserved is stored again."""
+    kept = [s for s in have or () if "*" not in s.split(".") and ">" not in s.split(".")]
+    return kept + [s for s in wanted or () if s not in kept]
 
 
 async def provision_consumer(
@@ -189,7 +199,7 @@ async def provision(
     """
     policy = policy or StreamPolicy()
     report = []
-    wanted = stream_configs(subjects, policy)
+    wanted = stream_configs(subjects, policy, endpoint_ids)
     if runtime_stores:
         wanted += runtime_store_configs(subjects, policy)
     for cfg in wanted:

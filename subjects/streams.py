@@ -36,13 +36,26 @@ class StreamPolicy:
     extra: dict[str, str] = field(default_factory=dict)
 
 
-def stream_configs(subjects: Subjects, policy: StreamPolicy) -> list[StreamConfig]:
-    """Every stream of DESIGN §3, in creation order."""
+def stream_configs(
+    subjects: Subjects, policy: StreamPolicy, endpoint_ids: list[str]
+) -> list[StreamConfig]:
+    """Every stream of DESIGN §3, in creation order.
 
-    def work(kind: str, subject: str) -> StreamConfig:
+    The work queues bind the subjects of `endpoint_ids` only, never `aip.hermes.*.actions`:
+    no consumer would ever take an Action stored for an endpoint no worker serves (nor one
+    published on the literal subject `aip.hermes.*.actions`), and a work queue keeps what no
+    consumer takes forever. Not binding such a subject means the publish itself fails
+    (`no response from stream`): the publisher learns at once, and nothing is kept.
+    `provision` adds to the subjects a stream already binds, so pools that serve different
+    endpoints do not undo each other.
+    """
+    if not endpoint_ids:
+        raise ValueError("the work-queue streams need at least one endpoint id")
+
+    def work(kind: str, endpoint_subjects: list[str]) -> StreamConfig:
         return StreamConfig(
             name=subjects.stream_name(kind),
-            subjects=[subject],
+            subjects=endpoint_subjects,
             retention=RetentionPolicy.WORK_QUEUE,
             storage=StorageType.FILE,
             num_replicas=policy.replicas,
@@ -63,8 +76,8 @@ def stream_configs(subjects: Subjects, policy: StreamPolicy) -> list[StreamConfi
         )
 
     return [
-        work("actions", subjects.all_actions()),
-        work("delegations", subjects.all_delegations()),
+        work("actions", [subjects.actions(e) for e in endpoint_ids]),
+        work("delegations", [subjects.delegations(e) for e in endpoint_ids]),
         limits("chunks", subjects.all_chunks(), policy.chunks_max_age_s),
         limits("results", subjects.all_results(), policy.results_max_age_s),
         limits("dlq", subjects.all_dlq(), policy.dlq_max_age_s),

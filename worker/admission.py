@@ -10,10 +10,11 @@ ActionResult, so its publisher learns why.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from schemas.action import Action
+from schemas.audit import DetailValue
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint
 
@@ -24,6 +25,9 @@ class Admitted:
 
     headers: Mapping[str, str]
     tenant_id: str | None
+    #: Redacted facts for the `admitted` receipt (signer, principal, tenant, approver,
+    #: decision id): ids and revisions only, never a credential.
+    receipt_details: Mapping[str, DetailValue] = field(default_factory=dict)
 
 
 class Admission(Protocol):

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import time
 from collections import deque
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
 from worker.publisher import BusPublisher
+
+log = logging.getLogger(__name__)
 
 
 class AuditLog:
@@ -18,7 +22,8 @@ class AuditLog:
 
     Receipts wait in a queue that one sender task empties (started on demand, ending when
     the queue is empty), in the order they were emitted: a task per receipt cost more CPU
-    than publishing the receipt itself.
+    than publishing the receipt itself. A receipt that cannot be sent is logged and skipped;
+    it never ends the sender, so it never costs the receipts queued behind it.
     """
 
     def __init__(self, publisher: BusPublisher | None, worker_id: str) -> None:
@@ -36,8 +41,10 @@ class AuditLog:
         endpoint_id: str,
         fence: int = 0,
         trace_id: str | None = None,
+        facts: Mapping[str, DetailValue] | None = None,
         **details: DetailValue,
     ) -> None:
+        """Queue one receipt; `facts` and `details` together are its redacted details."""
         if self.publisher is None:
             return
         n = next(self._counter)
@@ -50,7 +57,7 @@ class AuditLog:
             fence=fence,
             trace_id=trace_id,
             ts_unix_ms=time.time_ns() // 1_000_000,
-            details=dict(details),
+            details={**facts, **details} if facts else dict(details),
         )
         self._queue.append(receipt)
         if self._sender is None:
@@ -60,7 +67,16 @@ class AuditLog:
         queue = self._queue
         try:
             while queue:
-                await publisher.receipt(queue.popleft())  # never raises (best effort)
+                receipt = queue.popleft()
+                try:
+                    await publisher.receipt(receipt)
+                except Exception as exc:
+                    log.warning(
+                        "audit receipt %s of %r not sent: %s",
+                        receipt.event.value,
+                        receipt.action_id[:80],
+                        type(exc).__name__,
+                    )
         finally:
             self._sender = None
 
@@ -103,5 +119,5 @@ def receipt(event: ReceiptEvent, **details: DetailValue) -> None:
             endpoint_id=scope.endpoint_id,
             fence=scope.fence,
             trace_id=scope.trace_id,
-            **details,
+            facts=details,
         )

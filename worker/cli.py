@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 from pydantic import ValidationError
 
+from schemas.codec import EnvelopeRejected
 from worker.cli_settings import SettingsError, add_settings_flags, settings_from
 from worker.logs import setup_logging
 
@@ -147,6 +148,13 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         )
         handle = await client.publish(action)
         print(handle.action_id, flush=True)
+        if handle.duplicate:
+            print(
+                f"warning: the stream already held a message with Nats-Msg-Id {action.id} "
+                "inside its duplicate window, so this publish was not stored (a replay inside "
+                "the window, or the id was taken by another message: publish under a new id)",
+                file=sys.stderr,
+            )
         if args.wait:
             await _follow(client, args.endpoint, handle.action_id, 0, args.wait)
     finally:
@@ -257,12 +265,16 @@ async def cmd_audit(args: argparse.Namespace) -> int:
 
 async def cmd_sign(args: argparse.Namespace) -> int:
     """Print the signature headers for a payload, for publishers using the `nats` CLI."""
+    from schemas.codec import decode_action, decode_cancel, decode_delegation
     from worker.trust.signing import read_seed_file, sign_envelope
 
     # A one-shot command: nothing else runs on the loop while the file is read.
     source = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: ASYNC230, SIM115
     with source:
         payload = source.read()
+    # Nothing the workers would refuse gets a signature (EnvelopeRejected, exit 2).
+    decoders = {"action": decode_action, "delegation": decode_delegation, "cancel": decode_cancel}
+    decoders[args.kind](payload)
     for name, value in sign_envelope(payload, read_seed_file(args.key)).items():
         print(f"{name}:{value}")
     return 0
@@ -388,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
     sign = sub.add_parser("sign", help="print Aip-Signer/Aip-Signature headers for a payload")
     sign.add_argument("payload", help="the exact payload file to sign, or - for stdin")
     sign.add_argument("--key", type=Path, required=True, help="gateway nkey seed file")
+    sign.add_argument(
+        "--kind",
+        choices=("action", "delegation", "cancel"),
+        default="action",
+        help="what the payload is; it is decoded as the workers do before it is signed",
+    )
     sign.set_defaults(func=cmd_sign)
 
     schemas = sub.add_parser("schemas", help="JSON Schema and AsyncAPI files")
@@ -420,6 +438,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Unreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except EnvelopeRejected as exc:
+        print(
+            f"refused: the workers would dead-letter this envelope ({exc.code.value}: "
+            f"{exc.reason})",
+            file=sys.stderr,
+        )
+        return 2
     except KeyboardInterrupt:
         return 130
 

@@ -7,7 +7,9 @@
             print(chunk.seq, chunk.kind)
         result = await handle.result(timeout_s=30)
 
-`chunks()` reads the Action's chunk subject through an ordered JetStream consumer, which
+`publish` refuses (`EnvelopeRejected`, before signing) an envelope the workers would
+dead-letter: the same strict decoding, so an id such as `act_<32 hex>\\n` never leaves the
+client. `chunks()` reads the Action's chunk subject through an ordered JetStream consumer, which
 re-creates itself after a disconnect and resumes at the next stream sequence, so the
 iterator yields every chunk once, in `seq` order, from any starting seq.
 """
@@ -30,7 +32,7 @@ from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
-from schemas.codec import encode
+from schemas.codec import decode_action, decode_cancel, decode_delegation, encode
 from schemas.delegation import DelegationRequest
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
@@ -53,10 +55,17 @@ def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
 class ActionHandle:
     """A published Action: follow its chunks and wait for its one result."""
 
-    def __init__(self, client: AipClient, endpoint_id: str, action_id: str) -> None:
+    def __init__(
+        self, client: AipClient, endpoint_id: str, action_id: str, *, duplicate: bool = False
+    ) -> None:
         self.client = client
         self.endpoint_id = endpoint_id
         self.action_id = action_id
+        #: The PubAck said `duplicate`: the stream already held a message with this
+        #: `Nats-Msg-Id` inside its duplicate window and did not store this one. Expected for
+        #: a retry of your own publish; for an id you never published, someone else took it
+        #: (publish the Action again under a new id).
+        self.duplicate = duplicate
 
     async def chunks(
         self, *, from_seq: int = 0, idle_timeout_s: float | None = None
@@ -164,16 +173,21 @@ class AipClient:
         )
 
     async def publish(self, action: Action) -> ActionHandle:
-        """Publish an Action (signed when a key is set); `Nats-Msg-Id` = its id."""
+        """Publish an Action (signed when a key is set); `Nats-Msg-Id` = its id.
+
+        Raises EnvelopeRejected, before signing, for an Action the workers would refuse to
+        decode (an id, capability or field of the wrong shape).
+        """
         from schemas.ids import split_capability
 
-        endpoint_id, _ = split_capability(action.capability)
         payload = encode(action)
+        decode_action(payload)
+        endpoint_id, _ = split_capability(action.capability)
         headers = {"Nats-Msg-Id": action.id, **_signed_headers(payload, self.sign_key)}
-        await self.nc.jetstream().publish(
+        ack = await self.nc.jetstream().publish(
             self.subjects.actions(endpoint_id), payload, headers=headers
         )
-        return ActionHandle(self, endpoint_id, action.id)
+        return ActionHandle(self, endpoint_id, action.id, duplicate=bool(ack.duplicate))
 
     async def submit(self, **fields: Any) -> ActionHandle:
         return await self.publish(self.build_action(**fields))
@@ -188,14 +202,15 @@ class AipClient:
         from worker.delegation.ids import delegation_action_id
         from worker.delegation.router import delegate_endpoint
 
+        payload = encode(request)
+        decode_delegation(payload)
         endpoint_id = delegate_endpoint(request)
         action_id = delegation_action_id(request.delegation_id)
-        payload = encode(request)
         headers = {"Nats-Msg-Id": action_id, **_signed_headers(payload, self.sign_key)}
-        await self.nc.jetstream().publish(
+        ack = await self.nc.jetstream().publish(
             self.subjects.delegations(endpoint_id), payload, headers=headers
         )
-        return ActionHandle(self, endpoint_id, action_id)
+        return ActionHandle(self, endpoint_id, action_id, duplicate=bool(ack.duplicate))
 
     async def submit_and_wait(self, *, timeout_s: float = 60.0, **fields: Any) -> ActionResult:
         handle = await self.submit(**fields)
@@ -221,6 +236,7 @@ class AipClient:
         payload = encode(
             CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
         )
+        decode_cancel(payload)
         reply = await self.nc.request(
             self.subjects.cancel(endpoint_id),
             payload,

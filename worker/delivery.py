@@ -18,6 +18,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
+import nats.errors
+import nats.js.errors
+import redis.exceptions
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -28,6 +31,7 @@ from schemas.chunk import ChunkKind, make_chunk
 from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
 from schemas.dlq import (
     DLQ_CODE,
+    DLQ_ID,
     DLQ_REASON,
     DLQ_SIZE,
     DLQ_STREAM_SEQ,
@@ -55,7 +59,7 @@ from worker.operations.base import (
     Recovering,
     Registry,
 )
-from worker.publisher import BusPublisher
+from worker.publisher import MSG_ID, BusPublisher, PublishFailed
 from worker.settings import Endpoint, Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
@@ -120,9 +124,30 @@ class Refusal(Exception):
         self.read_only = read_only
 
 
+#: Failures of what a delivery depends on (NATS, Redis, the network): the same envelope can
+#: succeed once the dependency is back, so such a delivery is nak'd and comes back.
+_DEPENDENCY_FAILURES: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    PublishFailed,
+    redis.exceptions.RedisError,
+    nats.errors.Error,
+    nats.js.errors.Error,
+)
+
+
+def _is_dependency_failure(exc: BaseException) -> bool:
+    if isinstance(exc, ConnectorError):
+        return exc.to_protocol(endpoint_id=None, read_only=False).retryable
+    return isinstance(exc, _DEPENDENCY_FAILURES)
+
+
 class DeliveryHandler:
     def __init__(self, rt: Runtime) -> None:
         self.rt = rt
+        #: Deliveries (by `id(msg)`) that reached a lease acquire. Past that point a failure
+        #: is repaired by redelivery and takeover; before it, nothing was written for them.
+        self._leasing: set[int] = set()
 
     async def handle(self, msg: Msg, endpoint_id: str) -> None:
         await self.guarded(self._handle, msg, endpoint_id)
@@ -131,17 +156,46 @@ class DeliveryHandler:
         self, work: Callable[[Msg, str], Awaitable[None]], msg: Msg, endpoint_id: str
     ) -> None:
         """Never raises: bad input or a failing dependency must not stop the consumer loop
-        (Actions and delegations alike); the message comes back after the nak delay."""
+        (Actions and delegations alike).
+
+        A failing dependency naks the message, which comes back after the nak delay. Any
+        other failure before the lease was caused by this envelope and would recur on every
+        redelivery to every worker (a poison message, nak'd forever): it is dead-lettered
+        once with `connector_host.execution` instead.
+        """
         try:
             await work(msg, endpoint_id)
-        except Exception:
-            log.exception(
-                "delivery failed unexpectedly on %s; redelivering later",
-                endpoint_id,
-                extra={"endpoint": endpoint_id},
-            )
+        except Exception as exc:
             self.rt.metrics.delivery(endpoint_id, DeliveryOutcome.ERROR)
+            if id(msg) not in self._leasing and not _is_dependency_failure(exc):
+                log.exception(
+                    "delivery failed before its lease on %s; dead-lettering it",
+                    endpoint_id,
+                    extra={"endpoint": endpoint_id},
+                )
+                try:
+                    await self.dead_letter(
+                        msg,
+                        endpoint_id,
+                        ErrorCode.HOST_EXECUTION,
+                        f"failed before the lease: {type(exc).__name__}",
+                    )
+                    return
+                except Exception:
+                    log.warning("could not dead-letter the delivery; redelivering it later")
+            else:
+                log.exception(
+                    "delivery failed unexpectedly on %s; redelivering later",
+                    endpoint_id,
+                    extra={"endpoint": endpoint_id},
+                )
             await _quiet(msg.nak(delay=self.rt.settings.nak_delay_ms / 1000))
+        finally:
+            self._leasing.discard(id(msg))
+
+    def leasing(self, msg: Msg) -> None:
+        """Mark `msg` as past the point where a failure may be dead-lettered (see `guarded`)."""
+        self._leasing.add(id(msg))
 
     async def _handle(self, msg: Msg, endpoint_id: str) -> None:
         rt = self.rt
@@ -156,7 +210,11 @@ class DeliveryHandler:
         try:
             signer = rt.admission.verify_signature(payload, headers)
         except ConnectorError as exc:
-            await self.dead_letter(msg, endpoint_id, exc.code, exc.message, action_id=action.id)
+            await self.dead_letter(
+                msg, endpoint_id, exc.code, exc.message, claimed_action_id=action.id
+            )
+            return
+        if not await self.msg_id_matches(msg, endpoint_id, headers, action.id):
             return
         rt.audit.emit(
             ReceiptEvent.RECEIVED,
@@ -227,6 +285,12 @@ class DeliveryHandler:
                 trusted = admitted.headers
             except ConnectorError as exc:
                 raise Refusal(exc, read_only=spec.read_only) from None
+            rt.audit.emit(
+                ReceiptEvent.ADMITTED,
+                action_id=action.id,
+                endpoint_id=endpoint_id,
+                facts=admitted.receipt_details,
+            )
             deadline_ms = self.live_deadline(action, spec, "the Action")
         except Refusal as refusal:
             ep = runtime_endpoint if params is not None else None
@@ -236,6 +300,29 @@ class DeliveryHandler:
             return
         assert operation is not None
         await self.run(msg, action, keys, runtime_endpoint, operation, params, trusted, deadline_ms)
+
+    async def msg_id_matches(
+        self, msg: Msg, endpoint_id: str, headers: Mapping[str, str], action_id: str
+    ) -> bool:
+        """False (and dead-lettered) when the envelope's `Nats-Msg-Id` names another id.
+
+        The stream deduplicates by `Nats-Msg-Id` before any worker sees a message, so an
+        envelope carrying another Action's id there made that Action a "duplicate" the
+        server dropped. Refusing the mismatch makes the squatter visible in the DLQ
+        (`connector_host.replay`); without the header there is no dedupe slot to squat, and
+        the envelope runs (retries of it are then deduplicated by `id` alone).
+        """
+        msg_id = headers.get(MSG_ID)
+        if msg_id is None or msg_id == action_id:
+            return True
+        await self.dead_letter(
+            msg,
+            endpoint_id,
+            ErrorCode.HOST_REPLAY,
+            f"{MSG_ID} {msg_id[:80]!r} is not the envelope's Action id {action_id}",
+            action_id=action_id,
+        )
+        return False
 
     def live_deadline(self, action: Action, spec: OperationSpec, what: str) -> int:
         """The execution's deadline; a Refusal when it has already passed."""
@@ -308,6 +395,7 @@ class DeliveryHandler:
         rt = self.rt
         spec = operation.spec
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
+        self.leasing(msg)
         if keys.is_resume:
             await rt.store.remember_resume(keys)
         grant = await rt.store.acquire(
@@ -584,6 +672,7 @@ class DeliveryHandler:
             code=error.code.value,
         )
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
+        self.leasing(msg)
         grant = await rt.store.acquire(
             keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action)
         )
@@ -659,11 +748,20 @@ class DeliveryHandler:
         reason: str,
         *,
         action_id: str | None = None,
+        claimed_action_id: str | None = None,
     ) -> None:
-        """Keep the rejected envelope byte for byte with its reason, then `term()` it."""
+        """Keep the rejected envelope byte for byte with its reason, then `term()` it.
+
+        `action_id` is given only for an authenticated envelope: its `dead_lettered` receipt
+        joins that Action's chain. An envelope that failed authentication may name any id
+        (`claimed_action_id`), a victim's too: its receipt goes under the DLQ entry's own id
+        (`Aip-Dlq-Id`), so nothing unauthenticated ever appends to an Action's chain.
+        """
         rt = self.rt
         seq = _stream_seq(msg)
+        dlq_id = _dlq_id(msg.subject, seq)
         headers = {
+            DLQ_ID: dlq_id,
             DLQ_CODE: code.value,
             DLQ_REASON: _header_safe(reason),
             DLQ_SUBJECT: msg.subject,
@@ -671,13 +769,22 @@ class DeliveryHandler:
             DLQ_WORKER: rt.worker_id,
             DLQ_SIZE: str(len(msg.data)),
         }
-        await rt.publisher.dead_letter(endpoint_id, msg.data, headers, f"dlq:{msg.subject}:{seq}")
+        await rt.publisher.dead_letter(endpoint_id, msg.data, headers, dlq_id)
         if action_id is not None:
             rt.audit.emit(
                 ReceiptEvent.DEAD_LETTERED,
                 action_id=action_id,
                 endpoint_id=endpoint_id,
                 code=code.value,
+                dlq_id=dlq_id,
+            )
+        elif claimed_action_id is not None:
+            rt.audit.emit(
+                ReceiptEvent.DEAD_LETTERED,
+                action_id=dlq_id,
+                endpoint_id=endpoint_id,
+                code=code.value,
+                claimed_action_id=claimed_action_id if is_action_id(claimed_action_id) else None,
             )
         rt.metrics.dead_lettered(endpoint_id, code.value)
         log.warning(
@@ -719,6 +826,14 @@ def _is_own(stored: bytes | None, execution: Execution) -> bool:
     except msgspec.DecodeError:
         return False
     return result.fence == execution.fence and result.settled_by == execution.worker_id
+
+
+def _dlq_id(subject: str, seq: int) -> str:
+    """The DLQ entry's id: derived from where the envelope was stored, so a second attempt
+    to dead-letter the same delivery names the same entry (and the server drops the copy)."""
+    if seq == 0:
+        return "dlq_" + secrets.token_hex(16)
+    return "dlq_" + hashlib.sha256(f"{subject}:{seq}".encode()).hexdigest()[:32]
 
 
 def _stream_seq(msg: Msg) -> int:

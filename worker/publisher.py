@@ -115,9 +115,9 @@ class BusPublisher:
         caller ever waited for a receipt's acknowledgement, so asking the server for one
         (a reply inbox, a future and a JSON PubAck per receipt) bought nothing.
         """
-        subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
-        headers = {MSG_ID: receipt.receipt_id}
         try:
+            subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
+            headers = {MSG_ID: receipt.receipt_id}
             nc = getattr(self.js, "_nc", None)
             if nc is not None:
                 await nc.publish(subject, encode(receipt), headers=headers)

@@ -54,14 +54,16 @@ class DelegationStack:
         await self.stack.approve(request.action, approver=approver)
 
     async def delegate(
-        self, request: DelegationRequest, *, approve: bool = True, msg_id: str | None = None
+        self, request: DelegationRequest, *, approve: bool = True, dedupe: bool = True
     ) -> ActionHandle:
+        """Publish `request`; `dedupe=False` sends no `Nats-Msg-Id`, so the stream stores
+        every copy (as it does for a copy that arrives after the duplicate window)."""
         if approve:
             await self.approve_child(request)
-        if msg_id is None:
+        if dedupe:
             return await self.stack.client.delegate(request)
         payload = encode(request)
-        headers = {"Nats-Msg-Id": msg_id, **self.stack.trust.sign(payload)}
+        headers = self.stack.trust.sign(payload)
         await self.stack.nc.jetstream().publish(
             self.stack.subjects.delegations(ENDPOINT), payload, headers=headers
         )

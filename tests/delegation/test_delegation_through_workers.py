@@ -127,7 +127,7 @@ async def test_concurrent_duplicate_deliveries_start_one_run(dstack: DelegationS
     request = dstack.request()
     handle = await dstack.delegate(request)
     await asyncio.gather(
-        *(dstack.delegate(request, approve=False, msg_id=f"copy-{n}") for n in range(19))
+        *(dstack.delegate(request, approve=False, dedupe=False) for _ in range(19))
     )
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
@@ -237,7 +237,7 @@ async def test_reusing_a_delegation_id_with_another_child_collides(
     changed = msgspec.structs.replace(
         request, action=msgspec.structs.replace(request.action, input={"case_id": "other"})
     )
-    await dstack.delegate(changed, approve=False, msg_id="reused-id")
+    await dstack.delegate(changed, approve=False, dedupe=False)
     for _ in range(100):
         if await dstack.stack.dlq():
             break

@@ -84,10 +84,17 @@ class Stack:
         )
 
     async def publish(
-        self, action: Action, *, msg_id: str | None = None, signed: bool = True
+        self,
+        action: Action,
+        *,
+        msg_id: str | None = None,
+        signed: bool = True,
+        dedupe: bool = True,
     ) -> ActionHandle:
+        """Publish `action`; `dedupe=False` sends no `Nats-Msg-Id`, so the stream stores
+        every copy (as it does for a copy that arrives after the duplicate window)."""
         payload = encode(action)
-        headers = {"Nats-Msg-Id": msg_id or action.id}
+        headers = {"Nats-Msg-Id": msg_id or action.id} if dedupe else {}
         if signed:
             headers.update(self.trust.sign(payload))
         await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)

@@ -50,7 +50,7 @@ async def test_unsigned_and_forged_envelopes_never_reach_hermes_nor_touch_the_ac
 ) -> None:
     await stack.spawn("w1")
     victim = stack.action("models")
-    await stack.publish(victim, signed=False)
+    await stack.publish(victim, msg_id="unsigned-copy", signed=False)
     forged = encode(victim)
     await stack.nc.jetstream().publish(
         stack.subjects.actions("h1"),
@@ -63,7 +63,7 @@ async def test_unsigned_and_forged_envelopes_never_reach_hermes_nor_touch_the_ac
     assert await stack.results(victim.id) == []
     assert stack.fake.stats().count("GET /v1/models") == 0
     # The genuine envelope with the same id still runs: nothing was recorded for it.
-    result = await (await stack.publish(victim, msg_id="genuine")).result(timeout_s=20)
+    result = await (await stack.publish(victim)).result(timeout_s=20)
     assert result.status is ResultStatus.COMPLETED
 
 

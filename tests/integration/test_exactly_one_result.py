@@ -21,9 +21,9 @@ async def test_duplicate_deliveries_execute_once_and_both_are_acked(stack: Stack
     await stack.spawn("w1")
     await stack.spawn("w2")
     action = stack.action("models")
-    first = await stack.publish(action, msg_id="first")
-    await stack.publish(action, msg_id="second")  # another Msg-Id: the stream keeps both
-    await stack.publish(action, msg_id="first")  # same Msg-Id: dropped by the server
+    first = await stack.publish(action)
+    await stack.publish(action, dedupe=False)  # no Msg-Id: the stream keeps both
+    await stack.publish(action)  # same Msg-Id: dropped by the server
     result = await first.result(timeout_s=20)
     assert result.status is ResultStatus.COMPLETED
     info = await stack.settled_and_acked()

@@ -4,7 +4,8 @@ The same order as an Action (DESIGN §6) and the same runtime after admission:
 
 1. decode strictly (over-size or invalid -> DLQ with the reason, `term()`);
 2. verify the gateway signature (bad or missing -> DLQ: an unauthenticated envelope is not
-   trusted even for its delegation id);
+   trusted even for its delegation id, so its receipt goes under the DLQ entry's id), and
+   that a `Nats-Msg-Id`, when present, is the delegation's Action id (else DLQ);
 3. trust and routing in the runbook's order: the delegator's identity and the endpoint's
    tenant binding, the router policy (`worker.delegation.router`), unless exempted by
    prefix the durable approval of the exact child, the child's tenant, the deadline; a
@@ -62,8 +63,10 @@ class DelegationHandler:
             signer = rt.admission.verify_signature(payload, headers)
         except ConnectorError as exc:
             await self.delivery.dead_letter(
-                msg, endpoint_id, exc.code, exc.message, action_id=action.id
+                msg, endpoint_id, exc.code, exc.message, claimed_action_id=action.id
             )
+            return
+        if not await self.delivery.msg_id_matches(msg, endpoint_id, headers, action.id):
             return
         rt.audit.emit(
             ReceiptEvent.RECEIVED,
@@ -123,6 +126,12 @@ class DelegationHandler:
                 redis=rt.store.redis,
             )
             tenant_id = admitted.tenant_id
+            rt.audit.emit(
+                ReceiptEvent.ADMITTED,
+                action_id=action.id,
+                endpoint_id=ep.endpoint.id,
+                facts=admitted.receipt_details,
+            )
             check_route_policy(request, ep.endpoint, operation.policy)
             if operation.policy.delegation_needs_approval(child.capability):
                 await rt.admission.check_delegated_approval(

@@ -27,7 +27,7 @@ from worker.errors import ConnectorError
 from worker.operator.policy import HermesOperatorPolicy
 from worker.settings import Endpoint
 
-_HERMES_OPERATOR = re.compile(r"^cap:hermes_agent:[^:]+:operator$")
+_HERMES_OPERATOR = re.compile(r"cap:hermes_agent:[^:]+:operator")
 
 
 def _policy(message: str) -> ConnectorError:
@@ -53,7 +53,7 @@ def check_route_policy(
             "first-class delegation is disabled (AIPD_HERMES_OPERATOR_DELEGATION_ENABLED)"
         )
     child = request.action
-    if _HERMES_OPERATOR.match(child.capability):
+    if _HERMES_OPERATOR.fullmatch(child.capability):
         raise _policy("a Hermes operator Action cannot be delegated to the operator")
     if not policy.allows_capability(child.capability):
         raise _policy(f"capability {child.capability!r} is outside the capability allowlist")

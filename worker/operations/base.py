@@ -17,6 +17,7 @@ import msgspec
 
 from schemas.action import Action, Mode
 from schemas.chunk import ChunkKind
+from schemas.ids import json_schema
 from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
@@ -68,7 +69,7 @@ class OperationSpec:
             idempotency_required=self.idempotency_required,
             streaming=self.streaming,
             timeout_ms=self.timeout_ms,
-            input_schema=msgspec.json.schema(self.input_type),
+            input_schema=json_schema(self.input_type),
             execution_modes=list(self.modes),
             cancellable=True,
             contract=contract,

@@ -17,14 +17,14 @@ from schemas.ids import RUN_ID_PATTERN
 #: `run_` + 32 hex, as `POST /v1/runs` answers.
 RunId = Annotated[str, msgspec.Meta(pattern=RUN_ID_PATTERN)]
 #: 12 hex, the only form the jobs API accepts (anything else is its 400).
-JobId = Annotated[str, msgspec.Meta(pattern=r"^[a-f0-9]{12}$")]
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[a-f0-9]{12}\Z")]
 #: `resp_` + 28 hex, as `/v1/responses` mints them.
-ResponseId = Annotated[str, msgspec.Meta(pattern=r"^resp_[0-9a-f]{28}$")]
+ResponseId = Annotated[str, msgspec.Meta(pattern=r"^resp_[0-9a-f]{28}\Z")]
 #: Session ids as Hermes creates them (`api_<epoch>_<hex>`, `api-<hex>`, uuid4, run ids,
 #: `aip-operator-act_…`) or a caller chose them: ≤ 256 characters, no path separators, no
 #: `..`, no drive prefix, no control characters. Stricter than Hermes' fork (which accepts
 #: `/`), so a session only a fork could name is not addressable here.
-SessionId = Annotated[str, msgspec.Meta(pattern=r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,255}$")]
+SessionId = Annotated[str, msgspec.Meta(pattern=r"^(?!.*\.\.)[A-Za-z0-9_][A-Za-z0-9_.-]{0,255}\Z")]
 
 #: Model route names and other short labels.
 Label = Annotated[str, msgspec.Meta(min_length=1, max_length=256)]

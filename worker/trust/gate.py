@@ -72,7 +72,7 @@ class AdmitDecision:
         return self.identity.tenant_id
 
     def receipt_details(self) -> dict[str, DetailValue]:
-        """Redacted facts for a `received` receipt: ids and revisions, never a credential."""
+        """Redacted facts for the `admitted` receipt: ids and revisions, never a credential."""
         return {
             "signer": self.signer,
             "principal_id": self.identity.principal_id,

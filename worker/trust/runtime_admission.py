@@ -1,8 +1,8 @@
 """`GateAdmission`: the `worker.admission.Admission` the runtime wires in (`worker.wiring`).
 
-The runtime's protocol takes only the provider headers and the verified tenant from `admit`.
-`admit_decision` returns the gate's whole `AdmitDecision` (signer, principal, tenant,
-approval) for callers that record those facts in audit receipts.
+The runtime's protocol takes the provider headers, the verified tenant and the redacted
+facts of the `admitted` receipt from `admit`; `admit_decision` returns the gate's whole
+`AdmitDecision` (signer, principal, tenant, approval).
 """
 
 from __future__ import annotations
@@ -55,7 +55,11 @@ class GateAdmission:
         decision = await self.admit_decision(
             action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
         )
-        return Admitted(headers=decision.headers, tenant_id=decision.tenant_id)
+        return Admitted(
+            headers=decision.headers,
+            tenant_id=decision.tenant_id,
+            receipt_details=decision.receipt_details(),
+        )
 
     async def check_delegated_approval(
         self,

@@ -1,0 +1,207 @@
+"""Poison envelopes and work-queue hygiene, through a live worker.
+
+A message that fails before its lease fails the same way on every redelivery: it goes to
+the DLQ once, and is never nak'd forever (an `act_<32 hex>\\n` id was redelivered to every
+worker about once a second). An Action that squats another one's `Nats-Msg-Id` is refused
+and visible; Actions for subjects no endpoint serves are not stored at all; a repeated
+JSON key is refused. Each test counts deliveries on the work consumer after a quiet spell,
+which a redelivery loop (nak delay 200 ms here) would have filled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import nats
+import pytest
+from nats.js.api import RetentionPolicy, StorageType, StreamConfig
+from nats.js.errors import NoStreamResponseError
+
+from schemas.audit import ReceiptEvent
+from schemas.codec import EnvelopeRejected, encode
+from schemas.dlq import DLQ_CODE, DLQ_REASON
+from schemas.result import ResultStatus
+from subjects.grammar import Subjects
+from subjects.provision import Change, provision
+from subjects.streams import StreamPolicy
+from tests.integration.stack import ENDPOINT, Stack, provision_streams
+from worker.audit import AuditLog
+from worker.client import AipClient
+from worker.publisher import BusPublisher
+from worker.testing.services import ServiceHandle
+
+MODELS = "GET /v1/models"
+#: Long enough for a nak'd message (200 ms nak delay) to come back many times.
+QUIET_S = 3.0
+
+
+async def _signed_raw(stack: Stack, payload: bytes, msg_id: str) -> None:
+    headers = {"Nats-Msg-Id": msg_id, **stack.trust.sign(payload)}
+    await stack.nc.jetstream().publish(stack.subjects.actions(ENDPOINT), payload, headers=headers)
+
+
+async def test_a_newline_id_and_a_repeated_key_are_dead_lettered_once_and_work_goes_on(
+    stack: Stack,
+) -> None:
+    worker = await stack.spawn("w1")
+    before = stack.action("models")
+    assert (await (await stack.publish(before)).result(timeout_s=20)).status.value == "completed"
+    newline = stack.action("models")
+    newline_payload = encode(newline).replace(newline.id.encode(), newline.id.encode() + b"\\n")
+    await _signed_raw(stack, newline_payload, newline.id)
+    repeated = stack.action("models")
+    repeated_payload = encode(repeated).replace(
+        b'"mode":"async"', b'"mode":"sync","mode":"async"', 1
+    )
+    assert repeated_payload != encode(repeated)
+    await _signed_raw(stack, repeated_payload, repeated.id)
+    after = stack.action("models")
+    assert (await (await stack.publish(after)).result(timeout_s=20)).status.value == "completed"
+
+    await asyncio.sleep(QUIET_S)
+    info = await stack.settled_and_acked()
+    assert info.delivered.consumer_seq == 4  # each of the four delivered exactly once
+    assert info.num_redelivered == 0
+    dead = await stack.dlq()
+    assert [body for body, _ in dead] == [newline_payload, repeated_payload]
+    assert [h[DLQ_CODE] for _, h in dead] == ["schema.envelope.invalid", "envelope.decode.invalid"]
+    assert "duplicate key 'mode'" in dead[1][1][DLQ_REASON]
+    assert stack.fake.stats().count(MODELS) == 2
+    for action in (before, after):  # receipts of other Actions kept flowing
+        events = [r.event for r in await stack.receipts(action.id)]
+        assert ReceiptEvent.RECEIVED in events
+        assert ReceiptEvent.SETTLED in events
+    assert await stack.receipts(repeated.id) == []
+    log = worker.log_text()
+    assert "redelivering later" not in log
+    assert "Traceback" not in log
+    assert worker.alive
+
+
+async def test_an_unexpected_failure_before_the_lease_is_dead_lettered_once(
+    stack: Stack,
+) -> None:
+    poison = stack.action("models")
+    # A bug this one envelope triggers after decoding, before any lease: before, the
+    # delivery was nak'd and came back to every worker, forever.
+    worker = await stack.spawn("w1", fault_points=f"after_decode=raise@{poison.id}")
+    await stack.publish(poison)
+    good = await (await stack.publish(stack.action("models"))).result(timeout_s=20)
+    assert good.status is ResultStatus.COMPLETED
+    await asyncio.sleep(QUIET_S)
+    info = await stack.settled_and_acked()
+    assert info.delivered.consumer_seq == 2
+    assert info.num_redelivered == 0
+    [(body, headers)] = await stack.dlq()
+    assert body == encode(poison)
+    assert headers[DLQ_CODE] == "connector_host.execution"
+    assert "FaultRaised" in headers[DLQ_REASON]
+    assert worker.log_text().count("failed before its lease") == 1
+    assert stack.fake.stats().count(MODELS) == 1
+    assert await stack.results(poison.id) == []
+
+
+async def test_the_client_refuses_the_ids_the_worker_would_refuse(stack: Stack) -> None:
+    bad = stack.client.build_action(
+        endpoint_id=ENDPOINT,
+        operation="models",
+        input={},
+        principal_id="user:demo",
+        action_id="act_" + "a" * 32 + "\n",
+    )
+    with pytest.raises(EnvelopeRejected) as refused:
+        await stack.client.publish(bad)
+    assert refused.value.code.value == "schema.envelope.invalid"
+    info = await stack.nc.jetstream().stream_info(stack.subjects.stream_name("actions"))
+    assert info.state.messages == 0
+
+
+async def test_an_action_squatting_another_actions_msg_id_is_refused_and_seen_by_the_publisher(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    victim = stack.action("models")
+    squatter = stack.action("models")
+    await stack.publish(squatter, msg_id=victim.id)  # signed, valid, but Msg-Id = victim's id
+    handle = await stack.client.publish(victim)
+    # The server dropped the genuine Action inside the duplicate window: the PubAck says so.
+    assert handle.duplicate
+    await stack.settled_and_acked()
+    [(_, headers)] = await stack.dlq()
+    assert headers[DLQ_CODE] == "connector_host.replay"
+    assert victim.id in headers[DLQ_REASON]
+    chain = [r.event for r in await stack.receipts(squatter.id)]
+    assert chain == [ReceiptEvent.DEAD_LETTERED]
+    assert await stack.receipts(victim.id) == []
+    assert stack.fake.stats().count(MODELS) == 0
+    # What the publisher does on a duplicate for an id it never published: a new id.
+    renamed = stack.action("models")
+    again = await stack.client.publish(renamed)
+    assert not again.duplicate
+    assert (await again.result(timeout_s=20)).status is ResultStatus.COMPLETED
+    assert stack.fake.stats().count(MODELS) == 1
+
+
+async def test_actions_for_subjects_no_endpoint_serves_are_never_stored(stack: Stack) -> None:
+    js = stack.nc.jetstream()
+    action = stack.action("models")
+    payload = encode(action)
+    headers = {"Nats-Msg-Id": action.id, **stack.trust.sign(payload)}
+    for subject in (
+        "aip.hermes.*.actions",
+        "aip.hermes.unconfigured.actions",
+        "aip.hermes.*.delegations",
+        "aip.hermes.unconfigured.delegations",
+    ):
+        with pytest.raises(NoStreamResponseError):
+            await js.publish(subject, payload, headers=headers)
+    for kind in ("actions", "delegations"):
+        info = await js.stream_info(stack.subjects.stream_name(kind))
+        assert info.state.messages == 0
+        assert info.config.subjects == [f"aip.hermes.{ENDPOINT}.{kind}"]
+
+
+async def test_provision_narrows_a_wildcard_work_queue_and_keeps_other_pools_endpoints(
+    nats_server: ServiceHandle,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(  # as every earlier release provisioned it
+            StreamConfig(
+                name="AIP_HERMES_ACTIONS",
+                subjects=["aip.hermes.*.actions"],
+                retention=RetentionPolicy.WORK_QUEUE,
+                storage=StorageType.FILE,
+                duplicate_window=120.0,
+            )
+        )
+        first = await provision(js, Subjects(), ["h1"], StreamPolicy())
+        [actions] = [i for i in first if i.name == "AIP_HERMES_ACTIONS"]
+        assert actions.change is Change.UPDATED
+        await provision(js, Subjects(), ["h2"], StreamPolicy())  # another pool's endpoints
+        info = await js.stream_info("AIP_HERMES_ACTIONS")
+        assert info.config.subjects == ["aip.hermes.h1.actions", "aip.hermes.h2.actions"]
+        again = await provision(js, Subjects(), ["h1", "h2"], StreamPolicy())
+        assert {i.change for i in again} == {Change.UNCHANGED}
+    finally:
+        await nc.close()
+
+
+async def test_the_audit_sender_survives_a_receipt_it_cannot_send(
+    nats_server: ServiceHandle,
+) -> None:
+    await provision_streams(nats_server.url)
+    nc = await nats.connect(nats_server.url)
+    try:
+        audit = AuditLog(BusPublisher(nc.jetstream(), Subjects()), "w-test")
+        good = "act_" + "b" * 32
+        audit.emit(ReceiptEvent.RECEIVED, action_id="act_" + "a" * 32 + "\n", endpoint_id=ENDPOINT)
+        audit.emit(ReceiptEvent.RECEIVED, action_id=good, endpoint_id=ENDPOINT)
+        audit.emit(ReceiptEvent.SETTLED, action_id=good, endpoint_id=ENDPOINT)
+        await audit.drain()
+        await nc.flush()
+        receipts = await AipClient(nc).receipts(ENDPOINT, good)
+        assert [r.event for r in receipts] == [ReceiptEvent.RECEIVED, ReceiptEvent.SETTLED]
+    finally:
+        await nc.close()
