@@ -132,3 +132,30 @@ def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> Non
     finally:
         server.terminate()
         server.wait(5)
+
+
+def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) -> None:
+    from schemas.cancel import CancelRequest
+    from schemas.codec import encode
+    from worker.client import AipClient
+    from worker.testing.identities import write_trust_files
+
+    seed = write_trust_files(tmp_path).seed_file
+    action = AipClient.__new__(AipClient).build_action(
+        endpoint_id="h1", operation="models", input={}, principal_id="user:alice"
+    )
+    good = tmp_path / "action.json"
+    good.write_bytes(encode(action))
+    signed = run_cli("sign", "--key", str(seed), str(good))
+    assert signed.returncode == 0, signed.stderr
+    assert signed.stdout.startswith("Aip-Signer:U")
+    poisoned = tmp_path / "poisoned.json"
+    poisoned.write_bytes(encode(action).replace(action.id.encode(), action.id.encode() + b"\\n"))
+    refused = run_cli("sign", "--key", str(seed), str(poisoned))
+    assert refused.returncode == 2
+    assert "schema.envelope.invalid" in refused.stderr
+    assert "Aip-Signature" not in refused.stdout
+    cancel = tmp_path / "cancel.json"
+    cancel.write_bytes(encode(CancelRequest(action_id=action.id, requested_by="user:alice")))
+    assert run_cli("sign", "--kind", "cancel", "--key", str(seed), str(cancel)).returncode == 0
+    assert run_cli("sign", "--key", str(seed), str(cancel)).returncode == 2  # not an Action
