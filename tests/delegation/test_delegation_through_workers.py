@@ -223,6 +223,37 @@ async def test_unsigned_and_malformed_requests_are_dead_lettered(dstack: Delegat
     assert dstack.fake.stats().count(POST_RUNS) == 0
 
 
+async def test_a_delegation_under_another_msg_id_is_refused_and_admitted_ones_say_who(
+    dstack: DelegationStack,
+) -> None:
+    await dstack.stack.spawn("w1")
+    squatter = dstack.request()
+    victim = dstack.request()
+    payload = msgspec.json.encode(squatter)
+    headers = {
+        "Nats-Msg-Id": delegation_action_id(victim.delegation_id),
+        **dstack.stack.trust.sign(payload),
+    }
+    await dstack.stack.nc.jetstream().publish(
+        dstack.stack.subjects.delegations("h1"), payload, headers=headers
+    )
+    for _ in range(100):
+        if await dstack.stack.dlq():
+            break
+        await asyncio.sleep(0.1)
+    [(_, dead)] = await dstack.stack.dlq()
+    assert dead["Aip-Dlq-Code"] == "connector_host.replay"
+    assert dstack.fake.stats().count(POST_RUNS) == 0
+    # The genuine one (a new delegation id: the squatted one was dropped by the server).
+    handle = await dstack.delegate(dstack.request())
+    assert (await handle.result(timeout_s=30)).status is ResultStatus.COMPLETED
+    await asyncio.sleep(1.0)
+    receipts = await dstack.stack.client.receipts("h1", handle.action_id)
+    [admitted] = [r for r in receipts if r.event.value == "admitted"]
+    assert admitted.details["principal_id"]
+    assert "approval_decision_id" in admitted.details
+
+
 async def test_reusing_a_delegation_id_with_another_child_collides(
     dstack: DelegationStack,
 ) -> None:
