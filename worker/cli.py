@@ -392,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     audit = sub.add_parser("audit", help="print an Action's audit receipt chain in order")
     _bus_flags(audit)
-    audit.add_argument("action_id")
+    audit.add_argument("action_id", help="an Action id, or a DLQ entry's Aip-Dlq-Id (dlq_…)")
     audit.add_argument("--endpoint", required=True)
     audit.add_argument("--json", action="store_true", help="one JSON receipt per line")
     audit.set_defaults(func=cmd_audit)
