@@ -30,12 +30,14 @@ from worker.health import (
 )
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
+from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.publisher import BusPublisher
 from worker.secret_files import read_secret_file
 from worker.settings import Settings
 from worker.store.connection import WriteConfirmation, open_redis
+from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
 
 log = logging.getLogger(__name__)
@@ -73,6 +75,9 @@ class Worker:
             "delegations": self.subjects.delegations,
         }
         self.metrics = Metrics(worker_id=settings.worker_id)
+        #: Repeated failures are logged once per cause per interval, and counted.
+        self.errors = RepeatedErrors(on_count=self.metrics.error)
+        self.store_health: StoreHealth | None = None
         self.health: HealthServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
@@ -82,10 +87,6 @@ class Worker:
         endpoints = settings.resolve_endpoints()
         if not endpoints:
             raise ValueError("no Hermes endpoint is configured (AIPD_HERMES_ENDPOINTS)")
-        self.nc = await connect_nats(settings)
-        js = self.nc.jetstream()
-        if settings.auto_provision:
-            await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
         if settings.hermes_api_key:
             log.warning(
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
@@ -107,11 +108,30 @@ class Worker:
             password=password,
             confirm=confirm,
         )
-        store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms)
+        health = self.store_health = StoreHealth(
+            self.redis,
+            check_interval_s=settings.redis_check_interval_ms / 1000,
+            reserve_bytes=settings.redis_memory_reserve_mb * 1024 * 1024,
+            errors=self.errors,
+            metrics=self.metrics,
+        )
+        where = _redis_location(settings.redis_url)
+        if not await health.wait_ready(settings.redis_startup_wait_s, what=where):
+            log.error(
+                "redis at %s did not answer within %.0f s (%s); exiting without fetching",
+                where, settings.redis_startup_wait_s, health.reason,
+            )
+            raise ConnectionError(f"redis at {where} did not answer ({health.reason})")
+        self.nc = await connect_nats(settings)
+        js = self.nc.jetstream()
+        if settings.auto_provision:
+            await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
+        store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms, health=health)
         publisher = BusPublisher(js, self.subjects)
         audit = AuditLog(publisher, settings.worker_id)
         keeper = LeaseKeeper(
-            store, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics
+            store, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
+            health=health, errors=self.errors,
         )
         self.rt = Runtime(
             settings=settings,
@@ -131,12 +151,14 @@ class Worker:
             admission=self.admission,
             worker_id=settings.worker_id,
             metrics=self.metrics,
+            errors=self.errors,
         )
         handler = DeliveryHandler(self.rt)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
         await self.control.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
+        self._tasks.append(loop.create_task(health.run()))
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, handler)
         if self.delegation is not None:
@@ -180,6 +202,7 @@ class Worker:
             subject=self._work_subject[kind](endpoint_id),
             slots=slots,
             handle=_bound(handler, endpoint_id),
+            gate=self.store_health,
         )
         self.loops.append(pull)
         self._tasks.append(asyncio.get_running_loop().create_task(pull.run()))
@@ -246,6 +269,16 @@ class Worker:
         await stop.wait()
         log.info("signal received: draining")
         await self.shutdown()
+
+
+def _redis_location(url: str) -> str:
+    """host:port (or the socket path) of a Redis URL: never its user or password."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        return parts.path
+    return f"{parts.hostname}:{parts.port or 6379}"
 
 
 def _bound(handler: DeliveryHandler | DelegationHandler, endpoint_id: str) -> Any:

@@ -4,6 +4,9 @@ Nothing waits in a local buffer while its AckWait runs: a fetch asks for at most
 execution slots. An empty fetch is normal (nats-py raises a timeout for it); any other
 failure — a NATS restart, a deleted consumer, a lost connection — is logged and the loop
 binds again, so the pull consumer resumes by itself (nats.py #504).
+
+A fetch also waits for the `gate` (the store's health): a worker whose Redis is failing or
+full leaves the queue to the workers that can lease and settle.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
@@ -22,6 +26,15 @@ log = logging.getLogger(__name__)
 MAX_BATCH = 128
 
 Handler = Callable[..., Awaitable[None]]
+
+
+class FetchGate(Protocol):
+    """Whether this worker may take new work now (`StoreHealth` is one)."""
+
+    @property
+    def accepting(self) -> bool: ...
+
+    async def wait_accepting(self) -> None: ...
 
 
 class Slots:
@@ -71,6 +84,7 @@ class PullLoop:
         slots: Slots,
         handle: Callable[[object], Awaitable[None]],
         fetch_timeout_s: float = 2.0,
+        gate: FetchGate | None = None,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -79,6 +93,8 @@ class PullLoop:
         self.slots = slots
         self.handle = handle
         self.fetch_timeout_s = fetch_timeout_s
+        #: Asked before each fetch: no fetch while it refuses new work.
+        self.gate = gate
         self.stopping = asyncio.Event()
         self.bound = False
         self.tasks: set[asyncio.Task[None]] = set()
@@ -107,6 +123,8 @@ class PullLoop:
     async def _fetch_until_error(self, sub: JetStreamContext.PullSubscription) -> None:
         while not self.stopping.is_set():
             free = await self.slots.wait_free()
+            if self.gate is not None and not self.gate.accepting:
+                await self._until_stopping_or(self.gate.wait_accepting())
             if self.stopping.is_set():
                 return
             batch = min(free, MAX_BATCH)
@@ -129,6 +147,16 @@ class PullLoop:
             await self.handle(msg)
         finally:
             await self.slots.give()
+
+    async def _until_stopping_or(self, waiting: Awaitable[None]) -> None:
+        """Wait for `waiting`, or less when the loop is stopped meanwhile."""
+        task = asyncio.ensure_future(waiting)
+        stop = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for pending in (task, stop):
+                pending.cancel()
 
     async def _pause(self, seconds: float) -> None:
         with contextlib.suppress(TimeoutError):

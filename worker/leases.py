@@ -15,7 +15,9 @@ import time
 from schemas.audit import ReceiptEvent
 from worker.audit import AuditLog
 from worker.execution import Execution
+from worker.logs import RepeatedErrors
 from worker.metrics import FenceStep, Metrics
+from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
 from worker.store.reask import StoreUnavailable
 
@@ -30,8 +32,13 @@ class LeaseKeeper:
         *,
         lease_ttl_ms: int,
         metrics: Metrics | None = None,
+        health: StoreHealth | None = None,
+        errors: RepeatedErrors | None = None,
     ) -> None:
         self.store = store
+        #: Told of every renewal's result: a failing heartbeat closes the fetch gate.
+        self.health = health
+        self.errors = errors if errors is not None else RepeatedErrors()
         self.metrics = metrics
         self.audit = audit
         self.lease_ttl_ms = lease_ttl_ms
@@ -90,11 +97,17 @@ class LeaseKeeper:
         except StoreUnavailable:
             if self.metrics is not None:
                 self.metrics.heartbeat(time.monotonic() - sent_at, leases=len(held), ok=False)
-            log.warning("lease renewal failed: redis unavailable")
+            self.errors.report(
+                "heartbeat", "redis unavailable", log, "lease renewal failed: redis unavailable"
+            )
+            if self.health is not None:
+                self.health.mark_failing("lease renewal failed")
             self._expire_stale(held)
             return
         if self.metrics is not None:
             self.metrics.heartbeat(time.monotonic() - sent_at, leases=len(held), ok=True)
+        if self.health is not None:
+            self.health.mark_answering()
         for execution, renewal in zip(held, renewals, strict=True):
             if not renewal.still_held:
                 if self.metrics is not None:

@@ -64,6 +64,8 @@ class DeliveryOutcome(StrEnum):
     JOINED = "joined"
     #: The handler failed unexpectedly: nak'ed for a later redelivery.
     ERROR = "error"
+    #: Redis was failing or near maxmemory: nak'ed (no new lease) for another worker.
+    DEFERRED = "deferred"
 
 
 class FenceStep(StrEnum):
@@ -171,6 +173,15 @@ class Metrics:
         self.leases_held = Gauge(
             f"{PREFIX}_leases_held", "Leases the heartbeat renewed on its last tick", registry=r,
         )
+        self._errors = Counter(
+            f"{PREFIX}_errors", "Repeated failures by where and cause (logged once per interval)",
+            ["where", "cause"], registry=r,
+        )
+        self.store_accepting = Gauge(
+            f"{PREFIX}_store_accepting",
+            "1 while Redis answers and has room for new leases (the worker fetches only then)",
+            registry=r,
+        )
         self._ready = Gauge(
             f"{PREFIX}_ready", "1 when the named readiness check passed at its last evaluation",
             ["check"], registry=r,
@@ -188,6 +199,7 @@ class Metrics:
         self._f_unknown = _Family(self._unknown.labels)
         self._f_heartbeats = _Family(self._heartbeats.labels)
         self._f_ready = _Family(self._ready.labels)
+        self._f_errors = _Family(self._errors.labels)
 
     # --- delivery (worker/delivery.py) ---------------------------------------------------
 
@@ -255,6 +267,12 @@ class Metrics:
         self._f_seconds.get(endpoint, method, route).observe(seconds)
         label = "transport" if status is None else str(status)
         self._f_status.get(endpoint, method, route, label).inc()
+
+    # --- repeated errors (worker/logs.py RepeatedErrors) --------------------------------
+
+    def error(self, where: str, cause: str) -> None:
+        """One failure of a repeated kind; the log shows it at most once per interval."""
+        self._f_errors.get(where, cause).inc()
 
     # --- health (worker/health.py) -------------------------------------------------------
 

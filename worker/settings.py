@@ -126,6 +126,14 @@ class Settings(BaseSettings):
     (WAIT; WAITAOF from Redis 7.2); 0: off. Set 1 when masters have failover replicas."""
     redis_wait_timeout_ms: Annotated[int, Field(ge=10, le=4_000)] = 500
     """How long one replica confirmation may wait (kept below the 5 s Redis socket timeout)."""
+    redis_startup_wait_s: Annotated[float, Field(ge=0, le=3_600)] = 120.0
+    """At start, how long to wait for Redis to answer before exiting (nothing is fetched
+    until it does)."""
+    redis_check_interval_ms: Annotated[int, Field(ge=100, le=60_000)] = 1_000
+    """How often Redis is pinged and its memory read; fetching pauses while either fails."""
+    redis_memory_reserve_mb: Annotated[int, Field(ge=0, le=65_536)] = 64
+    """Memory kept free below Redis `maxmemory` for settles and renewals: above it no new
+    lease is taken (a quarter of `maxmemory` when that is smaller; 0: off)."""
 
     # Endpoints.
     hermes_endpoints: str = ""

@@ -9,17 +9,21 @@ cancelled caller never leaves a half-read reply on a shared connection.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from worker.store.health import StoreHealth, is_out_of_memory, is_refused
 from worker.store.keys import ActionKeys
-from worker.store.reask import reask
+from worker.store.reask import StoreNotAccepting, StoreUnavailable, reask
 from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")
 
+#: Longest wait for a new lease: an acquire is new work, which another worker can take.
+ACQUIRE_BUDGET_S = 5.0
 
 
 class AcquireStatus(StrEnum):
@@ -90,6 +94,7 @@ class LeaseStore:
         *,
         result_ttl_ms: int = 86_400_000,
         call_budget_s: float = 10.0,
+        health: StoreHealth | None = None,
     ) -> None:
         self.redis = redis
         self.scripts = Scripts(redis)
@@ -98,6 +103,8 @@ class LeaseStore:
         # the Action could still be answered from the stored result.
         self.lease_key_ttl_ms = result_ttl_ms + 3_600_000
         self.call_budget_s = call_budget_s
+        #: The fetch gate; when set, an acquire is refused at once while it is closed.
+        self.health = health
 
     async def _call(self, fn: Callable[[], Awaitable[T]], budget_s: float | None = None) -> T:
         return await reask(fn, budget_s=self.call_budget_s if budget_s is None else budget_s)
@@ -105,12 +112,38 @@ class LeaseStore:
     async def acquire(
         self, keys: ActionKeys, owner: str, ttl_ms: int, fingerprint: str
     ) -> LeaseGrant:
-        reply = await self._call(
-            lambda: self.scripts["lease_acquire"](
-                keys=[keys.lease, keys.result, keys.cancel],
-                args=[owner, ttl_ms, self.lease_key_ttl_ms, fingerprint],
-            )
-        )
+        """Take the Action's lease. New work yields to the store's health: refused at once
+        (`StoreNotAccepting`) while the gate is closed or Redis is at maxmemory, and given up
+        at the first refused connection or after `ACQUIRE_BUDGET_S` (`StoreUnavailable`),
+        instead of holding the delivery for the whole store budget."""
+        health = self.health
+        if health is not None and not health.accepting:
+            raise StoreNotAccepting(f"no new lease: {health.reason}")
+        budget_s = min(self.call_budget_s, ACQUIRE_BUDGET_S)
+        try:
+            async with asyncio.timeout(budget_s):
+                reply = await reask(
+                    lambda: self.scripts["lease_acquire"](
+                        keys=[keys.lease, keys.result, keys.cancel],
+                        args=[owner, ttl_ms, self.lease_key_ttl_ms, fingerprint],
+                    ),
+                    budget_s=budget_s,
+                    give_up_if=is_refused,
+                )
+        except TimeoutError:
+            if health is not None:
+                health.mark_failing("lease acquire got no answer")
+            raise StoreUnavailable("redis did not answer a lease acquire in time") from None
+        except StoreUnavailable as exc:
+            if health is not None:
+                health.mark_failing(str(exc))
+            raise
+        except Exception as exc:
+            if not is_out_of_memory(exc):
+                raise
+            if health is not None:
+                health.mark_full("a lease acquire was refused: out of memory")
+            raise StoreNotAccepting("redis is at maxmemory: no new lease") from None
         status, fence, other, expires, attempted, cancel = reply[:6]
         return LeaseGrant(
             status=AcquireStatus(_s(status)),

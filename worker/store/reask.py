@@ -25,14 +25,26 @@ class StoreUnavailable(Exception):
     """Redis did not answer within the caller's budget; nothing may be decided from it."""
 
 
+class StoreNotAccepting(StoreUnavailable):
+    """No new lease was asked for: Redis is failing or near maxmemory (`StoreHealth`).
+
+    Certain and retryable: nothing was written, so the delivery is nak'd for another worker.
+    """
+
+
 async def reask(
     fn: Callable[[], Awaitable[T]],
     *,
     budget_s: float,
     retry_if: Callable[[BaseException], bool] = is_transient,
+    give_up_if: Callable[[BaseException], bool] | None = None,
 ) -> T:
     """`fn()` until it answers; a failure `retry_if` rejects is raised as it is, and a
-    budget spent on retriable failures raises StoreUnavailable naming the last one."""
+    budget spent on retriable failures raises StoreUnavailable naming the last one.
+
+    `give_up_if` names retriable failures not worth the rest of the budget (a refused
+    connection, for a caller that can hand its work to another worker): StoreUnavailable
+    at once."""
     deadline = time.monotonic() + budget_s
     delay = FIRST_DELAY_S
     while True:
@@ -41,6 +53,8 @@ async def reask(
         except Exception as exc:
             if not retry_if(exc):
                 raise
+            if give_up_if is not None and give_up_if(exc):
+                raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
             if time.monotonic() + delay > deadline:
                 raise StoreUnavailable(f"redis did not answer: {type(exc).__name__}") from None
             await asyncio.sleep(delay)

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Renew a lease the caller still holds.
 -- KEYS[1] lease hash, KEYS[2] cancel intent
 -- ARGV[1] owner token, ARGV[2] fence, ARGV[3] lease ttl ms
@@ -5,6 +6,7 @@
 -- and replaced can never extend the new owner's lease. Reports a durable cancel intent in
 -- the same round trip, so cancellation reaches the holder with no extra command.
 -- Returns {expires_at_ms or 0 when the lease is lost, cancel_requested 0|1}
+-- allow-oom: at maxmemory a running Action keeps its lease (it rewrites one field).
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local cancel = redis.call('EXISTS', KEYS[2])

@@ -1,3 +1,4 @@
+#!lua flags=allow-oom
 -- Write an Action's terminal result, once, under the lease fence.
 -- KEYS[1] lease hash, KEYS[2] result
 -- ARGV[1] owner token, ARGV[2] fence, ARGV[3] result JSON, ARGV[4] result ttl ms
@@ -5,6 +6,8 @@
 -- write-once (an existing one is returned, never replaced); the lease is released in the
 -- same step. Re-running after a lost reply returns 'exists' with the caller's own result.
 -- Returns {status, stored_result}: 'settled' | 'exists' | 'fenced_out'
+-- allow-oom: at Redis maxmemory (noeviction) the settle of finished work must still be
+-- written; new leases stop earlier, at the worker's memory reserve (StoreHealth).
 local existing = redis.call('GET', KEYS[2])
 if existing then
   return {'exists', existing}
