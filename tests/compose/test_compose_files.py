@@ -144,8 +144,14 @@ def test_every_file_path_in_the_environment_is_mounted_where_it_is_used() -> Non
                 )
             else:
                 assert value in configs or name == "provision", f"{name}: {key} not mounted"
-    # provision reads settings only: it needs the NATS credential, nothing else.
-    assert doc["services"]["provision"]["secrets"] == ["nats_worker.nk"]
+    # provision reads settings only: it needs the NATS admin credential, nothing else, and
+    # it is the only service that has it.
+    assert doc["services"]["provision"]["secrets"] == ["nats_admin.nk"]
+    provision_env = doc["services"]["provision"]["environment"]
+    assert provision_env["AIPD_NATS_NKEY_SEED_FILE"] == "/run/aip/nats_admin.nk"
+    for name, service in doc["services"].items():
+        if name != "provision":
+            assert "nats_admin.nk" not in service.get("secrets", []), name
 
 
 def test_worker_replicas_health_checks_and_drain_time() -> None:
@@ -158,7 +164,7 @@ def test_worker_replicas_health_checks_and_drain_time() -> None:
 
 def test_config_keys_and_password_hashes_match_the_secrets() -> None:
     nats_conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
-    for seed in ("nats_worker.nk", "nats_gateway.nk"):
+    for seed in ("nats_worker.nk", "nats_gateway.nk", "nats_admin.nk"):
         public = _public_key(seed)
         assert f"nkey: {public}" in nats_conf, seed
     signer = _public_key("gateway_signing.nk")
@@ -171,10 +177,13 @@ def test_config_keys_and_password_hashes_match_the_secrets() -> None:
 
 # --- NATS: the compose config, run -------------------------------------------------------
 
-#: Who may do what on each per-endpoint subject (DESIGN §10). Every subject method of
-#: `Subjects` must be listed, so a new subject cannot ship without a permission decision.
+#: Who may do what on each per-endpoint subject (docs/security.md, "Roles"). Every subject
+#: method of `Subjects` must be listed, so a new subject cannot ship without a permission
+#: decision. Workers pull Actions and delegations through their durable consumers (replies
+#: to their own inbox), so they never subscribe to the work subjects themselves.
 WORKER_PUBLISHES = {"chunks", "results", "dlq", "audit", "control.cancel"}
-WORKER_SUBSCRIBES = {"actions", "delegations", "cancel", "manifest", "control.cancel"}
+WORKER_SUBSCRIBES = {"cancel", "manifest", "control.cancel"}
+WORK_SUBJECTS = {"actions", "delegations"}
 GATEWAY_PUBLISHES = {"actions", "delegations", "cancel", "manifest"}
 
 
@@ -193,7 +202,7 @@ def _endpoint_subjects() -> dict[str, str]:
 
 def test_the_permission_matrix_names_every_subject_of_the_grammar() -> None:
     names = set(_endpoint_subjects())
-    assert names == WORKER_PUBLISHES | WORKER_SUBSCRIBES | GATEWAY_PUBLISHES
+    assert names == WORKER_PUBLISHES | WORKER_SUBSCRIBES | GATEWAY_PUBLISHES | WORK_SUBJECTS
 
 
 @pytest.fixture
@@ -297,18 +306,21 @@ async def test_only_the_gateway_writes_the_runtime_records_the_resolver_trusts(
         assert not await users["gateway"].refused(subject, "publish"), f"gateway {subject}"
 
 
-async def test_the_worker_user_can_provision_and_use_jetstream(compose_nats: str) -> None:
+async def test_the_admin_provisions_and_the_worker_uses_jetstream(compose_nats: str) -> None:
     from subjects.provision import Change, provision
     from subjects.streams import StreamPolicy
 
-    nc = await nats.connect(compose_nats, nkeys_seed=str(COMPOSE / "secrets" / "nats_worker.nk"))
+    secrets = COMPOSE / "secrets"
+    admin = await nats.connect(compose_nats, nkeys_seed=str(secrets / "nats_admin.nk"))
+    nc = await nats.connect(compose_nats, nkeys_seed=str(secrets / "nats_worker.nk"))
     try:
-        report = await provision(nc.jetstream(), Subjects(), [ENDPOINT], StreamPolicy())
+        report = await provision(admin.jetstream(), Subjects(), [ENDPOINT], StreamPolicy())
         assert {item.change for item in report} == {Change.CREATED}
         ack = await nc.jetstream().publish(Subjects().results(ENDPOINT, ACTION_ID), b"{}")
         assert ack.stream == "AIP_HERMES_RESULTS"
     finally:
         await nc.close()
+        await admin.close()
 
 
 # --- Redis: the compose config, run ------------------------------------------------------

@@ -15,19 +15,22 @@ import asyncio
 import contextlib
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 
 import redis.asyncio
 from redis.exceptions import OutOfMemoryError
 
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
+from worker.client import ActionHandle
 from worker.store.keys import ActionKeys
 from worker.testing._procs import free_ports
 from worker.testing.fake_hermes import RouteDelay
 from worker.testing.services import ServiceHandle
 
 MODELS = "GET /v1/models"
-FAST_CHECKS = {"AIPD_REDIS_CHECK_INTERVAL_MS": "200"}
+#: Redis is checked every 200 ms (the default is 1 s), so the tests need not wait long.
+FAST_CHECKS = "200"
 
 
 class RedisRelay:
@@ -102,7 +105,7 @@ async def _canary_latencies(stack: Stack, rounds: int, per_round: int = 3) -> li
         assert result.status is ResultStatus.COMPLETED, result.error
         return time.monotonic() - started
 
-    waiting = []
+    waiting: list[asyncio.Task[float]] = []
     for _ in range(rounds):
         waiting.extend(asyncio.create_task(one()) for _ in range(per_round))
         await asyncio.sleep(0.3)
@@ -113,9 +116,11 @@ async def _one_sick_worker(stack: Stack, redis_server: ServiceHandle, fail: str)
     relay = RedisRelay(*_host_port(redis_server.url))
     await relay.start()
     try:
-        await stack.spawn("w1", **FAST_CHECKS)
-        await stack.spawn("w2", **FAST_CHECKS)
-        sick = await stack.spawn("w3", AIPD_REDIS_URL=relay.url, **FAST_CHECKS)
+        await stack.spawn("w1", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)
+        await stack.spawn("w2", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)
+        sick = await stack.spawn(
+            "w3", AIPD_REDIS_URL=relay.url, AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS
+        )
         before = await _canary_latencies(stack, 3)
         if fail == "swallow":
             relay.swallow()
@@ -166,7 +171,7 @@ async def test_start_up_waits_for_redis_and_gives_up_clearly(stack: Stack) -> No
         wait=False,
         AIPD_REDIS_URL=f"redis://127.0.0.1:{dead_port}/0",
         AIPD_REDIS_STARTUP_WAIT_S="3",
-        **FAST_CHECKS,
+        AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS,
     )
     code = await asyncio.to_thread(worker.wait_exit, 20.0)
     log = worker.log_text()
@@ -187,12 +192,15 @@ async def test_a_redis_at_maxmemory_keeps_finished_work_finished(
     try:
         for worker_id in ("w1", "w2"):
             await stack.spawn(
-                worker_id, AIPD_REDIS_MEMORY_RESERVE_MB="1", AIPD_CONCURRENCY="16", **FAST_CHECKS
+                worker_id,
+                AIPD_REDIS_MEMORY_RESERVE_MB="1",
+                AIPD_CONCURRENCY="16",
+                AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS,
             )
         # Work in flight: leased, Hermes answers in 3 s.
         stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=3.0, times=12))
         running = [await stack.publish(stack.action("models")) for _ in range(12)]
-        await _until(lambda: _leased(admin, running, 12), "12 leases")
+        await _until(lambda: _leased(admin, running, 12), "12 leases")  # all in flight
         # Redis is full now: filled to maxmemory, then maxmemory lowered below what is
         # used, so noeviction refuses every ordinary write until memory is freed.
         used = int((await admin.info("memory"))["used_memory"])
@@ -234,7 +242,7 @@ async def test_a_redis_at_maxmemory_keeps_finished_work_finished(
 
 
 async def _leased(
-    admin: redis.asyncio.Redis, handles: list, count: int, *, exactly: bool = False
+    admin: redis.asyncio.Redis, handles: list[ActionHandle], count: int, *, exactly: bool = False
 ) -> bool:
     found = 0
     for handle in handles:
@@ -243,10 +251,12 @@ async def _leased(
     return found == count if exactly else found >= count
 
 
-async def _until(check: object, what: str, timeout_s: float = 20.0) -> None:
+async def _until(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if await check():  # type: ignore[operator]
+        if await check():
             return
         await asyncio.sleep(0.05)
     raise AssertionError(f"timed out waiting for {what}")
