@@ -212,7 +212,8 @@ class Settings(BaseSettings):
     """AckWait of the work consumers (default: the lease TTL, so a dead worker's Actions
     come back about when its leases expire; the heartbeat keeps live ones in progress)."""
     auto_provision: bool = False
-    """Create/update streams and consumers at startup (`provision` does it explicitly)."""
+    """Create/update streams and consumers at startup (`provision` does it explicitly); needs
+    NATS credentials of the admin role, which workers should not hold."""
     shutdown_grace_s: Annotated[float, Field(ge=0, le=3_600)] = 30.0
     """On SIGTERM, how long in-flight work may finish before its leases are released."""
     nak_delay_ms: Annotated[int, Field(ge=10, le=600_000)] = 1_000

@@ -24,6 +24,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from redis.exceptions import OutOfMemoryError
+
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 
@@ -189,8 +191,6 @@ def is_refused(exc: BaseException) -> bool:
 
 def is_out_of_memory(exc: BaseException) -> bool:
     """Whether Redis refused a write because it is at maxmemory (`noeviction`)."""
-    from redis.exceptions import OutOfMemoryError
-
     return isinstance(exc, OutOfMemoryError) or "used memory > 'maxmemory'" in str(exc)
 
 
