@@ -203,6 +203,7 @@ class Worker:
             slots=slots,
             handle=_bound(handler, endpoint_id),
             gate=self.store_health,
+            errors=self.errors,
         )
         self.loops.append(pull)
         self._tasks.append(asyncio.get_running_loop().create_task(pull.run()))

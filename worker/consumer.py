@@ -21,6 +21,8 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
 
+from worker.logs import RepeatedErrors
+
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 128
@@ -85,6 +87,7 @@ class PullLoop:
         handle: Callable[[object], Awaitable[None]],
         fetch_timeout_s: float = 2.0,
         gate: FetchGate | None = None,
+        errors: RepeatedErrors | None = None,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -95,6 +98,8 @@ class PullLoop:
         self.fetch_timeout_s = fetch_timeout_s
         #: Asked before each fetch: no fetch while it refuses new work.
         self.gate = gate
+        #: A NATS outage fails every bind and fetch alike: logged once per cause per interval.
+        self.errors = errors if errors is not None else RepeatedErrors()
         self.stopping = asyncio.Event()
         self.bound = False
         self.tasks: set[asyncio.Task[None]] = set()
@@ -106,7 +111,10 @@ class PullLoop:
                 sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
             except Exception as exc:
                 self.bound = False
-                log.warning("cannot bind %s/%s: %s", self.stream, self.durable, exc)
+                self.errors.report(
+                    f"bind {self.durable}", type(exc).__name__, log,
+                    "cannot bind %s/%s: %s", self.stream, self.durable, exc,
+                )
                 await self._pause(backoff)
                 backoff = min(backoff * 2, 2.0)
                 continue
@@ -133,7 +141,10 @@ class PullLoop:
             except (TimeoutError, FetchTimeoutError, NatsTimeoutError):
                 continue
             except Exception as exc:
-                log.warning("fetch from %s failed (%s); binding again", self.durable, exc)
+                self.errors.report(
+                    f"fetch {self.durable}", type(exc).__name__, log,
+                    "fetch from %s failed (%s); binding again", self.durable, exc,
+                )
                 await self._pause(0.2)
                 return
             self.slots.take(len(msgs))

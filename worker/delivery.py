@@ -234,6 +234,11 @@ class DeliveryHandler:
             return
         if not await self.msg_id_matches(msg, endpoint_id, headers, action.id):
             return
+        health = rt.store.health
+        if health is not None and not health.accepting:
+            # Fetched by a pull request sent before the store gate closed: admission and the
+            # lease would wait on a failing Redis; nak it for a worker whose store answers.
+            raise StoreNotAccepting(f"not admitted: {health.reason}")
         rt.audit.emit(
             ReceiptEvent.RECEIVED,
             action_id=action.id,

@@ -160,6 +160,25 @@ async def test_no_role_but_admin_can_delete_a_receipt_or_a_work_consumer(
     assert await roles["admin"].api(f"$JS.API.STREAM.MSG.DELETE.{AUDIT}", {"seq": ack.seq})
 
 
+async def test_a_gateway_consumer_cannot_deliver_worker_output_into_results(
+    roles: dict[str, User],
+) -> None:
+    """Its output consumers are ephemeral, but their deliver subject is the gateway's to
+    choose: pointed at a results subject, nothing may land on the results stream."""
+    await roles["worker"].nc.jetstream().publish(
+        SUBJECTS.audit(ENDPOINT, ACTION_ID), b'{"event":"received"}'
+    )
+    target = SUBJECTS.results(ENDPOINT, "act_" + "f" * 32)
+    created = await roles["gateway"].api(
+        f"$JS.API.CONSUMER.CREATE.{AUDIT}",
+        {"stream_name": AUDIT, "config": {"deliver_subject": target, "ack_policy": "none"}},
+    )
+    assert created is not None  # allowed: reading receipts is the gateway's
+    await asyncio.sleep(1.0)
+    results = await roles["admin"].nc.jetstream().stream_info(RESULTS)
+    assert results.state.messages == 0
+
+
 async def test_the_gateway_cannot_read_a_queued_action(roles: dict[str, User]) -> None:
     gateway = roles["gateway"]
     subject = SUBJECTS.actions(ENDPOINT)

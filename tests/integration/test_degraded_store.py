@@ -164,6 +164,40 @@ async def test_a_refused_redis_on_one_of_three_workers_keeps_the_canary_fast(
     await _one_sick_worker(stack, redis_server, "refused")
 
 
+async def test_a_worker_started_without_redis_takes_no_work_from_the_others(
+    stack: Stack,
+) -> None:
+    """The attack pass's setup: one of three workers cannot reach Redis from the start."""
+    (dead_port,) = free_ports(1)
+    await stack.spawn("w1", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)
+    await stack.spawn("w2", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)
+    sick = await stack.spawn(
+        "w3",
+        wait=False,
+        AIPD_REDIS_URL=f"redis://127.0.0.1:{dead_port}/0",
+        AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS,
+    )
+    await _until(_true_when(lambda: "waiting for redis" in sick.log_text()), "the wait log")
+    latencies = await _canary_latencies(stack, 10)
+    median = statistics.median(latencies)
+    p90 = latencies[int(len(latencies) * 0.9)]
+    print(
+        f"\ncanary latency with one of three workers started without redis: median "
+        f"{median * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
+    )
+    assert median < 0.5, latencies
+    assert p90 < 1.0, latencies
+    assert sick.alive
+    assert "bound to consumer" not in sick.log_text()
+
+
+def _true_when(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return predicate()
+
+    return check
+
+
 async def test_start_up_waits_for_redis_and_gives_up_clearly(stack: Stack) -> None:
     (dead_port,) = free_ports(1)
     worker = await stack.spawn(
