@@ -54,6 +54,8 @@ class StoreHealth:
         self.reserve_bytes = reserve_bytes
         self.errors = errors if errors is not None else RepeatedErrors()
         self.metrics = metrics
+        #: A flapping Redis must not log two lines per check either.
+        self._recoveries = RepeatedErrors(self.errors.interval_s)
         #: Redis answered the last check (False until the first one succeeds).
         self.answering = False
         #: Redis had at least the reserve free below maxmemory at the last check.
@@ -73,22 +75,28 @@ class StoreHealth:
 
     def mark_answering(self) -> None:
         if not self.answering:
-            log.info("redis answers again; fetching resumes")
+            self._recoveries.report(
+                "store", "answering", log, "redis answers; fetching is on", level=logging.INFO
+            )
         self.answering = True
         self._update()
 
     def mark_failing(self, cause: str) -> None:
         """A store call failed for lack of an answer (heartbeat, ping, acquire)."""
         if self.answering:
-            log.warning("redis is failing (%s); fetching paused until it answers", cause)
+            self.errors.report(
+                "store.gate", "failing", log,
+                "redis is failing (%s); fetching paused until it answers", cause,
+            )
         self.answering = False
         self._update(cause)
 
     def mark_full(self, cause: str) -> None:
         """Redis refused a write for lack of memory, or is within the reserve of maxmemory."""
         if self.has_room:
-            log.warning(
-                "redis is near maxmemory (%s); no new leases until memory is freed", cause
+            self.errors.report(
+                "store.gate", "near maxmemory", log,
+                "redis is near maxmemory (%s); no new leases until memory is freed", cause,
             )
         self.has_room = False
         self._update(cause)
@@ -127,7 +135,11 @@ class StoreHealth:
     def _room(self, ok: bool, detail: str = "") -> None:
         if ok:
             if not self.has_room:
-                log.info("redis memory is below the reserve again; new leases resume")
+                self._recoveries.report(
+                    "store", "room", log,
+                    "redis memory is below the reserve again; new leases resume",
+                    level=logging.INFO,
+                )
             self.has_room = True
             self._update()
         else:
