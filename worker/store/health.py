@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import OutOfMemoryError
 
 from worker.logs import RepeatedErrors
@@ -116,7 +117,7 @@ class StoreHealth:
         try:
             async with asyncio.timeout(PING_TIMEOUT_S):
                 await self.redis.ping()
-                memory = await self.redis.info("memory")
+                memory = await self._memory_info()
         except Exception as exc:
             cause = _cause(exc)
             self.errors.report("store.check", cause, log, "redis check failed: %s", cause)
@@ -131,6 +132,16 @@ class StoreHealth:
             reserve = min(self.reserve_bytes, maxmemory // RESERVE_FRACTION)
             self._room(used_free >= reserve, f"{used_free} bytes free, reserve {reserve}")
         return self.accepting
+
+    async def _memory_info(self) -> Mapping[str, Any]:
+        """`INFO memory` of every master: on a cluster each one can fill up on its own."""
+        if isinstance(self.redis, RedisCluster):
+            answer: Mapping[str, Any] = await self.redis.info(
+                "memory", target_nodes=RedisCluster.PRIMARIES
+            )
+            return answer
+        single: Mapping[str, Any] = await self.redis.info("memory")
+        return single
 
     def _room(self, ok: bool, detail: str = "") -> None:
         if ok:
