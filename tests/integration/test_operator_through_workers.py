@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+import msgspec
 import pytest
 
 from schemas.chunk import DoneChunk, PendingApprovalChunk
@@ -89,8 +90,10 @@ async def test_paused_owner_is_taken_over_by_polling_and_never_settles(stack: St
     await stack.wait_owner(action.id, "w1")
     while stack.fake.stats().count(POST_RUNS) == 0:
         await asyncio.sleep(0.05)
-    await stack.spawn("w2")
+    # Paused before w2 starts: starting a worker can take longer than the run on a loaded
+    # machine, and w1 must not get to settle first.
     w1.pause()
+    await stack.spawn("w2")
     result = await handle.result(timeout_s=60)
     w1.resume()
     assert result.status is ResultStatus.COMPLETED, result.error
@@ -170,10 +173,13 @@ async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack
 async def _redelivered_after_the_deadline(stack: Stack, text: str, point: str) -> ActionHandle:
     """An approved objective whose owner dies at `point`; the next worker starts only once
     the Action's deadline (2.5 s) has passed. Returns the handle to await."""
-    deadline = time.time_ns() // 1_000_000 + 2_500
-    action = stack.action("operator", {"objective": text}, deadline_unix_ms=deadline)
-    await stack.approve(action)
+    action = stack.action("operator", {"objective": text})
     w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
+    # The deadline counts from a ready worker: starting one takes seconds on a loaded machine,
+    # and a deadline that passes before w1 is up tests nothing.
+    deadline = time.time_ns() // 1_000_000 + 2_500
+    action = msgspec.structs.replace(action, deadline_unix_ms=deadline)
+    await stack.approve(action)
     handle = await stack.publish(action)
     assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
     while time.time_ns() // 1_000_000 < deadline + 200:
