@@ -1,7 +1,10 @@
 """How a rejected envelope is kept on `aip.hermes.{endpoint}.dlq`.
 
-The DLQ message body is the rejected payload byte for byte (nothing is lost, nothing is
-re-encoded); the reason travels in these headers so any NATS client can read it.
+The DLQ message body is the rejected payload byte for byte, up to the worker's
+`AIPD_DLQ_KEEP_BYTES` (4 KiB by default): a refused payload is evidence, not something to
+store whole for 30 days, so a larger one keeps its first bytes and is identified by its size
+and sha256. Nothing is re-encoded; the reason travels in these headers so any NATS client
+can read it.
 """
 
 from __future__ import annotations
@@ -21,3 +24,7 @@ DLQ_STREAM_SEQ = "Aip-Dlq-Stream-Seq"
 DLQ_WORKER = "Aip-Dlq-Worker"
 #: Size of the original payload in bytes.
 DLQ_SIZE = "Aip-Dlq-Size"
+#: Hex sha256 of the whole original payload (also of a truncated one).
+DLQ_SHA256 = "Aip-Dlq-Sha256"
+#: How many leading bytes of the payload the body holds (equal to the size when whole).
+DLQ_KEPT = "Aip-Dlq-Kept"

@@ -88,7 +88,9 @@ class ProvisionItem:
 
 
 #: Stream fields we own and may update in place.
-_STREAM_UPDATABLE = ("duplicate_window", "max_age", "discard", "subjects")
+_STREAM_UPDATABLE = (
+    "duplicate_window", "max_age", "max_bytes", "max_msgs", "discard", "subjects",
+)
 #: Stream fields that cannot change without recreating the stream.
 _STREAM_FIXED = ("retention", "storage")
 _CONSUMER_COMPARED = ("filter_subject", "ack_policy", "ack_wait", "max_deliver", "max_ack_pending")

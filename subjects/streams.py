@@ -17,11 +17,25 @@ from nats.js.api import (
 from subjects.grammar import Subjects
 
 DAY_S = 86_400.0
+MIB = 1_048_576
+GIB = 1024 * MIB
 
 
 @dataclass(frozen=True, slots=True)
 class StreamPolicy:
-    """Operator-tunable stream settings; the defaults are DESIGN §3's."""
+    """Operator-tunable stream settings; the defaults are DESIGN §3's.
+
+    Every stream has a byte limit, so whoever may publish cannot fill the server's JetStream
+    storage (and starve every other stream) through one of them. The work queues and the
+    DLQ refuse new messages when full (`discard: new`): dropping the oldest queued Action or
+    the oldest evidence silently would be worse than a publisher seeing the refusal. Chunks,
+    results and receipts are bounded histories and drop their oldest entries first.
+
+    JetStream reserves each stream's `max_bytes` (times its replicas) against the server's
+    `max_file_store` when the stream is created, so the defaults add up to 7.5 GiB (7.75
+    with the runtime stores): they fit the compose server's 10 GB (docs/scaling.md,
+    "Stream sizes").
+    """
 
     replicas: int = 1
     duplicate_window_s: float = 120.0
@@ -29,6 +43,17 @@ class StreamPolicy:
     results_max_age_s: float = DAY_S
     dlq_max_age_s: float = 30 * DAY_S
     audit_max_age_s: float = 90 * DAY_S
+    actions_max_bytes: int = GIB
+    actions_max_msgs: int = 1_000_000
+    delegations_max_bytes: int = 256 * MIB
+    delegations_max_msgs: int = 250_000
+    chunks_max_bytes: int = 3 * GIB
+    results_max_bytes: int = GIB
+    dlq_max_bytes: int = 256 * MIB
+    dlq_max_msgs: int = 100_000
+    audit_max_bytes: int = 2 * GIB
+    #: Each of the AIP runtime's queue and lifecycle streams (`--runtime-stores` only).
+    runtime_max_bytes: int = 128 * MIB
     #: AckWait of the work consumers. The heartbeat calls `in_progress()` every third of the
     #: lease TTL, so AckWait only has to outlast one missed heartbeat, not a whole run.
     ack_wait_s: float = 30.0
@@ -52,7 +77,9 @@ def stream_configs(
     if not endpoint_ids:
         raise ValueError("the work-queue streams need at least one endpoint id")
 
-    def work(kind: str, endpoint_subjects: list[str]) -> StreamConfig:
+    def work(
+        kind: str, endpoint_subjects: list[str], max_bytes: int, max_msgs: int
+    ) -> StreamConfig:
         return StreamConfig(
             name=subjects.stream_name(kind),
             subjects=endpoint_subjects,
@@ -60,10 +87,19 @@ def stream_configs(
             storage=StorageType.FILE,
             num_replicas=policy.replicas,
             duplicate_window=policy.duplicate_window_s,
-            discard=DiscardPolicy.OLD,
+            max_bytes=max_bytes,
+            max_msgs=max_msgs,
+            discard=DiscardPolicy.NEW,
         )
 
-    def limits(kind: str, subject: str, max_age_s: float) -> StreamConfig:
+    def limits(
+        kind: str,
+        subject: str,
+        max_age_s: float,
+        max_bytes: int,
+        max_msgs: int = -1,
+        discard: DiscardPolicy = DiscardPolicy.OLD,
+    ) -> StreamConfig:
         return StreamConfig(
             name=subjects.stream_name(kind),
             subjects=[subject],
@@ -72,16 +108,30 @@ def stream_configs(
             num_replicas=policy.replicas,
             duplicate_window=policy.duplicate_window_s,
             max_age=max_age_s,
-            discard=DiscardPolicy.OLD,
+            max_bytes=max_bytes,
+            max_msgs=max_msgs,
+            discard=discard,
         )
 
+    p = policy
     return [
-        work("actions", [subjects.actions(e) for e in endpoint_ids]),
-        work("delegations", [subjects.delegations(e) for e in endpoint_ids]),
-        limits("chunks", subjects.all_chunks(), policy.chunks_max_age_s),
-        limits("results", subjects.all_results(), policy.results_max_age_s),
-        limits("dlq", subjects.all_dlq(), policy.dlq_max_age_s),
-        limits("audit", subjects.all_audit(), policy.audit_max_age_s),
+        work(
+            "actions", [subjects.actions(e) for e in endpoint_ids], p.actions_max_bytes,
+            p.actions_max_msgs,
+        ),
+        work(
+            "delegations", [subjects.delegations(e) for e in endpoint_ids],
+            p.delegations_max_bytes, p.delegations_max_msgs,
+        ),
+        limits("chunks", subjects.all_chunks(), p.chunks_max_age_s, p.chunks_max_bytes),
+        limits("results", subjects.all_results(), p.results_max_age_s, p.results_max_bytes),
+        # Evidence is kept, not rotated: when full, the newest refusals are the ones not
+        # kept (the worker counts them), so a flood cannot push the first entries out.
+        limits(
+            "dlq", subjects.all_dlq(), p.dlq_max_age_s, p.dlq_max_bytes, p.dlq_max_msgs,
+            DiscardPolicy.NEW,
+        ),
+        limits("audit", subjects.all_audit(), p.audit_max_age_s, p.audit_max_bytes),
     ]
 
 
@@ -101,6 +151,7 @@ def runtime_store_configs(subjects: Subjects, policy: StreamPolicy) -> list[Stre
             num_replicas=policy.replicas,
             duplicate_window=policy.duplicate_window_s,
             max_age=policy.results_max_age_s,
+            max_bytes=policy.runtime_max_bytes,
             max_msgs_per_subject=16,
             discard=DiscardPolicy.OLD,
         )

@@ -17,6 +17,7 @@ from worker.audit import AuditLog
 from worker.connections import connect_nats, stream_policy
 from worker.consumer import PullLoop, Slots
 from worker.control import BindingCancelHook, ControlPlane
+from worker.dead_letters import DeadLetters
 from worker.delegation.handler import DelegationHandler
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
@@ -139,6 +140,14 @@ class Worker:
             js=js,
             store=store,
             publisher=publisher,
+            dead_letters=DeadLetters(
+                publisher,
+                self.metrics,
+                worker_id=settings.worker_id,
+                keep_bytes=settings.dlq_keep_bytes,
+                rate_per_s=settings.dlq_rate_per_s,
+                burst=settings.dlq_burst,
+            ),
             audit=audit,
             keeper=keeper,
             registry=self.registry,

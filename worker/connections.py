@@ -21,6 +21,16 @@ def stream_policy(settings: Settings) -> StreamPolicy:
         replicas=settings.stream_replicas,
         duplicate_window_s=settings.duplicate_window_s,
         ack_wait_s=settings.effective_ack_wait_s,
+        actions_max_bytes=settings.stream_actions_max_bytes,
+        actions_max_msgs=settings.stream_actions_max_msgs,
+        delegations_max_bytes=settings.stream_delegations_max_bytes,
+        delegations_max_msgs=settings.stream_delegations_max_msgs,
+        chunks_max_bytes=settings.stream_chunks_max_bytes,
+        results_max_bytes=settings.stream_results_max_bytes,
+        dlq_max_bytes=settings.stream_dlq_max_bytes,
+        dlq_max_msgs=settings.stream_dlq_max_msgs,
+        audit_max_bytes=settings.stream_audit_max_bytes,
+        runtime_max_bytes=settings.stream_runtime_max_bytes,
     )
 
 

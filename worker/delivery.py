@@ -29,15 +29,6 @@ from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind, make_chunk
 from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
-from schemas.dlq import (
-    DLQ_CODE,
-    DLQ_ID,
-    DLQ_REASON,
-    DLQ_SIZE,
-    DLQ_STREAM_SEQ,
-    DLQ_SUBJECT,
-    DLQ_WORKER,
-)
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.ids import is_action_id, split_capability
 from schemas.result import ActionResult, ResultStatus
@@ -45,6 +36,7 @@ from subjects.grammar import Subjects
 from worker import faults
 from worker.admission import Admission
 from worker.audit import AuditLog, ReceiptScope, enter_scope
+from worker.dead_letters import DeadLetters, Kept
 from worker.errors import ConnectorError, deadline_exceeded, unexpected_failure
 from worker.execution import Execution, now_ms
 from worker.hermes.client import HermesClient
@@ -87,6 +79,7 @@ class Runtime:
     js: JetStreamContext
     store: LeaseStore
     publisher: BusPublisher
+    dead_letters: DeadLetters
     audit: AuditLog
     keeper: LeaseKeeper
     registry: Registry
@@ -773,51 +766,56 @@ class DeliveryHandler:
         action_id: str | None = None,
         claimed_action_id: str | None = None,
     ) -> None:
-        """Keep the rejected envelope byte for byte with its reason, then `term()` it.
+        """Keep the rejected envelope (its first bytes, size and sha256) with its reason,
+        then `term()` it; over the DLQ rate or with the DLQ full it is only counted.
 
         `action_id` is given only for an authenticated envelope: its `dead_lettered` receipt
         joins that Action's chain. An envelope that failed authentication may name any id
         (`claimed_action_id`), a victim's too: its receipt goes under the DLQ entry's own id
-        (`Aip-Dlq-Id`), so nothing unauthenticated ever appends to an Action's chain.
+        (`Aip-Dlq-Id`), so nothing unauthenticated ever appends to an Action's chain. A
+        refusal that was not kept gets no receipt either: a flood must not fill the audit
+        stream instead.
         """
         rt = self.rt
         seq = _stream_seq(msg)
         dlq_id = _dlq_id(msg.subject, seq)
-        headers = {
-            DLQ_ID: dlq_id,
-            DLQ_CODE: code.value,
-            DLQ_REASON: _header_safe(reason),
-            DLQ_SUBJECT: msg.subject,
-            DLQ_STREAM_SEQ: str(seq),
-            DLQ_WORKER: rt.worker_id,
-            DLQ_SIZE: str(len(msg.data)),
-        }
-        await rt.publisher.dead_letter(endpoint_id, msg.data, headers, dlq_id)
-        if action_id is not None:
-            rt.audit.emit(
-                ReceiptEvent.DEAD_LETTERED,
-                action_id=action_id,
-                endpoint_id=endpoint_id,
-                code=code.value,
-                dlq_id=dlq_id,
-            )
-        elif claimed_action_id is not None:
-            rt.audit.emit(
-                ReceiptEvent.DEAD_LETTERED,
-                action_id=dlq_id,
-                endpoint_id=endpoint_id,
-                code=code.value,
-                claimed_action_id=claimed_action_id if is_action_id(claimed_action_id) else None,
-            )
-        rt.metrics.dead_lettered(endpoint_id, code.value)
-        log.warning(
-            "dead-lettered %s seq %s: %s (%s)",
-            msg.subject,
-            seq,
-            code.value,
-            reason,
-            extra={"endpoint": endpoint_id, "action_id": action_id},
+        kept = await rt.dead_letters.write(
+            endpoint_id,
+            dlq_id=dlq_id,
+            subject=msg.subject,
+            stream_seq=seq,
+            payload=msg.data,
+            code=code,
+            reason=reason,
         )
+        if kept is Kept.WRITTEN:
+            if action_id is not None:
+                rt.audit.emit(
+                    ReceiptEvent.DEAD_LETTERED,
+                    action_id=action_id,
+                    endpoint_id=endpoint_id,
+                    code=code.value,
+                    dlq_id=dlq_id,
+                )
+            elif claimed_action_id is not None:
+                rt.audit.emit(
+                    ReceiptEvent.DEAD_LETTERED,
+                    action_id=dlq_id,
+                    endpoint_id=endpoint_id,
+                    code=code.value,
+                    claimed_action_id=(
+                        claimed_action_id if is_action_id(claimed_action_id) else None
+                    ),
+                )
+            rt.metrics.dead_lettered(endpoint_id, code.value)
+            log.warning(
+                "dead-lettered %s seq %s: %s (%s)",
+                msg.subject,
+                seq,
+                code.value,
+                reason,
+                extra={"endpoint": endpoint_id, "action_id": action_id},
+            )
         await _quiet(msg.term())
 
     async def next_chunk_seq(self, endpoint_id: str, action_id: str) -> int:
@@ -864,10 +862,6 @@ def _stream_seq(msg: Msg) -> int:
         return int(msg.metadata.sequence.stream)
     except Exception:
         return 0
-
-
-def _header_safe(text: str) -> str:
-    return "".join(ch if 32 <= ord(ch) < 127 else "?" for ch in text)[:300]
 
 
 async def _quiet(awaitable: Any) -> None:

@@ -143,6 +143,12 @@ class Metrics:
             f"{PREFIX}_dlq_entries", "Envelopes dead-lettered, by endpoint and error code",
             ["endpoint", "code"], registry=r,
         )
+        self._dlq_dropped = Counter(
+            f"{PREFIX}_dlq_dropped",
+            "Refused envelopes terminated without a DLQ entry: over the per-subject rate "
+            "('rate') or refused by a full DLQ stream ('full')",
+            ["endpoint", "reason"], registry=r,
+        )
         self._provider_seconds = Histogram(
             f"{PREFIX}_provider_request_seconds",
             "Hermes exchange duration (to the end of the body or stream), by route template",
@@ -193,6 +199,7 @@ class Metrics:
         self._f_lost = _Family(self._lost.labels)
         self._f_fenced = _Family(self._fenced.labels)
         self._f_dlq = _Family(self._dlq.labels)
+        self._f_dlq_dropped = _Family(self._dlq_dropped.labels)
         self._f_seconds = _Family(self._provider_seconds.labels)
         self._f_status = _Family(self._provider_status.labels)
         self._f_chunks = _Family(self._chunks.labels)
@@ -210,6 +217,12 @@ class Metrics:
     def dead_lettered(self, endpoint: str, code: str) -> None:
         """An envelope went to the DLQ with `code` (also counts the delivery)."""
         self._f_dlq.get(endpoint, code).inc()
+        self.delivery(endpoint, DeliveryOutcome.DEAD_LETTERED)
+
+    def dlq_dropped(self, endpoint: str, reason: str) -> None:
+        """A refused envelope was terminated without a DLQ entry (`rate` or `full`); it
+        still counts as a dead-lettered delivery, since it was refused the same way."""
+        self._f_dlq_dropped.get(endpoint, reason).inc()
         self.delivery(endpoint, DeliveryOutcome.DEAD_LETTERED)
 
     def takeover(self, endpoint: str) -> None:

@@ -26,8 +26,17 @@ log = logging.getLogger(__name__)
 MSG_ID = "Nats-Msg-Id"
 
 
+#: JetStream's answers to a publish that a full stream (`discard: new`) or a full store
+#: refused: repeating the publish cannot succeed until something is removed.
+_FULL_ERR_CODES = frozenset({10077, 10023, 10047})
+
+
 class PublishFailed(Exception):
     """JetStream did not confirm a publish within the budget."""
+
+
+class StreamFull(PublishFailed):
+    """The stream is at its byte or message limit (or the server's store is full)."""
 
 
 class BusPublisher:
@@ -105,7 +114,10 @@ class BusPublisher:
     async def dead_letter(
         self, endpoint_id: str, payload: bytes, headers: Mapping[str, str], msg_id: str
     ) -> PubAck:
-        return await self._publish(self.subjects.dlq(endpoint_id), payload, msg_id, headers)
+        """A DLQ entry; `StreamFull` when the DLQ refuses it (waiting would not help)."""
+        return await self._publish(
+            self.subjects.dlq(endpoint_id), payload, msg_id, headers, give_up_when_full=True
+        )
 
     async def receipt(self, receipt: Receipt) -> None:
         """Best effort, never blocks the delivery: a lost receipt must not stall real work.
@@ -132,7 +144,11 @@ class BusPublisher:
         payload: bytes,
         msg_id: str,
         headers: Mapping[str, str] | None = None,
+        *,
+        give_up_when_full: bool = False,
     ) -> PubAck:
+        """Publish awaited, retried on any failure for up to three confirm timeouts; with
+        `give_up_when_full`, a full stream raises `StreamFull` at once instead."""
         all_headers = dict(headers or {})
         all_headers[MSG_ID] = msg_id
         delay = 0.05
@@ -143,6 +159,8 @@ class BusPublisher:
                     subject, payload, timeout=self.confirm_timeout_s, headers=all_headers
                 )
             except Exception as exc:
+                if give_up_when_full and getattr(exc, "err_code", None) in _FULL_ERR_CODES:
+                    raise StreamFull(f"{subject}: {getattr(exc, 'description', '')}") from None
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise PublishFailed(f"{subject}: {type(exc).__name__}") from None
                 await asyncio.sleep(delay)

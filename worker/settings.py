@@ -208,6 +208,37 @@ class Settings(BaseSettings):
     """Replicas of every stream `provision` creates (3 on a NATS cluster)."""
     duplicate_window_s: Annotated[float, Field(ge=1, le=86_400)] = 120.0
     """JetStream duplicate window of every stream (`Nats-Msg-Id` dedupe)."""
+    stream_actions_max_bytes: Annotated[int, Field(ge=65_536)] = 1_073_741_824
+    """Byte limit of the actions work queue (`provision`); when full, new Actions are refused
+    at publish (`discard: new`, the publisher sees `maximum bytes exceeded`), none is dropped."""
+    stream_actions_max_msgs: Annotated[int, Field(ge=1)] = 1_000_000
+    """Message limit of the actions work queue (refuses new ones when reached)."""
+    stream_delegations_max_bytes: Annotated[int, Field(ge=65_536)] = 268_435_456
+    """Byte limit of the delegations work queue (refuses new ones when full)."""
+    stream_delegations_max_msgs: Annotated[int, Field(ge=1)] = 250_000
+    """Message limit of the delegations work queue (refuses new ones when reached)."""
+    stream_chunks_max_bytes: Annotated[int, Field(ge=65_536)] = 3_221_225_472
+    """Byte limit of the chunks stream; when full the oldest chunks are dropped first."""
+    stream_results_max_bytes: Annotated[int, Field(ge=65_536)] = 1_073_741_824
+    """Byte limit of the results stream; when full the oldest results are dropped first (a
+    replayed Action republishes its stored result)."""
+    stream_dlq_max_bytes: Annotated[int, Field(ge=65_536)] = 268_435_456
+    """Byte limit of the DLQ; when full, new entries are not kept (`discard: new`), counted
+    in `dlq_dropped_total{reason="full"}`."""
+    stream_dlq_max_msgs: Annotated[int, Field(ge=1)] = 100_000
+    """Message limit of the DLQ (new entries are not kept once reached)."""
+    stream_audit_max_bytes: Annotated[int, Field(ge=65_536)] = 2_147_483_648
+    """Byte limit of the audit stream; when full the oldest receipts are dropped first."""
+    stream_runtime_max_bytes: Annotated[int, Field(ge=65_536)] = 134_217_728
+    """Byte limit of each AIP runtime stream `provision --runtime-stores` creates."""
+    dlq_keep_bytes: Annotated[int, Field(ge=256, le=65_536)] = 4_096
+    """Bytes of a refused payload kept in its DLQ entry; the rest is summarized by the
+    `Aip-Dlq-Size` and `Aip-Dlq-Sha256` headers."""
+    dlq_rate_per_s: Annotated[float, Field(gt=0, le=100_000)] = 10.0
+    """DLQ entries this worker writes per second per source subject (token bucket); refusals
+    over the rate are terminated and counted in `dlq_dropped_total{reason="rate"}`."""
+    dlq_burst: Annotated[int, Field(ge=1, le=100_000)] = 100
+    """DLQ entries one source subject may write at once before the rate applies."""
     ack_wait_s: Annotated[float, Field(ge=1, le=3_600)] | None = None
     """AckWait of the work consumers (default: the lease TTL, so a dead worker's Actions
     come back about when its leases expire; the heartbeat keeps live ones in progress)."""
