@@ -68,15 +68,37 @@ def protocol_error(
     )
 
 
-def from_http_status(status: int, what: str) -> ConnectorError:
+#: The `error.code`s of a Hermes 503 that is refused before any work began: a draining
+#: gateway answers every agent route with it (shared/reference/hermes-0.19-more.md).
+NOT_STARTED_503_CODES = frozenset({"gateway_draining"})
+
+
+def refused_before_start(status: int, error_code: str | None = None) -> bool:
+    """Whether Hermes documents this refusal as made before it started anything: its
+    concurrent-run cap (429, checked before a run or turn is created) and a draining
+    gateway (503 `gateway_draining`). Repeating such a call cannot duplicate an effect."""
+    return status == 429 or (status == 503 and error_code in NOT_STARTED_503_CODES)
+
+
+def from_http_status(status: int, what: str, *, error_code: str | None = None) -> ConnectorError:
     """The troubleshooting table: 401/403 auth, 429/5xx temporary, any other non-2xx rejected.
 
     `what` is the method and route template (`POST /v1/runs`), never a concrete URL with ids
-    that could carry input, and never the response body.
+    that could carry input, and never the response body. `error_code` is the body's
+    `error.code` only, read to recognise a refusal made before anything started: that one is
+    certain and retryable even on an unsafe call (a 5xx in general stays uncertain there).
     """
+    if refused_before_start(status, error_code):
+        return ConnectorError(
+            ErrorCode.REMOTE_TEMPORARY,
+            f"{what} answered HTTP {status}: refused before anything was started",
+            remote_status=status,
+            retryable=True,
+            uncertain_outcome=False,
+        )
     if status in (401, 403):
         code = ErrorCode.AUTHENTICATION
-    elif status == 429 or 500 <= status <= 599:
+    elif 500 <= status <= 599:
         code = ErrorCode.REMOTE_TEMPORARY
     else:
         code = ErrorCode.REMOTE_REJECTED

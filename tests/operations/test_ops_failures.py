@@ -1,8 +1,9 @@
 """Failure semantics by operation safety (troubleshooting "Interpret provider failures").
 
 Reads retry temporary and transport failures within the policy and the deadline; unsafe
-operations make exactly one attempt, and their 429/5xx/transport/deadline failures are
-`uncertain_outcome: true, retryable: false`. Streams end typed: truncated, incomplete or
+operations make exactly one attempt, and their 5xx/transport/deadline failures are
+`uncertain_outcome: true, retryable: false`, while Hermes' refusals before anything started
+(429, 503 `gateway_draining`) are certain and retryable. Streams end typed: truncated, incomplete or
 undecodable. These need the fake's fault injection.
 """
 
@@ -22,6 +23,7 @@ from worker.testing.fake_hermes import (
     EventsMalformed,
     EventsOversize,
     RouteDelay,
+    RouteDraining,
     RouteError,
     RouteRedirect,
     StartDrop,
@@ -62,7 +64,7 @@ async def test_a_rejected_read_is_not_retried(invoke: Invoke, fake) -> None:  # 
     assert fake.stats().count("GET /v1/runs/{run_id}") == 1
 
 
-@pytest.mark.parametrize("status", [429, 500, 503])
+@pytest.mark.parametrize("status", [500, 503])
 async def test_unsafe_temporary_failure_is_uncertain_and_never_retried(
     invoke: Invoke,
     fake,
@@ -74,6 +76,40 @@ async def test_unsafe_temporary_failure_is_uncertain_and_never_retried(
     error = result.protocol_error()
     assert (error.uncertain_outcome, error.retryable, error.remote_status) == (True, False, status)
     assert fake.stats().count("POST /api/sessions") == 1
+
+
+async def test_an_unsafe_call_hermes_refused_with_429_is_certain_and_retryable(
+    invoke: Invoke, fake  # type: ignore[no-untyped-def]
+) -> None:
+    # Hermes checks its run cap before it creates anything: nothing happened, so the
+    # runtime may send it again (the worker itself still makes one attempt).
+    fake.faults.add(RouteError(route="POST /v1/chat/completions", status=429, times=None))
+    messages = [{"role": "user", "content": "hi"}]
+    for stream in (False, True):  # a JSON reply and an event stream refused alike
+        result = await invoke("chat_completions", {"messages": messages, "stream": stream})
+        assert result.error_code() == ErrorCode.REMOTE_TEMPORARY
+        error = result.protocol_error()
+        assert (error.uncertain_outcome, error.retryable, error.remote_status) == (
+            False, True, 429,
+        )  # fmt: skip
+    assert fake.stats().count("POST /v1/chat/completions") == 2
+
+
+async def test_a_draining_gateway_refusal_is_certain_any_other_503_is_not(
+    invoke: Invoke, fake  # type: ignore[no-untyped-def]
+) -> None:
+    fake.faults.add(RouteDraining(route="POST /v1/runs"))
+    drained = await invoke("run_start", {"input": "drained"})
+    error = drained.protocol_error()
+    assert (error.code, error.uncertain_outcome, error.retryable) == (
+        ErrorCode.REMOTE_TEMPORARY, False, True,
+    )  # fmt: skip
+    assert error.remote_status == 503
+    fake.faults.add(RouteError(route="POST /v1/runs", status=503))
+    failed = await invoke("run_start", {"input": "crashed"})
+    other = failed.protocol_error()
+    assert (other.uncertain_outcome, other.retryable) == (True, False)
+    assert fake.stats().count("POST /v1/runs") == 2
 
 
 async def test_unsafe_start_lost_after_acceptance_is_uncertain(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]

@@ -18,6 +18,7 @@ from schemas.result import ResultStatus
 from worker.operator.binding import BindingState, session_id_for
 from worker.testing.fake_hermes import (
     FakeHermes,
+    RouteDraining,
     StartDrop,
     StartHang,
     StartNoRunId,
@@ -171,6 +172,19 @@ async def test_rate_limited_start_waits_retry_after_and_starts_once(
     assert created_runs(fake, action.id) == 1
     for run_id in blockers[1:]:
         await _stop(fake, run_id)
+
+
+async def test_a_draining_gateway_start_is_sent_again_and_starts_once(
+    harness: Harness, fake: FakeHermes
+) -> None:
+    """503 `gateway_draining` is answered before anything is created, like a 429."""
+    fake.faults.add(RouteDraining(route=START, times=1))
+    action = harness.action(objective("after the drain"))
+    outcome, _ = await harness.run(action)
+
+    assert outcome.status is ResultStatus.COMPLETED
+    assert fake.stats().count(START) == 2  # the refused one, then the accepted one
+    assert created_runs(fake, action.id) == 1
 
 
 async def test_rate_limited_until_deadline_is_certain_remote_temporary(

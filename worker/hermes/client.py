@@ -39,6 +39,8 @@ Transport = Literal["aiohttp", "httpx"]
 
 _json_decoder = msgspec.json.Decoder()
 MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
+#: Enough for Hermes' error envelope; a larger 503 body is not a refusal we recognise.
+MAX_REFUSAL_BYTES = 4096
 #: What a lower layer may raise while a request or stream is in flight. aiohttp errors that
 #: the httpx-aiohttp transport does not map arrive unmapped; OSError covers sockets.
 _TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, aiohttp.ClientError, OSError)
@@ -284,8 +286,10 @@ class HermesClient:
         status = response.status_code
         try:
             if not 200 <= response.status_code < 300:
-                # The provider body is never read: it may echo input or secrets.
-                raise from_http_status(response.status_code, what)
+                # The provider body is never kept: it may echo input or secrets.
+                raise from_http_status(
+                    response.status_code, what, error_code=await refusal_code(response)
+                )
             body = bytearray()
             async for piece in response.aiter_bytes():
                 body += piece
@@ -352,7 +356,9 @@ class HermesClient:
             raise failure
         try:
             if not 200 <= response.status_code < 300:
-                raise from_http_status(response.status_code, what)
+                raise from_http_status(
+                    response.status_code, what, error_code=await refusal_code(response)
+                )
             content_type = response.headers.get("content-type", "")
             if not content_type.startswith("text/event-stream"):
                 raise ConnectorError(
@@ -378,6 +384,26 @@ def _query_value(value: Any) -> Any:
     if isinstance(value, bool):
         return "true" if value else "false"
     return value
+
+
+async def refusal_code(response: httpx.Response) -> str | None:
+    """The `error.code` of a 503, the one status whose body tells whether Hermes refused
+    before starting anything (`gateway_draining`); None for any other status or body.
+    At most `MAX_REFUSAL_BYTES` are read and only the code is returned, never the body."""
+    if response.status_code != 503:
+        return None
+    raw = bytearray()
+    try:
+        async for piece in response.aiter_bytes():
+            raw += piece
+            if len(raw) > MAX_REFUSAL_BYTES:
+                return None
+        body = _json_decoder.decode(bytes(raw))
+    except (msgspec.DecodeError, *_TRANSPORT_ERRORS):
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 async def _close_quietly(response: httpx.Response) -> None:

@@ -3,7 +3,9 @@
 Only read-only operations use it (DESIGN §7, troubleshooting "Decide whether to retry"):
 a temporary (429/5xx) or transport failure is retried a few times with jittered exponential
 backoff, never past the Action's deadline. Unsafe operations are never retried here: their
-429/5xx/transport failures leave as `uncertain_outcome: true, retryable: false`.
+5xx/transport failures leave as `uncertain_outcome: true, retryable: false`, and a refusal
+Hermes made before starting anything (429, 503 `gateway_draining`) as certain and
+`retryable: true`, for the runtime's own retry policy to decide.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import httpx
 import msgspec
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, refused_before_start
 from worker.hermes.client import HermesClient, route_path
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 
@@ -109,8 +109,11 @@ async def start_run(
         if run_id is None:
             return StartUnknown(f"POST /v1/runs answered HTTP {status} without a run_id", status)
         return StartAccepted(run_id)
-    if status == 429:
-        return StartRateLimited(_retry_after(response.headers.get("Retry-After")))
+    if refused_before_start(status, _error_code(response.content)):
+        # The run cap (429) or a draining gateway (503 `gateway_draining`): nothing exists.
+        return StartRateLimited(
+            _retry_after(response.headers.get("Retry-After")), f"kept answering {status}"
+        )
     if 400 <= status < 500:
         return StartRejected(status)
     return StartUnknown(f"POST /v1/runs answered HTTP {status}", status)
@@ -148,6 +151,19 @@ def _run_id(raw: bytes) -> str | None:
     if isinstance(run_id, str) and run_id.strip() and len(run_id) <= MAX_RUN_ID_CHARS:
         return run_id
     return None
+
+
+def _error_code(raw: bytes) -> str | None:
+    """`error.code` of an error body (Hermes' OpenAI envelope); nothing else is read."""
+    if len(raw) > MAX_START_REPLY_BYTES:
+        return None
+    try:
+        body = _json.decode(raw)
+    except msgspec.DecodeError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 def _retry_after(value: str | None) -> float:

@@ -94,6 +94,16 @@ def rate_limited(max_runs: int) -> web.Response:
     )
 
 
+def draining() -> web.Response:
+    """503 while the gateway shuts down (from Hermes' code), with `Retry-After: 1`."""
+    return openai_error(
+        "Gateway is draining existing work; retry shortly.",
+        status=503,
+        code="gateway_draining",
+        headers={"Retry-After": "1"},
+    )
+
+
 def server_error(message: str = "Internal server error", *, status: int = 500) -> web.Response:
     """A JSON 5xx in the standard envelope with `type: server_error`."""
     return openai_error(message, status=status, err_type="server_error")

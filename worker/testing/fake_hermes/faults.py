@@ -128,6 +128,13 @@ class RouteError(_Fault, frozen=True, tag="route_error"):
     status: int = 500
 
 
+class RouteDraining(_Fault, frozen=True, tag="draining"):
+    """Hermes' draining gateway: 503 `gateway_draining` with `Retry-After: 1`, before the
+    handler runs (nothing is created), as its code answers agent routes while shutting down."""
+
+    route: str | None = None
+
+
 class RouteDelay(_Fault, frozen=True, tag="delay"):
     """Sleep `delay_s` seconds, then handle the request normally."""
 
@@ -145,7 +152,7 @@ EventsFault = (
     | EventsFlood
     | EventsDisconnect
 )
-RouteFault = RouteRedirect | RouteError | RouteDelay
+RouteFault = RouteRedirect | RouteError | RouteDraining | RouteDelay
 Fault = StartFault | EventsFault | RouteFault
 
 _START = (StartServerError, StartDrop, StartNoRunId, StartReject, StartHang)
@@ -158,7 +165,7 @@ _EVENTS = (
     EventsFlood,
     EventsDisconnect,
 )
-_ROUTE = (RouteRedirect, RouteError, RouteDelay)
+_ROUTE = (RouteRedirect, RouteError, RouteDraining, RouteDelay)
 
 
 @dataclass(slots=True)

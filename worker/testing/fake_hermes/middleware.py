@@ -19,6 +19,7 @@ from aiohttp.typedefs import Handler
 from worker.testing.fake_hermes import faults as f
 from worker.testing.fake_hermes.envelopes import (
     SECURITY_HEADERS,
+    draining,
     openai_error,
     server_error,
     unauthorized,
@@ -109,6 +110,8 @@ async def hermes_middleware(request: web.Request, handler: Handler) -> web.Strea
                 return web.Response(status=status, headers={"Location": location})
             case f.RouteError(status=status):
                 return _secure(server_error(status=status))
+            case f.RouteDraining():
+                return _secure(draining())
             case f.RouteDelay(delay_s=delay_s):
                 await asyncio.sleep(delay_s)
         path = route.split(" ", 1)[1]
