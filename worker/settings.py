@@ -140,10 +140,18 @@ class Settings(BaseSettings):
     """Hermes endpoints as `id=url[,id=url…]`, e.g. `hermes-1=http://hermes-1:8642`."""
     hermes_endpoints_file: Path | None = None
     """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, timeouts)."""
+    hermes_api_key_files: str = ""
+    """Per-endpoint owner-only key files as `id=path[,id=path…]`, e.g.
+    `hermes-1=/run/secrets/h1_key,hermes-2=/run/secrets/h2_key` (or `api_key_file` in the
+    endpoints file): each endpoint is sent only its own key."""
     hermes_api_key_file: Path | None = None
-    """Owner-only file with the bearer key for endpoints that have no key file of their own."""
+    """Owner-only file with the bearer key of the one endpoint that has no key file of its
+    own; refused when several endpoints would share it, unless `hermes_share_api_key`."""
     hermes_api_key: str | None = Field(default=None, repr=False)
     """The key as a value (compatibility with the spec's example; warned at startup)."""
+    hermes_share_api_key: bool = False
+    """Send the one `AIPD_HERMES_API_KEY_FILE` key to several endpoints. Only for endpoints
+    that are one Hermes deployment: every endpoint receiving a key can use it elsewhere."""
     hermes_max_concurrent_runs: Annotated[int, Field(ge=1, le=1_000)] = 8
     """Operator runs admitted at once per endpoint, across all workers (Redis semaphore)."""
     hermes_http_transport: Literal["aiohttp", "httpx"] = "aiohttp"
@@ -339,19 +347,60 @@ class Settings(BaseSettings):
             seen.add(descriptor.id)
         return found
 
+    def endpoint_key_files(self) -> dict[str, Path]:
+        """Every endpoint's own key file: `api_key_file` in the endpoints file or an entry of
+        `AIPD_HERMES_API_KEY_FILES`. One endpoint named twice, or an entry for an endpoint
+        that is not configured, is refused: either is a key that could go astray."""
+        descriptors = self.endpoint_descriptors()
+        found = {d.id: d.api_key_file for d in descriptors if d.api_key_file is not None}
+        known = {d.id for d in descriptors}
+        for item in _split_list(self.hermes_api_key_files):
+            raw_id, sep, path = item.partition("=")
+            if not sep or not path.strip():
+                raise ValueError(f"AIPD_HERMES_API_KEY_FILES item {item!r} is not id=path")
+            try:
+                endpoint_id = normalize_endpoint_id(raw_id)
+            except InvalidEndpointId as exc:
+                raise ValueError(f"AIPD_HERMES_API_KEY_FILES: {exc}") from None
+            if endpoint_id not in known:
+                raise ValueError(
+                    f"AIPD_HERMES_API_KEY_FILES names endpoint {endpoint_id!r}, "
+                    "which is not configured"
+                )
+            if endpoint_id in found:
+                raise ValueError(f"endpoint {endpoint_id!r} has two API key files")
+            found[endpoint_id] = Path(path.strip())
+        return found
+
     def resolve_endpoints(self) -> list[Endpoint]:
-        """Descriptors with their keys read from owner-only files (startup only)."""
+        """Descriptors with their keys read from owner-only files (startup only).
+
+        An endpoint's own key file wins. The single `AIPD_HERMES_API_KEY_FILE` key goes to
+        the endpoints without one, and only to one of them unless `hermes_share_api_key`
+        says they are one deployment: a key sent to two endpoints lets either use it at the
+        other (a hostile endpoint would receive another endpoint's key).
+        """
+        descriptors = self.endpoint_descriptors()
+        own = self.endpoint_key_files()
+        keyless = [d.id for d in descriptors if d.id not in own]
         shared: Secret | None = None
         if self.hermes_api_key_file is not None:
             shared = read_secret_file(self.hermes_api_key_file, what="AIPD_HERMES_API_KEY_FILE")
         elif self.hermes_api_key:
             shared = Secret(self.hermes_api_key)
+        if shared is not None and len(keyless) > 1 and not self.hermes_share_api_key:
+            raise ValueError(
+                f"one API key (AIPD_HERMES_API_KEY_FILE) would be sent to {len(keyless)} "
+                f"endpoints ({', '.join(keyless)}): give each its own key "
+                "(AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE), "
+                "or set AIPD_HERMES_SHARE_API_KEY=true if they are one Hermes deployment"
+            )
         endpoints = []
-        for descriptor in self.endpoint_descriptors():
+        for descriptor in descriptors:
             key = shared
-            if descriptor.api_key_file is not None:
+            if descriptor.id in own:
                 key = read_secret_file(
-                    descriptor.api_key_file, what=f"api key file of endpoint {descriptor.id}"
+                    own[descriptor.id], what=f"api key file of endpoint {descriptor.id}"
                 )
             endpoints.append(Endpoint(descriptor=descriptor, api_key=key))
         return endpoints

@@ -71,6 +71,7 @@ async def measure(bench: Bench, runs: int = RUNS) -> InFlight:
     worker = start_workers(
         bench, "ours", 1,
         AIPD_HERMES_ENDPOINTS=",".join(f"{e}={url}" for e in ENDPOINTS),
+        AIPD_HERMES_SHARE_API_KEY="true",  # every endpoint is the one pacer server
         AIPD_CONCURRENCY=str(runs + 100),
         AIPD_LEASE_TTL_MS=str(LEASE_TTL_MS),
         AIPD_SHUTDOWN_GRACE_S="1",
