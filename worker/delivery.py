@@ -531,7 +531,8 @@ class DeliveryHandler:
                 )
             try:
                 await execution.mark_unsafe_attempt()
-            except LeaseLost:
+            except LeaseLost as lost:
+                self.rt.keeper.lose(execution, str(lost), cancel=False)
                 return None
         faults.hit("before_execute", execution.action.id)
         execution.task = asyncio.get_running_loop().create_task(
@@ -577,8 +578,10 @@ class DeliveryHandler:
             return Outcome(ResultStatus.FAILED, error=deadline_exceeded(operation.spec.name))
         except ConnectorError as exc:
             return Outcome(ResultStatus.FAILED, error=exc)
-        except LeaseLost:
-            execution.lease_lost = True
+        except LeaseLost as lost:
+            # Found by the operation's own check (the local validity after a pause, a
+            # fenced binding write): reported like the heartbeat's findings.
+            self.rt.keeper.lose(execution, str(lost), cancel=False)
             raise asyncio.CancelledError("lease lost") from None
         except Exception as exc:
             # No typed path expected this (a bug): settle it as the host's execution failure
@@ -588,6 +591,7 @@ class DeliveryHandler:
 
     async def release(self, execution: Execution) -> None:
         """Give the lease back unsettled (shutdown): the next owner need not wait out the TTL."""
+        execution.ending = True
         try:
             await self.rt.store.release(execution.keys, execution.owner, execution.fence)
         except Exception:
@@ -626,8 +630,10 @@ class DeliveryHandler:
         )
         try:
             execution.ensure_lease()
-        except LeaseLost:
+        except LeaseLost as lost:
+            rt.keeper.lose(execution, str(lost), cancel=False)
             return
+        execution.ending = True
         stored = await rt.store.settle(
             execution.keys, execution.owner, execution.fence, encode(result)
         )
@@ -639,8 +645,10 @@ class DeliveryHandler:
                 endpoint_id=endpoint_id,
                 fence=execution.fence,
             )
+            rt.keeper.lose(execution, "settle refused: a newer owner holds the lease", cancel=False)
             return
         if stored.status is SettleStatus.EXISTS and not _is_own(stored.stored, execution):
+            rt.keeper.lose(execution, "another owner settled this Action first", cancel=False)
             await self.republish_bytes(execution.messages, action.id, endpoint_id, stored.stored)
             return
         rt.audit.emit(

@@ -87,6 +87,11 @@ class Execution:
         if cancel_requested:
             self.cancel_requested.set()
         self.lease_lost = False
+        #: The keeper counted and logged the loss (once, whichever check found it first).
+        self.loss_reported = False
+        #: The owner is settling or releasing the lease: from now on a renewal refused is
+        #: that, not a loss (the settle's own answer tells a real one).
+        self.ending = False
         self.task: asyncio.Task[Any] | None = None
         self._seq = first_seq
         self._deadline_ms = deadline_ms

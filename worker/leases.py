@@ -4,6 +4,11 @@ One pipelined round trip per tick renews all leases (cost does not grow with the
 Actions in flight) and reports cancel intents in the same replies. A lease is lost when a
 renewal says so, or when no renewal has succeeded for a whole TTL (Redis unreachable,
 process paused): either way the execution is cancelled at once and settles nothing.
+
+`lose` is also where every other detection of a loss is reported — the execution's local
+validity check after a pause, a fenced binding write, a fenced settle — so each real loss
+is counted (`leases_lost_total`, the metric operators alert on) and logged exactly once. A
+renewal refused because the owner itself just settled or released the lease is not a loss.
 """
 
 from __future__ import annotations
@@ -110,6 +115,8 @@ class LeaseKeeper:
             self.health.mark_answering()
         for execution, renewal in zip(held, renewals, strict=True):
             if not renewal.still_held:
+                if execution.ending:
+                    continue  # settled or released while this renewal was in flight
                 if self.metrics is not None:
                     self.metrics.fenced_out(execution.endpoint.id, FenceStep.RENEW)
                 self.lose(execution, "renewal refused: another owner holds the lease")
@@ -125,9 +132,12 @@ class LeaseKeeper:
             if time.monotonic() - execution.renewed_at > limit:
                 self.lose(execution, "no successful renewal for a whole lease TTL")
 
-    def lose(self, execution: Execution, why: str) -> None:
-        if execution.lease_lost:
+    def lose(self, execution: Execution, why: str, *, cancel: bool = True) -> None:
+        """Report a lost lease once (metric, log line, receipt) and stop the execution;
+        `cancel=False` when the caller found the loss itself and is already stopping."""
+        if execution.loss_reported:
             return
+        execution.loss_reported = True
         execution.lease_lost = True
         self.lost_count += 1
         if self.metrics is not None:
@@ -146,7 +156,7 @@ class LeaseKeeper:
             fence=execution.fence,
             reason=why,
         )
-        if execution.task is not None:
+        if cancel and execution.task is not None:
             execution.task.cancel("lease lost")
 
     def cancel(self, execution: Execution) -> None:
