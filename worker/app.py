@@ -14,7 +14,7 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker.admission import Admission
 from worker.audit import AuditLog
-from worker.connections import connect_nats, stream_policy
+from worker.connections import connect_nats, open_redis_for, stream_policy
 from worker.consumer import PullLoop, Slots
 from worker.control import BindingCancelHook, ControlPlane
 from worker.dead_letters import DeadLetters
@@ -35,9 +35,7 @@ from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.publisher import BusPublisher
-from worker.secret_files import read_secret_file
 from worker.settings import Settings
-from worker.store.connection import WriteConfirmation, open_redis
 from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
 
@@ -93,22 +91,7 @@ class Worker:
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
                 "prefer AIPD_HERMES_API_KEY_FILE (an owner-only file)"
             )
-        password = (
-            read_secret_file(settings.redis_password_file, what="AIPD_REDIS_PASSWORD_FILE")
-            if settings.redis_password_file
-            else None
-        )
-        confirm = (
-            WriteConfirmation(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
-            if settings.redis_wait_replicas
-            else None
-        )
-        self.redis = open_redis(
-            settings.redis_url,
-            cluster=settings.redis_cluster,
-            password=password,
-            confirm=confirm,
-        )
+        self.redis = open_redis_for(settings)
         health = self.store_health = StoreHealth(
             self.redis,
             check_interval_s=settings.redis_check_interval_ms / 1000,

@@ -17,11 +17,11 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from pydantic import ValidationError
 
 from schemas.codec import EnvelopeRejected
 from worker.cli_settings import SettingsError, add_settings_flags, settings_from
 from worker.logs import setup_logging
+from worker.settings import Settings
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -38,7 +38,13 @@ def _json_input(text: str) -> dict[str, Any]:
     return value
 
 
-async def _connect_nats(servers: str) -> Any:
+def _bus_settings(args: argparse.Namespace) -> Settings:
+    """A bus command's settings: its `--nats-url` over the `AIPD_*` environment, so the
+    NATS credential settings apply as they do to a worker."""
+    return settings_from(args, nats_url=args.nats_url)
+
+
+async def _connect_nats(settings: Settings) -> Any:
     """A short-lived connection for one command, with the same credentials (AIPD_NATS_*
     files, TLS) a worker uses; it fails fast instead of retrying forever."""
     import nats
@@ -46,16 +52,12 @@ async def _connect_nats(servers: str) -> Any:
     from nats.errors import NoServersError
 
     from worker.connections import credential_options
-    from worker.settings import Settings
 
+    credentials = credential_options(settings)
+    servers = settings.nats_url
     try:
-        credentials = credential_options(Settings(nats_url=servers))
-    except ValidationError as exc:
-        raise SettingsError(str(exc.errors()[0]["msg"])) from None
-    try:
-        # A cluster is a comma-separated list; nats-py wants it as a list, not one string.
         return await nats.connect(
-            [url.strip() for url in servers.split(",") if url.strip()],
+            settings.nats_servers,
             connect_timeout=3,
             max_reconnect_attempts=1,
             allow_reconnect=False,
@@ -111,7 +113,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     endpoint_ids = [d.id for d in settings.endpoint_descriptors()]
-    nc = await _connect_nats(settings.nats_url)
+    nc = await _connect_nats(settings)
     try:
         report = await provision(
             nc.jetstream(),
@@ -130,7 +132,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 async def cmd_submit(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(args.nats_url)
+    nc = await _connect_nats(_bus_settings(args))
     client = AipClient(nc, prefix=args.prefix, sign_key=args.sign_key)
     try:
         action = client.build_action(
@@ -181,7 +183,7 @@ async def _follow(
 async def cmd_tail(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(args.nats_url)
+    nc = await _connect_nats(_bus_settings(args))
     try:
         return await _follow(
             AipClient(nc, prefix=args.prefix),
@@ -197,7 +199,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 async def cmd_result(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(args.nats_url)
+    nc = await _connect_nats(_bus_settings(args))
     client = AipClient(nc, prefix=args.prefix)
     try:
         if args.wait:
@@ -217,7 +219,7 @@ async def cmd_result(args: argparse.Namespace) -> int:
 async def cmd_cancel(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(args.nats_url)
+    nc = await _connect_nats(_bus_settings(args))
     try:
         reply = await AipClient(nc, prefix=args.prefix, sign_key=args.sign_key).cancel(
             args.endpoint, args.action_id, reason=args.reason, requested_by=args.requested_by
@@ -231,7 +233,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
 async def cmd_manifest(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(args.nats_url)
+    nc = await _connect_nats(_bus_settings(args))
     try:
         print(json.dumps(await AipClient(nc, prefix=args.prefix).manifest(args.endpoint), indent=2))
     finally:
@@ -243,7 +245,7 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     """Print an Action's receipt chain in order: what every worker decided about it."""
     from worker.client import AipClient
 
-    nc = await _connect_nats(args.nats_url)
+    nc = await _connect_nats(_bus_settings(args))
     try:
         receipts = await AipClient(nc, prefix=args.prefix).receipts(args.endpoint, args.action_id)
     finally:

@@ -1,4 +1,10 @@
-"""Open the NATS connection with every credential kind and reconnects that never give up."""
+"""Open NATS and Redis from the settings, with every credential kind they support.
+
+The worker and every CLI command connect through these functions, so a credential setting
+(`AIPD_NATS_*_FILE`, `AIPD_REDIS_PASSWORD_FILE`, TLS) means the same everywhere and no
+command needs a secret in a URL. The worker's NATS connection reconnects forever; a
+command's fails fast (`worker/cli.py`).
+"""
 
 from __future__ import annotations
 
@@ -8,10 +14,13 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from subjects.streams import StreamPolicy
 from worker.secret_files import read_secret_file
 from worker.settings import Settings
+from worker.store.connection import WriteConfirmation, open_redis
 
 log = logging.getLogger(__name__)
 
@@ -100,3 +109,21 @@ def credential_options(settings: Settings) -> dict[str, Any]:
     if tls is not None:
         options["tls"] = tls
     return options
+
+
+def open_redis_for(settings: Settings) -> Redis | RedisCluster:
+    """The Redis client of these settings: URL, cluster mode, the password file (never in
+    the URL) and the deployment's write confirmation."""
+    password = (
+        read_secret_file(settings.redis_password_file, what="AIPD_REDIS_PASSWORD_FILE")
+        if settings.redis_password_file
+        else None
+    )
+    confirm = (
+        WriteConfirmation(settings.redis_wait_replicas, settings.redis_wait_timeout_ms)
+        if settings.redis_wait_replicas
+        else None
+    )
+    return open_redis(
+        settings.redis_url, cluster=settings.redis_cluster, password=password, confirm=confirm
+    )

@@ -22,12 +22,12 @@ from redis.exceptions import RedisError
 
 from schemas.ids import is_action_id
 from worker.cli_settings import add_settings_flags, settings_from
+from worker.connections import open_redis_for
 from worker.errors import ConnectorError
 from worker.hermes.client import HermesClient
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, decode_binding
 from worker.operator.redaction import bounded_text, digest, redact_output
-from worker.store.connection import open_redis
 from worker.store.keys import binding_key
 from worker.store.operator_store import OperatorStore, ReconcileStatus
 from worker.store.reask import StoreUnavailable
@@ -157,7 +157,7 @@ def _action_id(value: str) -> str:
 
 async def cmd_binding_show(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    redis = open_redis_for(settings)
     try:
         view = await show_binding(redis, args.action_id)
     except (StoreUnavailable, RedisError, OSError) as exc:
@@ -178,7 +178,7 @@ async def cmd_reconcile(args: argparse.Namespace) -> int:
         endpoints = {e.id: e for e in settings.resolve_endpoints()}
     except ValueError as exc:
         return _fail(EXIT_CONFIG, str(exc))
-    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    redis = open_redis_for(settings)
     hermes: HermesClient | None = None
     try:
         view = await show_binding(redis, args.action_id)

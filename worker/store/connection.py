@@ -17,7 +17,13 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import (
+    AuthenticationError,
+    AuthorizationError,
+    ClusterDownError,
+    NoPermissionError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,7 +50,12 @@ def is_transient(exc: BaseException) -> bool:
     closed its connection under it: the async cluster pipeline (redis-py 8.1) answers a dead
     node by closing every connection of the whole client, including ones other tasks are
     writing to at that moment. Those writes never left the process.
+
+    Refused credentials or permissions are not transient, although redis-py raises them as
+    connection errors: no repeat fixes a wrong password file, so they fail at once.
     """
+    if isinstance(exc, (AuthenticationError, AuthorizationError, NoPermissionError)):
+        return False
     if isinstance(exc, _TRANSIENT):
         return True
     text = str(exc)

@@ -19,9 +19,11 @@ from worker.testing._errors import ServiceStartError
 from worker.testing._procs import HOST, ProcessService, free_ports
 
 
-def redis_answers(host: str, port: int) -> bool:
+def redis_answers(host: str, port: int, password: str | None = None) -> bool:
     """Whether the server answers PING, i.e. accepts commands (not still loading its AOF)."""
-    client = redis.Redis(host=host, port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
+    client = redis.Redis(
+        host=host, port=port, password=password, socket_timeout=0.5, socket_connect_timeout=0.5
+    )
     try:
         return bool(client.ping())
     except redis.RedisError:
@@ -54,6 +56,7 @@ class RedisServer(ProcessService):
         config: Mapping[str, str] | None = None,
         root: Path | None = None,
         start_timeout: float = 15.0,
+        password: str | None = None,
     ) -> None:
         found = binary or find_redis_server()
         if found is None:
@@ -72,6 +75,9 @@ class RedisServer(ProcessService):
         self.cluster = cluster
         self.cluster_node_timeout_ms = cluster_node_timeout_ms
         self.config = dict(config or {})
+        #: `requirepass` of the default user (None: no password). `url` never carries it:
+        #: a client must be given it the way the worker is, from a password file.
+        self.password = password
 
     @property
     def host(self) -> str:
@@ -100,6 +106,8 @@ class RedisServer(ProcessService):
             "socket_connect_timeout": 1.0,
             "decode_responses": True,
         }
+        if self.password is not None:
+            options["password"] = self.password
         options.update(kwargs)
         return redis.Redis(host=HOST, port=self.port, **options)
 
@@ -127,6 +135,8 @@ class RedisServer(ProcessService):
                 # Any replica may take over, however long its link was down: tests kill often.
                 "cluster-replica-validity-factor": "0",
             }
+        if self.password is not None:
+            settings["requirepass"] = self.password
         return settings | self.config
 
     def _prepare(self) -> None:
@@ -138,7 +148,7 @@ class RedisServer(ProcessService):
         return [self.binary, str(self.config_path)]
 
     def _probe(self) -> bool:
-        return redis_answers(HOST, self.port)
+        return redis_answers(HOST, self.port, self.password)
 
     def _choose_ports(self) -> None:
         self.port, self.cluster_bus_port = free_ports(2)

@@ -22,9 +22,9 @@ from schemas.action import Action
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from schemas.codec import EnvelopeRejected, decode_action
 from worker.cli_settings import add_settings_flags, settings_from
+from worker.connections import open_redis_for
 from worker.errors import ConnectorError
 from worker.settings import Settings
-from worker.store.connection import open_redis
 from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS, ApprovalRefused, approve, read_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import redis_now_ms
@@ -66,7 +66,7 @@ async def approve_action(
         raise TrustConfigError(
             "AIPD_APPROVAL_AUTHORITY_FILE (--approval-authority-file) is required to approve"
         )
-    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    redis = open_redis_for(settings)
     try:
         now = await redis_now_ms(redis)
         try:
@@ -81,7 +81,7 @@ async def approve_action(
 
 
 async def show_approval(settings: Settings, action_id: str) -> ApprovalRecord | None:
-    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    redis = open_redis_for(settings)
     try:
         return await read_record(redis, action_id)
     finally:
