@@ -9,6 +9,8 @@ undecodable. These need the fake's fault injection.
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from ops_harness import HermesServer, Invoke, endpoint_for
 
@@ -30,6 +32,7 @@ from worker.testing.fake_hermes import (
     StartHang,
     StartServerError,
 )
+from worker.testing.scenario import SLOW_REPLY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -93,6 +96,34 @@ async def test_an_unsafe_call_hermes_refused_with_429_is_certain_and_retryable(
             False, True, 429,
         )  # fmt: skip
     assert fake.stats().count("POST /v1/chat/completions") == 2
+
+
+async def test_hermes_own_run_cap_refusal_of_a_start_is_certain_and_retryable(
+    invoke: Invoke,
+) -> None:
+    """The 429 Hermes itself answers (fake and real) when its open runs are at the cap."""
+    run_ids: list[str] = []
+    refused = None
+    try:
+        for i in range(11):  # the cap is 10 open runs
+            started = await invoke("run_start", {"input": f"{i} {SLOW_REPLY}"})
+            if started.status is not ResultStatus.COMPLETED:
+                refused = started
+                break
+            run_ids.append(started.output["run_id"])
+        assert refused is not None
+        error = refused.protocol_error()
+        assert (error.code, error.remote_status) == (ErrorCode.REMOTE_TEMPORARY, 429)
+        assert (error.uncertain_outcome, error.retryable) == (False, True)
+    finally:
+        for run_id in run_ids:
+            await invoke("run_stop", {"run_id": run_id})
+        for run_id in run_ids:
+            for _ in range(100):
+                status = (await invoke("run_status", {"run_id": run_id})).output["status"]
+                if status in ("cancelled", "completed", "failed"):
+                    break
+                await asyncio.sleep(0.1)
 
 
 async def test_a_draining_gateway_refusal_is_certain_any_other_503_is_not(
