@@ -12,6 +12,7 @@ import jsonschema
 import msgspec
 
 from schemas.action import Mode
+from schemas.ids import json_schema
 from schemas.operator import OperatorOutput, OperatorStatus
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
@@ -84,7 +85,9 @@ async def test_the_manifest_publishes_the_whole_operator_contract(stack: Stack) 
     output_schema = contract["output_schema"]
     required = output_schema["$defs"]["OperatorOutput"]["required"]
     assert set(required) == {"endpoint_id", "session_id", "source_action_id", "status"}
-    assert output_schema == msgspec.json.schema(OperatorOutput)
+    # Published in JSON Schema's own regex dialect, like schemas/json/OperatorOutput.json.
+    assert output_schema == json_schema(OperatorOutput)
+    assert output_schema["$defs"] == OUTPUT_SCHEMA["$defs"]
     # A capability that does not stream does not offer `stream`; none publishes a contract
     # its spec does not give.
     models = _entry(manifest, "models")

@@ -146,3 +146,15 @@ def test_cancel_requests_refuse_repeated_keys_too() -> None:
     repeated = cancel.replace(b'{"action_id"', b'{"action_id":"act_' + b"b" * 32 + b'","action_id"')
     with pytest.raises(EnvelopeRejected, match="duplicate key 'action_id'"):
         decode_cancel(repeated)
+
+
+def test_the_manifest_publishes_patterns_in_the_ecma_dialect_too() -> None:
+    """Every schema a worker serves in its manifest (input schemas, the operator's output
+    schema) uses `$`, never Python's `\\Z`, which an ECMA-262 validator misreads."""
+    from worker.settings import Settings
+    from worker.wiring import build_registry
+
+    registry = build_registry(Settings(hermes_endpoints="h1=http://127.0.0.1:1"))
+    text = msgspec.json.encode(registry.manifest("h1")).decode()
+    assert '"pattern"' in text
+    assert "\\\\Z" not in text

@@ -10,9 +10,8 @@ what this deployment does; the hints are the spec's declarations, not measuremen
 
 from __future__ import annotations
 
-import msgspec
-
 from schemas.action import Mode
+from schemas.ids import json_schema
 from schemas.manifest import (
     ApprovalPolicy,
     CapabilityKind,
@@ -76,6 +75,6 @@ def operator_contract(*, idempotency_ttl_ms: int) -> OperationContract:
         ),
         max_queue_delay_ms=MAX_QUEUE_DELAY_MS,
         availability_target=AVAILABILITY_TARGET,
-        output_schema=msgspec.json.schema(OperatorOutput),
+        output_schema=json_schema(OperatorOutput),
         principal=OPERATOR_PRINCIPAL,
     )
