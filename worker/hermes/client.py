@@ -398,8 +398,17 @@ async def refusal_code(response: httpx.Response) -> str | None:
             raw += piece
             if len(raw) > MAX_REFUSAL_BYTES:
                 return None
-        body = _json_decoder.decode(bytes(raw))
-    except (msgspec.DecodeError, *_TRANSPORT_ERRORS):
+    except _TRANSPORT_ERRORS:
+        return None
+    return error_code_of(bytes(raw))
+
+
+def error_code_of(raw: bytes) -> str | None:
+    """`error.code` of a Hermes error body (its OpenAI envelope), or None for any other
+    body; nothing else of the body is read or returned (it may echo input or secrets)."""
+    try:
+        body = _json_decoder.decode(raw)
+    except msgspec.DecodeError:
         return None
     error = body.get("error") if isinstance(body, dict) else None
     code = error.get("code") if isinstance(error, dict) else None

@@ -19,7 +19,7 @@ import msgspec
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, refused_before_start
-from worker.hermes.client import HermesClient, route_path
+from worker.hermes.client import HermesClient, error_code_of, route_path
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 
 START_ROUTE = "/v1/runs"
@@ -154,16 +154,8 @@ def _run_id(raw: bytes) -> str | None:
 
 
 def _error_code(raw: bytes) -> str | None:
-    """`error.code` of an error body (Hermes' OpenAI envelope); nothing else is read."""
-    if len(raw) > MAX_START_REPLY_BYTES:
-        return None
-    try:
-        body = _json.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    error = body.get("error") if isinstance(body, dict) else None
-    code = error.get("code") if isinstance(error, dict) else None
-    return code if isinstance(code, str) else None
+    """`error.code` of an error body no longer than a start reply may be."""
+    return error_code_of(raw) if len(raw) <= MAX_START_REPLY_BYTES else None
 
 
 def _retry_after(value: str | None) -> float:
