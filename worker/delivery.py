@@ -124,6 +124,7 @@ class Refusal(Exception):
 #: Failures of what a delivery depends on (NATS, Redis, the network): the same envelope can
 #: succeed once the dependency is back, so such a delivery is nak'd and comes back.
 _DEPENDENCY_FAILURES: tuple[type[BaseException], ...] = (
+    StoreUnavailable,
     OSError,
     TimeoutError,
     PublishFailed,
@@ -584,6 +585,11 @@ class DeliveryHandler:
             self.rt.keeper.lose(execution, str(lost), cancel=False)
             raise asyncio.CancelledError("lease lost") from None
         except Exception as exc:
+            if _is_dependency_failure(exc):
+                # Redis, NATS or the network failed, not this Action: the delivery is nak'd
+                # and the next owner takes over (and recovers what this one began), instead
+                # of a terminal, uncertain result for a passing outage.
+                raise
             # No typed path expected this (a bug): settle it as the host's execution failure
             # instead of redelivering the same failure forever (max_deliver is unlimited).
             log.exception("execution of %s failed unexpectedly", action.id)

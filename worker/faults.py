@@ -9,7 +9,9 @@ Enabled only by the test-only environment variable `AIPD_FAULT_POINTS`, read onc
 `exit` ends the process on the spot (`os._exit(137)`, no cleanup, like kill -9), `pause`
 stops it (SIGSTOP; the test sends SIGCONT), `sleep:S` blocks the event loop for S seconds
 (a stalled process, as seen by its peers), `raise` raises `FaultRaised` there (a bug: an
-exception no code path expected). Production pays one `is None` check per point.
+exception no code path expected), `unavailable` raises `StoreUnavailable` (Redis did not
+answer within a budget: a dependency failure, not a bug). Production pays one `is None`
+check per point.
 """
 
 from __future__ import annotations
@@ -76,3 +78,7 @@ def hit(point: str, action_id: str) -> None:
         time.sleep(float(action.split(":", 1)[1]))
     elif action == "raise":
         raise FaultRaised(f"fault point {point}")
+    elif action == "unavailable":
+        from worker.store.reask import StoreUnavailable
+
+        raise StoreUnavailable(f"fault point {point}")

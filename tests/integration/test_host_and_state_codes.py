@@ -107,6 +107,30 @@ async def test_an_unexpected_exception_in_an_execution_settles_once_as_execution
     assert worker.alive
 
 
+async def test_a_store_outage_in_an_execution_is_redelivered_not_settled_as_execution(
+    stack: Stack,
+) -> None:
+    # A dependency failure (Redis out for a whole budget) is not a bug of this Action: the
+    # delivery is nak'd and the next owner recovers the bound run, instead of an immediate
+    # terminal `connector_host.execution` with an uncertain outcome.
+    action = stack.action("operator", {"objective": "the run is bound, then redis fails"})
+    w1 = await stack.spawn("w1", fault_points=f"after_bind=unavailable@{action.id}")
+    await stack.approve(action)
+    handle = await stack.publish(action)
+    deadline = time.monotonic() + 30
+    while "redelivering later" not in w1.log_text():
+        assert time.monotonic() < deadline, w1.log_tail()
+        await asyncio.sleep(0.05)
+    assert await stack.results(action.id) == []
+    w1.kill()
+    await stack.spawn("w2")
+    result = await handle.result(timeout_s=60)
+    assert (result.status, result.settled_by) == (ResultStatus.COMPLETED, "w2"), result.error
+    assert len(await stack.results(action.id)) == 1
+    assert stack.fake is not None
+    assert stack.fake.stats().count(POST_RUNS) == 1  # recovered, never started twice
+
+
 async def test_a_stored_binding_that_does_not_parse_is_operator_state_and_sends_nothing(
     stack: Stack,
 ) -> None:
