@@ -13,10 +13,9 @@ import msgspec
 
 from schemas.action import Mode
 from schemas.ids import json_schema
-from schemas.operator import OperatorOutput, OperatorStatus
+from schemas.operator import OperatorOutput
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
-from worker.operator.binding import BindingState
 from worker.testing.scenario import NEEDS_APPROVAL
 
 OUTPUT_SCHEMA = json.loads(
@@ -132,7 +131,3 @@ async def test_a_mode_the_capability_does_not_offer_is_refused_before_anything_i
     streamed = await handle.result(timeout_s=30)
     assert streamed.status is ResultStatus.COMPLETED, streamed.error
     _conforms(streamed.output)
-
-
-def test_the_published_statuses_are_exactly_the_binding_states() -> None:
-    assert [s.value for s in OperatorStatus] == [s.value for s in BindingState]

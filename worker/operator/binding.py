@@ -17,6 +17,7 @@ import msgspec
 
 from schemas.action import Action
 from schemas.errors import ErrorCode
+from schemas.operator import OperatorStatus
 from worker.errors import ConnectorError
 
 #: The profile-state namespace of the spec; the Redis key prefix mirrors it (DESIGN §5).
@@ -25,15 +26,9 @@ NAMESPACE = "aip.connector.hermes_agent.operator_runs.v1"
 MAX_APPROVAL_COMMANDS = 256
 
 
-class BindingState(StrEnum):
-    STARTING = "starting"
-    RUNNING = "running"
-    WAITING_FOR_APPROVAL = "waiting_for_approval"
-    CANCELLING = "cancelling"
-    COMPLETED = "completed"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    OUTCOME_UNKNOWN = "outcome_unknown"
+#: The binding's state is the status the operator output publishes (spec "Follow the
+#: operator states"): one enum, so the two can never drift apart.
+BindingState = OperatorStatus
 
 
 S = BindingState
