@@ -51,6 +51,15 @@ class Subjects:
     def cancel(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.cancel"
 
+    def cancel_notice(self, endpoint_id: str) -> str:
+        """Internal fan-out among workers: "re-read the durable cancel intent of this Action".
+
+        Carries only an Action id and grants nothing: a worker holding that Action re-reads
+        its cancel intent in Redis (coalesced, rate-bounded); a notice without a recorded
+        intent changes nothing. Workers publish and subscribe it; nobody else needs to.
+        """
+        return f"{self.prefix}.hermes.{endpoint_id}.control.cancel"
+
     def chunks(self, endpoint_id: str, action_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.chunks.{_checked(action_id)}"
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import logging
 import ssl
+import time
 from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.errors import SlowConsumerError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
@@ -57,7 +59,17 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
 async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -> NATS:
     """Unlimited reconnects (the default gives up after ~60 tries, pitfalls.md)."""
 
+    slow_logged_at = [0.0]
+
     async def on_error(exc: Exception) -> None:
+        if isinstance(exc, SlowConsumerError):
+            # One per dropped message during a flood: logged at most every 10 s.
+            now = time.monotonic()
+            if now - slow_logged_at[0] < 10.0:
+                return
+            slow_logged_at[0] = now
+            log.warning("nats slow consumer on %s: messages dropped", exc.subject)
+            return
         log.warning("nats error: %s", type(exc).__name__)
 
     async def on_disconnect() -> None:

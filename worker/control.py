@@ -3,8 +3,9 @@
 Both are NATS micro endpoints in one service, so `$SRV.PING|INFO|STATS.aip-hermes-worker`
 discovers every worker and what it serves. Requests are load-balanced by the micro queue
 group; a cancel is persisted in Redis first (so it holds even if no worker runs the Action
-yet), then announced on an internal subject that every worker hears, so the holder reacts
-at once instead of at its next heartbeat.
+yet), then announced on an internal subject that every worker hears, so the holder re-reads
+the intent at once instead of at its next heartbeat. The announcement grants nothing: only
+the durable intent cancels (`worker.cancel_notices`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,13 @@ from subjects.grammar import Subjects
 from worker import __version__
 from worker.delivery import Runtime
 from worker.errors import ConnectorError, protocol_error
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import CancelAnswer, CancelState
 
 log = logging.getLogger(__name__)
+
+#: Answers after which a durable, authorized intent exists (the holder must re-read it).
+_DURABLE = frozenset({CancelState.RECORDED, CancelState.ALREADY_REQUESTED})
 
 SERVICE_NAME = "aip-hermes-worker"
 QUEUE_GROUP = "aip-hermes-worker"
@@ -45,9 +51,16 @@ class BindingCancelHook(Protocol):
     ) -> Awaitable[str | None]: ...
 
 
+#: Notices buffered per subscription before the client drops more (a dropped notice only
+#: delays a cancel until the next heartbeat, so a flood is shed instead of queued).
+NOTICE_PENDING_MSGS = 4_096
+#: An Action id is 36 bytes; anything longer is not a notice.
+MAX_NOTICE_BYTES = 64
+
+
 def control_cancel_subject(subjects: Subjects, endpoint_id: str) -> str:
-    """Internal fan-out subject announcing a durable cancel intent to every worker."""
-    return f"{subjects.prefix}.hermes.{endpoint_id}.control.cancel"
+    """Internal fan-out subject: "re-read the durable cancel intent of this Action"."""
+    return subjects.cancel_notice(endpoint_id)
 
 
 def manifest_of(rt: Runtime, endpoint_id: str) -> CapabilityManifest:
@@ -92,7 +105,10 @@ class ControlPlane:
                 handler=self._cancel_handler(endpoint_id),
             )
             await self.nc.subscribe(
-                control_cancel_subject(subjects, endpoint_id), cb=self._on_cancel_notice
+                subjects.cancel_notice(endpoint_id),
+                cb=self._on_cancel_notice,
+                pending_msgs_limit=NOTICE_PENDING_MSGS,
+                pending_bytes_limit=NOTICE_PENDING_MSGS * MAX_NOTICE_BYTES * 4,
             )
 
     async def stop(self) -> None:
@@ -113,7 +129,8 @@ class ControlPlane:
         return handle
 
     async def cancel(self, endpoint_id: str, data: bytes, headers: dict[str, str]) -> CancelReply:
-        """Persist the intent durably, then announce it; the Action's result tells the end."""
+        """Authorize, persist the intent durably, then announce it; the Action's result
+        tells the end. A refused request changes nothing."""
         rt = self.rt
         try:
             request = decode_cancel(data, max_bytes=rt.settings.max_envelope_bytes)
@@ -132,14 +149,23 @@ class ControlPlane:
         )
         try:
             keys = await rt.store.keys_of(request.action_id)
-            state, owner = await rt.store.request_cancel(keys, intent)
+            answer = await self._authorized_record(request.requested_by, keys, intent)
             binding_state = None
-            if self.binding_cancel is not None:
+            if self.binding_cancel is not None and answer.state in _DURABLE:
                 binding_state = await self.binding_cancel(
                     rt.store.redis,
                     request.action_id,
                     source_action_id=keys.slot_action_id if keys.is_resume else None,
                 )
+        except ConnectorError as exc:
+            rt.audit.emit(
+                ReceiptEvent.CANCEL_REFUSED,
+                action_id=request.action_id,
+                endpoint_id=endpoint_id,
+                requested_by=request.requested_by,
+                code=exc.code.value,
+            )
+            return _refused(request.action_id, exc.code, exc.message, endpoint_id)
         except Exception as exc:
             log.warning("cancel of %s not recorded: %s", request.action_id, type(exc).__name__)
             return _refused(
@@ -148,6 +174,7 @@ class ControlPlane:
                 "cancel intent not recorded",
                 endpoint_id,
             )
+        state = answer.state
         rt.audit.emit(
             ReceiptEvent.CANCEL_REQUESTED,
             action_id=request.action_id,
@@ -155,20 +182,56 @@ class ControlPlane:
             requested_by=request.requested_by,
             state=state.value,
         )
-        if state.value != "settled":
+        if state in _DURABLE:
             await self.nc.publish(
-                control_cancel_subject(rt.subjects, endpoint_id), request.action_id.encode()
+                rt.subjects.cancel_notice(endpoint_id), request.action_id.encode()
             )
-        reported = binding_state or (
-            "settled" if state.value == "settled" else ("running" if owner else "pending")
-        )
-        # `accepted` means the intent is durable; a settled Action records none.
+        if state is CancelState.SETTLED:
+            reported = "settled"
+        elif state is CancelState.PENDING:
+            reported = "pending"
+        else:
+            reported = binding_state or ("running" if answer.owner else "pending")
+        # `accepted` means the intent is durable (pending: until the leasing worker
+        # authorizes it against the Action); a settled Action records none.
         return CancelReply(
-            action_id=request.action_id, accepted=state.value != "settled", state=reported
+            action_id=request.action_id,
+            accepted=state in _DURABLE or state is CancelState.PENDING,
+            state=reported,
         )
 
+    async def _authorized_record(
+        self, requested_by: str, keys: ActionKeys, intent: bytes
+    ) -> CancelAnswer:
+        """Authorize `requested_by` against the principal the Action's lease records, and
+        record the intent if that principal is still the one checked (a lease taken in
+        between is re-checked once). Raises ConnectorError when refused."""
+        rt = self.rt
+        subject = await rt.store.cancel_subject(keys)
+        for _ in range(2):
+            await rt.admission.authorize_cancel(
+                requested_by=requested_by, subject=subject, redis=rt.store.redis
+            )
+            answer = await rt.store.request_cancel(
+                keys,
+                intent,
+                requested_by=requested_by,
+                authorized_for=subject.principal_id if subject else "",
+            )
+            if answer.state is CancelState.PENDING_FULL:
+                raise ConnectorError(
+                    ErrorCode.HOST_CAPACITY,
+                    "too many cancel requests wait for this Action to be delivered",
+                )
+            if answer.state is not CancelState.CHANGED:
+                return answer
+            subject = await rt.store.cancel_subject(keys)
+        raise ConnectorError(ErrorCode.HOST_NOT_READY, "the Action's lease kept changing")
+
     async def _on_cancel_notice(self, msg: Msg) -> None:
-        self.rt.keeper.cancel_notice(msg.data.decode(errors="replace"))
+        """Unsigned and unauthenticated: it only asks for a re-read of the durable intent."""
+        if len(msg.data) <= MAX_NOTICE_BYTES:
+            self.rt.keeper.cancel_notice(msg.data.decode(errors="replace"))
 
 
 def _refused(action_id: str | None, code: ErrorCode, message: str, endpoint_id: str) -> CancelReply:

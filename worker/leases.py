@@ -19,6 +19,7 @@ import time
 
 from schemas.audit import ReceiptEvent
 from worker.audit import AuditLog
+from worker.cancel_notices import CancelNotices
 from worker.execution import Execution
 from worker.logs import RepeatedErrors
 from worker.metrics import FenceStep, Metrics
@@ -49,43 +50,39 @@ class LeaseKeeper:
         self.lease_ttl_ms = lease_ttl_ms
         self.interval_s = lease_ttl_ms / 3000
         self.executions: dict[str, Execution] = {}
+        #: The same executions by Action id (an Action runs at most once per worker).
+        self._by_action: dict[str, Execution] = {}
         self.lost_count = 0
         self.renew_round_trips = 0
-        #: Cancel notices that arrived before this worker registered the execution (between
-        #: its lease acquisition and `add`): applied on `add`, forgotten after a minute.
-        self._early_cancels: dict[str, float] = {}
+        self.notices = CancelNotices(store, holding=self.holding, cancel=self.cancel)
 
     def add(self, execution: Execution) -> None:
         self.executions[execution.owner] = execution
-        noticed = self._early_cancels.pop(execution.action.id, None)
-        if noticed is not None and time.monotonic() - noticed < 60.0:
-            execution.cancel_requested.set()
+        self._by_action[execution.action.id] = execution
+        self.notices.registered(execution.action.id)
 
     def cancel_notice(self, action_id: str) -> None:
-        """A worker recorded a cancel intent for `action_id`: act on it if it runs here."""
-        execution = self.holding(action_id)
-        if execution is None:
-            now = time.monotonic()
-            self._early_cancels = {
-                a: t for a, t in self._early_cancels.items() if now - t < 60.0
-            }
-            self._early_cancels[action_id] = now
-        elif not execution.cancel_requested.is_set():
-            self.cancel(execution)
+        """A cancel notice named `action_id`: re-read its durable intent soon (it grants
+        nothing by itself; see `worker.cancel_notices`)."""
+        self.notices.notice(action_id)
 
     def remove(self, execution: Execution) -> None:
         self.executions.pop(execution.owner, None)
+        if self._by_action.get(execution.action.id) is execution:
+            del self._by_action[execution.action.id]
 
     def holding(self, action_id: str) -> Execution | None:
-        for execution in self.executions.values():
-            if execution.action.id == action_id:
-                return execution
-        return None
+        return self._by_action.get(action_id)
 
     async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            await self.tick()
+        """The heartbeat, and the re-reads cancel notices ask for, until cancelled."""
+        notices = asyncio.get_running_loop().create_task(self.notices.run())
+        try:
+            while True:
+                await asyncio.sleep(self.interval_s)
+                await self.tick()
+        finally:
+            notices.cancel()
 
     async def tick(self) -> None:
         held = list(self.executions.values())
