@@ -51,6 +51,11 @@ class AuthorityMembership(WireStruct, frozen=True, kw_only=True):
     capability_prefixes: Annotated[
         list[CapabilityPrefix], msgspec.Meta(min_length=1, max_length=MAX_CAPABILITY_PREFIXES)
     ]
+    #: Capabilities whose Actions this principal may cancel in its tenant although they are
+    #: another principal's (an Action's own principal may always cancel it). Empty: none.
+    cancel_capability_prefixes: Annotated[
+        list[CapabilityPrefix], msgspec.Meta(max_length=MAX_CAPABILITY_PREFIXES)
+    ] = msgspec.field(default_factory=list)
     expires_at_unix_ms: UnixMs | None = None
     revoked: bool = False
 

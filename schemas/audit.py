@@ -33,6 +33,8 @@ class ReceiptEvent(StrEnum):
     RUN_BOUND = "run_bound"
     APPROVAL_COMMAND = "approval_command"
     CANCEL_REQUESTED = "cancel_requested"
+    #: A cancel request refused (unknown requester, or not allowed to cancel this Action).
+    CANCEL_REFUSED = "cancel_refused"
     CANCEL_SENT = "cancel_sent"
     CANCEL_CONFIRMED = "cancel_confirmed"
     SETTLED = "settled"

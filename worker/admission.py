@@ -17,6 +17,7 @@ from schemas.action import Action
 from schemas.audit import DetailValue
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint
+from worker.store.lease_store import ActionSubject
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +63,14 @@ class Admission(Protocol):
         redis: Any,
     ) -> None:
         """The durable approval of the exact delegated `child`; raises ConnectorError."""
+        ...
+
+    async def authorize_cancel(
+        self, *, requested_by: str, subject: ActionSubject | None, redis: Any
+    ) -> None:
+        """May `requested_by` cancel the Action whose lease recorded `subject`? With None
+        (no worker leased it yet) only the requester's identity is checked. Raises
+        ConnectorError with the refusal code; nothing has been recorded then."""
         ...
 
     def verify_record(self, payload: bytes, headers: Mapping[str, str]) -> str:

@@ -55,7 +55,7 @@ from worker.operations.base import (
 from worker.publisher import MSG_ID, BusPublisher, PublishFailed
 from worker.settings import Endpoint, Settings
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
+from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
 from worker.store.reask import StoreNotAccepting, StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -111,6 +111,16 @@ def keys_for(action: Action, operation: str) -> ActionKeys:
             if isinstance(source, str) and is_action_id(source) and source != action.id:
                 return ActionKeys.of(action.id, source_action_id=source)
     return ActionKeys.of(action.id)
+
+
+def subject_of(action: Action) -> ActionSubject:
+    """What a lease records for cancel authorization: the Action's principal (verified by
+    admission before any lease that executes), tenant and capability."""
+    return ActionSubject(
+        principal_id=action.identity.principal_id,
+        tenant_id=action.identity.tenant_id,
+        capability=action.capability,
+    )
 
 
 class Refusal(Exception):
@@ -416,10 +426,13 @@ class DeliveryHandler:
         if keys.is_resume:
             await rt.store.remember_resume(keys)
         grant = await rt.store.acquire(
-            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action)
+            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action), subject_of(action)
         )
         if not await self.answer_without_lease(msg, action, keys, ep.endpoint.id, grant):
             return
+        cancel_requested = grant.cancel_requested
+        if grant.cancel_pending:
+            cancel_requested = await self.authorize_pending_cancels(action, keys, ep.endpoint.id)
         rt.metrics.delivery(ep.endpoint.id, DeliveryOutcome.EXECUTED)
         if grant.is_takeover:
             rt.metrics.takeover(ep.endpoint.id)
@@ -443,7 +456,7 @@ class DeliveryHandler:
             publisher=rt.publisher,
             msg=msg,
             trusted_headers=trusted,
-            cancel_requested=grant.cancel_requested,
+            cancel_requested=cancel_requested,
             metrics=rt.metrics,
             leased_at_ms=grant.now_ms,
         )
@@ -464,6 +477,32 @@ class DeliveryHandler:
                 await self.settle(execution, spec, outcome)
         finally:
             rt.keeper.remove(execution)
+
+    async def authorize_pending_cancels(
+        self, action: Action, keys: ActionKeys, endpoint_id: str
+    ) -> bool:
+        """Cancels recorded before any worker knew this Action: the first whose requester
+        may cancel it becomes its durable intent, the others are dropped (and audited).
+        True when the Action now has a durable cancel intent."""
+        rt = self.rt
+        authorized: bytes | None = None
+        subject = subject_of(action)
+        for requested_by, intent in (await rt.store.pending_cancels(keys)).items():
+            try:
+                await rt.admission.authorize_cancel(
+                    requested_by=requested_by, subject=subject, redis=rt.store.redis
+                )
+            except ConnectorError as exc:
+                rt.audit.emit(
+                    ReceiptEvent.CANCEL_REFUSED,
+                    action_id=action.id,
+                    endpoint_id=endpoint_id,
+                    requested_by=requested_by,
+                    code=exc.code.value,
+                )
+                continue
+            authorized = authorized or intent
+        return await rt.store.promote_cancel(keys, authorized)
 
     async def answer_without_lease(
         self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, grant: Any
@@ -704,7 +743,7 @@ class DeliveryHandler:
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
         self.leasing(msg)
         grant = await rt.store.acquire(
-            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action)
+            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action), subject_of(action)
         )
         if not await self.answer_without_lease(msg, action, keys, endpoint_id, grant):
             return

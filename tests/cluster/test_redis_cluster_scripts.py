@@ -24,7 +24,7 @@ from schemas.approval import ApprovalDecision
 from schemas.ids import new_action_id
 from worker.store.connection import WriteConfirmation, open_redis
 from worker.store.keys import ActionKeys, approvals_key, capacity_key
-from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
+from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
 from worker.store.operator_store import MarkStatus, OperatorStore, ReconcileStatus, WriteStatus
 from worker.store.scripts import all_script_names, script_source
 from worker.testing.identities import (
@@ -154,10 +154,21 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     # The resume Action: its lease, cancel intent and result under the source's tag.
     await leases.remember_resume(resume_keys)
     assert await leases.keys_of(resume) == resume_keys
-    assert (await leases.request_cancel(resume_keys, b"{}"))[0].value == "recorded"
-    grant = await leases.acquire(resume_keys, "w2#r", 5_000, "fp-resume")
+    pending = await leases.request_cancel(
+        resume_keys, b"{}", requested_by="user:a", authorized_for=""
+    )
+    assert pending.state.value == "pending"
+    subject = ActionSubject("user:a", None, "cap:hermes_agent:h1:operator")
+    grant = await leases.acquire(resume_keys, "w2#r", 5_000, "fp-resume", subject)
     assert grant.status is AcquireStatus.ACQUIRED
-    assert grant.cancel_requested
+    assert grant.cancel_pending
+    assert await leases.pending_cancels(resume_keys) == {"user:a": b"{}"}
+    assert await leases.promote_cancel(resume_keys, b"{}")
+    recorded = await leases.request_cancel(
+        resume_keys, b"{}", requested_by="user:a", authorized_for="user:a"
+    )
+    assert recorded.state.value == "already_requested"
+    assert await leases.cancel_requested_many([resume_keys], budget_s=5) == [True]
     [renewal] = await leases.renew_many([(resume_keys, "w2#r", grant.fence)], 5_000, budget_s=5)
     assert renewal.cancel_requested
     settled = await leases.settle(resume_keys, "w2#r", grant.fence, b'{"status":"cancelled"}')

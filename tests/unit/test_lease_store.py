@@ -10,7 +10,14 @@ from redis.asyncio import Redis
 
 from schemas.ids import new_action_id
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import AcquireStatus, CancelState, LeaseStore, SettleStatus
+from worker.store.lease_store import (
+    MAX_PENDING_CANCELS,
+    AcquireStatus,
+    ActionSubject,
+    CancelState,
+    LeaseStore,
+    SettleStatus,
+)
 from worker.store.reask import StoreUnavailable
 from worker.testing.services import ServiceHandle
 
@@ -81,17 +88,75 @@ async def test_unsafe_attempt_is_visible_to_the_next_owner(store: LeaseStore) ->
     assert second.attempted_fence == first.fence
 
 
+SUBJECT = ActionSubject("user:alice", "tenant-a", "cap:hermes_agent:h1:models")
+
+
 async def test_cancel_intent_is_durable_and_reaches_the_holder_on_renewal(
     store: LeaseStore,
 ) -> None:
     keys = ActionKeys.of(new_action_id())
-    state, owner = await store.request_cancel(keys, b"{}")
-    assert (state, owner) == (CancelState.RECORDED, "")
-    grant = await store.acquire(keys, "w1#a", 5000, "fp")
-    assert grant.cancel_requested
+    grant = await store.acquire(keys, "w1#a", 5000, "fp", SUBJECT)
+    assert not grant.cancel_requested
+    assert await store.cancel_subject(keys) == SUBJECT
+    answer = await store.request_cancel(
+        keys, b"{}", requested_by="user:alice", authorized_for="user:alice"
+    )
+    assert (answer.state, answer.owner) == (CancelState.RECORDED, "w1#a")
     [renewal] = await store.renew_many([(keys, "w1#a", grant.fence)], 5000, budget_s=1)
     assert renewal.cancel_requested
-    assert (await store.request_cancel(keys, b"{}"))[0] is CancelState.ALREADY_REQUESTED
+    assert await store.cancel_requested_many([keys], budget_s=1) == [True]
+    again = await store.request_cancel(
+        keys, b"{}", requested_by="user:alice", authorized_for="user:alice"
+    )
+    assert again.state is CancelState.ALREADY_REQUESTED
+
+
+async def test_a_cancel_authorized_against_another_principal_writes_nothing(
+    store: LeaseStore,
+) -> None:
+    keys = ActionKeys.of(new_action_id())
+    # Authorized while no worker knew the Action; leased before the write: re-check.
+    await store.acquire(keys, "w1#a", 5000, "fp", SUBJECT)
+    answer = await store.request_cancel(keys, b"{}", requested_by="user:bob", authorized_for="")
+    assert (answer.state, answer.principal_id) == (CancelState.CHANGED, "user:alice")
+    assert await store.cancel_intent(keys) is None
+    assert await store.pending_cancels(keys) == {}
+
+
+async def test_cancels_before_the_lease_wait_for_the_leasing_worker(store: LeaseStore) -> None:
+    keys = ActionKeys.of(new_action_id())
+    assert await store.cancel_subject(keys) is None
+    for requester in ("user:mallory", "user:alice"):
+        answer = await store.request_cancel(
+            keys, requester.encode(), requested_by=requester, authorized_for=""
+        )
+        assert answer.state is CancelState.PENDING
+    # Nothing cancels yet: only the intent key does, and it is not written.
+    assert await store.cancel_intent(keys) is None
+    grant = await store.acquire(keys, "w1#a", 5000, "fp", SUBJECT)
+    assert (grant.cancel_pending, grant.cancel_requested) == (True, False)
+    assert await store.pending_cancels(keys) == {
+        "user:mallory": b"user:mallory",
+        "user:alice": b"user:alice",
+    }
+    # The leasing worker authorized alice's: it becomes the intent, the rest is dropped.
+    assert await store.promote_cancel(keys, b"user:alice") is True
+    assert await store.cancel_intent(keys) == b"user:alice"
+    assert await store.pending_cancels(keys) == {}
+
+
+async def test_unauthorized_pending_cancels_are_dropped_and_bounded(store: LeaseStore) -> None:
+    keys = ActionKeys.of(new_action_id())
+    for n in range(MAX_PENDING_CANCELS):
+        answer = await store.request_cancel(
+            keys, b"{}", requested_by=f"user:{n}", authorized_for=""
+        )
+        assert answer.state is CancelState.PENDING
+    full = await store.request_cancel(keys, b"{}", requested_by="user:x", authorized_for="")
+    assert full.state is CancelState.PENDING_FULL
+    assert await store.promote_cancel(keys, None) is False
+    assert await store.cancel_intent(keys) is None
+    assert await store.pending_cancels(keys) == {}
 
 
 async def test_renewals_of_many_leases_take_one_round_trip(store: LeaseStore) -> None:

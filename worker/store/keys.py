@@ -61,6 +61,11 @@ class ActionKeys:
         return f"{self._base}:cancel{self._suffix}"
 
     @property
+    def cancel_pending(self) -> str:
+        """Cancel intents recorded before any worker leased the Action, per requester."""
+        return f"{self._base}:cancel_pending{self._suffix}"
+
+    @property
     def resume_alias(self) -> str:
         """Under the resume's *own* tag: which source slot holds its keys (for cancels)."""
         return f"{NAMESPACE}:{_tag(self.action_id)}:resume_of"

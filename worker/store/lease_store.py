@@ -49,6 +49,8 @@ class LeaseGrant:
     cancel_requested: bool
     #: Redis time of the acquire (0 when the reply did not carry it).
     now_ms: int = 0
+    #: Cancel intents were recorded before any worker knew the Action: authorize them.
+    cancel_pending: bool = False
 
     @property
     def is_takeover(self) -> bool:
@@ -79,6 +81,34 @@ class CancelState(StrEnum):
     SETTLED = "settled"
     RECORDED = "recorded"
     ALREADY_REQUESTED = "already_requested"
+    #: No worker has leased the Action yet: kept for the worker that does to authorize.
+    PENDING = "pending"
+    #: As PENDING, but the Action already has MAX_PENDING_CANCELS pending requesters.
+    PENDING_FULL = "pending_full"
+    #: The lease names another principal than the caller authorized against: nothing written.
+    CHANGED = "changed"
+
+
+#: Requesters whose cancel may wait for an Action no worker has leased yet.
+MAX_PENDING_CANCELS = 16
+
+
+@dataclass(frozen=True, slots=True)
+class ActionSubject:
+    """Whose Action a lease is for, recorded at acquisition so a cancel can be authorized."""
+
+    principal_id: str
+    tenant_id: str | None
+    capability: str
+
+
+@dataclass(frozen=True, slots=True)
+class CancelAnswer:
+    state: CancelState
+    #: The current lease holder ('' when none).
+    owner: str
+    #: The principal the lease records ('' when no worker has leased the Action).
+    principal_id: str
 
 
 def _s(value: Any) -> str:
@@ -110,12 +140,20 @@ class LeaseStore:
         return await reask(fn, budget_s=self.call_budget_s if budget_s is None else budget_s)
 
     async def acquire(
-        self, keys: ActionKeys, owner: str, ttl_ms: int, fingerprint: str
+        self,
+        keys: ActionKeys,
+        owner: str,
+        ttl_ms: int,
+        fingerprint: str,
+        subject: ActionSubject | None = None,
     ) -> LeaseGrant:
         """Take the Action's lease. New work yields to the store's health: refused at once
         (`StoreNotAccepting`) while the gate is closed or Redis is at maxmemory, and given up
         at the first refused connection or after `ACQUIRE_BUDGET_S` (`StoreUnavailable`),
-        instead of holding the delivery for the whole store budget."""
+        instead of holding the delivery for the whole store budget. `subject` (the Action's
+        verified principal, tenant and capability) is recorded with it for cancel
+        authorization."""
+        recorded = subject or ActionSubject("", None, "")
         health = self.health
         if health is not None and not health.accepting:
             raise StoreNotAccepting(f"no new lease: {health.reason}")
@@ -124,8 +162,16 @@ class LeaseStore:
             async with asyncio.timeout(budget_s):
                 reply = await reask(
                     lambda: self.scripts["lease_acquire"](
-                        keys=[keys.lease, keys.result, keys.cancel],
-                        args=[owner, ttl_ms, self.lease_key_ttl_ms, fingerprint],
+                        keys=[keys.lease, keys.result, keys.cancel, keys.cancel_pending],
+                        args=[
+                            owner,
+                            ttl_ms,
+                            self.lease_key_ttl_ms,
+                            fingerprint,
+                            recorded.principal_id,
+                            recorded.tenant_id or "",
+                            recorded.capability,
+                        ],
                     ),
                     budget_s=budget_s,
                     give_up_if=is_refused,
@@ -153,6 +199,7 @@ class LeaseStore:
             attempted_fence=int(attempted),
             cancel_requested=bool(cancel),
             now_ms=int(reply[6]) if len(reply) > 6 else 0,
+            cancel_pending=bool(reply[7]) if len(reply) > 7 else False,
         )
 
     async def renew_many(
@@ -204,15 +251,52 @@ class LeaseStore:
         value = await self._call(lambda: self.redis.get(keys.result))
         return value if value is None or isinstance(value, bytes) else _s(value).encode()
 
-    async def request_cancel(self, keys: ActionKeys, intent_json: bytes) -> tuple[CancelState, str]:
+    async def cancel_subject(self, keys: ActionKeys) -> ActionSubject | None:
+        """Whose Action this is, as its lease recorded it; None before any worker leased it."""
+        principal, tenant, capability = await self._call(
+            lambda: self.redis.hmget(keys.lease, ["principal", "tenant", "capability"])
+        )
+        if not principal:
+            return None
+        return ActionSubject(_s(principal), _s(tenant) if tenant else None, _s(capability or ""))
+
+    async def request_cancel(
+        self, keys: ActionKeys, intent_json: bytes, *, requested_by: str, authorized_for: str
+    ) -> CancelAnswer:
+        """Record an intent the caller authorized against principal `authorized_for` (''
+        when `cancel_subject` found no lease); see cancel_request.lua for the answers."""
         reply = await self._call(
             lambda: self.scripts["cancel_request"](
-                keys=[keys.cancel, keys.result, keys.lease],
-                args=[intent_json, self.lease_key_ttl_ms],
+                keys=[keys.cancel, keys.result, keys.lease, keys.cancel_pending],
+                args=[
+                    intent_json,
+                    self.lease_key_ttl_ms,
+                    requested_by,
+                    authorized_for,
+                    MAX_PENDING_CANCELS,
+                ],
             )
         )
-        state, owner = reply
-        return CancelState(_s(state)), _s(owner)
+        state, owner, principal = reply
+        return CancelAnswer(CancelState(_s(state)), _s(owner), _s(principal))
+
+    async def pending_cancels(self, keys: ActionKeys) -> dict[str, bytes]:
+        """Intents recorded before the Action was leased, by requester."""
+        raw = await self._call(lambda: self.redis.hgetall(keys.cancel_pending))
+        return {
+            _s(k): v if isinstance(v, bytes) else _s(v).encode() for k, v in raw.items()
+        }
+
+    async def promote_cancel(self, keys: ActionKeys, intent_json: bytes | None) -> bool:
+        """Make an authorized pending intent durable (None: none was) and drop the rest;
+        True when a durable intent exists afterwards."""
+        reply = await self._call(
+            lambda: self.scripts["cancel_promote"](
+                keys=[keys.cancel, keys.cancel_pending],
+                args=[intent_json or b"", self.lease_key_ttl_ms],
+            )
+        )
+        return bool(int(reply))
 
     async def remember_resume(self, keys: ActionKeys) -> None:
         """Record where a resume Action's keys live, so a cancel naming it finds them."""
@@ -230,6 +314,21 @@ class LeaseStore:
     async def cancel_intent(self, keys: ActionKeys) -> bytes | None:
         value = await self._call(lambda: self.redis.get(keys.cancel))
         return value if value is None or isinstance(value, bytes) else _s(value).encode()
+
+    async def cancel_requested_many(
+        self, keys: Sequence[ActionKeys], *, budget_s: float
+    ) -> list[bool]:
+        """Whether a durable cancel intent exists for each Action: one pipelined round trip."""
+        if not keys:
+            return []
+
+        async def read() -> list[Any]:
+            pipe = self.redis.pipeline(transaction=False)
+            for k in keys:
+                pipe.exists(k.cancel)
+            return list(await pipe.execute())
+
+        return [bool(int(found)) for found in await self._call(read, budget_s)]
 
     async def lease_view(self, keys: ActionKeys) -> dict[str, str]:
         raw = await self._call(lambda: self.redis.hgetall(keys.lease))

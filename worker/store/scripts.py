@@ -35,6 +35,7 @@ SCRIPT_NAMES = (
     "mark_attempt",
     "settle",
     "cancel_request",
+    "cancel_promote",
 )
 
 

@@ -95,6 +95,23 @@ class ApprovalAuthority:
         raise NotAuthorized(f"{who} may not approve capability {capability!r}")
 
 
+    def authorize_cancel(
+        self, *, principal_id: str, tenant_id: str | None, capability: str, now_ms: int
+    ) -> MembershipMatch:
+        """The membership that lets `principal_id` cancel another principal's Action on
+        `capability` in `tenant_id` (its `cancel_capability_prefixes`); raises NotAuthorized."""
+        membership = self._memberships.get((principal_id, tenant_id))
+        who = describe_principal(principal_id)
+        if membership is None:
+            raise NotAuthorized(f"{who} holds no authority membership for this tenant")
+        if membership.expires_at_unix_ms is not None and now_ms >= membership.expires_at_unix_ms:
+            raise NotAuthorized(f"{who}'s authority membership has expired")
+        for prefix in membership.cancel_capability_prefixes:
+            if prefix == UNRESTRICTED or capability.startswith(prefix):
+                return MembershipMatch(membership, prefix)
+        raise NotAuthorized(f"{who} may not cancel capability {capability!r}")
+
+
 def _membership_problem(membership: AuthorityMembership, now_ms: int) -> str | None:
     if membership.revision == 0:
         return "revision must be non-zero"

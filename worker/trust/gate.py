@@ -29,8 +29,10 @@ from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint, Settings
+from worker.store.lease_store import ActionSubject
 from worker.trust.approvals import check_approval
 from worker.trust.authority import ApprovalAuthority
+from worker.trust.cancel_authority import CancelAuthority
 from worker.trust.clock import RedisClock
 from worker.trust.files import TrustConfigError
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
@@ -100,6 +102,7 @@ class TrustGate:
         self.identities = identities
         self.authority = authority
         self.allow_unsigned = allow_unsigned
+        self.cancels = CancelAuthority(identities, authority)
         if allow_unsigned:
             log.warning(_UNSIGNED_WARNING)
         elif gateway_keys is None:
@@ -202,6 +205,17 @@ class TrustGate:
             approval=approval,
             headers=trusted_projection(action, identity),
         )
+
+    async def authorize_cancel(
+        self, *, requested_by: str, subject: ActionSubject | None, redis: Any
+    ) -> None:
+        """May `requested_by` cancel the Action whose lease recorded `subject` (None: not
+        leased yet, so only the requester is checked now; the leasing worker checks the
+        rest)? Raises ConnectorError (see `worker.trust.cancel_authority`)."""
+        clock = RedisClock(redis)
+        requester = await self.cancels.requester(requested_by, clock)
+        if subject is not None:
+            await self.cancels.check(requester, subject, clock)
 
     def verify_strict(self, payload: bytes, headers: Mapping[str, str]) -> str:
         """A valid signature of a trusted key, whatever AIPD_ALLOW_UNSIGNED_ENVELOPES says."""

@@ -14,6 +14,7 @@ from schemas.action import Action
 from worker.admission import Admitted
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint, Settings
+from worker.store.lease_store import ActionSubject
 from worker.trust.gate import AdmitDecision, TrustGate
 
 
@@ -73,6 +74,11 @@ class GateAdmission:
         await self.gate.check_delegated_child(
             redis, child, delegator_id=delegator_id, tenant_id=tenant_id, decision_id=decision_id
         )
+
+    async def authorize_cancel(
+        self, *, requested_by: str, subject: ActionSubject | None, redis: Any
+    ) -> None:
+        await self.gate.authorize_cancel(requested_by=requested_by, subject=subject, redis=redis)
 
     def verify_record(self, payload: bytes, headers: Mapping[str, str]) -> str:
         return self.gate.verify_strict(payload, headers)
