@@ -198,6 +198,12 @@ class Settings(BaseSettings):
     """Approval authority directory (JSON `AuthorityMembership` records)."""
     allow_unsigned_envelopes: bool = False
     """Accept unsigned envelopes. Development only: warned at start and on every acceptance."""
+    max_envelope_age_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 300_000
+    """Oldest envelope accepted, by its `created_at_unix_ms` on Redis TIME; an older one is
+    refused with `connector_host.replay` (its stored result, if any, is republished)."""
+    max_clock_skew_ms: Annotated[int, Field(ge=0, le=600_000)] = 30_000
+    """How far in the future (on Redis TIME) an envelope's `created_at_unix_ms` may lie
+    before it is refused with `connector_host.replay`."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -207,7 +213,8 @@ class Settings(BaseSettings):
     lease_ttl_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 15_000
     """Lease TTL; the heartbeat renews every third of it."""
     result_ttl_ms: Annotated[int, Field(ge=60_000, le=30 * 86_400_000)] = 86_400_000
-    """How long a settled result is kept for replays (idempotency TTL)."""
+    """How long a settled result is kept for replays (idempotency TTL); at least the replay
+    window (`max_envelope_age_ms` + `max_clock_skew_ms`), checked at startup."""
     subject_prefix: str = "aip"
     """First token of every subject."""
     max_envelope_bytes: Annotated[int, Field(ge=1_024, le=8_388_608)] = 1_048_576
@@ -308,6 +315,21 @@ class Settings(BaseSettings):
         ):
             if len(prefix) > 512:
                 raise ValueError("operator allowlist prefixes are at most 512 characters")
+        return self
+
+    @model_validator(mode="after")
+    def _state_outlives_the_replay_window(self) -> Settings:
+        # An envelope passes the replay check for up to age + skew after it is first seen;
+        # its stored result (and the lease, kept an hour longer) must still exist then, or
+        # a captured envelope could run again. Operator bindings live 25 h, above the
+        # largest window these bounds allow.
+        window_ms = self.max_envelope_age_ms + self.max_clock_skew_ms
+        if self.result_ttl_ms < window_ms:
+            raise ValueError(
+                f"result_ttl_ms ({self.result_ttl_ms}) is shorter than the replay window "
+                f"max_envelope_age_ms + max_clock_skew_ms ({window_ms}): a replayed envelope "
+                "could outlive its stored result and run again"
+            )
         return self
 
     @property

@@ -38,6 +38,34 @@ def test_a_bad_environment_value_stops_with_the_field_named() -> None:
     assert "redis_url" in done.stderr
 
 
+def test_a_result_retention_shorter_than_the_replay_window_stops_startup() -> None:
+    # 60 s of retention cannot outlive an envelope that passes for 5 min + 30 s.
+    done = run_cli(
+        "run",
+        "--hermes-endpoints",
+        "h1=http://127.0.0.1:1",
+        env={"AIPD_RESULT_TTL_MS": "60000"},
+    )
+    assert done.returncode == 2
+    assert "replay window" in done.stderr
+    assert "result_ttl_ms" in done.stderr
+
+
+def test_the_replay_window_settings_and_their_bound() -> None:
+    from pydantic import ValidationError
+
+    from worker.settings import Settings
+
+    defaults = Settings()
+    assert (defaults.max_envelope_age_ms, defaults.max_clock_skew_ms) == (300_000, 30_000)
+    fitting = Settings(result_ttl_ms=60_000, max_envelope_age_ms=50_000, max_clock_skew_ms=10_000)
+    assert fitting.result_ttl_ms == 60_000
+    with pytest.raises(ValidationError, match="replay window"):
+        Settings(result_ttl_ms=60_000, max_envelope_age_ms=50_000, max_clock_skew_ms=10_001)
+    with pytest.raises(ValidationError, match="max_envelope_age_ms"):
+        Settings(max_envelope_age_ms=86_400_001)
+
+
 def test_a_non_http_endpoint_url_is_refused() -> None:
     done = run_cli("provision", "--hermes-endpoints", "h1=ftp://host/")
     assert done.returncode == 2

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import secrets
 import weakref
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -111,6 +112,25 @@ async def read_record_at(
             f"approval record could not be read: {exc}",
         ) from None
     return _decode_record(raw), int(now)
+
+
+@dataclass(frozen=True, slots=True)
+class RecordRead:
+    """One read of an Action's approval record, or the error the read raised: taken early
+    (its Redis time serves the whole admission) and judged at the approval step."""
+
+    record: ApprovalRecord | None
+    error: ConnectorError | None = None
+
+
+async def prefetch_record(redis: Any, action_id: str, clock: RedisClock) -> RecordRead:
+    """Read the record now and give its Redis time to `clock`; a failure is kept, not raised."""
+    try:
+        record, read_at = await read_record_at(redis, action_id)
+    except ConnectorError as exc:
+        return RecordRead(None, exc)
+    clock.offer(read_at)
+    return RecordRead(record)
 
 
 def _decode_record(raw: Any) -> ApprovalRecord | None:
@@ -236,20 +256,27 @@ async def check_approval(
     *,
     tenant_id: str | None,
     clock: Clock,
+    recorded: RecordRead | None = None,
 ) -> ApprovalRecord:
     """The terminal approved record that lets this exact Action run; raises ConnectorError.
 
     `tenant_id` is the verified tenant (from the identity directory), not the claimed one.
+    `recorded` is the admission's earlier read of the record (None: read it now).
     """
     if authority is None:
         raise _unavailable(
             "no approval authority directory is configured (AIPD_APPROVAL_AUTHORITY_FILE); "
             "approval-governed capabilities cannot run"
         )
-    record, read_at = await read_record_at(redis, action.id)
-    if isinstance(clock, RedisClock):
-        # The record's own read carried Redis TIME: the admission's clock needs no TIME.
-        clock.offer(read_at)
+    if recorded is None:
+        record, read_at = await read_record_at(redis, action.id)
+        if isinstance(clock, RedisClock):
+            # The record's own read carried Redis TIME: the admission's clock needs no TIME.
+            clock.offer(read_at)
+    elif recorded.error is not None:
+        raise recorded.error
+    else:
+        record = recorded.record
     if record is None:
         raise _unavailable(f"no decision is recorded for {action.id}")
     if action.approval is not None and action.approval.decision_id != record.decision_id:

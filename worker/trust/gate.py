@@ -4,14 +4,15 @@ Checks run in this order and stop at the first refusal (each raises `ConnectorEr
 
 1. envelope signature (`connector_host.authentication`); unsigned envelopes pass only with
    `AIPD_ALLOW_UNSIGNED_ENVELOPES`, logged as a WARNING on every acceptance;
-2. identity directory (`connector_host.authentication`,
+2. the replay boundary on Redis TIME (`connector_host.replay`, `worker.trust.replay`);
+3. identity directory (`connector_host.authentication`,
    `connector_host.credential_revision_denied`, `connector.hermes_agent.tenant_mismatch`);
    without a directory every Action is refused: governed execution fails closed;
-3. route and endpoint tenant binding (`connector_host.route_mismatch`,
+4. route and endpoint tenant binding (`connector_host.route_mismatch`,
    `connector.hermes_agent.tenant_mismatch`);
-4. the durable approval record when the capability requires approval
+5. the durable approval record when the capability requires approval
    (`connector_host.approval_authorization_unavailable|conflict`);
-5. the trusted projection's header values (`connector.hermes_agent.configuration_or_input`).
+6. the trusted projection's header values (`connector.hermes_agent.configuration_or_input`).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ from worker.errors import ConnectorError
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint, Settings
 from worker.store.lease_store import ActionSubject
-from worker.trust.approvals import check_approval
+from worker.trust.approvals import check_approval, prefetch_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.cancel_authority import CancelAuthority
 from worker.trust.clock import RedisClock
 from worker.trust.files import TrustConfigError
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
 from worker.trust.projection import trusted_projection
+from worker.trust.replay import ReplayWindow
 from worker.trust.signing import (
     SIGNATURE_HEADER,
     SIGNER_HEADER,
@@ -97,8 +99,10 @@ class TrustGate:
         identities: IdentityDirectory | None,
         authority: ApprovalAuthority | None,
         allow_unsigned: bool = False,
+        replay: ReplayWindow | None = None,
     ) -> None:
         self.gateway_keys = gateway_keys
+        self.replay = replay or ReplayWindow()
         self.identities = identities
         self.authority = authority
         self.allow_unsigned = allow_unsigned
@@ -139,6 +143,7 @@ class TrustGate:
             identities=identities,
             authority=authority,
             allow_unsigned=settings.allow_unsigned_envelopes,
+            replay=ReplayWindow(settings.max_envelope_age_ms, settings.max_clock_skew_ms),
         )
 
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
@@ -191,13 +196,24 @@ class TrustGate:
                 "governed execution is refused",
             )
         clock = RedisClock(redis)
+        recorded = None
+        if spec.approval_required and self.authority is not None:
+            # Read first (no effect) so its Redis TIME also decides the replay check: one
+            # round trip for both. Its verdict still comes after identity, in order.
+            recorded = await prefetch_record(redis, action.id, clock)
+        await self.replay.check(action.created_at_unix_ms, clock)
         identity = await self.identities.verify(action.identity, clock)
         check_route(action.capability, endpoint)
         await check_endpoint_tenant(endpoint, identity.tenant_id, clock)
         approval = None
         if spec.approval_required:
             approval = await check_approval(
-                redis, self.authority, action, tenant_id=identity.tenant_id, clock=clock
+                redis,
+                self.authority,
+                action,
+                tenant_id=identity.tenant_id,
+                clock=clock,
+                recorded=recorded,
             )
         return AdmitDecision(
             signer=signer,

@@ -1,0 +1,180 @@
+"""The replay boundary through live workers: captured signed bytes do not run twice.
+
+An envelope is accepted only while its `created_at_unix_ms` is inside the window on Redis
+TIME. Outside it the answer is `connector_host.replay`: a failed result when none is stored
+for the Action id, the stored result again otherwise; Hermes never hears of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+
+from schemas.action import Action
+from schemas.codec import encode
+from schemas.result import ActionResult, ResultStatus
+from tests.integration.conftest import LEASE_TTL_MS
+from tests.integration.stack import ENDPOINT, Stack, fake_stack
+from worker.store.keys import NAMESPACE, ActionKeys
+from worker.testing.identities import write_trust_files
+from worker.testing.services import ServiceHandle
+
+POST_RUNS = "POST /v1/runs"
+REPLAY = "connector_host.replay"
+#: Short, so a test can wait until a captured envelope is too old.
+MAX_AGE_MS = 2_000
+
+
+@pytest.fixture
+async def stack(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[Stack]:
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    trust = write_trust_files(trust_dir)
+    async with fake_stack(
+        tmp_path,
+        nats_server.url,
+        redis_server.url,
+        trust,
+        lease_ttl_ms=LEASE_TTL_MS,
+        AIPD_MAX_ENVELOPE_AGE_MS=str(MAX_AGE_MS),
+    ) as stack:
+        yield stack
+
+
+def _runs(stack: Stack) -> int:
+    assert stack.fake is not None
+    return stack.fake.stats().count(POST_RUNS)
+
+
+async def _send(stack: Stack, payload: bytes, headers: dict[str, str]) -> None:
+    """Publish captured bytes and signature again, as an attacker would (a new Msg-Id)."""
+    await stack.nc.jetstream().publish(
+        stack.subjects.actions(ENDPOINT),
+        payload,
+        headers={**headers, "Nats-Msg-Id": secrets.token_hex(8)},
+    )
+
+
+async def _stored(stack: Stack, action_id: str, timeout_s: float = 20.0) -> ActionResult:
+    """The result stored in Redis for `action_id` (what the worker settled)."""
+    client = Redis.from_url(stack.redis_url)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            raw = await client.get(ActionKeys.of(action_id).result)
+            if raw is not None:
+                return msgspec.json.decode(raw, type=ActionResult)
+            await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+    raise AssertionError(f"no result stored for {action_id}")
+
+
+async def _forget(stack: Stack, action_id: str) -> int:
+    """What expiry does to an Action's runtime state (lease, result, binding, …); the
+    approval record is left in place, so only the replay boundary can stop a rerun."""
+    client = Redis.from_url(stack.redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{NAMESPACE}:{{{action_id}}}:*")]
+        return int(await client.delete(*keys)) if keys else 0
+    finally:
+        await client.aclose()
+
+
+async def _wait_older_than_window(action: Action) -> None:
+    while time.time_ns() // 1_000_000 - action.created_at_unix_ms <= MAX_AGE_MS + 300:
+        await asyncio.sleep(0.1)
+
+
+async def test_a_replay_of_captured_bytes_after_the_state_expired_is_refused(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    action = stack.action("operator", {"objective": {"objective": "run exactly once"}})
+    await stack.approve(action)
+    payload = encode(action)
+    captured = stack.trust.sign(payload)
+    await _send(stack, payload, captured)
+    first = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    assert first.status is ResultStatus.COMPLETED, first.error
+    assert _runs(stack) == 1
+    assert await _forget(stack, action.id) >= 2  # lease and result at least
+    await _wait_older_than_window(action)
+    await _send(stack, payload, captured)
+    replayed = await _stored(stack, action.id)
+    assert replayed.status is ResultStatus.FAILED
+    assert replayed.error is not None
+    assert (replayed.error.code, replayed.error.retryable) == (REPLAY, False)
+    assert replayed.error.uncertain_outcome is False
+    await stack.settled_and_acked()
+    assert _runs(stack) == 1  # Hermes never heard of the replay
+    refused = [r for r in await stack.receipts(action.id) if r.event.value == "refused"]
+    assert [r.details.get("code") for r in refused] == [REPLAY]
+
+
+async def test_an_envelope_dated_in_the_future_is_refused(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action = stack.action("operator", {"objective": {"objective": "from the future"}})
+    # Beyond the default 30 s skew allowance, on any sane clock.
+    action = msgspec.structs.replace(
+        action, created_at_unix_ms=action.created_at_unix_ms + 120_000
+    )
+    await stack.approve(action)
+    handle = await stack.publish(action)
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code == REPLAY
+    assert "future" in result.error.message
+    assert _runs(stack) == 0
+
+
+async def test_an_envelope_within_the_skew_allowance_runs(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action = stack.action("operator", {"objective": {"objective": "slightly ahead"}})
+    action = msgspec.structs.replace(action, created_at_unix_ms=action.created_at_unix_ms + 5_000)
+    await stack.approve(action)
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+
+
+async def test_a_replay_of_a_settled_action_republishes_its_stored_result(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    # A read: refused before its lease, so the receipts show the replay decision itself.
+    action = stack.action("models")
+    payload = encode(action)
+    captured = stack.trust.sign(payload)
+    await _send(stack, payload, captured)
+    first = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    assert first.status is ResultStatus.COMPLETED, first.error
+    # The result message is gone from the stream (retention), the stored result is not.
+    js = stack.nc.jetstream()
+    await js.purge_stream(
+        stack.subjects.stream_name("results"), subject=stack.subjects.results(ENDPOINT, action.id)
+    )
+    assert await stack.results(action.id) == []
+    await _wait_older_than_window(action)
+    await _send(stack, payload, captured)
+    await stack.settled_and_acked()
+    # Refused as a replay, answered with the stored result (the stream's duplicate window
+    # may drop the copy itself: the same `Nats-Msg-Id` as the first publish).
+    events = [
+        (r.event.value, r.details.get("code"))
+        for r in await stack.receipts(action.id)
+        if r.event.value in ("refused", "republished")
+    ]
+    assert events == [("refused", REPLAY), ("republished", None)]
+    assert await _stored(stack, action.id) == first
+    assert stack.fake is not None
+    assert stack.fake.stats().count("GET /v1/models") == 1
