@@ -3,7 +3,9 @@
 An `ApprovalRecord` is the only thing that lets an approval-governed capability run: it lives
 in Redis at `aip:approvals:{act_…}`, written once per decision by an approver whose
 `AuthorityMembership` (from the approval authority file) covers the Action's tenant and
-capability. An Action's own `approval.decision_id` is just a pointer to such a record.
+capability, and signed with the key that membership names (the signature is stored beside
+the record, over its exact bytes). An Action's own `approval.decision_id` is just a pointer
+to such a record.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ MAX_REASON_CHARS = 2_048
 #: The input snapshot is evidence for people; the fingerprint is what binds the decision.
 MAX_INPUT_SNAPSHOT_BYTES = 16_384
 MAX_CAPABILITY_PREFIXES = 256
+#: A public user nkey: the key an approver signs its decisions with.
+PUBLIC_USER_KEY_PATTERN = r"^U[A-Z2-7]{55}$"
 
 DecisionId = Annotated[str, msgspec.Meta(pattern=DECISION_ID_PATTERN)]
 Fingerprint = Annotated[str, msgspec.Meta(pattern=FINGERPRINT_PATTERN)]
@@ -48,6 +52,9 @@ class AuthorityMembership(WireStruct, frozen=True, kw_only=True):
     principal_id: ShortText
     revision: Annotated[int, msgspec.Meta(ge=0)]
     tenant_id: ShortText | None = None
+    #: The approver's public user nkey (`U…`): a decision counts only when this key signed
+    #: it (`approve --key` holds the seed), so write access to Redis is not approval.
+    public_key: Annotated[str, msgspec.Meta(pattern=PUBLIC_USER_KEY_PATTERN)]
     capability_prefixes: Annotated[
         list[CapabilityPrefix], msgspec.Meta(min_length=1, max_length=MAX_CAPABILITY_PREFIXES)
     ]

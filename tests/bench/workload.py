@@ -100,6 +100,7 @@ async def approve_all(bench: Bench, envelopes: Iterable[Envelope], concurrency: 
                 await approve(
                     r, authority, action, APPROVER_UNTENANTED, "benchmark",
                     ApprovalDecision.APPROVED, ttl_ms=3_600_000,
+                    seed=bench.trust.approver_seed(APPROVER_UNTENANTED),
                 )
 
         await asyncio.gather(*(one(e) for e in envelopes))

@@ -64,6 +64,7 @@ class ClusterStack(Stack):
             approver,
             "approved by the test",
             ApprovalDecision.APPROVED,
+            seed=self.trust.approver_seed(approver),
         )
 
     async def aclose(self) -> None:

@@ -197,8 +197,9 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     )
     authority = ApprovalAuthority.load(trust.authority_file, now_ms=time.time_ns() // 1_000_000)
     await approve(
-        cluster_client, authority, action, APPROVER_UNTENANTED, "ok", ApprovalDecision.APPROVED
-    )
+        cluster_client, authority, action, APPROVER_UNTENANTED, "ok", ApprovalDecision.APPROVED,
+        seed=trust.approver_seed(APPROVER_UNTENANTED),
+    )  # fmt: skip
     assert await cluster_client.hget(approvals_key(third), "decision") == b"approved"
     record = await read_record(cluster_client, third)
     assert record is not None

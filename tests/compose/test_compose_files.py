@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import inspect
+import json
 import re
 import shutil
 import subprocess
@@ -29,13 +30,13 @@ import yaml
 from nats.aio.client import Client as NATS
 
 from subjects.grammar import Subjects
-from worker.control import control_cancel_subject
 from worker.settings import Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.testing._procs import free_ports, port_accepts, wait_until
 from worker.testing.pytest_plugin import service_unavailable
 from worker.testing.services import find_nats_server, find_redis_cli, find_redis_server
+from worker.trust.authority import ApprovalAuthority
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
@@ -169,6 +170,11 @@ def test_config_keys_and_password_hashes_match_the_secrets() -> None:
         assert f"nkey: {public}" in nats_conf, seed
     signer = _public_key("gateway_signing.nk")
     assert signer in (COMPOSE / "config" / "gateway-keys.txt").read_text(encoding="utf-8")
+    authority_file = COMPOSE / "config" / "authority.json"
+    for membership in json.loads(authority_file.read_text(encoding="utf-8")):
+        name = membership["principal_id"].split(":", 1)[1]
+        assert membership["public_key"] == _public_key(f"approver_{name}.nk"), name
+    assert len(ApprovalAuthority.load(authority_file, now_ms=0)) == 3
     acl = (COMPOSE / "redis" / "users.acl").read_text(encoding="utf-8")
     for user, secret in (("aipworker", "redis_worker_password"), ("admin", "redis_admin_password")):
         digest = hashlib.sha256(_secret(secret).encode()).hexdigest()
@@ -181,8 +187,8 @@ def test_config_keys_and_password_hashes_match_the_secrets() -> None:
 #: method of `Subjects` must be listed, so a new subject cannot ship without a permission
 #: decision. Workers pull Actions and delegations through their durable consumers (replies
 #: to their own inbox), so they never subscribe to the work subjects themselves.
-WORKER_PUBLISHES = {"chunks", "results", "dlq", "audit", "control.cancel"}
-WORKER_SUBSCRIBES = {"cancel", "manifest", "control.cancel"}
+WORKER_PUBLISHES = {"chunks", "results", "dlq", "audit", "cancel_notice"}
+WORKER_SUBSCRIBES = {"cancel", "manifest", "cancel_notice"}
 WORK_SUBJECTS = {"actions", "delegations"}
 GATEWAY_PUBLISHES = {"actions", "delegations", "cancel", "manifest"}
 
@@ -196,7 +202,6 @@ def _endpoint_subjects() -> dict[str, str]:
             found[name] = method(ENDPOINT)
         elif params == ["endpoint_id", "action_id"]:
             found[name] = method(ENDPOINT, ACTION_ID)
-    found["control.cancel"] = control_cancel_subject(subjects, ENDPOINT)
     return found
 
 

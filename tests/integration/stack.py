@@ -187,7 +187,8 @@ class Stack:
         raise AssertionError(f"{worker_id} never held {action_id}: {await self.lease(action_id)}")
 
     async def approve(self, action: Action, *, approver: str = APPROVER_UNTENANTED) -> None:
-        """Record an approval from the demo authority (the operator requires one)."""
+        """Record an approval from the demo authority (the operator requires one), signed
+        with the approver's own key as `approve --key` does."""
         from redis.asyncio import Redis
 
         from schemas.approval import ApprovalDecision
@@ -206,6 +207,7 @@ class Stack:
                 approver,
                 "approved by the test",
                 ApprovalDecision.APPROVED,
+                seed=self.trust.approver_seed(approver),
             )
         finally:
             await client.aclose()

@@ -12,10 +12,17 @@ from redis.asyncio import Redis
 from trust_support import action_document
 
 from schemas.approval import ApprovalDecision, ApprovalRecord
-from worker.testing.identities import APPROVER_A, USER_B, TrustFiles
+from worker.testing.identities import APPROVER_A, APPROVER_UNTENANTED, USER_B, TrustFiles
 from worker.testing.redis_server import RedisServer
 from worker.trust.admin import add_commands
-from worker.trust.signing import TrustedGatewayKeys, read_seed_file, sign_envelope, verify_envelope
+from worker.trust.signing import (
+    TrustedGatewayKeys,
+    generate_keypair,
+    read_seed_file,
+    sign_envelope,
+    verify_envelope,
+    write_seed_file,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -49,8 +56,14 @@ def _write_action(tmp_path: Path) -> tuple[str, Path]:
     return document["id"], path
 
 
-def _store_flags(files: TrustFiles, server: RedisServer) -> list[str]:
-    return ["--redis-url", server.url, "--approval-authority-file", str(files.authority_file)]
+def _store_flags(
+    files: TrustFiles, server: RedisServer, *, key_of: str = APPROVER_A
+) -> list[str]:
+    """Where the store and the authority are, and whose signing key `--key` reads."""
+    return [
+        "--redis-url", server.url, "--approval-authority-file", str(files.authority_file),
+        "--key", str(files.approver_seed_files[key_of]),
+    ]  # fmt: skip
 
 
 async def test_approve_records_the_decision_for_the_action_in_the_file(
@@ -117,9 +130,40 @@ async def test_approve_without_an_authority_file_is_a_configuration_error(
 ) -> None:
     monkeypatch.delenv("AIPD_APPROVAL_AUTHORITY_FILE", raising=False)
     action_id, path = _write_action(tmp_path)
+    seed_file = tmp_path / "approver.seed"
+    write_seed_file(seed_file, generate_keypair().seed)
     args = parse(
         "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
-        "--redis-url", trust_redis_server.url,
+        "--redis-url", trust_redis_server.url, "--key", str(seed_file),
     )  # fmt: skip
     assert await args.func(args) == 2
     assert "AIPD_APPROVAL_AUTHORITY_FILE" in capsys.readouterr().err
+
+
+async def test_approve_signs_only_with_the_approvers_own_key(
+    tmp_path: Path,
+    trust_files: TrustFiles,
+    trust_redis_server: RedisServer,
+    redis: Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    action_id, path = _write_action(tmp_path)
+    # approver:demo's key, in the name of approver:carol: refused, nothing recorded.
+    args = parse(
+        "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
+        *_store_flags(trust_files, trust_redis_server, key_of=APPROVER_UNTENANTED),
+    )  # fmt: skip
+    assert await args.func(args) == 1
+    assert "is not the approval key of" in capsys.readouterr().err
+    show = parse("approval", "show", action_id, "--redis-url", trust_redis_server.url)
+    assert await show.func(show) == 1
+    # A seed file others may read is refused before anything else.
+    loose = tmp_path / "loose.seed"
+    loose.write_bytes(trust_files.approver_seed(APPROVER_A))
+    loose.chmod(0o644)
+    args = parse(
+        "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
+        "--redis-url", trust_redis_server.url, "--key", str(loose),
+    )  # fmt: skip
+    assert await args.func(args) == 2
+    assert "chmod 600" in capsys.readouterr().err

@@ -22,10 +22,10 @@ from worker.store.scripts import script_source
 from worker.testing.identities import (
     APPROVER_A,
     APPROVER_B,
+    APPROVER_UNTENANTED,
     TENANT_A,
     USER_B,
     TrustFiles,
-    authority_memberships,
     write_json,
 )
 from worker.trust.approvals import ApprovalRefused, approve
@@ -33,6 +33,7 @@ from worker.trust.authority import ApprovalAuthority
 from worker.trust.files import TrustConfigError
 from worker.trust.fingerprint import fingerprint_request
 from worker.trust.gate import AdmitDecision, TrustGate
+from worker.trust.signing import generate_keypair, public_key_of, sign_detached, verify_detached
 
 CONFLICT = ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT
 UNAVAILABLE = ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE
@@ -68,23 +69,28 @@ async def refused(
 async def decide(
     redis: Redis,
     authority: ApprovalAuthority,
+    files: TrustFiles,
     document: dict[str, Any],
     decision: ApprovalDecision = ApprovalDecision.APPROVED,
     *,
     approver: str = APPROVER_A,
+    signer: str | None = None,
     **kwargs: Any,
 ) -> ApprovalRecord:
+    """`approver`'s decision, signed with `signer`'s key (default: the approver's own)."""
     action, _ = encode_action(document)
+    seed = files.approver_seeds.get(signer or approver, files.approver_seed(APPROVER_A))
     return await approve(
-        redis, authority, action, approver, "reviewed the objective", decision, **kwargs
-    )
+        redis, authority, action, approver, "reviewed the objective", decision, seed=seed,
+        **kwargs,
+    )  # fmt: skip
 
 
 async def test_an_approved_matching_record_admits_and_is_carried_for_audit(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    record = await decide(redis, authority, document)
+    record = await decide(redis, authority, trust_files, document)
     decision = await admit(gate, redis, trust_files, document)
     assert decision.approval == record
     assert decision.receipt_details()["approval_decision_id"] == record.decision_id
@@ -96,7 +102,7 @@ async def test_the_record_holds_the_policy_evidence(
     redis: Redis, authority: ApprovalAuthority, trust_files: TrustFiles
 ) -> None:
     document = action_document()
-    record = await decide(redis, authority, document)
+    record = await decide(redis, authority, trust_files, document)
     action, _ = encode_action(document)
     assert record.action_id == action.id
     assert record.input_fingerprint == fingerprint_request(action)
@@ -127,10 +133,10 @@ async def test_a_record_of_another_action_grants_nothing(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     approved = action_document()
-    record = await decide(redis, authority, approved)
+    record = await decide(redis, authority, trust_files, approved)
     borrower = {**action_document(), "approval": {"decision_id": record.decision_id}}
     assert (await refused(gate, redis, trust_files, borrower)).code is UNAVAILABLE
-    await decide(redis, authority, borrower)
+    await decide(redis, authority, trust_files, borrower)
     assert (await refused(gate, redis, trust_files, borrower)).code is CONFLICT
 
 
@@ -138,7 +144,7 @@ async def test_a_record_for_another_capability_grants_nothing(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     document = action_document(operation="run_stop")
-    await decide(redis, authority, document)
+    await decide(redis, authority, trust_files, document)
     same_id = {**document, "capability": "cap:hermes_agent:hermes-a:operator"}
     error = await refused(gate, redis, trust_files, same_id)
     assert (error.code, "another capability" in error.message) == (CONFLICT, True)
@@ -148,7 +154,7 @@ async def test_a_changed_input_voids_the_approval(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    await decide(redis, authority, document)
+    await decide(redis, authority, trust_files, document)
     changed = {**document, "input": {"objective": "wire the funds"}}
     error = await refused(gate, redis, trust_files, changed)
     assert (error.code, "input changed" in error.message) == (CONFLICT, True)
@@ -158,7 +164,7 @@ async def test_an_expired_approval_grants_nothing(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    await decide(redis, authority, document, ttl_ms=50)
+    await decide(redis, authority, trust_files, document, ttl_ms=50)
     await asyncio.sleep(0.1)
     error = await refused(gate, redis, trust_files, document)
     assert (error.code, "expired" in error.message) == (UNAVAILABLE, True)
@@ -168,22 +174,22 @@ async def test_a_denial_refuses_and_is_final(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    await decide(redis, authority, document, ApprovalDecision.DENIED, ttl_ms=50)
+    await decide(redis, authority, trust_files, document, ApprovalDecision.DENIED, ttl_ms=50)
     assert (await refused(gate, redis, trust_files, document)).code is CONFLICT
     await asyncio.sleep(0.1)
     with pytest.raises(ApprovalRefused, match="denial is final"):
-        await decide(redis, authority, document)
+        await decide(redis, authority, trust_files, document)
 
 
 async def test_a_live_approval_cannot_be_replaced_but_an_expired_one_can(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    first = await decide(redis, authority, document, ttl_ms=500)
+    first = await decide(redis, authority, trust_files, document, ttl_ms=500)
     with pytest.raises(ApprovalRefused, match=first.decision_id):
-        await decide(redis, authority, document, ApprovalDecision.DENIED)
+        await decide(redis, authority, trust_files, document, ApprovalDecision.DENIED)
     await asyncio.sleep(0.55)
-    second = await decide(redis, authority, document)
+    second = await decide(redis, authority, trust_files, document)
     assert second.revision == 2
     assert (await admit(gate, redis, trust_files, document)).approval == second
 
@@ -193,7 +199,7 @@ async def test_a_forged_decision_id_grants_nothing(
 ) -> None:
     forged = {**action_document(), "approval": {"decision_id": "apr_" + "0" * 32}}
     assert (await refused(gate, redis, trust_files, forged)).code is UNAVAILABLE
-    await decide(redis, authority, forged)
+    await decide(redis, authority, trust_files, forged)
     error = await refused(gate, redis, trust_files, forged)
     assert (error.code, "decision_id" in error.message) == (CONFLICT, True)
 
@@ -222,47 +228,53 @@ async def test_approval_claims_inside_the_payload_grant_nothing(
 async def test_approvers_without_standing_cannot_decide(
     redis: Redis,
     authority: ApprovalAuthority,
+    trust_files: TrustFiles,
     approver: str,
     document_args: dict[str, Any],
     expected: str,
 ) -> None:
     document = action_document(**document_args)
     with pytest.raises(ApprovalRefused, match=expected):
-        await decide(redis, authority, document, approver=approver)
+        await decide(redis, authority, trust_files, document, approver=approver)
     action, _ = encode_action(document)
     assert await redis.exists(approvals_key(action.id)) == 0
 
 
 async def test_membership_prefixes_and_expiry_bound_what_may_be_approved(
-    tmp_path: Path, redis: Redis
+    tmp_path: Path, redis: Redis, trust_files: TrustFiles
 ) -> None:
-    memberships = authority_memberships()
+    memberships = trust_files.memberships()
     memberships[0]["capability_prefixes"] = ["cap:hermes_agent:hermes-a:models"]
     path = write_json(tmp_path / "authority.json", memberships, mode=0o644)
     narrow = ApprovalAuthority.load(path, now_ms=now_ms())
     with pytest.raises(ApprovalRefused, match="may not approve capability"):
-        await decide(redis, narrow, action_document())
+        await decide(redis, narrow, trust_files, action_document())
     memberships[0]["capability_prefixes"] = ["*"]
     memberships[0]["expires_at_unix_ms"] = now_ms() + 50
     write_json(path, memberships, mode=0o644)
     short_lived = ApprovalAuthority.load(path, now_ms=now_ms())
     await asyncio.sleep(0.1)
     with pytest.raises(ApprovalRefused, match="expired"):
-        await decide(redis, short_lived, action_document())
+        await decide(redis, short_lived, trust_files, action_document())
 
 
-async def test_a_reason_is_required(redis: Redis, authority: ApprovalAuthority) -> None:
+async def test_a_reason_is_required(
+    redis: Redis, authority: ApprovalAuthority, trust_files: TrustFiles
+) -> None:
     action, _ = encode_action(action_document())
     with pytest.raises(ApprovalRefused, match="reason"):
-        await approve(redis, authority, action, APPROVER_A, "   ", ApprovalDecision.APPROVED)
+        await approve(
+            redis, authority, action, APPROVER_A, "   ", ApprovalDecision.APPROVED,
+            seed=trust_files.approver_seed(APPROVER_A),
+        )  # fmt: skip
 
 
 async def test_an_approver_removed_after_deciding_no_longer_authorizes(
     trust_files: TrustFiles, redis: Redis, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    await decide(redis, authority, document)
-    memberships = authority_memberships()
+    await decide(redis, authority, trust_files, document)
+    memberships = trust_files.memberships()
     memberships[0]["revision"] = 2
     write_json(trust_files.authority_file, memberships, mode=0o644)
     gate = TrustGate.from_settings(Settings(**trust_files.settings_overrides()))
@@ -274,7 +286,7 @@ async def test_without_an_authority_file_governed_capabilities_cannot_run(
     trust_files: TrustFiles, redis: Redis, authority: ApprovalAuthority
 ) -> None:
     document = action_document()
-    await decide(redis, authority, document)
+    await decide(redis, authority, trust_files, document)
     overrides = {**trust_files.settings_overrides(), "approval_authority_file": None}
     gate = TrustGate.from_settings(Settings(**overrides))
     error = await refused(gate, redis, trust_files, document)
@@ -294,10 +306,17 @@ async def test_a_tampered_record_for_another_action_is_a_conflict(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
     original = action_document()
-    record = await decide(redis, authority, original)
+    record = await decide(redis, authority, trust_files, original)
     target = action_document()
     target_action, _ = encode_action(target)
-    await redis.hset(approvals_key(target_action.id), "record", msgspec.json.encode(record))
+    # Signed and genuine, but for another Action: moving it grants nothing.
+    original_action, _ = encode_action(original)
+    signed = await redis.hgetall(approvals_key(original_action.id))
+    await redis.hset(
+        approvals_key(target_action.id),
+        mapping={k: signed[k.encode()] for k in ("record", "signature", "signer")},
+    )
+    assert msgspec.json.decode(signed[b"record"], type=ApprovalRecord) == record
     error = await refused(gate, redis, trust_files, target)
     assert (error.code, "another Action" in error.message) == (CONFLICT, True)
 
@@ -310,7 +329,7 @@ async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None
 
     async def write(decision_id: str, record: bytes, read_revision: int, expires: int) -> bytes:
         args: list[bytes | str | int] = [
-            decision_id, record, read_revision, "approved", expires, 1_000,
+            decision_id, record, read_revision, "approved", expires, 1_000, "sig", "signer",
         ]  # fmt: skip
         reply = await script(keys=[key], args=args)
         return bytes(reply[0])
@@ -328,10 +347,10 @@ async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None
 
 
 async def test_large_inputs_are_snapshotted_within_bounds(
-    redis: Redis, authority: ApprovalAuthority
+    redis: Redis, authority: ApprovalAuthority, trust_files: TrustFiles
 ) -> None:
     document = action_document(input={"objective": "é" * 20_000})
-    record = await decide(redis, authority, document)
+    record = await decide(redis, authority, trust_files, document)
     assert record.input_snapshot_truncated
     assert len(record.input_snapshot.encode()) <= MAX_INPUT_SNAPSHOT_BYTES
 
@@ -353,7 +372,7 @@ async def test_large_inputs_are_snapshotted_within_bounds(
 def test_bad_memberships_stop_startup(
     trust_files: TrustFiles, change: dict[str, Any], expected: str
 ) -> None:
-    memberships = authority_memberships()
+    memberships = trust_files.memberships()
     memberships[0].update(change)
     write_json(trust_files.authority_file, memberships, mode=0o644)
     with pytest.raises(TrustConfigError, match=r"^AIPD_APPROVAL_AUTHORITY_FILE: .*" + expected):
@@ -385,7 +404,7 @@ async def test_the_approval_check_costs_one_redis_command(
 ) -> None:
     """The record and the Redis clock its expiry is decided on come from one script."""
     document = action_document()
-    record = await decide(redis, authority, document)
+    record = await decide(redis, authority, trust_files, document)
     await admit(gate, redis, trust_files, document)  # loads the read script once
     sent: list[Any] = []
     original = redis.execute_command
@@ -400,3 +419,117 @@ async def test_the_approval_check_costs_one_redis_command(
     finally:
         redis.execute_command = original  # type: ignore[method-assign]
     assert sent == ["EVALSHA"]
+
+
+async def _store_raw(
+    redis: Redis, action: Action, record: ApprovalRecord, *, signature: str, signer: str
+) -> None:
+    """Write a decision straight into Redis, as anyone with write access could."""
+    await redis.hset(
+        approvals_key(action.id),
+        mapping={
+            "decision_id": record.decision_id,
+            "record": msgspec.json.encode(record),
+            "decision": record.decision.value,
+            "expires_at_ms": record.expires_at_unix_ms,
+            "revision": record.revision,
+            "signature": signature,
+            "signer": signer,
+        },
+    )
+
+
+async def test_a_record_written_to_redis_without_the_approvers_signature_is_refused(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    # A record every field of which is right, copied from a real decision on another Action
+    # and rewritten for this one: only the signature is missing.
+    model = await decide(redis, authority, trust_files, action_document())
+    document = action_document()
+    action, _ = encode_action(document)
+    forged = msgspec.structs.replace(
+        model,
+        decision_id="apr_" + "f" * 32,
+        action_id=action.id,
+        input_fingerprint=fingerprint_request(action),
+    )
+    await _store_raw(redis, action, forged, signature="", signer="")
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, "no signature" in error.message) == (CONFLICT, True)
+    # A signature that does not cover these bytes is no better.
+    someone = generate_keypair()
+    await _store_raw(
+        redis,
+        action,
+        forged,
+        signature=sign_detached(b"something else", someone.seed),
+        signer=authority.member(APPROVER_A, TENANT_A).public_key,  # type: ignore[union-attr]
+    )
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, "signature over the decision is invalid" in error.message) == (
+        CONFLICT,
+        True,
+    )
+
+
+async def test_a_signed_decision_from_the_members_key_is_accepted(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    record = await decide(redis, authority, trust_files, document)
+    action, _ = encode_action(document)
+    stored = await redis.hgetall(approvals_key(action.id))
+    member = authority.member(APPROVER_A, TENANT_A)
+    assert member is not None
+    assert stored[b"signer"].decode() == member.public_key
+    verify_detached(stored[b"record"], stored[b"signature"].decode(), member.public_key)
+    assert (await admit(gate, redis, trust_files, document)).approval == record
+
+
+async def test_a_member_signing_for_another_member_is_refused(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
+) -> None:
+    document = action_document()
+    action, _ = encode_action(document)
+    # `approve` itself refuses a key that is not the named approver's.
+    with pytest.raises(ApprovalRefused, match="is not the approval key of"):
+        await decide(
+            redis, authority, trust_files, document, signer=APPROVER_UNTENANTED
+        )
+    assert await redis.exists(approvals_key(action.id)) == 0
+    # Written around `approve`: a real member (approver:demo) signs a decision in the name
+    # of approver:carol, with its own key and naming itself, or naming carol's key.
+    model = await decide(redis, authority, trust_files, action_document())
+    forged = msgspec.structs.replace(
+        model,
+        decision_id="apr_" + "e" * 32,
+        action_id=action.id,
+        input_fingerprint=fingerprint_request(action),
+    )
+    raw = msgspec.json.encode(forged)
+    other_seed = trust_files.approver_seed(APPROVER_UNTENANTED)
+    other_key = public_key_of(other_seed)
+    signature = sign_detached(raw, other_seed)
+    await _store_raw(redis, action, forged, signature=signature, signer=other_key)
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, f"signed by {other_key}" in error.message) == (CONFLICT, True)
+    carol_key = authority.member(APPROVER_A, TENANT_A).public_key  # type: ignore[union-attr]
+    await _store_raw(redis, action, forged, signature=signature, signer=carol_key)
+    error = await refused(gate, redis, trust_files, document)
+    assert (error.code, "invalid" in error.message) == (CONFLICT, True)
+
+
+def test_memberships_need_a_valid_key_of_their_own(trust_files: TrustFiles) -> None:
+    memberships = trust_files.memberships()
+    memberships[1]["public_key"] = memberships[0]["public_key"]
+    write_json(trust_files.authority_file, memberships, mode=0o644)
+    with pytest.raises(TrustConfigError, match="also the key of 'approver:carol'"):
+        ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
+    del memberships[1]["public_key"]
+    write_json(trust_files.authority_file, memberships, mode=0o644)
+    with pytest.raises(TrustConfigError, match="public_key"):
+        ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
+    memberships[1]["public_key"] = "U" + "A" * 55
+    write_json(trust_files.authority_file, memberships, mode=0o644)
+    with pytest.raises(TrustConfigError, match="checksum"):
+        ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())

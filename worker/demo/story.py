@@ -241,7 +241,7 @@ class Story:
         record = await approve(
             self.redis, self.authority, request.action, APPROVER_UNTENANTED,
             "delegated child approved by the demo's approval authority",
-            ApprovalDecision.APPROVED,
+            ApprovalDecision.APPROVED, seed=self.approver_seed(),
         )  # fmt: skip
         self.console.note(
             f"child {request.action.id} ({request.action.capability}) approved: "
@@ -308,11 +308,18 @@ class Story:
     def objective(self, text: str) -> Action:
         return self.action("operator", {"objective": text}, mode=Mode.STREAM)
 
+    def approver_seed(self) -> bytes:
+        """The demo approver's signing seed (from the demo's trust files)."""
+        if self.env.trust is None:
+            raise StepFailed("the demo's trust files are not written")
+        return self.env.trust.approver_seed(APPROVER_UNTENANTED)
+
     async def publish_approved(self, action: Action) -> Followed:
         """Record the demo approver's decision on exactly this Action, then publish it."""
         record = await approve(
             self.redis, self.authority, action, APPROVER_UNTENANTED,
             "approved by the demo's approval authority", ApprovalDecision.APPROVED,
+            seed=self.approver_seed(),
         )
         self.console.note(f"approval {record.decision_id} recorded by {APPROVER_UNTENANTED}")
         return await self.publish(action)

@@ -1,9 +1,11 @@
 """A complete, valid trust setup in a directory: for tests and the demo.
 
 `write_trust_files(dir)` creates a gateway key pair (seed file 0600, keys file), an identity
-directory and an approval authority file whose principals are the constants below, and
-returns paths plus helpers to sign envelopes and build settings. Tests that need a bad file
-start from these and change one thing, so each failure has exactly one cause.
+directory and an approval authority file whose principals are the constants below (each
+approver with its own signing key pair: seed file 0600, public key in its membership), and
+returns paths plus helpers to sign envelopes and approval decisions and build settings.
+Tests that need a bad file start from these and change one thing, so each failure has
+exactly one cause.
 """
 
 from __future__ import annotations
@@ -16,7 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from worker.trust.signing import generate_keypair, sign_envelope, write_seed_file
+from worker.trust.signing import (
+    generate_keypair,
+    public_key_of,
+    sign_envelope,
+    write_seed_file,
+)
 
 TENANT_A = "tenant-a"
 TENANT_B = "tenant-b"
@@ -87,9 +94,23 @@ class TrustFiles:
     authority_file: Path
     public_key: str
     seed: bytes = field(repr=False)
+    #: Each approver's signing seed (what `approve --key` reads), by principal id.
+    approver_seeds: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    #: The same seeds as owner-only files.
+    approver_seed_files: Mapping[str, Path] = field(default_factory=dict)
 
     def sign(self, payload: bytes) -> dict[str, str]:
         return sign_envelope(payload, self.seed)
+
+    def memberships(self) -> list[dict[str, Any]]:
+        """The authority file's memberships as written (with their public keys), for a test
+        that rewrites the file with one change."""
+        loaded: list[dict[str, Any]] = json.loads(self.authority_file.read_text("utf-8"))
+        return loaded
+
+    def approver_seed(self, principal_id: str) -> bytes:
+        """The seed `principal_id` signs its approval decisions with."""
+        return self.approver_seeds[principal_id]
 
     def settings_overrides(self, *, allow_unsigned: bool = False) -> dict[str, Any]:
         """Keyword arguments for `Settings(...)` that point at these files."""
@@ -116,8 +137,27 @@ def write_trust_files(
     memberships: Sequence[Mapping[str, Any]] | None = None,
     extra_public_keys: Sequence[str] = (),
 ) -> TrustFiles:
-    """Create the four files in `directory` (which must exist); returns where they are."""
+    """Create the files in `directory` (which must exist); returns where they are.
+
+    A membership without a `public_key` gets a fresh key pair of its principal (one per
+    principal, shared by its memberships in several tenants), its seed in
+    `approver-<n>.seed`.
+    """
     pair = generate_keypair()
+    given = memberships if memberships is not None else authority_memberships()
+    chosen = [dict(m) for m in given]
+    approver_seeds: dict[str, bytes] = {}
+    approver_seed_files: dict[str, Path] = {}
+    for membership in chosen:
+        principal = str(membership["principal_id"])
+        if "public_key" in membership:
+            continue
+        if principal not in approver_seeds:
+            approver = generate_keypair()
+            approver_seeds[principal] = approver.seed
+            approver_seed_files[principal] = directory / f"approver-{len(approver_seeds)}.seed"
+            write_seed_file(approver_seed_files[principal], approver.seed)
+        membership["public_key"] = public_key_of(approver_seeds[principal])
     seed_file = directory / "gateway.seed"
     write_seed_file(seed_file, pair.seed)
     keys_file = directory / "gateway-keys.txt"
@@ -131,11 +171,7 @@ def write_trust_files(
         directory / "identities.json",
         list(identities) if identities is not None else identity_entries(),
     )
-    authority_file = write_json(
-        directory / "authority.json",
-        list(memberships) if memberships is not None else authority_memberships(),
-        mode=0o644,
-    )
+    authority_file = write_json(directory / "authority.json", chosen, mode=0o644)
     return TrustFiles(
         directory=directory,
         seed_file=seed_file,
@@ -144,6 +180,8 @@ def write_trust_files(
         authority_file=authority_file,
         public_key=pair.public_key,
         seed=pair.seed,
+        approver_seeds=approver_seeds,
+        approver_seed_files=approver_seed_files,
     )
 
 

@@ -1,5 +1,8 @@
 """Operator commands of the trust layer: `keys generate` and `approve`.
 
+`approve --as X --key SEEDFILE` signs the decision with X's seed; the worker accepts it only
+if that signature verifies against X's membership (`public_key` in the authority file).
+
 `approve` takes the Action itself (`--action-file`, the JSON the publisher will send; `-`
 reads stdin) rather than a capability plus input: the fingerprint is then computed by the
 same code, from the same bytes, as when the Action runs, so what was read is exactly what
@@ -29,7 +32,7 @@ from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS, ApprovalRefused, app
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import redis_now_ms
 from worker.trust.files import TrustConfigError
-from worker.trust.signing import generate_keypair, write_seed_file
+from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -59,9 +62,11 @@ async def approve_action(
     as_principal: str,
     reason: str,
     decision: ApprovalDecision,
+    seed: bytes,
     ttl_ms: int = DEFAULT_APPROVAL_TTL_MS,
 ) -> ApprovalRecord:
-    """Record a decision with the authority file and Redis named by `settings`."""
+    """Record a decision, signed with the approver's `seed`, with the authority file and
+    Redis named by `settings`."""
     if settings.approval_authority_file is None:
         raise TrustConfigError(
             "AIPD_APPROVAL_AUTHORITY_FILE (--approval-authority-file) is required to approve"
@@ -74,7 +79,7 @@ async def approve_action(
         except TrustConfigError as exc:
             raise TrustConfigError(f"AIPD_APPROVAL_AUTHORITY_FILE: {exc}") from None
         return await approve(
-            redis, authority, action, as_principal, reason, decision, ttl_ms=ttl_ms
+            redis, authority, action, as_principal, reason, decision, seed=seed, ttl_ms=ttl_ms
         )
     finally:
         await redis.aclose()
@@ -114,12 +119,17 @@ async def cmd_approve(args: argparse.Namespace) -> int:
         return _fail(EXIT_CONFIG, f"{args.action_file} holds {action.id}, not {args.action_id}")
     decision = ApprovalDecision.DENIED if args.deny else ApprovalDecision.APPROVED
     try:
+        seed = read_seed_file(args.key, what="approver key file (--key)")
+    except (OSError, ValueError) as exc:
+        return _fail(EXIT_CONFIG, f"--key: {exc}")
+    try:
         record = await approve_action(
             settings,
             action,
             as_principal=args.as_principal,
             reason=args.reason,
             decision=decision,
+            seed=seed,
             ttl_ms=int(args.ttl_minutes * 60_000),
         )
     except TrustConfigError as exc:
@@ -154,7 +164,8 @@ def add_commands(subparsers: Any) -> None:
     keys = subparsers.add_parser("keys", help="gateway signing keys")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     generate = keys_sub.add_parser(
-        "generate", help="write a new gateway nkey seed (0600) and print its public key"
+        "generate",
+        help="write a new nkey seed (0600) and print its public key (gateway or approver key)",
     )
     generate.add_argument("--out", type=Path, required=True, help="seed file to create")
     generate.set_defaults(func=cmd_keys_generate)
@@ -168,6 +179,13 @@ def add_commands(subparsers: Any) -> None:
     )
     approve_cmd.add_argument(
         "--as", dest="as_principal", required=True, help="approver principal id"
+    )
+    approve_cmd.add_argument(
+        "--key",
+        type=Path,
+        required=True,
+        help="owner-only file with the approver's nkey seed; its public key must be the "
+        "membership's public_key (`keys generate` makes one)",
     )
     approve_cmd.add_argument("--reason", required=True, help="why (required, recorded)")
     approve_cmd.add_argument("--deny", action="store_true", help="record a denial (final)")

@@ -6,10 +6,11 @@ claims grant nothing. Refusal codes when the check fails:
 
 - `connector_host.approval_authorization_unavailable`: no authority file is configured, no
   decision is recorded, the decision expired, or Redis could not be read;
-- `connector_host.approval_authorization_conflict`: the record is for another action,
-  capability, input or tenant; it is a denial; the Action's `decision_id` is not the
-  record's; or the approver is no longer authorized (membership gone, expired, or at
-  another revision).
+- `connector_host.approval_authorization_conflict`: the record is not signed by the key
+  its approver's membership names (a record written to Redis by anyone else: no signature,
+  a bad one, or another member's key); it is for another action, capability, input or
+  tenant; it is a denial; the Action's `decision_id` is not the record's; or the approver
+  is no longer authorized (membership gone, expired, or at another revision).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from worker.trust.authority import ApprovalAuthority, NotAuthorized
 from worker.trust.clock import Clock, RedisClock, redis_now_ms
 from worker.trust.files import describe_principal
 from worker.trust.fingerprint import canonical_request, fingerprint_request
+from worker.trust.signing import public_key_of, sign_detached, verify_detached
 
 #: The operator's approval policy: a decision lasts 15 minutes (operator-and-delegation).
 DEFAULT_APPROVAL_TTL_MS = 15 * 60 * 1_000
@@ -86,6 +88,17 @@ def _read_script(redis: Any) -> Script:
     return script
 
 
+@dataclass(frozen=True, slots=True)
+class StoredDecision:
+    """A decision as Redis holds it: the record, the exact bytes its approver signed, and
+    the signature stored beside them (empty when none was)."""
+
+    record: ApprovalRecord
+    raw: bytes
+    signature: str
+    signer: str
+
+
 async def read_record(
     redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
 ) -> ApprovalRecord | None:
@@ -94,16 +107,18 @@ async def read_record(
     A transient failure (a Redis Cluster failover, a restart) is retried within `budget_s`:
     refusing the Action would settle it `failed` for an outage the lease store rides out.
     """
-    return (await read_record_at(redis, action_id, budget_s=budget_s))[0]
+    stored = (await read_record_at(redis, action_id, budget_s=budget_s))[0]
+    return stored.record if stored is not None else None
 
 
 async def read_record_at(
     redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
-) -> tuple[ApprovalRecord | None, int]:
-    """`read_record` and the Redis time of the same step (one script, one round trip)."""
+) -> tuple[StoredDecision | None, int]:
+    """The stored decision with its signature, and the Redis time of the same step (one
+    script, one round trip)."""
     script = _read_script(redis)
     try:
-        raw, now = await reask(
+        raw, now, signature, signer = await reask(
             lambda: script(keys=[approvals_key(action_id)]), budget_s=budget_s
         )
     except (StoreUnavailable, RedisError) as exc:
@@ -111,7 +126,18 @@ async def read_record_at(
             ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
             f"approval record could not be read: {exc}",
         ) from None
-    return _decode_record(raw), int(now)
+    record = _decode_record(raw)
+    if record is None:
+        return None, int(now)
+    return (
+        StoredDecision(
+            record=record,
+            raw=raw if isinstance(raw, bytes) else _text(raw).encode(),
+            signature=_text(signature),
+            signer=_text(signer),
+        ),
+        int(now),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,18 +145,18 @@ class RecordRead:
     """One read of an Action's approval record, or the error the read raised: taken early
     (its Redis time serves the whole admission) and judged at the approval step."""
 
-    record: ApprovalRecord | None
+    stored: StoredDecision | None
     error: ConnectorError | None = None
 
 
 async def prefetch_record(redis: Any, action_id: str, clock: RedisClock) -> RecordRead:
     """Read the record now and give its Redis time to `clock`; a failure is kept, not raised."""
     try:
-        record, read_at = await read_record_at(redis, action_id)
+        stored, read_at = await read_record_at(redis, action_id)
     except ConnectorError as exc:
         return RecordRead(None, exc)
     clock.offer(read_at)
-    return RecordRead(record)
+    return RecordRead(stored)
 
 
 def _decode_record(raw: Any) -> ApprovalRecord | None:
@@ -153,14 +179,15 @@ async def approve(
     reason: str,
     decision: ApprovalDecision,
     *,
+    seed: bytes,
     ttl_ms: int = DEFAULT_APPROVAL_TTL_MS,
 ) -> ApprovalRecord:
-    """Record `as_principal`'s decision on exactly this Action request.
+    """Record `as_principal`'s decision on exactly this Action request, signed with `seed`.
 
     The approver must hold a live membership for the Action's tenant whose capability
-    prefixes cover its capability, and may not decide on an Action of its own principal
-    (the point of approval is a second party). Raises ApprovalRefused otherwise, or when
-    a live decision already exists for the Action.
+    prefixes cover its capability and whose `public_key` is `seed`'s, and may not decide on
+    an Action of its own principal (the point of approval is a second party). Raises
+    ApprovalRefused otherwise, or when a live decision already exists for the Action.
     """
     reason = reason.strip()
     if not reason or len(reason) > MAX_REASON_CHARS:
@@ -178,6 +205,15 @@ async def approve(
         )
     except NotAuthorized as exc:
         raise ApprovalRefused(str(exc)) from None
+    try:
+        signer = public_key_of(seed)
+    except ValueError as exc:
+        raise ApprovalRefused(f"--key: {exc}") from None
+    if signer != match.membership.public_key:
+        raise ApprovalRefused(
+            f"the key {signer} is not the approval key of {describe_principal(as_principal)} "
+            "(its membership's public_key)"
+        )
     read_revision = int(_text(await redis.hget(key, "revision") or "0"))
     snapshot, truncated = input_snapshot(action)
     membership = match.membership
@@ -207,15 +243,18 @@ async def approve(
         revision=read_revision + 1,
     )
     script = redis.register_script(script_source("approval_write"))
+    signed = _encoder.encode(record)
     status, stored = await script(
         keys=[key],
         args=[
             record.decision_id,
-            _encoder.encode(record),
+            signed,
             read_revision,
             decision.value,
             record.expires_at_unix_ms,
             RETAIN_AFTER_EXPIRY_MS,
+            sign_detached(signed, seed),
+            signer,
         ],
     )
     status = _text(status)
@@ -239,6 +278,26 @@ async def approve(
     if status == "stale":
         raise ApprovalRefused(f"the decision for {action.id} changed meanwhile; run again")
     raise ApprovalRefused("the decision would already have expired")
+
+
+def _check_signature(
+    stored: StoredDecision, authority: ApprovalAuthority, tenant_id: str | None
+) -> None:
+    """The record counts only if the key its approver's membership names signed its bytes;
+    anything written to Redis some other way is a conflict, whatever it claims."""
+    approver = stored.record.approver_principal_id
+    who = describe_principal(approver)
+    membership = authority.member(approver, tenant_id)
+    if membership is None:
+        raise _conflict(f"{who} holds no approval membership for this tenant")
+    if not stored.signature:
+        raise _conflict(f"the decision carries no signature of {who}")
+    if stored.signer and stored.signer != membership.public_key:
+        raise _conflict(f"the decision is signed by {stored.signer}, not by the key of {who}")
+    try:
+        verify_detached(stored.raw, stored.signature, membership.public_key)
+    except ValueError as exc:
+        raise _conflict(f"the signature over the decision is invalid for {who}: {exc}") from None
 
 
 def _conflict(why: str) -> ConnectorError:
@@ -269,16 +328,18 @@ async def check_approval(
             "approval-governed capabilities cannot run"
         )
     if recorded is None:
-        record, read_at = await read_record_at(redis, action.id)
+        stored, read_at = await read_record_at(redis, action.id)
         if isinstance(clock, RedisClock):
             # The record's own read carried Redis TIME: the admission's clock needs no TIME.
             clock.offer(read_at)
     elif recorded.error is not None:
         raise recorded.error
     else:
-        record = recorded.record
-    if record is None:
+        stored = recorded.stored
+    if stored is None:
         raise _unavailable(f"no decision is recorded for {action.id}")
+    _check_signature(stored, authority, tenant_id)
+    record = stored.record
     if action.approval is not None and action.approval.decision_id != record.decision_id:
         raise _conflict("the Action's decision_id is not the recorded decision")
     if record.action_id != action.id:

@@ -1,8 +1,10 @@
 """The approval authority directory: who may approve which capabilities for which tenant.
 
 Loaded from `--approval-authority-file` (`AIPD_APPROVAL_AUTHORITY_FILE`): a JSON array of
-`AuthorityMembership` records in a regular file under 1 MiB that group and others cannot
-write. It is authorization policy, not a credential store, so it may be world-readable.
+`AuthorityMembership` records, each naming the approver's public nkey (its decisions must
+carry that key's signature; two principals may not share a key), in a regular file under
+1 MiB that group and others cannot write. It is authorization policy, not a credential
+store, so it may be world-readable.
 Duplicate (same principal and tenant), expired, revoked and zero-revision memberships stop
 the worker at startup. The same check runs when a decision is made and again when the
 approved Action executes, so a membership removed in between withdraws the approval.
@@ -20,6 +22,7 @@ from worker.trust.files import (
     policy_records,
     read_policy_file,
 )
+from worker.trust.signing import decode_user_public_key
 
 _WHAT = "approval authority file"
 UNRESTRICTED = "*"
@@ -52,6 +55,7 @@ class ApprovalAuthority:
         policy = read_policy_file(path, what=_WHAT)
         found: dict[tuple[str, str | None], AuthorityMembership] = {}
         index_of: dict[tuple[str, str | None], int] = {}
+        principal_of_key: dict[str, str] = {}
         for index, where, membership in policy_records(
             policy, path, what=_WHAT, noun="membership", record_type=AuthorityMembership
         ):
@@ -59,11 +63,21 @@ class ApprovalAuthority:
             problem = _membership_problem(membership, now_ms)
             if problem is None and key in index_of:
                 problem = f"duplicate of membership {index_of[key]} (same principal and tenant)"
+            holder = principal_of_key.setdefault(membership.public_key, membership.principal_id)
+            if problem is None and holder != membership.principal_id:
+                problem = (
+                    f"public_key is also the key of {describe_principal(holder)}: each "
+                    "approver signs with its own key"
+                )
             if problem is not None:
                 raise TrustConfigError(f"{where}: {problem}")
             index_of[key] = index
             found[key] = membership
         return cls(found, policy.sha256)
+
+    def member(self, principal_id: str, tenant_id: str | None) -> AuthorityMembership | None:
+        """The membership of `principal_id` for `tenant_id`, whatever it may decide."""
+        return self._memberships.get((principal_id, tenant_id))
 
     def authorize(
         self,
@@ -115,6 +129,10 @@ class ApprovalAuthority:
 def _membership_problem(membership: AuthorityMembership, now_ms: int) -> str | None:
     if membership.revision == 0:
         return "revision must be non-zero"
+    try:
+        decode_user_public_key(membership.public_key)
+    except ValueError as exc:
+        return f"public_key is {exc}"
     if membership.revoked:
         return "is revoked; remove the membership"
     if membership.expires_at_unix_ms is not None and membership.expires_at_unix_ms <= now_ms:

@@ -142,6 +142,28 @@ def sign_envelope(payload: bytes, seed: bytes) -> dict[str, str]:
     }
 
 
+def public_key_of(seed: bytes) -> str:
+    """The public user nkey (`U…`) of a seed; ValueError if it is not a user seed."""
+    return str(_user_pair(seed).public_key.decode())
+
+
+def sign_detached(payload: bytes, seed: bytes) -> str:
+    """The seed's Ed25519 signature over `payload`, base64url without padding."""
+    return base64.urlsafe_b64encode(_user_pair(seed).sign(payload)).rstrip(b"=").decode()
+
+
+def verify_detached(payload: bytes, signature: str, public_key: str) -> None:
+    """Raise ValueError unless `signature` is `public_key`'s signature over `payload`."""
+    if not _SIGNATURE_RE.fullmatch(signature):
+        raise ValueError("the signature is not 86 base64url characters without padding")
+    raw = base64.urlsafe_b64decode(signature + "==")
+    key = nacl.signing.VerifyKey(decode_user_public_key(public_key))
+    try:
+        key.verify(payload, raw)
+    except nacl.exceptions.BadSignatureError:
+        raise ValueError("the signature does not match") from None
+
+
 def _user_pair(seed: bytes) -> nkeys.KeyPair:
     seed = seed.strip()
     if not _SEED_RE.fullmatch(seed):
@@ -172,9 +194,9 @@ def write_seed_file(path: Path, seed: bytes) -> None:
         handle.write(seed + b"\n")
 
 
-def read_seed_file(path: Path) -> bytes:
-    """A signing seed from an owner-only file (what a gateway or the demo publisher uses)."""
-    check_owner_only(path, what="gateway seed file")
+def read_seed_file(path: Path, *, what: str = "gateway seed file") -> bytes:
+    """A signing seed from an owner-only file (a gateway's, an approver's, the demo's)."""
+    check_owner_only(path, what=what)
     seed = path.read_bytes().strip()
     _user_pair(seed)
     return seed
