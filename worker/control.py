@@ -151,7 +151,7 @@ class ControlPlane:
             keys = await rt.store.keys_of(request.action_id)
             answer = await self._authorized_record(request.requested_by, keys, intent)
             binding_state = None
-            if self.binding_cancel is not None and answer.state in _DURABLE:
+            if self.binding_cancel is not None and answer.state is not CancelState.PENDING:
                 binding_state = await self.binding_cancel(
                     rt.store.redis,
                     request.action_id,
@@ -186,10 +186,10 @@ class ControlPlane:
             await self.nc.publish(
                 rt.subjects.cancel_notice(endpoint_id), request.action_id.encode()
             )
-        if state is CancelState.SETTLED:
-            reported = "settled"
-        elif state is CancelState.PENDING:
+        if state is CancelState.PENDING:
             reported = "pending"
+        elif state is CancelState.SETTLED:
+            reported = binding_state or "settled"
         else:
             reported = binding_state or ("running" if answer.owner else "pending")
         # `accepted` means the intent is durable (pending: until the leasing worker
