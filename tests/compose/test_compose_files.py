@@ -163,7 +163,7 @@ def test_worker_replicas_health_checks_and_drain_time() -> None:
     assert float(worker["stop_grace_period"].removesuffix("s")) > grace
 
 
-def test_config_keys_and_password_hashes_match_the_secrets() -> None:
+def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> None:
     nats_conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
     for seed in ("nats_worker.nk", "nats_gateway.nk", "nats_admin.nk"):
         public = _public_key(seed)
@@ -174,7 +174,11 @@ def test_config_keys_and_password_hashes_match_the_secrets() -> None:
     for membership in json.loads(authority_file.read_text(encoding="utf-8")):
         name = membership["principal_id"].split(":", 1)[1]
         assert membership["public_key"] == _public_key(f"approver_{name}.nk"), name
-    assert len(ApprovalAuthority.load(authority_file, now_ms=0)) == 3
+    # Loaded as a worker would (a copy: a checkout's umask may leave it group-writable).
+    copy = tmp_path / "authority.json"
+    shutil.copyfile(authority_file, copy)
+    copy.chmod(0o644)
+    assert len(ApprovalAuthority.load(copy, now_ms=0)) == 3
     acl = (COMPOSE / "redis" / "users.acl").read_text(encoding="utf-8")
     for user, secret in (("aipworker", "redis_worker_password"), ("admin", "redis_admin_password")):
         digest = hashlib.sha256(_secret(secret).encode()).hexdigest()
