@@ -128,7 +128,7 @@ async def test_a_strangers_cancel_before_delivery_is_dropped_when_the_action_is_
     stack: Stack,
 ) -> None:
     await stack.spawn("w1")
-    action = stack.action("operator", {"objective": {"objective": "run despite the stranger"}})
+    action = stack.action("operator", {"objective": "run despite the stranger"})
     await stack.approve(action)
     handle = stack.client.handle(ENDPOINT, action.id)
     # No worker knows the Action yet: the requester is checked now, the rest on lease.
@@ -189,9 +189,7 @@ async def test_a_flood_of_notices_neither_starves_the_workers_nor_fails_the_cana
         await stack.nc.flush()
         sent_in.append(time.monotonic() - flood_started)
 
-    canary = stack.action(
-        "operator", {"objective": {"objective": f"{SLOW_REPLY} canary {secrets.token_hex(4)}"}}
-    )
+    canary = stack.action("operator", {"objective": f"{SLOW_REPLY} canary {secrets.token_hex(4)}"})
     canary_id = canary.id
     await stack.approve(canary)
     flooding = asyncio.get_running_loop().create_task(flood())

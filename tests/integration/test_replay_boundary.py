@@ -8,7 +8,6 @@ for the Action id, the stored result again otherwise; Hermes never hears of it.
 from __future__ import annotations
 
 import asyncio
-import secrets
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -56,12 +55,10 @@ def _runs(stack: Stack) -> int:
 
 
 async def _send(stack: Stack, payload: bytes, headers: dict[str, str]) -> None:
-    """Publish captured bytes and signature again, as an attacker would (a new Msg-Id)."""
-    await stack.nc.jetstream().publish(
-        stack.subjects.actions(ENDPOINT),
-        payload,
-        headers={**headers, "Nats-Msg-Id": secrets.token_hex(8)},
-    )
+    """Publish captured bytes and signature again, as an attacker would: without a
+    `Nats-Msg-Id`, so the stream stores every copy (another id's would be dead-lettered,
+    the Action's own would be dropped inside the duplicate window)."""
+    await stack.nc.jetstream().publish(stack.subjects.actions(ENDPOINT), payload, headers=headers)
 
 
 async def _stored(stack: Stack, action_id: str, timeout_s: float = 20.0) -> ActionResult:
@@ -99,7 +96,7 @@ async def test_a_replay_of_captured_bytes_after_the_state_expired_is_refused(
     stack: Stack,
 ) -> None:
     await stack.spawn("w1")
-    action = stack.action("operator", {"objective": {"objective": "run exactly once"}})
+    action = stack.action("operator", {"objective": "run exactly once"})
     await stack.approve(action)
     payload = encode(action)
     captured = stack.trust.sign(payload)
@@ -123,7 +120,7 @@ async def test_a_replay_of_captured_bytes_after_the_state_expired_is_refused(
 
 async def test_an_envelope_dated_in_the_future_is_refused(stack: Stack) -> None:
     await stack.spawn("w1")
-    action = stack.action("operator", {"objective": {"objective": "from the future"}})
+    action = stack.action("operator", {"objective": "from the future"})
     # Beyond the default 30 s skew allowance, on any sane clock.
     action = msgspec.structs.replace(
         action, created_at_unix_ms=action.created_at_unix_ms + 120_000
@@ -140,7 +137,7 @@ async def test_an_envelope_dated_in_the_future_is_refused(stack: Stack) -> None:
 
 async def test_an_envelope_within_the_skew_allowance_runs(stack: Stack) -> None:
     await stack.spawn("w1")
-    action = stack.action("operator", {"objective": {"objective": "slightly ahead"}})
+    action = stack.action("operator", {"objective": "slightly ahead"})
     action = msgspec.structs.replace(action, created_at_unix_ms=action.created_at_unix_ms + 5_000)
     await stack.approve(action)
     result = await (await stack.publish(action)).result(timeout_s=30)

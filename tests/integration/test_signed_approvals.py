@@ -31,9 +31,9 @@ async def test_an_approval_written_to_redis_without_the_approvers_signature_runs
 ) -> None:
     await stack.spawn("w1")
     # A genuine decision on another Action is the template the forger copies.
-    template = stack.action("operator", {"objective": {"objective": "template"}})
+    template = stack.action("operator", {"objective": "template"})
     await stack.approve(template)
-    action = stack.action("operator", {"objective": {"objective": "approve me yourself"}})
+    action = stack.action("operator", {"objective": "approve me yourself"})
     client = Redis.from_url(stack.redis_url)
     try:
         stored = await client.hget(approvals_key(template.id), "record")
@@ -67,7 +67,7 @@ async def test_an_approval_written_to_redis_without_the_approvers_signature_runs
 
 async def test_a_signed_approval_runs_the_action(stack: Stack) -> None:
     await stack.spawn("w1")
-    action = stack.action("operator", {"objective": {"objective": "properly approved"}})
+    action = stack.action("operator", {"objective": "properly approved"})
     await stack.approve(action, approver=APPROVER_UNTENANTED)
     result = await (await stack.publish(action)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED, result.error
