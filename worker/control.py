@@ -27,7 +27,6 @@ from schemas.cancel import CancelReply
 from schemas.codec import EnvelopeRejected, decode_cancel, encode
 from schemas.errors import ErrorCode
 from schemas.manifest import CapabilityManifest
-from subjects.grammar import Subjects
 from worker import __version__
 from worker.delivery import Runtime
 from worker.errors import ConnectorError, protocol_error
@@ -56,11 +55,6 @@ class BindingCancelHook(Protocol):
 NOTICE_PENDING_MSGS = 4_096
 #: An Action id is 36 bytes; anything longer is not a notice.
 MAX_NOTICE_BYTES = 64
-
-
-def control_cancel_subject(subjects: Subjects, endpoint_id: str) -> str:
-    """Internal fan-out subject: "re-read the durable cancel intent of this Action"."""
-    return subjects.cancel_notice(endpoint_id)
 
 
 def manifest_of(rt: Runtime, endpoint_id: str) -> CapabilityManifest:

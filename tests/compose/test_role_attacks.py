@@ -32,7 +32,6 @@ from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.compose.test_compose_files import ACTION_ID, COMPOSE, ENDPOINT, compose_nats
 from worker.client import AipClient
-from worker.control import control_cancel_subject
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.identities import (
     ISSUER,
@@ -221,7 +220,7 @@ async def test_a_worker_publishes_only_for_the_endpoints_it_serves(
             SUBJECTS.chunks(endpoint, ACTION_ID),
             SUBJECTS.audit(endpoint, ACTION_ID),
             SUBJECTS.dlq(endpoint),
-            control_cancel_subject(SUBJECTS, endpoint),
+            SUBJECTS.cancel_notice(endpoint),
         ):
             assert await worker.publish_refused(subject) is refused, subject
     # It pulls only from the consumers of its own endpoint.
