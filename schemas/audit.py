@@ -40,6 +40,8 @@ class ReceiptEvent(StrEnum):
     SETTLED = "settled"
     FENCED_OUT = "fenced_out"
     REPUBLISHED = "republished"
+    #: The AIP gateway answered one MCP tool call (details: tool, principal, decision).
+    TOOL_CALL = "tool_call"
 
 
 class Receipt(WireStruct, kw_only=True, frozen=True):

@@ -1,4 +1,5 @@
-"""`aip-hermes-worker`: run, provision, submit, tail, result, cancel, manifest, schemas, demo.
+"""`aip-hermes-worker`: run, gateway, provision, submit, tail, result, cancel, manifest,
+schemas, demo.
 
 Errors name what to fix: a bad setting names its field and variable, an unreachable
 service names its URL and the setting that points at it. Exit codes: 0 ok, 1 the command
@@ -103,6 +104,31 @@ async def cmd_run(args: argparse.Namespace) -> int:
         raise Unreachable(
             f"a service is unreachable ({exc}); check AIPD_NATS_URL / AIPD_REDIS_URL"
         ) from None
+    return 0
+
+
+async def cmd_gateway(args: argparse.Namespace) -> int:
+    """The AIP gateway: MCP server for Hermes, writer of the runtime's stores (docs/gateway.md)."""
+    from pydantic import ValidationError as SettingsInvalid
+
+    from worker.gateway import Gateway, GatewaySettings
+    from worker.gateway.routes import RouteConfigError
+
+    try:
+        settings = GatewaySettings()  # type: ignore[call-arg]  # from AIPD_* variables
+    except SettingsInvalid as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise SettingsError(
+            f"{field} (AIPD_{field.upper()}): {first['msg']}"
+        ) from None
+    setup_logging(settings.log_format, settings.log_level)
+    try:
+        await Gateway(settings).run_until_signalled()
+    except RouteConfigError as exc:
+        raise SettingsError(str(exc)) from None
+    except OSError as exc:
+        raise Unreachable(f"a service is unreachable ({exc}); check AIPD_NATS_URL") from None
     return 0
 
 
@@ -337,6 +363,11 @@ def build_parser() -> argparse.ArgumentParser:
     add_settings_flags(run)
     run.set_defaults(func=cmd_run)
 
+    gateway = sub.add_parser(
+        "gateway", help="start the AIP gateway (MCP server + runtime stores); AIPD_* settings"
+    )
+    gateway.set_defaults(func=cmd_gateway)
+
     prov = sub.add_parser("provision", help="create or update streams and consumers")
     add_settings_flags(prov)
     prov.add_argument(
@@ -427,7 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if getattr(args, "command", None) != "run":
+    if getattr(args, "command", None) not in ("run", "gateway"):
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return _event_loop_runner()(_run(args))

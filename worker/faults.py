@@ -37,6 +37,9 @@ POINTS = (
     "after_settle",
     "after_result_publish",
     "before_ack",
+    # The gateway's (worker/gateway): a child's queue entry is written / its envelope sent.
+    "gateway_after_enqueue",
+    "gateway_after_dispatch",
 )
 
 

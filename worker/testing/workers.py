@@ -1,4 +1,5 @@
-"""Worker processes for tests: real `python -m worker run` subprocesses a test can kill.
+"""Worker processes for tests: real `python -m worker run` subprocesses a test can kill
+(and gateway processes, `python -m worker gateway`, the same way).
 
 Chaos tests need a worker that dies like a production one (kill -9, SIGSTOP, a fault point
 that calls `os._exit`), so workers under test are never threads or in-process tasks.
@@ -11,7 +12,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 READY_MARK = "bound to consumer"
@@ -27,8 +28,13 @@ class WorkerProcess:
         env: Mapping[str, str],
         log_dir: Path,
         fault_points: str | None = None,
+        command: Sequence[str] = ("run",),
+        ready_mark: str = READY_MARK,
     ) -> None:
         self.worker_id = worker_id
+        #: The `python -m worker` subcommand: `run` for a worker, `gateway` for the gateway.
+        self.command = tuple(command)
+        self.ready_mark = ready_mark
         self.env = dict(env)
         self.env["AIPD_WORKER_ID"] = worker_id
         self.env.setdefault("AIPD_LOG_FORMAT", "json")
@@ -41,7 +47,7 @@ class WorkerProcess:
         log = self.log_path.open("ab")
         full_env = {**os.environ, **self.env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", "run"],
+            [sys.executable, "-m", "worker", *self.command],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -55,7 +61,7 @@ class WorkerProcess:
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            if READY_MARK in self.log_text():
+            if self.ready_mark in self.log_text():
                 return
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"worker {self.worker_id} exited:\n{self.log_tail()}")

@@ -1,0 +1,118 @@
+"""A deployment around the real gateway: NATS, Redis, a worker serving `h1` (fake Hermes),
+and `python -m worker gateway` processes with a principals file of several tokens."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.integration.stack import Stack, fake_stack
+from worker.testing._procs import free_port
+from worker.testing.gateway import (
+    directory_entry,
+    gateway_env,
+    gateway_process,
+    hermes_principal_id,
+    principal_entry,
+    write_principals_file,
+)
+from worker.testing.identities import TENANT_B, identity_entries, write_trust_files
+from worker.testing.services import ServiceHandle
+from worker.testing.workers import WorkerProcess
+
+#: The Hermes of endpoint h1, with every tool scope.
+H1_TOKEN = "tok-h1-" + "a" * 32
+#: Another principal (h2's Hermes), every scope.
+OTHER_TOKEN = "tok-h2-" + "b" * 32
+#: h1's principal id again, but a credential for another tenant.
+OTHER_TENANT_TOKEN = "tok-h1-tenant-b-" + "c" * 24
+#: Only `capability:read`.
+READ_ONLY_TOKEN = "tok-read-" + "d" * 30
+#: Expired a minute ago.
+EXPIRED_TOKEN = "tok-expired-" + "e" * 28
+H1 = hermes_principal_id("h1")
+
+
+@dataclass
+class GatewayStack:
+    stack: Stack
+    env: dict[str, str]
+    port: int
+    gateways: list[WorkerProcess] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/mcp"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    async def start_gateway(
+        self, name: str, *, port: int | None = None, **env: str
+    ) -> WorkerProcess:
+        full = {**self.env, **env}
+        if port is not None:
+            full["AIPD_GATEWAY_PORT"] = str(port)
+        proc = gateway_process(name, full, self.stack.root)
+        self.gateways.append(proc)
+        return await asyncio.to_thread(proc.start, wait_ready_s=20.0)
+
+    def stop(self) -> None:
+        for proc in self.gateways:
+            if proc.alive:
+                proc.terminate(10)
+
+
+@pytest.fixture
+async def gstack(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[GatewayStack]:
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    # The gateway's principals are directory identities too: their children run as them.
+    identities = [
+        *identity_entries(),
+        directory_entry(H1),
+        directory_entry(hermes_principal_id("h2")),
+    ]
+    trust = write_trust_files(trust_dir, identities=identities)
+    principals = write_principals_file(
+        trust_dir,
+        [
+            principal_entry(H1_TOKEN, H1),
+            principal_entry(OTHER_TOKEN, hermes_principal_id("h2")),
+            principal_entry(OTHER_TENANT_TOKEN, H1, tenant_id=TENANT_B),
+            principal_entry(READ_ONLY_TOKEN, H1, scopes=["capability:read"]),
+            principal_entry(EXPIRED_TOKEN, H1, valid_for_ms=-60_000),
+        ],
+    )
+    async with fake_stack(
+        tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=3000
+    ) as stack:
+        port = free_port()
+        env = gateway_env(
+            nats_server.url,
+            principals,
+            trust.seed_file,
+            port,
+            AIPD_LOG_FORMAT="json",
+            AIPD_GATEWAY_SETTLE_GRACE_MS="500",
+        )
+        gs = GatewayStack(stack, env, port)
+        try:
+            await stack.spawn("w1")
+            yield gs
+        finally:
+            gs.stop()
+
+
+@pytest.fixture
+async def gs_up(gstack: GatewayStack) -> GatewayStack:
+    """The stack with one gateway process running (small input bound for the size test)."""
+    await gstack.start_gateway("g1", AIPD_GATEWAY_MAX_INPUT_BYTES="2048")
+    return gstack

@@ -1,0 +1,389 @@
+"""The real gateway process through a real MCP client: every tool, and the bad-input list.
+
+Real NATS and Redis, a worker process serving endpoint h1 over the fake Hermes, and
+`python -m worker gateway`; the client is the official `mcp` SDK's Streamable HTTP client,
+as in Hermes. A child is a real Action (`cap:hermes_agent:h1:models`) the worker executes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+
+from schemas.ids import new_action_id
+from schemas.lifecycle import LifecycleState
+from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
+from worker.testing.fake_hermes.faults import RouteDelay
+from worker.testing.gateway import McpHttpRefused, ToolAnswer, call_tool, list_tools
+from worker.trust.signing import TrustedGatewayKeys, verify_envelope
+
+from .conftest import (
+    EXPIRED_TOKEN,
+    H1,
+    H1_TOKEN,
+    OTHER_TENANT_TOKEN,
+    OTHER_TOKEN,
+    READ_ONLY_TOKEN,
+    GatewayStack,
+)
+
+MODELS = "cap:hermes_agent:h1:models"
+SIX_TOOLS = [
+    "aip_capabilities",
+    "aip_call",
+    "aip_action_status",
+    "aip_action_result",
+    "aip_action_events",
+    "aip_action_cancel",
+]
+SCHEMA_INVALID = "schema.envelope.invalid"
+NOT_FOUND = "connector.hermes_agent.configuration_or_input"
+
+
+def contract(**changes: Any) -> dict[str, Any]:
+    fields: dict[str, Any] = {
+        "action_id": new_action_id(),
+        "capability": MODELS,
+        "input": {},
+        "mode": "sync",
+        "timeout_ms": 20_000,
+        "idempotency_key": "idem-" + new_action_id()[4:16],
+    }
+    fields.update(changes)
+    return fields
+
+
+async def aip_call(gs: GatewayStack, token: str, arguments: dict[str, Any]) -> ToolAnswer:
+    return await call_tool(gs.url, token, "aip_call", {"arguments": arguments})
+
+
+async def records(gs: GatewayStack, action_id: str) -> StoreRecords:
+    """Both records as a worker reads them: verified against the workers' trusted keys."""
+    trusted = TrustedGatewayKeys.load(gs.stack.trust.gateway_keys_file)
+    stores = JetStreamLifecycleStores(
+        gs.stack.nc.jetstream(),
+        gs.stack.subjects,
+        lambda data, headers: verify_envelope(data, headers, trusted),
+    )
+    return await stores.read(action_id)
+
+
+async def queue_history(gs: GatewayStack, action_id: str) -> list[str]:
+    """Every queue state ever written for a child, in order."""
+    messages = await gs.stack.stream_messages(
+        "runtime_queue", gs.stack.subjects.runtime_queue(action_id)
+    )
+    return [msgspec.json.decode(m)["state"] for m in messages]
+
+
+async def wait_terminal(gs: GatewayStack, action_id: str, timeout_s: float = 20.0) -> StoreRecords:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = await records(gs, action_id)
+        if found.queue is not None and found.queue.state.terminal:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{action_id} never terminal: {found}")
+        await asyncio.sleep(0.1)
+
+
+def models_reads(gs: GatewayStack) -> int:
+    assert gs.stack.fake is not None
+    return gs.stack.fake.stats().count("GET /v1/models")
+
+
+# --- authentication --------------------------------------------------------------------
+
+
+async def test_a_missing_unknown_or_expired_token_is_401_before_any_tool(
+    gs_up: GatewayStack,
+) -> None:
+    gs = gs_up
+    for token in (None, "not-a-known-token", EXPIRED_TOKEN):
+        with pytest.raises(McpHttpRefused) as refused:
+            await aip_call(gs, token, contract())  # type: ignore[arg-type]
+        assert refused.value.status == 401
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
+    async with httpx.AsyncClient() as http:
+        plain = await http.post(gs.url, json=initialize, headers={"Authorization": "Bearer x"})
+    assert plain.status_code == 401
+    assert plain.headers["www-authenticate"].startswith("Bearer")
+    # Nothing was enqueued by any of them.
+    assert await gs.stack.stream_messages("runtime_queue", "aip.runtime.queue.*") == []
+
+
+async def test_exactly_the_six_tools_are_served(gs_up: GatewayStack) -> None:
+    assert await list_tools(gs_up.url, H1_TOKEN) == SIX_TOOLS
+
+
+async def test_a_token_without_the_tools_scope_is_refused_and_nothing_enqueued(
+    gs_up: GatewayStack,
+) -> None:
+    gs = gs_up
+    arguments = contract()
+    answer = await aip_call(gs, READ_ONLY_TOKEN, arguments)
+    assert answer.is_error
+    assert answer.error_code == "connector_host.authentication"
+    assert "action:write" in answer.document["error"]["message"]
+    assert answer.document["error"]["retryable"] is False
+    assert (await records(gs, arguments["action_id"])).queue is None
+    status = await call_tool(
+        gs.url, READ_ONLY_TOKEN, "aip_action_status", {"action_id": arguments["action_id"]}
+    )
+    assert status.error_code == "connector_host.authentication"
+    # capability:read is what this token holds.
+    listed = await call_tool(gs.url, READ_ONLY_TOKEN, "aip_capabilities")
+    assert not listed.is_error
+
+
+# --- the tools -------------------------------------------------------------------------
+
+
+async def test_capabilities_lists_what_the_workers_serve_and_the_routes_admit(
+    gs_up: GatewayStack,
+) -> None:
+    answer = await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities")
+    assert not answer.is_error, answer.document
+    ids = {c["capability"] for c in answer.document["capabilities"]}
+    assert MODELS in ids
+    assert all(c["endpoint_id"] == "h1" for c in answer.document["capabilities"])
+    assert "cap:hermes_agent:{endpoint}:" in answer.document["routes"]
+
+
+async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in_order(
+    gs_up: GatewayStack,
+) -> None:
+    gs = gs_up
+    arguments = contract()
+    child_id = arguments["action_id"]
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    assert not answer.is_error, answer.document
+    assert answer.document["action_id"] == child_id
+    assert answer.document["state"] == "completed"
+    result = answer.document["result"]
+    assert result["status"] == "completed"
+    assert result["output"]["data"][0]["id"] == "hermes-agent"
+    # The records a worker's resolver reads: signed by a key the workers trust.
+    found = await records(gs, child_id)
+    assert found.queue is not None
+    assert found.lifecycle is not None
+    assert found.queue.state is LifecycleState.COMPLETED
+    assert found.queue.owner_principal_id == H1
+    assert found.queue.authenticated.principal_id == H1
+    assert found.queue.action.identity.principal_id == H1
+    assert found.lifecycle.result is not None
+    assert found.lifecycle.result.output == result["output"]
+    assert await queue_history(gs, child_id) == ["queued", "running", "completed"]
+    # The worker executed the exact child once, and settled it under its id.
+    native = await gs.stack.client.handle("h1", child_id).result(timeout_s=5)
+    assert native.settled_by == "w1"
+    assert models_reads(gs) == 1
+    # status, result, events of the caller's own Action.
+    status = await call_tool(gs.url, H1_TOKEN, "aip_action_status", {"action_id": child_id})
+    assert status.document["state"] == "completed"
+    stored = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": child_id})
+    assert stored.document["result"] == result
+    events = await call_tool(gs.url, H1_TOKEN, "aip_action_events", {"action_id": child_id})
+    assert not events.is_error, events.document
+    assert events.document["done"] is True
+    assert [e["seq"] for e in events.document["events"]] == list(
+        range(len(events.document["events"]))
+    )
+    later = await call_tool(
+        gs.url,
+        H1_TOKEN,
+        "aip_action_events",
+        {"action_id": child_id, "cursor": events.document["next_cursor"]},
+    )
+    assert later.document["events"] == []
+    # Receipts: the gateway's tool calls beside the worker's own, on the child's chain.
+    receipts = await gs.stack.client.receipts("h1", child_id)
+    tools = [r.details.get("tool") for r in receipts if r.event.value == "tool_call"]
+    assert tools[:1] == ["aip_call"]
+    assert {"aip_action_status", "aip_action_result", "aip_action_events"} <= set(tools)
+    assert all(
+        r.details["principal_id"] == H1 and r.details["decision"] == "allowed"
+        for r in receipts
+        if r.event.value == "tool_call"
+    )
+    assert {"received", "settled"} <= {r.event.value for r in receipts}
+
+
+async def test_an_async_call_answers_at_once_and_the_result_follows(gs_up: GatewayStack) -> None:
+    gs = gs_up
+    arguments = contract(mode="async")
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    assert not answer.is_error, answer.document
+    assert answer.document["state"] in ("queued", "running")
+    assert answer.document["result"] is None
+    await wait_terminal(gs, arguments["action_id"])
+    stored = await call_tool(
+        gs.url, H1_TOKEN, "aip_action_result", {"action_id": arguments["action_id"]}
+    )
+    assert stored.document["result"]["status"] == "completed"
+
+
+async def test_without_an_action_id_the_gateway_assigns_one(gs_up: GatewayStack) -> None:
+    arguments = contract()
+    del arguments["action_id"]
+    answer = await aip_call(gs_up, H1_TOKEN, arguments)
+    assert not answer.is_error, answer.document
+    assert answer.document["action_id"].startswith("act_")
+    assert answer.document["state"] == "completed"
+
+
+async def test_the_same_action_id_and_contract_returns_the_same_child_without_a_second_run(
+    gs_up: GatewayStack,
+) -> None:
+    gs = gs_up
+    arguments = contract()
+    first = await aip_call(gs, H1_TOKEN, arguments)
+    again = await aip_call(gs, H1_TOKEN, arguments)
+    assert not again.is_error, again.document
+    assert again.document["action_id"] == first.document["action_id"]
+    assert again.document["duplicate"] is True
+    assert again.document["result"] == first.document["result"]
+    assert models_reads(gs) == 1
+    assert await queue_history(gs, arguments["action_id"]) == ["queued", "running", "completed"]
+
+
+async def test_the_same_action_id_with_another_contract_is_a_collision(
+    gs_up: GatewayStack,
+) -> None:
+    gs = gs_up
+    arguments = contract()
+    await aip_call(gs, H1_TOKEN, arguments)
+    changed = {**arguments, "idempotency_key": "another-key"}
+    answer = await aip_call(gs, H1_TOKEN, changed)
+    assert answer.is_error
+    assert answer.error_code == NOT_FOUND
+    assert "idempotency collision" in answer.document["error"]["message"]
+    # Another principal reusing the id collides too (and learns nothing else).
+    other = await aip_call(gs, OTHER_TOKEN, arguments)
+    assert other.error_code == NOT_FOUND
+    assert "idempotency collision" in other.document["error"]["message"]
+    assert models_reads(gs) == 1
+    assert await queue_history(gs, arguments["action_id"]) == ["queued", "running", "completed"]
+
+
+@pytest.mark.parametrize(
+    ("case", "code"),
+    [
+        ("identity", SCHEMA_INVALID),
+        ("unknown_field", SCHEMA_INVALID),
+        ("id_field", SCHEMA_INVALID),
+        ("oversized", SCHEMA_INVALID),
+        ("unrouted", "connector_host.route_mismatch"),
+        ("bad_operation", SCHEMA_INVALID),
+    ],
+)
+async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
+    gs_up: GatewayStack, case: str, code: str
+) -> None:
+    gs = gs_up
+    arguments = contract()
+    if case == "identity":
+        arguments["identity"] = {"principal_id": "user:root", "principal_kind": "user"}
+    elif case == "unknown_field":
+        arguments["surprise"] = True
+    elif case == "id_field":
+        arguments["id"] = new_action_id()
+    elif case == "oversized":
+        arguments["input"] = {"blob": "x" * 4096}
+    elif case == "unrouted":
+        arguments["capability"] = "cap:billing:invoice.pay"
+    elif case == "bad_operation":
+        arguments["capability"] = "cap:hermes_agent:h1:Not-An-Operation"
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    assert answer.is_error
+    assert answer.error_code == code, answer.document
+    error = answer.document["error"]
+    assert error["retryable"] is False
+    assert error["uncertain_outcome"] is False
+    assert (await records(gs, arguments["action_id"])).queue is None
+    assert models_reads(gs) == 0
+    receipts = await gs.stack.stream_messages("audit", "aip.hermes.*.audit.*")
+    decisions = [msgspec.json.decode(r)["details"].get("decision") for r in receipts]
+    assert code in decisions
+
+
+async def test_another_principals_or_tenants_action_is_invisible(gs_up: GatewayStack) -> None:
+    gs = gs_up
+    arguments = contract()
+    await aip_call(gs, H1_TOKEN, arguments)
+    child_id = arguments["action_id"]
+    for token in (OTHER_TOKEN, OTHER_TENANT_TOKEN):
+        for tool, extra in (
+            ("aip_action_status", {}),
+            ("aip_action_result", {}),
+            ("aip_action_events", {}),
+            ("aip_action_cancel", {"reason": "not mine"}),
+        ):
+            answer = await call_tool(gs.url, token, tool, {"action_id": child_id, **extra})
+            assert answer.is_error, (tool, answer.document)
+            assert answer.error_code == NOT_FOUND
+            assert "no Action" in answer.document["error"]["message"]
+            # The same answer as for an id that does not exist at all.
+            missing = await call_tool(gs.url, token, tool, {"action_id": new_action_id(), **extra})
+            assert missing.document["error"]["message"].replace(
+                missing.document["error"]["message"].split()[2], "X"
+            ) == answer.document["error"]["message"].replace(child_id, "X")
+
+
+async def test_cancel_reaches_the_executor_of_a_running_child(gs_up: GatewayStack) -> None:
+    gs = gs_up
+    assert gs.stack.fake is not None
+    gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=8.0))
+    arguments = contract(mode="async")
+    await aip_call(gs, H1_TOKEN, arguments)
+    child_id = arguments["action_id"]
+    await asyncio.sleep(0.5)
+    answer = await call_tool(
+        gs.url, H1_TOKEN, "aip_action_cancel", {"action_id": child_id, "reason": "changed mind"}
+    )
+    assert not answer.is_error, answer.document
+    assert answer.document["accepted"] is True
+    found = await wait_terminal(gs, child_id)
+    assert found.queue is not None
+    assert found.queue.state is LifecycleState.CANCELLED
+    assert found.lifecycle is not None
+    assert found.lifecycle.state is LifecycleState.CANCELLED
+
+
+async def test_a_child_nobody_serves_is_bounded_by_its_timeout(gs_up: GatewayStack) -> None:
+    gs = gs_up
+    arguments = contract(capability="cap:hermes_agent:h9:models", timeout_ms=1_500)
+    started = time.monotonic()
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    assert time.monotonic() - started < 10
+    assert not answer.is_error, answer.document
+    assert answer.document["state"] == "running"
+    assert answer.document["result"] is None
+    # Past the timeout plus the settle grace, the sweep settles it failed, uncertain.
+    found = await wait_terminal(gs, arguments["action_id"], timeout_s=15)
+    assert found.lifecycle is not None
+    assert found.lifecycle.result is not None
+    error = found.lifecycle.result.error
+    assert error is not None
+    assert error["code"] == "connector.hermes_agent.deadline_exceeded"
+    assert error["uncertain_outcome"] is True
+
+
+async def test_health_ready_and_metrics(gs_up: GatewayStack) -> None:
+    async with httpx.AsyncClient(base_url=gs_up.base_url) as http:
+        assert (await http.get("/health")).json() == {"alive": True}
+        ready = await http.get("/ready")
+        assert ready.status_code == 200, ready.text
+        assert ready.json()["checks"] == {"nats_connected": True, "runtime_stores": True}
+        await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities")
+        await call_tool(
+            gs_up.url, READ_ONLY_TOKEN, "aip_action_status", {"action_id": new_action_id()}
+        )
+        metrics = (await http.get("/metrics")).text
+    assert 'aip_gateway_tool_calls_total{decision="allowed",tool="aip_capabilities"}' in metrics
+    assert 'aip_gateway_tool_calls_total{decision="refused",tool="aip_action_status"}' in metrics

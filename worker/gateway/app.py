@@ -1,0 +1,211 @@
+"""The gateway process: connect, build every part, serve MCP and health, sweep, stop cleanly.
+
+`aip-hermes-worker gateway` runs `Gateway(settings).run_until_signalled()`. Tests start the
+same class in-process when they need to wrap its store writer (fault injection), and as
+`python -m worker gateway` subprocesses when they need to kill it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from typing import Any
+
+import nacl.signing
+import nats
+import uvicorn
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from subjects.grammar import Subjects
+from worker.gateway.children import Children
+from worker.gateway.discovery import Discovery
+from worker.gateway.mcp_app import MCP_PATH, GatewayHttp, QuietServer
+from worker.gateway.observe import GatewayMetrics, ToolReceipts
+from worker.gateway.principals import Principals
+from worker.gateway.records import RuntimeStoreReader, RuntimeStoreWriter
+from worker.gateway.recovery import Recovery
+from worker.gateway.routes import RouteTable
+from worker.gateway.service import GatewayService
+from worker.gateway.settings import GatewaySettings
+from worker.trust.signing import TrustedGatewayKeys, decode_user_public_key, read_seed_file
+
+log = logging.getLogger(__name__)
+
+#: What a test waits for in the gateway's log before it calls it.
+READY_MARK = "gateway serving"
+_STARTUP_TIMEOUT_S = 10.0
+_SHUTDOWN_TIMEOUT_S = 10.0
+
+WriterFactory = Callable[[JetStreamContext, Subjects, bytes], RuntimeStoreWriter]
+
+
+def _own_key(seed: bytes) -> TrustedGatewayKeys:
+    """The records this gateway reads are the ones gateways sharing its key wrote."""
+    import nkeys
+
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    return TrustedGatewayKeys({public: nacl.signing.VerifyKey(decode_user_public_key(public))})
+
+
+async def connect_nats(settings: GatewaySettings) -> NATS:
+    """The gateway's connection, with the same `AIPD_NATS_*` credential files a worker uses."""
+    from worker.connections import credential_options
+    from worker.settings import Settings
+
+    credentials = credential_options(Settings(nats_url=settings.nats_url))
+    servers = [url.strip() for url in settings.nats_url.split(",") if url.strip()]
+    return await nats.connect(
+        servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **credentials
+    )
+
+
+class Gateway:
+    def __init__(
+        self, settings: GatewaySettings, *, make_writer: WriterFactory = RuntimeStoreWriter
+    ) -> None:
+        self.settings = settings
+        self.subjects = Subjects(settings.subject_prefix)
+        self.metrics = GatewayMetrics()
+        self._make_writer = make_writer
+        self.nc: NATS | None = None
+        self.service: GatewayService | None = None
+        self.writer: RuntimeStoreWriter | None = None
+        self._server: QuietServer | None = None
+        self._serving: asyncio.Task[None] | None = None
+        self._recovery: asyncio.Task[None] | None = None
+        self.port: int | None = None
+
+    @property
+    def url(self) -> str:
+        """The MCP endpoint, as Hermes' `mcp_servers.<name>.url` wants it."""
+        return f"http://{self.settings.gateway_host}:{self.port}{MCP_PATH}"
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.settings.gateway_host}:{self.port}"
+
+    async def start(self) -> None:
+        settings = self.settings
+        # Configuration first: a bad file stops the gateway before it touches the bus.
+        principals = Principals.load(settings.mcp_principals_file)
+        seed = read_seed_file(settings.gateway_signing_key_file)
+        routes = RouteTable.from_setting(settings.subject_prefix, settings.capability_routes)
+        self.nc = nc = await connect_nats(settings)
+        js = nc.jetstream()
+        self.writer = writer = self._make_writer(js, self.subjects, seed)
+        await writer.provision()
+        reader = RuntimeStoreReader(js, self.subjects, _own_key(seed))
+        children = Children(nc, writer, seed)
+        self.service = service = GatewayService(
+            settings, nc, routes, reader, children, Discovery(nc)
+        )
+        http = GatewayHttp(
+            settings,
+            principals,
+            routes,
+            service,
+            self.metrics,
+            ToolReceipts(nc, self.subjects, settings.gateway_id),
+            self.ready,
+        )
+        recovery = Recovery(settings, children, reader, routes, self.metrics)
+        self._recovery = asyncio.get_running_loop().create_task(recovery.run())
+        await self._serve(http)
+        log.info(
+            "%s on %s (%d principals, routes %s)",
+            READY_MARK,
+            self.url,
+            len(principals),
+            routes.describe(),
+        )
+
+    async def _serve(self, http: GatewayHttp) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.settings.gateway_host, self.settings.gateway_port))
+        self.port = int(sock.getsockname()[1])
+        config = uvicorn.Config(
+            http.app(),
+            log_config=None,
+            log_level="warning",
+            access_log=False,
+            lifespan="on",
+            ws="none",
+            timeout_graceful_shutdown=2,
+        )
+        self._server = server = QuietServer(config)
+        self._serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        async with asyncio.timeout(_STARTUP_TIMEOUT_S):
+            while not server.started:
+                if self._serving.done():
+                    self._serving.result()
+                    raise RuntimeError("the gateway's HTTP server stopped during startup")
+                await asyncio.sleep(0.01)
+
+    async def ready(self) -> dict[str, Any]:
+        """`/ready`: NATS connected and both runtime stores present."""
+        nc = self.nc
+        connected = nc is not None and nc.is_connected
+        stores = False
+        if connected and nc is not None:
+            try:
+                js = nc.jetstream()
+                for kind in ("queue", "lifecycle"):
+                    await asyncio.wait_for(
+                        js.stream_info(self.subjects.runtime_stream_name(kind)), 1.0
+                    )
+                stores = True
+            except (NotFoundError, TimeoutError, Exception):
+                stores = False
+        checks = {"nats_connected": connected, "runtime_stores": stores}
+        return {"ready": all(checks.values()), "checks": checks}
+
+    async def stop(self) -> None:
+        if self._recovery is not None:
+            self._recovery.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._recovery
+            self._recovery = None
+        server, task = self._server, self._serving
+        self._server = self._serving = None
+        if server is not None and task is not None:
+            server.should_exit = True
+            try:
+                await asyncio.wait_for(task, _SHUTDOWN_TIMEOUT_S)
+            except TimeoutError:
+                server.force_exit = True
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        if self.service is not None:
+            await self.service.stop()
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+            self.nc = None
+
+    async def __aenter__(self) -> Gateway:
+        try:
+            await self.start()
+        except BaseException:
+            await self.stop()
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    async def run_until_signalled(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        async with self:
+            await stop.wait()
+            log.info("gateway stopping")

@@ -1,0 +1,353 @@
+"""The HTTP face of the gateway: the MCP server (Streamable HTTP, `/mcp`) and `/health`,
+`/ready`, `/metrics`, as one ASGI app served by uvicorn.
+
+Built on the official `mcp` SDK's FastMCP (the version `hermes-agent[mcp]` pins), so the
+protocol on the wire is the one Hermes' client speaks. Authentication happens in front of
+MCP: a request to `/mcp` without a present, known and unexpired bearer token is answered
+401 before the SDK sees it (no session, no tool listing, no tool run); a token without the
+transport scopes gets 403. Each tool then authenticates the call's own token again (an
+expiry between requests counts) and checks the tool's scope, so a tool body only ever runs
+for a principal allowed to run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, Final
+
+import uvicorn
+from mcp.server.fastmcp import Context, FastMCP
+from mcp.types import CallToolResult, TextContent
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from schemas.errors import ErrorCode
+from schemas.ids import is_action_id
+from worker.errors import ConnectorError
+from worker.gateway.children import now_ms
+from worker.gateway.observe import GatewayMetrics, ToolReceipts
+from worker.gateway.principals import Principal, Principals
+from worker.gateway.routes import RouteTable
+from worker.gateway.service import GatewayService
+from worker.gateway.settings import (
+    ACTION_CANCEL,
+    ACTION_READ,
+    ACTION_WRITE,
+    CAPABILITY_READ,
+    GatewaySettings,
+)
+
+log = logging.getLogger(__name__)
+
+MCP_PATH: Final = "/mcp"
+#: Tool -> the protected-resource scope it needs. Exactly these tools exist; `aip_delegate`
+#: never does (first-class delegation belongs to the external orchestrator).
+TOOL_SCOPES: Final = {
+    "aip_capabilities": CAPABILITY_READ,
+    "aip_call": ACTION_WRITE,
+    "aip_action_status": ACTION_READ,
+    "aip_action_result": ACTION_READ,
+    "aip_action_events": ACTION_READ,
+    "aip_action_cancel": ACTION_CANCEL,
+}
+DESCRIPTIONS: Final = {
+    "aip_capabilities": "List the AIP capabilities this deployment serves and routes.",
+    "aip_call": (
+        "Create and run one AIP Action as the calling agent. `arguments` is the Action "
+        "contract (capability, input, optional action_id, mode, timeout_ms, ...), without "
+        "identity: the caller's identity comes from its credential. mode `sync` waits for "
+        "the result; otherwise the call returns the Action id and state at once."
+    ),
+    "aip_action_status": "The state of an Action this caller created.",
+    "aip_action_result": "The native result of an Action this caller created, once it ended.",
+    "aip_action_events": (
+        "The stream chunks of an Action this caller created, from `cursor` (a chunk seq); "
+        "answer includes `next_cursor`."
+    ),
+    "aip_action_cancel": "Ask the executor to cancel an Action this caller created.",
+}
+
+Ready = Callable[[], Awaitable[dict[str, Any]]]
+
+
+def bearer(scope: Scope) -> str | None:
+    """The token of the request's `Authorization: Bearer …` header, if there is one."""
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None
+
+
+def _error_text(error: ConnectorError) -> str:
+    import msgspec
+
+    protocol = error.to_protocol(endpoint_id=None, read_only=False)
+    return json.dumps({"error": msgspec.to_builtins(protocol)})
+
+
+def _new_fastmcp() -> FastMCP:
+    # mcp 1.26's Settings model has a forward-referenced field that pydantic-settings warns
+    # about on construction; harmless, and hosts running with `-W error` must still start.
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message=r"Field 'lifespan' has an incomplete definition", category=UserWarning
+        )
+        # Stateless + JSON responses: every tool call is one self-contained POST, so there is
+        # no session state to lose when a gateway dies, and any gateway can answer any call.
+        return FastMCP("aip", log_level="WARNING", stateless_http=True, json_response=True)
+
+
+class GatewayHttp:
+    """Builds the ASGI app around one `GatewayService`."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        principals: Principals,
+        routes: RouteTable,
+        service: GatewayService,
+        metrics: GatewayMetrics,
+        receipts: ToolReceipts,
+        ready: Ready,
+    ) -> None:
+        self.settings = settings
+        self.principals = principals
+        self.routes = routes
+        self.service = service
+        self.metrics = metrics
+        self.receipts = receipts
+        self.ready = ready
+        self.mcp = _new_fastmcp()
+        self._register_tools()
+
+    # --- tools ------------------------------------------------------------------------
+
+    def _register_tools(self) -> None:
+        service = self.service
+
+        # Each tool is named like its function (FastMCP titles the input schema after it);
+        # the context parameter must be annotated with the bare class for FastMCP to find it.
+        async def aip_capabilities(ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
+            return await self._run("aip_capabilities", ctx, service.capabilities)
+
+        async def aip_call(arguments: dict[str, Any], ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
+            return await self._run(
+                "aip_call",
+                ctx,
+                lambda p: service.call(p, arguments),
+                action_id=arguments.get("action_id"),
+                capability=arguments.get("capability"),
+            )
+
+        async def aip_action_status(action_id: str, ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
+            return await self._run(
+                "aip_action_status",
+                ctx,
+                lambda p: service.status(p, action_id),
+                action_id=action_id,
+            )
+
+        async def aip_action_result(action_id: str, ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
+            return await self._run(
+                "aip_action_result",
+                ctx,
+                lambda p: service.result(p, action_id),
+                action_id=action_id,
+            )
+
+        async def aip_action_events(
+            action_id: str,
+            ctx: Context,  # type: ignore[type-arg]
+            cursor: int = 0,
+            limit: int = 100,
+        ) -> CallToolResult:
+            return await self._run(
+                "aip_action_events",
+                ctx,
+                lambda p: service.events(p, action_id, cursor, limit),
+                action_id=action_id,
+            )
+
+        async def aip_action_cancel(
+            action_id: str,
+            ctx: Context,  # type: ignore[type-arg]
+            reason: str = "",
+        ) -> CallToolResult:
+            return await self._run(
+                "aip_action_cancel",
+                ctx,
+                lambda p: service.cancel(p, action_id, reason),
+                action_id=action_id,
+            )
+
+        for fn in (
+            aip_capabilities,
+            aip_call,
+            aip_action_status,
+            aip_action_result,
+            aip_action_events,
+            aip_action_cancel,
+        ):
+            self.mcp.add_tool(
+                fn, name=fn.__name__, description=DESCRIPTIONS[fn.__name__], structured_output=False
+            )
+
+    def _principal_of(self, ctx: Context) -> Principal | None:  # type: ignore[type-arg]
+        request = ctx.request_context.request
+        token = bearer(request.scope) if request is not None else None
+        return self.principals.authenticate(token, now_ms=now_ms())
+
+    async def _run(
+        self,
+        tool: str,
+        ctx: Context,  # type: ignore[type-arg]
+        body: Callable[[Principal], Awaitable[dict[str, Any]]],
+        *,
+        action_id: object = None,
+        capability: object = None,
+    ) -> CallToolResult:
+        principal = self._principal_of(ctx)
+        if principal is None:  # expired since the 401 gate, or no token reached the tool
+            error = ConnectorError(ErrorCode.HOST_AUTHENTICATION, "the bearer token is not valid")
+            return CallToolResult(
+                content=[TextContent(type="text", text=_error_text(error))], isError=True
+            )
+        scope = TOOL_SCOPES[tool]
+        document: dict[str, Any] | None = None
+        refusal: ConnectorError | None = None
+        if scope not in self.settings.supported_scopes:
+            refusal = ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION, f"scope {scope} is not supported by this server"
+            )
+        elif not principal.has(scope):
+            refusal = ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION, f"the token lacks scope {scope} for {tool}"
+            )
+        else:
+            try:
+                document = await body(principal)
+            except ConnectorError as exc:
+                refusal = exc
+            except Exception as exc:
+                log.exception("tool %s failed", tool)
+                refusal = ConnectorError(
+                    ErrorCode.HOST_EXECUTION, f"the gateway failed ({type(exc).__name__})"
+                )
+        decision = "allowed" if refusal is None else refusal.code.value
+        self.metrics.tool_call(tool, "allowed" if refusal is None else "refused")
+        await self._receipt(tool, principal, decision, document, action_id, capability)
+        if refusal is not None:
+            return CallToolResult(
+                content=[TextContent(type="text", text=_error_text(refusal))], isError=True
+            )
+        return CallToolResult(
+            content=[TextContent(type="text", text=json.dumps(document))], isError=False
+        )
+
+    async def _receipt(
+        self,
+        tool: str,
+        principal: Principal,
+        decision: str,
+        document: dict[str, Any] | None,
+        action_id: object,
+        capability: object,
+    ) -> None:
+        if document is not None:
+            action_id = document.get("action_id", action_id)
+            capability = document.get("capability", capability)
+        child = action_id if isinstance(action_id, str) and is_action_id(action_id) else None
+        route = self.routes.resolve(capability) if isinstance(capability, str) else None
+        await self.receipts.emit(
+            tool=tool,
+            principal_id=principal.principal_id,
+            tenant_id=principal.tenant_id,
+            decision=decision,
+            action_id=child,
+            endpoint_id=route.audit_endpoint if route is not None and child else None,
+            capability=capability[:512] if isinstance(capability, str) else None,
+            child_action_id=child,
+        )
+
+    # --- HTTP -------------------------------------------------------------------------
+
+    def app(self) -> ASGIApp:
+        inner = self.mcp.streamable_http_app()  # its lifespan runs the MCP session manager
+        transport_scopes = self.settings.transport_scopes
+
+        async def app(scope: Scope, receive: Receive, send: Send) -> None:
+            if scope["type"] == "http":
+                path = scope.get("path", "")
+                if path in ("/health", "/ready", "/metrics"):
+                    await self._plain(path, send)
+                    return
+                principal = self.principals.authenticate(bearer(scope), now_ms=now_ms())
+                if principal is None:
+                    self.metrics.unauthenticated.inc()
+                    await _refuse(send, 401, "invalid_token", "unknown, expired or missing token")
+                    return
+                if any(not principal.has(s) for s in transport_scopes):
+                    await _refuse(send, 403, "insufficient_scope", "the token lacks MCP scopes")
+                    return
+            await inner(scope, receive, send)
+
+        return app
+
+    async def _plain(self, path: str, send: Send) -> None:
+        if path == "/metrics":
+            body, content_type = self.metrics.render()
+            await _respond(send, 200, body, content_type)
+            return
+        if path == "/health":
+            await _respond(send, 200, b'{"alive": true}', "application/json")
+            return
+        document = await self.ready()
+        self.metrics.ready.set(1 if document["ready"] else 0)
+        await _respond(
+            send,
+            200 if document["ready"] else 503,
+            json.dumps(document).encode(),
+            "application/json",
+        )
+
+
+async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _refuse(send: Send, status: int, error: str, description: str) -> None:
+    body = json.dumps({"error": error, "error_description": description}).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"www-authenticate", f'Bearer error="{error}"'.encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+class QuietServer(uvicorn.Server):
+    """uvicorn without its own signal handlers: the host process owns its signals."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield

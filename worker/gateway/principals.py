@@ -1,0 +1,128 @@
+"""The MCP bearer principals: one token per Hermes instance, stored only as its sha256.
+
+`AIPD_MCP_PRINCIPALS_FILE` is policy like the other trust files (whoever writes it can act as
+any principal), so it is read through `read_policy_file` (regular file, under 1 MiB, nobody
+but the owner may write it) and, because it names who may call what, it must not be
+readable by group or others either. It never holds a token: a presented token is hashed
+and looked up, so the file leaking does not leak a credential.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from schemas.action import Identity
+from schemas.lifecycle import AuthenticatedPrincipal
+from worker.trust.files import TrustConfigError, policy_records, read_policy_file
+
+WHAT = "MCP principals file"
+_SHA256_HEX = r"^[0-9a-f]{64}$"
+
+
+class PrincipalRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """One entry of the principals file."""
+
+    token_sha256: Annotated[str, msgspec.Meta(pattern=_SHA256_HEX)]
+    principal_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)]
+    principal_kind: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    tenant_id: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+    authentication_issuer: Annotated[str, msgspec.Meta(min_length=1, max_length=512)] | None = None
+    revision: Annotated[int, msgspec.Meta(ge=0)]
+    scopes: Annotated[
+        list[Annotated[str, msgspec.Meta(min_length=1, max_length=512)]],
+        msgspec.Meta(max_length=64),
+    ]
+    expires_at_unix_ms: Annotated[int, msgspec.Meta(ge=0)]
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: who the token says it is, never anything from a payload."""
+
+    principal_id: str
+    principal_kind: str
+    tenant_id: str | None
+    authentication_issuer: str | None
+    revision: int
+    scopes: frozenset[str]
+    expires_at_unix_ms: int
+
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes
+
+    def identity(self) -> Identity:
+        """The child Action's identity: the transport-authenticated principal."""
+        return Identity(
+            principal_id=self.principal_id,
+            principal_kind=self.principal_kind,
+            tenant_id=self.tenant_id,
+            authentication_issuer=self.authentication_issuer,
+            credential_revision=self.revision,
+        )
+
+    def authenticated(self) -> AuthenticatedPrincipal:
+        """The queue record's `authenticated` block."""
+        return AuthenticatedPrincipal(
+            principal_id=self.principal_id,
+            principal_kind=self.principal_kind,
+            tenant_id=self.tenant_id,
+            authentication_issuer=self.authentication_issuer,
+            credential_revision=self.revision,
+            scopes=sorted(self.scopes),
+            expires_at_unix_ms=self.expires_at_unix_ms,
+        )
+
+
+def token_sha256(token: str) -> str:
+    """What the principals file stores for `token`."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+class Principals:
+    """Token hash -> principal; `authenticate` is the only way in."""
+
+    def __init__(self, by_hash: dict[str, Principal]) -> None:
+        self._by_hash = by_hash
+
+    @classmethod
+    def load(cls, path: Path) -> Principals:
+        policy = read_policy_file(path, what=WHAT)
+        if policy.readable_by_others:
+            raise TrustConfigError(f"{WHAT} {path}: group or others may read it; chmod 600 it")
+        by_hash: dict[str, Principal] = {}
+        for _, where, record in policy_records(
+            policy, path, what=WHAT, noun="principal", record_type=PrincipalRecord
+        ):
+            if record.token_sha256 in by_hash:
+                raise TrustConfigError(f"{where}: repeats the token hash of another principal")
+            by_hash[record.token_sha256] = Principal(
+                principal_id=record.principal_id,
+                principal_kind=record.principal_kind,
+                tenant_id=record.tenant_id,
+                authentication_issuer=record.authentication_issuer,
+                revision=record.revision,
+                scopes=frozenset(record.scopes),
+                expires_at_unix_ms=record.expires_at_unix_ms,
+            )
+        return cls(by_hash)
+
+    def authenticate(self, token: str | None, *, now_ms: int) -> Principal | None:
+        """The principal of a present, known, unexpired token; None otherwise."""
+        if not token:
+            return None
+        digest = token_sha256(token)
+        # The lookup is by hash, then compared in constant time, so timing says nothing
+        # about how much of a guessed token matched.
+        for known, principal in self._by_hash.items():
+            if hmac.compare_digest(known, digest):
+                return principal if now_ms < principal.expires_at_unix_ms else None
+        return None
+
+    def __len__(self) -> int:
+        return len(self._by_hash)

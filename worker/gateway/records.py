@@ -1,0 +1,125 @@
+"""Write and read the runtime's queue and lifecycle records (`aip.runtime.{queue,lifecycle}.*`).
+
+The gateway is the only writer of these streams. Every record is signed with the gateway key
+(workers trust it through `AIPD_TRUSTED_GATEWAY_KEYS_FILE`) and carries a `Nats-Msg-Id` per
+(child, store, state), so two gateways finishing the same child write each state once. The
+first queue entry of a child is written with `Nats-Expected-Last-Subject-Sequence: 0`: of
+two gateways racing on one `action_id`, exactly one creates it; the other reads the winner's.
+Reads verify the signature like the workers do: a record this gateway cannot verify is
+treated as not its own and never acted on.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import APIError, NotFoundError
+
+from schemas.lifecycle import LifecycleRecord, QueueRecord
+from subjects.grammar import Subjects
+from subjects.provision import provision_stream
+from subjects.streams import StreamPolicy, runtime_store_configs
+from worker.delegation.stores import StoreRecords, decode_record
+from worker.trust.signing import TrustedGatewayKeys, sign_envelope, verify_envelope
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T", QueueRecord, LifecycleRecord)
+
+#: JetStream's "wrong last sequence" error: another writer created the entry first.
+WRONG_LAST_SEQUENCE = 10071
+
+
+class EntryExists(Exception):
+    """The child's queue entry was created by someone else first."""
+
+
+@dataclass
+class RuntimeStoreWriter:
+    """Signs and publishes records; the one place the gateway writes the runtime's stores."""
+
+    js: JetStreamContext
+    subjects: Subjects
+    seed: bytes
+    #: Tests wrap this class to break one invariant at a time; production always signs.
+    sign: bool = True
+
+    async def provision(self, policy: StreamPolicy | None = None) -> None:
+        """Create both streams if missing (idempotent)."""
+        for config in runtime_store_configs(self.subjects, policy or StreamPolicy()):
+            await provision_stream(self.js, config)
+
+    async def create_queue_entry(self, record: QueueRecord) -> None:
+        """The first record of a child; raises EntryExists when another writer won."""
+        headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
+        try:
+            await self._publish(
+                self.subjects.runtime_queue(record.action.id),
+                msgspec.json.encode(record),
+                msg_id=f"{record.action.id}:queue:create",
+                extra=headers,
+            )
+        except APIError as exc:
+            if exc.err_code == WRONG_LAST_SEQUENCE:
+                raise EntryExists(record.action.id) from None
+            raise
+
+    async def update_queue_entry(self, record: QueueRecord) -> None:
+        """A later state of the child's queue entry (dispatched, terminal)."""
+        await self._publish(
+            self.subjects.runtime_queue(record.action.id),
+            msgspec.json.encode(record),
+            msg_id=f"{record.action.id}:queue:{record.state.value}",
+        )
+
+    async def write_lifecycle(self, record: LifecycleRecord) -> None:
+        """The child's lifecycle state and, when terminal, its durable result."""
+        await self._publish(
+            self.subjects.runtime_lifecycle(record.action_id),
+            msgspec.json.encode(record),
+            msg_id=f"{record.action_id}:lifecycle:{record.state.value}",
+        )
+
+    async def _publish(
+        self, subject: str, payload: bytes, *, msg_id: str, extra: dict[str, str] | None = None
+    ) -> None:
+        headers = {"Nats-Msg-Id": msg_id, **(extra or {})}
+        if self.sign:
+            headers.update(sign_envelope(payload, self.seed))
+        await self.js.publish(subject, payload, headers=headers)
+
+
+class RuntimeStoreReader:
+    """The last, signature-verified record of each store for one child."""
+
+    def __init__(self, js: JetStreamContext, subjects: Subjects, trusted: TrustedGatewayKeys):
+        self.js = js
+        self.subjects = subjects
+        self.trusted = trusted
+
+    async def read(self, action_id: str) -> StoreRecords:
+        s = self.subjects
+        queue = await self._last("queue", s.runtime_queue(action_id), QueueRecord)
+        lifecycle = await self._last("lifecycle", s.runtime_lifecycle(action_id), LifecycleRecord)
+        return StoreRecords(queue, lifecycle)
+
+    async def queue(self, action_id: str) -> QueueRecord | None:
+        return await self._last("queue", self.subjects.runtime_queue(action_id), QueueRecord)
+
+    def decode_queue(self, data: bytes, headers: Mapping[str, str]) -> QueueRecord:
+        return decode_record(data, headers, QueueRecord, self._verify, what="queue")
+
+    def _verify(self, data: bytes, headers: Mapping[str, str]) -> object:
+        return verify_envelope(data, headers, self.trusted)
+
+    async def _last(self, kind: str, subject: str, typ: type[T]) -> T | None:
+        try:
+            msg = await self.js.get_last_msg(self.subjects.runtime_stream_name(kind), subject)
+        except NotFoundError:
+            return None
+        return decode_record(msg.data or b"", msg.headers or {}, typ, self._verify, what=kind)

@@ -1,0 +1,162 @@
+"""Finish what a gateway left unfinished, from durable state only.
+
+No gateway holds authority in memory: a child's progress is its queue entry plus its result
+on the bus. Every `gateway_recovery_interval_ms`, each gateway reads the last queue entry of
+every child and, for each one still `queued` or `running`:
+
+- its result is on the bus -> the lifecycle record, then the terminal queue entry;
+- `queued` and not updated for `gateway_redispatch_after_ms` (its gateway died between
+  enqueue and dispatch) -> dispatched again under the same id and `Nats-Msg-Id`: if the
+  first dispatch did happen, JetStream's duplicate window and the worker's exactly-once
+  drop this one, so a child never runs twice and never gets a second id;
+- past its timeout plus `gateway_settle_grace_ms` without a result -> a cancel request to
+  its executor, then settled `failed` (`deadline_exceeded`, outcome uncertain).
+
+Two gateways doing this at once write the same records under the same `Nats-Msg-Id`s.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import msgspec
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import DeliverPolicy
+
+from schemas.errors import ErrorCode
+from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
+from worker.errors import ConnectorError
+from worker.gateway.children import Children, child_result, now_ms
+from worker.gateway.observe import GatewayMetrics
+from worker.gateway.records import RuntimeStoreReader
+from worker.gateway.routes import RouteTable
+from worker.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+#: The most entries one sweep reads (a bound on one pass, not on the stream).
+MAX_ENTRIES_PER_SWEEP = 10_000
+
+
+class Recovery:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        children: Children,
+        reader: RuntimeStoreReader,
+        routes: RouteTable,
+        metrics: GatewayMetrics,
+    ) -> None:
+        self.settings = settings
+        self.children = children
+        self.reader = reader
+        self.routes = routes
+        self.metrics = metrics
+
+    async def run(self) -> None:
+        """Sweep forever (cancel to stop); a failed sweep is logged and tried again."""
+        interval_s = self.settings.gateway_recovery_interval_ms / 1000
+        while True:
+            try:
+                await self.sweep()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("recovery sweep failed: %s", type(exc).__name__)
+            await asyncio.sleep(interval_s)
+
+    async def open_entries(self) -> list[QueueRecord]:
+        """The current queue entry of every child that is not terminal."""
+        js = self.children.js
+        subjects = self.reader.subjects
+        sub = await js.subscribe(
+            subjects.all_runtime_queue(),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        )
+        found: list[QueueRecord] = []
+        try:
+            info = await sub.consumer_info()
+            total = min(info.num_pending or 0, MAX_ENTRIES_PER_SWEEP)
+            for _ in range(total):
+                try:
+                    msg = await sub.next_msg(timeout=2.0)
+                except NatsTimeout:
+                    break
+                try:
+                    record = self.reader.decode_queue(msg.data, msg.headers or {})
+                except ConnectorError:
+                    continue  # not a record this gateway can vouch for: never acted on
+                if not record.state.terminal:
+                    found.append(record)
+        finally:
+            await sub.unsubscribe()
+        return found
+
+    async def sweep(self) -> int:
+        """One pass; returns how many entries it moved on."""
+        moved = 0
+        for record in await self.open_entries():
+            try:
+                if await self.recover(record):
+                    moved += 1
+            except Exception as exc:
+                log.warning(
+                    "recovering %s failed: %s",
+                    record.action.id,
+                    type(exc).__name__,
+                    extra={"action_id": record.action.id},
+                )
+        return moved
+
+    async def recover(self, record: QueueRecord) -> bool:
+        route = self.routes.resolve(record.action.capability)
+        if route is None:
+            return False
+        child_id = record.action.id
+        result = await self.children.stored_result(route, child_id)
+        now = now_ms()
+        if result is not None:
+            await self.children.settle(record, child_result(result))
+            self.metrics.recovered("settled")
+            log.info(
+                "recovered %s: settled from its result", child_id, extra={"action_id": child_id}
+            )
+            return True
+        if (
+            record.state is LifecycleState.QUEUED
+            and now - record.updated_at_unix_ms >= self.settings.gateway_redispatch_after_ms
+        ):
+            await self.children.dispatch(record, route)
+            self.metrics.recovered("redispatched")
+            log.info(
+                "recovered %s: dispatched again (same id)", child_id, extra={"action_id": child_id}
+            )
+            return True
+        timeout_ms = record.action.timeout_ms or self.settings.gateway_call_timeout_ms
+        if now >= record.enqueued_at_unix_ms + timeout_ms + self.settings.gateway_settle_grace_ms:
+            try:
+                await self.children.cancel(
+                    route, child_id, requested_by="aip-gateway", reason="child timed out"
+                )
+            except Exception as exc:  # best effort: the settle below stands either way
+                log.info("cancel of timed-out %s not confirmed: %s", child_id, type(exc).__name__)
+            error = ConnectorError(
+                ErrorCode.DEADLINE_EXCEEDED,
+                "the child produced no result within its timeout",
+                uncertain_outcome=True,
+            ).to_protocol(endpoint_id=route.endpoint_id, read_only=False)
+            await self.children.settle(
+                record,
+                ChildResult(
+                    action_id=child_id,
+                    capability=record.action.capability,
+                    status="failed",
+                    error=msgspec.to_builtins(error),
+                    settled_at_unix_ms=now,
+                ),
+            )
+            self.metrics.recovered("timed_out")
+            return True
+        return False

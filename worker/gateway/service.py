@@ -1,0 +1,355 @@
+"""The six AIP tools, independent of the transport that carries them.
+
+Every tool takes the transport-authenticated `Principal` (never an identity from its input)
+and returns a JSON document or raises `ConnectorError`, so the MCP layer only maps the two
+onto a tool result. A principal sees, reads and cancels only the Actions whose queue entry
+it owns in its own tenant partition; anything else is answered exactly like an Action that
+does not exist, so ids of others are not even confirmed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from msgspec.structs import replace
+from nats.aio.client import Client as NATS
+from nats.errors import TimeoutError as NatsTimeout
+from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
+
+from schemas.action import Action, Mode
+from schemas.delegation import ChildAction
+from schemas.errors import ErrorCode
+from schemas.ids import is_action_id, new_action_id
+from schemas.lifecycle import LifecycleState, QueueRecord
+from worker import faults
+from worker.errors import ConnectorError
+from worker.gateway.children import Children, child_result, now_ms
+from worker.gateway.discovery import Discovery
+from worker.gateway.principals import Principal
+from worker.gateway.records import EntryExists, RuntimeStoreReader
+from worker.gateway.routes import Route, RouteTable
+from worker.gateway.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+#: The most chunks one `aip_action_events` call returns.
+MAX_EVENTS_PER_CALL = 500
+#: How long an events read waits for the next chunk before answering with what it has.
+EVENTS_IDLE_S = 0.3
+#: What `aip_call` may not carry: identity is the credential's, `id` is spelt `action_id`.
+FORBIDDEN_FIELDS = ("identity", "id")
+
+
+def _invalid(message: str) -> ConnectorError:
+    return ConnectorError(ErrorCode.SCHEMA_ENVELOPE_INVALID, message)
+
+
+def _not_found(action_id: str) -> ConnectorError:
+    return ConnectorError(
+        ErrorCode.CONFIGURATION_OR_INPUT, f"no Action {action_id} of this principal"
+    )
+
+
+def _collision() -> ConnectorError:
+    return ConnectorError(
+        ErrorCode.CONFIGURATION_OR_INPUT,
+        "idempotency collision: this action_id was first used with a different contract",
+    )
+
+
+def _unrouted(capability: str) -> ConnectorError:
+    return ConnectorError(
+        ErrorCode.HOST_ROUTE_MISMATCH,
+        f"no route serves capability {capability[:200]!r} (AIPD_CAPABILITY_ROUTES)",
+    )
+
+
+def _view(record: QueueRecord) -> dict[str, Any]:
+    return {
+        "action_id": record.action.id,
+        "capability": record.action.capability,
+        "state": record.state.value,
+        "enqueued_at_unix_ms": record.enqueued_at_unix_ms,
+        "updated_at_unix_ms": record.updated_at_unix_ms,
+    }
+
+
+class GatewayService:
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        nc: NATS,
+        routes: RouteTable,
+        reader: RuntimeStoreReader,
+        children: Children,
+        discovery: Discovery,
+    ) -> None:
+        self.settings = settings
+        self.nc = nc
+        self.routes = routes
+        self.reader = reader
+        self.children = children
+        self.discovery = discovery
+        self._following: set[asyncio.Task[None]] = set()
+
+    # --- aip_capabilities ---------------------------------------------------------------
+
+    async def capabilities(self, principal: Principal) -> dict[str, Any]:
+        """What the bus serves and the route table admits, from the workers' manifests."""
+        listed = []
+        for manifest in await self.discovery.manifests():
+            for entry in manifest.get("capabilities", []):
+                capability = entry.get("capability")
+                if isinstance(capability, str) and self.routes.resolve(capability) is not None:
+                    listed.append({"endpoint_id": manifest.get("endpoint_id"), **entry})
+        return {"capabilities": listed, "routes": self.routes.describe()}
+
+    # --- aip_call -----------------------------------------------------------------------
+
+    def decode_contract(self, principal: Principal, arguments: dict[str, Any]) -> ChildAction:
+        """The child Action of `arguments`: strict, bounded, identity from the credential."""
+        size = len(json.dumps(arguments, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > self.settings.gateway_max_input_bytes:
+            raise _invalid(
+                f"the contract is {size} bytes, over {self.settings.gateway_max_input_bytes}"
+            )
+        for name in FORBIDDEN_FIELDS:
+            if name in arguments:
+                why = "comes from the credential" if name == "identity" else "is spelt action_id"
+                raise _invalid(f"field {name!r} is not accepted: it {why}")
+        fields = dict(arguments)
+        action_id = fields.pop("action_id", None)
+        if action_id is None:
+            action_id = new_action_id()
+        fields.setdefault("created_at_unix_ms", now_ms())
+        document = {"id": action_id, "identity": msgspec.to_builtins(principal.identity())}
+        document.update(fields)
+        try:
+            return msgspec.convert(document, ChildAction)
+        except msgspec.ValidationError as exc:
+            raise _invalid(f"invalid Action contract: {exc}") from None
+
+    async def call(self, principal: Principal, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Enqueue, dispatch and (sync) wait for one child Action."""
+        child = self.decode_contract(principal, arguments)
+        route = self.routes.resolve(child.capability)
+        if route is None:
+            raise _unrouted(child.capability)
+        if route.endpoint_id is not None:
+            try:  # a Hermes worker decodes a plain Action: refuse here what it would refuse
+                msgspec.convert(msgspec.to_builtins(child), Action)
+            except msgspec.ValidationError as exc:
+                raise _invalid(f"invalid Action contract: {exc}") from None
+        supplied_created = "created_at_unix_ms" in arguments
+        existing = await self.reader.queue(child.id)
+        if existing is None:
+            now = now_ms()
+            record = QueueRecord(
+                action=child,
+                owner_principal_id=principal.principal_id,
+                authenticated=principal.authenticated(),
+                actor_principal_id=principal.principal_id,
+                tenant_partition=principal.tenant_id,
+                state=LifecycleState.QUEUED,
+                enqueued_at_unix_ms=now,
+                updated_at_unix_ms=now,
+            )
+            try:
+                await self.children.writer.create_queue_entry(record)
+            except EntryExists:
+                existing = await self.reader.queue(child.id)
+                if existing is None:  # created and gone again: not ours to guess about
+                    raise _collision() from None
+            else:
+                faults.hit("gateway_after_enqueue", child.id)
+                record = await self.children.dispatch(record, route)
+                return await self._after_dispatch(record, route)
+        self._same_contract(principal, child, existing, supplied_created=supplied_created)
+        view = _view(existing)
+        lifecycle = (await self.reader.read(child.id)).lifecycle
+        view["result"] = msgspec.to_builtins(lifecycle.result) if lifecycle else None
+        view["duplicate"] = True
+        return view
+
+    def _same_contract(
+        self,
+        principal: Principal,
+        child: ChildAction,
+        existing: QueueRecord,
+        *,
+        supplied_created: bool,
+    ) -> None:
+        if not self._owns(principal, existing):
+            raise _collision()
+        stored = existing.action
+        if not supplied_created:
+            child = replace(child, created_at_unix_ms=stored.created_at_unix_ms)
+        if msgspec.json.encode(child) != msgspec.json.encode(stored):
+            raise _collision()
+
+    async def _after_dispatch(self, record: QueueRecord, route: Route) -> dict[str, Any]:
+        timeout_s = self.follow_timeout_s(record)
+        if record.action.mode is Mode.SYNC:
+            view = await self.follow(record, route, timeout_s)
+            return view
+        task = asyncio.get_running_loop().create_task(
+            self._follow_quietly(record, route, timeout_s)
+        )
+        self._following.add(task)
+        task.add_done_callback(self._following.discard)
+        view = _view(record)
+        view["result"] = None
+        return view
+
+    def follow_timeout_s(self, record: QueueRecord) -> float:
+        timeout_ms = record.action.timeout_ms or self.settings.gateway_call_timeout_ms
+        return max(0.0, (record.enqueued_at_unix_ms + timeout_ms - now_ms()) / 1000)
+
+    async def follow(self, record: QueueRecord, route: Route, timeout_s: float) -> dict[str, Any]:
+        """Wait for the child's result within `timeout_s` and settle both records."""
+        result = await self.children.wait_result(route, record.action.id, timeout_s)
+        if result is None:
+            view = _view(record)
+            view["result"] = None
+            return view
+        native = child_result(result)
+        terminal = await self.children.settle(record, native)
+        view = _view(terminal)
+        view["result"] = msgspec.to_builtins(native)
+        return view
+
+    async def _follow_quietly(self, record: QueueRecord, route: Route, timeout_s: float) -> None:
+        try:
+            await self.follow(record, route, timeout_s)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the recovery sweep finishes what this could not
+            log.warning(
+                "following %s failed (%s); recovery will finish it",
+                record.action.id,
+                type(exc).__name__,
+                extra={"action_id": record.action.id},
+            )
+
+    async def stop(self) -> None:
+        """Stop following (records stay; any gateway's recovery finishes them)."""
+        for task in list(self._following):
+            task.cancel()
+        if self._following:
+            await asyncio.wait(list(self._following), timeout=5.0)
+
+    # --- status / result / events / cancel ------------------------------------------------
+
+    @staticmethod
+    def _owns(principal: Principal, record: QueueRecord) -> bool:
+        return (
+            record.owner_principal_id == principal.principal_id
+            and record.authenticated.principal_id == principal.principal_id
+            and record.tenant_partition == principal.tenant_id
+        )
+
+    async def _own_record(self, principal: Principal, action_id: str) -> QueueRecord:
+        if not isinstance(action_id, str) or not is_action_id(action_id):
+            raise _invalid("action_id must be act_ followed by 32 hex digits")
+        record = await self.reader.queue(action_id)
+        if record is None or not self._owns(principal, record):
+            raise _not_found(action_id)
+        return record
+
+    async def status(self, principal: Principal, action_id: str) -> dict[str, Any]:
+        return _view(await self._own_record(principal, action_id))
+
+    async def result(self, principal: Principal, action_id: str) -> dict[str, Any]:
+        """The durable native result once the child is terminal (`result` null before)."""
+        record = await self._own_record(principal, action_id)
+        lifecycle = (await self.reader.read(action_id)).lifecycle
+        view = _view(record)
+        ready = record.state.terminal and lifecycle is not None and lifecycle.result is not None
+        view["result"] = msgspec.to_builtins(lifecycle.result) if ready and lifecycle else None
+        return view
+
+    async def events(
+        self, principal: Principal, action_id: str, cursor: int = 0, limit: int = 100
+    ) -> dict[str, Any]:
+        """The child's chunks with `seq >= cursor`, and the cursor to ask from next."""
+        record = await self._own_record(principal, action_id)
+        if cursor < 0 or not 1 <= limit <= MAX_EVENTS_PER_CALL:
+            raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_EVENTS_PER_CALL}")
+        route = self._route_of(record)
+        events: list[Any] = []
+        done = False
+        try:
+            sub = await self.nc.jetstream().subscribe(
+                route.chunks(action_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+            )
+        except NotFoundError:
+            sub = None
+        if sub is not None:
+            try:
+                while len(events) < limit:
+                    try:
+                        msg = await sub.next_msg(timeout=EVENTS_IDLE_S)
+                    except NatsTimeout:
+                        break
+                    chunk = msgspec.json.decode(msg.data)
+                    if not isinstance(chunk, dict) or not isinstance(chunk.get("seq"), int):
+                        continue
+                    if chunk["seq"] < cursor:
+                        continue
+                    events.append(chunk)
+                    cursor = chunk["seq"] + 1
+                    if chunk.get("kind") in ("done", "error"):
+                        done = True
+                        break
+            finally:
+                await sub.unsubscribe()
+        return {
+            "action_id": action_id,
+            "capability": record.action.capability,
+            "events": events,
+            "next_cursor": cursor,
+            "done": done,
+        }
+
+    async def cancel(
+        self, principal: Principal, action_id: str, reason: str = ""
+    ) -> dict[str, Any]:
+        """A signed CancelRequest to the executor; the outcome is the child's result."""
+        record = await self._own_record(principal, action_id)
+        if record.state.terminal:
+            return {**_view(record), "accepted": False, "reason": "the Action already ended"}
+        route = self._route_of(record)
+        try:
+            reply = await self.children.cancel(
+                route, action_id, requested_by=principal.principal_id, reason=reason[:1024]
+            )
+        except (NatsTimeout, TimeoutError):
+            raise ConnectorError(
+                ErrorCode.HOST_NOT_READY, "no executor answered the cancel request in time"
+            ) from None
+        view = _view(record)
+        view.update(accepted=reply.accepted, executor_state=reply.state)
+        if reply.error is not None:
+            view["error"] = msgspec.to_builtins(reply.error)
+        return view
+
+    def _route_of(self, record: QueueRecord) -> Route:
+        route = self.routes.resolve(record.action.capability)
+        if route is None:
+            raise _unrouted(record.action.capability)
+        return route
+
+
+#: A tool body as the MCP layer calls it.
+ToolBody = Callable[..., Awaitable[dict[str, Any]]]
+
+
+def elapsed_ms(start: float) -> int:
+    return int((time.monotonic() - start) * 1000)

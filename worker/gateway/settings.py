@@ -1,0 +1,79 @@
+"""The gateway's settings, from `AIPD_*` variables: where it listens, whom it trusts, routes.
+
+A separate model from the worker's `Settings`: the gateway needs no Redis and no Hermes
+endpoint, and a worker must not start because a gateway-only file is missing. Validated at
+startup like the worker's; a bad value names its field.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+#: The scope each tool needs (the protected-resource scopes of the AIP MCP server).
+CAPABILITY_READ = "capability:read"
+ACTION_WRITE = "action:write"
+ACTION_READ = "action:read"
+ACTION_CANCEL = "action:cancel"
+PROTECTED_SCOPES = (CAPABILITY_READ, ACTION_WRITE, ACTION_READ, ACTION_CANCEL)
+
+
+def _split(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+class GatewaySettings(BaseSettings):
+    """`aip-hermes-worker gateway` configuration (every field is an `AIPD_*` variable)."""
+
+    model_config = SettingsConfigDict(env_prefix="AIPD_", extra="ignore", frozen=True)
+
+    nats_url: str = "nats://127.0.0.1:4222"
+    subject_prefix: str = "aip"
+    #: Where the MCP server (`/mcp`) and `/health`, `/ready`, `/metrics` listen.
+    gateway_host: str = "127.0.0.1"
+    gateway_port: Annotated[int, Field(ge=0, le=65_535)] = 8080
+    #: The bearer principals: a JSON array of token hashes (never tokens), owner-only.
+    mcp_principals_file: Path
+    #: The gateway's nkey seed: signs child envelopes, store records and cancel requests.
+    gateway_signing_key_file: Path
+    #: JSON object, capability-id prefix -> subject prefix; merged over the built-in
+    #: `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` (null removes an entry).
+    capability_routes: str | None = None
+    #: Scopes a token must hold to open an MCP session at all (comma-separated; may be empty).
+    mcp_transport_scopes: str = ""
+    #: The protected-resource scopes this server supports; a tool whose scope is not listed
+    #: is refused to everyone (comma-separated).
+    mcp_supported_scopes: str = ",".join(PROTECTED_SCOPES)
+    #: Bound on the JSON of one `aip_call` contract.
+    gateway_max_input_bytes: Annotated[int, Field(ge=1_024, le=8_388_608)] = 1_048_576
+    #: How long a child without `timeout_ms` is followed (and a sync call waits).
+    gateway_call_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 300_000
+    #: How often the recovery sweep looks for children another gateway left unfinished.
+    gateway_recovery_interval_ms: Annotated[int, Field(ge=100, le=600_000)] = 2_000
+    #: A `queued` entry this old whose dispatch was never recorded is dispatched again
+    #: (same id, same `Nats-Msg-Id`: harmless if the first dispatch happened).
+    gateway_redispatch_after_ms: Annotated[int, Field(ge=100, le=600_000)] = 3_000
+    #: Past a child's timeout, how long a missing result is waited for before the entry is
+    #: settled `failed` (deadline exceeded, outcome uncertain) and a cancel is sent.
+    gateway_settle_grace_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 30_000
+    gateway_id: str = Field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
+    log_format: Literal["json", "text"] = "json"
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("mcp_transport_scopes", "mcp_supported_scopes")
+    @classmethod
+    def _scopes(cls, value: str) -> str:
+        return ",".join(_split(value))
+
+    @property
+    def transport_scopes(self) -> tuple[str, ...]:
+        return _split(self.mcp_transport_scopes)
+
+    @property
+    def supported_scopes(self) -> tuple[str, ...]:
+        return _split(self.mcp_supported_scopes)

@@ -1,0 +1,191 @@
+"""The real gateway in tests: its principals file, its environment, a process, an MCP client.
+
+Tests and the demo run `worker.gateway` itself (a `python -m worker gateway` process, or the
+`Gateway` class in-process when a test wraps its store writer); this module only builds what
+a deployment would configure for it and calls it the way Hermes does, through the official
+`mcp` SDK's Streamable HTTP client.
+
+```python
+principals = write_principals_file(tmp, [principal_entry(TOKEN, hermes_principal_id("h1"))])
+proc = gateway_process(tmp, env=gateway_env(nats_url, principals, trust.seed_file, port))
+answer = await call_tool(url, TOKEN, "aip_call", {"arguments": {...}})
+```
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from schemas.delegation import DELEGATE_PREFIX
+from worker.gateway.app import READY_MARK
+from worker.gateway.principals import token_sha256
+from worker.gateway.settings import PROTECTED_SCOPES
+from worker.testing.identities import write_json
+from worker.testing.workers import WorkerProcess
+
+#: The issuer of the gateway's bearer principals in tests (the identity directory must agree).
+MCP_ISSUER = "https://aip-mcp.example.test"
+MCP_REVISION = 1
+CALL_TIMEOUT_S = 60.0
+
+
+def hermes_principal_id(endpoint_id: str) -> str:
+    return DELEGATE_PREFIX + endpoint_id
+
+
+def principal_entry(
+    token: str,
+    principal_id: str,
+    *,
+    kind: str = "agent",
+    tenant_id: str | None = None,
+    scopes: Sequence[str] = PROTECTED_SCOPES,
+    valid_for_ms: int = 3_600_000,
+    revision: int = MCP_REVISION,
+    issuer: str = MCP_ISSUER,
+) -> dict[str, Any]:
+    """One principals-file entry: the token's hash, never the token."""
+    return {
+        "token_sha256": token_sha256(token),
+        "principal_id": principal_id,
+        "principal_kind": kind,
+        "tenant_id": tenant_id,
+        "authentication_issuer": issuer,
+        "revision": revision,
+        "scopes": list(scopes),
+        "expires_at_unix_ms": time.time_ns() // 1_000_000 + valid_for_ms,
+    }
+
+
+def directory_entry(principal_id: str, tenant_id: str | None = None) -> dict[str, Any]:
+    """The identity-directory entry a worker needs to admit children created by `principal_id`."""
+    return {
+        "principal_id": principal_id,
+        "revision": MCP_REVISION,
+        "tenant_id": tenant_id,
+        "credential": f"opaque-mcp-token-of-{principal_id}",
+        "identity": {"principal_kind": "agent", "authentication_issuer": MCP_ISSUER},
+    }
+
+
+def write_principals_file(directory: Path, entries: Sequence[Mapping[str, Any]]) -> Path:
+    return write_json(directory / "mcp-principals.json", list(entries), mode=0o600)
+
+
+def gateway_env(
+    nats_url: str, principals_file: Path, seed_file: Path, port: int, **extra: str
+) -> dict[str, str]:
+    """The `AIPD_*` environment of a gateway process (`extra` adds or overrides)."""
+    return {
+        "AIPD_NATS_URL": nats_url,
+        "AIPD_MCP_PRINCIPALS_FILE": str(principals_file),
+        "AIPD_GATEWAY_SIGNING_KEY_FILE": str(seed_file),
+        "AIPD_GATEWAY_HOST": "127.0.0.1",
+        "AIPD_GATEWAY_PORT": str(port),
+        "AIPD_GATEWAY_RECOVERY_INTERVAL_MS": "500",
+        "AIPD_GATEWAY_REDISPATCH_AFTER_MS": "1000",
+        **extra,
+    }
+
+
+def gateway_process(name: str, env: Mapping[str, str], log_dir: Path) -> WorkerProcess:
+    """A `python -m worker gateway` process (start it with `.start()`; kill -9 with `.kill()`)."""
+    return WorkerProcess(
+        worker_id=name,
+        env={**env, "AIPD_GATEWAY_ID": name},
+        log_dir=log_dir,
+        command=("gateway",),
+        ready_mark=READY_MARK,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolAnswer:
+    """One tool result: the JSON document of its text, and whether it is an error."""
+
+    is_error: bool
+    document: dict[str, Any]
+
+    @property
+    def error_code(self) -> str | None:
+        error = self.document.get("error")
+        return error.get("code") if isinstance(error, dict) else None
+
+
+class McpHttpRefused(RuntimeError):
+    """The server refused the session (HTTP status) before any tool ran."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the MCP server answered HTTP {status}")
+        self.status = status
+
+
+def _first_status(group: BaseExceptionGroup[Any]) -> int | None:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_status(exc)
+            if found is not None:
+                return found
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code
+    return None
+
+
+async def list_tools(url: str, token: str | None) -> list[str]:
+    """The tool names the server lists to `token`."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
+            streamable_http_client(url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            listed = await session.list_tools()
+    except BaseExceptionGroup as group:
+        status = _first_status(group)
+        if status is None:
+            raise
+        raise McpHttpRefused(status) from None
+    return [tool.name for tool in listed.tools]
+
+
+async def call_tool(
+    url: str, token: str | None, tool: str, arguments: Mapping[str, Any] | None = None
+) -> ToolAnswer:
+    """Call one tool over a fresh authenticated MCP session, as Hermes' client does."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
+            streamable_http_client(url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool(tool, dict(arguments or {}))
+    except BaseExceptionGroup as group:
+        status = _first_status(group)
+        if status is None:
+            raise
+        raise McpHttpRefused(status) from None
+    text = "".join(getattr(part, "text", "") for part in result.content)
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = {"text": text}
+    if not isinstance(document, dict):
+        document = {"value": document}
+    return ToolAnswer(bool(result.isError), document)
