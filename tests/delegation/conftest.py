@@ -10,8 +10,8 @@ from schemas.codec import encode
 from schemas.delegation import DelegationRequest
 from tests.integration.stack import ENDPOINT, Stack, fake_stack
 from worker.client import ActionHandle
-from worker.testing.aip_runtime import FakeAipRuntime
 from worker.testing.fake_hermes import FakeHermes
+from worker.testing.gateway import GatewayRuntime, gateway_runtime, hermes_principal_id
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
     authority_memberships,
@@ -34,10 +34,11 @@ DELEGATION_ENV = {
 
 @dataclass
 class DelegationStack:
-    """The integration Stack with delegation enabled, plus the fake AIP runtime."""
+    """The integration Stack with delegation enabled, plus the real AIP gateway (in-process,
+    its store writer faultable) that the fake Hermes calls `aip_call` on over MCP."""
 
     stack: Stack
-    runtime: FakeAipRuntime
+    runtime: GatewayRuntime
 
     @property
     def fake(self) -> FakeHermes:
@@ -90,8 +91,15 @@ async def dstack(
         lease_ttl_ms=LEASE_TTL_MS,
         **DELEGATION_ENV,
     ) as stack:
-        runtime = FakeAipRuntime(stack.nc, seed=trust.seed)
-        await runtime.provision()
-        assert stack.fake is not None
-        stack.fake.mcp_tools["aip_call"] = runtime.tool_for(runtime.principal(ENDPOINT))
-        yield DelegationStack(stack, runtime)
+        from worker.testing.identities import TENANT_A
+
+        principals = {
+            ENDPOINT: (hermes_principal_id(ENDPOINT), None),
+            f"{ENDPOINT}@{TENANT_A}": (hermes_principal_id(ENDPOINT), TENANT_A),
+        }
+        async with gateway_runtime(
+            stack.nats_url, tmp_path, trust.seed_file, principals
+        ) as runtime:
+            assert stack.fake is not None
+            stack.fake.mcp_tools["aip_call"] = runtime.tool_for(ENDPOINT)
+            yield DelegationStack(stack, runtime)

@@ -1,16 +1,15 @@
 """The delegation happy path and its key failure, through a worker process, against the fake
 Hermes and the real hermes-agent 0.19.0 alike.
 
-On the real side Hermes reaches `aip_call` as a real MCP client: the harness's MCP server
-(`worker.testing.mcp_server.AipMcpServer`) authenticates it by its bearer token as
-`agent:hermes_operator:h1` and hands the call to the same fake AIP runtime the fake side
-uses, so both sides are judged by the same assertions.
+Both reach `aip_call` on the real AIP gateway over MCP (the real Hermes with its own
+`mcp_servers.aip` entry, the fake through the SDK's client), authenticated by a bearer token
+as `agent:hermes_operator:h1`; the gateway records the child, dispatches it to the echo
+capability on the bus and settles it, so both sides are judged by the same assertions.
 """
 
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,10 @@ from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack, provision_streams, worker_env
 from worker.client import AipClient
 from worker.delegation.payload import aip_call_arguments
-from worker.testing.aip_runtime import FakeAipRuntime, RuntimeFault
 from worker.testing.fake_hermes import FakeHermes
+from worker.testing.gateway import gateway_runtime, hermes_principal_id
 from worker.testing.identities import write_api_key_file, write_trust_files
+from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.scenario import NEEDS_APPROVAL, OFF_CONTRACT
 from worker.testing.services import ServiceHandle
 
@@ -46,26 +46,28 @@ async def both(
     api_key, key_file = write_api_key_file(tmp_path)
     await provision_streams(nats_server.url, ack_wait_s=15)
     nc = await nats.connect(nats_server.url)
-    runtime = FakeAipRuntime(nc, seed=trust.seed)
-    await runtime.provision()
-    tool = runtime.tool_for(runtime.principal(ENDPOINT))
     async with contextlib.AsyncExitStack() as exits:
+        runtime = await exits.enter_async_context(
+            gateway_runtime(
+                nats_server.url,
+                tmp_path,
+                trust.seed_file,
+                {ENDPOINT: (hermes_principal_id(ENDPOINT), None)},
+            )
+        )
         hermes: Any
         if request.param == "fake":
             hermes = await exits.enter_async_context(FakeHermes(api_key=api_key))
-            hermes.mcp_tools["aip_call"] = tool
+            hermes.mcp_tools["aip_call"] = runtime.tool_for(ENDPOINT)
         else:
-            from worker.testing.mcp_server import AipMcpServer
             from worker.testing.pytest_plugin import service_unavailable
             from worker.testing.real_hermes import HermesUnavailable, RealHermes
 
-            token = "mcp-" + secrets.token_hex(16)
-            mcp = await exits.enter_async_context(AipMcpServer({token: tool}))
+            # Hermes lists MCP tools when it starts: the gateway is already serving.
+            mcp_servers = {"aip": (runtime.url, runtime.tokens[ENDPOINT])}
             try:
                 hermes = await exits.enter_async_context(
-                    RealHermes(
-                        tmp_path / "hermes", api_key=api_key, mcp_servers={"aip": (mcp.url, token)}
-                    )
+                    RealHermes(tmp_path / "hermes", api_key=api_key, mcp_servers=mcp_servers)
                 )
             except HermesUnavailable as exc:
                 service_unavailable(f"real Hermes unavailable: {exc}")

@@ -1,7 +1,8 @@
 """First-class delegation end to end: worker processes, real NATS and Redis, the fake Hermes
-calling `aip_call` on the fake AIP runtime, which records the child in its queue and
-lifecycle streams. The result is the verified native child result, never Hermes' prose, and
-one delegation means at most one Hermes run."""
+calling `aip_call` over MCP on the real AIP gateway, which records the child in its queue and
+lifecycle streams, dispatches it to the echo capability on the bus and settles it. The result
+is the verified native child result, never Hermes' prose, and one delegation means at most one
+Hermes run. Broken invariants come from a test wrapper around the gateway's store writer."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from schemas.chunk import DoneChunk, ToolChunk
 from schemas.result import ResultStatus
 from worker.delegation import delegation_action_id
 from worker.delegation.payload import aip_call_arguments
-from worker.testing.aip_runtime import RuntimeFault
+from worker.testing.runtime_faults import RuntimeFault
 
 from .conftest import DelegationStack
 
@@ -337,9 +338,7 @@ async def test_a_tenanted_delegation_verifies_its_tenant_end_to_end(
 
     await dstack.stack.spawn("w1")
     runtime = dstack.runtime
-    dstack.fake.mcp_tools["aip_call"] = runtime.tool_for(
-        runtime.principal("h1", tenant_id=TENANT_A)
-    )
+    dstack.fake.mcp_tools["aip_call"] = runtime.tool_for(f"h1@{TENANT_A}")
     request = dstack.request(tenant_id=TENANT_A, delegator=USER_A)
     await dstack.approve_child(request, approver=APPROVER_A)
     result = await (await dstack.delegate(request, approve=False)).result(timeout_s=30)

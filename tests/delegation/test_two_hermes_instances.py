@@ -1,10 +1,11 @@
 """Delegation routed to two isolated Hermes instances, with a real downstream capability call.
 
 Qualification items 8 and 9 of the connector overview, on this bus: two endpoints, each its
-own fake Hermes, its own worker process and its own MCP principal. A delegation selects its
-endpoint by the delegate principal only; the Hermes it reaches calls `aip_call`, and the
-child is a real Action (`cap:hermes_agent:h2:models`) that the runtime dispatches to the
-other endpoint's queue, where a worker executes and settles it. The delegation's result is
+own fake Hermes, its own worker process and its own MCP principal (bearer token) on the real
+AIP gateway. A delegation selects its endpoint by the delegate principal only; the Hermes it
+reaches calls `aip_call` over MCP, and the child is a real Action
+(`cap:hermes_agent:h2:models`) that the gateway dispatches to the other endpoint's queue by
+its built-in route, where a worker executes and settles it. The delegation's result is
 that child's verified native result, and both Actions leave their receipt chains.
 """
 
@@ -25,9 +26,13 @@ from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.integration.stack import Stack
 from worker.client import AipClient
-from worker.testing.aip_runtime import ISSUER as MCP_ISSUER
-from worker.testing.aip_runtime import FakeAipRuntime, bus_executor
 from worker.testing.fake_hermes import FakeHermes
+from worker.testing.gateway import (
+    GatewayRuntime,
+    directory_entry,
+    gateway_runtime,
+    hermes_principal_id,
+)
 from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
 from worker.testing.services import ServiceHandle
 
@@ -41,7 +46,7 @@ POST_RUNS = "POST /v1/runs"
 class TwoHermes:
     stack: Stack
     fakes: dict[str, FakeHermes]
-    runtime: FakeAipRuntime
+    runtime: GatewayRuntime
 
     def request(self, endpoint_id: str, capability: str) -> DelegationRequest:
         return make_request(endpoint_id, capability=capability, child_input={})
@@ -54,27 +59,26 @@ async def two(
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
     # The Hermes principals are directory identities too: their children run as them.
-    identities = identity_entries() + [
-        {
-            "principal_id": f"agent:hermes_operator:{endpoint_id}",
-            "revision": 1,
-            "tenant_id": None,
-            "credential": f"opaque-mcp-token-of-{endpoint_id}",
-            "identity": {"principal_kind": "agent", "authentication_issuer": MCP_ISSUER},
-        }
-        for endpoint_id in ENDPOINTS
+    identities = [
+        *identity_entries(),
+        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in ENDPOINTS),
     ]
     trust = write_trust_files(trust_dir, identities=identities)
     api_key, key_file = write_api_key_file(tmp_path)
     nc = await nats.connect(nats_server.url)
     await provision(nc.jetstream(), Subjects(), list(ENDPOINTS), StreamPolicy(ack_wait_s=3.0))
-    async with FakeHermes(api_key=api_key) as h1, FakeHermes(api_key=api_key) as h2:
+    principals = {
+        endpoint_id: (hermes_principal_id(endpoint_id), None) for endpoint_id in ENDPOINTS
+    }
+    async with (
+        FakeHermes(api_key=api_key) as h1,
+        FakeHermes(api_key=api_key) as h2,
+        gateway_runtime(nats_server.url, tmp_path, trust.seed_file, principals) as runtime,
+    ):
         fakes = {"h1": h1, "h2": h2}
         client = AipClient(nc, sign_key=trust.seed_file)
-        runtime = FakeAipRuntime(nc, seed=trust.seed, execute=bus_executor(client))
-        await runtime.provision()
         for endpoint_id, fake in fakes.items():
-            fake.mcp_tools["aip_call"] = runtime.tool_for(runtime.principal(endpoint_id))
+            fake.mcp_tools["aip_call"] = runtime.tool_for(endpoint_id)
         base = {
             "AIPD_NATS_URL": nats_server.url,
             "AIPD_REDIS_URL": redis_server.url,
@@ -137,6 +141,14 @@ async def test_a_delegation_reaches_only_its_hermes_and_returns_the_downstream_r
     assert {"received", "lease_acquired", "start_claimed", "run_bound", "settled"} <= delegated
     executed = {r.event.value for r in await two.stack.client.receipts("h2", request.action.id)}
     assert {"received", "lease_acquired", "settled"} <= executed
+    # The gateway's receipt of the aip_call that created the child, on the child's chain.
+    gateway_receipts = [
+        r
+        for r in await two.stack.client.receipts("h2", request.action.id)
+        if r.event.value == "tool_call"
+    ]
+    assert [r.details["tool"] for r in gateway_receipts] == ["aip_call"]
+    assert gateway_receipts[0].details["principal_id"] == "agent:hermes_operator:h1"
 
 
 async def test_each_instance_runs_as_its_own_principal(two: TwoHermes) -> None:

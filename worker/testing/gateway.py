@@ -14,9 +14,10 @@ answer = await call_tool(url, TOKEN, "aip_call", {"arguments": {...}})
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,3 +190,96 @@ async def call_tool(
     if not isinstance(document, dict):
         document = {"value": document}
     return ToolAnswer(bool(result.isError), document)
+
+
+# --- the gateway in-process, for the delegation tests ----------------------------------
+
+
+@dataclass
+class GatewayRuntime:
+    """A running in-process `Gateway` whose store writer a test can fault, its principals'
+    tokens, and the echo capability its sandbox route reaches."""
+
+    gateway: Any  # worker.gateway.Gateway (imported lazily: this module stays light)
+    #: key (e.g. "h1", "h1@tenant-a") -> the bearer token of that principal.
+    tokens: dict[str, str]
+    echo: Any  # EchoCapability
+
+    @property
+    def writer(self) -> Any:
+        """The gateway's `FaultyStoreWriter`."""
+        return self.gateway.writer
+
+    @property
+    def fault(self) -> Any:
+        return self.writer.fault
+
+    @fault.setter
+    def fault(self, value: Any) -> None:
+        self.writer.fault = value
+
+    @property
+    def url(self) -> str:
+        return str(self.gateway.url)
+
+    @property
+    def calls(self) -> list[dict[str, Any]]:
+        """The contract of every `aip_call` that reached the gateway's enqueue, as Hermes
+        sent it (`aip_call_arguments` form: `action_id`, no identity)."""
+        from worker.delegation.payload import aip_call_arguments
+
+        return [aip_call_arguments(child) for child in self.writer.requested]
+
+    def tool_for(self, key: str = "h1") -> Any:
+        """The `aip_call` of principal `key`, over real MCP (for `fake.mcp_tools`)."""
+        from worker.testing.fake_hermes.mcp_client import remote_aip_call
+
+        return remote_aip_call(self.url, self.tokens[key])
+
+
+@contextlib.asynccontextmanager
+async def gateway_runtime(
+    nats_url: str,
+    directory: Path,
+    seed_file: Path,
+    principals: Mapping[str, tuple[str, str | None]],
+    *,
+    settle_grace_ms: int = 30_000,
+) -> AsyncIterator[GatewayRuntime]:
+    """The real gateway in this process, with `principals` (key -> (principal id, tenant)),
+    every protected scope, the echo capability behind `cap:support_sandbox:`, and a
+    `FaultyStoreWriter` (fault `none` until a test sets one)."""
+    import secrets
+
+    import nats
+
+    from worker.gateway import Gateway, GatewaySettings
+    from worker.testing.echo_capability import EchoCapability
+    from worker.testing.runtime_faults import FaultyStoreWriter
+
+    tokens = {key: "mcp-" + secrets.token_hex(16) for key in principals}
+    entries = [
+        principal_entry(tokens[key], principal_id, tenant_id=tenant)
+        for key, (principal_id, tenant) in principals.items()
+    ]
+    principals_file = write_principals_file(directory, entries)
+    nc = await nats.connect(nats_url)
+    echo = EchoCapability(nc)
+    try:
+        await echo.start()
+        settings = GatewaySettings(
+            nats_url=nats_url,
+            mcp_principals_file=principals_file,
+            gateway_signing_key_file=seed_file,
+            gateway_port=0,
+            capability_routes=json.dumps(echo.route),
+            gateway_recovery_interval_ms=500,
+            gateway_redispatch_after_ms=1_000,
+            gateway_settle_grace_ms=settle_grace_ms,
+            gateway_id="gw-test",
+        )
+        async with Gateway(settings, make_writer=FaultyStoreWriter) as gateway:
+            yield GatewayRuntime(gateway, tokens, echo)
+    finally:
+        await echo.stop()
+        await nc.close()

@@ -1,0 +1,87 @@
+"""A downstream AIP capability on the bus that echoes its input: a child the gateway can route.
+
+Delegation tests need a child capability outside Hermes (`cap:support_sandbox:…`) that the
+real gateway dispatches like any other: the route table sends it to `{subject_prefix}.actions`
+and follows `{subject_prefix}.results.{id}`. This service is that executor — a JetStream
+stream over `{subject_prefix}.>`, one push subscription, and for every child one
+`ActionResult` with `{"echo": input, "capability": capability}`, published with
+`Nats-Msg-Id` `{id}:result` (so a re-sent child still has exactly one result).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js.api import StreamConfig
+
+from schemas.codec import encode
+from schemas.delegation import ChildAction
+from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import result_msg_id
+
+SANDBOX_PREFIX = "cap:support_sandbox:"
+SANDBOX_SUBJECT_PREFIX = "aip.sandbox"
+EXECUTOR_ID = "echo-capability"
+
+
+def echo_output(child: ChildAction) -> dict[str, Any]:
+    """What the echo capability answers for `child` (deterministic, comparable)."""
+    return {"echo": child.input, "capability": child.capability}
+
+
+class EchoCapability:
+    def __init__(self, nc: NATS, subject_prefix: str = SANDBOX_SUBJECT_PREFIX) -> None:
+        self.nc = nc
+        self.subject_prefix = subject_prefix
+        #: Every child executed, in order (a re-sent child dropped by JetStream is not here).
+        self.executed: list[ChildAction] = []
+        self._sub: Subscription | None = None
+
+    @property
+    def route(self) -> dict[str, str]:
+        """The `AIPD_CAPABILITY_ROUTES` entry that sends sandbox children here."""
+        return {SANDBOX_PREFIX: self.subject_prefix}
+
+    async def start(self) -> None:
+        js = self.nc.jetstream()
+        name = self.subject_prefix.upper().replace(".", "_").replace("-", "_")
+        await js.add_stream(
+            StreamConfig(name=name, subjects=[f"{self.subject_prefix}.>"], duplicate_window=120)
+        )
+        self._sub = await js.subscribe(
+            f"{self.subject_prefix}.actions", cb=self._execute, manual_ack=True
+        )
+
+    async def stop(self) -> None:
+        if self._sub is not None:
+            await self._sub.unsubscribe()
+            self._sub = None
+
+    async def _execute(self, msg: Msg) -> None:
+        try:
+            child = msgspec.json.decode(msg.data, type=ChildAction)
+        except msgspec.DecodeError:
+            await msg.term()
+            return
+        self.executed.append(child)
+        result = ActionResult(
+            action_id=child.id,
+            capability=child.capability,
+            endpoint_id="sandbox",
+            status=ResultStatus.COMPLETED,
+            output=echo_output(child),
+            settled_by=EXECUTOR_ID,
+            fence=0,
+            settled_at_unix_ms=time.time_ns() // 1_000_000,
+        )
+        await self.nc.jetstream().publish(
+            f"{self.subject_prefix}.results.{child.id}",
+            encode(result),
+            headers={"Nats-Msg-Id": result_msg_id(child.id)},
+        )
+        await msg.ack()
