@@ -16,6 +16,9 @@ run events here as on the project's fake Hermes:
   request offers AIP_CALL_TOOL (Hermes reached the AIP MCP server): one call of that tool
   with `{"arguments": <aip_call_arguments>}`, unchanged, then `delegated_final_text` of its
   result. Without the tool it is a plain input, as on a Hermes without the MCP server.
+- AIP_DISCOVER_CALL=<capability> when the request offers both `aip_capabilities` and
+  `aip_call`: a call of the first, then (when it listed the capability) a sync `aip_call` on
+  it, then `discover_call_final_text`.
 
 Requests without tools that do not stream are Hermes' auxiliary calls (titles and the like);
 they get a short plain answer whatever the input says, so they never add noise to a scenario.
@@ -41,6 +44,7 @@ from aiohttp import web
 
 from worker.testing.scenario import (
     AIP_CALL_TOOL,
+    AIP_CAPABILITIES_TOOL,
     APPROVAL_COMMAND,
     ECHO_COMMAND,
     OFF_CONTRACT,
@@ -48,6 +52,8 @@ from worker.testing.scenario import (
     SLOW_DELTAS,
     delegated_arguments,
     delegated_final_text,
+    discover_call_capability,
+    discover_call_final_text,
     reply_deltas,
     scenario_of,
     word_deltas,
@@ -187,6 +193,9 @@ def answer_for(call: ChatCall) -> _Answer:
             return _ToolCall(AIP_CALL_TOOL, {"arguments": delegated})
         text, failed = mcp_tool_outcome(call.tool_results[-1])
         return _Text(tuple(word_deltas(delegated_final_text(text, failed))))
+    discover = discover_call_capability(call.user_text)
+    if discover is not None and {AIP_CAPABILITIES_TOOL, AIP_CALL_TOOL} <= set(call.tool_names):
+        return _discover_then_call(call, discover)
     scenario = scenario_of(call.user_text)
     if scenario.llm_error:
         return _Error(LLM_ERROR_MESSAGE)
@@ -197,6 +206,20 @@ def answer_for(call: ChatCall) -> _Answer:
     if scenario.slow and not wants_tool:
         return _Text(tuple(slow_deltas()), SLOW_DELTA_DELAY_S)
     return _Text(tuple(reply_deltas(call.user_text)))
+
+
+def _discover_then_call(call: ChatCall, capability: str) -> _Answer:
+    """aip_capabilities; then aip_call on `capability` if it was listed; then the report."""
+    if not call.tool_results:
+        return _ToolCall(AIP_CAPABILITIES_TOOL, {})
+    listed_text, _ = mcp_tool_outcome(call.tool_results[0])
+    listed = f'"{capability}"' in listed_text
+    if len(call.tool_results) == 1 and listed:
+        arguments = {"capability": capability, "input": {}, "mode": "sync", "timeout_ms": 60_000}
+        return _ToolCall(AIP_CALL_TOOL, {"arguments": arguments})
+    text, _ = mcp_tool_outcome(call.tool_results[-1])
+    final = discover_call_final_text(capability, listed, text if listed else "")
+    return _Text(tuple(word_deltas(final)))
 
 
 def _usage(call: ChatCall, completion_parts: int) -> _JSON:

@@ -6,9 +6,9 @@ environment (Hermes has its own pinned dependency tree and must not share the pr
 private `HERMES_HOME` configured as `shared/reference/hermes-0.19.md` says, and a gateway
 process that tests can restart (Hermes forgets every run when it restarts) and always stop.
 
-First-class delegation needs Hermes to reach an MCP server (`mcp_servers=`, for instance a
-`worker.testing.mcp_server.AipMcpServer`): Hermes discovers MCP tools once, when the gateway
-starts, so that server must be up before `RealHermes` starts (and before every `restart`).
+First-class delegation needs Hermes to reach an MCP server (`mcp_servers=`: the AIP gateway,
+`worker.gateway`): Hermes discovers MCP tools once, when its own gateway process starts, so
+that server must be up before `RealHermes` starts (and before every `restart`).
 
 Run one by hand with `python -m worker.testing.real_hermes --port N`.
 """
@@ -53,8 +53,9 @@ VENV_ENV_VAR: Final = "AIPD_HERMES_VENV"
 LOG_NAME: Final = "hermes-gateway.log"
 #: Created in the terminal's working directory so `APPROVAL_COMMAND` has a file to chmod.
 SCENARIO_FILE: Final = "aip-scenario-file.txt"
-#: The only MCP tool Hermes takes from a configured server (no resources, no prompts), so the
-#: model sees exactly `mcp__<name>__aip_call` from it.
+#: The MCP tools Hermes takes from a configured server by default (no resources, no prompts):
+#: a delegated run needs only `aip_call`, so the model sees exactly `mcp__<name>__aip_call`.
+#: `mcp_tools=` widens it (the connector overview's list is all six AIP tools).
 MCP_TOOL_INCLUDE: Final = ("aip_call",)
 #: Hermes names the model-facing tools `mcp__<name>__<tool>`: keep names plain.
 _MCP_SERVER_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
@@ -217,6 +218,7 @@ class RealHermes:
         api_key: str | None = None,
         approval_timeout_s: int = 120,
         mcp_servers: Mapping[str, tuple[str, str]] | None = None,
+        mcp_tools: Sequence[str] = MCP_TOOL_INCLUDE,
     ) -> None:
         for name in mcp_servers or {}:
             if not _MCP_SERVER_NAME.fullmatch(name):
@@ -232,6 +234,8 @@ class RealHermes:
         self._port = port
         self._approval_timeout_s = approval_timeout_s
         self._mcp_servers = dict(mcp_servers or {})
+        #: The MCP tools Hermes takes from each server (`tools.include`).
+        self._mcp_tools = tuple(mcp_tools)
         self._hermes: Path | None = None
         self._llm: FakeLLM | None = None
         self._process: asyncio.subprocess.Process | None = None
@@ -350,7 +354,7 @@ class RealHermes:
                 f"    timeout: {_MCP_TIMEOUT_S}",
                 f"    connect_timeout: {_MCP_CONNECT_TIMEOUT_S}",
                 "    tools:",
-                f"      include: {json.dumps(list(MCP_TOOL_INCLUDE))}",
+                f"      include: {json.dumps(list(self._mcp_tools))}",
                 "      resources: false",
                 "      prompts: false",
             ]

@@ -24,6 +24,11 @@ LLM_ERROR = "scenario-llm-error"
 #: command Hermes holds for approval).
 OFF_CONTRACT = "scenario-off-contract"
 
+#: `scenario-aip-discover-call=<capability id>`: the agent calls the AIP MCP tools
+#: `aip_capabilities`, then, if that listed the capability, `aip_call` on it (mode sync, empty
+#: input), then reports what the call returned (`discover_call_final_text`).
+AIP_DISCOVER_CALL = "scenario-aip-discover-call="
+
 #: The shell command the echo scenario runs, and what it prints.
 ECHO_COMMAND = "echo hello-from-tool"
 #: The command that needs approval (the file is created in the scratch working directory).
@@ -41,6 +46,7 @@ DELEGATED_KIND = "aip_delegated_call"
 #: The model-facing name of the AIP MCP tool in Hermes 0.19: `mcp__<server>__<tool>` with
 #: server `aip` and tool `aip_call` (tools/mcp_tool.py); its `tool.*` events say the same.
 AIP_CALL_TOOL = "mcp__aip__aip_call"
+AIP_CAPABILITIES_TOOL = "mcp__aip__aip_capabilities"
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,3 +102,19 @@ def delegated_final_text(tool_result: str, failed: bool) -> str:
     if failed:
         return "The aip_call tool failed; I did not retry it."
     return f"I called aip_call once. It returned: {tool_result[:200]}"
+
+
+def discover_call_capability(text: str) -> str | None:
+    """The capability of an AIP_DISCOVER_CALL input, or None for any other input."""
+    _, found, rest = text.partition(AIP_DISCOVER_CALL)
+    if not found:
+        return None
+    capability = rest.split()[0].strip("\"',.}") if rest.split() else ""
+    return capability or None
+
+
+def discover_call_final_text(capability: str, listed: bool, tool_result: str) -> str:
+    """What the agent says after the discovery scenario (prose; the Action result decides)."""
+    if not listed:
+        return f"aip_capabilities did not list {capability}; I called nothing."
+    return f"I called {capability} through aip_call. It returned: {tool_result[:400]}"
