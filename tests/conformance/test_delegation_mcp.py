@@ -3,11 +3,12 @@
 Spec "Route first-class delegation": Hermes receives the exact child Action as
 `aip_call_arguments` and must call `aip_call` exactly once with them. The worker's delegation
 tests run against the fake Hermes, which calls the tool in-process (`fake.mcp_tools`); these
-tests hold that fake to the real gateway, whose own MCP client calls the same tool function
-over Streamable HTTP (`worker.testing.mcp_server.AipMcpServer`, bearer-authenticated as the
-delegate). If the real one disagrees, the fake is wrong.
+tests hold that fake to the real Hermes, both calling `aip_call` on the real AIP gateway
+(`worker.gateway`, in-process, bearer-authenticated as the delegate): the real Hermes through
+its own MCP client over Streamable HTTP, the fake through the `mcp` SDK's client. If the real
+one disagrees, the fake is wrong.
 
-Two real gateways serve this module: one configured with the MCP server, one without it.
+Two real Hermes serve this module: one configured with the AIP gateway, one without it.
 """
 
 from __future__ import annotations
@@ -19,19 +20,20 @@ import secrets
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import nats
 import pytest
 import pytest_asyncio
-from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
+from nats.aio.client import Client as NATS
 
 from schemas.action import DelegationRef, Identity
 from schemas.delegation import DELEGATE_PREFIX, ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleState
+from subjects.grammar import Subjects
 from tests.conformance.run_events import (
     AFTER_TOOL,
     Event,
@@ -46,11 +48,12 @@ from worker.delegation.stores import JetStreamLifecycleStores
 from worker.delegation.verify import verify_child
 from worker.operator.binding import session_id_for
 from worker.operator.policy import HermesOperatorPolicy
-from worker.testing.aip_runtime import FakeAipRuntime
 from worker.testing.fake_hermes import FakeHermes
+from worker.testing.fake_hermes.mcp import AIP_CALL
+from worker.testing.gateway import GatewayRuntime, gateway_runtime
 from worker.testing.identities import write_trust_files
-from worker.testing.mcp_server import AIP_CALL, AipMcpServer, McpCall, McpTool
 from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
+from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.scenario import AIP_CALL_TOOL, delegated_final_text, reply_text
 from worker.testing.services import ServiceHandle
 from worker.trust.signing import TrustedGatewayKeys, verify_envelope
@@ -61,8 +64,6 @@ ENDPOINT = "h1"
 DELEGATE = DELEGATE_PREFIX + ENDPOINT
 CHILD_CAPABILITY = "cap:support_sandbox:case.get"
 DELEGATOR = "user:alice"
-#: What the simple recording tool answers; JSON, like the AIP runtime's answer.
-TOOL_RESULT = json.dumps({"action_id": "act_from_the_tool", "status": "completed"})
 
 
 # --- builders ------------------------------------------------------------------------------
@@ -72,13 +73,13 @@ def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-def delegation_request() -> DelegationRequest:
+def delegation_request(capability: str = CHILD_CAPABILITY) -> DelegationRequest:
     """A valid request whose child uses every kind of JSON value the contract may carry."""
     delegation_id = "dlg-" + secrets.token_hex(8)
     created = now_ms()
     child = ChildAction(
         id=new_action_id(),
-        capability=CHILD_CAPABILITY,
+        capability=capability,
         input={
             "case_id": "case-2030",
             "note": "ünïcode — ключ",
@@ -128,43 +129,34 @@ async def start_delegated_run(client: httpx.AsyncClient, body: dict[str, Any]) -
     return await start_run(client, fields.pop("input"), **fields)
 
 
-class RecordingTool:
-    """An `aip_call` tool that keeps the arguments of every call and answers TOOL_RESULT."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    async def __call__(self, arguments: dict[str, Any]) -> str:
-        self.calls.append(json.loads(json.dumps(arguments)))
-        return TOOL_RESULT
-
-
-async def _no_tool_yet(arguments: dict[str, Any]) -> str:
-    raise RuntimeError("this test did not choose an aip_call tool")
-
-
 # --- the servers under test ----------------------------------------------------------------
 
 
 @dataclass
 class ServerUnderTest:
-    """One Hermes under test; with `aip_call` the fake calls it in-process, the real over MCP."""
+    """One Hermes under test, calling `aip_call` on the real AIP gateway (fake: through the
+    SDK's client in-process; real: its own MCP client, configured with the gateway)."""
 
     kind: str
     url: str
     api_key: str
-    #: The bearer token the real Hermes presents to the MCP server.
-    token: str
     fake: FakeHermes | None
-    mcp: AipMcpServer | None
+    runtime: GatewayRuntime | None
+    nc: NATS | None = None
     real: RealHermes | None = None
+    #: The workers' trusted key file, holding the gateway's public key.
+    keys_file: Path | None = None
 
-    def use(self, tool: McpTool) -> None:
-        """Make `tool` the `aip_call` of the delegate principal (the same function on both)."""
-        if self.fake is not None:
-            self.fake.mcp_tools[AIP_CALL] = tool
-        if self.mcp is not None:
-            self.mcp.tools[self.token] = tool
+    @property
+    def gateway(self) -> GatewayRuntime:
+        assert self.runtime is not None
+        return self.runtime
+
+    def reset(self) -> None:
+        """Forget the previous test's calls; no fault."""
+        if self.runtime is not None:
+            self.runtime.writer.requested.clear()
+            self.runtime.fault = RuntimeFault.NONE
 
 
 async def _real(
@@ -184,19 +176,41 @@ async def _real(
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", params=["fake", "real"])
 async def delegating_hermes(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    tmp_path_factory: pytest.TempPathFactory,
+    module_nats_server: ServiceHandle,
 ) -> AsyncIterator[ServerUnderTest]:
-    """The server under test with `aip_call` available (parametrized: `fake`, `real`)."""
-    token = secrets.token_urlsafe(32)
-    if request.param == "real":
-        # Hermes lists MCP tools only while its gateway starts: the server comes first.
-        async with AipMcpServer({token: _no_tool_yet}) as server:
-            async for real in _real(tmp_path_factory, {"aip": (server.url, token)}):
-                yield ServerUnderTest("real", real.url, real.api_key, token, None, server, real)
-        return
-    async with FakeHermes(api_key=secrets.token_urlsafe(32)) as fake:
-        fake.mcp_tools[AIP_CALL] = _no_tool_yet
-        yield ServerUnderTest("fake", fake.url, fake.api_key, token, fake, None)
+    """The server under test with the gateway's tools available (parametrized)."""
+    directory = tmp_path_factory.mktemp("gateway")
+    trust = write_trust_files(directory)
+    principals = {ENDPOINT: (DELEGATE, None)}
+    nc = await nats.connect(module_nats_server.url)
+    try:
+        async with gateway_runtime(
+            module_nats_server.url, directory, trust.seed_file, principals
+        ) as runtime:
+            if request.param == "real":
+                # Hermes lists MCP tools only while its gateway starts: the AIP gateway first.
+                servers = {"aip": (runtime.url, runtime.tokens[ENDPOINT])}
+                async for real in _real(tmp_path_factory, servers):
+                    yield ServerUnderTest(
+                        "real",
+                        real.url,
+                        real.api_key,
+                        None,
+                        runtime,
+                        nc,
+                        real,
+                        trust.gateway_keys_file,
+                    )
+                return
+            async with FakeHermes(api_key=secrets.token_urlsafe(32)) as fake:
+                fake.mcp_tools[AIP_CALL] = runtime.tool_for(ENDPOINT)
+                yield ServerUnderTest(
+                    "fake", fake.url, fake.api_key, fake, runtime, nc, None, trust.gateway_keys_file
+                )
+    finally:
+        await nc.close()
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", params=["fake", "real"])
@@ -211,10 +225,10 @@ async def plain_hermes(
     """
     if request.param == "real":
         async for real in _real(tmp_path_factory, {}):
-            yield ServerUnderTest("real", real.url, real.api_key, "", None, None, real)
+            yield ServerUnderTest("real", real.url, real.api_key, None, None, None, real)
         return
     async with FakeHermes(api_key=secrets.token_urlsafe(32)) as fake:
-        yield ServerUnderTest("fake", fake.url, fake.api_key, "", fake, None)
+        yield ServerUnderTest("fake", fake.url, fake.api_key, fake, None)
 
 
 def _client(server: ServerUnderTest) -> httpx.AsyncClient:
@@ -224,9 +238,10 @@ def _client(server: ServerUnderTest) -> httpx.AsyncClient:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def delegating(delegating_hermes: ServerUnderTest) -> AsyncIterator[ServerUnderTest]:
-    """The module's server, its tool reset after the test so none leaks into the next."""
+    """The module's server, its gateway's record of calls reset around the test."""
+    delegating_hermes.reset()
     yield delegating_hermes
-    delegating_hermes.use(_no_tool_yet)
+    delegating_hermes.reset()
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -241,7 +256,26 @@ async def plain_client(plain_hermes: ServerUnderTest) -> AsyncIterator[httpx.Asy
         yield http
 
 
-def assert_one_aip_call_then_prose(events: list[Event], tool_result: str) -> None:
+async def refused_aip_calls(server: ServerUnderTest) -> float:
+    """The gateway's count of refused `aip_call`s, read from its `/metrics`."""
+    async with httpx.AsyncClient(base_url=server.gateway.gateway.base_url) as http:
+        text = (await http.get("/metrics")).text
+    series = 'aip_gateway_tool_calls_total{decision="refused",tool="aip_call"} '
+    for line in text.splitlines():
+        if line.startswith(series):
+            return float(line[len(series) :])
+    return 0.0
+
+
+def tool_text(events: list[Event]) -> str:
+    """What the run's final text says the tool returned (after the fixed prose prefix)."""
+    final = str(events[-1]["output"])
+    prefix = delegated_final_text("", False)
+    assert final.startswith(prefix), final
+    return final[len(prefix) :]
+
+
+def assert_one_aip_call_then_prose(events: list[Event], *, failed: bool = False) -> None:
     """The event shape of a delegated run that called the tool once and then reported it."""
     assert names(events) == [
         "tool.started",
@@ -255,13 +289,12 @@ def assert_one_aip_call_then_prose(events: list[Event], tool_result: str) -> Non
     # Hermes has no main argument to preview for an MCP tool.
     assert started["preview"] is None
     assert completed["tool"] == AIP_CALL_TOOL
-    assert completed["error"] is False
+    assert completed["error"] is failed
     assert isinstance(completed["duration"], float)
-    final = delegated_final_text(tool_result, False)
     # The exact deltas are held to the real Hermes by their own test below.
+    final = str(events[-1]["output"])
     assert text_of(events).strip() == final
     assert events[-2]["text"] == final
-    assert events[-1]["output"] == final
 
 
 # --- delegation with the AIP MCP server ----------------------------------------------------
@@ -270,21 +303,16 @@ def assert_one_aip_call_then_prose(events: list[Event], tool_result: str) -> Non
 async def test_a_delegated_run_calls_aip_call_once_with_the_exact_arguments(
     delegating: ServerUnderTest, delegating_client: httpx.AsyncClient
 ) -> None:
-    tool = RecordingTool()
-    delegating.use(tool)
     request = delegation_request()
     body = delegated_body(request)
 
     run_id = await start_delegated_run(delegating_client, body)
     events, _ = await read_events(delegating_client, run_id)
 
+    # The gateway received the exact arguments (without identity) once, as the delegate.
     expected = aip_call_arguments(request.action)
-    assert tool.calls == [expected]
-    assert "identity" not in tool.calls[0]
-    assert tool.calls[0]["action_id"] == request.action.id
-    if delegating.mcp is not None:
-        # The real Hermes authenticated as the delegate's token, and nothing else was called.
-        assert delegating.mcp.calls == [McpCall(delegating.token, expected)]
+    assert delegating.gateway.calls == [expected]
+    assert "identity" not in expected
     if delegating.real is not None:
         # The include filter: the only MCP tool the model is offered is aip_call.
         offered = {
@@ -295,45 +323,41 @@ async def test_a_delegated_run_calls_aip_call_once_with_the_exact_arguments(
             if name.startswith("mcp_")
         }
         assert offered == {AIP_CALL_TOOL}
-    assert_one_aip_call_then_prose(events, TOOL_RESULT)
+    assert_one_aip_call_then_prose(events)
+    # What the tool returned is the gateway's answer about this child.
+    assert request.action.id in tool_text(events)
     status = await status_of(delegating_client, run_id)
     assert status["status"] == "completed"
-    assert status["output"] == delegated_final_text(TOOL_RESULT, False)
+    assert status["output"] == events[-1]["output"]
 
 
 async def test_the_aip_runtime_records_the_delegated_child_it_was_called_for(
-    delegating: ServerUnderTest,
-    delegating_client: httpx.AsyncClient,
-    nats_server: ServiceHandle,
-    tmp_path_factory: pytest.TempPathFactory,
+    delegating: ServerUnderTest, delegating_client: httpx.AsyncClient
 ) -> None:
-    trust = write_trust_files(tmp_path_factory.mktemp("trust"))
-    trusted = TrustedGatewayKeys.load(trust.gateway_keys_file)
-    nc = await nats.connect(nats_server.url)
-    try:
-        runtime = FakeAipRuntime(nc, seed=trust.seed)
-        await runtime.provision()
-        principal = runtime.principal(ENDPOINT)
-        delegating.use(runtime.tool_for(principal))
-        request = delegation_request()
+    request = delegation_request()
 
-        run_id = await start_delegated_run(delegating_client, delegated_body(request))
-        events, _ = await read_events(delegating_client, run_id)
+    run_id = await start_delegated_run(delegating_client, delegated_body(request))
+    await read_events(delegating_client, run_id)
 
-        assert runtime.calls == [aip_call_arguments(request.action)]
-        stores = JetStreamLifecycleStores(
-            nc.jetstream(),
-            runtime.subjects,
-            lambda data, headers: verify_envelope(data, headers, trusted),
-        )
+    assert delegating.gateway.calls == [aip_call_arguments(request.action)]
+    assert delegating.nc is not None
+    assert delegating.keys_file is not None
+    trusted = TrustedGatewayKeys.load(delegating.keys_file)
+    stores = JetStreamLifecycleStores(
+        delegating.nc.jetstream(),
+        Subjects(),
+        lambda data, headers: verify_envelope(data, headers, trusted),
+    )
+    for _ in range(100):
         records = await stores.read(request.action.id)
-    finally:
-        await nc.close()
+        if records.queue is not None and records.queue.state.terminal:
+            break
+        await asyncio.sleep(0.1)
 
     assert records.queue is not None
     assert records.queue.state is LifecycleState.COMPLETED
     assert records.queue.owner_principal_id == DELEGATE
-    # The worker's own check accepts what Hermes made the runtime record.
+    # The worker's own check accepts what Hermes made the gateway record.
     result = verify_child(
         request.action,
         delegate=DELEGATE,
@@ -346,49 +370,32 @@ async def test_the_aip_runtime_records_the_delegated_child_it_was_called_for(
     assert result.action_id == request.action.id
     assert result.status == "completed"
     assert result.output == {"echo": request.action.input, "capability": CHILD_CAPABILITY}
-    tool_result = json.dumps(
-        {"action_id": request.action.id, "status": "completed", "output": result.output}
-    )
-    assert_one_aip_call_then_prose(events, tool_result)
 
 
 async def test_the_prose_after_aip_call_streams_as_after_any_tool_call(
     delegating: ServerUnderTest,
     delegating_client: httpx.AsyncClient,
 ) -> None:
-    delegating.use(RecordingTool())
-
     run_id = await start_delegated_run(delegating_client, delegated_body(delegation_request()))
     events, _ = await read_events(delegating_client, run_id)
 
-    assert text_of(events) == AFTER_TOOL + delegated_final_text(TOOL_RESULT, False)
+    assert text_of(events) == AFTER_TOOL + str(events[-1]["output"])
 
 
 async def test_a_failing_aip_call_is_not_retried_and_is_reported_as_failed(
     delegating: ServerUnderTest, delegating_client: httpx.AsyncClient
 ) -> None:
-    attempts: list[dict[str, Any]] = []
-
-    async def refusing_tool(arguments: dict[str, Any]) -> str:
-        attempts.append(arguments)
-        raise RuntimeError("the AIP runtime refused the child")
-
-    delegating.use(refusing_tool)
-    request = delegation_request()
+    # A capability outside the gateway's route table: the call is refused, nothing enqueued.
+    request = delegation_request(capability="cap:unrouted:case.get")
+    refused_before = await refused_aip_calls(delegating)
 
     run_id = await start_delegated_run(delegating_client, delegated_body(request))
     events, _ = await read_events(delegating_client, run_id)
 
-    assert attempts == [aip_call_arguments(request.action)]
-    assert names(events) == [
-        "tool.started",
-        "tool.completed",
-        "message.delta",
-        "reasoning.available",
-        "run.completed",
-    ]
-    assert events[1]["tool"] == AIP_CALL_TOOL
-    assert events[1]["error"] is True
+    assert delegating.gateway.calls == []
+    # Exactly one call reached the gateway (and was refused): Hermes did not retry it.
+    assert await refused_aip_calls(delegating) == refused_before + 1
+    assert_one_aip_call_then_prose(events, failed=True)
     # A completed run whose prose admits the failure: only the child's result decides.
     assert events[-1]["output"] == delegated_final_text("", True)
     assert (await status_of(delegating_client, run_id))["status"] == "completed"
@@ -411,41 +418,3 @@ async def test_without_the_aip_mcp_server_a_delegated_run_is_prose_only(
     assert not any(e["event"].startswith("tool.") for e in events)
     assert events[-1]["output"] == reply_text(body["input"])
     assert (await status_of(plain_client, run_id))["status"] == "completed"
-
-
-# --- the harness MCP server itself ---------------------------------------------------------
-
-
-async def test_the_mcp_server_refuses_a_missing_or_unknown_bearer_token() -> None:
-    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}}
-    async with AipMcpServer({"good-token": RecordingTool()}) as server, httpx.AsyncClient() as http:
-        missing = await http.post(server.url, json=initialize)
-        unknown = await http.post(
-            server.url, json=initialize, headers={"Authorization": "Bearer other-token"}
-        )
-    for response in (missing, unknown):
-        assert response.status_code == 401
-        assert response.headers["www-authenticate"].startswith("Bearer")
-    assert server.calls == []
-
-
-async def test_the_mcp_server_runs_the_tool_of_the_calling_token() -> None:
-    alice, bob = RecordingTool(), RecordingTool()
-    arguments = {"action_id": new_action_id(), "input": {"n": [1, None, {"x": "ü"}]}}
-    async with AipMcpServer({"alice-token": alice, "bob-token": bob}) as server:
-        headers = {"Authorization": "Bearer bob-token"}
-        async with (
-            httpx.AsyncClient(headers=headers) as http,
-            streamable_http_client(server.url, http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            listed = await session.list_tools()
-            result = await session.call_tool(AIP_CALL, arguments={"arguments": arguments})
-
-    assert [tool.name for tool in listed.tools] == [AIP_CALL]
-    assert result.isError is False
-    assert [block.model_dump()["text"] for block in result.content] == [TOOL_RESULT]
-    assert result.structuredContent is None
-    assert (alice.calls, bob.calls) == ([], [arguments])
-    assert server.calls == [McpCall("bob-token", arguments)]

@@ -1,37 +1,41 @@
-"""The fake Hermes's remote `aip_call`: a real MCP client session against the harness server."""
+"""The fake Hermes's remote `aip_call`: a real MCP client session against the real gateway."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from pathlib import Path
 
 import pytest
 
+from schemas.ids import new_action_id
 from worker.testing.fake_hermes.mcp_client import McpRefused, remote_aip_call
-from worker.testing.mcp_server import AipMcpServer
-
-TOKEN = "mcp-token-0123456789abcdef"
-
-
-async def test_the_exact_arguments_reach_the_tool_of_the_token_and_its_text_comes_back() -> None:
-    seen: list[dict[str, Any]] = []
-
-    async def tool(arguments: dict[str, Any]) -> str:
-        seen.append(arguments)
-        return '{"status": "completed"}'
-
-    arguments = {"action_id": "act_" + "a" * 32, "input": {"nested": [1, "two", None]}}
-    async with AipMcpServer({TOKEN: tool}) as server:
-        text = await remote_aip_call(server.url, TOKEN)(arguments)
-    assert text == '{"status": "completed"}'
-    assert seen == [arguments]
+from worker.testing.gateway import gateway_runtime, hermes_principal_id
+from worker.testing.identities import write_trust_files
+from worker.testing.services import ServiceHandle
 
 
-async def test_a_failing_tool_and_a_wrong_token_are_errors() -> None:
-    async def tool(arguments: dict[str, Any]) -> str:
-        raise RuntimeError("refused by the runtime")
-
-    async with AipMcpServer({TOKEN: tool}) as server:
-        with pytest.raises(RuntimeError, match="refused by the runtime"):
-            await remote_aip_call(server.url, TOKEN)({"action_id": "x"})
+async def test_the_call_reaches_the_gateway_as_the_tokens_principal_and_fails_typed(
+    tmp_path: Path, nats_server: ServiceHandle
+) -> None:
+    trust = write_trust_files(tmp_path)
+    principals = {"h1": (hermes_principal_id("h1"), None)}
+    async with gateway_runtime(nats_server.url, tmp_path, trust.seed_file, principals) as runtime:
+        arguments = {
+            "action_id": new_action_id(),
+            "capability": "cap:support_sandbox:case.get",
+            "input": {"nested": [1, "two", None]},
+            "mode": "sync",
+        }
+        text = await remote_aip_call(runtime.url, runtime.tokens["h1"])(arguments)
+        answer = json.loads(text)
+        assert answer["action_id"] == arguments["action_id"]
+        assert answer["result"]["output"]["echo"] == arguments["input"]
+        (child,) = runtime.writer.requested
+        assert child.identity.principal_id == hermes_principal_id("h1")
+        # A refused call is a tool error carrying the typed error; a wrong token is a 401.
+        with pytest.raises(RuntimeError, match=r"connector_host\.route_mismatch"):
+            await remote_aip_call(runtime.url, runtime.tokens["h1"])(
+                {**arguments, "action_id": new_action_id(), "capability": "cap:nowhere:x"}
+            )
         with pytest.raises(McpRefused, match="HTTP 401"):
-            await remote_aip_call(server.url, "wrong-token")({"action_id": "x"})
+            await remote_aip_call(runtime.url, "wrong-token")(arguments)

@@ -103,7 +103,7 @@ async def _start(env: DemoEnvironment, console: Console) -> None:
     console.setup("trust", f"gateway key, identities and approval authority in {env.root}/trust")
     if env.hermes_url is None:
         mcp_url = await env.start_aip_runtime()
-        console.setup("aip mcp", f"{mcp_url} (aip_call for delegations; the runtime's stores)")
+        console.setup("aip gateway", f"{mcp_url} (aip-hermes-worker gateway: MCP, runtime stores)")
     hermes = await env.start_hermes()
     console.setup("hermes", f"{hermes.url} ({'fake Hermes 0.19.0' if hermes.fake else 'yours'})")
     provisioned = await env.provision()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import shutil
 import signal
@@ -32,7 +33,7 @@ from subjects.grammar import Subjects
 from subjects.provision import Change, provision
 from subjects.streams import StreamPolicy
 from worker.testing._procs import free_port
-from worker.testing.aip_runtime import FakeAipRuntime
+from worker.testing.echo_capability import EchoCapability
 from worker.testing.identities import TrustFiles, authority_memberships, write_trust_files
 from worker.testing.services import NatsServer, RedisServer
 from worker.testing.workers import WorkerProcess
@@ -74,10 +75,12 @@ class DemoEnvironment:
     workers: list[WorkerProcess] = field(default_factory=list)
     metrics_ports: dict[str, int] = field(default_factory=dict)
     subjects: Subjects = field(default_factory=Subjects)
-    #: The fake AIP runtime behind the MCP server the fake Hermes calls `aip_call` on
-    #: (step g); None with a real Hermes, which the demo cannot configure.
-    runtime: FakeAipRuntime | None = None
-    _mcp: Any = None
+    #: The AIP gateway process (`aip-hermes-worker gateway`) the fake Hermes calls `aip_call`
+    #: on (step g); None with a real Hermes, which the demo cannot configure.
+    gateway: WorkerProcess | None = None
+    gateway_url: str | None = None
+    #: The downstream capability the delegated child (`cap:support_sandbox:…`) runs on.
+    echo: EchoCapability | None = None
     _mcp_token_file: Path | None = None
     _runtime_nc: Any = None
     _fake_proc: subprocess.Popen[bytes] | None = None
@@ -120,30 +123,49 @@ class DemoEnvironment:
         return self.hermes
 
     async def start_aip_runtime(self) -> str:
-        """The AIP runtime's side of delegation for the fake Hermes: its queue and lifecycle
-        streams, and an MCP server whose `aip_call` records and executes the child."""
-        from worker.testing.mcp_server import AipMcpServer
+        """The AIP gateway for the fake Hermes (`aip-hermes-worker gateway`, the production
+        component): its MCP server, with a bearer token for the Hermes principal, and the
+        runtime's queue and lifecycle streams; plus the echo capability its route for
+        `cap:support_sandbox:` reaches."""
+        from worker.testing.gateway import (
+            gateway_env,
+            gateway_process,
+            hermes_principal_id,
+            principal_entry,
+            write_principals_file,
+        )
 
         assert self.nats is not None
         assert self.trust is not None
         self._runtime_nc = await nats.connect(self.nats.url)
-        self.runtime = FakeAipRuntime(self._runtime_nc, seed=self.trust.seed)
-        await self.runtime.provision()
+        self.echo = EchoCapability(self._runtime_nc)
+        await self.echo.start()
         token = "demo-mcp-" + os.urandom(16).hex()
         token_file = self.root / "mcp.token"
         token_file.write_text(token + "\n", encoding="utf-8")
         os.chmod(token_file, 0o600)
-        tool = self.runtime.tool_for(self.runtime.principal(ENDPOINT))
-        self._mcp = AipMcpServer({token: tool})
-        await self._mcp.__aenter__()
+        principals = write_principals_file(
+            self.trust.directory, [principal_entry(token, hermes_principal_id(ENDPOINT))]
+        )
+        port = free_port()
+        env = gateway_env(
+            self.nats.url, principals, self.trust.seed_file, port,
+            AIPD_CAPABILITY_ROUTES=json.dumps(self.echo.route), AIPD_LOG_FORMAT="json",
+        )  # fmt: skip
+        self.gateway = gateway_process("gateway", env, self.root)
+        await asyncio.to_thread(self.gateway.start, wait_ready_s=_HERMES_START_S)
+        self.gateway_url = f"http://127.0.0.1:{port}/mcp"
         self._mcp_token_file = token_file
-        return str(self._mcp.url)
+        return self.gateway_url
 
     async def stop_aip_runtime(self) -> None:
-        if self._mcp is not None:
+        if self.gateway is not None:
             with contextlib.suppress(Exception):
-                await self._mcp.__aexit__(None, None, None)
-            self._mcp = None
+                await asyncio.to_thread(self.gateway.terminate, 10)
+            self.gateway = None
+        if self.echo is not None:
+            with contextlib.suppress(Exception):
+                await self.echo.stop()
         if self._runtime_nc is not None:
             with contextlib.suppress(Exception):
                 await self._runtime_nc.close()
@@ -151,8 +173,8 @@ class DemoEnvironment:
 
     def _spawn_fake(self, key_file: Path) -> None:
         mcp: list[str] = []
-        if self._mcp is not None and self._mcp_token_file is not None:
-            mcp = ["--mcp-url", str(self._mcp.url), "--mcp-token-file", str(self._mcp_token_file)]
+        if self.gateway_url is not None and self._mcp_token_file is not None:
+            mcp = ["--mcp-url", self.gateway_url, "--mcp-token-file", str(self._mcp_token_file)]
         with (self.root / "fake-hermes.log").open("ab") as log:
             self._fake_proc = subprocess.Popen(
                 [sys.executable, "-m", "worker.testing.fake_hermes", "--port", "0",
@@ -241,8 +263,9 @@ class DemoEnvironment:
             found["redis"] = self.redis.url
         if self.hermes is not None:
             found["hermes"] = self.hermes.url
-        if self._mcp is not None:
-            found["aip mcp server (aip_call)"] = str(self._mcp.url)
+        if self.gateway_url is not None and self.gateway is not None:
+            found["aip gateway (MCP)"] = self.gateway_url
+            found["aip gateway health"] = self.gateway_url.removesuffix("/mcp") + "/ready"
         for worker in self.workers:
             if worker.alive:
                 port = self.metrics_ports[worker.worker_id]

@@ -117,7 +117,7 @@ class Story:
             ("f", "worker killed mid-run", "completed by the other worker",
              True, self.takeover),
         ]  # fmt: skip
-        if self.env.runtime is not None:
+        if self.env.gateway_url is not None:
             steps.append(
                 ("g", "delegation: Hermes calls aip_call once", DELEGATED_EXPECTED,
                  True, self.delegation)
@@ -232,11 +232,11 @@ class Story:
         return "completed by the other worker"
 
     async def delegation(self) -> str:
-        """A DelegationRequest: the fake Hermes calls `aip_call` on the demo's MCP server, the
-        fake AIP runtime records and executes the child, the worker verifies it."""
-        runtime = self.env.runtime
-        if runtime is None:
-            raise StepFailed("no AIP runtime in this demo")
+        """A DelegationRequest: the fake Hermes calls `aip_call` on the AIP gateway, which
+        records the child and dispatches it to the echo capability; the worker verifies it."""
+        echo = self.env.echo
+        if self.env.gateway_url is None or echo is None:
+            raise StepFailed("no AIP gateway in this demo")
         request = self.delegation_request()
         record = await approve(
             self.redis, self.authority, request.action, APPROVER_UNTENANTED,
@@ -255,9 +255,9 @@ class Story:
         if result.status is not ResultStatus.COMPLETED:
             return result.status.value
         child = (result.output or {}).get("child_result") or {}
-        calls = [c for c in runtime.calls if c.get("action_id") == request.action.id]
-        if child.get("action_id") != request.action.id or len(calls) != 1:
-            return f"completed, but {len(calls)} aip_call(s) for the child"
+        runs = [c for c in echo.executed if c.id == request.action.id]
+        if child.get("action_id") != request.action.id or len(runs) != 1:
+            return f"completed, but the child ran {len(runs)} time(s)"
         self.console.note(f"verified native child result: {child.get('output')}")
         return DELEGATED_EXPECTED
 

@@ -93,6 +93,12 @@ def nats_server() -> Iterator[ServiceHandle]:
     yield from _single("nats", NATS_URL_ENV, NatsServer, nats_container)
 
 
+@pytest.fixture(scope="module")
+def module_nats_server() -> Iterator[ServiceHandle]:
+    """One JetStream server for a whole module (for module-scoped servers built on it)."""
+    yield from _single("nats", NATS_URL_ENV, NatsServer, nats_container)
+
+
 @pytest.fixture
 def redis_server() -> Iterator[ServiceHandle]:
     """A fresh AOF-always Redis: `AIPD_TEST_REDIS_URL`, else a process, else a container."""

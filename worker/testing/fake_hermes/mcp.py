@@ -3,7 +3,8 @@
 A real Hermes reaches the AIP MCP server over Streamable HTTP, authenticated as its own
 principal, and the model calls `aip_call` there. The fake keeps that edge in-process: a test
 registers an async callable per MCP tool name (`fake.mcp_tools["aip_call"] = tool`), usually
-`FakeAipRuntime.tool_for(principal)`. When a run's input is a delegation
+`GatewayRuntime.tool_for(key)` (the real AIP gateway over MCP, `worker.testing.gateway`).
+When a run's input is a delegation
 (`"kind": "aip_delegated_call"`) and `aip_call` is registered, the scripted agent calls it
 exactly once with the input's `aip_call_arguments`, as the delegation instructions demand;
 without it the agent only answers in prose, as a Hermes without the AIP MCP server would.
