@@ -1,0 +1,101 @@
+"""The gateway's pure parts: the route table, the principals file, the operator instructions."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+from worker.delegation.payload import DELEGATION_INSTRUCTIONS
+from worker.gateway.mcp_app import TOOL_SCOPES
+from worker.gateway.principals import Principals
+from worker.gateway.routes import RouteConfigError, RouteTable
+from worker.operator.policy import BUILTIN_INSTRUCTIONS
+from worker.testing.gateway import principal_entry, write_principals_file
+from worker.trust.files import TrustConfigError
+
+
+def test_the_builtin_instructions_name_exactly_the_tools_that_exist() -> None:
+    named = set(re.findall(r"\baip_[a-z_]+", BUILTIN_INSTRUCTIONS)) - {"aip_operator_objective"}
+    assert named == set(TOOL_SCOPES)
+    assert "aip_delegate" not in TOOL_SCOPES
+    delegated = set(re.findall(r"\baip_[a-z_]+", DELEGATION_INSTRUCTIONS))
+    assert delegated - {"aip_delegated_call", "aip_call_arguments"} == {"aip_call"}
+
+
+def test_the_builtin_route_reaches_the_endpoint_subjects() -> None:
+    table = RouteTable.from_setting("aip", None)
+    route = table.resolve("cap:hermes_agent:h2:models")
+    assert route is not None
+    assert route.endpoint_id == "h2"
+    assert route.actions == "aip.hermes.h2.actions"
+    assert route.results("act_" + "0" * 32) == "aip.hermes.h2.results.act_" + "0" * 32
+    assert route.cancel == "aip.hermes.h2.cancel"
+    assert table.resolve("cap:billing:invoice.pay") is None
+    assert table.resolve("cap:hermes_agent:Bad Endpoint:models") is None
+
+
+def test_configured_routes_merge_and_the_longest_prefix_wins() -> None:
+    table = RouteTable.from_setting(
+        "aip",
+        '{"cap:support_sandbox:": "aip.sandbox", "cap:support_sandbox:case.": "aip.cases"}',
+    )
+    sandbox = table.resolve("cap:support_sandbox:ticket.get")
+    case = table.resolve("cap:support_sandbox:case.get")
+    assert sandbox is not None
+    assert case is not None
+    assert sandbox.actions == "aip.sandbox.actions"
+    assert case.actions == "aip.cases.actions"
+    assert sandbox.audit_endpoint == "_gateway"
+    # null removes the built-in route.
+    assert (
+        RouteTable.from_setting("aip", '{"cap:hermes_agent:{endpoint}:": null}').resolve(
+            "cap:hermes_agent:h1:models"
+        )
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"billing:": "aip.billing"}',
+        '{"cap:x:": "aip.>"}',
+        '{"cap:x:": 3}',
+        "[1]",
+        "not json",
+        '{"cap:x:": "aip.{endpoint}"}',
+    ],
+)
+def test_a_bad_route_table_is_refused(raw: str) -> None:
+    with pytest.raises(RouteConfigError):
+        RouteTable.from_setting("aip", raw)
+
+
+def test_the_principals_file_authenticates_hashes_and_refuses_unsafe_files(tmp_path: Path) -> None:
+    path = write_principals_file(
+        tmp_path,
+        [
+            principal_entry("good-token", "agent:a"),
+            principal_entry("old", "agent:b", valid_for_ms=-1),
+        ],
+    )
+    assert "good-token" not in path.read_text()
+    principals = Principals.load(path)
+    now = 1
+    found = principals.authenticate("good-token", now_ms=now)
+    assert found is not None
+    assert found.principal_id == "agent:a"
+    assert principals.authenticate("old", now_ms=2**62) is None
+    assert principals.authenticate("other", now_ms=now) is None
+    assert principals.authenticate(None, now_ms=now) is None
+    for mode in (0o644, 0o620):
+        os.chmod(path, mode)
+        with pytest.raises(TrustConfigError):
+            Principals.load(path)
+    os.chmod(path, 0o600)
+    path.write_text('[{"token_sha256": "zz", "principal_id": "a"}]')
+    with pytest.raises(TrustConfigError, match="principal 0"):
+        Principals.load(path)
