@@ -129,6 +129,26 @@ def test_every_environment_name_is_a_settings_field() -> None:
     Settings(**{key.removeprefix("AIPD_").lower(): value for key, value in env.items()})
 
 
+def test_the_gateway_environment_is_valid_gateway_settings() -> None:
+    from worker.gateway.settings import GatewaySettings
+
+    env = _compose()["x-gateway-env"]
+    fields = set(GatewaySettings.model_fields) | set(Settings.model_fields)
+    assert [key for key in env if key.removeprefix("AIPD_").lower() not in fields] == []
+    gateway = _compose()["services"]["gateway"]
+    assert gateway["command"] == ["aip-hermes-worker", "gateway"]
+    assert "/ready" in " ".join(gateway["healthcheck"]["test"])
+    # The gateway runs as the NATS user allowed to write the runtime's records.
+    assert env["AIPD_NATS_NKEY_SEED_FILE"] == "/run/aip/nats_gateway.nk"
+    # The dev token's hash is what the principals file holds (never the token itself).
+    from worker.gateway.principals import token_sha256
+
+    principals = (COMPOSE / "secrets" / "mcp_principals.json").read_text(encoding="utf-8")
+    token = _secret("mcp_token_hermes-1")
+    assert token not in principals
+    assert token_sha256(token) in principals
+
+
 def test_every_file_path_in_the_environment_is_mounted_where_it_is_used() -> None:
     doc = _compose()
     for name, service in doc["services"].items():
@@ -194,7 +214,8 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
 WORKER_PUBLISHES = {"chunks", "results", "dlq", "audit", "cancel_notice"}
 WORKER_SUBSCRIBES = {"cancel", "manifest", "cancel_notice"}
 WORK_SUBJECTS = {"actions", "delegations"}
-GATEWAY_PUBLISHES = {"actions", "delegations", "cancel", "manifest"}
+#: The gateway also files its own receipts (one per MCP tool call) on the audit subjects.
+GATEWAY_PUBLISHES = {"actions", "delegations", "cancel", "manifest", "audit"}
 
 
 def _endpoint_subjects() -> dict[str, str]:
