@@ -245,10 +245,13 @@ async def gateway_runtime(
     principals: Mapping[str, tuple[str, str | None]],
     *,
     settle_grace_ms: int = 30_000,
+    scopes: Mapping[str, Sequence[str]] | None = None,
+    **extra_settings: Any,
 ) -> AsyncIterator[GatewayRuntime]:
     """The real gateway in this process, with `principals` (key -> (principal id, tenant)),
     every protected scope, the echo capability behind `cap:support_sandbox:`, and a
-    `FaultyStoreWriter` (fault `none` until a test sets one)."""
+    `FaultyStoreWriter` (fault `none` until a test sets one). `scopes` overrides a key's
+    scopes; `extra_settings` adds `GatewaySettings` fields."""
     import secrets
 
     import nats
@@ -259,7 +262,12 @@ async def gateway_runtime(
 
     tokens = {key: "mcp-" + secrets.token_hex(16) for key in principals}
     entries = [
-        principal_entry(tokens[key], principal_id, tenant_id=tenant)
+        principal_entry(
+            tokens[key],
+            principal_id,
+            tenant_id=tenant,
+            scopes=(scopes or {}).get(key, PROTECTED_SCOPES),
+        )
         for key, (principal_id, tenant) in principals.items()
     ]
     principals_file = write_principals_file(directory, entries)
@@ -277,6 +285,7 @@ async def gateway_runtime(
             gateway_redispatch_after_ms=1_000,
             gateway_settle_grace_ms=settle_grace_ms,
             gateway_id="gw-test",
+            **extra_settings,
         )
         async with Gateway(settings, make_writer=FaultyStoreWriter) as gateway:
             yield GatewayRuntime(gateway, tokens, echo)

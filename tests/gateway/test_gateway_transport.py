@@ -1,0 +1,47 @@
+"""The MCP transport scopes are a separate gate from the tools' protected-resource scopes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from worker.testing.gateway import McpHttpRefused, gateway_runtime, list_tools
+from worker.testing.identities import write_trust_files
+from worker.testing.services import ServiceHandle
+
+
+async def test_a_token_without_the_transport_scopes_gets_403_and_no_session(
+    tmp_path: Path, nats_server: ServiceHandle
+) -> None:
+    trust = write_trust_files(tmp_path)
+    principals = {
+        "connect": ("agent:hermes_operator:h1", None),
+        "no-connect": ("agent:hermes_operator:h2", None),
+    }
+    scopes = {
+        "connect": ["mcp:connect", "capability:read"],
+        "no-connect": ["capability:read", "action:write"],
+    }
+    async with gateway_runtime(
+        nats_server.url,
+        tmp_path,
+        trust.seed_file,
+        principals,
+        scopes=scopes,
+        mcp_transport_scopes="mcp:connect",
+    ) as runtime:
+        assert "aip_call" in await list_tools(runtime.url, runtime.tokens["connect"])
+        with pytest.raises(McpHttpRefused) as refused:
+            await list_tools(runtime.url, runtime.tokens["no-connect"])
+        assert refused.value.status == 403
+        async with httpx.AsyncClient() as http:
+            answer = await http.post(
+                runtime.url,
+                json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {}},
+                headers={"Authorization": f"Bearer {runtime.tokens['no-connect']}"},
+            )
+        assert answer.status_code == 403
+        assert 'error="insufficient_scope"' in answer.headers["www-authenticate"]
+        assert runtime.writer.requested == []
