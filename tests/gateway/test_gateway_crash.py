@@ -18,6 +18,7 @@ from schemas.lifecycle import LifecycleState
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import call_tool
+from worker.testing.services import ServiceHandle
 
 from .conftest import H1_TOKEN, GatewayStack
 from .test_gateway_tools import aip_call, contract, models_reads, queue_history, wait_terminal
@@ -111,3 +112,29 @@ async def test_a_gateway_killed_while_following_is_finished_by_the_other(
     assert await queue_subjects(gs) == {gs.stack.subjects.runtime_queue(child_id)}
     assert models_reads(gs) == 1
     assert await queue_history(gs, child_id) == ["queued", "running", "completed"]
+
+
+@pytest.mark.chaos
+async def test_a_nats_restart_while_following_loses_nothing(
+    gs_up: GatewayStack, nats_server: ServiceHandle
+) -> None:
+    gs = gs_up
+    assert gs.stack.fake is not None
+    gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=4.0))
+    arguments = contract(mode="async")
+    child_id = str(arguments["action_id"])
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    assert answer.document["state"] == "running", answer.document
+    await asyncio.to_thread(nats_server.kill)
+    await asyncio.to_thread(nats_server.restart)
+    found = await wait_terminal(gs, child_id, timeout_s=40)
+    assert found.queue is not None
+    assert found.queue.state is LifecycleState.COMPLETED
+    assert found.lifecycle is not None
+    assert found.lifecycle.result is not None
+    assert found.lifecycle.result.status == "completed"
+    assert models_reads(gs) == 1
+    assert len(await results_of(gs, child_id)) == 1
+    # The gateway serves again after the restart.
+    ready = await call_tool(gs.url, H1_TOKEN, "aip_action_status", {"action_id": child_id})
+    assert ready.document["state"] == "completed"
