@@ -22,7 +22,7 @@ from schemas.lifecycle import AuthenticatedPrincipal
 from worker.trust.files import TrustConfigError, policy_records, read_policy_file
 
 WHAT = "MCP principals file"
-_SHA256_HEX = r"^[0-9a-f]{64}$"
+_SHA256_HEX = r"^[0-9a-f]{64}\Z"
 
 
 class PrincipalRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
