@@ -17,6 +17,8 @@ import pytest
 
 from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleState
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import McpHttpRefused, ToolAnswer, call_tool, list_tools
@@ -279,6 +281,7 @@ async def test_the_same_action_id_with_another_contract_is_a_collision(
         ("id_field", SCHEMA_INVALID),
         ("oversized", SCHEMA_INVALID),
         ("unrouted", "connector_host.route_mismatch"),
+        ("unserved_endpoint", "connector_host.route_mismatch"),
         ("bad_operation", SCHEMA_INVALID),
     ],
 )
@@ -297,6 +300,9 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
         arguments["input"] = {"blob": "x" * 4096}
     elif case == "unrouted":
         arguments["capability"] = "cap:billing:invoice.pay"
+    elif case == "unserved_endpoint":
+        # Routed by the built-in Hermes route, but no worker pool provisioned endpoint h8.
+        arguments["capability"] = "cap:hermes_agent:h8:models"
     elif case == "bad_operation":
         arguments["capability"] = "cap:hermes_agent:h1:Not-An-Operation"
     answer = await aip_call(gs, H1_TOKEN, arguments)
@@ -355,8 +361,14 @@ async def test_cancel_reaches_the_executor_of_a_running_child(gs_up: GatewayStac
     assert found.lifecycle.state is LifecycleState.CANCELLED
 
 
-async def test_a_child_nobody_serves_is_bounded_by_its_timeout(gs_up: GatewayStack) -> None:
+async def test_a_worker_that_never_answers_is_bounded_by_the_childs_timeout(
+    gs_up: GatewayStack,
+) -> None:
     gs = gs_up
+    # Endpoint h9 is provisioned (its work queue takes the child), but no worker serves it.
+    await provision(
+        gs.stack.nc.jetstream(), gs.stack.subjects, ["h9"], StreamPolicy(ack_wait_s=3.0)
+    )
     arguments = contract(capability="cap:hermes_agent:h9:models", timeout_ms=1_500)
     started = time.monotonic()
     answer = await aip_call(gs, H1_TOKEN, arguments)

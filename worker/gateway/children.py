@@ -81,6 +81,16 @@ class Children:
         await self.writer.update_queue_entry(running)
         return running
 
+    async def served(self, route: Route) -> bool:
+        """Whether a stream on this bus takes the route's actions subject. Work queues bind
+        only the endpoints some worker pool provisioned: a child for any other would be
+        refused by NATS (`no response from stream`), so it is refused before it is enqueued."""
+        try:
+            await self.js.find_stream_name_by_subject(route.actions)
+        except NotFoundError:
+            return False
+        return True
+
     @staticmethod
     def envelope(child: ChildAction, route: Route) -> bytes:
         """The child as its executor decodes it: a Hermes worker takes a plain `Action`."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -142,6 +140,12 @@ class GatewayService:
         route = self.routes.resolve(child.capability)
         if route is None:
             raise _unrouted(child.capability)
+        if not await self.children.served(route):
+            raise ConnectorError(
+                ErrorCode.HOST_ROUTE_MISMATCH,
+                f"nothing on this bus takes {route.actions} (capability "
+                f"{child.capability[:200]!r}): no stream binds it",
+            )
         if route.endpoint_id is not None:
             try:  # a Hermes worker decodes a plain Action: refuse here what it would refuse
                 msgspec.convert(msgspec.to_builtins(child), Action)
@@ -346,10 +350,3 @@ class GatewayService:
             raise _unrouted(record.action.capability)
         return route
 
-
-#: A tool body as the MCP layer calls it.
-ToolBody = Callable[..., Awaitable[dict[str, Any]]]
-
-
-def elapsed_ms(start: float) -> int:
-    return int((time.monotonic() - start) * 1000)
