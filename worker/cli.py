@@ -123,6 +123,8 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
             f"{field} (AIPD_{field.upper()}): {first['msg']}"
         ) from None
     setup_logging(settings.log_format, settings.log_level)
+    # The MCP SDK logs every request at info; the gateway's own lines say what matters.
+    logging.getLogger("mcp").setLevel(logging.WARNING)
     try:
         await Gateway(settings).run_until_signalled()
     except RouteConfigError as exc:

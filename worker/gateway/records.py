@@ -22,7 +22,6 @@ from nats.js.errors import APIError, NotFoundError
 
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from subjects.grammar import Subjects
-from subjects.provision import provision_stream
 from subjects.streams import StreamPolicy, runtime_store_configs
 from worker.delegation.stores import StoreRecords, decode_record
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope, verify_envelope
@@ -50,9 +49,17 @@ class RuntimeStoreWriter:
     sign: bool = True
 
     async def provision(self, policy: StreamPolicy | None = None) -> None:
-        """Create both streams if missing (idempotent)."""
+        """Create both streams if they are missing; existing ones are left as they are.
+
+        Where roles are separated (compose), the gateway may not create streams: an admin
+        runs `aip-hermes-worker provision --runtime-stores` first, and this only checks.
+        """
         for config in runtime_store_configs(self.subjects, policy or StreamPolicy()):
-            await provision_stream(self.js, config)
+            assert config.name is not None
+            try:
+                await self.js.stream_info(config.name)
+            except NotFoundError:
+                await self.js.add_stream(config)
 
     async def create_queue_entry(self, record: QueueRecord) -> None:
         """The first record of a child; raises EntryExists when another writer won."""

@@ -1,0 +1,110 @@
+"""The gateway process runs with nothing but the compose gateway credential.
+
+The compose NATS roles (compose/nats/nats.conf, run for real by `compose_nats`): the admin
+provisions every stream including the runtime's; then `python -m worker gateway` holding only
+`nats_gateway.nk` serves a real `aip_call` that a worker holding only `nats_worker.nk`
+executes: the records are written, the result followed, the events read, the receipts filed,
+and neither process hits a permission violation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+from pathlib import Path
+
+from schemas.ids import new_action_id
+from tests.compose.test_compose_files import COMPOSE, ENDPOINT, compose_nats
+from tests.compose.test_role_attacks import User, roles
+from worker.testing._procs import free_port
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.gateway import (
+    call_tool,
+    directory_entry,
+    gateway_env,
+    gateway_process,
+    hermes_principal_id,
+    principal_entry,
+    write_principals_file,
+)
+from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
+from worker.testing.services import ServiceHandle
+from worker.testing.workers import WorkerProcess
+
+__all__ = ["compose_nats", "roles"]  # fixtures, imported so pytest finds them here
+
+TOKEN = "compose-gateway-test-token-" + "0" * 16
+
+
+def _seed(tmp_path: Path, name: str) -> Path:
+    seed = tmp_path / name
+    shutil.copyfile(COMPOSE / "secrets" / name, seed)
+    os.chmod(seed, 0o600)
+    return seed
+
+
+async def test_the_gateway_serves_aip_call_with_only_its_role(
+    roles: dict[str, User], redis_server: ServiceHandle, tmp_path: Path
+) -> None:
+    nats_url = roles["admin"].nc.connected_url
+    assert nats_url is not None
+    url = f"nats://{nats_url.hostname}:{nats_url.port}"
+    principal = hermes_principal_id(ENDPOINT)
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    identities = [*identity_entries(), directory_entry(principal)]
+    trust = write_trust_files(trust_dir, identities=identities)
+    principals = write_principals_file(trust_dir, [principal_entry(TOKEN, principal)])
+    api_key, key_file = write_api_key_file(tmp_path)
+    port = free_port()
+    gateway = gateway_process(
+        "g-compose",
+        gateway_env(
+            url, principals, trust.seed_file, port,
+            AIPD_NATS_NKEY_SEED_FILE=str(_seed(tmp_path, "nats_gateway.nk")),
+        ),
+        tmp_path,
+    )  # fmt: skip
+    async with FakeHermes(api_key=api_key, port=0) as fake:
+        worker = WorkerProcess(
+            worker_id="w-compose",
+            env={
+                "AIPD_NATS_URL": url,
+                "AIPD_NATS_NKEY_SEED_FILE": str(_seed(tmp_path, "nats_worker.nk")),
+                "AIPD_REDIS_URL": redis_server.url,
+                "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
+                "AIPD_HERMES_API_KEY_FILE": str(key_file),
+                "AIPD_LEASE_TTL_MS": "3000",
+                **trust.environment(),
+            },
+            log_dir=tmp_path,
+        )
+        await asyncio.to_thread(worker.start, wait_ready_s=20.0)
+        await asyncio.to_thread(gateway.start, wait_ready_s=20.0)
+        try:
+            await asyncio.sleep(1.5)  # at least two recovery sweeps (every 500 ms here)
+            mcp = f"http://127.0.0.1:{port}/mcp"
+            child_id = new_action_id()
+            arguments = {
+                "action_id": child_id,
+                "capability": f"cap:hermes_agent:{ENDPOINT}:models",
+                "input": {},
+                "mode": "sync",
+                "timeout_ms": 20_000,
+            }
+            answer = await call_tool(mcp, TOKEN, "aip_call", {"arguments": arguments})
+            assert not answer.is_error, answer.document
+            assert answer.document["state"] == "completed"
+            assert answer.document["result"]["output"]["data"][0]["id"] == "hermes-agent"
+            events = await call_tool(mcp, TOKEN, "aip_action_events", {"action_id": child_id})
+            assert events.document["done"] is True
+            listed = await call_tool(mcp, TOKEN, "aip_capabilities")
+            assert not listed.is_error, listed.document
+        finally:
+            await asyncio.to_thread(gateway.terminate, 20.0)
+            await asyncio.to_thread(worker.terminate, 20.0)
+    for proc in (gateway, worker):
+        assert "permission" not in proc.log_text().lower(), proc.log_tail(60)
+    # The recovery sweep (an ordered consumer on the queue stream) ran without failing.
+    assert "sweep failed" not in gateway.log_text(), gateway.log_tail(60)
