@@ -15,6 +15,7 @@ from schemas.chunk import DoneChunk, ToolChunk
 from schemas.result import ResultStatus
 from worker.delegation import delegation_action_id
 from worker.delegation.payload import aip_call_arguments
+from worker.execution import now_ms
 from worker.testing.runtime_faults import RuntimeFault
 
 from .conftest import DelegationStack
@@ -303,9 +304,12 @@ async def test_a_redelivery_after_the_deadline_resolves_what_exists(
     # The first owner dies after binding the run; by the time another worker gets the
     # delegation its deadline has passed. Admission now refuses a *start*, but the run and
     # its child exist: they are observed and resolved, never settled as "nothing started".
-    request = dstack.request(deadline_s=4.0)
+    request = dstack.request()
     action_id = delegation_action_id(request.delegation_id)
     w1 = await dstack.stack.spawn("w1", fault_points=f"after_bind=exit@{action_id}")
+    # The deadline counts from a ready worker: starting one takes seconds on a loaded machine,
+    # and a deadline that passes before w1 is up tests nothing.
+    request = msgspec.structs.replace(request, deadline_unix_ms=now_ms() + 4_000)
     handle = await dstack.delegate(request)
     assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
     await asyncio.sleep(4.5)
