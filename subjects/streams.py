@@ -23,7 +23,7 @@ GIB = 1024 * MIB
 
 @dataclass(frozen=True, slots=True)
 class StreamPolicy:
-    """Operator-tunable stream settings; the defaults are DESIGN §3's.
+    """Operator-tunable stream settings; the defaults are docs/architecture.md §3's.
 
     Every stream has a byte limit, so whoever may publish cannot fill the server's JetStream
     storage (and starve every other stream) through one of them. The work queues and the
@@ -64,7 +64,7 @@ class StreamPolicy:
 def stream_configs(
     subjects: Subjects, policy: StreamPolicy, endpoint_ids: list[str]
 ) -> list[StreamConfig]:
-    """Every stream of DESIGN §3, in creation order.
+    """Every stream of docs/architecture.md §3, in creation order.
 
     The work queues bind the subjects of `endpoint_ids` only, never `aip.hermes.*.actions`:
     no consumer would ever take an Action stored for an endpoint no worker serves (nor one

@@ -1,4 +1,4 @@
-"""The request/reply side of a worker: cancel and discovery (DESIGN §3).
+"""The request/reply side of a worker: cancel and discovery (docs/architecture.md §3).
 
 Both are NATS micro endpoints in one service, so `$SRV.PING|INFO|STATS.aip-hermes-worker`
 discovers every worker and what it serves. Requests are load-balanced by the micro queue

@@ -1,4 +1,4 @@
-"""One delivery, start to finish (DESIGN §6): decode, trust, lease, execute, settle, ack.
+"""One delivery, start to finish (docs/architecture.md §4): decode, trust, lease, execute, settle, ack.
 
 The order is the guarantee. Nothing reaches Hermes before the envelope is decoded, trusted
 and leased; nothing is published as a result before the fenced settle wrote it; nothing is
@@ -103,7 +103,7 @@ def request_fingerprint(action: Action) -> str:
 
 
 def keys_for(action: Action, operation: str) -> ActionKeys:
-    """A resume keeps its keys under its source Action's hash tag (DESIGN §5)."""
+    """A resume keeps its keys under its source Action's hash tag (docs/architecture.md §5)."""
     if operation == "operator":
         resume = action.input.get("resume")
         if isinstance(resume, dict):

@@ -1,4 +1,4 @@
-"""One Action in flight on this worker: the concrete `ExecutionContext` of DESIGN §6.
+"""One Action in flight on this worker: the concrete `ExecutionContext` of docs/architecture.md §4.
 
 It owns the chunk sequence, the pending chunk confirmations, the lease facts the heartbeat
 keeps current, and the local lease-validity check that stops a paused-then-resumed worker
@@ -140,7 +140,7 @@ class Execution:
             run_id=run_id,
         )
         if kind in _TERMINAL_KINDS:
-            # The terminal chunk goes out after the fenced settle (DESIGN §6 step 6).
+            # The terminal chunk goes out after the fenced settle (docs/architecture.md §4, steps 6-7).
             self.terminal = chunk
             return seq
         try:

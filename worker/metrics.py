@@ -48,7 +48,7 @@ HEARTBEAT_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
 
 
 class DeliveryOutcome(StrEnum):
-    """How the worker answered one JetStream delivery of an Action (DESIGN §6)."""
+    """How the worker answered one JetStream delivery of an Action (docs/architecture.md §4)."""
 
     #: Leased and handed to its operation (whatever the operation's result).
     EXECUTED = "executed"

@@ -1,4 +1,4 @@
-"""Spec "Fence provider start" and DESIGN §7 "Endpoint capacity".
+"""Spec "Fence provider start" and docs/architecture.md §8 "Endpoint capacity".
 
 `POST /v1/runs` is not idempotent: these tests count the requests the fake Hermes received
 and the runs it actually created, and check the asymmetric outcome table.

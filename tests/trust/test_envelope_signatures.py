@@ -1,4 +1,4 @@
-"""DESIGN §4 "Envelope trust": only envelopes signed by a trusted gateway key are accepted."""
+"""docs/security.md (envelope trust): only envelopes signed by a trusted gateway key are accepted."""
 
 from __future__ import annotations
 

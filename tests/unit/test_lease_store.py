@@ -1,4 +1,4 @@
-"""The lease scripts' guarantees, against a real Redis (DESIGN §5)."""
+"""The lease scripts' guarantees, against a real Redis (docs/architecture.md §5)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """One delivery from `aip.hermes.{endpoint}.delegations`, start to finish.
 
-The same order as an Action (DESIGN §6) and the same runtime after admission:
+The same order as an Action (docs/architecture.md §4) and the same runtime after admission:
 
 1. decode strictly (over-size or invalid -> DLQ with the reason, `term()`);
 2. verify the gateway signature (bad or missing -> DLQ: an unauthenticated envelope is not

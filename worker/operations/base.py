@@ -2,7 +2,7 @@
 
 An operation is one capability (`cap:hermes_agent:{endpoint}:{name}`): a spec that the
 manifest publishes and an `execute` that talks to Hermes. It never touches leases, acks or
-result publication: the runtime owns those (DESIGN §6). It reports progress with
+result publication: the runtime owns those (docs/architecture.md §4). It reports progress with
 `ctx.emit(...)` and returns an `Outcome`, or raises `ConnectorError`.
 """
 
@@ -28,7 +28,7 @@ from worker.store.keys import ActionKeys
 
 @dataclass(frozen=True, slots=True)
 class OperationSpec:
-    """The manifest facts of one operation (DESIGN §7)."""
+    """The manifest facts of one operation (docs/architecture.md §7)."""
 
     name: str
     method: str

@@ -20,7 +20,7 @@ from schemas.errors import ErrorCode
 from schemas.operator import OperatorStatus
 from worker.errors import ConnectorError
 
-#: The profile-state namespace of the spec; the Redis key prefix mirrors it (DESIGN §5).
+#: The profile-state namespace of the spec; the Redis key prefix mirrors it (docs/architecture.md §5).
 NAMESPACE = "aip.connector.hermes_agent.operator_runs.v1"
 #: The approval command ledger keeps at most this many commands per source run.
 MAX_APPROVAL_COMMANDS = 256
@@ -159,7 +159,7 @@ class BindingError(_Record, frozen=True):
 
 
 class OperatorBinding(_Record, frozen=True):
-    """Every field of the spec's binding table, plus `revision` (DESIGN §5)."""
+    """Every field of the spec's binding table, plus `revision` (docs/architecture.md §5)."""
 
     action_id: str
     request_fingerprint: str

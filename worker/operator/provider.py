@@ -31,7 +31,7 @@ STOP_ROUTE = "/v1/runs/{run_id}/stop"
 #: A start reply is a tiny JSON object; anything larger is not one.
 MAX_START_REPLY_BYTES = 65_536
 MAX_RUN_ID_CHARS = 256
-#: What a 429 without `Retry-After` waits (DESIGN §7).
+#: What a 429 without `Retry-After` waits (docs/architecture.md §7).
 DEFAULT_RETRY_AFTER_S = 1.0
 MAX_RETRY_AFTER_S = 60.0
 

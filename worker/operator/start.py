@@ -11,7 +11,7 @@ thing between a redelivery and a second agent run (spec "Fence provider start"):
 * 4xx -> `failed` (`operator_start_rejected`); 2xx + run_id -> bound before any event is
   read; 2xx without run_id, 5xx, transport failure -> `outcome_unknown`.
 
-Departure (DESIGN §7 "Endpoint capacity"): a 429 is not a definitive rejection. Hermes
+Departure (docs/architecture.md §8 "Endpoint capacity"): a 429 is not a definitive rejection. Hermes
 answers it before creating anything, so the claim holder waits `Retry-After` (1 s when
 absent) and sends again within the deadline, then fails `remote_temporary` with
 `uncertain_outcome: false`. A request that provably never left this process (no

@@ -1,4 +1,4 @@
-"""Every Redis key this project uses is built here, nowhere else (DESIGN §5).
+"""Every Redis key this project uses is built here, nowhere else (docs/architecture.md §5).
 
 Every key of one Action carries the hash tag `{act_…}` so each script touches one slot and
 runs unchanged on Redis Cluster. A resume Action keeps its keys under its *source* action's

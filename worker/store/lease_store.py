@@ -1,4 +1,4 @@
-"""Leases, fences and settled results: the store side of DESIGN §6.
+"""Leases, fences and settled results: the store side of docs/architecture.md §4.
 
 Every call here is one script on one slot. A call that fails ambiguously (timeout, lost
 connection) is retried with the same owner token until it gets an answer or the deadline

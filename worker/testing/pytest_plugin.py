@@ -6,7 +6,7 @@ Cluster shapes come from markers: `@pytest.mark.nats_cluster(size=3)`,
 `@pytest.mark.redis_cluster(masters=3, replicas_per_master=1)`. Clusters are always started
 locally: the external URLs name single servers, which cannot stand in for a cluster.
 
-Policy (DESIGN.md §10): a test whose service cannot be started fails when `CI=true` (a CI
+Policy (docs/architecture.md §9): a test whose service cannot be started fails when `CI=true` (a CI
 image missing a server is a broken pipeline, not a reason to go green) and skips with the
 reason otherwise. A test that tries to kill, pause or restart an external server
 (`AIPD_TEST_*_URL`) falls under the same policy.

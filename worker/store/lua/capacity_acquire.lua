@@ -1,4 +1,4 @@
--- Take or refresh one slot of an endpoint's run semaphore (DESIGN §7 "Endpoint capacity").
+-- Take or refresh one slot of an endpoint's run semaphore (docs/architecture.md §8 "Endpoint capacity").
 -- KEYS[1] the endpoint's capacity sorted set (member: source Action id, score: expiry ms)
 -- ARGV[1] holder (the source Action id of the run), ARGV[2] limit, ARGV[3] slot ttl ms,
 -- ARGV[4] '1' to add even when full (the run already exists; the count must say so)
