@@ -3,7 +3,8 @@
 First-class delegation returns only the *native* child result (spec "Verify the delegated
 result"): Hermes calls `aip_call` through the AIP MCP server, the AIP runtime enqueues the
 child Action and records its lifecycle, and this connector reads both stores afterwards. On
-this bus the two stores are JetStream streams the runtime writes (a departure, docs/architecture.md §8; see
+this bus the two stores are JetStream streams the runtime writes (a departure,
+docs/architecture.md §8; see
 docs/delegation.md): the last message on `{prefix}.runtime.queue.{action_id}` is the queue
 record, the last on `{prefix}.runtime.lifecycle.{action_id}` the lifecycle record. Each is
 signed like an envelope (`Aip-Signer`/`Aip-Signature`) by a trusted gateway/runtime key.

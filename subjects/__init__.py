@@ -1,4 +1,4 @@
-"""Where messages travel: the subject grammar, stream specs and provisioning (docs/architecture.md §3)."""
+"""Where messages travel: subject grammar, stream specs, provisioning (docs/architecture.md §3)."""
 
 from subjects.grammar import (
     DEFAULT_PREFIX,

@@ -1,4 +1,5 @@
-"""The subject grammar of docs/architecture.md §3: every subject and durable name is built here, nowhere else."""
+"""The subject grammar (docs/architecture.md §3): every subject and durable name is built here,
+nowhere else."""
 
 from __future__ import annotations
 

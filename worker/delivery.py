@@ -1,4 +1,5 @@
-"""One delivery, start to finish (docs/architecture.md §4): decode, trust, lease, execute, settle, ack.
+"""One delivery, start to finish (docs/architecture.md §4): decode, trust, lease, execute,
+settle, ack.
 
 The order is the guarantee. Nothing reaches Hermes before the envelope is decoded, trusted
 and leased; nothing is published as a result before the fenced settle wrote it; nothing is

@@ -140,7 +140,8 @@ class Execution:
             run_id=run_id,
         )
         if kind in _TERMINAL_KINDS:
-            # The terminal chunk goes out after the fenced settle (docs/architecture.md §4, steps 6-7).
+            # The terminal chunk goes out after the fenced settle
+            # (docs/architecture.md §4, steps 6-7).
             self.terminal = chunk
             return seq
         try:

@@ -1,4 +1,4 @@
-"""One typed settings object, from `AIPD_*` environment variables and CLI flags (docs/configuration.md).
+"""One typed settings object, from `AIPD_*` variables and CLI flags (docs/configuration.md).
 
 Validated at startup: a bad value stops the process with a message naming the field. Keys
 are never settings values except the compatibility `AIPD_HERMES_API_KEY`, which warns.

@@ -2,7 +2,8 @@
 
 `POST /v1/runs` with the body the operator sends, then the run's single-use SSE stream to
 its terminal event. Peers use httpx + httpx-sse over the `httpx-aiohttp` transport, the
-worker's own stack (docs/architecture.md §7), so a difference in the tables is the framework's, not the
+worker's own stack
+(docs/architecture.md §7), so a difference in the tables is the framework's, not the
 HTTP client's. The peer job message is the signed Action envelope itself, so every system
 decodes the same bytes.
 """

@@ -1,4 +1,5 @@
-"""Every Lua script runs unchanged on Redis Cluster (docs/architecture.md §5): one `{act_…}` slot each.
+"""Every Lua script runs unchanged on Redis Cluster (docs/architecture.md §5): one `{act_…}` slot
+each.
 
 The scripts are driven through the worker's own stores over redis-py's cluster client, with
 Action ids chosen so the keys land on all three masters, including a resume Action (its keys

@@ -1,4 +1,5 @@
-"""Decode and trust (docs/architecture.md §4, steps 1-2): bad input goes to the DLQ with its reason and
+"""Decode and trust (docs/architecture.md §4, steps 1-2):
+bad input goes to the DLQ with its reason and
 loses nothing; the consumer keeps serving the next message; nothing reaches Hermes."""
 
 from __future__ import annotations

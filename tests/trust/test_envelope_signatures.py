@@ -1,4 +1,4 @@
-"""docs/security.md (envelope trust): only envelopes signed by a trusted gateway key are accepted."""
+"""Envelope trust (docs/security.md): only envelopes a trusted gateway key signed are accepted."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Schema round trip and rejection (docs/publishing.md, wire types): strict, unknown fields rejected, sized."""
+"""Schema round trip and rejection (docs/publishing.md, wire types): strict, unknown fields
+rejected, sized."""
 
 from __future__ import annotations
 

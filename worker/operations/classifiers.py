@@ -1,6 +1,7 @@
 """Per-stream event classifiers: which chunk each Hermes 0.19 event becomes, and which end it.
 
-Mapping (docs/architecture.md §7, spec "SSE → chunk"): message deltas → `data`, reasoning → `thought`,
+Mapping (docs/architecture.md §7, spec "SSE → chunk"):
+message deltas → `data`, reasoning → `thought`,
 tool progress → `tool`, anything else → `progress`, terminal → `done` or `error`. Payloads
 are the provider's event objects unchanged, so nothing is lost in translation; outputs are
 assembled from them. The event names are those observed on the real server

@@ -1,6 +1,7 @@
 """The read retry policy: how a read-only operation rides out a temporary failure.
 
-Only read-only operations use it (docs/architecture.md §7, troubleshooting "Decide whether to retry"):
+Only read-only operations use it (docs/architecture.md §7,
+troubleshooting "Decide whether to retry"):
 a temporary (429/5xx) or transport failure is retried a few times with jittered exponential
 backoff, never past the Action's deadline. Unsafe operations are never retried here: their
 5xx/transport failures leave as `uncertain_outcome: true, retryable: false`, and a refusal

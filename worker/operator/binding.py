@@ -20,7 +20,8 @@ from schemas.errors import ErrorCode
 from schemas.operator import OperatorStatus
 from worker.errors import ConnectorError
 
-#: The profile-state namespace of the spec; the Redis key prefix mirrors it (docs/architecture.md §5).
+#: The profile-state namespace of the spec; the Redis key prefix mirrors it
+#: (docs/architecture.md §5).
 NAMESPACE = "aip.connector.hermes_agent.operator_runs.v1"
 #: The approval command ledger keeps at most this many commands per source run.
 MAX_APPROVAL_COMMANDS = 256

@@ -1,6 +1,7 @@
 """Endpoint capacity: a Redis semaphore of open runs per endpoint, shared by every worker.
 
-docs/architecture.md §8 "Endpoint capacity", a deliberate addition to the spec: Hermes 0.19 answers an
+docs/architecture.md §8 "Endpoint capacity", a deliberate
+addition to the spec: Hermes 0.19 answers an
 11th open run with 429 and executes only a few at once, so workers admit operator starts
 per endpoint. A slot is held by the *source* Action id, so duplicate deliveries and resumes
 of one run share one slot. It is released when the run is terminal or its binding is

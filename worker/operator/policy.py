@@ -84,7 +84,8 @@ class HermesOperatorPolicy:
     #: Child capability prefixes exempt from the connector's extra delegation approval check
     #: (normal AIP authorization and downstream approval still apply).
     approval_exempt_prefixes: tuple[str, ...] = field(default_factory=tuple)
-    #: docs/architecture.md §8 "Endpoint capacity" (an addition to the spec): open runs per endpoint,
+    #: docs/architecture.md §8 "Endpoint capacity" (an addition to the spec): open runs per
+    #: endpoint,
     #: shared by every worker; an endpoint descriptor may set its own.
     max_concurrent_runs: int = 8
 

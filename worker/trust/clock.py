@@ -1,6 +1,7 @@
 """The time trust decisions are made at: Redis `TIME`, read at most once per admission.
 
-Expiry of identities, tenant bindings and approvals is decided on Redis' clock (docs/architecture.md §5),
+Expiry of identities, tenant bindings and approvals is decided on Redis' clock
+(docs/architecture.md §5),
 not on the worker's, so workers with skewed clocks agree about the same record. The read is
 lazy: an admission that meets no expiry costs no round trip.
 """
