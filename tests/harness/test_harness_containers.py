@@ -1,7 +1,9 @@
-"""Container-backed handles (used when no binary exists but a Docker engine answers).
+"""Container-backed handles (forced by the "container" backend, or used when no binary exists
+but a Docker engine answers).
 
-No engine answers on most developer machines and in this repository's CI image, so these
-tests skip with that reason there; they run wherever Docker does.
+They run wherever Docker does, and in CI, where `./dev test --containers` starts an engine
+and builds the images locally; with no engine they skip with the reason (see
+`require_engine` for when they fail instead).
 """
 
 from __future__ import annotations
@@ -13,12 +15,16 @@ import nats
 import pytest
 import redis
 
+from worker.testing.pytest_plugin import require_engine
 from worker.testing.services import docker_available, free_port, nats_container, redis_container
 
-needs_docker = pytest.mark.skipif(not docker_available(), reason="no Docker engine answers")
+
+@pytest.fixture
+def needs_docker() -> None:
+    require_engine()
 
 
-@needs_docker
+@pytest.mark.usefixtures("needs_docker")
 async def test_nats_container_keeps_its_stream_across_kill_and_restart() -> None:
     with nats_container() as server:
         nc = await nats.connect(server.url)
@@ -36,7 +42,7 @@ async def test_nats_container_keeps_its_stream_across_kill_and_restart() -> None
             await nc.close()
 
 
-@needs_docker
+@pytest.mark.usefixtures("needs_docker")
 def test_redis_container_keeps_an_aof_key_across_kill_and_pause() -> None:
     with redis_container() as server:
         client = redis.Redis.from_url(server.url, socket_timeout=0.5)

@@ -1,5 +1,8 @@
 """Kill or pause a worker at any point and still get exactly one settled result.
 
+The tests marked `on_processes_and_containers` run twice: NATS and Redis as local processes,
+then as Docker containers (skipped without an engine; see worker/testing/pytest_plugin.py).
+
 Each test runs real worker subprocesses against real NATS and Redis; the lease TTL is 3 s
 (AckWait the same), so a takeover happens within a few seconds.
 """
@@ -12,10 +15,12 @@ from schemas.audit import ReceiptEvent
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 from worker.testing.fake_hermes import RouteDelay
+from worker.testing.pytest_plugin import on_processes_and_containers
 
 MODELS = "GET /v1/models"
 
 
+@on_processes_and_containers
 async def test_duplicate_deliveries_execute_once_and_both_are_acked(stack: Stack) -> None:
     stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=1.5, times=1))
     await stack.spawn("w1")
@@ -53,6 +58,7 @@ async def test_replay_after_the_duplicate_window_returns_the_stored_result_once(
     assert stack.fake.stats().count(MODELS) == 1
 
 
+@on_processes_and_containers
 async def test_killed_holder_is_replaced_after_its_lease_expires_with_one_result(
     stack: Stack,
 ) -> None:
@@ -72,6 +78,7 @@ async def test_killed_holder_is_replaced_after_its_lease_expires_with_one_result
     assert [c.seq for c in chunks] == list(range(len(chunks)))
 
 
+@on_processes_and_containers
 async def test_paused_holder_never_writes_or_publishes_after_takeover(stack: Stack) -> None:
     stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=8, times=1))
     w1 = await stack.spawn("w1")

@@ -14,11 +14,13 @@ from schemas.chunk import DoneChunk, PendingApprovalChunk
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 from worker.client import ActionHandle
+from worker.testing.pytest_plugin import on_processes_and_containers
 from worker.testing.scenario import NEEDS_APPROVAL, REPLY_PREFIX, SLOW_REPLY
 
 POST_RUNS = "POST /v1/runs"
 
 
+@on_processes_and_containers
 async def test_objective_streams_deltas_and_settles_the_operator_output(stack: Stack) -> None:
     await stack.spawn("w1")
     action, handle = await stack.operator("summarize the case")

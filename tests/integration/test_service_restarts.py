@@ -1,4 +1,5 @@
-"""Redis restart (AOF on) and NATS restart during a run: no lost or doubled result, and the
+"""Redis restart (AOF on) and NATS restart during a run (as processes, and as containers
+restarted by Docker): no lost or doubled result, and the
 pull consumer resumes by itself after the NATS server comes back (nats.py #504)."""
 
 from __future__ import annotations
@@ -8,11 +9,13 @@ import asyncio
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 from worker.testing.fake_hermes import RouteDelay
+from worker.testing.pytest_plugin import on_processes_and_containers
 from worker.testing.services import ServiceHandle
 
 MODELS = "GET /v1/models"
 
 
+@on_processes_and_containers
 async def test_redis_restart_during_a_run_loses_and_doubles_nothing(
     stack: Stack, redis_server: ServiceHandle
 ) -> None:
@@ -32,6 +35,7 @@ async def test_redis_restart_during_a_run_loses_and_doubles_nothing(
     assert len(await stack.results(action.id)) == 1
 
 
+@on_processes_and_containers
 async def test_nats_restart_during_a_run_loses_and_doubles_nothing(
     stack: Stack, nats_server: ServiceHandle
 ) -> None:

