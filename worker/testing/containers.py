@@ -120,9 +120,11 @@ class ContainerService:
             container = DockerContainer(self.spec.image).with_command(list(self.spec.command))
             # Each binding is (127.0.0.1, port), as the Docker API takes it: nothing is
             # published beyond loopback, and `host` stays the address clients dial.
-            container.ports[str(self.spec.port)] = (self.host, self.port)
+            # (testcontainers' own API types only the port, the Docker SDK takes both).
+            bindings: dict[str, Any] = container.ports
+            bindings[str(self.spec.port)] = (self.host, self.port)
             if self.spec.monitor_port is not None:
-                container.ports[str(self.spec.monitor_port)] = (self.host, self.monitor_port)
+                bindings[str(self.spec.monitor_port)] = (self.host, self.monitor_port)
             self._container = container.start()
         self._wait_ready()
 
