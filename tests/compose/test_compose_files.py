@@ -30,11 +30,12 @@ import yaml
 from nats.aio.client import Client as NATS
 
 from subjects.grammar import Subjects
+from tests.compose.deployment import compose_command
 from worker.settings import Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.testing._procs import free_ports, port_accepts, wait_until
-from worker.testing.pytest_plugin import service_unavailable
+from worker.testing.pytest_plugin import require_engine, service_unavailable
 from worker.testing.services import find_nats_server, find_redis_cli, find_redis_server
 from worker.trust.authority import ApprovalAuthority
 
@@ -62,59 +63,65 @@ def _public_key(seed_file: str) -> str:
 # --- docker compose config --------------------------------------------------------------
 
 
-def _docker_compose_usable() -> str | None:
-    """None when `docker compose` can validate here; otherwise why not."""
-    if shutil.which("docker") is None:
-        return "no docker client on PATH"
-    version = subprocess.run(
-        ["docker", "compose", "version"], capture_output=True, text=True, timeout=20
-    )
-    if version.returncode != 0:
-        return "the docker client has no compose plugin"
-    info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=20)
-    if info.returncode != 0:
-        return "no Docker engine answers"
-    return None
-
-
-def test_docker_compose_config_accepts_the_deployment() -> None:
-    why_not = _docker_compose_usable()
-    if why_not is not None:
-        pytest.skip(f"docker compose config not run: {why_not}")
+@pytest.mark.parametrize("profile", [[], ["--profile", "dev"]], ids=["default", "dev"])
+def test_docker_compose_config_accepts_the_deployment(profile: list[str]) -> None:
+    compose = compose_command()
+    if compose is None:
+        require_engine()
+        service_unavailable("neither `docker compose` nor `docker-compose` is installed")
     done = subprocess.run(
-        ["docker", "compose", "-f", str(COMPOSE_FILE), "config", "--quiet"],
+        [*compose, "-p", "aip-hermes", "-f", str(COMPOSE_FILE), *profile, "config", "--quiet"],
         capture_output=True, text=True, timeout=60,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
 
 
 # --- references --------------------------------------------------------------------------
 
 
+def _bind_mounts(service: dict[str, Any]) -> list[tuple[str, str]]:
+    """(host path, container path) of each read-only file mount (`./file:/path:ro`).
+
+    Files are bind mounts rather than compose `configs`, which docker-compose 1.29 ignores
+    outside swarm mode."""
+    mounts = []
+    for volume in service.get("volumes", []):
+        source, target, *_ = volume.split(":")
+        if source.startswith("./"):
+            mounts.append((source, target))
+    return mounts
+
+
 def test_every_file_the_deployment_names_exists() -> None:
     doc = _compose()
-    for kind in ("configs", "secrets"):
-        for name, entry in doc[kind].items():
-            assert (COMPOSE / entry["file"]).is_file(), f"{kind}.{name}: {entry['file']}"
+    for name, entry in doc["secrets"].items():
+        assert (COMPOSE / entry["file"]).is_file(), f"secrets.{name}: {entry['file']}"
+    for name, service in doc["services"].items():
+        for source, _ in _bind_mounts(service):
+            assert (COMPOSE / source).is_file(), f"{name}: mounts missing {source}"
     build = doc["x-worker-image"]["build"]
     context = (COMPOSE / build["context"]).resolve()
     assert context == ROOT
     dockerfile = context / build["dockerfile"]
     for line in dockerfile.read_text(encoding="utf-8").splitlines():
-        if line.startswith("COPY "):
+        if line.startswith("COPY ") and "--from=" not in line:
             for source in line.split()[1:-1]:
                 assert (context / source).exists(), f"Dockerfile copies missing {source}"
 
 
-def test_services_use_only_declared_configs_secrets_and_volumes() -> None:
+def test_services_use_only_declared_secrets_and_volumes_and_mount_files_read_only() -> None:
     doc = _compose()
+    assert "configs" not in doc
     for name, service in doc["services"].items():
-        for config in service.get("configs", []):
-            assert config["source"] in doc["configs"], f"{name}: config {config['source']}"
+        assert "configs" not in service, f"{name}: docker-compose 1.29 would ignore configs"
         for secret in service.get("secrets", []):
             assert secret in doc["secrets"], f"{name}: secret {secret}"
         for volume in service.get("volumes", []):
-            assert volume.split(":")[0] in doc["volumes"], f"{name}: volume {volume}"
+            source = volume.split(":")[0]
+            if source.startswith("./"):
+                assert volume.endswith(":ro"), f"{name}: {volume} must be read-only"
+            else:
+                assert source in doc["volumes"], f"{name}: volume {volume}"
         for needed in service.get("depends_on", {}):
             assert needed in doc["services"], f"{name} depends on unknown {needed}"
 
@@ -154,7 +161,7 @@ def test_every_file_path_in_the_environment_is_mounted_where_it_is_used() -> Non
     for name, service in doc["services"].items():
         env = service.get("environment") or {}
         secrets = set(service.get("secrets", []))
-        configs = {c["target"] for c in service.get("configs", [])}
+        configs = {target for _, target in _bind_mounts(service)}
         for key, value in env.items():
             if not key.endswith("_FILE"):
                 continue
@@ -358,11 +365,15 @@ async def test_the_admin_provisions_and_the_worker_uses_jetstream(compose_nats: 
 
 @pytest.fixture
 def compose_redis(tmp_path: Path) -> Iterator[int]:
+    yield from _compose_redis(tmp_path)
+
+
+def _compose_redis(tmp_path: Path) -> Iterator[int]:
     binary = find_redis_server()
     if binary is None:
         service_unavailable("no redis-server to run compose/redis/redis.conf with")
     (port,) = free_ports(1)
-    (tmp_path / "data").mkdir()
+    (tmp_path / "data").mkdir(exist_ok=True)
     conf = (COMPOSE / "redis" / "redis.conf").read_text(encoding="utf-8")
     for directive, value in (
         ("port", str(port)),
@@ -440,3 +451,33 @@ async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_re
             await client.flushall()
     finally:
         await client.aclose()
+
+
+async def test_what_the_worker_wrote_survives_a_restart_of_the_compose_redis(
+    tmp_path: Path,
+) -> None:
+    """Redis replays the AOF as the `default` user: with a permission-less default user every
+    script's MULTI/EXEC fails on load and a restart loses every lease and result. This ran
+    for the first time when the compose deployment did (tests/compose/test_compose_up.py)."""
+    keys = ActionKeys.of(ACTION_ID)
+    password = _secret("redis_worker_password")
+    started = _compose_redis(tmp_path)
+    port = next(started)
+    client = redis.asyncio.Redis(port=port, username="aipworker", password=password)
+    try:
+        store = LeaseStore(client)
+        grant = await store.acquire(keys, "w1#1", 60_000, "f" * 64)
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}')
+    finally:
+        await client.aclose()
+        started.close()  # SIGTERM: Redis fsyncs the AOF and exits
+    restarted = _compose_redis(tmp_path)
+    port = next(restarted)
+    client = redis.asyncio.Redis(port=port, username="aipworker", password=password)
+    try:
+        assert await client.get(keys.result) == b'{"ok":true}'
+        assert await client.hget(keys.lease, "fence") == str(grant.fence).encode()
+    finally:
+        await client.aclose()
+        restarted.close()
+    assert "NOPERM" not in (tmp_path / "redis.log").read_text(errors="replace")

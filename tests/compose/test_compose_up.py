@@ -1,0 +1,168 @@
+"""The compose deployment, started for real: build, up, serve, lose a worker, restart Redis,
+tear down.
+
+This is the one test that runs the shipped files exactly as a user would (`compose/`, the
+worker image from this checkout, NATS with its nkey users, Redis with AOF and its ACL users,
+three workers, the fake Hermes of the `dev` profile, provisioning). It publishes signed
+Actions as the gateway through the published NATS port and reads their results, kills the
+worker container holding a slow Action and sees another worker finish it, restarts the Redis
+container mid-run and finds every stored result still there, and leaves nothing behind.
+It needs a Docker engine (see `require_engine` for when it skips or fails).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Iterator
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+
+from schemas.action import Action
+from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import Subjects
+from tests.compose.deployment import COMPOSE, Deployment, compose_command
+from worker.client import AipClient
+from worker.store.keys import ActionKeys
+from worker.testing._procs import free_ports
+from worker.testing.fake_hermes import FakeHermesControl, RouteDelay
+from worker.testing.pytest_plugin import require_engine, service_unavailable
+
+ENDPOINT = "hermes-1"
+MODELS = "GET /v1/models"
+#: A user of compose/config/identities.json without a tenant.
+PRINCIPAL = "user:demo"
+REVISION = 3
+ISSUER = "https://idp.example.test"
+WORKERS = 3
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture
+def deployment() -> Iterator[Deployment]:
+    require_engine()
+    compose = compose_command()
+    if compose is None:
+        service_unavailable("neither `docker compose` nor `docker-compose` is installed")
+    nats_port, hermes_port = free_ports(2)
+    deployment = Deployment(compose, nats_port=nats_port, hermes_port=hermes_port)
+    started = time.monotonic()
+    try:
+        deployment.up()
+        deployment.wait_healthy("worker", WORKERS)
+        print(f"compose: built and healthy in {time.monotonic() - started:.0f}s")
+        yield deployment
+    finally:
+        deployment.down()
+        leftovers = deployment.leftovers()
+        assert not leftovers, f"compose down left {leftovers}"
+
+
+@pytest.fixture
+async def gateway(deployment: Deployment) -> AsyncIterator[AipClient]:
+    """The publisher's side: the gateway nkey user, signing with the gateway's seed."""
+    nc = await nats.connect(
+        deployment.nats_url,
+        nkeys_seed=str(COMPOSE / "secrets" / "nats_gateway.nk"),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
+    try:
+        yield AipClient(nc, sign_key=COMPOSE / "secrets" / "gateway_signing.nk")
+    finally:
+        await nc.close()
+
+
+def _models(client: AipClient) -> Action:
+    return client.build_action(
+        endpoint_id=ENDPOINT, operation="models", input={}, principal_id=PRINCIPAL,
+        credential_revision=REVISION, authentication_issuer=ISSUER,
+    )  # fmt: skip
+
+
+async def _results(nc: NATS, action_id: str) -> list[ActionResult]:
+    """Every result message the results stream holds for `action_id`."""
+    subject = Subjects().results(ENDPOINT, action_id)
+    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
+    found: list[ActionResult] = []
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=2.0)
+            except nats.errors.TimeoutError:
+                return found
+            found.append(msgspec.json.decode(msg.data, type=ActionResult))
+    finally:
+        await sub.unsubscribe()
+
+
+async def _lease_owner(deployment: Deployment, action_id: str, timeout_s: float = 30.0) -> str:
+    """The worker id holding the Action's lease, read from Redis as the `admin` user."""
+    key = ActionKeys.of(action_id).lease
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        owner = await asyncio.to_thread(deployment.redis_cli, "HGET", key, "owner")
+        if owner:
+            return owner.split("#", 1)[0]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no worker took {action_id} within {timeout_s:.0f}s")
+
+
+async def test_the_deployment_serves_and_survives_a_killed_worker_and_a_redis_restart(
+    deployment: Deployment, gateway: AipClient
+) -> None:
+    async with FakeHermesControl(deployment.hermes_url) as control:
+        await _serve_lose_a_worker_restart_redis(deployment, gateway, control)
+
+
+async def _serve_lose_a_worker_restart_redis(
+    deployment: Deployment, gateway: AipClient, control: FakeHermesControl
+) -> None:
+    workers = deployment.containers("worker")
+    # The image runs every worker process as the unprivileged `aip` user (uid 10001).
+    for container in workers:
+        rows = deployment.docker("top", container, "-eo", "uid,pid").splitlines()[1:]
+        uids = [row.split()[0] for row in rows]
+        assert uids, container
+        assert set(uids) == {"10001"}, uids
+
+    # 1. A signed Action through the published port: one completed result.
+    first = _models(gateway)
+    result = await (await gateway.publish(first)).result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+
+    # 2. The worker holding a slow Action is killed; another one finishes it, once.
+    await control.add_faults(RouteDelay(route=MODELS, delay_s=120, times=1))
+    slow = _models(gateway)
+    handle = await gateway.publish(slow)
+    holder = await _lease_owner(deployment, slow.id)
+    (victim,) = [c for c in workers if holder.startswith(deployment.hostname(c) + "-")]
+    deployment.docker("kill", victim)
+    taken_over = await handle.result(timeout_s=120)
+    assert taken_over.status is ResultStatus.COMPLETED, taken_over.error
+    assert not taken_over.settled_by.startswith(holder), (taken_over.settled_by, holder)
+    assert taken_over.fence >= 2
+    state = deployment.inspect(victim)["State"]
+    assert isinstance(state, dict)
+    assert state["Running"] is False
+
+    # 3. Redis restarts while an Action runs: it completes, and nothing stored is lost.
+    await control.add_faults(RouteDelay(route=MODELS, delay_s=4, times=1))
+    during = _models(gateway)
+    handle = await gateway.publish(during)
+    await _lease_owner(deployment, during.id)
+    deployment.run("restart", "redis", timeout_s=120)
+    assert (await handle.result(timeout_s=120)).status is ResultStatus.COMPLETED
+    for action in (first, slow, during):
+        key = ActionKeys.of(action.id).result
+        assert deployment.redis_cli("EXISTS", key) == "1", f"{key} lost by the restart"
+    after = await (await gateway.publish(_models(gateway))).result(timeout_s=60)
+    assert after.status is ResultStatus.COMPLETED, after.error
+
+    # Exactly one result message per Action on the stream.
+    for action in (first, slow, during):
+        assert len(await _results(gateway.nc, action.id)) == 1, action.id
