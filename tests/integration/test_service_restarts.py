@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 from worker.testing.fake_hermes import RouteDelay
@@ -36,6 +38,11 @@ async def test_redis_restart_during_a_run_loses_and_doubles_nothing(
 
 
 @on_processes_and_containers
+# While a NATS container restarts, Docker's port proxy already accepts connections that the
+# server does not answer yet; nats.py's reconnect attempt then drops its StreamWriter
+# without closing it ("empty response from server when expecting INFO"). The client's leak,
+# not the worker's: the test's and the workers' connections still come back.
+@pytest.mark.filterwarnings("ignore:unclosed <StreamWriter:ResourceWarning")
 async def test_nats_restart_during_a_run_loses_and_doubles_nothing(
     stack: Stack, nats_server: ServiceHandle
 ) -> None:
