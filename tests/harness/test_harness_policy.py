@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from worker.testing.pytest_plugin import (
+    CONTAINERS_ENV,
     NATS_URL_ENV,
     pytester_args,
     require_control,
+    require_engine,
     service_unavailable,
 )
 from worker.testing.services import (
@@ -97,3 +101,30 @@ def test_fixture_uses_the_external_url_and_refusals_follow_the_policy(
         result.assert_outcomes(**{outcome: 1})
         result.stdout.fnmatch_lines([f"*cannot kill nats at {owned_elsewhere.url}*"])
         assert owned_elsewhere.running
+
+
+@pytest.mark.parametrize(
+    ("ci", "expected", "outcome", "says"),
+    [
+        ("true", "required", pytest.fail.Exception, "AIPD_TEST_CONTAINERS=required"),
+        ("true", "unavailable: starting one needs root", pytest.skip.Exception, "needs root"),
+        ("true", None, pytest.skip.Exception, "--containers"),
+        (None, "required", pytest.skip.Exception, "no Docker engine answers"),
+    ],
+    ids=["ci-engine-allowed-fails", "ci-not-allowed-skips", "ci-not-asked-skips", "local-skips"],
+)
+def test_a_container_test_without_an_engine_fails_only_in_ci_where_one_is_allowed(
+    monkeypatch: pytest.MonkeyPatch,
+    ci: str | None,
+    expected: str | None,
+    outcome: type[BaseException],
+    says: str,
+) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{free_port()}")  # nothing answers
+    for name, value in (("CI", ci), (CONTAINERS_ENV, expected)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    with pytest.raises(outcome, match=re.escape(says)):
+        require_engine()
