@@ -39,7 +39,7 @@ REVISION = 3
 ISSUER = "https://idp.example.test"
 WORKERS = 3
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.containers]
 
 
 @pytest.fixture

@@ -112,6 +112,45 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "redis_cluster(masters=3, replicas_per_master=0): shape of the redis_cluster fixture",
     )
+    config.addinivalue_line(
+        "markers", "containers: needs a Docker engine (counted in the container summary)"
+    )
+
+
+class _ContainerTally:
+    """Outcomes and wall time of the tests that ran on containers, for the run's summary.
+
+    A test counts when it carries the `containers` marker or the "containers" parameter id
+    of `on_processes_and_containers`, so a CI log says how long the container part took.
+    """
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.outcomes: dict[str, int] = {}
+
+    def add(self, report: pytest.TestReport) -> None:
+        if "containers" not in report.keywords:
+            return
+        self.seconds += report.duration
+        if report.when == "call" or (report.when == "setup" and not report.passed):
+            self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
+
+
+_TALLY = _ContainerTally()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Count container tests (see `_ContainerTally`)."""
+    _TALLY.add(report)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """One line: how many container tests ran, their outcomes and their wall time."""
+    if _TALLY.outcomes:
+        outcomes = ", ".join(f"{n} {what}" for what, n in sorted(_TALLY.outcomes.items()))
+        terminalreporter.write_line(
+            f"container tests: {outcomes} in {_TALLY.seconds:.0f}s (setup, call and teardown)"
+        )
 
 
 @pytest.hookimpl(wrapper=True)
