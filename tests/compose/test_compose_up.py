@@ -32,7 +32,9 @@ from worker.testing.fake_hermes import FakeHermesControl, RouteDelay
 from worker.testing.pytest_plugin import require_engine, service_unavailable
 
 ENDPOINT = "hermes-1"
-MODELS = "GET /v1/models"
+#: The route the slow Actions call. Not `GET /v1/models`: every worker's readiness probe
+#: sends that one, and a probe could use up a delay meant for an Action.
+SKILLS = "GET /v1/skills"
 #: A user of compose/config/identities.json without a tenant.
 PRINCIPAL = "user:demo"
 REVISION = 3
@@ -77,9 +79,9 @@ async def gateway(deployment: Deployment) -> AsyncIterator[AipClient]:
         await nc.close()
 
 
-def _models(client: AipClient) -> Action:
+def _read(client: AipClient, operation: str = "models") -> Action:
     return client.build_action(
-        endpoint_id=ENDPOINT, operation="models", input={}, principal_id=PRINCIPAL,
+        endpoint_id=ENDPOINT, operation=operation, input={}, principal_id=PRINCIPAL,
         credential_revision=REVISION, authentication_issuer=ISSUER,
     )  # fmt: skip
 
@@ -131,13 +133,13 @@ async def _serve_lose_a_worker_restart_redis(
         assert set(uids) == {"10001"}, uids
 
     # 1. A signed Action through the published port: one completed result.
-    first = _models(gateway)
+    first = _read(gateway)
     result = await (await gateway.publish(first)).result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
 
     # 2. The worker holding a slow Action is killed; another one finishes it, once.
-    await control.add_faults(RouteDelay(route=MODELS, delay_s=120, times=1))
-    slow = _models(gateway)
+    await control.add_faults(RouteDelay(route=SKILLS, delay_s=120, times=1))
+    slow = _read(gateway, "skills")
     handle = await gateway.publish(slow)
     holder = await _lease_owner(deployment, slow.id)
     (victim,) = [c for c in workers if holder.startswith(deployment.hostname(c) + "-")]
@@ -151,16 +153,16 @@ async def _serve_lose_a_worker_restart_redis(
     assert state["Running"] is False
 
     # 3. Redis restarts while an Action runs: it completes, and nothing stored is lost.
-    await control.add_faults(RouteDelay(route=MODELS, delay_s=4, times=1))
-    during = _models(gateway)
+    await control.add_faults(RouteDelay(route=SKILLS, delay_s=8, times=1))
+    during = _read(gateway, "skills")
     handle = await gateway.publish(during)
-    await _lease_owner(deployment, during.id)
+    await _lease_owner(deployment, during.id, timeout_s=60)
     deployment.run("restart", "redis", timeout_s=120)
     assert (await handle.result(timeout_s=120)).status is ResultStatus.COMPLETED
     for action in (first, slow, during):
         key = ActionKeys.of(action.id).result
         assert deployment.redis_cli("EXISTS", key) == "1", f"{key} lost by the restart"
-    after = await (await gateway.publish(_models(gateway))).result(timeout_s=60)
+    after = await (await gateway.publish(_read(gateway))).result(timeout_s=60)
     assert after.status is ResultStatus.COMPLETED, after.error
 
     # Exactly one result message per Action on the stream.
