@@ -126,6 +126,11 @@ class LeaseKeeper:
     def _expire_stale(self, held: list[Execution]) -> None:
         limit = self.lease_ttl_ms / 1000
         for execution in held:
+            if execution.ending:
+                # A settle (or release) is in flight: its own answer tells a real loss
+                # (fenced out, settled by another owner); guessing from the clock here would
+                # count a loss that the settle then disproves.
+                continue
             if time.monotonic() - execution.renewed_at > limit:
                 self.lose(execution, "no successful renewal for a whole lease TTL")
 

@@ -14,7 +14,7 @@ from schemas.audit import ReceiptEvent
 from schemas.result import ResultStatus
 from tests.integration.conftest import LEASE_TTL_MS
 from tests.integration.stack import ENDPOINT, Stack
-from worker.testing.services import free_port
+from worker.testing.services import ServiceHandle, free_port
 from worker.testing.workers import WorkerProcess
 
 LOST_LINE = "lease lost for"
@@ -41,6 +41,43 @@ async def test_a_settle_is_not_reported_as_a_lost_lease(stack: Stack) -> None:
         == 0
     )
     assert LOST_LINE not in worker.log_text()
+
+
+async def test_a_settle_waiting_out_a_redis_outage_longer_than_the_ttl_is_not_a_loss(
+    stack: Stack, redis_server: ServiceHandle
+) -> None:
+    # Redis goes away just before the settle is sent and comes back after more than a lease
+    # TTL: the heartbeat finds no successful renewal for a whole TTL while the settle, re-asked
+    # within its own budget, then succeeds (the lease hash is still this owner's). The lease
+    # was never lost, so nothing may be counted or logged as lost.
+    # NATS must not hand the Action out again meanwhile (ack_wait is one TTL here, and no
+    # in-progress ack is sent without a renewal): a redelivery taking the expired lease over
+    # before the settle's retry lands is a real loss, and is reported as one.
+    jsm = stack.nc.jetstream()
+    stream = stack.subjects.stream_name("actions")
+    consumer = await jsm.consumer_info(stream, stack.subjects.durable(ENDPOINT, "actions"))
+    consumer.config.ack_wait = 60
+    await jsm.add_consumer(stream, consumer.config)
+    action = stack.action("models")
+    port = free_port()
+    worker = await stack.spawn(
+        "w1", fault_points=f"after_execute=sleep:1@{action.id}", AIPD_METRICS_PORT=str(port)
+    )
+    handle = await stack.publish(action)
+    await _until_logged(worker, f"fault point after_execute for {action.id}")
+    await asyncio.to_thread(redis_server.stop)
+    await asyncio.sleep(LEASE_TTL_MS / 1000 + 1.5)
+    await asyncio.to_thread(redis_server.start)
+    result = await handle.result(timeout_s=30)
+    assert (result.status, result.settled_by) == (ResultStatus.COMPLETED, "w1")
+    assert "lease renewal failed" in worker.log_text()  # the renewals did fail meanwhile
+    assert worker.log_text().count(f"fault point after_execute for {action.id}") == 1
+
+    scrape = await _scrape(port)
+    assert _value(scrape, "aip_hermes_worker_leases_lost_total", endpoint=ENDPOINT) == 0
+    assert LOST_LINE not in worker.log_text()
+    events = [r.event for r in await stack.receipts(action.id)]
+    assert ReceiptEvent.LEASE_LOST not in events
 
 
 async def test_a_loss_found_by_the_local_validity_check_is_counted_and_logged_once(
