@@ -114,3 +114,39 @@ def test_repeated_errors_are_logged_once_per_cause_per_interval(
         "failed (999 more like it since the last such line, not logged)",
     ]
     assert len(counted) == 1_002
+
+
+async def test_an_acl_user_refused_info_keeps_the_gate_open_without_the_memory_check(
+    redis_server: ServiceHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A worker ACL user without +info (compose's grants it; a hand-made one may not): PING
+    # answers, so the store works and fetching must go on; only the reserve check is off.
+    admin = redis.asyncio.Redis.from_url(redis_server.url)
+    await admin.execute_command(
+        "ACL", "SETUSER", "noinfo", "on", ">pw-noinfo", "~*", "resetchannels", "+@all", "-info"
+    )
+    client = redis.asyncio.Redis.from_url(
+        redis_server.url, username="noinfo", password="pw-noinfo"
+    )
+    metrics = Metrics(worker_id="w")
+    errors = RepeatedErrors(on_count=metrics.error)
+    health = StoreHealth(client, metrics=metrics, errors=errors)
+    store = LeaseStore(client, health=health)
+    try:
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.info("memory")
+        with caplog.at_level(logging.WARNING, logger="worker.store.health"):
+            assert await health.check()
+            assert await health.check()  # INFO is not asked again
+            assert await health.wait_ready(1.0, what="test")
+        assert (health.answering, health.has_room, health.memory_check) == (True, True, False)
+        assert metrics.store_accepting._value.get() == 1
+        refused = [r for r in caplog.records if "refuses INFO" in r.getMessage()]
+        assert len(refused) == 1
+        assert metrics._errors.labels("store.check", "info refused")._value.get() == 1
+        grant = await store.acquire(ActionKeys.of("act_" + "c" * 32), "w#1", 5_000, "f" * 64)
+        assert grant.fence == 1
+    finally:
+        await client.aclose()
+        await admin.execute_command("ACL", "DELUSER", "noinfo")
+        await admin.aclose()

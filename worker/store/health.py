@@ -9,6 +9,8 @@ So the pull loops fetch only while this gate is open. It closes when
   full Redis refuses writes, and the writes that must still succeed are the settles and
   renewals of work already running (their scripts may write at OOM, see `settle.lua`).
   New leases stop before the last megabytes are used, so completed work stays completed.
+  An ACL user without `+info` turns this check off (one warning, counted in
+  `aip_hermes_worker_errors_total{where="store.check",cause="info refused"}`), never the gate.
 
 It opens again on the next check that succeeds. While closed, an Action already fetched is
 answered without waiting for the store (`LeaseStore.acquire` raises `StoreNotAccepting`)
@@ -25,7 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
-from redis.exceptions import OutOfMemoryError
+from redis.exceptions import NoPermissionError, OutOfMemoryError
 
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
@@ -61,6 +63,8 @@ class StoreHealth:
         self.answering = False
         #: Redis had at least the reserve free below maxmemory at the last check.
         self.has_room = True
+        #: INFO is asked for; False once the ACL refused it (the gate then follows PING only).
+        self.memory_check = True
         #: Why the gate is closed ('' while open), for logs and /ready.
         self.reason = "not checked yet"
         self._open = asyncio.Event()
@@ -114,17 +118,19 @@ class StoreHealth:
 
     async def check(self) -> bool:
         """One PING and one `INFO memory`; updates the gate; True when it is open."""
+        memory: Mapping[str, Any] | None = None
         try:
             async with asyncio.timeout(PING_TIMEOUT_S):
                 await self.redis.ping()
-                memory = await self._memory_info()
+                if self.memory_check:
+                    memory = await self._memory_info_if_allowed()
         except Exception as exc:
             cause = _cause(exc)
             self.errors.report("store.check", cause, log, "redis check failed: %s", cause)
             self.mark_failing(cause)
             return False
         self.mark_answering()
-        free = _least_free(memory)
+        free = None if memory is None else _least_free(memory)
         if free is None:
             self._room(True)
         else:
@@ -132,6 +138,20 @@ class StoreHealth:
             reserve = min(self.reserve_bytes, maxmemory // RESERVE_FRACTION)
             self._room(used_free >= reserve, f"{used_free} bytes free, reserve {reserve}")
         return self.accepting
+
+    async def _memory_info_if_allowed(self) -> Mapping[str, Any] | None:
+        """`INFO memory`, or None when the ACL refuses INFO (PING answered: the store works,
+        so the gate must not close over it; the maxmemory reserve check is off instead)."""
+        try:
+            return await self._memory_info()
+        except NoPermissionError:
+            self.memory_check = False
+            self.errors.report(
+                "store.check", "info refused", log,
+                "redis refuses INFO to this worker's ACL user: the maxmemory reserve check "
+                "is off, so new leases are not stopped before Redis is full (grant +info)",
+            )
+            return None
 
     async def _memory_info(self) -> Mapping[str, Any]:
         """`INFO memory` of every master: on a cluster each one can fill up on its own."""
