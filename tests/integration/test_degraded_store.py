@@ -127,9 +127,14 @@ async def _one_sick_worker(stack: Stack, redis_server: ServiceHandle, fail: str)
         else:
             await relay.refuse()
         failing_since = time.monotonic()
-        # The gate closes within a check interval plus the 1 s ping timeout; an Action the
-        # sick worker fetched before that waits at most the acquire budget, then is nak'd.
-        await asyncio.sleep(2.0)
+        # The gate closes within a check interval plus the 1 s ping timeout (the worker logs
+        # it as it closes); an Action the sick worker fetched before that waits at most the
+        # acquire budget, then is nak'd.
+        deadline = failing_since + 10.0
+        while "fetching paused" not in sick.log_text():
+            assert time.monotonic() < deadline, sick.log_tail()
+            await asyncio.sleep(0.05)
+        print(f"\ngate closed {time.monotonic() - failing_since:.2f} s after redis {fail}")
         latencies = await _canary_latencies(stack, 10)
         median = statistics.median(latencies)
         p90 = latencies[int(len(latencies) * 0.9)]
