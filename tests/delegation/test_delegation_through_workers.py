@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from schemas.chunk import DoneChunk, ToolChunk
+from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker.delegation import delegation_action_id
 from worker.delegation.payload import aip_call_arguments
@@ -104,7 +105,7 @@ async def test_a_child_that_never_settles_is_not_ready_by_the_deadline(
     request = dstack.request(deadline_s=6.0)
     result = await (await dstack.delegate(request)).result(timeout_s=30)
     assert result.error is not None
-    assert result.error.code == PREFIX + "delegated_result_not_ready"
+    assert result.error.code == ErrorCode.DELEGATED_RESULT_NOT_READY
     assert result.error.retryable is True
     assert dstack.fake.stats().count(POST_RUNS) == 1
 
@@ -118,7 +119,7 @@ async def test_without_the_runtime_stores_the_resolver_is_missing(
     await dstack.stack.spawn("w1")
     result = await (await dstack.delegate(dstack.request())).result(timeout_s=30)
     assert result.error is not None
-    assert result.error.code == PREFIX + "delegated_result_resolver_missing"
+    assert result.error.code == ErrorCode.DELEGATED_RESULT_RESOLVER_MISSING
     # Checked before the start: a child whose result cannot be read never runs.
     assert dstack.fake.stats().count(POST_RUNS) == 0
 

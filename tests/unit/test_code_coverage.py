@@ -112,3 +112,39 @@ def test_every_emitted_code_has_a_runbook_row() -> None:
         for code in re.findall(r"`([a-z_]+\.[a-z_.]+)`", line.split(" | ", 1)[0])
     }
     assert sorted(EMITTED - rows) == []
+
+
+
+ROOT = Path(__file__).parents[2]
+#: Where ErrorCode is defined: a reference there is the definition, not an emission.
+DEFINITION = ROOT / "schemas" / "errors.py"
+
+
+def _sources(*folders: str) -> str:
+    """Every Python source under `folders`, except the definition and this file (whose
+    spec list names every code)."""
+    skip = {DEFINITION.resolve(), Path(__file__).resolve()}
+    return "\n".join(
+        path.read_text(encoding="utf-8")
+        for folder in folders
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if path.resolve() not in skip
+    )
+
+
+def _unreferenced(text: str) -> list[str]:
+    """The codes `text` names neither as `ErrorCode.NAME` nor as their quoted value."""
+    return sorted(
+        code.value
+        for code in ErrorCode
+        if f"ErrorCode.{code.name}" not in text
+        and re.search(rf"[\"'`]{re.escape(code.value)}[\"'`]", text) is None
+    )
+
+
+def test_every_emitted_code_is_raised_by_the_worker_and_exercised_by_a_test() -> None:
+    """The tests above only see that a code is *defined*; one defined but never emitted
+    would pass them. Each must be referenced in the code that emits it (worker/, and the
+    shared decoder in schemas/) and in tests/, where a path emitting it is checked."""
+    assert _unreferenced(_sources("worker", "schemas")) == []
+    assert _unreferenced(_sources("tests")) == []
