@@ -15,6 +15,8 @@ import pytest
 
 from schemas.codec import encode
 from worker.client import AipClient
+from worker.operator.binding import BindingState, OperatorBinding, encode_binding
+from worker.store.keys import binding_key
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
     ISSUER,
@@ -29,6 +31,7 @@ from worker.testing.services import free_port
 PASSWORD = "cli-redis-password-" + "7" * 16
 EXIT_FAILED = 1
 UNKNOWN_ID = "act_" + "d" * 32
+BOUND_ID = "act_" + "e" * 32
 
 
 def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -39,6 +42,21 @@ def run_cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]
         timeout=60,
         env={**os.environ, **env},
         check=False,
+    )
+
+
+def _unknown_binding() -> bytes:
+    """An operator binding whose start outcome is unknown: what `reconcile` is for."""
+    return encode_binding(
+        OperatorBinding(
+            action_id=BOUND_ID,
+            request_fingerprint="f",
+            endpoint_id="h1",
+            session_id=f"aip-operator-{BOUND_ID}",
+            status=BindingState.OUTCOME_UNKNOWN,
+            created_at=0,
+            updated_at=0,
+        )
     )
 
 
@@ -103,12 +121,29 @@ def test_redis_commands_use_the_password_file(locked_redis: RedisServer, tmp_pat
         done = run_cli(*commands[name], env=with_file)
         assert done.returncode == EXIT_FAILED, (name, done.stderr)
         assert "no operator binding exists" in done.stderr
+    # And with a binding to show and reconcile, both succeed.
+    with locked_redis.client(decode_responses=False) as admin:
+        # The fields the operator scripts write (operator_create.lua).
+        fields = {"doc": _unknown_binding(), "revision": 1, "state": "outcome_unknown"}
+        admin.hset(binding_key(BOUND_ID), mapping=fields)  # type: ignore[arg-type]
+    bound = run_cli("binding", "show", BOUND_ID, env=with_file)
+    assert bound.returncode == 0, bound.stderr
+    assert '"status": "outcome_unknown"' in bound.stdout
+    reconciled = run_cli(
+        "reconcile", BOUND_ID, "--decision", "escalated", "--decided-by", "ops", "--note", "test",
+        env=with_file,
+    )  # fmt: skip
+    assert reconciled.returncode == 0, reconciled.stderr
+    assert '"status": "recorded"' in reconciled.stdout
     # The same through the flag instead of the environment.
     flagged = run_cli(
         *commands["approval show"], "--redis-password-file", str(tmp_path / "pw"), env=base
     )
     assert flagged.returncode == 0, flagged.stderr
-    everything = approved.stdout + approved.stderr + shown.stderr + flagged.stderr
+    everything = (
+        approved.stdout + approved.stderr + shown.stderr + flagged.stderr
+        + bound.stdout + bound.stderr + reconciled.stdout + reconciled.stderr
+    )  # fmt: skip
     assert PASSWORD not in everything
 
 
