@@ -406,13 +406,14 @@ class Settings(BaseSettings):
         own = self.endpoint_key_files()
         keyless = [d.id for d in descriptors if d.id not in own]
         shared: Secret | None = None
+        shared_from = "AIPD_HERMES_API_KEY_FILE"
         if self.hermes_api_key_file is not None:
-            shared = read_secret_file(self.hermes_api_key_file, what="AIPD_HERMES_API_KEY_FILE")
+            shared = read_secret_file(self.hermes_api_key_file, what=shared_from)
         elif self.hermes_api_key:
-            shared = Secret(self.hermes_api_key)
+            shared, shared_from = Secret(self.hermes_api_key), "AIPD_HERMES_API_KEY"
         if shared is not None and len(keyless) > 1 and not self.hermes_share_api_key:
             raise ValueError(
-                f"one API key (AIPD_HERMES_API_KEY_FILE) would be sent to {len(keyless)} "
+                f"one API key ({shared_from}) would be sent to {len(keyless)} "
                 f"endpoints ({', '.join(keyless)}): give each its own key "
                 "(AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE), "
                 "or set AIPD_HERMES_SHARE_API_KEY=true if they are one Hermes deployment"

@@ -101,6 +101,11 @@ def test_one_key_for_several_endpoints_is_refused(tmp_path: Path) -> None:
         _settings(tmp_path).resolve_endpoints()
 
 
+def test_the_refusal_names_the_setting_the_shared_key_came_from(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"one API key \(AIPD_HERMES_API_KEY\) would be sent"):
+        _settings(tmp_path, hermes_api_key_file=None, hermes_api_key="k" * 32).resolve_endpoints()
+
+
 def test_one_key_for_one_endpoint_is_allowed(tmp_path: Path) -> None:
     [endpoint] = _settings(tmp_path, hermes_endpoints="h1=http://127.0.0.1:1").resolve_endpoints()
     assert endpoint.api_key is not None
