@@ -160,8 +160,14 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 async def cmd_submit(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(_bus_settings(args))
-    client = AipClient(nc, prefix=args.prefix, sign_key=args.sign_key)
+    settings = _bus_settings(args)
+    nc = await _connect_nats(settings)
+    client = AipClient(
+        nc,
+        prefix=args.prefix,
+        sign_key=args.sign_key,
+        max_envelope_bytes=settings.max_envelope_bytes,
+    )
     try:
         action = client.build_action(
             authentication_issuer=args.issuer,
@@ -247,9 +253,16 @@ async def cmd_result(args: argparse.Namespace) -> int:
 async def cmd_cancel(args: argparse.Namespace) -> int:
     from worker.client import AipClient
 
-    nc = await _connect_nats(_bus_settings(args))
+    settings = _bus_settings(args)
+    nc = await _connect_nats(settings)
+    client = AipClient(
+        nc,
+        prefix=args.prefix,
+        sign_key=args.sign_key,
+        max_envelope_bytes=settings.max_envelope_bytes,
+    )
     try:
-        reply = await AipClient(nc, prefix=args.prefix, sign_key=args.sign_key).cancel(
+        reply = await client.cancel(
             args.endpoint, args.action_id, reason=args.reason, requested_by=args.requested_by
         )
     finally:

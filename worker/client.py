@@ -32,7 +32,13 @@ from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
-from schemas.codec import decode_action, decode_cancel, decode_delegation, encode
+from schemas.codec import (
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    decode_action,
+    decode_cancel,
+    decode_delegation,
+    encode,
+)
 from schemas.delegation import DelegationRequest
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
@@ -106,18 +112,33 @@ class ActionHandle:
 
 
 class AipClient:
-    def __init__(self, nc: NATS, *, prefix: str = "aip", sign_key: Path | None = None) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        *,
+        prefix: str = "aip",
+        sign_key: Path | None = None,
+        max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+    ) -> None:
         self.nc = nc
         self.subjects = Subjects(prefix)
         self.sign_key = sign_key
+        #: The deployment's AIPD_MAX_ENVELOPE_BYTES: an envelope over it is refused here,
+        #: before it is signed, as the workers would dead-letter it.
+        self.max_envelope_bytes = max_envelope_bytes
         self._owns_connection = False
 
     @classmethod
     async def connect(
-        cls, servers: str | list[str], *, prefix: str = "aip", sign_key: Path | None = None
+        cls,
+        servers: str | list[str],
+        *,
+        prefix: str = "aip",
+        sign_key: Path | None = None,
+        max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
     ) -> AipClient:
         nc = await nats.connect(servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
-        client = cls(nc, prefix=prefix, sign_key=sign_key)
+        client = cls(nc, prefix=prefix, sign_key=sign_key, max_envelope_bytes=max_envelope_bytes)
         client._owns_connection = True
         return client
 
@@ -181,7 +202,7 @@ class AipClient:
         from schemas.ids import split_capability
 
         payload = encode(action)
-        decode_action(payload)
+        decode_action(payload, max_bytes=self.max_envelope_bytes)
         endpoint_id, _ = split_capability(action.capability)
         headers = {"Nats-Msg-Id": action.id, **_signed_headers(payload, self.sign_key)}
         ack = await self.nc.jetstream().publish(
@@ -203,7 +224,7 @@ class AipClient:
         from worker.delegation.router import delegate_endpoint
 
         payload = encode(request)
-        decode_delegation(payload)
+        decode_delegation(payload, max_bytes=self.max_envelope_bytes)
         endpoint_id = delegate_endpoint(request)
         action_id = delegation_action_id(request.delegation_id)
         headers = {"Nats-Msg-Id": action_id, **_signed_headers(payload, self.sign_key)}
@@ -236,7 +257,7 @@ class AipClient:
         payload = encode(
             CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
         )
-        decode_cancel(payload)
+        decode_cancel(payload, max_bytes=self.max_envelope_bytes)
         reply = await self.nc.request(
             self.subjects.cancel(endpoint_id),
             payload,

@@ -11,6 +11,10 @@ which a redelivery loop (nak delay 200 ms here) would have filled.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 
 import nats
 import pytest
@@ -112,6 +116,36 @@ async def test_the_client_refuses_the_ids_the_worker_would_refuse(stack: Stack) 
     with pytest.raises(EnvelopeRejected) as refused:
         await stack.client.publish(bad)
     assert refused.value.code.value == "schema.envelope.invalid"
+    info = await stack.nc.jetstream().stream_info(stack.subjects.stream_name("actions"))
+    assert info.state.messages == 0
+
+
+async def test_the_client_and_cli_refuse_an_envelope_over_the_deployments_limit(
+    stack: Stack,
+) -> None:
+    """A deployment whose workers take envelopes up to AIPD_MAX_ENVELOPE_BYTES (here 2 KiB):
+    the client checks that limit, not the 1 MiB default, so it never publishes an Action the
+    workers would dead-letter for its size."""
+    input = {"text": "x" * 4096}  # ~4 KiB: under the default, over this deployment's limit
+    limited = AipClient(stack.nc, sign_key=stack.client.sign_key, max_envelope_bytes=2048)
+    big = limited.build_action(
+        endpoint_id=ENDPOINT, operation="models", input=input, principal_id="user:demo"
+    )
+    with pytest.raises(EnvelopeRejected) as refused:
+        await limited.publish(big)
+    assert refused.value.code.value == "schema.envelope.invalid"
+    assert "2048-byte limit" in refused.value.reason
+
+    submitted = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "worker", "submit", "--nats-url", stack.nats_url,
+         "--endpoint", ENDPOINT, "--operation", "models", "--principal", "user:demo",
+         "--input", json.dumps(input)],
+        capture_output=True, text=True, timeout=60, check=False,
+        env={**os.environ, "AIPD_MAX_ENVELOPE_BYTES": "2048"},
+    )  # fmt: skip
+    assert submitted.returncode == 2, submitted.stderr
+    assert "2048-byte limit" in submitted.stderr
     info = await stack.nc.jetstream().stream_info(stack.subjects.stream_name("actions"))
     assert info.state.messages == 0
 
