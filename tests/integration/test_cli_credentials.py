@@ -93,6 +93,7 @@ def test_redis_commands_use_the_password_file(locked_redis: RedisServer, tmp_pat
     approve = (
         "approve", action.id, "--action-file", str(action_file),
         "--as", APPROVER_UNTENANTED, "--reason", "checked by the test",
+        "--key", str(trust.approver_seed_files[APPROVER_UNTENANTED]),
     )  # fmt: skip
     commands = {
         "approve": approve,
