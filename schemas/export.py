@@ -12,6 +12,7 @@ from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import StreamChunk
 from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
+from schemas.escalation import Escalation, EscalationResolution
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
@@ -34,6 +35,8 @@ EXPORTED: dict[str, Any] = {
     "LifecycleRecord": LifecycleRecord,
     "CapabilityManifest": CapabilityManifest,
     "Receipt": Receipt,
+    "Escalation": Escalation,
+    "EscalationResolution": EscalationResolution,
 }
 
 

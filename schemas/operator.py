@@ -144,5 +144,8 @@ class OperatorOutput(WireStruct, kw_only=True, frozen=True):
     last_event: str | None = None
     #: The redacted pending provider approval event, while the run waits for one.
     pending_approval: dict[str, Any] | None = None
+    #: How many provider prompts the run has asked (the escalation of a prompt is per
+    #: generation); None from workers that predate it.
+    approval_generation: int | None = None
     #: Redacted provider evidence of the terminal run (`{"event", "output", …}`).
     provider: dict[str, Any] | None = None

@@ -71,6 +71,25 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "worker",
     ),
     (
+        "escalations",
+        "{prefix}.hermes.{endpoint}.escalations",
+        "Escalation",
+        "ESCALATIONS",
+        "An Action's terminal state a human must decide, published once right after the "
+        "fenced settle, before the result (Nats-Msg-Id = escalation_id, one per Action and "
+        "approval generation). Resolve with `aip-hermes-worker escalations resolve`.",
+        "worker",
+    ),
+    (
+        "escalation_resolutions",
+        "{prefix}.hermes.{endpoint}.escalations.resolved",
+        "EscalationResolution",
+        "ESCALATIONS",
+        "Who resolved an escalation, how and why (Nats-Msg-Id {escalation_id}:resolved); the "
+        "write-once record is in Redis.",
+        "publisher",
+    ),
+    (
         "runtime_queue",
         "{prefix}.runtime.queue.{action_id}",
         "QueueRecord",

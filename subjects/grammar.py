@@ -78,6 +78,14 @@ class Subjects:
             return f"{self.prefix}.hermes.{endpoint_id}.audit.{action_id}"
         return f"{self.prefix}.hermes.{endpoint_id}.audit.{_checked(action_id)}"
 
+    def escalations(self, endpoint_id: str) -> str:
+        """Escalations a human must decide (schemas/escalation.py)."""
+        return f"{self.prefix}.hermes.{endpoint_id}.escalations"
+
+    def escalation_resolutions(self, endpoint_id: str) -> str:
+        """Who resolved an escalation, how and why."""
+        return f"{self.prefix}.hermes.{endpoint_id}.escalations.resolved"
+
     def manifest(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.manifest"
 
@@ -115,6 +123,12 @@ class Subjects:
     def all_dlq(self) -> str:
         return f"{self.prefix}.hermes.*.dlq"
 
+    def all_escalations(self) -> list[str]:
+        return [
+            f"{self.prefix}.hermes.*.escalations",
+            f"{self.prefix}.hermes.*.escalations.resolved",
+        ]
+
     def all_audit(self) -> str:
         return f"{self.prefix}.hermes.*.audit.*"
 
@@ -134,6 +148,10 @@ def chunk_msg_id(action_id: str, seq: int) -> str:
 
 def result_msg_id(action_id: str) -> str:
     return f"{action_id}:result"
+
+
+def escalation_resolution_msg_id(escalation_id: str) -> str:
+    return f"{escalation_id}:resolved"
 
 
 def _checked(action_id: str) -> str:

@@ -54,6 +54,8 @@ class StreamPolicy:
     audit_max_bytes: int = 2 * GIB
     #: Each of the AIP runtime's queue and lifecycle streams (`--runtime-stores` only).
     runtime_max_bytes: int = 128 * MIB
+    escalations_max_age_s: float = 30 * DAY_S
+    escalations_max_bytes: int = 256 * MIB
     #: AckWait of the work consumers. The heartbeat calls `in_progress()` every third of the
     #: lease TTL, so AckWait only has to outlast one missed heartbeat, not a whole run.
     ack_wait_s: float = 30.0
@@ -94,7 +96,7 @@ def stream_configs(
 
     def limits(
         kind: str,
-        subject: str,
+        subject: str | list[str],
         max_age_s: float,
         max_bytes: int,
         max_msgs: int = -1,
@@ -102,7 +104,7 @@ def stream_configs(
     ) -> StreamConfig:
         return StreamConfig(
             name=subjects.stream_name(kind),
-            subjects=[subject],
+            subjects=[subject] if isinstance(subject, str) else subject,
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             num_replicas=policy.replicas,
@@ -132,6 +134,10 @@ def stream_configs(
             DiscardPolicy.NEW,
         ),
         limits("audit", subjects.all_audit(), p.audit_max_age_s, p.audit_max_bytes),
+        limits(
+            "escalations", subjects.all_escalations(), p.escalations_max_age_s,
+            p.escalations_max_bytes,
+        ),
     ]
 
 

@@ -39,6 +39,7 @@ from worker.admission import Admission
 from worker.audit import AuditLog, ReceiptScope, enter_scope
 from worker.dead_letters import DeadLetters, Kept
 from worker.errors import ConnectorError, deadline_exceeded, unexpected_failure
+from worker.escalation.build import escalation_for
 from worker.execution import Execution, now_ms
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
@@ -528,7 +529,7 @@ class DeliveryHandler:
             return False
         if grant.status is AcquireStatus.SETTLED:
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.REPUBLISHED)
-            await self.republish(msg, action.id, keys, endpoint_id)
+            await self.republish(msg, action.id, keys, endpoint_id, action)
             return False
         holder = rt.keeper.holding(action.id)
         if holder is not None:
@@ -695,7 +696,9 @@ class DeliveryHandler:
             return
         if stored.status is SettleStatus.EXISTS and not _is_own(stored.stored, execution):
             rt.keeper.lose(execution, "another owner settled this Action first", cancel=False)
-            await self.republish_bytes(execution.messages, action.id, endpoint_id, stored.stored)
+            await self.republish_bytes(
+                execution.messages, action.id, endpoint_id, stored.stored, action=action
+            )
             return
         rt.audit.emit(
             ReceiptEvent.SETTLED,
@@ -717,6 +720,8 @@ class DeliveryHandler:
             uncertain=bool(error and error.uncertain_outcome),
         )
         faults.hit("after_settle", action.id)
+        await self.escalate(result, action)
+        faults.hit("after_escalation", action.id)
         # The terminal chunk is sent first (same connection, so it arrives first) and
         # confirmed together with the awaited result: one round trip, not two.
         pending_terminal = await rt.publisher.chunk(terminal)
@@ -761,6 +766,7 @@ class DeliveryHandler:
         stored = await rt.store.settle(keys, owner, grant.fence, encode(result))
         if stored.status is SettleStatus.FENCED_OUT:
             return
+        await self.escalate(_decoded_result(stored.stored) or result, action)
         # Like every Action, a refused one ends its chunk stream before its result, so a
         # consumer following the chunks learns the outcome too.
         await rt.publisher.chunk_awaited(
@@ -778,12 +784,25 @@ class DeliveryHandler:
         rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
         await self.ack_all([msg])
 
-    async def republish(self, msg: Msg, action_id: str, keys: ActionKeys, endpoint_id: str) -> None:
+    async def republish(
+        self,
+        msg: Msg,
+        action_id: str,
+        keys: ActionKeys,
+        endpoint_id: str,
+        action: Action | None = None,
+    ) -> None:
         stored = await self.rt.store.get_result(keys)
-        await self.republish_bytes([msg], action_id, endpoint_id, stored)
+        await self.republish_bytes([msg], action_id, endpoint_id, stored, action=action)
 
     async def republish_bytes(
-        self, msgs: list[Msg], action_id: str, endpoint_id: str, stored: bytes | None
+        self,
+        msgs: list[Msg],
+        action_id: str,
+        endpoint_id: str,
+        stored: bytes | None,
+        *,
+        action: Action | None = None,
     ) -> None:
         """A duplicate of a settled Action: the stored result again (same Msg-Id), then ack."""
         if stored is None:
@@ -794,11 +813,41 @@ class DeliveryHandler:
         if not await self.result_on_stream(endpoint_id, action_id):
             # Only when it is missing (a crash between settle and publish, or expired): a
             # republish after the duplicate window would otherwise store a second copy.
+            # The escalation went out before the result, so it may be missing too: the same
+            # one again (same id, a server-side duplicate if the first one was stored).
+            stored_result = _decoded_result(stored)
+            if action is not None and stored_result is not None:
+                await self.escalate(stored_result, action, republished=True)
             await self.rt.publisher.result_bytes(endpoint_id, action_id, stored)
             self.rt.audit.emit(
                 ReceiptEvent.REPUBLISHED, action_id=action_id, endpoint_id=endpoint_id
             )
         await self.ack_all(msgs)
+
+    async def escalate(
+        self, result: ActionResult, action: Action, *, republished: bool = False
+    ) -> None:
+        """Publish the escalation `result` raises, if any (worker/escalation/rules.py).
+
+        Called only after this worker's own fenced settle, or when a stored result is
+        republished: a stale owner, refused by the fence, never gets here.
+        """
+        escalation = escalation_for(
+            result, action, approval_ttl_ms=self.rt.settings.hermes_operator_timeout_ms
+        )
+        if escalation is None:
+            return
+        await self.rt.publisher.escalation(escalation)
+        if republished:
+            return
+        self.rt.metrics.escalation_raised(result.endpoint_id, escalation.kind.value)
+        log.info(
+            "escalation %s raised for %s (%s)",
+            escalation.escalation_id,
+            action.id,
+            escalation.code.value if escalation.code else result.status.value,
+            extra={"endpoint": result.endpoint_id, "action_id": action.id},
+        )
 
     async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
         subjects = self.rt.subjects
@@ -901,6 +950,15 @@ def _is_own(stored: bytes | None, execution: Execution) -> bool:
     except msgspec.DecodeError:
         return False
     return result.fence == execution.fence and result.settled_by == execution.worker_id
+
+
+def _decoded_result(stored: bytes | None) -> ActionResult | None:
+    if stored is None:
+        return None
+    try:
+        return _result_decoder.decode(stored)
+    except msgspec.DecodeError:
+        return None
 
 
 def _dlq_id(subject: str, seq: int) -> str:

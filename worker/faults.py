@@ -35,6 +35,7 @@ POINTS = (
     "before_resolve",
     "after_execute",
     "after_settle",
+    "after_escalation",
     "after_result_publish",
     "before_ack",
     # The gateway's (worker/gateway): a child's queue entry is written / its envelope sent.

@@ -168,6 +168,11 @@ class Metrics:
             "Actions settled with uncertain_outcome (sent, result unknown, never replayed)",
             ["capability"], registry=r,
         )
+        self._escalations = Counter(
+            f"{PREFIX}_escalations_raised",
+            "Escalations this worker's fenced settles raised, by endpoint and kind",
+            ["endpoint", "kind"], registry=r,
+        )
         self._heartbeats = Counter(
             f"{PREFIX}_heartbeat_round_trips", "Lease renewal round trips by result",
             ["result"], registry=r,
@@ -205,6 +210,7 @@ class Metrics:
         self._f_chunks = _Family(self._chunks.labels)
         self._f_unknown = _Family(self._unknown.labels)
         self._f_heartbeats = _Family(self._heartbeats.labels)
+        self._f_escalations = _Family(self._escalations.labels)
         self._f_ready = _Family(self._ready.labels)
         self._f_errors = _Family(self._errors.labels)
 
@@ -246,6 +252,10 @@ class Metrics:
         self._f_actions.get(capability, status, code or "").inc()
         if uncertain:
             self._f_unknown.get(capability).inc()
+
+    def escalation_raised(self, endpoint: str, kind: str) -> None:
+        """One Escalation published right after this worker's own fenced settle."""
+        self._f_escalations.get(endpoint, kind).inc()
 
     def fenced_out(self, endpoint: str, step: FenceStep) -> None:
         """A fenced write was refused: a newer owner exists, this worker stops."""

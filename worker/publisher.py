@@ -18,8 +18,14 @@ from nats.js.api import PubAck
 from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
 from schemas.codec import encode
+from schemas.escalation import Escalation, EscalationResolution
 from schemas.result import ActionResult
-from subjects.grammar import Subjects, chunk_msg_id, result_msg_id
+from subjects.grammar import (
+    Subjects,
+    chunk_msg_id,
+    escalation_resolution_msg_id,
+    result_msg_id,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +115,22 @@ class BusPublisher:
         """Republish a stored result byte for byte (same Msg-Id as the first publish)."""
         return await self._publish(
             self.subjects.results(endpoint_id, action_id), stored, result_msg_id(action_id)
+        )
+
+    async def escalation(self, escalation: Escalation) -> PubAck:
+        """Awaited, like a result: it is published before the result it belongs to, so a
+        crash in between republishes both (the id makes the copy a server-side duplicate)."""
+        return await self._publish(
+            self.subjects.escalations(escalation.endpoint_id),
+            encode(escalation),
+            escalation.escalation_id,
+        )
+
+    async def escalation_resolution(self, resolution: EscalationResolution) -> PubAck:
+        return await self._publish(
+            self.subjects.escalation_resolutions(resolution.endpoint_id),
+            encode(resolution),
+            escalation_resolution_msg_id(resolution.escalation_id),
         )
 
     async def dead_letter(

@@ -155,6 +155,7 @@ async def test_result_output_is_the_source_binding_shape(harness: Harness) -> No
         "status",
         "last_event",
         "pending_approval",
+        "approval_generation",
         "provider",
     }
     assert outcome.output["endpoint_id"] == "hermes-1"

@@ -39,6 +39,7 @@ def binding_output(binding: OperatorBinding) -> dict[str, Any]:
         "status": binding.status.value,
         "last_event": binding.last_event,
         "pending_approval": binding.pending_approval,
+        "approval_generation": binding.approval_generation,
         "provider": binding.output,
     }
 

@@ -14,6 +14,7 @@ from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
 NAMESPACE = "aip:connector:hermes_agent:operator_runs:v1"
 CAPACITY_NAMESPACE = "aip:connector:hermes_agent:capacity:v1"
 APPROVALS_PREFIX = "aip:approvals"
+ESCALATIONS_PREFIX = "aip:escalations"
 
 
 def _tag(action_id: str) -> str:
@@ -91,6 +92,15 @@ def binding_key(action_id: str) -> str:
 
 def approvals_key(action_id: str) -> str:
     return f"{APPROVALS_PREFIX}:{_tag(action_id)}"
+
+
+def escalation_resolution_key(escalation_id: str) -> str:
+    """The write-once resolution of one escalation (its own slot: one key, one command)."""
+    from schemas.escalation import is_escalation_id
+
+    if not is_escalation_id(escalation_id):
+        raise ValueError("not an escalation id")
+    return f"{ESCALATIONS_PREFIX}:{{{escalation_id}}}:resolution"
 
 
 def capacity_key(endpoint_id: str) -> str:

@@ -1,0 +1,402 @@
+"""`aip-hermes-worker escalations list | show | resolve`: a human answers an escalation.
+
+Resolving an **approval** escalation answers the paused run with one command: it builds the
+resume Action (`{"resume": {"source_action_id", "choice"}}`) under an id derived from the
+escalation id, records the approver's decision for it through the same code path as
+`approve` (authority file, no self-approval, write-once), records the resolution
+write-once, and publishes the resume signed with `--sign-key`. Running it again after a
+crash repeats the same resume id and the same decision, so nothing is answered twice; a
+second person choosing differently is refused.
+
+Resolving any **other** escalation records who acknowledged it and why (write-once in
+Redis, copied to the stream); it changes nothing else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from redis.exceptions import RedisError
+
+from schemas.action import Action, ApprovalRef, Identity
+from schemas.approval import ApprovalDecision, ApprovalRecord
+from schemas.escalation import (
+    Escalation,
+    EscalationKind,
+    EscalationResolution,
+    ResolutionKind,
+    is_escalation_id,
+)
+from schemas.ids import capability_id
+from schemas.operator import ApprovalChoice
+from subjects.grammar import Subjects
+from worker.cli_settings import add_settings_flags, settings_from
+from worker.escalation.ledger import (
+    EscalationView,
+    Unreadable,
+    read_escalations,
+    read_resolution,
+    record_resolution,
+)
+from worker.settings import Settings
+from worker.store.connection import open_redis
+from worker.trust.approvals import ApprovalRefused, read_record
+from worker.trust.clock import redis_now_ms
+from worker.trust.files import TrustConfigError
+from worker.trust.fingerprint import fingerprint_request
+
+EXIT_FAILED = 1
+EXIT_CONFIG = 2
+EXIT_UNREACHABLE = 3
+
+
+class ResolveRefused(Exception):
+    """The escalation cannot be resolved this way; the message says why."""
+
+
+def resume_action_id(escalation_id: str) -> str:
+    """The resume Action of an approval escalation: one id per escalation, so a repeated
+    `resolve` republishes the same Action instead of answering the prompt twice."""
+    return "act_" + hashlib.sha256(f"resume:{escalation_id}".encode()).hexdigest()[:32]
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return code
+
+
+def _escalation_id(text: str) -> str:
+    if not is_escalation_id(text):
+        raise argparse.ArgumentTypeError("an escalation id is esc_ followed by 32 hex digits")
+    return text
+
+
+async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], int]:
+    from worker.cli import _connect_nats
+
+    nc = await _connect_nats(settings.nats_url)
+    try:
+        unreadable = Unreadable()
+        views = await read_escalations(
+            nc.jetstream(), Subjects(settings.subject_prefix), endpoint_id, unreadable
+        )
+        return views, unreadable.count
+    finally:
+        await nc.close()
+
+
+async def _find(settings: Settings, endpoint_id: str, escalation_id: str) -> EscalationView:
+    views, _ = await _views(settings, endpoint_id)
+    for view in views:
+        if view.escalation.escalation_id == escalation_id:
+            return view
+    raise ResolveRefused(f"no escalation {escalation_id} on endpoint {endpoint_id}")
+
+
+async def cmd_list(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    views, unreadable = await _views(settings, args.endpoint)
+    shown = [v for v in views if args.all or v.open]
+    for view in shown:
+        if args.json:
+            print(msgspec.json.encode(_document(view)).decode())
+            continue
+        e = view.escalation
+        state = "open" if view.open else f"resolved:{view.resolution.kind.value}"  # type: ignore[union-attr]
+        what = e.code.value if e.code else e.status.value
+        print(
+            f"{e.escalation_id} {e.raised_at_unix_ms} {state:<20} {e.kind.value:<8} "
+            f"{e.action_id} {what}"
+        )
+    if unreadable:
+        print(
+            f"warning: {unreadable} unreadable message(s) on the escalation subjects",
+            file=sys.stderr,
+        )
+    return 0
+
+
+async def cmd_show(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    try:
+        view = await _find(settings, args.endpoint, args.escalation_id)
+    except ResolveRefused as exc:
+        return _fail(EXIT_FAILED, str(exc))
+    if view.resolution is None:
+        # The stream copy may be missing (a crash after the write-once record): Redis decides.
+        redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+        try:
+            view.resolution = await read_resolution(redis, args.escalation_id)
+        finally:
+            await redis.aclose()
+    print(msgspec.json.encode(_document(view)).decode())
+    return 0
+
+
+def _document(view: EscalationView) -> dict[str, Any]:
+    return {
+        "escalation": msgspec.to_builtins(view.escalation),
+        "resolution": msgspec.to_builtins(view.resolution) if view.resolution else None,
+    }
+
+
+def build_resume(
+    escalation: Escalation,
+    choice: ApprovalChoice,
+    *,
+    resolve_all: bool,
+    decision_id: str | None = None,
+    created_at_unix_ms: int = 0,
+) -> Action:
+    """The resume Action an approval escalation's answer becomes, as the source's principal.
+
+    Its request (capability and input, what the decision's fingerprint binds) depends only
+    on the escalation and the choice, so a repeated `resolve` decides the same request.
+    """
+    approval = escalation.approval
+    if approval is None:
+        raise ResolveRefused("not an approval escalation")
+    resume_id = resume_action_id(escalation.escalation_id)
+    return Action(
+        id=resume_id,
+        capability=capability_id(escalation.endpoint_id, "operator"),
+        input={
+            "resume": {
+                "source_action_id": approval.source_action_id,
+                "choice": choice.value,
+                "resolve_all": resolve_all,
+            }
+        },
+        identity=Identity(
+            principal_id=escalation.principal_id,
+            principal_kind=escalation.principal_kind,
+            tenant_id=escalation.tenant_id,
+            authentication_issuer=escalation.authentication_issuer,
+            credential_revision=escalation.credential_revision,
+        ),
+        created_at_unix_ms=created_at_unix_ms,
+        idempotency_key=resume_id,
+        approval=ApprovalRef(decision_id=decision_id) if decision_id else None,
+    )
+
+
+async def resolve_approval(
+    settings: Settings,
+    escalation: Escalation,
+    *,
+    choice: ApprovalChoice,
+    resolve_all: bool,
+    as_principal: str,
+    reason: str,
+    sign_key: Path,
+) -> EscalationResolution:
+    """Decide, record and publish the resume Action that answers `escalation`."""
+    from worker.cli import _connect_nats
+    from worker.client import AipClient
+    from worker.trust.admin import approve_action
+
+    approval = escalation.approval
+    if approval is None:
+        raise ResolveRefused("not an approval escalation")
+    if choice not in approval.choices:
+        offered = ", ".join(c.value for c in approval.choices)
+        raise ResolveRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
+    resume = build_resume(escalation, choice, resolve_all=resolve_all)
+    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    try:
+        earlier = await read_resolution(redis, escalation.escalation_id)
+        if earlier is not None and (
+            earlier.choice is not choice or earlier.resume_action_id != resume.id
+        ):
+            raise ResolveRefused(_already(earlier))
+        record = await _decided(redis, resume)
+        if record is None:
+            record = await approve_action(
+                settings,
+                resume,
+                as_principal=as_principal,
+                reason=reason,
+                decision=ApprovalDecision.APPROVED,
+            )
+        resolution = await record_resolution(
+            redis,
+            EscalationResolution(
+                escalation_id=escalation.escalation_id,
+                action_id=escalation.action_id,
+                endpoint_id=escalation.endpoint_id,
+                kind=ResolutionKind.ANSWERED,
+                resolved_by=record.approver_principal_id,
+                reason=record.reason,
+                resolved_at_unix_ms=await redis_now_ms(redis),
+                choice=choice,
+                resume_action_id=resume.id,
+            ),
+        )
+    finally:
+        await redis.aclose()
+    if resolution.resume_action_id != resume.id or resolution.choice is not choice:
+        raise ResolveRefused(_already(resolution))
+    signed = build_resume(
+        escalation,
+        choice,
+        resolve_all=resolve_all,
+        decision_id=record.decision_id,
+        created_at_unix_ms=resolution.resolved_at_unix_ms,
+    )
+    nc = await _connect_nats(settings.nats_url)
+    try:
+        client = AipClient(nc, prefix=settings.subject_prefix, sign_key=sign_key)
+        await client.publish(signed)
+        await _publish_resolution(nc, settings, resolution)
+    finally:
+        await nc.drain()
+    return resolution
+
+
+async def _decided(redis: Any, resume: Action) -> ApprovalRecord | None:
+    """The decision already recorded for this resume (a repeated `resolve`), if any; a
+    decision for another choice, or a denial, means someone else answered first."""
+    record = await read_record(redis, resume.id)
+    if record is None:
+        return None
+    if record.decision is not ApprovalDecision.APPROVED:
+        raise ResolveRefused(f"the resume {resume.id} was denied by {record.approver_principal_id}")
+    if record.input_fingerprint != fingerprint_request(resume):
+        raise ResolveRefused(
+            f"the resume {resume.id} was already decided with another choice by "
+            f"{record.approver_principal_id}"
+        )
+    return record
+
+
+def _already(resolution: EscalationResolution) -> str:
+    how = resolution.choice.value if resolution.choice else resolution.kind.value
+    return (
+        f"{resolution.escalation_id} was already resolved ({how}) by {resolution.resolved_by} "
+        f"at {resolution.resolved_at_unix_ms}"
+    )
+
+
+async def acknowledge(
+    settings: Settings, escalation: Escalation, *, as_principal: str, reason: str
+) -> EscalationResolution:
+    """Record who took over a non-approval escalation and why (write-once)."""
+    from worker.cli import _connect_nats
+
+    if not reason.strip():
+        raise ResolveRefused("a reason is required")
+    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    try:
+        resolution = await record_resolution(
+            redis,
+            EscalationResolution(
+                escalation_id=escalation.escalation_id,
+                action_id=escalation.action_id,
+                endpoint_id=escalation.endpoint_id,
+                kind=ResolutionKind.ACKNOWLEDGED,
+                resolved_by=as_principal,
+                reason=reason.strip()[:2_000],
+                resolved_at_unix_ms=await redis_now_ms(redis),
+            ),
+        )
+    finally:
+        await redis.aclose()
+    if resolution.resolved_by != as_principal or resolution.kind is not ResolutionKind.ACKNOWLEDGED:
+        raise ResolveRefused(_already(resolution))
+    nc = await _connect_nats(settings.nats_url)
+    try:
+        await _publish_resolution(nc, settings, resolution)
+    finally:
+        await nc.drain()
+    return resolution
+
+
+async def _publish_resolution(
+    nc: Any, settings: Settings, resolution: EscalationResolution
+) -> None:
+    from worker.publisher import BusPublisher
+
+    await BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix)).escalation_resolution(
+        resolution
+    )
+
+
+async def cmd_resolve(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    try:
+        view = await _find(settings, args.endpoint, args.escalation_id)
+        escalation = view.escalation
+        if escalation.kind is EscalationKind.APPROVAL:
+            if args.choice is None or args.sign_key is None:
+                return _fail(
+                    EXIT_CONFIG,
+                    "an approval escalation is answered with --choice and --sign-key "
+                    "(the gateway seed that signs the resume Action)",
+                )
+            resolution = await resolve_approval(
+                settings,
+                escalation,
+                choice=ApprovalChoice(args.choice),
+                resolve_all=args.resolve_all,
+                as_principal=args.as_principal,
+                reason=args.reason,
+                sign_key=args.sign_key,
+            )
+        else:
+            if args.choice is not None:
+                return _fail(EXIT_CONFIG, "--choice answers approval escalations only")
+            resolution = await acknowledge(
+                settings, escalation, as_principal=args.as_principal, reason=args.reason
+            )
+    except (ResolveRefused, ApprovalRefused) as exc:
+        return _fail(EXIT_FAILED, str(exc))
+    except TrustConfigError as exc:
+        return _fail(EXIT_CONFIG, str(exc))
+    except (RedisError, OSError) as exc:
+        return _fail(
+            EXIT_UNREACHABLE,
+            f"cannot reach Redis ({type(exc).__name__}); set --redis-url or AIPD_REDIS_URL",
+        )
+    print(msgspec.json.encode(resolution).decode())
+    return 0
+
+
+def add_commands(subparsers: Any) -> None:
+    """Add `escalations list | show | resolve` (each sets an async `func`)."""
+    escalations = subparsers.add_parser("escalations", help="escalations a human must decide")
+    sub = escalations.add_subparsers(dest="escalations_command", required=True)
+
+    listing = sub.add_parser("list", help="open escalations of an endpoint (--all: every one)")
+    listing.add_argument("--endpoint", required=True)
+    listing.add_argument("--all", action="store_true", help="resolved ones too")
+    listing.add_argument("--json", action="store_true", help="one JSON document per line")
+    add_settings_flags(listing)
+    listing.set_defaults(func=cmd_list)
+
+    show = sub.add_parser("show", help="an escalation and its resolution, as JSON")
+    show.add_argument("escalation_id", type=_escalation_id)
+    show.add_argument("--endpoint", required=True)
+    add_settings_flags(show)
+    show.set_defaults(func=cmd_show)
+
+    resolve = sub.add_parser(
+        "resolve",
+        help="answer an approval escalation (--choice, publishes the signed resume) or "
+        "acknowledge any other one",
+    )
+    resolve.add_argument("escalation_id", type=_escalation_id)
+    resolve.add_argument("--endpoint", required=True)
+    resolve.add_argument("--as", dest="as_principal", required=True, help="who decides")
+    resolve.add_argument("--reason", required=True, help="why (required, recorded)")
+    resolve.add_argument("--choice", choices=[c.value for c in ApprovalChoice])
+    resolve.add_argument("--resolve-all", action="store_true", help="Hermes resolve_all")
+    resolve.add_argument(
+        "--sign-key", type=Path, help="gateway nkey seed file that signs the resume Action"
+    )
+    add_settings_flags(resolve)
+    resolve.set_defaults(func=cmd_resolve)

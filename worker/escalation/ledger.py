@@ -1,0 +1,109 @@
+"""Reading escalations from their stream, and the write-once record of each resolution.
+
+The stream is the list (one message per escalation, `Nats-Msg-Id` = its id); Redis holds
+the authority on whether one was resolved: `SET NX` on `aip:escalations:{esc_…}:resolution`,
+so two people resolving the same escalation cannot both win. The resolution is then copied
+to the stream (`…escalations.resolved`) so `escalations list` needs only NATS.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.js import JetStreamContext
+
+from schemas.escalation import Escalation, EscalationResolution
+from subjects.grammar import Subjects
+from worker.store.keys import escalation_resolution_key
+
+#: Resolutions are kept as long as the escalations stream keeps escalations.
+RESOLUTION_TTL_MS = 30 * 86_400_000
+#: A bound on what one `list` reads (the stream's retention is the real limit).
+MAX_READ = 100_000
+
+_escalation_decoder = msgspec.json.Decoder(Escalation)
+_resolution_decoder = msgspec.json.Decoder(EscalationResolution)
+
+
+@dataclass(slots=True)
+class EscalationView:
+    escalation: Escalation
+    resolution: EscalationResolution | None = None
+
+    @property
+    def open(self) -> bool:
+        return self.resolution is None
+
+
+@dataclass(slots=True)
+class Unreadable:
+    """Messages on the escalation subjects that are not the published shapes (counted,
+    never guessed at)."""
+
+    count: int = 0
+
+
+async def read_subject(js: JetStreamContext, subject: str) -> list[bytes]:
+    """Every message stored on `subject`, oldest first (an ordered, ephemeral consumer)."""
+    sub = await js.subscribe(subject, ordered_consumer=True)
+    out: list[bytes] = []
+    try:
+        timeout = 1.0
+        while len(out) < MAX_READ:
+            try:
+                msg = await sub.next_msg(timeout=timeout)
+            except nats.errors.TimeoutError:
+                break
+            out.append(msg.data)
+            if msg.metadata.num_pending == 0:
+                break
+            timeout = 5.0
+    finally:
+        await sub.unsubscribe()
+    return out
+
+
+async def read_escalations(
+    js: JetStreamContext, subjects: Subjects, endpoint_id: str, unreadable: Unreadable
+) -> list[EscalationView]:
+    """Every escalation of an endpoint still on the stream, with its resolution if any."""
+    views: dict[str, EscalationView] = {}
+    for data in await read_subject(js, subjects.escalations(endpoint_id)):
+        try:
+            escalation = _escalation_decoder.decode(data)
+        except msgspec.DecodeError:
+            unreadable.count += 1
+            continue
+        views.setdefault(escalation.escalation_id, EscalationView(escalation))
+    for data in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
+        try:
+            resolution = _resolution_decoder.decode(data)
+        except msgspec.DecodeError:
+            unreadable.count += 1
+            continue
+        view = views.get(resolution.escalation_id)
+        if view is not None and view.resolution is None:
+            view.resolution = resolution
+    return list(views.values())
+
+
+async def record_resolution(redis: Any, resolution: EscalationResolution) -> EscalationResolution:
+    """Write `resolution` once; returns what is stored (the first writer's, on a race)."""
+    key = escalation_resolution_key(resolution.escalation_id)
+    written = await redis.set(key, msgspec.json.encode(resolution), nx=True, px=RESOLUTION_TTL_MS)
+    if written:
+        return resolution
+    stored = await read_resolution(redis, resolution.escalation_id)
+    if stored is None:  # expired between the two commands: it was resolved long ago
+        raise RuntimeError("the stored resolution vanished; read it again")
+    return stored
+
+
+async def read_resolution(redis: Any, escalation_id: str) -> EscalationResolution | None:
+    raw = await redis.get(escalation_resolution_key(escalation_id))
+    if raw is None:
+        return None
+    return _resolution_decoder.decode(raw if isinstance(raw, bytes) else str(raw).encode())
