@@ -9,6 +9,7 @@ from typing import Any
 from schemas.action import Action
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
+from schemas.channel import ChannelDelivery
 from schemas.chunk import StreamChunk
 from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
@@ -37,6 +38,7 @@ EXPORTED: dict[str, Any] = {
     "Receipt": Receipt,
     "Escalation": Escalation,
     "EscalationResolution": EscalationResolution,
+    "ChannelDelivery": ChannelDelivery,
 }
 
 

@@ -71,6 +71,16 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "worker",
     ),
     (
+        "egress",
+        "{prefix}.hermes.{endpoint}.egress",
+        "ChannelDelivery",
+        "EGRESS",
+        "A normalized result or escalation bound for a persisted Hermes session (work queue, "
+        "Nats-Msg-Id = delivery_id). Worker to worker: the delivery runs as the internal "
+        "Action delivery_id, whose chunks and result are on the usual subjects.",
+        "worker",
+    ),
+    (
         "escalations",
         "{prefix}.hermes.{endpoint}.escalations",
         "Escalation",

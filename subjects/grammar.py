@@ -78,6 +78,10 @@ class Subjects:
             return f"{self.prefix}.hermes.{endpoint_id}.audit.{action_id}"
         return f"{self.prefix}.hermes.{endpoint_id}.audit.{_checked(action_id)}"
 
+    def egress(self, endpoint_id: str) -> str:
+        """Channel deliveries bound for a session of this endpoint (work queue)."""
+        return f"{self.prefix}.hermes.{endpoint_id}.egress"
+
     def escalations(self, endpoint_id: str) -> str:
         """Escalations a human must decide (schemas/escalation.py)."""
         return f"{self.prefix}.hermes.{endpoint_id}.escalations"

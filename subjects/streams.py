@@ -56,6 +56,8 @@ class StreamPolicy:
     runtime_max_bytes: int = 128 * MIB
     escalations_max_age_s: float = 30 * DAY_S
     escalations_max_bytes: int = 256 * MIB
+    egress_max_bytes: int = 256 * MIB
+    egress_max_msgs: int = 250_000
     #: AckWait of the work consumers. The heartbeat calls `in_progress()` every third of the
     #: lease TTL, so AckWait only has to outlast one missed heartbeat, not a whole run.
     ack_wait_s: float = 30.0
@@ -125,6 +127,10 @@ def stream_configs(
             "delegations", [subjects.delegations(e) for e in endpoint_ids],
             p.delegations_max_bytes, p.delegations_max_msgs,
         ),
+        work(
+            "egress", [subjects.egress(e) for e in endpoint_ids], p.egress_max_bytes,
+            p.egress_max_msgs,
+        ),
         limits("chunks", subjects.all_chunks(), p.chunks_max_age_s, p.chunks_max_bytes),
         limits("results", subjects.all_results(), p.results_max_age_s, p.results_max_bytes),
         # Evidence is kept, not rotated: when full, the newest refusals are the ones not
@@ -183,6 +189,7 @@ def consumer_specs(
         for kind, subject in (
             ("actions", subjects.actions(endpoint_id)),
             ("delegations", subjects.delegations(endpoint_id)),
+            ("egress", subjects.egress(endpoint_id)),
         ):
             specs.append(
                 ConsumerSpec(

@@ -14,6 +14,7 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker.admission import Admission
 from worker.audit import AuditLog
+from worker.channel.egress import EgressHandler
 from worker.connections import connect_nats, open_redis_for, stream_policy
 from worker.consumer import PullLoop, Slots
 from worker.control import BindingCancelHook, ControlPlane
@@ -72,6 +73,7 @@ class Worker:
         self._work_subject = {
             "actions": self.subjects.actions,
             "delegations": self.subjects.delegations,
+            "egress": self.subjects.egress,
         }
         self.metrics = Metrics(worker_id=settings.worker_id)
         #: Repeated failures are logged once per cause per interval, and counted.
@@ -146,6 +148,8 @@ class Worker:
             errors=self.errors,
         )
         handler = DeliveryHandler(self.rt)
+        if settings.channel_egress_file is not None:
+            await self._start_egress(js, endpoints, handler)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
         await self.control.start()
         loop = asyncio.get_running_loop()
@@ -178,13 +182,28 @@ class Worker:
             settings.lease_ttl_ms,
         )
 
+    async def _start_egress(self, js: Any, endpoints: Any, handler: DeliveryHandler) -> None:
+        """Channel egress: refuse rules naming unknown endpoints or sessions, then consume
+        the egress queue of every served endpoint a rule delivers to (docs/channels.md)."""
+        from worker.channel.egress import EgressHandler, check_sessions
+        from worker.channel.rules import load_egress_rules
+
+        assert self.rt is not None
+        assert self.settings.channel_egress_file is not None
+        table = load_egress_rules(self.settings.channel_egress_file, [e.id for e in endpoints])
+        await check_sessions(table, self.rt.endpoints)
+        self.rt.channel = table
+        egress = EgressHandler(handler, table)
+        for endpoint_id in sorted({endpoint_id for endpoint_id, _ in table.targets()}):
+            self._pull(js, "egress", endpoint_id, self.slots, egress)
+
     def _pull(
         self,
         js: Any,
         kind: str,
         endpoint_id: str,
         slots: Slots,
-        handler: DeliveryHandler | DelegationHandler,
+        handler: DeliveryHandler | DelegationHandler | EgressHandler,
     ) -> None:
         """Start the pull loop of one endpoint's durable consumer of `kind`."""
         pull = PullLoop(
@@ -274,7 +293,9 @@ def _redis_location(url: str) -> str:
     return f"{parts.hostname}:{parts.port or 6379}"
 
 
-def _bound(handler: DeliveryHandler | DelegationHandler, endpoint_id: str) -> Any:
+def _bound(
+    handler: DeliveryHandler | DelegationHandler | EgressHandler, endpoint_id: str
+) -> Any:
     async def handle(msg: Any) -> None:
         await handler.handle(msg, endpoint_id)
 

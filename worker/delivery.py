@@ -31,12 +31,15 @@ from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind, make_chunk
 from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
 from schemas.errors import ErrorCode, ProtocolError
+from schemas.escalation import Escalation
 from schemas.ids import is_action_id, split_capability
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from worker import faults
 from worker.admission import Admission
 from worker.audit import AuditLog, ReceiptScope, enter_scope
+from worker.channel.egress import deliveries_for
+from worker.channel.rules import EgressTable
 from worker.dead_letters import DeadLetters, Kept
 from worker.errors import ConnectorError, deadline_exceeded, unexpected_failure
 from worker.escalation.build import escalation_for
@@ -92,6 +95,8 @@ class Runtime:
     shutting_down: bool = False
     #: Repeated delivery failures are logged once per cause per interval.
     errors: RepeatedErrors = field(default_factory=RepeatedErrors)
+    #: Channel egress rules (AIPD_CHANNEL_EGRESS_FILE); None sends nothing to sessions.
+    channel: EgressTable | None = None
 
 
 def request_fingerprint(action: Action) -> str:
@@ -720,8 +725,10 @@ class DeliveryHandler:
             uncertain=bool(error and error.uncertain_outcome),
         )
         faults.hit("after_settle", action.id)
-        await self.escalate(result, action)
+        escalation = await self.escalate(result, action)
         faults.hit("after_escalation", action.id)
+        await self.channel_out(result, action, escalation)
+        faults.hit("after_channel_publish", action.id)
         # The terminal chunk is sent first (same connection, so it arrives first) and
         # confirmed together with the awaited result: one round trip, not two.
         pending_terminal = await rt.publisher.chunk(terminal)
@@ -766,7 +773,9 @@ class DeliveryHandler:
         stored = await rt.store.settle(keys, owner, grant.fence, encode(result))
         if stored.status is SettleStatus.FENCED_OUT:
             return
-        await self.escalate(_decoded_result(stored.stored) or result, action)
+        stored_result = _decoded_result(stored.stored) or result
+        escalation = await self.escalate(stored_result, action)
+        await self.channel_out(stored_result, action, escalation)
         # Like every Action, a refused one ends its chunk stream before its result, so a
         # consumer following the chunks learns the outcome too.
         await rt.publisher.chunk_awaited(
@@ -817,7 +826,8 @@ class DeliveryHandler:
             # one again (same id, a server-side duplicate if the first one was stored).
             stored_result = _decoded_result(stored)
             if action is not None and stored_result is not None:
-                await self.escalate(stored_result, action, republished=True)
+                escalation = await self.escalate(stored_result, action, republished=True)
+                await self.channel_out(stored_result, action, escalation)
             await self.rt.publisher.result_bytes(endpoint_id, action_id, stored)
             self.rt.audit.emit(
                 ReceiptEvent.REPUBLISHED, action_id=action_id, endpoint_id=endpoint_id
@@ -826,7 +836,7 @@ class DeliveryHandler:
 
     async def escalate(
         self, result: ActionResult, action: Action, *, republished: bool = False
-    ) -> None:
+    ) -> Escalation | None:
         """Publish the escalation `result` raises, if any (worker/escalation/rules.py).
 
         Called only after this worker's own fenced settle, or when a stored result is
@@ -836,10 +846,10 @@ class DeliveryHandler:
             result, action, approval_ttl_ms=self.rt.settings.hermes_operator_timeout_ms
         )
         if escalation is None:
-            return
+            return None
         await self.rt.publisher.escalation(escalation)
         if republished:
-            return
+            return escalation
         self.rt.metrics.escalation_raised(result.endpoint_id, escalation.kind.value)
         log.info(
             "escalation %s raised for %s (%s)",
@@ -848,6 +858,17 @@ class DeliveryHandler:
             escalation.code.value if escalation.code else result.status.value,
             extra={"endpoint": result.endpoint_id, "action_id": action.id},
         )
+        return escalation
+
+    async def channel_out(
+        self, result: ActionResult, action: Action, escalation: Escalation | None
+    ) -> None:
+        """Queue the channel deliveries the egress rules make of this result (and its
+        escalation), before the result is published (docs/channels.md)."""
+        if self.rt.channel is None:
+            return
+        for delivery in deliveries_for(self.rt.channel, result, action, escalation):
+            await self.rt.publisher.channel_delivery(delivery)
 
     async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
         subjects = self.rt.subjects

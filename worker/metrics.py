@@ -173,6 +173,11 @@ class Metrics:
             "Escalations this worker's fenced settles raised, by endpoint and kind",
             ["endpoint", "kind"], registry=r,
         )
+        self._channel = Counter(
+            f"{PREFIX}_channel_deliveries",
+            "Channel deliveries this worker started (results or escalations into a session)",
+            ["endpoint", "source"], registry=r,
+        )
         self._heartbeats = Counter(
             f"{PREFIX}_heartbeat_round_trips", "Lease renewal round trips by result",
             ["result"], registry=r,
@@ -211,6 +216,7 @@ class Metrics:
         self._f_unknown = _Family(self._unknown.labels)
         self._f_heartbeats = _Family(self._heartbeats.labels)
         self._f_escalations = _Family(self._escalations.labels)
+        self._f_channel = _Family(self._channel.labels)
         self._f_ready = _Family(self._ready.labels)
         self._f_errors = _Family(self._errors.labels)
 
@@ -256,6 +262,10 @@ class Metrics:
     def escalation_raised(self, endpoint: str, kind: str) -> None:
         """One Escalation published right after this worker's own fenced settle."""
         self._f_escalations.get(endpoint, kind).inc()
+
+    def channel_delivery(self, endpoint: str, source: str) -> None:
+        """One channel delivery taken from the egress queue towards a Hermes session."""
+        self._f_channel.get(endpoint, source).inc()
 
     def fenced_out(self, endpoint: str, step: FenceStep) -> None:
         """A fenced write was refused: a newer owner exists, this worker stops."""

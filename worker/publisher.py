@@ -16,6 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from schemas.audit import Receipt
+from schemas.channel import ChannelDelivery
 from schemas.chunk import StreamChunk
 from schemas.codec import encode
 from schemas.escalation import Escalation, EscalationResolution
@@ -124,6 +125,12 @@ class BusPublisher:
             self.subjects.escalations(escalation.endpoint_id),
             encode(escalation),
             escalation.escalation_id,
+        )
+
+    async def channel_delivery(self, delivery: ChannelDelivery) -> PubAck:
+        """Awaited and before the source's result, like an escalation (same reasoning)."""
+        return await self._publish(
+            self.subjects.egress(delivery.endpoint_id), encode(delivery), delivery.delivery_id
         )
 
     async def escalation_resolution(self, resolution: EscalationResolution) -> PubAck:

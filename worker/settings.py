@@ -196,6 +196,9 @@ class Settings(BaseSettings):
     """Trusted identity directory (JSON); without it governed execution is refused."""
     approval_authority_file: Path | None = None
     """Approval authority directory (JSON `AuthorityMembership` records)."""
+    channel_egress_file: Path | None = None
+    """Channel egress rules (JSON): which results and escalations are sent into which
+    persisted Hermes session (docs/channels.md). Trusted configuration, never payload."""
     allow_unsigned_envelopes: bool = False
     """Accept unsigned envelopes. Development only: warned at start and on every acceptance."""
     max_envelope_age_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 300_000

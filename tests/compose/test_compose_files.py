@@ -218,11 +218,18 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
 #: method of `Subjects` must be listed, so a new subject cannot ship without a permission
 #: decision. Workers pull Actions and delegations through their durable consumers (replies
 #: to their own inbox), so they never subscribe to the work subjects themselves.
-WORKER_PUBLISHES = {"chunks", "results", "dlq", "audit", "cancel_notice"}
+#: Workers also queue channel deliveries for other workers (`egress`, pulled through a
+#: durable consumer like the work subjects) and raise escalations; the gateway's
+#: credentials publish escalation resolutions (`escalations resolve`).
+WORKER_PUBLISHES = {
+    "chunks", "results", "dlq", "audit", "cancel_notice", "escalations", "egress",
+}
 WORKER_SUBSCRIBES = {"cancel", "manifest", "cancel_notice"}
 WORK_SUBJECTS = {"actions", "delegations"}
 #: The gateway also files its own receipts (one per MCP tool call) on the audit subjects.
-GATEWAY_PUBLISHES = {"actions", "delegations", "cancel", "manifest", "audit"}
+GATEWAY_PUBLISHES = {
+    "actions", "delegations", "cancel", "manifest", "audit", "escalation_resolutions",
+}
 
 
 def _endpoint_subjects() -> dict[str, str]:

@@ -1,0 +1,1 @@
+"""The channel roles: results and escalations sent into persisted Hermes sessions (egress)."""

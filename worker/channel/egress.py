@@ -1,0 +1,218 @@
+"""Channel egress: a matching result or escalation, sent once into a persisted Hermes session.
+
+Two halves, both on the runtime's fenced path:
+
+1. `deliveries_for` (called by `DeliveryHandler` right after the settling owner's fenced
+   settle, or when a stored result is republished) turns a source into `ChannelDelivery`
+   messages for the work queue `aip.hermes.{endpoint}.egress`, under `Nats-Msg-Id` = the
+   delivery id derived from the rule and the source: a republish is a server-side duplicate.
+2. `EgressHandler` (a pull consumer of that queue) runs each delivery as the internal
+   delivery Action `delivery_id` of capability `session_chat` through
+   `DeliveryHandler.run`: lease, fence, the unsafe-attempt mark before the one
+   `POST /api/sessions/{session_id}/chat`, settle, chunks and result. A takeover after
+   the mark settles `transport` with `uncertain_outcome: true` instead of posting again;
+   an ambiguous answer is settled the same way; a redelivery of a settled delivery
+   republishes its stored result.
+
+A delivery's own result or escalation is never delivered again (no loops): the internal
+Action runs as `CHANNEL_PRINCIPAL`, which `deliveries_for` skips.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from schemas.action import Action, Identity
+from schemas.audit import ReceiptEvent
+from schemas.channel import ChannelDelivery, ChannelSource
+from schemas.codec import EnvelopeRejected, convert_input
+from schemas.errors import ErrorCode
+from schemas.escalation import Escalation
+from schemas.ids import capability_id
+from schemas.result import ActionResult
+from worker.channel.normalize import escalation_message, result_message
+from worker.channel.rules import EgressTable
+from worker.execution import now_ms
+from worker.store.keys import ActionKeys
+
+if TYPE_CHECKING:
+    from worker.delivery import DeliveryHandler
+
+log = logging.getLogger(__name__)
+
+#: The principal delivery Actions run as: internal, never admitted from the bus.
+CHANNEL_PRINCIPAL = "connector:hermes_channel"
+CHANNEL_PRINCIPAL_KIND = "service"
+DELIVERY_OPERATION = "session_chat"
+#: A ChannelDelivery is at most the message ceiling plus its ids.
+MAX_DELIVERY_BYTES = 64 * 1024
+
+_decoder = msgspec.json.Decoder(ChannelDelivery)
+
+
+def delivery_id(rule_id: str, source_id: str) -> str:
+    """The delivery Action's id: one per rule and source, so a redelivery is idempotent."""
+    return "act_" + hashlib.sha256(f"channel:{rule_id}:{source_id}".encode()).hexdigest()[:32]
+
+
+def deliveries_for(
+    table: EgressTable,
+    result: ActionResult,
+    action: Action,
+    escalation: Escalation | None,
+) -> list[ChannelDelivery]:
+    """What the rules send for this settled result and the escalation it raised."""
+    if action.identity.principal_id == CHANNEL_PRINCIPAL:
+        return []
+    tenant = action.identity.tenant_id
+    out: list[ChannelDelivery] = []
+    sources: list[tuple[ChannelSource, str]] = [(ChannelSource.RESULT, result.action_id)]
+    if escalation is not None:
+        sources.append((ChannelSource.ESCALATION, escalation.escalation_id))
+    for source, source_id in sources:
+        for rule in table.matching(source, result.endpoint_id, result.capability, tenant):
+            if source is ChannelSource.RESULT:
+                message = result_message(result, rule.max_message_bytes)
+            else:
+                assert escalation is not None
+                message = escalation_message(escalation, rule.max_message_bytes)
+            out.append(
+                ChannelDelivery(
+                    delivery_id=delivery_id(rule.id, source_id),
+                    rule_id=rule.id,
+                    source=source,
+                    source_action_id=result.action_id,
+                    source_id=source_id,
+                    endpoint_id=rule.endpoint_id,
+                    session_id=rule.session_id,
+                    message=message,
+                    created_at_unix_ms=result.settled_at_unix_ms,
+                )
+            )
+    return out
+
+
+def delivery_action(delivery: ChannelDelivery) -> Action:
+    """The internal Action a delivery runs as (its input is what the fingerprint covers)."""
+    return Action(
+        id=delivery.delivery_id,
+        capability=capability_id(delivery.endpoint_id, DELIVERY_OPERATION),
+        input={"session_id": delivery.session_id, "message": delivery.message},
+        identity=Identity(principal_id=CHANNEL_PRINCIPAL, principal_kind=CHANNEL_PRINCIPAL_KIND),
+        created_at_unix_ms=delivery.created_at_unix_ms,
+        idempotency_key=delivery.delivery_id,
+    )
+
+
+class EgressHandler:
+    """The consumer of `aip.hermes.{endpoint}.egress`: one delivery, start to finish."""
+
+    def __init__(self, delivery: DeliveryHandler, table: EgressTable) -> None:
+        self.delivery = delivery
+        self.rt = delivery.rt
+        self.table = table
+
+    async def handle(self, msg: Msg, endpoint_id: str) -> None:
+        await self.delivery.guarded(self._handle, msg, endpoint_id)
+
+    async def _handle(self, msg: Msg, endpoint_id: str) -> None:
+        rt = self.rt
+        try:
+            request = _decode(msg.data)
+        except EnvelopeRejected as exc:
+            await self.delivery.dead_letter(msg, endpoint_id, exc.code, exc.reason)
+            return
+        refusal = self._refusal(request, endpoint_id)
+        if refusal is not None:
+            await self.delivery.dead_letter(
+                msg, endpoint_id, ErrorCode.CONFIGURATION_OR_INPUT, refusal
+            )
+            return
+        headers = dict(msg.headers or {})
+        if not await self.delivery.msg_id_matches(msg, endpoint_id, headers, request.delivery_id):
+            return
+        action = delivery_action(request)
+        operation = rt.registry.get(DELIVERY_OPERATION)
+        if operation is None:
+            await self.delivery.dead_letter(
+                msg,
+                endpoint_id,
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                f"operation {DELIVERY_OPERATION} is not published by this worker",
+            )
+            return
+        params: Any = convert_input(action.input, operation.spec.input_type)
+        rt.audit.emit(
+            ReceiptEvent.RECEIVED,
+            action_id=action.id,
+            endpoint_id=endpoint_id,
+            capability=action.capability,
+            channel_rule=request.rule_id,
+            source_id=request.source_id,
+        )
+        rt.metrics.channel_delivery(endpoint_id, request.source.value)
+        await self.delivery.run(
+            msg,
+            action,
+            ActionKeys.of(action.id),
+            rt.endpoints[endpoint_id],
+            operation,
+            params,
+            {},
+            now_ms() + operation.spec.timeout_ms,
+        )
+
+    def _refusal(self, request: ChannelDelivery, endpoint_id: str) -> str | None:
+        """Why this delivery may not run here, or None: only what a configured rule sends."""
+        rule = self.table.rule(request.rule_id)
+        if rule is None:
+            return f"no channel rule {request.rule_id!r} is configured"
+        if (rule.endpoint_id, rule.session_id) != (endpoint_id, request.session_id):
+            return f"rule {rule.id!r} does not deliver to this endpoint and session"
+        if request.delivery_id != delivery_id(rule.id, request.source_id):
+            return "the delivery id is not derived from its rule and source"
+        if len(request.message.encode()) > rule.max_message_bytes:
+            return f"the message is over the rule's {rule.max_message_bytes} bytes"
+        return None
+
+
+def _decode(data: bytes) -> ChannelDelivery:
+    if len(data) > MAX_DELIVERY_BYTES:
+        raise EnvelopeRejected(
+            ErrorCode.SCHEMA_ENVELOPE_INVALID,
+            f"delivery is {len(data)} bytes, over the {MAX_DELIVERY_BYTES}-byte limit",
+        )
+    try:
+        return _decoder.decode(data)
+    except msgspec.ValidationError as exc:
+        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, str(exc)) from None
+    except msgspec.DecodeError as exc:
+        raise EnvelopeRejected(ErrorCode.ENVELOPE_DECODE_INVALID, str(exc)) from None
+
+
+async def check_sessions(table: EgressTable, endpoints: dict[str, Any]) -> None:
+    """Refuse to start when a rule's session does not exist (ChannelConfigError, exit 2);
+    an endpoint that does not answer is an OSError (exit 3)."""
+    from worker.channel.rules import ChannelConfigError
+    from worker.errors import ConnectorError
+
+    for endpoint_id, session_id in sorted(table.targets()):
+        hermes = endpoints[endpoint_id].hermes
+        try:
+            await hermes.request_json(
+                "GET", "/api/sessions/{session_id}", {"session_id": session_id}
+            )
+        except ConnectorError as exc:
+            if exc.remote_status == 404:
+                raise ChannelConfigError(
+                    f"AIPD_CHANNEL_EGRESS_FILE: session {session_id!r} does not exist on "
+                    f"endpoint {endpoint_id!r}"
+                ) from None
+            raise OSError(
+                f"cannot check session {session_id!r} on endpoint {endpoint_id!r}: {exc.code.value}"
+            ) from None

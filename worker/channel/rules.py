@@ -1,0 +1,146 @@
+"""`AIPD_CHANNEL_EGRESS_FILE`: which results and escalations go into which Hermes session.
+
+Trusted deployment configuration, never payload: a JSON array of rules
+
+    {"id": "support-desk",
+     "match": {"endpoint": "hermes-1", "capability_prefix": "cap:hermes_agent:hermes-1:",
+               "tenant": "tenant-a", "sources": ["result", "escalation"]},
+     "endpoint_id": "hermes-1", "session_id": "desk-session", "max_message_bytes": 4096}
+
+Every `match` field is optional (absent: any); `sources` defaults to both. A source matching
+several rules is delivered once per rule. Refused at start-up (exit 2, naming the rule):
+an unknown field, a rule naming an endpoint this deployment does not serve, a deployment
+with more than one endpoint whose rule lacks `endpoint_id` or `session_id`, a duplicate id,
+a file that is not an owner-controlled regular file under 1 MiB. A session that does not
+exist is refused when the worker starts (`check_sessions`).
+"""
+
+from __future__ import annotations
+
+import stat
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+
+from schemas.channel import MAX_CHANNEL_MESSAGE_BYTES, ChannelSource, SessionId
+from schemas.ids import EndpointId, ShortText
+
+MAX_FILE_BYTES = 1_048_576
+DEFAULT_MESSAGE_BYTES = 4_096
+MAX_RULES = 256
+
+
+class ChannelConfigError(ValueError):
+    """The channel file is refused; the message names the file and the rule."""
+
+
+class _Match(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    endpoint: EndpointId | None = None
+    capability_prefix: ShortText | None = None
+    tenant: ShortText | None = None
+    sources: list[ChannelSource] = msgspec.field(
+        default_factory=lambda: [ChannelSource.RESULT, ChannelSource.ESCALATION]
+    )
+
+
+class _Rule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    id: Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}\Z")]
+    match: _Match = msgspec.field(default_factory=_Match)
+    endpoint_id: EndpointId | None = None
+    session_id: SessionId | None = None
+    max_message_bytes: Annotated[int, msgspec.Meta(ge=256, le=MAX_CHANNEL_MESSAGE_BYTES)] = (
+        DEFAULT_MESSAGE_BYTES
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EgressRule:
+    id: str
+    endpoint_id: str
+    session_id: str
+    max_message_bytes: int
+    match_endpoint: str | None
+    capability_prefix: str | None
+    tenant: str | None
+    sources: frozenset[ChannelSource]
+
+    def matches(
+        self, source: ChannelSource, endpoint_id: str, capability: str, tenant: str | None
+    ) -> bool:
+        return (
+            source in self.sources
+            and (self.match_endpoint is None or self.match_endpoint == endpoint_id)
+            and (self.capability_prefix is None or capability.startswith(self.capability_prefix))
+            and (self.tenant is None or self.tenant == tenant)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EgressTable:
+    rules: tuple[EgressRule, ...]
+
+    def matching(
+        self, source: ChannelSource, endpoint_id: str, capability: str, tenant: str | None
+    ) -> list[EgressRule]:
+        return [r for r in self.rules if r.matches(source, endpoint_id, capability, tenant)]
+
+    def rule(self, rule_id: str) -> EgressRule | None:
+        return next((r for r in self.rules if r.id == rule_id), None)
+
+    def targets(self) -> set[tuple[str, str]]:
+        """Every (endpoint, session) some rule delivers to (checked at start-up)."""
+        return {(r.endpoint_id, r.session_id) for r in self.rules}
+
+
+def load_egress_rules(path: Path, endpoint_ids: list[str]) -> EgressTable:
+    """The validated table, or ChannelConfigError naming what to fix."""
+    what = f"AIPD_CHANNEL_EGRESS_FILE {path}"
+    try:
+        info = path.stat()
+    except OSError as exc:
+        raise ChannelConfigError(f"{what}: {exc.strerror}") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise ChannelConfigError(f"{what}: not a regular file")
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise ChannelConfigError(f"{what}: group- or world-writable")
+    if info.st_size > MAX_FILE_BYTES:
+        raise ChannelConfigError(f"{what}: larger than {MAX_FILE_BYTES} bytes")
+    try:
+        raw = msgspec.json.decode(
+            path.read_bytes(),
+            type=Annotated[list[_Rule], msgspec.Meta(max_length=MAX_RULES)],
+        )
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise ChannelConfigError(f"{what}: {exc}") from None
+    seen: set[str] = set()
+    rules: list[EgressRule] = []
+    for rule in raw:
+        where = f"{what}: rule {rule.id!r}"
+        if rule.id in seen:
+            raise ChannelConfigError(f"{where}: duplicate id")
+        seen.add(rule.id)
+        if len(endpoint_ids) > 1 and (rule.endpoint_id is None or rule.session_id is None):
+            raise ChannelConfigError(
+                f"{where}: a multi-endpoint deployment must name both endpoint_id and session_id"
+            )
+        if rule.session_id is None:
+            raise ChannelConfigError(f"{where}: session_id is required")
+        endpoint_id = rule.endpoint_id or endpoint_ids[0]
+        for named in (endpoint_id, rule.match.endpoint):
+            if named is not None and named not in endpoint_ids:
+                raise ChannelConfigError(f"{where}: endpoint {named!r} is not configured")
+        rules.append(
+            EgressRule(
+                id=rule.id,
+                endpoint_id=endpoint_id,
+                session_id=rule.session_id,
+                max_message_bytes=rule.max_message_bytes,
+                match_endpoint=rule.match.endpoint,
+                capability_prefix=rule.match.capability_prefix,
+                tenant=rule.match.tenant,
+                sources=frozenset(rule.match.sources),
+            )
+        )
+    return EgressTable(tuple(rules))
