@@ -45,3 +45,37 @@ class ChannelDelivery(WireStruct, kw_only=True, frozen=True):
     #: The normalized, bounded text sent as the chat message.
     message: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CHANNEL_MESSAGE_BYTES)]
     created_at_unix_ms: UnixMs
+
+
+#: Ingress sessions appear in a subject token: letters, digits, `_` and `-` only.
+INGRESS_SESSION_PATTERN = r"^[A-Za-z0-9_-]{1,128}\Z"
+#: The largest message content published; longer content is cut and flagged.
+MAX_INGRESS_CONTENT_BYTES = 64 * 1024
+
+
+class ChannelRole(StrEnum):
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+    SYSTEM = "system"
+
+
+class ChannelMessage(WireStruct, kw_only=True, frozen=True):
+    """One message of a followed Hermes session, on `aip.hermes.{endpoint}.inbound.{session}`
+    under `Nats-Msg-Id` `{endpoint}:{message_id}` (Hermes message ids are unique per server)."""
+
+    endpoint_id: EndpointId
+    session_id: Annotated[str, msgspec.Meta(pattern=INGRESS_SESSION_PATTERN)]
+    #: Hermes' message id (global autoincrement of its state.db): the follow cursor.
+    message_id: Annotated[int, msgspec.Meta(ge=0)]
+    role: ChannelRole
+    content: Annotated[str, msgspec.Meta(max_length=MAX_INGRESS_CONTENT_BYTES)]
+    #: True when the content was cut at MAX_INGRESS_CONTENT_BYTES; `content_bytes` is its size.
+    content_truncated: bool = False
+    content_bytes: Annotated[int, msgspec.Meta(ge=0)]
+    tool_name: ShortText | None = None
+    tool_call_id: ShortText | None = None
+    finish_reason: ShortText | None = None
+    #: Hermes' message time (epoch seconds).
+    timestamp: float | None = None
+    published_at_unix_ms: UnixMs

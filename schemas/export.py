@@ -9,7 +9,7 @@ from typing import Any
 from schemas.action import Action
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
-from schemas.channel import ChannelDelivery
+from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.chunk import StreamChunk
 from schemas.delegation import DelegationRequest
 from schemas.errors import ProtocolError
@@ -39,6 +39,7 @@ EXPORTED: dict[str, Any] = {
     "Escalation": Escalation,
     "EscalationResolution": EscalationResolution,
     "ChannelDelivery": ChannelDelivery,
+    "ChannelMessage": ChannelMessage,
 }
 
 

@@ -81,6 +81,15 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "worker",
     ),
     (
+        "inbound",
+        "{prefix}.hermes.{endpoint}.inbound.{session_id}",
+        "ChannelMessage",
+        "INBOUND",
+        "Each message of a followed Hermes session (AIPD_CHANNEL_INGRESS_FILE), once, in id "
+        "order (Nats-Msg-Id {endpoint}:{message_id}).",
+        "worker",
+    ),
+    (
         "escalations",
         "{prefix}.hermes.{endpoint}.escalations",
         "Escalation",
@@ -149,7 +158,7 @@ def document(prefix: str = "aip") -> dict[str, Any]:
     for channel_id, address, message, stream, description, sender in _CHANNELS:
         params = {
             p: {"description": f"the {p.replace('_', ' ')}"}
-            for p in ("endpoint", "action_id")
+            for p in ("endpoint", "action_id", "session_id")
             if "{" + p + "}" in address
         }
         channel: dict[str, Any] = {

@@ -12,6 +12,7 @@ DEFAULT_PREFIX = "aip"
 _ENDPOINT_RE = re.compile(ENDPOINT_ID_PATTERN)
 _PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 _FOLD_RE = re.compile(r"[^a-z0-9_-]+")
+_SESSION_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 
 
 class InvalidEndpointId(ValueError):
@@ -82,6 +83,12 @@ class Subjects:
         """Channel deliveries bound for a session of this endpoint (work queue)."""
         return f"{self.prefix}.hermes.{endpoint_id}.egress"
 
+    def inbound(self, endpoint_id: str, session_id: str) -> str:
+        """Messages of a followed Hermes session (channel ingress)."""
+        if not _SESSION_TOKEN_RE.fullmatch(session_id):
+            raise ValueError("not an ingress session id")
+        return f"{self.prefix}.hermes.{endpoint_id}.inbound.{session_id}"
+
     def escalations(self, endpoint_id: str) -> str:
         """Escalations a human must decide (schemas/escalation.py)."""
         return f"{self.prefix}.hermes.{endpoint_id}.escalations"
@@ -132,6 +139,9 @@ class Subjects:
             f"{self.prefix}.hermes.*.escalations",
             f"{self.prefix}.hermes.*.escalations.resolved",
         ]
+
+    def all_inbound(self) -> str:
+        return f"{self.prefix}.hermes.*.inbound.*"
 
     def all_audit(self) -> str:
         return f"{self.prefix}.hermes.*.audit.*"

@@ -58,6 +58,8 @@ class StreamPolicy:
     escalations_max_bytes: int = 256 * MIB
     egress_max_bytes: int = 256 * MIB
     egress_max_msgs: int = 250_000
+    inbound_max_age_s: float = 7 * DAY_S
+    inbound_max_bytes: int = GIB
     #: AckWait of the work consumers. The heartbeat calls `in_progress()` every third of the
     #: lease TTL, so AckWait only has to outlast one missed heartbeat, not a whole run.
     ack_wait_s: float = 30.0
@@ -144,6 +146,7 @@ def stream_configs(
             "escalations", subjects.all_escalations(), p.escalations_max_age_s,
             p.escalations_max_bytes,
         ),
+        limits("inbound", subjects.all_inbound(), p.inbound_max_age_s, p.inbound_max_bytes),
     ]
 
 

@@ -82,6 +82,9 @@ class Worker:
         self.health: HealthServer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
+        #: Channel ingress followers (worker/channel/ingress.py); their leases are given
+        #: back on shutdown.
+        self.followers: list[Any] = []
 
     async def start(self) -> None:
         settings = self.settings
@@ -150,6 +153,8 @@ class Worker:
         handler = DeliveryHandler(self.rt)
         if settings.channel_egress_file is not None:
             await self._start_egress(js, endpoints, handler)
+        if settings.channel_ingress_file is not None:
+            await self._start_ingress(js, endpoints, publisher)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
         await self.control.start()
         loop = asyncio.get_running_loop()
@@ -196,6 +201,30 @@ class Worker:
         egress = EgressHandler(handler, table)
         for endpoint_id in sorted({endpoint_id for endpoint_id, _ in table.targets()}):
             self._pull(js, "egress", endpoint_id, self.slots, egress)
+
+    async def _start_ingress(self, js: Any, endpoints: Any, publisher: BusPublisher) -> None:
+        """Channel ingress: a follower per configured session (docs/channels.md)."""
+        from worker.channel.ingress import start_followers
+        from worker.channel.rules import load_ingress_rules
+
+        assert self.rt is not None
+        assert self.settings.channel_ingress_file is not None
+        targets = load_ingress_rules(
+            self.settings.channel_ingress_file, [e.id for e in endpoints]
+        )
+        self.followers = await start_followers(
+            targets,
+            self.rt.endpoints,
+            redis=self.redis,
+            js=js,
+            subjects=self.subjects,
+            publisher=publisher,
+            metrics=self.metrics,
+            worker_id=self.settings.worker_id,
+            lease_ttl_ms=self.settings.lease_ttl_ms,
+        )
+        loop = asyncio.get_running_loop()
+        self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)
 
     def _pull(
         self,
@@ -256,6 +285,8 @@ class Worker:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
+        for follower in self.followers:
+            await follower.release()
         if self.health is not None:
             await self.health.stop()
         if self.control is not None:

@@ -178,6 +178,16 @@ class Metrics:
             "Channel deliveries this worker started (results or escalations into a session)",
             ["endpoint", "source"], registry=r,
         )
+        self._ingress = Counter(
+            f"{PREFIX}_channel_ingress_messages",
+            "Session messages taken by channel ingress: published, or refused (dead-lettered)",
+            ["endpoint", "outcome"], registry=r,
+        )
+        self._ingress_lag = Gauge(
+            f"{PREFIX}_channel_ingress_lag_seconds",
+            "Age of the oldest session message not yet published at the last poll (0: caught up)",
+            ["endpoint", "session"], registry=r,
+        )
         self._heartbeats = Counter(
             f"{PREFIX}_heartbeat_round_trips", "Lease renewal round trips by result",
             ["result"], registry=r,
@@ -217,6 +227,8 @@ class Metrics:
         self._f_heartbeats = _Family(self._heartbeats.labels)
         self._f_escalations = _Family(self._escalations.labels)
         self._f_channel = _Family(self._channel.labels)
+        self._f_ingress = _Family(self._ingress.labels)
+        self._f_ingress_lag = _Family(self._ingress_lag.labels)
         self._f_ready = _Family(self._ready.labels)
         self._f_errors = _Family(self._errors.labels)
 
@@ -266,6 +278,19 @@ class Metrics:
     def channel_delivery(self, endpoint: str, source: str) -> None:
         """One channel delivery taken from the egress queue towards a Hermes session."""
         self._f_channel.get(endpoint, source).inc()
+
+    def channel_ingress_published(self, endpoint: str) -> None:
+        self._f_ingress.get(endpoint, "published").inc()
+
+    def channel_ingress_refused(self, endpoint: str) -> None:
+        self._f_ingress.get(endpoint, "refused").inc()
+
+    def channel_ingress_error(self, endpoint: str, kind: str) -> None:
+        """A poll that failed (Hermes, Redis or NATS); it is retried, nothing advanced."""
+        self._f_ingress.get(endpoint, "poll_failed").inc()
+
+    def channel_ingress_lag(self, endpoint: str, session: str, seconds: float) -> None:
+        self._f_ingress_lag.get(endpoint, session).set(seconds)
 
     def fenced_out(self, endpoint: str, step: FenceStep) -> None:
         """A fenced write was refused: a newer owner exists, this worker stops."""

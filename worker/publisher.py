@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
 from schemas.audit import Receipt
-from schemas.channel import ChannelDelivery
+from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.chunk import StreamChunk
 from schemas.codec import encode
 from schemas.escalation import Escalation, EscalationResolution
@@ -132,6 +132,10 @@ class BusPublisher:
         return await self._publish(
             self.subjects.egress(delivery.endpoint_id), encode(delivery), delivery.delivery_id
         )
+
+    async def channel_message(self, subject: str, message: ChannelMessage, msg_id: str) -> PubAck:
+        """A followed session's message, awaited: the cursor moves only after it is stored."""
+        return await self._publish(subject, encode(message), msg_id)
 
     async def escalation_resolution(self, resolution: EscalationResolution) -> PubAck:
         return await self._publish(

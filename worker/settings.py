@@ -199,6 +199,9 @@ class Settings(BaseSettings):
     channel_egress_file: Path | None = None
     """Channel egress rules (JSON): which results and escalations are sent into which
     persisted Hermes session (docs/channels.md). Trusted configuration, never payload."""
+    channel_ingress_file: Path | None = None
+    """Channel ingress sessions (JSON): whose messages are published on the bus
+    (docs/channels.md). Trusted configuration."""
     allow_unsigned_envelopes: bool = False
     """Accept unsigned envelopes. Development only: warned at start and on every acceptance."""
     max_envelope_age_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 300_000

@@ -31,6 +31,7 @@ def test_asyncapi_names_every_subject_of_the_grammar() -> None:
         "aip.hermes.{endpoint}.dlq",
         "aip.hermes.{endpoint}.audit.{action_id}",
         "aip.hermes.{endpoint}.egress",
+        "aip.hermes.{endpoint}.inbound.{session_id}",
         "aip.hermes.{endpoint}.escalations",
         "aip.hermes.{endpoint}.escalations.resolved",
         "aip.hermes.{endpoint}.manifest",

@@ -20,7 +20,7 @@ from __future__ import annotations
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import msgspec
 
@@ -30,6 +30,8 @@ from schemas.ids import EndpointId, ShortText
 MAX_FILE_BYTES = 1_048_576
 DEFAULT_MESSAGE_BYTES = 4_096
 MAX_RULES = 256
+
+T = TypeVar("T")
 
 
 class ChannelConfigError(ValueError):
@@ -94,9 +96,9 @@ class EgressTable:
         return {(r.endpoint_id, r.session_id) for r in self.rules}
 
 
-def load_egress_rules(path: Path, endpoint_ids: list[str]) -> EgressTable:
-    """The validated table, or ChannelConfigError naming what to fix."""
-    what = f"AIPD_CHANNEL_EGRESS_FILE {path}"
+def _read(path: Path, what: str, typ: type[T]) -> list[T]:
+    """The file's rules: a regular, not group/world-writable file under 1 MiB, decoded
+    strictly (unknown fields refused)."""
     try:
         info = path.stat()
     except OSError as exc:
@@ -108,12 +110,18 @@ def load_egress_rules(path: Path, endpoint_ids: list[str]) -> EgressTable:
     if info.st_size > MAX_FILE_BYTES:
         raise ChannelConfigError(f"{what}: larger than {MAX_FILE_BYTES} bytes")
     try:
-        raw = msgspec.json.decode(
-            path.read_bytes(),
-            type=Annotated[list[_Rule], msgspec.Meta(max_length=MAX_RULES)],
+        rules: list[T] = msgspec.json.decode(
+            path.read_bytes(), type=Annotated[list[typ], msgspec.Meta(max_length=MAX_RULES)]  # type: ignore[valid-type]
         )
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ChannelConfigError(f"{what}: {exc}") from None
+    return rules
+
+
+def load_egress_rules(path: Path, endpoint_ids: list[str]) -> EgressTable:
+    """The validated table, or ChannelConfigError naming what to fix."""
+    what = f"AIPD_CHANNEL_EGRESS_FILE {path}"
+    raw = _read(path, what, _Rule)
     seen: set[str] = set()
     rules: list[EgressRule] = []
     for rule in raw:
@@ -144,3 +152,38 @@ def load_egress_rules(path: Path, endpoint_ids: list[str]) -> EgressTable:
             )
         )
     return EgressTable(tuple(rules))
+
+
+class _IngressRule(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    endpoint_id: EndpointId | None = None
+    session_id: Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9_-]{1,128}\Z")]
+    poll_interval_ms: Annotated[int, msgspec.Meta(ge=100, le=60_000)] = 1_000
+
+
+@dataclass(frozen=True, slots=True)
+class IngressTarget:
+    """One followed session: `AIPD_CHANNEL_INGRESS_FILE` is a JSON array of
+    `{"endpoint_id", "session_id", "poll_interval_ms"}` (the same file checks as egress;
+    session ids are letters, digits, `_` and `-`, since they become a subject token)."""
+
+    endpoint_id: str
+    session_id: str
+    poll_interval_ms: int
+
+
+def load_ingress_rules(path: Path, endpoint_ids: list[str]) -> tuple[IngressTarget, ...]:
+    what = f"AIPD_CHANNEL_INGRESS_FILE {path}"
+    raw = _read(path, what, _IngressRule)
+    targets: list[IngressTarget] = []
+    for rule in raw:
+        where = f"{what}: session {rule.session_id!r}"
+        if len(endpoint_ids) > 1 and rule.endpoint_id is None:
+            raise ChannelConfigError(f"{where}: a multi-endpoint deployment must name endpoint_id")
+        endpoint_id = rule.endpoint_id or endpoint_ids[0]
+        if endpoint_id not in endpoint_ids:
+            raise ChannelConfigError(f"{where}: endpoint {endpoint_id!r} is not configured")
+        target = IngressTarget(endpoint_id, rule.session_id, rule.poll_interval_ms)
+        if any((t.endpoint_id, t.session_id) == (endpoint_id, rule.session_id) for t in targets):
+            raise ChannelConfigError(f"{where}: listed twice")
+        targets.append(target)
+    return tuple(targets)

@@ -1,0 +1,345 @@
+"""Channel ingress: the messages of followed Hermes sessions, each published once on the bus.
+
+Every worker runs a follower per session of `AIPD_CHANNEL_INGRESS_FILE`; only the one
+holding the session's Redis lease reads. Each poll `GET /api/sessions/{id}/messages`
+(Hermes has no paging and no cursor), keeps the messages past the cursor, validates each
+strictly into a `ChannelMessage` and publishes it on `aip.hermes.{endpoint}.inbound.{session}`
+under `Nats-Msg-Id` `{endpoint}:{message_id}`, then advances the cursor in Redis (a
+compare-and-set that only the lease owner can make).
+
+Exactly once on the bus across crashes: the cursor is `max(Redis cursor, id of the last
+message on the session's subject)`, so a follower that published and died before writing
+the cursor is not repeated by the next one, inside or outside the duplicate window. A
+follower whose lease may have lapsed (a pause) stops before publishing.
+
+Hostile content is typed, never guessed: content over 64 KiB is cut and flagged
+(`content_truncated`, `content_bytes`); a message of another shape (unknown role, a
+non-string content, a missing id) is dead-lettered on `aip.hermes.{endpoint}.dlq` with its
+raw JSON and `schema.envelope.invalid`, counted, and passed; a body that is not JSON fails
+the poll, which is retried with nothing advanced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import secrets
+import time
+from typing import Any
+
+import msgspec
+from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
+
+from schemas.channel import (
+    MAX_INGRESS_CONTENT_BYTES,
+    ChannelMessage,
+    ChannelRole,
+)
+from schemas.dlq import DLQ_CODE, DLQ_ID, DLQ_REASON, DLQ_SIZE, DLQ_SUBJECT, DLQ_WORKER
+from schemas.errors import ErrorCode
+from subjects.grammar import Subjects
+from worker import faults
+from worker.channel.rules import IngressTarget
+from worker.errors import ConnectorError
+from worker.execution import now_ms
+from worker.metrics import Metrics
+from worker.publisher import BusPublisher
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "aip:connector:hermes_agent:channel:v1"
+#: The raw JSON of a refused message kept in the DLQ (bounded).
+MAX_REFUSED_BYTES = 256 * 1024
+
+# KEYS[1] lease; ARGV owner, ttl_ms. Take a free lease or renew our own; 1 when held.
+_LEASE = """
+local owner = redis.call('GET', KEYS[1])
+if owner == false or owner == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
+  return 1
+end
+return 0
+"""
+# KEYS[1] lease, KEYS[2] cursor; ARGV owner, message id. Advance only as the owner, only up.
+_ADVANCE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local current = tonumber(redis.call('GET', KEYS[2]) or '-1')
+if tonumber(ARGV[2]) > current then redis.call('SET', KEYS[2], ARGV[2]) end
+return 1
+"""
+# KEYS[1] lease; ARGV owner. Give the lease back (shutdown).
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Refused(Exception):
+    """A session message this follower does not publish (dead-lettered, counted)."""
+
+
+def _keys(target: IngressTarget) -> tuple[str, str]:
+    tag = "{" + f"{target.endpoint_id}:{target.session_id}" + "}"
+    return f"{NAMESPACE}:{tag}:lease", f"{NAMESPACE}:{tag}:cursor"
+
+
+def message_msg_id(endpoint_id: str, message_id: int) -> str:
+    return f"{endpoint_id}:{message_id}"
+
+
+def to_channel_message(
+    raw: Any, target: IngressTarget, published_at_unix_ms: int
+) -> ChannelMessage:
+    """The typed message, or Refused naming the field; content is bounded, never guessed."""
+    if not isinstance(raw, dict):
+        raise Refused("a message is not a JSON object")
+    message_id = raw.get("id")
+    if not isinstance(message_id, int) or isinstance(message_id, bool) or message_id < 0:
+        raise Refused("`id` is not a non-negative integer")
+    role = raw.get("role")
+    if role not in ChannelRole._value2member_map_:
+        raise Refused(f"message {message_id}: unknown role")
+    content = raw.get("content")
+    if content is None:
+        content = ""
+    if not isinstance(content, str):
+        raise Refused(f"message {message_id}: `content` is not a string")
+    encoded = content.encode()
+    truncated = len(encoded) > MAX_INGRESS_CONTENT_BYTES
+    if truncated:
+        content = encoded[:MAX_INGRESS_CONTENT_BYTES].decode("utf-8", errors="ignore")
+        content = content[:MAX_INGRESS_CONTENT_BYTES]
+
+    def short(name: str) -> str | None:
+        value = raw.get(name)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not 1 <= len(value) <= 512:
+            raise Refused(f"message {message_id}: `{name}` is not a short string")
+        return value
+
+    timestamp = raw.get("timestamp")
+    if timestamp is not None and (
+        not isinstance(timestamp, int | float) or isinstance(timestamp, bool)
+    ):
+        raise Refused(f"message {message_id}: `timestamp` is not a number")
+    try:
+        return ChannelMessage(
+            endpoint_id=target.endpoint_id,
+            session_id=target.session_id,
+            message_id=message_id,
+            role=ChannelRole(str(role)),
+            content=content,
+            content_truncated=truncated,
+            content_bytes=len(encoded),
+            tool_name=short("tool_name"),
+            tool_call_id=short("tool_call_id"),
+            finish_reason=short("finish_reason"),
+            timestamp=float(timestamp) if timestamp is not None else None,
+            published_at_unix_ms=published_at_unix_ms,
+        )
+    except msgspec.ValidationError as exc:  # pragma: no cover - every field checked above
+        raise Refused(f"message {message_id}: {exc}") from None
+
+
+class SessionFollower:
+    """Follows one session while it holds that session's lease (one per worker and session)."""
+
+    def __init__(
+        self,
+        target: IngressTarget,
+        *,
+        hermes: Any,
+        redis: Any,
+        js: JetStreamContext,
+        subjects: Subjects,
+        publisher: BusPublisher,
+        metrics: Metrics,
+        worker_id: str,
+        lease_ttl_ms: int,
+    ) -> None:
+        self.target = target
+        self.hermes = hermes
+        self.redis = redis
+        self.js = js
+        self.subjects = subjects
+        self.publisher = publisher
+        self.metrics = metrics
+        self.worker_id = worker_id
+        self.owner = f"{worker_id}#{secrets.token_hex(6)}"
+        self.lease_ttl_ms = lease_ttl_ms
+        self.lease_key, self.cursor_key = _keys(target)
+        self.subject = subjects.inbound(target.endpoint_id, target.session_id)
+        #: Monotonic time of the last successful lease write (the local validity check).
+        self._held_at: float | None = None
+
+    async def run(self) -> None:
+        """Never raises: a failing poll is logged, and the next one tries again."""
+        interval_s = self.target.poll_interval_ms / 1000
+        while True:
+            try:
+                if await self._hold():
+                    await self.poll()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.metrics.channel_ingress_error(self.target.endpoint_id, type(exc).__name__)
+                log.warning(
+                    "ingress of %s/%s failed: %s",
+                    self.target.endpoint_id,
+                    self.target.session_id,
+                    exc.message if isinstance(exc, ConnectorError) else type(exc).__name__,
+                )
+            await asyncio.sleep(min(interval_s, self.lease_ttl_ms / 3000))
+
+    async def release(self) -> None:
+        try:
+            await self.redis.eval(_RELEASE, 1, self.lease_key, self.owner)
+        except Exception:
+            log.debug("ingress lease release failed", exc_info=True)
+
+    async def _hold(self) -> bool:
+        held = int(await self.redis.eval(_LEASE, 1, self.lease_key, self.owner, self.lease_ttl_ms))
+        self._held_at = time.monotonic() if held else None
+        return bool(held)
+
+    def _still_valid(self) -> bool:
+        """Renewed within 80 % of the TTL: a follower resumed after a pause stops here."""
+        return (
+            self._held_at is not None
+            and (time.monotonic() - self._held_at) * 1000 < self.lease_ttl_ms * 0.8
+        )
+
+    async def cursor(self) -> int:
+        """The last message id on the bus: the larger of Redis' cursor and the stream's."""
+        stored = await self.redis.get(self.cursor_key)
+        cursor = int(stored) if stored is not None else -1
+        try:
+            last = await self.js.get_last_msg(self.subjects.stream_name("inbound"), self.subject)
+        except NotFoundError:
+            return cursor
+        try:
+            on_stream = int(msgspec.json.decode(last.data or b"{}").get("message_id", -1))
+        except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
+            on_stream = -1
+        return max(cursor, on_stream)
+
+    async def poll(self) -> None:
+        target = self.target
+        response = await self.hermes.request_json(
+            "GET", "/api/sessions/{session_id}/messages", {"session_id": target.session_id}
+        )
+        body = response.body
+        data = body.get("data") if isinstance(body, dict) else None
+        if not isinstance(data, list):
+            raise ConnectorError(
+                ErrorCode.TRANSPORT, "GET /api/sessions/{session_id}/messages: no `data` list"
+            )
+        cursor = await self.cursor()
+        fresh = sorted(
+            (m for m in data if (found := _id_of(m)) is None or found > cursor), key=_order
+        )
+        if not fresh:
+            self.metrics.channel_ingress_lag(target.endpoint_id, target.session_id, 0.0)
+            return
+        oldest = next((m.get("timestamp") for m in fresh if isinstance(m, dict)), None)
+        if isinstance(oldest, int | float):
+            self.metrics.channel_ingress_lag(
+                target.endpoint_id, target.session_id, max(0.0, time.time() - float(oldest))
+            )
+        for raw in fresh:
+            message_id = _id_of(raw)
+            if message_id is None:
+                # Without an id there is no cursor to move past it: refuse it once per poll.
+                await self._refuse(raw, "a message without a usable `id`", None)
+                continue
+            if not self._still_valid():
+                return
+            try:
+                message = to_channel_message(raw, target, now_ms())
+            except Refused as exc:
+                await self._refuse(raw, str(exc), message_id)
+            else:
+                await self.publisher.channel_message(
+                    self.subject, message, message_msg_id(target.endpoint_id, message_id)
+                )
+                self.metrics.channel_ingress_published(target.endpoint_id)
+            faults.hit("after_ingress_publish", f"{target.session_id}:{message_id}")
+            advanced = await self.redis.eval(
+                _ADVANCE, 2, self.lease_key, self.cursor_key, self.owner, message_id
+            )
+            if int(advanced) < 0:
+                self._held_at = None
+                return  # another follower owns the session now
+        self.metrics.channel_ingress_lag(target.endpoint_id, target.session_id, 0.0)
+
+    async def _refuse(self, raw: Any, reason: str, message_id: int | None) -> None:
+        """Keep a refused message in the DLQ (raw, bounded), count it, and go on."""
+        target = self.target
+        payload = msgspec.json.encode(raw)
+        size = len(payload)
+        seed = f"ingress:{target.endpoint_id}:{target.session_id}:{message_id}:"
+        dlq_id = "dlq_" + hashlib.sha256(seed.encode() + payload).hexdigest()[:32]
+        headers = {
+            DLQ_ID: dlq_id,
+            DLQ_CODE: ErrorCode.SCHEMA_ENVELOPE_INVALID.value,
+            DLQ_REASON: reason[:300],
+            DLQ_SUBJECT: self.subject,
+            DLQ_WORKER: self.worker_id,
+            DLQ_SIZE: str(size),
+        }
+        if message_id is not None and not self._still_valid():
+            return
+        await self.publisher.dead_letter(
+            target.endpoint_id, payload[:MAX_REFUSED_BYTES], headers, dlq_id
+        )
+        self.metrics.channel_ingress_refused(target.endpoint_id)
+        log.warning(
+            "ingress of %s/%s refused a message: %s",
+            target.endpoint_id,
+            target.session_id,
+            reason,
+        )
+
+
+def _order(raw: Any) -> int:
+    found = _id_of(raw)
+    return -1 if found is None else found
+
+
+def _id_of(raw: Any) -> int | None:
+    if not isinstance(raw, dict):
+        return None
+    value = raw.get("id")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    return None
+
+
+async def start_followers(
+    targets: tuple[IngressTarget, ...], endpoints: dict[str, Any], **shared: Any
+) -> list[SessionFollower]:
+    """One follower per target; a session that does not exist refuses the start (exit 2)."""
+    from worker.channel.rules import ChannelConfigError
+
+    followers = []
+    for target in targets:
+        hermes = endpoints[target.endpoint_id].hermes
+        try:
+            await hermes.request_json(
+                "GET", "/api/sessions/{session_id}", {"session_id": target.session_id}
+            )
+        except ConnectorError as exc:
+            if exc.remote_status == 404:
+                raise ChannelConfigError(
+                    f"AIPD_CHANNEL_INGRESS_FILE: session {target.session_id!r} does not exist "
+                    f"on endpoint {target.endpoint_id!r}"
+                ) from None
+            raise OSError(
+                f"cannot check session {target.session_id!r} on endpoint "
+                f"{target.endpoint_id!r}: {exc.code.value}"
+            ) from None
+        followers.append(SessionFollower(target, hermes=hermes, **shared))
+    return followers
