@@ -24,6 +24,7 @@ from typing import Any
 
 import msgspec
 import nats
+import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
@@ -31,6 +32,7 @@ from nats.js.errors import NotFoundError
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
+from schemas.channel import ChannelMessage
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.codec import (
     DEFAULT_MAX_ENVELOPE_BYTES,
@@ -48,6 +50,7 @@ _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 _result_decoder = msgspec.json.Decoder(ActionResult)
 _reply_decoder = msgspec.json.Decoder(CancelReply)
 _receipt_decoder = msgspec.json.Decoder(Receipt)
+_channel_message_decoder = msgspec.json.Decoder(ChannelMessage)
 
 
 def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
@@ -287,6 +290,38 @@ class AipClient:
         finally:
             await sub.unsubscribe()
         return sorted(found, key=lambda r: r.ts_unix_ms)
+
+    async def session_messages(
+        self,
+        endpoint_id: str,
+        session_id: str,
+        *,
+        after_message_id: int = -1,
+        idle_timeout_s: float = 3600.0,
+    ) -> AsyncIterator[ChannelMessage]:
+        """The followed session's messages (channel ingress) with an id past
+        `after_message_id`, once each and in id order, until none arrives for
+        `idle_timeout_s` (then it returns)."""
+        js = self.nc.jetstream()
+        sub = await js.subscribe(
+            self.subjects.inbound(endpoint_id, session_id),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        last = after_message_id
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=idle_timeout_s)
+                except nats.errors.TimeoutError:
+                    return
+                message = _channel_message_decoder.decode(msg.data)
+                if message.message_id <= last:
+                    continue
+                last = message.message_id
+                yield message
+        finally:
+            await sub.unsubscribe()
 
     async def manifest(self, endpoint_id: str) -> dict[str, Any]:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)

@@ -96,6 +96,16 @@ async def test_every_message_once_across_a_worker_kill_and_a_hermes_restart(
         assert message.content == by_id[message.message_id]["content"]
         assert message.session_id == SESSION
         assert message.content_truncated is False
+    # What a consumer sees through the client: the same messages, once, in order.
+    read = [
+        m.message_id
+        async for m in stack.client.session_messages(ENDPOINT, SESSION, idle_timeout_s=1.0)
+    ]
+    assert read == ids
+    later = stack.client.session_messages(
+        ENDPOINT, SESSION, after_message_id=ids[2], idle_timeout_s=1.0
+    )
+    assert [m.message_id async for m in later] == ids[3:]
 
 
 async def test_hostile_content_is_bounded_or_refused_and_nothing_after_it_is_lost(
