@@ -21,7 +21,7 @@ from worker.testing.services import find_nats_server, find_redis_server
 pytestmark = pytest.mark.demo
 
 ROOT = Path(__file__).resolve().parents[2]
-STEPS = ("a", "b", "c", "d1", "d2", "e", "f", "g")
+STEPS = ("a", "b", "c", "d1", "d2", "e", "f", "g", "h")
 #: The issue's promise on a 2-core machine, for the whole command (start to cleanup).
 BUDGET_S = 60.0
 
@@ -64,10 +64,11 @@ def test_short_demo_reaches_every_expected_state_within_a_minute() -> None:
     for key in STEPS:
         assert rows[key].rstrip().endswith(" yes"), rows[key]
     verdict = [line for line in output.splitlines() if line.startswith(VERDICT_PREFIX)]
-    assert verdict[0].startswith(f"{VERDICT_PREFIX} 8/8 steps reached"), output
+    assert verdict[0].startswith(f"{VERDICT_PREFIX} 9/9 steps reached"), output
     # Live output: every Action's chunks were printed as they came, with status lines.
     assert output.count("→ published") == 8
-    assert output.count("■ act_") == 8
+    # Step h follows the delivery Action the channel egress rule made of step a's result.
+    assert output.count("■ act_") == 9
     assert "pending_approval" in output
     assert "kill -9 demo-w" in output
     assert elapsed < BUDGET_S, f"the demo took {elapsed:.1f} s"

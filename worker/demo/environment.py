@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 
 from subjects.grammar import Subjects
@@ -50,6 +51,10 @@ DELEGATED_PREFIX = "cap:support_sandbox:"
 
 class DemoError(Exception):
     """A part of the demo environment could not start; the message says which and why."""
+
+
+#: The persisted Hermes session step h reads the delivered result back from.
+DESK_SESSION = "aip-demo-desk"
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,9 +242,34 @@ class DemoEnvironment:
             **self.trust.environment(),
         }
 
+    async def open_desk_session(self) -> Path:
+        """The persisted Hermes session results are delivered into (channel egress), and the
+        rule file that sends step a's `models` result there (docs/channels.md)."""
+        assert self.hermes
+        key = self.hermes.key_file.read_text(encoding="utf-8").strip()
+        async with httpx.AsyncClient(
+            base_url=self.hermes.url, headers={"Authorization": f"Bearer {key}"}, timeout=30.0
+        ) as http:
+            answer = await http.post("/api/sessions", json={"id": DESK_SESSION})
+        if answer.status_code not in (201, 409):  # 409: kept from an earlier run
+            raise DemoError(f"cannot create the demo session: HTTP {answer.status_code}")
+        rules = self.root / "channel-egress.json"
+        rules.write_text(
+            json.dumps([{
+                "id": "demo-desk",
+                "match": {"capability_prefix": f"cap:hermes_agent:{ENDPOINT}:models",
+                          "sources": ["result"]},
+                "session_id": DESK_SESSION,
+            }]),
+            encoding="utf-8",
+        )
+        rules.chmod(0o600)
+        return rules
+
     async def start_workers(self) -> list[WorkerProcess]:
         """Both workers at once; each is ready when it logged its consumer binding."""
-        base = self.worker_env()
+        rules = await self.open_desk_session()
+        base = {**self.worker_env(), "AIPD_CHANNEL_EGRESS_FILE": str(rules)}
         for worker_id in WORKER_IDS:
             port = free_port()
             self.metrics_ports[worker_id] = port

@@ -97,6 +97,8 @@ class Story:
         self.operator_available = False
         #: The Action step d1 left waiting for a human; step d2 resumes it.
         self.paused_action_id: str | None = None
+        #: Step a's Action, whose result step h finds in the Hermes session.
+        self.read_only_action_id: str | None = None
 
     async def run(self) -> list[StepReport]:
         manifest = await self.client.manifest(ENDPOINT)
@@ -112,11 +114,16 @@ class Story:
             ("c", "operator objective streams deltas", "completed, streamed",
              True, self.operator_objective),
             ("d1", "operator pauses for approval", "requires_human", True, self.pause),
-            ("d2", "resume with choice once", "completed", True, self.resume),
+            ("d2", "escalation resolved with one command: once", "completed",
+             True, self.resume),
             ("e", "operator run cancelled", "cancelled", True, self.cancelled),
             ("f", "worker killed mid-run", "completed by the other worker",
              True, self.takeover),
         ]  # fmt: skip
+        steps.append(
+            ("h", "step a's result delivered into a Hermes session", "delivered once",
+             False, self.delivered)
+        )  # fmt: skip
         if self.env.gateway_url is not None:
             steps.append(
                 ("g", "delegation: Hermes calls aip_call once", DELEGATED_EXPECTED,
@@ -154,6 +161,7 @@ class Story:
     async def read_only(self) -> str:
         followed = await self.publish(self.action("models", {}))
         result = await self.result_of(followed, self.pace.result_s)
+        self.read_only_action_id = result.action_id
         return result.status.value
 
     async def chat(self) -> str:
@@ -186,16 +194,78 @@ class Story:
         return result.status.value
 
     async def resume(self) -> str:
+        """What an operator does: `aip-hermes-worker escalations resolve ESC --choice once`."""
+        from schemas.escalation import EscalationKind
+        from schemas.operator import ApprovalChoice
+        from worker.escalation.admin import resolve_approval
+        from worker.escalation.ledger import Unreadable, read_escalations
+        from worker.settings import Settings
+
         source = self.paused_action_id
         if source is None:
             raise StepFailed("nothing to resume: step d1 did not pause")
-        self.console.note(f"a second operator Action answers {source}'s prompt: once")
-        followed = await self.publish_approved(
-            self.action("operator", {"resume": {"source_action_id": source, "choice": "once"}},
-                        mode=Mode.STREAM)
+        views = await read_escalations(
+            self.client.nc.jetstream(), self.client.subjects, ENDPOINT, Unreadable()
         )
+        found = [v.escalation for v in views if v.escalation.action_id == source]
+        if len(found) != 1 or found[0].kind is not EscalationKind.APPROVAL:
+            raise StepFailed(f"{len(found)} approval escalations for {source}, not one")
+        escalation = found[0]
+        self.console.note(
+            f"aip-hermes-worker escalations resolve {escalation.escalation_id} --choice once "
+            f"--as {APPROVER_UNTENANTED} --sign-key …"
+        )
+        assert self.env.nats is not None
+        assert self.env.redis is not None
+        assert self.env.trust is not None
+        settings = Settings(
+            nats_url=self.env.nats.url,
+            redis_url=self.env.redis.url,
+            approval_authority_file=self.env.trust.authority_file,
+        )
+        resolution = await resolve_approval(
+            settings,
+            escalation,
+            choice=ApprovalChoice.ONCE,
+            resolve_all=False,
+            as_principal=APPROVER_UNTENANTED,
+            reason="the demo approves this one command",
+            sign_key=self.env.trust.seed_file,
+        )
+        assert resolution.resume_action_id is not None
+        self.console.published(resolution.resume_action_id, "operator")
+        followed = self.follow(resolution.resume_action_id)
         result = await self.result_of(followed, self.pace.result_s)
         return result.status.value
+
+    async def delivered(self) -> str:
+        """Step a's `models` result, sent once into the demo's Hermes session by the channel
+        egress rule, and read back from the session's own messages."""
+        import httpx
+
+        from worker.channel.egress import delivery_id
+        from worker.demo.environment import DESK_SESSION
+
+        source = self.read_only_action_id
+        if source is None:
+            raise StepFailed("step a did not settle a result to deliver")
+        delivered_id = delivery_id("demo-desk", source)
+        self.console.note(f"delivery Action {delivered_id} -> session {DESK_SESSION}")
+        result = await self.result_of(self.follow(delivered_id), self.pace.result_s)
+        if result.status is not ResultStatus.COMPLETED:
+            return result.status.value
+        assert self.env.hermes is not None
+        key = self.env.hermes.key_file.read_text(encoding="utf-8").strip()
+        async with httpx.AsyncClient(
+            base_url=self.env.hermes.url, headers={"Authorization": f"Bearer {key}"}
+        ) as http:
+            answer = await http.get(f"/api/sessions/{DESK_SESSION}/messages")
+        users = [
+            m for m in answer.json().get("data", [])
+            if m.get("role") == "user" and source in str(m.get("content"))
+        ]
+        self.console.note(f"the session holds {len(users)} user message(s) naming {source}")
+        return "delivered once" if len(users) == 1 else f"{len(users)} deliveries"
 
     async def cancelled(self) -> str:
         followed = await self.publish_approved(
@@ -328,6 +398,12 @@ class Story:
         handle = await self.client.publish(action)
         self.console.published(action.id, action.capability.rsplit(":", 1)[-1])
         followed = Followed(handle)
+        followed.task = asyncio.get_running_loop().create_task(self._follow(followed))
+        return followed
+
+    def follow(self, action_id: str) -> Followed:
+        """Follow an Action someone else published (a resume, a channel delivery)."""
+        followed = Followed(self.client.handle(ENDPOINT, action_id))
         followed.task = asyncio.get_running_loop().create_task(self._follow(followed))
         return followed
 
