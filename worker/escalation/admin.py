@@ -79,7 +79,7 @@ def _escalation_id(text: str) -> str:
 async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], int]:
     from worker.cli import _connect_nats
 
-    nc = await _connect_nats(settings.nats_url)
+    nc = await _connect_nats(settings)
     try:
         unreadable = Unreadable()
         views = await read_escalations(
@@ -248,7 +248,7 @@ async def resolve_approval(
         decision_id=record.decision_id,
         created_at_unix_ms=resolution.resolved_at_unix_ms,
     )
-    nc = await _connect_nats(settings.nats_url)
+    nc = await _connect_nats(settings)
     try:
         client = AipClient(nc, prefix=settings.subject_prefix, sign_key=sign_key)
         await client.publish(signed)
@@ -308,7 +308,7 @@ async def acknowledge(
         await redis.aclose()
     if resolution.resolved_by != as_principal or resolution.kind is not ResolutionKind.ACKNOWLEDGED:
         raise ResolveRefused(_already(resolution))
-    nc = await _connect_nats(settings.nats_url)
+    nc = await _connect_nats(settings)
     try:
         await _publish_resolution(nc, settings, resolution)
     finally:
