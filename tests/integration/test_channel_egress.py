@@ -241,6 +241,7 @@ async def test_bad_rule_files_are_refused_at_start_up(
     if endpoints == "two":
         url = stack.env["AIPD_HERMES_ENDPOINTS"].split("=", 1)[1]
         env["AIPD_HERMES_ENDPOINTS"] = f"{ENDPOINT}={url},h2={url}"
+        env["AIPD_HERMES_SHARE_API_KEY"] = "true"  # one Hermes behind two names
     worker = await stack.spawn("w1", wait=False, **env)
     assert await asyncio.to_thread(worker.wait_exit, 30) == 2, worker.log_tail()
     assert says in worker.log_text(), worker.log_tail()
