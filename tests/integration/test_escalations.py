@@ -102,7 +102,8 @@ async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resol
     assert escalation.escalation_id in out
     assert "open" in out
 
-    answer = ("--as", APPROVER_UNTENANTED, "--choice", "once", "--sign-key")
+    key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
+    answer = ("--as", APPROVER_UNTENANTED, "--key", key, "--choice", "once", "--sign-key")
     code, out, err = await resolve(
         stack, escalation.escalation_id, *answer, str(stack.trust.seed_file)
     )
@@ -127,6 +128,8 @@ async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resol
         escalation.escalation_id,
         "--as",
         APPROVER_UNTENANTED,
+        "--key",
+        key,
         "--choice",
         "deny",
         "--sign-key",

@@ -213,7 +213,7 @@ class Story:
         escalation = found[0]
         self.console.note(
             f"aip-hermes-worker escalations resolve {escalation.escalation_id} --choice once "
-            f"--as {APPROVER_UNTENANTED} --sign-key …"
+            f"--as {APPROVER_UNTENANTED} --key … --sign-key …"
         )
         assert self.env.nats is not None
         assert self.env.redis is not None
@@ -231,6 +231,7 @@ class Story:
             as_principal=APPROVER_UNTENANTED,
             reason="the demo approves this one command",
             sign_key=self.env.trust.seed_file,
+            approver_seed=self.env.trust.approver_seed(APPROVER_UNTENANTED),
         )
         assert resolution.resume_action_id is not None
         self.console.published(resolution.resume_action_id, "operator")

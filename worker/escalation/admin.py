@@ -49,6 +49,7 @@ from worker.trust.approvals import ApprovalRefused, read_record
 from worker.trust.clock import redis_now_ms
 from worker.trust.files import TrustConfigError
 from worker.trust.fingerprint import fingerprint_request
+from worker.trust.signing import read_seed_file
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -194,8 +195,11 @@ async def resolve_approval(
     as_principal: str,
     reason: str,
     sign_key: Path,
+    approver_seed: bytes,
 ) -> EscalationResolution:
-    """Decide, record and publish the resume Action that answers `escalation`."""
+    """Decide (signed with the approver's `approver_seed`, as `approve --key` does), record
+    and publish (signed with the gateway's `sign_key`) the resume Action that answers
+    `escalation`."""
     from worker.cli import _connect_nats
     from worker.client import AipClient
     from worker.trust.admin import approve_action
@@ -222,6 +226,7 @@ async def resolve_approval(
                 as_principal=as_principal,
                 reason=reason,
                 decision=ApprovalDecision.APPROVED,
+                seed=approver_seed,
             )
         resolution = await record_resolution(
             redis,
@@ -332,12 +337,17 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         view = await _find(settings, args.endpoint, args.escalation_id)
         escalation = view.escalation
         if escalation.kind is EscalationKind.APPROVAL:
-            if args.choice is None or args.sign_key is None:
+            if args.choice is None or args.sign_key is None or args.key is None:
                 return _fail(
                     EXIT_CONFIG,
-                    "an approval escalation is answered with --choice and --sign-key "
-                    "(the gateway seed that signs the resume Action)",
+                    "an approval escalation is answered with --choice, --key (the approver's "
+                    "seed that signs the decision) and --sign-key (the gateway seed that "
+                    "signs the resume Action)",
                 )
+            try:
+                approver_seed = read_seed_file(args.key, what="approver key file (--key)")
+            except (OSError, ValueError) as exc:
+                return _fail(EXIT_CONFIG, f"--key: {exc}")
             resolution = await resolve_approval(
                 settings,
                 escalation,
@@ -346,6 +356,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
                 as_principal=args.as_principal,
                 reason=args.reason,
                 sign_key=args.sign_key,
+                approver_seed=approver_seed,
             )
         else:
             if args.choice is not None:
@@ -395,6 +406,9 @@ def add_commands(subparsers: Any) -> None:
     resolve.add_argument("--reason", required=True, help="why (required, recorded)")
     resolve.add_argument("--choice", choices=[c.value for c in ApprovalChoice])
     resolve.add_argument("--resolve-all", action="store_true", help="Hermes resolve_all")
+    resolve.add_argument(
+        "--key", type=Path, help="the approver's nkey seed file that signs the decision"
+    )
     resolve.add_argument(
         "--sign-key", type=Path, help="gateway nkey seed file that signs the resume Action"
     )
