@@ -145,3 +145,8 @@ class CapabilityManifest(WireStruct, kw_only=True, frozen=True):
     endpoint_id: str
     worker_version: str
     capabilities: list[CapabilityEntry]
+    #: The tenant the endpoint is bound to: it admits only Actions whose verified tenant is
+    #: this one. None: it serves every tenant.
+    tenant_id: str | None = None
+    #: When the binding expires (Unix ms); from then on the endpoint admits nothing.
+    tenant_expires_at_unix_ms: int | None = None

@@ -30,6 +30,8 @@ from schemas.manifest import CapabilityManifest
 from worker import __version__
 from worker.delivery import Runtime
 from worker.errors import ConnectorError, protocol_error
+from worker.operations.base import Registry
+from worker.settings import Endpoint
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 
@@ -57,11 +59,16 @@ NOTICE_PENDING_MSGS = 4_096
 MAX_NOTICE_BYTES = 64
 
 
-def manifest_of(rt: Runtime, endpoint_id: str) -> CapabilityManifest:
+def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
+    """The endpoint's manifest, with its tenant binding: the gateway lists a bound endpoint
+    only to the tenant this worker admits (worker.trust.tenancy)."""
+    descriptor = endpoint.descriptor
     return CapabilityManifest(
-        endpoint_id=endpoint_id,
+        endpoint_id=endpoint.id,
         worker_version=__version__,
-        capabilities=rt.registry.manifest(endpoint_id),
+        capabilities=registry.manifest(endpoint.id),
+        tenant_id=descriptor.tenant_id,
+        tenant_expires_at_unix_ms=descriptor.tenant_expires_at_unix_ms,
     )
 
 
@@ -74,7 +81,8 @@ class ControlPlane:
         self.binding_cancel = binding_cancel
         self.service: Service | None = None
         self._manifests = {
-            endpoint_id: encode(manifest_of(rt, endpoint_id)) for endpoint_id in rt.endpoints
+            endpoint_id: encode(manifest_of(rt.registry, served.endpoint))
+            for endpoint_id, served in rt.endpoints.items()
         }
 
     async def start(self) -> None:

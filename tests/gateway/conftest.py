@@ -20,7 +20,7 @@ from worker.testing.gateway import (
     principal_entry,
     write_principals_file,
 )
-from worker.testing.identities import TENANT_B, identity_entries, write_trust_files
+from worker.testing.identities import TENANT_A, TENANT_B, identity_entries, write_trust_files
 from worker.testing.services import ServiceHandle
 from worker.testing.workers import WorkerProcess
 
@@ -30,6 +30,8 @@ H1_TOKEN = "tok-h1-" + "a" * 32
 OTHER_TOKEN = "tok-h2-" + "b" * 32
 #: h1's principal id again, but a credential for another tenant.
 OTHER_TENANT_TOKEN = "tok-h1-tenant-b-" + "c" * 24
+#: A tenant-A principal (an endpoint bound to tenant A serves it).
+TENANT_A_TOKEN = "tok-tenant-a-" + "f" * 27
 #: Only `capability:read`.
 READ_ONLY_TOKEN = "tok-read-" + "d" * 30
 #: Expired a minute ago.
@@ -87,6 +89,7 @@ async def gstack(
             principal_entry(H1_TOKEN, H1),
             principal_entry(OTHER_TOKEN, hermes_principal_id("h2")),
             principal_entry(OTHER_TENANT_TOKEN, H1, tenant_id=TENANT_B),
+            principal_entry(TENANT_A_TOKEN, hermes_principal_id("ha"), tenant_id=TENANT_A),
             principal_entry(READ_ONLY_TOKEN, H1, scopes=["capability:read"]),
             principal_entry(EXPIRED_TOKEN, H1, valid_for_ms=-60_000),
         ],

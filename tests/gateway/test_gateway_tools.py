@@ -22,6 +22,7 @@ from subjects.streams import StreamPolicy
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import McpHttpRefused, ToolAnswer, call_tool, list_tools
+from worker.testing.identities import TENANT_A, write_json
 from worker.trust.signing import TrustedGatewayKeys, verify_envelope
 
 from .conftest import (
@@ -31,6 +32,7 @@ from .conftest import (
     OTHER_TENANT_TOKEN,
     OTHER_TOKEN,
     READ_ONLY_TOKEN,
+    TENANT_A_TOKEN,
     GatewayStack,
 )
 
@@ -155,6 +157,40 @@ async def test_capabilities_lists_what_the_workers_serve_and_the_routes_admit(
     assert MODELS in ids
     assert all(c["endpoint_id"] == "h1" for c in answer.document["capabilities"])
     assert "cap:hermes_agent:{endpoint}:" in answer.document["routes"]
+
+
+async def test_capabilities_of_an_endpoint_bound_to_a_tenant_are_listed_to_that_tenant_only(
+    gs_up: GatewayStack,
+) -> None:
+    """A second worker serves `ha`, bound to tenant A: it admits only tenant-A Actions, so
+    only a tenant-A principal is offered its capabilities; the unbound h1 serves everyone."""
+    gs = gs_up
+    await provision(
+        gs.stack.nc.jetstream(), gs.stack.subjects, ["ha"], StreamPolicy(ack_wait_s=3.0)
+    )
+    assert gs.stack.fake is not None
+    endpoints = write_json(
+        gs.stack.root / "endpoints-ha.json",
+        [{"id": "ha", "url": gs.stack.fake.url, "tenant_id": TENANT_A}],
+        mode=0o600,
+    )
+    await gs.stack.spawn(
+        "w-ha", AIPD_HERMES_ENDPOINTS="", AIPD_HERMES_ENDPOINTS_FILE=str(endpoints)
+    )
+
+    async def endpoints_listed(token: str) -> set[str]:
+        answer = await call_tool(gs.url, token, "aip_capabilities")
+        assert not answer.is_error, answer.document
+        return {c["endpoint_id"] for c in answer.document["capabilities"]}
+
+    tenant_a = await endpoints_listed(TENANT_A_TOKEN)
+    assert tenant_a == {"h1", "ha"}
+    listed = await call_tool(gs.url, TENANT_A_TOKEN, "aip_capabilities")
+    bound = [c for c in listed.document["capabilities"] if c["endpoint_id"] == "ha"]
+    assert "cap:hermes_agent:ha:models" in {c["capability"] for c in bound}
+    # Tenant B, and a principal without a tenant, are refused by `ha`: never offered it.
+    assert await endpoints_listed(OTHER_TENANT_TOKEN) == {"h1"}
+    assert await endpoints_listed(H1_TOKEN) == {"h1"}
 
 
 async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in_order(

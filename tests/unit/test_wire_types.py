@@ -100,3 +100,66 @@ def test_endpoint_ids_normalize_or_are_refused() -> None:
     assert subjects.stream_name("actions") == "AIP_HERMES_ACTIONS"
     with pytest.raises(ValueError, match="action id"):
         subjects.results("h1", "act_x.>")
+
+
+def test_the_manifest_publishes_the_endpoints_tenant_binding() -> None:
+    """A bound endpoint's manifest carries its tenant and expiry (the gateway lists it only
+    to that tenant); an unbound one publishes null: it serves every tenant."""
+    from schemas.manifest import CapabilityManifest
+    from worker.control import manifest_of
+    from worker.settings import Endpoint, EndpointDescriptor, Settings
+    from worker.wiring import build_registry
+
+    registry = build_registry(Settings(hermes_endpoints="h1=http://127.0.0.1:1"))
+    bound = EndpointDescriptor(
+        id="h1", url="http://127.0.0.1:1", tenant_id="tenant-a", tenant_expires_at_unix_ms=5
+    )
+    wire = msgspec.json.decode(
+        encode(manifest_of(registry, Endpoint(descriptor=bound, api_key=None)))
+    )
+    assert (wire["tenant_id"], wire["tenant_expires_at_unix_ms"]) == ("tenant-a", 5)
+    assert wire["capabilities"]
+    decoded = msgspec.json.decode(encode(wire), type=CapabilityManifest)
+    assert decoded.tenant_id == "tenant-a"
+    unbound = EndpointDescriptor(id="h1", url="http://127.0.0.1:1")
+    wire = msgspec.json.decode(
+        encode(manifest_of(registry, Endpoint(descriptor=unbound, api_key=None)))
+    )
+    assert wire["tenant_id"] is None
+
+
+@pytest.mark.parametrize(
+    ("bound", "expires", "tenant", "admitted"),
+    [
+        (None, None, None, True),
+        (None, None, "tenant-b", True),
+        ("tenant-a", None, "tenant-a", True),
+        ("tenant-a", None, "tenant-b", False),
+        ("tenant-a", None, None, False),
+        ("tenant-a", 1_001, "tenant-a", True),
+        ("tenant-a", 1_000, "tenant-a", False),
+    ],
+)
+async def test_a_tenant_binding_admits_what_the_workers_tenancy_check_admits(
+    bound: str | None, expires: int | None, tenant: str | None, admitted: bool
+) -> None:
+    """The gateway's predicate and the worker's admission check agree, case by case."""
+    from worker.errors import ConnectorError
+    from worker.settings import Endpoint, EndpointDescriptor
+    from worker.trust.tenancy import binding_admits, check_endpoint_tenant
+
+    class At1000:
+        async def now_ms(self) -> int:
+            return 1_000
+
+    descriptor = EndpointDescriptor(
+        id="h1", url="http://127.0.0.1:1", tenant_id=bound, tenant_expires_at_unix_ms=expires
+    )
+    checked = check_endpoint_tenant(Endpoint(descriptor=descriptor, api_key=None), tenant, At1000())
+    if admitted:
+        await checked
+    else:
+        with pytest.raises(ConnectorError) as refused:
+            await checked
+        assert refused.value.code is ErrorCode.TENANT_MISMATCH
+    assert binding_admits(bound, expires, tenant, 1_000) is admitted

@@ -34,6 +34,7 @@ from worker.gateway.principals import Principal
 from worker.gateway.records import EntryExists, RuntimeStoreReader
 from worker.gateway.routes import Route, RouteTable
 from worker.gateway.settings import GatewaySettings
+from worker.trust.tenancy import binding_admits
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,18 @@ def _view(record: QueueRecord) -> dict[str, Any]:
     }
 
 
+def _serves_tenant(manifest: dict[str, Any], tenant_id: str | None, now: int) -> bool:
+    """Whether the manifest's endpoint admits an Action of `tenant_id` now, as the worker's
+    tenancy check decides it; a malformed binding hides the endpoint (fail closed)."""
+    bound = manifest.get("tenant_id")
+    expires = manifest.get("tenant_expires_at_unix_ms")
+    if bound is not None and not isinstance(bound, str):
+        return False
+    if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool)):
+        return False
+    return binding_admits(bound, expires, tenant_id, now)
+
+
 class GatewayService:
     def __init__(
         self,
@@ -100,9 +113,13 @@ class GatewayService:
     # --- aip_capabilities ---------------------------------------------------------------
 
     async def capabilities(self, principal: Principal) -> dict[str, Any]:
-        """What the bus serves and the route table admits, from the workers' manifests."""
+        """What the bus serves to this principal's tenant and the route table admits, from
+        the workers' manifests."""
         listed = []
+        now = now_ms()
         for manifest in await self.discovery.manifests():
+            if not _serves_tenant(manifest, principal.tenant_id, now):
+                continue
             for entry in manifest.get("capabilities", []):
                 capability = entry.get("capability")
                 if isinstance(capability, str) and self.routes.resolve(capability) is not None:

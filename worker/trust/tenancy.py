@@ -30,6 +30,19 @@ def check_route(capability: str, endpoint: Endpoint) -> None:
         )
 
 
+def binding_admits(
+    bound: str | None, expires_at_unix_ms: int | None, tenant_id: str | None, now_ms: int
+) -> bool:
+    """Whether a binding (`bound`, `expires_at_unix_ms`) admits an Action of `tenant_id` at
+    `now_ms`: exactly what `check_endpoint_tenant` accepts, for those (the gateway's
+    `aip_capabilities`) that must not offer what a worker would refuse."""
+    if bound is None:
+        return True
+    if expires_at_unix_ms is not None and now_ms >= expires_at_unix_ms:
+        return False
+    return tenant_id is not None and tenant_id == bound
+
+
 async def check_endpoint_tenant(endpoint: Endpoint, tenant_id: str | None, clock: Clock) -> None:
     bound = endpoint.descriptor.tenant_id
     if bound is None:
