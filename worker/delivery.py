@@ -28,7 +28,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.action import Action
 from schemas.audit import ReceiptEvent
-from schemas.chunk import ChunkKind, make_chunk
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.escalation import Escalation
@@ -680,15 +680,31 @@ class DeliveryHandler:
             {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
             None,
         )
+        payload = encode(result)
+        oversize = self.oversize(payload, terminal, execution)
+        if oversize is not None:
+            # Measured before anything is stored: a result no bus message can carry would
+            # be settled, never published, and redelivered forever.
+            error = oversize.to_protocol(endpoint_id=endpoint_id, read_only=spec.read_only)
+            result = msgspec.structs.replace(
+                result, status=ResultStatus.FAILED, output=None, error=error
+            )
+            terminal = make_chunk(
+                ChunkKind.ERROR,
+                action_id=action.id,
+                endpoint_id=endpoint_id,
+                seq=terminal.seq,
+                ts_unix_ms=terminal.ts_unix_ms,
+                payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+            )
+            payload = encode(result)
         try:
             execution.ensure_lease()
         except LeaseLost as lost:
             rt.keeper.lose(execution, str(lost), cancel=False)
             return
         execution.ending = True
-        stored = await rt.store.settle(
-            execution.keys, execution.owner, execution.fence, encode(result)
-        )
+        stored = await rt.store.settle(execution.keys, execution.owner, execution.fence, payload)
         if stored.status is SettleStatus.FENCED_OUT:
             rt.metrics.fenced_out(endpoint_id, FenceStep.SETTLE)
             rt.audit.emit(
@@ -732,12 +748,30 @@ class DeliveryHandler:
         # The terminal chunk is sent first (same connection, so it arrives first) and
         # confirmed together with the awaited result: one round trip, not two.
         pending_terminal = await rt.publisher.chunk(terminal)
-        await rt.publisher.result(result)
+        await rt.publisher.result_bytes(endpoint_id, action.id, payload)
         await rt.publisher.confirm([(terminal, pending_terminal)])
         rt.metrics.chunk_published(endpoint_id, str(terminal.__struct_config__.tag))
         faults.hit("after_result_publish", action.id)
         faults.hit("before_ack", action.id)
         await self.ack_all(execution.messages)
+
+    def oversize(
+        self, payload: bytes, terminal: StreamChunk, execution: Execution
+    ) -> ConnectorError | None:
+        """`stream_publication` when the encoded result, or the operation's own terminal
+        chunk (a provider's terminal event), is larger than one bus message may be."""
+        limit = self.rt.publisher.max_message_bytes()
+        size = len(payload)
+        what = "result"
+        if size <= limit and execution.terminal is not None:
+            size, what = len(encode(terminal)), "terminal chunk"
+        if size <= limit:
+            return None
+        return ConnectorError(
+            ErrorCode.STREAM_PUBLICATION,
+            f"the provider's answer makes a {size}-byte {what}, over the {limit} bytes one "
+            "bus message may carry (NATS max_payload); it was not stored or published",
+        )
 
     # --- answers without execution ----------------------------------------------------
 

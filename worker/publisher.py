@@ -31,6 +31,11 @@ from subjects.grammar import (
 log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+#: Bytes of `max_payload` kept for the headers a worker sends with a result or chunk
+#: (`Nats-Msg-Id`, the signature headers): NATS counts headers and body together.
+HEADER_ROOM = 4096
+#: The NATS server default, used until the server's INFO says otherwise.
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
 
 #: JetStream's answers to a publish that a full stream (`discard: new`) or a full store
@@ -53,6 +58,13 @@ class BusPublisher:
         self.js = js
         self.subjects = subjects
         self.confirm_timeout_s = confirm_timeout_s
+
+    def max_message_bytes(self) -> int:
+        """The largest body one result or chunk may have: the server's `max_payload` (from
+        its INFO, so a deployment's own limit counts) less the room for our headers."""
+        nc = getattr(self.js, "_nc", None)
+        max_payload = getattr(nc, "max_payload", DEFAULT_MAX_PAYLOAD) or DEFAULT_MAX_PAYLOAD
+        return int(max_payload) - HEADER_ROOM
 
     async def _publish_async(
         self, subject: str, payload: bytes, headers: dict[str, str], wait_stall: float

@@ -158,6 +158,12 @@ class Settings(BaseSettings):
     """HTTP transport under httpx: `aiohttp` (httpx-aiohttp, fast) or the stock `httpx` one."""
     hermes_read_retry_attempts: Annotated[int, Field(ge=0, le=10)] = 2
     """Retries of a read-only call after a temporary or transport failure (never unsafe ones)."""
+    hermes_stream_max_idle_bytes: Annotated[int, Field(ge=64, le=16_777_216)] = 65_536
+    """Bytes an event stream may send without an event (blank lines, comments) before it
+    fails `stream_incomplete`."""
+    hermes_stream_max_idle_ms: Annotated[int, Field(ge=100, le=86_400_000)] = 300_000
+    """Time an event stream may keep sending bytes without an event before it fails
+    `stream_incomplete` (a silent socket is the endpoint's read timeout)."""
 
     # Operator policy (spec: "Apply operator policy bounds").
     hermes_operator_delegation_enabled: bool = False

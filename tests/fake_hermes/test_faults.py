@@ -13,7 +13,9 @@ from worker.testing.fake_hermes import (
     EventsDisconnect,
     EventsFlood,
     EventsHang,
+    EventsHugeAnswer,
     EventsMalformed,
+    EventsNoise,
     EventsNotFound,
     EventsOversize,
     EventsSlow,
@@ -192,6 +194,50 @@ async def test_events_flood_prepends_n_events(fake: FakeHermes, client: httpx.As
     fake.faults.add(EventsFlood(count=5000))
     events = events_of(await sse_lines(client, run_id))
     assert sum(1 for e in events if e.get("delta") == ".") == 5000
+    assert events[-1]["event"] == "run.completed"
+
+
+@pytest.mark.parametrize(
+    ("noise", "unit"), [("blank_lines", b"\n"), ("comments", b": keepalive\n\n")]
+)
+async def test_events_noise_sends_lines_that_are_never_an_event(
+    fake: FakeHermes, client: httpx.AsyncClient, noise: str, unit: bytes
+) -> None:
+    run_id = await start(client, "hello")
+    fake.faults.add(EventsNoise(noise=noise, max_bytes=300_000))  # type: ignore[arg-type]
+    async with client.stream("GET", f"/v1/runs/{run_id}/events") as response:
+        assert response.status_code == 200
+        body = b"".join([piece async for piece in response.aiter_bytes()])
+    assert len(body) >= 300_000
+    assert body == unit * (len(body) // len(unit))  # nothing but the noise, no event
+    # The stream counts as consumed, like any other that ended.
+    assert (await client.get(f"/v1/runs/{run_id}/events")).status_code == 404
+
+
+async def test_events_noise_stops_when_the_client_leaves(
+    fake: FakeHermes, client: httpx.AsyncClient
+) -> None:
+    run_id = await start(client, "hello")
+    fake.faults.add(EventsNoise(noise="comments"))
+    async with client.stream("GET", f"/v1/runs/{run_id}/events") as response:
+        async for _ in response.aiter_bytes():
+            break
+    # The writer noticed the client left (it is not still writing 256 MiB into nowhere).
+    for _ in range(100):
+        if not len(fake.state.connections):
+            break
+        await asyncio.sleep(0.05)
+    assert not len(fake.state.connections)
+
+
+async def test_events_huge_answer_sends_the_answer_in_frames_before_the_run(
+    fake: FakeHermes, client: httpx.AsyncClient
+) -> None:
+    run_id = await start(client, "hello")
+    fake.faults.add(EventsHugeAnswer(size=2 * 1024 * 1024, piece=64 * 1024))
+    events = events_of(await sse_lines(client, run_id))
+    huge = [e for e in events if e.get("delta") == "x" * 64 * 1024]
+    assert len(huge) == 32
     assert events[-1]["event"] == "run.completed"
 
 

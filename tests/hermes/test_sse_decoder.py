@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 
@@ -13,6 +14,7 @@ from worker.hermes.sse import (
     SSEDecodeError,
     SSEDecoder,
     SSEError,
+    SSEIdle,
     SSELimitReached,
     SSELimits,
     aiter_events,
@@ -139,6 +141,70 @@ async def test_unterminated_last_frame_is_not_an_event() -> None:
 
     names = [event.name async for event in aiter_events(chunks())]
     assert names == ["message.delta"]
+
+
+# --- bytes and time without an event ------------------------------------------------------
+
+IDLE = SSELimits(max_idle_bytes=1024)
+
+
+@pytest.mark.parametrize(
+    "noise",
+    [b"\n", b"\r\n", b": keepalive\n\n", b"event: x\n\n", b"id: 7\nretry: 5\n\n"],
+    ids=["blank", "crlf", "comment", "named-without-data", "fields-without-data"],
+)
+def test_endless_lines_without_an_event_end_at_the_idle_byte_bound(noise: bytes) -> None:
+    with pytest.raises(SSEIdle, match="1024 bytes without an event"):
+        decode_all(noise * 2048, IDLE, step=100)
+
+
+def test_noise_up_to_the_bound_passes_and_an_event_resets_it() -> None:
+    noise = b": keepalive\n\n" * 70  # 910 bytes: under the bound
+    event = b'data: {"event": "message.delta"}\n\n'
+    events = decode_all((noise + event) * 10, IDLE)
+    assert len(events) == 10
+
+
+def test_a_stream_that_sends_no_event_for_too_long_ends_at_the_idle_time_bound() -> None:
+    now = [0.0]
+    decoder = SSEDecoder(SSELimits(max_idle_s=30.0), clock=lambda: now[0])
+    assert decoder.feed(b'data: {"event": "message.delta"}\n\n')
+    now[0] = 29.0
+    assert decoder.feed(b": keepalive\n\n") == []
+    now[0] = 31.0
+    with pytest.raises(SSEIdle, match="no event for 30 s"):
+        decoder.feed(b": keepalive\n\n")
+
+
+def test_an_event_restarts_the_idle_clock() -> None:
+    now = [0.0]
+    decoder = SSEDecoder(SSELimits(max_idle_s=30.0), clock=lambda: now[0])
+    for step in range(1, 10):
+        now[0] = step * 20.0
+        assert decoder.feed(b': keepalive\n\ndata: {"event": "message.delta"}\n\n')
+
+
+async def test_the_decoder_gives_the_loop_a_turn_after_every_chunk() -> None:
+    """A source whose chunks never suspend (a full socket buffer) must not hold the loop."""
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            ticks += 1
+            await asyncio.sleep(0)
+
+    async def buffered() -> AsyncIterator[bytes]:
+        for _ in range(50):
+            yield b": keepalive\n\n" * 10  # never awaits anything
+
+    task = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    try:
+        assert [e async for e in aiter_events(buffered())] == []
+    finally:
+        task.cancel()
+    assert ticks >= 50
 
 
 # --- properties -----------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from worker.testing.fake_hermes import (
     EventsDisconnect,
     EventsFlood,
     EventsMalformed,
+    EventsNoise,
     EventsOversize,
     RouteDelay,
     RouteDraining,
@@ -233,6 +234,34 @@ async def test_an_undecodable_frame_is_a_transport_failure(
     result = await invoke("run_events", {"run_id": run_id})
     assert result.error_code() == ErrorCode.TRANSPORT
     assert len(result.ctx.chunks) == 1
+
+
+@pytest.mark.parametrize("noise", ["blank_lines", "comments"])
+async def test_a_stream_of_lines_without_an_event_is_incomplete(
+    invoke: Invoke,
+    fake,  # type: ignore[no-untyped-def]
+    noise: str,
+) -> None:
+    run_id = await _run_id(invoke, "noise me")
+    fake.faults.add(EventsNoise(run_id=run_id, noise=noise))  # type: ignore[arg-type]
+    result = await invoke("run_events", {"run_id": run_id})
+    assert result.error_code() == ErrorCode.STREAM_INCOMPLETE
+    assert "without an event" in result.protocol_error().message
+    assert result.ctx.chunks == []
+
+
+async def test_a_slow_drip_without_an_event_ends_at_the_idle_time_bound(
+    invoke: Invoke,
+    fake,  # type: ignore[no-untyped-def]
+) -> None:
+    registry = default_registry(limits=SSELimits(max_idle_s=0.5))
+    run_id = await _run_id(invoke, "drip me")
+    fake.faults.add(EventsNoise(run_id=run_id, noise="comments", batch=13, pace_s=0.1))
+    started = asyncio.get_running_loop().time()
+    result = await invoke("run_events", {"run_id": run_id}, operation=registry.get("run_events"))
+    assert result.error_code() == ErrorCode.STREAM_INCOMPLETE
+    assert "no event for 0.5 s" in result.protocol_error().message
+    assert asyncio.get_running_loop().time() - started < 5
 
 
 async def test_opening_a_read_stream_is_retried_but_its_events_are_not(

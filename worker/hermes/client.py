@@ -31,7 +31,14 @@ from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from worker.audit import receipt
 from worker.errors import ConnectorError, deadline_exceeded, from_http_status, from_transport
-from worker.hermes.sse import SSEDecodeError, SSEEvent, SSELimitReached, SSELimits, aiter_events
+from worker.hermes.sse import (
+    SSEDecodeError,
+    SSEEvent,
+    SSEIdle,
+    SSELimitReached,
+    SSELimits,
+    aiter_events,
+)
 from worker.metrics import Metrics
 from worker.settings import Endpoint
 
@@ -70,7 +77,8 @@ class SSEStream:
 
     Failures while reading are typed: the event limit is `stream_truncated`, an over-size or
     undecodable frame is `transport` (decode failure), a connection that breaks off after
-    the stream opened is `stream_incomplete` (like a clean close without a terminal event).
+    the stream opened is `stream_incomplete` (like a clean close without a terminal event),
+    and so is a stream that keeps sending bytes but no event past the idle bounds.
     """
 
     def __init__(self, what: str, response: httpx.Response, limits: SSELimits) -> None:
@@ -100,6 +108,10 @@ class SSEStream:
             except SSEDecodeError as exc:
                 failure = ConnectorError(
                     ErrorCode.TRANSPORT, f"{self._what} stream decode failure: {exc}"
+                )
+            except SSEIdle as exc:
+                failure = ConnectorError(
+                    ErrorCode.STREAM_INCOMPLETE, f"{self._what} stream ended: {exc}"
                 )
             except _TRANSPORT_ERRORS as exc:
                 # The stream was open and well-formed; it ended (cut, or silent past the

@@ -14,11 +14,21 @@ It follows the WHATWG framing (LF, CRLF or CR line ends; `:` comments; `event:`,
 * `data: [DONE]`, the chat-completions end marker.
 
 Comments (`: keepalive`, `: stream closed`) are skipped; they carry no state.
+
+A stream that sends bytes but no event (endless blank lines, endless comments, `event:` or
+`id:` lines never followed by data) is bounded too: by the bytes received since the last
+event (`max_idle_bytes`) and by the time since it (`max_idle_s`, checked whenever such a
+line arrives; a stream silent on the socket is the read timeout's). And `aiter_events`
+gives the event loop a turn after every network chunk: a server that keeps the socket
+buffer full would otherwise never let another task of the worker run.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterable
+import asyncio
+import re
+import time
+from collections.abc import AsyncGenerator, AsyncIterable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +36,14 @@ import msgspec
 
 DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
 DEFAULT_MAX_EVENTS = 4096
+#: Bytes a stream may send between two events: Hermes' keepalive (`: keepalive` and a blank
+#: line, 13 bytes every 30 s) needs 64 KiB only after ~40 hours without an event.
+DEFAULT_MAX_IDLE_BYTES = 64 * 1024
+#: Time a stream may keep sending bytes without an event (long tool calls send keepalives
+#: only; the Action deadline still bounds the whole stream).
+DEFAULT_MAX_IDLE_S = 300.0
+#: The most bytes decoded between two turns of the event loop (see `aiter_events`).
+FEED_SLICE_BYTES = 16 * 1024
 DONE_MARKER = "[DONE]"
 
 _json = msgspec.json.Decoder()
@@ -43,16 +61,25 @@ class SSELimitReached(SSEError):
     """The event-count bound ended consumption before the stream did."""
 
 
+class SSEIdle(SSEError):
+    """The stream kept sending bytes (blank lines, comments) but no event, past a bound."""
+
+
 @dataclass(frozen=True, slots=True)
 class SSELimits:
-    """Bounds on one stream: bytes per frame (comments and blank lines included) and events."""
+    """Bounds on one stream: bytes per frame (comments and blank lines included), events,
+    and bytes and seconds without an event."""
 
     max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
     max_events: int = DEFAULT_MAX_EVENTS
+    max_idle_bytes: int = DEFAULT_MAX_IDLE_BYTES
+    max_idle_s: float = DEFAULT_MAX_IDLE_S
 
     def __post_init__(self) -> None:
         if self.max_frame_bytes < 64 or self.max_events < 1:
             raise ValueError("SSE limits must allow at least a 64-byte frame and one event")
+        if self.max_idle_bytes < 64 or self.max_idle_s <= 0:
+            raise ValueError("SSE limits must allow 64 bytes and some time without an event")
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,8 +111,14 @@ class SSEEvent:
 class SSEDecoder:
     """Incremental framing: feed bytes, get complete frames; never buffers more than a frame."""
 
-    def __init__(self, limits: SSELimits | None = None) -> None:
+    def __init__(
+        self, limits: SSELimits | None = None, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self.limits = limits or SSELimits()
+        self._clock = clock
+        #: Bytes of lines that were not `data:` lines since the last event was dispatched.
+        self._idle_bytes = 0
+        self._last_event_at = clock()
         self._line = bytearray()
         #: Bytes of the frame being assembled (completed lines plus the partial one).
         self._frame_bytes = 0
@@ -124,6 +157,22 @@ class SSEDecoder:
             if chunk[0] == 0x0A:
                 start = 1  # the LF of a CRLF split across chunks
         while start < size:
+            if not self._line and chunk[start] in _LINE_END_BYTES:
+                # Blank lines, possibly very many: the first may dispatch a frame, the
+                # rest are idle bytes, counted at once rather than line by line.
+                run = _LINE_ENDS.match(chunk, start)
+                assert run is not None
+                end = run.end()
+                first = 2 if chunk.startswith(b"\r\n", start) else 1
+                event = self._line_done(b"")
+                if event is not None:
+                    out.append(event)
+                if end - start > first:
+                    self._idle(end - start - first)
+                start = end
+                if chunk[end - 1] == 0x0D and end == size:
+                    self._pending_cr = True
+                continue
             cut = _next_line_end(chunk, start)
             if cut < 0:
                 self._grow(chunk[start:])
@@ -153,11 +202,15 @@ class SSEDecoder:
 
     def _line_done(self, line: bytes) -> RawEvent | None:
         if not line:
-            return self._dispatch()
+            event = self._dispatch()
+            if event is None:
+                self._idle(1)
+            return event
         self._frame_bytes += 1  # the line end counts towards the frame
         if self._frame_bytes > self.limits.max_frame_bytes:
             raise SSEDecodeError(f"an SSE frame exceeded {self.limits.max_frame_bytes} bytes")
         if line[0] == 0x3A:  # ':' comment, e.g. keepalive or "stream closed"
+            self._idle(len(line) + 1)
             return None
         try:
             text = line.decode("utf-8")
@@ -169,12 +222,24 @@ class SSEDecoder:
         if field == "data":
             self._data.append(value)
             self._has_data = True
-        elif field == "event":
+            return None
+        if field == "event":
             self._event = value
         elif field == "id" and "\x00" not in value:
             self._id = value
         # `retry:` and unknown fields are ignored, as the SSE standard says.
+        self._idle(len(line) + 1)
         return None
+
+    def _idle(self, size: int) -> None:
+        """Count `size` bytes that brought no event closer; past a bound the stream ends."""
+        self._idle_bytes += size
+        if self._idle_bytes > self.limits.max_idle_bytes:
+            raise SSEIdle(
+                f"the stream sent over {self.limits.max_idle_bytes} bytes without an event"
+            )
+        if self._clock() - self._last_event_at > self.limits.max_idle_s:
+            raise SSEIdle(f"the stream sent no event for {self.limits.max_idle_s:g} s")
 
     def _dispatch(self) -> RawEvent | None:
         self._frame_bytes = 0
@@ -182,6 +247,8 @@ class SSEDecoder:
             self._event = None
             return None
         self.events += 1
+        self._idle_bytes = 0
+        self._last_event_at = self._clock()
         if self.events > self.limits.max_events:
             raise SSELimitReached(f"the stream passed the {self.limits.max_events}-event limit")
         event = RawEvent(event=self._event or None, data="\n".join(self._data), id=self._id)
@@ -189,6 +256,10 @@ class SSEDecoder:
         self._data = []
         self._has_data = False
         return event
+
+
+_LINE_END_BYTES = (0x0A, 0x0D)
+_LINE_ENDS = re.compile(rb"[\r\n]+")
 
 
 def _next_line_end(chunk: bytes, start: int) -> int:
@@ -224,10 +295,17 @@ async def aiter_events(
 
     A partial frame left when the bytes end is dropped: an unterminated frame was never
     dispatched, so treating it as an event would invent one the server did not finish.
+
+    After each network chunk, and every `FEED_SLICE_BYTES` of a larger one, the event loop
+    gets a turn (`sleep(0)`): reading a chunk that is already buffered does not suspend, so
+    a server that keeps the buffer full would otherwise hold the loop until a bound ends
+    its stream, and one chunk of short lines costs milliseconds of Python per 16 KiB.
     """
     decoder = SSEDecoder(limits)
     async for chunk in chunks:
-        for raw in decoder.feed(chunk):
-            yield parse_event(raw)
-        if decoder.failure is not None:
-            raise decoder.failure
+        for at in range(0, len(chunk), FEED_SLICE_BYTES):
+            for raw in decoder.feed(chunk[at : at + FEED_SLICE_BYTES]):
+                yield parse_event(raw)
+            if decoder.failure is not None:
+                raise decoder.failure
+            await asyncio.sleep(0)

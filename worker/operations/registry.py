@@ -23,11 +23,19 @@ def default_registry(
 ) -> Registry:
     """Every Hermes route as an operation.
 
-    `settings` supplies the read retry budget (`hermes_read_retry_attempts`); `limits` the
-    SSE bounds (1 MiB frames, 4096 events unless given).
+    `settings` supplies the read retry budget (`hermes_read_retry_attempts`) and the bounds
+    on bytes and time without an event; `limits`, when given, all SSE bounds (default 1 MiB
+    frames, 4096 events).
     """
     retry = ReadRetryPolicy(retries=2 if settings is None else settings.hermes_read_retry_attempts)
-    bounds = limits or SSELimits()
+    bounds = limits or (
+        SSELimits()
+        if settings is None
+        else SSELimits(
+            max_idle_bytes=settings.hermes_stream_max_idle_bytes,
+            max_idle_s=settings.hermes_stream_max_idle_ms / 1000,
+        )
+    )
     registry = Registry()
     for operation in (
         *discovery_operations(retry),

@@ -34,7 +34,8 @@ Control routes (test-only, **unauthenticated**, never counted in the stats):
     fires until cleared. Kinds: ``start_server_error``, ``start_drop``, ``start_no_run_id``,
     ``start_reject``, ``start_hang`` (on ``POST /v1/runs``); ``events_not_found``,
     ``events_hang``, ``events_slow``, ``events_malformed``, ``events_oversize``,
-    ``events_flood``, ``events_disconnect`` (on ``GET /v1/runs/{id}/events``); ``redirect``,
+    ``events_flood``, ``events_disconnect``, ``events_noise``, ``events_huge_answer`` (on
+    ``GET /v1/runs/{id}/events``); ``redirect``,
     ``route_error``, ``delay`` (any route, optional ``route`` template). See ``faults.py``.
 ``POST /_fake/restart``
     Forget every run, cut open streams and hanging requests, drop the idempotency cache
@@ -50,7 +51,9 @@ from worker.testing.fake_hermes.faults import (
     EventsFault,
     EventsFlood,
     EventsHang,
+    EventsHugeAnswer,
     EventsMalformed,
+    EventsNoise,
     EventsNotFound,
     EventsOversize,
     EventsSlow,
@@ -77,7 +80,9 @@ __all__ = [
     "EventsFault",
     "EventsFlood",
     "EventsHang",
+    "EventsHugeAnswer",
     "EventsMalformed",
+    "EventsNoise",
     "EventsNotFound",
     "EventsOversize",
     "EventsSlow",

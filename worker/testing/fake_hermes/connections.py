@@ -22,6 +22,10 @@ class Connections:
         self._open: dict[int, web.Request] = {}
         self._release = asyncio.Event()
 
+    def __len__(self) -> int:
+        """How many tracked requests are still open (a test sees a writer has stopped)."""
+        return len(self._open)
+
     @contextlib.contextmanager
     def track(self, request: web.Request) -> Iterator[None]:
         """Register a request for the duration of its handler."""

@@ -15,7 +15,7 @@ Three families, checked at different points:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -109,6 +109,27 @@ class EventsDisconnect(_Fault, frozen=True, tag="events_disconnect"):
     after: int = 1
 
 
+class EventsNoise(_Fault, frozen=True, tag="events_noise"):
+    """A hostile stream: no event ever, only `noise` lines (bare blank lines, or comment
+    lines each followed by a blank line, like a keepalive) as fast as the socket takes
+    them, or one write of about `batch` bytes every `pace_s` seconds. Ends when the client
+    goes away or after `max_bytes` (a bound on the test, not on the client)."""
+
+    noise: Literal["blank_lines", "comments"] = "blank_lines"
+    batch: int = 65_536
+    pace_s: float = 0.0
+    max_bytes: int = 256 * 1024 * 1024
+
+
+class EventsHugeAnswer(_Fault, frozen=True, tag="events_huge_answer"):
+    """Before the real events, `size` bytes of answer text as `message.delta` frames of
+    `piece` bytes each: every frame fits the client's frame bound, the answer does not fit
+    one bus message."""
+
+    size: int = 16 * 1024 * 1024
+    piece: int = 256 * 1024
+
+
 # --- any route -----------------------------------------------------------------------------
 
 
@@ -151,6 +172,8 @@ EventsFault = (
     | EventsOversize
     | EventsFlood
     | EventsDisconnect
+    | EventsNoise
+    | EventsHugeAnswer
 )
 RouteFault = RouteRedirect | RouteError | RouteDraining | RouteDelay
 Fault = StartFault | EventsFault | RouteFault
@@ -164,6 +187,8 @@ _EVENTS = (
     EventsOversize,
     EventsFlood,
     EventsDisconnect,
+    EventsNoise,
+    EventsHugeAnswer,
 )
 _ROUTE = (RouteRedirect, RouteError, RouteDraining, RouteDelay)
 

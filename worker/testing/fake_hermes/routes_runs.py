@@ -158,6 +158,8 @@ async def run_events(request: web.Request) -> web.StreamResponse:
     if isinstance(fault, f.EventsHang):
         return await state.connections.hold(request)
     with state.connections.track(request):
+        if isinstance(fault, f.EventsNoise):
+            return await _noise(request, run, fault)
         return await _stream(request, state, run, fault)
 
 
@@ -178,6 +180,8 @@ async def _stream(
     try:
         if isinstance(fault, f.EventsFlood):
             await _flood(response, run, fault.count)
+        if isinstance(fault, f.EventsHugeAnswer):
+            await _huge_answer(response, run, fault)
         while True:
             item = await channel.get(state.config.keepalive_s)
             if item is Signal.IDLE:
@@ -217,6 +221,47 @@ def _injected_frame(run: Run, fault: f.EventsFault | None) -> bytes:
             }
         )
     return MALFORMED_FRAME
+
+
+#: The unit a noise fault repeats: a bare line end, or a keepalive-like comment frame.
+_NOISE_UNIT = {"blank_lines": b"\n", "comments": b": keepalive\n\n"}
+
+
+async def _noise(request: web.Request, run: Run, fault: f.EventsNoise) -> web.StreamResponse:
+    """Lines that are never an event, until the client leaves or `max_bytes` are out.
+
+    The run's real events stay buffered (its stream counts as consumed once this ends).
+    Between writes the loop gets a turn, so the in-process fake never starves its host.
+    """
+    response = await open_stream(request)
+    unit = _NOISE_UNIT[fault.noise]
+    batch = unit * max(1, fault.batch // len(unit))
+    sent = 0
+    try:
+        while sent < fault.max_bytes:
+            await response.write(batch)
+            sent += len(batch)
+            await asyncio.sleep(fault.pace_s)
+    except (ConnectionError, RuntimeError):
+        pass  # the client went away: what a hostile stream is waiting for
+    finally:
+        run.channel.drop()
+    return response
+
+
+async def _huge_answer(response: web.StreamResponse, run: Run, fault: f.EventsHugeAnswer) -> None:
+    piece = "x" * fault.piece
+    for _ in range(max(1, fault.size // fault.piece)):
+        await response.write(
+            data_frame(
+                {
+                    "event": "message.delta",
+                    "run_id": run.run_id,
+                    "timestamp": run.created_at,
+                    "delta": piece,
+                }
+            )
+        )
 
 
 async def _flood(response: web.StreamResponse, run: Run, count: int) -> None:
