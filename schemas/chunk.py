@@ -31,6 +31,9 @@ class _Chunk(
     endpoint_id: str
     #: 0, 1, 2 … per Action, continuous across worker takeovers.
     seq: int
+    #: sha256 (hex) of the exact bytes of chunk `seq - 1` as published; None on seq 0. The
+    #: signed ActionResult carries the hash of the last chunk, so one signature covers all.
+    prev_sha256: str | None = None
     provider_event: str | None = None
     run_id: str | None = None
     payload: Any = None
@@ -101,6 +104,7 @@ def make_chunk(
     payload: Any = None,
     provider_event: str | None = None,
     run_id: str | None = None,
+    prev_sha256: str | None = None,
 ) -> StreamChunk:
     """Build the chunk class of `kind`; one constructor keeps publishers from drifting."""
     cls = CHUNK_TYPES[kind]
@@ -108,6 +112,7 @@ def make_chunk(
         action_id=action_id,
         endpoint_id=endpoint_id,
         seq=seq,
+        prev_sha256=prev_sha256,
         provider_event=provider_event,
         run_id=run_id,
         payload=payload,

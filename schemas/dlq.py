@@ -9,6 +9,8 @@ can read it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 #: The entry's own id (`dlq_` + 32 hex); receipts about an unauthenticated envelope are
 #: filed under it (`aip.hermes.{endpoint}.audit.{dlq_id}`), not under the id it claims.
 DLQ_ID = "Aip-Dlq-Id"
@@ -28,3 +30,12 @@ DLQ_SIZE = "Aip-Dlq-Size"
 DLQ_SHA256 = "Aip-Dlq-Sha256"
 #: How many leading bytes of the payload the body holds (equal to the size when whole).
 DLQ_KEPT = "Aip-Dlq-Kept"
+
+
+def dlq_material(body: bytes, headers: Mapping[str, str]) -> bytes:
+    """What a DLQ entry's worker signature (`Aip-Signer`/`Aip-Signature` headers) covers:
+    its `Aip-Dlq-*` headers as `name: value` lines, sorted, a blank line, then the body."""
+    lines = sorted(
+        f"{name}: {value}" for name, value in headers.items() if name.startswith("Aip-Dlq-")
+    )
+    return ("\n".join(lines) + "\n\n").encode() + body

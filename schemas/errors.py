@@ -56,6 +56,7 @@ class ErrorCode(StrEnum):
     HOST_NOT_READY = "connector_host.not_ready"
     HOST_CAPACITY = "connector_host.capacity"
     HOST_EXECUTION = "connector_host.execution"
+    HOST_RESPONSE_SIGNING = "connector_host.response_signing"
     # Base connector codes.
     CONFIGURATION_OR_INPUT = "connector.hermes_agent.configuration_or_input"
     TENANT_MISMATCH = "connector.hermes_agent.tenant_mismatch"
@@ -127,6 +128,7 @@ CODE_RULES: dict[ErrorCode, CodeRule] = {
     E.HOST_NOT_READY: CodeRule(_C.TEMPORARY, _R.ALWAYS, _U.NEVER),
     E.HOST_CAPACITY: CodeRule(_C.TEMPORARY, _R.ALWAYS, _U.NEVER),
     E.HOST_EXECUTION: CodeRule(_C.CONNECTOR, _R.NEVER, _U.UNSAFE),
+    E.HOST_RESPONSE_SIGNING: CodeRule(_C.CONNECTOR, _R.NEVER, _U.NEVER),
     E.CONFIGURATION_OR_INPUT: CodeRule(_C.PERMANENT, _R.NEVER, _U.NEVER),
     E.TENANT_MISMATCH: CodeRule(_C.AUTH, _R.NEVER, _U.NEVER),
     E.MISSING_CREDENTIAL: CodeRule(_C.AUTH, _R.NEVER, _U.NEVER),

@@ -29,3 +29,6 @@ class ActionResult(WireStruct, kw_only=True, frozen=True):
     #: The lease fence that settle held; a higher fence never sees a lower one overwrite it.
     fence: int
     settled_at_unix_ms: UnixMs
+    #: sha256 (hex) of the exact bytes of the Action's last (terminal) chunk: the result's
+    #: signature (`Aip-Signer`/`Aip-Signature` headers) thereby covers the whole chunk chain.
+    last_chunk_sha256: str | None = None

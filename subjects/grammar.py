@@ -160,8 +160,13 @@ def chunk_msg_id(action_id: str, seq: int) -> str:
     return f"{action_id}:{seq}"
 
 
-def result_msg_id(action_id: str) -> str:
-    return f"{action_id}:result"
+def result_msg_id(action_id: str, payload_sha256: str | None = None) -> str:
+    """`Nats-Msg-Id` of a result: a republish of the same stored bytes is dropped by the
+    server, and with the bytes' hash in it a message published first under the Action's id
+    (a forgery) cannot make the server drop the real result as its duplicate."""
+    if payload_sha256 is None:
+        return f"{action_id}:result"
+    return f"{action_id}:result:{payload_sha256[:32]}"
 
 
 def escalation_resolution_msg_id(escalation_id: str) -> str:

@@ -39,6 +39,7 @@ from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
+from worker.trust.responses import signer_from_settings
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +92,10 @@ class Worker:
         endpoints = settings.resolve_endpoints()
         if not endpoints:
             raise ValueError("no Hermes endpoint is configured (AIPD_HERMES_ENDPOINTS)")
+        # Before any connection: a key that cannot be read refuses the start.
+        signer = signer_from_settings(
+            settings.worker_signing_key_file, allow_unsigned=settings.allow_unsigned_responses
+        )
         if settings.hermes_api_key:
             log.warning(
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
@@ -116,7 +121,7 @@ class Worker:
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
         store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms, health=health)
-        publisher = BusPublisher(js, self.subjects)
+        publisher = BusPublisher(js, self.subjects, signer=signer)
         audit = AuditLog(publisher, settings.worker_id)
         keeper = LeaseKeeper(
             store, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,

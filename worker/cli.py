@@ -167,6 +167,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         prefix=args.prefix,
         sign_key=args.sign_key,
         max_envelope_bytes=settings.max_envelope_bytes,
+        trusted_worker_keys=_trusted_worker_keys(args) if args.wait else None,
     )
     try:
         action = client.build_action(
@@ -198,15 +199,41 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Exit status of `tail`/`result`/`submit --wait` when a response does not verify against
+#: the trusted worker keys (`connector_host.response_signing`).
+EXIT_UNVERIFIED = 4
+
+
+def _trusted_worker_keys(args: argparse.Namespace) -> Path | None:
+    """The trusted worker keys file, or None after a warning that nothing is verified."""
+    path: Path | None = getattr(args, "trusted_worker_keys", None)
+    if path is None:
+        print(
+            "warning: results and chunks are not verified (no --trusted-worker-keys / "
+            "AIPD_TRUSTED_WORKER_KEYS_FILE)",
+            file=sys.stderr,
+        )
+    return path
+
+
+def _unverified(exc: Exception) -> int:
+    print(f"refused: {exc} (connector_host.response_signing)", file=sys.stderr)
+    return EXIT_UNVERIFIED
+
+
 async def _follow(
     client: Any, endpoint: str, action_id: str, from_seq: int, timeout_s: float
 ) -> int:
+    from worker.trust.responses import UnverifiedResponse
+
     handle = client.handle(endpoint, action_id)
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in handle.chunks(from_seq=from_seq):
                 print(msgspec.json.encode(chunk).decode(), flush=True)
             result = await handle.result(timeout_s=timeout_s)
+    except UnverifiedResponse as exc:
+        return _unverified(exc)
     except TimeoutError:
         print(f"no result for {action_id} within {timeout_s:g} s", file=sys.stderr)
         return 1
@@ -220,7 +247,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
     nc = await _connect_nats(_bus_settings(args))
     try:
         return await _follow(
-            AipClient(nc, prefix=args.prefix),
+            AipClient(nc, prefix=args.prefix, trusted_worker_keys=_trusted_worker_keys(args)),
             args.endpoint,
             args.action_id,
             args.from_seq,
@@ -232,9 +259,10 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 
 async def cmd_result(args: argparse.Namespace) -> int:
     from worker.client import AipClient
+    from worker.trust.responses import UnverifiedResponse
 
     nc = await _connect_nats(_bus_settings(args))
-    client = AipClient(nc, prefix=args.prefix)
+    client = AipClient(nc, prefix=args.prefix, trusted_worker_keys=_trusted_worker_keys(args))
     try:
         if args.wait:
             result = await client.handle(args.endpoint, args.action_id).result(timeout_s=args.wait)
@@ -244,6 +272,8 @@ async def cmd_result(args: argparse.Namespace) -> int:
                 print(f"no result yet for {args.action_id}", file=sys.stderr)
                 return 1
             result = found
+    except UnverifiedResponse as exc:
+        return _unverified(exc)
     finally:
         await nc.drain()
     print(msgspec.json.encode(result).decode())
@@ -356,6 +386,19 @@ def _bus_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=os.environ.get("AIPD_SUBJECT_PREFIX", "aip"))
 
 
+def _verify_flag(parser: argparse.ArgumentParser) -> None:
+    import os
+
+    default = os.environ.get("AIPD_TRUSTED_WORKER_KEYS_FILE")
+    parser.add_argument(
+        "--trusted-worker-keys",
+        type=Path,
+        default=Path(default) if default else None,
+        help="public nkeys of trusted workers, one per line: results and chunk chains "
+        "that do not verify are refused (env AIPD_TRUSTED_WORKER_KEYS_FILE)",
+    )
+
+
 class _Parser(argparse.ArgumentParser):
     """No abbreviated flags: `--hermes-api-key` must not silently mean `--hermes-api-key-file`.
 
@@ -407,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--action-id", help="reuse an id (a replay); default: a new one")
     submit.add_argument("--sign-key", type=Path, help="gateway nkey seed file to sign with")
     submit.add_argument("--wait", type=float, metavar="SECONDS", help="then follow it")
+    _verify_flag(submit)
     submit.set_defaults(func=cmd_submit)
 
     tail = sub.add_parser("tail", help="follow an Action's chunks, then print its result")
@@ -415,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("--endpoint", required=True)
     tail.add_argument("--from-seq", type=int, default=0)
     tail.add_argument("--timeout", type=float, default=300.0)
+    _verify_flag(tail)
     tail.set_defaults(func=cmd_tail)
 
     result = sub.add_parser("result", help="print an Action's stored result")
@@ -422,6 +467,7 @@ def build_parser() -> argparse.ArgumentParser:
     result.add_argument("action_id")
     result.add_argument("--endpoint", required=True)
     result.add_argument("--wait", type=float, metavar="SECONDS")
+    _verify_flag(result)
     result.set_defaults(func=cmd_result)
 
     cancel = sub.add_parser("cancel", help="request cancellation of an Action")

@@ -12,10 +12,19 @@ dead-letter: the same strict decoding, so an id such as `act_<32 hex>\\n` never 
 client. `chunks()` reads the Action's chunk subject through an ordered JetStream consumer, which
 re-creates itself after a disconnect and resumes at the next stream sequence, so the
 iterator yields every chunk once, in `seq` order, from any starting seq.
+
+Given the trusted worker keys (`trusted_worker_keys`, the file consumers point
+`AIPD_TRUSTED_WORKER_KEYS_FILE` at), the client believes only what a trusted worker signed:
+`result()` skips a result whose signature does not verify (someone with publish rights on
+the results subject published it) and waits for the real one; `chunks()` checks each
+chunk's link to the one before it and, at the terminal chunk, that the signed result ends
+the chain. A failed check raises `UnverifiedResponse` (`connector_host.response_signing`):
+read the Action's durable state instead. Without keys nothing is verified.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -42,9 +51,12 @@ from schemas.codec import (
     encode,
 )
 from schemas.delegation import DelegationRequest
+from schemas.errors import ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
+from worker.trust.responses import ChunkChain, UnverifiedResponse, verify_result
+from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
 _result_decoder = msgspec.json.Decoder(ActionResult)
@@ -59,6 +71,13 @@ def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
     from worker.trust.signing import sign_envelope  # the gateway's signing helper
 
     return sign_envelope(payload, sign_key.read_bytes().strip())
+
+
+class CannotSign(UnverifiedResponse):
+    """An unsigned `connector_host.response_signing` result: the worker had no signing key.
+
+    The spec's answer: an integrity failure; read the Action's state through the gateway.
+    """
 
 
 class ActionHandle:
@@ -79,10 +98,16 @@ class ActionHandle:
     async def chunks(
         self, *, from_seq: int = 0, idle_timeout_s: float | None = None
     ) -> AsyncIterator[StreamChunk]:
-        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk."""
+        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk.
+
+        With trusted worker keys, each chunk must name the hash of the one before it, and
+        the terminal chunk is yielded only after the signed result confirmed the chain's
+        end (the result follows it at once); a break raises `UnverifiedResponse`.
+        """
         js = self.client.nc.jetstream()
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
         sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        chain = ChunkChain() if self.client.trusted_worker_keys is not None else None
         expected = from_seq
         try:
             while True:
@@ -91,20 +116,43 @@ class ActionHandle:
                 if chunk.seq < expected:
                     continue  # a republish after a takeover, or before from_seq
                 expected = chunk.seq + 1
+                terminal = isinstance(chunk, DoneChunk | ErrorChunk)
+                if chain is not None:
+                    chain.add(msg.data)
+                    if terminal:
+                        chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
                 yield chunk
-                if isinstance(chunk, DoneChunk | ErrorChunk):
+                if terminal:
                     return
         finally:
             await sub.unsubscribe()
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
-        """The settled ActionResult (waits for it; returns at once if it already exists)."""
+        """The settled ActionResult (waits for it; returns at once if it already exists).
+
+        With trusted worker keys, a result that does not verify is skipped and the wait goes
+        on; when the time is up after only such results, their refusal is raised.
+        """
         js = self.client.nc.jetstream()
         subject = self.client.subjects.results(self.endpoint_id, self.action_id)
         sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout_s
+        refused: UnverifiedResponse | None = None
         try:
-            msg = await sub.next_msg(timeout=timeout_s)
-            return _result_decoder.decode(msg.data)
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=max(0.001, until - loop.time()))
+                except TimeoutError:
+                    if refused is not None:
+                        raise refused from None
+                    raise
+                try:
+                    return self.client.believe_result(msg.data, msg.headers)
+                except CannotSign:
+                    raise
+                except UnverifiedResponse as exc:
+                    refused = exc  # not a trusted worker's: the real result may follow
         finally:
             await sub.unsubscribe()
 
@@ -122,6 +170,7 @@ class AipClient:
         prefix: str = "aip",
         sign_key: Path | None = None,
         max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+        trusted_worker_keys: TrustedGatewayKeys | Path | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = Subjects(prefix)
@@ -129,6 +178,13 @@ class AipClient:
         #: The deployment's AIPD_MAX_ENVELOPE_BYTES: an envelope over it is refused here,
         #: before it is signed, as the workers would dead-letter it.
         self.max_envelope_bytes = max_envelope_bytes
+        #: Public keys of the workers whose signed results and chunk chains are believed;
+        #: None believes whatever is on the subjects (no verification).
+        self.trusted_worker_keys = (
+            TrustedGatewayKeys.load(trusted_worker_keys, what="trusted worker keys file")
+            if isinstance(trusted_worker_keys, Path)
+            else trusted_worker_keys
+        )
         self._owns_connection = False
 
     @classmethod
@@ -139,11 +195,38 @@ class AipClient:
         prefix: str = "aip",
         sign_key: Path | None = None,
         max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+        trusted_worker_keys: TrustedGatewayKeys | Path | None = None,
     ) -> AipClient:
         nc = await nats.connect(servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
-        client = cls(nc, prefix=prefix, sign_key=sign_key, max_envelope_bytes=max_envelope_bytes)
+        client = cls(
+            nc,
+            prefix=prefix,
+            sign_key=sign_key,
+            max_envelope_bytes=max_envelope_bytes,
+            trusted_worker_keys=trusted_worker_keys,
+        )
         client._owns_connection = True
         return client
+
+    def believe_result(self, data: bytes, headers: Mapping[str, str] | None) -> ActionResult:
+        """The result in `data`, verified against the trusted worker keys when there are
+        any; raises `UnverifiedResponse` (or `CannotSign`) otherwise."""
+        if self.trusted_worker_keys is None:
+            return _result_decoder.decode(data)
+        try:
+            return verify_result(data, headers, self.trusted_worker_keys)
+        except UnverifiedResponse:
+            if not _carries_signature(headers):
+                unsigned = _result_or_none(data)
+                if unsigned is not None and unsigned.error is not None and (
+                    unsigned.error.code is ErrorCode.HOST_RESPONSE_SIGNING
+                ):
+                    raise CannotSign(
+                        f"{unsigned.action_id}: the worker could not sign its response "
+                        f"({ErrorCode.HOST_RESPONSE_SIGNING.value}); read the durable "
+                        "Action state instead"
+                    ) from None
+            raise
 
     async def __aenter__(self) -> AipClient:
         return self
@@ -244,7 +327,8 @@ class AipClient:
         return ActionHandle(self, endpoint_id, action_id)
 
     async def stored_result(self, endpoint_id: str, action_id: str) -> ActionResult | None:
-        """The result already on the results stream, without waiting."""
+        """The result already on the results stream, without waiting (verified like
+        `result()`: when the last one is not a trusted worker's, the earlier ones are read)."""
         try:
             msg = await self.nc.jetstream().get_last_msg(
                 self.subjects.stream_name("results"),
@@ -252,7 +336,12 @@ class AipClient:
             )
         except NotFoundError:
             return None
-        return _result_decoder.decode(msg.data or b"")
+        try:
+            return self.believe_result(msg.data or b"", msg.headers)
+        except CannotSign:
+            raise
+        except UnverifiedResponse:
+            return await self.handle(endpoint_id, action_id).result(timeout_s=2.0)
 
     async def cancel(
         self, endpoint_id: str, action_id: str, *, reason: str = "", requested_by: str
@@ -327,3 +416,15 @@ class AipClient:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)
         decoded: dict[str, Any] = msgspec.json.decode(reply.data)
         return decoded
+
+
+def _carries_signature(headers: Mapping[str, str] | None) -> bool:
+    names = {SIGNER_HEADER.lower(), SIGNATURE_HEADER.lower()}
+    return any(key.lower() in names for key in headers or {})
+
+
+def _result_or_none(data: bytes) -> ActionResult | None:
+    try:
+        return _result_decoder.decode(data)
+    except msgspec.DecodeError:
+        return None

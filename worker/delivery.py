@@ -62,6 +62,7 @@ from worker.settings import Endpoint, Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
 from worker.store.reask import StoreNotAccepting, StoreUnavailable
+from worker.trust.responses import cannot_sign, sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -265,6 +266,8 @@ class DeliveryHandler:
         params: Any = None
         try:
             runtime_endpoint = rt.endpoints[endpoint_id]
+            if rt.publisher.signer is None and not rt.settings.allow_unsigned_responses:
+                raise Refusal(cannot_sign(), read_only=False)
             if cap_endpoint != endpoint_id:
                 raise Refusal(
                     ConnectorError(
@@ -444,7 +447,9 @@ class DeliveryHandler:
         if grant.is_takeover:
             rt.metrics.takeover(ep.endpoint.id)
         faults.hit("after_lease", action.id)
-        first_seq = await self.next_chunk_seq(ep.endpoint.id, action.id) if grant.is_takeover else 0
+        first_seq, prev_sha256 = (
+            await self.last_chunk(ep.endpoint.id, action.id) if grant.is_takeover else (0, None)
+        )
         execution = Execution(
             action=action,
             endpoint=ep.endpoint,
@@ -466,6 +471,7 @@ class DeliveryHandler:
             cancel_requested=cancel_requested,
             metrics=rt.metrics,
             leased_at_ms=grant.now_ms,
+            prev_sha256=prev_sha256,
         )
         rt.audit.emit(
             ReceiptEvent.LEASE_ACQUIRED,
@@ -664,6 +670,12 @@ class DeliveryHandler:
         error: ProtocolError | None = None
         if outcome.error is not None:
             error = outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=spec.read_only)
+        terminal = execution.terminal_chunk(
+            ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
+            {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
+            None,
+        )
+        terminal_bytes = encode(terminal)
         result = ActionResult(
             action_id=action.id,
             capability=action.capability,
@@ -674,21 +686,14 @@ class DeliveryHandler:
             settled_by=rt.worker_id,
             fence=execution.fence,
             settled_at_unix_ms=now_ms(),
-        )
-        terminal = execution.terminal_chunk(
-            ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
-            {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
-            None,
+            last_chunk_sha256=sha256_hex(terminal_bytes),
         )
         payload = encode(result)
-        oversize = self.oversize(payload, terminal, execution)
+        oversize = self.oversize(payload, terminal_bytes)
         if oversize is not None:
             # Measured before anything is stored: a result no bus message can carry would
             # be settled, never published, and redelivered forever.
             error = oversize.to_protocol(endpoint_id=endpoint_id, read_only=spec.read_only)
-            result = msgspec.structs.replace(
-                result, status=ResultStatus.FAILED, output=None, error=error
-            )
             terminal = make_chunk(
                 ChunkKind.ERROR,
                 action_id=action.id,
@@ -696,6 +701,15 @@ class DeliveryHandler:
                 seq=terminal.seq,
                 ts_unix_ms=terminal.ts_unix_ms,
                 payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+                prev_sha256=terminal.prev_sha256,
+            )
+            terminal_bytes = encode(terminal)
+            result = msgspec.structs.replace(
+                result,
+                status=ResultStatus.FAILED,
+                output=None,
+                error=error,
+                last_chunk_sha256=sha256_hex(terminal_bytes),
             )
             payload = encode(result)
         try:
@@ -747,7 +761,7 @@ class DeliveryHandler:
         faults.hit("after_channel_publish", action.id)
         # The terminal chunk is sent first (same connection, so it arrives first) and
         # confirmed together with the awaited result: one round trip, not two.
-        pending_terminal = await rt.publisher.chunk(terminal)
+        pending_terminal = await rt.publisher.chunk(terminal, terminal_bytes)
         await rt.publisher.result_bytes(endpoint_id, action.id, payload)
         await rt.publisher.confirm([(terminal, pending_terminal)])
         rt.metrics.chunk_published(endpoint_id, str(terminal.__struct_config__.tag))
@@ -755,16 +769,13 @@ class DeliveryHandler:
         faults.hit("before_ack", action.id)
         await self.ack_all(execution.messages)
 
-    def oversize(
-        self, payload: bytes, terminal: StreamChunk, execution: Execution
-    ) -> ConnectorError | None:
-        """`stream_publication` when the encoded result, or the operation's own terminal
-        chunk (a provider's terminal event), is larger than one bus message may be."""
+    def oversize(self, payload: bytes, terminal: bytes) -> ConnectorError | None:
+        """`stream_publication` when the encoded result, or the terminal chunk (which may
+        carry a provider's terminal event), is larger than one bus message may be."""
         limit = self.rt.publisher.max_message_bytes()
-        size = len(payload)
-        what = "result"
-        if size <= limit and execution.terminal is not None:
-            size, what = len(encode(terminal)), "terminal chunk"
+        size, what = len(payload), "result"
+        if size <= limit:
+            size, what = len(terminal), "terminal chunk"
         if size <= limit:
             return None
         return ConnectorError(
@@ -794,6 +805,8 @@ class DeliveryHandler:
         )
         if not await self.answer_without_lease(msg, action, keys, endpoint_id, grant):
             return
+        settled_at = now_ms()
+        chunk = _refusal_chunk(action.id, endpoint_id, error, settled_at)
         result = ActionResult(
             action_id=action.id,
             capability=action.capability,
@@ -802,27 +815,25 @@ class DeliveryHandler:
             error=error,
             settled_by=rt.worker_id,
             fence=grant.fence,
-            settled_at_unix_ms=now_ms(),
+            settled_at_unix_ms=settled_at,
+            last_chunk_sha256=sha256_hex(encode(chunk)),
         )
         stored = await rt.store.settle(keys, owner, grant.fence, encode(result))
         if stored.status is SettleStatus.FENCED_OUT:
             return
+        payload = stored.stored or encode(result)
         stored_result = _decoded_result(stored.stored) or result
+        if stored.stored is not None and stored_result.error is not None:
+            # An earlier refusal's result: its chunk is a function of it, rebuilt exactly.
+            chunk = _refusal_chunk(
+                action.id, endpoint_id, stored_result.error, stored_result.settled_at_unix_ms
+            )
         escalation = await self.escalate(stored_result, action)
         await self.channel_out(stored_result, action, escalation)
         # Like every Action, a refused one ends its chunk stream before its result, so a
         # consumer following the chunks learns the outcome too.
-        await rt.publisher.chunk_awaited(
-            make_chunk(
-                ChunkKind.ERROR,
-                action_id=action.id,
-                endpoint_id=endpoint_id,
-                seq=0,
-                ts_unix_ms=now_ms(),
-                payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
-            )
-        )
-        await rt.publisher.result_bytes(endpoint_id, action.id, stored.stored or encode(result))
+        await rt.publisher.chunk_awaited(chunk)
+        await rt.publisher.result_bytes(endpoint_id, action.id, payload)
         rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
         rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
         await self.ack_all([msg])
@@ -976,17 +987,21 @@ class DeliveryHandler:
             )
         await _quiet(msg.term())
 
-    async def next_chunk_seq(self, endpoint_id: str, action_id: str) -> int:
-        """After a takeover, continue after the last chunk the stream holds (gap-free seq)."""
+    async def last_chunk(self, endpoint_id: str, action_id: str) -> tuple[int, str | None]:
+        """After a takeover, continue after the last chunk the stream holds: the next seq
+        (gap-free) and the hash of that chunk's bytes (the chain goes on from it)."""
         subjects = self.rt.subjects
         try:
             last = await self.rt.js.get_last_msg(
                 subjects.stream_name("chunks"), subjects.chunks(endpoint_id, action_id)
             )
         except NotFoundError:
-            return 0
-        seq = msgspec.json.decode(last.data or b"{}").get("seq")
-        return int(seq) + 1 if isinstance(seq, int) else 0
+            return 0, None
+        data = last.data or b"{}"
+        seq = msgspec.json.decode(data).get("seq")
+        if not isinstance(seq, int):
+            return 0, None
+        return seq + 1, sha256_hex(data)
 
     async def ack_all(self, msgs: list[Msg]) -> None:
         for msg in msgs:
@@ -994,6 +1009,21 @@ class DeliveryHandler:
                 await msg.ack_sync(timeout=5.0)
             except Exception:
                 log.info("ack not confirmed; a redelivery will republish the stored result")
+
+
+def _refusal_chunk(
+    action_id: str, endpoint_id: str, error: ProtocolError, settled_at_ms: int
+) -> StreamChunk:
+    """The one chunk of a refused Action, made only from its result's facts, so the same
+    bytes (and hash) come back whichever delivery publishes it."""
+    return make_chunk(
+        ChunkKind.ERROR,
+        action_id=action_id,
+        endpoint_id=endpoint_id,
+        seq=0,
+        ts_unix_ms=settled_at_ms,
+        payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+    )
 
 
 def _is_own(stored: bytes | None, execution: Execution) -> bool:

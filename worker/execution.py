@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -18,6 +19,7 @@ from nats.js.api import PubAck
 
 from schemas.action import Action
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from schemas.codec import encode
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.hermes.client import HermesClient
@@ -65,6 +67,7 @@ class Execution:
         cancel_requested: bool,
         metrics: Metrics | None = None,
         leased_at_ms: int = 0,
+        prev_sha256: str | None = None,
     ) -> None:
         self.metrics = metrics
         #: Redis time at which this delivery acquired its lease (0: unknown).
@@ -94,6 +97,9 @@ class Execution:
         self.ending = False
         self.task: asyncio.Task[Any] | None = None
         self._seq = first_seq
+        #: Hash of the last chunk published for this Action (by this worker, or by the one
+        #: before a takeover, read back from the stream): the next chunk names it.
+        self._prev_sha256 = prev_sha256
         self._deadline_ms = deadline_ms
         self._lease_ttl_s = lease_ttl_ms / 1000
         #: Monotonic time at which the last *successful* renewal was sent (acquire counts).
@@ -138,14 +144,17 @@ class Execution:
             payload=payload,
             provider_event=provider_event,
             run_id=run_id,
+            prev_sha256=self._prev_sha256,
         )
         if kind in _TERMINAL_KINDS:
             # The terminal chunk goes out after the fenced settle
             # (docs/architecture.md §4, steps 6-7).
             self.terminal = chunk
             return seq
+        data = encode(chunk)
+        self._prev_sha256 = hashlib.sha256(data).hexdigest()
         try:
-            future = await self.publisher.chunk(chunk)
+            future = await self.publisher.chunk(chunk, data)
         except Exception as exc:
             raise ConnectorError(
                 ErrorCode.STREAM_PUBLICATION, f"chunk {seq} not published: {type(exc).__name__}"
@@ -204,6 +213,7 @@ class Execution:
             ts_unix_ms=now_ms(),
             payload=payload,
             provider_event=provider_event,
+            prev_sha256=self._prev_sha256,
         )
 
     def log_fields(self) -> dict[str, object]:

@@ -3,14 +3,17 @@
 Chunks go out with `publish_async` (bounded in flight, ~8x an awaited publish here) and are
 confirmed before the Action settles; a result is published awaited, because the delivery is
 acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a republish after a
-crash or a retry is dropped by the server inside the duplicate window.
+crash or a retry is dropped by the server inside the duplicate window. Results and DLQ
+entries are signed with the worker's key when it has one (`worker.trust.responses`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
@@ -19,6 +22,7 @@ from schemas.audit import Receipt
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.chunk import StreamChunk
 from schemas.codec import encode
+from schemas.dlq import dlq_material
 from schemas.escalation import Escalation, EscalationResolution
 from schemas.result import ActionResult
 from subjects.grammar import (
@@ -27,6 +31,9 @@ from subjects.grammar import (
     escalation_resolution_msg_id,
     result_msg_id,
 )
+
+if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
+    from worker.trust.responses import ResponseSigner
 
 log = logging.getLogger(__name__)
 
@@ -53,11 +60,18 @@ class StreamFull(PublishFailed):
 
 class BusPublisher:
     def __init__(
-        self, js: JetStreamContext, subjects: Subjects, *, confirm_timeout_s: float = 5.0
+        self,
+        js: JetStreamContext,
+        subjects: Subjects,
+        *,
+        confirm_timeout_s: float = 5.0,
+        signer: ResponseSigner | None = None,
     ) -> None:
         self.js = js
         self.subjects = subjects
         self.confirm_timeout_s = confirm_timeout_s
+        #: Signs results and DLQ entries; None publishes them unsigned (development only).
+        self.signer = signer
 
     def max_message_bytes(self) -> int:
         """The largest body one result or chunk may have: the server's `max_payload` (from
@@ -81,11 +95,14 @@ class BusPublisher:
             subject, payload, headers=headers, wait_stall=wait_stall_or_none
         )
 
-    async def chunk(self, chunk: StreamChunk) -> asyncio.Future[PubAck]:
-        """Send a chunk now; the returned future confirms it (see `confirm_chunks`)."""
+    async def chunk(
+        self, chunk: StreamChunk, data: bytes | None = None
+    ) -> asyncio.Future[PubAck]:
+        """Send a chunk now (as `data` when the caller already encoded and hashed it); the
+        returned future confirms it (see `confirm_chunks`)."""
         return await self._publish_async(
             self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
-            encode(chunk),
+            encode(chunk) if data is None else data,
             {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
             self.confirm_timeout_s,
         )
@@ -117,17 +134,16 @@ class BusPublisher:
             except Exception as exc:
                 raise PublishFailed(f"chunk {chunk.seq}: {type(exc).__name__}") from None
 
-    async def result(self, result: ActionResult) -> PubAck:
-        return await self._publish(
-            self.subjects.results(result.endpoint_id, result.action_id),
-            encode(result),
-            result_msg_id(result.action_id),
-        )
-
     async def result_bytes(self, endpoint_id: str, action_id: str, stored: bytes) -> PubAck:
-        """Republish a stored result byte for byte (same Msg-Id as the first publish)."""
+        """Publish a result as stored, byte for byte, signed; a republish of the same bytes
+        has the same Msg-Id (whichever worker signs it) and is dropped as a duplicate."""
+        digest = hashlib.sha256(stored).hexdigest()
+        signature = self.signer.headers(stored) if self.signer is not None else None
         return await self._publish(
-            self.subjects.results(endpoint_id, action_id), stored, result_msg_id(action_id)
+            self.subjects.results(endpoint_id, action_id),
+            stored,
+            result_msg_id(action_id, digest),
+            signature,
         )
 
     async def escalation(self, escalation: Escalation) -> PubAck:
@@ -159,9 +175,13 @@ class BusPublisher:
     async def dead_letter(
         self, endpoint_id: str, payload: bytes, headers: Mapping[str, str], msg_id: str
     ) -> PubAck:
-        """A DLQ entry; `StreamFull` when the DLQ refuses it (waiting would not help)."""
+        """A DLQ entry, signed over its reason headers and body; `StreamFull` when the DLQ
+        refuses it (waiting would not help)."""
+        all_headers = dict(headers)
+        if self.signer is not None:
+            all_headers.update(self.signer.headers(dlq_material(payload, headers)))
         return await self._publish(
-            self.subjects.dlq(endpoint_id), payload, msg_id, headers, give_up_when_full=True
+            self.subjects.dlq(endpoint_id), payload, msg_id, all_headers, give_up_when_full=True
         )
 
     async def receipt(self, receipt: Receipt) -> None:

@@ -216,6 +216,13 @@ class Settings(BaseSettings):
     max_clock_skew_ms: Annotated[int, Field(ge=0, le=600_000)] = 30_000
     """How far in the future (on Redis TIME) an envelope's `created_at_unix_ms` may lie
     before it is refused with `connector_host.replay`."""
+    worker_signing_key_file: Path | None = None
+    """Owner-only nkey seed (`SU…`) this worker signs its results and DLQ entries with; its
+    public key goes in consumers' `AIPD_TRUSTED_WORKER_KEYS_FILE`. Unset: every Action is
+    refused with `connector_host.response_signing` (unless unsigned responses are allowed)."""
+    allow_unsigned_responses: bool = False
+    """Publish unsigned results and DLQ entries when no signing key is set. Development only:
+    warned at start."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")

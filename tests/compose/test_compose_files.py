@@ -206,6 +206,8 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
     shutil.copyfile(authority_file, copy)
     copy.chmod(0o644)
     assert len(ApprovalAuthority.load(copy, now_ms=0)) == 3
+    worker_signer = _public_key("worker_signing.nk")
+    assert worker_signer in (COMPOSE / "config" / "worker-keys.txt").read_text(encoding="utf-8")
     acl = (COMPOSE / "redis" / "users.acl").read_text(encoding="utf-8")
     for user, secret in (("aipworker", "redis_worker_password"), ("admin", "redis_admin_password")):
         digest = hashlib.sha256(_secret(secret).encode()).hexdigest()

@@ -59,11 +59,18 @@ class Stack:
     subjects: Subjects = field(default_factory=Subjects)
 
     async def spawn(
-        self, worker_id: str, *, fault_points: str | None = None, wait: bool = True, **env: str
+        self,
+        worker_id: str,
+        *,
+        fault_points: str | None = None,
+        wait: bool = True,
+        unset: tuple[str, ...] = (),
+        **env: str,
     ) -> WorkerProcess:
+        """Start a worker with the stack's environment, plus `env`, less the `unset` names."""
         worker = WorkerProcess(
             worker_id=worker_id,
-            env={**self.env, **env},
+            env={k: v for k, v in {**self.env, **env}.items() if k not in unset},
             log_dir=self.root,
             fault_points=fault_points,
         )
@@ -281,7 +288,9 @@ async def fake_stack(
             fake=fake,
             trust=trust,
             nc=nc,
-            client=AipClient(nc, sign_key=trust.seed_file),
+            client=AipClient(
+                nc, sign_key=trust.seed_file, trusted_worker_keys=trust.worker_keys_file
+            ),
             env=env,
         )
         try:

@@ -121,7 +121,10 @@ async def _play(env: DemoEnvironment, console: Console, pace: Pace) -> bool:
     assert env.redis is not None
     assert env.trust is not None
     redis = open_redis(env.redis.url)
-    client = await AipClient.connect(env.nats.url, sign_key=env.trust.seed_file)
+    # The demo's consumer believes only results and chunk chains its workers signed.
+    client = await AipClient.connect(
+        env.nats.url, sign_key=env.trust.seed_file, trusted_worker_keys=env.trust.worker_keys_file
+    )
     try:
         now_ms = await redis_now_ms(redis)
         authority = ApprovalAuthority.load(env.trust.authority_file, now_ms=now_ms)
@@ -144,7 +147,8 @@ async def _keep(env: DemoEnvironment, console: Console) -> None:
     console.line(
         "  try:      aip-hermes-worker submit --nats-url "
         f"{env.nats.url} --endpoint hermes-1 --operation models --principal user:demo "
-        f"--principal-kind user --revision 3 --sign-key {env.trust.seed_file} --wait 30"
+        f"--principal-kind user --revision 3 --sign-key {env.trust.seed_file} --wait 30 "
+        f"--trusted-worker-keys {env.trust.worker_keys_file}"
     )
     await asyncio.Event().wait()
 

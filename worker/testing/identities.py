@@ -1,6 +1,7 @@
 """A complete, valid trust setup in a directory: for tests and the demo.
 
-`write_trust_files(dir)` creates a gateway key pair (seed file 0600, keys file), an identity
+`write_trust_files(dir)` creates a gateway key pair (seed file 0600, keys file), a worker
+response signing key pair (seed file 0600, trusted worker keys file), an identity
 directory and an approval authority file whose principals are the constants below (each
 approver with its own signing key pair: seed file 0600, public key in its membership), and
 returns paths plus helpers to sign envelopes and approval decisions and build settings.
@@ -94,6 +95,10 @@ class TrustFiles:
     authority_file: Path
     public_key: str
     seed: bytes = field(repr=False)
+    #: The workers' response signing key (every test worker shares it unless given its own
+    #: with `add_worker_key`) and the file of trusted worker public keys consumers read.
+    worker_seed_file: Path
+    worker_keys_file: Path
     #: Each approver's signing seed (what `approve --key` reads), by principal id.
     approver_seeds: Mapping[str, bytes] = field(default_factory=dict, repr=False)
     #: The same seeds as owner-only files.
@@ -112,6 +117,15 @@ class TrustFiles:
         """The seed `principal_id` signs its approval decisions with."""
         return self.approver_seeds[principal_id]
 
+    def add_worker_key(self, name: str) -> Path:
+        """A further worker signing key, trusted alongside the first; its seed file."""
+        pair = generate_keypair()
+        seed_file = self.directory / f"{name}.seed"
+        write_seed_file(seed_file, pair.seed)
+        with self.worker_keys_file.open("a", encoding="utf-8") as keys:
+            keys.write(f"{pair.public_key}\n")
+        return seed_file
+
     def settings_overrides(self, *, allow_unsigned: bool = False) -> dict[str, Any]:
         """Keyword arguments for `Settings(...)` that point at these files."""
         return {
@@ -119,6 +133,7 @@ class TrustFiles:
             "trusted_identity_file": self.identity_file,
             "approval_authority_file": self.authority_file,
             "allow_unsigned_envelopes": allow_unsigned,
+            "worker_signing_key_file": self.worker_seed_file,
         }
 
     def environment(self) -> Mapping[str, str]:
@@ -127,6 +142,7 @@ class TrustFiles:
             "AIPD_TRUSTED_GATEWAY_KEYS_FILE": str(self.gateway_keys_file),
             "AIPD_TRUSTED_IDENTITY_FILE": str(self.identity_file),
             "AIPD_APPROVAL_AUTHORITY_FILE": str(self.authority_file),
+            "AIPD_WORKER_SIGNING_KEY_FILE": str(self.worker_seed_file),
         }
 
 
@@ -172,6 +188,15 @@ def write_trust_files(
         list(identities) if identities is not None else identity_entries(),
     )
     authority_file = write_json(directory / "authority.json", chosen, mode=0o644)
+    worker = generate_keypair()
+    worker_seed_file = directory / "worker.seed"
+    write_seed_file(worker_seed_file, worker.seed)
+    worker_keys_file = directory / "worker-keys.txt"
+    worker_keys_file.write_text(
+        f"# trusted worker response signing keys, one per line\n{worker.public_key}\n",
+        encoding="utf-8",
+    )
+    os.chmod(worker_keys_file, 0o644)
     return TrustFiles(
         directory=directory,
         seed_file=seed_file,
@@ -182,6 +207,8 @@ def write_trust_files(
         seed=pair.seed,
         approver_seeds=approver_seeds,
         approver_seed_files=approver_seed_files,
+        worker_seed_file=worker_seed_file,
+        worker_keys_file=worker_keys_file,
     )
 
 

@@ -55,9 +55,11 @@ class TrustedGatewayKeys:
     _keys: Mapping[str, nacl.signing.VerifyKey] = field(repr=False)
 
     @classmethod
-    def load(cls, path: Path) -> TrustedGatewayKeys:
-        """One key per line; `#` starts a comment; blank lines are ignored."""
-        what = "trusted gateway keys file"
+    def load(cls, path: Path, *, what: str = "trusted gateway keys file") -> TrustedGatewayKeys:
+        """One key per line; `#` starts a comment; blank lines are ignored.
+
+        The same format lists trusted worker keys (`AIPD_TRUSTED_WORKER_KEYS_FILE`).
+        """
         text = read_policy_file(path, what=what).data.decode("utf-8", errors="replace")
         keys: dict[str, nacl.signing.VerifyKey] = {}
         first_line: dict[str, int] = {}

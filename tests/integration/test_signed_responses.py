@@ -1,0 +1,200 @@
+"""Signed responses through live workers: what a consumer with the trusted worker keys
+believes, and what it refuses.
+
+A result is believed only with a trusted worker's signature; chunks only as links of a
+chain the signed result closes; a forgery published first by someone with publish rights
+is skipped, not returned. A worker without a key answers `connector_host.response_signing`
+and sends nothing to Hermes; one with an unusable key does not start. A takeover by a
+worker with another key continues the chain.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from schemas.chunk import ChunkKind, DoneChunk, make_chunk
+from schemas.codec import encode
+from schemas.errors import ErrorCode
+from schemas.result import ActionResult, ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.client import AipClient, CannotSign
+from worker.execution import now_ms
+from worker.testing.fake_hermes import RouteDelay
+from worker.testing.scenario import SLOW_REPLY
+from worker.trust.responses import ResponseSigner, UnverifiedResponse, verify_dlq_entry
+from worker.trust.signing import (
+    SIGNER_HEADER,
+    TrustedGatewayKeys,
+    generate_keypair,
+    write_seed_file,
+)
+
+MODELS = "GET /v1/models"
+POST_RUNS = "POST /v1/runs"
+
+
+def _worker_keys(stack: Stack) -> TrustedGatewayKeys:
+    return TrustedGatewayKeys.load(stack.trust.worker_keys_file, what="trusted worker keys file")
+
+
+def _forged_result(action_id: str) -> bytes:
+    return encode(
+        ActionResult(
+            action_id=action_id,
+            capability=f"cap:hermes_agent:{ENDPOINT}:models",
+            endpoint_id=ENDPOINT,
+            status=ResultStatus.COMPLETED,
+            output={"data": [{"id": "forged-model"}]},
+            settled_by="w1",
+            fence=1,
+            settled_at_unix_ms=now_ms(),
+        )
+    )
+
+
+async def test_results_chunks_and_dlq_entries_carry_the_workers_signature(stack: Stack) -> None:
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    chunks = [chunk async for chunk in handle.chunks(idle_timeout_s=20)]  # chain verified
+    assert isinstance(chunks[-1], DoneChunk)
+    assert chunks[0].prev_sha256 is None
+    assert all(c.prev_sha256 for c in chunks[1:])
+    result = await handle.result(timeout_s=20)
+    assert result.status is ResultStatus.COMPLETED
+    assert result.last_chunk_sha256 is not None
+    ((_, headers),) = await stack.stream_messages_with_headers(
+        "results", stack.subjects.results(ENDPOINT, handle.action_id)
+    )
+    worker_key = ResponseSigner.load(stack.trust.worker_seed_file).public_key
+    assert headers[SIGNER_HEADER] == worker_key
+    await stack.publish_raw(b'{"not": "an action"}')
+    for _ in range(100):
+        if entries := await stack.dlq():
+            break
+        await asyncio.sleep(0.1)
+    ((body, dlq_headers),) = entries
+    assert verify_dlq_entry(body, dlq_headers, _worker_keys(stack)) == worker_key
+
+
+@pytest.mark.parametrize("forger", ["unsigned", "untrusted_key"])
+async def test_a_forged_result_published_first_is_not_returned(stack: Stack, forger: str) -> None:
+    assert stack.fake is not None
+    stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=1.5, times=1))
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    forged = _forged_result(handle.action_id)
+    headers = {"Nats-Msg-Id": f"{handle.action_id}:result"}  # the id a result used to have
+    if forger == "untrusted_key":
+        seed = stack.root / "forger.seed"
+        write_seed_file(seed, generate_keypair().seed)
+        headers.update(ResponseSigner.load(seed).headers(forged))
+    await stack.nc.jetstream().publish(
+        stack.subjects.results(ENDPOINT, handle.action_id), forged, headers=headers
+    )
+    # A client that verifies nothing believes whatever came first: the forgery.
+    unverified = AipClient(stack.nc)
+    believed = await unverified.handle(ENDPOINT, handle.action_id).result(timeout_s=5)
+    assert believed.output == {"data": [{"id": "forged-model"}]}
+    # The verifying client skips it and returns the worker's own result.
+    result = await handle.result(timeout_s=20)
+    assert result.status is ResultStatus.COMPLETED
+    assert result.output != believed.output
+    assert result.settled_by == "w1"
+    assert len(await stack.results(handle.action_id)) == 2  # both are on the stream
+    stored = await stack.client.stored_result(ENDPOINT, handle.action_id)
+    assert stored == result
+
+
+async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action = stack.action("models")
+    # Published before the worker's own chunk 0, under its Msg-Id: the real one is dropped.
+    forged = make_chunk(
+        ChunkKind.DATA,
+        action_id=action.id,
+        endpoint_id=ENDPOINT,
+        seq=0,
+        ts_unix_ms=now_ms(),
+        payload={"data": [{"id": "forged-model"}]},
+    )
+    await stack.nc.jetstream().publish(
+        stack.subjects.chunks(ENDPOINT, action.id),
+        encode(forged),
+        headers={"Nats-Msg-Id": f"{action.id}:0"},
+    )
+    handle = await stack.publish(action)
+    with pytest.raises(UnverifiedResponse, match="chain"):
+        async for _ in handle.chunks(idle_timeout_s=20):
+            pass
+    assert (await handle.result(timeout_s=20)).status is ResultStatus.COMPLETED
+
+
+async def test_a_worker_without_a_signing_key_refuses_unsigned_and_sends_nothing(
+    stack: Stack,
+) -> None:
+    assert stack.fake is not None
+    await stack.spawn("w-nokey", unset=("AIPD_WORKER_SIGNING_KEY_FILE",))
+    handle = await stack.publish(stack.action("models"))
+    with pytest.raises(CannotSign, match="could not sign"):
+        await handle.result(timeout_s=20)
+    result = await AipClient(stack.nc).handle(ENDPOINT, handle.action_id).result(timeout_s=5)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code is ErrorCode.HOST_RESPONSE_SIGNING
+    assert (result.error.retryable, result.error.uncertain_outcome) == (False, False)
+    ((_, headers),) = await stack.stream_messages_with_headers(
+        "results", stack.subjects.results(ENDPOINT, handle.action_id)
+    )
+    assert SIGNER_HEADER not in headers
+    assert stack.fake.stats().count(MODELS) == 0
+
+
+async def test_unsigned_responses_may_be_allowed_for_development(stack: Stack) -> None:
+    await stack.spawn(
+        "w-dev", unset=("AIPD_WORKER_SIGNING_KEY_FILE",), AIPD_ALLOW_UNSIGNED_RESPONSES="true"
+    )
+    handle = await stack.publish(stack.action("models"))
+    result = await AipClient(stack.nc).handle(ENDPOINT, handle.action_id).result(timeout_s=20)
+    assert result.status is ResultStatus.COMPLETED
+    with pytest.raises(UnverifiedResponse):  # a verifying consumer still refuses it
+        await handle.result(timeout_s=2)
+
+
+async def test_a_signing_key_the_worker_cannot_read_refuses_the_start(stack: Stack) -> None:
+    loose = stack.root / "loose.seed"
+    loose.write_bytes(generate_keypair().seed)
+    os.chmod(loose, 0o644)
+    with pytest.raises(RuntimeError, match="exited"):
+        await stack.spawn("w-loose", AIPD_WORKER_SIGNING_KEY_FILE=str(loose))
+    log = stack.workers[-1].log_text()
+    assert "connector_host.response_signing" in log
+    assert "chmod 600" in log
+
+
+async def test_a_takeover_by_a_worker_with_another_key_continues_the_chain(stack: Stack) -> None:
+    assert stack.fake is not None
+    w1 = await stack.spawn("w1", fault_points="mid_stream=exit")
+    action, _ = await stack.operator(f"{SLOW_REPLY} take me over")
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    second_key = stack.trust.add_worker_key("w2")
+    await stack.spawn("w2", AIPD_WORKER_SIGNING_KEY_FILE=str(second_key))
+    client = AipClient(stack.nc, trusted_worker_keys=stack.trust.worker_keys_file)
+    handle = client.handle(ENDPOINT, action.id)
+    chunks = [chunk async for chunk in handle.chunks(idle_timeout_s=60)]  # whole chain
+    result = await handle.result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.settled_by == "w2"
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert stack.fake.stats().count(POST_RUNS) == 1
+    ((data, headers),) = await stack.stream_messages_with_headers(
+        "results", stack.subjects.results(ENDPOINT, action.id)
+    )
+    assert headers[SIGNER_HEADER] == ResponseSigner.load(second_key).public_key
+    # The first worker's key alone does not verify the second one's result.
+    w1_only = stack.root / "w1-only.txt"
+    w1_only.write_text(ResponseSigner.load(stack.trust.worker_seed_file).public_key + "\n")
+    with pytest.raises(UnverifiedResponse):
+        AipClient(stack.nc, trusted_worker_keys=w1_only).believe_result(data, headers)

@@ -1,0 +1,189 @@
+"""Signed responses: a worker signs its results and DLQ entries, and chains its chunks.
+
+NATS does not tell a subscriber who published, so a consumer that trusted the results
+subject trusted everyone with publish rights on it. Each worker therefore holds its own user
+nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an envelope
+(`Aip-Signer` / `Aip-Signature` headers, Ed25519 over the exact bytes):
+
+* every ActionResult, whose `last_chunk_sha256` is the hash of the Action's last chunk;
+* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`).
+
+Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
+signature per provider event): each chunk carries `prev_sha256`, the hash of the chunk
+before it, so the signed result anchors the whole chain. A consumer verifies each link as
+chunks arrive and the chain's end against the signed result (`ChunkChain`).
+
+The chain state is derivable from what is durable: a worker that takes an Action over reads
+the last chunk on the stream, hashes its bytes and continues from there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import msgspec
+import nkeys
+
+from schemas.chunk import StreamChunk
+from schemas.dlq import dlq_material
+from schemas.errors import ErrorCode
+from schemas.result import ActionResult
+from worker.errors import ConnectorError
+from worker.secret_files import SecretFileError, check_owner_only
+from worker.trust.signing import (
+    SIGNATURE_HEADER,
+    SIGNER_HEADER,
+    TrustedGatewayKeys,
+    _user_pair,
+    verify_envelope,
+)
+
+log = logging.getLogger(__name__)
+
+_result_decoder = msgspec.json.Decoder(ActionResult)
+_chunk_decoder = msgspec.json.Decoder(StreamChunk)
+
+_UNSIGNED_WARNING = (
+    "AIPD_ALLOW_UNSIGNED_RESPONSES is on and no AIPD_WORKER_SIGNING_KEY_FILE is set: results "
+    "and DLQ entries are published unsigned, and a consumer cannot tell them from ones "
+    "forged by anyone with publish rights. Development only."
+)
+
+
+class ResponseSigningConfigError(ValueError):
+    """The worker signing key cannot be used: the worker refuses to start."""
+
+
+class UnverifiedResponse(Exception):
+    """A result, chunk chain or DLQ entry that does not verify against the trusted worker keys.
+
+    `code` is `connector_host.response_signing`: treat the response as an integrity failure
+    and read the Action's durable state instead.
+    """
+
+    code = ErrorCode.HOST_RESPONSE_SIGNING
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseSigner:
+    """This worker's signing key; `headers` signs one payload."""
+
+    _pair: nkeys.KeyPair = field(repr=False)
+    public_key: str
+
+    @classmethod
+    def load(cls, path: Path) -> ResponseSigner:
+        """From an owner-only seed file; any problem is a ResponseSigningConfigError."""
+        what = "AIPD_WORKER_SIGNING_KEY_FILE"
+        try:
+            check_owner_only(path, what=what)
+            pair = _user_pair(path.read_bytes())
+        except (SecretFileError, OSError, ValueError) as exc:
+            raise ResponseSigningConfigError(
+                f"{ErrorCode.HOST_RESPONSE_SIGNING.value}: the worker cannot sign: {exc}"
+            ) from None
+        return cls(pair, pair.public_key.decode())
+
+    def headers(self, payload: bytes) -> dict[str, str]:
+        """`Aip-Signer` and `Aip-Signature` for `payload` (the gateway's envelope format)."""
+        import base64
+
+        signature = self._pair.sign(payload)
+        return {
+            SIGNER_HEADER: self.public_key,
+            SIGNATURE_HEADER: base64.urlsafe_b64encode(signature).rstrip(b"=").decode(),
+        }
+
+
+def signer_from_settings(path: Path | None, *, allow_unsigned: bool) -> ResponseSigner | None:
+    """The worker's signer; None when unsigned responses are allowed (warned) or no key is
+    set (logged as an error: every Action is then refused with `response_signing`)."""
+    if path is not None:
+        return ResponseSigner.load(path)
+    if allow_unsigned:
+        log.warning(_UNSIGNED_WARNING)
+    else:
+        log.error(
+            "AIPD_WORKER_SIGNING_KEY_FILE is not set: every Action is refused with "
+            "connector_host.response_signing until the worker has a signing key"
+        )
+    return None
+
+
+def cannot_sign() -> ConnectorError:
+    """The refusal of a worker that has no signing key (and may not answer unsigned)."""
+    return ConnectorError(
+        ErrorCode.HOST_RESPONSE_SIGNING,
+        "this worker has no response signing key (AIPD_WORKER_SIGNING_KEY_FILE); "
+        "nothing was sent to Hermes",
+    )
+
+
+# --- the consumer's side -------------------------------------------------------------------
+
+
+def _verify(payload: bytes, headers: Mapping[str, str], trusted: TrustedGatewayKeys) -> str:
+    try:
+        return verify_envelope(payload, headers, trusted)
+    except ConnectorError as exc:
+        reason = exc.message.removeprefix("envelope signature: ")
+        raise UnverifiedResponse(f"response signature: {reason}") from None
+
+
+def verify_result(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> ActionResult:
+    """The result in `payload` when a trusted worker key signed exactly these bytes."""
+    _verify(payload, headers or {}, trusted)
+    return _result_decoder.decode(payload)
+
+
+def verify_dlq_entry(
+    body: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> str:
+    """The worker key that signed this DLQ entry (reason headers and rejected bytes)."""
+    all_headers = headers or {}
+    return _verify(dlq_material(body, all_headers), all_headers, trusted)
+
+
+class ChunkChain:
+    """Follows one Action's chunks as published and checks every link.
+
+    `add` checks that a chunk names the hash of the one before it (from the first chunk
+    seen, which may be a later seq when reading from `from_seq`); `close` checks that the
+    signed result names the hash of the last chunk. Until `close` succeeds the chunks are
+    unverified: a forged chunk is detected at the next link or at the end.
+    """
+
+    def __init__(self) -> None:
+        self.last_sha256: str | None = None
+        self.last_seq: int | None = None
+
+    def add(self, data: bytes) -> StreamChunk:
+        chunk = _chunk_decoder.decode(data)
+        if self.last_seq is not None:
+            if chunk.seq != self.last_seq + 1 or chunk.prev_sha256 != self.last_sha256:
+                raise UnverifiedResponse(
+                    f"chunk {chunk.seq} of {chunk.action_id} does not follow chunk "
+                    f"{self.last_seq}: the chunk chain is broken"
+                )
+        elif chunk.seq == 0 and chunk.prev_sha256 is not None:
+            raise UnverifiedResponse(f"chunk 0 of {chunk.action_id} names a predecessor")
+        self.last_seq = chunk.seq
+        self.last_sha256 = sha256_hex(data)
+        return chunk
+
+    def close(self, result: ActionResult) -> None:
+        """Raise unless `result` (already signature-verified) ends this chain."""
+        if result.last_chunk_sha256 is None or result.last_chunk_sha256 != self.last_sha256:
+            raise UnverifiedResponse(
+                f"the signed result of {result.action_id} does not end the chunk chain read"
+            )
