@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -150,6 +152,24 @@ async def test_a_worker_without_a_signing_key_refuses_unsigned_and_sends_nothing
     )
     assert SIGNER_HEADER not in headers
     assert stack.fake.stats().count(MODELS) == 0
+    # The CLI refuses it too, with its own exit status; without keys it only warns.
+    cli = [sys.executable, "-m", "worker", "result", handle.action_id, "--endpoint", ENDPOINT]
+    env = {**os.environ, "AIPD_NATS_URL": stack.nats_url}
+    verified = await asyncio.to_thread(
+        subprocess.run,
+        [*cli, "--trusted-worker-keys", str(stack.trust.worker_keys_file)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert verified.returncode == 4, verified.stderr
+    assert "connector_host.response_signing" in verified.stderr
+    unverified = await asyncio.to_thread(
+        subprocess.run, cli, env=env, capture_output=True, text=True, timeout=60
+    )
+    assert unverified.returncode == 0, unverified.stderr
+    assert "not verified" in unverified.stderr
 
 
 async def test_unsigned_responses_may_be_allowed_for_development(stack: Stack) -> None:
