@@ -266,8 +266,7 @@ class DeliveryHandler:
         params: Any = None
         try:
             runtime_endpoint = rt.endpoints[endpoint_id]
-            if rt.publisher.signer is None and not rt.settings.allow_unsigned_responses:
-                raise Refusal(cannot_sign(), read_only=False)
+            self.require_signer()
             if cap_endpoint != endpoint_id:
                 raise Refusal(
                     ConnectorError(
@@ -360,6 +359,12 @@ class DeliveryHandler:
             action_id=action_id,
         )
         return False
+
+    def require_signer(self) -> None:
+        """A Refusal (`connector_host.response_signing`, answered unsigned) when this worker
+        has no signing key and unsigned responses are not allowed: nothing may run."""
+        if self.rt.publisher.signer is None and not self.rt.settings.allow_unsigned_responses:
+            raise Refusal(cannot_sign(), read_only=False)
 
     def live_deadline(self, action: Action, spec: OperationSpec, what: str) -> int:
         """The execution's deadline; a Refusal when it has already passed."""

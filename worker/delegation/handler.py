@@ -91,6 +91,7 @@ class DelegationHandler:
                     ),
                     read_only=False,
                 )
+            self.delivery.require_signer()
             trusted, deadline_ms = await self._admit(request, action, ep, signer)
         except Refusal as refusal:
             log.info(
