@@ -24,7 +24,6 @@ from schemas.chunk import StreamChunk
 from schemas.codec import encode
 from schemas.dlq import dlq_material
 from schemas.escalation import Escalation, EscalationResolution
-from schemas.result import ActionResult
 from subjects.grammar import (
     Subjects,
     chunk_msg_id,
