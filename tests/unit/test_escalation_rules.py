@@ -31,6 +31,10 @@ EXEMPT = {
     ErrorCode.CANCELLED,
     # Dead-lettered, never settled: no result exists to escalate; the DLQ entry is the record.
     ErrorCode.HOST_REPLAY,
+    # A deployment fault, not a decision about one Action: a worker without its signing key
+    # refuses every Action alike; its start-up warning and the refusal metrics report it once,
+    # where an escalation per refused Action would bury the ones a person must decide.
+    ErrorCode.HOST_RESPONSE_SIGNING,
 }
 ACTION_ID = "act_" + "1" * 32
 SOURCE_ID = "act_" + "2" * 32
