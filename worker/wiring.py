@@ -55,7 +55,7 @@ def binding_cancel_hook() -> BindingCancelHook | None:
 
 def add_extra_commands(sub: Any) -> None:
     """Subcommands owned by other packages (trust, operator, audit, demo)."""
-    from worker import demo
+    from worker import demo_command
     from worker.escalation import admin as escalation_admin
     from worker.operator import admin as operator_admin
     from worker.trust import admin as trust_admin
@@ -63,4 +63,4 @@ def add_extra_commands(sub: Any) -> None:
     trust_admin.add_commands(sub)
     operator_admin.add_commands(sub)
     escalation_admin.add_commands(sub)
-    demo.add_commands(sub)
+    demo_command.add_commands(sub)

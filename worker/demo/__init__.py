@@ -16,7 +16,6 @@ import contextlib
 import os
 import signal
 from pathlib import Path
-from typing import Any
 
 from worker.client import AipClient
 from worker.demo.console import Console
@@ -176,21 +175,3 @@ async def cmd_demo(args: argparse.Namespace) -> int:
         hermes_url=args.hermes,
         hermes_key_file=args.hermes_key_file,
     )
-
-
-def add_commands(subparsers: Any) -> None:
-    """Register `demo` (called from `worker.wiring.add_extra_commands`)."""
-    demo = subparsers.add_parser(
-        "demo", help="run the whole system locally and play a short scripted story"
-    )
-    demo.add_argument("--short", action="store_true", help="no pauses between steps (CI)")
-    demo.add_argument(
-        "--keep", action="store_true", help="leave everything running afterwards until Ctrl-C"
-    )
-    demo.add_argument(
-        "--hermes", metavar="URL", help="a real Hermes API server instead of the fake"
-    )
-    demo.add_argument(
-        "--hermes-key-file", type=Path, metavar="FILE", help="owner-only file with its API key"
-    )
-    demo.set_defaults(func=cmd_demo)

