@@ -1,0 +1,143 @@
+"""First-class delegation with nothing fake on the AIP side: the real Hermes 0.19.0, the real
+gateway, and a downstream capability served by a worker on the bus.
+
+The delegate is `agent:hermes_operator:h1`, a real hermes-agent whose `mcp_servers.aip` entry
+points at the gateway with its own bearer token; the child is `cap:hermes_agent:h2:models`,
+which the gateway routes to h2's queue, where another worker process executes it against its
+own (fake) Hermes. The delegation's result must be that child's verified native result, and
+the receipts of both Actions must be retained.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import nats
+import pytest
+
+from schemas.result import ResultStatus
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from tests.integration.stack import Stack
+from worker.client import AipClient
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.gateway import (
+    GatewayRuntime,
+    directory_entry,
+    gateway_runtime,
+    hermes_principal_id,
+)
+from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
+from worker.testing.services import ServiceHandle
+
+from .support import make_request
+
+pytestmark = pytest.mark.real_hermes
+
+ENDPOINTS = ("h1", "h2")
+CHILD = "cap:hermes_agent:h2:models"
+
+
+@dataclass
+class RealToWorker:
+    stack: Stack
+    downstream: FakeHermes
+    runtime: GatewayRuntime
+
+
+@pytest.fixture
+async def real_to_worker(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[RealToWorker]:
+    from worker.testing.pytest_plugin import service_unavailable
+    from worker.testing.real_hermes import HermesUnavailable, RealHermes
+
+    trust_dir = tmp_path / "trust"
+    trust_dir.mkdir()
+    # The Hermes principals are directory identities too: their children run as them.
+    identities = [
+        *identity_entries(),
+        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in ENDPOINTS),
+    ]
+    trust = write_trust_files(trust_dir, identities=identities)
+    api_key, key_file = write_api_key_file(tmp_path)
+    nc = await nats.connect(nats_server.url)
+    await provision(nc.jetstream(), Subjects(), list(ENDPOINTS), StreamPolicy(ack_wait_s=15.0))
+    principals = {
+        endpoint_id: (hermes_principal_id(endpoint_id), None) for endpoint_id in ENDPOINTS
+    }
+    async with contextlib.AsyncExitStack() as exits:
+        runtime = await exits.enter_async_context(
+            gateway_runtime(nats_server.url, tmp_path, trust.seed_file, principals)
+        )
+        downstream = await exits.enter_async_context(FakeHermes(api_key=api_key))
+        # Hermes lists MCP tools when it starts: the gateway is already serving.
+        try:
+            real = await exits.enter_async_context(
+                RealHermes(
+                    tmp_path / "hermes",
+                    api_key=api_key,
+                    mcp_servers={"aip": (runtime.url, runtime.tokens["h1"])},
+                )
+            )
+        except HermesUnavailable as exc:
+            service_unavailable(f"real Hermes unavailable: {exc}")
+        stack = Stack(
+            root=tmp_path,
+            nats_url=nats_server.url,
+            redis_url=redis_server.url,
+            fake=None,
+            trust=trust,
+            nc=nc,
+            client=AipClient(nc, sign_key=trust.seed_file),
+            env={
+                "AIPD_NATS_URL": nats_server.url,
+                "AIPD_REDIS_URL": redis_server.url,
+                "AIPD_HERMES_API_KEY_FILE": str(key_file),
+                "AIPD_LEASE_TTL_MS": "15000",
+                "AIPD_NAK_DELAY_MS": "200",
+                "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+                "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD,
+                "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
+                "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": CHILD,
+                "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "100",
+                **trust.environment(),
+            },
+        )
+        try:
+            # One worker per endpoint: w-h1 drives the real Hermes, w-h2 serves the child.
+            await stack.spawn("w-h1", AIPD_HERMES_ENDPOINTS=f"h1={real.url}")
+            await stack.spawn("w-h2", AIPD_HERMES_ENDPOINTS=f"h2={downstream.url}")
+            yield RealToWorker(stack, downstream, runtime)
+        finally:
+            stack.stop_workers()
+            await nc.close()
+
+
+async def test_the_real_hermes_delegates_to_a_capability_a_worker_serves(
+    real_to_worker: RealToWorker,
+) -> None:
+    stack = real_to_worker.stack
+    request = make_request("h1", capability=CHILD, child_input={})
+    handle = await stack.client.delegate(request)
+    result = await handle.result(timeout_s=120)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.settled_by == "w-h1"
+    # The delegation's result is the child's verified native result, executed by w-h2.
+    child = result.output["child_result"]
+    assert child["action_id"] == request.action.id
+    downstream = await stack.client.handle("h2", request.action.id).result(timeout_s=10)
+    assert downstream.settled_by == "w-h2"
+    assert child["output"] == downstream.output
+    assert real_to_worker.downstream.stats().count("GET /v1/models") == 1
+    # Exactly one aip_call, with the exact child Action.
+    assert [call["action_id"] for call in real_to_worker.runtime.calls] == [request.action.id]
+    # Receipts of both Actions are retained: the delegation's and the child's.
+    delegated = {r.event.value for r in await stack.client.receipts("h1", handle.action_id)}
+    assert {"received", "lease_acquired", "start_claimed", "run_bound", "settled"} <= delegated
+    executed = {r.event.value for r in await stack.client.receipts("h2", request.action.id)}
+    assert {"received", "lease_acquired", "settled", "tool_call"} <= executed
