@@ -27,16 +27,21 @@ async def test_provision_twice_changes_nothing(nats_server: ServiceHandle) -> No
         first = await provision(js, Subjects(), ["h1", "h2"])
         second = await provision(js, Subjects(), ["h1", "h2"])
         assert {item.change for item in first} == {Change.CREATED}
-        assert len(first) == 6 + 4
+        # Nine streams; per endpoint one work consumer each for Actions, delegations and
+        # channel egress deliveries.
+        assert len(first) == 9 + 2 * 3
         assert {item.change for item in second} == {Change.UNCHANGED}
         third = await provision(js, Subjects(), ["h1"], StreamPolicy(duplicate_window_s=60))
         assert {i.name for i in third if i.change is Change.UPDATED} == {
             "AIP_HERMES_ACTIONS",
             "AIP_HERMES_DELEGATIONS",
+            "AIP_HERMES_EGRESS",
             "AIP_HERMES_CHUNKS",
             "AIP_HERMES_RESULTS",
             "AIP_HERMES_DLQ",
             "AIP_HERMES_AUDIT",
+            "AIP_HERMES_ESCALATIONS",
+            "AIP_HERMES_INBOUND",
         }
     finally:
         await nc.close()
