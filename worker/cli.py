@@ -15,7 +15,7 @@ import logging
 import sys
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -23,6 +23,9 @@ from schemas.codec import EnvelopeRejected
 from worker.cli_settings import SettingsError, add_settings_flags, settings_from
 from worker.logs import setup_logging
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.client import AipClient
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
 
@@ -158,16 +161,8 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
-    from worker.client import AipClient
-
-    settings = _bus_settings(args)
-    nc = await _connect_nats(settings)
-    client = AipClient(
-        nc,
-        prefix=args.prefix,
-        sign_key=args.sign_key,
-        max_envelope_bytes=settings.max_envelope_bytes,
-        trusted_worker_keys=_trusted_worker_keys(args) if args.wait else None,
+    nc, client = await _signing_client(
+        args, trusted_worker_keys=_trusted_worker_keys(args) if args.wait else None
     )
     try:
         action = client.build_action(
@@ -202,6 +197,26 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 #: Exit status of `tail`/`result`/`submit --wait` when a response does not verify against
 #: the trusted worker keys (`connector_host.response_signing`).
 EXIT_UNVERIFIED = 4
+
+
+async def _signing_client(
+    args: argparse.Namespace, *, trusted_worker_keys: Path | None = None
+) -> tuple[Any, AipClient]:
+    """The connection and a client that signs with `--sign-key` and refuses, before signing,
+    an envelope over the deployment's `AIPD_MAX_ENVELOPE_BYTES` (what `submit` and `cancel`
+    publish)."""
+    from worker.client import AipClient
+
+    settings = _bus_settings(args)
+    nc = await _connect_nats(settings)
+    client = AipClient(
+        nc,
+        prefix=args.prefix,
+        sign_key=args.sign_key,
+        max_envelope_bytes=settings.max_envelope_bytes,
+        trusted_worker_keys=trusted_worker_keys,
+    )
+    return nc, client
 
 
 def _trusted_worker_keys(args: argparse.Namespace) -> Path | None:
@@ -281,16 +296,7 @@ async def cmd_result(args: argparse.Namespace) -> int:
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
-    from worker.client import AipClient
-
-    settings = _bus_settings(args)
-    nc = await _connect_nats(settings)
-    client = AipClient(
-        nc,
-        prefix=args.prefix,
-        sign_key=args.sign_key,
-        max_envelope_bytes=settings.max_envelope_bytes,
-    )
+    nc, client = await _signing_client(args)
     try:
         reply = await client.cancel(
             args.endpoint, args.action_id, reason=args.reason, requested_by=args.requested_by
