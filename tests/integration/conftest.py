@@ -18,14 +18,31 @@ LEASE_TTL_MS = 3000
 
 
 @pytest.fixture
+def stack_env() -> dict[str, str]:
+    """Extra `AIPD_*` variables for the stack's workers; a module overrides it to change one
+    setting instead of writing its own stack."""
+    return {}
+
+
+@pytest.fixture
+def authority() -> list[dict[str, Any]] | None:
+    """The approval authority memberships the stack's trust files hold (None: the usual)."""
+    return None
+
+
+@pytest.fixture
 async def stack(
-    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+    tmp_path: Path,
+    nats_server: ServiceHandle,
+    redis_server: ServiceHandle,
+    stack_env: dict[str, str],
+    authority: list[dict[str, Any]] | None,
 ) -> AsyncIterator[Stack]:
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
-    trust = write_trust_files(trust_dir)
+    trust = write_trust_files(trust_dir, memberships=authority)
     async with fake_stack(
-        tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=LEASE_TTL_MS
+        tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=LEASE_TTL_MS, **stack_env
     ) as stack:
         yield stack
 

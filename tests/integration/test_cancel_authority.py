@@ -13,25 +13,21 @@ import asyncio
 import logging
 import secrets
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
+from typing import Any
 
 import pytest
 
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
-from tests.integration.conftest import LEASE_TTL_MS
-from tests.integration.stack import ENDPOINT, Stack, fake_stack
+from tests.integration.stack import ENDPOINT, Stack
 from worker.testing.identities import (
     APPROVER_B,
     APPROVER_UNTENANTED,
     USER_B,
     USER_UNTENANTED,
     authority_memberships,
-    write_trust_files,
 )
 from worker.testing.scenario import SLOW_DELTA_DELAY_S, SLOW_DELTAS, SLOW_REPLY
-from worker.testing.services import ServiceHandle
 
 log = logging.getLogger(__name__)
 
@@ -44,21 +40,13 @@ FLOOD = 30_000
 
 
 @pytest.fixture
-async def stack(
-    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
-) -> AsyncIterator[Stack]:
-    """The usual stack, but the untenanted approver may also cancel others' Actions."""
+def authority() -> list[dict[str, Any]]:
+    """The usual memberships, but the untenanted approver may also cancel others' Actions."""
     memberships = authority_memberships()
     for membership in memberships:
         if membership["principal_id"] == APPROVER_UNTENANTED:
             membership["cancel_capability_prefixes"] = [f"cap:hermes_agent:{ENDPOINT}:"]
-    trust_dir = tmp_path / "trust"
-    trust_dir.mkdir()
-    trust = write_trust_files(trust_dir, memberships=memberships)
-    async with fake_stack(
-        tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=LEASE_TTL_MS
-    ) as stack:
-        yield stack
+    return memberships
 
 
 def _count(stack: Stack, route: str) -> int:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
-from pathlib import Path
 
 import msgspec
 import pytest
@@ -19,11 +17,8 @@ from redis.asyncio import Redis
 from schemas.action import Action
 from schemas.codec import encode
 from schemas.result import ActionResult, ResultStatus
-from tests.integration.conftest import LEASE_TTL_MS
-from tests.integration.stack import ENDPOINT, Stack, fake_stack
+from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import NAMESPACE, ActionKeys
-from worker.testing.identities import write_trust_files
-from worker.testing.services import ServiceHandle
 
 POST_RUNS = "POST /v1/runs"
 REPLAY = "connector_host.replay"
@@ -32,21 +27,8 @@ MAX_AGE_MS = 2_000
 
 
 @pytest.fixture
-async def stack(
-    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
-) -> AsyncIterator[Stack]:
-    trust_dir = tmp_path / "trust"
-    trust_dir.mkdir()
-    trust = write_trust_files(trust_dir)
-    async with fake_stack(
-        tmp_path,
-        nats_server.url,
-        redis_server.url,
-        trust,
-        lease_ttl_ms=LEASE_TTL_MS,
-        AIPD_MAX_ENVELOPE_AGE_MS=str(MAX_AGE_MS),
-    ) as stack:
-        yield stack
+def stack_env() -> dict[str, str]:
+    return {"AIPD_MAX_ENVELOPE_AGE_MS": str(MAX_AGE_MS)}
 
 
 def _runs(stack: Stack) -> int:
