@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -12,6 +14,8 @@ from schemas.action import DelegationRef, Identity
 from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from worker.operator.policy import HermesOperatorPolicy
+from worker.testing.gateway import directory_entry, hermes_principal_id
+from worker.testing.identities import TrustFiles, identity_entries, write_trust_files
 
 CHILD_CAPABILITY = "cap:support_sandbox:case.get"
 DELEGATOR = "user:demo"
@@ -79,3 +83,41 @@ def make_request(
         created_at_unix_ms=created,
         deadline_unix_ms=created + int(deadline_s * 1000),
     )
+
+
+def hermes_trust(directory: Path, endpoint_ids: Sequence[str]) -> TrustFiles:
+    """Trust files whose identity directory also holds each endpoint's Hermes principal: the
+    children a Hermes creates through the gateway run as that principal."""
+    directory.mkdir()
+    identities = [
+        *identity_entries(),
+        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in endpoint_ids),
+    ]
+    return write_trust_files(directory, identities=identities)
+
+
+def downstream_env(
+    nats_url: str,
+    redis_url: str,
+    key_file: Path,
+    trust: TrustFiles,
+    child_prefix: str,
+    *,
+    lease_ttl_ms: int,
+    poll_interval_ms: int,
+) -> dict[str, str]:
+    """Workers' environment for delegations whose child is a Hermes capability on the bus
+    (`child_prefix`, allowed and exempt from the child approval)."""
+    return {
+        "AIPD_NATS_URL": nats_url,
+        "AIPD_REDIS_URL": redis_url,
+        "AIPD_HERMES_API_KEY_FILE": str(key_file),
+        "AIPD_LEASE_TTL_MS": str(lease_ttl_ms),
+        "AIPD_NAK_DELAY_MS": "200",
+        "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
+        "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": child_prefix,
+        "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
+        "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": child_prefix,
+        "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": str(poll_interval_ms),
+        **trust.environment(),
+    }

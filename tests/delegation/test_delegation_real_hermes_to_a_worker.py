@@ -27,14 +27,13 @@ from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.gateway import (
     GatewayRuntime,
-    directory_entry,
     gateway_runtime,
     hermes_principal_id,
 )
-from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
+from worker.testing.identities import write_api_key_file
 from worker.testing.services import ServiceHandle
 
-from .support import make_request
+from .support import downstream_env, hermes_trust, make_request
 
 pytestmark = pytest.mark.real_hermes
 
@@ -56,14 +55,7 @@ async def real_to_worker(
     from worker.testing.pytest_plugin import service_unavailable
     from worker.testing.real_hermes import HermesUnavailable, RealHermes
 
-    trust_dir = tmp_path / "trust"
-    trust_dir.mkdir()
-    # The Hermes principals are directory identities too: their children run as them.
-    identities = [
-        *identity_entries(),
-        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in ENDPOINTS),
-    ]
-    trust = write_trust_files(trust_dir, identities=identities)
+    trust = hermes_trust(tmp_path / "trust", ENDPOINTS)
     api_key, key_file = write_api_key_file(tmp_path)
     nc = await nats.connect(nats_server.url)
     await provision(nc.jetstream(), Subjects(), list(ENDPOINTS), StreamPolicy(ack_wait_s=15.0))
@@ -94,19 +86,15 @@ async def real_to_worker(
             trust=trust,
             nc=nc,
             client=AipClient(nc, sign_key=trust.seed_file),
-            env={
-                "AIPD_NATS_URL": nats_server.url,
-                "AIPD_REDIS_URL": redis_server.url,
-                "AIPD_HERMES_API_KEY_FILE": str(key_file),
-                "AIPD_LEASE_TTL_MS": "15000",
-                "AIPD_NAK_DELAY_MS": "200",
-                "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
-                "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": CHILD,
-                "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
-                "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": CHILD,
-                "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "100",
-                **trust.environment(),
-            },
+            env=downstream_env(
+                nats_server.url,
+                redis_server.url,
+                key_file,
+                trust,
+                CHILD,
+                lease_ttl_ms=15_000,
+                poll_interval_ms=100,
+            ),
         )
         try:
             # One worker per endpoint: w-h1 drives the real Hermes, w-h2 serves the child.

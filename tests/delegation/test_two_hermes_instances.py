@@ -29,14 +29,13 @@ from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.gateway import (
     GatewayRuntime,
-    directory_entry,
     gateway_runtime,
     hermes_principal_id,
 )
-from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
+from worker.testing.identities import write_api_key_file
 from worker.testing.services import ServiceHandle
 
-from .support import make_request
+from .support import downstream_env, hermes_trust, make_request
 
 ENDPOINTS = ("h1", "h2")
 POST_RUNS = "POST /v1/runs"
@@ -56,14 +55,7 @@ class TwoHermes:
 async def two(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> AsyncIterator[TwoHermes]:
-    trust_dir = tmp_path / "trust"
-    trust_dir.mkdir()
-    # The Hermes principals are directory identities too: their children run as them.
-    identities = [
-        *identity_entries(),
-        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in ENDPOINTS),
-    ]
-    trust = write_trust_files(trust_dir, identities=identities)
+    trust = hermes_trust(tmp_path / "trust", ENDPOINTS)
     api_key, key_file = write_api_key_file(tmp_path)
     nc = await nats.connect(nats_server.url)
     await provision(nc.jetstream(), Subjects(), list(ENDPOINTS), StreamPolicy(ack_wait_s=3.0))
@@ -79,21 +71,15 @@ async def two(
         client = AipClient(nc, sign_key=trust.seed_file)
         for endpoint_id, fake in fakes.items():
             fake.mcp_tools["aip_call"] = runtime.tool_for(endpoint_id)
-        base = {
-            "AIPD_NATS_URL": nats_server.url,
-            "AIPD_REDIS_URL": redis_server.url,
-            "AIPD_HERMES_API_KEY_FILE": str(key_file),
-            "AIPD_LEASE_TTL_MS": "3000",
-            "AIPD_NAK_DELAY_MS": "200",
-            "AIPD_HERMES_OPERATOR_DELEGATION_ENABLED": "true",
-            "AIPD_HERMES_OPERATOR_CAPABILITY_PREFIXES": "cap:hermes_agent:h2:models",
-            "AIPD_HERMES_OPERATOR_SCOPE_PREFIXES": "support.",
-            "AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": (
-                "cap:hermes_agent:h2:models"
-            ),
-            "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": "50",
-            **trust.environment(),
-        }
+        base = downstream_env(
+            nats_server.url,
+            redis_server.url,
+            key_file,
+            trust,
+            "cap:hermes_agent:h2:models",
+            lease_ttl_ms=3000,
+            poll_interval_ms=50,
+        )
         stack = Stack(
             root=tmp_path,
             nats_url=nats_server.url,
