@@ -36,6 +36,7 @@ from schemas.ids import capability_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
 from worker.cli_settings import add_settings_flags, settings_from
+from worker.connections import open_redis_for
 from worker.escalation.ledger import (
     EscalationView,
     Unreadable,
@@ -44,7 +45,6 @@ from worker.escalation.ledger import (
     record_resolution,
 )
 from worker.settings import Settings
-from worker.store.connection import open_redis
 from worker.trust.approvals import ApprovalRefused, read_record
 from worker.trust.clock import redis_now_ms
 from worker.trust.files import TrustConfigError
@@ -130,7 +130,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         return _fail(EXIT_FAILED, str(exc))
     if view.resolution is None:
         # The stream copy may be missing (a crash after the write-once record): Redis decides.
-        redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+        redis = open_redis_for(settings)
         try:
             view.resolution = await read_resolution(redis, args.escalation_id)
         finally:
@@ -211,7 +211,7 @@ async def resolve_approval(
         offered = ", ".join(c.value for c in approval.choices)
         raise ResolveRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
     resume = build_resume(escalation, choice, resolve_all=resolve_all)
-    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    redis = open_redis_for(settings)
     try:
         earlier = await read_resolution(redis, escalation.escalation_id)
         if earlier is not None and (
@@ -295,7 +295,7 @@ async def acknowledge(
 
     if not reason.strip():
         raise ResolveRefused("a reason is required")
-    redis = open_redis(settings.redis_url, cluster=settings.redis_cluster)
+    redis = open_redis_for(settings)
     try:
         resolution = await record_resolution(
             redis,
