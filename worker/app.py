@@ -39,9 +39,13 @@ from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
+from worker.tasks import stop_tasks
 from worker.trust.responses import signer_from_settings
 
 log = logging.getLogger(__name__)
+
+#: How long shutdown waits for the worker's background tasks to end once cancelled.
+_TASK_STOP_TIMEOUT_S = 10.0
 
 
 class Worker:
@@ -286,10 +290,7 @@ class Worker:
                 if execution.task is not None:
                     execution.task.cancel("shutdown")
             await self._wait_idle(10.0)
-        self._tasks[0].cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await stop_tasks(self._tasks, _TASK_STOP_TIMEOUT_S)
         for follower in self.followers:
             await follower.release()
         if self.health is not None:

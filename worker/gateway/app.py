@@ -33,6 +33,7 @@ from worker.gateway.recovery import Recovery
 from worker.gateway.routes import RouteTable
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
+from worker.tasks import stop_tasks
 from worker.trust.signing import TrustedGatewayKeys, decode_user_public_key, read_seed_file
 
 log = logging.getLogger(__name__)
@@ -168,21 +169,16 @@ class Gateway:
 
     async def stop(self) -> None:
         if self._recovery is not None:
-            self._recovery.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._recovery
+            await stop_tasks([self._recovery], _SHUTDOWN_TIMEOUT_S)
             self._recovery = None
         server, task = self._server, self._serving
         self._server = self._serving = None
         if server is not None and task is not None:
             server.should_exit = True
-            try:
-                await asyncio.wait_for(task, _SHUTDOWN_TIMEOUT_S)
-            except TimeoutError:
+            finished, _ = await asyncio.wait({task}, timeout=_SHUTDOWN_TIMEOUT_S)
+            if not finished:
                 server.force_exit = True
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await stop_tasks([task], _SHUTDOWN_TIMEOUT_S)
         if self.service is not None:
             await self.service.stop()
         if self.nc is not None:

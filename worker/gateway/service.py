@@ -34,6 +34,7 @@ from worker.gateway.principals import Principal
 from worker.gateway.records import EntryExists, RuntimeStoreReader
 from worker.gateway.routes import Route, RouteTable
 from worker.gateway.settings import GatewaySettings
+from worker.tasks import stop_tasks
 from worker.trust.tenancy import binding_admits
 
 log = logging.getLogger(__name__)
@@ -261,10 +262,7 @@ class GatewayService:
 
     async def stop(self) -> None:
         """Stop following (records stay; any gateway's recovery finishes them)."""
-        for task in list(self._following):
-            task.cancel()
-        if self._following:
-            await asyncio.wait(list(self._following), timeout=5.0)
+        await stop_tasks(list(self._following), 5.0)
 
     # --- status / result / events / cancel ------------------------------------------------
 
@@ -366,4 +364,3 @@ class GatewayService:
         if route is None:
             raise _unrouted(record.action.capability)
         return route
-
