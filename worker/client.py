@@ -360,13 +360,18 @@ class AipClient:
 
     async def receipts(self, endpoint_id: str, action_id: str) -> list[Receipt]:
         """Every audit receipt of one Action, in the order they were stored."""
+        return [receipt for _, receipt in await self.receipt_log(endpoint_id, action_id)]
+
+    async def receipt_log(self, endpoint_id: str, action_id: str) -> list[tuple[int, Receipt]]:
+        """Every audit receipt of one Action with its audit-stream sequence number (what a
+        qualification record cites), ordered by receipt time."""
         js = self.nc.jetstream()
         sub = await js.subscribe(
             self.subjects.audit(endpoint_id, action_id),
             ordered_consumer=True,
             deliver_policy=DeliverPolicy.ALL,
         )
-        found: list[Receipt] = []
+        found: list[tuple[int, Receipt]] = []
         try:
             # Messages already pushed to us count as delivered, not pending: the chain is
             # both, read at one instant from the consumer's own bookkeeping.
@@ -375,10 +380,10 @@ class AipClient:
             total = (delivered or 0) + (info.num_pending or 0)
             while len(found) < total:
                 msg = await sub.next_msg(timeout=5.0)
-                found.append(_receipt_decoder.decode(msg.data))
+                found.append((msg.metadata.sequence.stream, _receipt_decoder.decode(msg.data)))
         finally:
             await sub.unsubscribe()
-        return sorted(found, key=lambda r: r.ts_unix_ms)
+        return sorted(found, key=lambda entry: entry[1].ts_unix_ms)
 
     async def session_messages(
         self,

@@ -58,9 +58,11 @@ def add_extra_commands(sub: Any) -> None:
     from worker import demo_command
     from worker.escalation import admin as escalation_admin
     from worker.operator import admin as operator_admin
+    from worker.qualify import command as qualify_command
     from worker.trust import admin as trust_admin
 
     trust_admin.add_commands(sub)
     operator_admin.add_commands(sub)
     escalation_admin.add_commands(sub)
     demo_command.add_commands(sub)
+    qualify_command.add_commands(sub)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,8 @@ from schemas.action import DelegationRef, Identity
 from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from worker.operator.policy import HermesOperatorPolicy
-from worker.testing.gateway import directory_entry, hermes_principal_id
-from worker.testing.identities import TrustFiles, identity_entries, write_trust_files
+from worker.testing.gateway import hermes_trust as hermes_trust
+from worker.testing.identities import TrustFiles
 
 CHILD_CAPABILITY = "cap:support_sandbox:case.get"
 DELEGATOR = "user:demo"
@@ -83,17 +82,6 @@ def make_request(
         created_at_unix_ms=created,
         deadline_unix_ms=created + int(deadline_s * 1000),
     )
-
-
-def hermes_trust(directory: Path, endpoint_ids: Sequence[str]) -> TrustFiles:
-    """Trust files whose identity directory also holds each endpoint's Hermes principal: the
-    children a Hermes creates through the gateway run as that principal."""
-    directory.mkdir()
-    identities = [
-        *identity_entries(),
-        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in endpoint_ids),
-    ]
-    return write_trust_files(directory, identities=identities)
 
 
 def downstream_env(

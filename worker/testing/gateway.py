@@ -1,4 +1,5 @@
-"""The real gateway in tests: its principals file, its environment, a process, an MCP client.
+"""The real gateway in tests: its principals file, its environment, a process, an MCP client
+(`worker.gateway.mcp_client`, re-exported here).
 
 Tests and the demo run `worker.gateway` itself (a `python -m worker gateway` process, or the
 `Gateway` class in-process when a test wraps its store writer); this module only builds what
@@ -22,19 +23,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from schemas.delegation import DELEGATE_PREFIX
 from worker.gateway.app import READY_MARK
+from worker.gateway.mcp_client import McpHttpRefused as McpHttpRefused
+from worker.gateway.mcp_client import ToolAnswer as ToolAnswer
+from worker.gateway.mcp_client import call_tool as call_tool
+from worker.gateway.mcp_client import list_tools as list_tools
 from worker.gateway.principals import token_sha256
 from worker.gateway.settings import PROTECTED_SCOPES
-from worker.testing.identities import write_json
+from worker.testing.identities import (
+    TrustFiles,
+    identity_entries,
+    write_json,
+    write_trust_files,
+)
 from worker.testing.workers import WorkerProcess
 
 #: The issuer of the gateway's bearer principals in tests (the identity directory must agree).
 MCP_ISSUER = "https://aip-mcp.example.test"
 MCP_REVISION = 1
-CALL_TIMEOUT_S = 60.0
 
 
 def hermes_principal_id(endpoint_id: str) -> str:
@@ -76,6 +83,17 @@ def directory_entry(principal_id: str, tenant_id: str | None = None) -> dict[str
     }
 
 
+def hermes_trust(directory: Path, endpoint_ids: Sequence[str]) -> TrustFiles:
+    """Trust files whose identity directory also holds each endpoint's Hermes principal: the
+    children a Hermes creates through the gateway run as that principal."""
+    directory.mkdir()
+    identities = [
+        *identity_entries(),
+        *(directory_entry(hermes_principal_id(endpoint_id)) for endpoint_id in endpoint_ids),
+    ]
+    return write_trust_files(directory, identities=identities)
+
+
 def write_principals_file(directory: Path, entries: Sequence[Mapping[str, Any]]) -> Path:
     return write_json(directory / "mcp-principals.json", list(entries), mode=0o600)
 
@@ -105,91 +123,6 @@ def gateway_process(name: str, env: Mapping[str, str], log_dir: Path) -> WorkerP
         command=("gateway",),
         ready_mark=READY_MARK,
     )
-
-
-@dataclass(frozen=True, slots=True)
-class ToolAnswer:
-    """One tool result: the JSON document of its text, and whether it is an error."""
-
-    is_error: bool
-    document: dict[str, Any]
-
-    @property
-    def error_code(self) -> str | None:
-        error = self.document.get("error")
-        return error.get("code") if isinstance(error, dict) else None
-
-
-class McpHttpRefused(RuntimeError):
-    """The server refused the session (HTTP status) before any tool ran."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"the MCP server answered HTTP {status}")
-        self.status = status
-
-
-def _first_status(group: BaseExceptionGroup[Any]) -> int | None:
-    for exc in group.exceptions:
-        if isinstance(exc, BaseExceptionGroup):
-            found = _first_status(exc)
-            if found is not None:
-                return found
-        if isinstance(exc, httpx.HTTPStatusError):
-            return exc.response.status_code
-    return None
-
-
-async def list_tools(url: str, token: str | None) -> list[str]:
-    """The tool names the server lists to `token`."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        async with (
-            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
-            streamable_http_client(url, http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            listed = await session.list_tools()
-    except BaseExceptionGroup as group:
-        status = _first_status(group)
-        if status is None:
-            raise
-        raise McpHttpRefused(status) from None
-    return [tool.name for tool in listed.tools]
-
-
-async def call_tool(
-    url: str, token: str | None, tool: str, arguments: Mapping[str, Any] | None = None
-) -> ToolAnswer:
-    """Call one tool over a fresh authenticated MCP session, as Hermes' client does."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
-
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        async with (
-            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
-            streamable_http_client(url, http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            result = await session.call_tool(tool, dict(arguments or {}))
-    except BaseExceptionGroup as group:
-        status = _first_status(group)
-        if status is None:
-            raise
-        raise McpHttpRefused(status) from None
-    text = "".join(getattr(part, "text", "") for part in result.content)
-    try:
-        document = json.loads(text)
-    except ValueError:
-        document = {"text": text}
-    if not isinstance(document, dict):
-        document = {"value": document}
-    return ToolAnswer(bool(result.isError), document)
 
 
 # --- the gateway in-process, for the delegation tests ----------------------------------

@@ -38,11 +38,12 @@ from typing import Final
 
 import aiohttp
 
+from worker.hermes import PINNED_VERSION
 from worker.testing._errors import ServiceStartError
 from worker.testing._procs import free_port, port_accepts
 from worker.testing.fake_llm import MODEL_ID, FakeLLM
 
-HERMES_VERSION: Final = "0.19.0"
+HERMES_VERSION: Final = PINNED_VERSION
 #: The API server needs aiohttp but hermes-agent does not depend on it; this pin is the one
 #: the reference was observed with.
 AIOHTTP_VERSION: Final = "3.14.1"

@@ -1,0 +1,105 @@
+"""A client of the AIP gateway's MCP server, as Hermes' own client calls it.
+
+The official `mcp` SDK's Streamable HTTP client over one fresh authenticated session per
+call: the qualification driver reads Actions through the gateway with it, and the tests
+call the gateway the way Hermes does. A refusal before any tool ran (a 401 for a bad
+token, a 403 for missing transport scopes) is `McpHttpRefused` with the status, never the
+token.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+#: Bound on one whole MCP exchange (connect, initialize, call).
+CALL_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class ToolAnswer:
+    """One tool result: the JSON document of its text, and whether it is an error."""
+
+    is_error: bool
+    document: dict[str, Any]
+
+    @property
+    def error_code(self) -> str | None:
+        error = self.document.get("error")
+        return error.get("code") if isinstance(error, dict) else None
+
+
+class McpHttpRefused(RuntimeError):
+    """The server refused the session (HTTP status) before any tool ran."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the MCP server answered HTTP {status}")
+        self.status = status
+
+
+def _first_status(group: BaseExceptionGroup[Any]) -> int | None:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            found = _first_status(exc)
+            if found is not None:
+                return found
+        if isinstance(exc, httpx.HTTPStatusError):
+            return exc.response.status_code
+    return None
+
+
+async def list_tools(url: str, token: str | None) -> list[str]:
+    """The tool names the server lists to `token`."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
+            streamable_http_client(url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            listed = await session.list_tools()
+    except BaseExceptionGroup as group:
+        status = _first_status(group)
+        if status is None:
+            raise
+        raise McpHttpRefused(status) from None
+    return [tool.name for tool in listed.tools]
+
+
+async def call_tool(
+    url: str, token: str | None, tool: str, arguments: Mapping[str, Any] | None = None
+) -> ToolAnswer:
+    """Call one tool over a fresh authenticated MCP session, as Hermes' client does."""
+    from mcp import ClientSession
+    from mcp.client.streamable_http import streamable_http_client
+
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        async with (
+            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
+            streamable_http_client(url, http_client=http) as (read, write, _),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            result = await session.call_tool(tool, dict(arguments or {}))
+    except BaseExceptionGroup as group:
+        status = _first_status(group)
+        if status is None:
+            raise
+        raise McpHttpRefused(status) from None
+    text = "".join(getattr(part, "text", "") for part in result.content)
+    try:
+        document = json.loads(text)
+    except ValueError:
+        document = {"text": text}
+    if not isinstance(document, dict):
+        document = {"value": document}
+    return ToolAnswer(bool(result.isError), document)
