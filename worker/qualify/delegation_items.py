@@ -121,8 +121,8 @@ async def routed_to_each_instance(ctx: Context, evidence: Evidence) -> str:
 
 
 async def tool_use_through_gateway(ctx: Context, evidence: Evidence) -> str:
-    first, second = ctx.endpoints(2)
     url, token = ctx.gateway()
+    first, second = ctx.endpoints(2)
     d = ctx.deployment
     try:
         listed = await call_tool(url, token, "aip_capabilities")

@@ -164,6 +164,7 @@ async def local_deployment(
 ) -> AsyncIterator[Local]:
     """Start everything (reusing `nats_server`/`redis` when given: tests own theirs), yield
     the driver's context and control, stop everything on exit."""
+    await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
     async with contextlib.AsyncExitStack() as exits:
         if nats_server is None or redis is None:
             started_nats = NatsServer(root=root / "nats")

@@ -131,8 +131,8 @@ async def one_run_per_action(ctx: Context, evidence: Evidence) -> str:
 
 
 async def lost_start_is_unknown(ctx: Context, evidence: Evidence) -> str:
-    (endpoint_id,) = ctx.endpoints(1)
     control = ctx.owned()
+    (endpoint_id,) = ctx.endpoints(1)
     action_id = control.armed_fault(endpoint_id, "after_post_run")
     if action_id is None:
         raise Skip(f"no worker of {endpoint_id} has the after_post_run fault point armed")
@@ -370,8 +370,8 @@ async def cancel_races(ctx: Context, evidence: Evidence) -> str:
 
 
 async def restart_recovery(ctx: Context, evidence: Evidence) -> str:
-    (endpoint_id,) = ctx.endpoints(1)
     control = ctx.owned()
+    (endpoint_id,) = ctx.endpoints(1)
     d = ctx.deployment
     action, handle = await started(d, endpoint_id, SLOW)
     evidence.action(action.id)
