@@ -10,11 +10,16 @@ token.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
+
+T = TypeVar("T")
 
 #: Bound on one whole MCP exchange (connect, initialize, call).
 CALL_TIMEOUT_S = 60.0
@@ -52,8 +57,9 @@ def _first_status(group: BaseExceptionGroup[Any]) -> int | None:
     return None
 
 
-async def list_tools(url: str, token: str | None) -> list[str]:
-    """The tool names the server lists to `token`."""
+async def exchange(url: str, token: str | None, use: Callable[[ClientSession], Awaitable[T]]) -> T:
+    """Open a fresh authenticated session, initialize it, run `use` on it; a refusal of the
+    session itself (an HTTP status the SDK wraps in its task group) is `McpHttpRefused`."""
     from mcp import ClientSession
     from mcp.client.streamable_http import streamable_http_client
 
@@ -65,37 +71,33 @@ async def list_tools(url: str, token: str | None) -> list[str]:
             ClientSession(read, write) as session,
         ):
             await session.initialize()
-            listed = await session.list_tools()
+            return await use(session)
     except BaseExceptionGroup as group:
         status = _first_status(group)
         if status is None:
             raise
         raise McpHttpRefused(status) from None
-    return [tool.name for tool in listed.tools]
+
+
+async def list_tools(url: str, token: str | None) -> list[str]:
+    """The tool names the server lists to `token`."""
+
+    async def names(session: ClientSession) -> list[str]:
+        return [tool.name for tool in (await session.list_tools()).tools]
+
+    return await exchange(url, token, names)
 
 
 async def call_tool(
     url: str, token: str | None, tool: str, arguments: Mapping[str, Any] | None = None
 ) -> ToolAnswer:
     """Call one tool over a fresh authenticated MCP session, as Hermes' client does."""
-    from mcp import ClientSession
-    from mcp.client.streamable_http import streamable_http_client
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        async with (
-            httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,
-            streamable_http_client(url, http_client=http) as (read, write, _),
-            ClientSession(read, write) as session,
-        ):
-            await session.initialize()
-            result = await session.call_tool(tool, dict(arguments or {}))
-    except BaseExceptionGroup as group:
-        status = _first_status(group)
-        if status is None:
-            raise
-        raise McpHttpRefused(status) from None
-    text = "".join(getattr(part, "text", "") for part in result.content)
+    async def call(session: ClientSession) -> Any:
+        return await session.call_tool(tool, dict(arguments or {}))
+
+    result = await exchange(url, token, call)
+    text = tool_text(result)
     try:
         document = json.loads(text)
     except ValueError:
@@ -103,3 +105,8 @@ async def call_tool(
     if not isinstance(document, dict):
         document = {"value": document}
     return ToolAnswer(bool(result.isError), document)
+
+
+def tool_text(result: Any) -> str:
+    """The text content of a tool result, joined."""
+    return "".join(getattr(part, "text", "") for part in result.content)

@@ -26,8 +26,6 @@ def _broken(value: str) -> tuple[str, str, int]:
 async def cmd_qualify(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
-    from worker.cli import _connect_nats
-    from worker.connections import open_redis_for
     from worker.qualify.broken import BrokenHermes
     from worker.qualify.deployment import Deployment
     from worker.qualify.driver import drive
@@ -41,11 +39,7 @@ async def cmd_qualify(args: argparse.Namespace) -> int:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
-    endpoints = {endpoint.id: endpoint for endpoint in settings.resolve_endpoints()}
-    nc = await _connect_nats(settings)
-    deployment = Deployment(
-        settings, qualify, nc=nc, redis=open_redis_for(settings), endpoints=endpoints
-    )
+    deployment = await Deployment.connect(settings, qualify)
     ctx = Context(deployment, list(dict.fromkeys(args.endpoint_id)))
     server: Any = None
     try:

@@ -19,6 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from nats.js.api import DeliverPolicy
+
 from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
 from schemas.audit import Receipt
@@ -143,6 +145,17 @@ class Deployment:
         self.runs: set[tuple[str, str]] = set()
         #: The manifest each endpoint's workers answered with (filled by the probe).
         self.manifests: dict[str, dict[str, Any]] = {}
+
+    @classmethod
+    async def connect(cls, settings: Settings, qualify: QualifySettings) -> Deployment:
+        """Connect as every command does: NATS with the `AIPD_NATS_*` credentials (failing
+        fast), Redis with its password file, each endpoint with its own key file."""
+        from worker.cli import _connect_nats
+        from worker.connections import open_redis_for
+
+        endpoints = {endpoint.id: endpoint for endpoint in settings.resolve_endpoints()}
+        nc = await _connect_nats(settings)
+        return cls(settings, qualify, nc=nc, redis=open_redis_for(settings), endpoints=endpoints)
 
     async def close(self) -> None:
         for hermes in self.hermes.values():
@@ -314,6 +327,21 @@ class Deployment:
         )
 
     # --- evidence ------------------------------------------------------------------------
+
+    async def result_count(self, endpoint_id: str, action_id: str) -> int:
+        """How many results the results stream holds for one Action (exactly one is right)."""
+        js = self.nc.jetstream()
+        sub = await js.subscribe(
+            self.client.subjects.results(endpoint_id, action_id),
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.ALL,
+        )
+        try:
+            info = await sub.consumer_info()
+            delivered = info.delivered.consumer_seq if info.delivered else 0
+            return (delivered or 0) + (info.num_pending or 0)
+        finally:
+            await sub.unsubscribe()
 
     async def receipts(self, endpoint_id: str, action_id: str) -> list[tuple[int, Receipt]]:
         return await self.client.receipt_log(endpoint_id, action_id)

@@ -264,16 +264,7 @@ async def local_deployment(
             qualify_delegation_scope="support.read",
             qualify_timeout_s=60.0,
         )
-        from worker.cli import _connect_nats
-        from worker.connections import open_redis_for
-
-        deployment = Deployment(
-            settings,
-            qualify,
-            nc=await _connect_nats(settings),
-            redis=open_redis_for(settings),
-            endpoints={e.id: e for e in settings.resolve_endpoints()},
-        )
+        deployment = await Deployment.connect(settings, qualify)
         exits.push_async_callback(deployment.close)
         ctx = Context(
             deployment,

@@ -314,10 +314,10 @@ async def approval_replay(ctx: Context, evidence: Evidence) -> str:
     expect(sent == 1, f"{sent} approval commands sent to Hermes, not 1")
     runs = await hermes_runs(d, endpoint_id, source.action)
     expect(runs == 1, f"Hermes holds {runs} runs for {source.action.id}")
+    answer = " ".join(filter(None, (refused.result.status.value, refused.error_code)))
     return (
         f"resume {first.id} applied generation 1 once; its replay returned the stored result; "
-        f"a later resume ({late.id}, {refused.result.status.value} "
-        f"{refused.error_code or ''}) sent nothing"
+        f"a later resume {late.id} for the answered generation sent nothing ({answer})"
     )
 
 

@@ -119,10 +119,15 @@ async def probe_endpoint(d: Deployment, endpoint_id: str) -> tuple[dict[str, Any
     return facts, None
 
 
+def _version(version: Any) -> str:
+    """`2.10.4` from nats-py's ServerVersion (its repr is `<nats server v2.10.4>`)."""
+    return f"{version.major}.{version.minor}.{version.patch}"
+
+
 async def nats_facts(d: Deployment) -> dict[str, Any]:
     nc = d.nc
     facts: dict[str, Any] = {
-        "server_version": str(nc.connected_server_version),
+        "server_version": _version(nc.connected_server_version),
         "connected": _without_credentials(str(nc.connected_url.geturl()))
         if nc.connected_url
         else None,

@@ -52,6 +52,8 @@ class Tour:
             f"{where}: chunk sequence has gaps",
         )
         expect(isinstance(chunks[-1], DoneChunk | ErrorChunk), f"{where}: no terminal chunk")
+        results = await d.result_count(self.endpoint_id, outcome.action.id)
+        expect(results == 1, f"{where}: {results} results on the results stream, not 1")
         self.seen.add(operation)
         return result.output
 
