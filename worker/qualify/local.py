@@ -105,6 +105,8 @@ class LocalControl:
         if old is not None and old.alive:
             await asyncio.to_thread(old.kill)
         self._starts += 1
+        if fault_points is None:  # what was armed in the old process is gone with it
+            self.faults = {key: id_ for key, id_ in self.faults.items() if key[0] != endpoint_id}
         worker = WorkerProcess(
             worker_id=f"w-{endpoint_id}-{self._starts}",
             env=self.envs[endpoint_id],
