@@ -23,6 +23,7 @@ from worker.delegation.handler import DelegationHandler
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
 from worker.delivery import DeliveryHandler, EndpointRuntime, Runtime
+from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.health import (
     CallbackProbe,
     HealthServer,
@@ -85,6 +86,7 @@ class Worker:
         self.errors = RepeatedErrors(on_count=self.metrics.error)
         self.store_health: StoreHealth | None = None
         self.health: HealthServer | None = None
+        self.escalations_open: OpenEscalationsGauge | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         #: Channel ingress followers (worker/channel/ingress.py); their leases are given
@@ -179,6 +181,7 @@ class Worker:
                 # this very pool must execute; shared slots could starve it.
                 self._pull(js, "delegations", endpoint.id, self.delegation_slots, delegations)
         rt = self.rt
+        self.escalations_open = self._open_escalations(js, endpoints)
         probe = CallbackProbe(
             nats=lambda: bool(self.nc is not None and self.nc.is_connected),
             consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
@@ -186,7 +189,11 @@ class Worker:
             hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
         )
         self.health = await start_health_server(
-            probe, self.metrics, host=settings.metrics_host, port=settings.metrics_port
+            probe,
+            self.metrics,
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            before_scrape=self.escalations_open.before_scrape,
         )
         log.info(
             "worker %s serving %s (concurrency %d, lease ttl %d ms)",
@@ -234,6 +241,15 @@ class Worker:
         )
         loop = asyncio.get_running_loop()
         self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)
+
+    def _open_escalations(self, js: Any, endpoints: Any) -> OpenEscalationsGauge:
+        """The `escalations_open` gauge of the served endpoints, counted from the stores."""
+        return OpenEscalationsGauge(
+            [EndpointEscalations(js, self.redis, self.subjects, e.id) for e in endpoints],
+            self.metrics,
+            self.errors,
+            min_interval_s=self.settings.escalations_open_refresh_ms / 1000,
+        )
 
     def _pull(
         self,
@@ -295,6 +311,8 @@ class Worker:
             await follower.release()
         if self.health is not None:
             await self.health.stop()
+        if self.escalations_open is not None:
+            await self.escalations_open.stop()
         if self.control is not None:
             await self.control.stop()
         if self.rt is not None:

@@ -189,8 +189,11 @@ class HealthServer:
         host: str = "127.0.0.1",
         port: int = 0,
         hermes_cache_s: float = HERMES_CACHE_S,
+        before_scrape: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         self.metrics = metrics
+        #: Brings gauges read from other stores up to date; must bound its own wait.
+        self.before_scrape = before_scrape
         self.readiness = Readiness(probe, metrics=metrics, hermes_cache_s=hermes_cache_s)
         self.host = host
         self.port = port
@@ -235,6 +238,8 @@ class HealthServer:
         )
 
     async def _metrics(self, _: web.Request) -> web.Response:
+        if self.before_scrape is not None:
+            await self.before_scrape()
         body, content_type = self.metrics.render()
         # aiohttp wants the charset apart from the media type.
         media, _sep, params = content_type.partition(";")
@@ -243,11 +248,16 @@ class HealthServer:
 
 
 async def start_health_server(
-    probe: ReadinessProbe, metrics: Metrics, *, host: str, port: int | None
+    probe: ReadinessProbe,
+    metrics: Metrics,
+    *,
+    host: str,
+    port: int | None,
+    before_scrape: Callable[[], Awaitable[None]] | None = None,
 ) -> HealthServer | None:
     """The server for `Settings.metrics_host/metrics_port`; None when the port is unset."""
     if port is None:
         return None
-    server = HealthServer(probe, metrics, host=host, port=port)
+    server = HealthServer(probe, metrics, host=host, port=port, before_scrape=before_scrape)
     await server.start()
     return server

@@ -173,6 +173,12 @@ class Metrics:
             "Escalations this worker's fenced settles raised, by endpoint and kind",
             ["endpoint", "kind"], registry=r,
         )
+        self._escalations_open = Gauge(
+            f"{PREFIX}_escalations_open",
+            "Escalations on the stream without a resolution, by endpoint and kind, counted "
+            "from NATS and Redis when scraped (every worker of an endpoint reports the same)",
+            ["endpoint", "kind"], registry=r,
+        )
         self._channel = Counter(
             f"{PREFIX}_channel_deliveries",
             "Channel deliveries this worker started (results or escalations into a session)",
@@ -226,6 +232,7 @@ class Metrics:
         self._f_unknown = _Family(self._unknown.labels)
         self._f_heartbeats = _Family(self._heartbeats.labels)
         self._f_escalations = _Family(self._escalations.labels)
+        self._f_escalations_open = _Family(self._escalations_open.labels)
         self._f_channel = _Family(self._channel.labels)
         self._f_ingress = _Family(self._ingress.labels)
         self._f_ingress_lag = _Family(self._ingress_lag.labels)
@@ -274,6 +281,10 @@ class Metrics:
     def escalation_raised(self, endpoint: str, kind: str) -> None:
         """One Escalation published right after this worker's own fenced settle."""
         self._f_escalations.get(endpoint, kind).inc()
+
+    def escalations_open(self, endpoint: str, kind: str, count: int) -> None:
+        """How many escalations are open now (worker/escalation/gauge.py, from the stores)."""
+        self._f_escalations_open.get(endpoint, kind).set(count)
 
     def channel_delivery(self, endpoint: str, source: str) -> None:
         """One channel delivery taken from the egress queue towards a Hermes session."""

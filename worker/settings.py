@@ -289,6 +289,9 @@ class Settings(BaseSettings):
     """Address of the /health, /ready and /metrics server."""
     metrics_port: Annotated[int, Field(ge=0, le=65_535)] | None = None
     """Port of the /health, /ready and /metrics server (unset: off)."""
+    escalations_open_refresh_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 15_000
+    """Shortest time between two countings of the `escalations_open` gauge from the
+    escalation stream and Redis (done when `/metrics` is scraped; 0: at every scrape)."""
     log_format: Literal["json", "human"] = "json"
     """`json` lines for machines, `human` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas.escalation import Escalation, EscalationResolution
 from subjects.grammar import Subjects
@@ -48,16 +49,27 @@ class Unreadable:
 
 async def read_subject(js: JetStreamContext, subject: str) -> list[bytes]:
     """Every message stored on `subject`, oldest first (an ordered, ephemeral consumer)."""
-    sub = await js.subscribe(subject, ordered_consumer=True)
-    out: list[bytes] = []
+    return [data for _, data in await read_subject_from(js, subject)]
+
+
+async def read_subject_from(
+    js: JetStreamContext, subject: str, *, start_seq: int = 1, limit: int = MAX_READ
+) -> list[tuple[int, bytes]]:
+    """`(stream sequence, data)` of the messages on `subject` from `start_seq`, oldest
+    first, at most `limit` of them."""
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
+    )
+    sub = await js.subscribe(subject, ordered_consumer=True, config=config)
+    out: list[tuple[int, bytes]] = []
     try:
         timeout = 1.0
-        while len(out) < MAX_READ:
+        while len(out) < limit:
             try:
                 msg = await sub.next_msg(timeout=timeout)
             except nats.errors.TimeoutError:
                 break
-            out.append(msg.data)
+            out.append((msg.metadata.sequence.stream, msg.data))
             if msg.metadata.num_pending == 0:
                 break
             timeout = 5.0
