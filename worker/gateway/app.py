@@ -54,6 +54,19 @@ def _own_key(seed: bytes) -> TrustedGatewayKeys:
     return TrustedGatewayKeys({public: nacl.signing.VerifyKey(decode_user_public_key(public))})
 
 
+def _trusted_worker_keys(settings: GatewaySettings) -> TrustedGatewayKeys | None:
+    """The keys a child's result must be signed with; a bad file refuses the start."""
+    path = settings.trusted_worker_keys_file
+    if path is None:
+        log.warning(
+            "AIPD_TRUSTED_WORKER_KEYS_FILE is not set: child results are recorded without "
+            "verifying the worker's signature, so anyone who may publish on a results "
+            "subject can answer for a child"
+        )
+        return None
+    return TrustedGatewayKeys.load(path, what="trusted worker keys file")
+
+
 async def connect_nats(settings: GatewaySettings) -> NATS:
     """The gateway's connection, with the same `AIPD_NATS_*` credential files a worker uses."""
     from worker.connections import credential_options
@@ -97,12 +110,15 @@ class Gateway:
         principals = Principals.load(settings.mcp_principals_file)
         seed = read_seed_file(settings.gateway_signing_key_file)
         routes = RouteTable.from_setting(settings.subject_prefix, settings.capability_routes)
+        worker_keys = _trusted_worker_keys(settings)
         self.nc = nc = await connect_nats(settings)
         js = nc.jetstream()
         self.writer = writer = self._make_writer(js, self.subjects, seed)
         await writer.provision()
         reader = RuntimeStoreReader(js, self.subjects, _own_key(seed))
-        children = Children(nc, writer, seed)
+        children = Children(
+            nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics
+        )
         self.service = service = GatewayService(
             settings, nc, routes, reader, children, Discovery(nc)
         )

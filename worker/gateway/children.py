@@ -8,6 +8,13 @@ terminal. Every step is derived from durable state only (the queue entry and the
 result on the bus), so any gateway can take any step again: a re-publish of the child is
 dropped by JetStream's duplicate window and by the worker's exactly-once, and a re-written
 record carries the same `Nats-Msg-Id` as the first.
+
+With trusted worker keys (`AIPD_TRUSTED_WORKER_KEYS_FILE`), a result on the bus is the
+child's only when a trusted worker signed exactly its bytes (worker/trust/responses.py):
+anyone else with publish rights on the results subject could otherwise answer for the
+child, and the gateway would sign that answer into the lifecycle record the delegation
+resolver believes. A result that does not verify is refused and counted, and the wait goes
+on for the real one (`Refused` says only such results were seen).
 """
 
 from __future__ import annotations
@@ -15,6 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
 
 import msgspec
 from msgspec.structs import replace
@@ -27,18 +37,34 @@ from schemas.action import Action
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.codec import encode
 from schemas.delegation import ChildAction
+from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
+from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
-from worker.trust.signing import sign_envelope
+from worker.trust.responses import UnverifiedResponse, verify_result
+from worker.trust.signing import TrustedGatewayKeys, sign_envelope
 
 log = logging.getLogger(__name__)
 
 _result_decoder = msgspec.json.Decoder(ActionResult)
 _reply_decoder = msgspec.json.Decoder(CancelReply)
 CANCEL_TIMEOUT_S = 5.0
+#: Bound on `stored_result` reading the results subject again when its last message was
+#: refused (an earlier one may be the real result; it stops at the last stored message).
+RESCAN_TIMEOUT_S = 2.0
+#: Refused result messages remembered so each is counted and logged once.
+MAX_REMEMBERED_REFUSALS = 4_096
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """Results were on the bus for the child, but none verified against the trusted worker
+    keys: nothing may be recorded as its result (`connector_host.response_signing`)."""
+
+    reason: str
 
 
 def now_ms() -> int:
@@ -65,11 +91,57 @@ def child_result(result: ActionResult) -> ChildResult:
 class Children:
     """The child-side steps; stateless between calls (every input is a durable record)."""
 
-    def __init__(self, nc: NATS, writer: RuntimeStoreWriter, seed: bytes) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        writer: RuntimeStoreWriter,
+        seed: bytes,
+        *,
+        trusted_worker_keys: TrustedGatewayKeys | None = None,
+        metrics: GatewayMetrics | None = None,
+    ) -> None:
         self.nc = nc
         self.js = nc.jetstream()
         self.writer = writer
         self.seed = seed
+        #: Whose signed results are the child's; None believes what is on the subject.
+        self.trusted_worker_keys = trusted_worker_keys
+        self.metrics = metrics
+        self._refusals: OrderedDict[tuple[str, int], None] = OrderedDict()
+
+    def believe(
+        self, action_id: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> ActionResult:
+        """Child `action_id`'s result in `data`; `UnverifiedResponse` when trusted worker
+        keys are configured and none of them signed these bytes, or when the result names
+        another Action (a signed answer replayed onto this subject); a decode failure
+        raises `msgspec.DecodeError`."""
+        if self.trusted_worker_keys is None:
+            result = _result_decoder.decode(data)
+        else:
+            result = verify_result(data, headers, self.trusted_worker_keys)
+        if result.action_id != action_id:
+            raise UnverifiedResponse(f"the result on the subject of {action_id} names another")
+        return result
+
+    def _refused(self, action_id: str, seq: int | None, exc: UnverifiedResponse) -> Refused:
+        """Count and log a refused result once per stream message (recovery sweeps and
+        followers read the same message again)."""
+        key = (action_id, seq or 0)
+        if key not in self._refusals:
+            self._refusals[key] = None
+            if len(self._refusals) > MAX_REMEMBERED_REFUSALS:
+                self._refusals.popitem(last=False)
+            if self.metrics is not None:
+                self.metrics.unverified_result()
+            log.warning(
+                "a result for %s is refused: %s (%s)",
+                action_id,
+                exc,
+                ErrorCode.HOST_RESPONSE_SIGNING.value,
+                extra={"action_id": action_id},
+            )
+        return Refused(str(exc))
 
     async def dispatch(self, record: QueueRecord, route: Route) -> QueueRecord:
         """Publish the child (signed, `Nats-Msg-Id` = its id), then record the dispatch."""
@@ -99,9 +171,11 @@ class Children:
         return encode(child)
 
     async def wait_result(
-        self, route: Route, action_id: str, timeout_s: float
-    ) -> ActionResult | None:
-        """The child's one result, or None when none arrived within `timeout_s`.
+        self, route: Route, action_id: str, timeout_s: float, *, until_drained: bool = False
+    ) -> ActionResult | Refused | None:
+        """The child's one (verified) result; when none arrived within `timeout_s`, `Refused`
+        if results that did not verify were seen, else None. `until_drained` stops at the
+        last message already stored instead of waiting for a new one.
 
         An ordered consumer re-creates itself after a NATS reconnect and starts again from
         the first message, so a disconnect while following loses nothing.
@@ -109,6 +183,7 @@ class Children:
         subject = route.results(action_id)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         sub = None
+        refused: Refused | None = None
         try:
             while sub is None:
                 try:
@@ -125,15 +200,20 @@ class Children:
             while True:
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    return refused
                 try:
                     msg = await sub.next_msg(timeout=min(remaining, 5.0))
                 except NatsTimeout:
                     continue
                 try:
-                    return _result_decoder.decode(msg.data)
+                    return self.believe(action_id, msg.data, msg.headers)
+                except UnverifiedResponse as exc:
+                    # Not a trusted worker's: the real result may still follow.
+                    refused = self._refused(action_id, msg.metadata.sequence.stream, exc)
                 except msgspec.DecodeError:
                     log.warning("an undecodable result on %s is ignored", subject)
+                if until_drained and msg.metadata.num_pending == 0:
+                    return refused
         finally:
             if sub is not None:
                 try:
@@ -141,8 +221,9 @@ class Children:
                 except Exception as exc:  # a closed connection: nothing to clean up
                     log.debug("unsubscribe failed: %s", type(exc).__name__)
 
-    async def stored_result(self, route: Route, action_id: str) -> ActionResult | None:
-        """The child's result if it is already on the bus (no waiting)."""
+    async def stored_result(self, route: Route, action_id: str) -> ActionResult | Refused | None:
+        """The child's result if it is already on the bus (no waiting for a new one): the
+        last message, or when that one is refused, the first earlier one that verifies."""
         subject = route.results(action_id)
         try:
             stream = await self.js.find_stream_name_by_subject(subject)
@@ -150,9 +231,13 @@ class Children:
         except NotFoundError:
             return None
         try:
-            return _result_decoder.decode(msg.data or b"")
+            return self.believe(action_id, msg.data or b"", msg.headers)
+        except UnverifiedResponse as exc:
+            refused = self._refused(action_id, msg.seq, exc)
         except msgspec.DecodeError:
             return None
+        found = await self.wait_result(route, action_id, RESCAN_TIMEOUT_S, until_drained=True)
+        return found or refused
 
     async def settle(self, record: QueueRecord, result: ChildResult) -> QueueRecord:
         """Lifecycle result first, then the queue entry terminal (the ordering contract)."""

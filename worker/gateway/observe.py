@@ -55,12 +55,20 @@ class GatewayMetrics:
             ["step"],
             registry=self.registry,
         )
+        self.unverified_results = Counter(
+            f"{PREFIX}_unverified_results_total",
+            "Child results refused because no trusted worker key signed them",
+            registry=self.registry,
+        )
         self.ready = Gauge(
             f"{PREFIX}_ready", "1 when the last /ready check passed", registry=self.registry
         )
 
     def tool_call(self, tool: str, decision: str) -> None:
         self.tool_calls.labels(tool, decision).inc()
+
+    def unverified_result(self) -> None:
+        self.unverified_results.inc()
 
     def recovered(self, step: str) -> None:
         self.recoveries.labels(step).inc()

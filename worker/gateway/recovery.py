@@ -10,7 +10,9 @@ every child and, for each one still `queued` or `running`:
   first dispatch did happen, JetStream's duplicate window and the worker's exactly-once
   drop this one, so a child never runs twice and never gets a second id;
 - past its timeout plus `gateway_settle_grace_ms` without a result -> a cancel request to
-  its executor, then settled `failed` (`deadline_exceeded`, outcome uncertain).
+  its executor, then settled `failed` (`deadline_exceeded`, outcome uncertain), or
+  `connector_host.response_signing` (outcome uncertain) when results were on the bus but
+  none verified against the trusted worker keys.
 
 Two gateways doing this at once write the same records under the same `Nats-Msg-Id`s.
 """
@@ -26,8 +28,9 @@ from nats.js.api import DeliverPolicy
 
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
+from schemas.result import ActionResult
 from worker.errors import ConnectorError
-from worker.gateway.children import Children, child_result, now_ms
+from worker.gateway.children import Children, Refused, child_result, now_ms
 from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import RouteTable
@@ -117,7 +120,7 @@ class Recovery:
         child_id = record.action.id
         result = await self.children.stored_result(route, child_id)
         now = now_ms()
-        if result is not None:
+        if isinstance(result, ActionResult):
             await self.children.settle(record, child_result(result))
             self.metrics.recovered("settled")
             log.info(
@@ -142,11 +145,20 @@ class Recovery:
                 )
             except Exception as exc:  # best effort: the settle below stands either way
                 log.info("cancel of timed-out %s not confirmed: %s", child_id, type(exc).__name__)
-            error = ConnectorError(
-                ErrorCode.DEADLINE_EXCEEDED,
-                "the child produced no result within its timeout",
-                uncertain_outcome=True,
-            ).to_protocol(endpoint_id=route.endpoint_id, read_only=False)
+            if isinstance(result, Refused):
+                failure = ConnectorError(
+                    ErrorCode.HOST_RESPONSE_SIGNING,
+                    "no result of the child verified against the trusted worker keys "
+                    f"within its timeout ({result.reason}); it may have run",
+                    uncertain_outcome=True,
+                )
+            else:
+                failure = ConnectorError(
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    "the child produced no result within its timeout",
+                    uncertain_outcome=True,
+                )
+            error = failure.to_protocol(endpoint_id=route.endpoint_id, read_only=False)
             await self.children.settle(
                 record,
                 ChildResult(
@@ -157,6 +169,6 @@ class Recovery:
                     settled_at_unix_ms=now,
                 ),
             )
-            self.metrics.recovered("timed_out")
+            self.metrics.recovered("timed_out" if result is None else "unverified")
             return True
         return False

@@ -26,6 +26,7 @@ from schemas.delegation import ChildAction
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id, new_action_id
 from schemas.lifecycle import LifecycleState, QueueRecord
+from schemas.result import ActionResult
 from worker import faults
 from worker.errors import ConnectorError
 from worker.gateway.children import Children, child_result, now_ms
@@ -237,7 +238,8 @@ class GatewayService:
     async def follow(self, record: QueueRecord, route: Route, timeout_s: float) -> dict[str, Any]:
         """Wait for the child's result within `timeout_s` and settle both records."""
         result = await self.children.wait_result(route, record.action.id, timeout_s)
-        if result is None:
+        if not isinstance(result, ActionResult):
+            # None yet, or only refused ones: recovery settles it at its deadline.
             view = _view(record)
             view["result"] = None
             return view

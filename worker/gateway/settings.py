@@ -41,6 +41,10 @@ class GatewaySettings(BaseSettings):
     mcp_principals_file: Path
     #: The gateway's nkey seed: signs child envelopes, store records and cancel requests.
     gateway_signing_key_file: Path
+    #: Public keys (`U…`) of the workers whose signed results are a child's result, one per
+    #: line (the consumers' file, worker/trust/responses.py). Unset: results are believed
+    #: unverified (warned at start).
+    trusted_worker_keys_file: Path | None = None
     #: JSON object, capability-id prefix -> subject prefix; merged over the built-in
     #: `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` (null removes an entry).
     capability_routes: str | None = None

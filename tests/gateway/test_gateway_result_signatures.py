@@ -1,0 +1,184 @@
+"""A child's result is what a trusted worker signed, never what anyone published.
+
+The gateway runs with `AIPD_TRUSTED_WORKER_KEYS_FILE`. Real NATS and Redis, a worker
+process serving h1 (it signs its results), and `python -m worker gateway` processes. For the
+forgeries, children go to endpoint h9, whose work queue exists but which no worker serves:
+the test publishes on its results subject what an intruder with publish rights could
+(unsigned, signed by an unknown key, a trusted worker's signed result of another Action) and
+finally what a trusted worker signs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.codec import encode
+from schemas.ids import new_action_id
+from schemas.lifecycle import ChildResult, LifecycleState
+from schemas.result import ActionResult, ResultStatus
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from worker.testing.gateway import call_tool
+from worker.trust.responses import ResponseSigner
+from worker.trust.signing import generate_keypair, sign_envelope
+
+from .conftest import H1_TOKEN, GatewayStack
+from .test_gateway_tools import aip_call, contract, records, wait_terminal
+
+H9_MODELS = "cap:hermes_agent:h9:models"
+REFUSED = "aip_gateway_unverified_results_total"
+
+
+@pytest.fixture
+async def verifying(gstack: GatewayStack) -> GatewayStack:
+    """One gateway that verifies child results against the stack's worker keys, and the
+    unserved endpoint h9."""
+    gs = gstack
+    gs.env["AIPD_TRUSTED_WORKER_KEYS_FILE"] = str(gs.stack.trust.worker_keys_file)
+    await provision(
+        gs.stack.nc.jetstream(), gs.stack.subjects, ["h9"], StreamPolicy(ack_wait_s=3.0)
+    )
+    await gs.start_gateway("g1")
+    return gs
+
+
+def result_for(action_id: str, **output: object) -> bytes:
+    return encode(
+        ActionResult(
+            action_id=action_id,
+            capability=H9_MODELS,
+            endpoint_id="h9",
+            status=ResultStatus.COMPLETED,
+            output=dict(output),
+            settled_by="w-h9",
+            fence=1,
+            settled_at_unix_ms=time.time_ns() // 1_000_000,
+        )
+    )
+
+
+async def publish_result(gs: GatewayStack, action_id: str, payload: bytes, **headers: str) -> None:
+    subject = gs.stack.subjects.results("h9", action_id)
+    await gs.stack.nc.jetstream().publish(subject, payload, headers=headers or None)
+
+
+async def publish_signed(gs: GatewayStack, action_id: str, payload: bytes) -> None:
+    """`payload` on the child's results subject, signed by the trusted worker key."""
+    signer = ResponseSigner.load(gs.stack.trust.worker_seed_file)
+    await publish_result(gs, action_id, payload, **signer.headers(payload))
+
+
+async def h9_child(gs: GatewayStack, timeout_ms: int) -> str:
+    """An async `aip_call` of a child nobody executes; its id."""
+    arguments = contract(capability=H9_MODELS, mode="async", timeout_ms=timeout_ms)
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    assert answer.document["state"] == "running", answer.document
+    return str(arguments["action_id"])
+
+
+async def recorded(gs: GatewayStack, action_id: str, timeout_s: float = 20.0) -> ChildResult:
+    """The result the gateway recorded once the child's queue entry is terminal."""
+    found = await wait_terminal(gs, action_id, timeout_s=timeout_s)
+    assert found.lifecycle is not None
+    assert found.lifecycle.result is not None
+    return found.lifecycle.result
+
+
+async def refused_count(gs: GatewayStack) -> float:
+    async with httpx.AsyncClient(base_url=gs.base_url) as http:
+        text = (await http.get("/metrics")).text
+    for line in text.splitlines():
+        if line.startswith(REFUSED + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"{REFUSED} not exposed")
+
+
+async def result_answer(gs: GatewayStack, action_id: str) -> dict[str, Any]:
+    answer = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": action_id})
+    assert not answer.is_error, answer.document
+    return answer.document
+
+
+async def test_a_workers_signed_result_is_recorded_as_the_childs(verifying: GatewayStack) -> None:
+    answer = await aip_call(verifying, H1_TOKEN, contract())
+    assert not answer.is_error, answer.document
+    assert answer.document["state"] == "completed"
+    assert answer.document["result"]["status"] == "completed"
+    assert await refused_count(verifying) == 0
+
+
+async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
+    verifying: GatewayStack,
+) -> None:
+    gs = verifying
+    child_id = await h9_child(gs, timeout_ms=30_000)
+    forged = result_for(child_id, forged=True)
+    await publish_result(gs, child_id, forged)  # unsigned
+    await publish_result(gs, child_id, forged, **sign_envelope(forged, generate_keypair().seed))
+    # A trusted worker's signature, but on the result of another Action.
+    await publish_signed(gs, child_id, result_for(new_action_id(), forged=True))
+    deadline = time.monotonic() + 10
+    while await refused_count(gs) < 3:
+        assert time.monotonic() < deadline, await refused_count(gs)
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.5)
+    assert (await result_answer(gs, child_id))["result"] is None
+    found = await records(gs, child_id)
+    assert found.queue is not None
+    assert found.queue.state is LifecycleState.RUNNING
+    assert found.lifecycle is None
+
+    await publish_signed(gs, child_id, result_for(child_id, models=["m1"]))
+    assert (await recorded(gs, child_id)).output == {"models": ["m1"]}
+    assert (await result_answer(gs, child_id))["result"]["output"] == {"models": ["m1"]}
+    assert await refused_count(gs) == 3
+
+
+async def test_a_child_with_only_refused_results_fails_with_response_signing(
+    verifying: GatewayStack,
+) -> None:
+    gs = verifying
+    child_id = await h9_child(gs, timeout_ms=1_500)
+    await publish_result(gs, child_id, result_for(child_id, forged=True))
+    # Past the timeout plus the settle grace the sweep settles it, with the signing code.
+    result = await recorded(gs, child_id, timeout_s=15)
+    assert result.status == "failed"
+    assert result.output is None
+    assert result.error is not None
+    assert result.error["code"] == "connector_host.response_signing"
+    assert result.error["uncertain_outcome"] is True
+    assert result.error["retryable"] is False
+
+
+async def test_recovery_finds_the_signed_result_behind_a_later_forgery(
+    verifying: GatewayStack,
+) -> None:
+    gs = verifying
+    child_id = await h9_child(gs, timeout_ms=30_000)
+    gs.gateways[0].kill()  # nobody follows the child now
+    await publish_signed(gs, child_id, result_for(child_id, models=["m1"]))
+    await publish_result(gs, child_id, result_for(child_id, forged=True))  # the last one
+    await gs.start_gateway("g2")
+    assert (await recorded(gs, child_id)).output == {"models": ["m1"]}
+    assert await refused_count(gs) == 1
+
+
+async def test_an_unusable_worker_keys_file_refuses_the_start(gstack: GatewayStack) -> None:
+    keys = gstack.stack.root / "worker-keys-writable.txt"
+    keys.write_text(gstack.stack.trust.worker_keys_file.read_text("utf-8"), encoding="utf-8")
+    keys.chmod(0o666)
+    env = {**os.environ, **gstack.env, "AIPD_TRUSTED_WORKER_KEYS_FILE": str(keys)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "gateway", env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=30)
+    assert proc.returncode == 2, err.decode()
+    assert "trusted worker keys file" in err.decode()
