@@ -147,6 +147,8 @@ def test_the_gateway_environment_is_valid_gateway_settings() -> None:
     assert "/ready" in " ".join(gateway["healthcheck"]["test"])
     # The gateway runs as the NATS user allowed to write the runtime's records.
     assert env["AIPD_NATS_NKEY_SEED_FILE"] == "/run/aip/nats_gateway.nk"
+    # It records a child's result only when a worker key signed it (the workers' file).
+    assert env["AIPD_TRUSTED_WORKER_KEYS_FILE"] == "/etc/aip/worker-keys.txt"
     # The dev token's hash is what the principals file holds (never the token itself).
     from worker.gateway.principals import token_sha256
 

@@ -63,6 +63,7 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
         gateway_env(
             url, principals, trust.seed_file, port,
             AIPD_NATS_NKEY_SEED_FILE=str(_seed(tmp_path, "nats_gateway.nk")),
+            AIPD_TRUSTED_WORKER_KEYS_FILE=str(trust.worker_keys_file),  # as compose does
         ),
         tmp_path,
     )  # fmt: skip

@@ -64,7 +64,14 @@ async def real_to_worker(
     }
     async with contextlib.AsyncExitStack() as exits:
         runtime = await exits.enter_async_context(
-            gateway_runtime(nats_server.url, tmp_path, trust.seed_file, principals)
+            gateway_runtime(
+                nats_server.url,
+                tmp_path,
+                trust.seed_file,
+                principals,
+                # The child's result counts only as signed by a trusted worker (w-h2).
+                trusted_worker_keys_file=trust.worker_keys_file,
+            )
         )
         downstream = await exits.enter_async_context(FakeHermes(api_key=api_key))
         # Hermes lists MCP tools when it starts: the gateway is already serving.

@@ -65,7 +65,13 @@ async def two(
     async with (
         FakeHermes(api_key=api_key) as h1,
         FakeHermes(api_key=api_key) as h2,
-        gateway_runtime(nats_server.url, tmp_path, trust.seed_file, principals) as runtime,
+        gateway_runtime(
+            nats_server.url,
+            tmp_path,
+            trust.seed_file,
+            principals,
+            trusted_worker_keys_file=trust.worker_keys_file,  # children are workers' Actions
+        ) as runtime,
     ):
         fakes = {"h1": h1, "h2": h2}
         client = AipClient(nc, sign_key=trust.seed_file)
