@@ -195,7 +195,14 @@ async def local_deployment(
         port = free_port()
         gateway = gateway_process(
             "gateway",
-            gateway_env(nats_server.url, principals_file, trust.seed_file, port),
+            gateway_env(
+                nats_server.url,
+                principals_file,
+                trust.seed_file,
+                port,
+                # Children are worker Actions: their results count only when signed.
+                AIPD_TRUSTED_WORKER_KEYS_FILE=str(trust.worker_keys_file),
+            ),
             root,
         )
         await asyncio.to_thread(gateway.start, wait_ready_s=WORKER_START_S)
