@@ -114,6 +114,25 @@ async def _lease_owner(deployment: Deployment, action_id: str, timeout_s: float 
     raise AssertionError(f"no worker took {action_id} within {timeout_s:.0f}s")
 
 
+def _uids(deployment: Deployment, service: str) -> set[str]:
+    """The user ids of the service's processes: each container's main process and all it
+    started. (Not Docker's healthcheck probes, which `docker exec` runs beside them.)"""
+    found: set[str] = set()
+    for container in deployment.containers(service):
+        state = deployment.inspect(container)["State"]
+        assert isinstance(state, dict)
+        rows = deployment.docker("top", container, "-eo", "uid,pid,ppid").splitlines()[1:]
+        processes = [row.split() for row in rows]
+        tree = {str(state["Pid"])}
+        grown = True
+        while grown:
+            before = len(tree)
+            tree |= {pid for _, pid, ppid in processes if ppid in tree}
+            grown = len(tree) > before
+        found |= {uid for uid, pid, _ in processes if pid in tree}
+    return found
+
+
 async def test_the_deployment_serves_and_survives_a_killed_worker_and_a_redis_restart(
     deployment: Deployment, gateway: AipClient
 ) -> None:
@@ -126,11 +145,7 @@ async def _serve_lose_a_worker_restart_redis(
 ) -> None:
     workers = deployment.containers("worker")
     # The image runs every worker process as the unprivileged `aip` user (uid 10001).
-    for container in workers:
-        rows = deployment.docker("top", container, "-eo", "uid,pid").splitlines()[1:]
-        uids = [row.split()[0] for row in rows]
-        assert uids, container
-        assert set(uids) == {"10001"}, uids
+    assert _uids(deployment, "worker") == {"10001"}
 
     # 1. A signed Action through the published port: one completed result.
     first = _read(gateway)
