@@ -21,6 +21,7 @@ from typing import Any, Final
 
 import uvicorn
 from mcp.server.fastmcp import Context, FastMCP
+from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -43,6 +44,10 @@ from worker.gateway.settings import (
 log = logging.getLogger(__name__)
 
 MCP_PATH: Final = "/mcp"
+#: The Host and Origin headers the SDK accepts from loopback clients (its own default for a
+#: server on 127.0.0.1).
+LOOPBACK_HOSTS: Final = ("127.0.0.1:*", "localhost:*", "[::1]:*")
+LOOPBACK_ORIGINS: Final = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
 #: Tool -> the protected-resource scope it needs. Exactly these tools exist; `aip_delegate`
 #: never does (first-class delegation belongs to the external orchestrator).
 TOOL_SCOPES: Final = {
@@ -89,7 +94,21 @@ def _error_text(error: ConnectorError) -> str:
     return json.dumps({"error": msgspec.to_builtins(protocol)})
 
 
-def _new_fastmcp() -> FastMCP:
+def _transport_security(allowed_hosts: tuple[str, ...]) -> TransportSecuritySettings:
+    """DNS-rebinding protection: the `Host` headers `/mcp` answers (others get 421).
+
+    What the SDK enables by itself for a loopback server, plus `AIPD_MCP_ALLOWED_HOSTS`: a
+    Hermes on another host calls the gateway by a name of its own (`gateway:8080` in
+    compose), which the SDK's loopback-only default refuses. Browser origins stay loopback.
+    """
+    return TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=[*LOOPBACK_HOSTS, *allowed_hosts],
+        allowed_origins=list(LOOPBACK_ORIGINS),
+    )
+
+
+def _new_fastmcp(allowed_hosts: tuple[str, ...]) -> FastMCP:
     # mcp 1.26's Settings model has a forward-referenced field that pydantic-settings warns
     # about on construction; harmless, and hosts running with `-W error` must still start.
     with warnings.catch_warnings():
@@ -98,7 +117,13 @@ def _new_fastmcp() -> FastMCP:
         )
         # Stateless + JSON responses: every tool call is one self-contained POST, so there is
         # no session state to lose when a gateway dies, and any gateway can answer any call.
-        return FastMCP("aip", log_level="WARNING", stateless_http=True, json_response=True)
+        return FastMCP(
+            "aip",
+            log_level="WARNING",
+            stateless_http=True,
+            json_response=True,
+            transport_security=_transport_security(allowed_hosts),
+        )
 
 
 class GatewayHttp:
@@ -121,7 +146,7 @@ class GatewayHttp:
         self.metrics = metrics
         self.receipts = receipts
         self.ready = ready
-        self.mcp = _new_fastmcp()
+        self.mcp = _new_fastmcp(settings.allowed_hosts)
         self._register_tools()
 
     # --- tools ------------------------------------------------------------------------

@@ -48,6 +48,10 @@ class GatewaySettings(BaseSettings):
     #: JSON object, capability-id prefix -> subject prefix; merged over the built-in
     #: `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` (null removes an entry).
     capability_routes: str | None = None
+    #: `Host` headers `/mcp` answers besides loopback ones (comma-separated; `name:port`, or
+    #: `name:*` for any port): the names Hermes instances on other hosts call the gateway by.
+    #: Any other Host gets 421 (the MCP SDK's DNS-rebinding protection).
+    mcp_allowed_hosts: str = ""
     #: Scopes a token must hold to open an MCP session at all (comma-separated; may be empty).
     mcp_transport_scopes: str = ""
     #: The protected-resource scopes this server supports; a tool whose scope is not listed
@@ -69,10 +73,14 @@ class GatewaySettings(BaseSettings):
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
 
-    @field_validator("mcp_transport_scopes", "mcp_supported_scopes")
+    @field_validator("mcp_transport_scopes", "mcp_supported_scopes", "mcp_allowed_hosts")
     @classmethod
-    def _scopes(cls, value: str) -> str:
+    def _comma_list(cls, value: str) -> str:
         return ",".join(_split(value))
+
+    @property
+    def allowed_hosts(self) -> tuple[str, ...]:
+        return _split(self.mcp_allowed_hosts)
 
     @property
     def transport_scopes(self) -> tuple[str, ...]:
