@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Final
+from typing import Any, Final
 
 import aiohttp
 
@@ -60,8 +60,9 @@ SCENARIO_FILE: Final = "aip-scenario-file.txt"
 MCP_TOOL_INCLUDE: Final = ("aip_call",)
 #: Hermes names the model-facing tools `mcp__<name>__<tool>`: keep names plain.
 _MCP_SERVER_NAME: Final = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
-_MCP_TIMEOUT_S: Final = 30
-_MCP_CONNECT_TIMEOUT_S: Final = 10
+#: Hermes' bounds on one MCP tool call and on connecting to the server (the tests' values).
+MCP_TIMEOUT_S: Final = 30
+MCP_CONNECT_TIMEOUT_S: Final = 10
 
 _INSTALL_TIMEOUT_S: Final = 900.0
 _LOCK_TIMEOUT_S: Final = 1200.0
@@ -184,6 +185,63 @@ def _install(venv: Path) -> None:
             tail = (done.stderr or done.stdout)[-_LOG_TAIL_CHARS:]
             raise HermesUnavailable(f"{step} exited {done.returncode}:\n{tail}")
     _marker(venv).write_text("\n".join(REQUIREMENTS))
+
+
+def hermes_dotenv(api_key: str, host: str, port: int) -> str:
+    """`$HERMES_HOME/.env`: the API server's switch, key and address (the process
+    environment would override it; `RealHermes` scrubs those names from it)."""
+    return (
+        "API_SERVER_ENABLED=true\n"
+        f"API_SERVER_KEY={api_key}\n"
+        f"API_SERVER_HOST={host}\n"
+        f"API_SERVER_PORT={port}\n"
+    )
+
+
+def hermes_config(
+    *,
+    llm_base_url: str,
+    terminal_cwd: str,
+    approval_timeout_s: int = 120,
+    mcp_servers: Mapping[str, tuple[str, str]] | None = None,
+    mcp_tools: Sequence[str] = MCP_TOOL_INCLUDE,
+    mcp_timeout_s: int = MCP_TIMEOUT_S,
+    mcp_connect_timeout_s: int = MCP_CONNECT_TIMEOUT_S,
+) -> dict[str, Any]:
+    """The `config.yaml` document every real Hermes here runs with (as `hermes-0.19.md` says).
+
+    One function, so the compose image's config (compose/hermes/config.yaml, the same
+    document with the compose network's addresses) is checked against it and cannot drift
+    from the configuration the real-Hermes tests prove. `mcp_servers` maps a server name to
+    its (Streamable HTTP URL, bearer token).
+    """
+    document: dict[str, Any] = {
+        "model": {
+            "provider": "custom",
+            "default": MODEL_ID,
+            "base_url": llm_base_url,
+            "api_key": "unused",
+            # At least 64000, and set, so Hermes does not probe the model for it.
+            "context_length": 131072,
+        },
+        # `manual`: the default `smart` first asks the LLM for a verdict.
+        "approvals": {"mode": "manual", "timeout": approval_timeout_s},
+        "terminal": {"backend": "local", "cwd": terminal_cwd},
+        # Otherwise Hermes tries to download a scanner binary.
+        "security": {"tirith_enabled": False},
+    }
+    if mcp_servers:
+        document["mcp_servers"] = {
+            name: {
+                "url": url,
+                "headers": {"Authorization": f"Bearer {token}"},
+                "timeout": mcp_timeout_s,
+                "connect_timeout": mcp_connect_timeout_s,
+                "tools": {"include": list(mcp_tools), "resources": False, "prompts": False},
+            }
+            for name, (url, token) in mcp_servers.items()
+        }
+    return document
 
 
 #: Process groups of gateways still running, for the exit sweep.
@@ -315,51 +373,19 @@ class RealHermes:
         self.scratch.mkdir(parents=True, exist_ok=True)
         (self.scratch / SCENARIO_FILE).touch()
         env_file = self.home / ".env"
-        env_file.write_text(
-            "API_SERVER_ENABLED=true\n"
-            f"API_SERVER_KEY={self.api_key}\n"
-            "API_SERVER_HOST=127.0.0.1\n"
-            f"API_SERVER_PORT={self.port}\n"
-        )
+        env_file.write_text(hermes_dotenv(self.api_key, "127.0.0.1", self.port))
         env_file.chmod(0o600)
         config = self.home / "config.yaml"
-        config.write_text(
-            "model:\n"
-            "  provider: custom\n"
-            f"  default: {MODEL_ID}\n"
-            f"  base_url: {self.llm.base_url}\n"
-            "  api_key: unused\n"
-            "  context_length: 131072\n"
-            "approvals:\n"
-            "  mode: manual\n"
-            f"  timeout: {self._approval_timeout_s}\n"
-            "terminal:\n"
-            "  backend: local\n"
-            f"  cwd: {self.scratch}\n"
-            "security:\n"
-            "  tirith_enabled: false\n" + self._mcp_config()
+        document = hermes_config(
+            llm_base_url=self.llm.base_url,
+            terminal_cwd=str(self.scratch),
+            approval_timeout_s=self._approval_timeout_s,
+            mcp_servers=self._mcp_servers,
+            mcp_tools=self._mcp_tools,
         )
+        # JSON is YAML: Hermes' yaml loader reads exactly this document.
+        config.write_text(json.dumps(document, indent=2) + "\n")
         config.chmod(0o600)  # it may hold MCP bearer tokens
-
-    def _mcp_config(self) -> str:
-        """The `mcp_servers` section; strings are JSON-quoted, which YAML reads as they are."""
-        if not self._mcp_servers:
-            return ""
-        lines = ["mcp_servers:"]
-        for name, (url, token) in self._mcp_servers.items():
-            lines += [
-                f"  {name}:",
-                f"    url: {json.dumps(url)}",
-                "    headers:",
-                f"      Authorization: {json.dumps('Bearer ' + token)}",
-                f"    timeout: {_MCP_TIMEOUT_S}",
-                f"    connect_timeout: {_MCP_CONNECT_TIMEOUT_S}",
-                "    tools:",
-                f"      include: {json.dumps(list(self._mcp_tools))}",
-                "      resources: false",
-                "      prompts: false",
-            ]
-        return "\n".join(lines) + "\n"
 
     def _environment(self) -> dict[str, str]:
         env = {
