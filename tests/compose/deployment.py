@@ -1,8 +1,10 @@
 """The compose deployment, driven from a test: up, wait until healthy, kill, restart, down.
 
-Each test run is its own compose project (`-p aip-hermes-test-<random>`) with the NATS and fake
-Hermes ports published on free loopback ports, so it never collides with a deployment a
-developer runs, and `down` removes exactly what it created (containers, network, volumes).
+Each test run is its own compose project (`-p aip-hermes-test-<random>`) with the NATS, gateway,
+Hermes and fake Hermes ports published on free loopback ports, so it never collides with a
+deployment a developer runs, and `down` removes exactly what it created (containers, network,
+volumes). The `dev` profile is on (the fake LLM of the real Hermes, and the fake Hermes), and
+the workers serve endpoint hermes-1 with the fake Hermes, whose faults the test injects.
 `docker compose` (v2) is used when the client has it, else `docker-compose` 1.29.
 """
 
@@ -47,11 +49,13 @@ def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
 
 @dataclass
 class Deployment:
-    """One compose project of the deployment, with the `dev` profile (the fake Hermes)."""
+    """One compose project of the deployment, with the `dev` profile (the fakes)."""
 
     compose: list[str]
     nats_port: int
+    gateway_port: int
     hermes_port: int
+    fake_hermes_port: int
     project: str = field(default_factory=lambda: f"aip-hermes-test-{secrets.token_hex(4)}")
 
     @property
@@ -59,14 +63,28 @@ class Deployment:
         return f"nats://127.0.0.1:{self.nats_port}"
 
     @property
+    def mcp_url(self) -> str:
+        """The gateway's MCP endpoint, published on loopback."""
+        return f"http://127.0.0.1:{self.gateway_port}/mcp"
+
+    @property
     def hermes_url(self) -> str:
+        """The real Hermes (the `hermes` service)."""
         return f"http://127.0.0.1:{self.hermes_port}"
+
+    @property
+    def fake_hermes_url(self) -> str:
+        return f"http://127.0.0.1:{self.fake_hermes_port}"
 
     def _env(self) -> dict[str, str]:
         return {
             **os.environ,
             "AIP_NATS_PORT": str(self.nats_port),
+            "AIP_GATEWAY_PORT": str(self.gateway_port),
             "AIP_HERMES_PORT": str(self.hermes_port),
+            "AIP_FAKE_HERMES_PORT": str(self.fake_hermes_port),
+            # The workers' hermes-1 is the fake Hermes: only it can be told to be slow.
+            "AIP_HERMES_1_URL": "http://fake-hermes:8642",
         }
 
     def run(self, *args: str, timeout_s: float = 180.0, check: bool = True) -> str:
@@ -92,10 +110,14 @@ class Deployment:
             )
         return done.stdout
 
-    def up(self) -> None:
-        """Build the worker image (a failure shows the build log's tail) and start it all."""
+    def up(self) -> float:
+        """Build the images (a failure shows the build log's tail) and start it all; the
+        seconds the build took (the Hermes image's pip install dominates a cold one)."""
+        started = time.monotonic()
         self.run("build", timeout_s=900)
+        built = time.monotonic() - started
         self.run("up", "-d", timeout_s=300)
+        return built
 
     def containers(self, service: str) -> list[str]:
         """Full ids of the service's containers (running or not)."""

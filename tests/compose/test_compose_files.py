@@ -99,14 +99,17 @@ def test_every_file_the_deployment_names_exists() -> None:
     for name, service in doc["services"].items():
         for source, _ in _bind_mounts(service):
             assert (COMPOSE / source).is_file(), f"{name}: mounts missing {source}"
-    build = doc["x-worker-image"]["build"]
-    context = (COMPOSE / build["context"]).resolve()
-    assert context == ROOT
-    dockerfile = context / build["dockerfile"]
-    for line in dockerfile.read_text(encoding="utf-8").splitlines():
-        if line.startswith("COPY ") and "--from=" not in line:
-            for source in line.split()[1:-1]:
-                assert (context / source).exists(), f"Dockerfile copies missing {source}"
+    assert (COMPOSE / doc["x-worker-image"]["build"]["context"]).resolve() == ROOT
+    builds = {(s["build"]["context"], s["build"].get("dockerfile", "Dockerfile"))
+              for s in doc["services"].values() if "build" in s}  # fmt: skip
+    assert len(builds) == 2  # the worker image and the Hermes image
+    for context_dir, dockerfile_name in builds:
+        context = (COMPOSE / context_dir).resolve()
+        dockerfile = context / dockerfile_name
+        for line in dockerfile.read_text(encoding="utf-8").splitlines():
+            if line.startswith("COPY ") and "--from=" not in line:
+                for source in line.split()[1:-1]:
+                    assert (context / source).exists(), f"{dockerfile} copies missing {source}"
 
 
 def test_services_use_only_declared_secrets_and_volumes_and_mount_files_read_only() -> None:
@@ -126,6 +129,11 @@ def test_services_use_only_declared_secrets_and_volumes_and_mount_files_read_onl
             assert needed in doc["services"], f"{name} depends on unknown {needed}"
 
 
+def _interpolated(value: str) -> str:
+    """`value` as compose renders it when no variable is set: `${NAME:-default}` -> default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value)
+
+
 def test_every_environment_name_is_a_settings_field() -> None:
     env = _compose()["x-worker-env"]
     fields = set(Settings.model_fields)
@@ -133,7 +141,9 @@ def test_every_environment_name_is_a_settings_field() -> None:
     assert not unknown
     assert all(key.startswith("AIPD_") for key in env)
     # The values are valid together, as a worker would read them at startup.
-    Settings(**{key.removeprefix("AIPD_").lower(): value for key, value in env.items()})
+    values = {key.removeprefix("AIPD_").lower(): _interpolated(v) for key, v in env.items()}
+    assert "${" not in "".join(values.values())
+    Settings(**values)
 
 
 def test_the_gateway_environment_is_valid_gateway_settings() -> None:
@@ -167,9 +177,11 @@ def test_every_file_path_in_the_environment_is_mounted_where_it_is_used() -> Non
         for key, value in env.items():
             if not key.endswith("_FILE"):
                 continue
-            if value.startswith("/run/aip/"):
-                # The entrypoint copies /run/secrets/<name> to /run/aip/<name>.
-                assert value.removeprefix("/run/aip/") in secrets or name == "provision", (
+            if value.startswith(("/run/aip/", "/run/secrets/")):
+                # The worker image's entrypoint copies /run/secrets/<name> to /run/aip/<name>;
+                # the Hermes image's reads /run/secrets/<name> itself.
+                secret = value.removeprefix("/run/aip/").removeprefix("/run/secrets/")
+                assert secret in secrets or name == "provision", (
                     f"{name}: {key} points at a secret the service does not mount"
                 )
             else:

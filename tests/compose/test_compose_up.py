@@ -3,10 +3,14 @@ tear down.
 
 This is the one test that runs the shipped files exactly as a user would (`compose/`, the
 worker image from this checkout, NATS with its nkey users, Redis with AOF and its ACL users,
-three workers, the fake Hermes of the `dev` profile, provisioning). It publishes signed
-Actions as the gateway through the published NATS port and reads their results, kills the
-worker container holding a slow Action and sees another worker finish it, restarts the Redis
-container mid-run and finds every stored result still there, and leaves nothing behind.
+three workers, the gateway, the real Hermes 0.19 image with its mounted config, provisioning,
+and the `dev` profile's fake LLM and fake Hermes). It publishes signed Actions as the gateway
+through the published NATS port and reads their results, kills the worker container holding
+a slow Action and sees another worker finish it, restarts the Redis container mid-run and
+finds every stored result still there, and leaves nothing behind.
+
+The workers' hermes-1 is the fake Hermes (`AIP_HERMES_1_URL`): a slow Action that another
+worker can safely finish must be a read, and only the fake can be told to answer one slowly.
 It needs a Docker engine (see `require_engine` for when it skips or fails).
 """
 
@@ -50,16 +54,26 @@ def deployment() -> Iterator[Deployment]:
     compose = compose_command()
     if compose is None:
         service_unavailable("neither `docker compose` nor `docker-compose` is installed")
-    nats_port, hermes_port = free_ports(2)
-    deployment = Deployment(compose, nats_port=nats_port, hermes_port=hermes_port)
+    nats_port, gateway_port, hermes_port, fake_hermes_port = free_ports(4)
+    deployment = Deployment(
+        compose, nats_port=nats_port, gateway_port=gateway_port, hermes_port=hermes_port,
+        fake_hermes_port=fake_hermes_port,
+    )  # fmt: skip
     started = time.monotonic()
     try:
-        deployment.up()
+        built_s = deployment.up()
         deployment.wait_healthy("worker", WORKERS)
-        print(f"compose: built and healthy in {time.monotonic() - started:.0f}s")
+        # The real Hermes starts once the gateway is healthy (it lists MCP tools at start).
+        deployment.wait_healthy("hermes", 1)
+        print(
+            f"compose: images built in {built_s:.0f}s,"
+            f" deployment healthy {time.monotonic() - started - built_s:.0f}s later"
+        )
         yield deployment
     finally:
+        stopping = time.monotonic()
         deployment.down()
+        print(f"compose: down in {time.monotonic() - stopping:.0f}s")
         leftovers = deployment.leftovers()
         assert not leftovers, f"compose down left {leftovers}"
 
@@ -136,7 +150,7 @@ def _uids(deployment: Deployment, service: str) -> set[str]:
 async def test_the_deployment_serves_and_survives_a_killed_worker_and_a_redis_restart(
     deployment: Deployment, gateway: AipClient
 ) -> None:
-    async with FakeHermesControl(deployment.hermes_url) as control:
+    async with FakeHermesControl(deployment.fake_hermes_url) as control:
         await _serve_lose_a_worker_restart_redis(deployment, gateway, control)
 
 
@@ -144,8 +158,11 @@ async def _serve_lose_a_worker_restart_redis(
     deployment: Deployment, gateway: AipClient, control: FakeHermesControl
 ) -> None:
     workers = deployment.containers("worker")
-    # The image runs every worker process as the unprivileged `aip` user (uid 10001).
+    # The images run every worker process as the unprivileged `aip` user (uid 10001), and
+    # Hermes as `hermes` (uid 10002).
     assert _uids(deployment, "worker") == {"10001"}
+    assert _uids(deployment, "gateway") == {"10001"}
+    assert _uids(deployment, "hermes") == {"10002"}
 
     # 1. A signed Action through the published port: one completed result.
     first = _read(gateway)
