@@ -119,6 +119,10 @@ class Deployment:
         self.run("up", "-d", timeout_s=300)
         return built
 
+    def logs(self, service: str, lines: int = 40) -> str:
+        """The tail of a service's logs, for a failure message."""
+        return _tail(self.run("logs", "--no-color", "--tail", str(lines), service, check=False))
+
     def containers(self, service: str) -> list[str]:
         """Full ids of the service's containers (running or not)."""
         return self.run("ps", "-q", service).split()

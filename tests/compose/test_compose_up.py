@@ -4,10 +4,12 @@ tear down.
 This is the one test that runs the shipped files exactly as a user would (`compose/`, the
 worker image from this checkout, NATS with its nkey users, Redis with AOF and its ACL users,
 three workers, the gateway, the real Hermes 0.19 image with its mounted config, provisioning,
-and the `dev` profile's fake LLM and fake Hermes). It publishes signed Actions as the gateway
-through the published NATS port and reads their results, kills the worker container holding
-a slow Action and sees another worker finish it, restarts the Redis container mid-run and
-finds every stored result still there, and leaves nothing behind.
+and the `dev` profile's fake LLM and fake Hermes). It publishes signed Actions through the
+published NATS port and reads their results; calls `aip_call` on the gateway service as the
+hermes-1 principal and gets the child a worker ran; has the real Hermes discover and call a
+capability through the gateway with the token of its secret file; kills the worker container
+holding a slow Action and sees another worker finish it; restarts the Redis container mid-run
+and finds every stored result still there; and leaves nothing behind.
 
 The workers' hermes-1 is the fake Hermes (`AIP_HERMES_1_URL`): a slow Action that another
 worker can safely finish must be a read, and only the fake can be told to answer one slowly.
@@ -17,9 +19,12 @@ It needs a Docker engine (see `require_engine` for when it skips or fails).
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
+import httpx
 import msgspec
 import nats
 import pytest
@@ -33,7 +38,9 @@ from worker.client import AipClient
 from worker.store.keys import ActionKeys
 from worker.testing._procs import free_ports
 from worker.testing.fake_hermes import FakeHermesControl, RouteDelay
+from worker.testing.gateway import call_tool
 from worker.testing.pytest_plugin import require_engine, service_unavailable
+from worker.testing.scenario import AIP_DISCOVER_CALL
 
 ENDPOINT = "hermes-1"
 #: The route the slow Actions call. Not `GET /v1/models`: every worker's readiness probe
@@ -44,6 +51,10 @@ PRINCIPAL = "user:demo"
 REVISION = 3
 ISSUER = "https://idp.example.test"
 WORKERS = 3
+#: The capability the gateway calls dispatch: a read of hermes-1 that the workers' readiness
+#: probes never send, so the fake Hermes' count of it is the children's alone.
+CHILD = f"cap:hermes_agent:{ENDPOINT}:skills"
+RUN_TIMEOUT_S = 120.0
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.containers]
 
@@ -147,6 +158,31 @@ def _uids(deployment: Deployment, service: str) -> set[str]:
     return found
 
 
+async def _child_reads(control: FakeHermesControl) -> int:
+    return (await control.stats()).count(SKILLS)
+
+
+async def _run_on_real_hermes(deployment: Deployment, text: str) -> dict[str, Any]:
+    """Start a run on the `hermes` service with the compose key; its terminal status."""
+    key = (COMPOSE / "secrets" / "hermes_api_key").read_text().strip()
+    headers = {"Authorization": f"Bearer {key}"}
+    async with httpx.AsyncClient(
+        base_url=deployment.hermes_url, headers=headers, timeout=30.0
+    ) as http:
+        started = await http.post("/v1/runs", json={"input": text})
+        assert started.status_code == 202, started.text
+        run_id = started.json()["run_id"]
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while True:
+            status: dict[str, Any] = (await http.get(f"/v1/runs/{run_id}")).json()
+            if status.get("status") in ("completed", "failed", "cancelled"):
+                return status
+            if time.monotonic() > deadline:
+                await http.post(f"/v1/runs/{run_id}/stop")
+                raise AssertionError(f"run {run_id} not over in {RUN_TIMEOUT_S:.0f}s: {status}")
+            await asyncio.sleep(0.2)
+
+
 async def test_the_deployment_serves_and_survives_a_killed_worker_and_a_redis_restart(
     deployment: Deployment, gateway: AipClient
 ) -> None:
@@ -169,7 +205,37 @@ async def _serve_lose_a_worker_restart_redis(
     result = await (await gateway.publish(first)).result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
 
-    # 2. The worker holding a slow Action is killed; another one finishes it, once.
+    # 2. The gateway service: `aip_call` as the hermes-1 principal runs the child on a
+    # worker, once, and answers with its native result.
+    token = (COMPOSE / "secrets" / "mcp_token_hermes-1").read_text().strip()
+    reads = await _child_reads(control)
+    arguments = {"capability": CHILD, "input": {}, "mode": "sync", "timeout_ms": 60_000}
+    answer = await call_tool(deployment.mcp_url, token, "aip_call", {"arguments": arguments})
+    assert not answer.is_error, answer.document
+    assert answer.document["state"] == "completed", answer.document
+    assert answer.document["result"]["status"] == "completed", answer.document
+    child = await gateway.handle(ENDPOINT, answer.document["action_id"]).result(timeout_s=10)
+    assert child.status is ResultStatus.COMPLETED
+    assert any(child.settled_by.startswith(deployment.hostname(c)) for c in workers)
+    assert await _child_reads(control) == reads + 1
+
+    # 3. The real Hermes: its model (the fake LLM) lists the AIP capabilities and calls one
+    # through the gateway, authenticated by the token its entrypoint rendered from the secret.
+    started = time.monotonic()
+    run = await _run_on_real_hermes(deployment, f"{AIP_DISCOVER_CALL}{CHILD} please")
+    print(f"compose: the real Hermes' run via the gateway took {time.monotonic() - started:.1f}s")
+    assert run["status"] == "completed", run
+    called = f"I called {CHILD} through aip_call"
+    assert called in run["output"], f"{run['output']}\nhermes log:\n{deployment.logs('hermes')}"
+    found = re.search(r"act_[0-9a-f]{32}", run["output"])
+    assert found is not None, run["output"]
+    # The child is the hermes-1 principal's: only its owner may read its result.
+    owned = await call_tool(deployment.mcp_url, token, "aip_action_result", {"action_id": found[0]})
+    assert not owned.is_error, owned.document
+    assert owned.document["result"]["status"] == "completed", owned.document
+    assert await _child_reads(control) == reads + 2
+
+    # 4. The worker holding a slow Action is killed; another one finishes it, once.
     await control.add_faults(RouteDelay(route=SKILLS, delay_s=120, times=1))
     slow = _read(gateway, "skills")
     handle = await gateway.publish(slow)
@@ -184,7 +250,7 @@ async def _serve_lose_a_worker_restart_redis(
     assert isinstance(state, dict)
     assert state["Running"] is False
 
-    # 3. Redis restarts while an Action runs: it completes, and nothing stored is lost.
+    # 5. Redis restarts while an Action runs: it completes, and nothing stored is lost.
     await control.add_faults(RouteDelay(route=SKILLS, delay_s=8, times=1))
     during = _read(gateway, "skills")
     handle = await gateway.publish(during)
