@@ -17,9 +17,9 @@ from schemas.chunk import (
     ToolChunk,
     make_chunk,
 )
-from schemas.codec import EnvelopeRejected, decode_action, encode
+from schemas.codec import decode_action, encode
 from schemas.delegation import DelegationRequest
-from schemas.errors import CODE_RULES, ErrorCategory, ErrorCode, ProtocolError
+from schemas.errors import CODE_RULES, EnvelopeRejected, ErrorCategory, ErrorCode, ProtocolError
 from schemas.ids import capability_id, new_action_id
 from schemas.manifest import CapabilityEntry, CapabilityManifest, Risk
 from schemas.operator import (

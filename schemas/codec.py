@@ -17,28 +17,18 @@ import msgspec
 from schemas.action import Action
 from schemas.cancel import CancelRequest
 from schemas.delegation import DelegationRequest
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.operator import OperatorInput
 
 T = TypeVar("T")
 
 DEFAULT_MAX_ENVELOPE_BYTES = 1_048_576
-_MAX_REASON = 300
 
 _encoder = msgspec.json.Encoder()
 _untyped_decoder = msgspec.json.Decoder()
 _action_decoder = msgspec.json.Decoder(Action)
 _cancel_decoder = msgspec.json.Decoder(CancelRequest)
 _delegation_decoder = msgspec.json.Decoder(DelegationRequest)
-
-
-class EnvelopeRejected(Exception):
-    """An envelope that cannot be accepted; `code` is the host code for the DLQ."""
-
-    def __init__(self, code: ErrorCode, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
-        self.reason = reason[:_MAX_REASON]
 
 
 def encode(value: Any) -> bytes:
@@ -65,19 +55,18 @@ def _decode(decoder: msgspec.json.Decoder[T], data: bytes, max_bytes: int) -> T:
     return decoded
 
 
-class _DuplicateKey(ValueError):
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
 def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """The `object_pairs_hook` of the strict parse: refuses the first repeated key (the
+    refusal passes through `json.loads` untouched: it is no ValueError)."""
     obj = dict(pairs)
     if len(obj) != len(pairs):
         seen: set[str] = set()
         for key, _ in pairs:
             if key in seen:
-                raise _DuplicateKey(key)
+                raise EnvelopeRejected(
+                    ErrorCode.ENVELOPE_DECODE_INVALID,
+                    f"duplicate key {key[:64]!r} in a JSON object",
+                )
             seen.add(key)
     return obj
 
@@ -94,10 +83,6 @@ def _refuse_duplicate_keys(data: bytes) -> None:
         return
     try:
         json.loads(data, object_pairs_hook=_unique_pairs)
-    except _DuplicateKey as exc:
-        raise EnvelopeRejected(
-            ErrorCode.ENVELOPE_DECODE_INVALID, f"duplicate key {exc.key[:64]!r} in a JSON object"
-        ) from None
     except ValueError as exc:  # msgspec accepted what the stdlib parser does not
         raise EnvelopeRejected(
             ErrorCode.ENVELOPE_DECODE_INVALID, f"ambiguous JSON: {type(exc).__name__}"

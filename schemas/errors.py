@@ -1,8 +1,18 @@
-"""ProtocolError and the table of every error code a worker may emit.
+"""ProtocolError, the table of every error code a worker may emit, and the wire layer's two
+exceptions.
 
 Codes, categories and retry/uncertainty rules come from the connector's troubleshooting
 runbook (`connector.hermes_agent.*`) plus the envelope and host codes it names. The table is
 data so that the wire schema, the docs and the runtime read the same facts.
+
+Every other exception is in `worker/errors.py`; these two are here because `schemas/` and
+`subjects/` sit below `worker/` and import nothing from it:
+
+    Exception
+      EnvelopeRejected     an envelope the workers dead-letter (`code` names why): not
+                           retryable, not uncertain; nothing of it ran
+    ValueError
+      InvalidEndpointId    an endpoint id outside the subject grammar: refused at start-up
 """
 
 from __future__ import annotations
@@ -177,3 +187,19 @@ class ProtocolError(WireStruct, kw_only=True, frozen=True):
     endpoint_id: str | None = None
     #: The HTTP status Hermes answered with, when one was received.
     remote_status: int | None = None
+
+
+_MAX_REASON = 300
+
+
+class EnvelopeRejected(Exception):
+    """An envelope that cannot be accepted; `code` is the host code for the DLQ."""
+
+    def __init__(self, code: ErrorCode, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason[:_MAX_REASON]
+
+
+class InvalidEndpointId(ValueError):
+    """An endpoint id that cannot be normalized into the subject grammar."""

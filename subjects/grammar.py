@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from schemas.errors import InvalidEndpointId
 from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id, is_dlq_id
 
 DEFAULT_PREFIX = "aip"
@@ -13,10 +14,6 @@ _ENDPOINT_RE = re.compile(ENDPOINT_ID_PATTERN)
 _PREFIX_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,31}\Z")
 _FOLD_RE = re.compile(r"[^a-z0-9_-]+")
 _SESSION_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
-
-
-class InvalidEndpointId(ValueError):
-    """An endpoint id that cannot be normalized into the subject grammar."""
 
 
 def normalize_endpoint_id(raw: str) -> str:

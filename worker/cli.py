@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from schemas.codec import EnvelopeRejected
-from worker.cli_settings import SettingsError, add_settings_flags, settings_from
+from schemas.errors import EnvelopeRejected
+from worker.cli_settings import add_settings_flags, settings_from
+from worker.errors import ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
 from worker.settings import Settings
 
@@ -28,10 +29,6 @@ if TYPE_CHECKING:
     from worker.client import AipClient
 
 Command = Callable[[argparse.Namespace], Awaitable[int]]
-
-
-class Unreachable(Exception):
-    """A service did not answer; the message names the URL and the setting."""
 
 
 def _json_input(text: str) -> dict[str, Any]:
@@ -68,12 +65,12 @@ async def _connect_nats(settings: Settings) -> Any:
             **credentials,
         )
     except (NoServersError, OSError) as exc:
-        raise Unreachable(
+        raise ServiceUnreachable(
             f"cannot reach NATS at {servers} ({type(exc).__name__}); "
             "set --nats-url or AIPD_NATS_URL"
         ) from None
     except NatsError as exc:
-        raise Unreachable(
+        raise ServiceUnreachable(
             f"NATS at {servers} refused the connection ({str(exc).strip()}); "
             "check the AIPD_NATS_* credential settings"
         ) from None
@@ -104,7 +101,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     try:
         await worker.run_until_signalled()
     except OSError as exc:
-        raise Unreachable(
+        raise ServiceUnreachable(
             f"a service is unreachable ({exc}); check AIPD_NATS_URL / AIPD_REDIS_URL"
         ) from None
     return 0
@@ -114,8 +111,8 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
     """The AIP gateway: MCP server for Hermes, writer of the runtime's stores (docs/gateway.md)."""
     from pydantic import ValidationError as SettingsInvalid
 
+    from worker.errors import RouteConfigError
     from worker.gateway import Gateway, GatewaySettings
-    from worker.gateway.routes import RouteConfigError
 
     try:
         settings = GatewaySettings()  # type: ignore[call-arg]  # from AIPD_* variables
@@ -133,7 +130,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
     except RouteConfigError as exc:
         raise SettingsError(str(exc)) from None
     except OSError as exc:
-        raise Unreachable(f"a service is unreachable ({exc}); check AIPD_NATS_URL") from None
+        raise ServiceUnreachable(f"a service is unreachable ({exc}); check AIPD_NATS_URL") from None
     return 0
 
 
@@ -239,7 +236,7 @@ def _unverified(exc: Exception) -> int:
 async def _follow(
     client: Any, endpoint: str, action_id: str, from_seq: int, timeout_s: float
 ) -> int:
-    from worker.trust.responses import UnverifiedResponse
+    from worker.errors import UnverifiedResponse
 
     handle = client.handle(endpoint, action_id)
     try:
@@ -274,7 +271,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 
 async def cmd_result(args: argparse.Namespace) -> int:
     from worker.client import AipClient
-    from worker.trust.responses import UnverifiedResponse
+    from worker.errors import UnverifiedResponse
 
     nc = await _connect_nats(_bus_settings(args))
     client = AipClient(nc, prefix=args.prefix, trusted_worker_keys=_trusted_worker_keys(args))
@@ -535,7 +532,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:  # TrustConfigError, SecretFileError, endpoint errors
         print(f"configuration error: {exc}", file=sys.stderr)
         return 2
-    except Unreachable as exc:
+    except ServiceUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
     except EnvelopeRejected as exc:

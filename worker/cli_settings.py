@@ -11,6 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from worker.errors import SettingsError
 from worker.settings import Settings
 
 NO_FLAG = frozenset({"hermes_api_key"})
@@ -50,7 +51,3 @@ def settings_from(args: argparse.Namespace, **defaults: Any) -> Settings:
             for err in exc.errors()
         )
         raise SettingsError(problems) from None
-
-
-class SettingsError(Exception):
-    """A configuration value was refused; the message names the field(s)."""

@@ -19,7 +19,8 @@ Given the trusted worker keys (`trusted_worker_keys`, the file consumers point
 the results subject published it) and waits for the real one; `chunks()` checks each
 chunk's link to the one before it and, at the terminal chunk, that the signed result ends
 the chain. A failed check raises `UnverifiedResponse` (`connector_host.response_signing`):
-read the Action's durable state instead. Without keys nothing is verified.
+read the Action's durable state instead. Without keys nothing is verified. Both exceptions
+the client raises (`UnverifiedResponse`, `CannotSign`) can be imported from this module.
 """
 
 from __future__ import annotations
@@ -55,7 +56,9 @@ from schemas.errors import ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
-from worker.trust.responses import ChunkChain, UnverifiedResponse, verify_result
+from worker.errors import CannotSign as CannotSign
+from worker.errors import UnverifiedResponse as UnverifiedResponse
+from worker.trust.responses import ChunkChain, verify_result
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
@@ -71,13 +74,6 @@ def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
     from worker.trust.signing import sign_envelope  # the gateway's signing helper
 
     return sign_envelope(payload, sign_key.read_bytes().strip())
-
-
-class CannotSign(UnverifiedResponse):
-    """An unsigned `connector_host.response_signing` result: the worker had no signing key.
-
-    The spec's answer: an integrity failure; read the Action's state through the gateway.
-    """
 
 
 class ActionHandle:

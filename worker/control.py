@@ -24,8 +24,8 @@ from nats.micro.service import Service
 
 from schemas.audit import ReceiptEvent
 from schemas.cancel import CancelReply
-from schemas.codec import EnvelopeRejected, decode_cancel, encode
-from schemas.errors import ErrorCode
+from schemas.codec import decode_cancel, encode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.manifest import CapabilityManifest
 from worker import __version__
 from worker.delivery import Runtime

@@ -29,8 +29,8 @@ from nats.js.errors import NotFoundError
 from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from schemas.codec import EnvelopeRejected, convert_input, decode_action, encode
-from schemas.errors import ErrorCode, ProtocolError
+from schemas.codec import convert_input, decode_action, encode
+from schemas.errors import EnvelopeRejected, ErrorCode, ProtocolError
 from schemas.escalation import Escalation
 from schemas.ids import is_action_id, split_capability
 from schemas.result import ActionResult, ResultStatus
@@ -41,7 +41,14 @@ from worker.audit import AuditLog, ReceiptScope, enter_scope
 from worker.channel.egress import deliveries_for
 from worker.channel.rules import EgressTable
 from worker.dead_letters import DeadLetters, Kept
-from worker.errors import ConnectorError, deadline_exceeded, unexpected_failure
+from worker.errors import (
+    ConnectorError,
+    PublishFailed,
+    StoreNotAccepting,
+    StoreUnavailable,
+    deadline_exceeded,
+    unexpected_failure,
+)
 from worker.escalation.build import escalation_for
 from worker.execution import Execution, now_ms
 from worker.hermes.client import HermesClient
@@ -57,11 +64,10 @@ from worker.operations.base import (
     Recovering,
     Registry,
 )
-from worker.publisher import MSG_ID, BusPublisher, PublishFailed
+from worker.publisher import MSG_ID, BusPublisher
 from worker.settings import Endpoint, Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
-from worker.store.reask import StoreNotAccepting, StoreUnavailable
 from worker.trust.responses import cannot_sign, sha256_hex
 
 log = logging.getLogger(__name__)

@@ -1,9 +1,61 @@
-"""The one error hierarchy of the worker, and the one mapping from HTTP/transport outcomes.
+"""Every exception of the worker on one page, and the one mapping from HTTP/transport outcomes.
 
-Inside the worker a failure is a `ConnectorError` carrying its code; when it leaves (in an
-ActionResult, a CancelReply or the DLQ) it becomes a `ProtocolError` whose `retryable` and
-`uncertain_outcome` come from the code's rule and whether the operation was read-only.
+An Action's failure is a `ConnectorError` carrying its `connector.hermes_agent.*` or
+`connector_host.*` code. When it leaves (in an ActionResult, a CancelReply or the DLQ) it
+becomes a `ProtocolError` whose `retryable` and `uncertain_outcome` come from the code's rule
+(`schemas/errors.py`) and whether the operation was read-only. Every other exception here is
+caught in one place and never leaves as itself: it becomes a ConnectorError, a nak (the
+message comes back later), a DLQ entry, a command's exit status, or a qualification verdict.
 Messages name the route template and status, never a provider body or a secret.
+
+Each line says what a caller may do next. R: retryable (the same work, repeated later, can
+succeed); U: uncertain (something may have happened although this was raised).
+
+    Exception
+      ConnectorError            R and U from the code's rule and read-only, unless given
+        IllegalTransition       `error`: a connector bug. Not R, not U
+        PolicyError             `operator_policy`: not R, not U; at start-up, no start
+      StoreUnavailable          Redis gave no answer in the budget: R (nak). U: a script may
+                                have run; the repeat with the same owner answers what it did
+        StoreNotAccepting       no new lease asked for (gate closed, maxmemory): R, not U
+      SlotMoved                 a confirmed write's slot moved before its WAIT: R (repeated
+                                at once), U until the repeat answers
+      PublishFailed             JetStream did not confirm: R (nak). U: it may have landed;
+                                the repeat's `Nats-Msg-Id` is dropped by the duplicate window
+        StreamFull              the DLQ refuses new entries: not R, not U; counted, not kept
+      RuntimeRecordsUnreadable  the runtime's records could not be read: R (next poll), not U
+      SSEError                  the SSE decoder stopped; becomes a ConnectorError:
+        SSEDecodeError            `transport` (R if read-only, U if unsafe)
+        SSELimitReached           `stream_truncated` (not R, U if unsafe)
+        SSEIdle                   `stream_incomplete` (not R, U if unsafe)
+      EventStreamUnavailable    a run's event stream did not open: the operator polls instead
+      NotAuthorized             no membership covers it: a refusal or an authorization
+                                conflict (not R, not U)
+      ApprovalRefused           `approve` wrote nothing: not R as asked, not U; exit 1
+      ResolutionRefused         an escalation cannot be resolved so: not R, not U; exit 1
+      UnverifiedResponse        `response_signing` (consumer side): not R, not U; read the
+                                durable state instead; CLI exit 4
+        CannotSign              the worker had no signing key (same facts)
+      SettingsError             a setting refused at start-up: exit 2, nothing started
+      ServiceUnreachable        NATS or Redis did not answer a command: exit 3, R later
+      ChannelMessageRefused     a channel message not published: dead-lettered once, skipped
+      QueueEntryExists          another writer created the child's entry first: read theirs
+      QualifyFailed             a qualification item failed: the verdict, nothing to retry
+      QualifySkipped            a qualification item cannot run here: the verdict
+      QualifyNotConfigured      a setting the item needs is missing: it skips
+    ValueError                  refused at start-up (exit 2), nothing started; not R, not U:
+      TrustConfigError          a trust file
+      SecretFileError           a secret file
+      ChannelConfigError        the channel file
+      RouteConfigError          the gateway's capability routes
+      ResponseSigningConfigError  the worker's signing key
+    RuntimeError
+      McpHttpRefused            an MCP server refused the session before any tool ran: not U
+      FaultRaised               a test's fault point: `connector_host.execution` (U if unsafe)
+
+`schemas/` sits below `worker/` and imports nothing from it, so the two exceptions of the
+wire layer live in `schemas/errors.py` beside the code table: `EnvelopeRejected` (a
+dead-lettered envelope: not R, not U) and `InvalidEndpointId` (a start-up refusal).
 """
 
 from __future__ import annotations
@@ -11,6 +63,8 @@ from __future__ import annotations
 from schemas.errors import CODE_RULES, ErrorCode, ProtocolError
 
 _MAX_MESSAGE = 512
+
+# --- an Action's failure -------------------------------------------------------------------
 
 
 class ConnectorError(Exception):
@@ -52,6 +106,179 @@ class ConnectorError(Exception):
 
     def __repr__(self) -> str:
         return f"ConnectorError({self.code.value}, {self.message!r}, status={self.remote_status})"
+
+
+class IllegalTransition(ConnectorError):
+    """A move the operator's transition table forbids: a connector bug, never a provider answer."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(ErrorCode.ERROR, f"illegal operator transition: {what}")
+
+
+class PolicyError(ConnectorError):
+    """An invalid operator policy: the operator refuses to run (`operator_policy`)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(ErrorCode.OPERATOR_POLICY, message)
+
+
+# --- what an Action depends on: Redis, JetStream, the AIP runtime's records -----------------
+
+
+class StoreUnavailable(Exception):
+    """Redis did not answer within the caller's budget; nothing may be decided from it."""
+
+
+class StoreNotAccepting(StoreUnavailable):
+    """No new lease was asked for: Redis is failing or near maxmemory (`StoreHealth`).
+
+    Certain and retryable: nothing was written, so the delivery is nak'd for another worker.
+    """
+
+
+class SlotMoved(Exception):
+    """A confirmed write's Redis Cluster slot moved between the write and its WAIT; the
+    operator store repeats both."""
+
+
+class PublishFailed(Exception):
+    """JetStream did not confirm a publish within the budget."""
+
+
+class StreamFull(PublishFailed):
+    """The stream is at its byte or message limit (or the server's store is full)."""
+
+
+class RuntimeRecordsUnreadable(Exception):
+    """The AIP runtime's queue or lifecycle record could not be read (NATS reconnecting, a
+    timeout): try again, decide nothing."""
+
+
+# --- Hermes ---------------------------------------------------------------------------------
+
+
+class SSEError(Exception):
+    """Base of the SSE decoder's failures; messages never quote stream content."""
+
+
+class SSEDecodeError(SSEError):
+    """A frame over the size bound, or one that is not UTF-8 or not JSON."""
+
+
+class SSELimitReached(SSEError):
+    """The event-count bound ended consumption before the stream did."""
+
+
+class SSEIdle(SSEError):
+    """The stream kept sending bytes (blank lines, comments) but no event, past a bound."""
+
+
+class EventStreamUnavailable(Exception):
+    """A run's event stream could not be opened (404, other status, transport): poll instead."""
+
+
+# --- trust and the operator's commands ------------------------------------------------------
+
+
+class NotAuthorized(Exception):
+    """The principal holds no live membership covering this tenant and capability."""
+
+
+class ApprovalRefused(Exception):
+    """`approve` could not record the decision; the message tells the operator why."""
+
+
+class ResolutionRefused(Exception):
+    """The escalation cannot be resolved this way; the message says why."""
+
+
+class UnverifiedResponse(Exception):
+    """A result, chunk chain or DLQ entry that does not verify against the trusted worker keys.
+
+    `code` is `connector_host.response_signing`: treat the response as an integrity failure
+    and read the Action's durable state instead.
+    """
+
+    code = ErrorCode.HOST_RESPONSE_SIGNING
+
+
+class CannotSign(UnverifiedResponse):
+    """An unsigned `connector_host.response_signing` result: the worker had no signing key.
+
+    The spec's answer: an integrity failure; read the Action's state through the gateway.
+    """
+
+
+# --- start-up and the command line ----------------------------------------------------------
+
+
+class SettingsError(Exception):
+    """A configuration value was refused; the message names the field(s)."""
+
+
+class ServiceUnreachable(Exception):
+    """A service did not answer a command; the message names the URL and the setting."""
+
+
+class TrustConfigError(ValueError):
+    """A trust file that is missing, unsafe or invalid; the message names file and entry."""
+
+
+class SecretFileError(ValueError):
+    """A secret file that is missing, unsafe, empty or too large (the message names why)."""
+
+
+class ChannelConfigError(ValueError):
+    """The channel file is refused; the message names the file and the rule."""
+
+
+class RouteConfigError(ValueError):
+    """A capability route table that cannot be used; the message names the entry."""
+
+
+class ResponseSigningConfigError(ValueError):
+    """The worker signing key cannot be used: the worker refuses to start."""
+
+
+# --- channels and the gateway ---------------------------------------------------------------
+
+
+class ChannelMessageRefused(Exception):
+    """A session message the channel follower does not publish (dead-lettered, counted)."""
+
+
+class QueueEntryExists(Exception):
+    """The child's queue entry was created by someone else first."""
+
+
+class McpHttpRefused(RuntimeError):
+    """The MCP server refused the session (HTTP status) before any tool ran."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the MCP server answered HTTP {status}")
+        self.status = status
+
+
+# --- tests and qualification ----------------------------------------------------------------
+
+
+class FaultRaised(RuntimeError):
+    """What a fault point's `raise` action raises: an exception no code path expected."""
+
+
+class QualifyFailed(Exception):
+    """The deployment did something the spec does not allow; the message says what."""
+
+
+class QualifySkipped(Exception):
+    """The qualification item cannot run against this deployment; the message says why."""
+
+
+class QualifyNotConfigured(Exception):
+    """A setting this qualification step needs is missing; the item skips with this message."""
+
+
+# --- the mapping from HTTP and transport outcomes -------------------------------------------
 
 
 def protocol_error(

@@ -21,6 +21,8 @@ import signal
 import sys
 import time
 
+from worker.errors import FaultRaised, StoreUnavailable
+
 ENV = "AIPD_FAULT_POINTS"
 
 #: Every point the runtime and the operator pass through, in delivery order.
@@ -62,10 +64,6 @@ _PLAN: dict[str, tuple[str, str | None]] | None = (
 )
 
 
-class FaultRaised(RuntimeError):
-    """What the `raise` action raises: an unexpected exception at a fault point."""
-
-
 def hit(point: str, action_id: str) -> None:
     """Pass through a fault point; acts only when a test enabled this point (and action)."""
     if _PLAN is None:
@@ -85,6 +83,4 @@ def hit(point: str, action_id: str) -> None:
     elif action == "raise":
         raise FaultRaised(f"fault point {point}")
     elif action == "unavailable":
-        from worker.store.reask import StoreUnavailable
-
         raise StoreUnavailable(f"fault point {point}")

@@ -20,12 +20,12 @@ import time
 from schemas.audit import ReceiptEvent
 from worker.audit import AuditLog
 from worker.cancel_notices import CancelNotices
+from worker.errors import StoreUnavailable
 from worker.execution import Execution
 from worker.logs import RepeatedErrors
 from worker.metrics import FenceStep, Metrics
 from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
-from worker.store.reask import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

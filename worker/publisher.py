@@ -30,6 +30,7 @@ from subjects.grammar import (
     escalation_resolution_msg_id,
     result_msg_id,
 )
+from worker.errors import PublishFailed, StreamFull
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
     from worker.trust.responses import ResponseSigner
@@ -47,14 +48,6 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 #: JetStream's answers to a publish that a full stream (`discard: new`) or a full store
 #: refused: repeating the publish cannot succeed until something is removed.
 _FULL_ERR_CODES = frozenset({10077, 10023, 10047})
-
-
-class PublishFailed(Exception):
-    """JetStream did not confirm a publish within the budget."""
-
-
-class StreamFull(PublishFailed):
-    """The stream is at its byte or message limit (or the server's store is full)."""
 
 
 class BusPublisher:

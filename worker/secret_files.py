@@ -11,11 +11,9 @@ import os
 import stat
 from pathlib import Path
 
+from worker.errors import SecretFileError
+
 MAX_SECRET_BYTES = 64 * 1024
-
-
-class SecretFileError(ValueError):
-    """A secret file that is missing, unsafe, empty or too large (the message names why)."""
 
 
 class Secret:

@@ -15,8 +15,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from subjects.grammar import InvalidEndpointId, normalize_endpoint_id
-from worker.secret_files import MAX_SECRET_BYTES, Secret, SecretFileError, read_secret_file
+from schemas.errors import InvalidEndpointId
+from subjects.grammar import normalize_endpoint_id
+from worker.secret_files import MAX_SECRET_BYTES, Secret, read_secret_file
 
 MAX_ENDPOINT_FILE_BYTES = 1_048_576
 MAX_CAPABILITIES_PER_ENDPOINT = 512
@@ -469,6 +470,5 @@ __all__ = [
     "MAX_SECRET_BYTES",
     "Endpoint",
     "EndpointDescriptor",
-    "SecretFileError",
     "Settings",
 ]

@@ -22,11 +22,11 @@ import pytest
 
 from schemas.ids import new_action_id
 from tests.cluster.cluster_stack import POST_RUNS, cluster_stack, run_with_node_loss
+from worker.errors import StoreUnavailable
 from worker.store.connection import WriteConfirmation, open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseStore
 from worker.store.operator_store import OperatorStore, WriteStatus
-from worker.store.reask import StoreUnavailable
 from worker.testing.redis_cluster import RedisCluster
 from worker.testing.services import ServiceHandle
 

@@ -8,8 +8,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from schemas.codec import EnvelopeRejected, decode_delegation, encode
-from schemas.errors import ErrorCode
+from schemas.codec import decode_delegation, encode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.delegation.entry import internal_action
 from worker.delegation.ids import delegation_action_id
 from worker.delegation.payload import (

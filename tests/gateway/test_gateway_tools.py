@@ -20,8 +20,9 @@ from schemas.lifecycle import LifecycleState
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
+from worker.errors import McpHttpRefused
 from worker.testing.fake_hermes.faults import RouteDelay
-from worker.testing.gateway import McpHttpRefused, ToolAnswer, call_tool, list_tools
+from worker.testing.gateway import ToolAnswer, call_tool, list_tools
 from worker.testing.identities import TENANT_A, write_json
 from worker.trust.signing import TrustedGatewayKeys, verify_envelope
 

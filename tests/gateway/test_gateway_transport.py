@@ -7,7 +7,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from worker.testing.gateway import McpHttpRefused, gateway_runtime, list_tools
+from worker.errors import McpHttpRefused
+from worker.testing.gateway import gateway_runtime, list_tools
 from worker.testing.identities import write_trust_files
 from worker.testing.services import ServiceHandle
 

@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 from worker.delegation.payload import DELEGATION_INSTRUCTIONS
+from worker.errors import RouteConfigError, TrustConfigError
 from worker.gateway.mcp_app import TOOL_SCOPES
 from worker.gateway.principals import Principals
-from worker.gateway.routes import RouteConfigError, RouteTable
+from worker.gateway.routes import RouteTable
 from worker.operator.policy import BUILTIN_INSTRUCTIONS
 from worker.testing.gateway import principal_entry, write_principals_file
-from worker.trust.files import TrustConfigError
 
 
 def test_the_builtin_instructions_name_exactly_the_tools_that_exist() -> None:

@@ -10,16 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from worker.hermes.sse import (
-    SSEDecodeError,
-    SSEDecoder,
-    SSEError,
-    SSEIdle,
-    SSELimitReached,
-    SSELimits,
-    aiter_events,
-    parse_event,
-)
+from worker.errors import SSEDecodeError, SSEError, SSEIdle, SSELimitReached
+from worker.hermes.sse import SSEDecoder, SSELimits, aiter_events, parse_event
 
 RUN_STREAM = (
     b'data: {"event": "message.delta", "run_id": "run_1", "delta": "Hel"}\n\n'

@@ -22,8 +22,9 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NoStreamResponseError
 
 from schemas.audit import ReceiptEvent
-from schemas.codec import EnvelopeRejected, encode
+from schemas.codec import encode
 from schemas.dlq import DLQ_CODE, DLQ_REASON
+from schemas.errors import EnvelopeRejected
 from schemas.result import ResultStatus
 from subjects.grammar import Subjects
 from subjects.provision import Change, provision

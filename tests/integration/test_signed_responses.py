@@ -22,11 +22,12 @@ from schemas.codec import encode
 from schemas.errors import ErrorCode
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
-from worker.client import AipClient, CannotSign
+from worker.client import AipClient
+from worker.errors import CannotSign, UnverifiedResponse
 from worker.execution import now_ms
 from worker.testing.fake_hermes import RouteDelay
 from worker.testing.scenario import SLOW_REPLY
-from worker.trust.responses import ResponseSigner, UnverifiedResponse, verify_dlq_entry
+from worker.trust.responses import ResponseSigner, verify_dlq_entry
 from worker.trust.signing import (
     SIGNER_HEADER,
     TrustedGatewayKeys,

@@ -9,7 +9,8 @@ from typing import Any
 import msgspec
 import pytest
 
-from schemas.codec import EnvelopeRejected, convert_input
+from schemas.codec import convert_input
+from schemas.errors import EnvelopeRejected
 from schemas.manifest import Risk
 from worker.operations.base import Registry
 from worker.operations.registry import default_registry

@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 from ops_harness import HermesServer, Invoke
 
-from schemas.codec import EnvelopeRejected, convert_input
+from schemas.codec import convert_input
+from schemas.errors import EnvelopeRejected
 from worker.operations.base import Registry
 
 PROJECTION = {

@@ -14,12 +14,12 @@ from redis.asyncio import Redis
 from schemas.action import DelegationRef
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
+from worker.errors import IllegalTransition
 from worker.operator import admin
 from worker.operator.binding import (
     TERMINAL_STATES,
     TRANSITIONS,
     BindingState,
-    IllegalTransition,
     OperatorBinding,
     encode_binding,
     request_fingerprint,

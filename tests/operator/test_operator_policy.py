@@ -11,13 +11,13 @@ import pytest
 from operator_support import Harness, error_code, objective
 
 from schemas.errors import ErrorCode
+from worker.errors import PolicyError
 from worker.operator.binding import session_id_for
 from worker.operator.policy import (
     BOUNDS,
     BUILTIN_INSTRUCTIONS,
     MAX_INSTRUCTIONS_BYTES,
     HermesOperatorPolicy,
-    PolicyError,
 )
 from worker.settings import Settings
 from worker.testing.fake_hermes import FakeHermes

@@ -15,7 +15,7 @@ from trust_support import GOVERNED, action_document, encode_action, endpoint, no
 from schemas.action import Action
 from schemas.approval import MAX_INPUT_SNAPSHOT_BYTES, ApprovalDecision, ApprovalRecord
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
 from worker.store.keys import approvals_key
 from worker.store.scripts import script_source
@@ -28,9 +28,8 @@ from worker.testing.identities import (
     TrustFiles,
     write_json,
 )
-from worker.trust.approvals import ApprovalRefused, approve
+from worker.trust.approvals import approve
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.files import TrustConfigError
 from worker.trust.fingerprint import fingerprint_request
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.signing import generate_keypair, public_key_of, sign_detached, verify_detached

@@ -10,10 +10,9 @@ from pathlib import Path
 import pytest
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, TrustConfigError
 from worker.settings import Settings
 from worker.testing.identities import TrustFiles
-from worker.trust.files import TrustConfigError
 from worker.trust.gate import TrustGate
 from worker.trust.signing import (
     SIGNATURE_HEADER,

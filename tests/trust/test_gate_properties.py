@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 from redis.asyncio import Redis
 from trust_support import GOVERNED, UNGOVERNED, action_document, endpoint, now_ms
 
-from schemas.codec import EnvelopeRejected, decode_action
-from schemas.errors import ErrorCode
+from schemas.codec import decode_action
+from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.errors import ConnectorError
 from worker.settings import Settings
 from worker.testing.identities import (

@@ -13,7 +13,7 @@ from redis.asyncio import Redis
 from trust_support import UNGOVERNED, action_document, encode_action, endpoint, now_ms
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, TrustConfigError
 from worker.settings import Settings
 from worker.testing.identities import (
     TENANT_A,
@@ -25,7 +25,6 @@ from worker.testing.identities import (
     write_json,
 )
 from worker.trust.clock import FixedClock
-from worker.trust.files import TrustConfigError
 from worker.trust.gate import TrustGate
 from worker.trust.identities import IdentityDirectory
 

@@ -15,12 +15,11 @@ from schemas.chunk import ChunkKind, make_chunk
 from schemas.codec import encode
 from schemas.dlq import DLQ_CODE, DLQ_REASON
 from schemas.result import ActionResult, ResultStatus
+from worker.errors import ResponseSigningConfigError, UnverifiedResponse
 from worker.testing.identities import TrustFiles
 from worker.trust.responses import (
     ChunkChain,
     ResponseSigner,
-    ResponseSigningConfigError,
-    UnverifiedResponse,
     sha256_hex,
     signer_from_settings,
     verify_dlq_entry,

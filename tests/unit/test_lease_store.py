@@ -9,6 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas.ids import new_action_id
+from worker.errors import StoreUnavailable
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import (
     MAX_PENDING_CANCELS,
@@ -18,7 +19,6 @@ from worker.store.lease_store import (
     LeaseStore,
     SettleStatus,
 )
-from worker.store.reask import StoreUnavailable
 from worker.testing.services import ServiceHandle
 
 

@@ -10,7 +10,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from schemas.codec import EnvelopeRejected, decode_operator_input
+from schemas.codec import decode_operator_input
+from schemas.errors import EnvelopeRejected
 from schemas.operator import ApprovalChoice, OperatorObjective, OperatorResume
 
 SCHEMA = json.loads(

@@ -8,13 +8,13 @@ import time
 import pytest
 import redis.asyncio
 
+from worker.errors import StoreNotAccepting, StoreUnavailable
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.store.connection import open_redis
 from worker.store.health import StoreHealth, is_refused
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseStore
-from worker.store.reask import StoreNotAccepting, StoreUnavailable
 from worker.testing._procs import free_ports
 from worker.testing.services import ServiceHandle
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 
 from schemas import approval, delegation, ids
 from schemas.cancel import CancelRequest
-from schemas.codec import EnvelopeRejected, decode_action, decode_cancel
+from schemas.codec import decode_action, decode_cancel
+from schemas.errors import EnvelopeRejected
 from schemas.export import EXPORTED, render
 from schemas.ids import json_schema
 from worker.operations import ids as operation_ids

@@ -8,9 +8,9 @@ import pytest
 
 from schemas import ActionResult, ResultStatus, StreamChunk, encode, new_action_id
 from schemas.chunk import ChunkKind, DoneChunk, make_chunk
-from schemas.codec import EnvelopeRejected, decode_action
-from schemas.errors import CODE_RULES, ErrorCode
-from subjects.grammar import InvalidEndpointId, Subjects, normalize_endpoint_id
+from schemas.codec import decode_action
+from schemas.errors import CODE_RULES, EnvelopeRejected, ErrorCode, InvalidEndpointId
+from subjects.grammar import Subjects, normalize_endpoint_id
 
 ACTION = {
     "id": "act_" + "a" * 32,

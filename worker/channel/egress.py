@@ -30,8 +30,8 @@ from nats.aio.msg import Msg
 from schemas.action import Action, Identity
 from schemas.audit import ReceiptEvent
 from schemas.channel import ChannelDelivery, ChannelSource
-from schemas.codec import EnvelopeRejected, convert_input
-from schemas.errors import ErrorCode
+from schemas.codec import convert_input
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation
 from schemas.ids import capability_id
 from schemas.result import ActionResult
@@ -198,8 +198,7 @@ def _decode(data: bytes) -> ChannelDelivery:
 async def check_sessions(table: EgressTable, endpoints: dict[str, Any]) -> None:
     """Refuse to start when a rule's session does not exist (ChannelConfigError, exit 2);
     an endpoint that does not answer is an OSError (exit 3)."""
-    from worker.channel.rules import ChannelConfigError
-    from worker.errors import ConnectorError
+    from worker.errors import ChannelConfigError, ConnectorError
 
     for endpoint_id, session_id in sorted(table.targets()):
         hermes = endpoints[endpoint_id].hermes

@@ -42,7 +42,7 @@ from schemas.errors import ErrorCode
 from subjects.grammar import Subjects
 from worker import faults
 from worker.channel.rules import IngressTarget
-from worker.errors import ConnectorError
+from worker.errors import ChannelMessageRefused, ConnectorError
 from worker.execution import now_ms
 from worker.metrics import Metrics
 from worker.publisher import BusPublisher
@@ -76,10 +76,6 @@ return 0
 """
 
 
-class Refused(Exception):
-    """A session message this follower does not publish (dead-lettered, counted)."""
-
-
 def _keys(target: IngressTarget) -> tuple[str, str]:
     tag = "{" + f"{target.endpoint_id}:{target.session_id}" + "}"
     return f"{NAMESPACE}:{tag}:lease", f"{NAMESPACE}:{tag}:cursor"
@@ -92,20 +88,21 @@ def message_msg_id(endpoint_id: str, message_id: int) -> str:
 def to_channel_message(
     raw: Any, target: IngressTarget, published_at_unix_ms: int
 ) -> ChannelMessage:
-    """The typed message, or Refused naming the field; content is bounded, never guessed."""
+    """The typed message, or ChannelMessageRefused naming the field; content is bounded,
+    never guessed."""
     if not isinstance(raw, dict):
-        raise Refused("a message is not a JSON object")
+        raise ChannelMessageRefused("a message is not a JSON object")
     message_id = raw.get("id")
     if not isinstance(message_id, int) or isinstance(message_id, bool) or message_id < 0:
-        raise Refused("`id` is not a non-negative integer")
+        raise ChannelMessageRefused("`id` is not a non-negative integer")
     role = raw.get("role")
     if role not in ChannelRole._value2member_map_:
-        raise Refused(f"message {message_id}: unknown role")
+        raise ChannelMessageRefused(f"message {message_id}: unknown role")
     content = raw.get("content")
     if content is None:
         content = ""
     if not isinstance(content, str):
-        raise Refused(f"message {message_id}: `content` is not a string")
+        raise ChannelMessageRefused(f"message {message_id}: `content` is not a string")
     encoded = content.encode()
     truncated = len(encoded) > MAX_INGRESS_CONTENT_BYTES
     if truncated:
@@ -117,14 +114,14 @@ def to_channel_message(
         if value is None:
             return None
         if not isinstance(value, str) or not 1 <= len(value) <= 512:
-            raise Refused(f"message {message_id}: `{name}` is not a short string")
+            raise ChannelMessageRefused(f"message {message_id}: `{name}` is not a short string")
         return value
 
     timestamp = raw.get("timestamp")
     if timestamp is not None and (
         not isinstance(timestamp, int | float) or isinstance(timestamp, bool)
     ):
-        raise Refused(f"message {message_id}: `timestamp` is not a number")
+        raise ChannelMessageRefused(f"message {message_id}: `timestamp` is not a number")
     try:
         return ChannelMessage(
             endpoint_id=target.endpoint_id,
@@ -141,7 +138,7 @@ def to_channel_message(
             published_at_unix_ms=published_at_unix_ms,
         )
     except msgspec.ValidationError as exc:  # pragma: no cover - every field checked above
-        raise Refused(f"message {message_id}: {exc}") from None
+        raise ChannelMessageRefused(f"message {message_id}: {exc}") from None
 
 
 class SessionFollower:
@@ -259,7 +256,7 @@ class SessionFollower:
                 return
             try:
                 message = to_channel_message(raw, target, now_ms())
-            except Refused as exc:
+            except ChannelMessageRefused as exc:
                 await self._refuse(raw, str(exc), message_id)
             else:
                 await self.publisher.channel_message(
@@ -322,7 +319,7 @@ async def start_followers(
     targets: tuple[IngressTarget, ...], endpoints: dict[str, Any], **shared: Any
 ) -> list[SessionFollower]:
     """One follower per target; a session that does not exist refuses the start (exit 2)."""
-    from worker.channel.rules import ChannelConfigError
+    from worker.errors import ChannelConfigError
 
     followers = []
     for target in targets:

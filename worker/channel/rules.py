@@ -26,16 +26,13 @@ import msgspec
 
 from schemas.channel import MAX_CHANNEL_MESSAGE_BYTES, ChannelSource, SessionId
 from schemas.ids import EndpointId, ShortText
+from worker.errors import ChannelConfigError
 
 MAX_FILE_BYTES = 1_048_576
 DEFAULT_MESSAGE_BYTES = 4_096
 MAX_RULES = 256
 
 T = TypeVar("T")
-
-
-class ChannelConfigError(ValueError):
-    """The channel file is refused; the message names the file and the rule."""
 
 
 class _Match(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):

@@ -27,9 +27,9 @@ from nats.aio.msg import Msg
 
 from schemas.action import Action
 from schemas.audit import ReceiptEvent
-from schemas.codec import EnvelopeRejected, decode_delegation
+from schemas.codec import decode_delegation
 from schemas.delegation import DelegationRequest
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.delegation.entry import internal_action
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.router import check_child_tenant, check_route_policy

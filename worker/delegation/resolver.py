@@ -19,9 +19,9 @@ from dataclasses import dataclass
 from schemas.delegation import DelegationRequest
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult
-from worker.delegation.stores import LifecycleStores, StoreRecords, StoreUnreadable
+from worker.delegation.stores import LifecycleStores, StoreRecords
 from worker.delegation.verify import verify_child
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, RuntimeRecordsUnreadable
 from worker.trust.clock import Clock
 
 NOT_OBSERVED_POLLS = 4
@@ -61,7 +61,7 @@ class DelegatedResolver:
         while True:
             try:
                 records = await self.stores.read(request.action.id)
-            except StoreUnreadable:
+            except RuntimeRecordsUnreadable:
                 records = None
             if records is not None and records.queue is not None:
                 observed = True

@@ -20,7 +20,7 @@ from nats.js.errors import NotFoundError
 from schemas.errors import ErrorCode
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from subjects.grammar import Subjects
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, RuntimeRecordsUnreadable
 
 log = logging.getLogger(__name__)
 
@@ -37,13 +37,9 @@ class StoreRecords:
     lifecycle: LifecycleRecord | None
 
 
-class StoreUnreadable(Exception):
-    """A transient read failure (NATS reconnecting, a timeout): try again, decide nothing."""
-
-
 class LifecycleStores(Protocol):
     async def read(self, action_id: str) -> StoreRecords:
-        """Both records of one child; raises ConnectorError or StoreUnreadable."""
+        """Both records of one child; raises ConnectorError or RuntimeRecordsUnreadable."""
         ...
 
     async def check_available(self) -> None:
@@ -91,7 +87,7 @@ class JetStreamLifecycleStores:
             return None
         except Exception as exc:
             log.info("runtime store %s unreadable: %s", stream, exc)
-            raise StoreUnreadable(str(exc)) from None
+            raise RuntimeRecordsUnreadable(str(exc)) from None
         data = msg.data or b""
         headers: Mapping[str, str] = msg.headers or {}
         return decode_record(data, headers, typ, self.verify, what=stream)

@@ -37,6 +37,7 @@ from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
 from worker.cli_settings import add_settings_flags, settings_from
 from worker.connections import open_redis_for
+from worker.errors import ApprovalRefused, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
     EscalationView,
     Unreadable,
@@ -45,19 +46,14 @@ from worker.escalation.ledger import (
     record_resolution,
 )
 from worker.settings import Settings
-from worker.trust.approvals import ApprovalRefused, read_record
+from worker.trust.approvals import read_record
 from worker.trust.clock import redis_now_ms
-from worker.trust.files import TrustConfigError
 from worker.trust.fingerprint import fingerprint_request
 from worker.trust.signing import read_seed_file
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
-
-
-class ResolveRefused(Exception):
-    """The escalation cannot be resolved this way; the message says why."""
 
 
 def resume_action_id(escalation_id: str) -> str:
@@ -96,7 +92,7 @@ async def _find(settings: Settings, endpoint_id: str, escalation_id: str) -> Esc
     for view in views:
         if view.escalation.escalation_id == escalation_id:
             return view
-    raise ResolveRefused(f"no escalation {escalation_id} on endpoint {endpoint_id}")
+    raise ResolutionRefused(f"no escalation {escalation_id} on endpoint {endpoint_id}")
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
@@ -126,7 +122,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     try:
         view = await _find(settings, args.endpoint, args.escalation_id)
-    except ResolveRefused as exc:
+    except ResolutionRefused as exc:
         return _fail(EXIT_FAILED, str(exc))
     if view.resolution is None:
         # The stream copy may be missing (a crash after the write-once record): Redis decides.
@@ -161,7 +157,7 @@ def build_resume(
     """
     approval = escalation.approval
     if approval is None:
-        raise ResolveRefused("not an approval escalation")
+        raise ResolutionRefused("not an approval escalation")
     resume_id = resume_action_id(escalation.escalation_id)
     return Action(
         id=resume_id,
@@ -206,10 +202,10 @@ async def resolve_approval(
 
     approval = escalation.approval
     if approval is None:
-        raise ResolveRefused("not an approval escalation")
+        raise ResolutionRefused("not an approval escalation")
     if choice not in approval.choices:
         offered = ", ".join(c.value for c in approval.choices)
-        raise ResolveRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
+        raise ResolutionRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
     resume = build_resume(escalation, choice, resolve_all=resolve_all)
     redis = open_redis_for(settings)
     try:
@@ -217,7 +213,7 @@ async def resolve_approval(
         if earlier is not None and (
             earlier.choice is not choice or earlier.resume_action_id != resume.id
         ):
-            raise ResolveRefused(_already(earlier))
+            raise ResolutionRefused(_already(earlier))
         record = await _decided(redis, resume)
         if record is None:
             record = await approve_action(
@@ -245,7 +241,7 @@ async def resolve_approval(
     finally:
         await redis.aclose()
     if resolution.resume_action_id != resume.id or resolution.choice is not choice:
-        raise ResolveRefused(_already(resolution))
+        raise ResolutionRefused(_already(resolution))
     signed = build_resume(
         escalation,
         choice,
@@ -270,9 +266,11 @@ async def _decided(redis: Any, resume: Action) -> ApprovalRecord | None:
     if record is None:
         return None
     if record.decision is not ApprovalDecision.APPROVED:
-        raise ResolveRefused(f"the resume {resume.id} was denied by {record.approver_principal_id}")
+        raise ResolutionRefused(
+            f"the resume {resume.id} was denied by {record.approver_principal_id}"
+        )
     if record.input_fingerprint != fingerprint_request(resume):
-        raise ResolveRefused(
+        raise ResolutionRefused(
             f"the resume {resume.id} was already decided with another choice by "
             f"{record.approver_principal_id}"
         )
@@ -294,7 +292,7 @@ async def acknowledge(
     from worker.cli import _connect_nats
 
     if not reason.strip():
-        raise ResolveRefused("a reason is required")
+        raise ResolutionRefused("a reason is required")
     redis = open_redis_for(settings)
     try:
         resolution = await record_resolution(
@@ -312,7 +310,7 @@ async def acknowledge(
     finally:
         await redis.aclose()
     if resolution.resolved_by != as_principal or resolution.kind is not ResolutionKind.ACKNOWLEDGED:
-        raise ResolveRefused(_already(resolution))
+        raise ResolutionRefused(_already(resolution))
     nc = await _connect_nats(settings)
     try:
         await _publish_resolution(nc, settings, resolution)
@@ -364,7 +362,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
             resolution = await acknowledge(
                 settings, escalation, as_principal=args.as_principal, reason=args.reason
             )
-    except (ResolveRefused, ApprovalRefused) as exc:
+    except (ResolutionRefused, ApprovalRefused) as exc:
         return _fail(EXIT_FAILED, str(exc))
     except TrustConfigError as exc:
         return _fail(EXIT_CONFIG, str(exc))

@@ -41,10 +41,11 @@ from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
+from worker.errors import UnverifiedResponse
 from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
-from worker.trust.responses import UnverifiedResponse, verify_result
+from worker.trust.responses import verify_result
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope
 
 log = logging.getLogger(__name__)

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
+from worker.errors import McpHttpRefused
+
 if TYPE_CHECKING:
     from mcp import ClientSession
 
@@ -36,14 +38,6 @@ class ToolAnswer:
     def error_code(self) -> str | None:
         error = self.document.get("error")
         return error.get("code") if isinstance(error, dict) else None
-
-
-class McpHttpRefused(RuntimeError):
-    """The server refused the session (HTTP status) before any tool ran."""
-
-    def __init__(self, status: int) -> None:
-        super().__init__(f"the MCP server answered HTTP {status}")
-        self.status = status
 
 
 def _first_status(group: BaseExceptionGroup[Any]) -> int | None:

@@ -19,7 +19,8 @@ import msgspec
 
 from schemas.action import Identity
 from schemas.lifecycle import AuthenticatedPrincipal
-from worker.trust.files import TrustConfigError, policy_records, read_policy_file
+from worker.errors import TrustConfigError
+from worker.trust.files import policy_records, read_policy_file
 
 WHAT = "MCP principals file"
 _SHA256_HEX = r"^[0-9a-f]{64}\Z"

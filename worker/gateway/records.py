@@ -24,6 +24,7 @@ from schemas.lifecycle import LifecycleRecord, QueueRecord
 from subjects.grammar import Subjects
 from subjects.streams import StreamPolicy, runtime_store_configs
 from worker.delegation.stores import StoreRecords, decode_record
+from worker.errors import QueueEntryExists
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope, verify_envelope
 
 log = logging.getLogger(__name__)
@@ -32,10 +33,6 @@ T = TypeVar("T", QueueRecord, LifecycleRecord)
 
 #: JetStream's "wrong last sequence" error: another writer created the entry first.
 WRONG_LAST_SEQUENCE = 10071
-
-
-class EntryExists(Exception):
-    """The child's queue entry was created by someone else first."""
 
 
 @dataclass
@@ -62,7 +59,7 @@ class RuntimeStoreWriter:
                 await self.js.add_stream(config)
 
     async def create_queue_entry(self, record: QueueRecord) -> None:
-        """The first record of a child; raises EntryExists when another writer won."""
+        """The first record of a child; raises QueueEntryExists when another writer won."""
         headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
         try:
             await self._publish(
@@ -73,7 +70,7 @@ class RuntimeStoreWriter:
             )
         except APIError as exc:
             if exc.err_code == WRONG_LAST_SEQUENCE:
-                raise EntryExists(record.action.id) from None
+                raise QueueEntryExists(record.action.id) from None
             raise
 
     async def update_queue_entry(self, record: QueueRecord) -> None:

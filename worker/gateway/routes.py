@@ -16,15 +16,12 @@ import re
 from dataclasses import dataclass
 
 from schemas.ids import is_action_id
+from worker.errors import RouteConfigError
 
 ENDPOINT_PLACEHOLDER = "{endpoint}"
 _SUBJECT_PREFIX_RE = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_{}-]+)*\Z")
 #: One endpoint id at the start of the rest of a capability id (the grammar's endpoint shape).
 _ENDPOINT_RE = re.compile(r"[a-z0-9][a-z0-9_-]{0,62}")
-
-
-class RouteConfigError(ValueError):
-    """A route table that cannot be used; the message names the entry."""
 
 
 @dataclass(frozen=True, slots=True)

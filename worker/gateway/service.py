@@ -28,11 +28,11 @@ from schemas.ids import is_action_id, new_action_id
 from schemas.lifecycle import LifecycleState, QueueRecord
 from schemas.result import ActionResult
 from worker import faults
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, QueueEntryExists
 from worker.gateway.children import Children, child_result, now_ms
 from worker.gateway.discovery import Discovery
 from worker.gateway.principals import Principal
-from worker.gateway.records import EntryExists, RuntimeStoreReader
+from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import Route, RouteTable
 from worker.gateway.settings import GatewaySettings
 from worker.tasks import stop_tasks
@@ -186,7 +186,7 @@ class GatewayService:
             )
             try:
                 await self.children.writer.create_queue_entry(record)
-            except EntryExists:
+            except QueueEntryExists:
                 existing = await self.reader.queue(child.id)
                 if existing is None:  # created and gone again: not ours to guess about
                     raise _collision() from None

@@ -30,15 +30,16 @@ from httpx_aiohttp import AiohttpTransport
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from worker.audit import receipt
-from worker.errors import ConnectorError, deadline_exceeded, from_http_status, from_transport
-from worker.hermes.sse import (
+from worker.errors import (
+    ConnectorError,
     SSEDecodeError,
-    SSEEvent,
     SSEIdle,
     SSELimitReached,
-    SSELimits,
-    aiter_events,
+    deadline_exceeded,
+    from_http_status,
+    from_transport,
 )
+from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 from worker.metrics import Metrics
 from worker.settings import Endpoint
 

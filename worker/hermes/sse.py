@@ -34,6 +34,8 @@ from typing import Any
 
 import msgspec
 
+from worker.errors import SSEDecodeError, SSEError, SSEIdle, SSELimitReached
+
 DEFAULT_MAX_FRAME_BYTES = 1024 * 1024
 DEFAULT_MAX_EVENTS = 4096
 #: Bytes a stream may send between two events: Hermes' keepalive (`: keepalive` and a blank
@@ -47,22 +49,6 @@ FEED_SLICE_BYTES = 16 * 1024
 DONE_MARKER = "[DONE]"
 
 _json = msgspec.json.Decoder()
-
-
-class SSEError(Exception):
-    """Base of the decoder's failures; messages never quote stream content."""
-
-
-class SSEDecodeError(SSEError):
-    """A frame over the size bound, or one that is not UTF-8 or not JSON."""
-
-
-class SSELimitReached(SSEError):
-    """The event-count bound ended consumption before the stream did."""
-
-
-class SSEIdle(SSEError):
-    """The stream kept sending bytes (blank lines, comments) but no event, past a bound."""
 
 
 @dataclass(frozen=True, slots=True)

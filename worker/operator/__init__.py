@@ -8,13 +8,12 @@ pause or duplicate ever starts a run twice or settles a result it no longer owns
 
 from worker.operator.cancel import request_cancel
 from worker.operator.operation import OPERATOR_SPEC, OperatorOperation, operator_operation
-from worker.operator.policy import HermesOperatorPolicy, PolicyError
+from worker.operator.policy import HermesOperatorPolicy
 
 __all__ = [
     "OPERATOR_SPEC",
     "HermesOperatorPolicy",
     "OperatorOperation",
-    "PolicyError",
     "operator_operation",
     "request_cancel",
 ]

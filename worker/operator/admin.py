@@ -23,14 +23,13 @@ from redis.exceptions import RedisError
 from schemas.ids import is_action_id
 from worker.cli_settings import add_settings_flags, settings_from
 from worker.connections import open_redis_for
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, StoreUnavailable
 from worker.hermes.client import HermesClient
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, decode_binding
 from worker.operator.redaction import bounded_text, digest, redact_output
 from worker.store.keys import binding_key
 from worker.store.operator_store import OperatorStore, ReconcileStatus
-from worker.store.reask import StoreUnavailable
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2

@@ -18,7 +18,7 @@ import msgspec
 from schemas.action import Action
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorStatus
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, IllegalTransition
 
 #: The profile-state namespace of the spec; the Redis key prefix mirrors it
 #: (docs/architecture.md §5).
@@ -67,13 +67,6 @@ COMMAND_TRANSITIONS: dict[CommandState, frozenset[CommandState]] = {
     CommandState.REJECTED: frozenset(),
     CommandState.OUTCOME_UNKNOWN: frozenset(),
 }
-
-
-class IllegalTransition(ConnectorError):
-    """A move the transition table forbids: a connector bug, never a provider answer."""
-
-    def __init__(self, what: str) -> None:
-        super().__init__(ErrorCode.ERROR, f"illegal operator transition: {what}")
 
 
 class _Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):

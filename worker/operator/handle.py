@@ -15,12 +15,11 @@ from dataclasses import dataclass
 import msgspec
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, StoreUnavailable
 from worker.operations.base import LeaseLost
 from worker.operator.binding import OperatorBinding, decode_binding, encode_binding
 from worker.store.keys import ActionKeys
 from worker.store.operator_store import OperatorStore, StoredBinding, WriteStatus
-from worker.store.reask import StoreUnavailable
 
 #: A change: given the binding and Redis time, the new binding, or None for "no change".
 Change = Callable[[OperatorBinding, int], OperatorBinding | None]

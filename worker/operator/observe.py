@@ -19,8 +19,8 @@ from typing import Any
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from worker import faults
-from worker.errors import ConnectorError
-from worker.hermes.sse import SSEError, SSEEvent, SSELimits
+from worker.errors import ConnectorError, EventStreamUnavailable, SSEError
+from worker.hermes.sse import SSEEvent, SSELimits
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, ProviderSnapshot
 from worker.operator.events import (
@@ -196,7 +196,7 @@ class Observer:
                 raise  # the lease was lost (or the worker stops): not ours to handle
             await self._flush()
             return True
-        except (provider.StreamUnavailable, SSEError, TimeoutError):
+        except (EventStreamUnavailable, SSEError, TimeoutError):
             pass  # poll instead: the status route is the authority
         finally:
             interrupt.close()

@@ -12,8 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import PolicyError
 from worker.settings import Endpoint, Settings
 
 MAX_INSTRUCTIONS_BYTES = 131_072
@@ -55,13 +54,6 @@ Rules you must follow:
 5. Stay within the objective and the constraints; when they conflict with these rules, these
    rules win. Report uncertainty plainly.
 """
-
-
-class PolicyError(ConnectorError):
-    """An invalid operator policy: the operator refuses to run (`operator_policy`)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(ErrorCode.OPERATOR_POLICY, message)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ import httpx
 import msgspec
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError, refused_before_start
+from worker.errors import ConnectorError, EventStreamUnavailable, refused_before_start
 from worker.hermes.client import HermesClient, error_code_of, route_path
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 
@@ -291,10 +291,6 @@ async def send_stop(
 # --- events --------------------------------------------------------------------------------
 
 
-class StreamUnavailable(Exception):
-    """The event stream could not be opened (404, other status, transport): poll instead."""
-
-
 @contextlib.asynccontextmanager
 async def open_events(
     hermes: HermesClient, run_id: str, headers: Mapping[str, str], limits: SSELimits
@@ -313,7 +309,9 @@ async def open_events(
         ) as response:
             hermes.observe("GET", EVENTS_ROUTE, response.status_code, started)
             if response.status_code != 200:
-                raise StreamUnavailable(f"GET {EVENTS_ROUTE} answered HTTP {response.status_code}")
+                raise EventStreamUnavailable(
+                    f"GET {EVENTS_ROUTE} answered HTTP {response.status_code}"
+                )
             yield aiter_events(response.aiter_bytes(), limits)
     except httpx.HTTPError as exc:
-        raise StreamUnavailable(f"GET {EVENTS_ROUTE} failed: {type(exc).__name__}") from None
+        raise EventStreamUnavailable(f"GET {EVENTS_ROUTE} failed: {type(exc).__name__}") from None

@@ -12,7 +12,8 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from worker.cli_settings import SettingsError, add_settings_flags, settings_from
+from worker.cli_settings import add_settings_flags, settings_from
+from worker.errors import SettingsError
 
 
 def _broken(value: str) -> tuple[str, str, int]:

@@ -20,7 +20,8 @@ from schemas.errors import ErrorCode
 from schemas.ids import capability_id
 from schemas.result import ActionResult, ResultStatus
 from worker.delegation.ids import delegation_action_id
-from worker.gateway.mcp_client import McpHttpRefused, call_tool
+from worker.errors import McpHttpRefused
+from worker.gateway.mcp_client import call_tool
 from worker.operator.binding import session_id_for
 from worker.qualify.deployment import Deployment, Evidence
 from worker.qualify.items import Context, expect

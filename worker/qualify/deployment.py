@@ -30,7 +30,7 @@ from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from schemas.result import ActionResult
 from worker.client import ActionHandle, AipClient
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, QualifyNotConfigured
 from worker.hermes.client import HermesClient
 from worker.qualify.settings import QualifySettings
 from worker.settings import Endpoint, Settings
@@ -41,10 +41,6 @@ from worker.trust.signing import read_seed_file
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
 #: How long a `stopping` run may take to end before the driver stops it again.
 STOPPING_GRACE_S = 5.0
-
-
-class NotConfigured(Exception):
-    """A setting this step needs is missing; the item skips with this message."""
 
 
 def now_ms() -> int:
@@ -203,7 +199,7 @@ class Deployment:
         from worker.trust.approvals import approve
 
         if self._approver_seed is None or self.settings.approval_authority_file is None:
-            raise NotConfigured(
+            raise QualifyNotConfigured(
                 "approving needs AIPD_QUALIFY_APPROVER_KEY_FILE and AIPD_APPROVAL_AUTHORITY_FILE"
             )
         authority = ApprovalAuthority.load(self.settings.approval_authority_file, now_ms=now_ms())

@@ -1,10 +1,10 @@
 """The qualification list as code: what an item is, how it passes, fails or skips.
 
 The connector overview ("Qualification Requirements") names ten items; each is one async
-function here that either returns a one-line summary (pass), raises `Fail` with what was
-observed instead (fail), or raises `Skip` with why it cannot run against this deployment
-(skip). Evidence (Action ids, run ids, receipt sequence numbers) is collected as the item
-goes, so a failure cites what it saw too.
+function here that either returns a one-line summary (pass), raises `QualifyFailed` with
+what was observed instead (fail), or raises `QualifySkipped` with why it cannot run against
+this deployment (skip). Evidence (Action ids, run ids, receipt sequence numbers) is collected
+as the item goes, so a failure cites what it saw too.
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import NoReturn
 
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, QualifyFailed, QualifyNotConfigured, QualifySkipped
 from worker.qualify.broken import BrokenHermes
 from worker.qualify.control import ProcessControl
-from worker.qualify.deployment import Deployment, Evidence, NotConfigured
+from worker.qualify.deployment import Deployment, Evidence
 
 
 class Status(StrEnum):
@@ -28,21 +28,13 @@ class Status(StrEnum):
     SKIP = "skip"
 
 
-class Fail(Exception):
-    """The deployment did something the spec does not allow; the message says what."""
-
-
-class Skip(Exception):
-    """The item cannot run against this deployment; the message says why."""
-
-
 def expect(condition: bool, message: str) -> None:
     if not condition:
-        raise Fail(message)
+        raise QualifyFailed(message)
 
 
 def fail(message: str) -> NoReturn:
-    raise Fail(message)
+    raise QualifyFailed(message)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,19 +64,19 @@ class Context:
         """The first `count` endpoints under qualification; skip when fewer were named,
         fail when one of them cannot be used (that is the deployment's fault)."""
         if len(self.endpoint_ids) < count:
-            raise Skip(
+            raise QualifySkipped(
                 f"needs {count} Hermes endpoints (--endpoint-id given {count} times), "
                 f"got {len(self.endpoint_ids)}"
             )
         chosen = self.endpoint_ids[:count]
         for endpoint_id in chosen:
             if endpoint_id in self.problems:
-                raise Fail(f"endpoint {endpoint_id}: {self.problems[endpoint_id]}")
+                raise QualifyFailed(f"endpoint {endpoint_id}: {self.problems[endpoint_id]}")
         return chosen
 
     def owned(self) -> ProcessControl:
         if self.control is None:
-            raise Skip(
+            raise QualifySkipped(
                 "the driver does not own the deployment's processes; "
                 "run it through `python -m worker.qualify.local`, which does"
             )
@@ -92,18 +84,18 @@ class Context:
 
     def gateway(self) -> tuple[str, str]:
         if self.gateway_problem is not None:
-            raise Fail(f"gateway: {self.gateway_problem}")
+            raise QualifyFailed(f"gateway: {self.gateway_problem}")
         if self.gateway_url is None or self.mcp_token is None:
-            raise Skip(
+            raise QualifySkipped(
                 "no gateway to call: set AIPD_QUALIFY_GATEWAY_URL and AIPD_MCP_ACCESS_TOKEN_FILE"
             )
         return self.gateway_url, self.mcp_token
 
     def broken_endpoint(self) -> Broken:
         if self.broken is None:
-            raise Skip("no broken endpoint: pass --broken-endpoint ID=HOST:PORT")
+            raise QualifySkipped("no broken endpoint: pass --broken-endpoint ID=HOST:PORT")
         if self.broken.endpoint_id in self.problems:
-            raise Fail(
+            raise QualifyFailed(
                 f"broken endpoint {self.broken.endpoint_id}: "
                 f"{self.problems[self.broken.endpoint_id]}"
             )
@@ -146,11 +138,11 @@ async def run_item(item: Item, ctx: Context, timeout_s: float) -> ItemResult:
     try:
         async with asyncio.timeout(timeout_s):
             detail = await item.body(ctx, evidence)
-    except Fail as exc:
+    except QualifyFailed as exc:
         status, detail = Status.FAIL, str(exc)
-    except Skip as exc:
+    except QualifySkipped as exc:
         status, detail = Status.SKIP, str(exc)
-    except NotConfigured as exc:
+    except QualifyNotConfigured as exc:
         status, detail = Status.SKIP, str(exc)
     except TimeoutError:
         status, detail = Status.FAIL, f"no answer within {timeout_s:g} s"

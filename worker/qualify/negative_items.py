@@ -15,11 +15,12 @@ from schemas.errors import ErrorCode
 from schemas.ids import capability_id
 from schemas.result import ResultStatus
 from worker.delegation.ids import delegation_action_id
-from worker.gateway.mcp_client import McpHttpRefused, call_tool
+from worker.errors import McpHttpRefused, QualifySkipped
+from worker.gateway.mcp_client import call_tool
 from worker.operator.binding import session_id_for
 from worker.qualify.broken import Mode
 from worker.qualify.deployment import Deployment, Evidence, Outcome
-from worker.qualify.items import Context, Skip, expect
+from worker.qualify.items import Context, expect
 from worker.qualify.operator_items import SLOW, objective
 
 #: A capability no sane delegation allowlist admits.
@@ -130,7 +131,7 @@ async def refusals(ctx: Context, evidence: Evidence) -> str:
 
     try:
         url, token = ctx.gateway()
-    except Skip as exc:
+    except QualifySkipped as exc:
         skipped.append(f"gateway checks ({exc})")
     else:
         try:
@@ -147,7 +148,7 @@ async def refusals(ctx: Context, evidence: Evidence) -> str:
 
     try:
         broken = ctx.broken_endpoint()
-    except Skip as exc:
+    except QualifySkipped as exc:
         skipped.append(f"malformed response and provider outage ({exc})")
     else:
         broken.server.mode = Mode.MALFORMED
@@ -164,5 +165,5 @@ async def refusals(ctx: Context, evidence: Evidence) -> str:
         done.append(f"outage → {gone.error_code} (retryable)")
     summary = "; ".join(done)
     if skipped:
-        raise Skip(f"{summary}; not run: {'; '.join(skipped)}")
+        raise QualifySkipped(f"{summary}; not run: {'; '.join(skipped)}")
     return summary

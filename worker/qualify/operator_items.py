@@ -18,10 +18,11 @@ from schemas.audit import Receipt, ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker.client import ActionHandle
+from worker.errors import QualifySkipped
 from worker.operator.binding import session_id_for
 from worker.qualify.broken import Mode
 from worker.qualify.deployment import Deployment, Evidence, Outcome
-from worker.qualify.items import Context, Skip, expect, fail
+from worker.qualify.items import Context, expect, fail
 from worker.testing.scenario import LLM_ERROR, NEEDS_APPROVAL, SLOW_REPLY, TOOL_ECHO
 
 PLAIN = "Reply with one short sentence saying that the qualification run reached you."
@@ -135,7 +136,7 @@ async def lost_start_is_unknown(ctx: Context, evidence: Evidence) -> str:
     (endpoint_id,) = ctx.endpoints(1)
     action_id = control.armed_fault(endpoint_id, "after_post_run")
     if action_id is None:
-        raise Skip(f"no worker of {endpoint_id} has the after_post_run fault point armed")
+        raise QualifySkipped(f"no worker of {endpoint_id} has the after_post_run fault point armed")
     d = ctx.deployment
     action, handle = await started(d, endpoint_id, PLAIN, action_id=action_id)
     evidence.action(action.id)
@@ -343,8 +344,8 @@ async def cancel_races(ctx: Context, evidence: Evidence) -> str:
     detail = f"cancel racing completion settled {status.value}, as Hermes reports"
     try:
         broken = ctx.broken_endpoint()
-    except Skip as exc:
-        raise Skip(f"{detail}; the unconfirmed cancel did not run: {exc}") from None
+    except QualifySkipped as exc:
+        raise QualifySkipped(f"{detail}; the unconfirmed cancel did not run: {exc}") from None
     broken.server.mode = Mode.NEVER_STOPS
     stuck, stuck_handle = await started(d, broken.endpoint_id, PLAIN)
     evidence.action(stuck.id)

@@ -20,8 +20,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 import msgspec
 
-from worker.errors import ConnectorError
-from worker.gateway.mcp_client import McpHttpRefused, list_tools
+from worker.errors import ConnectorError, McpHttpRefused
+from worker.gateway.mcp_client import list_tools
 from worker.qualify.deployment import Deployment
 from worker.qualify.items import Context
 

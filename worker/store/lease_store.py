@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
 
+from worker.errors import StoreNotAccepting, StoreUnavailable
 from worker.store.health import StoreHealth, is_out_of_memory, is_refused
 from worker.store.keys import ActionKeys
-from worker.store.reask import StoreNotAccepting, StoreUnavailable, reask
+from worker.store.reask import reask
 from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")

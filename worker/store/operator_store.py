@@ -41,9 +41,10 @@ from typing import Any, TypeVar
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from worker.errors import SlotMoved, StoreUnavailable
 from worker.store.connection import WriteConfirmation, is_transient, write_confirmation
 from worker.store.keys import ActionKeys, capacity_key
-from worker.store.reask import StoreUnavailable, reask
+from worker.store.reask import reask
 from worker.store.scripts import ScriptCall, Scripts
 
 T = TypeVar("T")
@@ -62,10 +63,6 @@ OPERATOR_SCRIPTS = (
 #: A binding outlives the 24-hour idempotency window of its Action by an hour, so a replay
 #: answered from the stored result never finds the binding already gone.
 DEFAULT_BINDING_TTL_MS = 86_400_000 + 3_600_000
-
-
-class _Redirected(Exception):
-    """A confirmed write's slot moved between the write and its WAIT; repeat both."""
 
 
 #: The binding state whose writes must be confirmed before the caller acts on them.
@@ -125,7 +122,7 @@ def _b(value: Any) -> bytes:
 
 
 def _retriable(exc: BaseException) -> bool:
-    return is_transient(exc) or isinstance(exc, _Redirected)
+    return is_transient(exc) or isinstance(exc, SlotMoved)
 
 
 def _s(value: Any) -> str:
@@ -274,7 +271,7 @@ class OperatorStore:
             if cluster and "replica" in str(exc):
                 # The node became a replica (failover): the write went to the new master by
                 # redirection but the WAIT did not follow it. Send the pair again.
-                raise _Redirected(call.keys[0]) from None
+                raise SlotMoved(call.keys[0]) from None
             raise
         if cluster and self.redis.get_node_from_key(call.keys[0]).name != node.name:
             # The write was redirected (MOVED) to a new owner: the WAIT ran on the old one.

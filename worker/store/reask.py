@@ -13,23 +13,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
+from worker.errors import StoreUnavailable
 from worker.store.connection import is_transient
 
 T = TypeVar("T")
 
 FIRST_DELAY_S = 0.02
 MAX_DELAY_S = 0.5
-
-
-class StoreUnavailable(Exception):
-    """Redis did not answer within the caller's budget; nothing may be decided from it."""
-
-
-class StoreNotAccepting(StoreUnavailable):
-    """No new lease was asked for: Redis is failing or near maxmemory (`StoreHealth`).
-
-    Certain and retryable: nothing was written, so the delivery is nak'd for another worker.
-    """
 
 
 async def reask(

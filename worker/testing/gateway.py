@@ -25,7 +25,6 @@ from typing import Any
 
 from schemas.delegation import DELEGATE_PREFIX
 from worker.gateway.app import READY_MARK
-from worker.gateway.mcp_client import McpHttpRefused as McpHttpRefused
 from worker.gateway.mcp_client import ToolAnswer as ToolAnswer
 from worker.gateway.mcp_client import call_tool as call_tool
 from worker.gateway.mcp_client import list_tools as list_tools

@@ -3,9 +3,8 @@
 `TrustGate` is what the runtime calls; the modules below it each own one check.
 """
 
-from worker.trust.approvals import ApprovalRefused, approve, check_approval, read_record
-from worker.trust.authority import ApprovalAuthority, NotAuthorized
-from worker.trust.files import TrustConfigError
+from worker.trust.approvals import approve, check_approval, read_record
+from worker.trust.authority import ApprovalAuthority
 from worker.trust.fingerprint import fingerprint_request
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
@@ -20,10 +19,7 @@ from worker.trust.signing import (
 __all__ = [
     "AdmitDecision",
     "ApprovalAuthority",
-    "ApprovalRefused",
     "IdentityDirectory",
-    "NotAuthorized",
-    "TrustConfigError",
     "TrustGate",
     "TrustedGatewayKeys",
     "TrustedIdentity",

@@ -23,15 +23,15 @@ from redis.exceptions import RedisError
 
 from schemas.action import Action
 from schemas.approval import ApprovalDecision, ApprovalRecord
-from schemas.codec import EnvelopeRejected, decode_action
+from schemas.codec import decode_action
+from schemas.errors import EnvelopeRejected
 from worker.cli_settings import add_settings_flags, settings_from
 from worker.connections import open_redis_for
-from worker.errors import ConnectorError
+from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
-from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS, ApprovalRefused, approve, read_record
+from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS, approve, read_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import redis_now_ms
-from worker.trust.files import TrustConfigError
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 
 EXIT_FAILED = 1

@@ -32,11 +32,11 @@ from schemas.approval import (
     PolicyDecision,
 )
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ApprovalRefused, ConnectorError, NotAuthorized, StoreUnavailable
 from worker.store.keys import approvals_key
-from worker.store.reask import StoreUnavailable, reask
+from worker.store.reask import reask
 from worker.store.scripts import Script, script_source
-from worker.trust.authority import ApprovalAuthority, NotAuthorized
+from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import Clock, RedisClock, redis_now_ms
 from worker.trust.files import describe_principal
 from worker.trust.fingerprint import canonical_request, fingerprint_request
@@ -50,10 +50,6 @@ RETAIN_AFTER_EXPIRY_MS = 24 * 3_600 * 1_000
 
 _decoder = msgspec.json.Decoder(ApprovalRecord)
 _encoder = msgspec.json.Encoder()
-
-
-class ApprovalRefused(Exception):
-    """`approve` could not record the decision; the message tells the operator why."""
 
 
 def _text(value: Any) -> str:

@@ -16,20 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.approval import AuthorityMembership
-from worker.trust.files import (
-    TrustConfigError,
-    describe_principal,
-    policy_records,
-    read_policy_file,
-)
+from worker.errors import NotAuthorized, TrustConfigError
+from worker.trust.files import describe_principal, policy_records, read_policy_file
 from worker.trust.signing import decode_user_public_key
 
 _WHAT = "approval authority file"
 UNRESTRICTED = "*"
-
-
-class NotAuthorized(Exception):
-    """The principal holds no live membership covering this tenant and capability."""
 
 
 @dataclass(frozen=True, slots=True)

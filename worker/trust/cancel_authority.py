@@ -18,9 +18,9 @@ the check covers every capability, not only the operator.
 from __future__ import annotations
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, NotAuthorized
 from worker.store.lease_store import ActionSubject
-from worker.trust.authority import ApprovalAuthority, NotAuthorized
+from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import Clock
 from worker.trust.files import describe_principal
 from worker.trust.identities import IdentityDirectory, TrustedIdentity

@@ -18,15 +18,13 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from worker.errors import TrustConfigError
+
 #: The spec's bound for the authority directory; the other trust files share it.
 MAX_POLICY_FILE_BYTES = 1_048_576
 
 
 T = TypeVar("T")
-
-
-class TrustConfigError(ValueError):
-    """A trust file that is missing, unsafe or invalid; the message names file and entry."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from schemas.action import Action
 from schemas.approval import ApprovalRecord
 from schemas.audit import DetailValue
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, TrustConfigError
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint, Settings
 from worker.store.lease_store import ActionSubject
@@ -35,7 +35,6 @@ from worker.trust.approvals import check_approval, prefetch_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.cancel_authority import CancelAuthority
 from worker.trust.clock import RedisClock
-from worker.trust.files import TrustConfigError
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
 from worker.trust.projection import trusted_projection
 from worker.trust.replay import ReplayWindow

@@ -26,15 +26,10 @@ import msgspec
 from schemas.action import Identity
 from schemas.errors import ErrorCode
 from schemas.ids import ShortText, UnixMs
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, TrustConfigError
 from worker.secret_files import Secret
 from worker.trust.clock import Clock
-from worker.trust.files import (
-    TrustConfigError,
-    describe_principal,
-    policy_records,
-    read_policy_file,
-)
+from worker.trust.files import describe_principal, policy_records, read_policy_file
 
 _WHAT = "trusted identity file"
 

@@ -32,8 +32,13 @@ from schemas.chunk import StreamChunk
 from schemas.dlq import dlq_material
 from schemas.errors import ErrorCode
 from schemas.result import ActionResult
-from worker.errors import ConnectorError
-from worker.secret_files import SecretFileError, check_owner_only
+from worker.errors import (
+    ConnectorError,
+    ResponseSigningConfigError,
+    SecretFileError,
+    UnverifiedResponse,
+)
+from worker.secret_files import check_owner_only
 from worker.trust.signing import (
     SIGNATURE_HEADER,
     SIGNER_HEADER,
@@ -52,20 +57,6 @@ _UNSIGNED_WARNING = (
     "and DLQ entries are published unsigned, and a consumer cannot tell them from ones "
     "forged by anyone with publish rights. Development only."
 )
-
-
-class ResponseSigningConfigError(ValueError):
-    """The worker signing key cannot be used: the worker refuses to start."""
-
-
-class UnverifiedResponse(Exception):
-    """A result, chunk chain or DLQ entry that does not verify against the trusted worker keys.
-
-    `code` is `connector_host.response_signing`: treat the response as an integrity failure
-    and read the Action's durable state instead.
-    """
-
-    code = ErrorCode.HOST_RESPONSE_SIGNING
 
 
 def sha256_hex(data: bytes) -> str:

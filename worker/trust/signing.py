@@ -22,9 +22,9 @@ import nacl.signing
 import nkeys
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, TrustConfigError
 from worker.secret_files import check_owner_only
-from worker.trust.files import TrustConfigError, read_policy_file
+from worker.trust.files import read_policy_file
 
 SIGNER_HEADER = "Aip-Signer"
 SIGNATURE_HEADER = "Aip-Signature"

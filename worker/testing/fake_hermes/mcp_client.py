@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from worker.gateway.mcp_client import McpHttpRefused, exchange, tool_text
+from worker.errors import McpHttpRefused
+from worker.gateway.mcp_client import exchange, tool_text
 from worker.testing.fake_hermes.mcp import AIP_CALL, McpTool
 
 
