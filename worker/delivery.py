@@ -51,6 +51,7 @@ from worker.errors import (
 )
 from worker.escalation.build import escalation_for
 from worker.execution import Execution, now_ms
+from worker.fingerprints import idempotency_fingerprint
 from worker.hermes.client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
@@ -73,7 +74,6 @@ from worker.trust.responses import cannot_sign, sha256_hex
 log = logging.getLogger(__name__)
 
 _result_decoder = msgspec.json.Decoder(ActionResult)
-_canonical = msgspec.json.Encoder(order="sorted")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,16 +104,6 @@ class Runtime:
     errors: RepeatedErrors = field(default_factory=RepeatedErrors)
     #: Channel egress rules (AIPD_CHANNEL_EGRESS_FILE); None sends nothing to sessions.
     channel: EgressTable | None = None
-
-
-def request_fingerprint(action: Action) -> str:
-    """sha256 of the canonical request: reuse of an Action id with another one collides."""
-    material = {
-        "capability": action.capability,
-        "input": action.input,
-        "delegation": msgspec.to_builtins(action.delegation),
-    }
-    return hashlib.sha256(_canonical.encode(material)).hexdigest()
 
 
 def keys_for(action: Action, operation: str) -> ActionKeys:
@@ -447,7 +437,11 @@ class DeliveryHandler:
         if keys.is_resume:
             await rt.store.remember_resume(keys)
         grant = await rt.store.acquire(
-            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action), subject_of(action)
+            keys,
+            owner,
+            rt.settings.lease_ttl_ms,
+            idempotency_fingerprint(action),
+            subject_of(action),
         )
         if not await self.answer_without_lease(msg, action, keys, ep.endpoint.id, grant):
             return
@@ -812,7 +806,11 @@ class DeliveryHandler:
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
         self.leasing(msg)
         grant = await rt.store.acquire(
-            keys, owner, rt.settings.lease_ttl_ms, request_fingerprint(action), subject_of(action)
+            keys,
+            owner,
+            rt.settings.lease_ttl_ms,
+            idempotency_fingerprint(action),
+            subject_of(action),
         )
         if not await self.answer_without_lease(msg, action, keys, endpoint_id, grant):
             return

@@ -20,7 +20,7 @@ from worker.delegation.payload import (
 )
 from worker.delegation.router import check_child_tenant, check_route_policy
 from worker.errors import ConnectorError
-from worker.operator.binding import request_fingerprint
+from worker.fingerprints import operator_fingerprint
 from worker.operator.policy import BUILTIN_INSTRUCTIONS, HermesOperatorPolicy
 from worker.secret_files import Secret
 from worker.settings import Endpoint, EndpointDescriptor
@@ -210,10 +210,10 @@ def test_the_delegation_action_id_is_stable_and_collides_on_reuse() -> None:
         request, action=msgspec.structs.replace(request.action, input={"case_id": "other"})
     )
     assert internal_action(other_child, "h1").id == action.id
-    assert request_fingerprint("h1", internal_action(other_child, "h1")) != request_fingerprint(
+    assert operator_fingerprint("h1", internal_action(other_child, "h1")) != operator_fingerprint(
         "h1", action
     )
-    assert request_fingerprint("h2", action) != request_fingerprint("h1", action)
+    assert operator_fingerprint("h2", action) != operator_fingerprint("h1", action)
 
 
 def test_the_wire_type_is_strict() -> None:

@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 from schemas.approval import ApprovalRecord
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
+from worker.fingerprints import approval_fingerprint
 from worker.store.keys import approvals_key
 from worker.testing.identities import APPROVER_UNTENANTED
-from worker.trust.fingerprint import fingerprint_request
 
 POST_RUNS = "POST /v1/runs"
 CONFLICT = "connector_host.approval_authorization_conflict"
@@ -43,7 +43,7 @@ async def test_an_approval_written_to_redis_without_the_approvers_signature_runs
             genuine,
             decision_id="apr_" + "d" * 32,
             action_id=action.id,
-            input_fingerprint=fingerprint_request(action),
+            input_fingerprint=approval_fingerprint(action),
         )
         await client.hset(
             approvals_key(action.id),

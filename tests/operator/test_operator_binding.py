@@ -15,6 +15,7 @@ from schemas.action import DelegationRef
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker.errors import IllegalTransition
+from worker.fingerprints import operator_fingerprint
 from worker.operator import admin
 from worker.operator.binding import (
     TERMINAL_STATES,
@@ -22,7 +23,6 @@ from worker.operator.binding import (
     BindingState,
     OperatorBinding,
     encode_binding,
-    request_fingerprint,
 )
 from worker.operator.handle import BindingHandle
 from worker.store.keys import binding_key
@@ -103,14 +103,14 @@ async def test_changed_input_reuse_is_an_idempotency_collision(
 
 def test_fingerprint_covers_endpoint_input_and_delegation() -> None:
     action = make_action(objective("same"))
-    fp = request_fingerprint("hermes-1", action)
-    assert fp == request_fingerprint("hermes-1", msgspec.structs.replace(action))
-    assert fp != request_fingerprint("hermes-2", action)
-    assert fp != request_fingerprint(
+    fp = operator_fingerprint("hermes-1", action)
+    assert fp == operator_fingerprint("hermes-1", msgspec.structs.replace(action))
+    assert fp != operator_fingerprint("hermes-2", action)
+    assert fp != operator_fingerprint(
         "hermes-1", msgspec.structs.replace(action, input=objective("other"))
     )
     delegated = msgspec.structs.replace(action, delegation=DelegationRef(delegation_id="d-1"))
-    assert fp != request_fingerprint("hermes-1", delegated)
+    assert fp != operator_fingerprint("hermes-1", delegated)
 
 
 async def test_fenced_out_writer_cannot_change_the_binding(

@@ -7,7 +7,8 @@ from typing import Any
 from operator_support import Harness, objective
 
 from schemas.result import ResultStatus
-from worker.operator.binding import new_binding, request_fingerprint
+from worker.fingerprints import operator_fingerprint
+from worker.operator.binding import new_binding
 from worker.operator.handle import BindingHandle
 
 
@@ -43,7 +44,7 @@ async def test_a_hinted_create_adopts_a_binding_that_exists_after_all(harness: H
     the hint), the stored binding is adopted and never replaced."""
     action = harness.action(objective("exists"))
     ctx = await harness.lease(action)
-    fingerprint = request_fingerprint(ctx.endpoint.id, action)
+    fingerprint = operator_fingerprint(ctx.endpoint.id, action)
     first = BindingHandle(harness.store, ctx.keys, ctx.owner, ctx.fence)
     stored = await first.create(lambda now: new_binding(action, ctx.endpoint.id, fingerprint, now))
     later = BindingHandle(

@@ -17,9 +17,10 @@ from schemas.errors import ErrorCode
 from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
+from worker.fingerprints import operator_fingerprint
 from worker.hermes.client import HermesClient, Transport
 from worker.operations.base import Recovering
-from worker.operator.binding import BindingState, new_binding, request_fingerprint
+from worker.operator.binding import BindingState, new_binding
 from worker.operator.handle import BindingHandle
 from worker.operator.policy import HermesOperatorPolicy
 from worker.testing._procs import free_ports
@@ -38,7 +39,7 @@ async def test_an_unclaimed_binding_ends_failed_with_the_refusal_and_nothing_is_
 ) -> None:
     action = harness.action(objective("created, never claimed"))
     first = await harness.lease(action)
-    fingerprint = request_fingerprint(first.endpoint.id, action)
+    fingerprint = operator_fingerprint(first.endpoint.id, action)
     handle = BindingHandle(harness.store, first.keys, first.owner, first.fence)
     await handle.create(lambda now: new_binding(action, first.endpoint.id, fingerprint, now))
     second = await harness.replace_owner(first)

@@ -16,6 +16,7 @@ from schemas.action import Action
 from schemas.approval import MAX_INPUT_SNAPSHOT_BYTES, ApprovalDecision, ApprovalRecord
 from schemas.errors import ErrorCode
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
+from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
 from worker.store.keys import approvals_key
 from worker.store.scripts import script_source
@@ -30,7 +31,6 @@ from worker.testing.identities import (
 )
 from worker.trust.approvals import approve
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.fingerprint import fingerprint_request
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.signing import generate_keypair, public_key_of, sign_detached, verify_detached
 
@@ -104,7 +104,7 @@ async def test_the_record_holds_the_policy_evidence(
     record = await decide(redis, authority, trust_files, document)
     action, _ = encode_action(document)
     assert record.action_id == action.id
-    assert record.input_fingerprint == fingerprint_request(action)
+    assert record.input_fingerprint == approval_fingerprint(action)
     assert record.approver_principal_id == APPROVER_A
     assert record.approver_revision == 1
     assert record.reason == "reviewed the objective"
@@ -389,13 +389,13 @@ def test_fingerprint_binds_capability_and_input_only() -> None:
     reordered = {**base, "input": {"a": [1, {"x": 1, "y": 2}], "b": 1}}
     other_envelope = {**base, "trace": {"trace_id": "t-2"}, "approval": {"decision_id": "x"}}
     fingerprints = {
-        fingerprint_request(encode_action(doc)[0]) for doc in (base, reordered, other_envelope)
+        approval_fingerprint(encode_action(doc)[0]) for doc in (base, reordered, other_envelope)
     }
     assert len(fingerprints) == 1
     changed_input = {**base, "input": {"b": 2, "a": [1, {"y": 2, "x": 1}]}}
     changed_capability = {**base, "capability": "cap:hermes_agent:hermes-a:models"}
     for doc in (changed_input, changed_capability):
-        assert fingerprint_request(encode_action(doc)[0]) not in fingerprints
+        assert approval_fingerprint(encode_action(doc)[0]) not in fingerprints
 
 
 async def test_the_approval_check_costs_one_redis_command(
@@ -450,7 +450,7 @@ async def test_a_record_written_to_redis_without_the_approvers_signature_is_refu
         model,
         decision_id="apr_" + "f" * 32,
         action_id=action.id,
-        input_fingerprint=fingerprint_request(action),
+        input_fingerprint=approval_fingerprint(action),
     )
     await _store_raw(redis, action, forged, signature="", signer="")
     error = await refused(gate, redis, trust_files, document)
@@ -503,7 +503,7 @@ async def test_a_member_signing_for_another_member_is_refused(
         model,
         decision_id="apr_" + "e" * 32,
         action_id=action.id,
-        input_fingerprint=fingerprint_request(action),
+        input_fingerprint=approval_fingerprint(action),
     )
     raw = msgspec.json.encode(forged)
     other_seed = trust_files.approver_seed(APPROVER_UNTENANTED)

@@ -45,10 +45,10 @@ from worker.escalation.ledger import (
     read_resolution,
     record_resolution,
 )
+from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
 from worker.trust.approvals import read_record
 from worker.trust.clock import redis_now_ms
-from worker.trust.fingerprint import fingerprint_request
 from worker.trust.signing import read_seed_file
 
 EXIT_FAILED = 1
@@ -269,7 +269,7 @@ async def _decided(redis: Any, resume: Action) -> ApprovalRecord | None:
         raise ResolutionRefused(
             f"the resume {resume.id} was denied by {record.approver_principal_id}"
         )
-    if record.input_fingerprint != fingerprint_request(resume):
+    if record.input_fingerprint != approval_fingerprint(resume):
         raise ResolutionRefused(
             f"the resume {resume.id} was already decided with another choice by "
             f"{record.approver_principal_id}"

@@ -25,6 +25,7 @@ from schemas.errors import ErrorCode
 from schemas.operator import OperatorResume
 from worker.audit import receipt
 from worker.errors import ConnectorError
+from worker.fingerprints import operator_fingerprint
 from worker.operator import provider
 from worker.operator.binding import (
     MAX_APPROVAL_COMMANDS,
@@ -33,7 +34,6 @@ from worker.operator.binding import (
     CommandState,
     OperatorBinding,
     ProviderSnapshot,
-    request_fingerprint,
 )
 from worker.operator.events import ProviderStatus
 from worker.operator.observe import OBSERVE, Observer
@@ -69,7 +69,7 @@ class ResumeLedger:
         self.resume = resume
         ctx = session.ctx
         self.resume_id = ctx.action.id
-        self.fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
+        self.fingerprint = operator_fingerprint(ctx.endpoint.id, ctx.action)
         self.claim_id = "clm_" + secrets.token_hex(16)
 
     async def run(self) -> ResumeEnd:

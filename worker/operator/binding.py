@@ -9,7 +9,6 @@ table decides which state may follow which, and terminal states have no way out.
 
 from __future__ import annotations
 
-import hashlib
 from enum import StrEnum
 from typing import Any
 
@@ -247,25 +246,6 @@ def decode_binding(data: bytes) -> OperatorBinding:
         raise ConnectorError(
             ErrorCode.OPERATOR_STATE, f"stored operator binding does not parse: {exc}"
         ) from None
-
-
-def canonical_json(value: Any) -> bytes:
-    """Sorted keys, no whitespace, UTF-8: one byte string per JSON value."""
-    return _encoder.encode(value)
-
-
-def request_fingerprint(endpoint_id: str, action: Action) -> str:
-    """sha256 over the canonical (endpoint, input, delegation) of an operator Action.
-
-    Reusing an Action id with any of the three changed is an idempotency collision (spec
-    "Fence provider start"), so exactly those three are hashed.
-    """
-    material = {
-        "endpoint_id": endpoint_id,
-        "input": action.input,
-        "delegation": msgspec.to_builtins(action.delegation),
-    }
-    return hashlib.sha256(canonical_json(material)).hexdigest()
 
 
 def session_id_for(action_id: str) -> str:

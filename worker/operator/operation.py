@@ -16,6 +16,7 @@ from schemas.manifest import Risk
 from schemas.operator import OperatorInput, OperatorInputSchema, OperatorObjective, OperatorResume
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
+from worker.fingerprints import operator_fingerprint
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
 from worker.operator.approval import ResumeLedger
 from worker.operator.binding import (
@@ -23,7 +24,6 @@ from worker.operator.binding import (
     OperatorBinding,
     collision_error,
     new_binding,
-    request_fingerprint,
     session_id_for,
 )
 from worker.operator.cancel import reconcile_cancel
@@ -138,7 +138,7 @@ async def start_and_drive(
     `forbid_start` (a refused redelivery) ends an unclaimed binding instead of claiming it.
     """
     ctx = session.ctx
-    fingerprint = request_fingerprint(ctx.endpoint.id, ctx.action)
+    fingerprint = operator_fingerprint(ctx.endpoint.id, ctx.action)
     binding = await session.handle.create(
         lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
     )

@@ -5,7 +5,6 @@
 
 from worker.trust.approvals import approve, check_approval, read_record
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.fingerprint import fingerprint_request
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
 from worker.trust.projection import trusted_projection
@@ -25,7 +24,6 @@ __all__ = [
     "TrustedIdentity",
     "approve",
     "check_approval",
-    "fingerprint_request",
     "generate_keypair",
     "read_record",
     "sign_envelope",

@@ -33,13 +33,13 @@ from schemas.approval import (
 )
 from schemas.errors import ErrorCode
 from worker.errors import ApprovalRefused, ConnectorError, NotAuthorized, StoreUnavailable
+from worker.fingerprints import approval_fingerprint, canonical_request
 from worker.store.keys import approvals_key
 from worker.store.reask import reask
 from worker.store.scripts import Script, script_source
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import Clock, RedisClock, redis_now_ms
 from worker.trust.files import describe_principal
-from worker.trust.fingerprint import canonical_request, fingerprint_request
 from worker.trust.signing import public_key_of, sign_detached, verify_detached
 
 #: The operator's approval policy: a decision lasts 15 minutes (operator-and-delegation).
@@ -217,7 +217,7 @@ async def approve(
         decision_id=new_decision_id(),
         action_id=action.id,
         capability=action.capability,
-        input_fingerprint=fingerprint_request(action),
+        input_fingerprint=approval_fingerprint(action),
         decision=decision,
         approver_principal_id=as_principal,
         approver_revision=membership.revision,
@@ -342,7 +342,7 @@ async def check_approval(
         raise _conflict("the recorded decision is for another Action")
     if record.capability != action.capability:
         raise _conflict("the recorded decision is for another capability")
-    if record.input_fingerprint != fingerprint_request(action):
+    if record.input_fingerprint != approval_fingerprint(action):
         raise _conflict("the input changed after the decision")
     if record.tenant_id != tenant_id:
         raise _conflict("the recorded decision is for another tenant")
