@@ -31,6 +31,34 @@ def normalize_endpoint_id(raw: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class EndpointSubjects:
+    """What any executor serves under its subject base: Actions in, a cancel request/reply,
+    chunks and one result out.
+
+    The base is `{prefix}.hermes.{endpoint}` for a Hermes endpoint of this bus
+    (`Subjects.endpoint`), or the subject prefix a gateway route names for another executor
+    that speaks the same grammar (`AIPD_CAPABILITY_ROUTES`, docs/gateway.md).
+    """
+
+    base: str
+
+    @property
+    def actions(self) -> str:
+        return f"{self.base}.actions"
+
+    @property
+    def cancel(self) -> str:
+        """Core NATS request/reply: a signed CancelRequest in, a CancelReply back."""
+        return f"{self.base}.cancel"
+
+    def chunks(self, action_id: str) -> str:
+        return f"{self.base}.chunks.{_checked(action_id)}"
+
+    def results(self, action_id: str) -> str:
+        return f"{self.base}.results.{_checked(action_id)}"
+
+
+@dataclass(frozen=True, slots=True)
 class Subjects:
     """Subjects under one prefix (default `aip`)."""
 
@@ -41,14 +69,21 @@ class Subjects:
             raise ValueError(f"subject prefix {self.prefix!r} must match [a-z0-9][a-z0-9_-]*")
 
     # Per-endpoint subjects.
+    def endpoint_base(self, endpoint_id: str) -> str:
+        """`{prefix}.hermes.{endpoint}`: every subject of one endpoint starts with it."""
+        return f"{self.prefix}.hermes.{endpoint_id}"
+
+    def endpoint(self, endpoint_id: str) -> EndpointSubjects:
+        return EndpointSubjects(self.endpoint_base(endpoint_id))
+
     def actions(self, endpoint_id: str) -> str:
-        return f"{self.prefix}.hermes.{endpoint_id}.actions"
+        return self.endpoint(endpoint_id).actions
 
     def delegations(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.delegations"
 
     def cancel(self, endpoint_id: str) -> str:
-        return f"{self.prefix}.hermes.{endpoint_id}.cancel"
+        return self.endpoint(endpoint_id).cancel
 
     def cancel_notice(self, endpoint_id: str) -> str:
         """Internal fan-out among workers: "re-read the durable cancel intent of this Action".
@@ -60,10 +95,10 @@ class Subjects:
         return f"{self.prefix}.hermes.{endpoint_id}.control.cancel"
 
     def chunks(self, endpoint_id: str, action_id: str) -> str:
-        return f"{self.prefix}.hermes.{endpoint_id}.chunks.{_checked(action_id)}"
+        return self.endpoint(endpoint_id).chunks(action_id)
 
     def results(self, endpoint_id: str, action_id: str) -> str:
-        return f"{self.prefix}.hermes.{endpoint_id}.results.{_checked(action_id)}"
+        return self.endpoint(endpoint_id).results(action_id)
 
     def dlq(self, endpoint_id: str) -> str:
         return f"{self.prefix}.hermes.{endpoint_id}.dlq"

@@ -30,9 +30,9 @@ def test_the_builtin_route_reaches_the_endpoint_subjects() -> None:
     route = table.resolve("cap:hermes_agent:h2:models")
     assert route is not None
     assert route.endpoint_id == "h2"
-    assert route.actions == "aip.hermes.h2.actions"
-    assert route.results("act_" + "0" * 32) == "aip.hermes.h2.results.act_" + "0" * 32
-    assert route.cancel == "aip.hermes.h2.cancel"
+    assert route.subjects.actions == "aip.hermes.h2.actions"
+    assert route.subjects.results("act_" + "0" * 32) == "aip.hermes.h2.results.act_" + "0" * 32
+    assert route.subjects.cancel == "aip.hermes.h2.cancel"
     assert table.resolve("cap:billing:invoice.pay") is None
     assert table.resolve("cap:hermes_agent:Bad Endpoint:models") is None
 
@@ -46,8 +46,8 @@ def test_configured_routes_merge_and_the_longest_prefix_wins() -> None:
     case = table.resolve("cap:support_sandbox:case.get")
     assert sandbox is not None
     assert case is not None
-    assert sandbox.actions == "aip.sandbox.actions"
-    assert case.actions == "aip.cases.actions"
+    assert sandbox.subjects.actions == "aip.sandbox.actions"
+    assert case.subjects.actions == "aip.cases.actions"
     assert sandbox.audit_endpoint == "_gateway"
     # null removes the built-in route.
     assert (

@@ -148,7 +148,7 @@ class Children:
         """Publish the child (signed, `Nats-Msg-Id` = its id), then record the dispatch."""
         payload = self.envelope(record.action, route)
         headers = {"Nats-Msg-Id": record.action.id, **sign_envelope(payload, self.seed)}
-        await self.js.publish(route.actions, payload, headers=headers)
+        await self.js.publish(route.subjects.actions, payload, headers=headers)
         faults.hit("gateway_after_dispatch", record.action.id)
         running = replace(record, state=LifecycleState.RUNNING, updated_at_unix_ms=now_ms())
         await self.writer.update_queue_entry(running)
@@ -159,7 +159,7 @@ class Children:
         only the endpoints some worker pool provisioned: a child for any other would be
         refused by NATS (`no response from stream`), so it is refused before it is enqueued."""
         try:
-            await self.js.find_stream_name_by_subject(route.actions)
+            await self.js.find_stream_name_by_subject(route.subjects.actions)
         except NotFoundError:
             return False
         return True
@@ -181,7 +181,7 @@ class Children:
         An ordered consumer re-creates itself after a NATS reconnect and starts again from
         the first message, so a disconnect while following loses nothing.
         """
-        subject = route.results(action_id)
+        subject = route.subjects.results(action_id)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         sub = None
         refused: Refused | None = None
@@ -225,7 +225,7 @@ class Children:
     async def stored_result(self, route: Route, action_id: str) -> ActionResult | Refused | None:
         """The child's result if it is already on the bus (no waiting for a new one): the
         last message, or when that one is refused, the first earlier one that verifies."""
-        subject = route.results(action_id)
+        subject = route.subjects.results(action_id)
         try:
             stream = await self.js.find_stream_name_by_subject(subject)
             msg = await self.js.get_last_msg(stream, subject)
@@ -263,7 +263,7 @@ class Children:
             CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
         )
         reply = await self.nc.request(
-            route.cancel,
+            route.subjects.cancel,
             payload,
             timeout=CANCEL_TIMEOUT_S,
             headers=sign_envelope(payload, self.seed),

@@ -2,8 +2,9 @@
 
 A route maps a capability-id prefix to a subject prefix `P`; the child is published to
 `P.actions`, its chunks and result are read from `P.chunks.{id}` / `P.results.{id}`, and a
-cancel goes to `P.cancel` — the worker's own subject grammar, so the built-in route
-`cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` reaches this bus's workers.
+cancel goes to `P.cancel` — the worker's own subject grammar (`EndpointSubjects` over the
+base `P`), so the built-in route `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}`
+reaches this bus's workers.
 `{endpoint}` in a prefix matches one endpoint id and is substituted into the subject prefix.
 The longest matching prefix wins; a capability no prefix matches is refused before anything
 is stored or sent.
@@ -15,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass
 
-from schemas.ids import is_action_id
+from subjects.grammar import EndpointSubjects, Subjects
 from worker.errors import RouteConfigError
 
 ENDPOINT_PLACEHOLDER = "{endpoint}"
@@ -29,23 +30,10 @@ class Route:
     """Where one capability is served."""
 
     capability_prefix: str
-    subject_prefix: str
+    #: Actions, cancel, chunks and results under the route's subject prefix.
+    subjects: EndpointSubjects
     #: The endpoint id the placeholder matched, for a Hermes route.
     endpoint_id: str | None
-
-    @property
-    def actions(self) -> str:
-        return f"{self.subject_prefix}.actions"
-
-    @property
-    def cancel(self) -> str:
-        return f"{self.subject_prefix}.cancel"
-
-    def chunks(self, action_id: str) -> str:
-        return f"{self.subject_prefix}.chunks.{_checked(action_id)}"
-
-    def results(self, action_id: str) -> str:
-        return f"{self.subject_prefix}.results.{_checked(action_id)}"
 
     @property
     def audit_endpoint(self) -> str:
@@ -62,7 +50,7 @@ class _Entry:
         head, placeholder, tail = self.capability_prefix.partition(ENDPOINT_PLACEHOLDER)
         if not placeholder:
             if capability.startswith(self.capability_prefix):
-                return Route(self.capability_prefix, self.subject_prefix, None)
+                return Route(self.capability_prefix, EndpointSubjects(self.subject_prefix), None)
             return None
         if not capability.startswith(head):
             return None
@@ -72,7 +60,7 @@ class _Entry:
             return None
         endpoint_id = found.group(0)
         subject = self.subject_prefix.replace(ENDPOINT_PLACEHOLDER, endpoint_id)
-        return Route(self.capability_prefix, subject, endpoint_id)
+        return Route(self.capability_prefix, EndpointSubjects(subject), endpoint_id)
 
 
 class RouteTable:
@@ -97,7 +85,9 @@ class RouteTable:
     def from_setting(cls, subject_prefix: str, raw: str | None) -> RouteTable:
         """The built-in Hermes route, with `raw` (JSON object) merged over it."""
         entries: dict[str, str] = {
-            "cap:hermes_agent:{endpoint}:": f"{subject_prefix}.hermes.{{endpoint}}"
+            "cap:hermes_agent:{endpoint}:": Subjects(subject_prefix).endpoint_base(
+                ENDPOINT_PLACEHOLDER
+            )
         }
         if raw:
             try:
@@ -126,9 +116,3 @@ class RouteTable:
 
     def describe(self) -> dict[str, str]:
         return {e.capability_prefix: e.subject_prefix for e in self._entries}
-
-
-def _checked(action_id: str) -> str:
-    if not is_action_id(action_id):
-        raise ValueError("not an action id")
-    return action_id

@@ -162,7 +162,7 @@ class GatewayService:
         if not await self.children.served(route):
             raise ConnectorError(
                 ErrorCode.HOST_ROUTE_MISMATCH,
-                f"nothing on this bus takes {route.actions} (capability "
+                f"nothing on this bus takes {route.subjects.actions} (capability "
                 f"{child.capability[:200]!r}): no stream binds it",
             )
         if route.endpoint_id is not None:
@@ -308,7 +308,9 @@ class GatewayService:
         done = False
         try:
             sub = await self.nc.jetstream().subscribe(
-                route.chunks(action_id), ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
+                route.subjects.chunks(action_id),
+                ordered_consumer=True,
+                deliver_policy=DeliverPolicy.ALL,
             )
         except NotFoundError:
             sub = None

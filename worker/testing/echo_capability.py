@@ -22,7 +22,7 @@ from nats.js.api import StreamConfig
 from schemas.codec import encode
 from schemas.delegation import ChildAction
 from schemas.result import ActionResult, ResultStatus
-from subjects.grammar import result_msg_id
+from subjects.grammar import EndpointSubjects, result_msg_id
 
 SANDBOX_PREFIX = "cap:support_sandbox:"
 SANDBOX_SUBJECT_PREFIX = "aip.sandbox"
@@ -38,6 +38,7 @@ class EchoCapability:
     def __init__(self, nc: NATS, subject_prefix: str = SANDBOX_SUBJECT_PREFIX) -> None:
         self.nc = nc
         self.subject_prefix = subject_prefix
+        self.subjects = EndpointSubjects(subject_prefix)
         #: Every child executed, in order (a re-sent child dropped by JetStream is not here).
         self.executed: list[ChildAction] = []
         self._sub: Subscription | None = None
@@ -54,7 +55,7 @@ class EchoCapability:
             StreamConfig(name=name, subjects=[f"{self.subject_prefix}.>"], duplicate_window=120)
         )
         self._sub = await js.subscribe(
-            f"{self.subject_prefix}.actions", cb=self._execute, manual_ack=True
+            self.subjects.actions, cb=self._execute, manual_ack=True
         )
 
     async def stop(self) -> None:
@@ -80,7 +81,7 @@ class EchoCapability:
             settled_at_unix_ms=time.time_ns() // 1_000_000,
         )
         await self.nc.jetstream().publish(
-            f"{self.subject_prefix}.results.{child.id}",
+            self.subjects.results(child.id),
             encode(result),
             headers={"Nats-Msg-Id": result_msg_id(child.id)},
         )
