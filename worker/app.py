@@ -31,7 +31,7 @@ from worker.health import (
     redis_ping_check,
     start_health_server,
 )
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics

@@ -302,7 +302,7 @@ class AipClient:
         (`worker.delegation.delegation_action_id`): its chunks are the operator run's, its
         result carries the verified child result in `output.child_result`.
         """
-        from worker.delegation.ids import delegation_action_id
+        from worker.delegation.action_id import delegation_action_id
         from worker.delegation.router import delegate_endpoint
 
         payload = encode(request)

@@ -52,7 +52,7 @@ from worker.errors import (
 from worker.escalation.build import escalation_for
 from worker.execution import Execution, now_ms
 from worker.fingerprints import idempotency_fingerprint
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import DeliveryOutcome, FenceStep, Metrics

@@ -22,7 +22,7 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.metrics import FenceStep, Metrics
 from worker.operations.base import LeaseLost, Operation
 from worker.publisher import BusPublisher

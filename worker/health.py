@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.metrics import Metrics
 
 log = logging.getLogger(__name__)

@@ -324,7 +324,7 @@ class Metrics:
         """An execution was cancelled because its lease was lost."""
         self._f_lost.get(endpoint).inc()
 
-    # --- provider (worker/hermes/client.py) ---------------------------------------------
+    # --- provider (worker/hermes/http_client.py) ---------------------------------------------
 
     def provider_call(
         self, endpoint: str, method: str, route: str, status: int | None, seconds: float

@@ -2,7 +2,7 @@
 
 Every system gets the same envelope: an operator objective signed by the gateway key of
 `write_trust_files`, from a principal of the identity directory. For our worker each Action is
-approved up front by the authority file's approver (through `worker.trust.approvals.approve`,
+approved up front by the authority file's approver (through `worker.trust.approval_ledger.approve`,
 the path a real approver takes), before any counter is read, so approval writes are never
 charged to the worker. Envelopes are built and signed before the clock starts, because the
 publisher shares the two cores with the systems under test.
@@ -34,7 +34,7 @@ from worker.testing.identities import (
     USER_UNTENANTED,
 )
 from worker.testing.scenario import SLOW_REPLY
-from worker.trust.approvals import approve
+from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import redis_now_ms
 

@@ -38,7 +38,7 @@ from worker.store.connection import open_redis
 from worker.testing.fake_hermes import FakeConfig, FakeHermes
 from worker.testing.identities import APPROVER_UNTENANTED, write_trust_files
 from worker.testing.scenario import SLOW_REPLY
-from worker.trust.approvals import approve
+from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
 
 POST_RUNS = "POST /v1/runs"

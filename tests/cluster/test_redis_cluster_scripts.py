@@ -37,7 +37,7 @@ from worker.testing.identities import (
     write_trust_files,
 )
 from worker.testing.redis_cluster import RedisCluster
-from worker.trust.approvals import approve, read_record
+from worker.trust.approval_ledger import approve, read_record
 from worker.trust.authority import ApprovalAuthority
 
 pytestmark = pytest.mark.cluster

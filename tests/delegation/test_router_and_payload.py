@@ -10,8 +10,8 @@ import pytest
 
 from schemas.codec import decode_delegation, encode
 from schemas.errors import EnvelopeRejected, ErrorCode
+from worker.delegation.action_id import delegation_action_id
 from worker.delegation.entry import internal_action
-from worker.delegation.ids import delegation_action_id
 from worker.delegation.payload import (
     DELEGATION_INSTRUCTIONS,
     PAYLOAD_KIND,

@@ -8,7 +8,7 @@ import pytest
 import pytest_asyncio
 from scripted_server import ScriptedServer, make_client
 
-from worker.hermes.client import HermesClient, Transport
+from worker.hermes.http_client import HermesClient, Transport
 
 
 @pytest_asyncio.fixture

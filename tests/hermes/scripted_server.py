@@ -14,7 +14,7 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
-from worker.hermes.client import HermesClient, Transport
+from worker.hermes.http_client import HermesClient, Transport
 from worker.secret_files import Secret
 from worker.settings import Endpoint, EndpointDescriptor
 

@@ -12,7 +12,7 @@ from scripted_server import API_KEY, SSE_HEADERS, Reply, ScriptedServer, make_cl
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.hermes.client import MAX_JSON_BODY_BYTES, HermesClient, Transport
+from worker.hermes.http_client import MAX_JSON_BODY_BYTES, HermesClient, Transport
 
 PROVIDER_BODY = b'{"error": {"message": "provider-secret-detail PROVIDER-BODY-MARKER"}}'
 

@@ -199,7 +199,7 @@ class Stack:
         from redis.asyncio import Redis
 
         from schemas.approval import ApprovalDecision
-        from worker.trust.approvals import approve
+        from worker.trust.approval_ledger import approve
         from worker.trust.authority import ApprovalAuthority
 
         client = Redis.from_url(self.redis_url)

@@ -29,7 +29,7 @@ from ops_harness import (
 from schemas.codec import convert_input
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
-from worker.hermes.client import HermesClient, Transport
+from worker.hermes.http_client import HermesClient, Transport
 from worker.operations.base import Operation, Outcome, Registry
 from worker.operations.registry import default_registry
 from worker.testing.fake_hermes import FakeConfig, FakeHermes

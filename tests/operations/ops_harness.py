@@ -17,7 +17,7 @@ from schemas.action import Action, DelegationRef, Identity, Trace
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.operations.base import Operation, Outcome
 from worker.secret_files import Secret
 from worker.settings import Endpoint, EndpointDescriptor

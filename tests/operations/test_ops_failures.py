@@ -16,7 +16,7 @@ from ops_harness import HermesServer, Invoke, endpoint_for
 
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.hermes.sse import SSELimits
 from worker.operations.registry import default_registry
 from worker.testing.fake_hermes import (

@@ -15,7 +15,7 @@ from ops_harness import HermesServer, Invoke, endpoint_for
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.testing.scenario import LLM_ERROR, NEEDS_APPROVAL, SLOW_REPLY, reply_text
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

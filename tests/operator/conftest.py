@@ -16,7 +16,7 @@ import pytest_asyncio
 from operator_support import Harness, endpoint_for
 from redis.asyncio import Redis
 
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.operator.policy import HermesOperatorPolicy
 from worker.testing._errors import ServiceStartError
 from worker.testing.fake_hermes import FakeConfig, FakeHermes

@@ -21,7 +21,7 @@ from schemas.ids import new_action_id
 from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.operations.base import LeaseLost, Outcome
 from worker.operator.binding import OperatorBinding, decode_binding
 from worker.operator.operation import OperatorOperation

@@ -20,7 +20,7 @@ from scripted_hermes import ScriptedHermes
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.operator.binding import (
     MAX_APPROVAL_COMMANDS,
     ApprovalCommand,

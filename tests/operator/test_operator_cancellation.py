@@ -20,7 +20,7 @@ from scripted_hermes import ScriptedHermes
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.operations.base import Outcome
 from worker.operator import request_cancel
 from worker.operator.binding import BindingState

@@ -18,7 +18,7 @@ from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
-from worker.hermes.client import HermesClient, Transport
+from worker.hermes.http_client import HermesClient, Transport
 from worker.operations.base import Recovering
 from worker.operator.binding import BindingState, new_binding
 from worker.operator.handle import BindingHandle

@@ -29,7 +29,7 @@ from worker.testing.identities import (
     TrustFiles,
     write_json,
 )
-from worker.trust.approvals import approve
+from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.signing import generate_keypair, public_key_of, sign_detached, verify_detached

@@ -23,7 +23,7 @@ from schemas.codec import decode_action, decode_cancel
 from schemas.errors import EnvelopeRejected
 from schemas.export import EXPORTED, render
 from schemas.ids import json_schema
-from worker.operations import ids as operation_ids
+from worker.operations import input_types as operation_ids
 
 DELEGATE = Annotated[str, msgspec.Meta(pattern=delegation.DELEGATE_PATTERN)]
 DLQ_ID = Annotated[str, msgspec.Meta(pattern=ids.DLQ_ID_PATTERN)]

@@ -9,7 +9,7 @@ result is the child's *native* result read from the AIP runtime's Action queue a
 stores and verified field by field (`resolver`); Hermes' own final text is never the result.
 """
 
-from worker.delegation.ids import delegation_action_id
+from worker.delegation.action_id import delegation_action_id
 from worker.delegation.operation import DELEGATION_SPEC, DelegatedOperation
 
 __all__ = ["DELEGATION_SPEC", "DelegatedOperation", "delegation_action_id"]

@@ -1,4 +1,4 @@
-"""The internal operator Action a delegation is executed as (see `worker.delegation.ids`).
+"""The internal operator Action a delegation is executed as (see `worker.delegation.action_id`).
 
 The runtime leases, fences, settles and publishes Actions; a delegation reuses all of it by
 becoming one: the operator capability of its endpoint, the delegator's identity (checked
@@ -13,7 +13,7 @@ import msgspec
 from schemas.action import Action, DelegationRef
 from schemas.delegation import DelegationRequest
 from schemas.ids import capability_id
-from worker.delegation.ids import delegation_action_id
+from worker.delegation.action_id import delegation_action_id
 
 
 def internal_action(request: DelegationRequest, endpoint_id: str) -> Action:

@@ -39,7 +39,7 @@ from worker.testing.identities import (
     USER_UNTENANTED,
 )
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
-from worker.trust.approvals import approve
+from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
 
 OPERATOR_UNAVAILABLE = "operator not available"

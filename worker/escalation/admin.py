@@ -47,7 +47,7 @@ from worker.escalation.ledger import (
 )
 from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
-from worker.trust.approvals import read_record
+from worker.trust.approval_ledger import read_record
 from worker.trust.clock import redis_now_ms
 from worker.trust.signing import read_seed_file
 

@@ -21,7 +21,7 @@ from schemas.ids import json_schema
 from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.settings import Endpoint
 from worker.store.keys import ActionKeys
 

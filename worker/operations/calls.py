@@ -20,7 +20,7 @@ import msgspec
 from schemas.chunk import ChunkKind
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError, deadline_exceeded
-from worker.hermes.client import HermesResponse
+from worker.hermes.http_client import HermesResponse
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome
 from worker.operations.retry import NO_RETRY, ReadRetryPolicy, retry_read
 

@@ -15,7 +15,7 @@ import msgspec
 from schemas._base import WireStruct
 from schemas.manifest import Risk
 from worker.operations.calls import HermesCall, JsonOperation, body_of
-from worker.operations.ids import JobId, Label
+from worker.operations.input_types import JobId, Label
 from worker.operations.retry import ReadRetryPolicy
 from worker.operations.specs import read, unsafe
 

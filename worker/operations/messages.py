@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 import msgspec
 
 from schemas._base import WireStruct
-from worker.operations.ids import ContentParts, Label, ProviderObject
+from worker.operations.input_types import ContentParts, Label, ProviderObject
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 MessageText = Annotated[str, msgspec.Meta(max_length=262_144)]

@@ -21,7 +21,7 @@ from schemas.manifest import Risk
 from worker.hermes.sse import SSELimits
 from worker.operations.calls import HermesCall, JsonOperation, body_of
 from worker.operations.classifiers import RunEvents
-from worker.operations.ids import Instructions, Label, Prompt, ResponseId, RunId, SessionId
+from worker.operations.input_types import Instructions, Label, Prompt, ResponseId, RunId, SessionId
 from worker.operations.messages import ChatMessage, Messages
 from worker.operations.retry import ReadRetryPolicy
 from worker.operations.specs import STREAM_MS, read, unsafe

@@ -17,7 +17,14 @@ from schemas.manifest import Risk
 from worker.hermes.sse import SSELimits
 from worker.operations.calls import HermesCall, JsonOperation, body_of
 from worker.operations.classifiers import SessionChatEvents
-from worker.operations.ids import ContentParts, Instructions, Label, Prompt, SessionId, Title
+from worker.operations.input_types import (
+    ContentParts,
+    Instructions,
+    Label,
+    Prompt,
+    SessionId,
+    Title,
+)
 from worker.operations.retry import ReadRetryPolicy
 from worker.operations.specs import STREAM_MS, TURN_MS, read, unsafe
 from worker.operations.streaming import StreamOperation

@@ -28,7 +28,7 @@ from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
-from worker.hermes.client import SSEStream
+from worker.hermes.http_client import SSEStream
 from worker.hermes.sse import SSEEvent, SSELimits
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome
 from worker.operations.calls import HermesCall, within_deadline

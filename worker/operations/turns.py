@@ -26,7 +26,7 @@ from worker.hermes.sse import SSELimits
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome
 from worker.operations.calls import HermesCall, JsonOperation, body_of, send
 from worker.operations.classifiers import ChatCompletionChunks, ResponseEvents
-from worker.operations.ids import Instructions, Label, Prompt, ProviderObject, ResponseId
+from worker.operations.input_types import Instructions, Label, Prompt, ProviderObject, ResponseId
 from worker.operations.messages import ChatMessage, Messages
 from worker.operations.retry import ReadRetryPolicy
 from worker.operations.specs import TURN_MS, read, unsafe

@@ -24,7 +24,7 @@ from schemas.ids import is_action_id
 from worker.cli_settings import add_settings_flags, settings_from
 from worker.connections import open_redis_for
 from worker.errors import ConnectorError, StoreUnavailable
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, decode_binding
 from worker.operator.redaction import bounded_text, digest, redact_output

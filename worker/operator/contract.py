@@ -26,7 +26,7 @@ from schemas.manifest import (
     Transaction,
 )
 from schemas.operator import OperatorOutput
-from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS
+from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS
 
 #: The AIP principal each endpoint's operator owns (spec "Route first-class delegation").
 OPERATOR_PRINCIPAL = "agent:hermes_operator:{endpoint}"

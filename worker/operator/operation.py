@@ -18,7 +18,6 @@ from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
-from worker.operator.approval import ResumeLedger
 from worker.operator.binding import (
     BindingState,
     OperatorBinding,
@@ -31,6 +30,7 @@ from worker.operator.contract import operator_contract
 from worker.operator.observe import Observer
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
+from worker.operator.resume import ResumeLedger
 from worker.operator.session import OperatorSession
 from worker.operator.start import StartFence, provider_payload
 from worker.store.operator_store import OperatorStore

@@ -19,7 +19,7 @@ import msgspec
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, EventStreamUnavailable, refused_before_start
-from worker.hermes.client import HermesClient, error_code_of, route_path
+from worker.hermes.http_client import HermesClient, error_code_of, route_path
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 
 START_ROUTE = "/v1/runs"

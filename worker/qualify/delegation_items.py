@@ -19,7 +19,7 @@ from schemas.delegation import DELEGATE_PREFIX, DelegationRequest
 from schemas.errors import ErrorCode
 from schemas.ids import capability_id
 from schemas.result import ActionResult, ResultStatus
-from worker.delegation.ids import delegation_action_id
+from worker.delegation.action_id import delegation_action_id
 from worker.errors import McpHttpRefused
 from worker.gateway.mcp_client import call_tool
 from worker.operator.binding import session_id_for

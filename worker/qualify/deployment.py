@@ -31,7 +31,7 @@ from schemas.ids import new_action_id
 from schemas.result import ActionResult
 from worker.client import ActionHandle, AipClient
 from worker.errors import ConnectorError, QualifyNotConfigured
-from worker.hermes.client import HermesClient
+from worker.hermes.http_client import HermesClient
 from worker.qualify.settings import QualifySettings
 from worker.settings import Endpoint, Settings
 from worker.trust.authority import ApprovalAuthority
@@ -196,7 +196,7 @@ class Deployment:
 
     async def approve(self, action: Action | ChildAction) -> None:
         """The approver's signed decision on exactly this Action (as `approve --key`)."""
-        from worker.trust.approvals import approve
+        from worker.trust.approval_ledger import approve
 
         if self._approver_seed is None or self.settings.approval_authority_file is None:
             raise QualifyNotConfigured(

@@ -14,7 +14,7 @@ import secrets
 from schemas.errors import ErrorCode
 from schemas.ids import capability_id
 from schemas.result import ResultStatus
-from worker.delegation.ids import delegation_action_id
+from worker.delegation.action_id import delegation_action_id
 from worker.errors import McpHttpRefused, QualifySkipped
 from worker.gateway.mcp_client import call_tool
 from worker.operator.binding import session_id_for

@@ -3,7 +3,7 @@
 `TrustGate` is what the runtime calls; the modules below it each own one check.
 """
 
-from worker.trust.approvals import approve, check_approval, read_record
+from worker.trust.approval_ledger import approve, check_approval, read_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.identities import IdentityDirectory, TrustedIdentity

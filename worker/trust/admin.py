@@ -29,7 +29,7 @@ from worker.cli_settings import add_settings_flags, settings_from
 from worker.connections import open_redis_for
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
-from worker.trust.approvals import DEFAULT_APPROVAL_TTL_MS, approve, read_record
+from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve, read_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import redis_now_ms
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file

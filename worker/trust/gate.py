@@ -31,7 +31,7 @@ from worker.errors import ConnectorError, TrustConfigError
 from worker.operations.base import OperationSpec
 from worker.settings import Endpoint, Settings
 from worker.store.lease_store import ActionSubject
-from worker.trust.approvals import check_approval, prefetch_record
+from worker.trust.approval_ledger import check_approval, prefetch_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.cancel_authority import CancelAuthority
 from worker.trust.clock import RedisClock

@@ -44,8 +44,8 @@ Control routes (test-only, **unauthenticated**, never counted in the stats):
     Clear the stats, the request log and every fault.
 """
 
-from worker.testing.fake_hermes.client import FakeHermesControl
 from worker.testing.fake_hermes.config import FakeConfig
+from worker.testing.fake_hermes.control_client import FakeHermesControl
 from worker.testing.fake_hermes.faults import (
     EventsDisconnect,
     EventsFault,
