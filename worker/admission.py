@@ -15,8 +15,8 @@ from typing import Any, Protocol
 
 from schemas.action import Action
 from schemas.audit import DetailValue
+from worker.endpoints import Endpoint
 from worker.operations.base import OperationSpec
-from worker.settings import Endpoint
 from worker.store.lease_store import ActionSubject
 
 

@@ -23,6 +23,7 @@ from worker.delegation.handler import DelegationHandler
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
 from worker.delivery import DeliveryHandler, EndpointRuntime, Runtime
+from worker.endpoints import resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.health import (
     CallbackProbe,
@@ -95,7 +96,7 @@ class Worker:
 
     async def start(self) -> None:
         settings = self.settings
-        endpoints = settings.resolve_endpoints()
+        endpoints = resolve_endpoints(settings)
         if not endpoints:
             raise ValueError("no Hermes endpoint is configured (AIPD_HERMES_ENDPOINTS)")
         # Before any connection: a key that cannot be read refuses the start.

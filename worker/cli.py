@@ -138,9 +138,10 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     from subjects.grammar import Subjects
     from subjects.provision import Change, provision
     from worker.connections import stream_policy
+    from worker.endpoints import endpoint_descriptors
 
     settings = settings_from(args)
-    endpoint_ids = [d.id for d in settings.endpoint_descriptors()]
+    endpoint_ids = [d.id for d in endpoint_descriptors(settings)]
     nc = await _connect_nats(settings)
     try:
         report = await provision(

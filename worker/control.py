@@ -29,9 +29,9 @@ from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.manifest import CapabilityManifest
 from worker import __version__
 from worker.delivery import Runtime
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, protocol_error
 from worker.operations.base import Registry
-from worker.settings import Endpoint
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 

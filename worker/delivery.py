@@ -41,6 +41,7 @@ from worker.audit import AuditLog, ReceiptScope, enter_scope
 from worker.channel.egress import deliveries_for
 from worker.channel.rules import EgressTable
 from worker.dead_letters import DeadLetters, Kept
+from worker.endpoints import Endpoint
 from worker.errors import (
     ConnectorError,
     PublishFailed,
@@ -66,7 +67,7 @@ from worker.operations.base import (
     Registry,
 )
 from worker.publisher import MSG_ID, BusPublisher
-from worker.settings import Endpoint, Settings
+from worker.settings import Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
 from worker.trust.responses import cannot_sign, sha256_hex

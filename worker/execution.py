@@ -21,12 +21,12 @@ from schemas.action import Action
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
 from worker.metrics import FenceStep, Metrics
 from worker.operations.base import LeaseLost, Operation
 from worker.publisher import BusPublisher
-from worker.settings import Endpoint
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseStore
 

@@ -19,11 +19,11 @@ from worker.delegation.payload import (
     delegated_payload,
 )
 from worker.delegation.router import check_child_tenant, check_route_policy
+from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
 from worker.operator.policy import BUILTIN_INSTRUCTIONS, HermesOperatorPolicy
 from worker.secret_files import Secret
-from worker.settings import Endpoint, EndpointDescriptor
 
 from .support import CHILD_CAPABILITY, DELEGATOR, enabled_policy, make_request
 

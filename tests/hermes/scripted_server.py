@@ -14,9 +14,9 @@ from typing import Any
 from aiohttp import web
 from multidict import CIMultiDict
 
+from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.hermes.http_client import HermesClient, Transport
 from worker.secret_files import Secret
-from worker.settings import Endpoint, EndpointDescriptor
 
 API_KEY = "sk-test-SECRET-0123456789abcdef-MUST-NOT-LEAK"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}

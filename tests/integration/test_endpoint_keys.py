@@ -16,6 +16,7 @@ from schemas.result import ResultStatus
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.integration.stack import ENDPOINT, Stack
+from worker.endpoints import resolve_endpoints
 from worker.settings import Settings
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.identities import (
@@ -98,28 +99,28 @@ def _settings(tmp_path: Path, **overrides: object) -> Settings:
 
 def test_one_key_for_several_endpoints_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"2 endpoints \(h1, h2\).*AIPD_HERMES_SHARE_API_KEY"):
-        _settings(tmp_path).resolve_endpoints()
+        resolve_endpoints(_settings(tmp_path))
 
 
 def test_the_refusal_names_the_setting_the_shared_key_came_from(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"one API key \(AIPD_HERMES_API_KEY\) would be sent"):
-        _settings(tmp_path, hermes_api_key_file=None, hermes_api_key="k" * 32).resolve_endpoints()
+        resolve_endpoints(_settings(tmp_path, hermes_api_key_file=None, hermes_api_key="k" * 32))
 
 
 def test_one_key_for_one_endpoint_is_allowed(tmp_path: Path) -> None:
-    [endpoint] = _settings(tmp_path, hermes_endpoints="h1=http://127.0.0.1:1").resolve_endpoints()
+    [endpoint] = resolve_endpoints(_settings(tmp_path, hermes_endpoints="h1=http://127.0.0.1:1"))
     assert endpoint.api_key is not None
 
 
 def test_sharing_one_key_must_be_said_explicitly(tmp_path: Path) -> None:
-    endpoints = _settings(tmp_path, hermes_share_api_key=True).resolve_endpoints()
+    endpoints = resolve_endpoints(_settings(tmp_path, hermes_share_api_key=True))
     assert len({e.api_key.reveal() for e in endpoints if e.api_key}) == 1
     assert len(endpoints) == 2
 
 
 def test_the_shared_key_may_serve_the_one_endpoint_without_its_own(tmp_path: Path) -> None:
     own_key, own_file = write_api_key_file(tmp_path, "h2.key")
-    endpoints = _settings(tmp_path, hermes_api_key_files=f"h2={own_file}").resolve_endpoints()
+    endpoints = resolve_endpoints(_settings(tmp_path, hermes_api_key_files=f"h2={own_file}"))
     keys = {e.id: e.api_key.reveal() for e in endpoints if e.api_key}
     assert keys["h2"] == own_key
     assert keys["h1"] != own_key
@@ -137,7 +138,7 @@ def test_a_key_file_list_that_could_misroute_a_key_is_refused(
     tmp_path: Path, key_files: str, message: str
 ) -> None:
     with pytest.raises(ValueError, match=message):
-        _settings(tmp_path, hermes_api_key_files=key_files).resolve_endpoints()
+        resolve_endpoints(_settings(tmp_path, hermes_api_key_files=key_files))
 
 
 def test_the_worker_refuses_to_start_with_one_key_for_two_endpoints(tmp_path: Path) -> None:

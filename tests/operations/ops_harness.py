@@ -17,10 +17,10 @@ from schemas.action import Action, DelegationRef, Identity, Trace
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
+from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.hermes.http_client import HermesClient
 from worker.operations.base import Operation, Outcome
 from worker.secret_files import Secret
-from worker.settings import Endpoint, EndpointDescriptor
 from worker.store.keys import ActionKeys
 from worker.testing.fake_hermes import FakeHermes
 

@@ -20,6 +20,7 @@ from schemas.codec import convert_input
 from schemas.ids import new_action_id
 from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
+from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
 from worker.operations.base import LeaseLost, Outcome
@@ -27,7 +28,6 @@ from worker.operator.binding import OperatorBinding, decode_binding
 from worker.operator.operation import OperatorOperation
 from worker.operator.policy import HermesOperatorPolicy
 from worker.secret_files import Secret
-from worker.settings import Endpoint, EndpointDescriptor
 from worker.store.keys import ActionKeys, binding_key
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.store.operator_store import OperatorStore

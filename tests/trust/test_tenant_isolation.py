@@ -9,8 +9,8 @@ from redis.asyncio import Redis
 from trust_support import UNGOVERNED, action_document, encode_action, endpoint, now_ms
 
 from schemas.errors import ErrorCode
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
-from worker.settings import Endpoint
 from worker.testing.identities import (
     TENANT_A,
     TENANT_B,

@@ -11,8 +11,8 @@ from schemas.action import Action
 from schemas.codec import decode_action
 from schemas.ids import new_action_id
 from schemas.manifest import Risk
+from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.operations.base import OperationSpec
-from worker.settings import Endpoint, EndpointDescriptor
 from worker.testing.identities import ISSUER, PRINCIPAL_KIND, REVISION, TENANT_A, USER_A
 
 

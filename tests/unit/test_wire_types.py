@@ -107,7 +107,8 @@ def test_the_manifest_publishes_the_endpoints_tenant_binding() -> None:
     to that tenant); an unbound one publishes null: it serves every tenant."""
     from schemas.manifest import CapabilityManifest
     from worker.control import manifest_of
-    from worker.settings import Endpoint, EndpointDescriptor, Settings
+    from worker.endpoints import Endpoint, EndpointDescriptor
+    from worker.settings import Settings
     from worker.wiring import build_registry
 
     registry = build_registry(Settings(hermes_endpoints="h1=http://127.0.0.1:1"))
@@ -144,8 +145,8 @@ async def test_a_tenant_binding_admits_what_the_workers_tenancy_check_admits(
     bound: str | None, expires: int | None, tenant: str | None, admitted: bool
 ) -> None:
     """The gateway's predicate and the worker's admission check agree, case by case."""
+    from worker.endpoints import Endpoint, EndpointDescriptor
     from worker.errors import ConnectorError
-    from worker.settings import Endpoint, EndpointDescriptor
     from worker.trust.tenancy import binding_admits, check_endpoint_tenant
 
     class At1000:

@@ -23,9 +23,9 @@ import re
 
 from schemas.delegation import AGENT_KIND, DELEGATE_PREFIX, DelegationRequest
 from schemas.errors import ErrorCode
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
 from worker.operator.policy import HermesOperatorPolicy
-from worker.settings import Endpoint
 
 _HERMES_OPERATOR = re.compile(r"cap:hermes_agent:[^:]+:operator")
 

@@ -30,6 +30,7 @@ from httpx_aiohttp import AiohttpTransport
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from worker.audit import receipt
+from worker.endpoints import Endpoint
 from worker.errors import (
     ConnectorError,
     SSEDecodeError,
@@ -41,7 +42,6 @@ from worker.errors import (
 )
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 from worker.metrics import Metrics
-from worker.settings import Endpoint
 
 Transport = Literal["aiohttp", "httpx"]
 

@@ -20,9 +20,9 @@ from schemas.chunk import ChunkKind
 from schemas.ids import json_schema
 from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
-from worker.settings import Endpoint
 from worker.store.keys import ActionKeys
 
 

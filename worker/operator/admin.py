@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 from schemas.ids import is_action_id
 from worker.cli_settings import add_settings_flags, settings_from
 from worker.connections import open_redis_for
+from worker.endpoints import resolve_endpoints
 from worker.errors import ConnectorError, StoreUnavailable
 from worker.hermes.http_client import HermesClient
 from worker.operator import provider
@@ -174,7 +175,7 @@ async def cmd_binding_show(args: argparse.Namespace) -> int:
 async def cmd_reconcile(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     try:
-        endpoints = {e.id: e for e in settings.resolve_endpoints()}
+        endpoints = {e.id: e for e in resolve_endpoints(settings)}
     except ValueError as exc:
         return _fail(EXIT_CONFIG, str(exc))
     redis = open_redis_for(settings)

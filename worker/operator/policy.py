@@ -12,8 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.endpoints import Endpoint
 from worker.errors import PolicyError
-from worker.settings import Endpoint, Settings
+from worker.settings import Settings
 
 MAX_INSTRUCTIONS_BYTES = 131_072
 MAX_PREFIX_CHARS = 512

@@ -30,10 +30,11 @@ from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from schemas.result import ActionResult
 from worker.client import ActionHandle, AipClient
+from worker.endpoints import Endpoint, resolve_endpoints
 from worker.errors import ConnectorError, QualifyNotConfigured
 from worker.hermes.http_client import HermesClient
 from worker.qualify.settings import QualifySettings
-from worker.settings import Endpoint, Settings
+from worker.settings import Settings
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import read_seed_file
 
@@ -149,7 +150,7 @@ class Deployment:
         from worker.cli import _connect_nats
         from worker.connections import open_redis_for
 
-        endpoints = {endpoint.id: endpoint for endpoint in settings.resolve_endpoints()}
+        endpoints = {endpoint.id: endpoint for endpoint in resolve_endpoints(settings)}
         nc = await _connect_nats(settings)
         return cls(settings, qualify, nc=nc, redis=open_redis_for(settings), endpoints=endpoints)
 

@@ -27,9 +27,10 @@ from schemas.action import Action
 from schemas.approval import ApprovalRecord
 from schemas.audit import DetailValue
 from schemas.errors import ErrorCode
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, TrustConfigError
 from worker.operations.base import OperationSpec
-from worker.settings import Endpoint, Settings
+from worker.settings import Settings
 from worker.store.lease_store import ActionSubject
 from worker.trust.approval_ledger import check_approval, prefetch_record
 from worker.trust.authority import ApprovalAuthority

@@ -12,8 +12,9 @@ from typing import Any
 
 from schemas.action import Action
 from worker.admission import Admitted
+from worker.endpoints import Endpoint
 from worker.operations.base import OperationSpec
-from worker.settings import Endpoint, Settings
+from worker.settings import Settings
 from worker.store.lease_store import ActionSubject
 from worker.trust.gate import AdmitDecision, TrustGate
 

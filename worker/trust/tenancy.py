@@ -12,8 +12,8 @@ import re
 
 from schemas.errors import ErrorCode
 from schemas.ids import CAPABILITY_PATTERN, split_capability
+from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
-from worker.settings import Endpoint
 from worker.trust.clock import Clock
 
 

@@ -1,0 +1,174 @@
+"""Hermes endpoints: as an administrator names them, and as a worker uses them (with keys).
+
+Settings name endpoints inline (`AIPD_HERMES_ENDPOINTS`, `id=url`) or in a JSON file of
+descriptors (`AIPD_HERMES_ENDPOINTS_FILE`), and their bearer keys per endpoint
+(`api_key_file`, `AIPD_HERMES_API_KEY_FILES`) or once for all (`AIPD_HERMES_API_KEY_FILE`).
+This module turns those settings into descriptors and reads the keys (startup only),
+refusing every configuration in which a key could reach an endpoint it does not belong to.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from schemas.errors import InvalidEndpointId
+from subjects.grammar import normalize_endpoint_id
+from worker.secret_files import Secret, read_secret_file
+from worker.settings import Settings, split_list
+
+MAX_ENDPOINT_FILE_BYTES = 1_048_576
+
+
+class EndpointDescriptor(BaseModel):
+    """One Hermes endpoint as an administrator configured it (JSON file form)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    url: str
+    api_key_file: Path | None = None
+    #: The verified AIP tenant that owns this endpoint; Actions of another tenant are refused.
+    tenant_id: str | None = None
+    #: When the tenant binding stops being valid (Unix ms); after it, everything is refused.
+    tenant_expires_at_unix_ms: int | None = None
+    connect_timeout_ms: Annotated[int, Field(ge=100, le=120_000)] = 5_000
+    #: Above Hermes' 30 s SSE keepalive, so a quiet but healthy stream is not cut.
+    read_timeout_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 45_000
+    #: Bound on one non-streaming request end to end.
+    total_timeout_ms: Annotated[int, Field(ge=1_000, le=3_600_000)] = 120_000
+    max_concurrent_runs: Annotated[int, Field(ge=1, le=1_000)] | None = None
+
+    @field_validator("id")
+    @classmethod
+    def _normalize_id(cls, value: str) -> str:
+        try:
+            return normalize_endpoint_id(value)
+        except InvalidEndpointId as exc:
+            raise ValueError(str(exc)) from None
+
+    @field_validator("url")
+    @classmethod
+    def _http_only(cls, value: str) -> str:
+        from urllib.parse import urlsplit
+
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError("endpoint url must be an absolute http:// or https:// url")
+        if parts.username or parts.password:
+            raise ValueError("endpoint url must not carry credentials; use api_key_file")
+        if parts.query or parts.fragment:
+            raise ValueError("endpoint url must not have a query or fragment")
+        return value.rstrip("/")
+
+
+class Endpoint(BaseModel):
+    """A resolved endpoint: its descriptor plus the key read from its owner-only file."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+
+    descriptor: EndpointDescriptor
+    api_key: Secret | None
+
+    @property
+    def id(self) -> str:
+        return self.descriptor.id
+
+    @property
+    def url(self) -> str:
+        return self.descriptor.url
+
+
+def endpoint_descriptors(settings: Settings) -> list[EndpointDescriptor]:
+    """Endpoints from the file and the inline list; duplicate normalized ids are refused."""
+    found: list[EndpointDescriptor] = []
+    if settings.hermes_endpoints_file is not None:
+        found.extend(_read_endpoint_file(settings.hermes_endpoints_file))
+    for item in split_list(settings.hermes_endpoints):
+        endpoint_id, sep, url = item.partition("=")
+        if not sep:
+            raise ValueError(f"AIPD_HERMES_ENDPOINTS item {item!r} is not id=url")
+        found.append(EndpointDescriptor(id=endpoint_id, url=url))
+    seen: set[str] = set()
+    for descriptor in found:
+        if descriptor.id in seen:
+            raise ValueError(f"endpoint id {descriptor.id!r} is configured twice")
+        seen.add(descriptor.id)
+    return found
+
+
+def endpoint_key_files(settings: Settings) -> dict[str, Path]:
+    """Every endpoint's own key file: `api_key_file` in the endpoints file or an entry of
+    `AIPD_HERMES_API_KEY_FILES`. One endpoint named twice, or an entry for an endpoint
+    that is not configured, is refused: either is a key that could go astray."""
+    descriptors = endpoint_descriptors(settings)
+    found = {d.id: d.api_key_file for d in descriptors if d.api_key_file is not None}
+    known = {d.id for d in descriptors}
+    for item in split_list(settings.hermes_api_key_files):
+        raw_id, sep, path = item.partition("=")
+        if not sep or not path.strip():
+            raise ValueError(f"AIPD_HERMES_API_KEY_FILES item {item!r} is not id=path")
+        try:
+            endpoint_id = normalize_endpoint_id(raw_id)
+        except InvalidEndpointId as exc:
+            raise ValueError(f"AIPD_HERMES_API_KEY_FILES: {exc}") from None
+        if endpoint_id not in known:
+            raise ValueError(
+                f"AIPD_HERMES_API_KEY_FILES names endpoint {endpoint_id!r}, "
+                "which is not configured"
+            )
+        if endpoint_id in found:
+            raise ValueError(f"endpoint {endpoint_id!r} has two API key files")
+        found[endpoint_id] = Path(path.strip())
+    return found
+
+
+def resolve_endpoints(settings: Settings) -> list[Endpoint]:
+    """Descriptors with their keys read from owner-only files (startup only).
+
+    An endpoint's own key file wins. The single `AIPD_HERMES_API_KEY_FILE` key goes to
+    the endpoints without one, and only to one of them unless `hermes_share_api_key`
+    says they are one deployment: a key sent to two endpoints lets either use it at the
+    other (a hostile endpoint would receive another endpoint's key).
+    """
+    descriptors = endpoint_descriptors(settings)
+    own = endpoint_key_files(settings)
+    keyless = [d.id for d in descriptors if d.id not in own]
+    shared: Secret | None = None
+    shared_from = "AIPD_HERMES_API_KEY_FILE"
+    if settings.hermes_api_key_file is not None:
+        shared = read_secret_file(settings.hermes_api_key_file, what=shared_from)
+    elif settings.hermes_api_key:
+        shared, shared_from = Secret(settings.hermes_api_key), "AIPD_HERMES_API_KEY"
+    if shared is not None and len(keyless) > 1 and not settings.hermes_share_api_key:
+        raise ValueError(
+            f"one API key ({shared_from}) would be sent to {len(keyless)} "
+            f"endpoints ({', '.join(keyless)}): give each its own key "
+            "(AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE), "
+            "or set AIPD_HERMES_SHARE_API_KEY=true if they are one Hermes deployment"
+        )
+    endpoints = []
+    for descriptor in descriptors:
+        key = shared
+        if descriptor.id in own:
+            key = read_secret_file(
+                own[descriptor.id], what=f"api key file of endpoint {descriptor.id}"
+            )
+        endpoints.append(Endpoint(descriptor=descriptor, api_key=key))
+    return endpoints
+
+
+def _read_endpoint_file(path: Path) -> list[EndpointDescriptor]:
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ValueError(f"endpoints file {path}: {exc.strerror}") from None
+    if size == 0 or size > MAX_ENDPOINT_FILE_BYTES:
+        raise ValueError(f"endpoints file {path}: empty or larger than 1 MiB")
+    data: Any = json.loads(path.read_text(encoding="utf-8"))
+    if not isinstance(data, list):
+        raise ValueError(f"endpoints file {path}: must hold a JSON array of endpoint objects")
+    return [EndpointDescriptor.model_validate(item) for item in data]
