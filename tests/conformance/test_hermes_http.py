@@ -30,6 +30,7 @@ from tests.conformance.run_events import (
 from worker.testing.scenario import (
     APPROVAL_COMMAND,
     ECHO_COMMAND,
+    HELD_REPLY,
     LLM_ERROR,
     NEEDS_APPROVAL,
     SLOW_REPLY,
@@ -375,7 +376,7 @@ async def test_the_eleventh_live_run_is_refused_with_retry_after(
     client: httpx.AsyncClient,
 ) -> None:
     responses = await asyncio.gather(
-        *(client.post("/v1/runs", json={"input": f"{i} {SLOW_REPLY}"}) for i in range(10))
+        *(client.post("/v1/runs", json={"input": f"{i} {HELD_REPLY}"}) for i in range(10))
     )
     run_ids = [r.json()["run_id"] for r in responses if r.status_code == 202]
     try:

@@ -64,7 +64,8 @@ async def test_two_concurrent_subscribers_split_the_events(client: httpx.AsyncCl
 
 
 async def test_statuses_move_through_queued_running_stopping_cancelled() -> None:
-    config = FakeConfig(api_key=API_KEY, build_delay_s=0.2, stop_latency_s=0.2)
+    # A stop latency long enough that a loaded machine still reads `stopping` after the POST.
+    config = FakeConfig(api_key=API_KEY, build_delay_s=0.2, stop_latency_s=1.0)
     async with FakeHermes(config=config) as fake:
         headers = {"Authorization": f"Bearer {API_KEY}"}
         async with httpx.AsyncClient(base_url=fake.url, headers=headers) as client:

@@ -9,7 +9,7 @@ run events here as on the project's fake Hermes:
 - TOOL_ECHO / NEEDS_APPROVAL: first a `terminal` tool call (`ECHO_COMMAND` /
   `APPROVAL_COMMAND`), then, once the request carries the tool result, the plain reply;
 - SLOW_REPLY: `slow_deltas()` (SLOW_DELTAS deltas SLOW_DELTA_DELAY_S apart), so a run stays
-  stoppable for a few seconds;
+  stoppable for a few seconds (HELD_REPLY: HELD_DELTAS deltas, a minute);
 - LLM_ERROR: HTTP 400, which Hermes treats as non-retryable and ends the run `run.failed`
   at once (a 5xx would be retried with back-off for minutes);
 - a delegated input (JSON of kind DELEGATED_KIND, what `worker.delegation` sends) when the
@@ -76,9 +76,9 @@ _UNTRUSTED_RESULT: Final = re.compile(
 )
 
 
-def slow_deltas() -> list[str]:
-    """The deltas of a slow reply: `tick0 tick1 … tick{SLOW_DELTAS-1}` when joined."""
-    return [f"tick{i} " for i in range(SLOW_DELTAS - 1)] + [f"tick{SLOW_DELTAS - 1}"]
+def slow_deltas(count: int = SLOW_DELTAS) -> list[str]:
+    """The deltas of a slow reply: `tick0 tick1 … tick{count-1}` when joined."""
+    return [f"tick{i} " for i in range(count - 1)] + [f"tick{count - 1}"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,7 +204,7 @@ def answer_for(call: ChatCall) -> _Answer:
         command = APPROVAL_COMMAND if scenario.needs_approval else ECHO_COMMAND
         return _ToolCall(TERMINAL_TOOL, {"command": command})
     if scenario.slow and not wants_tool:
-        return _Text(tuple(slow_deltas()), SLOW_DELTA_DELAY_S)
+        return _Text(tuple(slow_deltas(scenario.slow_delta_count)), SLOW_DELTA_DELAY_S)
     return _Text(tuple(reply_deltas(call.user_text)))
 
 

@@ -17,6 +17,9 @@ TOOL_ECHO = "scenario-tool-echo"
 NEEDS_APPROVAL = "scenario-needs-approval"
 #: The reply is streamed slowly (SLOW_DELTAS deltas, SLOW_DELTA_DELAY_S apart): runs can be stopped.
 SLOW_REPLY = "scenario-slow-reply"
+#: A slow reply HELD_DELTAS deltas long (a minute): a run that is surely still live when a
+#: loaded machine gets round to the test's next step; the test stops it itself.
+HELD_REPLY = "scenario-held-reply"
 #: The LLM answers with an HTTP error, so the run ends `run.failed`.
 LLM_ERROR = "scenario-llm-error"
 #: In a delegated input: the model ignores the delegation contract and does what the other
@@ -36,6 +39,7 @@ APPROVAL_COMMAND = "chmod 777 aip-scenario-file.txt"
 
 SLOW_DELTAS = 40
 SLOW_DELTA_DELAY_S = 0.1
+HELD_DELTAS = 600
 
 #: Final text of a plain reply is REPLY_PREFIX + the first 40 characters of the input.
 REPLY_PREFIX = "fake-reply: "
@@ -57,6 +61,12 @@ class Scenario:
     needs_approval: bool
     slow: bool
     llm_error: bool
+    held: bool = False
+
+    @property
+    def slow_delta_count(self) -> int:
+        """How many deltas the slow reply has (HELD_REPLY makes it a minute long)."""
+        return HELD_DELTAS if self.held else SLOW_DELTAS
 
 
 def scenario_of(text: str) -> Scenario:
@@ -64,8 +74,9 @@ def scenario_of(text: str) -> Scenario:
     return Scenario(
         tool_echo=TOOL_ECHO in text,
         needs_approval=NEEDS_APPROVAL in text,
-        slow=SLOW_REPLY in text,
+        slow=SLOW_REPLY in text or HELD_REPLY in text,
         llm_error=LLM_ERROR in text,
+        held=HELD_REPLY in text,
     )
 
 

@@ -234,7 +234,7 @@ async def run_turn(text: str, gate: ApprovalGate | None) -> AsyncGenerator[Step,
     # Same answers as the project's fake LLM: a slow reply is `tick0 … tick39`, and only
     # when no tool is involved.
     if scenario.slow and command is None:
-        pieces = slow_deltas()
+        pieces = slow_deltas(scenario.slow_delta_count)
         for piece in pieces:
             await asyncio.sleep(SLOW_DELTA_DELAY_S)
             yield TextDelta(piece, after_tool)
