@@ -3,7 +3,7 @@
 The worker and every CLI command connect through these functions, so a credential setting
 (`AIPD_NATS_*_FILE`, `AIPD_REDIS_PASSWORD_FILE`, TLS) means the same everywhere and no
 command needs a secret in a URL. The worker's NATS connection reconnects forever; a
-command's fails fast (`worker/cli.py`).
+command's fails fast (`connect_nats_for_command`), naming the setting to fix.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
-from nats.errors import SlowConsumerError
+from nats.errors import Error as NatsError
+from nats.errors import NoServersError, SlowConsumerError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from subjects.streams import StreamPolicy
+from worker.errors import ServiceUnreachable
 from worker.secret_files import read_secret_file
 from worker.settings import Settings
 from worker.store.connection import WriteConfirmation, open_redis
@@ -96,6 +98,31 @@ async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -
     }
     options.update(credential_options(settings))
     return await nats.connect(**options)
+
+
+async def connect_nats_for_command(settings: Settings) -> NATS:
+    """A short-lived connection for one command, with the same credentials (AIPD_NATS_*
+    files, TLS) a worker uses; it fails fast instead of retrying forever."""
+    credentials = credential_options(settings)
+    servers = settings.nats_url
+    try:
+        return await nats.connect(
+            settings.nats_servers,
+            connect_timeout=3,
+            max_reconnect_attempts=1,
+            allow_reconnect=False,
+            **credentials,
+        )
+    except (NoServersError, OSError) as exc:
+        raise ServiceUnreachable(
+            f"cannot reach NATS at {servers} ({type(exc).__name__}); "
+            "set --nats-url or AIPD_NATS_URL"
+        ) from None
+    except NatsError as exc:
+        raise ServiceUnreachable(
+            f"NATS at {servers} refused the connection ({str(exc).strip()}); "
+            "check the AIPD_NATS_* credential settings"
+        ) from None
 
 
 def credential_options(settings: Settings) -> dict[str, Any]:

@@ -74,9 +74,9 @@ def _escalation_id(text: str) -> str:
 
 
 async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], int]:
-    from worker.cli import _connect_nats
+    from worker.connections import connect_nats_for_command
 
-    nc = await _connect_nats(settings)
+    nc = await connect_nats_for_command(settings)
     try:
         unreadable = Unreadable()
         views = await read_escalations(
@@ -196,8 +196,8 @@ async def resolve_approval(
     """Decide (signed with the approver's `approver_seed`, as `approve --key` does), record
     and publish (signed with the gateway's `sign_key`) the resume Action that answers
     `escalation`."""
-    from worker.cli import _connect_nats
     from worker.client import AipClient
+    from worker.connections import connect_nats_for_command
     from worker.trust.admin import approve_action
 
     approval = escalation.approval
@@ -249,7 +249,7 @@ async def resolve_approval(
         decision_id=record.decision_id,
         created_at_unix_ms=resolution.resolved_at_unix_ms,
     )
-    nc = await _connect_nats(settings)
+    nc = await connect_nats_for_command(settings)
     try:
         client = AipClient(nc, prefix=settings.subject_prefix, sign_key=sign_key)
         await client.publish(signed)
@@ -289,7 +289,7 @@ async def acknowledge(
     settings: Settings, escalation: Escalation, *, as_principal: str, reason: str
 ) -> EscalationResolution:
     """Record who took over a non-approval escalation and why (write-once)."""
-    from worker.cli import _connect_nats
+    from worker.connections import connect_nats_for_command
 
     if not reason.strip():
         raise ResolutionRefused("a reason is required")
@@ -311,7 +311,7 @@ async def acknowledge(
         await redis.aclose()
     if resolution.resolved_by != as_principal or resolution.kind is not ResolutionKind.ACKNOWLEDGED:
         raise ResolutionRefused(_already(resolution))
-    nc = await _connect_nats(settings)
+    nc = await connect_nats_for_command(settings)
     try:
         await _publish_resolution(nc, settings, resolution)
     finally:

@@ -147,11 +147,10 @@ class Deployment:
     async def connect(cls, settings: Settings, qualify: QualifySettings) -> Deployment:
         """Connect as every command does: NATS with the `AIPD_NATS_*` credentials (failing
         fast), Redis with its password file, each endpoint with its own key file."""
-        from worker.cli import _connect_nats
-        from worker.connections import open_redis_for
+        from worker.connections import connect_nats_for_command, open_redis_for
 
         endpoints = {endpoint.id: endpoint for endpoint in resolve_endpoints(settings)}
-        nc = await _connect_nats(settings)
+        nc = await connect_nats_for_command(settings)
         return cls(settings, qualify, nc=nc, redis=open_redis_for(settings), endpoints=endpoints)
 
     async def close(self) -> None:
