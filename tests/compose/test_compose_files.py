@@ -248,15 +248,23 @@ GATEWAY_PUBLISHES = {
 }
 
 
+#: Grammar methods that give what an endpoint's subjects start with, not a subject.
+_SUBJECT_BASES = {"endpoint", "endpoint_base"}
+
+
 def _endpoint_subjects() -> dict[str, str]:
     subjects = Subjects()
     found: dict[str, str] = {}
     for name, method in inspect.getmembers(subjects, inspect.ismethod):
         params = list(inspect.signature(method).parameters)
         if params == ["endpoint_id"]:
-            found[name] = method(ENDPOINT)
+            subject = method(ENDPOINT)
         elif params == ["endpoint_id", "action_id"]:
-            found[name] = method(ENDPOINT, ACTION_ID)
+            subject = method(ENDPOINT, ACTION_ID)
+        else:
+            continue
+        if name not in _SUBJECT_BASES:
+            found[name] = subject
     return found
 
 
