@@ -33,7 +33,7 @@ from worker.testing.fake_hermes import (
     StartHang,
     StartServerError,
 )
-from worker.testing.scenario import SLOW_REPLY
+from worker.testing.scenario import HELD_REPLY
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -108,15 +108,15 @@ async def test_hermes_own_run_cap_refusal_of_a_start_is_certain_and_retryable(
 
     async def start(i: int) -> None:
         nonlocal refused
-        started = await invoke("run_start", {"input": f"{i} {SLOW_REPLY}"})
+        started = await invoke("run_start", {"input": f"{i} {HELD_REPLY}"})
         if started.status is ResultStatus.COMPLETED:
             run_ids.append(started.output["run_id"])
         else:
             refused = started
 
     try:
-        # Ten at once fill the cap; a slow run lasts 4 s, so under load a few more single
-        # starts may be needed before one finds the cap full.
+        # Ten held runs (a minute each) fill the cap; a few more single starts are allowed
+        # in case one of the ten did not start.
         await asyncio.gather(*(start(i) for i in range(10)))
         for i in range(10, 30):
             if refused is not None:
