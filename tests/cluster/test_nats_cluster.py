@@ -93,6 +93,7 @@ async def test_provision_creates_r3_streams_and_reports_their_placement(
     assert {line.split()[2] for line in again.stdout.splitlines()} == {"unchanged"}, again.stdout
 
 
+@pytest.mark.chaos
 async def test_killing_the_actions_stream_leader_loses_nothing(
     nats_cluster: NatsCluster, redis_server: ServiceHandle, tmp_path: Path
 ) -> None:

@@ -32,6 +32,7 @@ from worker.testing.services import ServiceHandle
 
 pytestmark = [
     pytest.mark.cluster,
+    pytest.mark.chaos,
     pytest.mark.redis_cluster(masters=3, replicas_per_master=1),
 ]
 

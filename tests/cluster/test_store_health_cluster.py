@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from worker.store.connection import open_redis
 from worker.store.health import StoreHealth
 from worker.testing.redis_cluster import RedisCluster
@@ -9,6 +11,7 @@ from worker.testing.redis_cluster import RedisCluster
 MIB = 1024 * 1024
 
 
+@pytest.mark.chaos
 async def test_one_full_master_closes_the_gate(redis_cluster: RedisCluster) -> None:
     client = open_redis(redis_cluster.urls[0], cluster=True)
     health = StoreHealth(client, reserve_bytes=4 * MIB)

@@ -24,6 +24,7 @@ def needs_docker() -> None:
     require_engine()
 
 
+@pytest.mark.chaos
 @pytest.mark.containers
 @pytest.mark.usefixtures("needs_docker")
 async def test_nats_container_keeps_its_stream_across_kill_and_restart() -> None:
@@ -43,6 +44,7 @@ async def test_nats_container_keeps_its_stream_across_kill_and_restart() -> None
             await nc.close()
 
 
+@pytest.mark.chaos
 @pytest.mark.containers
 @pytest.mark.usefixtures("needs_docker")
 def test_redis_container_keeps_an_aof_key_across_kill_and_pause() -> None:

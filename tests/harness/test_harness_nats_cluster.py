@@ -5,10 +5,12 @@ from __future__ import annotations
 import asyncio
 
 import nats
+import pytest
 
 from worker.testing.services import NatsCluster, NatsServer, wait_until
 
 
+@pytest.mark.chaos
 async def test_r3_stream_stays_available_after_its_leader_is_killed(
     nats_cluster: NatsCluster,
 ) -> None:

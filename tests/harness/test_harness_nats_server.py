@@ -23,6 +23,7 @@ from worker.testing.services import (
 )
 
 
+@pytest.mark.chaos
 async def test_jetstream_stream_and_messages_survive_kill_and_restart(
     nats_server: ServiceHandle,
 ) -> None:
@@ -49,6 +50,7 @@ async def test_jetstream_stream_and_messages_survive_kill_and_restart(
         await nc.close()
 
 
+@pytest.mark.chaos
 async def test_paused_server_times_out_requests_and_resume_recovers(
     nats_server: ServiceHandle,
 ) -> None:

@@ -55,6 +55,7 @@ def test_server_refuses_a_cross_slot_mset(redis_cluster: RedisCluster) -> None:
         client.close()
 
 
+@pytest.mark.chaos
 @pytest.mark.redis_cluster(masters=3, replicas_per_master=1)
 def test_killed_master_is_replaced_by_its_replica_within_seconds(
     redis_cluster: RedisCluster,
@@ -87,6 +88,7 @@ def test_killed_master_is_replaced_by_its_replica_within_seconds(
     assert redis_cluster.replicas_of(replica) == [master]
 
 
+@pytest.mark.chaos
 @pytest.mark.redis_cluster(masters=3, replicas_per_master=1)
 def test_manual_failover_swaps_master_and_replica(redis_cluster: RedisCluster) -> None:
     master = redis_cluster.masters()[0]

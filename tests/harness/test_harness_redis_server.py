@@ -11,6 +11,7 @@ from worker.testing.pytest_plugin import service_unavailable
 from worker.testing.services import RedisServer, ServiceHandle, find_redis_server
 
 
+@pytest.mark.chaos
 def test_key_written_just_before_kill_survives_restart(redis_server: ServiceHandle) -> None:
     client = redis.Redis.from_url(redis_server.url, decode_responses=True, socket_timeout=2.0)
     try:
@@ -26,6 +27,7 @@ def test_key_written_just_before_kill_survives_restart(redis_server: ServiceHand
         client.close()
 
 
+@pytest.mark.chaos
 def test_paused_server_times_out_commands_and_resume_recovers(
     redis_server: ServiceHandle,
 ) -> None:
@@ -65,6 +67,7 @@ def test_appendfsync_is_configurable() -> None:
             client.close()
 
 
+@pytest.mark.chaos
 def test_valkey_from_the_wheel_is_used_when_path_has_no_server(
     monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

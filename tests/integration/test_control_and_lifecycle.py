@@ -6,6 +6,7 @@ import asyncio
 import json
 
 import nats
+import pytest
 from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 
 from schemas.result import ResultStatus
@@ -146,6 +147,7 @@ async def test_logs_are_json_lines_with_action_context_and_no_secret(stack: Stac
     assert (stack.root / "hermes.key").read_text() not in worker.log_text()
 
 
+@pytest.mark.chaos
 async def test_chunks_follow_resumes_after_a_nats_restart_without_gaps_or_duplicates(
     stack: Stack, nats_server: ServiceHandle
 ) -> None:

@@ -17,6 +17,7 @@ import statistics
 import time
 from collections.abc import Awaitable, Callable
 
+import pytest
 import redis.asyncio
 from redis.exceptions import OutOfMemoryError
 
@@ -226,6 +227,7 @@ async def test_start_up_waits_for_redis_and_gives_up_clearly(stack: Stack) -> No
     assert info.num_waiting == 0
 
 
+@pytest.mark.chaos
 async def test_a_redis_at_maxmemory_keeps_finished_work_finished(
     stack: Stack, redis_server: ServiceHandle
 ) -> None:

@@ -184,6 +184,7 @@ async def test_scrapes_within_the_interval_reuse_the_last_count(bus: Bus) -> Non
     assert open_count(metrics) == 0
 
 
+@pytest.mark.chaos
 async def test_a_failing_store_keeps_the_last_value_and_counts_the_failure(
     bus: Bus, redis_server: ServiceHandle
 ) -> None:

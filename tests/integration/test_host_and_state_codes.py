@@ -9,6 +9,7 @@ import dataclasses
 import time
 
 import msgspec
+import pytest
 from nats.js.api import DiscardPolicy
 from redis.asyncio import Redis
 
@@ -37,6 +38,7 @@ async def _until_runs_started(stack: Stack, count: int, timeout_s: float = 20.0)
         await asyncio.sleep(0.05)
 
 
+@pytest.mark.chaos
 async def test_a_cancel_that_cannot_be_recorded_is_not_ready(
     stack: Stack, redis_server: ServiceHandle
 ) -> None:

@@ -8,6 +8,7 @@ import re
 import time
 
 import aiohttp
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from schemas.audit import ReceiptEvent
@@ -43,6 +44,7 @@ async def test_a_settle_is_not_reported_as_a_lost_lease(stack: Stack) -> None:
     assert LOST_LINE not in worker.log_text()
 
 
+@pytest.mark.chaos
 async def test_a_settle_waiting_out_a_redis_outage_longer_than_the_ttl_is_not_a_loss(
     stack: Stack, redis_server: ServiceHandle
 ) -> None:

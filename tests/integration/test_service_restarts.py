@@ -17,6 +17,7 @@ from worker.testing.services import ServiceHandle
 MODELS = "GET /v1/models"
 
 
+@pytest.mark.chaos
 @on_processes_and_containers
 async def test_redis_restart_during_a_run_loses_and_doubles_nothing(
     stack: Stack, redis_server: ServiceHandle
@@ -42,6 +43,7 @@ async def test_redis_restart_during_a_run_loses_and_doubles_nothing(
 # server does not answer yet; nats.py's reconnect attempt then drops its StreamWriter
 # without closing it ("empty response from server when expecting INFO"). The client's leak,
 # not the worker's: the test's and the workers' connections still come back.
+@pytest.mark.chaos
 @pytest.mark.filterwarnings("ignore:unclosed <StreamWriter:ResourceWarning")
 async def test_nats_restart_during_a_run_loses_and_doubles_nothing(
     stack: Stack, nats_server: ServiceHandle

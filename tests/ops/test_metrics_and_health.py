@@ -293,6 +293,7 @@ async def _until_status(
         await asyncio.sleep(0.2)
 
 
+@pytest.mark.chaos
 async def test_a_running_worker_reports_its_work_and_loses_readiness_without_redis(
     running: Running, redis_server: ServiceHandle
 ) -> None:

@@ -1,10 +1,10 @@
 """The qualification driver against two real Hermes 0.19.0 it starts: every item must pass.
 
 This is the CI run of `python -m worker.qualify.local` (the command that regenerates the
-committed record in docs/qualification/): NATS and Redis are the test's own servers (so
-the driver may restart Redis), the gateway and one worker per instance are processes, both
-Hermes are `hermes-agent==0.19.0` driven by the project's fake LLM. A failed or skipped
-item fails the test with the driver's own line for it.
+committed record in docs/qualification/): NATS and Redis are the test's own servers (it is
+marked `chaos`: the driver restarts Redis), the gateway and one worker per instance are
+processes, both Hermes are `hermes-agent==0.19.0` driven by the project's fake LLM. A failed
+or skipped item fails the test with the driver's own line for it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ pytestmark = pytest.mark.real_hermes
 TIMEOUT_S = 240
 
 
+@pytest.mark.chaos
 @pytest.mark.timeout(TIMEOUT_S)
 async def test_two_real_hermes_qualify(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle

@@ -183,6 +183,7 @@ async def test_renewals_of_many_leases_take_one_round_trip(store: LeaseStore) ->
     assert after - before == 500
 
 
+@pytest.mark.chaos
 async def test_a_frozen_redis_is_unavailable_and_the_retry_answers_after(
     store: LeaseStore, redis_server: ServiceHandle
 ) -> None:

@@ -21,6 +21,7 @@ from worker.testing.services import ServiceHandle
 MIB = 1024 * 1024
 
 
+@pytest.mark.chaos
 async def test_the_gate_closes_within_the_reserve_of_maxmemory_and_reopens(
     redis_server: ServiceHandle,
 ) -> None:
@@ -52,6 +53,7 @@ async def test_the_gate_closes_within_the_reserve_of_maxmemory_and_reopens(
         await client.aclose()
 
 
+@pytest.mark.chaos
 async def test_a_small_maxmemory_reserves_a_quarter_of_it(redis_server: ServiceHandle) -> None:
     client = redis.asyncio.Redis.from_url(redis_server.url)
     health = StoreHealth(client, reserve_bytes=1024 * MIB)
@@ -116,6 +118,7 @@ def test_repeated_errors_are_logged_once_per_cause_per_interval(
     assert len(counted) == 1_002
 
 
+@pytest.mark.chaos
 async def test_an_acl_user_refused_info_keeps_the_gate_open_without_the_memory_check(
     redis_server: ServiceHandle, caplog: pytest.LogCaptureFixture
 ) -> None:
