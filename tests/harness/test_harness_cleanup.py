@@ -28,21 +28,34 @@ def test_each_server_has_its_own_process_group() -> None:
             assert os.getpgid(server.pid) != os.getpgid(0)
 
 
+_OWN_SERVERS = """
+import json
+import pytest
+
+@pytest.mark.chaos
+def test_fails(nats_server, redis_server):
+    with open({record!r}, "w") as out:
+        json.dump([[s.pid, str(s.root)] for s in (nats_server, redis_server)], out)
+    assert False, "boom"
+"""
+
+_SHARED_SERVERS = """
+import json
+
+def test_fails(nats_server, redis_server, shared_servers):
+    servers = [shared.server for shared in shared_servers.values()]
+    with open({record!r}, "w") as out:
+        json.dump([[s.pid, str(s.root)] for s in servers], out)
+    assert False, "boom"
+"""
+
+
+@pytest.mark.parametrize("inner", [_OWN_SERVERS, _SHARED_SERVERS], ids=["own", "shared"])
 def test_servers_of_a_failing_test_are_killed_and_their_dirs_removed(
-    pytester: pytest.Pytester, tmp_path: Path
+    pytester: pytest.Pytester, tmp_path: Path, inner: str
 ) -> None:
     record = tmp_path / "servers.json"
-    pytester.makepyfile(
-        f"""
-        import json
-
-        def test_fails(nats_server, redis_server):
-            servers = [nats_server, redis_server]
-            with open({str(record)!r}, "w") as out:
-                json.dump([[s.pid, str(s.root)] for s in servers], out)
-            assert False, "boom"
-        """
-    )
+    pytester.makepyfile(inner.format(record=str(record)))
 
     result = pytester.runpytest(*pytester_args())
 

@@ -22,6 +22,7 @@ from worker.testing.services import (
     free_port,
     port_accepts,
 )
+from worker.testing.shared import SharedView
 
 pytest_plugins = ["pytester"]
 
@@ -70,6 +71,15 @@ def test_require_control_applies_the_policy_only_to_handles_it_cannot_control(
     monkeypatch.setenv("CI", "true")
     with pytest.raises(pytest.fail.Exception, match="not owned by the harness"):
         require_control(external)
+
+
+@pytest.mark.parametrize("ci", ["true", "false"])
+def test_require_control_fails_a_test_that_shares_its_server(
+    monkeypatch: pytest.MonkeyPatch, ci: str
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    with pytest.raises(pytest.fail.Exception, match=r"mark the test `@pytest.mark.chaos`"):
+        require_control(SharedView("nats", "nats://127.0.0.1:4222"))
 
 
 def test_external_service_that_does_not_answer_cannot_start() -> None:

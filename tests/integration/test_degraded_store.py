@@ -16,6 +16,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Awaitable, Callable
+from urllib.parse import urlsplit
 
 import pytest
 import redis.asyncio
@@ -37,8 +38,11 @@ FAST_CHECKS = "200"
 class RedisRelay:
     """A TCP relay in front of Redis for one worker: forwards, swallows, or refuses."""
 
-    def __init__(self, upstream_host: str, upstream_port: int) -> None:
-        self.upstream = (upstream_host, upstream_port)
+    def __init__(self, upstream_url: str) -> None:
+        parts = urlsplit(upstream_url)
+        self.upstream = (parts.hostname or "127.0.0.1", parts.port or 6379)
+        #: The upstream URL's database, so the relayed worker shares the others' keys.
+        self.database = parts.path or "/0"
         self.port = free_ports(1)[0]
         self.swallowing = False
         self.server: asyncio.Server | None = None
@@ -46,7 +50,7 @@ class RedisRelay:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://127.0.0.1:{self.port}{self.database}"
 
     async def start(self) -> None:
         self.server = await asyncio.start_server(self._client, "127.0.0.1", self.port)
@@ -89,12 +93,6 @@ class RedisRelay:
             await self.refuse()
 
 
-def _host_port(url: str) -> tuple[str, int]:
-    rest = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
-    host, _, port = rest.rpartition(":")
-    return host, int(port)
-
-
 async def _canary_latencies(stack: Stack, rounds: int, per_round: int = 3) -> list[float]:
     """Publish→result latency of `models` canaries, `per_round` at once every 0.3 s (so a
     fetch can take several, as under real load)."""
@@ -114,7 +112,7 @@ async def _canary_latencies(stack: Stack, rounds: int, per_round: int = 3) -> li
 
 
 async def _one_sick_worker(stack: Stack, redis_server: ServiceHandle, fail: str) -> None:
-    relay = RedisRelay(*_host_port(redis_server.url))
+    relay = RedisRelay(redis_server.url)
     await relay.start()
     try:
         await stack.spawn("w1", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)

@@ -1,8 +1,9 @@
 """Errors of the real-service test harness.
 
-Two kinds matter to a test: the service could not be started at all (the pytest plugin turns
-that into a skip, or a failure under CI), and the service runs but the harness may not control
-it because it belongs to someone else (an external URL), so a chaos test cannot run.
+Three kinds matter to a test: the service could not be started at all (the pytest plugin turns
+that into a skip, or a failure under CI); the service runs but the harness may not control it
+because it belongs to someone else (an external URL), so a chaos test cannot run; and a test
+not marked `chaos` tried to control the server it shares with the other tests (a test bug).
 """
 
 from __future__ import annotations
@@ -24,3 +25,7 @@ class ServiceStartError(ServiceError):
 
 class ServiceControlUnavailable(ServiceError):
     """The test asked to kill, pause or restart a service the harness does not own."""
+
+
+class SharedServiceControl(ServiceError):
+    """A test without the `chaos` marker tried to kill, pause or restart a shared server."""

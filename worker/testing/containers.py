@@ -106,6 +106,13 @@ class ContainerService:
         return f"{self.spec.scheme}://{self.host}:{self.port}"
 
     @property
+    def monitor_url(self) -> str:
+        """The HTTP monitoring base URL of a NATS container (`/connz`, `/jsz`)."""
+        if self.spec.monitor_port is None:
+            raise AttributeError(f"a {self.spec.kind} container has no monitoring port")
+        return f"http://{self.host}:{self.monitor_port}"
+
+    @property
     def controllable(self) -> bool:
         """Always true: the harness created this container."""
         return True
@@ -177,7 +184,7 @@ class ContainerService:
 
     def _ready(self) -> bool:
         if self.spec.monitor_port is not None:
-            return http_status(f"http://{self.host}:{self.monitor_port}/healthz") == 200
+            return http_status(f"{self.monitor_url}/healthz") == 200
         return redis_answers(self.host, self.port)
 
     def _wait_ready(self) -> None:

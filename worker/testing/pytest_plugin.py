@@ -1,29 +1,40 @@
 """pytest fixtures that own real NATS and Redis servers, with the project's CI policy.
 
-Fixtures are sync because starting a process is; they work with any async test. Each test gets
-fresh servers (function scope) because chaos tests leave them killed, paused or failed over.
+Fixtures are sync because starting a process is; they work with any async test.
+
+One switch decides which server a test gets (`_serve`):
+
+* `AIPD_TEST_NATS_URL` / `AIPD_TEST_REDIS_URL` set: that server, for every test.
+* a backend given as an indirect parameter, "process" or "container"
+  (`on_processes_and_containers` runs a test on both): a fresh server of that kind.
+* the test is marked `chaos` (it kills, pauses, restarts or reconfigures its servers): a fresh
+  local process, else a container.
+* otherwise: a view of this process's shared server, empty when the test starts, whose
+  control calls refuse (worker/testing/shared.py says how tests are kept apart).
+
 Cluster shapes come from markers: `@pytest.mark.nats_cluster(size=3)`,
 `@pytest.mark.redis_cluster(masters=3, replicas_per_master=1)`. Clusters are always started
-locally: the external URLs name single servers, which cannot stand in for a cluster.
+locally and fresh: the external URLs name single servers, which cannot stand in for a cluster.
 
-Policy (docs/architecture.md §9): a test whose service cannot be started fails when `CI=true` (a CI
-image missing a server is a broken pipeline, not a reason to go green) and skips with the
-reason otherwise. A test that tries to kill, pause or restart an external server
-(`AIPD_TEST_*_URL`) falls under the same policy.
+Policy (docs/architecture.md §9), in one helper, `service_unavailable`: a test whose service
+(a server, the real Hermes, a tool) cannot be had fails when `CI=true` (a CI image missing a
+server is a broken pipeline, not a reason to go green) and skips with the reason otherwise. A
+test that tries to kill, pause or restart an external server (`AIPD_TEST_*_URL`) falls under
+the same policy.
 
-Backends: `nats_server` and `redis_server` take an indirect parameter, "process" or
-"container", to force one (`on_processes_and_containers` runs a test on both). A container
-test needs a Docker engine; without one it skips with the reason, and under `CI=true` it
-fails only when `AIPD_TEST_CONTAINERS=required`, which `tools/containers up` (run by
-`./dev test --containers` and by CI) exports when the machine allows an engine: one answers,
+Containers need a Docker engine; without one a container test skips with the reason, and under
+`CI=true` it fails only when `AIPD_TEST_CONTAINERS=required`, which `tools/containers up` (run
+by `./dev test --containers` and by CI) exports when the machine allows an engine: one answers,
 or it could start one as root. On a machine that allows none it exports the reason instead.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import os
 from collections.abc import Callable, Generator, Iterator
+from dataclasses import dataclass
 from typing import NoReturn, TypeVar
 
 import pytest
@@ -37,6 +48,13 @@ from worker.testing.nats_server import NatsServer
 from worker.testing.redis_cluster import RedisCluster
 from worker.testing.redis_server import RedisServer
 from worker.testing.services import ServiceHandle
+from worker.testing.shared import (
+    Janitor,
+    NatsJanitor,
+    RedisJanitor,
+    SharedServer,
+    SharedView,
+)
 
 NATS_URL_ENV = "AIPD_TEST_NATS_URL"
 REDIS_URL_ENV = "AIPD_TEST_REDIS_URL"
@@ -87,7 +105,10 @@ def require_engine() -> None:
 
 
 def require_control(handle: ServiceHandle) -> None:
-    """Apply the policy up front when a test will need to kill, pause or restart `handle`."""
+    """Apply the policy up front when a test will need to kill, pause or restart `handle`
+    (a shared server is a test bug, not an unavailable service: the test fails)."""
+    if isinstance(handle, SharedView):
+        pytest.fail(str(handle.refusal("control")), pytrace=False)
     if not handle.controllable:
         service_unavailable(f"{handle.url} is not owned by the harness; this test controls it")
 
@@ -107,8 +128,13 @@ def pytester_args() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the cluster-shape markers, and clean up servers if the run gets SIGTERM."""
+    """Declare the markers the fixtures read, and clean up servers if the run gets SIGTERM."""
     close_all_on_sigterm()
+    config.addinivalue_line(
+        "markers",
+        "chaos: kills, pauses, restarts or reconfigures its servers, so it gets its own "
+        "instead of the shared ones",
+    )
     config.addinivalue_line("markers", "nats_cluster(size=3): shape of the nats_cluster fixture")
     config.addinivalue_line(
         "markers",
@@ -117,42 +143,69 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line(
         "markers", "containers: needs a Docker engine (counted in the container summary)"
     )
+    config.pluginmanager.register(_Summary(), "aipd-test-summary")
 
 
-class _ContainerTally:
-    """Outcomes and wall time of the tests that ran on containers, for the run's summary.
+class _Summary:
+    """The run's closing lines: the tests that ran on containers (outcomes, wall time), and
+    the tests that ran on shared servers, naming each after which one was retired.
 
-    A test counts when it carries the `containers` marker or the "containers" parameter id
-    of `on_processes_and_containers`, so a CI log says how long the container part took.
+    A container test carries the `containers` marker or the "containers" parameter id of
+    `on_processes_and_containers`, so a CI log says how long the container part took. Shared
+    servers are read from the teardown reports' `user_properties`, which pytest-xdist
+    forwards from its worker processes, so the count covers every process. Registered per
+    run, so a pytester run inside a test keeps its own count.
     """
 
     def __init__(self) -> None:
-        self.seconds = 0.0
-        self.outcomes: dict[str, int] = {}
+        self.container_seconds = 0.0
+        self.container_outcomes: dict[str, int] = {}
+        self.shared: dict[str, int] = {}
+        self.retired: list[str] = []
 
-    def add(self, report: pytest.TestReport) -> None:
-        if "containers" not in report.keywords:
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if "containers" in report.keywords:
+            self.container_seconds += report.duration
+            if report.when == "call" or (report.when == "setup" and not report.passed):
+                outcomes = self.container_outcomes
+                outcomes[report.outcome] = outcomes.get(report.outcome, 0) + 1
+        if report.when != "teardown":
             return
-        self.seconds += report.duration
-        if report.when == "call" or (report.when == "setup" and not report.passed):
-            self.outcomes[report.outcome] = self.outcomes.get(report.outcome, 0) + 1
+        for name, value in report.user_properties:
+            if name == _SHARED:
+                self.shared[str(value)] = self.shared.get(str(value), 0) + 1
+            elif name == _RETIRED:
+                self.retired.append(f"{report.nodeid}: {value}")
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        write = terminalreporter.write_line
+        if self.container_outcomes:
+            outcomes = ", ".join(f"{n} {o}" for o, n in sorted(self.container_outcomes.items()))
+            write(
+                f"container tests: {outcomes} in {self.container_seconds:.0f}s "
+                "(setup, call and teardown)"
+            )
+        if self.shared:
+            counts = ", ".join(f"{kind} {n}" for kind, n in sorted(self.shared.items()))
+            write(f"tests on shared servers: {counts}; servers retired: {len(self.retired)}")
+            for line in self.retired:
+                write(f"  retired after {line}")
 
 
-_TALLY = _ContainerTally()
+_SHARED = "aipd-shared-server"
+_RETIRED = "aipd-shared-server-retired"
+_CALL_FAILED = pytest.StashKey[bool]()
 
 
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Count container tests (see `_ContainerTally`)."""
-    _TALLY.add(report)
-
-
-def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """One line: how many container tests ran, their outcomes and their wall time."""
-    if _TALLY.outcomes:
-        outcomes = ", ".join(f"{n} {what}" for what, n in sorted(_TALLY.outcomes.items()))
-        terminalreporter.write_line(
-            f"container tests: {outcomes} in {_TALLY.seconds:.0f}s (setup, call and teardown)"
-        )
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """Remember whether the test itself failed (read by the shared-server teardown)."""
+    report = yield
+    if report.when == "call":
+        item.stash[_CALL_FAILED] = report.failed
+    return report
 
 
 @pytest.hookimpl(wrapper=True)
@@ -166,22 +219,34 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
 
 @pytest.fixture
 def nats_server(request: pytest.FixtureRequest) -> Iterator[ServiceHandle]:
-    """A fresh JetStream server: `AIPD_TEST_NATS_URL`, else a process, else a container
-    (or the backend the indirect parameter names)."""
-    yield from _single("nats", NATS_URL_ENV, NatsServer, nats_container, _backend(request))
+    """A JetStream server with no streams, as the switch in the module docstring chooses."""
+    yield from _serve(request, NATS)
 
 
 @pytest.fixture(scope="module")
 def module_nats_server() -> Iterator[ServiceHandle]:
     """One JetStream server for a whole module (for module-scoped servers built on it)."""
-    yield from _single("nats", NATS_URL_ENV, NatsServer, nats_container)
+    yield from _single(NATS, None)
 
 
 @pytest.fixture
 def redis_server(request: pytest.FixtureRequest) -> Iterator[ServiceHandle]:
-    """A fresh AOF-always Redis: `AIPD_TEST_REDIS_URL`, else a process, else a container
-    (or the backend the indirect parameter names)."""
-    yield from _single("redis", REDIS_URL_ENV, RedisServer, redis_container, _backend(request))
+    """An empty AOF-always Redis, as the switch in the module docstring chooses."""
+    yield from _serve(request, REDIS)
+
+
+@pytest.fixture(scope="session")
+def shared_servers() -> Iterator[dict[str, SharedServer]]:
+    """This process's shared NATS and Redis, each started by the first test that needs it."""
+    servers = {
+        kind.name: SharedServer(kind.janitor, functools.partial(_start_single, kind, None))
+        for kind in (NATS, REDIS)
+    }
+    try:
+        yield servers
+    finally:
+        for server in servers.values():
+            server.close()
 
 
 @pytest.fixture
@@ -200,6 +265,44 @@ def redis_cluster(request: pytest.FixtureRequest) -> Iterator[RedisCluster]:
     yield from _owned("Redis Cluster", lambda: RedisCluster(**options))
 
 
+@dataclass(frozen=True, slots=True)
+class _Kind:
+    """One kind of single server: where its external URL comes from, how to start one."""
+
+    name: str
+    env_var: str
+    local: Callable[[], ServiceHandle]
+    container: Callable[[], ServiceHandle]
+    janitor: Janitor
+
+
+NATS = _Kind("nats", NATS_URL_ENV, NatsServer, nats_container, NatsJanitor())
+REDIS = _Kind("redis", REDIS_URL_ENV, RedisServer, redis_container, RedisJanitor())
+
+
+def _serve(request: pytest.FixtureRequest, kind: _Kind) -> Iterator[ServiceHandle]:
+    backend = _backend(request)
+    if (
+        backend is not None
+        or os.environ.get(kind.env_var)
+        or request.node.get_closest_marker("chaos") is not None
+    ):
+        yield from _single(kind, backend)
+        return
+    shared: SharedServer = request.getfixturevalue("shared_servers")[kind.name]
+    view = shared.lease()
+    request.node.user_properties.append((_SHARED, kind.name))
+    try:
+        yield view
+    finally:
+        retired = shared.release()
+        if retired is not None:
+            request.node.user_properties.append((_RETIRED, f"{kind.name}: {retired}"))
+    if view.refused and not request.node.stash.get(_CALL_FAILED, False):
+        # The code under test caught the refusal and carried on: the test must not pass.
+        pytest.fail(view.refused[0], pytrace=False)
+
+
 def _backend(request: pytest.FixtureRequest) -> str | None:
     backend: str | None = getattr(request, "param", None)
     if backend is not None and backend not in BACKENDS:
@@ -207,39 +310,44 @@ def _backend(request: pytest.FixtureRequest) -> str | None:
     return backend
 
 
-def _single(
-    kind: str,
-    env_var: str,
-    local: Callable[[], ServiceHandle],
-    container: Callable[[], ServiceHandle],
-    backend: str | None = None,
-) -> Iterator[ServiceHandle]:
-    url = os.environ.get(env_var)
-    handle: ServiceHandle
-    if backend == "container":
-        require_engine()
-    try:
-        if backend == "container":
-            handle = container()
-        elif backend == "process":
-            handle = local()
-        elif url:
-            handle = ExternalService(kind, url, env_var)
-        else:
-            try:
-                handle = local()
-            except ServiceStartError:
-                # No binary here; a container is the last resort, and only if Docker answers.
-                if not docker_available():
-                    raise
-                handle = container()
-        _start(handle)
-    except (ServiceStartError, TimeoutError) as exc:
-        service_unavailable(f"cannot start {kind}: {exc}")
+def _single(kind: _Kind, backend: str | None) -> Iterator[ServiceHandle]:
+    """A server for this test (or module) alone: the external one, or one started now."""
+    url = os.environ.get(kind.env_var)
+    if url and backend is None:
+        handle: ServiceHandle = ExternalService(kind.name, url, kind.env_var)
+        try:
+            handle.start()
+        except ServiceStartError as exc:
+            service_unavailable(f"cannot reach {kind.name}: {exc}")
+    else:
+        handle = _start_single(kind, backend)
     try:
         yield handle
     finally:
         handle.close()
+
+
+def _start_single(kind: _Kind, backend: str | None) -> ServiceHandle:
+    """A started local server of `kind` (else a container if Docker answers), or the one
+    `backend` names; applies the policy when none can be started."""
+    if backend == "container":
+        require_engine()
+    try:
+        handle: ServiceHandle
+        if backend == "container":
+            handle = kind.container()
+        else:
+            try:
+                handle = kind.local()
+            except ServiceStartError:
+                # No binary here; a container is the last resort, and only if Docker answers.
+                if backend == "process" or not docker_available():
+                    raise
+                handle = kind.container()
+        _start(handle)
+    except (ServiceStartError, TimeoutError) as exc:
+        service_unavailable(f"cannot start {kind.name}: {exc}")
+    return handle
 
 
 def _owned(kind: str, make: Callable[[], _Owned]) -> Iterator[_Owned]:
