@@ -1,15 +1,14 @@
 """Fixtures of the operator tests: a real redis-server and the project's fake Hermes.
 
-The redis-server runs on a free loopback port for the whole session (AOF `always`, as in
-production) and is flushed before each test; each test gets its own fake Hermes with short
-timers, its own HTTP client and its own Redis connection, so nothing leaks between tests.
+Redis is the plugin's `redis_server` (AOF `always`, as in production; empty when each test
+starts); each test gets its own fake Hermes with short timers, its own HTTP client and its
+own Redis connection, so nothing leaks between tests.
 """
 
 from __future__ import annotations
 
-import os
 import secrets
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
@@ -18,30 +17,13 @@ from redis.asyncio import Redis
 
 from worker.hermes.http_client import HermesClient
 from worker.operator.policy import HermesOperatorPolicy
-from worker.testing._errors import ServiceStartError
 from worker.testing.fake_hermes import FakeConfig, FakeHermes
-from worker.testing.redis_server import RedisServer
-
-
-@pytest.fixture(scope="session")
-def redis_service() -> Iterator[RedisServer]:
-    try:
-        server = RedisServer()
-        server.start()
-    except ServiceStartError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"redis-server unavailable under CI: {exc}")
-        pytest.skip(f"redis-server unavailable: {exc}")
-    try:
-        yield server
-    finally:
-        server.close()
+from worker.testing.services import ServiceHandle
 
 
 @pytest_asyncio.fixture
-async def redis(redis_service: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_service.url)
-    await client.flushall()
+async def redis(redis_server: ServiceHandle) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url)
     try:
         yield client
     finally:

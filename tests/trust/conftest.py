@@ -1,8 +1,8 @@
-"""Fixtures of the trust tests: one real Redis per session, fresh trust files per test."""
+"""Fixtures of the trust tests: the plugin's Redis (empty for each test), fresh trust files."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -11,19 +11,13 @@ from redis.asyncio import Redis
 
 from worker.settings import Settings
 from worker.testing.identities import TrustFiles, write_trust_files
-from worker.testing.redis_server import RedisServer
+from worker.testing.services import ServiceHandle
 from worker.trust.gate import TrustGate
 
 
-@pytest.fixture(scope="session")
-def trust_redis_server() -> Iterator[RedisServer]:
-    with RedisServer(appendonly=False) as server:
-        yield server
-
-
 @pytest_asyncio.fixture
-async def redis(trust_redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(trust_redis_server.url)
+async def redis(redis_server: ServiceHandle) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url)
     try:
         yield client
     finally:

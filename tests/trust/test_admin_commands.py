@@ -13,7 +13,7 @@ from trust_support import action_document
 
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from worker.testing.identities import APPROVER_A, APPROVER_UNTENANTED, USER_B, TrustFiles
-from worker.testing.redis_server import RedisServer
+from worker.testing.services import ServiceHandle
 from worker.trust.admin import add_commands
 from worker.trust.signing import (
     TrustedGatewayKeys,
@@ -57,7 +57,7 @@ def _write_action(tmp_path: Path) -> tuple[str, Path]:
 
 
 def _store_flags(
-    files: TrustFiles, server: RedisServer, *, key_of: str = APPROVER_A
+    files: TrustFiles, server: ServiceHandle, *, key_of: str = APPROVER_A
 ) -> list[str]:
     """Where the store and the authority are, and whose signing key `--key` reads."""
     return [
@@ -69,12 +69,12 @@ def _store_flags(
 async def test_approve_records_the_decision_for_the_action_in_the_file(
     tmp_path: Path,
     trust_files: TrustFiles,
-    trust_redis_server: RedisServer,
+    redis_server: ServiceHandle,
     redis: Redis,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     action_id, path = _write_action(tmp_path)
-    flags = _store_flags(trust_files, trust_redis_server)
+    flags = _store_flags(trust_files, redis_server)
     args = parse(
         "approve", action_id, "--action-file", str(path), "--as", APPROVER_A,
         "--reason", "ticket OPS-7", "--ttl-minutes", "5", *flags,
@@ -83,7 +83,7 @@ async def test_approve_records_the_decision_for_the_action_in_the_file(
     printed = msgspec.json.decode(capsys.readouterr().out, type=ApprovalRecord)
     assert printed.decision is ApprovalDecision.APPROVED
     assert printed.expires_at_unix_ms - printed.created_at_unix_ms == 5 * 60_000
-    show = parse("approval", "show", action_id, "--redis-url", trust_redis_server.url)
+    show = parse("approval", "show", action_id, "--redis-url", redis_server.url)
     assert await show.func(show) == 0
     assert msgspec.json.decode(capsys.readouterr().out, type=ApprovalRecord) == printed
 
@@ -91,14 +91,14 @@ async def test_approve_records_the_decision_for_the_action_in_the_file(
 async def test_approve_refuses_a_file_holding_another_action(
     tmp_path: Path,
     trust_files: TrustFiles,
-    trust_redis_server: RedisServer,
+    redis_server: ServiceHandle,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, path = _write_action(tmp_path)
     other_id = action_document()["id"]
     args = parse(
         "approve", other_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
-        *_store_flags(trust_files, trust_redis_server),
+        *_store_flags(trust_files, redis_server),
     )  # fmt: skip
     assert await args.func(args) == 2
     assert "not " + other_id in capsys.readouterr().err
@@ -107,24 +107,24 @@ async def test_approve_refuses_a_file_holding_another_action(
 async def test_deny_by_a_non_member_is_refused_with_the_reason(
     tmp_path: Path,
     trust_files: TrustFiles,
-    trust_redis_server: RedisServer,
+    redis_server: ServiceHandle,
     redis: Redis,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     action_id, path = _write_action(tmp_path)
     args = parse(
         "approve", action_id, "--action-file", str(path), "--as", USER_B, "--reason", "no",
-        "--deny", *_store_flags(trust_files, trust_redis_server),
+        "--deny", *_store_flags(trust_files, redis_server),
     )  # fmt: skip
     assert await args.func(args) == 1
     assert "no approval membership" in capsys.readouterr().err
-    show = parse("approval", "show", action_id, "--redis-url", trust_redis_server.url)
+    show = parse("approval", "show", action_id, "--redis-url", redis_server.url)
     assert await show.func(show) == 1
 
 
 async def test_approve_without_an_authority_file_is_a_configuration_error(
     tmp_path: Path,
-    trust_redis_server: RedisServer,
+    redis_server: ServiceHandle,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -134,7 +134,7 @@ async def test_approve_without_an_authority_file_is_a_configuration_error(
     write_seed_file(seed_file, generate_keypair().seed)
     args = parse(
         "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
-        "--redis-url", trust_redis_server.url, "--key", str(seed_file),
+        "--redis-url", redis_server.url, "--key", str(seed_file),
     )  # fmt: skip
     assert await args.func(args) == 2
     assert "AIPD_APPROVAL_AUTHORITY_FILE" in capsys.readouterr().err
@@ -143,7 +143,7 @@ async def test_approve_without_an_authority_file_is_a_configuration_error(
 async def test_approve_signs_only_with_the_approvers_own_key(
     tmp_path: Path,
     trust_files: TrustFiles,
-    trust_redis_server: RedisServer,
+    redis_server: ServiceHandle,
     redis: Redis,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
@@ -151,11 +151,11 @@ async def test_approve_signs_only_with_the_approvers_own_key(
     # approver:demo's key, in the name of approver:carol: refused, nothing recorded.
     args = parse(
         "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
-        *_store_flags(trust_files, trust_redis_server, key_of=APPROVER_UNTENANTED),
+        *_store_flags(trust_files, redis_server, key_of=APPROVER_UNTENANTED),
     )  # fmt: skip
     assert await args.func(args) == 1
     assert "is not the approval key of" in capsys.readouterr().err
-    show = parse("approval", "show", action_id, "--redis-url", trust_redis_server.url)
+    show = parse("approval", "show", action_id, "--redis-url", redis_server.url)
     assert await show.func(show) == 1
     # A seed file others may read is refused before anything else.
     loose = tmp_path / "loose.seed"
@@ -163,7 +163,7 @@ async def test_approve_signs_only_with_the_approvers_own_key(
     loose.chmod(0o644)
     args = parse(
         "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
-        "--redis-url", trust_redis_server.url, "--key", str(loose),
+        "--redis-url", redis_server.url, "--key", str(loose),
     )  # fmt: skip
     assert await args.func(args) == 2
     assert "chmod 600" in capsys.readouterr().err
