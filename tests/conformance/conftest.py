@@ -7,7 +7,6 @@ cannot be installed, its half of the suite fails under `CI=true` and is skipped 
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -17,6 +16,7 @@ import pytest
 import pytest_asyncio
 
 from worker.testing.fake_hermes import FakeHermes
+from worker.testing.pytest_plugin import service_unavailable
 
 
 @dataclass(frozen=True)
@@ -40,15 +40,13 @@ async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Herme
     try:
         from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
     except ImportError as exc:
-        pytest.skip(f"worker.testing.real_hermes is not available: {exc}")
+        service_unavailable(f"worker.testing.real_hermes is not available: {exc}")
     try:
         await asyncio.to_thread(ensure_hermes_venv)
         async with RealHermes(tmp_path_factory.mktemp("real-hermes")) as real:
             yield Hermes("real", real.url, real.api_key, real.restart, None)
     except HermesUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the real Hermes is unavailable under CI: {exc.reason}")
-        pytest.skip(f"the real Hermes is unavailable: {exc.reason}")
+        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session", params=["fake", "real"])

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import time
 from collections.abc import AsyncIterator
@@ -52,6 +51,7 @@ from worker.testing.fake_hermes import FakeHermes
 from worker.testing.fake_hermes.mcp import AIP_CALL
 from worker.testing.gateway import GatewayRuntime, gateway_runtime
 from worker.testing.identities import write_trust_files
+from worker.testing.pytest_plugin import service_unavailable
 from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
 from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.scenario import AIP_CALL_TOOL, delegated_final_text, reply_text
@@ -169,9 +169,7 @@ async def _real(
         async with RealHermes(workdir, mcp_servers=mcp_servers) as real:
             yield real
     except HermesUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the real Hermes is unavailable under CI: {exc.reason}")
-        pytest.skip(f"the real Hermes is unavailable: {exc.reason}")
+        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", params=["fake", "real"])

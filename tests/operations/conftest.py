@@ -10,7 +10,6 @@ installed its half fails under `CI=true` and is skipped otherwise, like the conf
 from __future__ import annotations
 
 import asyncio
-import os
 import secrets
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,21 +32,20 @@ from worker.hermes.http_client import HermesClient, Transport
 from worker.operations.base import Operation, Outcome, Registry
 from worker.operations.registry import default_registry
 from worker.testing.fake_hermes import FakeConfig, FakeHermes
+from worker.testing.pytest_plugin import service_unavailable
 
 
 async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[HermesServer]:
     try:
         from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
     except ImportError as exc:
-        pytest.skip(f"worker.testing.real_hermes is not importable: {exc}")
+        service_unavailable(f"worker.testing.real_hermes is not importable: {exc}")
     try:
         await asyncio.to_thread(ensure_hermes_venv)
         async with RealHermes(tmp_path_factory.mktemp("ops-real-hermes")) as real:
             yield HermesServer("real", real.url, real.api_key, None)
     except HermesUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the real Hermes is unavailable under CI: {exc.reason}")
-        pytest.skip(f"the real Hermes is unavailable: {exc.reason}")
+        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
 
 
 @pytest_asyncio.fixture(
