@@ -1,7 +1,8 @@
 """Operations under test: a small ExecutionContext and the Hermes server(s) they talk to.
 
-`RecordingContext` implements the runtime's `ExecutionContext` protocol with nothing but
-what an operation may observe: the chunks it emitted, the headers it must send, the deadline.
+`tests.recording.RecordingContext` implements the runtime's `ExecutionContext` protocol with
+nothing but what an operation may observe: the chunks it emitted, the headers it must send,
+the deadline.
 The `hermes` fixture is parametrized over the fake Hermes and the real `hermes-agent==0.19.0`
 (marked `real_hermes`; deselect with `-m 'not real_hermes'`). When the real one cannot be
 installed its half fails under `CI=true` and is skipped otherwise, like the conformance suite.
@@ -20,13 +21,13 @@ from ops_harness import (
     HermesServer,
     Invocation,
     Invoke,
-    RecordingContext,
     endpoint_for,
     make_action,
 )
 
 from schemas.codec import convert_input
 from schemas.result import ResultStatus
+from tests.recording import RecordingContext
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient, Transport
 from worker.operations.base import Operation, Outcome, Registry
@@ -105,12 +106,7 @@ def invoke(hermes_client: HermesClient, registry: Registry) -> Invoke:
             deadline_s=deadline_s,
         )
         hermes = client or hermes_client
-        ctx = RecordingContext(
-            action=action,
-            endpoint=hermes.endpoint,
-            hermes=hermes,
-            deadline_ms=action.deadline_unix_ms or 0,
-        )
+        ctx = RecordingContext(action=action, endpoint=hermes.endpoint, hermes=hermes)
         params = convert_input(action.input, op.spec.input_type)
         try:
             outcome = await op.execute(ctx, params)

@@ -1,27 +1,25 @@
-"""Shared pieces of the operation tests: the server handle, a recording ExecutionContext,
-and an invocation result. Imported by name (`from ops_harness import …`): `tests/` is not a
-package, and a bare `conftest` import would pick whichever conftest was loaded first.
+"""Shared pieces of the operation tests: the server handle and an invocation result (the
+recording ExecutionContext is `tests.recording.RecordingContext`). Imported by name
+(`from ops_harness import …`): this directory is not a package, and a bare `conftest` import
+would pick whichever conftest was loaded first.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
 from schemas.action import Action, DelegationRef, Identity, Trace
-from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
+from tests.recording import RecordingContext
 from worker.endpoints import Endpoint, EndpointDescriptor
-from worker.hermes.http_client import HermesClient
 from worker.operations.base import Operation, Outcome
 from worker.secret_files import Secret
-from worker.store.keys import ActionKeys
 from worker.testing.fake_hermes import FakeHermes
 
 ENDPOINT_ID = "hermes-1"
@@ -47,88 +45,6 @@ def endpoint_for(url: str, api_key: str | None, **descriptor: Any) -> Endpoint:
         descriptor=EndpointDescriptor(id=ENDPOINT_ID, url=url, **descriptor),
         api_key=None if api_key is None else Secret(api_key),
     )
-
-
-@dataclass
-class RecordingContext:
-    """An ExecutionContext that records chunks; enough to run any non-operator operation."""
-
-    action: Action
-    endpoint: Endpoint
-    hermes: HermesClient
-    deadline_ms: int
-    keys: ActionKeys = field(init=False)
-    worker_id: str = "worker-test"
-    owner: str = "owner-test"
-    fence: int = 1
-    is_takeover: bool = False
-    attempted_fence: int = 0
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    redis: Any = None
-    chunks: list[StreamChunk] = field(default_factory=list)
-    unsafe_attempts: int = 0
-
-    def __post_init__(self) -> None:
-        self.keys = ActionKeys.of(self.action.id)
-
-    @property
-    def next_seq(self) -> int:
-        return len(self.chunks)
-
-    def deadline_unix_ms(self) -> int:
-        return self.deadline_ms
-
-    def remaining_s(self) -> float:
-        return (self.deadline_ms - time.time() * 1000) / 1000
-
-    def trusted_headers(self) -> Mapping[str, str]:
-        a = self.action
-        headers = {
-            "X-AIP-Principal-Id": a.identity.principal_id,
-            "X-AIP-Deadline-Unix-Ms": str(self.deadline_ms),
-        }
-        if a.identity.tenant_id:
-            headers["X-AIP-Tenant-Id"] = a.identity.tenant_id
-        if a.identity.authentication_issuer:
-            headers["X-AIP-Authentication-Issuer"] = a.identity.authentication_issuer
-        if a.trace and a.trace.trace_id:
-            headers["X-AIP-Trace-Id"] = a.trace.trace_id
-        if a.trace and a.trace.correlation_id:
-            headers["X-AIP-Correlation-Id"] = a.trace.correlation_id
-        if a.delegation and a.delegation.chain:
-            headers["X-AIP-Delegation-Chain"] = ",".join(a.delegation.chain)
-        if a.idempotency_key:
-            headers["Idempotency-Key"] = a.idempotency_key
-        return headers
-
-    async def emit(
-        self,
-        kind: ChunkKind,
-        payload: Any = None,
-        *,
-        provider_event: str | None = None,
-        run_id: str | None = None,
-    ) -> int:
-        seq = len(self.chunks)
-        self.chunks.append(
-            make_chunk(
-                kind,
-                action_id=self.action.id,
-                endpoint_id=self.endpoint.id,
-                seq=seq,
-                ts_unix_ms=int(time.time() * 1000),
-                payload=payload,
-                provider_event=provider_event,
-                run_id=run_id,
-            )
-        )
-        return seq
-
-    async def mark_unsafe_attempt(self) -> None:
-        self.unsafe_attempts += 1
-
-    def kinds(self) -> list[ChunkKind]:
-        return [chunk.kind for chunk in self.chunks]
 
 
 @dataclass

@@ -11,10 +11,12 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
+from ops_harness import endpoint_for, make_action
 
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
+from tests.recording import RecordingContext
 from worker.errors import ConnectorError
 from worker.hermes.sse import SSEDecoder, SSEEvent, parse_event
 from worker.operations import classifiers
@@ -32,26 +34,14 @@ class WireStream:
             yield parse_event(raw)
 
 
-class Emitted:
-    def __init__(self) -> None:
-        self.chunks: list[tuple[ChunkKind, str | None, str | None]] = []
-
-    async def emit(
-        self,
-        kind: ChunkKind,
-        payload: Any = None,
-        *,
-        provider_event: str | None = None,
-        run_id: str | None = None,
-    ) -> int:
-        self.chunks.append((kind, provider_event, run_id))
-        return len(self.chunks) - 1
-
-
-async def run(wire: str, classifier: Classifier, run_id: str | None = None) -> tuple[Any, Emitted]:
-    ctx = Emitted()
+async def run(
+    wire: str, classifier: Classifier, run_id: str | None = None
+) -> tuple[Any, RecordingContext]:
+    ctx = RecordingContext(
+        action=make_action("run_events", {}), endpoint=endpoint_for("http://127.0.0.1:1", None)
+    )
     try:
-        outcome = await follow(ctx, WireStream(wire), classifier, what="test", run_id=run_id)  # type: ignore[arg-type]
+        outcome = await follow(ctx, WireStream(wire), classifier, what="test", run_id=run_id)
     except ConnectorError as exc:
         return exc, ctx
     return outcome, ctx
@@ -78,8 +68,8 @@ async def test_run_stream_terminals(terminal: str, status: ResultStatus, kind: C
     wire = DELTA + ": keepalive\n\n" + frame(terminal) + ": stream closed\n\n"
     outcome, ctx = await run(wire, classifiers.RunEvents(), RUN_ID)
     assert outcome.status is status
-    assert [c[0] for c in ctx.chunks] == [ChunkKind.DATA, kind]
-    assert all(c[2] == RUN_ID for c in ctx.chunks)
+    assert ctx.kinds() == [ChunkKind.DATA, kind]
+    assert all(c.run_id == RUN_ID for c in ctx.chunks)
     if status is ResultStatus.FAILED:
         assert outcome.error.code is ErrorCode.STREAM_FAILED
     else:
@@ -97,7 +87,7 @@ async def test_run_stream_maps_reasoning_tools_and_approvals() -> None:
     )
     outcome, ctx = await run(wire, classifiers.RunEvents())
     assert outcome.status is ResultStatus.COMPLETED
-    assert [c[0] for c in ctx.chunks] == [
+    assert ctx.kinds() == [
         ChunkKind.TOOL,
         ChunkKind.PROGRESS,
         ChunkKind.PROGRESS,
@@ -146,7 +136,7 @@ async def test_chat_stream_completes_on_done_marker() -> None:
     assert outcome.status is ResultStatus.COMPLETED
     assert outcome.output["content"] == "Hello"
     assert outcome.output["finish_reason"] == "stop"
-    assert [c[0] for c in ctx.chunks] == [
+    assert ctx.kinds() == [
         ChunkKind.PROGRESS,
         ChunkKind.DATA,
         ChunkKind.TOOL,
@@ -170,7 +160,7 @@ async def test_chat_stream_error_finish_fails_the_action() -> None:
     assert outcome.status is ResultStatus.FAILED
     assert outcome.error.code is ErrorCode.STREAM_FAILED
     assert outcome.output["hermes"] == {"failed": True}
-    assert ctx.chunks[-1][0] is ChunkKind.ERROR
+    assert ctx.chunks[-1].kind is ChunkKind.ERROR
 
 
 @pytest.mark.parametrize(
@@ -197,13 +187,13 @@ async def test_responses_stream_terminals(terminal: str, status: ResultStatus) -
     )
     outcome, ctx = await run(wire, classifiers.ResponseEvents())
     assert outcome.status is status
-    assert [c[0] for c in ctx.chunks][:4] == [
+    assert ctx.kinds()[:4] == [
         ChunkKind.PROGRESS,
         ChunkKind.TOOL,
         ChunkKind.THOUGHT,
         ChunkKind.DATA,
     ]
-    assert ctx.chunks[-1][1] == terminal
+    assert ctx.chunks[-1].provider_event == terminal
     if status is ResultStatus.FAILED:
         assert outcome.error.code is ErrorCode.STREAM_FAILED
 
@@ -221,7 +211,7 @@ async def test_session_chat_stream_terminals(terminal: str, status: ResultStatus
     )
     outcome, ctx = await run(wire, classifiers.SessionChatEvents())
     assert outcome.status is status
-    assert [c[0] for c in ctx.chunks][:4] == [
+    assert ctx.kinds()[:4] == [
         ChunkKind.DATA,
         ChunkKind.THOUGHT,
         ChunkKind.TOOL,
@@ -233,4 +223,4 @@ async def test_an_unknown_event_is_progress_never_a_terminal() -> None:
     wire = frame('{"event":"run.finished_somehow"}') + frame('{"event":"run.completed"}')
     outcome, ctx = await run(wire, classifiers.RunEvents())
     assert outcome.status is ResultStatus.COMPLETED
-    assert [c[0] for c in ctx.chunks] == [ChunkKind.PROGRESS, ChunkKind.DONE]
+    assert ctx.kinds() == [ChunkKind.PROGRESS, ChunkKind.DONE]

@@ -1,8 +1,9 @@
-"""Shared pieces of the operator tests: a leased ExecutionContext and a small harness.
+"""Shared pieces of the operator tests: a small harness around leased recording contexts.
 
-Imported by name (`from operator_support import …`): `tests/` is not a package. Every
-context holds a real lease from the project's LeaseStore on the test's own redis-server, so
-the binding scripts' fence checks run exactly as they do under the runtime.
+Imported by name (`from operator_support import …`): this directory is not a package. Every
+context (`tests.recording.RecordingContext`) holds a real lease from the project's LeaseStore
+on the test's redis-server, so the binding scripts' fence checks run exactly as they do under
+the runtime.
 """
 
 from __future__ import annotations
@@ -10,16 +11,15 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from schemas.action import Action, DelegationRef, Identity
-from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import convert_input
 from schemas.ids import new_action_id
 from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
+from tests.recording import RecordingContext
 from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
@@ -71,76 +71,6 @@ def resume(source_action_id: str, choice: str = "once", **extra: Any) -> dict[st
 
 
 @dataclass
-class LeasedContext:
-    """The runtime's ExecutionContext, minus NATS: chunks are recorded in order."""
-
-    action: Action
-    endpoint: Endpoint
-    hermes: HermesClient
-    keys: ActionKeys
-    redis: Any
-    owner: str
-    fence: int
-    is_takeover: bool
-    first_seq: int = 0
-    worker_id: str = "worker-test"
-    attempted_fence: int = 0
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
-    chunks: list[StreamChunk] = field(default_factory=list)
-    #: Redis time of the lease acquire, as the runtime's Execution carries it.
-    leased_at_ms: int = 0
-
-    @property
-    def next_seq(self) -> int:
-        return self.first_seq + len(self.chunks)
-
-    def deadline_unix_ms(self) -> int:
-        return self.action.deadline_unix_ms or 0
-
-    def remaining_s(self) -> float:
-        return max(0.0, (self.deadline_unix_ms() - time.time() * 1000) / 1000)
-
-    def trusted_headers(self) -> Mapping[str, str]:
-        return {
-            "X-AIP-Principal-Id": self.action.identity.principal_id,
-            "X-AIP-Deadline-Unix-Ms": str(self.deadline_unix_ms()),
-            "Idempotency-Key": self.action.idempotency_key or "",
-        }
-
-    async def emit(
-        self,
-        kind: ChunkKind,
-        payload: Any = None,
-        *,
-        provider_event: str | None = None,
-        run_id: str | None = None,
-    ) -> int:
-        seq = self.next_seq
-        self.chunks.append(
-            make_chunk(
-                kind,
-                action_id=self.action.id,
-                endpoint_id=self.endpoint.id,
-                seq=seq,
-                ts_unix_ms=int(time.time() * 1000),
-                payload=payload,
-                provider_event=provider_event,
-                run_id=run_id,
-            )
-        )
-        return seq
-
-    async def mark_unsafe_attempt(self) -> None:
-        raise AssertionError("the operator fences itself; the runtime's attempt mark is unused")
-
-    def kinds(self) -> list[ChunkKind]:
-        return [chunk.kind for chunk in self.chunks]
-
-    def seqs(self) -> list[int]:
-        return [chunk.seq for chunk in self.chunks]
-
-
-@dataclass
 class Harness:
     """One redis-server + one Hermes endpoint + the operator under one policy."""
 
@@ -164,7 +94,7 @@ class Harness:
 
     async def lease(
         self, action: Action, *, owner: str | None = None, first_seq: int = 0
-    ) -> LeasedContext:
+    ) -> RecordingContext:
         """Acquire the Action's lease (a new delivery attempt) and build its context."""
         source = None
         resume_input = action.input.get("resume")
@@ -174,7 +104,7 @@ class Harness:
         token = owner or "own-" + secrets.token_hex(8)
         grant = await self.leases.acquire(keys, token, LEASE_TTL_MS, "fp-" + action.id)
         assert grant.status is AcquireStatus.ACQUIRED, grant
-        return LeasedContext(
+        return RecordingContext(
             action=action,
             endpoint=self.hermes.endpoint,
             hermes=self.hermes,
@@ -188,22 +118,25 @@ class Harness:
         )
 
     async def replace_owner(
-        self, ctx: LeasedContext, *, action: Action | None = None
-    ) -> LeasedContext:
+        self, ctx: RecordingContext, *, action: Action | None = None
+    ) -> RecordingContext:
         """Process replacement: the old owner's lease ends, a new delivery takes over
         (of the same Action, or of `action`: the same id redelivered with other content)."""
         await self.leases.release(ctx.keys, ctx.owner, ctx.fence)
         return await self.lease(action or ctx.action, first_seq=ctx.next_seq)
 
-    async def execute(self, ctx: LeasedContext) -> Outcome:
+    async def execute(self, ctx: RecordingContext) -> Outcome:
         """What the runtime does around `execute` (a ConnectorError is a failed outcome)."""
         params = convert_input(ctx.action.input, OperatorInput)
         try:
-            return await self.operation.execute(ctx, params)
+            outcome = await self.operation.execute(ctx, params)
         except ConnectorError as exc:
-            return Outcome(ResultStatus.FAILED, None, exc)
+            outcome = Outcome(ResultStatus.FAILED, None, exc)
+        # The operator fences its own start (the start claim), never through the runtime.
+        assert ctx.unsafe_attempts == 0, "the operator asked the runtime to mark an attempt"
+        return outcome
 
-    async def run(self, action: Action) -> tuple[Outcome, LeasedContext]:
+    async def run(self, action: Action) -> tuple[Outcome, RecordingContext]:
         ctx = await self.lease(action)
         return await self.execute(ctx), ctx
 

@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from operator_support import Harness, LeasedContext, endpoint_for, error_code, objective
+from operator_support import Harness, endpoint_for, error_code, objective
 from redis.asyncio import Redis
 from scripted_hermes import ScriptedHermes
 
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
+from tests.recording import RecordingContext
 from worker.hermes.http_client import HermesClient
 from worker.operations.base import Outcome
 from worker.operator import request_cancel
@@ -31,7 +32,7 @@ STOP = "POST /v1/runs/{run_id}/stop"
 START = "POST /v1/runs"
 
 
-async def _start(h: Harness, text: str) -> tuple[LeasedContext, asyncio.Task[Outcome]]:
+async def _start(h: Harness, text: str) -> tuple[RecordingContext, asyncio.Task[Outcome]]:
     action = h.action(objective(text))
     ctx = await h.lease(action)
     return ctx, asyncio.create_task(h.execute(ctx))
@@ -46,7 +47,7 @@ async def _bound(h: Harness, action_id: str) -> str:
     raise AssertionError("no run was bound")
 
 
-async def _cancel(redis: Redis, ctx: LeasedContext) -> str | None:
+async def _cancel(redis: Redis, ctx: RecordingContext) -> str | None:
     """What the runtime's cancel handler does: mark the binding, then signal the holder."""
     state = await request_cancel(redis, ctx.action.id)
     ctx.cancel_requested.set()
