@@ -23,16 +23,19 @@ from pathlib import Path
 from typing import Any
 
 import nats
-import psutil
 import redis.asyncio as aredis
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.bench import require
 from worker.testing.fake_hermes import FakeHermesControl
 from worker.testing.identities import TrustFiles, write_trust_files
 from worker.testing.services import NatsServer, RedisServer
+
+require("psutil")
+import psutil  # noqa: E402  (after the check, so a missing extra says how to install it)
 
 ENDPOINT = "h1"
 #: The repository root: workers run `python -m tests.bench.…` from here.
@@ -44,6 +47,11 @@ _OWN_COMMANDS = frozenset({"info", "config|resetstat", "flushall", "ping", "clie
 def _cpu_s(proc: psutil.Process) -> float:
     times = proc.cpu_times()
     return float(times.user + times.system)
+
+
+def cpu_s_of(pid: int | None) -> float:
+    """User + system CPU seconds of process `pid` so far (0 without one)."""
+    return 0.0 if pid is None else _cpu_s(psutil.Process(pid))
 
 
 class Proc:

@@ -12,6 +12,15 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.bench import BenchExtraMissing, require
+
+try:
+    require("psutil")
+except BenchExtraMissing as exc:
+    # Collected by every run (and deselected by `-m 'not bench'`): without the bench extra the
+    # module is skipped with the install command instead of failing collection.
+    pytest.skip(str(exc), allow_module_level=True)
+
 from tests.bench import counting, inflight, recovery, relay, report, throughput
 from tests.bench.env import Bench
 

@@ -21,11 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import nats
-import psutil
 
-from tests.bench import counting
+from tests.bench import counting, require
 from tests.bench.counting import read_counts, script_names
-from tests.bench.env import ENDPOINT, Bench, Proc
+from tests.bench.env import ENDPOINT, Bench, Proc, cpu_s_of
 from tests.bench.workload import (
     PEER_SUBJECT,
     Completions,
@@ -37,6 +36,8 @@ from tests.bench.workload import (
 )
 
 SYSTEMS = ("ours", "raw", "faststream", "arq")
+#: What a peer's worker process imports beyond the test suite (checked before it starts).
+PEER_MODULES = {"faststream": ("faststream",), "arq": ("arq", "click")}
 #: In-flight Actions per worker process, for every system (the raw loop's 100).
 IN_FLIGHT = 100
 _READY = {
@@ -71,6 +72,7 @@ def start_workers(
     bench: Bench, system: str, count: int, *, first: int = 0, **extra: str
 ) -> list[Proc]:
     """Start `count` worker processes of `system` and wait until each is ready."""
+    require(*PEER_MODULES.get(system, ()))
     procs = []
     for index in range(first, first + count):
         name = f"{system}-{index}"
@@ -177,13 +179,7 @@ async def wait_arq_drained(bench: Bench, timeout_s: float) -> float:
 
 
 def _server_cpu(bench: Bench) -> tuple[float, float, float]:
-    def cpu(pid: int | None) -> float:
-        if pid is None:
-            return 0.0
-        times = psutil.Process(pid).cpu_times()
-        return float(times.user + times.system)
-
-    return cpu(bench.nats_server.pid), cpu(bench.redis_server.pid), bench.fake.cpu_s()
+    return cpu_s_of(bench.nats_server.pid), cpu_s_of(bench.redis_server.pid), bench.fake.cpu_s()
 
 
 async def measure(bench: Bench, system: str, workers: int, count: int) -> Throughput:
