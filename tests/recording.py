@@ -22,6 +22,7 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from worker.endpoints import Endpoint
 from worker.hermes.http_client import HermesClient
 from worker.store.keys import ActionKeys
+from worker.stores import Stores
 from worker.trust.identities import TrustedIdentity
 from worker.trust.projection import trusted_projection
 
@@ -36,7 +37,8 @@ class RecordingContext:
     hermes: HermesClient | None = None
     #: The Action's keys (default: its own, as for an Action that is no resume).
     keys: ActionKeys | None = None
-    redis: Any = None
+    #: The worker's stores (None for an operation that keeps no state in Redis).
+    stores: Stores | None = None
     worker_id: str = "worker-test"
     owner: str = "owner-test"
     fence: int = 1

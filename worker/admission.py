@@ -11,13 +11,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from schemas.action import Action
 from schemas.audit import DetailValue
 from worker.endpoints import Endpoint
 from worker.operations.base import OperationSpec
 from worker.store.lease_store import ActionSubject
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +46,7 @@ class Admission(Protocol):
         signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
-        redis: Any,
+        stores: Stores,
     ) -> Admitted:
         """Check identity, tenant and approval of an envelope whose signature was verified
         (`signer`, from `verify_signature`); return the trusted headers and tenant. An
@@ -60,13 +63,13 @@ class Admission(Protocol):
         delegator_id: str,
         tenant_id: str | None,
         decision_id: str | None,
-        redis: Any,
+        stores: Stores,
     ) -> None:
         """The durable approval of the exact delegated `child`; raises ConnectorError."""
         ...
 
     async def authorize_cancel(
-        self, *, requested_by: str, subject: ActionSubject | None, redis: Any
+        self, *, requested_by: str, subject: ActionSubject | None, stores: Stores
     ) -> None:
         """May `requested_by` cancel the Action whose lease recorded `subject`? With None
         (no worker leased it yet) only the requester's identity is checked. Raises

@@ -40,7 +40,7 @@ from worker.operations.base import Registry
 from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.store.health import StoreHealth
-from worker.store.lease_store import LeaseStore
+from worker.stores import Stores
 from worker.tasks import stop_tasks
 from worker.trust.responses import signer_from_settings
 
@@ -71,6 +71,7 @@ class Worker:
         self.subjects = Subjects(settings.subject_prefix)
         self.nc: NATS | None = None
         self.redis: Any = None
+        self.stores: Stores | None = None
         self.rt: Runtime | None = None
         self.loops: list[PullLoop] = []
         self.control: ControlPlane | None = None
@@ -127,18 +128,20 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        store = LeaseStore(self.redis, result_ttl_ms=settings.result_ttl_ms, health=health)
+        stores = self.stores = Stores.over(
+            self.redis, result_ttl_ms=settings.result_ttl_ms, health=health
+        )
         publisher = BusPublisher(js, self.subjects, signer=signer)
         audit = AuditLog(publisher, settings.worker_id)
         keeper = LeaseKeeper(
-            store, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
+            stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
             health=health, errors=self.errors,
         )
         self.rt = Runtime(
             settings=settings,
             subjects=self.subjects,
             js=js,
-            store=store,
+            stores=stores,
             publisher=publisher,
             dead_letters=DeadLetters(
                 publisher,
@@ -175,8 +178,8 @@ class Worker:
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, handler)
         if self.delegation is not None:
-            stores = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
-            delegations = DelegationHandler(handler, self.delegation.with_stores(stores))
+            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
+            delegations = DelegationHandler(handler, self.delegation.with_stores(lifecycle))
             for endpoint in endpoints:
                 # Their own slots: a delegation waits for its child, which may be an Action
                 # this very pool must execute; shared slots could starve it.

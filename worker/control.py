@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -35,6 +35,9 @@ from worker.operations.base import Registry
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 
+if TYPE_CHECKING:
+    from worker.stores import Stores
+
 log = logging.getLogger(__name__)
 
 #: Answers after which a durable, authorized intent exists (the holder must re-read it).
@@ -48,7 +51,7 @@ class BindingCancelHook(Protocol):
     """Records the intent in an operator binding and returns the binding's state."""
 
     def __call__(
-        self, redis: Any, action_id: str, *, source_action_id: str | None = None
+        self, stores: Stores, action_id: str, *, source_action_id: str | None = None
     ) -> Awaitable[str | None]: ...
 
 
@@ -150,12 +153,12 @@ class ControlPlane:
             }
         )
         try:
-            keys = await rt.store.keys_of(request.action_id)
+            keys = await rt.stores.leases.keys_of(request.action_id)
             answer = await self._authorized_record(request.requested_by, keys, intent)
             binding_state = None
             if self.binding_cancel is not None and answer.state is not CancelState.PENDING:
                 binding_state = await self.binding_cancel(
-                    rt.store.redis,
+                    rt.stores,
                     request.action_id,
                     source_action_id=keys.slot_action_id if keys.is_resume else None,
                 )
@@ -209,12 +212,12 @@ class ControlPlane:
         record the intent if that principal is still the one checked (a lease taken in
         between is re-checked once). Raises ConnectorError when refused."""
         rt = self.rt
-        subject = await rt.store.cancel_subject(keys)
+        subject = await rt.stores.leases.cancel_subject(keys)
         for _ in range(2):
             await rt.admission.authorize_cancel(
-                requested_by=requested_by, subject=subject, redis=rt.store.redis
+                requested_by=requested_by, subject=subject, stores=rt.stores
             )
-            answer = await rt.store.request_cancel(
+            answer = await rt.stores.leases.request_cancel(
                 keys,
                 intent,
                 requested_by=requested_by,
@@ -227,7 +230,7 @@ class ControlPlane:
                 )
             if answer.state is not CancelState.CHANGED:
                 return answer
-            subject = await rt.store.cancel_subject(keys)
+            subject = await rt.stores.leases.cancel_subject(keys)
         raise ConnectorError(ErrorCode.HOST_NOT_READY, "the Action's lease kept changing")
 
     async def _on_cancel_notice(self, msg: Msg) -> None:

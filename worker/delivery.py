@@ -69,7 +69,8 @@ from worker.operations.base import (
 from worker.publisher import MSG_ID, BusPublisher
 from worker.settings import Settings
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
+from worker.store.lease_store import AcquireStatus, ActionSubject, SettleStatus
+from worker.stores import Stores
 from worker.trust.responses import cannot_sign, sha256_hex
 
 log = logging.getLogger(__name__)
@@ -90,7 +91,7 @@ class Runtime:
     settings: Settings
     subjects: Subjects
     js: JetStreamContext
-    store: LeaseStore
+    stores: Stores
     publisher: BusPublisher
     dead_letters: DeadLetters
     audit: AuditLog
@@ -243,7 +244,7 @@ class DeliveryHandler:
             return
         if not await self.msg_id_matches(msg, endpoint_id, headers, action.id):
             return
-        health = rt.store.health
+        health = rt.stores.leases.health
         if health is not None and not health.accepting:
             # Fetched by a pull request sent before the store gate closed: admission and the
             # lease would wait on a failing Redis; nak it for a worker whose store answers.
@@ -313,7 +314,7 @@ class DeliveryHandler:
                     signer=signer,
                     endpoint=runtime_endpoint.endpoint,
                     spec=spec,
-                    redis=rt.store.redis,
+                    stores=rt.stores,
                 )
                 trusted = admitted.headers
             except ConnectorError as exc:
@@ -405,9 +406,7 @@ class DeliveryHandler:
         earlier delivery got past admission); resumes are never recovered this way."""
         if not operation.self_fenced or keys.is_resume:
             return False
-        from worker.store.operator_store import OperatorStore
-
-        return (await OperatorStore.of(self.rt.store.redis).read(keys.binding)).doc is not None
+        return (await self.rt.stores.operator.read(keys.binding)).doc is not None
 
     def deadline_of(self, action: Action, spec: OperationSpec) -> int:
         """The earliest of the Action's deadline, its timeout, and the operation's own bound."""
@@ -436,8 +435,8 @@ class DeliveryHandler:
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
         self.leasing(msg)
         if keys.is_resume:
-            await rt.store.remember_resume(keys)
-        grant = await rt.store.acquire(
+            await rt.stores.leases.remember_resume(keys)
+        grant = await rt.stores.leases.acquire(
             keys,
             owner,
             rt.settings.lease_ttl_ms,
@@ -470,7 +469,7 @@ class DeliveryHandler:
             first_seq=first_seq,
             deadline_ms=deadline_ms,
             lease_ttl_ms=rt.settings.lease_ttl_ms,
-            store=rt.store,
+            stores=rt.stores,
             publisher=rt.publisher,
             msg=msg,
             trusted_headers=trusted,
@@ -506,10 +505,10 @@ class DeliveryHandler:
         rt = self.rt
         authorized: bytes | None = None
         subject = subject_of(action)
-        for requested_by, intent in (await rt.store.pending_cancels(keys)).items():
+        for requested_by, intent in (await rt.stores.leases.pending_cancels(keys)).items():
             try:
                 await rt.admission.authorize_cancel(
-                    requested_by=requested_by, subject=subject, redis=rt.store.redis
+                    requested_by=requested_by, subject=subject, stores=rt.stores
                 )
             except ConnectorError as exc:
                 rt.audit.emit(
@@ -521,7 +520,7 @@ class DeliveryHandler:
                 )
                 continue
             authorized = authorized or intent
-        return await rt.store.promote_cancel(keys, authorized)
+        return await rt.stores.leases.promote_cancel(keys, authorized)
 
     async def answer_without_lease(
         self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, grant: Any
@@ -657,7 +656,7 @@ class DeliveryHandler:
         """Give the lease back unsettled (shutdown): the next owner need not wait out the TTL."""
         execution.ending = True
         try:
-            await self.rt.store.release(execution.keys, execution.owner, execution.fence)
+            await self.rt.stores.leases.release(execution.keys, execution.owner, execution.fence)
         except Exception:
             log.warning("could not release lease of %s", execution.action.id)
         for msg in execution.messages:
@@ -724,7 +723,9 @@ class DeliveryHandler:
             rt.keeper.lose(execution, str(lost), cancel=False)
             return
         execution.ending = True
-        stored = await rt.store.settle(execution.keys, execution.owner, execution.fence, payload)
+        stored = await rt.stores.leases.settle(
+            execution.keys, execution.owner, execution.fence, payload
+        )
         if stored.status is SettleStatus.FENCED_OUT:
             rt.metrics.fenced_out(endpoint_id, FenceStep.SETTLE)
             rt.audit.emit(
@@ -806,7 +807,7 @@ class DeliveryHandler:
         )
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
         self.leasing(msg)
-        grant = await rt.store.acquire(
+        grant = await rt.stores.leases.acquire(
             keys,
             owner,
             rt.settings.lease_ttl_ms,
@@ -828,7 +829,7 @@ class DeliveryHandler:
             settled_at_unix_ms=settled_at,
             last_chunk_sha256=sha256_hex(encode(chunk)),
         )
-        stored = await rt.store.settle(keys, owner, grant.fence, encode(result))
+        stored = await rt.stores.leases.settle(keys, owner, grant.fence, encode(result))
         if stored.status is SettleStatus.FENCED_OUT:
             return
         payload = stored.stored or encode(result)
@@ -856,7 +857,7 @@ class DeliveryHandler:
         endpoint_id: str,
         action: Action | None = None,
     ) -> None:
-        stored = await self.rt.store.get_result(keys)
+        stored = await self.rt.stores.leases.get_result(keys)
         await self.republish_bytes([msg], action_id, endpoint_id, stored, action=action)
 
     async def republish_bytes(

@@ -28,7 +28,7 @@ from worker.metrics import FenceStep, Metrics
 from worker.operations.base import LeaseLost, Operation
 from worker.publisher import BusPublisher
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import LeaseStore
+from worker.stores import Stores
 
 #: Share of the lease TTL after the last confirmed renewal during which this worker still
 #: trusts it holds the lease. The margin covers clock-rate drift and the renewal round trip.
@@ -60,7 +60,7 @@ class Execution:
         first_seq: int,
         deadline_ms: int,
         lease_ttl_ms: int,
-        store: LeaseStore,
+        stores: Stores,
         publisher: BusPublisher,
         msg: Msg,
         trusted_headers: Mapping[str, str],
@@ -82,8 +82,7 @@ class Execution:
         self.fence = fence
         self.is_takeover = is_takeover
         self.attempted_fence = attempted_fence
-        self.redis = store.redis
-        self.store = store
+        self.stores = stores
         self.publisher = publisher
         self.messages: list[Msg] = [msg]
         self.cancel_requested = asyncio.Event()
@@ -168,7 +167,7 @@ class Execution:
 
     async def mark_unsafe_attempt(self) -> None:
         self.ensure_lease()
-        if not await self.store.mark_attempt(self.keys, self.owner, self.fence):
+        if not await self.stores.leases.mark_attempt(self.keys, self.owner, self.fence):
             if self.metrics is not None:
                 self.metrics.fenced_out(self.endpoint.id, FenceStep.UNSAFE_ATTEMPT)
             self.lease_lost = True

@@ -31,6 +31,7 @@ from worker.secret_files import Secret
 from worker.store.keys import ActionKeys, binding_key
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.store.operator_store import OperatorStore
+from worker.stores import Stores
 
 ENDPOINT_ID = "hermes-1"
 LEASE_TTL_MS = 120_000
@@ -78,13 +79,15 @@ class Harness:
     hermes: HermesClient
     policy: HermesOperatorPolicy
     operation: OperatorOperation = field(init=False)
+    stores: Stores = field(init=False)
     leases: LeaseStore = field(init=False)
     store: OperatorStore = field(init=False)
 
     def __post_init__(self) -> None:
         self.operation = OperatorOperation(self.policy)
-        self.leases = LeaseStore(self.redis)
-        self.store = OperatorStore(self.redis)
+        self.stores = Stores.over(self.redis)
+        self.leases = self.stores.leases
+        self.store = self.stores.operator
 
     def with_policy(self, **changes: Any) -> Harness:
         return Harness(self.redis, self.hermes, replace(self.policy, **changes))
@@ -109,7 +112,7 @@ class Harness:
             endpoint=self.hermes.endpoint,
             hermes=self.hermes,
             keys=keys,
-            redis=self.redis,
+            stores=self.stores,
             owner=token,
             fence=grant.fence,
             is_takeover=grant.is_takeover,

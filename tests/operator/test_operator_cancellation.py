@@ -25,6 +25,7 @@ from worker.hermes.http_client import HermesClient
 from worker.operations.base import Outcome
 from worker.operator import request_cancel
 from worker.operator.binding import BindingState
+from worker.stores import Stores
 from worker.testing.fake_hermes import FakeHermes, RouteDelay
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 
@@ -49,7 +50,7 @@ async def _bound(h: Harness, action_id: str) -> str:
 
 async def _cancel(redis: Redis, ctx: RecordingContext) -> str | None:
     """What the runtime's cancel handler does: mark the binding, then signal the holder."""
-    state = await request_cancel(redis, ctx.action.id)
+    state = await request_cancel(Stores.over(redis), ctx.action.id)
     ctx.cancel_requested.set()
     return state
 
@@ -58,7 +59,7 @@ async def test_cancel_before_run_id_starts_nothing(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:
     action = harness.action(objective("never start"))
-    assert await request_cancel(redis, action.id) is None  # no binding yet
+    assert await request_cancel(Stores.over(redis), action.id) is None  # no binding yet
     ctx = await harness.lease(action)
     ctx.cancel_requested.set()
     outcome = await harness.execute(ctx)
@@ -166,16 +167,16 @@ async def test_cancel_hook_marks_only_active_bindings(harness: Harness, redis: R
     parked = harness.action(objective(f"ask {NEEDS_APPROVAL}"))
     outcome, _ = await harness.run(parked)
     assert outcome.status is ResultStatus.REQUIRES_HUMAN
-    assert await request_cancel(redis, parked.id) == "waiting_for_approval"
+    assert await request_cancel(Stores.over(redis), parked.id) == "waiting_for_approval"
     assert not (await harness.require_binding(parked.id)).cancel_requested
 
     done = harness.action(objective("quick"))
     await harness.run(done)
-    assert await request_cancel(redis, done.id) == "completed"
+    assert await request_cancel(Stores.over(redis), done.id) == "completed"
 
     ctx, task = await _start(harness, f"long {SLOW_REPLY}")
     await _bound(harness, ctx.action.id)
-    assert await request_cancel(redis, ctx.action.id) == "cancelling"
+    assert await request_cancel(Stores.over(redis), ctx.action.id) == "cancelling"
     # The flag alone (no in-process signal) reaches the executing holder on its next write.
     outcome = await asyncio.wait_for(task, timeout=15)
     assert outcome.status is ResultStatus.CANCELLED
@@ -186,7 +187,7 @@ async def test_takeover_of_a_cancelling_binding_reconciles_without_starting(
 ) -> None:
     ctx, task = await _start(harness, f"long {SLOW_REPLY}")
     await _bound(harness, ctx.action.id)
-    await request_cancel(redis, ctx.action.id)
+    await request_cancel(Stores.over(redis), ctx.action.id)
     task.cancel()  # the holder dies before it acts on the intent
     with contextlib.suppress(asyncio.CancelledError):
         await task

@@ -26,7 +26,7 @@ def _count_scripts(store: Any, calls: list[str]) -> None:
 
 async def test_a_first_lease_creates_the_binding_without_reading_it(harness: Harness) -> None:
     calls: list[str] = []
-    _count_scripts(harness.operation._store_for(harness.redis), calls)
+    _count_scripts(harness.store, calls)
     action = harness.action(objective("no read first"))
     ctx = await harness.lease(action)
     assert ctx.leased_at_ms > 0
@@ -63,7 +63,7 @@ async def test_a_takeover_reads_the_binding_first(harness: Harness) -> None:
     second = await harness.replace_owner(first)
     assert second.is_takeover
     calls: list[str] = []
-    _count_scripts(harness.operation._store_for(harness.redis), calls)
+    _count_scripts(harness.store, calls)
     outcome = await harness.execute(second)
     assert outcome.status is ResultStatus.COMPLETED
     assert calls[0] == "operator_read"

@@ -22,6 +22,7 @@ from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.errors import ConnectorError
 from worker.settings import Settings
+from worker.stores import Stores
 from worker.testing.identities import (
     REVISION,
     TENANT_A,
@@ -204,7 +205,7 @@ async def _admit(url: str, gate: TrustGate, files: TrustFiles, case: dict[str, A
             headers=files.sign(payload),
             endpoint=endpoint("hermes-a", tenant=binding),
             spec=GOVERNED if governed else UNGOVERNED,
-            redis=client,
+            stores=Stores.over(client),
         )
     except ConnectorError as exc:
         return exc

@@ -15,6 +15,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint, 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, TrustConfigError
 from worker.settings import Settings
+from worker.stores import Stores
 from worker.testing.identities import (
     TENANT_A,
     TENANT_B,
@@ -151,7 +152,7 @@ async def _admit(gate: TrustGate, redis: Redis, trust_files: TrustFiles, **doc: 
         headers=trust_files.sign(payload),
         endpoint=endpoint(),
         spec=UNGOVERNED,
-        redis=redis,
+        stores=Stores.over(redis),
     )
 
 

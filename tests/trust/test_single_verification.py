@@ -9,6 +9,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
+from worker.stores import Stores
 from worker.testing.identities import USER_UNTENANTED, TrustFiles
 from worker.trust import gate as gate_module
 from worker.trust.gate import TrustGate
@@ -33,7 +34,7 @@ async def test_admission_reuses_the_runtimes_verification(
     monkeypatch.setattr(gate_module, "verify_envelope", counting)
     signer = gate.verify_signature(payload, headers)
     decision = await gate.admit_verified(
-        action=action, signer=signer, endpoint=TARGET, spec=UNGOVERNED, redis=redis
+        action=action, signer=signer, endpoint=TARGET, spec=UNGOVERNED, stores=Stores.over(redis)
     )
     assert decision.signer == signer == trust_files.public_key
     assert calls == [payload]
@@ -52,6 +53,6 @@ async def test_without_the_flag_admission_still_verifies(
             headers={},
             endpoint=TARGET,
             spec=UNGOVERNED,
-            redis=redis,
+            stores=Stores.over(redis),
         )
     assert caught.value.code is ErrorCode.HOST_AUTHENTICATION

@@ -11,6 +11,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint, 
 from schemas.errors import ErrorCode
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
+from worker.stores import Stores
 from worker.testing.identities import (
     TENANT_A,
     TENANT_B,
@@ -36,7 +37,7 @@ async def admit(
         headers=files.sign(payload),
         endpoint=target,
         spec=UNGOVERNED,
-        redis=redis,
+        stores=Stores.over(redis),
     )
 
 
@@ -106,6 +107,6 @@ async def test_a_capability_of_another_endpoint_is_a_route_mismatch(
             headers=trust_files.sign(payload),
             endpoint=ENDPOINT_A,
             spec=UNGOVERNED,
-            redis=redis,
+            stores=Stores.over(redis),
         )
     assert caught.value.code is ErrorCode.HOST_ROUTE_MISMATCH

@@ -10,6 +10,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint, 
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
+from worker.stores import Stores
 from worker.testing.identities import ISSUER, TENANT_A, USER_A, TrustFiles
 from worker.trust.gate import TrustGate
 from worker.trust.identities import IdentityDirectory
@@ -90,7 +91,7 @@ async def test_unsafe_header_values_refuse_the_action_before_any_request(
             headers=trust_files.sign(payload),
             endpoint=endpoint(),
             spec=UNGOVERNED,
-            redis=redis,
+            stores=Stores.over(redis),
         )
     assert caught.value.code is ErrorCode.CONFIGURATION_OR_INPUT
     assert header in caught.value.message

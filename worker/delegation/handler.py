@@ -124,7 +124,7 @@ class DelegationHandler:
                 signer=signer,
                 endpoint=ep.endpoint,
                 spec=operation.spec,
-                redis=rt.store.redis,
+                stores=rt.stores,
             )
             tenant_id = admitted.tenant_id
             rt.audit.emit(
@@ -140,7 +140,7 @@ class DelegationHandler:
                     delegator_id=request.delegator.principal_id,
                     tenant_id=tenant_id,
                     decision_id=request.approval.decision_id if request.approval else None,
-                    redis=rt.store.redis,
+                    stores=rt.stores,
                 )
             check_child_tenant(request, ep.endpoint, tenant_id)
         except ConnectorError as exc:

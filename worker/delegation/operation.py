@@ -47,8 +47,7 @@ from worker.operator.operation import start_and_drive
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
 from worker.operator.session import OperatorSession
-from worker.store.operator_store import OperatorStore
-from worker.trust.clock import RedisClock
+from worker.trust.clock import Clock
 
 S = BindingState
 
@@ -104,7 +103,7 @@ class DelegatedOperation:
         """The same operation reading the runtime's stores (wired once NATS is connected)."""
         return DelegatedOperation(self.policy, stores)
 
-    async def resolver(self, redis: Any) -> DelegatedResolver:
+    async def resolver(self, clock: Clock) -> DelegatedResolver:
         """The resolver over stores that exist; raises `delegated_result_resolver_missing`."""
         if self.stores is None:
             raise ConnectorError(
@@ -113,7 +112,7 @@ class DelegatedOperation:
             )
         await self.stores.check_available()
         return DelegatedResolver(
-            self.stores, RedisClock(redis), poll_s=self.policy.poll_interval_ms / 1000
+            self.stores, clock, poll_s=self.policy.poll_interval_ms / 1000
         )
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
@@ -124,9 +123,9 @@ class DelegatedOperation:
         request = params
         ctx.hermes.require_key("POST /v1/runs")
         # Before anything is stored or sent: a child whose result cannot be read must not run.
-        resolver = await self.resolver(ctx.redis)
+        resolver = await self.resolver(ctx.stores.clock())
         session = OperatorSession(
-            ctx, self.policy, OperatorStore.of(ctx.redis), source_action_id=ctx.action.id
+            ctx, self.policy, ctx.stores.operator, source_action_id=ctx.action.id
         )
         body = delegated_payload(self.policy, request, session_id_for(ctx.action.id))
         binding = await start_and_drive(session, body, forbid_start=forbid_start)

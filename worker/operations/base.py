@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import msgspec
 
@@ -24,6 +24,9 @@ from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
 from worker.store.keys import ActionKeys
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +133,8 @@ class ExecutionContext(Protocol):
     #: Set when a cancel intent for this Action is durable (operations that handle
     #: cancellation themselves watch it; others are cancelled by the runtime).
     cancel_requested: asyncio.Event
-    redis: Any
+    #: The worker's stores (leases, operator state, approvals, the Redis clock).
+    stores: Stores
 
     @property
     def next_seq(self) -> int: ...

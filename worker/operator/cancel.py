@@ -11,7 +11,7 @@ A `stopping` receipt is progress, never terminal evidence.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TYPE_CHECKING
 
 from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind
@@ -21,7 +21,10 @@ from worker.operator.binding import BindingState, OperatorBinding
 from worker.operator.observe import CANCEL_GRACE, Observer
 from worker.operator.session import OperatorSession
 from worker.store.keys import binding_key
-from worker.store.operator_store import MarkStatus, OperatorStore
+from worker.store.operator_store import MarkStatus
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 S = BindingState
 
@@ -70,7 +73,7 @@ async def reconcile_cancel(session: OperatorSession, observer: Observer) -> Oper
 
 
 async def request_cancel(
-    redis: Any, action_id: str, *, source_action_id: str | None = None
+    stores: Stores, action_id: str, *, source_action_id: str | None = None
 ) -> str | None:
     """The runtime's cancel hook: record `cancel_requested` on an active operator binding.
 
@@ -81,8 +84,7 @@ async def request_cancel(
     pass `source_action_id` for one; the executing resume also records the intent itself
     when the runtime signals it.
     """
-    store = OperatorStore(redis)
-    status, state = await store.mark_cancel(binding_key(source_action_id or action_id))
+    status, state = await stores.operator.mark_cancel(binding_key(source_action_id or action_id))
     if status is MarkStatus.MISSING:
         return None
     if status in (MarkStatus.RECORDED, MarkStatus.ALREADY_REQUESTED) and S(state) in _LIVE:

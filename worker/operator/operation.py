@@ -74,9 +74,6 @@ class OperatorOperation:
         )
         self.policy = policy
 
-    def _store_for(self, redis: Any) -> OperatorStore:
-        return OperatorStore.of(redis)
-
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()  # "validates this policy before an operator run"
         params, forbid_start = Recovering.unwrap(params)
@@ -86,7 +83,7 @@ class OperatorOperation:
                 "operator input needs exactly one of `objective` or `resume`",
             )
         ctx.hermes.require_key("POST /v1/runs")
-        store = self._store_for(ctx.redis)
+        store = ctx.stores.operator
         branch = params.branch()
         if isinstance(branch, OperatorObjective):
             return await self._objective(ctx, store, branch, forbid_start)

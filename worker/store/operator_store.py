@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import time
-import weakref
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -131,15 +130,6 @@ def _s(value: Any) -> str:
 
 class OperatorStore:
     """Typed calls over the operator and capacity scripts of one Redis client."""
-
-    @classmethod
-    def of(cls, redis: Any) -> OperatorStore:
-        """The store of this Redis client, made once: registering the scripts hashes their
-        source, which is work per client, not per Action."""
-        store = _STORES.get(redis)
-        if store is None:
-            store = _STORES[redis] = cls(redis)
-        return store
 
     def __init__(
         self,
@@ -340,7 +330,3 @@ def _write_reply(reply: Any) -> WriteReply:
             now_ms=int(now),
         ),
     )
-
-
-#: One OperatorStore per Redis client (weak: a closed client takes its store with it).
-_STORES: weakref.WeakKeyDictionary[Any, OperatorStore] = weakref.WeakKeyDictionary()

@@ -16,7 +16,6 @@ claims grant nothing. Refusal codes when the check fails:
 from __future__ import annotations
 
 import secrets
-import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,17 +72,6 @@ def input_snapshot(action: Action) -> tuple[str, bool]:
     return encoded[:MAX_INPUT_SNAPSHOT_BYTES].decode("utf-8", errors="ignore"), True
 
 
-#: The read script of each client (hashing its source once per client, not per Action).
-_read_scripts: weakref.WeakKeyDictionary[Any, Script] = weakref.WeakKeyDictionary()
-
-
-def _read_script(redis: Any) -> Script:
-    script = _read_scripts.get(redis)
-    if script is None:
-        script = _read_scripts[redis] = Script(redis, script_source("approval_read"))
-    return script
-
-
 @dataclass(frozen=True, slots=True)
 class StoredDecision:
     """A decision as Redis holds it: the record, the exact bytes its approver signed, and
@@ -95,45 +83,59 @@ class StoredDecision:
     signer: str
 
 
+class ApprovalRecords:
+    """The approval records of one Redis client: built once with the worker's stores
+    (`worker.stores.Stores`), so the read script is hashed once per client, not per Action."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+        self._read = Script(redis, script_source("approval_read"))
+
+    async def read(
+        self, action_id: str, *, budget_s: float = READ_BUDGET_S
+    ) -> ApprovalRecord | None:
+        """The stored decision for an Action, or None; raises ConnectorError when unreadable.
+
+        A transient failure (a Redis Cluster failover, a restart) is retried within
+        `budget_s`: refusing the Action would settle it `failed` for an outage the lease
+        store rides out.
+        """
+        stored = (await self.read_at(action_id, budget_s=budget_s))[0]
+        return stored.record if stored is not None else None
+
+    async def read_at(
+        self, action_id: str, *, budget_s: float = READ_BUDGET_S
+    ) -> tuple[StoredDecision | None, int]:
+        """The stored decision with its signature, and the Redis time of the same step (one
+        script, one round trip)."""
+        try:
+            raw, now, signature, signer = await reask(
+                lambda: self._read(keys=[approvals_key(action_id)]), budget_s=budget_s
+            )
+        except (StoreUnavailable, RedisError) as exc:
+            raise ConnectorError(
+                ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
+                f"approval record could not be read: {exc}",
+            ) from None
+        record = _decode_record(raw)
+        if record is None:
+            return None, int(now)
+        return (
+            StoredDecision(
+                record=record,
+                raw=raw if isinstance(raw, bytes) else _text(raw).encode(),
+                signature=_text(signature),
+                signer=_text(signer),
+            ),
+            int(now),
+        )
+
+
 async def read_record(
     redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
 ) -> ApprovalRecord | None:
-    """The stored decision for an Action, or None; raises ConnectorError when unreadable.
-
-    A transient failure (a Redis Cluster failover, a restart) is retried within `budget_s`:
-    refusing the Action would settle it `failed` for an outage the lease store rides out.
-    """
-    stored = (await read_record_at(redis, action_id, budget_s=budget_s))[0]
-    return stored.record if stored is not None else None
-
-
-async def read_record_at(
-    redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
-) -> tuple[StoredDecision | None, int]:
-    """The stored decision with its signature, and the Redis time of the same step (one
-    script, one round trip)."""
-    script = _read_script(redis)
-    try:
-        raw, now, signature, signer = await reask(
-            lambda: script(keys=[approvals_key(action_id)]), budget_s=budget_s
-        )
-    except (StoreUnavailable, RedisError) as exc:
-        raise ConnectorError(
-            ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
-            f"approval record could not be read: {exc}",
-        ) from None
-    record = _decode_record(raw)
-    if record is None:
-        return None, int(now)
-    return (
-        StoredDecision(
-            record=record,
-            raw=raw if isinstance(raw, bytes) else _text(raw).encode(),
-            signature=_text(signature),
-            signer=_text(signer),
-        ),
-        int(now),
-    )
+    """`ApprovalRecords.read` for a one-shot command that holds only a client."""
+    return await ApprovalRecords(redis).read(action_id, budget_s=budget_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,10 +147,12 @@ class RecordRead:
     error: ConnectorError | None = None
 
 
-async def prefetch_record(redis: Any, action_id: str, clock: RedisClock) -> RecordRead:
+async def prefetch_record(
+    records: ApprovalRecords, action_id: str, clock: RedisClock
+) -> RecordRead:
     """Read the record now and give its Redis time to `clock`; a failure is kept, not raised."""
     try:
-        stored, read_at = await read_record_at(redis, action_id)
+        stored, read_at = await records.read_at(action_id)
     except ConnectorError as exc:
         return RecordRead(None, exc)
     clock.offer(read_at)
@@ -305,7 +309,7 @@ def _unavailable(why: str) -> ConnectorError:
 
 
 async def check_approval(
-    redis: Any,
+    records: ApprovalRecords,
     authority: ApprovalAuthority | None,
     action: Action,
     *,
@@ -324,7 +328,7 @@ async def check_approval(
             "approval-governed capabilities cannot run"
         )
     if recorded is None:
-        stored, read_at = await read_record_at(redis, action.id)
+        stored, read_at = await records.read_at(action.id)
         if isinstance(clock, RedisClock):
             # The record's own read carried Redis TIME: the admission's clock needs no TIME.
             clock.offer(read_at)

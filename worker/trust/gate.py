@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from schemas.action import Action
 from schemas.approval import ApprovalRecord
@@ -35,7 +35,6 @@ from worker.store.lease_store import ActionSubject
 from worker.trust.approval_ledger import check_approval, prefetch_record
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.cancel_authority import CancelAuthority
-from worker.trust.clock import RedisClock
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
 from worker.trust.projection import trusted_projection
 from worker.trust.replay import ReplayWindow
@@ -46,6 +45,9 @@ from worker.trust.signing import (
     verify_envelope,
 )
 from worker.trust.tenancy import check_endpoint_tenant, check_route
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 log = logging.getLogger(__name__)
 
@@ -170,12 +172,12 @@ class TrustGate:
         headers: Mapping[str, str],
         endpoint: Endpoint,
         spec: OperationSpec,
-        redis: Any,
+        stores: Stores,
     ) -> AdmitDecision:
         """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent."""
         signer = self.verify_signature(payload, headers)
         return await self.admit_verified(
-            action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
+            action=action, signer=signer, endpoint=endpoint, spec=spec, stores=stores
         )
 
     async def admit_verified(
@@ -185,7 +187,7 @@ class TrustGate:
         signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
-        redis: Any,
+        stores: Stores,
     ) -> AdmitDecision:
         """`admit` for an envelope whose signature the caller already verified (`signer` is
         that result): the runtime verifies once, to decide DLQ or not, and never twice."""
@@ -195,12 +197,12 @@ class TrustGate:
                 "no trusted identity directory is configured (AIPD_TRUSTED_IDENTITY_FILE); "
                 "governed execution is refused",
             )
-        clock = RedisClock(redis)
+        clock = stores.clock()
         recorded = None
         if spec.approval_required and self.authority is not None:
             # Read first (no effect) so its Redis TIME also decides the replay check: one
             # round trip for both. Its verdict still comes after identity, in order.
-            recorded = await prefetch_record(redis, action.id, clock)
+            recorded = await prefetch_record(stores.approvals, action.id, clock)
         await self.replay.check(action.created_at_unix_ms, clock)
         identity = await self.identities.verify(action.identity, clock)
         check_route(action.capability, endpoint)
@@ -208,7 +210,7 @@ class TrustGate:
         approval = None
         if spec.approval_required:
             approval = await check_approval(
-                redis,
+                stores.approvals,
                 self.authority,
                 action,
                 tenant_id=identity.tenant_id,
@@ -223,12 +225,12 @@ class TrustGate:
         )
 
     async def authorize_cancel(
-        self, *, requested_by: str, subject: ActionSubject | None, redis: Any
+        self, *, requested_by: str, subject: ActionSubject | None, stores: Stores
     ) -> None:
         """May `requested_by` cancel the Action whose lease recorded `subject` (None: not
         leased yet, so only the requester is checked now; the leasing worker checks the
         rest)? Raises ConnectorError (see `worker.trust.cancel_authority`)."""
-        clock = RedisClock(redis)
+        clock = stores.clock()
         requester = await self.cancels.requester(requested_by, clock)
         if subject is not None:
             await self.cancels.check(requester, subject, clock)
@@ -244,7 +246,7 @@ class TrustGate:
 
     async def check_delegated_child(
         self,
-        redis: Any,
+        stores: Stores,
         child: Action,
         *,
         delegator_id: str,
@@ -257,7 +259,7 @@ class TrustGate:
         nor the delegator; `decision_id` (the request's approval reference), when given,
         must name that record. Payload claims alone are never authority."""
         record = await check_approval(
-            redis, self.authority, child, tenant_id=tenant_id, clock=RedisClock(redis)
+            stores.approvals, self.authority, child, tenant_id=tenant_id, clock=stores.clock()
         )
         if record.approver_principal_id == delegator_id:
             raise ConnectorError(

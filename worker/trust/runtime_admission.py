@@ -8,7 +8,7 @@ facts of the `admitted` receipt from `admit`; `admit_decision` returns the gate'
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING
 
 from schemas.action import Action
 from worker.admission import Admitted
@@ -17,6 +17,9 @@ from worker.operations.base import OperationSpec
 from worker.settings import Settings
 from worker.store.lease_store import ActionSubject
 from worker.trust.gate import AdmitDecision, TrustGate
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 
 class GateAdmission:
@@ -39,10 +42,10 @@ class GateAdmission:
         signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
-        redis: Any,
+        stores: Stores,
     ) -> AdmitDecision:
         return await self.gate.admit_verified(
-            action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
+            action=action, signer=signer, endpoint=endpoint, spec=spec, stores=stores
         )
 
     async def admit(
@@ -52,10 +55,10 @@ class GateAdmission:
         signer: str | None,
         endpoint: Endpoint,
         spec: OperationSpec,
-        redis: Any,
+        stores: Stores,
     ) -> Admitted:
         decision = await self.admit_decision(
-            action=action, signer=signer, endpoint=endpoint, spec=spec, redis=redis
+            action=action, signer=signer, endpoint=endpoint, spec=spec, stores=stores
         )
         return Admitted(
             headers=decision.headers,
@@ -70,16 +73,16 @@ class GateAdmission:
         delegator_id: str,
         tenant_id: str | None,
         decision_id: str | None,
-        redis: Any,
+        stores: Stores,
     ) -> None:
         await self.gate.check_delegated_child(
-            redis, child, delegator_id=delegator_id, tenant_id=tenant_id, decision_id=decision_id
+            stores, child, delegator_id=delegator_id, tenant_id=tenant_id, decision_id=decision_id
         )
 
     async def authorize_cancel(
-        self, *, requested_by: str, subject: ActionSubject | None, redis: Any
+        self, *, requested_by: str, subject: ActionSubject | None, stores: Stores
     ) -> None:
-        await self.gate.authorize_cancel(requested_by=requested_by, subject=subject, redis=redis)
+        await self.gate.authorize_cancel(requested_by=requested_by, subject=subject, stores=stores)
 
     def verify_record(self, payload: bytes, headers: Mapping[str, str]) -> str:
         return self.gate.verify_strict(payload, headers)

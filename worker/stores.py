@@ -1,0 +1,49 @@
+"""The Redis-backed stores of one worker process, built once at start-up and handed down.
+
+Every part of the runtime that keeps state in Redis receives this one object instead of a
+raw client: the leases and results (`LeaseStore`), the operator's bindings, claims and
+capacity (`OperatorStore`), the approval records admission checks (`ApprovalRecords`), and
+the Redis clock trust decisions are made at (docs/architecture.md §5). Each store hashes
+its scripts once, here, rather than once per Action or in a registry keyed by client.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from worker.store.health import StoreHealth
+from worker.store.lease_store import LeaseStore
+from worker.store.operator_store import OperatorStore
+from worker.trust.approval_ledger import ApprovalRecords
+from worker.trust.clock import RedisClock
+
+
+@dataclass(frozen=True, slots=True)
+class Stores:
+    leases: LeaseStore
+    operator: OperatorStore
+    approvals: ApprovalRecords
+    #: The client itself, for the few parts that run plain commands of their own (the
+    #: health probe, the escalation gauge, channel ingress) and for closing it.
+    client: Any
+
+    @classmethod
+    def over(
+        cls,
+        redis: Any,
+        *,
+        result_ttl_ms: int = 86_400_000,
+        health: StoreHealth | None = None,
+    ) -> Stores:
+        """Every store over one client; `health` is the fetch gate acquires consult."""
+        return cls(
+            leases=LeaseStore(redis, result_ttl_ms=result_ttl_ms, health=health),
+            operator=OperatorStore(redis),
+            approvals=ApprovalRecords(redis),
+            client=redis,
+        )
+
+    def clock(self) -> RedisClock:
+        """A fresh view of Redis time for one decision (it reads `TIME` at most once)."""
+        return RedisClock(self.client)
