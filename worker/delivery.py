@@ -108,15 +108,6 @@ class Runtime:
     channel: EgressTable | None = None
 
 
-def keys_for(action: Action, operation: str) -> ActionKeys:
-    """A resume keeps its keys under its source Action's hash tag (docs/architecture.md §5)."""
-    if operation == "operator":
-        resume = action.input.get("resume")
-        if isinstance(resume, dict):
-            source = resume.get("source_action_id")
-            if isinstance(source, str) and is_action_id(source) and source != action.id:
-                return ActionKeys.of(action.id, source_action_id=source)
-    return ActionKeys.of(action.id)
 
 
 def subject_of(action: Action) -> ActionSubject:
@@ -259,8 +250,8 @@ class DeliveryHandler:
             capability=action.capability,
         )
         cap_endpoint, operation_name = split_capability(action.capability)
-        keys = keys_for(action, operation_name)
         operation = rt.registry.get(operation_name)
+        keys = operation.keys(action) if operation is not None else ActionKeys.of(action.id)
         params: Any = None
         try:
             runtime_endpoint = rt.endpoints[endpoint_id]
@@ -392,21 +383,14 @@ class DeliveryHandler:
         """Settle the refusal, unless an earlier delivery already bound this work: then the
         refusal forbids only a new start, and what exists is observed, stopped or settled
         on the leased path (`ep` and `params` are None when the refusal came before them)."""
-        if ep is not None and operation is not None and await self.began(operation, keys):
+        if ep is not None and operation is not None and await operation.began(self.rt.stores, keys):
             recovery_deadline = max(
                 now_ms() + RECOVERY_BUDGET_MS, self.deadline_of(action, operation.spec)
             )
             recovering = Recovering(params, refusal.error)
             await self.run(msg, action, keys, ep, operation, recovering, {}, recovery_deadline)
             return
-        await self.refuse(msg, action, keys, endpoint_id, refusal)
-
-    async def began(self, operation: Operation, keys: ActionKeys) -> bool:
-        """True when a self-fenced operation's own binding for this Action exists (an
-        earlier delivery got past admission); resumes are never recovered this way."""
-        if not operation.self_fenced or keys.is_resume:
-            return False
-        return (await self.rt.stores.operator.read(keys.binding)).doc is not None
+        await self.refuse(msg, action, keys, endpoint_id, refusal, operation)
 
     def deadline_of(self, action: Action, spec: OperationSpec) -> int:
         """The earliest of the Action's deadline, its timeout, and the operation's own bound."""
@@ -443,7 +427,7 @@ class DeliveryHandler:
             idempotency_fingerprint(action),
             subject_of(action),
         )
-        if not await self.answer_without_lease(msg, action, keys, ep.endpoint.id, grant):
+        if not await self.answer_without_lease(msg, action, keys, ep.endpoint.id, grant, operation):
             return
         cancel_requested = grant.cancel_requested
         if grant.cancel_pending:
@@ -523,7 +507,13 @@ class DeliveryHandler:
         return await rt.stores.leases.promote_cancel(keys, authorized)
 
     async def answer_without_lease(
-        self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, grant: Any
+        self,
+        msg: Msg,
+        action: Action,
+        keys: ActionKeys,
+        endpoint_id: str,
+        grant: Any,
+        operation: Operation | None,
     ) -> bool:
         """Handle every acquire answer but ACQUIRED; True means: go on and execute."""
         rt = self.rt
@@ -531,8 +521,8 @@ class DeliveryHandler:
             return True
         if grant.status is AcquireStatus.COLLISION:
             code = (
-                ErrorCode.OPERATOR_POLICY
-                if action.capability.endswith(":operator")
+                operation.collision_code
+                if operation is not None
                 else ErrorCode.CONFIGURATION_OR_INPUT
             )
             await self.dead_letter(
@@ -794,7 +784,13 @@ class DeliveryHandler:
     # --- answers without execution ----------------------------------------------------
 
     async def refuse(
-        self, msg: Msg, action: Action, keys: ActionKeys, endpoint_id: str, refusal: Refusal
+        self,
+        msg: Msg,
+        action: Action,
+        keys: ActionKeys,
+        endpoint_id: str,
+        refusal: Refusal,
+        operation: Operation | None,
     ) -> None:
         """Settle a failed result for a trusted envelope that may not run (exactly once)."""
         rt = self.rt
@@ -814,7 +810,7 @@ class DeliveryHandler:
             idempotency_fingerprint(action),
             subject_of(action),
         )
-        if not await self.answer_without_lease(msg, action, keys, endpoint_id, grant):
+        if not await self.answer_without_lease(msg, action, keys, endpoint_id, grant, operation):
             return
         settled_at = now_ms()
         chunk = _refusal_chunk(action.id, endpoint_id, error, settled_at)

@@ -21,10 +21,11 @@ The output always carries the operator binding too, so the run that did the work
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
+from schemas.action import Action
 from schemas.delegation import DelegationRequest
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult
@@ -43,11 +44,15 @@ from worker.operator.binding import (
 )
 from worker.operator.cancel import reconcile_cancel
 from worker.operator.observe import Observer
-from worker.operator.operation import start_and_drive
+from worker.operator.operation import binding_exists, start_and_drive
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
 from worker.operator.session import OperatorSession
+from worker.store.keys import ActionKeys
 from worker.trust.clock import Clock
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 S = BindingState
 
@@ -92,12 +97,21 @@ def _child_outcome(
 class DelegatedOperation:
     handles_cancel: ClassVar[bool] = True
     self_fenced: ClassVar[bool] = True
+    #: Its internal Action is an operator Action (worker.delegation.entry).
+    collision_code: ClassVar[ErrorCode] = ErrorCode.OPERATOR_POLICY
 
     def __init__(self, policy: HermesOperatorPolicy, stores: LifecycleStores | None) -> None:
         policy.validate()
         self.spec = dataclasses.replace(DELEGATION_SPEC, timeout_ms=policy.timeout_ms)
         self.policy = policy
         self.stores = stores
+
+    def keys(self, action: Action) -> ActionKeys:
+        return ActionKeys.of(action.id)
+
+    async def began(self, stores: Stores, keys: ActionKeys) -> bool:
+        """The delegation's operator binding exists: an earlier delivery began it."""
+        return await binding_exists(stores, keys)
 
     def with_stores(self, stores: LifecycleStores) -> DelegatedOperation:
         """The same operation reading the runtime's stores (wired once NATS is connected)."""

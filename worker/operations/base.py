@@ -4,6 +4,12 @@ An operation is one capability (`cap:hermes_agent:{endpoint}:{name}`): a spec th
 manifest publishes and an `execute` that talks to Hermes. It never touches leases, acks or
 result publication: the runtime owns those (docs/architecture.md §4). It reports progress with
 `ctx.emit(...)` and returns an `Outcome`, or raises `ConnectorError`.
+
+Everything the runtime must know about one operation in particular is asked through this
+protocol, so the pipeline imports no operation's code: where an Action's state lives
+(`keys`), whether an earlier delivery already began its work (`began`), and which code an
+Action id reused with another request is refused with (`collision_code`). `Stateless` gives
+the answers of an operation that keeps no state of its own.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import msgspec
 
 from schemas.action import Action, Mode
 from schemas.chunk import ChunkKind
+from schemas.errors import ErrorCode
 from schemas.ids import json_schema
 from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
@@ -171,8 +178,37 @@ class Operation(Protocol):
     #: `execute`, and settles an uncertain failure instead of executing when an earlier owner
     #: had recorded one.
     self_fenced: ClassVar[bool]
+    #: The code an Action id first used with another request is dead-lettered with.
+    collision_code: ClassVar[ErrorCode]
+
+    def keys(self, action: Action) -> ActionKeys:
+        """Where `action`'s lease, result and state live (docs/architecture.md §5); read
+        from the raw input, before it is validated."""
+        ...
+
+    async def began(self, stores: Stores, keys: ActionKeys) -> bool:
+        """True when an earlier delivery already began this work (got past admission and
+        left state behind): a refused redelivery then recovers what exists instead of
+        settling a refusal (see `Recovering`)."""
+        ...
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome: ...
+
+
+class Stateless:
+    """The protocol's answers for an operation that keeps no state of its own: its keys
+    are its Action's, nothing of it exists before its lease, the runtime fences and cancels
+    it, and a reused Action id is an input error."""
+
+    handles_cancel: ClassVar[bool] = False
+    self_fenced: ClassVar[bool] = False
+    collision_code: ClassVar[ErrorCode] = ErrorCode.CONFIGURATION_OR_INPUT
+
+    def keys(self, action: Action) -> ActionKeys:
+        return ActionKeys.of(action.id)
+
+    async def began(self, stores: Stores, keys: ActionKeys) -> bool:
+        return False
 
 
 @dataclass(slots=True)

@@ -13,7 +13,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import msgspec
 
@@ -21,7 +21,7 @@ from schemas.chunk import ChunkKind
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError, deadline_exceeded
 from worker.hermes.http_client import HermesResponse
-from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Stateless
 from worker.operations.retry import NO_RETRY, ReadRetryPolicy, retry_read
 
 
@@ -87,11 +87,8 @@ async def send(
     return await retry_read(policy, ctx.remaining_s, attempt)
 
 
-class JsonOperation:
+class JsonOperation(Stateless):
     """A request whose JSON answer is the Action's output (also published as one data chunk)."""
-
-    handles_cancel: ClassVar[bool] = False
-    self_fenced: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from contextlib import AsyncExitStack, aclosing
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, ClassVar, Protocol
+from typing import Any, Protocol
 
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
@@ -30,7 +30,7 @@ from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.hermes.http_client import SSEStream
 from worker.hermes.sse import SSEEvent, SSELimits
-from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Stateless
 from worker.operations.calls import HermesCall, within_deadline
 from worker.operations.retry import NO_RETRY, ReadRetryPolicy, retry_read
 
@@ -103,11 +103,8 @@ async def follow(
     raise ConnectorError(ErrorCode.STREAM_INCOMPLETE, f"{what} closed without a terminal event")
 
 
-class StreamOperation:
+class StreamOperation(Stateless):
     """A streaming request whose events become chunks and whose terminal decides the result."""
-
-    handles_cancel: ClassVar[bool] = False
-    self_fenced: ClassVar[bool] = False
 
     def __init__(
         self,

@@ -12,7 +12,7 @@ completed. Streams classify their terminal events instead (`stream_failed`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 
@@ -23,7 +23,7 @@ from schemas.manifest import Risk
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.hermes.sse import SSELimits
-from worker.operations.base import ExecutionContext, OperationSpec, Outcome
+from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Stateless
 from worker.operations.calls import HermesCall, JsonOperation, body_of, send
 from worker.operations.classifiers import ChatCompletionChunks, ResponseEvents
 from worker.operations.input_types import Instructions, Label, Prompt, ProviderObject, ResponseId
@@ -78,11 +78,8 @@ def _turn_failed(body: Any) -> bool:
     return body.get("object") == "response" and body.get("status") in ("failed", "incomplete")
 
 
-class _Turn:
+class _Turn(Stateless):
     """One model turn: streamed through a classifier, or one JSON answer checked for failure."""
-
-    handles_cancel: ClassVar[bool] = False
-    self_fenced: ClassVar[bool] = False
 
     def __init__(
         self, spec: OperationSpec, classifier: type[Classifier], limits: SSELimits

@@ -4,14 +4,20 @@ An objective creates (or replays) the Action's binding, fences the provider star
 the run, and reconciles a cancel; a resume answers the source run's current approval
 through the command ledger and keeps observing. The operation fences its own unsafe call
 (`self_fenced`: the start claim) and reconciles cancellation itself (`handles_cancel`).
+
+What the runtime asks of it (worker/operations/base.py): a resume's keys are its source
+Action's (`keys`), an objective has begun once its binding exists (`began`), and an Action
+id reused with another request is an `operator_policy` refusal (`collision_code`).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from schemas.action import Action
 from schemas.errors import ErrorCode
+from schemas.ids import is_action_id
 from schemas.manifest import Risk
 from schemas.operator import OperatorInput, OperatorInputSchema, OperatorObjective, OperatorResume
 from schemas.result import ResultStatus
@@ -33,7 +39,11 @@ from worker.operator.result import binding_output, outcome_of
 from worker.operator.resume import ResumeLedger
 from worker.operator.session import OperatorSession
 from worker.operator.start import StartFence, provider_payload
+from worker.store.keys import ActionKeys
 from worker.store.operator_store import OperatorStore
+
+if TYPE_CHECKING:
+    from worker.stores import Stores
 
 S = BindingState
 
@@ -58,9 +68,18 @@ OPERATOR_SPEC = OperationSpec(
 )
 
 
+async def binding_exists(stores: Stores, keys: ActionKeys) -> bool:
+    """True when the Action's own binding exists: an earlier delivery got past admission
+    and began the work. A resume's keys are its source's, so it is never recovered so."""
+    if keys.is_resume:
+        return False
+    return (await stores.operator.read(keys.binding)).doc is not None
+
+
 class OperatorOperation:
     handles_cancel: ClassVar[bool] = True
     self_fenced: ClassVar[bool] = True
+    collision_code: ClassVar[ErrorCode] = ErrorCode.OPERATOR_POLICY
 
     def __init__(
         self, policy: HermesOperatorPolicy, *, idempotency_ttl_ms: int = DEFAULT_RESULT_TTL_MS
@@ -73,6 +92,19 @@ class OperatorOperation:
             contract=operator_contract(idempotency_ttl_ms=idempotency_ttl_ms),
         )
         self.policy = policy
+
+    def keys(self, action: Action) -> ActionKeys:
+        """A resume keeps its keys under its source Action's hash tag (docs/architecture.md
+        §5), so every script it runs stays in the source's slot."""
+        resume = action.input.get("resume")
+        if isinstance(resume, dict):
+            source = resume.get("source_action_id")
+            if isinstance(source, str) and is_action_id(source) and source != action.id:
+                return ActionKeys.of(action.id, source_action_id=source)
+        return ActionKeys.of(action.id)
+
+    async def began(self, stores: Stores, keys: ActionKeys) -> bool:
+        return await binding_exists(stores, keys)
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()  # "validates this policy before an operator run"
