@@ -26,6 +26,8 @@ from worker.stores import Stores
 from worker.trust.identities import TrustedIdentity
 from worker.trust.projection import trusted_projection
 
+_TERMINAL = (ChunkKind.DONE, ChunkKind.ERROR)
+
 
 @dataclass
 class RecordingContext:
@@ -86,6 +88,11 @@ class RecordingContext:
         provider_event: str | None = None,
         run_id: str | None = None,
     ) -> int:
+        """Record the next chunk; like the runtime's chunk stream, only the first terminal
+        chunk counts (a later one is dropped and answered with the first's seq)."""
+        terminal = next((c for c in self.chunks if c.kind in _TERMINAL), None)
+        if terminal is not None and kind in _TERMINAL:
+            return terminal.seq
         seq = self.next_seq
         self.chunks.append(
             make_chunk(

@@ -14,15 +14,13 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker.admission import Admission
 from worker.audit import AuditLog
-from worker.channel.egress import EgressHandler
 from worker.connections import connect_nats, open_redis_for, stream_policy
 from worker.consumer import PullLoop, Slots
 from worker.control import BindingCancelHook, ControlPlane
 from worker.dead_letters import DeadLetters
-from worker.delegation.handler import DelegationHandler
+from worker.delegation.handler import DelegationIntake
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
-from worker.delivery import DeliveryHandler, EndpointRuntime, Runtime
 from worker.endpoints import resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.health import (
@@ -37,6 +35,9 @@ from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
+from worker.pipeline.pipeline import Pipeline
+from worker.pipeline.runtime import EndpointRuntime, Runtime
+from worker.pipeline.steps import ActionIntake
 from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.store.health import StoreHealth
@@ -165,9 +166,9 @@ class Worker:
             metrics=self.metrics,
             errors=self.errors,
         )
-        handler = DeliveryHandler(self.rt)
+        actions = Pipeline(self.rt, ActionIntake(self.rt))
         if settings.channel_egress_file is not None:
-            await self._start_egress(js, endpoints, handler)
+            await self._start_egress(js, endpoints)
         if settings.channel_ingress_file is not None:
             await self._start_ingress(js, endpoints, publisher)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
@@ -176,10 +177,12 @@ class Worker:
         self._tasks.append(loop.create_task(keeper.run()))
         self._tasks.append(loop.create_task(health.run()))
         for endpoint in endpoints:
-            self._pull(js, "actions", endpoint.id, self.slots, handler)
+            self._pull(js, "actions", endpoint.id, self.slots, actions)
         if self.delegation is not None:
             lifecycle = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
-            delegations = DelegationHandler(handler, self.delegation.with_stores(lifecycle))
+            delegations = Pipeline(
+                self.rt, DelegationIntake(self.rt, self.delegation.with_stores(lifecycle))
+            )
             for endpoint in endpoints:
                 # Their own slots: a delegation waits for its child, which may be an Action
                 # this very pool must execute; shared slots could starve it.
@@ -207,10 +210,10 @@ class Worker:
             settings.lease_ttl_ms,
         )
 
-    async def _start_egress(self, js: Any, endpoints: Any, handler: DeliveryHandler) -> None:
+    async def _start_egress(self, js: Any, endpoints: Any) -> None:
         """Channel egress: refuse rules naming unknown endpoints or sessions, then consume
         the egress queue of every served endpoint a rule delivers to (docs/channels.md)."""
-        from worker.channel.egress import EgressHandler, check_sessions
+        from worker.channel.egress import EgressIntake, check_sessions
         from worker.channel.rules import load_egress_rules
 
         assert self.rt is not None
@@ -218,7 +221,7 @@ class Worker:
         table = load_egress_rules(self.settings.channel_egress_file, [e.id for e in endpoints])
         await check_sessions(table, self.rt.endpoints)
         self.rt.channel = table
-        egress = EgressHandler(handler, table)
+        egress = Pipeline(self.rt, EgressIntake(self.rt, table))
         for endpoint_id in sorted({endpoint_id for endpoint_id, _ in table.targets()}):
             self._pull(js, "egress", endpoint_id, self.slots, egress)
 
@@ -261,7 +264,7 @@ class Worker:
         kind: str,
         endpoint_id: str,
         slots: Slots,
-        handler: DeliveryHandler | DelegationHandler | EgressHandler,
+        handler: Pipeline,
     ) -> None:
         """Start the pull loop of one endpoint's durable consumer of `kind`."""
         pull = PullLoop(
@@ -352,9 +355,7 @@ def _redis_location(url: str) -> str:
     return f"{parts.hostname}:{parts.port or 6379}"
 
 
-def _bound(
-    handler: DeliveryHandler | DelegationHandler | EgressHandler, endpoint_id: str
-) -> Any:
+def _bound(handler: Pipeline, endpoint_id: str) -> Any:
     async def handle(msg: Any) -> None:
         await handler.handle(msg, endpoint_id)
 

@@ -21,10 +21,13 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from schemas.ids import is_action_id
-from worker.execution import Execution
 from worker.store.lease_store import LeaseStore
+
+if TYPE_CHECKING:
+    from worker.execution import Execution
 
 log = logging.getLogger(__name__)
 

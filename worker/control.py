@@ -28,10 +28,10 @@ from schemas.codec import decode_cancel, encode
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.manifest import CapabilityManifest
 from worker import __version__
-from worker.delivery import Runtime
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, protocol_error
 from worker.operations.base import Registry
+from worker.pipeline.runtime import Runtime
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 

@@ -15,6 +15,13 @@ succeed); U: uncertain (something may have happened although this was raised).
       ConnectorError            R and U from the code's rule and read-only, unless given
         IllegalTransition       `error`: a connector bug. Not R, not U
         PolicyError             `operator_policy`: not R, not U; at start-up, no start
+      Refusal                   a trusted envelope that may not run: one failed result with
+                                its ConnectorError's code (R and U from that code)
+      Rejected                  an envelope not trusted or not readable: dead-lettered once,
+                                never answered on an Action's subjects; not R, not U
+      LeaseLost                 the lease may belong to another worker now: stop at once;
+                                nothing is settled, published or acked (the next owner takes
+                                over: R by redelivery; U: what was sent before may have run)
       StoreUnavailable          Redis gave no answer in the budget: R (nak). U: a script may
                                 have run; the repeat with the same owner answers what it did
         StoreNotAccepting       no new lease asked for (gate closed, maxmemory): R, not U
@@ -120,6 +127,47 @@ class PolicyError(ConnectorError):
 
     def __init__(self, message: str) -> None:
         super().__init__(ErrorCode.OPERATOR_POLICY, message)
+
+
+# --- how a delivery ends early (worker/pipeline/) -------------------------------------------
+
+
+class Refusal(Exception):
+    """A trusted envelope that may not run: settled once as a failed result (`refuse`)."""
+
+    def __init__(self, error: ConnectorError, *, read_only: bool) -> None:
+        super().__init__(error.message)
+        self.error = error
+        self.read_only = read_only
+
+
+class Rejected(Exception):
+    """An envelope that is not trusted or not readable: dead-lettered, then `term()`.
+
+    `action_id` is given only for an authenticated envelope (its receipt joins that
+    Action's chain); `claimed_action_id` is what an unauthenticated one claims to be (its
+    receipt goes under the DLQ entry's own id).
+    """
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        reason: str,
+        *,
+        action_id: str | None = None,
+        claimed_action_id: str | None = None,
+    ) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+        self.action_id = action_id
+        self.claimed_action_id = claimed_action_id
+
+
+class LeaseLost(Exception):
+    """This worker no longer owns the Action: stop at once, settle nothing, ack nothing.
+
+    The one form a lost lease takes, whoever finds it (worker/leases.py)."""
 
 
 # --- what an Action depends on: Redis, JetStream, the AIP runtime's records -----------------

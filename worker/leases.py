@@ -1,14 +1,21 @@
-"""The heartbeat: keep every lease this worker holds alive, and stop work the moment one is lost.
+"""The leases this worker holds: each one's validity and loss, and the heartbeat over all.
 
-One pipelined round trip per tick renews all leases (cost does not grow with the number of
-Actions in flight) and reports cancel intents in the same replies. A lease is lost when a
-renewal says so, or when no renewal has succeeded for a whole TTL (Redis unreachable,
-process paused): either way the execution is cancelled at once and settles nothing.
+A `HeldLease` is one lease's fence facts and its local validity check: before anything is
+published or an unsafe request sent, `check` stops a worker whose last confirmed renewal is
+older than 80 % of the TTL (a pause: SIGSTOP, a long GC, a frozen VM), because by then the
+lease may belong to someone else.
 
-`lose` is also where every other detection of a loss is reported — the execution's local
-validity check after a pause, a fenced binding write, a fenced settle — so each real loss
-is counted (`leases_lost_total`, the metric operators alert on) and logged exactly once. A
-renewal refused because the owner itself just settled or released the lease is not a loss.
+A loss has one form, `LeaseLost`, whoever finds it: the local check, a renewal refused, no
+renewal for a whole TTL, a fenced script (the unsafe-attempt mark, a binding write, the
+settle). The heartbeat records its findings on the lease and cancels the execution; the
+runtime turns that cancellation into the same `LeaseLost`, and stops without settling,
+publishing or acking.
+
+The heartbeat (`LeaseKeeper`) renews all leases in one pipelined round trip per tick (cost
+does not grow with the number of Actions in flight) and reports cancel intents in the same
+replies. `lose` is where every loss is reported, once (`leases_lost_total`, the metric
+operators alert on, a log line and a receipt). A renewal refused because the owner itself
+just settled or released the lease is not a loss.
 """
 
 from __future__ import annotations
@@ -16,18 +23,73 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import TYPE_CHECKING
 
 from schemas.audit import ReceiptEvent
 from worker.audit import AuditLog
 from worker.cancel_notices import CancelNotices
-from worker.errors import StoreUnavailable
-from worker.execution import Execution
+from worker.errors import LeaseLost, StoreUnavailable
 from worker.logs import RepeatedErrors
 from worker.metrics import FenceStep, Metrics
 from worker.store.health import StoreHealth
-from worker.store.lease_store import LeaseStore
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import LeaseGrant, LeaseStore
+
+if TYPE_CHECKING:
+    from worker.execution import Execution
 
 log = logging.getLogger(__name__)
+
+#: Share of the lease TTL after the last confirmed renewal during which this worker still
+#: trusts it holds the lease. The margin covers clock-rate drift and the renewal round trip.
+LOCAL_VALIDITY = 0.8
+
+
+class HeldLease:
+    """One lease this worker holds: the grant's facts, the last confirmed renewal, and
+    whether (and why) it was lost."""
+
+    def __init__(self, keys: ActionKeys, owner: str, grant: LeaseGrant, *, ttl_ms: int) -> None:
+        self.keys = keys
+        #: Unique per delivery attempt: the owner token every fenced script checks.
+        self.owner = owner
+        self.fence = grant.fence
+        #: True when this delivery took the Action over from an earlier owner.
+        self.is_takeover = grant.is_takeover
+        #: Fence of an earlier owner that recorded sending an unsafe request (0: none did).
+        self.attempted_fence = grant.attempted_fence
+        #: Redis time at which this delivery acquired the lease (0: unknown).
+        self.leased_at_ms = grant.now_ms
+        self._ttl_s = ttl_ms / 1000
+        #: Monotonic time at which the last *successful* renewal was sent (acquire counts).
+        self.renewed_at = time.monotonic()
+        #: Why the lease was lost (None while it is held).
+        self.lost: str | None = None
+        #: The keeper counted and logged the loss (once, whichever check found it first).
+        self.loss_reported = False
+        #: The owner is settling or releasing the lease: from now on a renewal refused is
+        #: that, not a loss (the settle's own answer tells a real one).
+        self.ending = False
+        #: Given back unsettled (shutdown): not a loss, nothing is reported.
+        self.released = False
+
+    def lose(self, why: str) -> LeaseLost:
+        """Record the loss (the first reason stays) and return what to raise."""
+        if self.lost is None:
+            self.lost = why
+        return LeaseLost(self.lost)
+
+    def check(self) -> None:
+        """Raise LeaseLost unless a renewal confirmed the lease recently enough: the check
+        before every publish and every unsafe provider request.
+
+        A worker paused past its TTL resumes here with a stale `renewed_at` and stops before
+        it publishes or sends anything.
+        """
+        if self.lost is not None:
+            raise LeaseLost(self.lost)
+        if time.monotonic() - self.renewed_at > self._ttl_s * LOCAL_VALIDITY:
+            raise self.lose("lease not confirmed within its TTL")
 
 
 class LeaseKeeper:
@@ -57,7 +119,7 @@ class LeaseKeeper:
         self.notices = CancelNotices(store, holding=self.holding, cancel=self.cancel)
 
     def add(self, execution: Execution) -> None:
-        self.executions[execution.owner] = execution
+        self.executions[execution.lease.owner] = execution
         self._by_action[execution.action.id] = execution
         self.notices.registered(execution.action.id)
 
@@ -67,7 +129,7 @@ class LeaseKeeper:
         self.notices.notice(action_id)
 
     def remove(self, execution: Execution) -> None:
-        self.executions.pop(execution.owner, None)
+        self.executions.pop(execution.lease.owner, None)
         if self._by_action.get(execution.action.id) is execution:
             del self._by_action[execution.action.id]
 
@@ -91,7 +153,7 @@ class LeaseKeeper:
         sent_at = time.monotonic()
         try:
             renewals = await self.store.renew_many(
-                [(e.keys, e.owner, e.fence) for e in held],
+                [(e.lease.keys, e.lease.owner, e.lease.fence) for e in held],
                 self.lease_ttl_ms,
                 budget_s=self.interval_s,
             )
@@ -112,13 +174,13 @@ class LeaseKeeper:
             self.health.mark_answering()
         for execution, renewal in zip(held, renewals, strict=True):
             if not renewal.still_held:
-                if execution.ending:
+                if execution.lease.ending:
                     continue  # settled or released while this renewal was in flight
                 if self.metrics is not None:
                     self.metrics.fenced_out(execution.endpoint.id, FenceStep.RENEW)
                 self.lose(execution, "renewal refused: another owner holds the lease")
                 continue
-            execution.renewed_at = sent_at
+            execution.lease.renewed_at = sent_at
             await execution.in_progress()
             if renewal.cancel_requested and not execution.cancel_requested.is_set():
                 self.cancel(execution)
@@ -126,40 +188,43 @@ class LeaseKeeper:
     def _expire_stale(self, held: list[Execution]) -> None:
         limit = self.lease_ttl_ms / 1000
         for execution in held:
-            if execution.ending:
+            if execution.lease.ending:
                 # A settle (or release) is in flight: its own answer tells a real loss
                 # (fenced out, settled by another owner); guessing from the clock here would
                 # count a loss that the settle then disproves.
                 continue
-            if time.monotonic() - execution.renewed_at > limit:
+            if time.monotonic() - execution.lease.renewed_at > limit:
                 self.lose(execution, "no successful renewal for a whole lease TTL")
 
     def lose(self, execution: Execution, why: str, *, cancel: bool = True) -> None:
-        """Report a lost lease once (metric, log line, receipt) and stop the execution;
-        `cancel=False` when the caller found the loss itself and is already stopping."""
-        if execution.loss_reported:
+        """Record the loss on the execution's lease, report it once (metric, log line,
+        receipt) and stop the execution; `cancel=False` when the caller found the loss
+        itself and is already stopping. A lease given back at shutdown is not reported."""
+        lease = execution.lease
+        lease.lose(why)
+        if lease.loss_reported or lease.released:
             return
-        execution.loss_reported = True
-        execution.lease_lost = True
+        lease.loss_reported = True
         self.lost_count += 1
         if self.metrics is not None:
             self.metrics.lease_lost(execution.endpoint.id)
         log.warning(
             "lease lost for %s (fence %d): %s",
             execution.action.id,
-            execution.fence,
-            why,
+            lease.fence,
+            lease.lost,
             extra=execution.log_fields(),
         )
         self.audit.emit(
             ReceiptEvent.LEASE_LOST,
             action_id=execution.action.id,
             endpoint_id=execution.endpoint.id,
-            fence=execution.fence,
-            reason=why,
+            fence=lease.fence,
+            reason=lease.lost,
         )
         if cancel and execution.task is not None:
-            execution.task.cancel("lease lost")
+            # The runtime turns this cancellation into the lease's LeaseLost.
+            execution.task.cancel()
 
     def cancel(self, execution: Execution) -> None:
         """A durable cancel intent reached this holder (by heartbeat or by notification)."""

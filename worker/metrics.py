@@ -239,7 +239,7 @@ class Metrics:
         self._f_ready = _Family(self._ready.labels)
         self._f_errors = _Family(self._errors.labels)
 
-    # --- delivery (worker/delivery.py) ---------------------------------------------------
+    # --- delivery (worker/pipeline/) -----------------------------------------------------
 
     def delivery(self, endpoint: str, outcome: DeliveryOutcome) -> None:
         """One delivery answered; call once per message, with how it ended."""

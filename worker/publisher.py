@@ -91,7 +91,7 @@ class BusPublisher:
         self, chunk: StreamChunk, data: bytes | None = None
     ) -> asyncio.Future[PubAck]:
         """Send a chunk now (as `data` when the caller already encoded and hashed it); the
-        returned future confirms it (see `confirm_chunks`)."""
+        returned future confirms it (see `confirm`)."""
         return await self._publish_async(
             self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
             encode(chunk) if data is None else data,

@@ -21,9 +21,9 @@ from schemas.operator import OperatorInput
 from schemas.result import ResultStatus
 from tests.recording import RecordingContext
 from worker.endpoints import Endpoint, EndpointDescriptor
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, LeaseLost
 from worker.hermes.http_client import HermesClient
-from worker.operations.base import LeaseLost, Outcome
+from worker.operations.base import Outcome
 from worker.operator.binding import OperatorBinding, decode_binding
 from worker.operator.operation import OperatorOperation
 from worker.operator.policy import HermesOperatorPolicy

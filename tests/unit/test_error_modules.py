@@ -26,9 +26,6 @@ import worker.errors
 ERROR_MODULES = ("worker.errors", "schemas.errors")
 #: Packages whose exceptions are their own business: the test harness and the demo.
 OUTSIDE = ("worker.testing", "worker.demo", "worker.__main__")
-#: Exceptions of the delivery pipeline, which moves them here as it is split (issue 12,
-#: item 3); nothing may join this list.
-NOT_YET_MOVED = frozenset({"worker.delivery.Refusal", "worker.operations.base.LeaseLost"})
 #: The docstring's roots: Python's own classes, drawn at the left margin of the tree.
 ROOTS = frozenset({"Exception", "ValueError", "RuntimeError"})
 #: One line of the tree: four spaces, two per level, then the class name.
@@ -79,7 +76,7 @@ def test_every_exception_is_defined_in_an_errors_module() -> None:
         if module.__name__ not in ERROR_MODULES
         for name in _exceptions(module)
     )
-    assert [name for name in elsewhere if name not in NOT_YET_MOVED] == []
+    assert elsewhere == []
 
 
 @pytest.mark.parametrize("module", [worker.errors, schemas.errors], ids=ERROR_MODULES)

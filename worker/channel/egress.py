@@ -2,13 +2,13 @@
 
 Two halves, both on the runtime's fenced path:
 
-1. `deliveries_for` (called by `DeliveryHandler` right after the settling owner's fenced
+1. `deliveries_for` (called by the pipeline right after the settling owner's fenced
    settle, or when a stored result is republished) turns a source into `ChannelDelivery`
    messages for the work queue `aip.hermes.{endpoint}.egress`, under `Nats-Msg-Id` = the
    delivery id derived from the rule and the source: a republish is a server-side duplicate.
-2. `EgressHandler` (a pull consumer of that queue) runs each delivery as the internal
-   delivery Action `delivery_id` of capability `session_chat` through
-   `DeliveryHandler.run`: lease, fence, the unsafe-attempt mark before the one
+2. `EgressIntake` (the pipeline's intake of that queue) runs each delivery as the internal
+   delivery Action `delivery_id` of capability `session_chat` through the pipeline's
+   leased path: lease, fence, the unsafe-attempt mark before the one
    `POST /api/sessions/{session_id}/chat`, settle, chunks and result. A takeover after
    the mark settles `transport` with `uncertain_outcome: true` instead of posting again;
    an ambiguous answer is settled the same way; a redelivery of a settled delivery
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
@@ -37,11 +37,11 @@ from schemas.ids import capability_id
 from schemas.result import ActionResult
 from worker.channel.normalize import escalation_message, result_message
 from worker.channel.rules import EgressTable
+from worker.errors import Refusal, Rejected
 from worker.execution import now_ms
-from worker.store.keys import ActionKeys
-
-if TYPE_CHECKING:
-    from worker.delivery import DeliveryHandler
+from worker.pipeline.delivery import Delivery, Step
+from worker.pipeline.runtime import Runtime
+from worker.pipeline.steps import check_msg_id
 
 log = logging.getLogger(__name__)
 
@@ -109,43 +109,33 @@ def delivery_action(delivery: ChannelDelivery) -> Action:
     )
 
 
-class EgressHandler:
-    """The consumer of `aip.hermes.{endpoint}.egress`: one delivery, start to finish."""
+class EgressIntake:
+    """The pipeline's intake of `aip.hermes.{endpoint}.egress`: only what a configured rule
+    sends is run; anything else is dead-lettered."""
 
-    def __init__(self, delivery: DeliveryHandler, table: EgressTable) -> None:
-        self.delivery = delivery
-        self.rt = delivery.rt
+    steps: tuple[Step, ...] = ()
+
+    def __init__(self, rt: Runtime, table: EgressTable) -> None:
+        self.rt = rt
         self.table = table
 
-    async def handle(self, msg: Msg, endpoint_id: str) -> None:
-        await self.delivery.guarded(self._handle, msg, endpoint_id)
-
-    async def _handle(self, msg: Msg, endpoint_id: str) -> None:
+    async def open(self, msg: Msg, endpoint_id: str) -> Delivery:
         rt = self.rt
         try:
             request = _decode(msg.data)
         except EnvelopeRejected as exc:
-            await self.delivery.dead_letter(msg, endpoint_id, exc.code, exc.reason)
-            return
+            raise Rejected(exc.code, exc.reason) from None
         refusal = self._refusal(request, endpoint_id)
         if refusal is not None:
-            await self.delivery.dead_letter(
-                msg, endpoint_id, ErrorCode.CONFIGURATION_OR_INPUT, refusal
-            )
-            return
-        headers = dict(msg.headers or {})
-        if not await self.delivery.msg_id_matches(msg, endpoint_id, headers, request.delivery_id):
-            return
+            raise Rejected(ErrorCode.CONFIGURATION_OR_INPUT, refusal)
+        check_msg_id(dict(msg.headers or {}), request.delivery_id)
         action = delivery_action(request)
         operation = rt.registry.get(DELIVERY_OPERATION)
         if operation is None:
-            await self.delivery.dead_letter(
-                msg,
-                endpoint_id,
+            raise Rejected(
                 ErrorCode.CONFIGURATION_OR_INPUT,
                 f"operation {DELIVERY_OPERATION} is not published by this worker",
             )
-            return
         params: Any = convert_input(action.input, operation.spec.input_type)
         rt.audit.emit(
             ReceiptEvent.RECEIVED,
@@ -156,16 +146,19 @@ class EgressHandler:
             source_id=request.source_id,
         )
         rt.metrics.channel_delivery(endpoint_id, request.source.value)
-        await self.delivery.run(
-            msg,
-            action,
-            ActionKeys.of(action.id),
-            rt.endpoints[endpoint_id],
-            operation,
-            params,
-            {},
-            now_ms() + operation.spec.timeout_ms,
+        return Delivery(
+            msg=msg,
+            endpoint_id=endpoint_id,
+            action=action,
+            keys=operation.keys(action),
+            ep=rt.endpoints[endpoint_id],
+            operation=operation,
+            params=params,
+            deadline_ms=now_ms() + operation.spec.timeout_ms,
         )
+
+    def refused(self, delivery: Delivery, refusal: Refusal) -> None:
+        """Never called: an egress delivery has no refusing step."""
 
     def _refusal(self, request: ChannelDelivery, endpoint_id: str) -> str | None:
         """Why this delivery may not run here, or None: only what a configured rule sends."""

@@ -1,2 +1,2 @@
 """Escalations: the terminal states a human must decide, raised once with the fenced settle
-(`worker/delivery.py`), listed and resolved with `aip-hermes-worker escalations`."""
+(`worker/pipeline/settle.py`), listed and resolved with `aip-hermes-worker escalations`."""

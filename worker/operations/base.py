@@ -118,30 +118,39 @@ class Recovering:
         return params, None
 
 
-class LeaseLost(Exception):
-    """This worker no longer owns the Action: stop at once, settle nothing, ack nothing."""
-
-
 class ExecutionContext(Protocol):
     """What the runtime gives an executing operation (implemented in `worker.execution`)."""
 
     action: Action
     endpoint: Endpoint
     hermes: HermesClient
-    keys: ActionKeys
     worker_id: str
-    #: Unique per delivery attempt; the lease owner token.
-    owner: str
-    fence: int
-    #: True when this delivery took the Action over from an earlier owner.
-    is_takeover: bool
-    #: Fence of an earlier owner that recorded sending an unsafe request (0: none did).
-    attempted_fence: int
     #: Set when a cancel intent for this Action is durable (operations that handle
     #: cancellation themselves watch it; others are cancelled by the runtime).
     cancel_requested: asyncio.Event
     #: The worker's stores (leases, operator state, approvals, the Redis clock).
     stores: Stores
+
+    @property
+    def keys(self) -> ActionKeys: ...
+
+    @property
+    def owner(self) -> str:
+        """Unique per delivery attempt; the lease owner token."""
+        ...
+
+    @property
+    def fence(self) -> int: ...
+
+    @property
+    def is_takeover(self) -> bool:
+        """True when this delivery took the Action over from an earlier owner."""
+        ...
+
+    @property
+    def attempted_fence(self) -> int:
+        """Fence of an earlier owner that recorded sending an unsafe request (0: none)."""
+        ...
 
     @property
     def next_seq(self) -> int: ...
@@ -160,11 +169,15 @@ class ExecutionContext(Protocol):
         provider_event: str | None = None,
         run_id: str | None = None,
     ) -> int:
-        """Publish the next chunk (its seq is returned); raises ConnectorError on failure."""
+        """Publish the next chunk (its seq is returned); raises ConnectorError on failure,
+        `worker.leases.LeaseLost` when the lease may have passed to another worker. A
+        terminal kind (`done`, `error`) is published after the settle, and only the first
+        one counts."""
         ...
 
     async def mark_unsafe_attempt(self) -> None:
-        """Record that this fence sends an unsafe request now; raises LeaseLost if fenced out."""
+        """Record that this fence sends an unsafe request now; raises `LeaseLost` if
+        fenced out."""
         ...
 
 

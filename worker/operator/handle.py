@@ -15,8 +15,7 @@ from dataclasses import dataclass
 import msgspec
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError, StoreUnavailable
-from worker.operations.base import LeaseLost
+from worker.errors import ConnectorError, LeaseLost, StoreUnavailable
 from worker.operator.binding import OperatorBinding, decode_binding, encode_binding
 from worker.store.keys import ActionKeys
 from worker.store.operator_store import OperatorStore, StoredBinding, WriteStatus

@@ -1,7 +1,8 @@
 """One execution of the operator: its context, policy, binding handle, run slot and deadline.
 
 Every part of the lifecycle (start, observe, approve, cancel) works through this object, so
-the deadline, the cancel signal and the one-terminal-chunk rule are decided in one place.
+the deadline and the cancel signal are decided in one place (the one-terminal-chunk rule is
+the chunk stream's, worker/chunk_stream.py).
 """
 
 from __future__ import annotations
@@ -23,8 +24,6 @@ from worker.store.operator_store import OperatorStore
 #: as "still running" instead of the governed timeout it is.
 MAX_FINAL_WRITE_MARGIN_S = 2.0
 FINAL_WRITE_MARGIN_SHARE = 0.1
-
-_TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
 
 class OperatorSession:
@@ -59,7 +58,6 @@ class OperatorSession:
         budget = min(policy.timeout_ms / 1000, ctx.remaining_s())
         margin = min(MAX_FINAL_WRITE_MARGIN_S, budget * FINAL_WRITE_MARGIN_SHARE)
         self.deadline = loop.time() + budget - margin
-        self._terminal_emitted = False
 
     @property
     def is_source(self) -> bool:
@@ -84,12 +82,6 @@ class OperatorSession:
     async def emit(
         self, kind: ChunkKind, payload: Any = None, *, provider_event: str | None = None
     ) -> None:
-        """Publish one chunk. The runtime keeps a single terminal chunk per Action and
-        publishes it after the settle, so a second DONE/ERROR would leave a sequence gap:
-        only the first is emitted."""
-        if kind in _TERMINAL_KINDS:
-            if self._terminal_emitted:
-                return
-            self._terminal_emitted = True
+        """Publish one chunk, naming the bound run (a terminal kind: see `ctx.emit`)."""
         run_id = self.handle.binding.run_id if self.handle.view is not None else None
         await self.ctx.emit(kind, payload, provider_event=provider_event, run_id=run_id)

@@ -1,0 +1,134 @@
+"""The chunk stream decides every seq of an Action: start, takeover continuation, the one
+terminal chunk, and the lease check before each publish (worker/chunk_stream.py).
+
+Against a real nats-server with the project's streams: what a consumer reads back from the
+chunks stream is what these tests assert.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+
+from schemas.chunk import ChunkKind
+from schemas.codec import encode
+from schemas.errors import ErrorCode
+from schemas.ids import new_action_id
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from worker.chunk_stream import ChunkStream, refusal_chunk
+from worker.errors import protocol_error
+from worker.leases import HeldLease, LeaseLost
+from worker.publisher import BusPublisher
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseGrant
+from worker.testing.services import ServiceHandle
+from worker.trust.responses import sha256_hex
+
+ENDPOINT = "h1"
+
+
+@pytest.fixture
+async def nc(nats_server: ServiceHandle) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_server.url)
+    await provision(client.jetstream(), Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=5.0))
+    yield client
+    await client.drain()
+
+
+def _lease(action_id: str, *, fence: int, ttl_ms: int = 30_000) -> HeldLease:
+    grant = LeaseGrant(
+        status=AcquireStatus.ACQUIRED, fence=fence, other_owner="", expires_at_ms=0,
+        attempted_fence=0, cancel_requested=False,
+    )
+    return HeldLease(ActionKeys.of(action_id), f"owner-{fence}", grant, ttl_ms=ttl_ms)
+
+
+async def _stored(nc: Client, action_id: str) -> list[bytes]:
+    """The chunks stream's messages for the Action, as stored."""
+    js = nc.jetstream()
+    sub = await js.subscribe(Subjects().chunks(ENDPOINT, action_id), ordered_consumer=True)
+    chunks = []
+    try:
+        while True:
+            chunks.append((await sub.next_msg(timeout=0.5)).data)
+    except nats.errors.TimeoutError:
+        return chunks
+    finally:
+        await sub.unsubscribe()
+
+
+def _seqs(stored: list[bytes]) -> list[object]:
+    return [msgspec.json.decode(data)["seq"] for data in stored]
+
+
+async def test_a_takeover_continues_the_sequence_and_the_hash_chain(nc: Client) -> None:
+    publisher = BusPublisher(nc.jetstream(), Subjects())
+    action_id = new_action_id()
+    first = await ChunkStream.open(
+        publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
+    )
+    assert [await first.emit(ChunkKind.DATA, {"n": n}) for n in range(3)] == [0, 1, 2]
+    await first.confirm()
+    # The first owner stopped; the next one continues after what the stream holds.
+    second = await ChunkStream.open(
+        publisher, _lease(action_id, fence=2), action_id=action_id, endpoint_id=ENDPOINT
+    )
+    assert second.next_seq == 3
+    assert await second.emit(ChunkKind.DATA, {"n": 3}) == 3
+    await second.confirm()
+    stored = await _stored(nc, action_id)
+    assert _seqs(stored) == [0, 1, 2, 3]
+    assert msgspec.json.decode(stored[3])["prev_sha256"] == sha256_hex(stored[2])
+
+
+async def test_only_the_first_terminal_chunk_counts_and_closes_the_stream(nc: Client) -> None:
+    publisher = BusPublisher(nc.jetstream(), Subjects())
+    action_id = new_action_id()
+    stream = await ChunkStream.open(
+        publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
+    )
+    await stream.emit(ChunkKind.DATA, {"n": 0})
+    done = await stream.emit(ChunkKind.DONE, {"first": True})
+    assert await stream.emit(ChunkKind.ERROR, {"second": True}) == done == 1
+    closing = stream.closing(ChunkKind.DONE, {"made": "from the result"})
+    assert (closing.seq, closing.payload) == (1, {"first": True})
+    published: list[object] = []
+
+    async def result() -> None:
+        published.append("result")
+
+    await stream.end(closing, encode(closing), result)
+    assert published == ["result"]
+    assert _seqs(await _stored(nc, action_id)) == [0, 1]
+
+
+async def test_a_lease_not_renewed_in_time_publishes_nothing(nc: Client) -> None:
+    publisher = BusPublisher(nc.jetstream(), Subjects())
+    action_id = new_action_id()
+    lease = _lease(action_id, fence=1, ttl_ms=1_000)
+    stream = await ChunkStream.open(
+        publisher, lease, action_id=action_id, endpoint_id=ENDPOINT
+    )
+    lease.renewed_at = time.monotonic() - 0.9  # a pause past 80 % of the TTL
+    with pytest.raises(LeaseLost):
+        await stream.emit(ChunkKind.DATA, {"n": 0})
+    assert lease.lost == "lease not confirmed within its TTL"
+    lease.renewed_at = time.monotonic()
+    with pytest.raises(LeaseLost):  # lost stays lost, whatever renews later
+        lease.check()
+    assert await _stored(nc, action_id) == []
+
+
+def test_a_refused_action_s_stream_is_one_error_chunk_at_seq_0() -> None:
+    action_id = new_action_id()
+    error = protocol_error(ErrorCode.CONFIGURATION_OR_INPUT, "no", endpoint_id=ENDPOINT)
+    chunk = refusal_chunk(action_id, ENDPOINT, error, 1234)
+    assert (chunk.seq, chunk.kind, chunk.prev_sha256) == (0, ChunkKind.ERROR, None)
+    assert encode(refusal_chunk(action_id, ENDPOINT, error, 1234)) == encode(chunk)

@@ -1,0 +1,241 @@
+"""The chunks of one Action: the one owner of their sequence and hash chain.
+
+An Action's chunks are `seq` 0, 1, 2, … with no gap, each naming the sha256 of the one
+before, and exactly one terminal chunk (`done` or `error`) closing the stream after the
+fenced settle (docs/architecture.md §4, steps 5-7). Every decision about that sequence is
+made here:
+
+- where it starts: 0 for an Action no worker published for, or after the last chunk the
+  stream holds when this delivery took the Action over (`open`);
+- what `emit` publishes: the next seq, after the lease's local validity check (a paused
+  worker stops before it publishes anything);
+- the one terminal chunk: the first one an operation emits is held (later ones are
+  dropped, so there is never a gap) and published only after the settle, or one is made
+  from the result (`closing`);
+- confirmation: chunks go out without waiting and are confirmed in batches, at the end of
+  the execution and with the result (`confirm`, `end`);
+- the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
+  result's facts (`refusal_chunk`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from nats.js.api import PubAck
+from nats.js.errors import NotFoundError
+
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from schemas.codec import encode
+from schemas.errors import ErrorCode, ProtocolError
+from schemas.result import ResultStatus
+from worker.errors import ConnectorError
+from worker.execution import now_ms
+from worker.leases import HeldLease
+from worker.metrics import Metrics
+from worker.publisher import BusPublisher
+
+TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
+
+#: Chunks published without a confirmation before `emit` waits for theirs.
+CONFIRM_BATCH = 256
+
+
+class ChunkStream:
+    """The chunk stream of one leased Action (see the module docstring)."""
+
+    def __init__(
+        self,
+        publisher: BusPublisher,
+        lease: HeldLease,
+        *,
+        action_id: str,
+        endpoint_id: str,
+        first_seq: int = 0,
+        prev_sha256: str | None = None,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.publisher = publisher
+        self.lease = lease
+        self.action_id = action_id
+        self.endpoint_id = endpoint_id
+        self.metrics = metrics
+        self._seq = first_seq
+        #: Hash of the last chunk published for this Action (by this worker, or by the one
+        #: before a takeover, read back from the stream): the next chunk names it.
+        self._prev_sha256 = prev_sha256
+        self._pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        #: The terminal chunk the operation emitted, held for after the settle.
+        self._terminal: StreamChunk | None = None
+
+    @classmethod
+    async def open(
+        cls,
+        publisher: BusPublisher,
+        lease: HeldLease,
+        *,
+        action_id: str,
+        endpoint_id: str,
+        metrics: Metrics | None = None,
+    ) -> ChunkStream:
+        """The stream at seq 0, or, after a takeover, continued after the last chunk the
+        stream holds (gap-free, the hash chain going on from that chunk's bytes)."""
+        first_seq, prev_sha256 = 0, None
+        if lease.is_takeover:
+            first_seq, prev_sha256 = await _after_last(publisher, endpoint_id, action_id)
+        return cls(
+            publisher,
+            lease,
+            action_id=action_id,
+            endpoint_id=endpoint_id,
+            first_seq=first_seq,
+            prev_sha256=prev_sha256,
+            metrics=metrics,
+        )
+
+    @property
+    def next_seq(self) -> int:
+        return self._seq
+
+    def _make(
+        self,
+        kind: ChunkKind,
+        payload: Any,
+        *,
+        provider_event: str | None = None,
+        run_id: str | None = None,
+    ) -> StreamChunk:
+        seq = self._seq
+        self._seq += 1
+        return make_chunk(
+            kind,
+            action_id=self.action_id,
+            endpoint_id=self.endpoint_id,
+            seq=seq,
+            ts_unix_ms=now_ms(),
+            payload=payload,
+            provider_event=provider_event,
+            run_id=run_id,
+            prev_sha256=self._prev_sha256,
+        )
+
+    async def emit(
+        self,
+        kind: ChunkKind,
+        payload: Any = None,
+        *,
+        provider_event: str | None = None,
+        run_id: str | None = None,
+    ) -> int:
+        """Publish the next chunk and return its seq; raises LeaseLost when the lease may
+        have passed to another worker, ConnectorError when the bus refused the chunk.
+
+        A terminal kind is held for after the settle; only the first counts, so a second
+        `done`/`error` never leaves a gap in the sequence."""
+        self.lease.check()
+        if kind in TERMINAL_KINDS:
+            if self._terminal is None:
+                self._terminal = self._make(
+                    kind, payload, provider_event=provider_event, run_id=run_id
+                )
+            return self._terminal.seq
+        chunk = self._make(kind, payload, provider_event=provider_event, run_id=run_id)
+        data = encode(chunk)
+        self._prev_sha256 = hashlib.sha256(data).hexdigest()
+        try:
+            future = await self.publisher.chunk(chunk, data)
+        except Exception as exc:
+            raise ConnectorError(
+                ErrorCode.STREAM_PUBLICATION,
+                f"chunk {chunk.seq} not published: {type(exc).__name__}",
+            ) from None
+        self._pending.append((chunk, future))
+        if self.metrics is not None:
+            self.metrics.chunk_published(self.endpoint_id, kind.value)
+        if len(self._pending) >= CONFIRM_BATCH:
+            await self.confirm()
+        return chunk.seq
+
+    async def confirm(self) -> None:
+        """Wait for the confirmations of every chunk sent so far."""
+        pending, self._pending = self._pending, []
+        try:
+            await self.publisher.confirm(pending)
+        except Exception as exc:
+            raise ConnectorError(
+                ErrorCode.STREAM_PUBLICATION, f"chunks not confirmed: {exc}"
+            ) from None
+
+    def closing(self, kind: ChunkKind, payload: Any) -> StreamChunk:
+        """The chunk that closes the stream: the operation's own, or one made from the
+        result (`kind` and `payload`)."""
+        if self._terminal is None:
+            self._terminal = self._make(kind, payload)
+        return self._terminal
+
+    @staticmethod
+    def replaced(terminal: StreamChunk, payload: Any) -> StreamChunk:
+        """An `error` chunk in `terminal`'s place (same seq, time and predecessor): the
+        result changed after the terminal chunk was made (it was too large to publish)."""
+        return make_chunk(
+            ChunkKind.ERROR,
+            action_id=terminal.action_id,
+            endpoint_id=terminal.endpoint_id,
+            seq=terminal.seq,
+            ts_unix_ms=terminal.ts_unix_ms,
+            payload=payload,
+            prev_sha256=terminal.prev_sha256,
+        )
+
+    async def end(
+        self,
+        terminal: StreamChunk,
+        data: bytes,
+        publish_result: Callable[[], Awaitable[object]],
+    ) -> None:
+        """Close the stream: the terminal chunk first (same connection, so it arrives
+        first), then the result, the chunk confirmed together with the awaited result: one
+        round trip, not two."""
+        pending = await self.publisher.chunk(terminal, data)
+        await publish_result()
+        await self.publisher.confirm([(terminal, pending)])
+        if self.metrics is not None:
+            self.metrics.chunk_published(self.endpoint_id, str(terminal.__struct_config__.tag))
+
+
+def refusal_chunk(
+    action_id: str, endpoint_id: str, error: ProtocolError, settled_at_ms: int
+) -> StreamChunk:
+    """The whole chunk stream of a refused Action: one `error` chunk at seq 0, made only
+    from its result's facts, so the same bytes (and hash) come back whichever delivery
+    publishes it."""
+    return make_chunk(
+        ChunkKind.ERROR,
+        action_id=action_id,
+        endpoint_id=endpoint_id,
+        seq=0,
+        ts_unix_ms=settled_at_ms,
+        payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+    )
+
+
+async def _after_last(
+    publisher: BusPublisher, endpoint_id: str, action_id: str
+) -> tuple[int, str | None]:
+    """The seq after the last chunk the stream holds for the Action, and that chunk's hash."""
+    subjects = publisher.subjects
+    try:
+        last = await publisher.js.get_last_msg(
+            subjects.stream_name("chunks"), subjects.chunks(endpoint_id, action_id)
+        )
+    except NotFoundError:
+        return 0, None
+    data = last.data or b"{}"
+    seq = msgspec.json.decode(data).get("seq")
+    if not isinstance(seq, int):
+        return 0, None
+    return seq + 1, hashlib.sha256(data).hexdigest()

@@ -1,0 +1,52 @@
+"""What every delivery shares: built once by the worker app (`worker.app`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from nats.js import JetStreamContext
+
+from subjects.grammar import Subjects
+from worker.admission import Admission
+from worker.audit import AuditLog
+from worker.channel.rules import EgressTable
+from worker.dead_letters import DeadLetters
+from worker.endpoints import Endpoint
+from worker.hermes.http_client import HermesClient
+from worker.leases import LeaseKeeper
+from worker.logs import RepeatedErrors
+from worker.metrics import Metrics
+from worker.operations.base import Registry
+from worker.publisher import BusPublisher
+from worker.settings import Settings
+from worker.stores import Stores
+
+
+@dataclass(frozen=True, slots=True)
+class EndpointRuntime:
+    endpoint: Endpoint
+    hermes: HermesClient
+
+
+@dataclass(slots=True)
+class Runtime:
+    """What every delivery shares; built once by the worker app."""
+
+    settings: Settings
+    subjects: Subjects
+    js: JetStreamContext
+    stores: Stores
+    publisher: BusPublisher
+    dead_letters: DeadLetters
+    audit: AuditLog
+    keeper: LeaseKeeper
+    registry: Registry
+    endpoints: dict[str, EndpointRuntime]
+    admission: Admission
+    worker_id: str
+    metrics: Metrics
+    shutting_down: bool = False
+    #: Repeated delivery failures are logged once per cause per interval.
+    errors: RepeatedErrors = field(default_factory=RepeatedErrors)
+    #: Channel egress rules (AIPD_CHANNEL_EGRESS_FILE); None sends nothing to sessions.
+    channel: EgressTable | None = None

@@ -1,0 +1,160 @@
+"""Steps 6-8 of docs/architecture.md §4: the fenced settle, then publication, then the ack.
+
+The result is written only if this owner's fence still holds (write-once), measured first
+against what one bus message may carry; then, in this order, the escalation it raises, the
+channel deliveries it makes, the terminal chunk and the result (the chunk confirmed with
+the awaited result), and only then the ack of every message of the delivery.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import msgspec
+
+from schemas.audit import ReceiptEvent
+from schemas.chunk import ChunkKind
+from schemas.codec import encode
+from schemas.errors import ErrorCode, ProtocolError
+from schemas.result import ActionResult, ResultStatus
+from worker import faults
+from worker.chunk_stream import ChunkStream
+from worker.errors import ConnectorError
+from worker.execution import Execution, now_ms
+from worker.metrics import FenceStep
+from worker.operations.base import Outcome
+from worker.pipeline.answers import Answers, decoded_result
+from worker.pipeline.runtime import Runtime
+from worker.store.lease_store import SettleStatus
+from worker.trust.responses import sha256_hex
+
+log = logging.getLogger(__name__)
+
+
+class Settle:
+    def __init__(self, rt: Runtime, answers: Answers) -> None:
+        self.rt = rt
+        self.answers = answers
+
+    async def __call__(self, execution: Execution, outcome: Outcome) -> None:
+        """Settle `outcome`, publish it and ack; raises LeaseLost when fenced out."""
+        rt = self.rt
+        action = execution.action
+        endpoint_id = execution.endpoint.id
+        read_only = execution.operation.spec.read_only
+        error: ProtocolError | None = None
+        if outcome.error is not None:
+            error = outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=read_only)
+        terminal = execution.chunks.closing(
+            ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
+            {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
+        )
+        terminal_bytes = encode(terminal)
+        result = ActionResult(
+            action_id=action.id,
+            capability=action.capability,
+            endpoint_id=endpoint_id,
+            status=outcome.status,
+            output=outcome.output,
+            error=error,
+            settled_by=rt.worker_id,
+            fence=execution.fence,
+            settled_at_unix_ms=now_ms(),
+            last_chunk_sha256=sha256_hex(terminal_bytes),
+        )
+        payload = encode(result)
+        oversize = self.oversize(payload, terminal_bytes)
+        if oversize is not None:
+            # Measured before anything is stored: a result no bus message can carry would
+            # be settled, never published, and redelivered forever.
+            error = oversize.to_protocol(endpoint_id=endpoint_id, read_only=read_only)
+            terminal = ChunkStream.replaced(
+                terminal,
+                {"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+            )
+            terminal_bytes = encode(terminal)
+            result = msgspec.structs.replace(
+                result,
+                status=ResultStatus.FAILED,
+                output=None,
+                error=error,
+                last_chunk_sha256=sha256_hex(terminal_bytes),
+            )
+            payload = encode(result)
+        lease = execution.lease
+        lease.check()
+        lease.ending = True
+        stored = await rt.stores.leases.settle(lease.keys, lease.owner, lease.fence, payload)
+        if stored.status is SettleStatus.FENCED_OUT:
+            rt.metrics.fenced_out(endpoint_id, FenceStep.SETTLE)
+            rt.audit.emit(
+                ReceiptEvent.FENCED_OUT,
+                action_id=action.id,
+                endpoint_id=endpoint_id,
+                fence=lease.fence,
+            )
+            raise lease.lose("settle refused: a newer owner holds the lease")
+        if stored.status is SettleStatus.EXISTS and not _is_own(stored.stored, execution):
+            # Lost to an owner that settled first: its result is the answer, republished.
+            rt.keeper.lose(execution, "another owner settled this Action first", cancel=False)
+            await self.answers.republish(
+                execution.messages, action.id, endpoint_id, stored.stored, action=action
+            )
+            return
+        rt.audit.emit(
+            ReceiptEvent.SETTLED,
+            action_id=action.id,
+            endpoint_id=endpoint_id,
+            fence=lease.fence,
+            status=outcome.status.value,
+            code=error.code.value if error else None,
+        )
+        log.info(
+            "settled %s %s%s",
+            action.id,
+            outcome.status.value,
+            f" ({error.code.value})" if error else "",
+            extra=execution.log_fields(),
+        )
+        rt.metrics.settled(
+            action.capability, outcome.status.value, error.code.value if error else None,
+            uncertain=bool(error and error.uncertain_outcome),
+        )
+        faults.hit("after_settle", action.id)
+        escalation = await self.answers.escalate(result, action)
+        faults.hit("after_escalation", action.id)
+        await self.answers.channel_out(result, action, escalation)
+        faults.hit("after_channel_publish", action.id)
+        await execution.chunks.end(
+            terminal,
+            terminal_bytes,
+            lambda: rt.publisher.result_bytes(endpoint_id, action.id, payload),
+        )
+        faults.hit("after_result_publish", action.id)
+        faults.hit("before_ack", action.id)
+        await self.answers.ack_all(execution.messages)
+
+    def oversize(self, payload: bytes, terminal: bytes) -> ConnectorError | None:
+        """`stream_publication` when the encoded result, or the terminal chunk (which may
+        carry a provider's terminal event), is larger than one bus message may be."""
+        limit = self.rt.publisher.max_message_bytes()
+        size, what = len(payload), "result"
+        if size <= limit:
+            size, what = len(terminal), "terminal chunk"
+        if size <= limit:
+            return None
+        return ConnectorError(
+            ErrorCode.STREAM_PUBLICATION,
+            f"the provider's answer makes a {size}-byte {what}, over the {limit} bytes one "
+            "bus message may carry (NATS max_payload); it was not stored or published",
+        )
+
+
+def _is_own(stored: bytes | None, execution: Execution) -> bool:
+    """True when the stored result is this execution's own write (its reply was lost)."""
+    result = decoded_result(stored)
+    return (
+        result is not None
+        and result.fence == execution.fence
+        and result.settled_by == execution.worker_id
+    )
