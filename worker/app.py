@@ -71,7 +71,7 @@ class Worker:
         self.binding_cancel = binding_cancel
         self.subjects = Subjects(settings.subject_prefix)
         self.nc: NATS | None = None
-        self.redis: Any = None
+        #: Built at start-up over the one Redis client (worker/stores.py).
         self.stores: Stores | None = None
         self.rt: Runtime | None = None
         self.loops: list[PullLoop] = []
@@ -110,13 +110,16 @@ class Worker:
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
                 "prefer AIPD_HERMES_API_KEY_FILE (an owner-only file)"
             )
-        self.redis = open_redis_for(settings)
+        redis = open_redis_for(settings)
         health = self.store_health = StoreHealth(
-            self.redis,
+            redis,
             check_interval_s=settings.redis_check_interval_ms / 1000,
             reserve_bytes=settings.redis_memory_reserve_mb * 1024 * 1024,
             errors=self.errors,
             metrics=self.metrics,
+        )
+        stores = self.stores = Stores.over(
+            redis, result_ttl_ms=settings.result_ttl_ms, health=health
         )
         where = _redis_location(settings.redis_url)
         if not await health.wait_ready(settings.redis_startup_wait_s, what=where):
@@ -129,9 +132,6 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        stores = self.stores = Stores.over(
-            self.redis, result_ttl_ms=settings.result_ttl_ms, health=health
-        )
         publisher = BusPublisher(js, self.subjects, signer=signer)
         audit = AuditLog(publisher, settings.worker_id)
         keeper = LeaseKeeper(
@@ -192,7 +192,7 @@ class Worker:
         probe = CallbackProbe(
             nats=lambda: bool(self.nc is not None and self.nc.is_connected),
             consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
-            redis=redis_ping_check(self.redis),
+            redis=redis_ping_check(stores.client),
             hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
         )
         self.health = await start_health_server(
@@ -238,7 +238,7 @@ class Worker:
         self.followers = await start_followers(
             targets,
             self.rt.endpoints,
-            redis=self.redis,
+            redis=self.rt.stores.client,
             js=js,
             subjects=self.subjects,
             publisher=publisher,
@@ -251,8 +251,10 @@ class Worker:
 
     def _open_escalations(self, js: Any, endpoints: Any) -> OpenEscalationsGauge:
         """The `escalations_open` gauge of the served endpoints, counted from the stores."""
+        assert self.stores is not None
+        client = self.stores.client
         return OpenEscalationsGauge(
-            [EndpointEscalations(js, self.redis, self.subjects, e.id) for e in endpoints],
+            [EndpointEscalations(js, client, self.subjects, e.id) for e in endpoints],
             self.metrics,
             self.errors,
             min_interval_s=self.settings.escalations_open_refresh_ms / 1000,
@@ -329,9 +331,9 @@ class Worker:
         if self.nc is not None:
             with contextlib.suppress(Exception):
                 await self.nc.drain()
-        if self.redis is not None:
+        if self.stores is not None:
             with contextlib.suppress(Exception):
-                await self.redis.aclose()
+                await self.stores.client.aclose()
         log.info("worker %s stopped", self.settings.worker_id)
 
     async def run_until_signalled(self) -> None:
