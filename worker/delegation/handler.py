@@ -20,7 +20,6 @@ The same order as an Action, the same pipeline (`worker.pipeline.Pipeline`):
 
 from __future__ import annotations
 
-import hashlib
 import logging
 
 from nats.aio.msg import Msg
@@ -35,7 +34,13 @@ from worker.delegation.router import check_child_tenant, check_route_policy
 from worker.errors import ConnectorError, Refusal, Rejected
 from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
-from worker.pipeline.steps import check_msg_id, live_deadline, require_signer, verified_signer
+from worker.pipeline.steps import (
+    check_msg_id,
+    live_deadline,
+    received,
+    require_signer,
+    verified_signer,
+)
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +63,12 @@ class DelegationIntake:
         action = internal_action(request, endpoint_id)
         signer = verified_signer(rt, msg, headers, action.id)
         check_msg_id(headers, action.id)
-        rt.audit.emit(
-            ReceiptEvent.RECEIVED,
-            action_id=action.id,
-            endpoint_id=endpoint_id,
-            trace_id=action.trace.trace_id if action.trace else None,
-            envelope_sha256=hashlib.sha256(msg.data).hexdigest(),
-            signer=signer,
-            capability=action.capability,
+        received(
+            rt,
+            msg,
+            endpoint_id,
+            action,
+            signer,
             delegation_id=request.delegation_id,
             child_action_id=request.action.id,
             child_capability=request.action.capability,

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from nats.aio.msg import Msg
 
 from schemas.action import Action
-from schemas.audit import ReceiptEvent
+from schemas.audit import DetailValue, ReceiptEvent
 from schemas.codec import convert_input, decode_action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import split_capability
@@ -57,6 +57,30 @@ def check_msg_id(headers: Mapping[str, str], action_id: str) -> None:
         ErrorCode.HOST_REPLAY,
         f"{MSG_ID} {msg_id[:80]!r} is not the envelope's Action id {action_id}",
         action_id=action_id,
+    )
+
+
+def received(
+    rt: Runtime,
+    msg: Msg,
+    endpoint_id: str,
+    action: Action,
+    signer: str | None,
+    **details: DetailValue,
+) -> None:
+    """The `received` receipt of an authenticated envelope: what arrived (its sha256), who
+    signed it, and for which Action and capability."""
+    rt.audit.emit(
+        ReceiptEvent.RECEIVED,
+        action_id=action.id,
+        endpoint_id=endpoint_id,
+        trace_id=action.trace.trace_id if action.trace else None,
+        facts={
+            "envelope_sha256": hashlib.sha256(msg.data).hexdigest(),
+            "signer": signer,
+            "capability": action.capability,
+            **details,
+        },
     )
 
 
@@ -114,15 +138,7 @@ class ActionIntake:
             # Fetched by a pull request sent before the store gate closed: admission and the
             # lease would wait on a failing Redis; nak it for a worker whose store answers.
             raise StoreNotAccepting(f"not admitted: {health.reason}")
-        rt.audit.emit(
-            ReceiptEvent.RECEIVED,
-            action_id=action.id,
-            endpoint_id=endpoint_id,
-            trace_id=action.trace.trace_id if action.trace else None,
-            envelope_sha256=hashlib.sha256(msg.data).hexdigest(),
-            signer=signer,
-            capability=action.capability,
-        )
+        received(rt, msg, endpoint_id, action, signer)
         operation = rt.registry.get(split_capability(action.capability)[1])
         keys = operation.keys(action) if operation is not None else ActionKeys.of(action.id)
         return Delivery(
