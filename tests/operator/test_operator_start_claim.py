@@ -234,6 +234,43 @@ async def test_endpoint_capacity_admits_no_more_runs_than_its_limit(
     assert await h.store.capacity_holders("hermes-1") == 0
 
 
+@pytest.mark.parametrize(
+    ("fault", "ending"),
+    [
+        (None, BindingState.COMPLETED),
+        (StartReject(), BindingState.FAILED),
+        (StartServerError(), BindingState.OUTCOME_UNKNOWN),
+        (StartNoRunId(), BindingState.OUTCOME_UNKNOWN),
+    ],
+    ids=["completed", "start-rejected", "start-5xx", "start-without-run-id"],
+)
+async def test_every_terminal_path_releases_the_run_slot_exactly_once(
+    harness: Harness,
+    fake: FakeHermes,
+    monkeypatch: pytest.MonkeyPatch,
+    fault: StartReject | StartServerError | StartNoRunId | None,
+    ending: BindingState,
+) -> None:
+    """The slot is released by the binding's one terminal hook, whichever path ended it."""
+    if fault is not None:
+        fake.faults.add(fault)
+    h = harness.with_policy(max_concurrent_runs=1)
+    releases: list[str] = []
+    release = h.store.capacity_release
+
+    async def counted(endpoint_id: str, holder: str) -> bool:
+        releases.append(holder)
+        return await release(endpoint_id, holder)
+
+    monkeypatch.setattr(h.store, "capacity_release", counted)
+    action = h.action(objective("one run"))
+    await h.run(action)
+
+    assert (await h.require_binding(action.id)).status is ending
+    assert releases == [action.id]
+    assert await h.store.capacity_holders("hermes-1") == 0
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 

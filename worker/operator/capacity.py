@@ -5,7 +5,9 @@ addition to the spec: Hermes 0.19 answers an
 11th open run with 429 and executes only a few at once, so workers admit operator starts
 per endpoint. A slot is held by the *source* Action id, so duplicate deliveries and resumes
 of one run share one slot. It is released when the run is terminal or its binding is
-abandoned (outcome unknown); a slot whose holder vanished frees itself at its expiry, which
+abandoned (outcome unknown), from one place only: the binding handle's terminal hook
+(worker/operator/handle.py, wired by the session). A slot whose holder vanished (a lost
+lease, a crash: the run may be live under the next holder) frees itself at its expiry, which
 the holder keeps pushing forward while it observes the run.
 """
 

@@ -5,11 +5,17 @@ conflict the latest binding is re-read from the script's reply and the function 
 again, so concurrent writers (a duplicate delivery, the cancel handler's flag) never lose
 each other's updates. A terminal binding is returned as it is: the function is not even
 called, which is how "terminal states are write-once" reaches every caller.
+
+Because every transition passes through `update`, it is also the one terminal hook: the
+first time an update leaves the binding terminal (written by this holder, or found so by a
+concurrent one), `on_terminal` runs, once per handle. The session hangs the release of the
+endpoint's run slot on it (docs/architecture.md §8 "Endpoint capacity"), so no terminal path
+can forget the slot or free it twice.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import msgspec
@@ -53,6 +59,7 @@ class BindingHandle:
         fence: int,
         *,
         created_at_hint_ms: int = 0,
+        on_terminal: Callable[[], Awaitable[object]] | None = None,
     ) -> None:
         self.store = store
         self.keys = keys
@@ -61,6 +68,8 @@ class BindingHandle:
         self.view: View | None = None
         #: Redis time of this holder's first lease of the Action (0: unknown, read first).
         self._created_at_hint_ms = created_at_hint_ms
+        #: Run once, the first time `update` leaves the binding terminal (set to None then).
+        self._on_terminal = on_terminal
 
     @property
     def binding(self) -> OperatorBinding:
@@ -137,10 +146,19 @@ class BindingHandle:
         return self._adopt(reply.stored).binding
 
     async def update(self, change: Change) -> OperatorBinding:
-        """Apply `change` by compare-and-set; returns the binding stored afterwards.
+        """Apply `change` by compare-and-set; returns the binding stored afterwards, after
+        running the terminal hook if that binding is terminal (see the module docstring).
 
-        Raises LeaseLost when this holder's fence is no longer current: nothing is written.
+        Raises LeaseLost when this holder's fence is no longer current: nothing is written
+        and the hook does not run (the run may be live under the next holder).
         """
+        binding = await self._compare_and_set(change)
+        if binding.terminal and self._on_terminal is not None:
+            hook, self._on_terminal = self._on_terminal, None
+            await hook()
+        return binding
+
+    async def _compare_and_set(self, change: Change) -> OperatorBinding:
         if self.view is None:
             await self.read()
             if self.view is None:

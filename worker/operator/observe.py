@@ -372,7 +372,6 @@ class Observer:
             lambda b, now: b.ended(state, now, error=error, output=output, **progress)
         )
         self._dirty = False
-        await self.s.capacity.release()
         if binding.status is state:
             kind = ChunkKind.ERROR if state is S.FAILED else ChunkKind.DONE
             await self.s.emit(kind, chunk_payload, provider_event=provider_event)
@@ -386,7 +385,6 @@ class Observer:
             lambda b, now: b.ended(S.OUTCOME_UNKNOWN, now, error=error, **progress)
         )
         self._dirty = False
-        await self.s.capacity.release()
         return self.binding
 
 

@@ -230,7 +230,6 @@ class ResumeLedger:
                         command.moved(C.OUTCOME_UNKNOWN, now, remote_status=status), now
                     ).ended(S.OUTCOME_UNKNOWN, now, error=error)
                 )
-                await self.s.capacity.release()
                 return ResumeEnd(binding, error)
 
     async def _rejected(
@@ -263,9 +262,7 @@ class ResumeLedger:
                 S.OUTCOME_UNKNOWN, now, error=error
             )
 
-        binding = await self.s.handle.update(give_up)
-        await self.s.capacity.release()
-        return ResumeEnd(binding, error)
+        return ResumeEnd(await self.s.handle.update(give_up), error)
 
     async def _observe(self, answered: ProviderSnapshot | None) -> ResumeEnd:
         """Follow the run after an applied decision, by polling, until it is terminal or

@@ -1,5 +1,8 @@
 """One execution of the operator: its context, policy, binding handle, run slot and deadline.
 
+The slot is taken by the start fence, kept fresh by the observer, and released only by the
+binding handle's terminal hook (wired here), so every terminal path releases it.
+
 Every part of the lifecycle (start, observe, approve, cancel) works through this object, so
 the deadline and the cancel signal are decided in one place (the one-terminal-chunk rule is
 the chunk stream's, worker/chunk_stream.py).
@@ -41,11 +44,6 @@ class OperatorSession:
         self.source_action_id = source_action_id
         # A first lease of an Action's own keys (fence 1, no takeover): no owner before this
         # one could have created its binding, so `create` may skip the read (see there).
-        first_lease_at = getattr(ctx, "leased_at_ms", 0)
-        fresh = not ctx.is_takeover and ctx.keys.slot_action_id == ctx.action.id
-        self.handle = BindingHandle(
-            store, ctx.keys, ctx.owner, ctx.fence, created_at_hint_ms=first_lease_at if fresh else 0
-        )
         self.capacity = EndpointCapacity(
             store,
             ctx.endpoint.id,
@@ -53,6 +51,18 @@ class OperatorSession:
             limit=policy.capacity_for(ctx.endpoint),
             slot_ttl_ms=policy.start_claim_ttl_ms,
             poll_s=policy.poll_interval_ms / 1000,
+        )
+        first_lease_at = getattr(ctx, "leased_at_ms", 0)
+        fresh = not ctx.is_takeover and ctx.keys.slot_action_id == ctx.action.id
+        # The run slot is released from one place: the handle's terminal hook, the first
+        # time an update leaves the binding terminal, on every terminal path alike.
+        self.handle = BindingHandle(
+            store,
+            ctx.keys,
+            ctx.owner,
+            ctx.fence,
+            created_at_hint_ms=first_lease_at if fresh else 0,
+            on_terminal=self.capacity.release,
         )
         loop = asyncio.get_running_loop()
         budget = min(policy.timeout_ms / 1000, ctx.remaining_s())

@@ -211,16 +211,13 @@ class StartFence:
         return await s.handle.update(claim)
 
     async def _fail_unclaimed(self, error: ConnectorError) -> OperatorBinding:
-        binding = await self.s.handle.update(
+        return await self.s.handle.update(
             lambda b, now: (
                 b.ended(S.FAILED, now, error=error)
                 if b.status is S.STARTING and b.start_claim is None
                 else None
             )
         )
-        if binding.terminal:
-            await self.s.capacity.release()
-        return binding
 
     async def _claim_budget_s(self, claim: StartClaim, *, fresh_clock: bool) -> float:
         """Seconds this holder may spend on one attempt: what is left on the claim (Redis
@@ -325,24 +322,20 @@ class StartFence:
     async def _end_claimed(
         self, state: BindingState, error: ConnectorError | None
     ) -> OperatorBinding:
-        binding = await self.s.handle.update(
+        return await self.s.handle.update(
             lambda b, now: (
                 b.ended(state, now, error=error)
                 if b.start_claim is not None and b.start_claim.claim_id == self.claim_id
                 else None
             )
         )
-        await self.s.capacity.release()
-        return binding
 
     async def _unknown(self, reason: str, *, remote_status: int | None = None) -> OperatorBinding:
         error = ConnectorError(
             ErrorCode.OPERATOR_OUTCOME_UNKNOWN, reason, remote_status=remote_status
         )
-        binding = await self.s.handle.update(
+        return await self.s.handle.update(
             lambda b, now: (
                 b.ended(S.OUTCOME_UNKNOWN, now, error=error) if b.status is S.STARTING else None
             )
         )
-        await self.s.capacity.release()
-        return binding
