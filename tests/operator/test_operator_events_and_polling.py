@@ -14,8 +14,9 @@ from operator_support import Harness, error_code, objective
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
+from worker.operations.run_events import EVENT_RULES
 from worker.operator.binding import BindingState
-from worker.operator.events import EVENT_RULES, STATUS_READINGS, ProviderStatus, parse_status
+from worker.operator.events import STATUS_READINGS, ProviderStatus, parse_status
 from worker.testing.fake_hermes import (
     EventsDisconnect,
     EventsMalformed,

@@ -2,7 +2,9 @@
 
 Mapping (docs/architecture.md §7, spec "SSE → chunk"):
 message deltas → `data`, reasoning → `thought`,
-tool progress → `tool`, anything else → `progress`, terminal → `done` or `error`. Payloads
+tool progress → `tool`, anything else → `progress`, terminal → `done` or `error`. The
+`/v1/runs` stream reads the run-event table it shares with the operator
+(worker/operations/run_events.py); the other streams' tables are here. Payloads
 are the provider's event objects unchanged, so nothing is lost in translation; outputs are
 assembled from them. The event names are those observed on the real server
 (`shared/reference/hermes-0.19*.md`); an unknown event is retained as `progress`, never
@@ -15,6 +17,7 @@ from typing import Any
 
 from schemas.chunk import ChunkKind
 from worker.hermes.sse import SSEEvent
+from worker.operations.run_events import Effect, rule_for
 from worker.operations.streaming import Step, Terminal
 
 _TOOL = Step(ChunkKind.TOOL)
@@ -46,8 +49,19 @@ class _Text:
         return "".join(self._parts)
 
 
+#: What a run event's meaning ends the raw `runs` stream with (worker/operations/run_events.py).
+_RUN_TERMINALS = {
+    Effect.COMPLETED: Terminal.COMPLETED,
+    Effect.FAILED: Terminal.FAILED,
+    Effect.CANCELLED: Terminal.CANCELLED,
+}
+#: The spec's "terminal `error` event" of a raw stream: not one of the run table's events.
+_ERROR_EVENT = "error"
+
+
 class RunEvents:
-    """`GET /v1/runs/{id}/events`: `data:`-only frames named by their `event` field."""
+    """`GET /v1/runs/{id}/events`: `data:`-only frames named by their `event` field, read
+    through the one run-event table the operator uses too."""
 
     def __init__(self) -> None:
         self._text = _Text()
@@ -56,25 +70,21 @@ class RunEvents:
     def step(self, event: SSEEvent) -> Step:
         data = _obj(event)
         name = event.name
-        if name == "message.delta":
-            self._text.add(data.get("delta"))
-            return Step(ChunkKind.DATA, data)
-        if name == "reasoning.available":
-            return Step(ChunkKind.THOUGHT, data)
-        if name.startswith("tool."):
-            return Step(ChunkKind.TOOL, data)
-        terminal = {
-            "run.completed": Terminal.COMPLETED,
-            "run.failed": Terminal.FAILED,
-            "run.cancelled": Terminal.CANCELLED,
-            "error": Terminal.FAILED,
-        }.get(name)
+        if name == _ERROR_EVENT:
+            self._terminal = data
+            return Step(None, data, Terminal.FAILED)
+        rule = rule_for(name)
+        terminal = _RUN_TERMINALS.get(rule.effect)
         if terminal is not None:
             self._terminal = data
             return Step(None, data, terminal)
-        # approval.request / approval.responded stay progress: this raw capability keeps
-        # following the run (a second subscriber would get 404), the operator owns approvals.
-        return Step(ChunkKind.PROGRESS, data)
+        if rule.effect is Effect.APPROVAL:
+            # Progress here: this raw capability keeps following the run (a second
+            # subscriber would get 404); the operator owns approvals.
+            return Step(ChunkKind.PROGRESS, data)
+        if name == "message.delta":
+            self._text.add(data.get("delta"))
+        return Step(rule.kind, data)
 
     def output(self) -> Any:
         return {

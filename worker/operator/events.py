@@ -1,50 +1,14 @@
-"""What a provider event or run status means for the AIP stream and the binding.
+"""What a polled run status means to the operator's observer.
 
-Two tables, straight from the spec ("Observe events and recover by polling"): provider
-event name -> (AIP chunk kind, binding effect), and the seven `GET /v1/runs/{id}` statuses
--> what the observer concludes. Anything outside the status table fails closed.
+The seven `GET /v1/runs/{id}` statuses -> what the observer concludes, straight from the
+spec ("Observe events and recover by polling"); anything outside the table fails closed.
+The event stream's table (event name -> chunk kind and meaning) is shared with the raw
+`runs` capability: worker/operations/run_events.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from enum import StrEnum
-
-from schemas.chunk import ChunkKind
-
-
-class Effect(StrEnum):
-    """What an event does to the binding."""
-
-    ADVANCE = "advance"
-    APPROVAL = "approval"
-    FAILED = "failed"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True, slots=True)
-class EventRule:
-    kind: ChunkKind
-    effect: Effect
-
-
-EVENT_RULES: dict[str, EventRule] = {
-    "message.delta": EventRule(ChunkKind.DATA, Effect.ADVANCE),
-    "reasoning.available": EventRule(ChunkKind.THOUGHT, Effect.ADVANCE),
-    "tool.started": EventRule(ChunkKind.TOOL, Effect.ADVANCE),
-    "tool.completed": EventRule(ChunkKind.TOOL, Effect.ADVANCE),
-    "approval.request": EventRule(ChunkKind.PENDING_APPROVAL, Effect.APPROVAL),
-    "run.failed": EventRule(ChunkKind.ERROR, Effect.FAILED),
-    "run.completed": EventRule(ChunkKind.DONE, Effect.COMPLETED),
-    "run.cancelled": EventRule(ChunkKind.DONE, Effect.CANCELLED),
-}
-#: Any other event is retained by name as progress.
-OTHER_EVENT = EventRule(ChunkKind.PROGRESS, Effect.ADVANCE)
-
-
-def rule_for(event: str) -> EventRule:
-    return EVENT_RULES.get(event, OTHER_EVENT)
 
 
 class ProviderStatus(StrEnum):

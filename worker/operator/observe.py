@@ -21,16 +21,15 @@ from schemas.errors import ErrorCode
 from worker import faults
 from worker.errors import ConnectorError, EventStreamUnavailable, SSEError
 from worker.hermes.sse import SSEEvent, SSELimits
+from worker.operations.run_events import Effect, rule_for
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, ProviderSnapshot
 from worker.operator.events import (
     STATUS_READINGS,
     TERMINAL_EVENT,
-    Effect,
     ProviderStatus,
     Reading,
     parse_status,
-    rule_for,
 )
 from worker.operator.redaction import bounded_text, redact_event
 from worker.operator.session import OperatorSession
