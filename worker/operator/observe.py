@@ -19,7 +19,7 @@ from typing import Any
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from worker import faults
-from worker.errors import ConnectorError, EventStreamUnavailable, SSEError
+from worker.errors import ConnectorError, EventStreamUnavailable
 from worker.hermes.sse import SSEEvent, SSELimits
 from worker.operations.run_events import Effect, rule_for
 from worker.operator import provider
@@ -195,7 +195,7 @@ class Observer:
                 raise  # the lease was lost (or the worker stops): not ours to handle
             await self._flush()
             return True
-        except (EventStreamUnavailable, SSEError, TimeoutError):
+        except (EventStreamUnavailable, TimeoutError):
             pass  # poll instead: the status route is the authority
         finally:
             interrupt.close()

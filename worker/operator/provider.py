@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,8 +19,8 @@ import msgspec
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, EventStreamUnavailable, refused_before_start
-from worker.hermes.http_client import HermesClient, error_code_of, route_path
-from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
+from worker.hermes.http_client import HermesClient, SSEStream, error_code_of
+from worker.hermes.sse import SSEEvent, SSELimits
 
 START_ROUTE = "/v1/runs"
 STATUS_ROUTE = "/v1/runs/{run_id}"
@@ -295,23 +295,35 @@ async def send_stop(
 async def open_events(
     hermes: HermesClient, run_id: str, headers: Mapping[str, str], limits: SSELimits
 ) -> AsyncIterator[AsyncIterator[SSEEvent]]:
-    """The run's event stream, bounded by `limits` (frame bytes, event count).
+    """The run's event stream, bounded by `limits` (frame bytes, event count), opened along
+    the client's one SSE path (`HermesClient.stream_sse`, as the raw `runs` capability).
 
-    Decode and limit failures surface as `SSEError` from the iterator; the connection is
-    closed whatever way the block ends.
+    Any failure of the stream itself, opening it (404, another status, no event stream,
+    transport) or reading it (limit, decode, idle, cut), is `EventStreamUnavailable`: the
+    observer polls instead. An error raised by the caller's own block passes unchanged; the
+    connection is closed whatever way the block ends.
     """
-    all_headers = _headers(hermes, headers)
-    all_headers["Accept"] = "text/event-stream"
-    started = time.monotonic()
+    opened = False
     try:
-        async with hermes.http.stream(
-            "GET", route_path(EVENTS_ROUTE, {"run_id": run_id}), headers=all_headers
-        ) as response:
-            hermes.observe("GET", EVENTS_ROUTE, response.status_code, started)
-            if response.status_code != 200:
-                raise EventStreamUnavailable(
-                    f"GET {EVENTS_ROUTE} answered HTTP {response.status_code}"
-                )
-            yield aiter_events(response.aiter_bytes(), limits)
-    except httpx.HTTPError as exc:
-        raise EventStreamUnavailable(f"GET {EVENTS_ROUTE} failed: {type(exc).__name__}") from None
+        async with hermes.stream_sse(
+            "GET", EVENTS_ROUTE, {"run_id": run_id}, headers=headers, limits=limits
+        ) as stream:
+            opened = True
+            events = _poll_on_failure(stream)
+            try:
+                yield events
+            finally:
+                await events.aclose()
+    except ConnectorError as exc:
+        if opened:
+            raise
+        raise EventStreamUnavailable(exc.message) from None
+
+
+async def _poll_on_failure(stream: SSEStream) -> AsyncGenerator[SSEEvent, None]:
+    async with contextlib.aclosing(stream.events()) as events:
+        try:
+            async for event in events:
+                yield event
+        except ConnectorError as exc:
+            raise EventStreamUnavailable(exc.message) from None
