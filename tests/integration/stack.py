@@ -193,6 +193,29 @@ class Stack:
             await asyncio.sleep(0.05)
         raise AssertionError(f"{worker_id} never held {action_id}: {await self.lease(action_id)}")
 
+    async def wait_bound(self, action_id: str, timeout_s: float = 20.0) -> str:
+        """Wait until the Action's operator binding holds a run id; returns it."""
+        from redis.asyncio import Redis
+
+        from worker.operator.binding import decode_binding
+        from worker.store.keys import binding_key
+        from worker.store.operator_store import OperatorStore
+
+        client = Redis.from_url(self.redis_url)
+        try:
+            store = OperatorStore(client)
+            deadline = time.monotonic() + timeout_s
+            while time.monotonic() < deadline:
+                stored = await store.read(binding_key(action_id))
+                if stored.doc is not None:
+                    run_id = decode_binding(stored.doc).run_id
+                    if run_id is not None:
+                        return run_id
+                await asyncio.sleep(0.02)
+        finally:
+            await client.aclose()
+        raise AssertionError(f"{action_id} was never bound to a run")
+
     async def approve(self, action: Action, *, approver: str = APPROVER_UNTENANTED) -> None:
         """Record an approval from the demo authority (the operator requires one), signed
         with the approver's own key as `approve --key` does."""

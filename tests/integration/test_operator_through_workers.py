@@ -90,10 +90,11 @@ async def test_paused_owner_is_taken_over_by_polling_and_never_settles(stack: St
     w1 = await stack.spawn("w1")
     action, handle = await stack.operator(f"{SLOW_REPLY} pause me")
     await stack.wait_owner(action.id, "w1")
-    while stack.fake.stats().count(POST_RUNS) == 0:
-        await asyncio.sleep(0.05)
-    # Paused before w2 starts: starting a worker can take longer than the run on a loaded
-    # machine, and w1 must not get to settle first.
+    # Paused once the run is bound (paused between the POST and the bind, w1 leaves an
+    # unbound claim that w2 rightly settles `outcome_unknown`), and before w2 starts:
+    # starting a worker can take longer than the run on a loaded machine, and w1 must not
+    # get to settle first.
+    await stack.wait_bound(action.id)
     w1.pause()
     await stack.spawn("w2")
     result = await handle.result(timeout_s=60)
