@@ -22,7 +22,7 @@ from typing import Any
 
 from schemas.errors import EnvelopeRejected
 from worker.cli_settings import add_settings_flags, settings_from
-from worker.errors import ServiceUnreachable, SettingsError
+from worker.errors import PolicyError, ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
 
 # --- commands ---------------------------------------------------------------------------
@@ -197,6 +197,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except ValueError as exc:  # TrustConfigError, SecretFileError, endpoint errors
         print(f"configuration error: {exc}", file=sys.stderr)
+        return 2
+    except PolicyError as exc:  # the operator policy (instructions file, prefixes) at start
+        print(f"configuration error: {exc.message}", file=sys.stderr)
         return 2
     except ServiceUnreachable as exc:
         print(f"error: {exc}", file=sys.stderr)

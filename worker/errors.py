@@ -14,7 +14,7 @@ succeed); U: uncertain (something may have happened although this was raised).
     Exception
       ConnectorError            R and U from the code's rule and read-only, unless given
         IllegalTransition       `error`: a connector bug. Not R, not U
-        PolicyError             `operator_policy`: not R, not U; at start-up, no start
+        PolicyError             `operator_policy`: not R, not U; at start-up, exit 2
       Refusal                   a trusted envelope that may not run: one failed result with
                                 its ConnectorError's code (R and U from that code)
       Rejected                  an envelope not trusted or not readable: dead-lettered once,

@@ -66,6 +66,18 @@ def test_the_replay_window_settings_and_their_bound() -> None:
         Settings(max_envelope_age_ms=86_400_001)
 
 
+def test_an_unreadable_operator_instructions_file_stops_startup(tmp_path: Path) -> None:
+    done = run_cli(
+        "run",
+        "--hermes-endpoints",
+        "h1=http://127.0.0.1:1",
+        env={"AIPD_HERMES_OPERATOR_INSTRUCTIONS_FILE": str(tmp_path / "missing.md")},
+    )
+    assert done.returncode == 2
+    assert "configuration error: operator instructions file unreadable" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
 def test_a_non_http_endpoint_url_is_refused() -> None:
     done = run_cli("provision", "--hermes-endpoints", "h1=ftp://host/")
     assert done.returncode == 2
