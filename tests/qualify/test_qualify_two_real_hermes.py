@@ -1,6 +1,6 @@
 """The qualification driver against two real Hermes 0.19.0 it starts: every item must pass.
 
-This is the CI run of `python -m worker.qualify.local` (the command that regenerates the
+This is the CI run of `python -m worker.testing.qualify_local` (the command that regenerates the
 committed record in docs/qualification/): NATS and Redis are the test's own servers (it is
 marked `chaos`: the driver restarts Redis), the gateway and one worker per instance are
 processes, both Hermes are `hermes-agent==0.19.0` driven by the project's fake LLM. A failed
@@ -28,8 +28,8 @@ async def test_two_real_hermes_qualify(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> None:
     from worker.qualify.items import Status
-    from worker.qualify.local import qualify_locally
     from worker.testing.pytest_plugin import service_unavailable
+    from worker.testing.qualify_local import qualify_locally
     from worker.testing.real_hermes import HermesUnavailable
 
     record = tmp_path / "record"

@@ -3,7 +3,7 @@
 Items 3 and 7 of the qualification list need a worker stopped at a fault point and a worker
 and Redis restarted mid-run. A driver pointed at someone's deployment owns none of its
 processes and must not touch them: it gets no `ProcessControl`, and those items skip with
-the reason. The local launcher (`worker.qualify.local`) starts every process itself and
+the reason. The local launcher (`worker.testing.qualify_local`) starts every process itself and
 hands the driver a control over them.
 """
 

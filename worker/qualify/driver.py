@@ -1,7 +1,7 @@
 """Run the qualification list against a deployment and report: lines, a record, an exit code.
 
 Shared by `aip-hermes-worker qualify` (a deployment someone else runs: no process control)
-and the local launcher (`worker.qualify.local`, which owns every process and passes a
+and the local launcher (`worker.testing.qualify_local`, which owns every process and passes a
 `ProcessControl`). Whatever happens, every run the driver started is checked at the end
 and stopped if Hermes still runs it.
 """

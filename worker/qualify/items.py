@@ -78,7 +78,7 @@ class Context:
         if self.control is None:
             raise QualifySkipped(
                 "the driver does not own the deployment's processes; "
-                "run it through `python -m worker.qualify.local`, which does"
+                "run it through `python -m worker.testing.qualify_local`, which does"
             )
         return self.control
 

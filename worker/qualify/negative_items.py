@@ -21,7 +21,8 @@ from worker.operator.binding import session_id_for
 from worker.qualify.broken import Mode
 from worker.qualify.deployment import Deployment, Evidence, Outcome
 from worker.qualify.items import Context, expect
-from worker.qualify.operator_items import SLOW, objective
+from worker.qualify.objectives import SLOW
+from worker.qualify.operator_items import objective
 
 #: A capability no sane delegation allowlist admits.
 OUTSIDE_ALLOWLIST = "cap:qualify_outside_allowlist:probe"

@@ -23,17 +23,8 @@ from worker.operator.binding import session_id_for
 from worker.qualify.broken import Mode
 from worker.qualify.deployment import Deployment, Evidence, Outcome
 from worker.qualify.items import Context, expect, fail
-from worker.testing.scenario import LLM_ERROR, NEEDS_APPROVAL, SLOW_REPLY, TOOL_ECHO
+from worker.qualify.objectives import APPROVAL, FAILING, PLAIN, SLOW, TOOL
 
-PLAIN = "Reply with one short sentence saying that the qualification run reached you."
-TOOL = f"Use the terminal tool to run `echo hello-from-tool`, then say what it printed. {TOOL_ECHO}"
-APPROVAL = (
-    "Use the terminal tool to run `chmod 777 aip-scenario-file.txt`, then say it is done. "
-    f"{NEEDS_APPROVAL}"
-)
-SLOW = f"Write the words tick0 to tick39, slowly, one at a time. {SLOW_REPLY}"
-#: A real model cannot be told to fail; the fake LLM answers this word with an HTTP 400.
-FAILING = f"This turn must fail. {LLM_ERROR}"
 #: Copies of one Action published at once (item 2).
 COPIES = 4
 

@@ -112,7 +112,8 @@ def markdown(record: dict[str, Any]) -> str:
         f"Topology: {record['topology']}",
         "",
         "The same record as JSON is beside this file (`qualification-record.json`); "
-        "regenerate both with `python -m worker.qualify.local --record docs/qualification/`.",
+        "regenerate both with "
+        "`python -m worker.testing.qualify_local --record docs/qualification/`.",
         "",
         "## Items",
         "",

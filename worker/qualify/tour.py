@@ -19,7 +19,7 @@ from schemas.chunk import DoneChunk, ErrorChunk
 from schemas.result import ResultStatus
 from worker.qualify.deployment import Evidence
 from worker.qualify.items import Context, expect, fail
-from worker.testing.scenario import NEEDS_APPROVAL
+from worker.qualify.objectives import APPROVAL
 
 #: How long a run may take to reach the status the tour waits for.
 STATUS_WAIT_S = 60.0
@@ -105,14 +105,11 @@ class Tour:
         self.deployment.runs.add((self.endpoint_id, started["run_id"]))
         await self.ok("run_events", {"run_id": started["run_id"]})
         await self.ok("run_status", {"run_id": started["run_id"]})
-        approval = (
-            f"Use the terminal tool to run `chmod 777 aip-scenario-file.txt`. {NEEDS_APPROVAL}"
-        )
-        waiting = await self.ok("run_start", {"input": approval})
+        waiting = await self.ok("run_start", {"input": APPROVAL})
         self.deployment.runs.add((self.endpoint_id, waiting["run_id"]))
         await self.run_until(waiting["run_id"], {"waiting_for_approval"})
         await self.ok("run_approval", {"run_id": waiting["run_id"], "choice": "deny"})
-        stoppable = await self.ok("run_start", {"input": approval})
+        stoppable = await self.ok("run_start", {"input": APPROVAL})
         self.deployment.runs.add((self.endpoint_id, stoppable["run_id"]))
         await self.run_until(stoppable["run_id"], {"waiting_for_approval", "running"})
         await self.ok("run_stop", {"run_id": stoppable["run_id"]})

@@ -11,17 +11,29 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-#: The agent calls the `terminal` tool with a harmless `echo`; no approval is needed.
-TOOL_ECHO = "scenario-tool-echo"
-#: The agent calls `terminal` with `chmod 777 …`, which Hermes holds for approval (manual mode).
-NEEDS_APPROVAL = "scenario-needs-approval"
-#: The reply is streamed slowly (SLOW_DELTAS deltas, SLOW_DELTA_DELAY_S apart): runs can be stopped.
-SLOW_REPLY = "scenario-slow-reply"
+# The words and commands the qualification driver also sends are defined with its objectives
+# (production code may not import this package); the fakes answer them from here.
+from worker.qualify.objectives import (
+    APPROVAL_COMMAND,
+    ECHO_COMMAND,
+    LLM_ERROR,
+    NEEDS_APPROVAL,
+    SLOW_REPLY,
+    TOOL_ECHO,
+)
+
+__all__ = [
+    "APPROVAL_COMMAND",
+    "ECHO_COMMAND",
+    "LLM_ERROR",
+    "NEEDS_APPROVAL",
+    "SLOW_REPLY",
+    "TOOL_ECHO",
+]
+
 #: A slow reply HELD_DELTAS deltas long (a minute): a run that is surely still live when a
 #: loaded machine gets round to the test's next step; the test stops it itself.
 HELD_REPLY = "scenario-held-reply"
-#: The LLM answers with an HTTP error, so the run ends `run.failed`.
-LLM_ERROR = "scenario-llm-error"
 #: In a delegated input: the model ignores the delegation contract and does what the other
 #: scenario words say instead of calling `aip_call` (with NEEDS_APPROVAL: a dangerous
 #: command Hermes holds for approval).
@@ -32,10 +44,6 @@ OFF_CONTRACT = "scenario-off-contract"
 #: input), then reports what the call returned (`discover_call_final_text`).
 AIP_DISCOVER_CALL = "scenario-aip-discover-call="
 
-#: The shell command the echo scenario runs, and what it prints.
-ECHO_COMMAND = "echo hello-from-tool"
-#: The command that needs approval (the file is created in the scratch working directory).
-APPROVAL_COMMAND = "chmod 777 aip-scenario-file.txt"
 
 SLOW_DELTAS = 40
 SLOW_DELTA_DELAY_S = 0.1

@@ -1,6 +1,6 @@
 """A whole two-instance deployment on this machine, driven through the qualification list.
 
-    python -m worker.qualify.local --record docs/qualification/
+    python -m worker.testing.qualify_local --record docs/qualification/
 
 starts NATS (JetStream) and Redis (AOF `always`), the AIP gateway (`aip-hermes-worker
 gateway`, a process), two real `hermes-agent==0.19.0` API servers (each its own home, API
@@ -9,8 +9,9 @@ key, fake LLM and MCP token, so each calls the gateway as its own principal
 endpoint; then runs `worker.qualify.driver` with a `ProcessControl` over those processes,
 writes the record and stops everything it started (by pid, never by name).
 
-The harness pieces it reuses (`worker.testing`: servers, trust files, the real Hermes, worker
-processes) are the `testing` extra; the qualification itself is production code.
+It lives in `worker.testing` because it is built from the harness (servers, trust files, the
+real Hermes with the fake LLM, worker processes: the `testing` extra); the driver it runs,
+`worker.qualify`, is production code and imports nothing from here.
 """
 
 from __future__ import annotations
@@ -298,7 +299,7 @@ async def qualify_locally(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m worker.qualify.local",
+        prog="python -m worker.testing.qualify_local",
         description="Start two real Hermes 0.19.0 and a whole deployment here; qualify it.",
     )
     parser.add_argument("--record", type=Path, help="directory (or file) for the record")
