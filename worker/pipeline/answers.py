@@ -131,10 +131,11 @@ class Answers:
             settled_at_unix_ms=settled_at,
             last_chunk_sha256=sha256_hex(encode(chunk)),
         )
-        stored = await rt.stores.leases.settle(keys, owner, grant.fence, encode(result))
+        result_bytes = encode(result)
+        stored = await rt.stores.leases.settle(keys, owner, grant.fence, result_bytes)
         if stored.status is SettleStatus.FENCED_OUT:
             return
-        payload = stored.stored or encode(result)
+        payload = stored.stored or result_bytes
         stored_result = decoded_result(stored.stored) or result
         if stored.stored is not None and stored_result.error is not None:
             # An earlier refusal's result: its chunk is a function of it, rebuilt exactly.
