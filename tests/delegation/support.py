@@ -4,17 +4,23 @@ from __future__ import annotations
 
 import secrets
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
+import nats
+from nats.aio.client import Client as NATS
 
 from schemas.action import DelegationRef, Identity
 from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
+from subjects.grammar import Subjects
+from subjects.provision import StreamPolicy, provision
 from worker.operator.policy import HermesOperatorPolicy
+from worker.testing.gateway import hermes_principal_id
 from worker.testing.gateway import hermes_trust as hermes_trust
-from worker.testing.identities import TrustFiles
+from worker.testing.identities import TrustFiles, write_api_key_file
 
 CHILD_CAPABILITY = "cap:support_sandbox:case.get"
 DELEGATOR = "user:demo"
@@ -109,3 +115,30 @@ def downstream_env(
         "AIPD_HERMES_OPERATOR_POLL_INTERVAL_MS": str(poll_interval_ms),
         **trust.environment(),
     }
+
+
+class DownstreamBus(NamedTuple):
+    """What a two-instance delegation fixture starts from."""
+
+    trust: TrustFiles
+    api_key: str
+    key_file: Path
+    nc: NATS
+    #: endpoint -> (its Hermes' gateway principal, no tenant), for `gateway_runtime`.
+    principals: dict[str, tuple[str, str | None]]
+
+
+async def downstream_bus(
+    tmp_path: Path, nats_url: str, endpoints: Sequence[str], *, ack_wait_s: float
+) -> DownstreamBus:
+    """Trust files naming each endpoint's Hermes, one Hermes API key, a NATS connection (the
+    caller closes it) and the streams of `endpoints`, provisioned."""
+    trust = hermes_trust(tmp_path / "trust", endpoints)
+    api_key, key_file = write_api_key_file(tmp_path)
+    nc = await nats.connect(nats_url)
+    policy = StreamPolicy(ack_wait_s=ack_wait_s)
+    await provision(nc.jetstream(), Subjects(), list(endpoints), policy)
+    principals: dict[str, tuple[str, str | None]] = {
+        endpoint_id: (hermes_principal_id(endpoint_id), None) for endpoint_id in endpoints
+    }
+    return DownstreamBus(trust, api_key, key_file, nc, principals)

@@ -15,25 +15,19 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import nats
 import pytest
 
 from schemas.result import ResultStatus
-from subjects.grammar import Subjects
-from subjects.provision import provision
-from subjects.streams import StreamPolicy
 from tests.integration.stack import Stack
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.gateway import (
     GatewayRuntime,
     gateway_runtime,
-    hermes_principal_id,
 )
-from worker.testing.identities import write_api_key_file
 from worker.testing.services import ServiceHandle
 
-from .support import downstream_env, hermes_trust, make_request
+from .support import downstream_bus, downstream_env, make_request
 
 pytestmark = pytest.mark.real_hermes
 
@@ -55,13 +49,9 @@ async def real_to_worker(
     from worker.testing.pytest_plugin import service_unavailable
     from worker.testing.real_hermes import HermesUnavailable, RealHermes
 
-    trust = hermes_trust(tmp_path / "trust", ENDPOINTS)
-    api_key, key_file = write_api_key_file(tmp_path)
-    nc = await nats.connect(nats_server.url)
-    await provision(nc.jetstream(), Subjects(), list(ENDPOINTS), StreamPolicy(ack_wait_s=15.0))
-    principals = {
-        endpoint_id: (hermes_principal_id(endpoint_id), None) for endpoint_id in ENDPOINTS
-    }
+    trust, api_key, key_file, nc, principals = await downstream_bus(
+        tmp_path, nats_server.url, ENDPOINTS, ack_wait_s=15.0
+    )
     async with contextlib.AsyncExitStack() as exits:
         runtime = await exits.enter_async_context(
             gateway_runtime(
