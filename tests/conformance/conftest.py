@@ -38,15 +38,12 @@ class Hermes:
 
 async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Hermes]:
     try:
-        from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
+        from worker.testing.real_hermes import RealHermes, ensure_hermes_venv
     except ImportError as exc:
         service_unavailable(f"worker.testing.real_hermes is not available: {exc}")
-    try:
-        await asyncio.to_thread(ensure_hermes_venv)
-        async with RealHermes(tmp_path_factory.mktemp("real-hermes")) as real:
-            yield Hermes("real", real.url, real.api_key, real.restart, None)
-    except HermesUnavailable as exc:
-        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
+    await asyncio.to_thread(ensure_hermes_venv)
+    async with RealHermes(tmp_path_factory.mktemp("real-hermes")) as real:
+        yield Hermes("real", real.url, real.api_key, real.restart, None)
 
 
 @pytest_asyncio.fixture(scope="session", loop_scope="session", params=["fake", "real"])

@@ -51,8 +51,7 @@ from worker.testing.fake_hermes import FakeHermes
 from worker.testing.fake_hermes.mcp import AIP_CALL
 from worker.testing.gateway import GatewayRuntime, gateway_runtime
 from worker.testing.identities import write_trust_files
-from worker.testing.pytest_plugin import service_unavailable
-from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
+from worker.testing.real_hermes import RealHermes, ensure_hermes_venv
 from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.scenario import AIP_CALL_TOOL, delegated_final_text, reply_text
 from worker.testing.services import ServiceHandle
@@ -163,13 +162,10 @@ async def _real(
     tmp_path_factory: pytest.TempPathFactory, mcp_servers: dict[str, tuple[str, str]]
 ) -> AsyncIterator[RealHermes]:
     """A real gateway; a missing venv skips locally and fails under CI (as conftest's)."""
-    try:
-        await asyncio.to_thread(ensure_hermes_venv)
-        workdir = tmp_path_factory.mktemp("real-hermes-mcp" if mcp_servers else "real-hermes")
-        async with RealHermes(workdir, mcp_servers=mcp_servers) as real:
-            yield real
-    except HermesUnavailable as exc:
-        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
+    await asyncio.to_thread(ensure_hermes_venv)
+    workdir = tmp_path_factory.mktemp("real-hermes-mcp" if mcp_servers else "real-hermes")
+    async with RealHermes(workdir, mcp_servers=mcp_servers) as real:
+        yield real
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session", params=["fake", "real"])

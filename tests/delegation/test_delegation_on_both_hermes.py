@@ -60,17 +60,13 @@ async def both(
             hermes = await exits.enter_async_context(FakeHermes(api_key=api_key))
             hermes.mcp_tools["aip_call"] = runtime.tool_for(ENDPOINT)
         else:
-            from worker.testing.pytest_plugin import service_unavailable
-            from worker.testing.real_hermes import HermesUnavailable, RealHermes
+            from worker.testing.real_hermes import RealHermes
 
             # Hermes lists MCP tools when it starts: the gateway is already serving.
             mcp_servers = {"aip": (runtime.url, runtime.tokens[ENDPOINT])}
-            try:
-                hermes = await exits.enter_async_context(
-                    RealHermes(tmp_path / "hermes", api_key=api_key, mcp_servers=mcp_servers)
-                )
-            except HermesUnavailable as exc:
-                service_unavailable(f"real Hermes unavailable: {exc}")
+            hermes = await exits.enter_async_context(
+                RealHermes(tmp_path / "hermes", api_key=api_key, mcp_servers=mcp_servers)
+            )
         stack = Stack(
             root=tmp_path,
             nats_url=nats_server.url,

@@ -46,8 +46,7 @@ class RealToWorker:
 async def real_to_worker(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> AsyncIterator[RealToWorker]:
-    from worker.testing.pytest_plugin import service_unavailable
-    from worker.testing.real_hermes import HermesUnavailable, RealHermes
+    from worker.testing.real_hermes import RealHermes
 
     trust, api_key, key_file, nc, principals = await downstream_bus(
         tmp_path, nats_server.url, ENDPOINTS, ack_wait_s=15.0
@@ -65,16 +64,13 @@ async def real_to_worker(
         )
         downstream = await exits.enter_async_context(FakeHermes(api_key=api_key))
         # Hermes lists MCP tools when it starts: the gateway is already serving.
-        try:
-            real = await exits.enter_async_context(
-                RealHermes(
-                    tmp_path / "hermes",
-                    api_key=api_key,
-                    mcp_servers={"aip": (runtime.url, runtime.tokens["h1"])},
-                )
+        real = await exits.enter_async_context(
+            RealHermes(
+                tmp_path / "hermes",
+                api_key=api_key,
+                mcp_servers={"aip": (runtime.url, runtime.tokens["h1"])},
             )
-        except HermesUnavailable as exc:
-            service_unavailable(f"real Hermes unavailable: {exc}")
+        )
         stack = Stack(
             root=tmp_path,
             nats_url=nats_server.url,

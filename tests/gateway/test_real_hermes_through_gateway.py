@@ -61,8 +61,7 @@ class RealStack:
 async def real_stack(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> AsyncIterator[RealStack]:
-    from worker.testing.pytest_plugin import service_unavailable
-    from worker.testing.real_hermes import HermesUnavailable, RealHermes
+    from worker.testing.real_hermes import RealHermes
 
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
@@ -82,16 +81,13 @@ async def real_stack(
         await asyncio.to_thread(gateway.start, wait_ready_s=20.0)
         url = f"http://127.0.0.1:{port}/mcp"
         async with FakeHermes(api_key=api_key) as h2:
-            try:
-                real_cm = RealHermes(
-                    tmp_path / "hermes",
-                    api_key=api_key,
-                    mcp_servers={"aip": (url, token)},
-                    mcp_tools=SIX_TOOLS,
-                )
-                real = await real_cm.__aenter__()
-            except HermesUnavailable as exc:
-                service_unavailable(f"real Hermes unavailable: {exc}")
+            real_cm = RealHermes(
+                tmp_path / "hermes",
+                api_key=api_key,
+                mcp_servers={"aip": (url, token)},
+                mcp_tools=SIX_TOOLS,
+            )
+            real = await real_cm.__aenter__()
             try:
                 stack = Stack(
                     root=tmp_path,

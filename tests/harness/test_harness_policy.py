@@ -113,6 +113,43 @@ def test_fixture_uses_the_external_url_and_refusals_follow_the_policy(
         assert owned_elsewhere.running
 
 
+_INNER_HERMES_TEST = """
+import pytest
+
+from worker.testing.real_hermes import HermesUnavailable
+
+
+@pytest.fixture
+def real_hermes():
+    raise HermesUnavailable("no registry answers")
+
+
+def test_in_a_fixture(real_hermes):
+    pass
+
+
+def test_in_the_test():
+    raise HermesUnavailable("no registry answers")
+"""
+
+
+@pytest.mark.parametrize(
+    ("ci", "outcomes"),
+    # Under CI a failure in a fixture is reported as an error of the test's setup.
+    [("true", {"errors": 1, "failed": 1}), ("false", {"skipped": 2})],
+)
+def test_a_real_hermes_that_cannot_be_installed_follows_the_policy(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch, ci: str, outcomes: dict[str, int]
+) -> None:
+    monkeypatch.setenv("CI", ci)
+    pytester.makepyfile(_INNER_HERMES_TEST)
+
+    result = pytester.runpytest(*pytester_args(), "-rsfE")
+
+    result.assert_outcomes(**outcomes)
+    result.stdout.fnmatch_lines(["*the real Hermes is unavailable: no registry answers*"])
+
+
 @pytest.mark.parametrize(
     ("ci", "expected", "outcome", "says"),
     [

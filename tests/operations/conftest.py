@@ -38,15 +38,12 @@ from worker.testing.pytest_plugin import service_unavailable
 
 async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[HermesServer]:
     try:
-        from worker.testing.real_hermes import HermesUnavailable, RealHermes, ensure_hermes_venv
+        from worker.testing.real_hermes import RealHermes, ensure_hermes_venv
     except ImportError as exc:
         service_unavailable(f"worker.testing.real_hermes is not importable: {exc}")
-    try:
-        await asyncio.to_thread(ensure_hermes_venv)
-        async with RealHermes(tmp_path_factory.mktemp("ops-real-hermes")) as real:
-            yield HermesServer("real", real.url, real.api_key, None)
-    except HermesUnavailable as exc:
-        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
+    await asyncio.to_thread(ensure_hermes_venv)
+    async with RealHermes(tmp_path_factory.mktemp("ops-real-hermes")) as real:
+        yield HermesServer("real", real.url, real.api_key, None)
 
 
 @pytest_asyncio.fixture(

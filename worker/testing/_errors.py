@@ -1,9 +1,10 @@
 """Errors of the real-service test harness.
 
-Three kinds matter to a test: the service could not be started at all (the pytest plugin turns
-that into a skip, or a failure under CI); the service runs but the harness may not control it
-because it belongs to someone else (an external URL), so a chaos test cannot run; and a test
-not marked `chaos` tried to control the server it shares with the other tests (a test bug).
+Three kinds matter to a test: the service could not be started at all, or the real Hermes
+could not be installed (the pytest plugin turns that into a skip, or a failure under CI); the
+service runs but the harness may not control it because it belongs to someone else (an
+external URL), so a chaos test cannot run; and a test not marked `chaos` tried to control the
+server it shares with the other tests (a test bug).
 """
 
 from __future__ import annotations
@@ -21,6 +22,14 @@ class ServiceStartError(ServiceError):
         self.log_tail = log_tail
         #: True when the log shows the port was taken between choosing it and binding it.
         self.port_clash = port_clash
+
+
+class HermesUnavailable(ServiceStartError):
+    """The real Hermes cannot be installed here (no registry, wrong Python, pip failed)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class ServiceControlUnavailable(ServiceError):

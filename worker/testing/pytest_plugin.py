@@ -39,7 +39,11 @@ from typing import NoReturn, TypeVar
 
 import pytest
 
-from worker.testing._errors import ServiceControlUnavailable, ServiceStartError
+from worker.testing._errors import (
+    HermesUnavailable,
+    ServiceControlUnavailable,
+    ServiceStartError,
+)
 from worker.testing._procs import close_all_on_sigterm
 from worker.testing.containers import docker_available, nats_container, redis_container
 from worker.testing.external import ExternalService
@@ -209,12 +213,24 @@ def pytest_runtest_makereport(
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
+    """A fixture that could not install the real Hermes gets the skip-or-fail policy."""
+    try:
+        return (yield)
+    except HermesUnavailable as exc:
+        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
-    """Turn a refused control operation on an external server into the skip-or-fail policy."""
+    """A refused control operation on an external server, or a real Hermes that cannot be
+    installed, gets the skip-or-fail policy."""
     try:
         return (yield)
     except ServiceControlUnavailable as exc:
         service_unavailable(str(exc))
+    except HermesUnavailable as exc:
+        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
 
 
 @pytest.fixture

@@ -39,6 +39,7 @@ from typing import Any, Final
 import aiohttp
 
 from worker.hermes import PINNED_VERSION
+from worker.testing._errors import HermesUnavailable as HermesUnavailable
 from worker.testing._errors import ServiceStartError
 from worker.testing._procs import free_port, port_accepts
 from worker.testing.fake_llm import MODEL_ID, FakeLLM
@@ -77,14 +78,6 @@ _FATAL_LOG_LINES: Final = ("Refusing to start", "Could not bind", "aiohttp not i
 # `.env`) or send loopback traffic through a proxy.
 _SCRUBBED_PREFIXES: Final = ("HERMES_", "API_SERVER_", "OPENAI_", "ANTHROPIC_", "OPENROUTER_")
 _SCRUBBED_NAMES: Final = frozenset({"http_proxy", "https_proxy", "all_proxy", "no_proxy"})
-
-
-class HermesUnavailable(ServiceStartError):
-    """The real Hermes cannot be installed here (no registry, wrong Python, pip failed)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
 
 
 class HermesStartError(ServiceStartError):
