@@ -4,7 +4,8 @@
 script, so it cannot tell one EVALSHA round trip from the five commands it runs. The
 targets speak of commands sent, so each measured process installs this counter: redis-py
 packs every command it sends, single or pipelined, through `pack_command` exactly once, and
-that is the one place counted. The totals are written to `AIPD_BENCH_COUNT_FILE` at exit
+the worker's multiplexed script connection packs through `worker.store.multiplexed.pack`;
+those two are the places counted. The totals are written to `AIPD_BENCH_COUNT_FILE` at exit
 (every worker kind exits cleanly on SIGTERM at the end of a measurement).
 """
 
@@ -20,6 +21,8 @@ from typing import Any
 
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
+
+from worker.store import multiplexed
 
 COUNT_FILE_ENV = "AIPD_BENCH_COUNT_FILE"
 
@@ -37,13 +40,16 @@ def install() -> None:
         return
 
     def pack_command(self: AbstractConnection, *args: Any) -> Any:
-        name = args[0]
-        command = name.decode() if isinstance(name, bytes) else str(name).upper()
-        sent[command] += 1
-        if command == "EVALSHA":
-            sha = args[1]
-            scripts[sha.decode() if isinstance(sha, bytes) else str(sha)] += 1
+        _count(args)
         return original(self, *args)
+
+    original_pack = multiplexed.pack
+
+    def pack(args: tuple[Any, ...]) -> bytes:
+        _count(args)
+        return original_pack(args)
+
+    multiplexed.pack = pack
 
     pack_command._bench_counting = True  # type: ignore[attr-defined]
     AbstractConnection.pack_command = pack_command  # type: ignore[method-assign]
@@ -58,6 +64,15 @@ def install() -> None:
     target = os.environ.get(COUNT_FILE_ENV)
     if target:
         atexit.register(_write, Path(target))
+
+
+def _count(args: tuple[Any, ...]) -> None:
+    name = args[0]
+    command = name.decode() if isinstance(name, bytes) else str(name).upper()
+    sent[command] += 1
+    if command == "EVALSHA":
+        sha = args[1]
+        scripts[sha.decode() if isinstance(sha, bytes) else str(sha)] += 1
 
 
 def _write(path: Path) -> None:

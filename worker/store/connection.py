@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -28,6 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.secret_files import Secret
+from worker.store.multiplexed import Multiplexed
 
 _TRANSIENT = (
     RedisConnectionError,
@@ -218,6 +219,23 @@ class LeanBlockingConnectionPool(BlockingConnectionPool):
                 condition.notify()
 
 
+class MultiplexedRedis(Redis):
+    """redis-py's client plus the shared connection its script calls take (`Multiplexed`):
+    everything else (pipelines, plain commands, the heartbeat) still uses the pool."""
+
+    multiplexed: Multiplexed | None = None
+
+    async def aclose(self, close_connection_pool: bool | None = None) -> None:
+        if self.multiplexed is not None:
+            await self.multiplexed.aclose()
+        await super().aclose(close_connection_pool)
+
+
+def multiplexed(redis: Any) -> Multiplexed | None:
+    """The shared script connection of a client `open_redis` made (None: use redis-py)."""
+    return getattr(redis, "multiplexed", None) if isinstance(redis, MultiplexedRedis) else None
+
+
 def open_redis(
     url: str,
     *,
@@ -259,7 +277,15 @@ def open_redis(
             maint_notifications_config=_no_maint_notifications(),
             **common,
         )
-        client = Redis.from_pool(pool)  # the client owns the pool: aclose() closes it
+        # The client owns the pool: aclose() closes it (redis-py types `from_pool` as Redis).
+        single = cast(MultiplexedRedis, MultiplexedRedis.from_pool(pool))
+        single.multiplexed = Multiplexed.for_url(
+            url,
+            password=password.reveal() if password is not None else None,
+            timeout_s=socket_timeout_s,
+            connect_timeout_s=socket_timeout_s,
+        )
+        client = single
     if confirm is not None:
         _confirmations[client] = confirm
     return client

@@ -137,8 +137,20 @@ class LeaseStore:
         #: The fetch gate; when set, an acquire is refused at once while it is closed.
         self.health = health
 
-    async def _call(self, fn: Callable[[], Awaitable[T]], budget_s: float | None = None) -> T:
-        return await reask(fn, budget_s=self.call_budget_s if budget_s is None else budget_s)
+    async def _call(
+        self,
+        fn: Callable[[], Awaitable[T]],
+        budget_s: float | None = None,
+        *,
+        script_only: bool = False,
+    ) -> T:
+        """`fn` re-asked within the budget; `script_only`: `fn` is one script call, which
+        needs no shield when the scripts share the multiplexed connection."""
+        return await reask(
+            fn,
+            budget_s=self.call_budget_s if budget_s is None else budget_s,
+            shield=not (script_only and self.scripts.cancel_safe),
+        )
 
     async def acquire(
         self,
@@ -176,6 +188,7 @@ class LeaseStore:
                     ),
                     budget_s=budget_s,
                     give_up_if=is_refused,
+                    shield=not self.scripts.cancel_safe,
                 )
         except TimeoutError:
             if health is not None:
@@ -224,14 +237,16 @@ class LeaseStore:
 
     async def release(self, keys: ActionKeys, owner: str, fence: int) -> bool:
         reply = await self._call(
-            lambda: self.scripts["lease_release"](keys=[keys.lease], args=[owner, fence])
+            lambda: self.scripts["lease_release"](keys=[keys.lease], args=[owner, fence]),
+            script_only=True,
         )
         return bool(reply)
 
     async def mark_attempt(self, keys: ActionKeys, owner: str, fence: int) -> bool:
         """Record that this fence is about to send an unsafe request; False: send nothing."""
         reply = await self._call(
-            lambda: self.scripts["mark_attempt"](keys=[keys.lease], args=[owner, fence])
+            lambda: self.scripts["mark_attempt"](keys=[keys.lease], args=[owner, fence]),
+            script_only=True,
         )
         return bool(reply)
 
@@ -242,7 +257,8 @@ class LeaseStore:
             lambda: self.scripts["settle"](
                 keys=[keys.lease, keys.result],
                 args=[owner, fence, result_json, self.result_ttl_ms],
-            )
+            ),
+            script_only=True,
         )
         status, stored = reply
         stored_bytes = stored if isinstance(stored, bytes) else _s(stored).encode()

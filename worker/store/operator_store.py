@@ -149,13 +149,18 @@ class OperatorStore:
         #: Writes that were not confirmed in time (diagnostics and tests).
         self.unconfirmed_writes = 0
 
-    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
-        return await reask(fn, budget_s=self.call_budget_s, retry_if=_retriable)
+    async def _call(self, fn: Callable[[], Awaitable[T]], *, script_only: bool = False) -> T:
+        """`fn` re-asked within the budget; `script_only`: `fn` is one script call, which
+        needs no shield when the scripts share the multiplexed connection."""
+        shield = not (script_only and self.scripts.cancel_safe)
+        return await reask(fn, budget_s=self.call_budget_s, retry_if=_retriable, shield=shield)
 
     # --- bindings --------------------------------------------------------------------------
 
     async def read(self, binding_key: str) -> StoredBinding:
-        reply = await self._call(lambda: self.scripts["operator_read"](keys=[binding_key]))
+        reply = await self._call(
+            lambda: self.scripts["operator_read"](keys=[binding_key]), script_only=True
+        )
         doc, revision, cancel, reconciliation, now = reply
         doc_bytes = _b(doc)
         rec_bytes = _b(reconciliation)
@@ -194,7 +199,9 @@ class OperatorStore:
         return _write_reply(await self._write(call, must_confirm=state == _MUST_CONFIRM_STATE))
 
     async def mark_cancel(self, binding_key: str) -> tuple[MarkStatus, str]:
-        reply = await self._call(lambda: self.scripts["operator_mark_cancel"](keys=[binding_key]))
+        reply = await self._call(
+            lambda: self.scripts["operator_mark_cancel"](keys=[binding_key]), script_only=True
+        )
         status, state = reply
         return MarkStatus(_s(status)), _s(state)
 
@@ -202,7 +209,8 @@ class OperatorStore:
         self, binding_key: str, decision: bytes
     ) -> tuple[ReconcileStatus, bytes]:
         reply = await self._call(
-            lambda: self.scripts["operator_reconcile"](keys=[binding_key], args=[decision])
+            lambda: self.scripts["operator_reconcile"](keys=[binding_key], args=[decision]),
+            script_only=True,
         )
         status, stored = reply
         return ReconcileStatus(_s(status)), _b(stored)
@@ -214,7 +222,7 @@ class OperatorStore:
         confirm = self.confirm
         if confirm is None:
             return await self._call(
-                lambda: self.scripts[call.name](keys=call.keys, args=call.args)
+                lambda: self.scripts[call.name](keys=call.keys, args=call.args), script_only=True
             )
         deadline = time.monotonic() + self.call_budget_s
         while True:
@@ -293,7 +301,8 @@ class OperatorStore:
         reply = await self._call(
             lambda: self.scripts["capacity_acquire"](
                 keys=[key], args=[holder, limit, ttl_ms, "1" if force else "0"]
-            )
+            ),
+            script_only=True,
         )
         acquired, holders, _now = reply
         return bool(int(acquired)), int(holders)
@@ -301,7 +310,8 @@ class OperatorStore:
     async def capacity_release(self, endpoint_id: str, holder: str) -> bool:
         key = capacity_key(endpoint_id)
         reply = await self._call(
-            lambda: self.scripts["capacity_release"](keys=[key], args=[holder])
+            lambda: self.scripts["capacity_release"](keys=[key], args=[holder]),
+            script_only=True,
         )
         return bool(int(reply))
 

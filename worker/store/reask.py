@@ -2,8 +2,10 @@
 
 Every script here answers a repeat (with the same owner token) with what its first run did,
 and plain reads have no effect, so after a lost reply or a failover refusal the safe next
-step is always to ask again. The call is shielded from cancellation so a cancelled caller
-never leaves a half-read reply on a shared connection.
+step is always to ask again. A call on a pooled connection is shielded from cancellation so
+a cancelled caller never leaves a half-read reply on it; a script call on the multiplexed
+connection (`worker.store.multiplexed`) needs no shield, since an abandoned reply is dropped
+there, and saves the task a shield costs.
 """
 
 from __future__ import annotations
@@ -28,18 +30,20 @@ async def reask(
     budget_s: float,
     retry_if: Callable[[BaseException], bool] = is_transient,
     give_up_if: Callable[[BaseException], bool] | None = None,
+    shield: bool = True,
 ) -> T:
     """`fn()` until it answers; a failure `retry_if` rejects is raised as it is, and a
     budget spent on retriable failures raises StoreUnavailable naming the last one.
 
     `give_up_if` names retriable failures not worth the rest of the budget (a refused
     connection, for a caller that can hand its work to another worker): StoreUnavailable
-    at once."""
+    at once. `shield=False` only for calls a cancellation cannot leave half-done on a
+    connection (`Scripts.cancel_safe`)."""
     deadline = time.monotonic() + budget_s
     delay = FIRST_DELAY_S
     while True:
         try:
-            return await asyncio.shield(fn())
+            return await (asyncio.shield(fn()) if shield else fn())
         except Exception as exc:
             if not retry_if(exc):
                 raise

@@ -26,6 +26,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from worker.store.connection import multiplexed
+
 _LUA = resources.files("worker.store") / "lua"
 
 SCRIPT_NAMES = (
@@ -67,10 +69,17 @@ class Script:
     more. Every script here answers a repeat with what its first run did.
     """
 
-    __slots__ = ("_owner", "redis", "script", "sha")
+    __slots__ = ("_owner", "_send", "cancel_safe", "redis", "script", "sha")
 
     def __init__(self, redis: Any, source: str, owner: Scripts | None = None) -> None:
         self.redis = redis
+        shared = multiplexed(redis)
+        #: Where EVALSHA goes: the client's shared connection when it has one
+        #: (`worker.store.multiplexed`), else redis-py's `execute_command`.
+        self._send = shared.execute if shared is not None else redis.execute_command
+        #: A cancelled call leaves nothing half-read on a connection (the shared one drops
+        #: an abandoned reply), so a caller needs no shield around it.
+        self.cancel_safe = shared is not None
         self.script = source
         # The script cache key Redis itself uses (SHA1 names the script, it protects nothing).
         self.sha = hashlib.sha1(source.encode("utf-8"), usedforsecurity=False).hexdigest()
@@ -83,14 +92,10 @@ class Script:
         if owner is not None and not owner.preloaded:
             await owner.preload()
         try:
-            return await self.redis.execute_command(
-                "EVALSHA", self.sha, len(keys), *keys, *args
-            )
+            return await self._send("EVALSHA", self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await self.redis.script_load(self.script)
-            return await self.redis.execute_command(
-                "EVALSHA", self.sha, len(keys), *keys, *args
-            )
+            return await self._send("EVALSHA", self.sha, len(keys), *keys, *args)
 
 
 class Scripts:
@@ -99,6 +104,8 @@ class Scripts:
     def __init__(self, redis: Any, names: tuple[str, ...] = SCRIPT_NAMES) -> None:
         self.redis = redis
         self._scripts = {name: Script(redis, script_source(name), self) for name in names}
+        #: Every script of this client is `Script.cancel_safe` (they share one client).
+        self.cancel_safe = multiplexed(redis) is not None
         self._loaded: set[str] = set()
         #: Every script loaded once before the first call, so a process that starts with
         #: 100 deliveries in flight does not answer 100 NOSCRIPTs with 100 SCRIPT LOADs

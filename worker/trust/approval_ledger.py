@@ -110,7 +110,9 @@ class ApprovalRecords:
         script, one round trip)."""
         try:
             raw, now, signature, signer = await reask(
-                lambda: self._read(keys=[approvals_key(action_id)]), budget_s=budget_s
+                lambda: self._read(keys=[approvals_key(action_id)]),
+                budget_s=budget_s,
+                shield=not self._read.cancel_safe,
             )
         except (StoreUnavailable, RedisError) as exc:
             raise ConnectorError(

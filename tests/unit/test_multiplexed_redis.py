@@ -1,0 +1,140 @@
+"""The shared script connection (`worker.store.multiplexed`) against a real Redis: replies
+reach the right caller, errors keep redis-py's classes, and a lost, hung or restarted
+server fails calls the way the stores' re-ask expects, then the next call reconnects."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from schemas.ids import new_action_id
+from worker.store.connection import is_transient, multiplexed, open_redis
+from worker.store.health import is_refused
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
+from worker.store.multiplexed import Multiplexed
+from worker.testing.services import ServiceHandle
+
+
+#: A script that keeps Redis busy for ARGV[1] microseconds (DEBUG SLEEP is off by default).
+BUSY = """
+local t = redis.call('TIME')
+local start = t[1] * 1000000 + t[2]
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] - start > tonumber(ARGV[1])
+return 1
+"""
+
+
+@pytest.fixture
+async def mux(redis_server: ServiceHandle) -> AsyncIterator[Multiplexed]:
+    shared = Multiplexed.for_url(redis_server.url, timeout_s=1.0, connect_timeout_s=1.0)
+    assert shared is not None
+    yield shared
+    await shared.aclose()
+
+
+async def test_concurrent_callers_each_get_their_own_reply(mux: Multiplexed) -> None:
+    keys = [f"mux:{new_action_id()}:{n}" for n in range(300)]
+    await asyncio.gather(*(mux.execute("SET", key, key) for key in keys))
+    replies = await asyncio.gather(*(mux.execute("GET", key) for key in keys))
+    assert replies == [key.encode() for key in keys]
+
+
+async def test_error_replies_raise_redis_pys_classes_and_the_connection_stays_usable(
+    mux: Multiplexed,
+) -> None:
+    with pytest.raises(NoScriptError):
+        await mux.execute("EVALSHA", "0" * 40, 0)
+    with pytest.raises(ResponseError, match="unknown command"):
+        await mux.execute("NO-SUCH-COMMAND")
+    assert await mux.execute("PING") == b"PONG"
+
+
+async def test_a_cancelled_caller_leaves_the_next_reply_to_the_next_caller(
+    mux: Multiplexed,
+) -> None:
+    key = f"mux:{new_action_id()}"
+    await mux.execute("SET", key, "value")
+    slow = asyncio.ensure_future(mux.execute("EVAL", BUSY, 0, 200_000))
+    await asyncio.sleep(0.05)
+    slow.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await slow
+    # The abandoned reply arrives first and is dropped; this caller gets its own.
+    assert await mux.execute("GET", key) == b"value"
+
+
+async def test_url_options_are_honoured_and_tls_or_sockets_keep_redis_py() -> None:
+    assert Multiplexed.for_url("rediss://127.0.0.1:6379/0") is None
+    assert Multiplexed.for_url("unix:///tmp/redis.sock") is None
+    shared = Multiplexed.for_url("redis://user:pw@127.0.0.1:6390/3", password="other")
+    assert shared is not None
+    assert (shared.port, shared.db, shared.username, shared.password) == (6390, 3, "user", "other")
+
+
+async def test_only_a_single_server_client_from_open_redis_multiplexes(
+    redis_server: ServiceHandle,
+) -> None:
+    client = open_redis(redis_server.url)
+    try:
+        assert multiplexed(client) is not None
+        store = LeaseStore(client)
+        assert store.scripts.cancel_safe
+        keys = ActionKeys.of(new_action_id())
+        grant = await store.acquire(keys, "w1#a", 5_000, "fp")
+        assert (grant.status, grant.fence) == (AcquireStatus.ACQUIRED, 1)
+        settled = await store.settle(keys, "w1#a", grant.fence, b'{"ok":true}')
+        assert (settled.status, settled.stored) == (SettleStatus.SETTLED, b'{"ok":true}')
+    finally:
+        await client.aclose()
+    assert multiplexed(open_redis(redis_server.url.rsplit("/", 1)[0], cluster=True)) is None
+
+
+@pytest.mark.chaos
+async def test_a_killed_server_fails_waiting_calls_and_a_restart_is_reconnected(
+    redis_server: ServiceHandle,
+) -> None:
+    shared = Multiplexed.for_url(redis_server.url, timeout_s=2.0, connect_timeout_s=1.0)
+    assert shared is not None
+    try:
+        assert await shared.execute("PING") == b"PONG"
+        waiting = asyncio.ensure_future(
+            shared.execute("EVAL", BUSY, 0, 1_000_000)
+        )
+        await asyncio.sleep(0.1)
+        redis_server.kill()
+        with pytest.raises(RedisConnectionError) as lost:
+            await waiting
+        assert is_transient(lost.value)
+        with pytest.raises(RedisConnectionError) as refused:
+            await shared.execute("PING")
+        assert is_transient(refused.value) and is_refused(refused.value)
+        redis_server.start()
+        assert await shared.execute("PING") == b"PONG"
+    finally:
+        await shared.aclose()
+
+
+@pytest.mark.chaos
+async def test_a_hung_server_times_out_and_the_connection_is_replaced(
+    redis_server: ServiceHandle,
+) -> None:
+    shared = Multiplexed.for_url(redis_server.url, timeout_s=0.5, connect_timeout_s=0.5)
+    assert shared is not None
+    try:
+        assert await shared.execute("PING") == b"PONG"
+        redis_server.pause()
+        try:
+            with pytest.raises(RedisTimeoutError) as hung:
+                await shared.execute("PING")
+            assert is_transient(hung.value)
+        finally:
+            redis_server.resume()
+        assert await shared.execute("PING") == b"PONG"
+    finally:
+        await shared.aclose()

@@ -1,0 +1,247 @@
+"""One pipelined Redis connection shared by every script call of a process.
+
+Why: a store call through redis-py takes a connection from the pool, wraps the write and
+the read each in a timeout, runs them through its retry helper and puts the connection
+back; on the benchmark machine that is ~50 µs of CPU per call, and an operator Action makes
+about eight of them (docs/architecture.md §12, BENCHMARKS.md). Redis answers the commands
+of one connection in the order it received them, so any number of tasks can share one
+connection: a call writes its packed command and waits on a future, and the reader hands
+each reply to the oldest waiting future. That is ~11 µs per call, with no pool, no lock and
+no task per call.
+
+What stays the same as redis-py's path, because the stores rely on it:
+- replies are the same Python values (hiredis, bytes not decoded), and an error reply is
+  raised as the same redis-py exception class (`NoScriptError`, `OutOfMemoryError`, …);
+- a lost connection fails every call waiting on it with `ConnectionError`, and a call
+  unanswered for `timeout_s` fails with `TimeoutError` after the connection is closed (its
+  replies can no longer be matched), so `is_transient` and the stores' re-ask treat both
+  as before; the next call connects again;
+- a refused connection says "Connection refused", which `is_refused` recognises.
+
+What is different, deliberately: a caller cancelled while it waits leaves nothing behind on
+the connection (its future is dropped when its reply arrives), so these calls need no
+shield against cancellation. Only single servers reached over TCP (`redis://`) are served
+here; TLS, Unix sockets and Redis Cluster keep redis-py's own connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from typing import Any, cast
+
+import hiredis
+from redis._parsers.base import BaseParser
+from redis.asyncio.connection import parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+
+def pack(args: tuple[Any, ...]) -> bytes:
+    """One command in RESP; the one place this module encodes what it sends (the bench's
+    command counter wraps it)."""
+    return hiredis.pack_command(args)  # type: ignore[no-any-return]
+
+
+def _as_redis_error(reply: ResponseError) -> Exception:
+    """The exception redis-py raises for this error reply (`NOSCRIPT` → NoScriptError…)."""
+    error: Exception = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
+    return error
+
+
+class _Wire(asyncio.Protocol):
+    """One TCP connection: writes commands, resolves waiting futures in reply order."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self.reader = hiredis.Reader(replyError=ResponseError)
+        #: (future, monotonic time sent) of every command not answered yet, oldest first.
+        self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        #: Commands queued in this loop turn, written together by `_flush`.
+        self.outbox: list[bytes] = []
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self.loop = asyncio.get_running_loop()
+        self._watchdog: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports are not subclasses of asyncio.Transport, so no isinstance.
+        self.transport = cast(asyncio.Transport, transport)
+
+    def send(self, command: bytes) -> asyncio.Future[Any]:
+        """Queue `command`; every command queued in this loop turn goes out in one write.
+
+        A socket write is a system call, and on the benchmark machine that call was most of
+        the cost of a command; with many Actions in flight several commands are queued per
+        turn, so one write carries them all. Replies still come in the order written.
+        """
+        future: asyncio.Future[Any] = self.loop.create_future()
+        if not self.outbox:
+            self.loop.call_soon(self._flush)
+        self.outbox.append(command)
+        sent_at = self.loop.time()
+        self.waiting.append((future, sent_at))
+        if self._watchdog is None:
+            self._watchdog = self.loop.call_at(sent_at + self.timeout_s, self._check)
+        return future
+
+    def _flush(self) -> None:
+        outbox, self.outbox = self.outbox, []
+        if self.closed or self.transport is None:
+            return  # `fail` already answered every waiting call
+        self.transport.write(b"".join(outbox))
+
+    def _check(self) -> None:
+        """One timer per connection, not per call: it fires at the oldest call's deadline."""
+        self._watchdog = None
+        if not self.waiting:
+            return
+        oldest_sent = self.waiting[0][1]
+        if self.loop.time() >= oldest_sent + self.timeout_s:
+            self.fail(RedisTimeoutError(f"Timeout reading from Redis after {self.timeout_s} s"))
+            return
+        self._watchdog = self.loop.call_at(oldest_sent + self.timeout_s, self._check)
+
+    def data_received(self, data: bytes) -> None:
+        reader = self.reader
+        reader.feed(data)
+        waiting = self.waiting
+        while True:
+            try:
+                reply = reader.gets()
+            except hiredis.ProtocolError as exc:
+                self.fail(RedisConnectionError(f"Protocol error from Redis: {exc}"))
+                return
+            if reply is False:
+                return
+            if not waiting:
+                self.fail(RedisConnectionError("Redis sent a reply nobody asked for"))
+                return
+            future, _ = waiting.popleft()
+            if future.done():
+                continue  # its caller was cancelled or timed out: the reply is dropped
+            if isinstance(reply, ResponseError):
+                future.set_exception(_as_redis_error(reply))
+            else:
+                future.set_result(reply)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.fail(RedisConnectionError("Connection closed by server."))
+
+    def fail(self, error: Exception) -> None:
+        """Close for good: every waiting call gets `error` (the first) or a connection error."""
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        waiting, self.waiting = self.waiting, deque()
+        for future, _ in waiting:
+            if not future.done():
+                future.set_exception(error)
+                error = RedisConnectionError("Connection closed while waiting for a reply.")
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class Multiplexed:
+    """Calls on one shared connection to a single Redis server, reconnecting on demand."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        timeout_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self.db = db
+        self.username = username
+        self.password = password
+        self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
+        self._wire: _Wire | None = None
+        self._connecting: asyncio.Future[_Wire] | None = None
+
+    @classmethod
+    def for_url(
+        cls,
+        url: str,
+        *,
+        password: str | None = None,
+        timeout_s: float = 5.0,
+        connect_timeout_s: float = 5.0,
+    ) -> Multiplexed | None:
+        """A multiplexed connection for a plain `redis://` URL; None for TLS or a socket."""
+        options = parse_url(url)
+        if "connection_class" in options or "host" not in options:
+            return None
+        return cls(
+            str(options["host"]),
+            int(options.get("port", 6379)),
+            db=int(options.get("db", 0) or 0),
+            username=options.get("username"),
+            password=password if password is not None else options.get("password"),
+            timeout_s=timeout_s,
+            connect_timeout_s=connect_timeout_s,
+        )
+
+    async def execute(self, *args: Any) -> Any:
+        """Send one command and return its reply (an error reply raises)."""
+        wire = self._wire
+        if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
+            wire = await self._connected()
+        return await wire.send(pack(args))
+
+    async def _connected(self) -> _Wire:
+        """The live connection; concurrent callers share one connect."""
+        connecting = self._connecting
+        loop = asyncio.get_running_loop()
+        if connecting is None or connecting.get_loop() is not loop:
+            connecting = self._connecting = loop.create_task(self._connect())
+            # Read by every waiter, or here when all of them were cancelled.
+            connecting.add_done_callback(lambda done: done.cancelled() or done.exception())
+        try:
+            return await asyncio.shield(connecting)
+        finally:
+            if connecting.done():
+                self._connecting = None
+
+    async def _connect(self) -> _Wire:
+        timeout_s = self.timeout_s
+        try:
+            async with asyncio.timeout(self.connect_timeout_s):
+                _, wire = await asyncio.get_running_loop().create_connection(
+                    lambda: _Wire(timeout_s), self.host, self.port
+                )
+        except TimeoutError:
+            raise RedisTimeoutError(f"Timeout connecting to {self.host}:{self.port}") from None
+        except OSError as exc:
+            raise RedisConnectionError(
+                f"Error connecting to {self.host}:{self.port}: {exc}"
+            ) from exc
+        try:
+            if self.password is not None:
+                credentials = (self.username, self.password) if self.username else (self.password,)
+                await wire.send(pack(("AUTH", *credentials)))
+            if self.db:
+                await wire.send(pack(("SELECT", self.db)))
+        except BaseException:
+            wire.fail(RedisConnectionError("Redis refused the connection's set-up"))
+            raise
+        old, self._wire = self._wire, wire
+        if old is not None and not old.closed:
+            old.fail(RedisConnectionError("Connection replaced."))
+        return wire
+
+    async def aclose(self) -> None:
+        """Close the connection (calls still waiting fail with a connection error); like
+        redis-py's client, a later call connects again."""
+        wire, self._wire = self._wire, None
+        if wire is not None and not wire.closed:
+            wire.fail(RedisConnectionError("the Redis client is closed"))
