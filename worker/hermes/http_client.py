@@ -168,6 +168,7 @@ class HermesClient:
         else:
             base_transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
         self.transport_name: Transport = transport
+        self._transport = base_transport
         self._client = httpx.AsyncClient(
             base_url=endpoint.url,
             transport=base_transport,
@@ -175,6 +176,10 @@ class HermesClient:
             timeout=self.timeout,
             trust_env=False,
         )
+        # What `build_request` would merge into every request, computed once (`_build`).
+        self._base_url = str(self._client.base_url).rstrip("/")
+        self._default_headers = {k.lower(): v for k, v in self._client.headers.items()}
+        self._timeout_extension = {"timeout": self.timeout.as_dict()}
 
     def auth_headers(self) -> dict[str, str]:
         key = self.endpoint.api_key
@@ -198,31 +203,75 @@ class HermesClient:
         route: str,
         params: Mapping[str, str] | None,
         *,
-        json_body: Any,
-        query: Mapping[str, Any] | None,
-        headers: Mapping[str, str] | None,
+        json_body: Any = None,
+        content: bytes | None = None,
+        query: Mapping[str, Any] | None = None,
+        headers: Mapping[str, str] | None = None,
         protected: bool,
         accept: str,
     ) -> httpx.Request:
+        """The request `AsyncClient.build_request` would make (the client's default headers,
+        its timeouts), built directly: this client has no cookies, auth flow or per-request
+        options to merge, and the merge was ~5% of an operator Action's CPU."""
         what = f"{method} {route}"
         if protected:
             self.require_key(what)
         # Caller headers first, ours last: nothing a caller passes can replace the key,
         # the content type or what we accept.
-        all_headers = dict(headers or {})
-        all_headers["Accept"] = accept
-        content = None if json_body is None else msgspec.json.encode(json_body)
+        all_headers = dict(self._default_headers)
+        for name, value in (headers or {}).items():
+            all_headers[name.lower()] = value
+        all_headers["accept"] = accept
+        if json_body is not None:
+            content = msgspec.json.encode(json_body)
         if content is not None:
-            all_headers["Content-Type"] = "application/json"
+            all_headers["content-type"] = "application/json"
         if protected:
-            all_headers.update(self.auth_headers())
-        return self._client.build_request(
+            key = self.endpoint.api_key
+            if key is not None:
+                all_headers["authorization"] = f"Bearer {key.reveal()}"
+        encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
+        return httpx.Request(
             method,
-            route_path(route, params or {}),
-            content=content,
-            params={k: _query_value(v) for k, v in (query or {}).items() if v is not None},
+            self._base_url + route_path(route, params or {}),
+            params=encoded or None,
             headers=all_headers,
+            content=content,
+            extensions=self._timeout_extension,
         )
+
+    async def send(self, request: httpx.Request) -> httpx.Response:
+        """Send a request built by `_build` straight to the transport; the response streams.
+
+        `AsyncClient.send` wraps the transport in what this client never uses: the auth
+        flow, redirect handling (off), the cookie jar (Hermes sets no cookies) and event
+        hooks, ~7% of an operator Action's CPU on the benchmark machine. The caller reads
+        and closes the response, as after `AsyncClient.send(..., stream=True)`.
+        """
+        response = await self._transport.handle_async_request(request)
+        response.request = request
+        return response
+
+    async def post_bytes(
+        self, route: str, body: bytes, headers: Mapping[str, str]
+    ) -> httpx.Response:
+        """`POST route` with a JSON body already encoded, read to the end (the operator's
+        start, whose body the fence built before it claimed)."""
+        request = self._build(
+            "POST",
+            route,
+            None,
+            content=body,
+            headers=headers,
+            protected=True,
+            accept="application/json",
+        )
+        response = await self.send(request)
+        try:
+            await response.aread()
+        finally:
+            await response.aclose()
+        return response
 
     async def request_json(
         self,
@@ -292,7 +341,7 @@ class HermesClient:
         started = time.monotonic()
         status: int | None = None
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self.send(request)
         except BaseException:
             self.observe(method, route, None, started)
             raise
@@ -361,7 +410,7 @@ class HermesClient:
         failure: ConnectorError | None = None
         started = time.monotonic()
         try:
-            response = await self._client.send(request, stream=True)
+            response = await self.send(request)
         except _TRANSPORT_ERRORS as exc:
             failure = from_transport(exc, what)
         if failure is not None:

@@ -78,22 +78,14 @@ class StartUnknown:
 StartOutcome = StartAccepted | StartRejected | StartRateLimited | StartUnknown
 
 
-def _headers(hermes: HermesClient, extra: Mapping[str, str]) -> dict[str, str]:
-    headers = dict(extra)
-    headers.update(hermes.auth_headers())
-    return headers
-
-
 async def start_run(
     hermes: HermesClient, body: bytes, headers: Mapping[str, str], timeout_s: float
 ) -> StartOutcome:
     """`POST /v1/runs` once. Cancellation propagates (the caller's lease is gone)."""
-    all_headers = _headers(hermes, headers)
-    all_headers["Content-Type"] = "application/json"
     started = time.monotonic()
     try:
         async with asyncio.timeout(timeout_s):
-            response = await hermes.http.post(START_ROUTE, content=body, headers=all_headers)
+            response = await hermes.post_bytes(START_ROUTE, body, headers)
     except TimeoutError:
         hermes.observe("POST", START_ROUTE, None, started)
         return StartUnknown("POST /v1/runs did not answer before the start claim budget")
