@@ -30,6 +30,7 @@ POINTS = (
     "after_decode",
     "after_lease",
     "before_execute",
+    "before_create",
     "after_claim",
     "after_post_run",
     "after_bind",

@@ -114,6 +114,11 @@ class BindingHandle:
             self._adopt(stored)
         return stored.now_ms
 
+    @property
+    def creates_without_reading(self) -> bool:
+        """Whether `create` is sent blind (a first lease: no binding can exist yet)."""
+        return self._created_at_hint_ms > 0
+
     async def create(self, make: Callable[[int], OperatorBinding]) -> OperatorBinding:
         """The Action's binding: the stored one, or `make(now)` created under the fence.
 

@@ -168,14 +168,14 @@ async def start_and_drive(
     """
     ctx = session.ctx
     fingerprint = operator_fingerprint(ctx.endpoint.id, ctx.action)
-    binding = await session.handle.create(
+    fence = StartFence(session, body, forbid_start=forbid_start)
+    binding = await fence.create(
         lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
     )
     if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
         raise collision_error()
     stream = False
     if binding.status is S.STARTING:
-        fence = StartFence(session, body, forbid_start=forbid_start)
         await fence.run()
         # Only the invocation that bound the run may read its single-use stream.
         stream = fence.bound

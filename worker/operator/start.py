@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -134,17 +135,15 @@ class StartFence:
             claim = binding.start_claim
             if claim is None:
                 binding = await self._claim_or_settle()
-                if (
-                    binding.start_claim is not None
-                    and binding.start_claim.claim_id == self.claim_id
-                ):
-                    receipt(
-                        ReceiptEvent.START_CLAIMED,
-                        claim_id=self.claim_id,
-                        expires_at_ms=binding.start_claim.expires_at_ms,
-                    )
-                    return await self._send(binding.start_claim)
                 continue
+            if claim.claim_id == self.claim_id:
+                # Claimed just now, or already at creation (`create`).
+                receipt(
+                    ReceiptEvent.START_CLAIMED,
+                    claim_id=self.claim_id,
+                    expires_at_ms=claim.expires_at_ms,
+                )
+                return await self._send(claim)
             if claim.fence < self.s.ctx.fence:
                 return await self._unknown(
                     f"the start claim of an earlier delivery (fence {claim.fence}) was never "
@@ -190,25 +189,57 @@ class StartFence:
                     ErrorCode.HOST_CAPACITY,
                 )
             )
-        policy = s.policy
-        ctx = s.ctx
-
         def claim(b: OperatorBinding, now: int) -> OperatorBinding | None:
             if b.status is not S.STARTING or b.start_claim is not None:
                 return None
-            return b.changed(
-                now,
-                start_claim=StartClaim(
-                    claim_id=self.claim_id,
-                    instance_id=ctx.worker_id,
-                    owner=ctx.owner,
-                    fence=ctx.fence,
-                    acquired_at_ms=now,
-                    expires_at_ms=now + policy.start_claim_ttl_ms,
-                ),
-            )
+            return b.changed(now, start_claim=self._claim(now))
 
         return await s.handle.update(claim)
+
+    def _claim(self, now: int) -> StartClaim:
+        ctx = self.s.ctx
+        return StartClaim(
+            claim_id=self.claim_id,
+            instance_id=ctx.worker_id,
+            owner=ctx.owner,
+            fence=ctx.fence,
+            acquired_at_ms=now,
+            expires_at_ms=now + self.s.policy.start_claim_ttl_ms,
+        )
+
+    async def create(self, make: Callable[[int], OperatorBinding]) -> OperatorBinding:
+        """The Action's binding (`BindingHandle.create`), created already claimed by this
+        invocation when it may send at once: one script instead of a create and a claim.
+
+        Only on a first lease (the handle creates without reading, nothing can exist yet),
+        with nothing to refuse or cancel, time left to send, and a run slot free right now;
+        otherwise the binding is created unclaimed and `run` claims it as before. The slot
+        is taken before the claimed binding exists, as `_claim_or_settle` takes it before
+        its claim, so a crash leaves either no binding (the next delivery starts cleanly)
+        or a claimed one (never sent twice: outcome unknown), exactly the states a crash
+        around the separate claim left (tests/integration/test_operator_through_workers.py).
+        """
+        s = self.s
+        handle = s.handle
+        claim_now = (
+            handle.creates_without_reading
+            and self.forbid_start is None
+            and not s.cancel_wanted()
+            and s.remaining_s() >= MIN_SEND_BUDGET_S
+            and await s.capacity.acquire(0.0)
+        )
+        if not claim_now:
+            return await handle.create(make)
+        faults.hit("before_create", s.ctx.action.id)
+        binding = await handle.create(
+            lambda now: make(now).changed(now, start_claim=self._claim(now))
+        )
+        if binding.terminal:
+            # A finished binding existed after all: the slot (held by the Action id) was
+            # released by its terminal hook and taken again just now; give it back. A live
+            # one shares the slot with this execution, which claims (or waits) as usual.
+            await s.capacity.release()
+        return binding
 
     async def _fail_unclaimed(self, error: ConnectorError) -> OperatorBinding:
         return await self.s.handle.update(
