@@ -74,6 +74,8 @@ class ChunkStream:
         self.action_id = action_id
         self.endpoint_id = endpoint_id
         self.metrics = metrics
+        #: Built (and the id checked) once, not for each of thousands of chunks.
+        self._subject = publisher.subjects.chunks(endpoint_id, action_id)
         self._seq = first_seq
         #: Hash of the last chunk published for this Action (by this worker, or by the one
         #: before a takeover, read back from the stream): the next chunk names it.
@@ -159,7 +161,7 @@ class ChunkStream:
         data = encode(chunk)
         self._prev_sha256 = hashlib.sha256(data).hexdigest()
         try:
-            future = await self.publisher.chunk(chunk, data)
+            future = await self.publisher.chunk(chunk, data, subject=self._subject)
         except Exception as exc:
             raise ConnectorError(
                 ErrorCode.STREAM_PUBLICATION,
@@ -236,7 +238,7 @@ class ChunkStream:
         """Close the stream: the terminal chunk first (same connection, so it arrives
         first), then the result, the chunk confirmed together with the awaited result: one
         round trip, not two."""
-        pending = await self.publisher.chunk(terminal, data)
+        pending = await self.publisher.chunk(terminal, data, subject=self._subject)
         await publish_result()
         await self.publisher.confirm([(terminal, pending)])
         if self.metrics is not None:
