@@ -30,6 +30,7 @@ from worker.health import (
     redis_ping_check,
     start_health_server,
 )
+from worker.heap import freeze_startup_heap
 from worker.hermes.http_client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
@@ -338,6 +339,7 @@ class Worker:
 
     async def run_until_signalled(self) -> None:
         await self.start()
+        freeze_startup_heap()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -12,8 +12,10 @@ made here:
 - the one terminal chunk: the first one an operation emits is held (later ones are
   dropped, so there is never a gap) and published only after the settle, or one is made
   from the result (`closing`);
-- confirmation: chunks go out without waiting and are confirmed in batches, at the end of
-  the execution and with the result (`confirm`, `end`);
+- confirmation: chunks go out without waiting; while the run streams, confirmations that
+  have already arrived are collected without waiting for the ones still on their way, and
+  everything is confirmed at the end of the execution and with the result (`confirm`,
+  `end`);
 - the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
   result's facts (`refusal_chunk`).
 """
@@ -41,8 +43,16 @@ from worker.publisher import BusPublisher
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
-#: Chunks published without a confirmation before `emit` waits for theirs.
+#: Chunks published since the last collection before `emit` collects the confirmations
+#: that have arrived (without waiting for the rest).
 CONFIRM_BATCH = 256
+#: Unconfirmed chunks one Action may have before `emit` waits for the oldest batch: the
+#: bound on its list and on how late a lost confirmation is noticed and re-sent. Twice the
+#: batch, so the wait only ever concerns chunks a whole batch old, whose confirmations have
+#: long arrived unless the bus is really behind (waiting on the newest ones, as a plain
+#: "confirm every 256" did, stalled the relay for a round trip every 256 chunks: the tail
+#: of figure 3's latency).
+MAX_UNCONFIRMED = 2 * CONFIRM_BATCH
 
 
 class ChunkStream:
@@ -64,11 +74,15 @@ class ChunkStream:
         self.action_id = action_id
         self.endpoint_id = endpoint_id
         self.metrics = metrics
+        #: Built (and the id checked) once, not for each of thousands of chunks.
+        self._subject = publisher.subjects.chunks(endpoint_id, action_id)
         self._seq = first_seq
         #: Hash of the last chunk published for this Action (by this worker, or by the one
         #: before a takeover, read back from the stream): the next chunk names it.
         self._prev_sha256 = prev_sha256
         self._pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        #: `len(_pending)` at which `emit` next collects confirmations (see `_collect`).
+        self._collect_at = CONFIRM_BATCH
         #: The terminal chunk the operation emitted, held for after the settle.
         self._terminal: StreamChunk | None = None
 
@@ -147,7 +161,7 @@ class ChunkStream:
         data = encode(chunk)
         self._prev_sha256 = hashlib.sha256(data).hexdigest()
         try:
-            future = await self.publisher.chunk(chunk, data)
+            future = await self.publisher.chunk(chunk, data, subject=self._subject)
         except Exception as exc:
             raise ConnectorError(
                 ErrorCode.STREAM_PUBLICATION,
@@ -156,13 +170,37 @@ class ChunkStream:
         self._pending.append((chunk, future))
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, kind.value)
-        if len(self._pending) >= CONFIRM_BATCH:
-            await self.confirm()
+        if len(self._pending) >= self._collect_at:
+            await self._collect()
         return chunk.seq
+
+    async def _collect(self) -> None:
+        """Settle the oldest chunks whose confirmations have arrived, without waiting for
+        the newer ones; wait only when more than `MAX_UNCONFIRMED` would stay unconfirmed.
+
+        The settled prefix goes through `confirm` all the same, so a chunk whose
+        publication failed is re-sent (same Msg-Id) here, long before the Action settles.
+        """
+        pending = self._pending
+        settled = 0
+        for _, future in pending:
+            if not future.done():
+                break
+            settled += 1
+        if len(pending) - settled >= MAX_UNCONFIRMED:
+            settled = len(pending) - MAX_UNCONFIRMED + CONFIRM_BATCH
+        if settled:
+            await self._confirm(pending[:settled])
+            del pending[:settled]
+        self._collect_at = len(pending) + CONFIRM_BATCH
 
     async def confirm(self) -> None:
         """Wait for the confirmations of every chunk sent so far."""
         pending, self._pending = self._pending, []
+        self._collect_at = CONFIRM_BATCH
+        await self._confirm(pending)
+
+    async def _confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
         try:
             await self.publisher.confirm(pending)
         except Exception as exc:
@@ -200,7 +238,7 @@ class ChunkStream:
         """Close the stream: the terminal chunk first (same connection, so it arrives
         first), then the result, the chunk confirmed together with the awaited result: one
         round trip, not two."""
-        pending = await self.publisher.chunk(terminal, data)
+        pending = await self.publisher.chunk(terminal, data, subject=self._subject)
         await publish_result()
         await self.publisher.confirm([(terminal, pending)])
         if self.metrics is not None:

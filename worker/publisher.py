@@ -88,12 +88,13 @@ class BusPublisher:
         )
 
     async def chunk(
-        self, chunk: StreamChunk, data: bytes | None = None
+        self, chunk: StreamChunk, data: bytes | None = None, *, subject: str | None = None
     ) -> asyncio.Future[PubAck]:
-        """Send a chunk now (as `data` when the caller already encoded and hashed it); the
-        returned future confirms it (see `confirm`)."""
+        """Send a chunk now (as `data` when the caller already encoded and hashed it; to
+        `subject` when the caller already built the Action's chunk subject, as a stream
+        of thousands of chunks does once); the returned future confirms it (see `confirm`)."""
         return await self._publish_async(
-            self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
+            subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
             encode(chunk) if data is None else data,
             {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
             self.confirm_timeout_s,

@@ -14,6 +14,7 @@ latency (it includes the loopback SSE hop).
 from __future__ import annotations
 
 import asyncio
+import gc
 import statistics
 import sys
 import time
@@ -71,6 +72,11 @@ class ChunkConsumer:
         self._stopping = False
 
     async def start(self, nc: Any) -> None:
+        # The consumer is the measuring instrument, in the bench's own process, whose heap
+        # (every module of the worker and the peers) a full GC walked for ~50 ms at a time:
+        # a pause that delayed whichever relay was being measured. Frozen out, for both.
+        gc.collect()
+        gc.freeze()
         js = nc.jetstream()
         sub = await js.pull_subscribe(
             f"aip.hermes.{ENDPOINT}.chunks.*",

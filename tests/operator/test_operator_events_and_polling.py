@@ -7,18 +7,21 @@ every takeover fall back to `GET /v1/runs/{id}`, which recognizes exactly seven 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from operator_support import Harness, error_code, objective
+from operator_support import Harness, error_code, expect_lease_lost, objective, wait_for
 
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker.operations.run_events import EVENT_RULES
+from worker.operator import observe
 from worker.operator.binding import BindingState
 from worker.operator.events import STATUS_READINGS, ProviderStatus, parse_status
 from worker.testing.fake_hermes import (
     EventsDisconnect,
+    EventsFlood,
     EventsMalformed,
     EventsNotFound,
     EventsOversize,
@@ -235,3 +238,74 @@ async def test_governed_timeout_is_outcome_unknown_before_the_deadline(
     assert outcome.error.code is ErrorCode.OPERATOR_OUTCOME_UNKNOWN
     assert "timeout" in outcome.error.message
     assert (await harness.require_binding(action.id)).status is BindingState.OUTCOME_UNKNOWN
+
+
+def _progress_writes(harness: Harness, ctx: Any, hook: Any) -> None:
+    """Route every binding write made while the run streams (state `running`, after the
+    first chunk) through `hook(call)`, which awaits the real write or replaces it."""
+    original = harness.store.write
+
+    async def write(*args: Any) -> Any:
+        def call() -> Any:
+            return original(*args)
+
+        if args[5] == BindingState.RUNNING.value and ctx.chunks:
+            return await hook(call)
+        return await call()
+
+    harness.store.write = write  # type: ignore[method-assign]
+
+
+async def test_a_slow_progress_write_never_holds_back_the_events_behind_it(
+    harness: Harness, fake: FakeHermes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The streamed run's Redis bookkeeping runs beside its events, not between them."""
+    monkeypatch.setattr(observe, "FLUSH_INTERVAL_S", 0.0)  # every event may write
+    fake.faults.add(EventsFlood(count=400))
+    h = harness.with_policy(max_events=1_000)
+    action = h.action(objective("flood"))
+    ctx = await h.lease(action)
+    blocked_at: list[int] = []
+    release = asyncio.Event()
+
+    async def hold_the_first(write: Any) -> Any:
+        if not blocked_at:
+            blocked_at.append(len(ctx.chunks))
+            await release.wait()
+        return await write()
+
+    _progress_writes(h, ctx, hold_the_first)
+    run = asyncio.create_task(h.execute(ctx))
+
+    async def moved_on() -> bool:
+        return bool(blocked_at) and len(ctx.chunks) >= blocked_at[0] + 100
+
+    await wait_for(moved_on)  # 100 more chunks while the first progress write waits
+    release.set()
+    outcome = await run
+    assert outcome.status is ResultStatus.COMPLETED
+    assert ctx.seqs() == list(range(len(ctx.chunks)))
+    binding = await h.require_binding(action.id)
+    assert binding.next_sequence == len(ctx.chunks) - 1
+
+
+async def test_a_progress_write_that_finds_the_lease_gone_stops_the_stream(
+    harness: Harness, fake: FakeHermes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(observe, "FLUSH_INTERVAL_S", 0.0)
+    fake.faults.add(EventsFlood(count=400))
+    h = harness.with_policy(max_events=1_000)
+    action = h.action(objective("fenced mid-stream"))
+    ctx = await h.lease(action)
+
+    async def fenced_out(write: Any) -> Any:
+        await h.leases.release(ctx.keys, ctx.owner, ctx.fence)  # the lease passed on
+        return await write()
+
+    _progress_writes(h, ctx, fenced_out)
+    await expect_lease_lost(h.execute(ctx))
+    # The failure of the write made beside the events ends the observation before any
+    # conclusion: no terminal chunk, no terminal binding written without the lease.
+    assert K.DONE not in ctx.kinds()
+    binding = await h.require_binding(action.id)
+    assert binding.status is BindingState.RUNNING

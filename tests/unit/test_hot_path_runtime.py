@@ -14,10 +14,12 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from worker.audit import AuditLog
+from worker.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
+from worker.leases import HeldLease
 from worker.publisher import MSG_ID, BusPublisher
 from worker.store.connection import LeanBlockingConnectionPool, open_redis
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import AcquireStatus, LeaseStore
+from worker.store.lease_store import AcquireStatus, LeaseGrant, LeaseStore
 from worker.testing.services import ServiceHandle
 
 
@@ -133,3 +135,60 @@ async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> N
     audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")  # a new sender
     await audit.drain()
     assert len(publisher.sent) == 7
+
+
+def _held_lease(action_id: str) -> HeldLease:
+    grant = LeaseGrant(
+        status=AcquireStatus.ACQUIRED, fence=1, other_owner="", expires_at_ms=0,
+        attempted_fence=0, cancel_requested=False,
+    )
+    return HeldLease(ActionKeys.of(action_id), "owner-1", grant, ttl_ms=30_000)
+
+
+async def _streaming(count: int, js: _FakeJs) -> tuple[ChunkStream, str]:
+    action_id = new_action_id()
+    publisher = BusPublisher(js, Subjects(), confirm_timeout_s=0.05)  # type: ignore[arg-type]
+    stream = ChunkStream(publisher, _held_lease(action_id), action_id=action_id, endpoint_id="h1")
+    for n in range(count):
+        await stream.emit(ChunkKind.DATA, {"n": n})
+    return stream, action_id
+
+
+async def test_a_streaming_run_never_waits_for_confirmations_still_on_their_way() -> None:
+    """Past a batch, `emit` collects what has arrived; the newest chunks are not waited
+    for (a wait would time out here and re-send them)."""
+    js = _FakeJs()
+    stream, _ = await _streaming(CONFIRM_BATCH + 10, js)
+    assert js.awaited == []
+    assert not any(f.cancelled() for f in js.futures)
+    for future in js.futures:
+        future.set_result(PubAck(stream="S", seq=1))
+    await stream.confirm()
+    assert js.awaited == []
+
+
+async def test_a_failed_chunk_is_re_sent_while_the_run_still_streams() -> None:
+    js = _FakeJs()
+    stream, action_id = await _streaming(CONFIRM_BATCH - 1, js)
+    for n, future in enumerate(js.futures):
+        if n == 7:
+            future.set_exception(TimeoutError())
+        else:
+            future.set_result(PubAck(stream="S", seq=n))
+    await stream.emit(ChunkKind.DATA, {"n": "next"})  # the batch is collected here
+    assert [h[MSG_ID] for _, h in js.awaited] == [f"{action_id}:7"]
+
+
+async def test_a_confirmation_that_never_comes_is_given_up_and_its_chunk_re_sent() -> None:
+    """The oldest chunk's confirmation is lost: once `MAX_UNCONFIRMED` chunks wait behind
+    it, the oldest batch is waited for, the lost one cancelled (its slot freed) and re-sent;
+    the later ones, confirmed meanwhile, are not."""
+    js = _FakeJs()
+    stream, action_id = await _streaming(1, js)
+    for n in range(1, MAX_UNCONFIRMED - 1):
+        await stream.emit(ChunkKind.DATA, {"n": n})
+        js.futures[-1].set_result(PubAck(stream="S", seq=n))
+    assert js.awaited == []
+    await stream.emit(ChunkKind.DATA, {"n": "one too many"})
+    assert [h[MSG_ID] for _, h in js.awaited] == [f"{action_id}:0"]
+    assert js.futures[0].cancelled()
