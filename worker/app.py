@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 
 from subjects.grammar import Subjects
 from subjects.provision import provision
+from worker.acked_publish import AckedPublisher
 from worker.admission import Admission
 from worker.audit import AuditLog
 from worker.connections import connect_nats, open_redis_for, stream_policy
@@ -133,7 +134,7 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        publisher = BusPublisher(js, self.subjects, signer=signer)
+        publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
         audit = AuditLog(publisher, settings.worker_id)
         keeper = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,

@@ -33,6 +33,7 @@ from subjects.grammar import (
 from worker.errors import PublishFailed, StreamFull
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
+    from worker.acked_publish import AckedPublisher
     from worker.trust.responses import ResponseSigner
 
 log = logging.getLogger(__name__)
@@ -58,12 +59,17 @@ class BusPublisher:
         *,
         confirm_timeout_s: float = 5.0,
         signer: ResponseSigner | None = None,
+        acks: AckedPublisher | None = None,
     ) -> None:
         self.js = js
         self.subjects = subjects
         self.confirm_timeout_s = confirm_timeout_s
         #: Signs results and DLQ entries; None publishes them unsigned (development only).
         self.signer = signer
+        #: Where chunks are published with a later confirmation: the worker's own reply
+        #: subscription (`worker.acked_publish`, half the CPU per chunk), or nats-py's
+        #: `publish_async` for a publisher that sends few (the CLI's, the tests').
+        self.acks = acks
 
     def max_message_bytes(self) -> int:
         """The largest body one result or chunk may have: the server's `max_payload` (from
@@ -80,6 +86,8 @@ class BusPublisher:
         nats-py wraps the wait for a free in-flight slot in `asyncio.wait_for`, which costs a
         task per publish; with a slot free the wait cannot block, so no timer is needed.
         """
+        if self.acks is not None:
+            return await self.acks.publish(subject, payload, headers, wait_stall)
         slots = getattr(self.js, "_publish_async_pending_semaphore", None)
         free = getattr(slots, "_value", 0) > 0 and not getattr(slots, "_waiters", None)
         wait_stall_or_none = None if free else wait_stall

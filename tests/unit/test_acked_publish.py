@@ -1,0 +1,115 @@
+"""The worker's own publish-with-acknowledgement path (`worker.acked_publish`) against a real
+nats-server: the same answers as nats-py's `publish_async` (PubAck, duplicate, no stream,
+JetStream's errors), slots given back, and a chunk stream that uses it stores every chunk."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+from nats.js.api import DiscardPolicy, StreamConfig
+from nats.js.errors import APIError, NoStreamResponseError, TooManyStalledMsgsError
+
+from schemas.chunk import ChunkKind
+from schemas.ids import new_action_id
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from worker.acked_publish import AckedPublisher
+from worker.chunk_stream import ChunkStream
+from worker.leases import HeldLease
+from worker.publisher import MSG_ID, BusPublisher
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseGrant
+from worker.testing.services import ServiceHandle
+
+ENDPOINT = "h1"
+
+
+@pytest.fixture
+async def nc(nats_server: ServiceHandle) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_server.url)
+    yield client
+    await client.drain()
+
+
+async def _stream(nc: Client, name: str, **config: object) -> str:
+    js = nc.jetstream()
+    subject = f"acked.{name}.{new_action_id()}"
+    await js.add_stream(StreamConfig(name=f"ACKED_{name.upper()}", subjects=[subject], **config))
+    return subject
+
+
+async def test_acknowledgements_reach_their_publish_and_duplicates_are_named(nc: Client) -> None:
+    subject = await _stream(nc, "plain")
+    acks = AckedPublisher(nc)
+    futures = [
+        await acks.publish(subject, b"%d" % n, {MSG_ID: f"m{n}"}, 1.0) for n in range(50)
+    ]
+    replies = await asyncio.gather(*futures)
+    assert [r.seq for r in replies] == list(range(1, 51))
+    again = await (await acks.publish(subject, b"0", {MSG_ID: "m0"}, 1.0))
+    assert again.duplicate is True
+    assert again.seq == 1
+    assert acks.pending == 0
+
+
+async def test_no_stream_and_a_full_stream_raise_nats_pys_errors(nc: Client) -> None:
+    acks = AckedPublisher(nc)
+    with pytest.raises(NoStreamResponseError):
+        await (await acks.publish(f"nobody.{new_action_id()}", b"x", {}, 1.0))
+    subject = await _stream(nc, "full", max_msgs=1, discard=DiscardPolicy.NEW)
+    await (await acks.publish(subject, b"1", {MSG_ID: "a"}, 1.0))
+    with pytest.raises(APIError) as full:
+        await (await acks.publish(subject, b"2", {MSG_ID: "b"}, 1.0))
+    assert full.value.err_code == 10077  # BusPublisher's StreamFull test reads this code
+    assert acks.pending == 0
+
+
+async def test_a_cancelled_wait_gives_its_slot_back_and_a_full_set_stalls(nc: Client) -> None:
+    # A plain subscriber is a responder that never answers: the acknowledgement never comes.
+    silent = f"silent.{new_action_id()}"
+    listener = await nc.subscribe(silent)
+    acks = AckedPublisher(nc, max_pending=1)
+    first = await acks.publish(silent, b"x", {}, 0.1)
+    with pytest.raises(TooManyStalledMsgsError):
+        await acks.publish(silent, b"y", {}, 0.1)
+    first.cancel()
+    await asyncio.sleep(0)
+    assert acks.pending == 0
+    second = await acks.publish(silent, b"z", {}, 0.1)  # the slot is free again
+    second.cancel()
+    await listener.unsubscribe()
+
+
+async def test_a_chunk_stream_on_it_stores_every_chunk_in_order(nats_server: ServiceHandle) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        await provision(nc.jetstream(), Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=5.0))
+        publisher = BusPublisher(nc.jetstream(), Subjects(), acks=AckedPublisher(nc))
+        action_id = new_action_id()
+        grant = LeaseGrant(
+            status=AcquireStatus.ACQUIRED, fence=1, other_owner="", expires_at_ms=0,
+            attempted_fence=0, cancel_requested=False,
+        )
+        lease = HeldLease(ActionKeys.of(action_id), "owner-1", grant, ttl_ms=30_000)
+        stream = ChunkStream(publisher, lease, action_id=action_id, endpoint_id=ENDPOINT)
+        for n in range(300):
+            await stream.emit(ChunkKind.DATA, {"n": n})
+        await stream.confirm()
+        sub = await nc.jetstream().subscribe(
+            Subjects().chunks(ENDPOINT, action_id), ordered_consumer=True
+        )
+        seqs = []
+        try:
+            while True:
+                seqs.append(msgspec.json.decode((await sub.next_msg(timeout=0.5)).data)["seq"])
+        except nats.errors.TimeoutError:
+            pass
+        assert seqs == list(range(300))
+    finally:
+        await nc.drain()
