@@ -13,7 +13,9 @@ made here:
   dropped, so there is never a gap) and published only after the settle, or one is made
   from the result (`closing`);
 - confirmation: chunks go out without waiting and are confirmed in batches, at the end of
-  the execution and with the result (`confirm`, `end`);
+  the execution and with the result (`confirm`, `end`); a chunk whose confirmation has
+  already arrived is let go on the way (a slow run held for minutes would otherwise keep
+  up to `CONFIRM_BATCH` chunks, their payloads and PubAcks: most of its memory);
 - the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
   result's facts (`refusal_chunk`).
 """
@@ -43,6 +45,8 @@ TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
 #: Chunks published without a confirmation before `emit` waits for theirs.
 CONFIRM_BATCH = 256
+#: Every this many chunks kept for confirmation, those already confirmed are let go.
+PRUNE_EVERY = 8
 
 
 class ChunkStream:
@@ -101,6 +105,12 @@ class ChunkStream:
     def next_seq(self) -> int:
         return self._seq
 
+    @property
+    def awaiting_confirmation(self) -> int:
+        """Chunks kept until their confirmation is seen (fewer than `PRUNE_EVERY` beyond
+        those still unconfirmed at the last prune)."""
+        return len(self._pending)
+
     def _make(
         self,
         kind: ChunkKind,
@@ -154,6 +164,10 @@ class ChunkStream:
                 f"chunk {chunk.seq} not published: {type(exc).__name__}",
             ) from None
         self._pending.append((chunk, future))
+        if len(self._pending) % PRUNE_EVERY == 0:
+            # Confirmed already: nothing left to wait for or re-send. The rest keep their
+            # order, so a failed one is still re-sent in seq order by `confirm`.
+            self._pending = [p for p in self._pending if not _confirmed(p[1])]
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, kind.value)
         if len(self._pending) >= CONFIRM_BATCH:
@@ -205,6 +219,11 @@ class ChunkStream:
         await self.publisher.confirm([(terminal, pending)])
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, str(terminal.__struct_config__.tag))
+
+
+def _confirmed(future: asyncio.Future[PubAck]) -> bool:
+    """The chunk is stored: its PubAck arrived (what `BusPublisher.confirm` accepts)."""
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def refusal_chunk(
