@@ -12,6 +12,7 @@ from nats.aio.client import Client as NATS
 
 from subjects.grammar import Subjects
 from subjects.provision import provision
+from worker import gc_policy
 from worker.acked_publish import AckedPublisher
 from worker.admission import Admission
 from worker.audit import AuditLog
@@ -31,7 +32,6 @@ from worker.health import (
     redis_ping_check,
     start_health_server,
 )
-from worker.heap import freeze_startup_heap
 from worker.hermes.http_client import HermesClient
 from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
@@ -64,8 +64,12 @@ class Worker:
         registry: Registry,
         binding_cancel: BindingCancelHook | None = None,
         delegation: DelegatedOperation | None = None,
+        settle_gc: bool = False,
     ) -> None:
         self.settings = settings
+        #: Tune the process's garbage collector once wired (worker/gc_policy.py): only the
+        #: worker process itself asks, never a test process that embeds a worker.
+        self.settle_gc = settle_gc
         #: The delegated entry; None serves no delegations subject at all.
         self.delegation = delegation
         self.admission = admission
@@ -175,6 +179,8 @@ class Worker:
             await self._start_ingress(js, endpoints, publisher)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
         await self.control.start()
+        if self.settle_gc:
+            gc_policy.settle_startup()  # wired, and nothing fetched yet
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
         self._tasks.append(loop.create_task(health.run()))
@@ -340,7 +346,6 @@ class Worker:
 
     async def run_until_signalled(self) -> None:
         await self.start()
-        freeze_startup_heap()
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -15,7 +15,9 @@ made here:
 - confirmation: chunks go out without waiting; while the run streams, confirmations that
   have already arrived are collected without waiting for the ones still on their way, and
   everything is confirmed at the end of the execution and with the result (`confirm`,
-  `end`);
+  `end`); a chunk whose confirmation has already arrived is let go on the way (a slow run
+  held for minutes would otherwise keep up to `CONFIRM_BATCH` chunks, their payloads and
+  PubAcks: most of its memory);
 - the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
   result's facts (`refusal_chunk`).
 """
@@ -53,6 +55,8 @@ CONFIRM_BATCH = 256
 #: "confirm every 256" did, stalled the relay for a round trip every 256 chunks: the tail
 #: of figure 3's latency).
 MAX_UNCONFIRMED = 2 * CONFIRM_BATCH
+#: Every this many chunks kept for confirmation, those already confirmed are let go.
+PRUNE_EVERY = 8
 
 
 class ChunkStream:
@@ -81,8 +85,8 @@ class ChunkStream:
         #: before a takeover, read back from the stream): the next chunk names it.
         self._prev_sha256 = prev_sha256
         self._pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
-        #: `len(_pending)` at which `emit` next collects confirmations (see `_collect`).
-        self._collect_at = CONFIRM_BATCH
+        #: Chunks emitted since confirmations were last collected (see `_collect`).
+        self._since_collect = 0
         #: The terminal chunk the operation emitted, held for after the settle.
         self._terminal: StreamChunk | None = None
 
@@ -114,6 +118,12 @@ class ChunkStream:
     @property
     def next_seq(self) -> int:
         return self._seq
+
+    @property
+    def awaiting_confirmation(self) -> int:
+        """Chunks kept until their confirmation is seen (fewer than `PRUNE_EVERY` beyond
+        those still unconfirmed at the last prune)."""
+        return len(self._pending)
 
     def _make(
         self,
@@ -168,18 +178,26 @@ class ChunkStream:
                 f"chunk {chunk.seq} not published: {type(exc).__name__}",
             ) from None
         self._pending.append((chunk, future))
+        self._since_collect += 1
+        if self._since_collect % PRUNE_EVERY == 0:
+            # Confirmed already: nothing left to wait for or re-send. The rest keep their
+            # order, so a failed one is still re-sent in seq order by `confirm`.
+            self._pending = [p for p in self._pending if not _confirmed(p[1])]
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, kind.value)
-        if len(self._pending) >= self._collect_at:
+        if self._since_collect >= CONFIRM_BATCH:
             await self._collect()
         return chunk.seq
 
     async def _collect(self) -> None:
         """Settle the oldest chunks whose confirmations have arrived, without waiting for
-        the newer ones; wait only when more than `MAX_UNCONFIRMED` would stay unconfirmed.
+        the newer ones; wait only for chunks still unconfirmed `MAX_UNCONFIRMED` seqs later
+        (then for every chunk older than the newest `MAX_UNCONFIRMED - CONFIRM_BATCH`).
 
-        The settled prefix goes through `confirm` all the same, so a chunk whose
-        publication failed is re-sent (same Msg-Id) here, long before the Action settles.
+        Seqs, not the list's length, measure age: confirmed chunks are let go on the way
+        (`PRUNE_EVERY`), so the list holds little more than the unconfirmed ones. The
+        settled prefix goes through `confirm` all the same, so a chunk whose publication
+        failed is re-sent (same Msg-Id) here, long before the Action settles.
         """
         pending = self._pending
         settled = 0
@@ -187,17 +205,18 @@ class ChunkStream:
             if not future.done():
                 break
             settled += 1
-        if len(pending) - settled >= MAX_UNCONFIRMED:
-            settled = len(pending) - MAX_UNCONFIRMED + CONFIRM_BATCH
+        if settled < len(pending) and self._seq - pending[settled][0].seq >= MAX_UNCONFIRMED:
+            cutoff = self._seq - (MAX_UNCONFIRMED - CONFIRM_BATCH)
+            settled = sum(1 for chunk, _ in pending if chunk.seq < cutoff)
         if settled:
             await self._confirm(pending[:settled])
             del pending[:settled]
-        self._collect_at = len(pending) + CONFIRM_BATCH
+        self._since_collect = 0
 
     async def confirm(self) -> None:
         """Wait for the confirmations of every chunk sent so far."""
         pending, self._pending = self._pending, []
-        self._collect_at = CONFIRM_BATCH
+        self._since_collect = 0
         await self._confirm(pending)
 
     async def _confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
@@ -243,6 +262,11 @@ class ChunkStream:
         await self.publisher.confirm([(terminal, pending)])
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, str(terminal.__struct_config__.tag))
+
+
+def _confirmed(future: asyncio.Future[PubAck]) -> bool:
+    """The chunk is stored: its PubAck arrived (what `BusPublisher.confirm` accepts)."""
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def refusal_chunk(

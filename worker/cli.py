@@ -46,6 +46,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
         registry=registry,
         binding_cancel=binding_cancel_hook(),
         delegation=build_delegation(settings),
+        settle_gc=True,
     )
     try:
         await worker.run_until_signalled()

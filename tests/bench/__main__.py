@@ -77,7 +77,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("\n## Figure 3: chunk relay\n" + report.relay_tables(rates, latencies) + "\n",
                   flush=True)
         if 4 in figures:
-            held = [await inflight.measure(bench, args.inflight) for _ in range(args.slow_runs)]
+            held = [await inflight.measure(bench, args.inflight, args.inflight_event_every)
+                    for _ in range(args.slow_runs)]
             out["inflight"] = held
             print("\n## Figure 4: in-flight scale\n" + report.inflight_table(held) + "\n",
                   flush=True)
@@ -101,7 +102,11 @@ def main() -> None:
     parser.add_argument("--slow-runs", type=int, default=1, help="repetitions of figures 4-5")
     parser.add_argument("--actions", type=int, default=1000, help="Actions per throughput run")
     parser.add_argument("--flood", type=int, default=10_000, help="events of the relay run")
-    parser.add_argument("--inflight", type=int, default=inflight.RUNS)
+    parser.add_argument("--inflight", type=int, default=inflight.RUNS,
+                        help="runs figure 4 holds in one worker (at most 10,000)")
+    parser.add_argument("--inflight-event-every", type=float, default=None, metavar="S",
+                        help="seconds between two events of one held run (default: the "
+                             "runs together send 1,000 events/s, at most one per 2 s each)")
     args = parser.parse_args()
     counting.install()
     began = time.monotonic()

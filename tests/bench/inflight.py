@@ -1,15 +1,15 @@
-"""Figure 4: 2,000 slow operator runs held at once by one worker process.
+"""Figure 4: 10,000 slow operator runs held at once by one worker process.
 
-The pacer serves runs that emit one event every two seconds for a minute. One worker (2,100
-slots) takes 2,000 Actions; once the pacer has seen 2,000 starts the bench holds them for a
-few heartbeat ticks and reads the worker's RSS (peak of 1 s samples), its Redis pipelines
+The pacer serves runs that emit one event every two seconds for a minute. One worker (a
+slot per run) takes the runs' Actions; once the pacer has seen every start the bench holds
+them for a few heartbeat ticks and reads the worker's RSS (peak of 1 s samples), its Redis pipelines
 (the heartbeat is the worker's only pipeline: round trips per tick = 1 + its SCRIPT EXISTS
 preflights per tick), the leases it lost (its log) and AckWait expiries (`num_redelivered`
 of the work consumers).
 
 The operator admits at most 1,000 open runs per endpoint (`AIPD_HERMES_MAX_CONCURRENT_RUNS`
-tops out at 1,000), so the 2,000 runs are spread over two endpoint ids that both point at
-the pacer.
+tops out at 1,000), so the runs are spread over as many endpoint ids as that takes (ten for
+10,000), every one pointing at the one pacer.
 """
 
 from __future__ import annotations
@@ -28,18 +28,29 @@ from tests.bench.env import Bench
 from tests.bench.throughput import start_workers
 from tests.bench.workload import approve_all, build_envelopes, publish_all
 
-RUNS = 2_000
-ENDPOINTS = ("h1", "h2")
+RUNS = 10_000
+#: The operator's per-endpoint ceiling of open runs (`AIPD_HERMES_MAX_CONCURRENT_RUNS`).
+PER_ENDPOINT = 1_000
+#: The worker's own ceiling of slots (`AIPD_CONCURRENCY`).
+MAX_SLOTS = 10_000
 LEASE_TTL_MS = 15_000
 HOLD_S = 16.0
-EVENT_EVERY_S = 2.0
-RUN_EVENTS = 40
+#: Events per second all held runs send together, whatever their number: one event every
+#: 2 s per run at 2,000 runs (the figure's earlier scale), one every 10 s at 10,000. The
+#: figure measures holding runs (memory, heartbeats, leases); relaying is figure 3's.
+EVENTS_PER_S = 1_000.0
+#: No run sends more often than this, however few are held.
+MIN_EVENT_EVERY_S = 2.0
+#: How long each run lasts: longer than the longest ramp plus the hold.
+RUN_S = 90.0
 RAMP_LIMIT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
 class InFlight:
     runs: int
+    #: Events per second the held runs send together.
+    events_per_s: float
     #: Runs the pacer saw started (< runs when the worker could not take them all).
     started: int
     ramp_s: float
@@ -57,22 +68,40 @@ def _pacer_started(url: str) -> int:
         return int(json.loads(reply.read())["started"])
 
 
-async def measure(bench: Bench, runs: int = RUNS) -> InFlight:
-    await bench.wipe(ack_wait_s=LEASE_TTL_MS / 1000, endpoints=ENDPOINTS)
+def endpoint_ids(runs: int) -> tuple[str, ...]:
+    """The fewest endpoint ids (`h1`, `h2`, …) whose capacity together admits `runs`."""
+    return tuple(f"h{i + 1}" for i in range(max(1, -(-runs // PER_ENDPOINT))))
+
+
+def event_every_s(runs: int) -> float:
+    """Seconds between two events of one run, so that `runs` send EVENTS_PER_S together."""
+    return max(MIN_EVENT_EVERY_S, runs / EVENTS_PER_S)
+
+
+async def measure(bench: Bench, runs: int = RUNS, every_s: float | None = None) -> InFlight:
+    """Hold `runs` slow runs in one worker; each sends an event every `every_s` seconds
+    (default: `event_every_s(runs)`)."""
+    if runs > MAX_SLOTS:
+        raise ValueError(f"one worker holds at most {MAX_SLOTS:,} runs (AIPD_CONCURRENCY)")
+    endpoints = endpoint_ids(runs)
+    await bench.wipe(ack_wait_s=LEASE_TTL_MS / 1000, endpoints=endpoints)
+    every_s = event_every_s(runs) if every_s is None else every_s
     pacer = bench.spawn("pacer-slow", [
-        sys.executable, "-m", "tests.bench.pacer", "--rate", str(1 / EVENT_EVERY_S),
-        "--count", str(RUN_EVENTS)], {})  # 80 s runs: longer than the ramp and the hold
+        sys.executable, "-m", "tests.bench.pacer", "--rate", str(1 / every_s),
+        "--count", str(max(1, round(RUN_S / every_s)))], {})
     pacer.wait_for_log("listening on", 20.0)
     url = pacer.log_text().split("listening on", 1)[1].split()[0]
-    per_endpoint = runs // len(ENDPOINTS)
-    batches = {e: build_envelopes(bench, per_endpoint, endpoint=e) for e in ENDPOINTS}
+    # Runs dealt out as evenly as the endpoints allow (each gets at most PER_ENDPOINT).
+    share, extra = divmod(runs, len(endpoints))
+    batches = {e: build_envelopes(bench, share + (i < extra), endpoint=e)
+               for i, e in enumerate(endpoints)}
     for envelopes in batches.values():
         await approve_all(bench, envelopes)
     worker = start_workers(
         bench, "ours", 1,
-        AIPD_HERMES_ENDPOINTS=",".join(f"{e}={url}" for e in ENDPOINTS),
+        AIPD_HERMES_ENDPOINTS=",".join(f"{e}={url}" for e in endpoints),
         AIPD_HERMES_SHARE_API_KEY="true",  # every endpoint is the one pacer server
-        AIPD_CONCURRENCY=str(runs + 100),
+        AIPD_CONCURRENCY=str(min(MAX_SLOTS, runs + 100)),
         AIPD_LEASE_TTL_MS=str(LEASE_TTL_MS),
         AIPD_SHUTDOWN_GRACE_S="1",
     )[0]
@@ -84,9 +113,16 @@ async def measure(bench: Bench, runs: int = RUNS) -> InFlight:
             await publish_all(nc, bench.subjects.actions(endpoint), envelopes)
         # A worker that cannot hold them all is a result too: report how many it started.
         started = 0
+        shown_at, cpu_at = began, worker.cpu_s()
         while started < runs and time.monotonic() - began < RAMP_LIMIT_S:
             await asyncio.sleep(0.5)
             started = await asyncio.to_thread(_pacer_started, url)
+            if time.monotonic() - shown_at >= 5.0:  # the ramp's shape, for the log
+                now, cpu = time.monotonic(), worker.cpu_s()
+                print(f"  ramp: {started:,} started after {now - began:.1f} s, worker CPU "
+                      f"{(cpu - cpu_at) / (now - shown_at):.0%}, RSS {worker.rss_mb():.0f} MB",
+                      flush=True)
+                shown_at, cpu_at = now, cpu
         ramp_s = time.monotonic() - began
         peak = worker.rss_mb()
         hold_until = time.monotonic() + HOLD_S
@@ -95,7 +131,7 @@ async def measure(bench: Bench, runs: int = RUNS) -> InFlight:
             peak = max(peak, worker.rss_mb())
         js = nc.jetstream()
         redelivered = 0
-        for endpoint in ENDPOINTS:
+        for endpoint in endpoints:
             info = await js.consumer_info(
                 bench.subjects.stream_name("actions"), bench.subjects.durable(endpoint, "actions")
             )
@@ -112,6 +148,7 @@ async def measure(bench: Bench, runs: int = RUNS) -> InFlight:
     ticks = max(1, pipelines.get("executions", 0))
     return InFlight(
         runs=runs,
+        events_per_s=runs / every_s,
         started=started,
         ramp_s=ramp_s,
         peak_rss_mb=peak,

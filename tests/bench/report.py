@@ -98,11 +98,12 @@ def relay_tables(rates: Sequence[RelayRate], latencies: Sequence[RelayLatency]) 
 
 
 def inflight_table(results: Sequence[InFlight]) -> str:
-    rows = [[r.runs, r.started, r.ramp_s, r.peak_rss_mb, r.rss_kib_per_run, r.ticks,
-             r.round_trips_per_tick, r.renewals_per_tick, r.leases_lost, r.ackwait_expiries]
-            for r in results]
-    return table(["runs", "started", "ramp s", "peak RSS MB", "KiB/run", "heartbeat ticks",
-                  "round trips/tick", "renewals/tick", "leases lost", "AckWait expiries"], rows)
+    rows = [[r.runs, r.events_per_s, r.started, r.ramp_s, r.peak_rss_mb, r.rss_kib_per_run,
+             r.ticks, r.round_trips_per_tick, r.renewals_per_tick, r.leases_lost,
+             r.ackwait_expiries] for r in results]
+    return table(["runs", "events/s", "started", "ramp s", "peak RSS MB", "KiB/run",
+                  "heartbeat ticks", "round trips/tick", "renewals/tick", "leases lost",
+                  "AckWait expiries"], rows)
 
 
 def recovery_table(results: Sequence[Recovery]) -> str:

@@ -7,6 +7,7 @@ chunks stream is what these tests assert.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -14,15 +15,16 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.api import PubAck
 
-from schemas.chunk import ChunkKind
+from schemas.chunk import ChunkKind, StreamChunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
-from worker.chunk_stream import ChunkStream, refusal_chunk
+from worker.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
 from worker.errors import protocol_error
 from worker.leases import HeldLease, LeaseLost
 from worker.publisher import BusPublisher
@@ -124,6 +126,57 @@ async def test_a_lease_not_renewed_in_time_publishes_nothing(nc: Client) -> None
     with pytest.raises(LeaseLost):  # lost stays lost, whatever renews later
         lease.check()
     assert await _stored(nc, action_id) == []
+
+
+async def test_a_long_run_keeps_only_its_unconfirmed_chunks(nc: Client) -> None:
+    publisher = BusPublisher(nc.jetstream(), Subjects())
+    action_id = new_action_id()
+    stream = await ChunkStream.open(
+        publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
+    )
+    for n in range(5 * PRUNE_EVERY):
+        await stream.emit(ChunkKind.DATA, {"n": n})
+        await nc.flush()  # the PubAck of this chunk is back before the next one
+        await asyncio.sleep(0.01)
+    # Not the 40 chunks sent: the confirmed ones were let go along the way.
+    assert stream.awaiting_confirmation < PRUNE_EVERY
+    await stream.confirm()
+    assert _seqs(await _stored(nc, action_id)) == list(range(5 * PRUNE_EVERY))
+
+
+class _FailingFirst(BusPublisher):
+    """Chunk 0's confirmation fails; every other chunk is confirmed at once."""
+
+    def __init__(self, nc: Client) -> None:
+        super().__init__(nc.jetstream(), Subjects())
+        self.resent: list[int] = []
+
+    async def chunk(
+        self, chunk: StreamChunk, data: bytes | None = None, *, subject: str | None = None
+    ) -> asyncio.Future[PubAck]:
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        if chunk.seq == 0:
+            future.set_exception(TimeoutError("no PubAck"))
+        else:
+            future.set_result(PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1))
+        return future
+
+    async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
+        self.resent.append(chunk.seq)
+        return PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1)
+
+
+async def test_a_chunk_whose_confirmation_failed_is_kept_and_sent_again(nc: Client) -> None:
+    publisher = _FailingFirst(nc)
+    action_id = new_action_id()
+    stream = await ChunkStream.open(
+        publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
+    )
+    for n in range(3 * PRUNE_EVERY):
+        await stream.emit(ChunkKind.DATA, {"n": n})
+    assert stream.awaiting_confirmation < PRUNE_EVERY  # not 24: chunk 0 and the newest
+    await stream.confirm()
+    assert publisher.resent == [0]
 
 
 def test_a_refused_action_s_stream_is_one_error_chunk_at_seq_0() -> None:
