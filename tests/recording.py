@@ -11,7 +11,6 @@ and are given by tests that hold a real lease.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -19,6 +18,7 @@ from typing import Any
 
 from schemas.action import Action
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from worker.cancel_signal import CancelSignal
 from worker.endpoints import Endpoint
 from worker.hermes.http_client import HermesClient
 from worker.store.keys import ActionKeys
@@ -50,7 +50,7 @@ class RecordingContext:
     first_seq: int = 0
     #: Redis time of the lease acquire, as the runtime's Execution carries it.
     leased_at_ms: int = 0
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_requested: CancelSignal = field(default_factory=CancelSignal)
     chunks: list[StreamChunk] = field(default_factory=list)
     #: How many times the operation asked the runtime to record an unsafe attempt.
     unsafe_attempts: int = 0

@@ -18,6 +18,7 @@ from nats.aio.msg import Msg
 
 from schemas.action import Action
 from schemas.chunk import ChunkKind
+from worker.cancel_signal import CancelSignal
 from worker.endpoints import Endpoint
 from worker.hermes.http_client import HermesClient
 from worker.leases import HeldLease
@@ -64,7 +65,7 @@ class Execution:
         self.stores = stores
         self.metrics = metrics
         self.messages: list[Msg] = [msg]
-        self.cancel_requested = asyncio.Event()
+        self.cancel_requested = CancelSignal()
         if cancel_requested:
             self.cancel_requested.set()
         self.task: asyncio.Task[Any] | None = None

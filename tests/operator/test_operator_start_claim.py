@@ -15,6 +15,7 @@ from operator_support import Harness, error_code, objective
 
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
+from worker.cancel_signal import CancelSignal
 from worker.operator.binding import BindingState, session_id_for
 from worker.testing.fake_hermes import (
     FakeHermes,
@@ -42,7 +43,7 @@ async def test_fifty_concurrent_executions_start_exactly_one_run(
     action = harness.action(objective("summarize the case"))
     first = await harness.lease(action)
     contexts = [first] + [
-        dataclasses.replace(first, chunks=[], cancel_requested=asyncio.Event()) for _ in range(49)
+        dataclasses.replace(first, chunks=[], cancel_requested=CancelSignal()) for _ in range(49)
     ]
     outcomes = await asyncio.gather(*(harness.execute(ctx) for ctx in contexts))
 
@@ -92,7 +93,7 @@ async def test_expired_unbound_claim_is_outcome_unknown_and_never_stolen(
     h = harness.with_policy(start_claim_ttl_ms=1_000)
     action = h.action(objective("slow start"))
     ctx = await h.lease(action)
-    sibling = dataclasses.replace(ctx, chunks=[], cancel_requested=asyncio.Event())
+    sibling = dataclasses.replace(ctx, chunks=[], cancel_requested=CancelSignal())
 
     outcomes = await asyncio.gather(h.execute(ctx), h.execute(sibling))
 

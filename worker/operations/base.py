@@ -14,7 +14,6 @@ the answers of an operation that keeps no state of its own.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -27,6 +26,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import json_schema
 from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
+from worker.cancel_signal import CancelSignal
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
@@ -127,7 +127,7 @@ class ExecutionContext(Protocol):
     worker_id: str
     #: Set when a cancel intent for this Action is durable (operations that handle
     #: cancellation themselves watch it; others are cancelled by the runtime).
-    cancel_requested: asyncio.Event
+    cancel_requested: CancelSignal
     #: The worker's stores (leases, operator state, approvals, the Redis clock).
     stores: Stores
 

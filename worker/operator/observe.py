@@ -20,6 +20,7 @@ from typing import Any
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from worker import faults
+from worker.cancel_signal import CancelSignal
 from worker.errors import ConnectorError, EventStreamUnavailable
 from worker.hermes.sse import SSEEvent, SSELimits
 from worker.operations.run_events import Effect, rule_for
@@ -433,25 +434,26 @@ def _same_prompt(answered: ProviderSnapshot, seen: ProviderSnapshot) -> bool:
 class _CancelInterrupt:
     """Stops a wait for the next provider event the moment a cancel is requested.
 
-    One watcher per stream instead of racing two fresh tasks per event (that race cost
-    more than the event itself). The task is cancelled only while it waits in `anext`,
-    never while it handles an event, so an event is never half-recorded; a cancel that
-    arrives meanwhile is seen by the loop's `cancel_wanted()` check.
+    A callback on the execution's cancel signal instead of racing two fresh tasks per
+    event (that race cost more than the event itself) or a watcher task per stream (a
+    task per held run). The task is cancelled only while it waits in `anext`, never while
+    it handles an event, so an event is never half-recorded; a cancel that arrives
+    meanwhile is seen by the loop's `cancel_wanted()` check.
     """
 
-    def __init__(self, requested: asyncio.Event) -> None:
+    def __init__(self, requested: CancelSignal) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._task = task
+        self._requested = requested
         #: True only while the task waits in `anext` (set and cleared around it by the
         #: caller: a plain flag, as a context manager per event cost more than the event).
         self.waiting = False
         self._fired = False
-        self._watch = asyncio.ensure_future(requested.wait())
-        self._watch.add_done_callback(self._on_requested)
+        requested.add_callback(self._on_requested)
 
-    def _on_requested(self, watch: asyncio.Future[Any]) -> None:
-        if not watch.cancelled() and self.waiting and not self._fired:
+    def _on_requested(self) -> None:
+        if self.waiting and not self._fired:
             self._fired = True
             self._task.cancel("operator cancel requested")
 
@@ -460,7 +462,7 @@ class _CancelInterrupt:
         return self._fired and self._task.uncancel() == 0
 
     def close(self) -> None:
-        self._watch.cancel()
+        self._requested.remove_callback(self._on_requested)
 
 
 class _Bookkeeping:

@@ -131,9 +131,15 @@ class OperatorOperation:
         forbid_start: ConnectorError | None = None,
     ) -> Outcome:
         session = OperatorSession(ctx, self.policy, store, source_action_id=ctx.action.id)
-        # Built before the binding exists, so an over-size input never leaves one behind.
-        body = provider_payload(session, objective, session_id_for(ctx.action.id))
-        return outcome_of(await start_and_drive(session, body, forbid_start=forbid_start))
+        # Built before the binding exists, so an over-size input never leaves one behind;
+        # not kept in a local, so the start fence can let go of it once sent.
+        return outcome_of(
+            await start_and_drive(
+                session,
+                provider_payload(session, objective, session_id_for(ctx.action.id)),
+                forbid_start=forbid_start,
+            )
+        )
 
     async def _resume(
         self, ctx: ExecutionContext, store: OperatorStore, resume: OperatorResume
@@ -169,6 +175,7 @@ async def start_and_drive(
     ctx = session.ctx
     fingerprint = operator_fingerprint(ctx.endpoint.id, ctx.action)
     fence = StartFence(session, body, forbid_start=forbid_start)
+    del body  # the fence holds it, and drops it once the start is sent
     binding = await fence.create(
         lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
     )
