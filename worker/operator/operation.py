@@ -186,6 +186,8 @@ async def start_and_drive(
         await fence.run()
         # Only the invocation that bound the run may read its single-use stream.
         stream = fence.bound
+    # The handle holds the current binding; this first copy would live as long as the run.
+    del binding
     return await drive_binding(session, stream=stream)
 
 
@@ -196,16 +198,17 @@ async def drive_binding(session: OperatorSession, *, stream: bool) -> OperatorBi
     run was started, it is observed, recovered and cancelled the same way.
     """
     observer = Observer(session)
-    binding = session.handle.binding
-    while not binding.terminal and binding.status is not S.WAITING_FOR_APPROVAL:
-        if binding.status is S.STARTING:
+    handle = session.handle
+    # The binding is read from the handle at each step, never kept across an await: a
+    # copy held while the run is observed would double what each held run keeps.
+    while not handle.binding.terminal and handle.binding.status is not S.WAITING_FOR_APPROVAL:
+        if handle.binding.status is S.STARTING:
             break  # the start fence ended without a run: nothing to observe
-        if binding.status is S.CANCELLING or session.cancel_wanted():
-            binding = await reconcile_cancel(session, observer)
-            break
-        binding = await observer.follow(stream=stream)
+        if handle.binding.status is S.CANCELLING or session.cancel_wanted():
+            return await reconcile_cancel(session, observer)
+        await observer.follow(stream=stream)
         stream = False
-    return binding
+    return handle.binding
 
 
 def operator_operation(
