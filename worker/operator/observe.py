@@ -486,7 +486,15 @@ class _Bookkeeping:
         return self._task is not None and not self._task.done()
 
     def start(self, work: Coroutine[Any, Any, None]) -> None:
-        self._task = asyncio.get_running_loop().create_task(work)
+        self._task = task = asyncio.get_running_loop().create_task(work)
+        task.add_done_callback(self._forget_if_done_well)
+
+    def _forget_if_done_well(self, task: asyncio.Task[None]) -> None:
+        """A write that succeeded has nothing left to report: let the task go now rather
+        than at the next event, which a slow run may not send for minutes (a finished task
+        per held run otherwise, bench figure 4). A failure stays for `check`/`settle`."""
+        if self._task is task and not task.cancelled() and task.exception() is None:
+            self._task = None
 
     def check(self) -> None:
         """Raise the failure of a finished task (and forget it either way)."""
