@@ -193,7 +193,11 @@ class HermesClient:
         )
         # What `build_request` would merge into every request, computed once (`_build`).
         self._base_url = str(self._client.base_url).rstrip("/")
-        self._default_headers = {k.lower(): v for k, v in self._client.headers.items()}
+        # Less `connection: keep-alive`, HTTP/1.1's default: a header copied into every
+        # request of every held run (httpx's request and aiohttp's) for nothing.
+        self._default_headers = {
+            k.lower(): v for k, v in self._client.headers.items() if k.lower() != "connection"
+        }
         self._timeout_extension = {"timeout": self.timeout.as_dict()}
 
     def auth_headers(self) -> dict[str, str]:

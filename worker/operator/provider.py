@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,7 @@ import msgspec
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, EventStreamUnavailable, refused_before_start
-from worker.hermes.http_client import HermesClient, SSEStream, error_code_of
+from worker.hermes.http_client import HermesClient, error_code_of
 from worker.hermes.sse import SSEEvent, SSELimits
 
 START_ROUTE = "/v1/runs"
@@ -290,10 +290,13 @@ async def open_events(
     """The run's event stream, bounded by `limits` (frame bytes, event count), opened along
     the client's one SSE path (`HermesClient.stream_sse`, as the raw `runs` capability).
 
-    Any failure of the stream itself, opening it (404, another status, no event stream,
-    transport) or reading it (limit, decode, idle, cut), is `EventStreamUnavailable`: the
-    observer polls instead. An error raised by the caller's own block passes unchanged; the
-    connection is closed whatever way the block ends.
+    A failure to open it (404, another status, no event stream, transport) is
+    `EventStreamUnavailable`: the observer polls instead. Reading yields the stream's own
+    typed failures (limit, decode, idle, cut: `SSEStream.events`), which the observer's
+    read (`Observer._follow_stream`) turns into `EventStreamUnavailable` in the one place it
+    reads, rather than through another generator per held run. An error raised by the
+    caller's own block passes unchanged; the connection is closed whatever way the block
+    ends.
     """
     opened = False
     try:
@@ -301,7 +304,7 @@ async def open_events(
             "GET", EVENTS_ROUTE, {"run_id": run_id}, headers=headers, limits=limits
         ) as stream:
             opened = True
-            events = _poll_on_failure(stream)
+            events = stream.events()
             try:
                 yield events
             finally:
@@ -310,12 +313,3 @@ async def open_events(
         if opened:
             raise
         raise EventStreamUnavailable(exc.message) from None
-
-
-async def _poll_on_failure(stream: SSEStream) -> AsyncGenerator[SSEEvent, None]:
-    async with contextlib.aclosing(stream.events()) as events:
-        try:
-            async for event in events:
-                yield event
-        except ConnectorError as exc:
-            raise EventStreamUnavailable(exc.message) from None
