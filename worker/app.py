@@ -173,14 +173,18 @@ class Worker:
             errors=self.errors,
         )
         actions = Pipeline(self.rt, ActionIntake(self.rt))
+        if self.settle_gc:
+            # Wired, and nothing consumed yet. Before the first pull loop on purpose: its
+            # "bound to consumer" line is what readiness waits for, and the collection
+            # (tens of ms, more on a busy machine) between an egress loop's line and the
+            # control plane's subscriptions left a demo's manifest request unanswered.
+            gc_policy.settle_startup()
         if settings.channel_egress_file is not None:
             await self._start_egress(js, endpoints)
         if settings.channel_ingress_file is not None:
             await self._start_ingress(js, endpoints, publisher)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
         await self.control.start()
-        if self.settle_gc:
-            gc_policy.settle_startup()  # wired, and nothing fetched yet
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
         self._tasks.append(loop.create_task(health.run()))
