@@ -32,6 +32,10 @@ _CLI_TIMEOUT_S = 60.0
 #: A slot map: (first slot, last slot, port of the owning master), sorted.
 SlotMap = tuple[tuple[int, int, int], ...]
 
+#: How long one manual failover is given before it is asked for again: past Redis' own
+#: 5 s manual-failover limit, after which it has been abandoned.
+MANUAL_FAILOVER_RETRY_S = 6.0
+
 
 class HostPort(NamedTuple):
     """A node address, as `ClusterNode(host, port)` wants it."""
@@ -141,10 +145,34 @@ class RedisCluster(ServiceGroup):
         """`master` or `slave`, as the node itself reports (ROLE)."""
         return str(_call(node, "ROLE")[0])
 
-    def failover(self, replica: RedisServer, *, mode: str = "", timeout: float = 15.0) -> None:
-        """Promote `replica` with CLUSTER FAILOVER (mode "", "FORCE" or "TAKEOVER") and wait."""
-        _call(replica, "CLUSTER", "FAILOVER", *([mode] if mode else []))
-        self.wait_promoted(replica, timeout=timeout)
+    def failover(self, replica: RedisServer, *, mode: str = "", timeout: float = 30.0) -> None:
+        """Promote `replica` with CLUSTER FAILOVER (mode "", "FORCE" or "TAKEOVER") and wait.
+
+        Redis abandons a manual failover that has not completed within its own limit (5 s:
+        the master pauses its clients while the replica catches up). On a loaded machine
+        that limit can pass, and nothing is promoted, so the command is sent again (it is
+        refused only once the node is a master) until `timeout`. One clean-clone CI run
+        failed waiting 15 s for a promotion, most likely one Redis had abandoned.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                _call(replica, "CLUSTER", "FAILOVER", *([mode] if mode else []))
+            except redis.ResponseError:
+                if self.role(replica) != "master":
+                    raise  # refused for another reason than "already promoted"
+            try:
+                wait_until(
+                    lambda: self.role(replica) == "master",
+                    timeout=min(MANUAL_FAILOVER_RETRY_S, max(deadline - time.monotonic(), 0.1)),
+                    what=f"node :{replica.port} to become master",
+                    poll=0.1,
+                )
+                break
+            except TimeoutError:
+                if time.monotonic() >= deadline:
+                    raise
+        self.wait_ok(timeout=max(deadline - time.monotonic(), 0.1))
 
     def wait_promoted(self, replica: RedisServer, timeout: float = 15.0) -> None:
         """Wait until `replica` has become a master and the cluster is ok again."""
