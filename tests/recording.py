@@ -19,14 +19,13 @@ from typing import Any
 from schemas.action import Action
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from worker.cancel_signal import CancelSignal
+from worker.chunk_stream import TERMINAL_KINDS
 from worker.endpoints import Endpoint
 from worker.hermes.http_client import HermesClient
 from worker.store.keys import ActionKeys
 from worker.stores import Stores
 from worker.trust.identities import TrustedIdentity
 from worker.trust.projection import trusted_projection
-
-_TERMINAL = (ChunkKind.DONE, ChunkKind.ERROR)
 
 
 @dataclass
@@ -90,8 +89,8 @@ class RecordingContext:
     ) -> int:
         """Record the next chunk; like the runtime's chunk stream, only the first terminal
         chunk counts (a later one is dropped and answered with the first's seq)."""
-        terminal = next((c for c in self.chunks if c.kind in _TERMINAL), None)
-        if terminal is not None and kind in _TERMINAL:
+        terminal = next((c for c in self.chunks if c.kind in TERMINAL_KINDS), None)
+        if terminal is not None and kind in TERMINAL_KINDS:
             return terminal.seq
         seq = self.next_seq
         self.chunks.append(

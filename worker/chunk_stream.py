@@ -41,7 +41,7 @@ from worker.errors import ConnectorError
 from worker.execution import now_ms
 from worker.leases import HeldLease
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher
+from worker.publisher import BusPublisher, confirmed
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
@@ -185,7 +185,7 @@ class ChunkStream:
         if len(self._pending) >= self._prune_at:
             # Confirmed already: nothing left to wait for or re-send. The rest keep their
             # order, so a failed one is still re-sent in seq order by `confirm`.
-            self._pending = [p for p in self._pending if not _confirmed(p[1])]
+            self._pending = [p for p in self._pending if not confirmed(p[1])]
             # The next scan waits until the list has doubled: when confirmations lag (a
             # flood), a scan every PRUNE_EVERY chunks over hundreds of unconfirmed ones was
             # 7% of the relay's CPU; this way each chunk is looked at a bounded number of
@@ -272,11 +272,6 @@ class ChunkStream:
         await self.publisher.confirm([(terminal, pending)])
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, str(terminal.__struct_config__.tag))
-
-
-def _confirmed(future: asyncio.Future[PubAck]) -> bool:
-    """The chunk is stored: its PubAck arrived (what `BusPublisher.confirm` accepts)."""
-    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def refusal_chunk(

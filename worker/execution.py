@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from nats.aio.msg import Msg
 
 from schemas.action import Action
-from schemas.chunk import ChunkKind
 from worker.cancel_signal import CancelSignal
 from worker.endpoints import Endpoint
 from worker.hermes.http_client import HermesClient
@@ -61,6 +60,9 @@ class Execution:
         self.hermes = hermes
         self.lease = lease
         self.chunks = chunks
+        #: Publish the next chunk (`ExecutionContext.emit`): the stream's own method, not a
+        #: forwarding coroutine per chunk.
+        self.emit = chunks.emit
         self.worker_id = worker_id
         self.stores = stores
         self.metrics = metrics
@@ -110,18 +112,6 @@ class Execution:
 
     def trusted_headers(self) -> Mapping[str, str]:
         return self._headers
-
-    async def emit(
-        self,
-        kind: ChunkKind,
-        payload: Any = None,
-        *,
-        provider_event: str | None = None,
-        run_id: str | None = None,
-    ) -> int:
-        return await self.chunks.emit(
-            kind, payload, provider_event=provider_event, run_id=run_id
-        )
 
     async def mark_unsafe_attempt(self) -> None:
         lease = self.lease

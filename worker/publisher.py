@@ -51,6 +51,11 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 _FULL_ERR_CODES = frozenset({10077, 10023, 10047})
 
 
+def confirmed(future: asyncio.Future[PubAck]) -> bool:
+    """The chunk is stored: its PubAck arrived (nothing to wait for or re-send)."""
+    return future.done() and not future.cancelled() and future.exception() is None
+
+
 class BusPublisher:
     def __init__(
         self,
@@ -127,7 +132,7 @@ class BusPublisher:
         if waiting:
             await asyncio.wait(waiting, timeout=self.confirm_timeout_s)
         for chunk, future in pending:
-            if future.done() and not future.cancelled() and future.exception() is None:
+            if confirmed(future):
                 continue
             future.cancel()
             try:

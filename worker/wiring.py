@@ -54,7 +54,7 @@ def binding_cancel_hook() -> BindingCancelHook | None:
 
 
 def add_extra_commands(sub: Any) -> None:
-    """Subcommands owned by other packages (trust, operator, audit, demo)."""
+    """Subcommands owned by other packages (trust, operator, escalation, demo, qualify)."""
     from worker import demo_command
     from worker.escalation import admin as escalation_admin
     from worker.operator import admin as operator_admin

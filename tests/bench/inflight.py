@@ -1,6 +1,7 @@
 """Figure 4: 10,000 slow operator runs held at once by one worker process.
 
-The pacer serves runs that emit one event every two seconds for a minute. One worker (a
+The pacer serves runs that each emit an event every `event_every_s(runs)` seconds (1,000
+events/s together, at most one every 2 s per run) for `RUN_S`. One worker (a
 slot per run) takes the runs' Actions; once the pacer has seen every start the bench holds
 them for a few heartbeat ticks and reads the worker's RSS (peak of 1 s samples), its Redis pipelines
 (the heartbeat is the worker's only pipeline: round trips per tick = 1 + its SCRIPT EXISTS

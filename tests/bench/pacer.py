@@ -1,7 +1,7 @@
 """`python -m tests.bench.pacer`: a minimal Hermes `/v1/runs` whose streams keep a set pace.
 
 The fake Hermes streams as fast as it can (or with fixed per-frame delays); two figures need
-a *paced* source instead: the relay latency at 5,000 events/s offered, and 2,000 slow runs
+a *paced* source instead: the relay latency at 5,000 events/s offered, and 10,000 slow runs
 that stay open long enough to be held at once. Only the routes the operator uses on that
 path exist: `POST /v1/runs` (202 + run id), `GET /v1/runs/{id}/events` (SSE, `data:` only,
 single use) and `GET /v1/runs/{id}` (status). Every event carries the wall-clock time it

@@ -148,6 +148,11 @@ class ExecutionContext(Protocol):
         ...
 
     @property
+    def leased_at_ms(self) -> int:
+        """Redis time of this delivery's lease acquire (0: unknown)."""
+        ...
+
+    @property
     def attempted_fence(self) -> int:
         """Fence of an earlier owner that recorded sending an unsafe request (0: none)."""
         ...
@@ -170,7 +175,7 @@ class ExecutionContext(Protocol):
         run_id: str | None = None,
     ) -> int:
         """Publish the next chunk (its seq is returned); raises ConnectorError on failure,
-        `worker.leases.LeaseLost` when the lease may have passed to another worker. A
+        `worker.errors.LeaseLost` when the lease may have passed to another worker. A
         terminal kind (`done`, `error`) is published after the settle, and only the first
         one counts."""
         ...

@@ -10,7 +10,8 @@ Because every transition passes through `update`, it is also the one terminal ho
 first time an update leaves the binding terminal (written by this holder, or found so by a
 concurrent one), `on_terminal` runs, once per handle. The session hangs the release of the
 endpoint's run slot on it (docs/architecture.md §8 "Endpoint capacity"), so no terminal path
-can forget the slot or free it twice.
+can forget the slot or free it twice. (`StartFence.create` also gives back a slot it took
+for a binding it then found terminal: no update of this handle ran.)
 """
 
 from __future__ import annotations
@@ -128,7 +129,7 @@ class BindingHandle:
         adopted exactly as a read would have found it. Otherwise the read comes first and
         its Redis time is the creation time.
         """
-        if self._created_at_hint_ms > 0:
+        if self.creates_without_reading:
             created_at = self._created_at_hint_ms
         else:
             try:

@@ -42,8 +42,6 @@ class OperatorSession:
         self.policy = policy
         self.store = store
         self.source_action_id = source_action_id
-        # A first lease of an Action's own keys (fence 1, no takeover): no owner before this
-        # one could have created its binding, so `create` may skip the read (see there).
         self.capacity = EndpointCapacity(
             store,
             ctx.endpoint.id,
@@ -52,7 +50,9 @@ class OperatorSession:
             slot_ttl_ms=policy.start_claim_ttl_ms,
             poll_s=policy.poll_interval_ms / 1000,
         )
-        first_lease_at = getattr(ctx, "leased_at_ms", 0)
+        # A first lease of an Action's own keys (fence 1, no takeover): no owner before this
+        # one could have created its binding, so `create` may skip the read (see there).
+        first_lease_at = ctx.leased_at_ms
         fresh = not ctx.is_takeover and ctx.keys.slot_action_id == ctx.action.id
         # The run slot is released from one place: the handle's terminal hook, the first
         # time an update leaves the binding terminal, on every terminal path alike.

@@ -1,8 +1,8 @@
 """The delivery pipeline: one envelope from the bus to its answer (docs/architecture.md §4).
 
 - `pipeline`: `Pipeline`, the order of the steps and the guard around them;
-- `delivery`: the frozen `Delivery` the steps pass along, and `Rejected`/`Refusal`, the two
-  ways a step ends a delivery early;
+- `delivery`: the frozen `Delivery` the steps pass along, and `is_dependency_failure`;
+  `Rejected`/`Refusal` (worker/errors.py) are the two ways a step ends a delivery early;
 - `steps`: an Action's intake (decode, signature, `Nats-Msg-Id`, route, admission,
   deadline) and the checks every intake shares;
 - `acquire`: the lease acquire;

@@ -197,7 +197,7 @@ class Answers:
         )
         rt.metrics.delivery(endpoint_id, DeliveryOutcome.DUPLICATE)
         wait_ms = max(50, min(grant.expires_at_ms - now_ms() + 50, rt.settings.lease_ttl_ms))
-        await quiet(msg.nak(delay=wait_ms / 1000))
+        await self.nak(msg, wait_ms / 1000)
         return False
 
     async def republish(

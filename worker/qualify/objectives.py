@@ -14,7 +14,8 @@ from __future__ import annotations
 TOOL_ECHO = "scenario-tool-echo"
 #: The agent calls `terminal` with `chmod 777 …`, which Hermes holds for approval (manual mode).
 NEEDS_APPROVAL = "scenario-needs-approval"
-#: The reply is streamed slowly (forty deltas a tenth of a second apart): runs can be stopped.
+#: The reply is streamed slowly (`worker.testing.scenario.SLOW_DELTAS` deltas,
+#: `SLOW_DELTA_DELAY_S` apart): runs can be stopped.
 SLOW_REPLY = "scenario-slow-reply"
 #: The LLM answers with an HTTP error, so the run ends `run.failed`.
 LLM_ERROR = "scenario-llm-error"

@@ -218,7 +218,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Generator[None, None, None]:
     try:
         return (yield)
     except HermesUnavailable as exc:
-        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
+        _hermes_unavailable(exc)
 
 
 @pytest.hookimpl(wrapper=True)
@@ -230,7 +230,12 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, None, None]:
     except ServiceControlUnavailable as exc:
         service_unavailable(str(exc))
     except HermesUnavailable as exc:
-        service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
+        _hermes_unavailable(exc)
+
+
+def _hermes_unavailable(exc: HermesUnavailable) -> NoReturn:
+    """The skip-or-fail policy for a real Hermes that could not be installed or started."""
+    service_unavailable(f"the real Hermes is unavailable: {exc.reason}")
 
 
 @pytest.fixture

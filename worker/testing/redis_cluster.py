@@ -162,11 +162,8 @@ class RedisCluster(ServiceGroup):
                 if self.role(replica) != "master":
                     raise  # refused for another reason than "already promoted"
             try:
-                wait_until(
-                    lambda: self.role(replica) == "master",
-                    timeout=min(MANUAL_FAILOVER_RETRY_S, max(deadline - time.monotonic(), 0.1)),
-                    what=f"node :{replica.port} to become master",
-                    poll=0.1,
+                self._wait_master(
+                    replica, min(MANUAL_FAILOVER_RETRY_S, max(deadline - time.monotonic(), 0.1))
                 )
                 break
             except TimeoutError:
@@ -177,13 +174,16 @@ class RedisCluster(ServiceGroup):
     def wait_promoted(self, replica: RedisServer, timeout: float = 15.0) -> None:
         """Wait until `replica` has become a master and the cluster is ok again."""
         deadline = time.monotonic() + timeout
+        self._wait_master(replica, timeout)
+        self.wait_ok(timeout=max(deadline - time.monotonic(), 0.1))
+
+    def _wait_master(self, replica: RedisServer, timeout: float) -> None:
         wait_until(
             lambda: self.role(replica) == "master",
             timeout=timeout,
             what=f"node :{replica.port} to become master",
             poll=0.1,
         )
-        self.wait_ok(timeout=max(deadline - time.monotonic(), 0.1))
 
     def _build(self) -> None:
         count = self.masters_count * (1 + self.replicas_per_master)

@@ -25,9 +25,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, NoReturn, Protocol, TypeVar
+from typing import Any, NoReturn, Protocol
 
 import nats
 import nats.errors
@@ -44,7 +44,6 @@ _POLL_S = 0.01
 _DATABASES = range(1, 16)
 #: The client name of the janitor's own connections, which never count as a test's.
 JANITOR = "aip-test-janitor"
-_T = TypeVar("_T")
 
 
 class SharedView:
@@ -128,7 +127,10 @@ class NatsJanitor:
         return sum(1 for conn in report.get("connections") or [] if conn.get("name") != JANITOR)
 
     def wipe(self, server: ServiceHandle) -> None:
-        _run_async(lambda: _delete_streams(server.url))
+        # On a loop of its own, in a thread: fixtures are sync and may be torn down while a
+        # test's event loop still exists.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, _delete_streams(server.url)).result(timeout=30.0)
 
     def leftovers(self, server: ServiceHandle) -> str | None:
         report = http_json(f"{_monitor(server)}/jsz")
@@ -242,10 +244,3 @@ async def _delete_streams(url: str) -> None:
                 await js.delete_stream(info.config.name)
     finally:
         await nc.close()
-
-
-def _run_async(job: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
-    """Run a coroutine to completion on a loop of its own, in a thread: fixtures are sync and
-    may be torn down while a test's event loop still exists."""
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(lambda: asyncio.run(job())).result(timeout=30.0)
