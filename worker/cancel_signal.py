@@ -11,6 +11,7 @@ someone waits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 
 
@@ -44,8 +45,9 @@ class CancelSignal:
         self._callbacks.append(callback)
 
     def remove_callback(self, callback: Callable[[], None]) -> None:
-        if self._callbacks is not None and callback in self._callbacks:
-            self._callbacks.remove(callback)
+        if self._callbacks is not None:
+            with contextlib.suppress(ValueError):
+                self._callbacks.remove(callback)
 
     async def wait(self) -> bool:
         """Until the signal is set (True, like `asyncio.Event.wait`)."""

@@ -86,7 +86,8 @@ class BusPublisher:
     async def _publish_async(
         self, subject: str, payload: bytes, headers: dict[str, str], wait_stall: float
     ) -> asyncio.Future[PubAck]:
-        """`js.publish_async`, without its stall timer when a slot is free.
+        """`self.acks.publish` when the worker has its own acknowledgement subscription;
+        else `js.publish_async`, without its stall timer when a slot is free.
 
         nats-py wraps the wait for a free in-flight slot in `asyncio.wait_for`, which costs a
         task per publish; with a slot free the wait cannot block, so no timer is needed.

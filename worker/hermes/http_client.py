@@ -200,21 +200,12 @@ class HermesClient:
         }
         self._timeout_extension = {"timeout": self.timeout.as_dict()}
 
-    def auth_headers(self) -> dict[str, str]:
-        key = self.endpoint.api_key
-        return {} if key is None else {"Authorization": f"Bearer {key.reveal()}"}
-
     def require_key(self, what: str) -> None:
         if self.endpoint.api_key is None:
             raise ConnectorError(
                 ErrorCode.MISSING_CREDENTIAL,
                 f"{what} is protected and endpoint {self.endpoint.id} has no API key",
             )
-
-    @property
-    def http(self) -> httpx.AsyncClient:
-        """The shared client (the key is added per request, never stored on it)."""
-        return self._client
 
     def _build(
         self,
@@ -382,8 +373,8 @@ class HermesClient:
             self.observe(method, route, status, started)
 
     def observe(self, method: str, route: str, status: int | None, started: float) -> None:
-        """Record one finished exchange (metrics and an audit receipt); callers that talk
-        to `.http` directly (the operator's start and event stream) call it too."""
+        """Record one finished exchange (metrics and an audit receipt); a caller that sends
+        through `post_bytes` itself (the operator's start) calls it too."""
         seconds = time.monotonic() - started
         if self.metrics is not None:
             self.metrics.provider_call(self.endpoint.id, method, route, status, seconds)

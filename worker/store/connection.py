@@ -233,7 +233,7 @@ class MultiplexedRedis(Redis):
 
 def multiplexed(redis: Any) -> Multiplexed | None:
     """The shared script connection of a client `open_redis` made (None: use redis-py)."""
-    return getattr(redis, "multiplexed", None) if isinstance(redis, MultiplexedRedis) else None
+    return redis.multiplexed if isinstance(redis, MultiplexedRedis) else None
 
 
 def open_redis(
@@ -281,7 +281,7 @@ def open_redis(
         single = cast(MultiplexedRedis, MultiplexedRedis.from_pool(pool))
         single.multiplexed = Multiplexed.for_url(
             url,
-            password=password.reveal() if password is not None else None,
+            password=common.get("password"),
             timeout_s=socket_timeout_s,
             connect_timeout_s=socket_timeout_s,
         )

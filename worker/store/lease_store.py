@@ -3,8 +3,9 @@
 Every call here is one script on one slot. A call that fails ambiguously (timeout, lost
 connection) is retried with the same owner token until it gets an answer or the deadline
 passes: each script answers a repeat with what the first run did, so the retry *is* the
-re-read, and nothing is decided on a guess. Calls are shielded from cancellation so a
-cancelled caller never leaves a half-read reply on a shared connection.
+re-read, and nothing is decided on a guess. Calls on a pooled connection are shielded from
+cancellation so a cancelled caller never leaves a half-read reply on it; script calls on
+the shared connection need no shield (`Script.reasked`).
 """
 
 from __future__ import annotations
@@ -137,20 +138,8 @@ class LeaseStore:
         #: The fetch gate; when set, an acquire is refused at once while it is closed.
         self.health = health
 
-    async def _call(
-        self,
-        fn: Callable[[], Awaitable[T]],
-        budget_s: float | None = None,
-        *,
-        script_only: bool = False,
-    ) -> T:
-        """`fn` re-asked within the budget; `script_only`: `fn` is one script call, which
-        needs no shield when the scripts share the multiplexed connection."""
-        return await reask(
-            fn,
-            budget_s=self.call_budget_s if budget_s is None else budget_s,
-            shield=not (script_only and self.scripts.cancel_safe),
-        )
+    async def _call(self, fn: Callable[[], Awaitable[T]], budget_s: float | None = None) -> T:
+        return await reask(fn, budget_s=self.call_budget_s if budget_s is None else budget_s)
 
     async def acquire(
         self,
@@ -173,22 +162,19 @@ class LeaseStore:
         budget_s = min(self.call_budget_s, ACQUIRE_BUDGET_S)
         try:
             async with asyncio.timeout(budget_s):
-                reply = await reask(
-                    lambda: self.scripts["lease_acquire"](
-                        keys=[keys.lease, keys.result, keys.cancel, keys.cancel_pending],
-                        args=[
-                            owner,
-                            ttl_ms,
-                            self.lease_key_ttl_ms,
-                            fingerprint,
-                            recorded.principal_id,
-                            recorded.tenant_id or "",
-                            recorded.capability,
-                        ],
-                    ),
+                reply = await self.scripts["lease_acquire"].reasked(
+                    [keys.lease, keys.result, keys.cancel, keys.cancel_pending],
+                    [
+                        owner,
+                        ttl_ms,
+                        self.lease_key_ttl_ms,
+                        fingerprint,
+                        recorded.principal_id,
+                        recorded.tenant_id or "",
+                        recorded.capability,
+                    ],
                     budget_s=budget_s,
                     give_up_if=is_refused,
-                    shield=not self.scripts.cancel_safe,
                 )
         except TimeoutError:
             if health is not None:
@@ -236,29 +222,25 @@ class LeaseStore:
         ]
 
     async def release(self, keys: ActionKeys, owner: str, fence: int) -> bool:
-        reply = await self._call(
-            lambda: self.scripts["lease_release"](keys=[keys.lease], args=[owner, fence]),
-            script_only=True,
+        reply = await self.scripts["lease_release"].reasked(
+            [keys.lease], [owner, fence], budget_s=self.call_budget_s
         )
         return bool(reply)
 
     async def mark_attempt(self, keys: ActionKeys, owner: str, fence: int) -> bool:
         """Record that this fence is about to send an unsafe request; False: send nothing."""
-        reply = await self._call(
-            lambda: self.scripts["mark_attempt"](keys=[keys.lease], args=[owner, fence]),
-            script_only=True,
+        reply = await self.scripts["mark_attempt"].reasked(
+            [keys.lease], [owner, fence], budget_s=self.call_budget_s
         )
         return bool(reply)
 
     async def settle(
         self, keys: ActionKeys, owner: str, fence: int, result_json: bytes
     ) -> SettleOutcome:
-        reply = await self._call(
-            lambda: self.scripts["settle"](
-                keys=[keys.lease, keys.result],
-                args=[owner, fence, result_json, self.result_ttl_ms],
-            ),
-            script_only=True,
+        reply = await self.scripts["settle"].reasked(
+            [keys.lease, keys.result],
+            [owner, fence, result_json, self.result_ttl_ms],
+            budget_s=self.call_budget_s,
         )
         status, stored = reply
         stored_bytes = stored if isinstance(stored, bytes) else _s(stored).encode()

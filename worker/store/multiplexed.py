@@ -34,7 +34,6 @@ import hiredis
 from redis._parsers.base import BaseParser
 from redis.asyncio.connection import parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 
@@ -44,18 +43,14 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return hiredis.pack_command(args)  # type: ignore[no-any-return]
 
 
-def _as_redis_error(reply: ResponseError) -> Exception:
-    """The exception redis-py raises for this error reply (`NOSCRIPT` → NoScriptError…)."""
-    error: Exception = BaseParser.parse_error(str(reply))  # type: ignore[no-untyped-call]
-    return error
-
-
 class _Wire(asyncio.Protocol):
     """One TCP connection: writes commands, resolves waiting futures in reply order."""
 
     def __init__(self, timeout_s: float) -> None:
         self.timeout_s = timeout_s
-        self.reader = hiredis.Reader(replyError=ResponseError)
+        # Error replies become redis-py's own exceptions (NOSCRIPT → NoScriptError, OOM →
+        # OutOfMemoryError…), made by its own parser, as its hiredis connections do.
+        self.reader = hiredis.Reader(replyError=BaseParser.parse_error)
         #: (future, monotonic time sent) of every command not answered yet, oldest first.
         self.waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
         #: Commands queued in this loop turn, written together by `_flush`.
@@ -121,8 +116,8 @@ class _Wire(asyncio.Protocol):
             future, _ = waiting.popleft()
             if future.done():
                 continue  # its caller was cancelled or timed out: the reply is dropped
-            if isinstance(reply, ResponseError):
-                future.set_exception(_as_redis_error(reply))
+            if isinstance(reply, Exception):
+                future.set_exception(reply)
             else:
                 future.set_result(reply)
 

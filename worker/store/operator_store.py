@@ -11,7 +11,8 @@ The binding of one source Action lives in one hash (`binding` of `ActionKeys`):
 
 Every call is one script on one slot and shares the lease store's retry discipline: an
 ambiguous failure is retried with the same arguments (each script answers a repeat with what
-the first run did), calls are shielded from cancellation, and a budget bounds the retries.
+the first run did), calls on a pooled connection are shielded from cancellation (script
+calls on the shared one need no shield: `Script.reasked`), and a budget bounds the retries.
 
 Write confirmation (when the client carries a `WriteConfirmation`, see `connection.py`):
 Redis replicates asynchronously, so a failover can promote a replica that never received an
@@ -32,7 +33,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -149,18 +150,19 @@ class OperatorStore:
         #: Writes that were not confirmed in time (diagnostics and tests).
         self.unconfirmed_writes = 0
 
-    async def _call(self, fn: Callable[[], Awaitable[T]], *, script_only: bool = False) -> T:
-        """`fn` re-asked within the budget; `script_only`: `fn` is one script call, which
-        needs no shield when the scripts share the multiplexed connection."""
-        shield = not (script_only and self.scripts.cancel_safe)
-        return await reask(fn, budget_s=self.call_budget_s, retry_if=_retriable, shield=shield)
+    async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
+        return await reask(fn, budget_s=self.call_budget_s, retry_if=_retriable)
+
+    async def _script(self, name: str, keys: Sequence[Any], args: Sequence[Any] = ()) -> Any:
+        """One script re-asked with this store's budget and retry rule (`Script.reasked`)."""
+        return await self.scripts[name].reasked(
+            keys, args, budget_s=self.call_budget_s, retry_if=_retriable
+        )
 
     # --- bindings --------------------------------------------------------------------------
 
     async def read(self, binding_key: str) -> StoredBinding:
-        reply = await self._call(
-            lambda: self.scripts["operator_read"](keys=[binding_key]), script_only=True
-        )
+        reply = await self._script("operator_read", [binding_key])
         doc, revision, cancel, reconciliation, now = reply
         doc_bytes = _b(doc)
         rec_bytes = _b(reconciliation)
@@ -199,19 +201,14 @@ class OperatorStore:
         return _write_reply(await self._write(call, must_confirm=state == _MUST_CONFIRM_STATE))
 
     async def mark_cancel(self, binding_key: str) -> tuple[MarkStatus, str]:
-        reply = await self._call(
-            lambda: self.scripts["operator_mark_cancel"](keys=[binding_key]), script_only=True
-        )
+        reply = await self._script("operator_mark_cancel", [binding_key])
         status, state = reply
         return MarkStatus(_s(status)), _s(state)
 
     async def record_reconciliation(
         self, binding_key: str, decision: bytes
     ) -> tuple[ReconcileStatus, bytes]:
-        reply = await self._call(
-            lambda: self.scripts["operator_reconcile"](keys=[binding_key], args=[decision]),
-            script_only=True,
-        )
+        reply = await self._script("operator_reconcile", [binding_key], [decision])
         status, stored = reply
         return ReconcileStatus(_s(status)), _b(stored)
 
@@ -221,9 +218,7 @@ class OperatorStore:
         """Run a binding write; with a confirmation policy, wait for replicas (module doc)."""
         confirm = self.confirm
         if confirm is None:
-            return await self._call(
-                lambda: self.scripts[call.name](keys=call.keys, args=call.args), script_only=True
-            )
+            return await self._script(call.name, call.keys, call.args)
         deadline = time.monotonic() + self.call_budget_s
         while True:
             reply, confirmed = await self._call(lambda: self._write_and_wait(call, confirm))
@@ -298,21 +293,15 @@ class OperatorStore:
     ) -> tuple[bool, int]:
         """Take (or refresh) the holder's slot; (acquired, holders now)."""
         key = capacity_key(endpoint_id)
-        reply = await self._call(
-            lambda: self.scripts["capacity_acquire"](
-                keys=[key], args=[holder, limit, ttl_ms, "1" if force else "0"]
-            ),
-            script_only=True,
+        reply = await self._script(
+            "capacity_acquire", [key], [holder, limit, ttl_ms, "1" if force else "0"]
         )
         acquired, holders, _now = reply
         return bool(int(acquired)), int(holders)
 
     async def capacity_release(self, endpoint_id: str, holder: str) -> bool:
         key = capacity_key(endpoint_id)
-        reply = await self._call(
-            lambda: self.scripts["capacity_release"](keys=[key], args=[holder]),
-            script_only=True,
-        )
+        reply = await self._script("capacity_release", [key], [holder])
         return bool(int(reply))
 
     async def capacity_holders(self, endpoint_id: str) -> int:

@@ -38,7 +38,7 @@ async def reask(
     `give_up_if` names retriable failures not worth the rest of the budget (a refused
     connection, for a caller that can hand its work to another worker): StoreUnavailable
     at once. `shield=False` only for calls a cancellation cannot leave half-done on a
-    connection (`Scripts.cancel_safe`)."""
+    connection (`Script.reasked` decides it for a script call)."""
     deadline = time.monotonic() + budget_s
     delay = FIRST_DELAY_S
     while True:

@@ -26,7 +26,8 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
-from worker.store.connection import multiplexed
+from worker.store.connection import is_transient, multiplexed
+from worker.store.reask import reask
 
 _LUA = resources.files("worker.store") / "lua"
 
@@ -64,7 +65,8 @@ class ScriptCall:
 class Script:
     """One Lua script bound to one client: `await script(keys=..., args=...)`.
 
-    EVALSHA through the client's `execute_command` (which routes by key on a cluster); on
+    EVALSHA through the client's shared connection when it has one (`multiplexed`), else
+    its `execute_command` (which routes by key on a cluster); on
     NOSCRIPT (a restarted or promoted node) the source is loaded and the call sent once
     more. Every script here answers a repeat with what its first run did. Callers that meet
     NOSCRIPT together share one SCRIPT LOAD: a worker holding 10,000 runs (bench figure 4)
@@ -99,6 +101,26 @@ class Script:
         except NoScriptError:
             await self._load()
             return await self._send("EVALSHA", self.sha, len(keys), *keys, *args)
+
+    async def reasked(
+        self,
+        keys: Sequence[Any],
+        args: Sequence[Any] = (),
+        *,
+        budget_s: float,
+        retry_if: Callable[[BaseException], bool] = is_transient,
+        give_up_if: Callable[[BaseException], bool] | None = None,
+    ) -> Any:
+        """This script, asked again after an ambiguous failure within `budget_s`
+        (`worker.store.reask`): the one place a script call decides whether it needs a
+        shield against cancellation (only off the shared connection, `cancel_safe`)."""
+        return await reask(
+            lambda: self(keys=keys, args=args),
+            budget_s=budget_s,
+            retry_if=retry_if,
+            give_up_if=give_up_if,
+            shield=not self.cancel_safe,
+        )
 
     async def _load(self) -> None:
         """SCRIPT LOAD once for every caller waiting on it (a failed load is not kept)."""

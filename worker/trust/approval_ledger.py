@@ -34,7 +34,6 @@ from schemas.errors import ErrorCode
 from worker.errors import ApprovalRefused, ConnectorError, NotAuthorized, StoreUnavailable
 from worker.fingerprints import approval_fingerprint, canonical_request
 from worker.store.keys import approvals_key
-from worker.store.reask import reask
 from worker.store.scripts import Script, script_source
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import Clock, RedisClock, redis_now_ms
@@ -109,10 +108,8 @@ class ApprovalRecords:
         """The stored decision with its signature, and the Redis time of the same step (one
         script, one round trip)."""
         try:
-            raw, now, signature, signer = await reask(
-                lambda: self._read(keys=[approvals_key(action_id)]),
-                budget_s=budget_s,
-                shield=not self._read.cancel_safe,
+            raw, now, signature, signer = await self._read.reasked(
+                [approvals_key(action_id)], budget_s=budget_s
             )
         except (StoreUnavailable, RedisError) as exc:
             raise ConnectorError(
