@@ -25,6 +25,7 @@ from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
 from worker.endpoints import resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
+from worker.escalation.output import EscalationOutput
 from worker.health import (
     CallbackProbe,
     HealthServer,
@@ -172,6 +173,11 @@ class Worker:
             metrics=self.metrics,
             errors=self.errors,
         )
+        self.rt.outputs.append(
+            EscalationOutput(
+                publisher, self.metrics, approval_ttl_ms=settings.hermes_operator_timeout_ms
+            )
+        )
         actions = Pipeline(self.rt, ActionIntake(self.rt))
         if self.settle_gc:
             # Wired, and nothing consumed yet. Before the first pull loop on purpose: its
@@ -226,13 +232,14 @@ class Worker:
         """Channel egress: refuse rules naming unknown endpoints or sessions, then consume
         the egress queue of every served endpoint a rule delivers to (docs/channels.md)."""
         from worker.channel.egress import EgressIntake, check_sessions
+        from worker.channel.output import ChannelOutput
         from worker.channel.rules import load_egress_rules
 
         assert self.rt is not None
         assert self.settings.channel_egress_file is not None
         table = load_egress_rules(self.settings.channel_egress_file, [e.id for e in endpoints])
         await check_sessions(table, self.rt.endpoints)
-        self.rt.channel = table
+        self.rt.outputs.append(ChannelOutput(self.rt.publisher, table))
         egress = Pipeline(self.rt, EgressIntake(self.rt, table))
         for endpoint_id in sorted({endpoint_id for endpoint_id, _ in table.targets()}):
             self._pull(js, "egress", endpoint_id, self.slots, egress)

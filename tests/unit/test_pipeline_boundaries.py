@@ -17,7 +17,14 @@ PIPELINE = [
     ROOT / "chunk_stream.py",
     ROOT / "leases.py",
 ]
-FORBIDDEN = ("worker.operator", "worker.delegation", "worker.store.operator_store")
+#: Operation-specific code, and the outputs the wiring registers with the Outbox.
+FORBIDDEN = (
+    "worker.operator",
+    "worker.delegation",
+    "worker.store.operator_store",
+    "worker.channel",
+    "worker.escalation",
+)
 
 
 def _imports(path: Path) -> set[str]:

@@ -9,7 +9,6 @@ from nats.js import JetStreamContext
 from subjects.grammar import Subjects
 from worker.admission import Admission
 from worker.audit import AuditLog
-from worker.channel.rules import EgressTable
 from worker.dead_letters import DeadLetters
 from worker.endpoints import Endpoint
 from worker.hermes.http_client import HermesClient
@@ -17,6 +16,7 @@ from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
+from worker.pipeline.outbox import OutboxOutput
 from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.stores import Stores
@@ -48,5 +48,7 @@ class Runtime:
     shutting_down: bool = False
     #: Repeated delivery failures are logged once per cause per interval.
     errors: RepeatedErrors = field(default_factory=RepeatedErrors)
-    #: Channel egress rules (AIPD_CHANNEL_EGRESS_FILE); None sends nothing to sessions.
-    channel: EgressTable | None = None
+    #: What is published with a settled result, before it, in this order (the escalation
+    #: output, then channel egress when configured): registered by the wiring, so the
+    #: pipeline imports neither (worker/pipeline/outbox.py).
+    outputs: list[OutboxOutput] = field(default_factory=list)
