@@ -31,16 +31,16 @@ from schemas.errors import ErrorCode
 from schemas.escalation import Escalation
 from schemas.ids import is_action_id
 from schemas.result import ActionResult, ResultStatus
+from worker.bus.dead_letters import Kept
 from worker.channel.egress import deliveries_for
-from worker.chunk_stream import refusal_chunk
-from worker.dead_letters import Kept
 from worker.errors import Refusal, Rejected
 from worker.escalation.build import escalation_for
-from worker.execution import now_ms
+from worker.execution.chunk_stream import refusal_chunk
 from worker.metrics import DeliveryOutcome
 from worker.pipeline.acquire import Acquire
 from worker.pipeline.delivery import Delivery
 from worker.pipeline.runtime import Runtime
+from worker.store.clock import now_ms
 from worker.store.lease_store import AcquireStatus, LeaseGrant, SettleStatus
 from worker.trust.responses import sha256_hex
 
