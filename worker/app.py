@@ -13,19 +13,22 @@ from nats.aio.client import Client as NATS
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker import gc_policy
-from worker.acked_publish import AckedPublisher
 from worker.admission import Admission
-from worker.audit import AuditLog
-from worker.connections import connect_nats, open_redis_for, stream_policy
-from worker.consumer import PullLoop, Slots
+from worker.bus.acked_publish import AckedPublisher
+from worker.bus.audit import AuditLog
+from worker.bus.connections import connect_nats, open_redis_for, stream_policy
+from worker.bus.consumer import PullLoop, Slots
+from worker.bus.dead_letters import DeadLetters
+from worker.bus.publisher import BusPublisher
 from worker.control import BindingCancelHook, ControlPlane
-from worker.dead_letters import DeadLetters
 from worker.delegation.handler import DelegationIntake
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
 from worker.endpoints import resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.escalation.output import EscalationOutput
+from worker.execution.context import Execution
+from worker.execution.leases import LeaseKeeper
 from worker.health import (
     CallbackProbe,
     HealthServer,
@@ -34,17 +37,15 @@ from worker.health import (
     start_health_server,
 )
 from worker.hermes.http_client import HermesClient
-from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
 from worker.pipeline.runtime import EndpointRuntime, Runtime
 from worker.pipeline.steps import ActionIntake
-from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.store.health import StoreHealth
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.tasks import stop_tasks
 from worker.trust.responses import signer_from_settings
 
@@ -78,7 +79,7 @@ class Worker:
         self.binding_cancel = binding_cancel
         self.subjects = Subjects(settings.subject_prefix)
         self.nc: NATS | None = None
-        #: Built at start-up over the one Redis client (worker/stores.py).
+        #: Built at start-up over the one Redis client (worker/store/stores.py).
         self.stores: Stores | None = None
         self.rt: Runtime | None = None
         self.loops: list[PullLoop] = []
@@ -141,7 +142,7 @@ class Worker:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
         publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
         audit = AuditLog(publisher, settings.worker_id)
-        keeper = LeaseKeeper(
+        keeper: LeaseKeeper[Execution] = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
             health=health, errors=self.errors,
         )

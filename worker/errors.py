@@ -167,7 +167,7 @@ class Rejected(Exception):
 class LeaseLost(Exception):
     """This worker no longer owns the Action: stop at once, settle nothing, ack nothing.
 
-    The one form a lost lease takes, whoever finds it (worker/leases.py)."""
+    The one form a lost lease takes, whoever finds it (worker/execution/leases.py)."""
 
 
 # --- what an Action depends on: Redis, JetStream, the AIP runtime's records -----------------

@@ -16,7 +16,7 @@ import pytest
 from schemas.escalation import Escalation, EscalationKind, EscalationResolution
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
-from worker.escalation.admin import resume_action_id
+from worker.commands.escalation_admin import resume_action_id
 from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 

@@ -1,5 +1,5 @@
 """The chunk stream decides every seq of an Action: start, takeover continuation, the one
-terminal chunk, and the lease check before each publish (worker/chunk_stream.py).
+terminal chunk, and the lease check before each publish (worker/execution/chunk_stream.py).
 
 Against a real nats-server with the project's streams: what a consumer reads back from the
 chunks stream is what these tests assert.
@@ -24,10 +24,10 @@ from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
-from worker.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
+from worker.bus.publisher import BusPublisher
 from worker.errors import protocol_error
-from worker.leases import HeldLease, LeaseLost
-from worker.publisher import BusPublisher
+from worker.execution.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
+from worker.execution.leases import HeldLease, LeaseLost
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant
 from worker.testing.services import ServiceHandle

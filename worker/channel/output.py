@@ -8,10 +8,10 @@ again under the same delivery ids, which the stream's duplicate window drops.
 
 from __future__ import annotations
 
+from worker.bus.publisher import BusPublisher
 from worker.channel.egress import deliveries_for
 from worker.channel.rules import EgressTable
 from worker.pipeline.outbox import Owed
-from worker.publisher import BusPublisher
 
 
 class ChannelOutput:

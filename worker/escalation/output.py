@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import logging
 
+from worker.bus.publisher import BusPublisher
 from worker.escalation.build import escalation_for
 from worker.metrics import Metrics
 from worker.pipeline.outbox import Owed
-from worker.publisher import BusPublisher
 
 log = logging.getLogger(__name__)
 

@@ -27,15 +27,15 @@ from schemas.codec import encode
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
 from schemas.result import ActionResult, ResultStatus
-from worker.chunk_stream import refusal_chunk
-from worker.dead_letters import Kept
+from worker.bus.dead_letters import Kept
 from worker.errors import Refusal, Rejected, attempted_before
-from worker.execution import now_ms
+from worker.execution.chunk_stream import refusal_chunk
 from worker.metrics import DeliveryOutcome
 from worker.pipeline.acquire import Acquire
 from worker.pipeline.delivery import Delivery
 from worker.pipeline.outbox import Outbox, Settled
 from worker.pipeline.runtime import Runtime
+from worker.store.clock import now_ms
 from worker.store.lease_store import AcquireStatus, LeaseGrant, SettleStatus
 from worker.trust.responses import sha256_hex
 

@@ -17,8 +17,7 @@ from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker import faults
-from worker.audit import ReceiptScope, enter_scope
-from worker.chunk_stream import ChunkStream
+from worker.bus.audit import ReceiptScope, enter_scope
 from worker.errors import (
     ConnectorError,
     LeaseLost,
@@ -26,8 +25,9 @@ from worker.errors import (
     deadline_exceeded,
     unexpected_failure,
 )
-from worker.execution import Execution
-from worker.leases import HeldLease
+from worker.execution.chunk_stream import ChunkStream
+from worker.execution.context import Execution
+from worker.execution.leases import HeldLease
 from worker.metrics import DeliveryOutcome
 from worker.operations.base import Outcome
 from worker.pipeline.acquire import Acquire, subject_of

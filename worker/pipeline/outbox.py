@@ -41,9 +41,9 @@ from schemas.escalation import Escalation
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
 from worker import faults
-from worker.audit import AuditLog
+from worker.bus.audit import AuditLog
+from worker.bus.publisher import BusPublisher
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher
 
 log = logging.getLogger(__name__)
 

@@ -18,14 +18,15 @@ from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
-from worker.chunk_stream import ChunkStream
 from worker.errors import ConnectorError
-from worker.execution import Execution, now_ms
+from worker.execution.chunk_stream import ChunkStream
+from worker.execution.context import Execution
 from worker.metrics import FenceStep
 from worker.operations.base import Outcome
 from worker.pipeline.answers import Answers
 from worker.pipeline.outbox import Settled, decoded_result
 from worker.pipeline.runtime import Runtime
+from worker.store.clock import now_ms
 from worker.store.lease_store import SettleStatus
 from worker.trust.responses import sha256_hex
 

@@ -37,11 +37,11 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
+from worker.bus.publisher import BusPublisher, confirmed
 from worker.errors import ConnectorError
-from worker.execution import now_ms
-from worker.leases import HeldLease
+from worker.execution.leases import HeldLease
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher, confirmed
+from worker.store.clock import now_ms
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
