@@ -158,6 +158,13 @@ class Settings(BaseSettings):
     allow_unsigned_responses: bool = False
     """Publish unsigned results and DLQ entries when no signing key is set. Development only:
     warned at start."""
+    serve_when_unready: bool = False
+    """Bind the work consumers even when something serving needs is missing (a trust file,
+    a Hermes accepting the key): the Actions are then refused one by one. Development only;
+    by default such a worker stays unready (`/ready` 503 with the reasons) and takes nothing."""
+    serving_probe_interval_s: Annotated[float, Field(ge=1, le=3_600)] = 15.0
+    """How often each endpoint's Hermes key is probed (`GET /v1/models`): a worker whose key is
+    refused stops taking that endpoint's work, and takes it again once the key is accepted."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
