@@ -146,7 +146,7 @@ def public_key_from_nkey(nkey: str) -> PublicKey:
     """The key of a public user nkey (`U…`, 56 base32 characters with a CRC16)."""
     if not isinstance(nkey, str) or not _USER_NKEY_RE.fullmatch(nkey):
         raise InvalidDidKey("not a public user nkey (56 base32 characters starting with U)")
-    raw = base64.b32decode(nkey + "====")
+    raw = base64.b32decode(nkey)
     body, checksum = raw[:-2], raw[-2:]
     if body[0] != nkeys.PREFIX_BYTE_USER:
         raise InvalidDidKey("not a public user nkey (wrong prefix byte)")

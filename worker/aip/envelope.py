@@ -164,7 +164,7 @@ def check_envelope(envelope: Any) -> None:
         if envelope.get(name) is None:
             raise MalformedEnvelope(f"the Envelope has no {name}")
     if envelope["aip_version"] != AIP_VERSION:
-        raise MalformedEnvelope("aip_version is not \"1.0\"")
+        raise MalformedEnvelope('aip_version is not "1.0"')
     message_type = envelope["message_type"]
     body_key = BODY_KEYS.get(message_type) if isinstance(message_type, str) else None
     if body_key is None:

@@ -187,9 +187,9 @@ def verify_envelope(
         raise MissingSignature("no did:key in security.did or from.did")
     if not isinstance(did, str):
         raise InvalidDidKey("security.did is not a string")
+    key = public_key_from_did(did)
     if from_did is not None and from_did != did:
         raise SignerMismatch("from.did is not security.did")
-    key = public_key_from_did(did)
     if expected is not None:
         wanted = expected if isinstance(expected, PublicKey) else parse_public_key(expected)
         if wanted != key:
