@@ -6,18 +6,22 @@ gateway answers with), and none is retryable or uncertain: the same bytes fail t
 again, and nothing was sent or run because of them. Messages name the check that failed,
 never a key seed or the signed payload.
 
-    AipWireError                    not R, not U
-      NotCanonicalizable            a value has no canonical JSON form (signing side)
-        UnportableNumber            a number the reference verifier would read back changed
-      MalformedJson                 received bytes are not the strict JSON serde_json reads
-      MalformedEnvelope             not an AIP 1.0 Envelope (shape, version, body, sent_at)
-      SignatureError                `auth.signature.invalid`
-        MissingSignature            no `security` object, no `security.signature`, or no DID
-        MalformedSignature          not standard padded base64 of 64 bytes
-        InvalidDidKey               a DID or nkey that is not an Ed25519 did:key / user nkey
-        SignerMismatch              `security.did` and `from.did` differ, or not the signer
+    Exception
+      AipWireError                  not R, not U
+        NotCanonicalizable          a value has no canonical JSON form (signing side)
+          UnportableNumber          a number the reference verifier would read back changed
+        MalformedJson               received bytes are not the strict JSON serde_json reads
+        MalformedEnvelope           not an AIP 1.0 Envelope (shape, version, body, sent_at)
+        SignatureError              `auth.signature.invalid`
+          MissingSignature          no `security` object, no `security.signature`, or no DID
+          MalformedSignature        not standard padded base64 of 64 bytes
+          InvalidDidKey             a DID or nkey that is not an Ed25519 did:key / user nkey
+          SignerMismatch            `security.did` and `from.did` differ, or not the signer
                                     the caller expected
-        BadSignature                the signature does not verify over the canonical bytes
+          BadSignature              the signature does not verify over the canonical bytes
+
+NotCanonicalizable, MalformedJson, MalformedEnvelope and InvalidDidKey are ValueErrors too
+(a bad value handed in); tests/unit/test_error_modules.py holds this page to the code.
 """
 
 from __future__ import annotations
