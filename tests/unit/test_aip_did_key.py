@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import nacl.signing
 import nkeys
 import pytest
@@ -10,6 +12,7 @@ from worker.aip.did_key import (
     PublicKey,
     b58decode,
     b58encode,
+    nkey_seed,
     parse_public_key,
     public_key_from_did,
     public_key_from_nkey,
@@ -45,6 +48,7 @@ def test_the_nkey_and_the_did_key_name_one_key() -> None:
     assert parse_public_key(nkey) == parse_public_key(signer.did) == signer.public_key
     assert public_key_from_nkey(nkey).raw == decode_user_public_key(nkey)
     assert seed_from_nkey_seed(seed.decode()) == bytes([7]) * 32
+    assert nkey_seed(bytes([7]) * 32) == seed
     assert AipSigner.from_nkey_seed(seed).did == AipSigner.from_seed(bytes([7]) * 32).did
 
 
@@ -104,9 +108,10 @@ def _decompresses(raw: bytes) -> bool:
         GOOD.nkey.lower(),
         "",
         "ed25519:abc",
+        7,
     ],
 )
-def test_malformed_nkeys_and_other_text_are_refused(text: str) -> None:
+def test_malformed_nkeys_and_other_text_are_refused(text: Any) -> None:
     with pytest.raises(InvalidDidKey):
         parse_public_key(text)
 
@@ -124,3 +129,8 @@ def test_invalid_did_key_is_a_signature_error_and_a_value_error() -> None:
 def test_only_user_nkey_seeds_make_a_signer(seed: bytes) -> None:
     with pytest.raises(InvalidDidKey):
         AipSigner.from_nkey_seed(seed)
+
+
+def test_a_did_that_is_not_text_is_refused() -> None:
+    with pytest.raises(InvalidDidKey):
+        public_key_from_did(["did:key:z6Mk"])

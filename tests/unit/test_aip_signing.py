@@ -239,6 +239,7 @@ def test_timestamps_re_render_as_the_time_crate_writes_them(text: str, canonical
         "2026-12-01T23:00:60Z",
         "2026-12-01t23:00:00z",
         "2026-12-01T23:00:00+24:00",
+        "\uff12026-12-01T23:00:00Z",
     ],
 )
 def test_malformed_timestamps_are_refused(text: str) -> None:

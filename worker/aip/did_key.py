@@ -123,10 +123,17 @@ def _verify_key(raw: bytes) -> nacl.signing.VerifyKey:
     return nacl.signing.VerifyKey(raw)
 
 
-@functools.lru_cache(maxsize=1024)
 def public_key_from_did(did: str) -> PublicKey:
     """The key a `did:key:z…` names; InvalidDidKey says which of upstream's checks failed."""
-    if not isinstance(did, str) or not did.startswith(DID_KEY_PREFIX):
+    if not isinstance(did, str):
+        raise InvalidDidKey("a did:key is a string")
+    return _public_key_from_did(did)
+
+
+@functools.lru_cache(maxsize=1024)
+def _public_key_from_did(did: str) -> PublicKey:
+    """Decoded once per DID: the same few signers sign every message."""
+    if not did.startswith(DID_KEY_PREFIX):
         raise InvalidDidKey("missing did:key prefix (did:key:z…)")
     encoded = did[len(DID_KEY_PREFIX) :]
     if not encoded or len(did) > _MAX_DID_LENGTH:
@@ -162,6 +169,13 @@ def parse_public_key(text: str) -> PublicKey:
     if isinstance(text, str) and text.startswith("U"):
         return public_key_from_nkey(text)
     raise InvalidDidKey("neither a did:key:z… nor a public user nkey U…")
+
+
+def nkey_seed(seed: bytes) -> bytes:
+    """The user nkey seed (`SU…`) that carries a raw 32-byte Ed25519 seed."""
+    if len(seed) != 32:
+        raise InvalidDidKey("an Ed25519 seed is 32 bytes")
+    return bytes(nkeys.encode_seed(bytes(seed), nkeys.PREFIX_BYTE_USER))
 
 
 def seed_from_nkey_seed(seed: bytes | str) -> bytes:

@@ -108,7 +108,8 @@ _PRINCIPAL_FIELDS: Final = frozenset(
 # RFC 3339 date-time as the `time` crate parses it (upper-case T and Z; any number of
 # fraction digits, kept to nanoseconds); leap seconds are refused here.
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:\d{2})"
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:\d{2})",
+    re.ASCII,  # ASCII digits only: int() would also take other scripts' digits
 )
 
 
