@@ -105,17 +105,19 @@ _PRINCIPAL_FIELDS: Final = frozenset(
     {"id", "kind", "external_refs", "delegated_authority", "auth_context", *_PRINCIPAL_OPTIONAL}
 )
 
-# RFC 3339 date-time as the `time` crate parses it (upper-case T and Z; any number of
-# fraction digits, kept to nanoseconds); leap seconds are refused here.
+# RFC 3339 date-time (upper-case T and Z, 1-9 fraction digits: the `time` crate keeps
+# nanoseconds, and how it treats a tenth digit is not established, so it is refused);
+# leap seconds are refused too.
 _RFC3339 = re.compile(
-    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d+))?(Z|[+-]\d{2}:\d{2})",
+    r"(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2}):(\d{2})(?:\.(\d{1,9}))?(Z|[+-]\d{2}:\d{2})",
     re.ASCII,  # ASCII digits only: int() would also take other scripts' digits
 )
 
 
 def rfc3339_canonical(text: str, *, what: str = "sent_at") -> str:
     """`text` re-rendered as upstream's `time` crate writes it; MalformedEnvelope if it is
-    not an RFC 3339 date-time. The offset is kept (upstream keeps it), `+00:00` becomes `Z`."""
+    not an RFC 3339 date-time. The offset is kept (upstream keeps it), `+00:00` and
+    `-00:00` become `Z`, the fraction loses its trailing zeros."""
     match = _RFC3339.fullmatch(text) if isinstance(text, str) else None
     if match is None:
         raise MalformedEnvelope(f"{what} is not an RFC 3339 date-time")
@@ -131,7 +133,7 @@ def rfc3339_canonical(text: str, *, what: str = "sent_at") -> str:
             raise MalformedEnvelope(f"{what} has an invalid UTC offset")
         if hours == 0 and minutes == 0:
             offset = "Z"
-    nanos = (fraction or "")[:9].ljust(9, "0")
+    nanos = (fraction or "").ljust(9, "0")
     digits = nanos.rstrip("0")
     head = f"{year:04d}-{month:02d}-{day:02d}T{hour:02d}:{minute:02d}:{second:02d}"
     return f"{head}.{digits}{offset}" if digits else f"{head}{offset}"
