@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from worker.aip.canonical import (
     MAX_DEPTH,
     canonical_bytes,
-    canonical_bytes_of_decoded,
+    canonical_text,
     format_float,
     loads,
     portability_problems,
@@ -140,12 +140,21 @@ def test_decoding_refuses_what_serde_json_refuses(data: bytes) -> None:
         loads(data)
 
 
+def test_lone_surrogates_are_refused_however_they_arrive() -> None:
+    for data in ('{"k": ["ok", "\\udc00"]}', '{"\\ud83d": 1}', '["\ud800"]'):
+        with pytest.raises(MalformedJson):
+            loads(data)
+    assert loads('"\\ud83d\\ude00"') == "😀"  # a pair is one character
+
+
 def test_depth_limit_is_serde_jsons() -> None:
     assert loads(b"[" * MAX_DEPTH + b"]" * MAX_DEPTH) is not None
     with pytest.raises(MalformedJson):
         loads(b"[" * (MAX_DEPTH + 1) + b"]" * (MAX_DEPTH + 1))
     with pytest.raises(MalformedJson):
         loads(b'{"a":' * 2000 + b"1" + b"}" * 2000)
+    with pytest.raises(MalformedJson):  # wide documents are walked too
+        loads(b"[" + b"[]," * 200 + b"[" * MAX_DEPTH + b"]" * MAX_DEPTH + b"]")
     deep: Any = []
     for _ in range(MAX_DEPTH):
         deep = [deep]
@@ -203,8 +212,22 @@ def test_canonicalisation_is_idempotent(value: Any) -> None:
 @settings(max_examples=300)
 @given(json_values)
 def test_fast_path_prints_exactly_what_the_exact_printer_prints(value: Any) -> None:
-    decoded = loads(canonical_bytes(value))
-    assert canonical_bytes_of_decoded(decoded) == canonical_bytes(decoded)
+    exact = canonical_text(value).encode("utf-8")
+    assert canonical_bytes(value) == exact
+    assert canonical_bytes(loads(exact)) == exact
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        [1e21, {"k": 1.5e300}],  # positive exponents: msgspec would write 1e21
+        ("tuple", 2**70, -0.0),  # not plain: the exact printer
+        [9999999999999998.0, 1e16, -1e16, 1e-7, 5e-324],  # around the switch to exponents
+        1e16,
+    ],
+)
+def test_both_paths_agree_where_msgspec_differs(value: Any) -> None:
+    assert canonical_bytes(value) == canonical_text(value).encode("utf-8")
 
 
 @settings(max_examples=500)

@@ -91,7 +91,19 @@ def canonical_text(value: Any) -> str:
 
 
 def canonical_bytes(value: Any) -> bytes:
-    """The bytes AIP signs for `value`; NotCanonicalizable if it has no canonical form."""
+    """The bytes AIP signs for `value`; NotCanonicalizable if it has no canonical form.
+
+    A value made only of plain JSON types (`_plain`) is printed by msgspec, several times
+    faster; anything else (subclasses, tuples, integers beyond 64 bits, floats from 1e16
+    up, NaN...) by the exact printer, which also says what is wrong. The two agree
+    (tests/unit/test_aip_canonical.py)."""
+    if _plain(value, 0):
+        try:
+            return _sorted_encoder.encode(value)
+        except UnicodeEncodeError:
+            raise NotCanonicalizable(
+                "a string holds a lone surrogate (not valid Unicode)"
+            ) from None
     text = canonical_text(value)
     try:
         return text.encode("utf-8")
@@ -99,22 +111,36 @@ def canonical_bytes(value: Any) -> bytes:
         raise NotCanonicalizable("a string holds a lone surrogate (not valid Unicode)") from None
 
 
-#: A float token with a positive exponent in msgspec's output (it writes `1e21`, serde_json
-#: `1e+21`); float tokens there start the text or follow `:`, `,` or `[`. A string that happens to
-#: contain such text only sends the value down the slower exact path.
-_POSITIVE_EXPONENT = re.compile(rb"(?:^|[:,\[])-?[0-9]+(?:\.[0-9]+)?e[0-9]")
 _sorted_encoder = msgspec.json.Encoder(order="sorted")
+#: msgspec (a ryu port) prints plain JSON exactly as serde_json does, except a positive
+#: float exponent (`1e21` for `1e+21`), which appears exactly when |x| >= 1e16.
+_PLAIN_FLOAT_LIMIT: Final = 1e16
 
 
-def canonical_bytes_of_decoded(value: Any) -> bytes:
-    """`canonical_bytes` for a value that came out of `loads` (plain JSON types, string
-    keys, no lone surrogates, in-range integers), several times faster: msgspec prints such
-    values exactly as serde_json does except a positive float exponent, so a document with
-    one takes the exact path. tests/unit/test_aip_canonical.py checks the two agree."""
-    fast = _sorted_encoder.encode(value)
-    if _POSITIVE_EXPONENT.search(fast) is None:
-        return fast
-    return canonical_bytes(value)
+def _plain(value: Any, depth: int) -> bool:
+    """Whether `value` is made only of exact JSON types that msgspec prints as serde_json
+    does: str keys, in-range ints, finite floats below 1e16 in magnitude, not too deep."""
+    kind = type(value)
+    if kind is dict:
+        if depth >= MAX_DEPTH:
+            return False
+        for key, item in value.items():
+            if type(key) is not str:
+                return False
+            if type(item) is not str and not _plain(item, depth + 1):
+                return False
+        return True
+    if kind is list:
+        if depth >= MAX_DEPTH:
+            return False
+        return all(type(item) is str or _plain(item, depth + 1) for item in value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return bool(_I64_MIN <= value <= _U64_MAX)
+    if kind is float:
+        return bool(abs(value) < _PLAIN_FLOAT_LIMIT)  # False for NaN and infinities too
+    return False
 
 
 def _emit(value: Any, out: list[str], depth: int) -> None:
@@ -231,6 +257,10 @@ def loads(data: bytes | str) -> Any:
             raise MalformedJson("not valid UTF-8") from None
     else:
         text = data
+        try:
+            text.encode("utf-8")  # a str may hold raw lone surrogates; decoded bytes cannot
+        except UnicodeEncodeError:
+            raise MalformedJson("a string holds a lone surrogate") from None
     try:
         value = _decoder.decode(text)
     except MalformedJson:
@@ -239,24 +269,40 @@ def loads(data: bytes | str) -> Any:
         raise MalformedJson(f"nested deeper than {MAX_DEPTH} levels") from None
     except ValueError as exc:  # json.JSONDecodeError; its text names a position, no payload
         raise MalformedJson(f"not JSON: {exc}") from None
-    _check_decoded(value, 0)
+    # Both checks walk the value, so they run only when the text could need them: more
+    # brackets than the depth limit, or an escape that could be a lone surrogate (valid
+    # UTF-8 text holds no raw ones).
+    if text.count("{") + text.count("[") >= MAX_DEPTH:
+        _check_depth(value, 0)
+    if _SURROGATE_ESCAPE.search(text) is not None:
+        _check_strings(value)
     return value
 
 
-def _check_decoded(value: Any, depth: int) -> None:
-    """Depth (serde_json's limit) and lone surrogates, which `json` lets through."""
-    if isinstance(value, dict):
+_SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _check_depth(value: Any, depth: int) -> None:
+    """serde_json's recursion limit (which `json` does not have)."""
+    kind = type(value)
+    if kind is dict or kind is list:
         if depth >= MAX_DEPTH:
             raise MalformedJson(f"nested deeper than {MAX_DEPTH} levels")
+        for item in value.values() if kind is dict else value:
+            _check_depth(item, depth + 1)
+
+
+def _check_strings(value: Any) -> None:
+    """Lone surrogates, which `json` decodes from `\\ud800`-style escapes and serde_json refuses."""
+    kind = type(value)
+    if kind is dict:
         for key, item in value.items():
             _check_text(key)
-            _check_decoded(item, depth + 1)
-    elif isinstance(value, list):
-        if depth >= MAX_DEPTH:
-            raise MalformedJson(f"nested deeper than {MAX_DEPTH} levels")
+            _check_strings(item)
+    elif kind is list:
         for item in value:
-            _check_decoded(item, depth + 1)
-    elif isinstance(value, str):
+            _check_strings(item)
+    elif kind is str:
         _check_text(value)
 
 

@@ -27,12 +27,7 @@ from typing import Any, Final
 import nacl.exceptions
 import nacl.signing
 
-from worker.aip.canonical import (
-    canonical_bytes,
-    canonical_bytes_of_decoded,
-    loads,
-    require_portable,
-)
+from worker.aip.canonical import canonical_bytes, loads, require_portable
 from worker.aip.did_key import (
     PublicKey,
     parse_public_key,
@@ -103,15 +98,19 @@ def decode_signature(signature: Any) -> bytes:
     return raw
 
 
-def signing_bytes(envelope: Mapping[str, Any], *, decoded: bool = False) -> bytes:
+def signing_bytes(envelope: Mapping[str, Any]) -> bytes:
     """The bytes an Envelope's signature covers: its typed form without
-    `security.signature`, canonicalised (`decoded`: it came from `loads`, fast path)."""
+    `security.signature`, canonicalised."""
     check_envelope(envelope)
+    return _signing_bytes(envelope)
+
+
+def _signing_bytes(envelope: Mapping[str, Any]) -> bytes:
     typed = typed_form(envelope)
     security = typed.get("security")
     if isinstance(security, Mapping) and "signature" in security:
         typed["security"] = {key: value for key, value in security.items() if key != "signature"}
-    return canonical_bytes_of_decoded(typed) if decoded else canonical_bytes(typed)
+    return canonical_bytes(typed)
 
 
 def sign_envelope(
@@ -169,7 +168,6 @@ def verify_envelope(
 ) -> VerifiedEnvelope:
     """Check a received Envelope's AIP signature; `expected` (a did:key, a `U…` nkey or a
     PublicKey) pins the signer. Raises the typed errors of `worker.aip.errors`."""
-    decoded = not isinstance(data, Mapping)
     envelope: Any = dict(data) if isinstance(data, Mapping) else loads(data)
     check_envelope(envelope)
     security = envelope.get("security")
@@ -195,7 +193,7 @@ def verify_envelope(
         if wanted != key:
             raise SignerMismatch(f"signed by {did}, not by the expected {wanted.did}")
     try:
-        message = signing_bytes(envelope, decoded=decoded)
+        message = _signing_bytes(envelope)  # checked above
     except NotCanonicalizable as exc:  # only a Mapping handed in can hold a non-JSON value
         raise MalformedEnvelope(str(exc)) from None
     try:
