@@ -2,7 +2,7 @@
 
 AIP (`aip-crypto`) writes a signer as `did:key:z` + base58btc(0xed 0x01 ‖ 32 key bytes): the
 multibase prefix `z` is base58btc (Bitcoin alphabet) and 0xed01 the varint multicodec of an
-ed25519 public key. A NATS user nkey is base32(0x50-prefix byte ‖ the same 32 bytes ‖ CRC16),
+ed25519 public key. A NATS user nkey is base32(prefix byte 0xa0 ‖ the same 32 bytes ‖ CRC16),
 and an nkey seed `SU…` carries the 32-byte Ed25519 seed. So one key pair backs both, and
 every trust file can list a signer either way: `parse_public_key` reads both into the same
 `PublicKey`.
