@@ -160,6 +160,7 @@ def _mutated(change: Any) -> bytes:
         (lambda e: e.update(message_type="aip.core.v1.ack"), MalformedEnvelope),
         (lambda e: e.update(surprise=1), MalformedEnvelope),
         (lambda e: e["body"].update(ack={}), MalformedEnvelope),
+        (lambda e: e["body"].update(action=["not", "an", "object"]), MalformedEnvelope),
         (lambda e: e.update(sent_at="yesterday"), MalformedEnvelope),
         (lambda e: e.update(idempotency_key=""), MalformedEnvelope),
         (lambda e: e.update(security="signed"), MissingSignature),

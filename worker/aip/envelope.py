@@ -177,6 +177,8 @@ def check_envelope(envelope: Any) -> None:
         raise MalformedEnvelope("body is an object with exactly one key")
     if body_key not in body:
         raise MalformedEnvelope(f"message_type {message_type} needs body key {body_key!r}")
+    if not isinstance(body[body_key], Mapping):
+        raise MalformedEnvelope(f"body.{body_key} is an object")  # every payload is a struct
     if not isinstance(envelope["message_id"], str) or not envelope["message_id"]:
         raise MalformedEnvelope("message_id is a non-empty string")
     rfc3339_canonical(envelope["sent_at"])
