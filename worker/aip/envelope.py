@@ -20,6 +20,7 @@ nulls, as serde_json's `Value` does.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -118,7 +119,14 @@ def rfc3339_canonical(text: str, *, what: str = "sent_at") -> str:
     """`text` re-rendered as upstream's `time` crate writes it; MalformedEnvelope if it is
     not an RFC 3339 date-time. The offset is kept (upstream keeps it), `+00:00` and
     `-00:00` become `Z`, the fraction loses its trailing zeros."""
-    match = _RFC3339.fullmatch(text) if isinstance(text, str) else None
+    if not isinstance(text, str):
+        raise MalformedEnvelope(f"{what} is not an RFC 3339 date-time")
+    return _rfc3339_canonical(text, what)
+
+
+@functools.lru_cache(maxsize=512)  # checking and signing one Envelope both read its sent_at
+def _rfc3339_canonical(text: str, what: str) -> str:
+    match = _RFC3339.fullmatch(text)
     if match is None:
         raise MalformedEnvelope(f"{what} is not an RFC 3339 date-time")
     year, month, day, hour, minute, second = (int(part) for part in match.group(*range(1, 7)))
