@@ -25,8 +25,7 @@ from worker.testing.fake_hermes.envelopes import (
     unauthorized,
 )
 from worker.testing.fake_hermes.state import STATE, FakeState
-from worker.testing.fake_hermes.stats import is_probe
-from worker.testing.fake_hermes.stats import RecordedRequest, now
+from worker.testing.fake_hermes.stats import RecordedRequest, is_probe, now
 
 CONTROL_PREFIX = "/_fake/"
 PROFILE_PREFIX = "/p/{profile}"
