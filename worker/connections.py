@@ -126,8 +126,10 @@ async def connect_nats_for_command(settings: Settings) -> NATS:
 
 
 def credential_options(settings: Settings) -> dict[str, Any]:
-    """nats-py keyword arguments for the configured credentials and TLS (files checked)."""
-    options: dict[str, Any] = {}
+    """nats-py keyword arguments for the configured credentials, TLS (files checked) and
+    the role's reply-inbox prefix: every connection of this project takes them from here,
+    so a role's replies arrive where its NATS user alone may subscribe."""
+    options: dict[str, Any] = {"inbox_prefix": settings.nats_inbox_prefix}
     if settings.nats_user:
         options["user"] = settings.nats_user
     if settings.nats_password_file:

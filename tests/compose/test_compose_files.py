@@ -17,7 +17,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -275,11 +275,19 @@ def test_the_permission_matrix_names_every_subject_of_the_grammar() -> None:
 
 @pytest.fixture
 def compose_nats(tmp_path: Path) -> Iterator[str]:
+    yield from run_compose_nats(tmp_path)
+
+
+def run_compose_nats(tmp_path: Path, edit: Callable[[str], str] | None = None) -> Iterator[str]:
+    """compose/nats/nats.conf on free local ports (`edit` may add to it first, e.g. a
+    second worker pool made from the config's own template)."""
     binary = find_nats_server()
     if binary is None:
         service_unavailable("no nats-server to run compose/nats/nats.conf with")
     port, http_port = free_ports(2)
     conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
+    if edit is not None:
+        conf = edit(conf)
     conf = conf.replace("http_port: 8222", f"http_port: {http_port}")
     conf = conf.replace("port: 4222", f"port: {port}")
     conf = conf.replace('"/data/jetstream"', f'"{tmp_path / "js"}"')
@@ -298,6 +306,15 @@ def compose_nats(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
+#: Each compose NATS user's reply-inbox prefix: the one it may subscribe to (nats.conf), as
+#: docker-compose.yml sets AIPD_NATS_INBOX_PREFIX for its services.
+INBOX_PREFIXES = {
+    "nats_admin.nk": "_INBOX_admin",
+    "nats_gateway.nk": "_INBOX_gateway",
+    "nats_worker.nk": "_INBOX_worker_hermes-1",
+}
+
+
 class _Client:
     """A NATS connection as one compose user, recording permission violations."""
 
@@ -311,7 +328,7 @@ class _Client:
 
         self.nc = await nats.connect(
             url, nkeys_seed=str(COMPOSE / "secrets" / seed), error_cb=on_error,
-            allow_reconnect=False,
+            allow_reconnect=False, inbox_prefix=INBOX_PREFIXES[seed],
         )
 
     async def refused(self, subject: str, action: str) -> bool:
@@ -379,8 +396,14 @@ async def test_the_admin_provisions_and_the_worker_uses_jetstream(compose_nats: 
     from subjects.streams import StreamPolicy
 
     secrets = COMPOSE / "secrets"
-    admin = await nats.connect(compose_nats, nkeys_seed=str(secrets / "nats_admin.nk"))
-    nc = await nats.connect(compose_nats, nkeys_seed=str(secrets / "nats_worker.nk"))
+    admin = await nats.connect(
+        compose_nats, nkeys_seed=str(secrets / "nats_admin.nk"), inbox_prefix="_INBOX_admin"
+    )
+    nc = await nats.connect(
+        compose_nats,
+        nkeys_seed=str(secrets / "nats_worker.nk"),
+        inbox_prefix="_INBOX_worker_hermes-1",
+    )
     try:
         report = await provision(admin.jetstream(), Subjects(), [ENDPOINT], StreamPolicy())
         assert {item.change for item in report} == {Change.CREATED}

@@ -23,8 +23,6 @@ import asyncio
 import logging
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
 
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
@@ -35,11 +33,14 @@ from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import RouteTable
 from worker.gateway.settings import GatewaySettings
+from worker.stream_reads import drain
 
 log = logging.getLogger(__name__)
 
 #: The most entries one sweep reads (a bound on one pass, not on the stream).
 MAX_ENTRIES_PER_SWEEP = 10_000
+#: Every this many sweeps the queue stream is read again from its start.
+FULL_RESCAN_EVERY = 30
 
 
 class Recovery:
@@ -56,6 +57,10 @@ class Recovery:
         self.reader = reader
         self.routes = routes
         self.metrics = metrics
+        #: The latest queue entry per queue subject read so far, and where to read on.
+        self._latest: dict[str, QueueRecord] = {}
+        self._read_from = 1
+        self._sweeps = 0
 
     async def run(self) -> None:
         """Sweep forever (cancel to stop); a failed sweep is logged and tried again."""
@@ -70,32 +75,37 @@ class Recovery:
             await asyncio.sleep(interval_s)
 
     async def open_entries(self) -> list[QueueRecord]:
-        """The current queue entry of every child that is not terminal."""
+        """The current queue entry of every child that is not terminal.
+
+        Read with message gets (worker/stream_reads.py: the gateway role may create no
+        consumer): each sweep reads only what was stored since the last one, at most
+        `MAX_ENTRIES_PER_SWEEP` messages, into the latest entry per subject; every
+        `FULL_RESCAN_EVERY` sweeps it reads the stream again from its start, so an entry
+        the stream's retention dropped is forgotten as a LAST_PER_SUBJECT read would.
+        """
         js = self.children.js
         subjects = self.reader.subjects
-        sub = await js.subscribe(
+        if self._sweeps % FULL_RESCAN_EVERY == 0:
+            self._latest.clear()
+            self._read_from = 1
+        self._sweeps += 1
+        stream = subjects.runtime_stream_name("queue")
+        for msg in await drain(
+            js,
+            stream,
             subjects.all_runtime_queue(),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-        )
-        found: list[QueueRecord] = []
-        try:
-            info = await sub.consumer_info()
-            total = min(info.num_pending or 0, MAX_ENTRIES_PER_SWEEP)
-            for _ in range(total):
-                try:
-                    msg = await sub.next_msg(timeout=2.0)
-                except NatsTimeout:
-                    break
-                try:
-                    record = self.reader.decode_queue(msg.data, msg.headers or {})
-                except ConnectorError:
-                    continue  # not a record this gateway can vouch for: never acted on
-                if not record.state.terminal:
-                    found.append(record)
-        finally:
-            await sub.unsubscribe()
-        return found
+            start_seq=self._read_from,
+            limit=MAX_ENTRIES_PER_SWEEP,
+        ):
+            self._read_from = (msg.seq or 0) + 1
+            try:
+                record = self.reader.decode_queue(msg.data or b"", msg.headers or {})
+            except ConnectorError:
+                # Not a record this gateway can vouch for: never acted on, and it does not
+                # hide the last good entry of its subject.
+                continue
+            self._latest[msg.subject or ""] = record
+        return [record for record in self._latest.values() if not record.state.terminal]
 
     async def sweep(self) -> int:
         """One pass; returns how many entries it moved on."""
