@@ -223,7 +223,11 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
     worker_signer = _public_key("worker_signing.nk")
     assert worker_signer in (COMPOSE / "config" / "worker-keys.txt").read_text(encoding="utf-8")
     acl = (COMPOSE / "redis" / "users.acl").read_text(encoding="utf-8")
-    for user, secret in (("aipworker", "redis_worker_password"), ("admin", "redis_admin_password")):
+    for user, secret in (
+        ("aipworker", "redis_worker_password"),
+        ("aipapprover", "redis_approver_password"),
+        ("admin", "redis_admin_password"),
+    ):
         digest = hashlib.sha256(_secret(secret).encode()).hexdigest()
         assert f"user {user} on #{digest} " in acl, user
 
@@ -313,6 +317,24 @@ INBOX_PREFIXES = {
     "nats_gateway.nk": "_INBOX_gateway",
     "nats_worker.nk": "_INBOX_worker_hermes-1",
 }
+
+
+def test_every_role_has_an_inbox_prefix_of_its_own() -> None:
+    """Each service connects with the prefix its NATS user alone may subscribe to, and no
+    user may subscribe to `_INBOX.>` (issue 24: pull deliveries travel on inboxes)."""
+    doc = _compose()
+    services = doc["services"]
+    prefixes = {
+        "nats_worker.nk": doc["x-worker-env"]["AIPD_NATS_INBOX_PREFIX"],
+        "nats_gateway.nk": doc["x-gateway-env"]["AIPD_NATS_INBOX_PREFIX"],
+        "nats_admin.nk": services["provision"]["environment"]["AIPD_NATS_INBOX_PREFIX"],
+    }
+    assert prefixes == INBOX_PREFIXES
+    assert services["approver"]["environment"]["AIPD_NATS_INBOX_PREFIX"] == "_INBOX_gateway"
+    conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
+    assert '"_INBOX.>"' not in conf
+    for prefix in INBOX_PREFIXES.values():
+        assert conf.count(f'"{prefix}.>"') == 1, prefix
 
 
 class _Client:
@@ -498,7 +520,9 @@ async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_re
         grant = await store.acquire(keys, "w1#1", 5_000, "f" * 64)
         assert grant.status is AcquireStatus.ACQUIRED
         assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}')
-        await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
+        # Approvals are the approver user's to write (tests/compose/test_redis_roles.py).
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
         with pytest.raises(redis.exceptions.NoPermissionError):
             await client.set("some:other:key", "x")
         with pytest.raises(redis.exceptions.NoPermissionError):
