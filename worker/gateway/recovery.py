@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 
 #: The most entries one sweep reads (a bound on one pass, not on the stream).
 MAX_ENTRIES_PER_SWEEP = 10_000
-#: Every this many sweeps the queue stream is read again from its start.
-FULL_RESCAN_EVERY = 30
 
 
 class Recovery:
@@ -57,10 +55,10 @@ class Recovery:
         self.reader = reader
         self.routes = routes
         self.metrics = metrics
-        #: The latest queue entry per queue subject read so far, and where to read on.
-        self._latest: dict[str, QueueRecord] = {}
+        #: The latest entry (with its stream sequence) of every queue subject read so far
+        #: whose entry is not terminal, and the sequence to read on from.
+        self._open: dict[str, tuple[int, QueueRecord]] = {}
         self._read_from = 1
-        self._sweeps = 0
 
     async def run(self) -> None:
         """Sweep forever (cancel to stop); a failed sweep is logged and tried again."""
@@ -78,34 +76,45 @@ class Recovery:
         """The current queue entry of every child that is not terminal.
 
         Read with message gets (worker/stream_reads.py: the gateway role may create no
-        consumer): each sweep reads only what was stored since the last one, at most
-        `MAX_ENTRIES_PER_SWEEP` messages, into the latest entry per subject; every
-        `FULL_RESCAN_EVERY` sweeps it reads the stream again from its start, so an entry
-        the stream's retention dropped is forgotten as a LAST_PER_SUBJECT read would.
+        consumer). Each sweep reads only what was stored since the last one, at most
+        `MAX_ENTRIES_PER_SWEEP` messages, into the latest entry per subject, as a
+        LAST_PER_SUBJECT read would see them: a terminal entry is forgotten (nothing follows
+        it), and so is one whose message the stream's retention dropped. While a long
+        stream is still being read (the first sweeps of a new gateway) nothing is returned:
+        an entry read so far may not be its subject's latest yet.
         """
         js = self.children.js
         subjects = self.reader.subjects
-        if self._sweeps % FULL_RESCAN_EVERY == 0:
-            self._latest.clear()
-            self._read_from = 1
-        self._sweeps += 1
         stream = subjects.runtime_stream_name("queue")
-        for msg in await drain(
+        state = (await js.stream_info(stream)).state
+        if state.last_seq < self._read_from - 1:  # the stream was made again: read it anew
+            self._open.clear()
+            self._read_from = 1
+        read = await drain(
             js,
             stream,
             subjects.all_runtime_queue(),
             start_seq=self._read_from,
             limit=MAX_ENTRIES_PER_SWEEP,
-        ):
-            self._read_from = (msg.seq or 0) + 1
+        )
+        for msg in read:
+            seq = msg.seq or 0
+            self._read_from = seq + 1
             try:
                 record = self.reader.decode_queue(msg.data or b"", msg.headers or {})
             except ConnectorError:
                 # Not a record this gateway can vouch for: never acted on, and it does not
                 # hide the last good entry of its subject.
                 continue
-            self._latest[msg.subject or ""] = record
-        return [record for record in self._latest.values() if not record.state.terminal]
+            if record.state.terminal:
+                self._open.pop(msg.subject or "", None)
+            else:
+                self._open[msg.subject or ""] = (seq, record)
+        if len(read) >= MAX_ENTRIES_PER_SWEEP:
+            return []  # more is stored: the next sweep reads on
+        for subject in [s for s, (seq, _) in self._open.items() if seq < state.first_seq]:
+            del self._open[subject]
+        return [record for _, record in self._open.values()]
 
     async def sweep(self) -> int:
         """One pass; returns how many entries it moved on."""
