@@ -469,6 +469,9 @@ async def test_a_worker_with_the_worker_credential_completes_a_gateway_action(
             )
             handle = await client.publish(action)
             result = await handle.result(timeout_s=30)
+            # The chunks too, by message gets: the gateway user may create no consumer.
+            kinds = [chunk.kind.value async for chunk in handle.chunks(idle_timeout_s=10)]
+            assert kinds[-1] == "done", kinds
             assert result.status.value == "completed", result.error
             assert result.settled_by == "w-compose"
             receipts = await client.receipts(ENDPOINT, action.id)
