@@ -13,8 +13,9 @@ Each read is one request; nothing is left on the server when a reader goes away.
 
 Waiting for a message not stored yet: `Wakeups` keeps one core-NATS subscription per subject
 pattern (the subject with its last token replaced by `*`, e.g. every result subject of one
-endpoint) per connection, shared in memory by every waiter of that connection: one gateway
-process follows any number of children with one subscription per endpoint. A wake-up is
+endpoint) per connection while anyone waits on it, shared in memory by every waiter of that
+connection: one gateway process follows any number of children with one subscription per
+endpoint. A wake-up is
 only a hint to read the stream again (a core message may be one no stream stored); the
 waiter is registered before it reads, so a message stored between its read and its wait
 still wakes it, and without any wake-up (a reconnect, a subscription the server refused) it
@@ -78,7 +79,11 @@ def pattern_of(subject: str) -> str:
 
 
 class Wakeups:
-    """One core subscription per subject pattern for a connection, fanned out to waiters."""
+    """One core subscription per subject pattern for a connection, fanned out to waiters.
+
+    A pattern is subscribed while anyone waits on one of its subjects and unsubscribed when
+    the last waiter leaves, so a process that once followed an endpoint's chunks does not
+    receive every chunk of that endpoint for the rest of its life."""
 
     _of: weakref.WeakKeyDictionary[NATS, Wakeups] = weakref.WeakKeyDictionary()
 
@@ -87,6 +92,9 @@ class Wakeups:
         self._subs: dict[str, Subscription] = {}
         self._lock = asyncio.Lock()
         self._waiters: dict[str, set[asyncio.Event]] = {}
+        #: Waiters per pattern (a pattern's subscription lives while this is > 0).
+        self._count: dict[str, int] = {}
+        self._dropping: set[asyncio.Task[None]] = set()
 
     @classmethod
     def of(cls, nc: NATS) -> Wakeups:
@@ -97,19 +105,20 @@ class Wakeups:
         return found
 
     async def watch(self, subject: str) -> asyncio.Event:
-        """An event set by every message published on `subject` from now on."""
+        """An event set by every message published on `subject` from now on (release it
+        with `unwatch`)."""
         event = asyncio.Event()
         self._waiters.setdefault(subject, set()).add(event)
         pattern = pattern_of(subject)
-        if pattern not in self._subs:
-            async with self._lock:
-                if pattern not in self._subs:
-                    try:
-                        self._subs[pattern] = await self.nc.subscribe(pattern, cb=self._on_msg)
-                        # Active on the server before the caller's first read.
-                        await self.nc.flush(timeout=2)
-                    except (NatsError, TimeoutError) as exc:  # polling still finds it
-                        log.info("no wake-ups for %s: %s", pattern, type(exc).__name__)
+        self._count[pattern] = self._count.get(pattern, 0) + 1
+        async with self._lock:
+            if pattern not in self._subs:
+                try:
+                    self._subs[pattern] = await self.nc.subscribe(pattern, cb=self._on_msg)
+                    # Active on the server before the caller's first read.
+                    await self.nc.flush(timeout=2)
+                except (NatsError, TimeoutError) as exc:  # polling still finds it
+                    log.info("no wake-ups for %s: %s", pattern, type(exc).__name__)
         return event
 
     def unwatch(self, subject: str, event: asyncio.Event) -> None:
@@ -118,6 +127,24 @@ class Wakeups:
             waiters.discard(event)
             if not waiters:
                 del self._waiters[subject]
+        pattern = pattern_of(subject)
+        left = self._count.get(pattern, 1) - 1
+        if left > 0:
+            self._count[pattern] = left
+            return
+        self._count.pop(pattern, None)
+        sub = self._subs.pop(pattern, None)
+        if sub is not None:
+            task = asyncio.get_running_loop().create_task(self._drop(sub))
+            self._dropping.add(task)
+            task.add_done_callback(self._dropping.discard)
+
+    @staticmethod
+    async def _drop(sub: Subscription) -> None:
+        try:
+            await sub.unsubscribe()
+        except Exception as exc:  # a closed connection: nothing left to unsubscribe
+            log.debug("unsubscribe failed: %s", type(exc).__name__)
 
     async def _on_msg(self, msg: Msg) -> None:
         for event in self._waiters.get(msg.subject, ()):
