@@ -251,7 +251,7 @@ class Worker:
         self.followers = await start_followers(
             targets,
             self.rt.endpoints,
-            redis=self.rt.stores.client,
+            store=self.rt.stores.ingress,
             js=js,
             subjects=self.subjects,
             publisher=publisher,

@@ -47,8 +47,8 @@ from worker.escalation.ledger import (
 )
 from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
+from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
-from worker.trust.approval_ledger import read_record
 from worker.trust.signing import read_seed_file
 
 EXIT_FAILED = 1
