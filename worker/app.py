@@ -13,7 +13,6 @@ from nats.aio.client import Client as NATS
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker import gc_policy
-from worker.admission import Admission
 from worker.bus.acked_publish import AckedPublisher
 from worker.bus.audit import AuditLog
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
@@ -40,7 +39,7 @@ from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
-from worker.pipeline.runtime import EndpointRuntime, Runtime
+from worker.pipeline.runtime import EndpointRuntime, Gate, Runtime
 from worker.pipeline.steps import ActionIntake
 from worker.settings import Settings
 from worker.store.health import StoreHealth
@@ -61,7 +60,7 @@ class Worker:
         self,
         settings: Settings,
         *,
-        admission: Admission,
+        gate: Gate,
         registry: Registry,
         binding_cancel: BindingCancelHook | None = None,
         delegation: DelegatedOperation | None = None,
@@ -73,7 +72,7 @@ class Worker:
         self.settle_gc = settle_gc
         #: The delegated entry; None serves no delegations subject at all.
         self.delegation = delegation
-        self.admission = admission
+        self.gate = gate
         self.registry = registry
         self.binding_cancel = binding_cancel
         self.subjects = Subjects(settings.subject_prefix)
@@ -168,7 +167,7 @@ class Worker:
                 ))
                 for e in endpoints
             },
-            admission=self.admission,
+            gate=self.gate,
             worker_id=settings.worker_id,
             metrics=self.metrics,
             errors=self.errors,
@@ -192,7 +191,7 @@ class Worker:
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, actions)
         if self.delegation is not None:
-            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
+            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.gate.verify_strict)
             delegations = Pipeline(
                 self.rt, DelegationIntake(self.rt, self.delegation.with_stores(lifecycle))
             )
