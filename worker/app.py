@@ -14,7 +14,7 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker import gc_policy
 from worker.bus.acked_publish import AckedPublisher
-from worker.bus.audit import AuditLog
+from worker.bus.audit import AuditLog, provider_receipt
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
 from worker.bus.consumer import PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
@@ -163,7 +163,10 @@ class Worker:
             registry=self.registry,
             endpoints={
                 e.id: EndpointRuntime(e, HermesClient(
-                    e, transport=settings.hermes_http_transport, metrics=self.metrics
+                    e,
+                    transport=settings.hermes_http_transport,
+                    metrics=self.metrics,
+                    on_exchange=provider_receipt,
                 ))
                 for e in endpoints
             },

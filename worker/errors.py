@@ -1,4 +1,4 @@
-"""Every exception of the worker on one page, and the one mapping from HTTP/transport outcomes.
+"""Every exception of the worker on one page.
 
 An Action's failure is a `ConnectorError` carrying its `connector.hermes_agent.*` or
 `connector_host.*` code. When it leaves (in an ActionResult, a CancelReply or the DLQ) it
@@ -326,7 +326,7 @@ class QualifyNotConfigured(Exception):
     """A setting this qualification step needs is missing; the item skips with this message."""
 
 
-# --- the mapping from HTTP and transport outcomes -------------------------------------------
+# --- shorthands -----------------------------------------------------------------------------
 
 
 def protocol_error(
@@ -341,48 +341,6 @@ def protocol_error(
     return ConnectorError(code, message, remote_status=remote_status).to_protocol(
         endpoint_id=endpoint_id, read_only=read_only
     )
-
-
-#: The `error.code`s of a Hermes 503 that is refused before any work began: a draining
-#: gateway answers every agent route with it (shared/reference/hermes-0.19-more.md).
-NOT_STARTED_503_CODES = frozenset({"gateway_draining"})
-
-
-def refused_before_start(status: int, error_code: str | None = None) -> bool:
-    """Whether Hermes documents this refusal as made before it started anything: its
-    concurrent-run cap (429, checked before a run or turn is created) and a draining
-    gateway (503 `gateway_draining`). Repeating such a call cannot duplicate an effect."""
-    return status == 429 or (status == 503 and error_code in NOT_STARTED_503_CODES)
-
-
-def from_http_status(status: int, what: str, *, error_code: str | None = None) -> ConnectorError:
-    """The troubleshooting table: 401/403 auth, 429/5xx temporary, any other non-2xx rejected.
-
-    `what` is the method and route template (`POST /v1/runs`), never a concrete URL with ids
-    that could carry input, and never the response body. `error_code` is the body's
-    `error.code` only, read to recognise a refusal made before anything started: that one is
-    certain and retryable even on an unsafe call (a 5xx in general stays uncertain there).
-    """
-    if refused_before_start(status, error_code):
-        return ConnectorError(
-            ErrorCode.REMOTE_TEMPORARY,
-            f"{what} answered HTTP {status}: refused before anything was started",
-            remote_status=status,
-            retryable=True,
-            uncertain_outcome=False,
-        )
-    if status in (401, 403):
-        code = ErrorCode.AUTHENTICATION
-    elif 500 <= status <= 599:
-        code = ErrorCode.REMOTE_TEMPORARY
-    else:
-        code = ErrorCode.REMOTE_REJECTED
-    return ConnectorError(code, f"{what} answered HTTP {status}", remote_status=status)
-
-
-def from_transport(exc: BaseException, what: str) -> ConnectorError:
-    """Request, body or SSE decode failure: the exception's class name only, no details."""
-    return ConnectorError(ErrorCode.TRANSPORT, f"{what} failed: {type(exc).__name__}")
 
 
 def deadline_exceeded(what: str) -> ConnectorError:
