@@ -138,7 +138,9 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
+        publisher = BusPublisher(
+            js, self.subjects, signer=signer, acks=AckedPublisher(self.nc), nc=self.nc
+        )
         audit = AuditLog(publisher, settings.worker_id)
         keeper: LeaseKeeper[Execution] = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,

@@ -324,9 +324,8 @@ async def _publish_resolution(
 ) -> None:
     from worker.bus.publisher import BusPublisher
 
-    await BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix)).escalation_resolution(
-        resolution
-    )
+    publisher = BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix), nc=nc)
+    await publisher.escalation_resolution(resolution)
 
 
 async def cmd_resolve(args: argparse.Namespace) -> int:
