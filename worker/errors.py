@@ -299,6 +299,11 @@ class QueueEntryExists(Exception):
     """The child's queue entry was created by someone else first."""
 
 
+class ActionIdTaken(Exception):
+    """The child's first dispatch was acknowledged `duplicate`: another publisher's envelope
+    holds the id on the actions stream, so nothing that runs under it is this child."""
+
+
 class McpHttpRefused(RuntimeError):
     """The MCP server refused the session (HTTP status) before any tool ran."""
 
