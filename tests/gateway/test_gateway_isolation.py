@@ -167,6 +167,11 @@ async def test_a_protocol_id_whose_result_is_on_the_bus_is_refused_like_an_unkno
     assert await queue_entries(gs) == []
     assert len(await gs.stack.results(victim.id)) == 1
     assert models_reads(gs) == reads
+    # The refused call left no receipt on the victim's audit chain either.
+    await asyncio.sleep(0.3)
+    events = {r.event.value for r in await gs.stack.client.receipts("h1", victim.id)}
+    assert "settled" in events
+    assert "tool_call" not in events
 
 
 async def test_a_duplicate_puback_at_dispatch_is_a_collision_and_no_result_is_believed(
@@ -208,6 +213,37 @@ async def test_a_duplicate_puback_at_dispatch_is_a_collision_and_no_result_is_be
     stored = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": victim.id})
     assert "victim-only" not in json.dumps(stored.document)
     assert stored.document["result"]["status"] == "failed"
+
+
+async def test_a_protocol_id_whose_chunks_are_streaming_is_refused_before_enqueue(
+    with_h9: GatewayStack,
+) -> None:
+    """The victim's Action is executing (its chunks are on the bus, no result yet) and its
+    envelope is past the duplicate window (published here without a `Nats-Msg-Id`): the
+    gateway's publish would be stored, and `aip_action_events` would pass the victim's
+    chunks through. The id is refused before anything is enqueued."""
+    gs = with_h9
+    victim, payload = h9_action(gs)
+    await gs.stack.nc.jetstream().publish(
+        gs.stack.subjects.actions("h9"), payload, headers=gs.stack.trust.sign(payload)
+    )
+    chunk = {"action_id": victim.id, "seq": 0, "kind": "delta", "data": {"text": "victim-only"}}
+    await gs.stack.nc.jetstream().publish(
+        gs.stack.subjects.chunks("h9", victim.id), json.dumps(chunk).encode()
+    )
+    arguments = contract(
+        action_id=victim.id,
+        capability=H9_MODELS,
+        input={},
+        mode="async",
+        delegation=FORGED_DELEGATION,
+    )
+    answer = await aip_call(gs, H1_TOKEN, arguments)
+    events = await call_tool(gs.url, H1_TOKEN, "aip_action_events", {"action_id": victim.id})
+    assert "victim-only" not in json.dumps(events.document)
+    assert answer.is_error, answer.document
+    assert answer.error_code == NOT_FOUND
+    assert await queue_entries(gs) == []
 
 
 async def test_aip_client_refuses_a_signed_result_of_another_envelope(

@@ -184,15 +184,17 @@ class Children:
         return True
 
     async def on_bus(self, route: Route, action_id: str) -> bool:
-        """Whether a result is already stored under `action_id` on the route's results
-        subject: someone else's Action holds the id, and nothing there is this child's."""
-        subject = route.subjects.results(action_id)
-        try:
-            stream = await self.js.find_stream_name_by_subject(subject)
-            await self.js.get_last_msg(stream, subject)
-        except NotFoundError:
-            return False
-        return True
+        """Whether a result or a chunk is already stored under `action_id` on the route's
+        subjects: someone else's Action holds the id, and nothing there is this child's
+        (`aip_action_events` would pass its chunks through)."""
+        for subject in (route.subjects.results(action_id), route.subjects.chunks(action_id)):
+            try:
+                stream = await self.js.find_stream_name_by_subject(subject)
+                await self.js.get_last_msg(stream, subject)
+            except NotFoundError:
+                continue
+            return True
+        return False
 
     @staticmethod
     def envelope(child: ChildAction, route: Route) -> bytes:

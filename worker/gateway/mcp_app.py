@@ -160,11 +160,13 @@ class GatewayHttp:
             return await self._run("aip_capabilities", ctx, service.capabilities)
 
         async def aip_call(arguments: dict[str, Any], ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
+            # No action_id for the receipt until the answer names the child: a supplied id is
+            # not the child's (it is namespaced), and a refused call must not append to the
+            # audit chain of whatever Action that id names.
             return await self._run(
                 "aip_call",
                 ctx,
                 lambda p: service.call(p, arguments),
-                action_id=arguments.get("action_id"),
                 capability=arguments.get("capability"),
             )
 
