@@ -88,6 +88,14 @@ class Principal:
             return False
         return self.endpoints is None or endpoint_id is None or endpoint_id in self.endpoints
 
+    def may_route(self, capability_prefix: str) -> bool:
+        """Whether a route of `capability_prefix` can serve anything this principal may call
+        (what `aip_capabilities` shows of the route table)."""
+        if self.capability_prefixes is None:
+            return True
+        head = capability_prefix.partition("{endpoint}")[0]
+        return any(p.startswith(head) or head.startswith(p) for p in self.capability_prefixes)
+
     def identity(self) -> Identity:
         """The child Action's identity: the transport-authenticated principal."""
         return Identity(

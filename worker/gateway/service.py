@@ -144,7 +144,12 @@ class GatewayService:
                 route = self.routes.resolve(capability)
                 if route is not None and principal.may_call(capability, route.endpoint_id):
                     listed.append({"endpoint_id": manifest.get("endpoint_id"), **entry})
-        return {"capabilities": listed, "routes": self.routes.describe()}
+        routes = {
+            prefix: subject
+            for prefix, subject in self.routes.describe().items()
+            if principal.may_route(prefix)
+        }
+        return {"capabilities": listed, "routes": routes}
 
     # --- aip_call -----------------------------------------------------------------------
 
