@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -99,3 +100,37 @@ def test_the_principals_file_authenticates_hashes_and_refuses_unsafe_files(tmp_p
     path.write_text('[{"token_sha256": "zz", "principal_id": "a"}]')
     with pytest.raises(TrustConfigError, match="principal 0"):
         Principals.load(path)
+
+
+def test_a_principals_allowlists_admit_only_what_they_name(tmp_path: Path) -> None:
+    path = write_principals_file(
+        tmp_path,
+        [
+            principal_entry(
+                "limited",
+                "agent:a",
+                capability_prefixes=["cap:hermes_agent:h1:", "cap:support_sandbox:case."],
+                endpoints=["h1"],
+            ),
+            principal_entry("open", "agent:b"),
+        ],
+    )
+    principals = Principals.load(path)
+    limited = principals.authenticate("limited", now_ms=1)
+    unlimited = principals.authenticate("open", now_ms=1)
+    assert limited is not None
+    assert unlimited is not None
+    assert limited.may_call("cap:hermes_agent:h1:models", "h1")
+    assert limited.may_call("cap:support_sandbox:case.get", None)  # no endpoint: prefixes only
+    assert not limited.may_call("cap:hermes_agent:h2:models", "h2")
+    assert not limited.may_call("cap:support_sandbox:billing.pay", None)
+    assert unlimited.may_call("cap:hermes_agent:h2:models", "h2")
+    # The routes it is shown are those its prefixes can reach.
+    assert limited.may_route("cap:hermes_agent:{endpoint}:")
+    assert limited.may_route("cap:support_sandbox:")
+    assert not limited.may_route("cap:billing:")
+    assert unlimited.may_route("cap:billing:")
+    for bad in ({"capability_prefixes": ["notcap"]}, {"endpoints": ["Bad Endpoint"]}):
+        path.write_text(json.dumps([{**principal_entry("x", "agent:x"), **bad}]), encoding="utf-8")
+        with pytest.raises(TrustConfigError, match="principal 0"):
+            Principals.load(path)
