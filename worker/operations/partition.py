@@ -8,10 +8,12 @@ every Hermes operation passes (`JsonOperation`, the model turns, `StreamOperatio
 operator's session id):
 
 * **The partition** of an Action is its verified tenant's (the trust gate admitted its
-  identity): the prefix `t<12 hex of sha256("tenant:<id>")>-`, or the prefix of
-  "untenanted" for an Action without a tenant. Every Action on a shared endpoint has one;
-  ids outside every prefix (sessions Hermes names itself: `api-…` of chat completions,
-  the uuid4 of a Responses chain) belong to no partition and are read by none.
+  identity): the prefix `t<12 hex of sha256("tenant:<id>")>-`, or `t<12 hex of
+  sha256("untenanted")>-` for an Action without a tenant. Every Action on a shared
+  endpoint has one (except the internal channel-delivery principal, which posts into the
+  sessions the egress file names); ids outside every prefix (sessions Hermes names
+  itself: `api-…` of chat completions, the uuid4 of a Responses chain) belong to no
+  partition and are read by none.
 * **Ids the caller names** (session ids, fork children, a run's `session_id`, a job's
   `name`, a Responses `conversation`) must start with the prefix; an id left out is
   minted inside it from the Action id (`<prefix><action id>`), so a redelivery names the
@@ -111,8 +113,17 @@ class Partition:
 
 
 def partition_of(ctx: ExecutionContext) -> Partition | None:
+    """The Action's partition; None off a shared endpoint, and for a channel delivery: the
+    internal principal that posts into the sessions the administrator's egress file names
+    (never admitted from the bus: it is in no identity directory)."""
     prefix = prefix_of(ctx)
-    return Partition(prefix) if prefix else None
+    if not prefix:
+        return None
+    from worker.channel.egress import CHANNEL_PRINCIPAL
+
+    if ctx.action.identity.principal_id == CHANNEL_PRINCIPAL:
+        return None
+    return Partition(prefix)
 
 
 async def guard(ctx: ExecutionContext, name: str, params: Any) -> Any:
