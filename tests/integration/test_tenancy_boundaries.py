@@ -40,6 +40,7 @@ from worker.testing.identities import (
     USER_A,
     USER_B,
     USER_UNTENANTED,
+    authority_memberships,
     identity_entries,
     write_trust_files,
 )
@@ -52,6 +53,8 @@ TENANT_MISMATCH = "connector.hermes_agent.tenant_mismatch"
 #: A second principal of tenant a that approves nothing: the one that tries to use another's
 #: approval.
 MALLORY = "user:mallory"
+#: A second approver of tenant a, so that the first can resume as an authority member.
+APPROVER_A2 = "approver:erin"
 SHARED = {"AIPD_HERMES_SHARED_ENDPOINTS": ENDPOINT}
 
 
@@ -59,11 +62,17 @@ SHARED = {"AIPD_HERMES_SHARED_ENDPOINTS": ENDPOINT}
 async def stack(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> AsyncIterator[Stack]:
-    """The usual stack, its directory holding one more tenant-a principal (`MALLORY`)."""
+    """The usual stack, its directory holding one more tenant-a principal (`MALLORY`) and
+    its authority one more tenant-a approver (`APPROVER_A2`)."""
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
     mallory = {**identity_entries()[0], "principal_id": MALLORY}
-    trust = write_trust_files(trust_dir, identities=[*identity_entries(), mallory])
+    erin = {**authority_memberships()[0], "principal_id": APPROVER_A2}
+    trust = write_trust_files(
+        trust_dir,
+        identities=[*identity_entries(), mallory],
+        memberships=[*authority_memberships(), erin],
+    )
     async with fake_stack(
         tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=3000
     ) as stack:
@@ -129,6 +138,22 @@ async def test_a_tenant_b_principal_cannot_resume_a_tenant_a_run(stack: Stack) -
         stack, resume(stack, source, USER_A, TENANT_A, "once"), approver=APPROVER_A, timeout_s=60
     )
     assert own.status is ResultStatus.COMPLETED, own.error
+    assert stack.fake.stats().count(APPROVAL_POST) == 1
+
+
+async def test_an_authority_member_of_the_runs_tenant_may_resume_it(stack: Stack) -> None:
+    await stack.spawn("w1", **SHARED)
+    source = await waiting_run(stack, USER_A, TENANT_A, APPROVER_A)
+    assert stack.fake is not None
+    # Carol holds an approval membership for tenant a: she may answer Alice's run (Erin,
+    # another tenant-a approver, approves her resume: nobody approves their own Action).
+    answered = await run(
+        stack,
+        resume(stack, source, APPROVER_A, TENANT_A, "once"),
+        approver=APPROVER_A2,
+        timeout_s=60,
+    )
+    assert answered.status is ResultStatus.COMPLETED, answered.error
     assert stack.fake.stats().count(APPROVAL_POST) == 1
 
 
