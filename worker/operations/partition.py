@@ -34,6 +34,7 @@ another's ids from the answer.
 from __future__ import annotations
 
 import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +44,8 @@ from redis.exceptions import RedisError
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.operations.base import ExecutionContext, Outcome
+
+log = logging.getLogger(__name__)
 
 #: Redis keys of response owners (the worker's ACL covers `aip:connector:hermes_agent:*`).
 RESPONSE_OWNER_NAMESPACE = "aip:connector:hermes_agent:partition:v1"
@@ -231,5 +234,11 @@ async def _record_response(ctx: ExecutionContext, part: Partition, response_id: 
             nx=True,
             px=RESPONSE_OWNER_TTL_MS,
         )
-    except (RedisError, OSError):
-        return
+    except (RedisError, OSError) as exc:
+        log.warning(
+            "stored response %s on endpoint %s could not be recorded as its tenant "
+            "partition's (%s): no Action can read it",
+            response_id,
+            ctx.endpoint.id,
+            type(exc).__name__,
+        )
