@@ -264,7 +264,7 @@ def new_binding(
     action: Action, endpoint_id: str, fingerprint: str, now_ms: int, *, partition_prefix: str = ""
 ) -> OperatorBinding:
     """A fresh binding, recording who started the run: a resume must come from that
-    principal or an authority member of its tenant (`worker.operator.resume`)."""
+    principal or an authority member of its tenant (`worker.trust.resume_authority`)."""
     delegation = action.delegation
     return OperatorBinding(
         action_id=action.id,
