@@ -17,7 +17,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import new_action_id
 from worker.errors import ConnectorError
 from worker.operator.binding import BindingState, OperatorBinding, encode_binding
-from worker.store.keys import binding_key
+from worker.store.keys import ActionKeys, binding_key
 from worker.stores import Stores
 from worker.testing.identities import (
     APPROVER_A,
@@ -96,7 +96,21 @@ async def test_anyone_else_is_refused(
     assert caught.value.message.startswith("resume: not the source run's principal")
 
 
-async def test_a_binding_that_records_no_principal_is_resumed_by_no_one(
+async def test_an_older_workers_binding_is_judged_by_the_sources_lease(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles
+) -> None:
+    source = await source_binding(redis, None, None)
+    lease = ActionKeys.of(source).lease
+    await redis.hset(
+        lease, mapping={"principal": USER_A, "tenant": TENANT_A, "capability": "cap:x"}
+    )
+    await resume_as(gate, redis, trust_files, source, USER_A, TENANT_A)
+    with pytest.raises(ConnectorError) as caught:
+        await resume_as(gate, redis, trust_files, source, USER_B, TENANT_B)
+    assert caught.value.code is ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT
+
+
+async def test_an_older_workers_binding_without_a_lease_is_resumed_by_no_one(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles
 ) -> None:
     source = await source_binding(redis, None, None)

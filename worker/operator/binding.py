@@ -176,8 +176,8 @@ class OperatorBinding(_Record, frozen=True):
     output: dict[str, Any] | None = None
     error: BindingError | None = None
     #: The verified principal and tenant of the Action that started the run (admitted by
-    #: the trust gate). None only in a binding an older worker wrote: no resume is
-    #: accepted for it (nothing says whose run it is).
+    #: the trust gate). None only in a binding an older worker wrote: the source's lease
+    #: then says whose run it is (`worker.trust.resume_authority`).
     principal_id: str | None = None
     tenant_id: str | None = None
 

@@ -15,8 +15,10 @@ a resume only when
 Everything else is refused with `connector_host.approval_authorization_conflict` (the
 cancel check's code: a claim of authority over an Action that its durable record
 contradicts), before anything is sent to Hermes. A binding an older worker wrote records
-no principal and is resumed by no one; a missing binding is left to the resume ledger,
-which refuses it (`operator_policy`) without contacting Hermes either.
+no principal: the source's lease (which records the verified principal and tenant at
+acquisition) answers instead, and without one nobody may resume it. A missing binding is
+left to the resume ledger, which refuses it (`operator_policy`) without contacting Hermes
+either.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from schemas.action import Action
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
 from worker.errors import ConnectorError, NotAuthorized, StoreUnavailable
-from worker.store.keys import binding_key
+from worker.store.keys import ActionKeys, binding_key
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.clock import Clock
 from worker.trust.files import describe_principal
@@ -76,12 +78,18 @@ async def check_resume(
     if stored.doc is None:
         return
     binding = decode_binding(stored.doc)
-    if binding.principal_id is None:
-        raise _refuse(
-            "the source binding records no principal (written by an older worker); "
-            "nobody may resume it"
-        )
-    if identity.principal_id == binding.principal_id and identity.tenant_id == binding.tenant_id:
+    owner, tenant = binding.principal_id, binding.tenant_id
+    if owner is None:
+        # An older worker's binding: the source's lease recorded its verified principal
+        # and tenant at acquisition (what a cancel is authorized against).
+        subject = await _lease_subject(stores, source_action_id)
+        if subject is None:
+            raise _refuse(
+                "the source binding records no principal (written by an older worker) and "
+                "its lease is gone; nobody may resume it"
+            )
+        owner, tenant = subject
+    if identity.principal_id == owner and identity.tenant_id == tenant:
         return
     who = describe_principal(identity.principal_id)
     if authority is None:
@@ -91,9 +99,19 @@ async def check_resume(
     try:
         authority.authorize(
             principal_id=identity.principal_id,
-            tenant_id=binding.tenant_id,
+            tenant_id=tenant,
             capability=action.capability,
             now_ms=await clock.now_ms(),
         )
     except NotAuthorized as exc:
         raise _refuse(f"not the source run's principal, and {exc}") from None
+
+
+async def _lease_subject(stores: Stores, source_action_id: str) -> tuple[str, str | None] | None:
+    try:
+        subject = await stores.leases.cancel_subject(ActionKeys.of(source_action_id))
+    except StoreUnavailable as exc:
+        raise ConnectorError(
+            ErrorCode.OPERATOR_STATE, f"operator state unavailable: {exc}"
+        ) from None
+    return None if subject is None else (subject.principal_id, subject.tenant_id)
