@@ -18,12 +18,12 @@ from typing import Any
 
 from schemas.action import Action
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from worker.cancel_signal import CancelSignal
-from worker.chunk_stream import TERMINAL_KINDS
 from worker.endpoints import Endpoint
+from worker.execution.cancel_signal import CancelSignal
+from worker.execution.chunk_stream import TERMINAL_KINDS
 from worker.hermes.http_client import HermesClient
 from worker.store.keys import ActionKeys
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.trust.identities import TrustedIdentity
 from worker.trust.projection import trusted_projection
 

@@ -20,7 +20,7 @@ from worker.operations.base import OperationSpec
 from worker.store.lease_store import ActionSubject
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 
 @dataclass(frozen=True, slots=True)

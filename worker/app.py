@@ -13,18 +13,22 @@ from nats.aio.client import Client as NATS
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker import gc_policy
-from worker.acked_publish import AckedPublisher
 from worker.admission import Admission
-from worker.audit import AuditLog
-from worker.connections import connect_nats, open_redis_for, stream_policy
-from worker.consumer import PullLoop, Slots
+from worker.bus.acked_publish import AckedPublisher
+from worker.bus.audit import AuditLog
+from worker.bus.connections import connect_nats, open_redis_for, stream_policy
+from worker.bus.consumer import PullLoop, Slots
+from worker.bus.dead_letters import DeadLetters
+from worker.bus.publisher import BusPublisher
 from worker.control import BindingCancelHook, ControlPlane
-from worker.dead_letters import DeadLetters
 from worker.delegation.handler import DelegationIntake
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
 from worker.endpoints import resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
+from worker.escalation.output import EscalationOutput
+from worker.execution.context import Execution
+from worker.execution.leases import LeaseKeeper
 from worker.health import (
     CallbackProbe,
     HealthServer,
@@ -33,17 +37,15 @@ from worker.health import (
     start_health_server,
 )
 from worker.hermes.http_client import HermesClient
-from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
 from worker.pipeline.runtime import EndpointRuntime, Runtime
 from worker.pipeline.steps import ActionIntake
-from worker.publisher import BusPublisher
 from worker.settings import Settings
 from worker.store.health import StoreHealth
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.tasks import stop_tasks
 from worker.trust.responses import signer_from_settings
 
@@ -77,7 +79,7 @@ class Worker:
         self.binding_cancel = binding_cancel
         self.subjects = Subjects(settings.subject_prefix)
         self.nc: NATS | None = None
-        #: Built at start-up over the one Redis client (worker/stores.py).
+        #: Built at start-up over the one Redis client (worker/store/stores.py).
         self.stores: Stores | None = None
         self.rt: Runtime | None = None
         self.loops: list[PullLoop] = []
@@ -140,7 +142,7 @@ class Worker:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
         publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
         audit = AuditLog(publisher, settings.worker_id)
-        keeper = LeaseKeeper(
+        keeper: LeaseKeeper[Execution] = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
             health=health, errors=self.errors,
         )
@@ -171,6 +173,11 @@ class Worker:
             worker_id=settings.worker_id,
             metrics=self.metrics,
             errors=self.errors,
+        )
+        self.rt.outputs.append(
+            EscalationOutput(
+                publisher, self.metrics, approval_ttl_ms=settings.hermes_operator_timeout_ms
+            )
         )
         actions = Pipeline(self.rt, ActionIntake(self.rt))
         if self.settle_gc:
@@ -226,13 +233,14 @@ class Worker:
         """Channel egress: refuse rules naming unknown endpoints or sessions, then consume
         the egress queue of every served endpoint a rule delivers to (docs/channels.md)."""
         from worker.channel.egress import EgressIntake, check_sessions
+        from worker.channel.output import ChannelOutput
         from worker.channel.rules import load_egress_rules
 
         assert self.rt is not None
         assert self.settings.channel_egress_file is not None
         table = load_egress_rules(self.settings.channel_egress_file, [e.id for e in endpoints])
         await check_sessions(table, self.rt.endpoints)
-        self.rt.channel = table
+        self.rt.outputs.append(ChannelOutput(self.rt.publisher, table))
         egress = Pipeline(self.rt, EgressIntake(self.rt, table))
         for endpoint_id in sorted({endpoint_id for endpoint_id, _ in table.targets()}):
             self._pull(js, "egress", endpoint_id, self.slots, egress)

@@ -5,7 +5,7 @@ discovers every worker and what it serves. Requests are load-balanced by the mic
 group; a cancel is persisted in Redis first (so it holds even if no worker runs the Action
 yet), then announced on an internal subject that every worker hears, so the holder re-reads
 the intent at once instead of at its next heartbeat. The announcement grants nothing: only
-the durable intent cancels (`worker.cancel_notices`).
+the durable intent cancels (`worker.execution.cancel_notices`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 log = logging.getLogger(__name__)
 

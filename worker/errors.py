@@ -167,7 +167,7 @@ class Rejected(Exception):
 class LeaseLost(Exception):
     """This worker no longer owns the Action: stop at once, settle nothing, ack nothing.
 
-    The one form a lost lease takes, whoever finds it (worker/leases.py)."""
+    The one form a lost lease takes, whoever finds it (worker/execution/leases.py)."""
 
 
 # --- what an Action depends on: Redis, JetStream, the AIP runtime's records -----------------
@@ -399,4 +399,20 @@ def unexpected_failure(what: str, exc: BaseException) -> ConnectorError:
         ErrorCode.HOST_EXECUTION,
         f"{what} failed unexpectedly ({type(exc).__name__}); read the durable Action and "
         "the worker log before deciding",
+    )
+
+
+def attempted_before(*, refused: ErrorCode | None = None) -> ConnectorError:
+    """An unsafe request an earlier owner of the Action recorded it was about to send
+    (`attempted_fence`): it may have reached Hermes, so the outcome is unknown and nothing
+    is sent again -- whether this delivery would have executed or was refused (`refused`,
+    the refusal's own code: a replay past the window, say), never a certain failure.
+    """
+    because = f" (this delivery was refused: {refused.value})" if refused is not None else ""
+    return ConnectorError(
+        ErrorCode.TRANSPORT,
+        "an earlier worker may have sent this request before it stopped; the outcome is "
+        f"unknown and it is not sent again{because}",
+        retryable=False,
+        uncertain_outcome=True,
     )

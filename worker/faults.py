@@ -41,6 +41,7 @@ POINTS = (
     "after_escalation",
     "after_channel_publish",
     "after_ingress_publish",
+    "after_terminal_chunk",
     "after_result_publish",
     "before_ack",
     # The gateway's (worker/gateway): a child's queue entry is written / its envelope sent.

@@ -311,7 +311,7 @@ class Metrics:
         """One StreamChunk handed to JetStream (terminal chunks included)."""
         self._f_chunks.get(endpoint, kind).inc()
 
-    # --- heartbeat (worker/leases.py) ----------------------------------------------------
+    # --- heartbeat (worker/execution/leases.py) -----------------------------------------
 
     def heartbeat(self, seconds: float, *, leases: int, ok: bool) -> None:
         """One renewal round trip of every held lease, and whether Redis answered it."""

@@ -55,11 +55,8 @@ def binding_cancel_hook() -> BindingCancelHook | None:
 
 def add_extra_commands(sub: Any) -> None:
     """Subcommands owned by other packages (trust, operator, escalation, demo, qualify)."""
-    from worker import demo_command
-    from worker.escalation import admin as escalation_admin
-    from worker.operator import admin as operator_admin
+    from worker.commands import demo_command, escalation_admin, operator_admin, trust_admin
     from worker.qualify import command as qualify_command
-    from worker.trust import admin as trust_admin
 
     trust_admin.add_commands(sub)
     operator_admin.add_commands(sub)

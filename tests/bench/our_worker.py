@@ -25,7 +25,7 @@ def _check_operator_registered() -> None:
 
 
 def _run() -> int:
-    from worker.cli import main
+    from worker.commands.cli import main
 
     return main(["run"])
 

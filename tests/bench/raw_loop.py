@@ -72,7 +72,8 @@ end
 redis.call('HSET', KEYS[2], 'state', 'bound', 'run_id', ARGV[3])
 return 1
 """
-#: Write the result once under the caller's fence and release the lease in the same step.
+#: Write the result and the terminal chunk once under the caller's fence and release the
+#: lease in the same step (the worker stores the terminal chunk beside the result too).
 SETTLE = """
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return 'exists'
@@ -82,6 +83,7 @@ if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
   return 'fenced_out'
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
 redis.call('HSET', KEYS[1], 'owner', '', 'expires', 0)
 return 'settled'
 """
@@ -160,13 +162,14 @@ class RawLoop:
         chunks = f"aip.hermes.h1.chunks.{job.id}"
         futures: list[asyncio.Future[Any]] = []
         seq = 0
+        last_chunk = b""
 
         async def on_event(event: dict[str, Any]) -> None:
-            nonlocal seq
+            nonlocal seq, last_chunk
             kind = "done" if event.get("event") == "run.completed" else "data"
+            last_chunk = chunk_bytes(job.id, seq, kind, event, run_id)
             futures.append(await self.js.publish_async(
-                chunks, chunk_bytes(job.id, seq, kind, event, run_id),
-                headers={"Nats-Msg-Id": f"{job.id}:{seq}"},
+                chunks, last_chunk, headers={"Nats-Msg-Id": f"{job.id}:{seq}"},
             ))
             seq += 1
 
@@ -174,7 +177,8 @@ class RawLoop:
         status = "completed" if terminal == "run.completed" else "failed"
         body = result_bytes(job.id, status, self.worker_id, int(fence))
         settled = await self.scripts["settle"](
-            keys=[lease, result], args=[owner, fence, body, 86_400_000]
+            keys=[lease, result, result + ":terminal"],
+            args=[owner, fence, body, 86_400_000, last_chunk],
         )
         if settled == b"fenced_out":
             return

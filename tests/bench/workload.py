@@ -26,6 +26,7 @@ from schemas.approval import ApprovalDecision
 from schemas.codec import encode
 from schemas.ids import new_action_id
 from tests.bench.env import ENDPOINT, Bench
+from worker.store.clock import redis_now_ms
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
     ISSUER,
@@ -36,7 +37,6 @@ from worker.testing.identities import (
 from worker.testing.scenario import SLOW_REPLY
 from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.clock import redis_now_ms
 
 #: The objective of a plain Action; the fake answers it with word-sized `message.delta`s.
 OBJECTIVE = "bench run"

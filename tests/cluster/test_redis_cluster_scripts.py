@@ -172,7 +172,9 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     assert await leases.cancel_requested_many([resume_keys], budget_s=5) == [True]
     [renewal] = await leases.renew_many([(resume_keys, "w2#r", grant.fence)], 5_000, budget_s=5)
     assert renewal.cancel_requested
-    settled = await leases.settle(resume_keys, "w2#r", grant.fence, b'{"status":"cancelled"}')
+    settled = await leases.settle(
+        resume_keys, "w2#r", grant.fence, b'{"status":"cancelled"}', b'{}'
+    )
     assert settled.status is SettleStatus.SETTLED
 
     # Endpoint capacity: a key of its own, hash-tagged by endpoint.

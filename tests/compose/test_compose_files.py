@@ -474,7 +474,7 @@ async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_re
         keys = ActionKeys.of(ACTION_ID)
         grant = await store.acquire(keys, "w1#1", 5_000, "f" * 64)
         assert grant.status is AcquireStatus.ACQUIRED
-        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}')
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
         await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
         with pytest.raises(redis.exceptions.NoPermissionError):
             await client.set("some:other:key", "x")
@@ -498,7 +498,7 @@ async def test_what_the_worker_wrote_survives_a_restart_of_the_compose_redis(
     try:
         store = LeaseStore(client)
         grant = await store.acquire(keys, "w1#1", 60_000, "f" * 64)
-        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}')
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
     finally:
         await client.aclose()
         started.close()  # SIGTERM: Redis fsyncs the AOF and exits

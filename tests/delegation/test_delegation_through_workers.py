@@ -16,7 +16,7 @@ from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker.delegation import delegation_action_id
 from worker.delegation.payload import aip_call_arguments
-from worker.execution import now_ms
+from worker.store.clock import now_ms
 from worker.testing.runtime_faults import RuntimeFault
 
 from .conftest import DelegationStack

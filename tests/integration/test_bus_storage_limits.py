@@ -22,7 +22,7 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.integration.stack import ENDPOINT, Stack
-from worker.dead_letters import TokenBucket
+from worker.bus.dead_letters import TokenBucket
 from worker.testing.services import ServiceHandle, free_port
 
 KIB = 1024

@@ -28,12 +28,12 @@ from schemas.result import ResultStatus
 from subjects.grammar import Subjects
 from tests.integration.stack import ENDPOINT, Stack, provision_streams
 from tests.integration.test_escalations import escalations, resolve
+from worker.bus.publisher import BusPublisher
 from worker.escalation.build import escalation_id
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.escalation.ledger import record_resolution
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher
 from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL
 from worker.testing.services import ServiceHandle, free_port

@@ -30,9 +30,9 @@ from subjects.grammar import Subjects
 from subjects.provision import Change, provision
 from subjects.streams import StreamPolicy
 from tests.integration.stack import ENDPOINT, Stack, provision_streams
-from worker.audit import AuditLog
+from worker.bus.audit import AuditLog
+from worker.bus.publisher import BusPublisher
 from worker.client import AipClient
-from worker.publisher import BusPublisher
 from worker.testing.services import ServiceHandle
 
 MODELS = "GET /v1/models"

@@ -24,7 +24,7 @@ from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.client import AipClient
 from worker.errors import CannotSign, UnverifiedResponse
-from worker.execution import now_ms
+from worker.store.clock import now_ms
 from worker.testing.fake_hermes import RouteDelay
 from worker.testing.scenario import SLOW_REPLY
 from worker.trust.responses import ResponseSigner, verify_dlq_entry

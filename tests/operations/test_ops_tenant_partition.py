@@ -28,7 +28,7 @@ from worker.errors import ConnectorError
 from worker.hermes.http_client import HermesClient
 from worker.operations.base import Outcome, Registry
 from worker.operations.partition import partition_prefix, response_owner_key
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.services import ServiceHandle
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -31,7 +31,7 @@ from worker.secret_files import Secret
 from worker.store.keys import ActionKeys, binding_key
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.store.operator_store import OperatorStore
-from worker.stores import Stores
+from worker.store.stores import Stores
 
 ENDPOINT_ID = "hermes-1"
 LEASE_TTL_MS = 120_000

@@ -14,9 +14,9 @@ from redis.asyncio import Redis
 from schemas.action import DelegationRef
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
+from worker.commands import operator_admin
 from worker.errors import IllegalTransition
 from worker.fingerprints import operator_fingerprint
-from worker.operator import admin
 from worker.operator.binding import (
     TERMINAL_STATES,
     TRANSITIONS,
@@ -169,14 +169,14 @@ async def test_result_output_is_the_source_binding_shape(harness: Harness) -> No
 async def test_binding_show_redacts_provider_output(harness: Harness, redis: Redis) -> None:
     action = harness.action(objective("secret-ish"))
     outcome, _ = await harness.run(action)
-    view = await admin.show_binding(redis, action.id)
+    view = await operator_admin.show_binding(redis, action.id)
 
     assert view is not None
     assert view["status"] == "completed"
     assert view["revision"] >= 3
     assert view["output"]["output"]["redacted"] is True
     assert outcome.output["provider"]["output"] not in str(view)
-    assert await admin.show_binding(redis, "act_" + "9" * 32) is None
+    assert await operator_admin.show_binding(redis, "act_" + "9" * 32) is None
 
 
 async def test_reconcile_records_one_decision_and_starts_nothing(
@@ -189,22 +189,22 @@ async def test_reconcile_records_one_decision_and_starts_nothing(
     before = await redis.hget(binding_key(action.id), "doc")
     routes_before = fake.stats().routes
 
-    report = await admin.reconcile(
+    report = await operator_admin.reconcile(
         redis,
         harness.hermes,
         action.id,
-        decision=admin.Decision.ESCALATED,
+        decision=operator_admin.Decision.ESCALATED,
         decided_by="oncall:bob",
         note="checked the session log",
     )
     assert report.status is ReconcileStatus.RECORDED
     assert report.decision is not None
     assert report.decision["provider"]["read"] == "no_run_id"
-    again = await admin.reconcile(
+    again = await operator_admin.reconcile(
         redis,
         harness.hermes,
         action.id,
-        decision=admin.Decision.NO_EFFECTS_CONFIRMED,
+        decision=operator_admin.Decision.NO_EFFECTS_CONFIRMED,
         decided_by="someone-else",
         note="second opinion",
     )
@@ -215,22 +215,27 @@ async def test_reconcile_records_one_decision_and_starts_nothing(
 
     done = harness.action(objective("fine"))
     await harness.run(done)
-    refused = await admin.reconcile(
-        redis, harness.hermes, done.id, decision=admin.Decision.ESCALATED, decided_by="x", note="y"
+    refused = await operator_admin.reconcile(
+        redis,
+        harness.hermes,
+        done.id,
+        decision=operator_admin.Decision.ESCALATED,
+        decided_by="x",
+        note="y",
     )
     assert refused.status is ReconcileStatus.NOT_UNKNOWN
 
 
 def test_cli_commands_are_registered() -> None:
     parser = argparse.ArgumentParser()
-    admin.add_commands(parser.add_subparsers(dest="command"))
+    operator_admin.add_commands(parser.add_subparsers(dest="command"))
     action_id = "act_" + "a" * 32
     shown = parser.parse_args(["binding", "show", action_id])
-    assert shown.func is admin.cmd_binding_show
+    assert shown.func is operator_admin.cmd_binding_show
     assert shown.action_id == action_id
     rec = parser.parse_args(
         ["reconcile", action_id, "--decision", "escalated", "--decided-by", "me", "--note", "n"]
     )
-    assert rec.func is admin.cmd_reconcile
+    assert rec.func is operator_admin.cmd_reconcile
     with pytest.raises(SystemExit):
         parser.parse_args(["binding", "show", "not-an-id"])

@@ -25,7 +25,7 @@ from worker.hermes.http_client import HermesClient
 from worker.operations.base import Outcome
 from worker.operator import request_cancel
 from worker.operator.binding import BindingState
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.fake_hermes import FakeHermes, RouteDelay
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 

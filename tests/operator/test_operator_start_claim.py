@@ -15,7 +15,7 @@ from operator_support import Harness, error_code, objective
 
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
-from worker.cancel_signal import CancelSignal
+from worker.execution.cancel_signal import CancelSignal
 from worker.operator.binding import BindingState, session_id_for
 from worker.testing.fake_hermes import (
     FakeHermes,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli import main
+from worker.commands.cli import main
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.gateway import GatewayRuntime, gateway_runtime, hermes_principal_id

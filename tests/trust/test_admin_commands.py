@@ -12,9 +12,9 @@ from redis.asyncio import Redis
 from trust_support import action_document
 
 from schemas.approval import ApprovalDecision, ApprovalRecord
+from worker.commands.trust_admin import add_commands
 from worker.testing.identities import APPROVER_A, APPROVER_UNTENANTED, USER_B, TrustFiles
 from worker.testing.services import ServiceHandle
-from worker.trust.admin import add_commands
 from worker.trust.signing import (
     TrustedGatewayKeys,
     generate_keypair,

@@ -20,7 +20,7 @@ from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
 from worker.store.keys import approvals_key
 from worker.store.scripts import script_source
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.identities import (
     APPROVER_A,
     APPROVER_B,

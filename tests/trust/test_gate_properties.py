@@ -22,7 +22,7 @@ from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.errors import ConnectorError
 from worker.settings import Settings
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.identities import (
     REVISION,
     TENANT_A,

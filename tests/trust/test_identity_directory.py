@@ -15,7 +15,8 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint, 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, TrustConfigError
 from worker.settings import Settings
-from worker.stores import Stores
+from worker.store.clock import FixedClock
+from worker.store.stores import Stores
 from worker.testing.identities import (
     TENANT_A,
     TENANT_B,
@@ -25,7 +26,6 @@ from worker.testing.identities import (
     identity_entries,
     write_json,
 )
-from worker.trust.clock import FixedClock
 from worker.trust.gate import TrustGate
 from worker.trust.identities import IdentityDirectory
 

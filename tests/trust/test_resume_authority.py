@@ -18,7 +18,7 @@ from schemas.ids import new_action_id
 from worker.errors import ConnectorError
 from worker.operator.binding import BindingState, OperatorBinding, encode_binding
 from worker.store.keys import ActionKeys, binding_key
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.identities import (
     APPROVER_A,
     APPROVER_B,

@@ -9,7 +9,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.identities import USER_UNTENANTED, TrustFiles
 from worker.trust import gate as gate_module
 from worker.trust.gate import TrustGate

@@ -11,7 +11,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint, 
 from schemas.errors import ErrorCode
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.identities import (
     TENANT_A,
     TENANT_B,

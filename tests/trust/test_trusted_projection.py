@@ -10,7 +10,7 @@ from trust_support import UNGOVERNED, action_document, encode_action, endpoint, 
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.stores import Stores
+from worker.store.stores import Stores
 from worker.testing.identities import ISSUER, TENANT_A, USER_A, TrustFiles
 from worker.trust.gate import TrustGate
 from worker.trust.identities import IdentityDirectory

@@ -1,4 +1,4 @@
-"""The worker's own publish-with-acknowledgement path (`worker.acked_publish`) against a real
+"""The worker's own publish-with-acknowledgement path (`worker.bus.acked_publish`) against a real
 nats-server: the same answers as nats-py's `publish_async` (PubAck, duplicate, no stream,
 JetStream's errors), slots given back, and a chunk stream that uses it stores every chunk."""
 
@@ -19,10 +19,10 @@ from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
-from worker.acked_publish import AckedPublisher
-from worker.chunk_stream import ChunkStream
-from worker.leases import HeldLease
-from worker.publisher import MSG_ID, BusPublisher
+from worker.bus.acked_publish import AckedPublisher
+from worker.bus.publisher import MSG_ID, BusPublisher
+from worker.execution.chunk_stream import ChunkStream
+from worker.execution.leases import HeldLease
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant
 from worker.testing.services import ServiceHandle

@@ -1,11 +1,11 @@
-"""The execution's cancel signal (worker/cancel_signal.py): what `asyncio.Event` offered
+"""The execution's cancel signal (worker/execution/cancel_signal.py): what `asyncio.Event` offered
 (set once, awaited), plus callbacks run once by `set` and never after removal."""
 
 from __future__ import annotations
 
 import asyncio
 
-from worker.cancel_signal import CancelSignal
+from worker.execution.cancel_signal import CancelSignal
 
 
 async def test_waiters_wake_and_callbacks_run_once_when_set() -> None:

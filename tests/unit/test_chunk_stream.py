@@ -1,5 +1,5 @@
 """The chunk stream decides every seq of an Action: start, takeover continuation, the one
-terminal chunk, and the lease check before each publish (worker/chunk_stream.py).
+terminal chunk, and the lease check before each publish (worker/execution/chunk_stream.py).
 
 Against a real nats-server with the project's streams: what a consumer reads back from the
 chunks stream is what these tests assert.
@@ -17,17 +17,17 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import PubAck
 
-from schemas.chunk import ChunkKind, StreamChunk
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
-from worker.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
+from worker.bus.publisher import BusPublisher
 from worker.errors import protocol_error
-from worker.leases import HeldLease, LeaseLost
-from worker.publisher import BusPublisher
+from worker.execution.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
+from worker.execution.leases import HeldLease, LeaseLost
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant
 from worker.testing.services import ServiceHandle
@@ -101,14 +101,10 @@ async def test_only_the_first_terminal_chunk_counts_and_closes_the_stream(nc: Cl
     assert await stream.emit(ChunkKind.ERROR, {"second": True}) == done == 1
     closing = stream.closing(ChunkKind.DONE, {"made": "from the result"})
     assert (closing.seq, closing.payload) == (1, {"first": True})
-    published: list[object] = []
-
-    async def result() -> None:
-        published.append("result")
-
-    await stream.end(closing, encode(closing), result)
-    assert published == ["result"]
-    assert _seqs(await _stored(nc, action_id)) == [0, 1]
+    await stream.confirm()
+    # The held terminal chunk is not published by the stream: the settle stores it with
+    # the result and the Outbox publishes it (tests/integration/test_terminal_chunk.py).
+    assert _seqs(await _stored(nc, action_id)) == [0]
 
 
 async def test_a_lease_not_renewed_in_time_publishes_nothing(nc: Client) -> None:
@@ -185,3 +181,21 @@ def test_a_refused_action_s_stream_is_one_error_chunk_at_seq_0() -> None:
     chunk = refusal_chunk(action_id, ENDPOINT, error, 1234)
     assert (chunk.seq, chunk.kind, chunk.prev_sha256) == (0, ChunkKind.ERROR, None)
     assert encode(refusal_chunk(action_id, ENDPOINT, error, 1234)) == encode(chunk)
+
+
+def test_a_stored_terminal_chunk_decodes_to_a_chunk_that_encodes_to_the_same_bytes() -> None:
+    """The Outbox re-sends a stored terminal chunk from its decoded form when its
+    confirmation is missing: the bytes (and so the hash the result names) must not change."""
+    chunk = make_chunk(
+        ChunkKind.ERROR,
+        action_id=new_action_id(),
+        endpoint_id=ENDPOINT,
+        seq=7,
+        ts_unix_ms=1_700_000_000_123,
+        payload={"status": "failed", "ratio": 0.1 + 0.2, "big": 1e300, "text": "Grüße ✓ \u2028"},
+        provider_event="run.failed",
+        run_id="run_1",
+        prev_sha256="0" * 64,
+    )
+    data = encode(chunk)
+    assert encode(msgspec.json.decode(data, type=StreamChunk)) == data

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from worker.cli import build_parser
+from worker.commands.cli import build_parser
 from worker.testing.services import free_port
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from schemas.export import drift
 from subjects import asyncapi
-from worker import config_doc
+from worker.commands import config_doc
 
 
 def test_json_schema_files_match_the_wire_types() -> None:

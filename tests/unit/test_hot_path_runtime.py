@@ -13,10 +13,10 @@ from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
-from worker.audit import AuditLog
-from worker.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
-from worker.leases import HeldLease
-from worker.publisher import MSG_ID, BusPublisher
+from worker.bus.audit import AuditLog
+from worker.bus.publisher import MSG_ID, BusPublisher
+from worker.execution.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
+from worker.execution.leases import HeldLease
 from worker.store.connection import LeanBlockingConnectionPool, open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant, LeaseStore

@@ -52,21 +52,23 @@ async def test_a_replaced_owner_can_neither_renew_settle_nor_release(store: Leas
     assert not renewal.still_held
     assert not await store.release(keys, "w1#a", old.fence)
     assert not await store.mark_attempt(keys, "w1#a", old.fence)
-    stale = await store.settle(keys, "w1#a", old.fence, b'{"by":"w1"}')
+    stale = await store.settle(keys, "w1#a", old.fence, b'{"by":"w1"}', b"t1")
     assert stale.status is SettleStatus.FENCED_OUT
-    won = await store.settle(keys, "w2#b", new.fence, b'{"by":"w2"}')
-    assert (won.status, won.stored) == (SettleStatus.SETTLED, b'{"by":"w2"}')
+    won = await store.settle(keys, "w2#b", new.fence, b'{"by":"w2"}', b"t2")
+    assert (won.status, won.stored, won.terminal) == (SettleStatus.SETTLED, b'{"by":"w2"}', b"t2")
 
 
 async def test_results_are_write_once_and_replays_see_them(store: LeaseStore) -> None:
     keys = ActionKeys.of(new_action_id())
     grant = await store.acquire(keys, "w1#a", 5000, "fp")
-    await store.settle(keys, "w1#a", grant.fence, b"first")
-    repeat = await store.settle(keys, "w1#a", grant.fence, b"second")
-    assert (repeat.status, repeat.stored) == (SettleStatus.EXISTS, b"first")
+    await store.settle(keys, "w1#a", grant.fence, b"first", b"first-terminal")
+    repeat = await store.settle(keys, "w1#a", grant.fence, b"second", b"second-terminal")
+    assert (repeat.status, repeat.stored, repeat.terminal) == (
+        SettleStatus.EXISTS, b"first", b"first-terminal"
+    )
     replay = await store.acquire(keys, "w3#c", 5000, "fp")
     assert replay.status is AcquireStatus.SETTLED
-    assert await store.get_result(keys) == b"first"
+    assert await store.get_settled(keys) == (b"first", b"first-terminal")
 
 
 async def test_reuse_with_another_request_is_a_collision_even_after_settling(
@@ -75,7 +77,7 @@ async def test_reuse_with_another_request_is_a_collision_even_after_settling(
     keys = ActionKeys.of(new_action_id())
     grant = await store.acquire(keys, "w1#a", 5000, "fp-1")
     assert (await store.acquire(keys, "w2#b", 5000, "fp-2")).status is AcquireStatus.COLLISION
-    await store.settle(keys, "w1#a", grant.fence, b"done")
+    await store.settle(keys, "w1#a", grant.fence, b"done", b"t")
     assert (await store.acquire(keys, "w2#b", 5000, "fp-2")).status is AcquireStatus.COLLISION
 
 

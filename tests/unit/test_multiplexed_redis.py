@@ -87,7 +87,7 @@ async def test_only_a_single_server_client_from_open_redis_multiplexes(
         keys = ActionKeys.of(new_action_id())
         grant = await store.acquire(keys, "w1#a", 5_000, "fp")
         assert (grant.status, grant.fence) == (AcquireStatus.ACQUIRED, 1)
-        settled = await store.settle(keys, "w1#a", grant.fence, b'{"ok":true}')
+        settled = await store.settle(keys, "w1#a", grant.fence, b'{"ok":true}', b'{}')
         assert (settled.status, settled.stored) == (SettleStatus.SETTLED, b'{"ok":true}')
     finally:
         await client.aclose()

@@ -13,11 +13,18 @@ ROOT = Path(worker.__file__).parent
 #: The pipeline and what it runs every execution with.
 PIPELINE = [
     *sorted((ROOT / "pipeline").glob("*.py")),
-    ROOT / "execution.py",
-    ROOT / "chunk_stream.py",
-    ROOT / "leases.py",
+    ROOT / "execution" / "context.py",
+    ROOT / "execution" / "chunk_stream.py",
+    ROOT / "execution" / "leases.py",
 ]
-FORBIDDEN = ("worker.operator", "worker.delegation", "worker.store.operator_store")
+#: Operation-specific code, and the outputs the wiring registers with the Outbox.
+FORBIDDEN = (
+    "worker.operator",
+    "worker.delegation",
+    "worker.store.operator_store",
+    "worker.channel",
+    "worker.escalation",
+)
 
 
 def _imports(path: Path) -> set[str]:

@@ -38,10 +38,10 @@ from schemas.result import ActionResult
 from worker.channel.normalize import escalation_message, result_message
 from worker.channel.rules import EgressTable
 from worker.errors import Refusal, Rejected
-from worker.execution import now_ms
 from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.steps import check_msg_id
+from worker.store.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -41,11 +41,11 @@ from schemas.dlq import DLQ_CODE, DLQ_ID, DLQ_REASON, DLQ_SIZE, DLQ_SUBJECT, DLQ
 from schemas.errors import ErrorCode
 from subjects.grammar import Subjects
 from worker import faults
+from worker.bus.publisher import BusPublisher
 from worker.channel.rules import IngressTarget
 from worker.errors import ChannelMessageRefused, ConnectorError
-from worker.execution import now_ms
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher
+from worker.store.clock import now_ms
 
 log = logging.getLogger(__name__)
 

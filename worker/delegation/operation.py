@@ -49,11 +49,11 @@ from worker.operator.operation import binding_exists, start_and_drive
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.result import binding_output, outcome_of
 from worker.operator.session import OperatorSession
+from worker.store.clock import Clock
 from worker.store.keys import ActionKeys
-from worker.trust.clock import Clock
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 S = BindingState
 

@@ -22,7 +22,7 @@ from schemas.lifecycle import ChildResult
 from worker.delegation.stores import LifecycleStores, StoreRecords
 from worker.delegation.verify import verify_child
 from worker.errors import ConnectorError, RuntimeRecordsUnreadable
-from worker.trust.clock import Clock
+from worker.store.clock import Clock
 
 NOT_OBSERVED_POLLS = 4
 NOT_OBSERVED_MIN_S = 1.0

@@ -21,10 +21,10 @@ from worker.client import AipClient
 from worker.demo.console import Console
 from worker.demo.environment import LEASE_TTL_MS, DemoEnvironment, DemoError
 from worker.demo.story import Pace, Story
+from worker.store.clock import redis_now_ms
 from worker.store.connection import open_redis
 from worker.testing._errors import ServiceStartError
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.clock import redis_now_ms
 
 EXIT_OK = 0
 EXIT_STEPS_FAILED = 1

@@ -197,7 +197,7 @@ class Story:
         """What an operator does: `aip-hermes-worker escalations resolve ESC --choice once`."""
         from schemas.escalation import EscalationKind
         from schemas.operator import ApprovalChoice
-        from worker.escalation.admin import resolve_approval
+        from worker.commands.escalation_admin import resolve_approval
         from worker.escalation.ledger import Unreadable, read_escalations
         from worker.settings import Settings
 

@@ -69,7 +69,7 @@ def _trusted_worker_keys(settings: GatewaySettings) -> TrustedGatewayKeys | None
 
 async def connect_nats(settings: GatewaySettings) -> NATS:
     """The gateway's connection, with the same `AIPD_NATS_*` credential files a worker uses."""
-    from worker.connections import credential_options
+    from worker.bus.connections import credential_options
     from worker.settings import Settings
 
     credentials = credential_options(Settings(nats_url=settings.nats_url))

@@ -29,7 +29,7 @@ from httpx_aiohttp import AiohttpTransport
 
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
-from worker.audit import receipt
+from worker.bus.audit import receipt
 from worker.endpoints import Endpoint
 from worker.errors import (
     ConnectorError,

@@ -26,14 +26,14 @@ from schemas.errors import ErrorCode
 from schemas.ids import json_schema
 from schemas.manifest import CapabilityEntry, OperationContract, Risk
 from schemas.result import ResultStatus
-from worker.cancel_signal import CancelSignal
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
+from worker.execution.cancel_signal import CancelSignal
 from worker.hermes.http_client import HermesClient
 from worker.store.keys import ActionKeys
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,7 +119,7 @@ class Recovering:
 
 
 class ExecutionContext(Protocol):
-    """What the runtime gives an executing operation (implemented in `worker.execution`)."""
+    """What the runtime gives an executing operation (implemented in `worker.execution.context`)."""
 
     action: Action
     endpoint: Endpoint

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind
-from worker.audit import receipt
+from worker.bus.audit import receipt
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding
 from worker.operator.observe import CANCEL_GRACE, Observer
@@ -24,7 +24,7 @@ from worker.store.keys import binding_key
 from worker.store.operator_store import MarkStatus
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 S = BindingState
 

@@ -20,8 +20,8 @@ from typing import Any
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
 from worker import faults
-from worker.cancel_signal import CancelSignal
 from worker.errors import ConnectorError, EventStreamUnavailable
+from worker.execution.cancel_signal import CancelSignal
 from worker.hermes.sse import SSEEvent, SSELimits
 from worker.operations.run_events import Effect, rule_for
 from worker.operator import provider

@@ -44,7 +44,7 @@ from worker.store.keys import ActionKeys
 from worker.store.operator_store import OperatorStore
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 S = BindingState
 

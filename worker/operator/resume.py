@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorResume
-from worker.audit import receipt
+from worker.bus.audit import receipt
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
 from worker.operator import provider

@@ -5,7 +5,7 @@ binding handle's terminal hook (wired here), so every terminal path releases it.
 
 Every part of the lifecycle (start, observe, approve, cancel) works through this object, so
 the deadline and the cancel signal are decided in one place (the one-terminal-chunk rule is
-the chunk stream's, worker/chunk_stream.py).
+the chunk stream's, worker/execution/chunk_stream.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorObjective
 from worker import faults
-from worker.audit import receipt
+from worker.bus.audit import receipt
 from worker.errors import ConnectorError
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, StartClaim

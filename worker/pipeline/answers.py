@@ -7,10 +7,10 @@
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
-- `republish`: a duplicate of a settled Action gets the stored result again (same Msg-Id)
-  only when the stream lost it, then the ack.
 
-Escalations and channel deliveries go out with a result, before it, here too.
+What a settled Action owes the bus (its outputs, terminal chunk and result) and the ack
+that follows are published by the one `Outbox` (`worker/pipeline/outbox.py`), here as after
+an execution.
 """
 
 from __future__ import annotations
@@ -20,39 +20,39 @@ import logging
 import secrets
 from typing import Any
 
-import msgspec
 from nats.aio.msg import Msg
-from nats.js.errors import NotFoundError
 
-from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from schemas.codec import encode
 from schemas.errors import ErrorCode
-from schemas.escalation import Escalation
 from schemas.ids import is_action_id
 from schemas.result import ActionResult, ResultStatus
-from worker.channel.egress import deliveries_for
-from worker.chunk_stream import refusal_chunk
-from worker.dead_letters import Kept
-from worker.errors import Refusal, Rejected
-from worker.escalation.build import escalation_for
-from worker.execution import now_ms
+from worker.bus.dead_letters import Kept
+from worker.errors import Refusal, Rejected, attempted_before
+from worker.execution.chunk_stream import refusal_chunk
 from worker.metrics import DeliveryOutcome
 from worker.pipeline.acquire import Acquire
 from worker.pipeline.delivery import Delivery
+from worker.pipeline.outbox import Outbox, Settled
 from worker.pipeline.runtime import Runtime
+from worker.store.clock import now_ms
 from worker.store.lease_store import AcquireStatus, LeaseGrant, SettleStatus
 from worker.trust.responses import sha256_hex
 
 log = logging.getLogger(__name__)
-
-_result_decoder = msgspec.json.Decoder(ActionResult)
 
 
 class Answers:
     def __init__(self, rt: Runtime, acquire: Acquire) -> None:
         self.rt = rt
         self.acquire = acquire
+        self.outbox = Outbox(
+            publisher=rt.publisher,
+            subjects=rt.subjects,
+            audit=rt.audit,
+            metrics=rt.metrics,
+            outputs=rt.outputs,
+        )
 
     async def dead_letter(self, msg: Msg, endpoint_id: str, rejected: Rejected) -> None:
         """Keep the rejected envelope (its first bytes, size and sha256) with its reason,
@@ -105,21 +105,30 @@ class Answers:
         await quiet(msg.term())
 
     async def refuse(self, delivery: Delivery, refusal: Refusal) -> None:
-        """Settle a failed result for a trusted envelope that may not run (exactly once)."""
+        """Settle a failed result for a trusted envelope that may not run (exactly once).
+
+        A refusal never sends anything to Hermes, but an earlier delivery of the same Action
+        may have: when the lease records an unsafe attempt (`attempted_fence`), the refusal
+        is settled as that attempt's unknown outcome instead, so nothing that may have
+        reached Hermes is ever answered as a certain failure a publisher could retry.
+        """
         rt = self.rt
         action, keys, endpoint_id = delivery.action, delivery.keys, delivery.endpoint_id
-        error = refusal.error.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only)
+        owner, grant = await self.acquire(delivery, to_execute=False)
+        cause = refusal.error
+        if grant.attempted_fence:
+            cause = attempted_before(refused=refusal.error.code)
+        error = cause.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only)
         rt.audit.emit(
             ReceiptEvent.REFUSED,
             action_id=action.id,
             endpoint_id=endpoint_id,
             code=error.code.value,
         )
-        owner, grant = await self.acquire(delivery, to_execute=False)
         if not await self.without_lease(delivery, grant):
             return
         settled_at = now_ms()
-        chunk = refusal_chunk(action.id, endpoint_id, error, settled_at)
+        chunk = encode(refusal_chunk(action.id, endpoint_id, error, settled_at))
         result = ActionResult(
             action_id=action.id,
             capability=action.capability,
@@ -129,28 +138,27 @@ class Answers:
             settled_by=rt.worker_id,
             fence=grant.fence,
             settled_at_unix_ms=settled_at,
-            last_chunk_sha256=sha256_hex(encode(chunk)),
+            last_chunk_sha256=sha256_hex(chunk),
         )
         result_bytes = encode(result)
-        stored = await rt.stores.leases.settle(keys, owner, grant.fence, result_bytes)
+        stored = await rt.stores.leases.settle(keys, owner, grant.fence, result_bytes, chunk)
         if stored.status is SettleStatus.FENCED_OUT:
             return
-        payload = stored.stored or result_bytes
-        stored_result = decoded_result(stored.stored) or result
-        if stored.stored is not None and stored_result.error is not None:
-            # An earlier refusal's result: its chunk is a function of it, rebuilt exactly.
-            chunk = refusal_chunk(
-                action.id, endpoint_id, stored_result.error, stored_result.settled_at_unix_ms
+        if stored.status is SettleStatus.EXISTS:
+            # An earlier delivery settled it (a refusal's reply lost, or a result): the
+            # stored answer stands, published again only if the bus lacks it.
+            assert stored.stored is not None
+            await self.outbox.republish(
+                [delivery.msg], action, endpoint_id, Settled(stored.stored, stored.terminal)
             )
-        escalation = await self.escalate(stored_result, action)
-        await self.channel_out(stored_result, action, escalation)
-        # Like every Action, a refused one ends its chunk stream before its result, so a
-        # consumer following the chunks learns the outcome too.
-        await rt.publisher.chunk_awaited(chunk)
-        await rt.publisher.result_bytes(endpoint_id, action.id, payload)
+            return
         rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
         rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
-        await self.ack_all([delivery.msg])
+        # Like every Action, a refused one ends its chunk stream before its result, so a
+        # consumer following the chunks learns the outcome too.
+        await self.outbox.publish(
+            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk), result=result
+        )
 
     async def without_lease(self, delivery: Delivery, grant: LeaseGrant) -> bool:
         """Answer every acquire answer but ACQUIRED; True means: go on and execute."""
@@ -178,8 +186,12 @@ class Answers:
             return False
         if grant.status is AcquireStatus.SETTLED:
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.REPUBLISHED)
-            stored = await rt.stores.leases.get_result(delivery.keys)
-            await self.republish([msg], action.id, endpoint_id, stored, action=action)
+            stored, terminal = await rt.stores.leases.get_settled(delivery.keys)
+            if stored is None:
+                # The result expired between the two reads; the lease still remembers it.
+                await self.nak(msg)
+                return False
+            await self.outbox.republish([msg], action, endpoint_id, Settled(stored, terminal))
             return False
         holder = rt.keeper.holding(action.id)
         if holder is not None:
@@ -200,103 +212,14 @@ class Answers:
         await self.nak(msg, wait_ms / 1000)
         return False
 
-    async def republish(
-        self,
-        msgs: list[Msg],
-        action_id: str,
-        endpoint_id: str,
-        stored: bytes | None,
-        *,
-        action: Action | None = None,
-    ) -> None:
-        """A duplicate of a settled Action: the stored result again (same Msg-Id), then ack."""
-        if stored is None:
-            # The result expired between the two reads; the lease still remembers the Action.
-            for msg in msgs:
-                await self.nak(msg)
-            return
-        if not await self.result_on_stream(endpoint_id, action_id):
-            # Only when it is missing (a crash between settle and publish, or expired): a
-            # republish after the duplicate window would otherwise store a second copy.
-            # The escalation went out before the result, so it may be missing too: the same
-            # one again (same id, a server-side duplicate if the first one was stored).
-            stored_result = decoded_result(stored)
-            if action is not None and stored_result is not None:
-                escalation = await self.escalate(stored_result, action, republished=True)
-                await self.channel_out(stored_result, action, escalation)
-            await self.rt.publisher.result_bytes(endpoint_id, action_id, stored)
-            self.rt.audit.emit(
-                ReceiptEvent.REPUBLISHED, action_id=action_id, endpoint_id=endpoint_id
-            )
-        await self.ack_all(msgs)
-
-    async def escalate(
-        self, result: ActionResult, action: Action, *, republished: bool = False
-    ) -> Escalation | None:
-        """Publish the escalation `result` raises, if any (worker/escalation/rules.py).
-
-        Called only after this worker's own fenced settle, or when a stored result is
-        republished: a stale owner, refused by the fence, never gets here.
-        """
-        escalation = escalation_for(
-            result, action, approval_ttl_ms=self.rt.settings.hermes_operator_timeout_ms
-        )
-        if escalation is None:
-            return None
-        await self.rt.publisher.escalation(escalation)
-        if republished:
-            return escalation
-        self.rt.metrics.escalation_raised(result.endpoint_id, escalation.kind.value)
-        log.info(
-            "escalation %s raised for %s (%s)",
-            escalation.escalation_id,
-            action.id,
-            escalation.code.value if escalation.code else result.status.value,
-            extra={"endpoint": result.endpoint_id, "action_id": action.id},
-        )
-        return escalation
-
-    async def channel_out(
-        self, result: ActionResult, action: Action, escalation: Escalation | None
-    ) -> None:
-        """Queue the channel deliveries the egress rules make of this result (and its
-        escalation), before the result is published (docs/channels.md)."""
-        if self.rt.channel is None:
-            return
-        for delivery in deliveries_for(self.rt.channel, result, action, escalation):
-            await self.rt.publisher.channel_delivery(delivery)
-
-    async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
-        subjects = self.rt.subjects
-        try:
-            await self.rt.js.get_last_msg(
-                subjects.stream_name("results"), subjects.results(endpoint_id, action_id)
-            )
-        except NotFoundError:
-            return False
-        return True
-
     async def ack_all(self, msgs: list[Msg]) -> None:
-        for msg in msgs:
-            try:
-                await msg.ack_sync(timeout=5.0)
-            except Exception:
-                log.info("ack not confirmed; a redelivery will republish the stored result")
+        await self.outbox.ack_all(msgs)
 
     async def nak(self, msg: Msg, delay_s: float | None = None) -> None:
         """Redeliver `msg` after `delay_s` (default: the configured nak delay)."""
         if delay_s is None:
             delay_s = self.rt.settings.nak_delay_ms / 1000
         await quiet(msg.nak(delay=delay_s))
-
-
-def decoded_result(stored: bytes | None) -> ActionResult | None:
-    if stored is None:
-        return None
-    try:
-        return _result_decoder.decode(stored)
-    except msgspec.DecodeError:
-        return None
 
 
 def _dlq_id(subject: str, seq: int) -> str:

@@ -17,11 +17,17 @@ from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
 from worker import faults
-from worker.audit import ReceiptScope, enter_scope
-from worker.chunk_stream import ChunkStream
-from worker.errors import ConnectorError, LeaseLost, deadline_exceeded, unexpected_failure
-from worker.execution import Execution
-from worker.leases import HeldLease
+from worker.bus.audit import ReceiptScope, enter_scope
+from worker.errors import (
+    ConnectorError,
+    LeaseLost,
+    attempted_before,
+    deadline_exceeded,
+    unexpected_failure,
+)
+from worker.execution.chunk_stream import ChunkStream
+from worker.execution.context import Execution
+from worker.execution.leases import HeldLease
 from worker.metrics import DeliveryOutcome
 from worker.operations.base import Outcome
 from worker.pipeline.acquire import Acquire, subject_of
@@ -131,16 +137,7 @@ class Leased:
             )
         if not spec.read_only and not operation.self_fenced:
             if execution.attempted_fence:
-                return Outcome(
-                    ResultStatus.FAILED,
-                    error=ConnectorError(
-                        ErrorCode.TRANSPORT,
-                        "an earlier worker may have sent this request before it stopped; "
-                        "the outcome is unknown and it is not sent again",
-                        retryable=False,
-                        uncertain_outcome=True,
-                    ),
-                )
+                return Outcome(ResultStatus.FAILED, error=attempted_before())
             await execution.mark_unsafe_attempt()
         faults.hit("before_execute", execution.action.id)
         execution.task = asyncio.get_running_loop().create_task(

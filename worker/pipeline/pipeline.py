@@ -21,7 +21,6 @@ from nats.aio.msg import Msg
 
 from schemas.errors import ErrorCode
 from worker.errors import Refusal, Rejected, StoreNotAccepting, StoreUnavailable
-from worker.execution import now_ms
 from worker.metrics import DeliveryOutcome
 from worker.operations.base import RECOVERY_BUDGET_MS, Recovering
 from worker.pipeline.acquire import Acquire
@@ -30,6 +29,7 @@ from worker.pipeline.delivery import Delivery, Intake, is_dependency_failure
 from worker.pipeline.execute import Leased
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.steps import deadline_of
+from worker.store.clock import now_ms
 
 log = logging.getLogger(__name__)
 

@@ -8,18 +8,19 @@ from nats.js import JetStreamContext
 
 from subjects.grammar import Subjects
 from worker.admission import Admission
-from worker.audit import AuditLog
-from worker.channel.rules import EgressTable
-from worker.dead_letters import DeadLetters
+from worker.bus.audit import AuditLog
+from worker.bus.dead_letters import DeadLetters
+from worker.bus.publisher import BusPublisher
 from worker.endpoints import Endpoint
+from worker.execution.context import Execution
+from worker.execution.leases import LeaseKeeper
 from worker.hermes.http_client import HermesClient
-from worker.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
-from worker.publisher import BusPublisher
+from worker.pipeline.outbox import OutboxOutput
 from worker.settings import Settings
-from worker.stores import Stores
+from worker.store.stores import Stores
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +40,7 @@ class Runtime:
     publisher: BusPublisher
     dead_letters: DeadLetters
     audit: AuditLog
-    keeper: LeaseKeeper
+    keeper: LeaseKeeper[Execution]
     registry: Registry
     endpoints: dict[str, EndpointRuntime]
     admission: Admission
@@ -48,5 +49,7 @@ class Runtime:
     shutting_down: bool = False
     #: Repeated delivery failures are logged once per cause per interval.
     errors: RepeatedErrors = field(default_factory=RepeatedErrors)
-    #: Channel egress rules (AIPD_CHANNEL_EGRESS_FILE); None sends nothing to sessions.
-    channel: EgressTable | None = None
+    #: What is published with a settled result, before it, in this order (the escalation
+    #: output, then channel egress when configured): registered by the wiring, so the
+    #: pipeline imports neither (worker/pipeline/outbox.py).
+    outputs: list[OutboxOutput] = field(default_factory=list)

@@ -1,9 +1,9 @@
 """Steps 6-8 of docs/architecture.md §4: the fenced settle, then publication, then the ack.
 
-The result is written only if this owner's fence still holds (write-once), measured first
-against what one bus message may carry; then, in this order, the escalation it raises, the
-channel deliveries it makes, the terminal chunk and the result (the chunk confirmed with
-the awaited result), and only then the ack of every message of the delivery.
+The result is written only if this owner's fence still holds (write-once), with the
+terminal chunk that closes the Action's stream beside it, measured first against what one
+bus message may carry; then the `Outbox` (`worker/pipeline/outbox.py`) publishes what the
+settled Action owes the bus and acks the delivery.
 """
 
 from __future__ import annotations
@@ -18,13 +18,15 @@ from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
-from worker.chunk_stream import ChunkStream
 from worker.errors import ConnectorError
-from worker.execution import Execution, now_ms
+from worker.execution.chunk_stream import ChunkStream
+from worker.execution.context import Execution
 from worker.metrics import FenceStep
 from worker.operations.base import Outcome
-from worker.pipeline.answers import Answers, decoded_result
+from worker.pipeline.answers import Answers
+from worker.pipeline.outbox import Settled, decoded_result
 from worker.pipeline.runtime import Runtime
+from worker.store.clock import now_ms
 from worker.store.lease_store import SettleStatus
 from worker.trust.responses import sha256_hex
 
@@ -84,7 +86,9 @@ class Settle:
         lease = execution.lease
         lease.check()
         lease.ending = True
-        stored = await rt.stores.leases.settle(lease.keys, lease.owner, lease.fence, payload)
+        stored = await rt.stores.leases.settle(
+            lease.keys, lease.owner, lease.fence, payload, terminal_bytes
+        )
         if stored.status is SettleStatus.FENCED_OUT:
             rt.metrics.fenced_out(endpoint_id, FenceStep.SETTLE)
             rt.audit.emit(
@@ -94,11 +98,13 @@ class Settle:
                 fence=lease.fence,
             )
             raise lease.lose("settle refused: a newer owner holds the lease")
+        outbox = self.answers.outbox
         if stored.status is SettleStatus.EXISTS and not _is_own(stored.stored, execution):
             # Lost to an owner that settled first: its result is the answer, republished.
             rt.keeper.lose(execution, "another owner settled this Action first", cancel=False)
-            await self.answers.republish(
-                execution.messages, action.id, endpoint_id, stored.stored, action=action
+            assert stored.stored is not None
+            await outbox.republish(
+                execution.messages, action, endpoint_id, Settled(stored.stored, stored.terminal)
             )
             return
         rt.audit.emit(
@@ -121,18 +127,10 @@ class Settle:
             uncertain=bool(error and error.uncertain_outcome),
         )
         faults.hit("after_settle", action.id)
-        escalation = await self.answers.escalate(result, action)
-        faults.hit("after_escalation", action.id)
-        await self.answers.channel_out(result, action, escalation)
-        faults.hit("after_channel_publish", action.id)
-        await execution.chunks.end(
-            terminal,
-            terminal_bytes,
-            lambda: rt.publisher.result_bytes(endpoint_id, action.id, payload),
+        await outbox.publish(
+            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes),
+            result=result,
         )
-        faults.hit("after_result_publish", action.id)
-        faults.hit("before_ack", action.id)
-        await self.answers.ack_all(execution.messages)
 
     def oversize(self, payload: bytes, terminal: bytes) -> ConnectorError | None:
         """`stream_publication` when the encoded result, or the terminal chunk (which may

@@ -22,12 +22,12 @@ from schemas.codec import convert_input, decode_action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import split_capability
 from worker import faults
+from worker.bus.publisher import MSG_ID
 from worker.errors import ConnectorError, Refusal, Rejected, StoreNotAccepting
-from worker.execution import now_ms
 from worker.operations.base import OperationSpec
 from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
-from worker.publisher import MSG_ID
+from worker.store.clock import now_ms
 from worker.store.keys import ActionKeys
 from worker.trust.responses import cannot_sign
 

@@ -12,7 +12,7 @@ import contextlib
 from pathlib import Path
 from typing import Any
 
-from worker.cli_settings import add_settings_flags, settings_from
+from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import SettingsError
 
 

@@ -147,7 +147,7 @@ class Deployment:
     async def connect(cls, settings: Settings, qualify: QualifySettings) -> Deployment:
         """Connect as every command does: NATS with the `AIPD_NATS_*` credentials (failing
         fast), Redis with its password file, each endpoint with its own key file."""
-        from worker.connections import connect_nats_for_command, open_redis_for
+        from worker.bus.connections import connect_nats_for_command, open_redis_for
 
         endpoints = {endpoint.id: endpoint for endpoint in resolve_endpoints(settings)}
         nc = await connect_nats_for_command(settings)
@@ -370,7 +370,7 @@ class Deployment:
 
     async def binding(self, action_id: str) -> dict[str, Any] | None:
         """The operator binding of a source Action, redacted (`binding show`)."""
-        from worker.operator.admin import show_binding
+        from worker.commands.operator_admin import show_binding
 
         return await show_binding(self.redis, action_id)
 

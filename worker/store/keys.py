@@ -58,6 +58,12 @@ class ActionKeys:
         return f"{self._base}:result{self._suffix}"
 
     @property
+    def terminal(self) -> str:
+        """The terminal chunk the settle stored beside the result (same TTL), so whoever
+        republishes the result republishes the chunk that closes its stream too."""
+        return f"{self._base}:terminal{self._suffix}"
+
+    @property
     def cancel(self) -> str:
         return f"{self._base}:cancel{self._suffix}"
 

@@ -77,6 +77,8 @@ class SettleOutcome:
     status: SettleStatus
     #: The stored result (ours when SETTLED, the earlier one when EXISTS).
     stored: bytes | None
+    #: The terminal chunk stored with it (None: stored by a version that kept none).
+    terminal: bytes | None = None
 
 
 class CancelState(StrEnum):
@@ -115,6 +117,14 @@ class CancelAnswer:
 
 def _s(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _b(value: Any) -> bytes:
+    return value if isinstance(value, bytes) else _s(value).encode()
+
+
+def _b_or_none(value: Any) -> bytes | None:
+    return None if value is None else _b(value)
 
 
 class LeaseStore:
@@ -235,20 +245,24 @@ class LeaseStore:
         return bool(reply)
 
     async def settle(
-        self, keys: ActionKeys, owner: str, fence: int, result_json: bytes
+        self, keys: ActionKeys, owner: str, fence: int, result_json: bytes, terminal_json: bytes
     ) -> SettleOutcome:
+        """Store the result and the terminal chunk closing the Action's stream, together,
+        write-once, iff `owner` still holds the lease at `fence` (`lua/settle.lua`)."""
         reply = await self.scripts["settle"].reasked(
-            [keys.lease, keys.result],
-            [owner, fence, result_json, self.result_ttl_ms],
+            [keys.lease, keys.result, keys.terminal],
+            [owner, fence, result_json, self.result_ttl_ms, terminal_json],
             budget_s=self.call_budget_s,
         )
-        status, stored = reply
-        stored_bytes = stored if isinstance(stored, bytes) else _s(stored).encode()
-        return SettleOutcome(SettleStatus(_s(status)), stored_bytes or None)
+        status, stored, terminal = reply
+        return SettleOutcome(SettleStatus(_s(status)), _b(stored) or None, _b(terminal) or None)
 
-    async def get_result(self, keys: ActionKeys) -> bytes | None:
-        value = await self._call(lambda: self.redis.get(keys.result))
-        return value if value is None or isinstance(value, bytes) else _s(value).encode()
+    async def get_settled(self, keys: ActionKeys) -> tuple[bytes | None, bytes | None]:
+        """The stored result and its terminal chunk (one slot: one MGET)."""
+        result, terminal = await self._call(
+            lambda: self.redis.mget([keys.result, keys.terminal])
+        )
+        return _b_or_none(result), _b_or_none(terminal)
 
     async def cancel_subject(self, keys: ActionKeys) -> ActionSubject | None:
         """Whose Action this is, as its lease recorded it; None before any worker leased it."""

@@ -33,10 +33,10 @@ from schemas.approval import (
 from schemas.errors import ErrorCode
 from worker.errors import ApprovalRefused, ConnectorError, NotAuthorized, StoreUnavailable
 from worker.fingerprints import approval_fingerprint, canonical_request
+from worker.store.clock import Clock, RedisClock, redis_now_ms
 from worker.store.keys import approvals_key
 from worker.store.scripts import Script, script_source
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.clock import Clock, RedisClock, redis_now_ms
 from worker.trust.files import describe_principal
 from worker.trust.signing import public_key_of, sign_detached, verify_detached
 
@@ -84,7 +84,7 @@ class StoredDecision:
 
 class ApprovalRecords:
     """The approval records of one Redis client: built once with the worker's stores
-    (`worker.stores.Stores`), so the read script is hashed once per client, not per Action."""
+    (`worker.store.stores.Stores`), so the read script is hashed once per client, not per Action."""
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, NotAuthorized
+from worker.store.clock import Clock
 from worker.store.lease_store import ActionSubject
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.clock import Clock
 from worker.trust.files import describe_principal
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
 

@@ -52,7 +52,7 @@ from worker.trust.signing import (
 from worker.trust.tenancy import check_endpoint_tenant, check_route
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 log = logging.getLogger(__name__)
 

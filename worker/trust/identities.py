@@ -28,7 +28,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import ShortText, UnixMs
 from worker.errors import ConnectorError, TrustConfigError
 from worker.secret_files import Secret
-from worker.trust.clock import Clock
+from worker.store.clock import Clock
 from worker.trust.files import describe_principal, policy_records, read_policy_file
 
 _WHAT = "trusted identity file"

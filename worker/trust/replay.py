@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.trust.clock import Clock
+from worker.store.clock import Clock
 
 DEFAULT_MAX_AGE_MS = 300_000
 DEFAULT_MAX_SKEW_MS = 30_000

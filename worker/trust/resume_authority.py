@@ -29,14 +29,14 @@ from schemas.action import Action
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
 from worker.errors import ConnectorError, NotAuthorized, StoreUnavailable
+from worker.store.clock import Clock
 from worker.store.keys import ActionKeys, binding_key
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.clock import Clock
 from worker.trust.files import describe_principal
 from worker.trust.identities import TrustedIdentity
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 #: The operation whose `resume` branch answers another Action's run.
 OPERATOR_OPERATION = "operator"

@@ -19,7 +19,7 @@ from worker.store.lease_store import ActionSubject
 from worker.trust.gate import AdmitDecision, TrustGate
 
 if TYPE_CHECKING:
-    from worker.stores import Stores
+    from worker.store.stores import Stores
 
 
 class GateAdmission:

@@ -20,7 +20,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import CAPABILITY_PATTERN, split_capability
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
-from worker.trust.clock import Clock
+from worker.store.clock import Clock
 
 
 def check_route(capability: str, endpoint: Endpoint) -> None:

@@ -1,21 +1,27 @@
 #!lua flags=allow-oom
--- Write an Action's terminal result, once, under the lease fence.
--- KEYS[1] lease hash, KEYS[2] result
--- ARGV[1] owner token, ARGV[2] fence, ARGV[3] result JSON, ARGV[4] result ttl ms
--- Guarantees: only the current owner at the current fence can write; the result is
--- write-once (an existing one is returned, never replaced); the lease is released in the
--- same step. Re-running after a lost reply returns 'exists' with the caller's own result.
--- Returns {status, stored_result}: 'settled' | 'exists' | 'fenced_out'
+-- Write an Action's terminal result and the terminal chunk that closes its chunk stream,
+-- once, under the lease fence.
+-- KEYS[1] lease hash, KEYS[2] result, KEYS[3] terminal chunk
+-- ARGV[1] owner token, ARGV[2] fence, ARGV[3] result JSON, ARGV[4] result ttl ms,
+-- ARGV[5] terminal chunk JSON
+-- Guarantees: only the current owner at the current fence can write; the result and its
+-- terminal chunk are written together and write-once (existing ones are returned, never
+-- replaced), so a republish of the result always has the chunk its last_chunk_sha256
+-- names; the lease is released in the same step. Re-running after a lost reply returns
+-- 'exists' with the caller's own result and chunk.
+-- Returns {status, stored_result, stored_terminal}: 'settled' | 'exists' | 'fenced_out'
+-- (stored_terminal is '' for a result stored by a version that kept no terminal chunk).
 -- allow-oom: at Redis maxmemory (noeviction) the settle of finished work must still be
 -- written; new leases stop earlier, at the worker's memory reserve (StoreHealth).
 local existing = redis.call('GET', KEYS[2])
 if existing then
-  return {'exists', existing}
+  return {'exists', existing, redis.call('GET', KEYS[3]) or ''}
 end
 if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
    or redis.call('HGET', KEYS[1], 'fence') ~= ARGV[2] then
-  return {'fenced_out', ''}
+  return {'fenced_out', '', ''}
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
 redis.call('HSET', KEYS[1], 'owner', '', 'expires_at_ms', 0)
-return {'settled', ARGV[3]}
+return {'settled', ARGV[3], ARGV[5]}

@@ -25,13 +25,13 @@ from schemas.action import Action
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected
-from worker.cli_settings import add_settings_flags, settings_from
-from worker.connections import open_redis_for
+from worker.bus.connections import open_redis_for
+from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
+from worker.store.clock import redis_now_ms
 from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve, read_record
 from worker.trust.authority import ApprovalAuthority
-from worker.trust.clock import redis_now_ms
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 
 EXIT_FAILED = 1

@@ -30,9 +30,9 @@ from schemas.dlq import (
     DLQ_WORKER,
 )
 from schemas.errors import ErrorCode
+from worker.bus.publisher import BusPublisher
 from worker.errors import StreamFull
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher
 
 log = logging.getLogger(__name__)
 

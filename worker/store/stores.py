@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.store.clock import RedisClock
 from worker.store.health import StoreHealth
 from worker.store.lease_store import LeaseStore
 from worker.store.operator_store import OperatorStore
 from worker.trust.approval_ledger import ApprovalRecords
-from worker.trust.clock import RedisClock
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,8 +21,8 @@ import msgspec
 from redis.exceptions import RedisError
 
 from schemas.ids import is_action_id
-from worker.cli_settings import add_settings_flags, settings_from
-from worker.connections import open_redis_for
+from worker.bus.connections import open_redis_for
+from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.endpoints import resolve_endpoints
 from worker.errors import ConnectorError, StoreUnavailable
 from worker.hermes.http_client import HermesClient

@@ -2,7 +2,7 @@
 (run, gateway, provision, schemas).
 
 The publisher's commands on the bus (submit, tail, result, cancel, manifest, audit, sign)
-are in `worker/bus_commands.py`; trust, operator, escalation, demo and qualify commands are
+are in `worker/commands/bus_commands.py`; trust, operator, escalation, demo and qualify commands are
 registered by their own packages (`worker/wiring.py`).
 
 Errors name what to fix: a bad setting names its field and variable, an unreachable
@@ -21,7 +21,7 @@ from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
 from schemas.errors import EnvelopeRejected
-from worker.cli_settings import add_settings_flags, settings_from
+from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import PolicyError, ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
 
@@ -87,7 +87,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
 async def cmd_provision(args: argparse.Namespace) -> int:
     from subjects.grammar import Subjects
     from subjects.provision import Change, provision
-    from worker.connections import connect_nats_for_command, stream_policy
+    from worker.bus.connections import connect_nats_for_command, stream_policy
     from worker.endpoints import endpoint_descriptors
 
     settings = settings_from(args)
@@ -111,7 +111,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
 async def cmd_schemas(args: argparse.Namespace) -> int:
     from schemas.export import JSON_DIR, drift, export
     from subjects import asyncapi
-    from worker import config_doc
+    from worker.commands import config_doc
 
     if args.check:
         stale = drift() + (["asyncapi.json"] if asyncapi.drifted() else [])
@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prov.set_defaults(func=cmd_provision)
 
-    from worker import bus_commands
+    from worker.commands import bus_commands
 
     bus_commands.add_commands(sub)
 

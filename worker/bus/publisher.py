@@ -33,7 +33,7 @@ from subjects.grammar import (
 from worker.errors import PublishFailed, StreamFull
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
-    from worker.acked_publish import AckedPublisher
+    from worker.bus.acked_publish import AckedPublisher
     from worker.trust.responses import ResponseSigner
 
 log = logging.getLogger(__name__)
@@ -72,7 +72,7 @@ class BusPublisher:
         #: Signs results and DLQ entries; None publishes them unsigned (development only).
         self.signer = signer
         #: Where chunks are published with a later confirmation: the worker's own reply
-        #: subscription (`worker.acked_publish`, half the CPU per chunk), or nats-py's
+        #: subscription (`worker.bus.acked_publish`, half the CPU per chunk), or nats-py's
         #: `publish_async` for a publisher that sends few (the CLI's, the tests').
         self.acks = acks
 

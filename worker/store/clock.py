@@ -19,6 +19,12 @@ from worker.errors import ConnectorError
 from worker.store.connection import is_transient
 
 
+def now_ms() -> int:
+    """This worker's own wall clock in Unix ms: for the stamps and local deadlines no other
+    worker has to agree with (chunk and result times, an Action's remaining time)."""
+    return time.time_ns() // 1_000_000
+
+
 class Clock(Protocol):
     async def now_ms(self) -> int: ...
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from worker.cli_settings import settings_from
+from worker.commands.cli_settings import settings_from
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -39,7 +39,7 @@ def _bus_settings(args: argparse.Namespace) -> Settings:
 
 async def _connect(settings: Settings) -> Any:
     """A connection for one command, failing fast (nats-py loads only when a command runs)."""
-    from worker.connections import connect_nats_for_command
+    from worker.bus.connections import connect_nats_for_command
 
     return await connect_nats_for_command(settings)
 

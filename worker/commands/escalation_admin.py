@@ -40,8 +40,8 @@ from schemas.escalation import (
 from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
-from worker.cli_settings import add_settings_flags, settings_from
-from worker.connections import open_redis_for
+from worker.bus.connections import open_redis_for
+from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
     EscalationView,
@@ -52,8 +52,8 @@ from worker.escalation.ledger import (
 )
 from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
+from worker.store.clock import redis_now_ms
 from worker.trust.approval_ledger import read_record
-from worker.trust.clock import redis_now_ms
 from worker.trust.signing import read_seed_file
 
 EXIT_FAILED = 1
@@ -73,7 +73,7 @@ def _escalation_id(text: str) -> str:
 
 
 async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], int]:
-    from worker.connections import connect_nats_for_command
+    from worker.bus.connections import connect_nats_for_command
 
     nc = await connect_nats_for_command(settings)
     try:
@@ -198,9 +198,9 @@ async def resolve_approval(
     """Decide (signed with the approver's `approver_seed`, as `approve --key` does), record
     and publish (signed with the gateway's `sign_key`) the resume Action that answers
     `escalation`."""
+    from worker.bus.connections import connect_nats_for_command
     from worker.client import AipClient
-    from worker.connections import connect_nats_for_command
-    from worker.trust.admin import approve_action
+    from worker.commands.trust_admin import approve_action
 
     approval = escalation.approval
     if approval is None:
@@ -294,7 +294,7 @@ async def acknowledge(
     settings: Settings, escalation: Escalation, *, as_principal: str, reason: str
 ) -> EscalationResolution:
     """Record who took over a non-approval escalation and why (write-once)."""
-    from worker.connections import connect_nats_for_command
+    from worker.bus.connections import connect_nats_for_command
 
     if not reason.strip():
         raise ResolutionRefused("a reason is required")
@@ -327,7 +327,7 @@ async def acknowledge(
 async def _publish_resolution(
     nc: Any, settings: Settings, resolution: EscalationResolution
 ) -> None:
-    from worker.publisher import BusPublisher
+    from worker.bus.publisher import BusPublisher
 
     await BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix)).escalation_resolution(
         resolution

@@ -6,10 +6,10 @@ from pathlib import Path
 
 from pydantic.fields import FieldInfo
 
-from worker.cli_settings import NO_FLAG
+from worker.commands.cli_settings import NO_FLAG
 from worker.settings import Settings
 
-DOC_PATH = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 _HEADER = """# Configuration reference
 

@@ -10,12 +10,13 @@ made here:
 - what `emit` publishes: the next seq, after the lease's local validity check (a paused
   worker stops before it publishes anything);
 - the one terminal chunk: the first one an operation emits is held (later ones are
-  dropped, so there is never a gap) and published only after the settle, or one is made
-  from the result (`closing`);
+  dropped, so there is never a gap) and stored with the result by the settle, or one is
+  made from the result (`closing`); the `Outbox` (worker/pipeline/outbox.py) publishes it,
+  after a crash too;
 - confirmation: chunks go out without waiting; while the run streams, confirmations that
   have already arrived are collected without waiting for the ones still on their way, and
-  everything is confirmed at the end of the execution and with the result (`confirm`,
-  `end`); a chunk whose confirmation has already arrived is let go on the way (a slow run
+  everything is confirmed at the end of the execution (`confirm`); a chunk whose
+  confirmation has already arrived is let go on the way (a slow run
   held for minutes would otherwise keep up to `CONFIRM_BATCH` chunks, their payloads and
   PubAcks: most of its memory);
 - the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
@@ -26,7 +27,6 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -37,11 +37,11 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
+from worker.bus.publisher import BusPublisher, confirmed
 from worker.errors import ConnectorError
-from worker.execution import now_ms
-from worker.leases import HeldLease
+from worker.execution.leases import HeldLease
 from worker.metrics import Metrics
-from worker.publisher import BusPublisher, confirmed
+from worker.store.clock import now_ms
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
@@ -257,21 +257,6 @@ class ChunkStream:
             payload=payload,
             prev_sha256=terminal.prev_sha256,
         )
-
-    async def end(
-        self,
-        terminal: StreamChunk,
-        data: bytes,
-        publish_result: Callable[[], Awaitable[object]],
-    ) -> None:
-        """Close the stream: the terminal chunk first (same connection, so it arrives
-        first), then the result, the chunk confirmed together with the awaited result: one
-        round trip, not two."""
-        pending = await self.publisher.chunk(terminal, data, subject=self._subject)
-        await publish_result()
-        await self.publisher.confirm([(terminal, pending)])
-        if self.metrics is not None:
-            self.metrics.chunk_published(self.endpoint_id, str(terminal.__struct_config__.tag))
 
 
 def refusal_chunk(

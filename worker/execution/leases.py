@@ -23,20 +23,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Any, Generic, Protocol, TypeVar
 
+from schemas.action import Action
 from schemas.audit import ReceiptEvent
-from worker.audit import AuditLog
-from worker.cancel_notices import CancelNotices
+from worker.bus.audit import AuditLog
+from worker.endpoints import Endpoint
 from worker.errors import LeaseLost, StoreUnavailable
+from worker.execution.cancel_notices import CancelNotices
+from worker.execution.cancel_signal import CancelSignal
 from worker.logs import RepeatedErrors
 from worker.metrics import FenceStep, Metrics
+from worker.operations.base import Operation
 from worker.store.health import StoreHealth
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseGrant, LeaseStore
-
-if TYPE_CHECKING:
-    from worker.execution import Execution
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,44 @@ class HeldLease:
             raise self.lose("lease not confirmed within its TTL")
 
 
-class LeaseKeeper:
+class Leased(Protocol):
+    """What the heartbeat needs of an execution it keeps (`worker.execution.context.Execution`
+    is one): a protocol, so that this module does not import the executions' own, which
+    imports it."""
+
+    @property
+    def lease(self) -> HeldLease: ...
+
+    @property
+    def keys(self) -> ActionKeys: ...
+
+    @property
+    def action(self) -> Action: ...
+
+    @property
+    def endpoint(self) -> Endpoint: ...
+
+    @property
+    def operation(self) -> Operation: ...
+
+    @property
+    def cancel_requested(self) -> CancelSignal: ...
+
+    @property
+    def task(self) -> asyncio.Task[Any] | None: ...
+
+    def log_fields(self) -> dict[str, object]: ...
+
+    async def in_progress(self) -> None: ...
+
+
+L = TypeVar("L", bound=Leased)
+
+
+class LeaseKeeper(Generic[L]):
+    """The heartbeat over the executions this worker runs, and the one place a loss is
+    reported; it hands back the executions it was given, of whatever type they are."""
+
     def __init__(
         self,
         store: LeaseStore,
@@ -111,29 +149,31 @@ class LeaseKeeper:
         self.audit = audit
         self.lease_ttl_ms = lease_ttl_ms
         self.interval_s = lease_ttl_ms / 3000
-        self.executions: dict[str, Execution] = {}
+        self.executions: dict[str, L] = {}
         #: The same executions by Action id (an Action runs at most once per worker).
-        self._by_action: dict[str, Execution] = {}
+        self._by_action: dict[str, L] = {}
         self.lost_count = 0
         self.renew_round_trips = 0
-        self.notices = CancelNotices(store, holding=self.holding, cancel=self.cancel)
+        self.notices: CancelNotices[L] = CancelNotices(
+            store, holding=self.holding, cancel=self.cancel
+        )
 
-    def add(self, execution: Execution) -> None:
+    def add(self, execution: L) -> None:
         self.executions[execution.lease.owner] = execution
         self._by_action[execution.action.id] = execution
         self.notices.registered(execution.action.id)
 
     def cancel_notice(self, action_id: str) -> None:
         """A cancel notice named `action_id`: re-read its durable intent soon (it grants
-        nothing by itself; see `worker.cancel_notices`)."""
+        nothing by itself; see `worker.execution.cancel_notices`)."""
         self.notices.notice(action_id)
 
-    def remove(self, execution: Execution) -> None:
+    def remove(self, execution: L) -> None:
         self.executions.pop(execution.lease.owner, None)
         if self._by_action.get(execution.action.id) is execution:
             del self._by_action[execution.action.id]
 
-    def holding(self, action_id: str) -> Execution | None:
+    def holding(self, action_id: str) -> L | None:
         return self._by_action.get(action_id)
 
     async def run(self) -> None:
@@ -185,7 +225,7 @@ class LeaseKeeper:
             if renewal.cancel_requested and not execution.cancel_requested.is_set():
                 self.cancel(execution)
 
-    def _expire_stale(self, held: list[Execution]) -> None:
+    def _expire_stale(self, held: list[L]) -> None:
         limit = self.lease_ttl_ms / 1000
         for execution in held:
             if execution.lease.ending:
@@ -196,7 +236,7 @@ class LeaseKeeper:
             if time.monotonic() - execution.lease.renewed_at > limit:
                 self.lose(execution, "no successful renewal for a whole lease TTL")
 
-    def lose(self, execution: Execution, why: str, *, cancel: bool = True) -> None:
+    def lose(self, execution: L, why: str, *, cancel: bool = True) -> None:
         """Record the loss on the execution's lease, report it once (metric, log line,
         receipt) and stop the execution; `cancel=False` when the caller found the loss
         itself and is already stopping. A lease given back at shutdown is not reported."""
@@ -226,7 +266,7 @@ class LeaseKeeper:
             # The runtime turns this cancellation into the lease's LeaseLost.
             execution.task.cancel()
 
-    def cancel(self, execution: Execution) -> None:
+    def cancel(self, execution: L) -> None:
         """A durable cancel intent reached this holder (by heartbeat or by notification)."""
         execution.cancel_requested.set()
         if not execution.operation.handles_cancel and execution.task is not None:

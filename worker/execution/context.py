@@ -1,8 +1,8 @@
 """One Action in flight on this worker: the concrete `ExecutionContext` of docs/architecture.md §4.
 
 It joins what an executing operation may use: the Action and its endpoint, the lease it
-runs under (`worker.leases.HeldLease`: fence facts, the local validity check, the loss),
-its chunk stream (`worker.chunk_stream.ChunkStream`: the sequence, the hash chain, the one
+runs under (`worker.execution.leases.HeldLease`: fence facts, the local validity check, the loss),
+its chunk stream (`worker.execution.chunk_stream.ChunkStream`: the sequence, the hash chain, the one
 terminal chunk), the stores, the cancel signal and the JetStream messages to ack.
 """
 
@@ -10,28 +10,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.msg import Msg
 
 from schemas.action import Action
-from worker.cancel_signal import CancelSignal
 from worker.endpoints import Endpoint
+from worker.execution.cancel_signal import CancelSignal
+from worker.execution.leases import HeldLease
 from worker.hermes.http_client import HermesClient
-from worker.leases import HeldLease
 from worker.metrics import FenceStep, Metrics
 from worker.operations.base import Operation
+from worker.store.clock import now_ms
 from worker.store.keys import ActionKeys
 
 if TYPE_CHECKING:
-    from worker.chunk_stream import ChunkStream
-    from worker.stores import Stores
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    from worker.execution.chunk_stream import ChunkStream
+    from worker.store.stores import Stores
 
 
 class Execution:

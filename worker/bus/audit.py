@@ -12,7 +12,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
-from worker.publisher import BusPublisher
+from worker.bus.publisher import BusPublisher
 
 log = logging.getLogger(__name__)
 

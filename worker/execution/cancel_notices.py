@@ -21,13 +21,12 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from schemas.ids import is_action_id
+from worker.execution.cancel_signal import CancelSignal
+from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseStore
-
-if TYPE_CHECKING:
-    from worker.execution import Execution
 
 log = logging.getLogger(__name__)
 
@@ -38,15 +37,30 @@ EARLY_NOTICES = 256
 EARLY_NOTICE_S = 60.0
 
 
-class CancelNotices:
+class Noticed(Protocol):
+    """What a notice needs of an execution held here: where its durable intent lives and its
+    cancel signal. A protocol, so that the executions' own module is not imported here (it
+    imports the leases, which import this module)."""
+
+    @property
+    def keys(self) -> ActionKeys: ...
+
+    @property
+    def cancel_requested(self) -> CancelSignal: ...
+
+
+E = TypeVar("E", bound=Noticed)
+
+
+class CancelNotices(Generic[E]):
     """Coalesces notices into bounded re-reads of the durable intents of held Actions."""
 
     def __init__(
         self,
         store: LeaseStore,
         *,
-        holding: Callable[[str], Execution | None],
-        cancel: Callable[[Execution], None],
+        holding: Callable[[str], E | None],
+        cancel: Callable[[E], None],
         min_interval_s: float = MIN_INTERVAL_S,
     ) -> None:
         self.store = store
@@ -93,7 +107,7 @@ class CancelNotices:
             # Whatever arrives meanwhile is coalesced into the next single round trip.
             await asyncio.sleep(self.min_interval_s)
 
-    async def _reread(self, held: list[Execution]) -> None:
+    async def _reread(self, held: list[E]) -> None:
         try:
             intents = await self.store.cancel_requested_many(
                 [e.keys for e in held], budget_s=self.min_interval_s * 20

@@ -1,0 +1,111 @@
+"""One terminal chunk per Action stream, after any crash between the settle and the ack.
+
+The settle stores the terminal chunk beside the result, so whoever republishes the stored
+result (the next owner, after the first was killed) republishes the chunk that closes the
+stream too (worker/pipeline/outbox.py). Before, a worker killed right after its settle left
+the stream without a terminal chunk for good, although the result named one, and
+`ActionHandle.chunks()` waited out its idle timeout.
+
+The chunk and result streams' duplicate window is shortened to 1 s here, so a republish that
+sent everything again without looking would store a second terminal chunk (or result)
+instead of being dropped by the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+
+import pytest
+from nats.js.api import StreamConfig
+from redis.asyncio import Redis
+
+from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
+from schemas.result import ActionResult, ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.store.keys import ActionKeys
+
+MODELS = "GET /v1/models"
+
+
+async def _short_duplicate_window(stack: Stack) -> None:
+    js = stack.nc.jetstream()
+    for kind in ("chunks", "results"):
+        info = await js.stream_info(stack.subjects.stream_name(kind))
+        config: StreamConfig = info.config
+        config.duplicate_window = 1.0
+        await js.update_stream(config)
+
+
+def _terminals(chunks: list[StreamChunk]) -> list[StreamChunk]:
+    return [c for c in chunks if isinstance(c, DoneChunk | ErrorChunk)]
+
+
+async def assert_one_closed_stream(stack: Stack, action_id: str) -> ActionResult:
+    """Exactly one result, and a gap-free chunk stream ending in exactly one terminal chunk
+    whose hash the result names; the client's chunk iterator ends at it."""
+    [result] = await stack.results(action_id)
+    raw = await stack.stream_messages("chunks", stack.subjects.chunks(ENDPOINT, action_id))
+    chunks = await stack.chunks(action_id)
+    assert [c.seq for c in chunks] == list(range(len(chunks)))
+    assert len(_terminals(chunks)) == 1
+    assert _terminals(chunks)[0] is chunks[-1]
+    assert result.last_chunk_sha256 == hashlib.sha256(raw[-1]).hexdigest()
+    seen = [
+        c async for c in stack.client.handle(ENDPOINT, action_id).chunks(idle_timeout_s=10)
+    ]
+    assert seen[-1].seq == chunks[-1].seq
+    return result
+
+
+@pytest.mark.parametrize(
+    "point",
+    ["after_settle", "after_escalation", "after_terminal_chunk", "after_result_publish",
+     "before_ack"],
+)
+async def test_a_kill_between_settle_and_ack_leaves_one_terminal_chunk(
+    stack: Stack, point: str
+) -> None:
+    await _short_duplicate_window(stack)
+    action = stack.action("models")
+    w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
+    await stack.publish(action)
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    await asyncio.sleep(1.2)  # past the duplicate window: only looking first avoids copies
+    await stack.spawn("w2")
+    result = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED
+    assert (result.settled_by, result.fence) == ("w1", 1)
+    await stack.settled_and_acked(timeout_s=30)
+    await assert_one_closed_stream(stack, action.id)
+    assert stack.fake is not None
+    assert stack.fake.stats().count(MODELS) == 1
+
+
+async def test_a_terminal_chunk_already_stored_is_not_published_again(stack: Stack) -> None:
+    """The crash left the terminal chunk on the stream but not the result (the chunk is
+    sent first): the next owner publishes the result only."""
+    await _short_duplicate_window(stack)
+    action = stack.action("models")
+    w1 = await stack.spawn("w1", fault_points=f"after_settle=exit@{action.id}")
+    await stack.publish(action)
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    # What the dead worker's terminal chunk publish would have stored: the stored bytes,
+    # under the chunk's Msg-Id (`{action_id}:{seq}`), read straight from Redis.
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        terminal = await redis.get(ActionKeys.of(action.id).terminal)
+    finally:
+        await redis.aclose()
+    assert terminal is not None
+    stored_before = await stack.chunks(action.id)
+    await stack.nc.jetstream().publish(
+        stack.subjects.chunks(ENDPOINT, action.id),
+        terminal,
+        headers={"Nats-Msg-Id": f"{action.id}:{len(stored_before)}"},
+    )
+    await asyncio.sleep(1.2)
+    await stack.spawn("w2")
+    await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    await stack.settled_and_acked(timeout_s=30)
+    await assert_one_closed_stream(stack, action.id)

@@ -1,0 +1,210 @@
+"""What a settled Action owes the bus, published in one order by one object.
+
+A settled Action (executed, refused, or found settled by a redelivery) owes the bus, in this
+order: what the registered outputs make of its result (an escalation, then the channel
+deliveries that may quote it), its terminal chunk, its result, and only then the ack of
+every message of the delivery (docs/architecture.md §4, steps 6-8). Three callers owe it --
+`Settle` after this worker's own fenced settle, `Answers.refuse` after a refusal's, and
+`Answers.republish` when a redelivery finds the Action settled but its result missing from
+the bus -- and all three go through `Outbox`, so the order and the contents cannot drift.
+
+The terminal chunk is stored with the result by the same settle script
+(`worker/store/lua/settle.lua`), so whoever republishes a stored result republishes its
+terminal chunk too: a consumer of the chunk subject sees exactly one terminal chunk after
+any crash, and the result's `last_chunk_sha256` names it. A republish sends the terminal
+chunk only when the stream does not already end with it, so a republish after the
+duplicate window never stores a second copy.
+
+The outputs are registered by the wiring (`worker/app.py`: the escalation output of
+`worker/escalation/output.py`, the channel output of `worker/channel/output.py`); this module
+imports neither. Each output is called after this worker's own fenced settle or for a
+republished stored result only: a stale owner, refused by the fence, never gets here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import msgspec
+from nats.aio.msg import Msg
+from nats.js.api import PubAck
+from nats.js.errors import NotFoundError
+
+from schemas.action import Action
+from schemas.audit import ReceiptEvent
+from schemas.chunk import StreamChunk
+from schemas.escalation import Escalation
+from schemas.result import ActionResult
+from subjects.grammar import Subjects
+from worker import faults
+from worker.bus.audit import AuditLog
+from worker.bus.publisher import BusPublisher
+from worker.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+_result_decoder = msgspec.json.Decoder(ActionResult)
+_chunk_decoder = msgspec.json.Decoder(StreamChunk)
+
+
+@dataclass(slots=True)
+class Owed:
+    """One settled Action on its way out: what the outputs read and what they add.
+
+    `escalation` is filled by the escalation output (when the result raises one) and read
+    by the outputs after it (a channel rule may deliver the escalation too).
+    """
+
+    action: Action
+    result: ActionResult
+    #: True when a redelivery republishes a stored result (an output counts and logs a
+    #: first publication only).
+    republished: bool
+    escalation: Escalation | None = None
+
+
+class OutboxOutput(Protocol):
+    """Something published with a settled result, before it (an escalation, a channel
+    delivery). Called in registration order; `fault_point` is hit after it."""
+
+    fault_point: str
+
+    async def publish(self, owed: Owed) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Settled:
+    """A result as the settle script stored it, with the terminal chunk stored beside it
+    (None for a result stored by a version that kept no terminal chunk)."""
+
+    result: bytes
+    terminal: bytes | None
+
+
+def decoded_result(stored: bytes | None) -> ActionResult | None:
+    """The stored result, or None when there is none or it does not decode."""
+    if stored is None:
+        return None
+    try:
+        return _result_decoder.decode(stored)
+    except msgspec.DecodeError:
+        return None
+
+
+class Outbox:
+    """The one publisher of what a settled Action owes the bus (see the module docstring)."""
+
+    def __init__(
+        self,
+        *,
+        publisher: BusPublisher,
+        subjects: Subjects,
+        audit: AuditLog,
+        metrics: Metrics,
+        outputs: Sequence[OutboxOutput],
+    ) -> None:
+        self.publisher = publisher
+        self.subjects = subjects
+        self.audit = audit
+        self.metrics = metrics
+        #: The wiring's list, read at each publication (channel egress registers late).
+        self.outputs = outputs
+
+    async def publish(
+        self,
+        msgs: list[Msg],
+        action: Action,
+        endpoint_id: str,
+        settled: Settled,
+        *,
+        result: ActionResult | None = None,
+    ) -> None:
+        """The first publication after this worker's own settle: outputs, terminal chunk,
+        result, ack. `result` is the decoded `settled.result` when the caller has it."""
+        await self._outputs(action, result or decoded_result(settled.result), republished=False)
+        await self._terminal_and_result(endpoint_id, action.id, settled)
+        faults.hit("before_ack", action.id)
+        await self.ack_all(msgs)
+
+    async def republish(
+        self, msgs: list[Msg], action: Action, endpoint_id: str, settled: Settled
+    ) -> None:
+        """A redelivery of a settled Action: everything again only when the result is
+        missing from the bus (a crash between settle and publish, or expired), then ack.
+
+        Checked first: a republish after the duplicate window would otherwise store a
+        second copy of everything. The outputs' messages carry the same ids as the first
+        time, so a copy the first publication already stored is a server-side duplicate.
+        """
+        if not await self.result_on_stream(endpoint_id, action.id):
+            await self._outputs(action, decoded_result(settled.result), republished=True)
+            terminal = settled.terminal
+            if terminal is not None and await self._stream_ends_with(
+                endpoint_id, action.id, terminal
+            ):
+                terminal = None
+            await self._terminal_and_result(
+                endpoint_id, action.id, Settled(settled.result, terminal)
+            )
+            self.audit.emit(ReceiptEvent.REPUBLISHED, action_id=action.id, endpoint_id=endpoint_id)
+        await self.ack_all(msgs)
+
+    async def _outputs(
+        self, action: Action, result: ActionResult | None, *, republished: bool
+    ) -> None:
+        if result is None:
+            log.warning("stored result of %s does not decode; outputs skipped", action.id)
+            return
+        owed = Owed(action=action, result=result, republished=republished)
+        for output in self.outputs:
+            await output.publish(owed)
+            faults.hit(output.fault_point, action.id)
+
+    async def _terminal_and_result(
+        self, endpoint_id: str, action_id: str, settled: Settled
+    ) -> None:
+        """The terminal chunk (when owed), then the result, the chunk confirmed together
+        with the awaited result: one round trip, and the chunk, sent first on the same
+        connection, is stored first."""
+        pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        if settled.terminal is not None:
+            # Decoded for a re-send only: msgspec encodes a decoded chunk to the same bytes.
+            chunk = _chunk_decoder.decode(settled.terminal)
+            pending.append((chunk, await self.publisher.chunk(chunk, settled.terminal)))
+            faults.hit("after_terminal_chunk", action_id)
+        await self.publisher.result_bytes(endpoint_id, action_id, settled.result)
+        faults.hit("after_result_publish", action_id)
+        if pending:
+            await self.publisher.confirm(pending)
+            self.metrics.chunk_published(endpoint_id, pending[0][0].kind.value)
+
+    async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
+        try:
+            await self.publisher.js.get_last_msg(
+                self.subjects.stream_name("results"), self.subjects.results(endpoint_id, action_id)
+            )
+        except NotFoundError:
+            return False
+        return True
+
+    async def _stream_ends_with(self, endpoint_id: str, action_id: str, terminal: bytes) -> bool:
+        """True when the Action's chunk stream already ends with `terminal` (a crash after
+        the terminal chunk was stored and before the result was)."""
+        try:
+            last = await self.publisher.js.get_last_msg(
+                self.subjects.stream_name("chunks"), self.subjects.chunks(endpoint_id, action_id)
+            )
+        except NotFoundError:
+            return False
+        return bool(last.data == terminal)
+
+    async def ack_all(self, msgs: list[Msg]) -> None:
+        for msg in msgs:
+            try:
+                await msg.ack_sync(timeout=5.0)
+            except Exception:
+                log.info("ack not confirmed; a redelivery will republish the stored result")
