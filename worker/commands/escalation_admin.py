@@ -40,7 +40,7 @@ from schemas.escalation import (
 from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
-from worker.bus.connections import open_redis_for
+from worker.bus.connections import open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
@@ -125,7 +125,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         return _fail(EXIT_FAILED, str(exc))
     if view.resolution is None:
         # The stream copy may be missing (a crash after the write-once record): Redis decides.
-        redis = open_redis_for(settings)
+        redis = open_approver_redis_for(settings)
         try:
             view.resolution = await read_resolution(redis, args.escalation_id)
         finally:
@@ -208,7 +208,7 @@ async def resolve_approval(
     if choice not in approval.choices:
         offered = ", ".join(c.value for c in approval.choices)
         raise ResolutionRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         earlier = await read_resolution(redis, escalation.escalation_id)
         if earlier is not None and (earlier.choice is not choice or not earlier.resume_action_id):
@@ -298,7 +298,7 @@ async def acknowledge(
 
     if not reason.strip():
         raise ResolutionRefused("a reason is required")
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         resolution = await record_resolution(
             redis,
@@ -374,7 +374,8 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     except (RedisError, OSError) as exc:
         return _fail(
             EXIT_UNREACHABLE,
-            f"cannot reach Redis ({type(exc).__name__}); set --redis-url or AIPD_REDIS_URL",
+            f"cannot reach Redis as the approver ({type(exc).__name__}); set "
+            "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file",
         )
     print(msgspec.json.encode(resolution).decode())
     return 0
