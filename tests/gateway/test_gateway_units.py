@@ -14,6 +14,7 @@ from worker.errors import RouteConfigError, TrustConfigError
 from worker.gateway.mcp_app import TOOL_SCOPES
 from worker.gateway.principals import Principals
 from worker.gateway.routes import RouteTable
+from worker.gateway.service import _serves_tenant
 from worker.operator.policy import BUILTIN_INSTRUCTIONS
 from worker.testing.gateway import principal_entry, write_principals_file
 
@@ -134,3 +135,23 @@ def test_a_principals_allowlists_admit_only_what_they_name(tmp_path: Path) -> No
         path.write_text(json.dumps([{**principal_entry("x", "agent:x"), **bad}]), encoding="utf-8")
         with pytest.raises(TrustConfigError, match="principal 0"):
             Principals.load(path)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "tenant", "offered"),
+    [
+        ({"tenant_id": None, "shared": False}, "acme", False),  # unbound, not shared
+        ({"tenant_id": None, "shared": False}, None, True),
+        ({"tenant_id": None, "shared": True}, "acme", True),
+        ({"tenant_id": None}, "acme", True),  # a worker that predates `shared`
+        ({"tenant_id": None, "shared": "yes"}, "acme", False),  # malformed: hidden
+        ({"tenant_id": "acme", "shared": False}, "acme", True),
+        ({"tenant_id": "acme", "shared": False}, "globex", False),
+    ],
+)
+def test_the_gateway_offers_an_endpoint_only_to_tenants_its_worker_admits(
+    manifest: dict[str, object], tenant: str | None, offered: bool
+) -> None:
+    """The gateway reads the manifest's `shared` as the worker's tenancy check does, so it
+    never offers an unbound, unshared endpoint to a tenant principal (issue 24, item 5)."""
+    assert _serves_tenant(manifest, tenant, now=1_000) is offered

@@ -106,7 +106,12 @@ def _serves_tenant(manifest: dict[str, Any], tenant_id: str | None, now: int) ->
         return False
     if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool)):
         return False
-    return binding_admits(bound, expires, tenant_id, now)
+    # A worker older than the shared-endpoint setting sends no `shared`: its unbound
+    # endpoints admitted every tenant, as they did then.
+    shared = manifest.get("shared", True)
+    if not isinstance(shared, bool):
+        return False
+    return binding_admits(bound, expires, tenant_id, now, shared=shared)
 
 
 class GatewayService:
