@@ -158,6 +158,9 @@ class Settings(BaseSettings):
     allow_unsigned_responses: bool = False
     """Publish unsigned results and DLQ entries when no signing key is set. Development only:
     warned at start."""
+    trusted_worker_keys_file: Path | None = None
+    """Public nkeys (`U…`) of the other workers whose channel deliveries and ingress messages
+    this worker believes, one per line (its own key is always trusted); docs/channels.md."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
