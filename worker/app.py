@@ -288,6 +288,7 @@ class Worker:
             metrics=self.metrics,
             worker_id=self.settings.worker_id,
             lease_ttl_ms=self.settings.lease_ttl_ms,
+            trusted=worker_keys,
         )
         loop = asyncio.get_running_loop()
         self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)

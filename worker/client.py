@@ -58,7 +58,7 @@ from schemas.result import ActionResult
 from subjects.grammar import Subjects
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
-from worker.trust.responses import ChunkChain, verify_result
+from worker.trust.responses import ChunkChain, verify_result, verify_worker_signed
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
@@ -391,7 +391,8 @@ class AipClient:
     ) -> AsyncIterator[ChannelMessage]:
         """The followed session's messages (channel ingress) with an id past
         `after_message_id`, once each and in id order, until none arrives for
-        `idle_timeout_s` (then it returns)."""
+        `idle_timeout_s` (then it returns). With trusted worker keys, a message a trusted
+        worker did not sign (forged on the subject) is skipped and moves nothing."""
         js = self.nc.jetstream()
         sub = await js.subscribe(
             self.subjects.inbound(endpoint_id, session_id),
@@ -405,6 +406,12 @@ class AipClient:
                     msg = await sub.next_msg(timeout=idle_timeout_s)
                 except nats.errors.TimeoutError:
                     return
+                trusted = self.trusted_worker_keys
+                if trusted is not None:
+                    try:
+                        verify_worker_signed(msg.data, msg.headers, trusted)
+                    except UnverifiedResponse:
+                        continue
                 message = _channel_message_decoder.decode(msg.data)
                 if message.message_id <= last:
                     continue
