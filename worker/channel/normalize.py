@@ -25,7 +25,8 @@ The delivery turn also carries `DELIVERY_SYSTEM_MESSAGE` as its `system_message`
 tells the agent the same. Keys that name credentials are dropped at any depth before the
 summary is cut, and the whole message never exceeds the rule's `max_message_bytes`: the
 quoted block is cut (on a character boundary, marked `…[truncated]`) so the closing line
-always survives.
+always survives; a budget too small for the frame gets the worker's own header lines only
+(nothing another system wrote), cut, and `OMITTED`.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ NOTICE = (
 BEGIN_QUOTED = '--- begin quoted data (each line starts with "| ") ---'
 END_QUOTED = "--- end quoted data ---"
 QUOTE = "| "
+#: Said instead of the quoted block when `max_message_bytes` cannot hold the frame.
+OMITTED = "(quoted data omitted: over max_message_bytes; read the result with the CLI)"
 #: Sent as the delivery turn's `system_message` (appended to Hermes' system prompt for that
 #: turn only): the one instruction channel Hermes offers, used to mark the turn as data.
 DELIVERY_SYSTEM_MESSAGE = (
@@ -116,8 +119,9 @@ def _framed(header: list[str], quoted: list[str], max_bytes: int) -> str:
     )
     room = max_bytes - len(head.encode()) - len(tail.encode()) - 1
     if room <= len(QUOTE) + len(_TRUNCATED.encode()):
-        # The rule's budget does not even hold the frame: say so rather than drop it.
-        return _cut(head + QUOTE + _TRUNCATED + "\n" + tail, max_bytes)
+        # The budget does not hold the frame: send the worker's own lines only (nothing
+        # another system wrote, so nothing that needs quoting), cut to the budget.
+        return _cut("\n".join([*header, OMITTED]), max_bytes)
     return head + _cut(body, room) + "\n" + tail
 
 
