@@ -460,3 +460,39 @@ async def test_an_escalation_is_delivered_as_its_stored_result_makes_it(stack: S
     (user,) = [m for m in await session_messages(stack) if m["role"] == "user"]
     assert user["content"].startswith("[AIP escalation] approval")
     assert escalation_id in user["content"]
+
+
+@pytest.mark.parametrize("trusted", [True, False])
+async def test_a_delivery_another_worker_signed_runs_only_when_its_key_is_trusted(
+    stack: Stack, trusted: bool
+) -> None:
+    env = await egress_stack(stack)
+    other_seed = stack.trust.add_worker_key("w-other")  # appended to the trusted keys file
+    source = stack.action("models")
+    # The other worker settles the source, queues the delivery (signed with its own key)
+    # and dies before publishing the result.
+    w2 = await stack.spawn(
+        "w2",
+        fault_points=f"after_channel_publish=exit@{source.id}",
+        AIPD_WORKER_SIGNING_KEY_FILE=str(other_seed),
+        **env,
+    )
+    await stack.publish(source)
+    assert await asyncio.to_thread(w2.wait_exit, 30) == 137, w2.log_tail()
+    keys = {"AIPD_TRUSTED_WORKER_KEYS_FILE": str(stack.trust.worker_keys_file)} if trusted else {}
+    await stack.spawn("w1", **env, **keys)
+    assert (await stack.client.handle(ENDPOINT, source.id).result(timeout_s=30)).status is (
+        ResultStatus.COMPLETED
+    )
+    await stack.settled_and_acked(timeout_s=30)
+    await _egress_drained(stack)
+    if trusted:
+        delivered = await stack.client.handle(ENDPOINT, delivery_id(RULE, source.id)).result(
+            timeout_s=30
+        )
+        assert delivered.status is ResultStatus.COMPLETED, delivered.error
+        assert chats(stack) == 1
+    else:
+        assert chats(stack) == 0
+        dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+        assert dead == ["connector_host.response_signing"]
