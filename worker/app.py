@@ -43,6 +43,7 @@ from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
 from worker.pipeline.runtime import EndpointRuntime, Runtime
 from worker.pipeline.steps import ActionIntake
+from worker.serving import ServingGate, settings_blockers
 from worker.settings import Settings
 from worker.store.health import StoreHealth
 from worker.store.stores import Stores
@@ -99,6 +100,8 @@ class Worker:
         self.store_health: StoreHealth | None = None
         self.health: HealthServer | None = None
         self.escalations_open: OpenEscalationsGauge | None = None
+        #: What keeps this worker from serving each endpoint (worker/serving.py).
+        self.serving: ServingGate | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         #: Channel ingress followers (worker/channel/ingress.py); their leases are given
@@ -183,6 +186,18 @@ class Worker:
                 publisher, self.metrics, approval_ttl_ms=settings.hermes_operator_timeout_ms
             )
         )
+        self.serving = ServingGate(
+            settings_blockers(settings),
+            {eid: ep.hermes for eid, ep in self.rt.endpoints.items()},
+            interval_s=settings.serving_probe_interval_s,
+            serve_anyway=settings.serve_when_unready,
+            errors=self.errors,
+        )
+        self.serving.log_static()
+        self._warn_without_authority()
+        # Probed before any consumer starts: a healthy worker binds at once, one whose key
+        # Hermes refuses never takes a first Action.
+        await self.serving.probe_all()
         actions = Pipeline(self.rt, ActionIntake(self.rt))
         if self.settle_gc:
             # Wired, and nothing consumed yet. Before the first pull loop on purpose: its
@@ -199,6 +214,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
         self._tasks.append(loop.create_task(health.run()))
+        self._tasks.append(loop.create_task(self.serving.run()))
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, actions)
         if self.delegation is not None:
@@ -217,6 +233,7 @@ class Worker:
             consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
             redis=redis_ping_check(stores.client),
             hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
+            serving=self._serving_reasons,
         )
         self.health = await start_health_server(
             probe,
@@ -322,9 +339,32 @@ class Worker:
             handle=_bound(handler, endpoint_id),
             gate=self.store_health,
             errors=self.errors,
+            endpoint_id=endpoint_id,
+            serving=self.serving,
         )
         self.loops.append(pull)
         self._tasks.append(asyncio.get_running_loop().create_task(pull.run()))
+
+    def _serving_reasons(self) -> tuple[bool, list[str]]:
+        gate = self.serving
+        if gate is None:
+            return False, ["not started"]
+        return all(gate.servable(eid) for eid in gate.clients), gate.reasons()
+
+    def _warn_without_authority(self) -> None:
+        """Governed capabilities without an approval authority are refused one by one
+        (connector_host.approval_authorization_unavailable): said once, at start."""
+        if self.settings.approval_authority_file is not None:
+            return
+        governed = sorted(
+            name for name, op in self.registry.operations.items() if op.spec.approval_required
+        )
+        if governed:
+            log.warning(
+                "AIPD_APPROVAL_AUTHORITY_FILE is not set: the governed capabilities (%s) "
+                "will be refused until an approval authority is configured",
+                ", ".join(governed),
+            )
 
     async def _wait_idle(self, timeout_s: float) -> bool:
         """Until no Action and no delegation executes, or `timeout_s`; True when idle."""

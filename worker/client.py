@@ -9,9 +9,10 @@
 
 `publish` refuses (`EnvelopeRejected`, before signing) an envelope the workers would
 dead-letter: the same strict decoding, so an id such as `act_<32 hex>\\n` never leaves the
-client. `chunks()` reads the Action's chunk subject through an ordered JetStream consumer, which
-re-creates itself after a disconnect and resumes at the next stream sequence, so the
-iterator yields every chunk once, in `seq` order, from any starting seq.
+client. `chunks()` reads the Action's chunk subject with stream message gets (no consumer:
+a publisher's role may create none, worker/bus/stream_reads.py), resuming after a disconnect at
+the next stream sequence, so the iterator yields every chunk once, in `seq` order, from any
+starting seq.
 
 Given the trusted worker keys (`trusted_worker_keys`, the file consumers point
 `AIPD_TRUSTED_WORKER_KEYS_FILE` at), the client believes only what a trusted worker signed:
@@ -36,7 +37,6 @@ import msgspec
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
@@ -56,6 +56,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
+from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
 from worker.trust.responses import ChunkChain, verify_result, verify_worker_signed
@@ -100,28 +101,28 @@ class ActionHandle:
         the terminal chunk is yielded only after the signed result confirmed the chain's
         end (the result follows it at once); a break raises `UnverifiedResponse`.
         """
-        js = self.client.nc.jetstream()
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
-        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        stream = self.client.subjects.stream_name("chunks")
         chain = ChunkChain() if self.client.trusted_worker_keys is not None else None
         expected = from_seq
-        try:
+        async with SubjectFollower(self.client.nc, stream, subject) as follower:
             while True:
-                msg = await sub.next_msg(timeout=idle_timeout_s or 3600.0)
-                chunk = _chunk_decoder.decode(msg.data)
+                msg = await follower.next(idle_timeout_s or 3600.0)
+                if msg is None:
+                    raise nats.errors.TimeoutError
+                data = msg.data or b""
+                chunk = _chunk_decoder.decode(data)
                 if chunk.seq < expected:
                     continue  # a republish after a takeover, or before from_seq
                 expected = chunk.seq + 1
                 terminal = isinstance(chunk, DoneChunk | ErrorChunk)
                 if chain is not None:
-                    chain.add(msg.data)
+                    chain.add(data)
                     if terminal:
                         chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
                 yield chunk
                 if terminal:
                     return
-        finally:
-            await sub.unsubscribe()
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
         """The settled ActionResult (waits for it; returns at once if it already exists).
@@ -129,28 +130,24 @@ class ActionHandle:
         With trusted worker keys, a result that does not verify is skipped and the wait goes
         on; when the time is up after only such results, their refusal is raised.
         """
-        js = self.client.nc.jetstream()
         subject = self.client.subjects.results(self.endpoint_id, self.action_id)
-        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        stream = self.client.subjects.stream_name("results")
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
         refused: UnverifiedResponse | None = None
-        try:
+        async with SubjectFollower(self.client.nc, stream, subject) as follower:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=max(0.001, until - loop.time()))
-                except TimeoutError:
+                msg = await follower.next(until - loop.time())
+                if msg is None:
                     if refused is not None:
-                        raise refused from None
-                    raise
+                        raise refused
+                    raise nats.errors.TimeoutError
                 try:
-                    return self.client.believe_result(msg.data, msg.headers)
+                    return self.client.believe_result(msg.data or b"", msg.headers)
                 except CannotSign:
                     raise
                 except UnverifiedResponse as exc:
                     refused = exc  # not a trusted worker's: the real result may follow
-        finally:
-            await sub.unsubscribe()
 
     async def cancel(self, *, reason: str = "", requested_by: str) -> CancelReply:
         return await self.client.cancel(
@@ -192,8 +189,20 @@ class AipClient:
         sign_key: Path | None = None,
         max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
         trusted_worker_keys: TrustedGatewayKeys | Path | None = None,
+        inbox_prefix: str = "_INBOX",
+        **connect_options: Any,
     ) -> AipClient:
-        nc = await nats.connect(servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        """Connect and own the connection. `inbox_prefix` is where replies to this client
+        arrive: under least-privilege roles the one prefix its NATS user may subscribe to
+        (`AIPD_NATS_INBOX_PREFIX`, docs/security.md "Roles"); `connect_options` go to
+        `nats.connect` (credentials: `nkeys_seed=`, `user_credentials=`, ...)."""
+        nc = await nats.connect(
+            servers,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            inbox_prefix=inbox_prefix,
+            **connect_options,
+        )
         client = cls(
             nc,
             prefix=prefix,
@@ -361,24 +370,12 @@ class AipClient:
     async def receipt_log(self, endpoint_id: str, action_id: str) -> list[tuple[int, Receipt]]:
         """Every audit receipt of one Action with its audit-stream sequence number (what a
         qualification record cites), ordered by receipt time."""
-        js = self.nc.jetstream()
-        sub = await js.subscribe(
+        stored = await drain(
+            self.nc.jetstream(),
+            self.subjects.stream_name("audit"),
             self.subjects.audit(endpoint_id, action_id),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
         )
-        found: list[tuple[int, Receipt]] = []
-        try:
-            # Messages already pushed to us count as delivered, not pending: the chain is
-            # both, read at one instant from the consumer's own bookkeeping.
-            info = await sub.consumer_info()
-            delivered = info.delivered.consumer_seq if info.delivered else 0
-            total = (delivered or 0) + (info.num_pending or 0)
-            while len(found) < total:
-                msg = await sub.next_msg(timeout=5.0)
-                found.append((msg.metadata.sequence.stream, _receipt_decoder.decode(msg.data)))
-        finally:
-            await sub.unsubscribe()
+        found = [(msg.seq or 0, _receipt_decoder.decode(msg.data or b"")) for msg in stored]
         return sorted(found, key=lambda entry: entry[1].ts_unix_ms)
 
     async def session_messages(
@@ -393,32 +390,24 @@ class AipClient:
         `after_message_id`, once each and in id order, until none arrives for
         `idle_timeout_s` (then it returns). With trusted worker keys, a message a trusted
         worker did not sign (forged on the subject) is skipped and moves nothing."""
-        js = self.nc.jetstream()
-        sub = await js.subscribe(
-            self.subjects.inbound(endpoint_id, session_id),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
+        subject = self.subjects.inbound(endpoint_id, session_id)
         last = after_message_id
-        try:
+        async with SubjectFollower(self.nc, self.subjects.stream_name("inbound"), subject) as f:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_timeout_s)
-                except nats.errors.TimeoutError:
+                msg = await f.next(idle_timeout_s)
+                if msg is None:
                     return
                 trusted = self.trusted_worker_keys
                 if trusted is not None:
                     try:
-                        verify_worker_signed(msg.data, msg.headers, trusted)
+                        verify_worker_signed(msg.data or b"", msg.headers, trusted)
                     except UnverifiedResponse:
                         continue
-                message = _channel_message_decoder.decode(msg.data)
+                message = _channel_message_decoder.decode(msg.data or b"")
                 if message.message_id <= last:
                     continue
                 last = message.message_id
                 yield message
-        finally:
-            await sub.unsubscribe()
 
     async def manifest(self, endpoint_id: str) -> dict[str, Any]:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)

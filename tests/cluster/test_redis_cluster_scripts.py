@@ -100,7 +100,8 @@ def _scripts_run(cluster: RedisCluster) -> tuple[set[str], set[int]]:
         admin = node.client(decode_responses=False)
         for entry in admin.slowlog_get(100_000):
             command = entry["command"].split()
-            if command and command[0].upper() in (b"EVALSHA", b"EVAL"):
+            # Read-only scripts (the approval read) go as EVALSHA_RO.
+            if command and command[0].upper() in (b"EVALSHA", b"EVAL", b"EVALSHA_RO", b"EVAL_RO"):
                 sha = command[1].decode()
                 if sha in by_sha:
                     names.add(by_sha[sha])

@@ -402,7 +402,8 @@ def test_fingerprint_binds_capability_and_input_only() -> None:
 async def test_the_approval_check_costs_one_redis_command(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
-    """The record and the Redis clock its expiry is decided on come from one script."""
+    """The record and the Redis clock its expiry is decided on come from one script, sent
+    read-only (the workers' Redis user may read approvals, never write them)."""
     document = action_document()
     record = await decide(redis, authority, trust_files, document)
     await admit(gate, redis, trust_files, document)  # loads the read script once
@@ -418,7 +419,7 @@ async def test_the_approval_check_costs_one_redis_command(
         assert (await admit(gate, redis, trust_files, document)).approval == record
     finally:
         redis.execute_command = original  # type: ignore[method-assign]
-    assert sent == ["EVALSHA"]
+    assert sent == ["EVALSHA_RO"]
 
 
 async def _store_raw(

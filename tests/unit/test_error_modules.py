@@ -1,7 +1,8 @@
-"""Every exception lives in one of two modules, and each module's page shows its real tree.
+"""Every exception lives in an errors module, and each module's page shows its real tree.
 
 `worker/errors.py` holds every exception of the worker and `schemas/errors.py` the wire
-layer's two (`schemas/` and `subjects/` import nothing from `worker/`). Each module's
+layer's two (`schemas/` and `subjects/` import nothing from `worker/`); the self-contained
+AIP 1.0 signing package keeps its own small tree in `worker/aip/errors.py`. Each module's
 docstring draws the hierarchy with what every class decides (retryable, uncertain); these
 tests keep that page and the code from drifting apart, and keep new exceptions from
 scattering again.
@@ -21,9 +22,10 @@ import schemas
 import schemas.errors
 import subjects
 import worker
+import worker.aip.errors
 import worker.errors
 
-ERROR_MODULES = ("worker.errors", "schemas.errors")
+ERROR_MODULES = ("worker.errors", "schemas.errors", "worker.aip.errors")
 #: Packages whose exceptions are their own business: the test harness and the demo.
 OUTSIDE = ("worker.testing", "worker.demo", "worker.__main__")
 #: The docstring's roots: Python's own classes, drawn at the left margin of the tree.
@@ -79,7 +81,9 @@ def test_every_exception_is_defined_in_an_errors_module() -> None:
     assert elsewhere == []
 
 
-@pytest.mark.parametrize("module", [worker.errors, schemas.errors], ids=ERROR_MODULES)
+@pytest.mark.parametrize(
+    "module", [worker.errors, schemas.errors, worker.aip.errors], ids=ERROR_MODULES
+)
 def test_the_page_draws_every_exception_under_its_real_parent(module: ModuleType) -> None:
     drawn = _tree(module.__doc__ or "")
     defined = {name: cls.__bases__[0].__name__ for name, cls in _exceptions(module).items()}

@@ -35,7 +35,7 @@ from schemas.escalation import (
 from schemas.ids import capability_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
-from worker.bus.connections import open_redis_for
+from worker.bus.connections import open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
@@ -126,7 +126,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
         return _fail(EXIT_FAILED, str(exc))
     if view.resolution is None:
         # The stream copy may be missing (a crash after the write-once record): Redis decides.
-        redis = open_redis_for(settings)
+        redis = open_approver_redis_for(settings)
         try:
             view.resolution = await read_resolution(redis, args.escalation_id)
         finally:
@@ -207,7 +207,7 @@ async def resolve_approval(
         offered = ", ".join(c.value for c in approval.choices)
         raise ResolutionRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
     resume = build_resume(escalation, choice, resolve_all=resolve_all)
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         earlier = await read_resolution(redis, escalation.escalation_id)
         if earlier is not None and (
@@ -293,7 +293,7 @@ async def acknowledge(
 
     if not reason.strip():
         raise ResolutionRefused("a reason is required")
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         resolution = await record_resolution(
             redis,
@@ -369,7 +369,8 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     except (RedisError, OSError) as exc:
         return _fail(
             EXIT_UNREACHABLE,
-            f"cannot reach Redis ({type(exc).__name__}); set --redis-url or AIPD_REDIS_URL",
+            f"cannot reach Redis as the approver ({type(exc).__name__}); set "
+            "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file",
         )
     print(msgspec.json.encode(resolution).decode())
     return 0

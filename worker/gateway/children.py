@@ -29,8 +29,6 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace
 from nats.aio.client import Client as NATS
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action
@@ -41,6 +39,7 @@ from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
+from worker.bus.stream_reads import SubjectFollower
 from worker.errors import UnverifiedResponse
 from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreWriter
@@ -178,49 +177,44 @@ class Children:
         if results that did not verify were seen, else None. `until_drained` stops at the
         last message already stored instead of waiting for a new one.
 
-        An ordered consumer re-creates itself after a NATS reconnect and starts again from
-        the first message, so a disconnect while following loses nothing.
+        Read with message gets from the stream (worker/bus/stream_reads.py), woken by the
+        connection's one shared subscription per results pattern: no consumer is created,
+        and a NATS reconnect while following loses nothing (the next read resumes at the
+        next stream sequence).
         """
         subject = route.subjects.results(action_id)
         deadline = time.monotonic() + max(timeout_s, 0.0)
-        sub = None
+        stream = await self._results_stream(subject, deadline)
+        if stream is None:
+            return None  # no stream binds the route's results: nothing to follow
         refused: Refused | None = None
-        try:
-            while sub is None:
-                try:
-                    sub = await self.js.subscribe(
-                        subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-                    )
-                except NotFoundError:
-                    return None  # no stream binds the route's results: nothing to follow
-                except Exception as exc:  # NATS reconnecting: try again within the bound
-                    if time.monotonic() >= deadline:
-                        return None
-                    log.info("cannot follow %s yet: %s", action_id, type(exc).__name__)
-                    await asyncio.sleep(0.5)
+        async with SubjectFollower(self.nc, stream, subject) as follower:
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                wait = 0.0 if until_drained else deadline - time.monotonic()
+                msg = await follower.next(wait)
+                if msg is None:
                     return refused
                 try:
-                    msg = await sub.next_msg(timeout=min(remaining, 5.0))
-                except NatsTimeout:
-                    continue
-                try:
-                    return self.believe(action_id, msg.data, msg.headers)
+                    return self.believe(action_id, msg.data or b"", msg.headers)
                 except UnverifiedResponse as exc:
                     # Not a trusted worker's: the real result may still follow.
-                    refused = self._refused(action_id, msg.metadata.sequence.stream, exc)
+                    refused = self._refused(action_id, msg.seq, exc)
                 except msgspec.DecodeError:
                     log.warning("an undecodable result on %s is ignored", subject)
-                if until_drained and msg.metadata.num_pending == 0:
-                    return refused
-        finally:
-            if sub is not None:
-                try:
-                    await sub.unsubscribe()
-                except Exception as exc:  # a closed connection: nothing to clean up
-                    log.debug("unsubscribe failed: %s", type(exc).__name__)
+
+    async def _results_stream(self, subject: str, deadline: float) -> str | None:
+        """The stream that stores `subject` (None: none does); NATS errors (a reconnect)
+        are retried until `deadline`."""
+        while True:
+            try:
+                return await self.js.find_stream_name_by_subject(subject)
+            except NotFoundError:
+                return None
+            except Exception as exc:  # NATS reconnecting: try again within the bound
+                if time.monotonic() >= deadline:
+                    return None
+                log.info("cannot follow %s yet: %s", subject, type(exc).__name__)
+                await asyncio.sleep(0.5)
 
     async def stored_result(self, route: Route, action_id: str) -> ActionResult | Refused | None:
         """The child's result if it is already on the bus (no waiting for a new one): the

@@ -18,7 +18,6 @@ import msgspec
 from msgspec.structs import replace
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, Mode
@@ -28,6 +27,7 @@ from schemas.ids import is_action_id, new_action_id
 from schemas.lifecycle import LifecycleState, QueueRecord
 from schemas.result import ActionResult
 from worker import faults
+from worker.bus.stream_reads import SubjectFollower
 from worker.errors import ConnectorError, QueueEntryExists
 from worker.gateway.children import Children, child_result, now_ms
 from worker.gateway.discovery import Discovery
@@ -306,22 +306,19 @@ class GatewayService:
         route = self._route_of(record)
         events: list[Any] = []
         done = False
+        subject = route.subjects.chunks(action_id)
         try:
-            sub = await self.nc.jetstream().subscribe(
-                route.subjects.chunks(action_id),
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-            )
+            stream: str | None = await self.nc.jetstream().find_stream_name_by_subject(subject)
         except NotFoundError:
-            sub = None
-        if sub is not None:
-            try:
+            stream = None
+        if stream is not None:
+            # Message gets, never a consumer (worker/bus/stream_reads.py).
+            async with SubjectFollower(self.nc, stream, subject) as follower:
                 while len(events) < limit:
-                    try:
-                        msg = await sub.next_msg(timeout=EVENTS_IDLE_S)
-                    except NatsTimeout:
+                    msg = await follower.next(EVENTS_IDLE_S)
+                    if msg is None:
                         break
-                    chunk = msgspec.json.decode(msg.data)
+                    chunk = msgspec.json.decode(msg.data or b"null")
                     if not isinstance(chunk, dict) or not isinstance(chunk.get("seq"), int):
                         continue
                     if chunk["seq"] < cursor:
@@ -331,8 +328,6 @@ class GatewayService:
                     if chunk.get("kind") in ("done", "error"):
                         done = True
                         break
-            finally:
-                await sub.unsubscribe()
         return {
             "action_id": action_id,
             "capability": record.action.capability,

@@ -151,6 +151,11 @@ def _body(response: httpx.Response) -> AsyncIterator[bytes]:
 DEFAULT_MAX_CONNECTIONS = 2_048
 
 
+#: Marks a request the worker sends only to learn whether Hermes accepts its key (the
+#: serving gate and `/ready`); Hermes ignores it, the fake counts such requests apart.
+PROBE_HEADER = "X-AIP-Probe"
+
+
 class HermesClient:
     """Requests to one endpoint; safe to share across every Action the worker runs."""
 

@@ -88,7 +88,8 @@ class ApprovalRecords:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
-        self._read = Script(redis, script_source("approval_read"))
+        # Read-only: the workers' Redis user may read approval records, never write one.
+        self._read = Script(redis, script_source("approval_read"), read_only=True)
 
     async def read(
         self, action_id: str, *, budget_s: float = READ_BUDGET_S
