@@ -37,7 +37,7 @@ from worker.channel.normalize import (
 )
 from worker.channel.rules import load_egress_rules
 from worker.testing.fake_hermes import RouteDelay, RouteError
-from worker.testing.identities import TENANT_A, TENANT_B, USER_A
+from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
 from worker.testing.scenario import NEEDS_APPROVAL
 from worker.trust.responses import ResponseSigner
 from worker.trust.signing import generate_keypair, write_seed_file
@@ -496,3 +496,40 @@ async def test_a_delivery_another_worker_signed_runs_only_when_its_key_is_truste
         assert chats(stack) == 0
         dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
         assert dead == ["connector_host.response_signing"]
+
+
+async def test_nothing_is_delivered_into_an_endpoint_whose_tenant_binding_expired(
+    stack: Stack,
+) -> None:
+    assert stack.fake is not None
+    await create_session(stack)
+    rules = write_rules(stack.root, [desk_rule(match={"tenant": TENANT_B})])
+    endpoints = stack.root / "endpoints.json"
+    endpoints.write_text(
+        json.dumps(
+            [
+                {
+                    "id": ENDPOINT,
+                    "url": stack.fake.url,
+                    "tenant_id": TENANT_B,
+                    "tenant_expires_at_unix_ms": 1_000,
+                }
+            ]
+        ),
+        encoding="utf-8",
+    )
+    await stack.spawn(
+        "w1",
+        unset=("AIPD_HERMES_ENDPOINTS",),
+        AIPD_HERMES_ENDPOINTS_FILE=str(endpoints),
+        AIPD_CHANNEL_EGRESS_FILE=str(rules),
+    )
+    # The source itself is refused there (the binding expired); the rule still matches it.
+    source = stack.action("models", principal_id=USER_B, tenant_id=TENANT_B)
+    result = await (await stack.publish(source)).result(timeout_s=30)
+    assert result.status is ResultStatus.FAILED
+    await stack.settled_and_acked(timeout_s=30)
+    await _egress_drained(stack)
+    assert chats(stack) == 0
+    dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+    assert dead == ["connector.hermes_agent.tenant_mismatch"]

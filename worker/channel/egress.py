@@ -255,6 +255,12 @@ class EgressIntake:
                 f"rule {rule.id!r}: the source's tenant is not the tenant of endpoint "
                 f"{rule.endpoint_id!r}; nothing was sent",
             )
+        expires = self.rt.endpoints[rule.endpoint_id].endpoint.descriptor.tenant_expires_at_unix_ms
+        if expires is not None and await self.rt.stores.clock().now_ms() >= expires:
+            raise Rejected(
+                ErrorCode.TENANT_MISMATCH,
+                f"endpoint {rule.endpoint_id!r}: its tenant binding has expired; nothing was sent",
+            )
         if not rule.matches(request.source, result.endpoint_id, result.capability, tenant):
             raise Rejected(
                 ErrorCode.CONFIGURATION_OR_INPUT,
