@@ -13,9 +13,8 @@ from nats.aio.client import Client as NATS
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker import gc_policy
-from worker.admission import Admission
 from worker.bus.acked_publish import AckedPublisher
-from worker.bus.audit import AuditLog
+from worker.bus.audit import AuditLog, provider_receipt
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
 from worker.bus.consumer import PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
@@ -41,7 +40,7 @@ from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
-from worker.pipeline.runtime import EndpointRuntime, Runtime
+from worker.pipeline.runtime import EndpointRuntime, Gate, Runtime
 from worker.pipeline.steps import ActionIntake
 from worker.serving import ServingGate, settings_blockers
 from worker.settings import Settings
@@ -64,7 +63,7 @@ class Worker:
         self,
         settings: Settings,
         *,
-        admission: Admission,
+        gate: Gate,
         registry: Registry,
         binding_cancel: BindingCancelHook | None = None,
         delegation: DelegatedOperation | None = None,
@@ -76,7 +75,7 @@ class Worker:
         self.settle_gc = settle_gc
         #: The delegated entry; None serves no delegations subject at all.
         self.delegation = delegation
-        self.admission = admission
+        self.gate = gate
         self.registry = registry
         self.binding_cancel = binding_cancel
         self.subjects = Subjects(settings.subject_prefix)
@@ -147,7 +146,9 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
+        publisher = BusPublisher(
+            js, self.subjects, signer=signer, acks=AckedPublisher(self.nc), nc=self.nc
+        )
         audit = AuditLog(publisher, settings.worker_id)
         keeper: LeaseKeeper[Execution] = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
@@ -172,11 +173,14 @@ class Worker:
             registry=self.registry,
             endpoints={
                 e.id: EndpointRuntime(e, HermesClient(
-                    e, transport=settings.hermes_http_transport, metrics=self.metrics
+                    e,
+                    transport=settings.hermes_http_transport,
+                    metrics=self.metrics,
+                    on_exchange=provider_receipt,
                 ))
                 for e in endpoints
             },
-            admission=self.admission,
+            gate=self.gate,
             worker_id=settings.worker_id,
             metrics=self.metrics,
             errors=self.errors,
@@ -218,7 +222,7 @@ class Worker:
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, actions)
         if self.delegation is not None:
-            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
+            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.gate.verify_strict)
             delegations = Pipeline(
                 self.rt, DelegationIntake(self.rt, self.delegation.with_stores(lifecycle))
             )
@@ -298,7 +302,7 @@ class Worker:
         self.followers = await start_followers(
             targets,
             self.rt.endpoints,
-            redis=self.rt.stores.client,
+            store=self.rt.stores.ingress,
             js=js,
             subjects=self.subjects,
             publisher=publisher,

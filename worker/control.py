@@ -142,7 +142,7 @@ class ControlPlane:
         except EnvelopeRejected as exc:
             return _refused(None, exc.code, exc.reason, endpoint_id)
         try:
-            rt.admission.verify_signature(data, headers)
+            rt.gate.verify_signature(data, headers)
         except ConnectorError as exc:
             return _refused(request.action_id, exc.code, exc.message, endpoint_id)
         intent = msgspec.json.encode(
@@ -214,7 +214,7 @@ class ControlPlane:
         rt = self.rt
         subject = await rt.stores.leases.cancel_subject(keys)
         for _ in range(2):
-            await rt.admission.authorize_cancel(
+            await rt.gate.authorize_cancel(
                 requested_by=requested_by, subject=subject, stores=rt.stores
             )
             answer = await rt.stores.leases.request_cancel(

@@ -47,8 +47,8 @@ from worker.escalation.ledger import (
 )
 from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
+from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
-from worker.trust.approval_ledger import read_record
 from worker.trust.signing import read_seed_file
 
 EXIT_FAILED = 1
@@ -324,9 +324,8 @@ async def _publish_resolution(
 ) -> None:
     from worker.bus.publisher import BusPublisher
 
-    await BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix)).escalation_resolution(
-        resolution
-    )
+    publisher = BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix), nc=nc)
+    await publisher.escalation_resolution(resolution)
 
 
 async def cmd_resolve(args: argparse.Namespace) -> int:

@@ -29,8 +29,9 @@ from worker.bus.connections import open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
+from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
-from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve, read_record
+from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 
