@@ -59,7 +59,7 @@ from subjects.grammar import Subjects
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
-from worker.trust.responses import ChunkChain, verify_result, verify_worker_signed
+from worker.trust.responses import ChunkChain, sha256_hex, verify_result, verify_worker_signed
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
@@ -81,11 +81,21 @@ class ActionHandle:
     """A published Action: follow its chunks and wait for its one result."""
 
     def __init__(
-        self, client: AipClient, endpoint_id: str, action_id: str, *, duplicate: bool = False
+        self,
+        client: AipClient,
+        endpoint_id: str,
+        action_id: str,
+        *,
+        duplicate: bool = False,
+        envelope_sha256: str | None = None,
     ) -> None:
         self.client = client
         self.endpoint_id = endpoint_id
         self.action_id = action_id
+        #: sha256 of the exact envelope bytes this client published (None for a handle made
+        #: from an id alone): the result must name it as `action_sha256`, so a genuine
+        #: signed result of another envelope under this id is not taken for this one's.
+        self.envelope_sha256 = envelope_sha256
         #: The PubAck said `duplicate`: the stream already held a message with this
         #: `Nats-Msg-Id` inside its duplicate window and did not store this one. Expected for
         #: a retry of your own publish; for an id you never published, someone else took it
@@ -112,6 +122,10 @@ class ActionHandle:
                     raise nats.errors.TimeoutError
                 data = msg.data or b""
                 chunk = _chunk_decoder.decode(data)
+                if chunk.action_id != self.action_id:
+                    raise UnverifiedResponse(
+                        f"a chunk on the subject of {self.action_id} names {chunk.action_id}"
+                    )
                 if chunk.seq < expected:
                     continue  # a republish after a takeover, or before from_seq
                 expected = chunk.seq + 1
@@ -128,7 +142,9 @@ class ActionHandle:
         """The settled ActionResult (waits for it; returns at once if it already exists).
 
         With trusted worker keys, a result that does not verify is skipped and the wait goes
-        on; when the time is up after only such results, their refusal is raised.
+        on; when the time is up after only such results, their refusal is raised. A result
+        naming another Action, or another envelope than the one this handle published, is
+        skipped the same way (`believe`).
         """
         subject = self.client.subjects.results(self.endpoint_id, self.action_id)
         stream = self.client.subjects.stream_name("results")
@@ -143,11 +159,26 @@ class ActionHandle:
                         raise refused
                     raise nats.errors.TimeoutError
                 try:
-                    return self.client.believe_result(msg.data or b"", msg.headers)
+                    return self.believe(msg.data or b"", msg.headers)
                 except CannotSign:
                     raise
                 except UnverifiedResponse as exc:
                     refused = exc  # not a trusted worker's: the real result may follow
+
+    def believe(self, data: bytes, headers: Mapping[str, str] | None) -> ActionResult:
+        """This Action's result in `data` (`AipClient.believe_result`), which must name this
+        handle's Action id and, when the handle published it, its envelope's hash."""
+        result = self.client.believe_result(data, headers)
+        if result.action_id != self.action_id:
+            raise UnverifiedResponse(
+                f"the result on the subject of {self.action_id} names {result.action_id}"
+            )
+        if self.envelope_sha256 is not None and result.action_sha256 != self.envelope_sha256:
+            raise UnverifiedResponse(
+                f"the result on the subject of {self.action_id} answers another envelope "
+                "than the one this client published"
+            )
+        return result
 
     async def cancel(self, *, reason: str = "", requested_by: str) -> CancelReply:
         return await self.client.cancel(
@@ -299,7 +330,13 @@ class AipClient:
         ack = await self.nc.jetstream().publish(
             self.subjects.actions(endpoint_id), payload, headers=headers
         )
-        return ActionHandle(self, endpoint_id, action.id, duplicate=bool(ack.duplicate))
+        return ActionHandle(
+            self,
+            endpoint_id,
+            action.id,
+            duplicate=bool(ack.duplicate),
+            envelope_sha256=sha256_hex(payload),
+        )
 
     async def submit(self, **fields: Any) -> ActionHandle:
         return await self.publish(self.build_action(**fields))
@@ -322,18 +359,32 @@ class AipClient:
         ack = await self.nc.jetstream().publish(
             self.subjects.delegations(endpoint_id), payload, headers=headers
         )
-        return ActionHandle(self, endpoint_id, action_id, duplicate=bool(ack.duplicate))
+        return ActionHandle(
+            self,
+            endpoint_id,
+            action_id,
+            duplicate=bool(ack.duplicate),
+            envelope_sha256=sha256_hex(payload),
+        )
 
     async def submit_and_wait(self, *, timeout_s: float = 60.0, **fields: Any) -> ActionResult:
         handle = await self.submit(**fields)
         return await handle.result(timeout_s=timeout_s)
 
-    def handle(self, endpoint_id: str, action_id: str) -> ActionHandle:
-        return ActionHandle(self, endpoint_id, action_id)
+    def handle(
+        self, endpoint_id: str, action_id: str, *, envelope_sha256: str | None = None
+    ) -> ActionHandle:
+        """A handle on an Action published elsewhere; with `envelope_sha256` (the sha256 of
+        the envelope bytes published) its result must answer exactly that envelope."""
+        return ActionHandle(self, endpoint_id, action_id, envelope_sha256=envelope_sha256)
 
-    async def stored_result(self, endpoint_id: str, action_id: str) -> ActionResult | None:
+    async def stored_result(
+        self, endpoint_id: str, action_id: str, *, envelope_sha256: str | None = None
+    ) -> ActionResult | None:
         """The result already on the results stream, without waiting (verified like
-        `result()`: when the last one is not a trusted worker's, the earlier ones are read)."""
+        `result()`: when the last one is not a trusted worker's or not this Action's, the
+        earlier ones are read)."""
+        handle = self.handle(endpoint_id, action_id, envelope_sha256=envelope_sha256)
         try:
             msg = await self.nc.jetstream().get_last_msg(
                 self.subjects.stream_name("results"),
@@ -342,11 +393,11 @@ class AipClient:
         except NotFoundError:
             return None
         try:
-            return self.believe_result(msg.data or b"", msg.headers)
+            return handle.believe(msg.data or b"", msg.headers)
         except CannotSign:
             raise
         except UnverifiedResponse:
-            return await self.handle(endpoint_id, action_id).result(timeout_s=2.0)
+            return await handle.result(timeout_s=2.0)
 
     async def cancel(
         self, endpoint_id: str, action_id: str, *, reason: str = "", requested_by: str

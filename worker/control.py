@@ -72,6 +72,7 @@ def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
         capabilities=registry.manifest(endpoint.id),
         tenant_id=descriptor.tenant_id,
         tenant_expires_at_unix_ms=descriptor.tenant_expires_at_unix_ms,
+        shared=descriptor.shared,
     )
 
 

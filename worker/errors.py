@@ -59,6 +59,8 @@ succeed); U: uncertain (something may have happened although this was raised).
           CannotSign              the worker had no signing key (same facts)
       GatewayError                the gateway's root (`worker/gateway/`)
         RouteConfigError          the capability routes: exit 2; a ValueError too
+        ActionIdTaken             a child's first dispatch was a `duplicate`: another
+                                  envelope holds the id; refused like an unknown id, not U
         McpHttpRefused            an MCP server refused the session before any tool ran:
                                   not U; a RuntimeError too
       QualifyError                the qualification's root (`worker/qualify/`)
@@ -331,6 +333,11 @@ class ChannelMessageRefused(WorkerError):
 
 class QueueEntryExists(WorkerError):
     """The child's queue entry was created by someone else first."""
+
+
+class ActionIdTaken(GatewayError):
+    """The child's first dispatch was acknowledged `duplicate`: another publisher's envelope
+    holds the id on the actions stream, so nothing that runs under it is this child."""
 
 
 class McpHttpRefused(GatewayError, RuntimeError):

@@ -101,7 +101,13 @@ class Settings(BaseSettings):
     hermes_endpoints: str = ""
     """Hermes endpoints as `id=url[,id=url…]`, e.g. `hermes-1=http://hermes-1:8642`."""
     hermes_endpoints_file: Path | None = None
-    """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, timeouts)."""
+    """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, shared,
+    timeouts)."""
+    hermes_shared_endpoints: str = ""
+    """Endpoints bound to no tenant that serve several tenants, as `id[,id…]` (or `shared:
+    true` in the endpoints file). Only these admit an Action carrying a tenant without a
+    `tenant_id` binding, and they partition session, job, run and response ids per tenant
+    (docs/security.md "Shared endpoints")."""
     hermes_api_key_files: str = ""
     """Per-endpoint owner-only key files as `id=path[,id=path…]`, e.g.
     `hermes-1=/run/secrets/h1_key,hermes-2=/run/secrets/h2_key` (or `api_key_file` in the

@@ -100,6 +100,7 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             assert not answer.is_error, answer.document
             assert answer.document["state"] == "completed"
             assert answer.document["result"]["output"]["data"][0]["id"] == "hermes-agent"
+            child_id = answer.document["action_id"]  # the supplied id, namespaced
             events = await call_tool(mcp, TOKEN, "aip_action_events", {"action_id": child_id})
             assert events.document["done"] is True
             listed = await call_tool(mcp, TOKEN, "aip_capabilities")

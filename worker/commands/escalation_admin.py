@@ -1,12 +1,18 @@
 """`aip-hermes-worker escalations list | show | resolve`: a human answers an escalation.
 
 Resolving an **approval** escalation answers the paused run with one command: it builds the
-resume Action (`{"resume": {"source_action_id", "choice"}}`) under an id derived from the
-escalation id, records the approver's decision for it through the same code path as
-`approve` (authority file, no self-approval, write-once), records the resolution
-write-once, and publishes the resume signed with `--sign-key`. Running it again after a
-crash repeats the same resume id and the same decision, so nothing is answered twice; a
-second person choosing differently is refused.
+resume Action (`{"resume": {"source_action_id", "choice"}}`) under a fresh random id,
+records the approver's decision for it through the same code path as `approve` (authority
+file, no self-approval, write-once), records the resolution write-once (it names the resume
+id), and publishes the resume signed with `--sign-key`. Running it again after a crash
+reuses the resume id the recorded resolution names, so nothing is answered twice; a second
+person choosing differently is refused.
+
+The id is random, not derived from the escalation id: an escalation is public to every
+reader of its stream, and a derivable id could be published first by anyone (its real
+resume would then be a duplicate and `resolve` would say "answered" while nothing ran).
+Nobody sees the random id before the resume carrying it is on the bus. A crash between the
+decision and the resolution leaves a decision for an id never published: it expires.
 
 Resolving any **other** escalation records who acknowledged it and why (write-once in
 Redis, copied to the stream); it changes nothing else.
@@ -15,7 +21,6 @@ Redis, copied to the stream); it changes nothing else.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +37,7 @@ from schemas.escalation import (
     ResolutionKind,
     is_escalation_id,
 )
-from schemas.ids import capability_id
+from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
 from worker.bus.connections import open_approver_redis_for
@@ -54,12 +59,6 @@ from worker.trust.signing import read_seed_file
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
-
-
-def resume_action_id(escalation_id: str) -> str:
-    """The resume Action of an approval escalation: one id per escalation, so a repeated
-    `resolve` republishes the same Action instead of answering the prompt twice."""
-    return "act_" + hashlib.sha256(f"resume:{escalation_id}".encode()).hexdigest()[:32]
 
 
 def _fail(code: int, message: str) -> int:
@@ -146,19 +145,22 @@ def build_resume(
     escalation: Escalation,
     choice: ApprovalChoice,
     *,
+    resume_id: str,
     resolve_all: bool,
     decision_id: str | None = None,
     created_at_unix_ms: int = 0,
 ) -> Action:
-    """The resume Action an approval escalation's answer becomes, as the source's principal.
+    """The resume Action `resume_id` an approval escalation's answer becomes, as the
+    source's principal (the only principal, besides the tenant's authority members, the
+    worker lets resume the run: `worker.trust.resume_authority`).
 
-    Its request (capability and input, what the decision's fingerprint binds) depends only
-    on the escalation and the choice, so a repeated `resolve` decides the same request.
+    Its request (capability, input and principal: what the decision's fingerprint binds)
+    depends only on the escalation and the choice, so a repeated `resolve` decides the same
+    request.
     """
     approval = escalation.approval
     if approval is None:
         raise ResolutionRefused("not an approval escalation")
-    resume_id = resume_action_id(escalation.escalation_id)
     return Action(
         id=resume_id,
         capability=capability_id(escalation.endpoint_id, "operator"),
@@ -206,14 +208,16 @@ async def resolve_approval(
     if choice not in approval.choices:
         offered = ", ".join(c.value for c in approval.choices)
         raise ResolutionRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
-    resume = build_resume(escalation, choice, resolve_all=resolve_all)
     redis = open_approver_redis_for(settings)
     try:
         earlier = await read_resolution(redis, escalation.escalation_id)
-        if earlier is not None and (
-            earlier.choice is not choice or earlier.resume_action_id != resume.id
-        ):
+        if earlier is not None and (earlier.choice is not choice or not earlier.resume_action_id):
             raise ResolutionRefused(_already(earlier))
+        # A repeated `resolve` answers with the resume the resolution recorded; a first one
+        # with an id nobody could have known before it is published.
+        resume_id = earlier.resume_action_id if earlier is not None else new_action_id()
+        assert resume_id is not None
+        resume = build_resume(escalation, choice, resume_id=resume_id, resolve_all=resolve_all)
         record = await _decided(redis, resume)
         if record is None:
             record = await approve_action(
@@ -245,6 +249,7 @@ async def resolve_approval(
     signed = build_resume(
         escalation,
         choice,
+        resume_id=resume.id,
         resolve_all=resolve_all,
         decision_id=record.decision_id,
         created_at_unix_ms=resolution.resolved_at_unix_ms,

@@ -137,7 +137,7 @@ class Recovery:
         if route is None:
             return False
         child_id = record.action.id
-        result = await self.children.stored_result(route, child_id)
+        result = await self.children.stored_result(route, record.action)
         now = now_ms()
         if isinstance(result, ActionResult):
             await self.children.settle(record, child_result(result))

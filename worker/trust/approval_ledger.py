@@ -240,7 +240,10 @@ async def check_approval(
     if record.capability != action.capability:
         raise _conflict("the recorded decision is for another capability")
     if record.input_fingerprint != approval_fingerprint(action):
-        raise _conflict("the input changed after the decision")
+        raise _conflict(
+            "the input changed after the decision, or the decision was for another "
+            "principal or credential revision"
+        )
     if record.tenant_id != tenant_id:
         raise _conflict("the recorded decision is for another tenant")
     if record.decision is not ApprovalDecision.APPROVED:
