@@ -270,6 +270,7 @@ class Worker:
             self.settings.channel_egress_file,
             [e.id for e in endpoints],
             {e.id: e.descriptor.tenant_id for e in endpoints},
+            frozenset(e.id for e in endpoints if e.descriptor.shared),
         )
         await check_sessions(table, self.rt.endpoints)
         self.rt.outputs.append(ChannelOutput(self.rt.publisher, table))

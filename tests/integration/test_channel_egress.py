@@ -36,6 +36,7 @@ from worker.channel.normalize import (
     result_message,
 )
 from worker.channel.rules import load_egress_rules
+from worker.operations.partition import partition_prefix
 from worker.testing.fake_hermes import RouteDelay, RouteError
 from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
 from worker.testing.scenario import NEEDS_APPROVAL
@@ -533,3 +534,38 @@ async def test_nothing_is_delivered_into_an_endpoint_whose_tenant_binding_expire
     assert chats(stack) == 0
     dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
     assert dead == ["connector.hermes_agent.tenant_mismatch"]
+
+
+async def test_a_shared_endpoint_takes_a_tenants_results_only_into_that_tenants_partition(
+    stack: Stack,
+) -> None:
+    shared = {"AIPD_HERMES_SHARED_ENDPOINTS": ENDPOINT}
+    # Pinned to tenant a, into a session outside tenant a's partition: refused at start-up.
+    await create_session(stack)
+    outside = write_rules(stack.root, [desk_rule(match={"tenant": TENANT_A})], "outside.json")
+    worker = await stack.spawn(
+        "w0", wait=False, AIPD_CHANNEL_EGRESS_FILE=str(outside), **shared
+    )
+    assert await asyncio.to_thread(worker.wait_exit, 30) == 2, worker.log_tail()
+    assert "outside that tenant's partition" in worker.log_text(), worker.log_tail()
+
+    # Any tenant, into a session of tenant a's partition: tenant a's results only.
+    session = partition_prefix(TENANT_A) + "desk"
+    await create_session(stack, session)
+    inside = write_rules(stack.root, [desk_rule(session_id=session)], "inside.json")
+    await stack.spawn("w1", AIPD_CHANNEL_EGRESS_FILE=str(inside), **shared)
+    own = stack.action("models", principal_id=USER_A, tenant_id=TENANT_A)
+    untenanted = stack.action("models")
+    for source in (own, untenanted):
+        await (await stack.publish(source)).result(timeout_s=30)
+    delivered = await stack.client.handle(ENDPOINT, delivery_id(RULE, own.id)).result(
+        timeout_s=30
+    )
+    assert delivered.status is ResultStatus.COMPLETED, delivered.error
+    await stack.settled_and_acked(timeout_s=30)
+    await _egress_drained(stack)
+    assert chats(stack) == 1
+    texts = [m["content"] for m in await session_messages(stack, session) if m["role"] == "user"]
+    assert len(texts) == 1
+    assert own.id in texts[0]
+    assert not await stack.results(delivery_id(RULE, untenanted.id))

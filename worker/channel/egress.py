@@ -249,11 +249,11 @@ class EgressIntake:
                 f"source {request.source_action_id} is not a deliverable result",
             )
         tenant = subject.tenant_id
-        if tenant != rule.target_tenant:
+        if not rule.admits(tenant):
             raise Rejected(
                 ErrorCode.TENANT_MISMATCH,
-                f"rule {rule.id!r}: the source's tenant is not the tenant of endpoint "
-                f"{rule.endpoint_id!r}; nothing was sent",
+                f"rule {rule.id!r}: the source's tenant may not read session "
+                f"{rule.session_id!r} of endpoint {rule.endpoint_id!r}; nothing was sent",
             )
         expires = self.rt.endpoints[rule.endpoint_id].endpoint.descriptor.tenant_expires_at_unix_ms
         if expires is not None and await self.rt.stores.clock().now_ms() >= expires:
