@@ -44,7 +44,7 @@ import msgspec
 from schemas.channel import MAX_CHANNEL_MESSAGE_BYTES, ChannelSource, SessionId
 from schemas.ids import EndpointId, ShortText
 from worker.errors import ChannelConfigError
-from worker.operations.partition import partition_prefix
+from worker.trust.tenancy import partition_prefix
 
 MAX_FILE_BYTES = 1_048_576
 DEFAULT_MESSAGE_BYTES = 4_096
