@@ -191,6 +191,9 @@ class Settings(BaseSettings):
     allow_unsigned_responses: bool = False
     """Publish unsigned results and DLQ entries when no signing key is set. Development only:
     warned at start."""
+    trusted_worker_keys_file: Path | None = None
+    """Public nkeys (`U…`) of the other workers whose channel deliveries and ingress messages
+    this worker believes, one per line (its own key is always trusted); docs/channels.md."""
     serve_when_unready: bool = False
     """Bind the work consumers even when something serving needs is missing (a trust file,
     a Hermes accepting the key): the Actions are then refused one by one. Development only;

@@ -6,7 +6,10 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
 (`Aip-Signer` / `Aip-Signature` headers, Ed25519 over the exact bytes):
 
 * every ActionResult, whose `last_chunk_sha256` is the hash of the Action's last chunk;
-* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`).
+* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
+* every ChannelDelivery and every ingress ChannelMessage (docs/channels.md), so the egress
+  intake and the ingress cursor believe only what a trusted worker produced
+  (`worker_trust`, `verify_worker_signed`).
 
 Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
 signature per provider event): each chunk carries `prev_sha256`, the hash of the chunk
@@ -44,6 +47,7 @@ from worker.trust.signing import (
     SIGNER_HEADER,
     TrustedGatewayKeys,
     _user_pair,
+    decode_user_public_key,
     verify_envelope,
 )
 
@@ -127,6 +131,37 @@ def _verify(payload: bytes, headers: Mapping[str, str], trusted: TrustedGatewayK
     except ConnectorError as exc:
         reason = exc.message.removeprefix("envelope signature: ")
         raise UnverifiedResponse(f"response signature: {reason}") from None
+
+
+def verify_worker_signed(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> str:
+    """The trusted worker key that signed exactly `payload` (a channel delivery or an
+    ingress message); UnverifiedResponse otherwise."""
+    return _verify(payload, headers or {}, trusted)
+
+
+def worker_trust(
+    signer: ResponseSigner | None, keys_file: Path | None
+) -> TrustedGatewayKeys | None:
+    """The worker keys a worker believes for what workers publish to workers (channel
+    deliveries, ingress messages): its own key, plus `AIPD_TRUSTED_WORKER_KEYS_FILE`'s.
+
+    None only for a worker without a signing key and without the file (unsigned responses
+    allowed, development only): it then believes unsigned messages, as it publishes them.
+    A file that cannot be read is a TrustConfigError (exit 2).
+    """
+    import nacl.signing
+
+    keys: dict[str, nacl.signing.VerifyKey] = {}
+    if keys_file is not None:
+        loaded = TrustedGatewayKeys.load(keys_file, what="AIPD_TRUSTED_WORKER_KEYS_FILE")
+        keys.update({key: v for key in loaded if (v := loaded.get(key)) is not None})
+    if signer is not None:
+        keys[signer.public_key] = nacl.signing.VerifyKey(
+            decode_user_public_key(signer.public_key)
+        )
+    return TrustedGatewayKeys(keys) if keys else None
 
 
 def verify_result(
