@@ -152,6 +152,14 @@ def credential_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
+def approver_unreachable(exc: BaseException) -> str:
+    """The one line a command prints when Redis does not answer the approver's user."""
+    return (
+        f"cannot reach Redis as the approver ({type(exc).__name__}); set "
+        "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file"
+    )
+
+
 def open_approver_redis_for(settings: Settings) -> Redis | RedisCluster:
     """The Redis client approval decisions and escalation resolutions are written with
     (`approve`, `escalations resolve`): the approver ACL user of `AIPD_APPROVER_REDIS_URL`

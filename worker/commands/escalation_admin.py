@@ -40,7 +40,7 @@ from schemas.escalation import (
 from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
-from worker.bus.connections import open_approver_redis_for
+from worker.bus.connections import approver_unreachable, open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
@@ -371,11 +371,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     except TrustConfigError as exc:
         return _fail(EXIT_CONFIG, str(exc))
     except (RedisError, OSError) as exc:
-        return _fail(
-            EXIT_UNREACHABLE,
-            f"cannot reach Redis as the approver ({type(exc).__name__}); set "
-            "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file",
-        )
+        return _fail(EXIT_UNREACHABLE, approver_unreachable(exc))
     print(msgspec.json.encode(resolution).decode())
     return 0
 

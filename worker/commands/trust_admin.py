@@ -25,7 +25,7 @@ from schemas.action import Action
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected
-from worker.bus.connections import open_approver_redis_for
+from worker.bus.connections import approver_unreachable, open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
@@ -138,11 +138,7 @@ async def cmd_approve(args: argparse.Namespace) -> int:
     except ApprovalRefused as exc:
         return _fail(EXIT_FAILED, str(exc))
     except (RedisError, OSError) as exc:
-        return _fail(
-            EXIT_UNREACHABLE,
-            f"cannot reach Redis as the approver ({type(exc).__name__}); set "
-            "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file",
-        )
+        return _fail(EXIT_UNREACHABLE, approver_unreachable(exc))
     print(msgspec.json.encode(record).decode())
     return 0
 
