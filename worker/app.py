@@ -47,7 +47,8 @@ from worker.settings import Settings
 from worker.store.health import StoreHealth
 from worker.store.stores import Stores
 from worker.tasks import stop_tasks
-from worker.trust.responses import signer_from_settings
+from worker.trust.responses import signer_from_settings, trusted_workers
+from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,8 @@ class Worker:
         self.store_health: StoreHealth | None = None
         self.health: HealthServer | None = None
         self.escalations_open: OpenEscalationsGauge | None = None
+        #: Whose signed escalations the gauge counts (`trusted_workers`).
+        self._trusted_workers: TrustedGatewayKeys | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         #: Channel ingress followers (worker/channel/ingress.py); their leases are given
@@ -113,6 +116,7 @@ class Worker:
         signer = signer_from_settings(
             settings.worker_signing_key_file, allow_unsigned=settings.allow_unsigned_responses
         )
+        self._trusted_workers = trusted_workers(settings.trusted_worker_keys_file, signer)
         if settings.hermes_api_key:
             log.warning(
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
@@ -274,7 +278,10 @@ class Worker:
         assert self.stores is not None
         client = self.stores.client
         return OpenEscalationsGauge(
-            [EndpointEscalations(js, client, self.subjects, e.id) for e in endpoints],
+            [
+                EndpointEscalations(js, client, self.subjects, e.id, trusted=self._trusted_workers)
+                for e in endpoints
+            ],
             self.metrics,
             self.errors,
             min_interval_s=self.settings.escalations_open_refresh_ms / 1000,

@@ -157,7 +157,13 @@ class Settings(BaseSettings):
     refused with `connector_host.response_signing` (unless unsigned responses are allowed)."""
     allow_unsigned_responses: bool = False
     """Publish unsigned results and DLQ entries when no signing key is set. Development only:
-    warned at start."""
+    warned at start. Also lets the escalations commands believe unsigned escalations when
+    no trusted worker keys are set."""
+    trusted_worker_keys_file: Path | None = None
+    """Public nkeys (`U…`) of the workers whose signed escalations and receipts are believed,
+    one per line (the `escalations` commands, the `escalations_open` gauge; `audit` reads it
+    too). Unset: a worker trusts its own key only, and `escalations` refuses to run unless
+    unsigned responses are allowed."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")

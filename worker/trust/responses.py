@@ -6,7 +6,11 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
 (`Aip-Signer` / `Aip-Signature` headers, Ed25519 over the exact bytes):
 
 * every ActionResult, whose `last_chunk_sha256` is the hash of the Action's last chunk;
-* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`).
+* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
+* every Escalation, so a reader (`escalations list | show | resolve`, the `escalations_open`
+  gauge) ignores one that anyone with publish rights on the escalations subject forged;
+* every audit Receipt, so `audit` excludes a receipt another role appended to an Action's
+  chain (an Ed25519 signature per receipt, ~8 per Action: see docs/security.md for its cost).
 
 Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
 signature per provider event): each chunk carries `prev_sha256`, the hash of the chunk
@@ -19,6 +23,7 @@ the last chunk on the stream, hashes its bytes and continues from there.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -28,9 +33,11 @@ from pathlib import Path
 import msgspec
 import nkeys
 
+from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
 from schemas.dlq import dlq_material
 from schemas.errors import ErrorCode
+from schemas.escalation import Escalation
 from schemas.result import ActionResult
 from worker.errors import (
     ConnectorError,
@@ -51,6 +58,8 @@ log = logging.getLogger(__name__)
 
 _result_decoder = msgspec.json.Decoder(ActionResult)
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
+_escalation_decoder = msgspec.json.Decoder(Escalation)
+_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 _UNSIGNED_WARNING = (
     "AIPD_ALLOW_UNSIGNED_RESPONSES is on and no AIPD_WORKER_SIGNING_KEY_FILE is set: results "
@@ -85,8 +94,6 @@ class ResponseSigner:
 
     def headers(self, payload: bytes) -> dict[str, str]:
         """`Aip-Signer` and `Aip-Signature` for `payload` (the gateway's envelope format)."""
-        import base64
-
         signature = self._pair.sign(payload)
         return {
             SIGNER_HEADER: self.public_key,
@@ -106,6 +113,17 @@ def signer_from_settings(path: Path | None, *, allow_unsigned: bool) -> Response
             "AIPD_WORKER_SIGNING_KEY_FILE is not set: every Action is refused with "
             "connector_host.response_signing until the worker has a signing key"
         )
+    return None
+
+
+def trusted_workers(path: Path | None, own: ResponseSigner | None) -> TrustedGatewayKeys | None:
+    """The worker keys whose escalations and receipts a worker believes: the trusted worker
+    keys file when one is set (every pool of the deployment), else its own key only, else
+    None (a worker that publishes unsigned, development only: nothing is verified)."""
+    if path is not None:
+        return TrustedGatewayKeys.load(path, what="trusted worker keys file")
+    if own is not None:
+        return TrustedGatewayKeys.of([own.public_key])
     return None
 
 
@@ -143,6 +161,23 @@ def verify_dlq_entry(
     """The worker key that signed this DLQ entry (reason headers and rejected bytes)."""
     all_headers = headers or {}
     return _verify(dlq_material(body, all_headers), all_headers, trusted)
+
+
+def verify_escalation(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> Escalation:
+    """The escalation in `payload` when a trusted worker key signed exactly these bytes;
+    raises `UnverifiedResponse` (forged or unsigned) or `msgspec.DecodeError` (not one)."""
+    _verify(payload, headers or {}, trusted)
+    return _escalation_decoder.decode(payload)
+
+
+def verify_receipt(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> tuple[Receipt, str]:
+    """The receipt in `payload` and the trusted key that signed exactly these bytes."""
+    signer = _verify(payload, headers or {}, trusted)
+    return _receipt_decoder.decode(payload), signer
 
 
 class ChunkChain:
