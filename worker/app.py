@@ -146,6 +146,7 @@ class Worker:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
         publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
         audit = AuditLog(publisher, settings.worker_id)
+        publisher.before_result = audit.seal  # a result's receipts are on the bus before it
         keeper: LeaseKeeper[Execution] = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
             health=health, errors=self.errors,

@@ -9,7 +9,7 @@ with `prev_sha256` and a sha256 of the encoded bytes) against the encoding a rec
 had, on receipts shaped like the ones `AuditLog.emit` builds, and prints the cost per Action
 next to the worker's 1.38 ms of CPU per operator Action, both for a signature on every
 receipt and for the segments the worker signs (`--signatures-per-action`: measured with
-real workers as 1.8 sequentially and 2.0 with 50 operator Actions at once, 8 receipts each).
+real workers as 1.0, one at a time and 50 operator Actions at once, 8 receipts each).
 docs/security.md cites the figures. It also reports what `audit` pays to verify a receipt.
 """
 
@@ -68,7 +68,7 @@ def main() -> None:
     parser.add_argument("--receipts", type=int, default=20_000)
     parser.add_argument("--per-action", type=int, default=8, help="receipts one Action leaves")
     parser.add_argument(
-        "--signatures-per-action", type=float, default=2.0, help="segments one Action leaves"
+        "--signatures-per-action", type=float, default=1.0, help="segments one Action leaves"
     )
     args = parser.parse_args()
     sample = receipts(args.receipts)

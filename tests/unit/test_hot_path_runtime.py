@@ -153,7 +153,8 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     tmp_path: Path,
 ) -> None:
     """A segment: every receipt names the hash of the one before it; only the last one is
-    signed, once no next one came for SEAL_AFTER_S; a later receipt opens a new segment."""
+    signed, once no next one came for SEAL_AFTER_S (or at `seal`); a later receipt opens a
+    new segment."""
     seed_file = tmp_path / "worker.seed"
     write_seed_file(seed_file, generate_keypair().seed)
     publisher = _RecordingPublisher(ResponseSigner.load(seed_file))
@@ -175,6 +176,19 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     assert sent[1][0].prev_sha256 == hashlib.sha256(sent[0][1]).hexdigest()
     assert sent[2][0].prev_sha256 == hashlib.sha256(sent[1][1]).hexdigest()
     assert sent[3][0].prev_sha256 is None  # emitted after the seal: a segment of its own
+
+    # Before a result is published its segment is sealed at once, not SEAL_AFTER_S later.
+    publisher.payloads.clear()
+    audit.emit(ReceiptEvent.RUN_BOUND, action_id=action_id, endpoint_id="h1")
+    audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
+    await audit.seal(action_id)
+    assert [signed for _, signed in publisher.payloads] == [False, True]
+    # A receipt that ends a segment (a lease released or lost) is sent signed at once.
+    publisher.payloads.clear()
+    audit.emit(ReceiptEvent.LEASE_ACQUIRED, action_id=action_id, endpoint_id="h1")
+    audit.emit(ReceiptEvent.LEASE_LOST, action_id=action_id, endpoint_id="h1")
+    await asyncio.sleep(0.01)
+    assert [signed for _, signed in publisher.payloads] == [False, True]
 
 
 def _held_lease(action_id: str) -> HeldLease:

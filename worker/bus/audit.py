@@ -4,11 +4,14 @@ Receipts are signed in segments, because an Ed25519 signature per receipt (~22 Â
 operator Action leaves ~8 receipts) would cost the hot path ~13 % of its 1.38 ms of CPU per
 Action (`python -m tests.bench.receipt_signing`). The receipts this process sends about one
 Action within `SEAL_AFTER_S` of each other form a segment: each names the sha256 of the one
-before it (`prev_sha256`), and the segment's last receipt is held until no next one came for
-`SEAL_AFTER_S`, then sent signed. `audit` believes a receipt that a trusted worker signed or
-that a signed receipt links back to. The price: a segment's last receipt reaches the stream
-up to `SEAL_AFTER_S` later, and a process killed inside a segment loses its held receipt,
-which leaves the receipts it sent of that segment unverified (reported, never believed).
+before it (`prev_sha256`), and the segment's last receipt is held until no next one came
+for `SEAL_AFTER_S` or until the Action's result is published (`seal`), then sent signed; a
+receipt that ends a segment (`ENDS_SEGMENT`: a lease released or lost, a refusal) is sent
+signed at once, the one held before it unsigned. `audit` believes a receipt that a trusted
+worker signed or that a signed receipt links back to. The price: a receipt that ends no
+segment and precedes no result (a run bound, a cancel requested) reaches the stream up to
+`SEAL_AFTER_S` later, and a process killed within that time loses it, which leaves the
+receipts it sent of that segment unverified (reported, never believed).
 """
 
 from __future__ import annotations
@@ -37,6 +40,24 @@ log = logging.getLogger(__name__)
 SEAL_AFTER_S = 0.1
 
 
+#: Events after which this process has nothing more to say about the Action for now (its
+#: lease is gone, or it never took one): the receipt is sent signed at once, so a process
+#: killed right after a lease loss or a release leaves that receipt on the stream, verified.
+ENDS_SEGMENT = frozenset(
+    {
+        ReceiptEvent.REFUSED,
+        ReceiptEvent.DEAD_LETTERED,
+        ReceiptEvent.LEASE_LOST,
+        ReceiptEvent.LEASE_RELEASED,
+        ReceiptEvent.DUPLICATE,
+        ReceiptEvent.FENCED_OUT,
+        ReceiptEvent.REPUBLISHED,
+        ReceiptEvent.CANCEL_REFUSED,
+        ReceiptEvent.CANCEL_CONFIRMED,
+    }
+)
+
+
 @dataclass(slots=True)
 class _Held:
     """The last receipt of an open segment, encoded (its hash is the next one's link)."""
@@ -53,7 +74,8 @@ class AuditLog:
     nothing is queued or held), in the order they were emitted: a task per receipt cost more
     CPU than publishing the receipt itself. With a signer, the sender links each receipt to
     the one it holds for the same Action (sending that one unsigned) and holds the new one;
-    held receipts are sent signed once `SEAL_AFTER_S` passed (at once on `drain`). A receipt
+    held receipts are sent signed once `SEAL_AFTER_S` passed (at once on `seal` and
+    `drain`). A receipt
     that cannot be sent is logged and skipped; it never ends the sender, so it never costs
     the receipts queued behind it.
     """
@@ -100,46 +122,67 @@ class AuditLog:
             self._sender = asyncio.get_running_loop().create_task(self._send(self.publisher))
 
     async def _send(self, publisher: BusPublisher) -> None:
-        queue, held = self._queue, self._held
+        held = self._held
         loop = asyncio.get_running_loop()
         try:
-            while queue or held:
-                while queue:
-                    receipt = queue.popleft()
-                    if publisher.signer is None:  # nothing is signed, so nothing is linked
-                        await _guarded(publisher.receipt(receipt, sign=False), receipt)
-                    else:
-                        await self._link(publisher, receipt, loop.time() + SEAL_AFTER_S)
-                if not held:
-                    break
-                first = next(iter(held.values()))
-                if not self._closing and first.due > loop.time():
-                    await asyncio.sleep(first.due - loop.time())
+            while True:
+                outbox = self._take_queue(publisher, loop.time() + SEAL_AFTER_S)
                 now = loop.time()
                 while held:
                     action_id, oldest = next(iter(held.items()))
                     if not self._closing and oldest.due > now:
                         break
                     del held[action_id]
-                    await _guarded(
-                        publisher.receipt(oldest.receipt, oldest.payload, sign=True),
-                        oldest.receipt,
-                    )
+                    outbox.append((oldest.receipt, oldest.payload, True))
+                if outbox:
+                    await _send_all(publisher, outbox)
+                    continue  # more may have been queued while these went out
+                if self._queue:
+                    continue
+                if not held:
+                    break
+                await asyncio.sleep(next(iter(held.values())).due - now)
         finally:
             self._sender = None
 
-    async def _link(self, publisher: BusPublisher, receipt: Receipt, due: float) -> None:
-        """Send the receipt held for the same Action unsigned, and hold `receipt`, linked."""
-        before = self._held.pop(receipt.action_id, None)
-        if before is not None:
-            # Linked before it is sent: a receipt lost here breaks the chain visibly (audit
-            # reports the receipts before it unverified) instead of silently.
-            receipt = msgspec.structs.replace(
-                receipt, prev_sha256=hashlib.sha256(before.payload).hexdigest()
-            )
-            sending = publisher.receipt(before.receipt, before.payload, sign=False)
-            await _guarded(sending, before.receipt)
-        self._held[receipt.action_id] = _Held(receipt, encode(receipt), due)
+    def _take_queue(self, publisher: BusPublisher, due: float) -> list[_Outgoing]:
+        """Link every queued receipt to the one held for the same Action and hold it; the
+        receipts that lost their place are returned to be sent unsigned (no await here, so
+        the sender and `seal` never link the same receipt twice)."""
+        outbox: list[_Outgoing] = []
+        queue, held = self._queue, self._held
+        while queue:
+            receipt = queue.popleft()
+            if publisher.signer is None:  # nothing is signed, so nothing is linked
+                outbox.append((receipt, None, False))
+                continue
+            before = held.pop(receipt.action_id, None)
+            if before is not None:
+                # Linked before it is sent: a receipt lost then breaks the chain visibly
+                # (audit reports the receipts before it unverified) instead of silently.
+                receipt = msgspec.structs.replace(
+                    receipt, prev_sha256=hashlib.sha256(before.payload).hexdigest()
+                )
+                outbox.append((before.receipt, before.payload, False))
+            if receipt.event in ENDS_SEGMENT:
+                outbox.append((receipt, encode(receipt), True))
+            else:
+                held[receipt.action_id] = _Held(receipt, encode(receipt), due)
+        return outbox
+
+    async def seal(self, action_id: str) -> None:
+        """Send the Action's open segment now, its last receipt signed: called before the
+        Action's result is published, so whoever reads the result finds its receipts (the
+        ones emitted before it) already on the stream. Never raises."""
+        publisher = self.publisher
+        if publisher is None or publisher.signer is None:
+            return
+        due = asyncio.get_running_loop().time() + SEAL_AFTER_S
+        outbox = self._take_queue(publisher, due)
+        last = self._held.pop(action_id, None)
+        if last is not None:
+            outbox.append((last.receipt, last.payload, True))
+        await _send_all(publisher, outbox)
 
     async def drain(self, timeout_s: float = 2.0) -> None:
         """Send what is queued and held (held receipts signed at once), for up to `timeout_s`."""
@@ -147,6 +190,15 @@ class AuditLog:
         sender = self._sender
         if sender is not None:
             await asyncio.wait([sender], timeout=timeout_s)
+
+
+#: A receipt to send: the receipt, its encoded bytes (None: encode it), and whether signed.
+_Outgoing = tuple[Receipt, bytes | None, bool]
+
+
+async def _send_all(publisher: BusPublisher, outbox: list[_Outgoing]) -> None:
+    for receipt, payload, sign in outbox:
+        await _guarded(publisher.receipt(receipt, payload, sign=sign), receipt)
 
 
 async def _guarded(sending: Awaitable[None], receipt: Receipt) -> None:

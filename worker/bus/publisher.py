@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from nats.js import JetStreamContext
@@ -72,6 +72,9 @@ class BusPublisher:
         self.confirm_timeout_s = confirm_timeout_s
         #: Signs results and DLQ entries; None publishes them unsigned (development only).
         self.signer = signer
+        #: Awaited before a result is published, with its Action id: the audit log's `seal`,
+        #: so the receipts emitted before a result are on the stream when it is.
+        self.before_result: Callable[[str], Awaitable[None]] | None = None
         #: Where chunks are published with a later confirmation: the worker's own reply
         #: subscription (`worker.bus.acked_publish`, half the CPU per chunk), or nats-py's
         #: `publish_async` for a publisher that sends few (the CLI's, the tests').
@@ -145,6 +148,8 @@ class BusPublisher:
     async def result_bytes(self, endpoint_id: str, action_id: str, stored: bytes) -> PubAck:
         """Publish a result as stored, byte for byte, signed; a republish of the same bytes
         has the same Msg-Id (whichever worker signs it) and is dropped as a duplicate."""
+        if self.before_result is not None:
+            await self.before_result(action_id)
         digest = hashlib.sha256(stored).hexdigest()
         signature = self.signer.headers(stored) if self.signer is not None else None
         return await self._publish(

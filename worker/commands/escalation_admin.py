@@ -492,11 +492,12 @@ async def _say_pending(settings: Settings, escalation: Escalation) -> None:
         pending = await pending_from_binding(redis, escalation.approval)
     finally:
         await redis.aclose()
-    print(
-        f"answering what the run waits on, from its {pending['from']}: "
-        f"{msgspec.json.encode(pending.get('prompt')).decode()} ({POINTER_NOTE})",
-        file=sys.stderr,
-    )
+    if pending.get("read") == "ok":
+        print(
+            f"answering what the run waits on, from its {pending['from']}: "
+            f"{msgspec.json.encode(pending.get('prompt')).decode()} ({POINTER_NOTE})",
+            file=sys.stderr,
+        )
 
 
 async def cmd_resolve(args: argparse.Namespace) -> int:

@@ -9,8 +9,8 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
 * every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
 * every Escalation, so a reader (`escalations list | show | resolve`, the `escalations_open`
   gauge) ignores one that anyone with publish rights on the escalations subject forged;
-* every audit Receipt, so `audit` excludes a receipt another role appended to an Action's
-  chain (an Ed25519 signature per receipt, ~8 per Action: see docs/security.md for its cost).
+* audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
+  segment's last is signed), so `audit` excludes a receipt another role appended.
 
 Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
 signature per provider event): each chunk carries `prev_sha256`, the hash of the chunk
