@@ -231,9 +231,6 @@ async def test_a_forged_receipt_is_excluded_from_audit_and_reported(stack: Stack
         fence=9,
         ts_unix_ms=real[-1].ts_unix_ms + 1,
         details={"status": "completed", "note": "nothing to see"},
-        # Claiming a place in a real segment vouches for nothing: links are walked back
-        # from a signed receipt only.
-        prev_sha256=hashlib.sha256(encode(real[-1])).hexdigest(),
     )
     payload = encode(forged)
     await stack.nc.jetstream().publish(
@@ -261,6 +258,23 @@ async def test_a_forged_receipt_is_excluded_from_audit_and_reported(stack: Stack
     assert "w-forged" not in out
     assert f"excluded audit seq {seq} ({forged.receipt_id}): unverified" in err, err
     assert f"({copied.receipt_id}): unverified" in err, err
+
+    # Claiming a place in a real segment vouches for nothing: links are walked back from a
+    # signed receipt only.
+    linked = msgspec.structs.replace(
+        forged,
+        receipt_id=forged.receipt_id + ":linked",
+        prev_sha256=hashlib.sha256(encode(real[-1])).hexdigest(),
+    )
+    await stack.nc.jetstream().publish(
+        stack.subjects.audit(ENDPOINT, action_id),
+        encode(linked),
+        headers={"Nats-Msg-Id": linked.receipt_id},
+    )
+    code, out, err = await cli(stack, "audit", action_id, "--endpoint", ENDPOINT, "--json")
+    assert code == 0, err
+    assert [msgspec.json.decode(line, type=Receipt) for line in out.splitlines()] == real
+    assert f"({linked.receipt_id}): unverified" in err, err
 
 
 async def test_a_malformed_receipt_is_skipped_and_audit_still_prints_the_chain(
