@@ -5,14 +5,15 @@ Codes, categories and retry/uncertainty rules come from the connector's troubles
 runbook (`connector.hermes_agent.*`) plus the envelope and host codes it names. The table is
 data so that the wire schema, the docs and the runtime read the same facts.
 
-Every other exception is in `worker/errors.py`; these two are here because `schemas/` and
-`subjects/` sit below `worker/` and import nothing from it:
+Every other exception is in `worker/errors.py`; these two are here, under their own root,
+because `schemas/` and `subjects/` sit below `worker/` and import nothing from it:
 
     Exception
-      EnvelopeRejected     an envelope the workers dead-letter (`code` names why): not
-                           retryable, not uncertain; nothing of it ran
-    ValueError
-      InvalidEndpointId    an endpoint id outside the subject grammar: refused at start-up
+      WireError              the wire layer's root
+        EnvelopeRejected     an envelope the workers dead-letter (`code` names why): not
+                             retryable, not uncertain; nothing of it ran
+        InvalidEndpointId    an endpoint id outside the subject grammar: refused at start-up;
+                             a ValueError too
 """
 
 from __future__ import annotations
@@ -192,7 +193,11 @@ class ProtocolError(WireStruct, kw_only=True, frozen=True):
 _MAX_REASON = 300
 
 
-class EnvelopeRejected(Exception):
+class WireError(Exception):
+    """The root of the wire layer's exceptions (`schemas/`, `subjects/`)."""
+
+
+class EnvelopeRejected(WireError):
     """An envelope that cannot be accepted; `code` is the host code for the DLQ."""
 
     def __init__(self, code: ErrorCode, reason: str) -> None:
@@ -201,5 +206,5 @@ class EnvelopeRejected(Exception):
         self.reason = reason[:_MAX_REASON]
 
 
-class InvalidEndpointId(ValueError):
+class InvalidEndpointId(WireError, ValueError):
     """An endpoint id that cannot be normalized into the subject grammar."""

@@ -150,3 +150,6 @@ class CapabilityManifest(WireStruct, kw_only=True, frozen=True):
     tenant_id: str | None = None
     #: When the binding expires (Unix ms); from then on the endpoint admits nothing.
     tenant_expires_at_unix_ms: int | None = None
+    #: Bound to no tenant and shared between tenants: only then does an unbound endpoint
+    #: admit an Action carrying a tenant, and it partitions its ids per tenant.
+    shared: bool = False

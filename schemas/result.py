@@ -32,3 +32,9 @@ class ActionResult(WireStruct, kw_only=True, frozen=True):
     #: sha256 (hex) of the exact bytes of the Action's last (terminal) chunk: the result's
     #: signature (`Aip-Signer`/`Aip-Signature` headers) thereby covers the whole chunk chain.
     last_chunk_sha256: str | None = None
+    #: sha256 (hex) of the exact bytes of the Action envelope this result answers (the
+    #: message the worker decoded, then executed or refused). Under the result's signature it
+    #: binds the answer to one envelope: a genuinely signed result of another Action, or of
+    #: another envelope under the same id, copied onto this results subject, is refused by
+    #: the gateway and by `AipClient`, which know the bytes they published.
+    action_sha256: str | None = None

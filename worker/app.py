@@ -13,9 +13,8 @@ from nats.aio.client import Client as NATS
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from worker import gc_policy
-from worker.admission import Admission
 from worker.bus.acked_publish import AckedPublisher
-from worker.bus.audit import AuditLog
+from worker.bus.audit import AuditLog, provider_receipt
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
 from worker.bus.consumer import PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
@@ -41,8 +40,9 @@ from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
-from worker.pipeline.runtime import EndpointRuntime, Runtime
+from worker.pipeline.runtime import EndpointRuntime, Gate, Runtime
 from worker.pipeline.steps import ActionIntake
+from worker.serving import ServingGate, settings_blockers
 from worker.settings import Settings
 from worker.store.health import StoreHealth
 from worker.store.stores import Stores
@@ -63,7 +63,7 @@ class Worker:
         self,
         settings: Settings,
         *,
-        admission: Admission,
+        gate: Gate,
         registry: Registry,
         binding_cancel: BindingCancelHook | None = None,
         delegation: DelegatedOperation | None = None,
@@ -75,7 +75,7 @@ class Worker:
         self.settle_gc = settle_gc
         #: The delegated entry; None serves no delegations subject at all.
         self.delegation = delegation
-        self.admission = admission
+        self.gate = gate
         self.registry = registry
         self.binding_cancel = binding_cancel
         self.subjects = Subjects(settings.subject_prefix)
@@ -101,6 +101,8 @@ class Worker:
         self.escalations_open: OpenEscalationsGauge | None = None
         #: Whose signed escalations the gauge counts (`trusted_workers`).
         self._trusted_workers: TrustedGatewayKeys | None = None
+        #: What keeps this worker from serving each endpoint (worker/serving.py).
+        self.serving: ServingGate | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._stopped = asyncio.Event()
         #: Channel ingress followers (worker/channel/ingress.py); their leases are given
@@ -144,7 +146,9 @@ class Worker:
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
-        publisher = BusPublisher(js, self.subjects, signer=signer, acks=AckedPublisher(self.nc))
+        publisher = BusPublisher(
+            js, self.subjects, signer=signer, acks=AckedPublisher(self.nc), nc=self.nc
+        )
         audit = AuditLog(publisher, settings.worker_id)
         publisher.before_result = audit.seal  # a result's receipts are on the bus before it
         keeper: LeaseKeeper[Execution] = LeaseKeeper(
@@ -170,11 +174,14 @@ class Worker:
             registry=self.registry,
             endpoints={
                 e.id: EndpointRuntime(e, HermesClient(
-                    e, transport=settings.hermes_http_transport, metrics=self.metrics
+                    e,
+                    transport=settings.hermes_http_transport,
+                    metrics=self.metrics,
+                    on_exchange=provider_receipt,
                 ))
                 for e in endpoints
             },
-            admission=self.admission,
+            gate=self.gate,
             worker_id=settings.worker_id,
             metrics=self.metrics,
             errors=self.errors,
@@ -184,6 +191,18 @@ class Worker:
                 publisher, self.metrics, approval_ttl_ms=settings.hermes_operator_timeout_ms
             )
         )
+        self.serving = ServingGate(
+            settings_blockers(settings),
+            {eid: ep.hermes for eid, ep in self.rt.endpoints.items()},
+            interval_s=settings.serving_probe_interval_s,
+            serve_anyway=settings.serve_when_unready,
+            errors=self.errors,
+        )
+        self.serving.log_static()
+        self._warn_without_authority()
+        # Probed before any consumer starts: a healthy worker binds at once, one whose key
+        # Hermes refuses never takes a first Action.
+        await self.serving.probe_all()
         actions = Pipeline(self.rt, ActionIntake(self.rt))
         if self.settle_gc:
             # Wired, and nothing consumed yet. Before the first pull loop on purpose: its
@@ -200,10 +219,11 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
         self._tasks.append(loop.create_task(health.run()))
+        self._tasks.append(loop.create_task(self.serving.run()))
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, actions)
         if self.delegation is not None:
-            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.admission.verify_record)
+            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.gate.verify_strict)
             delegations = Pipeline(
                 self.rt, DelegationIntake(self.rt, self.delegation.with_stores(lifecycle))
             )
@@ -218,6 +238,7 @@ class Worker:
             consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
             redis=redis_ping_check(stores.client),
             hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
+            serving=self._serving_reasons,
         )
         self.health = await start_health_server(
             probe,
@@ -263,7 +284,7 @@ class Worker:
         self.followers = await start_followers(
             targets,
             self.rt.endpoints,
-            redis=self.rt.stores.client,
+            store=self.rt.stores.ingress,
             js=js,
             subjects=self.subjects,
             publisher=publisher,
@@ -306,9 +327,32 @@ class Worker:
             handle=_bound(handler, endpoint_id),
             gate=self.store_health,
             errors=self.errors,
+            endpoint_id=endpoint_id,
+            serving=self.serving,
         )
         self.loops.append(pull)
         self._tasks.append(asyncio.get_running_loop().create_task(pull.run()))
+
+    def _serving_reasons(self) -> tuple[bool, list[str]]:
+        gate = self.serving
+        if gate is None:
+            return False, ["not started"]
+        return all(gate.servable(eid) for eid in gate.clients), gate.reasons()
+
+    def _warn_without_authority(self) -> None:
+        """Governed capabilities without an approval authority are refused one by one
+        (connector_host.approval_authorization_unavailable): said once, at start."""
+        if self.settings.approval_authority_file is not None:
+            return
+        governed = sorted(
+            name for name, op in self.registry.operations.items() if op.spec.approval_required
+        )
+        if governed:
+            log.warning(
+                "AIPD_APPROVAL_AUTHORITY_FILE is not set: the governed capabilities (%s) "
+                "will be refused until an approval authority is configured",
+                ", ".join(governed),
+            )
 
     async def _wait_idle(self, timeout_s: float) -> bool:
         """Until no Action and no delegation executes, or `timeout_s`; True when idle."""

@@ -9,9 +9,10 @@
 
 `publish` refuses (`EnvelopeRejected`, before signing) an envelope the workers would
 dead-letter: the same strict decoding, so an id such as `act_<32 hex>\\n` never leaves the
-client. `chunks()` reads the Action's chunk subject through an ordered JetStream consumer, which
-re-creates itself after a disconnect and resumes at the next stream sequence, so the
-iterator yields every chunk once, in `seq` order, from any starting seq.
+client. `chunks()` reads the Action's chunk subject with stream message gets (no consumer:
+a publisher's role may create none, worker/bus/stream_reads.py), resuming after a disconnect at
+the next stream sequence, so the iterator yields every chunk once, in `seq` order, from any
+starting seq.
 
 Given the trusted worker keys (`trusted_worker_keys`, the file consumers point
 `AIPD_TRUSTED_WORKER_KEYS_FILE` at), the client believes only what a trusted worker signed:
@@ -38,7 +39,6 @@ import msgspec
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
@@ -58,9 +58,10 @@ from schemas.errors import ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
+from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
-from worker.trust.responses import ChunkChain, verify_receipt, verify_result
+from worker.trust.responses import ChunkChain, sha256_hex, verify_receipt, verify_result
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
@@ -82,11 +83,21 @@ class ActionHandle:
     """A published Action: follow its chunks and wait for its one result."""
 
     def __init__(
-        self, client: AipClient, endpoint_id: str, action_id: str, *, duplicate: bool = False
+        self,
+        client: AipClient,
+        endpoint_id: str,
+        action_id: str,
+        *,
+        duplicate: bool = False,
+        envelope_sha256: str | None = None,
     ) -> None:
         self.client = client
         self.endpoint_id = endpoint_id
         self.action_id = action_id
+        #: sha256 of the exact envelope bytes this client published (None for a handle made
+        #: from an id alone): the result must name it as `action_sha256`, so a genuine
+        #: signed result of another envelope under this id is not taken for this one's.
+        self.envelope_sha256 = envelope_sha256
         #: The PubAck said `duplicate`: the stream already held a message with this
         #: `Nats-Msg-Id` inside its duplicate window and did not store this one. Expected for
         #: a retry of your own publish; for an id you never published, someone else took it
@@ -102,57 +113,74 @@ class ActionHandle:
         the terminal chunk is yielded only after the signed result confirmed the chain's
         end (the result follows it at once); a break raises `UnverifiedResponse`.
         """
-        js = self.client.nc.jetstream()
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
-        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        stream = self.client.subjects.stream_name("chunks")
         chain = ChunkChain() if self.client.trusted_worker_keys is not None else None
         expected = from_seq
-        try:
+        async with SubjectFollower(self.client.nc, stream, subject) as follower:
             while True:
-                msg = await sub.next_msg(timeout=idle_timeout_s or 3600.0)
-                chunk = _chunk_decoder.decode(msg.data)
+                msg = await follower.next(idle_timeout_s or 3600.0)
+                if msg is None:
+                    raise nats.errors.TimeoutError
+                data = msg.data or b""
+                chunk = _chunk_decoder.decode(data)
+                if chunk.action_id != self.action_id:
+                    raise UnverifiedResponse(
+                        f"a chunk on the subject of {self.action_id} names {chunk.action_id}"
+                    )
                 if chunk.seq < expected:
                     continue  # a republish after a takeover, or before from_seq
                 expected = chunk.seq + 1
                 terminal = isinstance(chunk, DoneChunk | ErrorChunk)
                 if chain is not None:
-                    chain.add(msg.data)
+                    chain.add(data)
                     if terminal:
                         chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
                 yield chunk
                 if terminal:
                     return
-        finally:
-            await sub.unsubscribe()
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
         """The settled ActionResult (waits for it; returns at once if it already exists).
 
         With trusted worker keys, a result that does not verify is skipped and the wait goes
-        on; when the time is up after only such results, their refusal is raised.
+        on; when the time is up after only such results, their refusal is raised. A result
+        naming another Action, or another envelope than the one this handle published, is
+        skipped the same way (`believe`).
         """
-        js = self.client.nc.jetstream()
         subject = self.client.subjects.results(self.endpoint_id, self.action_id)
-        sub = await js.subscribe(subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+        stream = self.client.subjects.stream_name("results")
         loop = asyncio.get_running_loop()
         until = loop.time() + timeout_s
         refused: UnverifiedResponse | None = None
-        try:
+        async with SubjectFollower(self.client.nc, stream, subject) as follower:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=max(0.001, until - loop.time()))
-                except TimeoutError:
+                msg = await follower.next(until - loop.time())
+                if msg is None:
                     if refused is not None:
-                        raise refused from None
-                    raise
+                        raise refused
+                    raise nats.errors.TimeoutError
                 try:
-                    return self.client.believe_result(msg.data, msg.headers)
+                    return self.believe(msg.data or b"", msg.headers)
                 except CannotSign:
                     raise
                 except UnverifiedResponse as exc:
                     refused = exc  # not a trusted worker's: the real result may follow
-        finally:
-            await sub.unsubscribe()
+
+    def believe(self, data: bytes, headers: Mapping[str, str] | None) -> ActionResult:
+        """This Action's result in `data` (`AipClient.believe_result`), which must name this
+        handle's Action id and, when the handle published it, its envelope's hash."""
+        result = self.client.believe_result(data, headers)
+        if result.action_id != self.action_id:
+            raise UnverifiedResponse(
+                f"the result on the subject of {self.action_id} names {result.action_id}"
+            )
+        if self.envelope_sha256 is not None and result.action_sha256 != self.envelope_sha256:
+            raise UnverifiedResponse(
+                f"the result on the subject of {self.action_id} answers another envelope "
+                "than the one this client published"
+            )
+        return result
 
     async def cancel(self, *, reason: str = "", requested_by: str) -> CancelReply:
         return await self.client.cancel(
@@ -194,8 +222,20 @@ class AipClient:
         sign_key: Path | None = None,
         max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
         trusted_worker_keys: TrustedGatewayKeys | Path | None = None,
+        inbox_prefix: str = "_INBOX",
+        **connect_options: Any,
     ) -> AipClient:
-        nc = await nats.connect(servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5)
+        """Connect and own the connection. `inbox_prefix` is where replies to this client
+        arrive: under least-privilege roles the one prefix its NATS user may subscribe to
+        (`AIPD_NATS_INBOX_PREFIX`, docs/security.md "Roles"); `connect_options` go to
+        `nats.connect` (credentials: `nkeys_seed=`, `user_credentials=`, ...)."""
+        nc = await nats.connect(
+            servers,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            inbox_prefix=inbox_prefix,
+            **connect_options,
+        )
         client = cls(
             nc,
             prefix=prefix,
@@ -292,7 +332,13 @@ class AipClient:
         ack = await self.nc.jetstream().publish(
             self.subjects.actions(endpoint_id), payload, headers=headers
         )
-        return ActionHandle(self, endpoint_id, action.id, duplicate=bool(ack.duplicate))
+        return ActionHandle(
+            self,
+            endpoint_id,
+            action.id,
+            duplicate=bool(ack.duplicate),
+            envelope_sha256=sha256_hex(payload),
+        )
 
     async def submit(self, **fields: Any) -> ActionHandle:
         return await self.publish(self.build_action(**fields))
@@ -315,18 +361,32 @@ class AipClient:
         ack = await self.nc.jetstream().publish(
             self.subjects.delegations(endpoint_id), payload, headers=headers
         )
-        return ActionHandle(self, endpoint_id, action_id, duplicate=bool(ack.duplicate))
+        return ActionHandle(
+            self,
+            endpoint_id,
+            action_id,
+            duplicate=bool(ack.duplicate),
+            envelope_sha256=sha256_hex(payload),
+        )
 
     async def submit_and_wait(self, *, timeout_s: float = 60.0, **fields: Any) -> ActionResult:
         handle = await self.submit(**fields)
         return await handle.result(timeout_s=timeout_s)
 
-    def handle(self, endpoint_id: str, action_id: str) -> ActionHandle:
-        return ActionHandle(self, endpoint_id, action_id)
+    def handle(
+        self, endpoint_id: str, action_id: str, *, envelope_sha256: str | None = None
+    ) -> ActionHandle:
+        """A handle on an Action published elsewhere; with `envelope_sha256` (the sha256 of
+        the envelope bytes published) its result must answer exactly that envelope."""
+        return ActionHandle(self, endpoint_id, action_id, envelope_sha256=envelope_sha256)
 
-    async def stored_result(self, endpoint_id: str, action_id: str) -> ActionResult | None:
+    async def stored_result(
+        self, endpoint_id: str, action_id: str, *, envelope_sha256: str | None = None
+    ) -> ActionResult | None:
         """The result already on the results stream, without waiting (verified like
-        `result()`: when the last one is not a trusted worker's, the earlier ones are read)."""
+        `result()`: when the last one is not a trusted worker's or not this Action's, the
+        earlier ones are read)."""
+        handle = self.handle(endpoint_id, action_id, envelope_sha256=envelope_sha256)
         try:
             msg = await self.nc.jetstream().get_last_msg(
                 self.subjects.stream_name("results"),
@@ -335,11 +395,11 @@ class AipClient:
         except NotFoundError:
             return None
         try:
-            return self.believe_result(msg.data or b"", msg.headers)
+            return handle.believe(msg.data or b"", msg.headers)
         except CannotSign:
             raise
         except UnverifiedResponse:
-            return await self.handle(endpoint_id, action_id).result(timeout_s=2.0)
+            return await handle.result(timeout_s=2.0)
 
     async def cancel(
         self, endpoint_id: str, action_id: str, *, reason: str = "", requested_by: str
@@ -455,26 +515,13 @@ class AipClient:
         self, endpoint_id: str, action_id: str
     ) -> list[tuple[int, bytes, Mapping[str, str] | None]]:
         """`(audit-stream sequence, data, headers)` of every message on the Action's audit
-        subject, read at one instant."""
-        js = self.nc.jetstream()
-        sub = await js.subscribe(
+        subject (message gets only: worker/bus/stream_reads.py)."""
+        stored = await drain(
+            self.nc.jetstream(),
+            self.subjects.stream_name("audit"),
             self.subjects.audit(endpoint_id, action_id),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
         )
-        found: list[tuple[int, bytes, Mapping[str, str] | None]] = []
-        try:
-            # Messages already pushed to us count as delivered, not pending: the chain is
-            # both, read at one instant from the consumer's own bookkeeping.
-            info = await sub.consumer_info()
-            delivered = info.delivered.consumer_seq if info.delivered else 0
-            total = (delivered or 0) + (info.num_pending or 0)
-            while len(found) < total:
-                msg = await sub.next_msg(timeout=5.0)
-                found.append((msg.metadata.sequence.stream, msg.data, msg.headers))
-        finally:
-            await sub.unsubscribe()
-        return found
+        return [(msg.seq or 0, msg.data or b"", msg.headers) for msg in stored]
 
     async def session_messages(
         self,
@@ -487,26 +534,18 @@ class AipClient:
         """The followed session's messages (channel ingress) with an id past
         `after_message_id`, once each and in id order, until none arrives for
         `idle_timeout_s` (then it returns)."""
-        js = self.nc.jetstream()
-        sub = await js.subscribe(
-            self.subjects.inbound(endpoint_id, session_id),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
-        )
+        subject = self.subjects.inbound(endpoint_id, session_id)
         last = after_message_id
-        try:
+        async with SubjectFollower(self.nc, self.subjects.stream_name("inbound"), subject) as f:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=idle_timeout_s)
-                except nats.errors.TimeoutError:
+                msg = await f.next(idle_timeout_s)
+                if msg is None:
                     return
-                message = _channel_message_decoder.decode(msg.data)
+                message = _channel_message_decoder.decode(msg.data or b"")
                 if message.message_id <= last:
                     continue
                 last = message.message_id
                 yield message
-        finally:
-            await sub.unsubscribe()
 
     async def manifest(self, endpoint_id: str) -> dict[str, Any]:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)

@@ -72,6 +72,7 @@ def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
         capabilities=registry.manifest(endpoint.id),
         tenant_id=descriptor.tenant_id,
         tenant_expires_at_unix_ms=descriptor.tenant_expires_at_unix_ms,
+        shared=descriptor.shared,
     )
 
 
@@ -142,7 +143,7 @@ class ControlPlane:
         except EnvelopeRejected as exc:
             return _refused(None, exc.code, exc.reason, endpoint_id)
         try:
-            rt.admission.verify_signature(data, headers)
+            rt.gate.verify_signature(data, headers)
         except ConnectorError as exc:
             return _refused(request.action_id, exc.code, exc.message, endpoint_id)
         intent = msgspec.json.encode(
@@ -214,7 +215,7 @@ class ControlPlane:
         rt = self.rt
         subject = await rt.stores.leases.cancel_subject(keys)
         for _ in range(2):
-            await rt.admission.authorize_cancel(
+            await rt.gate.authorize_cancel(
                 requested_by=requested_by, subject=subject, stores=rt.stores
             )
             answer = await rt.stores.leases.request_cancel(

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.errors import InvalidEndpointId
 from subjects.grammar import normalize_endpoint_id
@@ -35,6 +35,10 @@ class EndpointDescriptor(BaseModel):
     tenant_id: str | None = None
     #: When the tenant binding stops being valid (Unix ms); after it, everything is refused.
     tenant_expires_at_unix_ms: int | None = None
+    #: An endpoint bound to no tenant that several tenants share: only then is an Action
+    #: carrying a tenant admitted there, and its ids are partitioned per tenant
+    #: (`worker.operations.partition`). Refused together with `tenant_id`.
+    shared: bool = False
     connect_timeout_ms: Annotated[int, Field(ge=100, le=120_000)] = 5_000
     #: Above Hermes' 30 s SSE keepalive, so a quiet but healthy stream is not cut.
     read_timeout_ms: Annotated[int, Field(ge=1_000, le=600_000)] = 45_000
@@ -63,6 +67,12 @@ class EndpointDescriptor(BaseModel):
         if parts.query or parts.fragment:
             raise ValueError("endpoint url must not have a query or fragment")
         return value.rstrip("/")
+
+    @model_validator(mode="after")
+    def _shared_or_bound(self) -> EndpointDescriptor:
+        if self.shared and self.tenant_id is not None:
+            raise ValueError("an endpoint is either bound to a tenant or shared, not both")
+        return self
 
 
 class Endpoint(BaseModel):
@@ -97,7 +107,33 @@ def endpoint_descriptors(settings: Settings) -> list[EndpointDescriptor]:
         if descriptor.id in seen:
             raise ValueError(f"endpoint id {descriptor.id!r} is configured twice")
         seen.add(descriptor.id)
-    return found
+    return _with_shared(found, settings.hermes_shared_endpoints)
+
+
+def _with_shared(found: list[EndpointDescriptor], listed: str) -> list[EndpointDescriptor]:
+    """`AIPD_HERMES_SHARED_ENDPOINTS` applied: each id named must be configured (a typo
+    would silently leave an endpoint refusing every tenant, or worse, look shared when it
+    is not) and bound to no tenant."""
+    shared: set[str] = set()
+    for raw in split_list(listed):
+        try:
+            shared.add(normalize_endpoint_id(raw))
+        except InvalidEndpointId as exc:
+            raise ValueError(f"AIPD_HERMES_SHARED_ENDPOINTS: {exc}") from None
+    unknown = shared - {d.id for d in found}
+    if unknown:
+        raise ValueError(
+            f"AIPD_HERMES_SHARED_ENDPOINTS names {', '.join(sorted(unknown))}, "
+            "which is not configured"
+        )
+    out = []
+    for descriptor in found:
+        if descriptor.id in shared and not descriptor.shared:
+            data = descriptor.model_dump()
+            data["shared"] = True
+            descriptor = EndpointDescriptor.model_validate(data)
+        out.append(descriptor)
+    return out
 
 
 def endpoint_key_files(settings: Settings) -> dict[str, Path]:

@@ -1,4 +1,4 @@
-"""Every exception of the worker on one page, and the one mapping from HTTP/transport outcomes.
+"""Every exception of the runtime and of the programs shipped with it, one root per program.
 
 An Action's failure is a `ConnectorError` carrying its `connector.hermes_agent.*` or
 `connector_host.*` code. When it leaves (in an ActionResult, a CancelReply or the DLQ) it
@@ -12,53 +12,64 @@ Each line says what a caller may do next. R: retryable (the same work, repeated 
 succeed); U: uncertain (something may have happened although this was raised).
 
     Exception
-      ConnectorError            R and U from the code's rule and read-only, unless given
-        IllegalTransition       `error`: a connector bug. Not R, not U
-        PolicyError             `operator_policy`: not R, not U; at start-up, exit 2
-      Refusal                   a trusted envelope that may not run: one failed result with
-                                its ConnectorError's code (R and U from that code)
-      Rejected                  an envelope not trusted or not readable: dead-lettered once,
-                                never answered on an Action's subjects; not R, not U
-      LeaseLost                 the lease may belong to another worker now: stop at once;
-                                nothing is settled, published or acked (the next owner takes
-                                over: R by redelivery; U: what was sent before may have run)
-      StoreUnavailable          Redis gave no answer in the budget: R (nak). U: a script may
-                                have run; the repeat with the same owner answers what it did
-        StoreNotAccepting       no new lease asked for (gate closed, maxmemory): R, not U
-      SlotMoved                 a confirmed write's slot moved before its WAIT: R (repeated
-                                at once), U until the repeat answers
-      PublishFailed             JetStream did not confirm: R (nak). U: it may have landed;
-                                the repeat's `Nats-Msg-Id` is dropped by the duplicate window
-        StreamFull              the DLQ refuses new entries: not R, not U; counted, not kept
-      RuntimeRecordsUnreadable  the runtime's records could not be read: R (next poll), not U
-      SSEError                  the SSE decoder stopped; becomes a ConnectorError:
-        SSEDecodeError            `transport` (R if read-only, U if unsafe)
-        SSELimitReached           `stream_truncated` (not R, U if unsafe)
-        SSEIdle                   `stream_incomplete` (not R, U if unsafe)
-      EventStreamUnavailable    a run's event stream did not open: the operator polls instead
-      NotAuthorized             no membership covers it: a refusal or an authorization
-                                conflict (not R, not U)
-      ApprovalRefused           `approve` wrote nothing: not R as asked, not U; exit 1
-      ResolutionRefused         an escalation cannot be resolved so: not R, not U; exit 1
-      UnverifiedResponse        `response_signing` (consumer side): not R, not U; read the
-                                durable state instead; CLI exit 4
-        CannotSign              the worker had no signing key (same facts)
-      SettingsError             a setting refused at start-up: exit 2, nothing started
-      ServiceUnreachable        NATS or Redis did not answer a command: exit 3, R later
-      ChannelMessageRefused     a channel message not published: dead-lettered once, skipped
-      QueueEntryExists          another writer created the child's entry first: read theirs
-      QualifyFailed             a qualification item failed: the verdict, nothing to retry
-      QualifySkipped            a qualification item cannot run here: the verdict
-      QualifyNotConfigured      a setting the item needs is missing: it skips
-    ValueError                  refused at start-up (exit 2), nothing started; not R, not U:
-      TrustConfigError          a trust file
-      SecretFileError           a secret file
-      ChannelConfigError        the channel file
-      RouteConfigError          the gateway's capability routes
-      ResponseSigningConfigError  the worker's signing key
-    RuntimeError
-      McpHttpRefused            an MCP server refused the session before any tool ran: not U
-      FaultRaised               a test's fault point: `connector_host.execution` (U if unsafe)
+      WorkerError                 the runtime's root
+        ConnectorError            R and U from the code's rule and read-only, unless given
+          IllegalTransition       `error`: a connector bug. Not R, not U
+          PolicyError             `operator_policy`: not R, not U; at start-up, exit 2
+        Refusal                   a trusted envelope that may not run: one failed result
+                                  with its ConnectorError's code (R and U from that code)
+        Rejected                  an envelope not trusted or not readable: dead-lettered
+                                  once, never answered on an Action's subjects; not R, not U
+        LeaseLost                 the lease may belong to another worker now: stop at once;
+                                  nothing is settled, published or acked (the next owner
+                                  takes over: R by redelivery; U: what was sent may have run)
+        StoreUnavailable          Redis gave no answer in the budget: R (nak). U: a script
+                                  may have run; the repeat with the same owner answers it
+          StoreNotAccepting       no new lease asked for (gate closed, maxmemory): R, not U
+        SlotMoved                 a confirmed write's slot moved before its WAIT: R
+                                  (repeated at once), U until the repeat answers
+        PublishFailed             JetStream did not confirm: R (nak). U: it may have landed;
+                                  the repeat's `Nats-Msg-Id` is dropped by the dedupe window
+          StreamFull              the DLQ refuses new entries: not R, not U; counted
+        RuntimeRecordsUnreadable  the runtime's records could not be read: R (next poll)
+        SSEError                  the SSE decoder stopped; becomes a ConnectorError:
+          SSEDecodeError          `transport` (R if read-only, U if unsafe)
+          SSELimitReached         `stream_truncated` (not R, U if unsafe)
+          SSEIdle                 `stream_incomplete` (not R, U if unsafe)
+        EventStreamUnavailable    a run's event stream did not open: the operator polls
+        NotAuthorized             no membership covers it: a refusal or an authorization
+                                  conflict (not R, not U)
+        ApprovalRefused           `approve` wrote nothing: not R as asked, not U; exit 1
+        ResolutionRefused         an escalation cannot be resolved so: not R, not U; exit 1
+        SettingsError             a setting refused at start-up: exit 2, nothing started
+        ServiceUnreachable        NATS or Redis did not answer a command: exit 3, R later
+        ChannelMessageRefused     a channel message not published: dead-lettered once
+        QueueEntryExists          another writer created the child's entry first: read it
+        FaultRaised               a test's fault point: `connector_host.execution` (U if
+                                  unsafe); a RuntimeError too
+        ConfigRefused             refused at start-up (exit 2), nothing started; not R, not
+                                  U; a ValueError too:
+          TrustConfigError        a trust file
+          SecretFileError         a secret file
+          ChannelConfigError      the channel file
+          ResponseSigningConfigError  the worker's signing key
+      ClientError                 the client's root (`worker/client.py`, the bus commands)
+        UnverifiedResponse        `response_signing` (consumer side): not R, not U; read the
+                                  durable state instead; CLI exit 4
+          CannotSign              the worker had no signing key (same facts)
+      GatewayError                the gateway's root (`worker/gateway/`)
+        RouteConfigError          the capability routes: exit 2; a ValueError too
+        ActionIdTaken             a child's first dispatch was a `duplicate`: another
+                                  envelope holds the id; refused like an unknown id, not U
+        McpHttpRefused            an MCP server refused the session before any tool ran:
+                                  not U; a RuntimeError too
+      QualifyError                the qualification's root (`worker/qualify/`)
+        QualifyFailed             a qualification item failed: the verdict, no retry
+        QualifySkipped            a qualification item cannot run here: the verdict
+        QualifyNotConfigured      a setting the item needs is missing: it skips
+
+The demo's exceptions are under `DemoError` (`worker/demo/`), the test harness's under
+`HarnessError` (`worker/testing/_errors.py`), each in its own package.
 
 `schemas/` sits below `worker/` and imports nothing from it, so the two exceptions of the
 wire layer live in `schemas/errors.py` beside the code table: `EnvelopeRejected` (a
@@ -71,10 +82,35 @@ from schemas.errors import CODE_RULES, ErrorCode, ProtocolError
 
 _MAX_MESSAGE = 512
 
+# --- one root per program --------------------------------------------------------------------
+
+
+class WorkerError(Exception):
+    """The root of the runtime's exceptions (the worker process and its commands)."""
+
+
+class ConfigRefused(WorkerError, ValueError):
+    """A file or value the worker refuses at start-up (exit 2, nothing started); a
+    ValueError too, as every start-up refusal of a bad value is."""
+
+
+class ClientError(Exception):
+    """The root of the client's exceptions (`worker.client.AipClient`, the CLI's bus
+    commands): what a consumer of results and chunks may meet."""
+
+
+class GatewayError(Exception):
+    """The root of the AIP gateway's exceptions (`worker.gateway`)."""
+
+
+class QualifyError(Exception):
+    """The root of the qualification's verdicts (`worker.qualify`)."""
+
+
 # --- an Action's failure -------------------------------------------------------------------
 
 
-class ConnectorError(Exception):
+class ConnectorError(WorkerError):
     """A typed failure of one Action; `code` decides category, retry and uncertainty."""
 
     def __init__(
@@ -132,7 +168,7 @@ class PolicyError(ConnectorError):
 # --- how a delivery ends early (worker/pipeline/) -------------------------------------------
 
 
-class Refusal(Exception):
+class Refusal(WorkerError):
     """A trusted envelope that may not run: settled once as a failed result (`refuse`)."""
 
     def __init__(self, error: ConnectorError, *, read_only: bool) -> None:
@@ -141,7 +177,7 @@ class Refusal(Exception):
         self.read_only = read_only
 
 
-class Rejected(Exception):
+class Rejected(WorkerError):
     """An envelope that is not trusted or not readable: dead-lettered, then `term()`.
 
     `action_id` is given only for an authenticated envelope (its receipt joins that
@@ -164,7 +200,7 @@ class Rejected(Exception):
         self.claimed_action_id = claimed_action_id
 
 
-class LeaseLost(Exception):
+class LeaseLost(WorkerError):
     """This worker no longer owns the Action: stop at once, settle nothing, ack nothing.
 
     The one form a lost lease takes, whoever finds it (worker/execution/leases.py)."""
@@ -173,7 +209,7 @@ class LeaseLost(Exception):
 # --- what an Action depends on: Redis, JetStream, the AIP runtime's records -----------------
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(WorkerError):
     """Redis did not answer within the caller's budget; nothing may be decided from it."""
 
 
@@ -184,12 +220,12 @@ class StoreNotAccepting(StoreUnavailable):
     """
 
 
-class SlotMoved(Exception):
+class SlotMoved(WorkerError):
     """A confirmed write's Redis Cluster slot moved between the write and its WAIT; the
     operator store repeats both."""
 
 
-class PublishFailed(Exception):
+class PublishFailed(WorkerError):
     """JetStream did not confirm a publish within the budget."""
 
 
@@ -197,7 +233,7 @@ class StreamFull(PublishFailed):
     """The stream is at its byte or message limit (or the server's store is full)."""
 
 
-class RuntimeRecordsUnreadable(Exception):
+class RuntimeRecordsUnreadable(WorkerError):
     """The AIP runtime's queue or lifecycle record could not be read (NATS reconnecting, a
     timeout): try again, decide nothing."""
 
@@ -205,7 +241,7 @@ class RuntimeRecordsUnreadable(Exception):
 # --- Hermes ---------------------------------------------------------------------------------
 
 
-class SSEError(Exception):
+class SSEError(WorkerError):
     """Base of the SSE decoder's failures; messages never quote stream content."""
 
 
@@ -221,26 +257,26 @@ class SSEIdle(SSEError):
     """The stream kept sending bytes (blank lines, comments) but no event, past a bound."""
 
 
-class EventStreamUnavailable(Exception):
+class EventStreamUnavailable(WorkerError):
     """A run's event stream could not be opened (404, other status, transport): poll instead."""
 
 
 # --- trust and the operator's commands ------------------------------------------------------
 
 
-class NotAuthorized(Exception):
+class NotAuthorized(WorkerError):
     """The principal holds no live membership covering this tenant and capability."""
 
 
-class ApprovalRefused(Exception):
+class ApprovalRefused(WorkerError):
     """`approve` could not record the decision; the message tells the operator why."""
 
 
-class ResolutionRefused(Exception):
+class ResolutionRefused(WorkerError):
     """The escalation cannot be resolved this way; the message says why."""
 
 
-class UnverifiedResponse(Exception):
+class UnverifiedResponse(ClientError):
     """A result, chunk chain, DLQ entry, escalation or receipt that does not verify against
     the trusted worker keys.
 
@@ -261,46 +297,51 @@ class CannotSign(UnverifiedResponse):
 # --- start-up and the command line ----------------------------------------------------------
 
 
-class SettingsError(Exception):
+class SettingsError(WorkerError):
     """A configuration value was refused; the message names the field(s)."""
 
 
-class ServiceUnreachable(Exception):
+class ServiceUnreachable(WorkerError):
     """A service did not answer a command; the message names the URL and the setting."""
 
 
-class TrustConfigError(ValueError):
+class TrustConfigError(ConfigRefused):
     """A trust file that is missing, unsafe or invalid; the message names file and entry."""
 
 
-class SecretFileError(ValueError):
+class SecretFileError(ConfigRefused):
     """A secret file that is missing, unsafe, empty or too large (the message names why)."""
 
 
-class ChannelConfigError(ValueError):
+class ChannelConfigError(ConfigRefused):
     """The channel file is refused; the message names the file and the rule."""
 
 
-class RouteConfigError(ValueError):
+class RouteConfigError(GatewayError, ValueError):
     """A capability route table that cannot be used; the message names the entry."""
 
 
-class ResponseSigningConfigError(ValueError):
+class ResponseSigningConfigError(ConfigRefused):
     """The worker signing key cannot be used: the worker refuses to start."""
 
 
 # --- channels and the gateway ---------------------------------------------------------------
 
 
-class ChannelMessageRefused(Exception):
+class ChannelMessageRefused(WorkerError):
     """A session message the channel follower does not publish (dead-lettered, counted)."""
 
 
-class QueueEntryExists(Exception):
+class QueueEntryExists(WorkerError):
     """The child's queue entry was created by someone else first."""
 
 
-class McpHttpRefused(RuntimeError):
+class ActionIdTaken(GatewayError):
+    """The child's first dispatch was acknowledged `duplicate`: another publisher's envelope
+    holds the id on the actions stream, so nothing that runs under it is this child."""
+
+
+class McpHttpRefused(GatewayError, RuntimeError):
     """The MCP server refused the session (HTTP status) before any tool ran."""
 
     def __init__(self, status: int) -> None:
@@ -311,23 +352,23 @@ class McpHttpRefused(RuntimeError):
 # --- tests and qualification ----------------------------------------------------------------
 
 
-class FaultRaised(RuntimeError):
+class FaultRaised(WorkerError, RuntimeError):
     """What a fault point's `raise` action raises: an exception no code path expected."""
 
 
-class QualifyFailed(Exception):
+class QualifyFailed(QualifyError):
     """The deployment did something the spec does not allow; the message says what."""
 
 
-class QualifySkipped(Exception):
+class QualifySkipped(QualifyError):
     """The qualification item cannot run against this deployment; the message says why."""
 
 
-class QualifyNotConfigured(Exception):
+class QualifyNotConfigured(QualifyError):
     """A setting this qualification step needs is missing; the item skips with this message."""
 
 
-# --- the mapping from HTTP and transport outcomes -------------------------------------------
+# --- shorthands -----------------------------------------------------------------------------
 
 
 def protocol_error(
@@ -342,48 +383,6 @@ def protocol_error(
     return ConnectorError(code, message, remote_status=remote_status).to_protocol(
         endpoint_id=endpoint_id, read_only=read_only
     )
-
-
-#: The `error.code`s of a Hermes 503 that is refused before any work began: a draining
-#: gateway answers every agent route with it (shared/reference/hermes-0.19-more.md).
-NOT_STARTED_503_CODES = frozenset({"gateway_draining"})
-
-
-def refused_before_start(status: int, error_code: str | None = None) -> bool:
-    """Whether Hermes documents this refusal as made before it started anything: its
-    concurrent-run cap (429, checked before a run or turn is created) and a draining
-    gateway (503 `gateway_draining`). Repeating such a call cannot duplicate an effect."""
-    return status == 429 or (status == 503 and error_code in NOT_STARTED_503_CODES)
-
-
-def from_http_status(status: int, what: str, *, error_code: str | None = None) -> ConnectorError:
-    """The troubleshooting table: 401/403 auth, 429/5xx temporary, any other non-2xx rejected.
-
-    `what` is the method and route template (`POST /v1/runs`), never a concrete URL with ids
-    that could carry input, and never the response body. `error_code` is the body's
-    `error.code` only, read to recognise a refusal made before anything started: that one is
-    certain and retryable even on an unsafe call (a 5xx in general stays uncertain there).
-    """
-    if refused_before_start(status, error_code):
-        return ConnectorError(
-            ErrorCode.REMOTE_TEMPORARY,
-            f"{what} answered HTTP {status}: refused before anything was started",
-            remote_status=status,
-            retryable=True,
-            uncertain_outcome=False,
-        )
-    if status in (401, 403):
-        code = ErrorCode.AUTHENTICATION
-    elif 500 <= status <= 599:
-        code = ErrorCode.REMOTE_TEMPORARY
-    else:
-        code = ErrorCode.REMOTE_REJECTED
-    return ConnectorError(code, f"{what} answered HTTP {status}", remote_status=status)
-
-
-def from_transport(exc: BaseException, what: str) -> ConnectorError:
-    """Request, body or SSE decode failure: the exception's class name only, no details."""
-    return ConnectorError(ErrorCode.TRANSPORT, f"{what} failed: {type(exc).__name__}")
 
 
 def deadline_exceeded(what: str) -> ConnectorError:

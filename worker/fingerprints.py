@@ -6,7 +6,7 @@ because each answers a different question:
 
 | fingerprint | hashes | a mismatch means |
 |---|---|---|
-| `approval_fingerprint` | capability, input | the approval decision was made for another request |
+| `approval_fingerprint` | capability, input, principal id, credential revision | the approval decision was made for another request, or for another principal (or before its credential was rotated) |
 | `idempotency_fingerprint` | capability, input, delegation | the Action id was reused for another request: an idempotency collision |
 | `operator_fingerprint` | endpoint id, input, delegation | the operator Action's id was reused with one of the three changed (spec "Fence provider start"): a collision |
 
@@ -37,8 +37,17 @@ def canonical_request(capability: str, request_input: dict[str, Any]) -> bytes:
 
 
 def approval_fingerprint(action: Action) -> str:
-    """The `input_fingerprint` of an approval record: {capability, input}."""
-    return hashlib.sha256(canonical_request(action.capability, action.input)).hexdigest()
+    """The `input_fingerprint` of an approval record: {capability, input} and whose request
+    it is ({principal id, credential revision}). An approval is consumed by the principal it
+    was given to: an Action of another principal under the approved id (or of the same one
+    after its credential was rotated) does not match, so it cannot run on it."""
+    material = {
+        "capability": action.capability,
+        "input": action.input,
+        "principal_id": action.identity.principal_id,
+        "credential_revision": action.identity.credential_revision,
+    }
+    return hashlib.sha256(canonical_json(material)).hexdigest()
 
 
 def idempotency_fingerprint(action: Action) -> str:

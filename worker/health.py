@@ -2,12 +2,14 @@
 
 `/health` answers 200 while the process serves HTTP at all: an orchestrator restarts the
 container when it stops. `/ready` answers 200 only when this worker can do useful work
-now: NATS connected, Redis answering PING within a second, every pull consumer bound, and
+now: NATS connected, Redis answering PING within a second, every pull consumer bound,
 every endpoint's Hermes answering the protected `GET /v1/models` (which proves the URL
-*and* the API key). Anything else is 503 with the same JSON body, whose per-check booleans
-say what is wrong. A load balancer or compose health check takes the worker out of rotation
-on 503; nothing here ever stops the worker, because every dependency is retried by the
-runtime itself and readiness returns as soon as they are back.
+*and* the API key), and nothing missing that serving needs (`worker/serving.py`). Anything
+else is 503 with the same JSON body, whose per-check booleans say what is wrong and whose
+`reasons` say, one line per missing piece, which setting to fix. A load balancer or
+compose health check takes the worker out of rotation on 503; nothing here ever stops the
+worker, because every dependency is retried by the runtime itself and readiness returns as
+soon as they are back.
 
 The server knows the runtime only through `ReadinessProbe`, so it can be tested with any
 object that answers those questions, and the runtime's internals stay free to change.
@@ -27,7 +29,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from worker.hermes.http_client import HermesClient
+from worker.hermes.http_client import PROBE_HEADER, HermesClient
 from worker.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -62,6 +64,11 @@ class ReadinessProbe(Protocol):
         """Endpoint id -> a check that reads the protected models route."""
         ...
 
+    def serving_reasons(self) -> tuple[bool, list[str]]:
+        """Whether every endpoint may be served, and every reason one cannot (each naming
+        the setting to fix; `worker/serving.py`)."""
+        ...
+
 
 @dataclass(slots=True)
 class CallbackProbe:
@@ -71,6 +78,7 @@ class CallbackProbe:
     consumers: Callable[[], Mapping[str, bool]]
     redis: AsyncCheck
     hermes: Mapping[str, AsyncCheck] = field(default_factory=dict)
+    serving: Callable[[], tuple[bool, list[str]]] = lambda: (True, [])
 
     def nats_connected(self) -> bool:
         return self.nats()
@@ -84,12 +92,18 @@ class CallbackProbe:
     def hermes_checks(self) -> Mapping[str, AsyncCheck]:
         return self.hermes
 
+    def serving_reasons(self) -> tuple[bool, list[str]]:
+        return self.serving()
+
 
 def hermes_models_check(client: HermesClient, *, timeout_s: float = HERMES_TIMEOUT_S) -> AsyncCheck:
     """A check that sends the protected `GET /v1/models`: reachable *and* the key accepted."""
 
     async def check() -> bool:
-        await client.request_json("GET", "/v1/models", protected=True, total_timeout_s=timeout_s)
+        await client.request_json(
+            "GET", "/v1/models", protected=True, total_timeout_s=timeout_s,
+            headers={PROBE_HEADER: "ready"},
+        )
         return True
 
     return check
@@ -137,11 +151,13 @@ class Readiness:
             *(self._hermes_ok(endpoint, check) for endpoint, check in checks_hermes.items()),
         )
         hermes = dict(zip(checks_hermes, hermes_ok, strict=True))
+        servable, reasons = self.probe.serving_reasons()
         checks = {
             "nats_connected": self.probe.nats_connected(),
             "redis": redis_ok,
             "consumers_bound": bool(consumers) and all(consumers.values()),
             "hermes": bool(hermes) and all(hermes.values()),
+            "serving": servable,
         }
         if self.metrics is not None:
             for name, ok in checks.items():
@@ -149,6 +165,7 @@ class Readiness:
         return {
             "ready": all(checks.values()),
             "checks": checks,
+            "reasons": reasons,
             "consumers": consumers,
             "hermes": hermes,
         }

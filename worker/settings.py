@@ -7,6 +7,7 @@ are never settings values except the compatibility `AIPD_HERMES_API_KEY`, which 
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Annotated, Literal
@@ -18,6 +19,20 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 def split_list(value: str) -> list[str]:
     """A comma-separated setting as its non-blank items."""
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+_INBOX_PREFIX = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+
+
+def inbox_prefix(value: str) -> str:
+    """A reply-inbox prefix: dot-separated tokens without wildcards (nats-py appends
+    `.<nuid>`), so a subscribe permission `<prefix>.>` covers exactly its inboxes."""
+    if not _INBOX_PREFIX.fullmatch(value) or len(value) > 128:
+        raise ValueError(
+            "an inbox prefix is 1-128 characters of dot-separated tokens of letters, "
+            "digits, '_' and '-' (no wildcard, no leading or trailing dot)"
+        )
+    return value
 
 
 class Settings(BaseSettings):
@@ -50,12 +65,24 @@ class Settings(BaseSettings):
     """Client certificate for NATS mutual TLS."""
     nats_tls_key_file: Path | None = None
     """Client key for NATS mutual TLS."""
+    nats_inbox_prefix: str = "_INBOX"
+    """Subject prefix of this process's reply inboxes (request replies, pull deliveries).
+    Under least-privilege NATS roles each role has its own and may subscribe only there
+    (compose: `_INBOX_worker_hermes-1`, `_INBOX_gateway`, `_INBOX_admin`), so no other
+    role can read a delivery meant for it (docs/security.md, "Roles")."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis URL (`redis://`, `rediss://` for TLS, `unix://`); a user name may be in the URL."""
     redis_cluster: bool = False
     """Use the Redis Cluster client (every script touches one `{act_…}` slot)."""
     redis_password_file: Path | None = None
     """Owner-only file holding the Redis password (ACL user)."""
+    approver_redis_url: str | None = None
+    """Redis URL `approve` and `escalations resolve` write decisions with: the approver ACL
+    user (compose: `redis://aipapprover@redis:6379/0`), since the worker's user may only
+    read approvals. Unset: `redis_url` with `redis_password_file`."""
+    approver_redis_password_file: Path | None = None
+    """Owner-only file holding the approver user's Redis password (with
+    `approver_redis_url`)."""
     redis_wait_replicas: Annotated[int, Field(ge=0, le=5)] = 0
     """Replicas that must acknowledge the operator's start claim before `POST /v1/runs`
     (WAIT; WAITAOF from Redis 7.2); 0: off. Set 1 when masters have failover replicas."""
@@ -74,7 +101,13 @@ class Settings(BaseSettings):
     hermes_endpoints: str = ""
     """Hermes endpoints as `id=url[,id=url…]`, e.g. `hermes-1=http://hermes-1:8642`."""
     hermes_endpoints_file: Path | None = None
-    """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, timeouts)."""
+    """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, shared,
+    timeouts)."""
+    hermes_shared_endpoints: str = ""
+    """Endpoints bound to no tenant that serve several tenants, as `id[,id…]` (or `shared:
+    true` in the endpoints file). Only these admit an Action carrying a tenant without a
+    `tenant_id` binding, and they partition session, job, run and response ids per tenant
+    (docs/security.md "Shared endpoints")."""
     hermes_api_key_files: str = ""
     """Per-endpoint owner-only key files as `id=path[,id=path…]`, e.g.
     `hermes-1=/run/secrets/h1_key,hermes-2=/run/secrets/h2_key` (or `api_key_file` in the
@@ -164,6 +197,13 @@ class Settings(BaseSettings):
     one per line (the `escalations` commands, the `escalations_open` gauge; `audit` reads it
     too). Unset: a worker trusts its own key only, and `escalations` refuses to run unless
     unsigned responses are allowed."""
+    serve_when_unready: bool = False
+    """Bind the work consumers even when something serving needs is missing (a trust file,
+    a Hermes accepting the key): the Actions are then refused one by one. Development only;
+    by default such a worker stays unready (`/ready` 503 with the reasons) and takes nothing."""
+    serving_probe_interval_s: Annotated[float, Field(ge=1, le=3_600)] = 15.0
+    """How often each endpoint's Hermes key is probed (`GET /v1/models`): a worker whose key is
+    refused stops taking that endpoint's work, and takes it again once the key is accepted."""
 
     # Runtime.
     worker_id: str = Field(default_factory=lambda: f"{socket.gethostname()}-{os.getpid()}")
@@ -248,10 +288,15 @@ class Settings(BaseSettings):
                 raise ValueError(f"{url!r} is not a nats:// or tls:// url")
         return value
 
-    @field_validator("redis_url")
+    @field_validator("nats_inbox_prefix")
     @classmethod
-    def _redis_url(cls, value: str) -> str:
-        if not value.startswith(("redis://", "rediss://", "unix://")):
+    def _inbox_prefix(cls, value: str) -> str:
+        return inbox_prefix(value)
+
+    @field_validator("redis_url", "approver_redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("redis://", "rediss://", "unix://")):
             raise ValueError("must be a redis://, rediss:// or unix:// url")
         return value
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from worker.admission import Admission
 from worker.control import BindingCancelHook
 from worker.operations.base import Registry
 from worker.operations.registry import default_registry
+from worker.pipeline.runtime import Gate
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -41,10 +41,12 @@ def build_delegation(settings: Settings) -> DelegatedOperation:
     return DelegatedOperation(HermesOperatorPolicy.from_settings(settings), stores=None)
 
 
-def build_admission(settings: Settings) -> Admission:
-    from worker.trust.runtime_admission import GateAdmission
+def build_gate(settings: Settings) -> Gate:
+    """The trust checks the runtime makes (`worker.pipeline.runtime.Gate`): the trust gate
+    itself, with no layer between them."""
+    from worker.trust.gate import TrustGate
 
-    return GateAdmission.from_settings(settings)
+    return TrustGate.from_settings(settings)
 
 
 def binding_cancel_hook() -> BindingCancelHook | None:

@@ -23,8 +23,10 @@ from redis.exceptions import RedisClusterException, ResponseError
 from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
 from schemas.ids import new_action_id
+from worker.store.approvals import read_record
 from worker.store.connection import WriteConfirmation, open_redis
-from worker.store.keys import ActionKeys, approvals_key, capacity_key
+from worker.store.ingress_store import IngressStore
+from worker.store.keys import ActionKeys, IngressKeys, approvals_key, capacity_key
 from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
 from worker.store.operator_store import MarkStatus, OperatorStore, ReconcileStatus, WriteStatus
 from worker.store.scripts import all_script_names, script_source
@@ -37,7 +39,7 @@ from worker.testing.identities import (
     write_trust_files,
 )
 from worker.testing.redis_cluster import RedisCluster
-from worker.trust.approval_ledger import approve, read_record
+from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
 
 pytestmark = pytest.mark.cluster
@@ -100,7 +102,8 @@ def _scripts_run(cluster: RedisCluster) -> tuple[set[str], set[int]]:
         admin = node.client(decode_responses=False)
         for entry in admin.slowlog_get(100_000):
             command = entry["command"].split()
-            if command and command[0].upper() in (b"EVALSHA", b"EVAL"):
+            # Read-only scripts (the approval read) go as EVALSHA_RO.
+            if command and command[0].upper() in (b"EVALSHA", b"EVAL", b"EVALSHA_RO", b"EVAL_RO"):
                 sha = command[1].decode()
                 if sha in by_sha:
                     names.add(by_sha[sha])
@@ -181,6 +184,17 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     assert await operator.capacity_acquire("h1", source, 2, 5_000) == (True, 1)
     assert await operator.capacity_holders("h1") == 1
     assert await operator.capacity_release("h1", source)
+
+    # Channel ingress: a followed session's lease and cursor share the session's own tag.
+    ingress = IngressStore(cluster_client)
+    session = IngressKeys.of("h1", "sess_1")
+    assert key_slot(session.lease.encode()) == key_slot(session.cursor.encode())
+    assert await ingress.hold(session, "w1#i", 5_000)
+    assert not await ingress.hold(session, "w2#i", 5_000)
+    assert await ingress.advance(session, "w1#i", 7)
+    assert not await ingress.advance(session, "w2#i", 9)
+    assert await ingress.cursor(session) == 7
+    assert await ingress.release(session, "w1#i")
 
     # An approval written by the authority through the same cluster client.
     trust_dir = tmp_path / "trust"

@@ -17,7 +17,7 @@ import json
 import re
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -223,7 +223,11 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
     worker_signer = _public_key("worker_signing.nk")
     assert worker_signer in (COMPOSE / "config" / "worker-keys.txt").read_text(encoding="utf-8")
     acl = (COMPOSE / "redis" / "users.acl").read_text(encoding="utf-8")
-    for user, secret in (("aipworker", "redis_worker_password"), ("admin", "redis_admin_password")):
+    for user, secret in (
+        ("aipworker", "redis_worker_password"),
+        ("aipapprover", "redis_approver_password"),
+        ("admin", "redis_admin_password"),
+    ):
         digest = hashlib.sha256(_secret(secret).encode()).hexdigest()
         assert f"user {user} on #{digest} " in acl, user
 
@@ -275,11 +279,19 @@ def test_the_permission_matrix_names_every_subject_of_the_grammar() -> None:
 
 @pytest.fixture
 def compose_nats(tmp_path: Path) -> Iterator[str]:
+    yield from run_compose_nats(tmp_path)
+
+
+def run_compose_nats(tmp_path: Path, edit: Callable[[str], str] | None = None) -> Iterator[str]:
+    """compose/nats/nats.conf on free local ports (`edit` may add to it first, e.g. a
+    second worker pool made from the config's own template)."""
     binary = find_nats_server()
     if binary is None:
         service_unavailable("no nats-server to run compose/nats/nats.conf with")
     port, http_port = free_ports(2)
     conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
+    if edit is not None:
+        conf = edit(conf)
     conf = conf.replace("http_port: 8222", f"http_port: {http_port}")
     conf = conf.replace("port: 4222", f"port: {port}")
     conf = conf.replace('"/data/jetstream"', f'"{tmp_path / "js"}"')
@@ -298,6 +310,33 @@ def compose_nats(tmp_path: Path) -> Iterator[str]:
         proc.wait(10)
 
 
+#: Each compose NATS user's reply-inbox prefix: the one it may subscribe to (nats.conf), as
+#: docker-compose.yml sets AIPD_NATS_INBOX_PREFIX for its services.
+INBOX_PREFIXES = {
+    "nats_admin.nk": "_INBOX_admin",
+    "nats_gateway.nk": "_INBOX_gateway",
+    "nats_worker.nk": "_INBOX_worker_hermes-1",
+}
+
+
+def test_every_role_has_an_inbox_prefix_of_its_own() -> None:
+    """Each service connects with the prefix its NATS user alone may subscribe to, and no
+    user may subscribe to `_INBOX.>` (issue 24: pull deliveries travel on inboxes)."""
+    doc = _compose()
+    services = doc["services"]
+    prefixes = {
+        "nats_worker.nk": doc["x-worker-env"]["AIPD_NATS_INBOX_PREFIX"],
+        "nats_gateway.nk": doc["x-gateway-env"]["AIPD_NATS_INBOX_PREFIX"],
+        "nats_admin.nk": services["provision"]["environment"]["AIPD_NATS_INBOX_PREFIX"],
+    }
+    assert prefixes == INBOX_PREFIXES
+    assert services["approver"]["environment"]["AIPD_NATS_INBOX_PREFIX"] == "_INBOX_gateway"
+    conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
+    assert '"_INBOX.>"' not in conf
+    for prefix in INBOX_PREFIXES.values():
+        assert conf.count(f'"{prefix}.>"') == 1, prefix
+
+
 class _Client:
     """A NATS connection as one compose user, recording permission violations."""
 
@@ -311,7 +350,7 @@ class _Client:
 
         self.nc = await nats.connect(
             url, nkeys_seed=str(COMPOSE / "secrets" / seed), error_cb=on_error,
-            allow_reconnect=False,
+            allow_reconnect=False, inbox_prefix=INBOX_PREFIXES[seed],
         )
 
     async def refused(self, subject: str, action: str) -> bool:
@@ -379,8 +418,14 @@ async def test_the_admin_provisions_and_the_worker_uses_jetstream(compose_nats: 
     from subjects.streams import StreamPolicy
 
     secrets = COMPOSE / "secrets"
-    admin = await nats.connect(compose_nats, nkeys_seed=str(secrets / "nats_admin.nk"))
-    nc = await nats.connect(compose_nats, nkeys_seed=str(secrets / "nats_worker.nk"))
+    admin = await nats.connect(
+        compose_nats, nkeys_seed=str(secrets / "nats_admin.nk"), inbox_prefix="_INBOX_admin"
+    )
+    nc = await nats.connect(
+        compose_nats,
+        nkeys_seed=str(secrets / "nats_worker.nk"),
+        inbox_prefix="_INBOX_worker_hermes-1",
+    )
     try:
         report = await provision(admin.jetstream(), Subjects(), [ENDPOINT], StreamPolicy())
         assert {item.change for item in report} == {Change.CREATED}
@@ -475,7 +520,9 @@ async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_re
         grant = await store.acquire(keys, "w1#1", 5_000, "f" * 64)
         assert grant.status is AcquireStatus.ACQUIRED
         assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
-        await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
+        # Approvals are the approver user's to write (tests/compose/test_redis_roles.py).
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
         with pytest.raises(redis.exceptions.NoPermissionError):
             await client.set("some:other:key", "x")
         with pytest.raises(redis.exceptions.NoPermissionError):

@@ -34,6 +34,7 @@ from schemas.action import Action
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from tests.compose.deployment import COMPOSE, Deployment, compose_command
+from worker.bus.stream_reads import drain
 from worker.client import AipClient
 from worker.store.keys import ActionKeys
 from worker.testing._procs import free_ports
@@ -95,6 +96,7 @@ async def gateway(deployment: Deployment) -> AsyncIterator[AipClient]:
     nc = await nats.connect(
         deployment.nats_url,
         nkeys_seed=str(COMPOSE / "secrets" / "nats_gateway.nk"),
+        inbox_prefix="_INBOX_gateway",  # the only inboxes the gateway user may read
         max_reconnect_attempts=-1,
         reconnect_time_wait=0.5,
     )
@@ -114,17 +116,9 @@ def _read(client: AipClient, operation: str = "models") -> Action:
 async def _results(nc: NATS, action_id: str) -> list[ActionResult]:
     """Every result message the results stream holds for `action_id`."""
     subject = Subjects().results(ENDPOINT, action_id)
-    sub = await nc.jetstream().subscribe(subject, ordered_consumer=True)
-    found: list[ActionResult] = []
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=2.0)
-            except nats.errors.TimeoutError:
-                return found
-            found.append(msgspec.json.decode(msg.data, type=ActionResult))
-    finally:
-        await sub.unsubscribe()
+    # Message gets: the gateway user may create no consumer (compose/nats/nats.conf).
+    stored = await drain(nc.jetstream(), Subjects().stream_name("results"), subject)
+    return [msgspec.json.decode(msg.data or b"", type=ActionResult) for msg in stored]
 
 
 async def _lease_owner(deployment: Deployment, action_id: str, timeout_s: float = 30.0) -> str:

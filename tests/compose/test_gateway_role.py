@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 
 from schemas.ids import new_action_id
-from tests.compose.test_compose_files import COMPOSE, ENDPOINT, compose_nats
+from tests.compose.test_compose_files import COMPOSE, ENDPOINT, INBOX_PREFIXES, compose_nats
 from tests.compose.test_role_attacks import User, roles
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes import FakeHermes
@@ -63,6 +63,7 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
         gateway_env(
             url, principals, trust.seed_file, port,
             AIPD_NATS_NKEY_SEED_FILE=str(_seed(tmp_path, "nats_gateway.nk")),
+            AIPD_NATS_INBOX_PREFIX=INBOX_PREFIXES["nats_gateway.nk"],
             AIPD_TRUSTED_WORKER_KEYS_FILE=str(trust.worker_keys_file),  # as compose does
         ),
         tmp_path,
@@ -73,6 +74,7 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             env={
                 "AIPD_NATS_URL": url,
                 "AIPD_NATS_NKEY_SEED_FILE": str(_seed(tmp_path, "nats_worker.nk")),
+                "AIPD_NATS_INBOX_PREFIX": INBOX_PREFIXES["nats_worker.nk"],
                 "AIPD_REDIS_URL": redis_server.url,
                 "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
                 "AIPD_HERMES_API_KEY_FILE": str(key_file),
@@ -98,6 +100,7 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             assert not answer.is_error, answer.document
             assert answer.document["state"] == "completed"
             assert answer.document["result"]["output"]["data"][0]["id"] == "hermes-agent"
+            child_id = answer.document["action_id"]  # the supplied id, namespaced
             events = await call_tool(mcp, TOKEN, "aip_action_events", {"action_id": child_id})
             assert events.document["done"] is True
             listed = await call_tool(mcp, TOKEN, "aip_capabilities")
@@ -107,5 +110,5 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             await asyncio.to_thread(worker.terminate, 20.0)
     for proc in (gateway, worker):
         assert "permission" not in proc.log_text().lower(), proc.log_tail(60)
-    # The recovery sweep (an ordered consumer on the queue stream) ran without failing.
+    # The recovery sweep (message gets on the queue stream) ran without failing.
     assert "sweep failed" not in gateway.log_text(), gateway.log_tail(60)

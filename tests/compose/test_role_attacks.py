@@ -17,7 +17,7 @@ import asyncio
 import json
 import os
 import shutil
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,12 +25,20 @@ from typing import Any
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 
 from schemas.codec import encode
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
-from tests.compose.test_compose_files import ACTION_ID, COMPOSE, ENDPOINT, compose_nats
+from tests.compose.test_compose_files import (
+    ACTION_ID,
+    COMPOSE,
+    ENDPOINT,
+    INBOX_PREFIXES,
+    compose_nats,
+    run_compose_nats,
+)
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.identities import (
@@ -43,6 +51,7 @@ from worker.testing.identities import (
 )
 from worker.testing.services import ServiceHandle
 from worker.testing.workers import WorkerProcess
+from worker.trust.signing import generate_keypair
 
 __all__ = ["compose_nats"]  # the fixture, imported so pytest finds it here
 
@@ -52,6 +61,7 @@ SUBJECTS = Subjects()
 ACTIONS = SUBJECTS.stream_name("actions")
 RESULTS = SUBJECTS.stream_name("results")
 AUDIT = SUBJECTS.stream_name("audit")
+CHUNKS = SUBJECTS.stream_name("chunks")
 WORK_CONSUMER = SUBJECTS.durable(ENDPOINT, "actions")
 
 
@@ -94,7 +104,11 @@ async def _connect(url: str, name: str, seed: str) -> User:
         violations.append(str(exc).lower().replace("'", "").replace('"', ""))
 
     nc = await nats.connect(
-        url, nkeys_seed=str(COMPOSE / "secrets" / seed), error_cb=on_error, allow_reconnect=False
+        url,
+        nkeys_seed=str(COMPOSE / "secrets" / seed),
+        error_cb=on_error,
+        allow_reconnect=False,
+        inbox_prefix=INBOX_PREFIXES[seed],
     )
     return User(name, nc, violations)
 
@@ -159,23 +173,195 @@ async def test_no_role_but_admin_can_delete_a_receipt_or_a_work_consumer(
     assert await roles["admin"].api(f"$JS.API.STREAM.MSG.DELETE.{AUDIT}", {"seq": ack.seq})
 
 
-async def test_a_gateway_consumer_cannot_deliver_worker_output_into_results(
+async def test_no_role_but_admin_can_make_the_server_store_copies_in_a_work_queue(
     roles: dict[str, User],
 ) -> None:
-    """Its output consumers are ephemeral, but their deliver subject is the gateway's to
-    choose: pointed at a results subject, nothing may land on the results stream."""
-    await roles["worker"].nc.jetstream().publish(
-        SUBJECTS.audit(ENDPOINT, ACTION_ID), b'{"event":"received"}'
-    )
-    target = SUBJECTS.results(ENDPOINT, "act_" + "f" * 32)
-    created = await roles["gateway"].api(
-        f"$JS.API.CONSUMER.CREATE.{AUDIT}",
-        {"stream_name": AUDIT, "config": {"deliver_subject": target, "ack_policy": "none"}},
-    )
-    assert created is not None  # allowed: reading receipts is the gateway's
+    """Issue 24, finding 3: a push consumer on an output stream whose deliver subject a
+    work-queue stream binds makes the server store a copy of every message in that queue
+    (20,000 in each of ACTIONS, DELEGATIONS and EGRESS until EGRESS was full). Permissions
+    cannot tell push from pull, so no role but admin may create a consumer in any form."""
+    worker = roles["worker"].nc.jetstream()
+    await worker.publish(SUBJECTS.audit(ENDPOINT, ACTION_ID), b'{"event":"received"}')
+    await worker.publish(SUBJECTS.results(ENDPOINT, ACTION_ID), b"{}")
+    await worker.publish(SUBJECTS.chunks(ENDPOINT, ACTION_ID), b"{}")
+    admin = roles["admin"].nc.jetstream()
+    work_streams = [SUBJECTS.stream_name(kind) for kind in ("actions", "delegations", "egress")]
+    before = [(await admin.stream_info(name)).state.messages for name in work_streams]
+    targets = [
+        SUBJECTS.actions(ENDPOINT), SUBJECTS.delegations(ENDPOINT), SUBJECTS.egress(ENDPOINT)
+    ]  # fmt: skip
+    attempts = []
+    for name in ("gateway", "worker"):
+        for stream in (AUDIT, RESULTS, CHUNKS):
+            for target in targets:
+                config = {"deliver_subject": target, "ack_policy": "none"}
+                named = {**config, "name": "spy"}
+                durable = {**config, "durable_name": "spy"}
+                only = SUBJECTS.results(ENDPOINT, ACTION_ID)
+                filtered = {**named, "filter_subject": only}
+                for api_subject, body in (
+                    (f"$JS.API.CONSUMER.CREATE.{stream}", config),
+                    (f"$JS.API.CONSUMER.CREATE.{stream}.spy", named),
+                    (f"$JS.API.CONSUMER.CREATE.{stream}.spy.{only}", filtered),
+                    (f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.spy", durable),
+                ):
+                    request = {"stream_name": stream, "config": body}
+                    attempts.append((name, roles[name].api(api_subject, request)))
+    answers = await asyncio.gather(*(attempt for _, attempt in attempts))
+    assert [name for (name, _), answer in zip(attempts, answers, strict=True) if answer] == []
     await asyncio.sleep(1.0)
-    results = await roles["admin"].nc.jetstream().stream_info(RESULTS)
-    assert results.state.messages == 0
+    assert [(await admin.stream_info(name)).state.messages for name in work_streams] == before
+    for stream in (AUDIT, RESULTS, CHUNKS):
+        assert (await admin.stream_info(stream)).state.consumer_count == 0, stream
+    # The request is well-formed: the admin's is answered (the one role that may).
+    probe = {"deliver_subject": "_INBOX_admin.x", "ack_policy": "none"}
+    answered = await roles["admin"].api(
+        f"$JS.API.CONSUMER.CREATE.{AUDIT}", {"stream_name": AUDIT, "config": probe}
+    )
+    assert answered is not None
+    assert "error" not in answered, answered
+
+
+async def _spy(user: User, subjects: list[str]) -> tuple[list[bytes], list[str]]:
+    """Subscribe `user` to each subject; (what arrives, the subjects the server refused)."""
+    seen: list[bytes] = []
+
+    async def record(msg: Msg) -> None:
+        seen.append(msg.data)
+
+    before = len(user.violations)
+    for subject in subjects:
+        await user.nc.subscribe(subject, cb=record)
+    await user.nc.flush(timeout=2)
+    await asyncio.sleep(0.1)
+    reported = user.violations[before:]
+    refused = [s for s in subjects if any(s.lower() in v and "subscription" in v for v in reported)]
+    return seen, refused
+
+
+async def test_no_other_role_reads_an_action_as_it_is_delivered_to_a_worker(
+    roles: dict[str, User],
+) -> None:
+    """Issue 24, finding 2: pull deliveries travel on the puller's inbox, and every role
+    could subscribe to `_INBOX.>`: the gateway credential received a queued, signed Action
+    as it was delivered to a worker. Now each role may subscribe to its own prefix only."""
+    gateway, worker = roles["gateway"], roles["worker"]
+    worker_inboxes = INBOX_PREFIXES["nats_worker.nk"] + ".>"
+    spies = ["_INBOX.>", worker_inboxes, INBOX_PREFIXES["nats_worker.nk"] + ".*"]
+    seen, refused = await _spy(gateway, spies)
+    assert refused == spies
+    ack = await gateway.nc.jetstream().publish(
+        SUBJECTS.actions(ENDPOINT), b'{"queued":"secret"}', headers={"Nats-Msg-Id": ACTION_ID}
+    )
+    assert ack.stream == ACTIONS
+    # A worker pulls it the way the real one does: its durable consumer, its own inbox.
+    sub = await worker.nc.jetstream().pull_subscribe_bind(WORK_CONSUMER, stream=ACTIONS)
+    delivered = await sub.fetch(1, timeout=5)
+    assert [msg.data for msg in delivered] == [b'{"queued":"secret"}']
+    assert (delivered[0].reply or "").startswith("$JS.ACK.")
+    await delivered[0].ack()
+    await asyncio.sleep(0.3)
+    assert seen == []
+    # The admin cannot read the workers' inboxes either.
+    seen, refused = await _spy(roles["admin"], ["_INBOX.>", worker_inboxes])
+    assert refused == ["_INBOX.>", worker_inboxes]
+    assert seen == []
+
+
+def _second_pool(public_key: str) -> Callable[[str], str]:
+    """nats.conf with a hermes-2 worker pool made as its header says: the hermes-1 block
+    copied with every `hermes-1` and `hermes_hermes_1_` replaced, and its own nkey user."""
+
+    def edit(conf: str) -> str:
+        start = conf.index("WORKER_HERMES_1_PERMISSIONS = {")
+        end = conf.index("\n}\n", start) + 3
+        block = conf[start:end]
+        copy = (
+            block.replace("WORKER_HERMES_1_", "WORKER_HERMES_2_")
+            .replace("hermes-1", OTHER_ENDPOINT)
+            .replace("hermes_hermes_1_", "hermes_hermes_2_")
+        )
+        assert "hermes-1" not in copy
+        assert "hermes_1" not in copy
+        user = f"{{ nkey: {public_key}, permissions: $WORKER_HERMES_2_PERMISSIONS }}"
+        conf = conf[:end] + "\n" + copy + conf[end:]
+        marker = "permissions: $WORKER_HERMES_1_PERMISSIONS }"
+        return conf.replace(marker, marker + "\n      " + user)
+
+    return edit
+
+
+@pytest.fixture
+async def two_pools(tmp_path: Path) -> AsyncIterator[tuple[dict[str, User], User]]:
+    """The compose roles plus a second worker pool (hermes-2) of the header's template."""
+    pair = generate_keypair()
+    seed = tmp_path / "nats_worker_2.nk"
+    seed.write_bytes(pair.seed)
+    started = run_compose_nats(tmp_path, _second_pool(pair.public_key))
+    url = next(started)
+    users = {
+        "admin": await _connect(url, "admin", "nats_admin.nk"),
+        "gateway": await _connect(url, "gateway", "nats_gateway.nk"),
+        "worker": await _connect(url, "worker", "nats_worker.nk"),
+    }
+    violations: list[str] = []
+
+    async def on_error(exc: Exception) -> None:
+        violations.append(str(exc).lower().replace("'", "").replace('"', ""))
+
+    other = User(
+        "worker-2",
+        await nats.connect(
+            url, nkeys_seed=str(seed), error_cb=on_error, allow_reconnect=False,
+            inbox_prefix=f"_INBOX_worker_{OTHER_ENDPOINT}",
+        ),
+        violations,
+    )  # fmt: skip
+    await provision(
+        users["admin"].nc.jetstream(), SUBJECTS, [ENDPOINT, OTHER_ENDPOINT], StreamPolicy()
+    )
+    try:
+        yield users, other
+    finally:
+        for user in (*users.values(), other):
+            await user.nc.close()
+        started.close()
+
+
+async def test_one_worker_pool_sees_no_action_of_another_endpoint(
+    two_pools: tuple[dict[str, User], User],
+) -> None:
+    """Issue 24, finding 2: one worker pool's credential saw 65 of another endpoint's
+    Actions in 4 s on `_INBOX.>`. The hermes-1 pool may read its own inboxes only."""
+    users, other = two_pools
+    worker = users["worker"]
+    spies = [
+        "_INBOX.>", f"_INBOX_worker_{OTHER_ENDPOINT}.>", INBOX_PREFIXES["nats_gateway.nk"] + ".>"
+    ]  # fmt: skip
+    seen, refused = await _spy(worker, spies)
+    assert refused == spies
+    gateway = users["gateway"].nc.jetstream()
+    for n in range(5):
+        await gateway.publish(
+            SUBJECTS.actions(OTHER_ENDPOINT), b'{"other":%d}' % n,
+            headers={"Nats-Msg-Id": f"act_{n:032x}"},
+        )  # fmt: skip
+    durable = SUBJECTS.durable(OTHER_ENDPOINT, "actions")
+    sub = await other.nc.jetstream().pull_subscribe_bind(durable, stream=ACTIONS)
+    delivered = await sub.fetch(5, timeout=5)
+    assert len(delivered) == 5
+    assert not other.violations, other.violations
+    await asyncio.sleep(0.3)
+    assert seen == []
+    # Nor can it pull from the other pool's consumer (its own works: the config is real).
+    before = len(worker.violations)
+    await worker.nc.publish(
+        f"$JS.API.CONSUMER.MSG.NEXT.{ACTIONS}.{durable}", b'{"batch":1}',
+        reply=worker.nc.new_inbox(),
+    )  # fmt: skip
+    await worker.nc.flush(timeout=2)
+    await asyncio.sleep(0.05)
+    assert any(durable.lower() in v for v in worker.violations[before:])
 
 
 async def test_the_gateway_cannot_read_a_queued_action(roles: dict[str, User]) -> None:
@@ -261,6 +447,7 @@ async def test_a_worker_with_the_worker_credential_completes_a_gateway_action(
             env={
                 "AIPD_NATS_URL": _url(gateway.nc),
                 "AIPD_NATS_NKEY_SEED_FILE": str(seed),
+                "AIPD_NATS_INBOX_PREFIX": INBOX_PREFIXES["nats_worker.nk"],
                 "AIPD_REDIS_URL": redis_server.url,
                 "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}={fake.url}",
                 "AIPD_HERMES_API_KEY_FILE": str(key_file),
@@ -282,6 +469,9 @@ async def test_a_worker_with_the_worker_credential_completes_a_gateway_action(
             )
             handle = await client.publish(action)
             result = await handle.result(timeout_s=30)
+            # The chunks too, by message gets: the gateway user may create no consumer.
+            kinds = [chunk.kind.value async for chunk in handle.chunks(idle_timeout_s=10)]
+            assert kinds[-1] == "done", kinds
             assert result.status.value == "completed", result.error
             assert result.settled_by == "w-compose"
             receipts = await client.receipts(ENDPOINT, action.id)

@@ -341,7 +341,8 @@ async def test_a_tenanted_delegation_verifies_its_tenant_end_to_end(
 ) -> None:
     from worker.testing.identities import APPROVER_A, TENANT_A, USER_A
 
-    await dstack.stack.spawn("w1")
+    # h1 serves two tenants' principals: configured shared, as an administrator must.
+    await dstack.stack.spawn("w1", AIPD_HERMES_SHARED_ENDPOINTS="h1")
     runtime = dstack.runtime
     dstack.fake.mcp_tools["aip_call"] = runtime.tool_for(f"h1@{TENANT_A}")
     request = dstack.request(tenant_id=TENANT_A, delegator=USER_A)

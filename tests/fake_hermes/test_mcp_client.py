@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from schemas.ids import new_action_id
+from worker.gateway.service import namespaced_action_id
 from worker.testing.fake_hermes.mcp_client import McpRefused, remote_aip_call
 from worker.testing.gateway import gateway_runtime, hermes_principal_id
 from worker.testing.identities import write_trust_files
@@ -28,7 +29,10 @@ async def test_the_call_reaches_the_gateway_as_the_tokens_principal_and_fails_ty
         }
         text = await remote_aip_call(runtime.url, runtime.tokens["h1"])(arguments)
         answer = json.loads(text)
-        assert answer["action_id"] == arguments["action_id"]
+        # The supplied id is namespaced per principal (docs/gateway.md#action-ids).
+        assert answer["action_id"] == namespaced_action_id(
+            hermes_principal_id("h1"), None, arguments["action_id"]
+        )
         assert answer["result"]["output"]["echo"] == arguments["input"]
         (child,) = runtime.writer.requested
         assert child.identity.principal_id == hermes_principal_id("h1")

@@ -4,13 +4,15 @@ and `python -m worker gateway` processes with a principals file of several token
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.integration.stack import Stack, fake_stack
+from worker.gateway.service import namespaced_action_id
 from worker.testing._procs import free_port
 from worker.testing.gateway import (
     directory_entry,
@@ -37,6 +39,14 @@ READ_ONLY_TOKEN = "tok-read-" + "d" * 30
 #: Expired a minute ago.
 EXPIRED_TOKEN = "tok-expired-" + "e" * 28
 H1 = hermes_principal_id("h1")
+
+
+def bus_id(
+    arguments: Mapping[str, Any], principal_id: str = H1, tenant_id: str | None = None
+) -> str:
+    """The id the gateway gives the child of `arguments` (their `action_id` is namespaced
+    per principal, docs/gateway.md)."""
+    return namespaced_action_id(principal_id, tenant_id, str(arguments["action_id"]))
 
 
 @dataclass

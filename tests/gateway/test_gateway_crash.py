@@ -20,7 +20,7 @@ from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import call_tool
 from worker.testing.services import ServiceHandle
 
-from .conftest import H1_TOKEN, GatewayStack
+from .conftest import H1_TOKEN, GatewayStack, bus_id
 from .test_gateway_tools import aip_call, contract, models_reads, queue_history, wait_terminal
 
 
@@ -55,7 +55,7 @@ async def test_a_gateway_killed_mid_call_is_finished_by_the_other(
         # gateway sent it but never recorded that): the survivor sends it again.
         gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=4.0))
     arguments = contract()
-    child_id = str(arguments["action_id"])
+    child_id = bus_id(arguments)
     dying_port = free_port()
     dying = await gs.start_gateway(
         "g-dying", port=dying_port, AIPD_FAULT_POINTS=f"{point}=exit@{child_id}"
@@ -95,7 +95,7 @@ async def test_a_gateway_killed_while_following_is_finished_by_the_other(
     assert gs.stack.fake is not None
     gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=3.0))
     arguments = contract()
-    child_id = str(arguments["action_id"])
+    child_id = bus_id(arguments)
     dying_port = free_port()
     dying = await gs.start_gateway("g-dying", port=dying_port)
     await gs.start_gateway("g-survivor")
@@ -122,7 +122,7 @@ async def test_a_nats_restart_while_following_loses_nothing(
     assert gs.stack.fake is not None
     gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=4.0))
     arguments = contract(mode="async")
-    child_id = str(arguments["action_id"])
+    child_id = bus_id(arguments)
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert answer.document["state"] == "running", answer.document
     await asyncio.to_thread(nats_server.kill)

@@ -26,7 +26,7 @@ from schemas.result import ActionResult, ResultStatus
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from worker.testing.gateway import call_tool
-from worker.trust.responses import ResponseSigner
+from worker.trust.responses import ResponseSigner, sha256_hex
 from worker.trust.signing import generate_keypair, sign_envelope
 
 from .conftest import H1_TOKEN, GatewayStack
@@ -49,7 +49,8 @@ async def verifying(gstack: GatewayStack) -> GatewayStack:
     return gs
 
 
-def result_for(action_id: str, **output: object) -> bytes:
+def result_for(action_id: str, envelope_sha256: str | None = None, **output: object) -> bytes:
+    """A result of `action_id` answering the envelope of hash `envelope_sha256`."""
     return encode(
         ActionResult(
             action_id=action_id,
@@ -60,6 +61,7 @@ def result_for(action_id: str, **output: object) -> bytes:
             settled_by="w-h9",
             fence=1,
             settled_at_unix_ms=time.time_ns() // 1_000_000,
+            action_sha256=envelope_sha256,
         )
     )
 
@@ -75,12 +77,17 @@ async def publish_signed(gs: GatewayStack, action_id: str, payload: bytes) -> No
     await publish_result(gs, action_id, payload, **signer.headers(payload))
 
 
-async def h9_child(gs: GatewayStack, timeout_ms: int) -> str:
-    """An async `aip_call` of a child nobody executes; its id."""
+async def h9_child(gs: GatewayStack, timeout_ms: int) -> tuple[str, str]:
+    """An async `aip_call` of a child nobody executes: its id, and the sha256 of the
+    envelope the gateway dispatched (the last one on h9's work queue, which nobody reads)."""
     arguments = contract(capability=H9_MODELS, mode="async", timeout_ms=timeout_ms)
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert answer.document["state"] == "running", answer.document
-    return str(arguments["action_id"])
+    js = gs.stack.nc.jetstream()
+    dispatched = await js.get_last_msg(
+        gs.stack.subjects.stream_name("actions"), gs.stack.subjects.actions("h9")
+    )
+    return str(answer.document["action_id"]), sha256_hex(dispatched.data or b"")
 
 
 async def recorded(gs: GatewayStack, action_id: str, timeout_s: float = 20.0) -> ChildResult:
@@ -118,14 +125,17 @@ async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
     verifying: GatewayStack,
 ) -> None:
     gs = verifying
-    child_id = await h9_child(gs, timeout_ms=30_000)
-    forged = result_for(child_id, forged=True)
+    child_id, envelope = await h9_child(gs, timeout_ms=30_000)
+    forged = result_for(child_id, envelope, forged=True)
     await publish_result(gs, child_id, forged)  # unsigned
     await publish_result(gs, child_id, forged, **sign_envelope(forged, generate_keypair().seed))
     # A trusted worker's signature, but on the result of another Action.
-    await publish_signed(gs, child_id, result_for(new_action_id(), forged=True))
+    await publish_signed(gs, child_id, result_for(new_action_id(), envelope, forged=True))
+    # A trusted worker's signature on a result of this id, but of another envelope (an
+    # Action someone else published under the id).
+    await publish_signed(gs, child_id, result_for(child_id, sha256_hex(b"other"), forged=True))
     deadline = time.monotonic() + 10
-    while await refused_count(gs) < 3:
+    while await refused_count(gs) < 4:
         assert time.monotonic() < deadline, await refused_count(gs)
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
@@ -135,18 +145,18 @@ async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
     assert found.queue.state is LifecycleState.RUNNING
     assert found.lifecycle is None
 
-    await publish_signed(gs, child_id, result_for(child_id, models=["m1"]))
+    await publish_signed(gs, child_id, result_for(child_id, envelope, models=["m1"]))
     assert (await recorded(gs, child_id)).output == {"models": ["m1"]}
     assert (await result_answer(gs, child_id))["result"]["output"] == {"models": ["m1"]}
-    assert await refused_count(gs) == 3
+    assert await refused_count(gs) == 4
 
 
 async def test_a_child_with_only_refused_results_fails_with_response_signing(
     verifying: GatewayStack,
 ) -> None:
     gs = verifying
-    child_id = await h9_child(gs, timeout_ms=1_500)
-    await publish_result(gs, child_id, result_for(child_id, forged=True))
+    child_id, envelope = await h9_child(gs, timeout_ms=1_500)
+    await publish_result(gs, child_id, result_for(child_id, envelope, forged=True))
     # Past the timeout plus the settle grace the sweep settles it, with the signing code.
     result = await recorded(gs, child_id, timeout_s=15)
     assert result.status == "failed"
@@ -161,10 +171,10 @@ async def test_recovery_finds_the_signed_result_behind_a_later_forgery(
     verifying: GatewayStack,
 ) -> None:
     gs = verifying
-    child_id = await h9_child(gs, timeout_ms=30_000)
+    child_id, envelope = await h9_child(gs, timeout_ms=30_000)
     gs.gateways[0].kill()  # nobody follows the child now
-    await publish_signed(gs, child_id, result_for(child_id, models=["m1"]))
-    await publish_result(gs, child_id, result_for(child_id, forged=True))  # the last one
+    await publish_signed(gs, child_id, result_for(child_id, envelope, models=["m1"]))
+    await publish_result(gs, child_id, result_for(child_id, envelope, forged=True))  # the last
     await gs.start_gateway("g2")
     assert (await recorded(gs, child_id)).output == {"models": ["m1"]}
     assert await refused_count(gs) == 1

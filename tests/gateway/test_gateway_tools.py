@@ -22,7 +22,7 @@ from subjects.streams import StreamPolicy
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
 from worker.errors import McpHttpRefused
 from worker.testing.fake_hermes.faults import RouteDelay
-from worker.testing.gateway import ToolAnswer, call_tool, list_tools
+from worker.testing.gateway import ToolAnswer, call_tool, hermes_principal_id, list_tools
 from worker.testing.identities import TENANT_A, write_json
 from worker.trust.signing import TrustedGatewayKeys, verify_envelope
 
@@ -35,6 +35,7 @@ from .conftest import (
     READ_ONLY_TOKEN,
     TENANT_A_TOKEN,
     GatewayStack,
+    bus_id,
 )
 
 MODELS = "cap:hermes_agent:h1:models"
@@ -136,7 +137,7 @@ async def test_a_token_without_the_tools_scope_is_refused_and_nothing_enqueued(
     assert answer.error_code == "connector_host.authentication"
     assert "action:write" in answer.document["error"]["message"]
     assert answer.document["error"]["retryable"] is False
-    assert (await records(gs, arguments["action_id"])).queue is None
+    assert (await records(gs, bus_id(arguments))).queue is None
     status = await call_tool(
         gs.url, READ_ONLY_TOKEN, "aip_action_status", {"action_id": arguments["action_id"]}
     )
@@ -199,7 +200,7 @@ async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in
 ) -> None:
     gs = gs_up
     arguments = contract()
-    child_id = arguments["action_id"]
+    child_id = bus_id(arguments)
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert not answer.is_error, answer.document
     assert answer.document["action_id"] == child_id
@@ -260,9 +261,9 @@ async def test_an_async_call_answers_at_once_and_the_result_follows(gs_up: Gatew
     assert not answer.is_error, answer.document
     assert answer.document["state"] in ("queued", "running")
     assert answer.document["result"] is None
-    await wait_terminal(gs, arguments["action_id"])
+    await wait_terminal(gs, bus_id(arguments))
     stored = await call_tool(
-        gs.url, H1_TOKEN, "aip_action_result", {"action_id": arguments["action_id"]}
+        gs.url, H1_TOKEN, "aip_action_result", {"action_id": bus_id(arguments)}
     )
     assert stored.document["result"]["status"] == "completed"
 
@@ -288,7 +289,7 @@ async def test_the_same_action_id_and_contract_returns_the_same_child_without_a_
     assert again.document["duplicate"] is True
     assert again.document["result"] == first.document["result"]
     assert models_reads(gs) == 1
-    assert await queue_history(gs, arguments["action_id"]) == ["queued", "running", "completed"]
+    assert await queue_history(gs, bus_id(arguments)) == ["queued", "running", "completed"]
 
 
 async def test_the_same_action_id_with_another_contract_is_a_collision(
@@ -302,12 +303,15 @@ async def test_the_same_action_id_with_another_contract_is_a_collision(
     assert answer.is_error
     assert answer.error_code == NOT_FOUND
     assert "idempotency collision" in answer.document["error"]["message"]
-    # Another principal reusing the id collides too (and learns nothing else).
-    other = await aip_call(gs, OTHER_TOKEN, arguments)
-    assert other.error_code == NOT_FOUND
-    assert "idempotency collision" in other.document["error"]["message"]
     assert models_reads(gs) == 1
-    assert await queue_history(gs, arguments["action_id"]) == ["queued", "running", "completed"]
+    assert await queue_history(gs, bus_id(arguments)) == ["queued", "running", "completed"]
+    # Another principal naming the same id gets a child of its own: ids are namespaced per
+    # principal, so it neither collides with nor learns anything about the first.
+    other = await aip_call(gs, OTHER_TOKEN, arguments)
+    assert not other.is_error, other.document
+    assert other.document["action_id"] == bus_id(arguments, hermes_principal_id("h2"))
+    assert other.document["action_id"] != bus_id(arguments)
+    assert models_reads(gs) == 2
 
 
 @pytest.mark.parametrize(
@@ -348,7 +352,7 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
     error = answer.document["error"]
     assert error["retryable"] is False
     assert error["uncertain_outcome"] is False
-    assert (await records(gs, arguments["action_id"])).queue is None
+    assert (await records(gs, bus_id(arguments))).queue is None
     assert models_reads(gs) == 0
     receipts = await gs.stack.stream_messages("audit", "aip.hermes.*.audit.*")
     decisions = [msgspec.json.decode(r)["details"].get("decision") for r in receipts]
@@ -359,7 +363,7 @@ async def test_another_principals_or_tenants_action_is_invisible(gs_up: GatewayS
     gs = gs_up
     arguments = contract()
     await aip_call(gs, H1_TOKEN, arguments)
-    child_id = arguments["action_id"]
+    child_id = bus_id(arguments)
     for token in (OTHER_TOKEN, OTHER_TENANT_TOKEN):
         for tool, extra in (
             ("aip_action_status", {}),
@@ -384,7 +388,7 @@ async def test_cancel_reaches_the_executor_of_a_running_child(gs_up: GatewayStac
     gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=8.0))
     arguments = contract(mode="async")
     await aip_call(gs, H1_TOKEN, arguments)
-    child_id = arguments["action_id"]
+    child_id = bus_id(arguments)
     await asyncio.sleep(0.5)
     answer = await call_tool(
         gs.url, H1_TOKEN, "aip_action_cancel", {"action_id": child_id, "reason": "changed mind"}
@@ -414,7 +418,7 @@ async def test_a_worker_that_never_answers_is_bounded_by_the_childs_timeout(
     assert answer.document["state"] == "running"
     assert answer.document["result"] is None
     # Past the timeout plus the settle grace, the sweep settles it failed, uncertain.
-    found = await wait_terminal(gs, arguments["action_id"], timeout_s=15)
+    found = await wait_terminal(gs, bus_id(arguments), timeout_s=15)
     assert found.lifecycle is not None
     assert found.lifecycle.result is not None
     error = found.lifecycle.result.error

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -13,6 +14,7 @@ from worker.errors import RouteConfigError, TrustConfigError
 from worker.gateway.mcp_app import TOOL_SCOPES
 from worker.gateway.principals import Principals
 from worker.gateway.routes import RouteTable
+from worker.gateway.service import _serves_tenant
 from worker.operator.policy import BUILTIN_INSTRUCTIONS
 from worker.testing.gateway import principal_entry, write_principals_file
 
@@ -99,3 +101,57 @@ def test_the_principals_file_authenticates_hashes_and_refuses_unsafe_files(tmp_p
     path.write_text('[{"token_sha256": "zz", "principal_id": "a"}]')
     with pytest.raises(TrustConfigError, match="principal 0"):
         Principals.load(path)
+
+
+def test_a_principals_allowlists_admit_only_what_they_name(tmp_path: Path) -> None:
+    path = write_principals_file(
+        tmp_path,
+        [
+            principal_entry(
+                "limited",
+                "agent:a",
+                capability_prefixes=["cap:hermes_agent:h1:", "cap:support_sandbox:case."],
+                endpoints=["h1"],
+            ),
+            principal_entry("open", "agent:b"),
+        ],
+    )
+    principals = Principals.load(path)
+    limited = principals.authenticate("limited", now_ms=1)
+    unlimited = principals.authenticate("open", now_ms=1)
+    assert limited is not None
+    assert unlimited is not None
+    assert limited.may_call("cap:hermes_agent:h1:models", "h1")
+    assert limited.may_call("cap:support_sandbox:case.get", None)  # no endpoint: prefixes only
+    assert not limited.may_call("cap:hermes_agent:h2:models", "h2")
+    assert not limited.may_call("cap:support_sandbox:billing.pay", None)
+    assert unlimited.may_call("cap:hermes_agent:h2:models", "h2")
+    # The routes it is shown are those its prefixes can reach.
+    assert limited.may_route("cap:hermes_agent:{endpoint}:")
+    assert limited.may_route("cap:support_sandbox:")
+    assert not limited.may_route("cap:billing:")
+    assert unlimited.may_route("cap:billing:")
+    for bad in ({"capability_prefixes": ["notcap"]}, {"endpoints": ["Bad Endpoint"]}):
+        path.write_text(json.dumps([{**principal_entry("x", "agent:x"), **bad}]), encoding="utf-8")
+        with pytest.raises(TrustConfigError, match="principal 0"):
+            Principals.load(path)
+
+
+@pytest.mark.parametrize(
+    ("manifest", "tenant", "offered"),
+    [
+        ({"tenant_id": None, "shared": False}, "acme", False),  # unbound, not shared
+        ({"tenant_id": None, "shared": False}, None, True),
+        ({"tenant_id": None, "shared": True}, "acme", True),
+        ({"tenant_id": None}, "acme", True),  # a worker that predates `shared`
+        ({"tenant_id": None, "shared": "yes"}, "acme", False),  # malformed: hidden
+        ({"tenant_id": "acme", "shared": False}, "acme", True),
+        ({"tenant_id": "acme", "shared": False}, "globex", False),
+    ],
+)
+def test_the_gateway_offers_an_endpoint_only_to_tenants_its_worker_admits(
+    manifest: dict[str, object], tenant: str | None, offered: bool
+) -> None:
+    """The gateway reads the manifest's `shared` as the worker's tenancy check does, so it
+    never offers an unbound, unshared endpoint to a tenant principal (issue 24, item 5)."""
+    assert _serves_tenant(manifest, tenant, now=1_000) is offered

@@ -76,7 +76,7 @@ class Bus:
             fence=1,
             raised_at_unix_ms=time.time_ns() // 1_000_000,
         )
-        await BusPublisher(self.nc.jetstream(), self.subjects).escalation(escalation)
+        await BusPublisher(self.nc.jetstream(), self.subjects, nc=self.nc).escalation(escalation)
         return escalation
 
     async def acknowledge(self, escalation: Escalation) -> None:

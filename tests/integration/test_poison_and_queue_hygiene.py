@@ -229,7 +229,7 @@ async def test_the_audit_sender_survives_a_receipt_it_cannot_send(
     await provision_streams(nats_server.url)
     nc = await nats.connect(nats_server.url)
     try:
-        audit = AuditLog(BusPublisher(nc.jetstream(), Subjects()), "w-test")
+        audit = AuditLog(BusPublisher(nc.jetstream(), Subjects(), nc=nc), "w-test")
         good = "act_" + "b" * 32
         audit.emit(ReceiptEvent.RECEIVED, action_id="act_" + "a" * 32 + "\n", endpoint_id=ENDPOINT)
         audit.emit(ReceiptEvent.RECEIVED, action_id=good, endpoint_id=ENDPOINT)

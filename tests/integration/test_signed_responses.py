@@ -139,7 +139,11 @@ async def test_a_worker_without_a_signing_key_refuses_unsigned_and_sends_nothing
     stack: Stack,
 ) -> None:
     assert stack.fake is not None
-    await stack.spawn("w-nokey", unset=("AIPD_WORKER_SIGNING_KEY_FILE",))
+    # Such a worker stays unready and takes nothing (tests/integration/test_serving_gate.py);
+    # the development flag makes it consume, and each Action is still refused, unsigned.
+    await stack.spawn(
+        "w-nokey", unset=("AIPD_WORKER_SIGNING_KEY_FILE",), AIPD_SERVE_WHEN_UNREADY="true"
+    )
     handle = await stack.publish(stack.action("models"))
     with pytest.raises(CannotSign, match="could not sign"):
         await handle.result(timeout_s=20)

@@ -141,6 +141,7 @@ class FakeProbe:
         self.redis_delay_s = 0.0
         self.hermes_ok = True
         self.hermes_calls = 0
+        self.reasons: list[str] = []
 
     def nats_connected(self) -> bool:
         return self.nats
@@ -161,6 +162,9 @@ class FakeProbe:
 
         return {ENDPOINT: check}
 
+    def serving_reasons(self) -> tuple[bool, list[str]]:
+        return not self.reasons, self.reasons
+
 
 @pytest.mark.parametrize(
     ("broken", "check"),
@@ -171,6 +175,8 @@ class FakeProbe:
         ({"redis_ok": False}, "redis"),
         ({"redis_delay_s": 1.5}, "redis"),
         ({"hermes_ok": False}, "hermes"),
+        ({"reasons": ["cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE is not set"]},
+         "serving"),
     ],
 )
 async def test_ready_is_false_when_any_one_dependency_fails(
@@ -349,6 +355,7 @@ async def test_a_running_worker_reports_its_work_and_loses_readiness_without_red
             "redis": False,
             "consumers_bound": True,
             "hermes": True,
+            "serving": True,
         }
         assert (await _get(http, base + "/health"))[0] == 200
 

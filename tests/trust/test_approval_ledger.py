@@ -25,6 +25,7 @@ from worker.testing.identities import (
     APPROVER_A,
     APPROVER_B,
     APPROVER_UNTENANTED,
+    REVISION,
     TENANT_A,
     USER_B,
     TrustFiles,
@@ -385,7 +386,7 @@ def test_authority_file_others_may_write_is_refused(trust_files: TrustFiles) -> 
         ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
 
 
-def test_fingerprint_binds_capability_and_input_only() -> None:
+def test_fingerprint_binds_capability_input_principal_and_credential_revision() -> None:
     base = action_document(input={"b": 1, "a": [1, {"y": 2, "x": 1}]})
     reordered = {**base, "input": {"a": [1, {"x": 1, "y": 2}], "b": 1}}
     other_envelope = {**base, "trace": {"trace_id": "t-2"}, "approval": {"decision_id": "x"}}
@@ -395,14 +396,19 @@ def test_fingerprint_binds_capability_and_input_only() -> None:
     assert len(fingerprints) == 1
     changed_input = {**base, "input": {"b": 2, "a": [1, {"y": 2, "x": 1}]}}
     changed_capability = {**base, "capability": "cap:hermes_agent:hermes-a:models"}
-    for doc in (changed_input, changed_capability):
+    # Another principal publishing the same request, or the same one after its credential
+    # was rotated, is another request: a decision for one never admits the other.
+    other_principal = {**base, "identity": {**base["identity"], "principal_id": USER_B}}
+    rotated = {**base, "identity": {**base["identity"], "credential_revision": REVISION + 1}}
+    for doc in (changed_input, changed_capability, other_principal, rotated):
         assert approval_fingerprint(encode_action(doc)[0]) not in fingerprints
 
 
 async def test_the_approval_check_costs_one_redis_command(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
-    """The record and the Redis clock its expiry is decided on come from one script."""
+    """The record and the Redis clock its expiry is decided on come from one script, sent
+    read-only (the workers' Redis user may read approvals, never write them)."""
     document = action_document()
     record = await decide(redis, authority, trust_files, document)
     await admit(gate, redis, trust_files, document)  # loads the read script once
@@ -418,7 +424,7 @@ async def test_the_approval_check_costs_one_redis_command(
         assert (await admit(gate, redis, trust_files, document)).approval == record
     finally:
         redis.execute_command = original  # type: ignore[method-assign]
-    assert sent == ["EVALSHA"]
+    assert sent == ["EVALSHA_RO"]
 
 
 async def _store_raw(

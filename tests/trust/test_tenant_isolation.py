@@ -73,15 +73,28 @@ async def test_an_action_without_a_verified_tenant_is_refused_by_bound_endpoints
         assert caught.value.code is ErrorCode.TENANT_MISMATCH
 
 
-async def test_an_unbound_endpoint_serves_every_verified_tenant(
+async def test_a_shared_unbound_endpoint_serves_every_verified_tenant(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles
 ) -> None:
-    unbound = endpoint("hermes-c")
+    shared = endpoint("hermes-c", shared=True)
     for principal, tenant in ((USER_A, TENANT_A), (USER_B, TENANT_B), (USER_UNTENANTED, None)):
-        decision = await admit(
-            gate, redis, trust_files, unbound, principal=principal, tenant=tenant
-        )
+        decision = await admit(gate, redis, trust_files, shared, principal=principal, tenant=tenant)
         assert decision.tenant_id == tenant
+
+
+async def test_an_unbound_unshared_endpoint_refuses_every_action_carrying_a_tenant(
+    gate: TrustGate, redis: Redis, trust_files: TrustFiles
+) -> None:
+    unbound = endpoint("hermes-c", shared=False)
+    for principal, tenant in ((USER_A, TENANT_A), (USER_B, TENANT_B)):
+        with pytest.raises(ConnectorError) as caught:
+            await admit(gate, redis, trust_files, unbound, principal=principal, tenant=tenant)
+        assert caught.value.code is ErrorCode.TENANT_MISMATCH
+        assert "not configured shared" in caught.value.message
+    decision = await admit(
+        gate, redis, trust_files, unbound, principal=USER_UNTENANTED, tenant=None
+    )
+    assert decision.tenant_id is None
 
 
 async def test_an_expired_binding_refuses_even_its_own_tenant(

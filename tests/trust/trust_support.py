@@ -64,12 +64,16 @@ def endpoint(
     *,
     tenant: str | None = None,
     tenant_expires_at_unix_ms: int | None = None,
+    shared: bool | None = None,
 ) -> Endpoint:
+    """A descriptor for gate tests; bound to no tenant it is shared unless `shared=False`
+    (an unshared unbound endpoint refuses every Action that carries a tenant)."""
     descriptor = EndpointDescriptor(
         id=endpoint_id,
         url="http://127.0.0.1:9",
         tenant_id=tenant,
         tenant_expires_at_unix_ms=tenant_expires_at_unix_ms,
+        shared=tenant is None if shared is None else shared,
     )
     return Endpoint(descriptor=descriptor, api_key=None)
 

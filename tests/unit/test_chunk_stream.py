@@ -71,7 +71,7 @@ def _seqs(stored: list[bytes]) -> list[object]:
 
 
 async def test_a_takeover_continues_the_sequence_and_the_hash_chain(nc: Client) -> None:
-    publisher = BusPublisher(nc.jetstream(), Subjects())
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     action_id = new_action_id()
     first = await ChunkStream.open(
         publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
@@ -91,7 +91,7 @@ async def test_a_takeover_continues_the_sequence_and_the_hash_chain(nc: Client) 
 
 
 async def test_only_the_first_terminal_chunk_counts_and_closes_the_stream(nc: Client) -> None:
-    publisher = BusPublisher(nc.jetstream(), Subjects())
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     action_id = new_action_id()
     stream = await ChunkStream.open(
         publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
@@ -108,7 +108,7 @@ async def test_only_the_first_terminal_chunk_counts_and_closes_the_stream(nc: Cl
 
 
 async def test_a_lease_not_renewed_in_time_publishes_nothing(nc: Client) -> None:
-    publisher = BusPublisher(nc.jetstream(), Subjects())
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     action_id = new_action_id()
     lease = _lease(action_id, fence=1, ttl_ms=1_000)
     stream = await ChunkStream.open(
@@ -125,7 +125,7 @@ async def test_a_lease_not_renewed_in_time_publishes_nothing(nc: Client) -> None
 
 
 async def test_a_long_run_keeps_only_its_unconfirmed_chunks(nc: Client) -> None:
-    publisher = BusPublisher(nc.jetstream(), Subjects())
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     action_id = new_action_id()
     stream = await ChunkStream.open(
         publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT

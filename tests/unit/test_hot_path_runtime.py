@@ -20,7 +20,7 @@ from worker.bus.audit import SEAL_AFTER_S, AuditLog
 from worker.bus.publisher import MSG_ID, BusPublisher
 from worker.execution.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
 from worker.execution.leases import HeldLease
-from worker.store.connection import LeanBlockingConnectionPool, open_redis
+from worker.store.connection import open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant, LeaseStore
 from worker.testing.services import ServiceHandle
@@ -56,26 +56,6 @@ async def test_concurrent_first_calls_load_each_script_once(redis: Any) -> None:
     await redis.script_flush()
     again = await store.acquire(ActionKeys.of(new_action_id()), "w#x", 5_000, "fp")
     assert again.status is AcquireStatus.ACQUIRED
-
-
-async def test_the_lean_pool_blocks_past_its_size_and_never_hands_out_unread_data(
-    redis: Any,
-) -> None:
-    pool = redis.connection_pool
-    assert isinstance(pool, LeanBlockingConnectionPool)
-    await redis.set("k", "v")
-    values = await asyncio.gather(*(redis.get("k") for _ in range(40)))
-    assert values == [b"v"] * 40
-    assert len(pool._in_use_connections) == 0
-    assert len(pool._available_connections) <= 3
-    # A connection released with a reply still unread (as a cancelled call could leave
-    # it) is reconnected before reuse, so the next caller reads its own reply.
-    conn = await pool.get_connection()
-    await conn.send_command("PING")
-    await asyncio.sleep(0.05)
-    await pool.release(conn)
-    assert await redis.get("k") == b"v"
-    assert await redis.echo("mine") == b"mine"
 
 
 class _FakeJs:

@@ -1,12 +1,12 @@
-"""The lease scripts' guarantees, against a real Redis (docs/architecture.md §5)."""
+"""The lease scripts' guarantees, against a real Redis over both of the client's paths (the
+shared script connection and redis-py's pool), which must agree (docs/architecture.md §5)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
-from redis.asyncio import Redis
 
 from schemas.ids import new_action_id
 from worker.errors import StoreUnavailable
@@ -23,10 +23,9 @@ from worker.testing.services import ServiceHandle
 
 
 @pytest.fixture
-async def store(redis_server: ServiceHandle) -> AsyncIterator[LeaseStore]:
-    client = Redis.from_url(redis_server.url, socket_timeout=1.0)
-    yield LeaseStore(client, call_budget_s=2.0)
-    await client.aclose()
+def store(store_client: Any) -> LeaseStore:
+    """Over both Redis paths (`store_client`): every guarantee below holds on each."""
+    return LeaseStore(store_client, call_budget_s=2.0)
 
 
 async def test_fences_only_grow_and_an_expired_lease_is_taken_over(store: LeaseStore) -> None:
@@ -201,3 +200,38 @@ async def test_a_frozen_redis_is_unavailable_and_the_retry_answers_after(
     grant = await store.acquire(keys, "w1#a", 5000, "fp")
     assert grant.status is AcquireStatus.ACQUIRED
     assert grant.fence == 1
+
+
+async def test_both_redis_paths_answer_a_lease_life_alike(redis_server: ServiceHandle) -> None:
+    """The same sequence of lease calls, once on each path, gives the same answers."""
+    from worker.store.connection import open_redis
+
+    async def life(multiplex: bool) -> list[object]:
+        client = open_redis(redis_server.url, socket_timeout_s=1.0, multiplex=multiplex)
+        try:
+            store = LeaseStore(client, call_budget_s=2.0)
+            keys = ActionKeys.of(new_action_id())
+            first = await store.acquire(keys, "w1#a", 5_000, "fp")
+            held = await store.acquire(keys, "w2#b", 5_000, "fp")
+            cancel = await store.request_cancel(
+                keys, b"{}", requested_by="user:a", authorized_for=""
+            )
+            [renewal] = await store.renew_many([(keys, "w1#a", first.fence)], 5_000, budget_s=2)
+            result, terminal = b'{"status":"succeeded"}', b'{"kind":"done"}'
+            settled = await store.settle(keys, "w1#a", first.fence, result, terminal)
+            again = await store.settle(keys, "w1#a", first.fence, result, terminal)
+            replay = await store.acquire(keys, "w3#c", 5_000, "fp")
+            return [
+                (first.status, first.fence, first.is_takeover),
+                (held.status, held.other_owner),
+                cancel.state,
+                (renewal.still_held, renewal.cancel_requested),
+                settled.status,
+                again.status,
+                replay.status,
+                await store.get_settled(keys),
+            ]
+        finally:
+            await client.aclose()
+
+    assert await life(multiplex=True) == await life(multiplex=False)

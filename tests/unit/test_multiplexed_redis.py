@@ -5,6 +5,7 @@ server fails calls the way the stores' re-ask expects, then the next call reconn
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator
 
 import pytest
@@ -138,3 +139,68 @@ async def test_a_hung_server_times_out_and_the_connection_is_replaced(
         assert await shared.execute("PING") == b"PONG"
     finally:
         await shared.aclose()
+
+
+async def test_the_shared_connection_has_tcp_keepalive_and_pings_when_idle(
+    redis_server: ServiceHandle,
+) -> None:
+    shared = Multiplexed.for_url(redis_server.url, timeout_s=1.0, health_interval_s=0.2)
+    assert shared is not None
+    try:
+        assert await shared.execute("PING") == b"PONG"
+        wire = shared._wire  # the connection itself: what its socket was given
+        assert wire is not None
+        sock = wire.transport.get_extra_info("socket") if wire.transport else None
+        assert sock is not None
+        assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        await asyncio.sleep(0.7)  # idle: no caller sends anything
+        assert wire.pings >= 2
+        assert not wire.closed
+        assert shared.connects == 1
+        # A connection kept busy by callers is not pinged on top of them.
+        busy_pings = wire.pings
+        for _ in range(8):
+            await shared.execute("PING")
+            await asyncio.sleep(0.05)
+        assert wire.pings <= busy_pings + 1
+    finally:
+        await shared.aclose()
+
+
+@pytest.mark.chaos
+async def test_an_idle_connection_to_a_hung_server_is_found_by_its_ping_and_replaced(
+    redis_server: ServiceHandle,
+) -> None:
+    """No caller is waiting when the server hangs: the idle connection's own PING goes
+    unanswered, the connection is failed and replaced in the background, and after the
+    server resumes the next call answers at once on a fresh connection."""
+    shared = Multiplexed.for_url(
+        redis_server.url, timeout_s=0.3, connect_timeout_s=0.5, health_interval_s=0.2
+    )
+    assert shared is not None
+    try:
+        assert await shared.execute("PING") == b"PONG"
+        first = shared._wire
+        assert first is not None
+        await asyncio.to_thread(redis_server.pause)
+        try:
+            await asyncio.sleep(1.0)  # one interval, one unanswered PING, and a margin
+        finally:
+            await asyncio.to_thread(redis_server.resume)
+        assert first.closed
+        assert shared.connects >= 2
+        async with asyncio.timeout(0.5):
+            assert await shared.execute("PING") == b"PONG"
+        assert shared._wire is not first
+    finally:
+        await shared.aclose()
+
+
+async def test_a_closed_client_replaces_nothing(redis_server: ServiceHandle) -> None:
+    shared = Multiplexed.for_url(redis_server.url, timeout_s=1.0, health_interval_s=0.2)
+    assert shared is not None
+    assert await shared.execute("PING") == b"PONG"
+    await shared.aclose()
+    await asyncio.sleep(0.5)
+    assert shared.connects == 1
+    assert shared._wire is None

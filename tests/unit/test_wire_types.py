@@ -127,22 +127,30 @@ def test_the_manifest_publishes_the_endpoints_tenant_binding() -> None:
         encode(manifest_of(registry, Endpoint(descriptor=unbound, api_key=None)))
     )
     assert wire["tenant_id"] is None
+    assert wire["shared"] is False
+    shared = EndpointDescriptor(id="h1", url="http://127.0.0.1:1", shared=True)
+    wire = msgspec.json.decode(
+        encode(manifest_of(registry, Endpoint(descriptor=shared, api_key=None)))
+    )
+    assert (wire["tenant_id"], wire["shared"]) == (None, True)
 
 
 @pytest.mark.parametrize(
-    ("bound", "expires", "tenant", "admitted"),
+    ("bound", "expires", "shared", "tenant", "admitted"),
     [
-        (None, None, None, True),
-        (None, None, "tenant-b", True),
-        ("tenant-a", None, "tenant-a", True),
-        ("tenant-a", None, "tenant-b", False),
-        ("tenant-a", None, None, False),
-        ("tenant-a", 1_001, "tenant-a", True),
-        ("tenant-a", 1_000, "tenant-a", False),
+        (None, None, False, None, True),
+        (None, None, False, "tenant-b", False),
+        (None, None, True, None, True),
+        (None, None, True, "tenant-b", True),
+        ("tenant-a", None, False, "tenant-a", True),
+        ("tenant-a", None, False, "tenant-b", False),
+        ("tenant-a", None, False, None, False),
+        ("tenant-a", 1_001, False, "tenant-a", True),
+        ("tenant-a", 1_000, False, "tenant-a", False),
     ],
 )
 async def test_a_tenant_binding_admits_what_the_workers_tenancy_check_admits(
-    bound: str | None, expires: int | None, tenant: str | None, admitted: bool
+    bound: str | None, expires: int | None, shared: bool, tenant: str | None, admitted: bool
 ) -> None:
     """The gateway's predicate and the worker's admission check agree, case by case."""
     from worker.endpoints import Endpoint, EndpointDescriptor
@@ -154,7 +162,11 @@ async def test_a_tenant_binding_admits_what_the_workers_tenancy_check_admits(
             return 1_000
 
     descriptor = EndpointDescriptor(
-        id="h1", url="http://127.0.0.1:1", tenant_id=bound, tenant_expires_at_unix_ms=expires
+        id="h1",
+        url="http://127.0.0.1:1",
+        tenant_id=bound,
+        tenant_expires_at_unix_ms=expires,
+        shared=shared,
     )
     checked = check_endpoint_tenant(Endpoint(descriptor=descriptor, api_key=None), tenant, At1000())
     if admitted:
@@ -163,4 +175,4 @@ async def test_a_tenant_binding_admits_what_the_workers_tenancy_check_admits(
         with pytest.raises(ConnectorError) as refused:
             await checked
         assert refused.value.code is ErrorCode.TENANT_MISMATCH
-    assert binding_admits(bound, expires, tenant, 1_000) is admitted
+    assert binding_admits(bound, expires, tenant, 1_000, shared=shared) is admitted

@@ -31,6 +31,7 @@ import msgspec
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
 from schemas.codec import encode
 from worker.bus.publisher import BusPublisher
+from worker.hermes.exchange import Exchange
 
 log = logging.getLogger(__name__)
 
@@ -236,7 +237,8 @@ def enter_scope(scope: ReceiptScope) -> None:
 def receipt(event: ReceiptEvent, **details: DetailValue) -> None:
     """Record a decision about the Action the current task executes (no-op outside one).
 
-    The HTTP client and the operator call this without knowing which Action they serve.
+    The operator calls this, and the HTTP client through `provider_receipt`, without
+    knowing which Action they serve.
     """
     scope = _scope.get()
     if scope is not None:
@@ -248,3 +250,16 @@ def receipt(event: ReceiptEvent, **details: DetailValue) -> None:
             trace_id=scope.trace_id,
             facts=details,
         )
+
+
+def provider_receipt(exchange: Exchange) -> None:
+    """The `provider_request` receipt of one finished Hermes exchange: the hook the app wires
+    into every `HermesClient`. Method, route template, status and duration only: never a
+    body or a header value."""
+    receipt(
+        ReceiptEvent.PROVIDER_REQUEST,
+        method=exchange.method,
+        route=exchange.route,
+        status=exchange.status,
+        duration_ms=round(exchange.seconds * 1000, 1),
+    )

@@ -126,8 +126,10 @@ async def connect_nats_for_command(settings: Settings) -> NATS:
 
 
 def credential_options(settings: Settings) -> dict[str, Any]:
-    """nats-py keyword arguments for the configured credentials and TLS (files checked)."""
-    options: dict[str, Any] = {}
+    """nats-py keyword arguments for the configured credentials, TLS (files checked) and
+    the role's reply-inbox prefix: every connection of this project takes them from here,
+    so a role's replies arrive where its NATS user alone may subscribe."""
+    options: dict[str, Any] = {"inbox_prefix": settings.nats_inbox_prefix}
     if settings.nats_user:
         options["user"] = settings.nats_user
     if settings.nats_password_file:
@@ -150,11 +152,31 @@ def credential_options(settings: Settings) -> dict[str, Any]:
     return options
 
 
-def open_redis_for(settings: Settings) -> Redis | RedisCluster:
+def open_approver_redis_for(settings: Settings) -> Redis | RedisCluster:
+    """The Redis client approval decisions and escalation resolutions are written with
+    (`approve`, `escalations resolve`): the approver ACL user of `AIPD_APPROVER_REDIS_URL`
+    and `AIPD_APPROVER_REDIS_PASSWORD_FILE` when set, since the workers' user may only read
+    approvals (compose/redis/users.acl); else the `AIPD_REDIS_*` one."""
+    if settings.approver_redis_url is None:
+        return open_redis_for(settings)
+    return open_redis_for(
+        settings.model_copy(
+            update={
+                "redis_url": settings.approver_redis_url,
+                "redis_password_file": settings.approver_redis_password_file,
+            }
+        ),
+        file_setting="AIPD_APPROVER_REDIS_PASSWORD_FILE",
+    )
+
+
+def open_redis_for(
+    settings: Settings, *, file_setting: str = "AIPD_REDIS_PASSWORD_FILE"
+) -> Redis | RedisCluster:
     """The Redis client of these settings: URL, cluster mode, the password file (never in
     the URL) and the deployment's write confirmation."""
     password = (
-        read_secret_file(settings.redis_password_file, what="AIPD_REDIS_PASSWORD_FILE")
+        read_secret_file(settings.redis_password_file, what=file_setting)
         if settings.redis_password_file
         else None
     )

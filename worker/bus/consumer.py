@@ -6,7 +6,9 @@ failure — a NATS restart, a deleted consumer, a lost connection — is logged 
 binds again, so the pull consumer resumes by itself (nats.py #504).
 
 A fetch also waits for the `gate` (the store's health): a worker whose Redis is failing or
-full leaves the queue to the workers that can lease and settle.
+full leaves the queue to the workers that can lease and settle. And the consumer is not
+even bound while `serving` (`worker/serving.py`) says the endpoint cannot be served (a
+missing trust file, a Hermes refusing its key): the work waits for a worker that can.
 """
 
 from __future__ import annotations
@@ -37,6 +39,14 @@ class FetchGate(Protocol):
     def accepting(self) -> bool: ...
 
     async def wait_accepting(self) -> None: ...
+
+
+class ServingCheck(Protocol):
+    """Whether this worker can serve an endpoint at all now (`ServingGate` is one)."""
+
+    def servable(self, endpoint_id: str) -> bool: ...
+
+    async def wait_servable(self, endpoint_id: str) -> None: ...
 
 
 class Slots:
@@ -88,6 +98,8 @@ class PullLoop:
         fetch_timeout_s: float = 2.0,
         gate: FetchGate | None = None,
         errors: RepeatedErrors | None = None,
+        endpoint_id: str = "",
+        serving: ServingCheck | None = None,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -98,6 +110,9 @@ class PullLoop:
         self.fetch_timeout_s = fetch_timeout_s
         #: Asked before each fetch: no fetch while it refuses new work.
         self.gate = gate
+        #: Asked before binding and before each fetch: unbound while it says no.
+        self.endpoint_id = endpoint_id
+        self.serving = serving
         #: A NATS outage fails every bind and fetch alike: logged once per cause per interval.
         self.errors = errors if errors is not None else RepeatedErrors()
         self.stopping = asyncio.Event()
@@ -107,6 +122,9 @@ class PullLoop:
     async def run(self) -> None:
         backoff = 0.1
         while not self.stopping.is_set():
+            if self.serving is not None and not self.serving.servable(self.endpoint_id):
+                await self._until_stopping_or(self.serving.wait_servable(self.endpoint_id))
+                continue
             try:
                 sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
             except Exception as exc:
@@ -131,6 +149,10 @@ class PullLoop:
     async def _fetch_until_error(self, sub: JetStreamContext.PullSubscription) -> None:
         while not self.stopping.is_set():
             free = await self.slots.wait_free()
+            if self.serving is not None and not self.serving.servable(self.endpoint_id):
+                log.warning("unbinding %s/%s: this worker cannot serve %s now (see /ready)",
+                            self.stream, self.durable, self.endpoint_id)
+                return
             if self.gate is not None and not self.gate.accepting:
                 await self._until_stopping_or(self.gate.wait_accepting())
             if self.stopping.is_set():

@@ -16,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
+from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
@@ -66,8 +67,13 @@ class BusPublisher:
         confirm_timeout_s: float = 5.0,
         signer: ResponseSigner | None = None,
         acks: AckedPublisher | None = None,
+        nc: NATS | None = None,
     ) -> None:
         self.js = js
+        #: The connection `js` runs on, when the caller holds it (the app does; so does
+        #: `acks`): its server's `max_payload`, and the plain publish receipts take. Without
+        #: it a publisher assumes the server default and sends receipts through `js`.
+        self.nc = nc if nc is not None else acks.nc if acks is not None else None
         self.subjects = subjects
         self.confirm_timeout_s = confirm_timeout_s
         #: Signs results and DLQ entries; None publishes them unsigned (development only).
@@ -83,26 +89,19 @@ class BusPublisher:
     def max_message_bytes(self) -> int:
         """The largest body one result or chunk may have: the server's `max_payload` (from
         its INFO, so a deployment's own limit counts) less the room for our headers."""
-        nc = getattr(self.js, "_nc", None)
-        max_payload = getattr(nc, "max_payload", DEFAULT_MAX_PAYLOAD) or DEFAULT_MAX_PAYLOAD
+        nc = self.nc
+        max_payload = (nc.max_payload if nc is not None else 0) or DEFAULT_MAX_PAYLOAD
         return int(max_payload) - HEADER_ROOM
 
     async def _publish_async(
         self, subject: str, payload: bytes, headers: dict[str, str], wait_stall: float
     ) -> asyncio.Future[PubAck]:
-        """`self.acks.publish` when the worker has its own acknowledgement subscription;
-        else `js.publish_async`, without its stall timer when a slot is free.
-
-        nats-py wraps the wait for a free in-flight slot in `asyncio.wait_for`, which costs a
-        task per publish; with a slot free the wait cannot block, so no timer is needed.
-        """
+        """`self.acks.publish` when the worker has its own acknowledgement subscription
+        (the hot path); else nats-py's `js.publish_async`, for a publisher that sends few."""
         if self.acks is not None:
             return await self.acks.publish(subject, payload, headers, wait_stall)
-        slots = getattr(self.js, "_publish_async_pending_semaphore", None)
-        free = getattr(slots, "_value", 0) > 0 and not getattr(slots, "_waiters", None)
-        wait_stall_or_none = None if free else wait_stall
         return await self.js.publish_async(
-            subject, payload, headers=headers, wait_stall=wait_stall_or_none
+            subject, payload, headers=headers, wait_stall=wait_stall
         )
 
     async def chunk(
@@ -219,7 +218,7 @@ class BusPublisher:
             headers = {MSG_ID: receipt.receipt_id}
             if sign and self.signer is not None:
                 headers.update(self.signer.headers(payload))
-            nc = getattr(self.js, "_nc", None)
+            nc = self.nc
             if nc is not None:
                 await nc.publish(subject, payload, headers=headers)
             else:

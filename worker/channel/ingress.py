@@ -46,39 +46,13 @@ from worker.channel.rules import IngressTarget
 from worker.errors import ChannelMessageRefused, ConnectorError
 from worker.metrics import Metrics
 from worker.store.clock import now_ms
+from worker.store.ingress_store import IngressStore
+from worker.store.keys import IngressKeys
 
 log = logging.getLogger(__name__)
 
-NAMESPACE = "aip:connector:hermes_agent:channel:v1"
 #: The raw JSON of a refused message kept in the DLQ (bounded).
 MAX_REFUSED_BYTES = 256 * 1024
-
-# KEYS[1] lease; ARGV owner, ttl_ms. Take a free lease or renew our own; 1 when held.
-_LEASE = """
-local owner = redis.call('GET', KEYS[1])
-if owner == false or owner == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', tonumber(ARGV[2]))
-  return 1
-end
-return 0
-"""
-# KEYS[1] lease, KEYS[2] cursor; ARGV owner, message id. Advance only as the owner, only up.
-_ADVANCE = """
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
-local current = tonumber(redis.call('GET', KEYS[2]) or '-1')
-if tonumber(ARGV[2]) > current then redis.call('SET', KEYS[2], ARGV[2]) end
-return 1
-"""
-# KEYS[1] lease; ARGV owner. Give the lease back (shutdown).
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
-"""
-
-
-def _keys(target: IngressTarget) -> tuple[str, str]:
-    tag = "{" + f"{target.endpoint_id}:{target.session_id}" + "}"
-    return f"{NAMESPACE}:{tag}:lease", f"{NAMESPACE}:{tag}:cursor"
 
 
 def message_msg_id(endpoint_id: str, message_id: int) -> str:
@@ -149,7 +123,7 @@ class SessionFollower:
         target: IngressTarget,
         *,
         hermes: Any,
-        redis: Any,
+        store: IngressStore,
         js: JetStreamContext,
         subjects: Subjects,
         publisher: BusPublisher,
@@ -159,7 +133,7 @@ class SessionFollower:
     ) -> None:
         self.target = target
         self.hermes = hermes
-        self.redis = redis
+        self.store = store
         self.js = js
         self.subjects = subjects
         self.publisher = publisher
@@ -167,7 +141,7 @@ class SessionFollower:
         self.worker_id = worker_id
         self.owner = f"{worker_id}#{secrets.token_hex(6)}"
         self.lease_ttl_ms = lease_ttl_ms
-        self.lease_key, self.cursor_key = _keys(target)
+        self.keys = IngressKeys.of(target.endpoint_id, target.session_id)
         self.subject = subjects.inbound(target.endpoint_id, target.session_id)
         #: Monotonic time of the last successful lease write (the local validity check).
         self._held_at: float | None = None
@@ -193,14 +167,14 @@ class SessionFollower:
 
     async def release(self) -> None:
         try:
-            await self.redis.eval(_RELEASE, 1, self.lease_key, self.owner)
+            await self.store.release(self.keys, self.owner)
         except Exception:
             log.debug("ingress lease release failed", exc_info=True)
 
     async def _hold(self) -> bool:
-        held = int(await self.redis.eval(_LEASE, 1, self.lease_key, self.owner, self.lease_ttl_ms))
+        held = await self.store.hold(self.keys, self.owner, self.lease_ttl_ms)
         self._held_at = time.monotonic() if held else None
-        return bool(held)
+        return held
 
     def _still_valid(self) -> bool:
         """Renewed within 80 % of the TTL: a follower resumed after a pause stops here."""
@@ -211,8 +185,7 @@ class SessionFollower:
 
     async def cursor(self) -> int:
         """The last message id on the bus: the larger of Redis' cursor and the stream's."""
-        stored = await self.redis.get(self.cursor_key)
-        cursor = int(stored) if stored is not None else -1
+        cursor = await self.store.cursor(self.keys)
         try:
             last = await self.js.get_last_msg(self.subjects.stream_name("inbound"), self.subject)
         except NotFoundError:
@@ -264,10 +237,7 @@ class SessionFollower:
                 )
                 self.metrics.channel_ingress_published(target.endpoint_id)
             faults.hit("after_ingress_publish", f"{target.session_id}:{message_id}")
-            advanced = await self.redis.eval(
-                _ADVANCE, 2, self.lease_key, self.cursor_key, self.owner, message_id
-            )
-            if int(advanced) < 0:
+            if not await self.store.advance(self.keys, self.owner, message_id):
                 self._held_at = None
                 return  # another follower owns the session now
         self.metrics.channel_ingress_lag(target.endpoint_id, target.session_id, 0.0)

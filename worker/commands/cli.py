@@ -32,8 +32,8 @@ async def cmd_run(args: argparse.Namespace) -> int:
     from worker.app import Worker
     from worker.wiring import (
         binding_cancel_hook,
-        build_admission,
         build_delegation,
+        build_gate,
         build_registry,
     )
 
@@ -42,7 +42,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
     registry = build_registry(settings)
     worker = Worker(
         settings,
-        admission=build_admission(settings),
+        gate=build_gate(settings),
         registry=registry,
         binding_cancel=binding_cancel_hook(),
         delegation=build_delegation(settings),

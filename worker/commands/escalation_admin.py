@@ -1,12 +1,18 @@
 """`aip-hermes-worker escalations list | show | resolve`: a human answers an escalation.
 
 Resolving an **approval** escalation answers the paused run with one command: it builds the
-resume Action (`{"resume": {"source_action_id", "choice"}}`) under an id derived from the
-escalation id, records the approver's decision for it through the same code path as
-`approve` (authority file, no self-approval, write-once), records the resolution
-write-once, and publishes the resume signed with `--sign-key`. Running it again after a
-crash repeats the same resume id and the same decision, so nothing is answered twice; a
-second person choosing differently is refused.
+resume Action (`{"resume": {"source_action_id", "choice"}}`) under a fresh random id,
+records the approver's decision for it through the same code path as `approve` (authority
+file, no self-approval, write-once), records the resolution write-once (it names the resume
+id), and publishes the resume signed with `--sign-key`. Running it again after a crash
+reuses the resume id the recorded resolution names, so nothing is answered twice; a second
+person choosing differently is refused.
+
+The id is random, not derived from the escalation id: an escalation is public to every
+reader of its stream, and a derivable id could be published first by anyone (its real
+resume would then be a duplicate and `resolve` would say "answered" while nothing ran).
+Nobody sees the random id before the resume carrying it is on the bus. A crash between the
+decision and the resolution leaves a decision for an id never published: it expires.
 
 Resolving any **other** escalation records who acknowledged it and why (write-once in
 Redis, copied to the stream); it changes nothing else.
@@ -22,7 +28,6 @@ binding still waits on that prompt.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -40,10 +45,10 @@ from schemas.escalation import (
     ResolutionKind,
     is_escalation_id,
 )
-from schemas.ids import capability_id
+from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
-from worker.bus.connections import open_redis_for
+from worker.bus.connections import open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ConnectorError, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
@@ -56,21 +61,15 @@ from worker.escalation.ledger import (
 from worker.fingerprints import approval_fingerprint
 from worker.operator.binding import BindingState, decode_binding
 from worker.settings import Settings
+from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
 from worker.store.keys import binding_key, escalation_resolution_key
 from worker.store.operator_store import OperatorStore
-from worker.trust.approval_ledger import read_record
 from worker.trust.signing import TrustedGatewayKeys, read_seed_file
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
 EXIT_UNREACHABLE = 3
-
-
-def resume_action_id(escalation_id: str) -> str:
-    """The resume Action of an approval escalation: one id per escalation, so a repeated
-    `resolve` republishes the same Action instead of answering the prompt twice."""
-    return "act_" + hashlib.sha256(f"resume:{escalation_id}".encode()).hexdigest()[:32]
 
 
 def _fail(code: int, message: str) -> int:
@@ -180,7 +179,7 @@ async def _resolutions_from_redis(settings: Settings, views: list[EscalationView
     an open escalation). When Redis cannot be read the copies are shown, with a warning."""
     if not views:
         return
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         pipe = redis.pipeline(transaction=False)
         for view in views:
@@ -257,7 +256,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
     except TrustConfigError as exc:
         return _fail(EXIT_CONFIG, str(exc))
     document: dict[str, Any] = {}
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         # Redis decides, not the stream's unsigned copy (which may also be missing: a
         # crash after the write-once record).
@@ -283,19 +282,22 @@ def build_resume(
     escalation: Escalation,
     choice: ApprovalChoice,
     *,
+    resume_id: str,
     resolve_all: bool,
     decision_id: str | None = None,
     created_at_unix_ms: int = 0,
 ) -> Action:
-    """The resume Action an approval escalation's answer becomes, as the source's principal.
+    """The resume Action `resume_id` an approval escalation's answer becomes, as the
+    source's principal (the only principal, besides the tenant's authority members, the
+    worker lets resume the run: `worker.trust.resume_authority`).
 
-    Its request (capability and input, what the decision's fingerprint binds) depends only
-    on the escalation and the choice, so a repeated `resolve` decides the same request.
+    Its request (capability, input and principal: what the decision's fingerprint binds)
+    depends only on the escalation and the choice, so a repeated `resolve` decides the same
+    request.
     """
     approval = escalation.approval
     if approval is None:
         raise ResolutionRefused("not an approval escalation")
-    resume_id = resume_action_id(escalation.escalation_id)
     return Action(
         id=resume_id,
         capability=capability_id(escalation.endpoint_id, "operator"),
@@ -343,18 +345,20 @@ async def resolve_approval(
     if choice not in approval.choices:
         offered = ", ".join(c.value for c in approval.choices)
         raise ResolutionRefused(f"choice {choice.value!r} was not offered (offered: {offered})")
-    resume = build_resume(escalation, choice, resolve_all=resolve_all)
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         earlier = await read_resolution(redis, escalation.escalation_id)
-        if earlier is not None and (
-            earlier.choice is not choice or earlier.resume_action_id != resume.id
-        ):
+        if earlier is not None and (earlier.choice is not choice or not earlier.resume_action_id):
             raise ResolutionRefused(_already(earlier))
         if earlier is None:
             # The first decision answers what the run itself waits on; a repeat after a
             # crash finds the run moved on already and only finishes the publishing.
             _check_pending(await pending_from_binding(redis, approval), escalation)
+        # A repeated `resolve` answers with the resume the resolution recorded; a first one
+        # with an id nobody could have known before it is published.
+        resume_id = earlier.resume_action_id if earlier is not None else new_action_id()
+        assert resume_id is not None
+        resume = build_resume(escalation, choice, resume_id=resume_id, resolve_all=resolve_all)
         record = await _decided(redis, resume)
         if record is None:
             record = await approve_action(
@@ -386,6 +390,7 @@ async def resolve_approval(
     signed = build_resume(
         escalation,
         choice,
+        resume_id=resume.id,
         resolve_all=resolve_all,
         decision_id=record.decision_id,
         created_at_unix_ms=resolution.resolved_at_unix_ms,
@@ -448,7 +453,7 @@ async def acknowledge(
 
     if not reason.strip():
         raise ResolutionRefused("a reason is required")
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         resolution = await record_resolution(
             redis,
@@ -479,15 +484,14 @@ async def _publish_resolution(
 ) -> None:
     from worker.bus.publisher import BusPublisher
 
-    await BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix)).escalation_resolution(
-        resolution
-    )
+    publisher = BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix), nc=nc)
+    await publisher.escalation_resolution(resolution)
 
 
 async def _say_pending(settings: Settings, escalation: Escalation) -> None:
     """Tell the approver, before anything is decided, what the run itself waits on."""
     assert escalation.approval is not None
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         pending = await pending_from_binding(redis, escalation.approval)
     finally:
@@ -541,7 +545,8 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
     except (RedisError, OSError) as exc:
         return _fail(
             EXIT_UNREACHABLE,
-            f"cannot reach Redis ({type(exc).__name__}); set --redis-url or AIPD_REDIS_URL",
+            f"cannot reach Redis as the approver ({type(exc).__name__}); set "
+            "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file",
         )
     print(msgspec.json.encode(resolution).decode())
     return 0

@@ -25,12 +25,13 @@ from schemas.action import Action
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected
-from worker.bus.connections import open_redis_for
+from worker.bus.connections import open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
+from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
-from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve, read_record
+from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 
@@ -71,7 +72,7 @@ async def approve_action(
         raise TrustConfigError(
             "AIPD_APPROVAL_AUTHORITY_FILE (--approval-authority-file) is required to approve"
         )
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         now = await redis_now_ms(redis)
         try:
@@ -86,7 +87,7 @@ async def approve_action(
 
 
 async def show_approval(settings: Settings, action_id: str) -> ApprovalRecord | None:
-    redis = open_redis_for(settings)
+    redis = open_approver_redis_for(settings)
     try:
         return await read_record(redis, action_id)
     finally:
@@ -139,7 +140,8 @@ async def cmd_approve(args: argparse.Namespace) -> int:
     except (RedisError, OSError) as exc:
         return _fail(
             EXIT_UNREACHABLE,
-            f"cannot reach Redis ({type(exc).__name__}); set --redis-url or AIPD_REDIS_URL",
+            f"cannot reach Redis as the approver ({type(exc).__name__}); set "
+            "AIPD_APPROVER_REDIS_URL (or AIPD_REDIS_URL) and its password file",
         )
     print(msgspec.json.encode(record).decode())
     return 0
@@ -150,7 +152,9 @@ async def cmd_approval_show(args: argparse.Namespace) -> int:
     try:
         record = await show_approval(settings, args.action_id)
     except ConnectorError as exc:
-        return _fail(EXIT_UNREACHABLE, f"{exc.message}; check --redis-url or AIPD_REDIS_URL")
+        return _fail(
+            EXIT_UNREACHABLE, f"{exc.message}; check AIPD_APPROVER_REDIS_URL or AIPD_REDIS_URL"
+        )
     except ValueError as exc:
         return _fail(EXIT_CONFIG, str(exc))
     if record is None:

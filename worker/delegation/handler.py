@@ -115,7 +115,7 @@ class DelegationIntake:
         child = request.action
         try:
             # Authentication first (identity directory, route, endpoint tenant binding).
-            admitted = await rt.admission.admit(
+            admitted = await rt.gate.admit_verified(
                 action=delivery.action,
                 signer=delivery.signer,
                 endpoint=endpoint,
@@ -127,16 +127,16 @@ class DelegationIntake:
                 ReceiptEvent.ADMITTED,
                 action_id=delivery.action.id,
                 endpoint_id=endpoint.id,
-                facts=admitted.receipt_details,
+                facts=admitted.receipt_details(),
             )
             check_route_policy(request, endpoint, operation.policy)
             if operation.policy.delegation_needs_approval(child.capability):
-                await rt.admission.check_delegated_approval(
-                    child=child,
+                await rt.gate.check_delegated_child(
+                    rt.stores,
+                    child,
                     delegator_id=request.delegator.principal_id,
                     tenant_id=tenant_id,
                     decision_id=request.approval.decision_id if request.approval else None,
-                    stores=rt.stores,
                 )
             check_child_tenant(request, endpoint, tenant_id)
         except ConnectorError as exc:

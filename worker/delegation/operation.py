@@ -37,6 +37,7 @@ from worker.delegation.resolver import DelegatedResolver
 from worker.delegation.stores import LifecycleStores
 from worker.errors import ConnectorError
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
+from worker.operations.partition import prefix_of
 from worker.operator.binding import (
     BindingState,
     OperatorBinding,
@@ -141,7 +142,9 @@ class DelegatedOperation:
         session = OperatorSession(
             ctx, self.policy, ctx.stores.operator, source_action_id=ctx.action.id
         )
-        body = delegated_payload(self.policy, request, session_id_for(ctx.action.id))
+        body = delegated_payload(
+            self.policy, request, session_id_for(ctx.action.id, prefix_of(ctx))
+        )
         binding = await start_and_drive(session, body, forbid_start=forbid_start)
         if binding.status is S.WAITING_FOR_APPROVAL:
             # Hermes asks approval only for a dangerous command: a state-changing tool the

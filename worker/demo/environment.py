@@ -50,7 +50,8 @@ DELEGATED_PREFIX = "cap:support_sandbox:"
 
 
 class DemoError(Exception):
-    """A part of the demo environment could not start; the message says which and why."""
+    """The root of the demo's exceptions; raised itself, a part of the demo environment
+    could not start (the message says which and why)."""
 
 
 #: The persisted Hermes session step h reads the delivered result back from.

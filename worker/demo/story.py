@@ -29,7 +29,7 @@ from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.client import ActionHandle, AipClient
 from worker.demo.console import Console, StepReport
-from worker.demo.environment import DELEGATED_PREFIX, ENDPOINT, DemoEnvironment
+from worker.demo.environment import DELEGATED_PREFIX, ENDPOINT, DemoEnvironment, DemoError
 from worker.store.keys import ActionKeys
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
@@ -74,7 +74,7 @@ class Followed:
         return {str(chunk.__struct_config__.tag) for chunk in self.chunks}
 
 
-class StepFailed(Exception):
+class StepFailed(DemoError):
     """A step could not go on; the message becomes its "got" column."""
 
 

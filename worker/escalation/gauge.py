@@ -103,7 +103,8 @@ class EndpointEscalations:
         if last > self.read_to:
             start = max(self.read_to + 1, first)
             for seq, data, headers in await read_subject_from(
-                self.js, self.subject, start_seq=start, limit=MAX_READ_PER_REFRESH
+                self.js, self.subject, stream=self.stream, start_seq=start,
+                limit=MAX_READ_PER_REFRESH,
             ):
                 self._take(seq, data, headers)
                 self.read_to = max(self.read_to, seq)

@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-import nats.errors
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from schemas.escalation import Escalation, EscalationResolution
 from subjects.grammar import Subjects
+from worker.bus.stream_reads import drain
 from worker.errors import UnverifiedResponse
 from worker.store.keys import escalation_resolution_key
 from worker.trust.responses import verify_escalation
@@ -67,34 +66,28 @@ Stored = tuple[int, bytes, Mapping[str, str] | None]
 
 
 async def read_subject(js: JetStreamContext, subject: str) -> list[Stored]:
-    """Every message stored on `subject`, oldest first (an ordered, ephemeral consumer)."""
+    """Every message stored on `subject`, oldest first."""
     return await read_subject_from(js, subject)
 
 
 async def read_subject_from(
-    js: JetStreamContext, subject: str, *, start_seq: int = 1, limit: int = MAX_READ
+    js: JetStreamContext,
+    subject: str,
+    *,
+    stream: str | None = None,
+    start_seq: int = 1,
+    limit: int = MAX_READ,
 ) -> list[Stored]:
     """`(stream sequence, data, headers)` of the messages on `subject` from `start_seq`,
-    oldest first, at most `limit` of them."""
-    config = ConsumerConfig(
-        deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=max(1, start_seq)
-    )
-    sub = await js.subscribe(subject, ordered_consumer=True, config=config)
-    out: list[Stored] = []
-    try:
-        timeout = 1.0
-        while len(out) < limit:
-            try:
-                msg = await sub.next_msg(timeout=timeout)
-            except nats.errors.TimeoutError:
-                break
-            out.append((msg.metadata.sequence.stream, msg.data, msg.headers))
-            if msg.metadata.num_pending == 0:
-                break
-            timeout = 5.0
-    finally:
-        await sub.unsubscribe()
-    return out
+    oldest first, at most `limit` of them (the headers carry the signature). Message gets
+    only (worker/bus/stream_reads.py): the roles that read escalations (the workers' gauge,
+    the gateway credential's `escalations` commands) may create no consumer. `stream`
+    unset: looked up by subject."""
+    stream = stream or await js.find_stream_name_by_subject(subject)
+    return [
+        (msg.seq or 0, msg.data or b"", msg.headers)
+        for msg in await drain(js, stream, subject, start_seq=start_seq, limit=limit)
+    ]
 
 
 def believe_escalation(

@@ -72,7 +72,9 @@ async def connect_nats(settings: GatewaySettings) -> NATS:
     from worker.bus.connections import credential_options
     from worker.settings import Settings
 
-    credentials = credential_options(Settings(nats_url=settings.nats_url))
+    credentials = credential_options(
+        Settings(nats_url=settings.nats_url, nats_inbox_prefix=settings.nats_inbox_prefix)
+    )
     servers = [url.strip() for url in settings.nats_url.split(",") if url.strip()]
     return await nats.connect(
         servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **credentials

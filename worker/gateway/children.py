@@ -29,8 +29,6 @@ from dataclasses import dataclass
 import msgspec
 from msgspec.structs import replace
 from nats.aio.client import Client as NATS
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action
@@ -41,11 +39,12 @@ from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
-from worker.errors import UnverifiedResponse
+from worker.bus.stream_reads import SubjectFollower
+from worker.errors import ActionIdTaken, UnverifiedResponse
 from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
-from worker.trust.responses import verify_result
+from worker.trust.responses import sha256_hex, verify_result
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope
 
 log = logging.getLogger(__name__)
@@ -111,18 +110,28 @@ class Children:
         self._refusals: OrderedDict[tuple[str, int], None] = OrderedDict()
 
     def believe(
-        self, action_id: str, data: bytes, headers: Mapping[str, str] | None
+        self,
+        action_id: str,
+        data: bytes,
+        headers: Mapping[str, str] | None,
+        envelope_sha256: str,
     ) -> ActionResult:
         """Child `action_id`'s result in `data`; `UnverifiedResponse` when trusted worker
         keys are configured and none of them signed these bytes, or when the result names
-        another Action (a signed answer replayed onto this subject); a decode failure
-        raises `msgspec.DecodeError`."""
+        another Action or another envelope than the one dispatched (`envelope_sha256`): a
+        genuine answer to someone else's Action under this id, or replayed onto this
+        subject, is not this child's. A decode failure raises `msgspec.DecodeError`."""
         if self.trusted_worker_keys is None:
             result = _result_decoder.decode(data)
         else:
             result = verify_result(data, headers, self.trusted_worker_keys)
         if result.action_id != action_id:
             raise UnverifiedResponse(f"the result on the subject of {action_id} names another")
+        if result.action_sha256 != envelope_sha256:
+            raise UnverifiedResponse(
+                f"the result on the subject of {action_id} answers another envelope than the "
+                "one this gateway dispatched"
+            )
         return result
 
     def _refused(self, action_id: str, seq: int | None, exc: UnverifiedResponse) -> Refused:
@@ -144,11 +153,20 @@ class Children:
             )
         return Refused(str(exc))
 
-    async def dispatch(self, record: QueueRecord, route: Route) -> QueueRecord:
-        """Publish the child (signed, `Nats-Msg-Id` = its id), then record the dispatch."""
+    async def dispatch(
+        self, record: QueueRecord, route: Route, *, first: bool = False
+    ) -> QueueRecord:
+        """Publish the child (signed, `Nats-Msg-Id` = its id), then record the dispatch.
+
+        `first` is the publish right after this gateway created the queue entry: nothing of
+        this gateway's can be in the duplicate window then, so a `duplicate` PubAck means
+        another publisher's envelope holds the id, and `ActionIdTaken` is raised (what runs
+        under the id is not this child). A recovery re-send expects the duplicate."""
         payload = self.envelope(record.action, route)
         headers = {"Nats-Msg-Id": record.action.id, **sign_envelope(payload, self.seed)}
-        await self.js.publish(route.subjects.actions, payload, headers=headers)
+        ack = await self.js.publish(route.subjects.actions, payload, headers=headers)
+        if first and ack.duplicate:
+            raise ActionIdTaken(record.action.id)
         faults.hit("gateway_after_dispatch", record.action.id)
         running = replace(record, state=LifecycleState.RUNNING, updated_at_unix_ms=now_ms())
         await self.writer.update_queue_entry(running)
@@ -164,67 +182,93 @@ class Children:
             return False
         return True
 
+    async def on_bus(self, route: Route, action_id: str) -> bool:
+        """Whether a result or a chunk is already stored under `action_id` on the route's
+        subjects: someone else's Action holds the id, and nothing there is this child's
+        (`aip_action_events` would pass its chunks through)."""
+        for subject in (route.subjects.results(action_id), route.subjects.chunks(action_id)):
+            try:
+                stream = await self.js.find_stream_name_by_subject(subject)
+                await self.js.get_last_msg(stream, subject)
+            except NotFoundError:
+                continue
+            return True
+        return False
+
     @staticmethod
     def envelope(child: ChildAction, route: Route) -> bytes:
-        """The child as its executor decodes it: a Hermes worker takes a plain `Action`."""
+        """The child as its executor decodes it: a Hermes worker takes a plain `Action`.
+
+        `delegation` is never sent: a caller of `aip_call` could write any chain there, and
+        a worker would project it to Hermes as `X-AIP-Delegation-Chain` (and an operator
+        binding would record it). Delegation comes from a signed `DelegationRequest` only;
+        the queue record keeps the field for the delegation resolver to compare.
+        """
+        child = replace(child, delegation=None)
         if route.endpoint_id is not None:
             return encode(msgspec.convert(msgspec.to_builtins(child), Action))
         return encode(child)
 
+    @classmethod
+    def envelope_sha256(cls, child: ChildAction, route: Route) -> str:
+        """What the child's result must name as `action_sha256` (the envelope is a pure
+        function of the recorded child, so every gateway computes the same)."""
+        return sha256_hex(cls.envelope(child, route))
+
     async def wait_result(
-        self, route: Route, action_id: str, timeout_s: float, *, until_drained: bool = False
+        self, route: Route, child: ChildAction, timeout_s: float, *, until_drained: bool = False
     ) -> ActionResult | Refused | None:
         """The child's one (verified) result; when none arrived within `timeout_s`, `Refused`
         if results that did not verify were seen, else None. `until_drained` stops at the
         last message already stored instead of waiting for a new one.
 
-        An ordered consumer re-creates itself after a NATS reconnect and starts again from
-        the first message, so a disconnect while following loses nothing.
+        Read with message gets from the stream (worker/bus/stream_reads.py), woken by the
+        connection's one shared subscription per results pattern: no consumer is created,
+        and a NATS reconnect while following loses nothing (the next read resumes at the
+        next stream sequence).
         """
+        action_id = child.id
+        expected = self.envelope_sha256(child, route)
         subject = route.subjects.results(action_id)
         deadline = time.monotonic() + max(timeout_s, 0.0)
-        sub = None
+        stream = await self._results_stream(subject, deadline)
+        if stream is None:
+            return None  # no stream binds the route's results: nothing to follow
         refused: Refused | None = None
-        try:
-            while sub is None:
-                try:
-                    sub = await self.js.subscribe(
-                        subject, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL
-                    )
-                except NotFoundError:
-                    return None  # no stream binds the route's results: nothing to follow
-                except Exception as exc:  # NATS reconnecting: try again within the bound
-                    if time.monotonic() >= deadline:
-                        return None
-                    log.info("cannot follow %s yet: %s", action_id, type(exc).__name__)
-                    await asyncio.sleep(0.5)
+        async with SubjectFollower(self.nc, stream, subject) as follower:
             while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
+                wait = 0.0 if until_drained else deadline - time.monotonic()
+                msg = await follower.next(wait)
+                if msg is None:
                     return refused
                 try:
-                    msg = await sub.next_msg(timeout=min(remaining, 5.0))
-                except NatsTimeout:
-                    continue
-                try:
-                    return self.believe(action_id, msg.data, msg.headers)
+                    return self.believe(action_id, msg.data or b"", msg.headers, expected)
                 except UnverifiedResponse as exc:
                     # Not a trusted worker's: the real result may still follow.
-                    refused = self._refused(action_id, msg.metadata.sequence.stream, exc)
+                    refused = self._refused(action_id, msg.seq, exc)
                 except msgspec.DecodeError:
                     log.warning("an undecodable result on %s is ignored", subject)
-                if until_drained and msg.metadata.num_pending == 0:
-                    return refused
-        finally:
-            if sub is not None:
-                try:
-                    await sub.unsubscribe()
-                except Exception as exc:  # a closed connection: nothing to clean up
-                    log.debug("unsubscribe failed: %s", type(exc).__name__)
 
-    async def stored_result(self, route: Route, action_id: str) -> ActionResult | Refused | None:
+    async def _results_stream(self, subject: str, deadline: float) -> str | None:
+        """The stream that stores `subject` (None: none does); NATS errors (a reconnect)
+        are retried until `deadline`."""
+        while True:
+            try:
+                return await self.js.find_stream_name_by_subject(subject)
+            except NotFoundError:
+                return None
+            except Exception as exc:  # NATS reconnecting: try again within the bound
+                if time.monotonic() >= deadline:
+                    return None
+                log.info("cannot follow %s yet: %s", subject, type(exc).__name__)
+                await asyncio.sleep(0.5)
+
+    async def stored_result(
+        self, route: Route, child: ChildAction
+    ) -> ActionResult | Refused | None:
         """The child's result if it is already on the bus (no waiting for a new one): the
         last message, or when that one is refused, the first earlier one that verifies."""
+        action_id = child.id
         subject = route.subjects.results(action_id)
         try:
             stream = await self.js.find_stream_name_by_subject(subject)
@@ -232,12 +276,14 @@ class Children:
         except NotFoundError:
             return None
         try:
-            return self.believe(action_id, msg.data or b"", msg.headers)
+            return self.believe(
+                action_id, msg.data or b"", msg.headers, self.envelope_sha256(child, route)
+            )
         except UnverifiedResponse as exc:
             refused = self._refused(action_id, msg.seq, exc)
         except msgspec.DecodeError:
             return None
-        found = await self.wait_result(route, action_id, RESCAN_TIMEOUT_S, until_drained=True)
+        found = await self.wait_result(route, child, RESCAN_TIMEOUT_S, until_drained=True)
         return found or refused
 
     async def settle(self, record: QueueRecord, result: ChildResult) -> QueueRecord:

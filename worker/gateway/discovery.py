@@ -58,6 +58,17 @@ class Discovery:
                     subjects.add(str(subject))
         return sorted(subjects)
 
+    async def manifest(self, subject: str) -> dict[str, Any] | None:
+        """The manifest one endpoint's workers answer on `subject`; None when none answers
+        (no worker up, or a route to an executor that serves no manifest)."""
+        try:
+            reply = await self.nc.request(subject, b"", timeout=MANIFEST_TIMEOUT_S)
+            manifest = json.loads(reply.data)
+        except Exception as exc:  # no responders, a timeout, or not JSON
+            log.info("manifest %s not read: %s", subject, type(exc).__name__)
+            return None
+        return manifest if isinstance(manifest, dict) else None
+
     async def manifests(self) -> list[dict[str, Any]]:
         found: list[dict[str, Any]] = []
         for subject in await self.manifest_subjects():

@@ -63,8 +63,10 @@ DESCRIPTIONS: Final = {
     "aip_call": (
         "Create and run one AIP Action as the calling agent. `arguments` is the Action "
         "contract (capability, input, optional action_id, mode, timeout_ms, ...), without "
-        "identity: the caller's identity comes from its credential. mode `sync` waits for "
-        "the result; otherwise the call returns the Action id and state at once."
+        "identity: the caller's identity comes from its credential. A supplied action_id "
+        "is namespaced to the caller: use the action_id of the answer with the other tools. "
+        "mode `sync` waits for the result; otherwise the call returns the Action id and "
+        "state at once."
     ),
     "aip_action_status": "The state of an Action this caller created.",
     "aip_action_result": "The native result of an Action this caller created, once it ended.",
@@ -160,11 +162,13 @@ class GatewayHttp:
             return await self._run("aip_capabilities", ctx, service.capabilities)
 
         async def aip_call(arguments: dict[str, Any], ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
+            # No action_id for the receipt until the answer names the child: a supplied id is
+            # not the child's (it is namespaced), and a refused call must not append to the
+            # audit chain of whatever Action that id names.
             return await self._run(
                 "aip_call",
                 ctx,
                 lambda p: service.call(p, arguments),
-                action_id=arguments.get("action_id"),
                 capability=arguments.get("capability"),
             )
 

@@ -40,6 +40,25 @@ class PrincipalRecord(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, 
         msgspec.Meta(max_length=64),
     ]
     expires_at_unix_ms: Annotated[int, msgspec.Meta(ge=0)]
+    #: The capability-id prefixes this principal may call (textual `starts_with`); absent
+    #: means every routed capability. A Hermes principal is steered by whoever chats with
+    #: it, so it should name only what that Hermes needs.
+    capability_prefixes: (
+        Annotated[
+            list[Annotated[str, msgspec.Meta(pattern=r"^cap:", min_length=5, max_length=512)]],
+            msgspec.Meta(max_length=64),
+        ]
+        | None
+    ) = None
+    #: The Hermes endpoints its children may go to; absent means every routed endpoint.
+    #: Routes to other executors (no endpoint) are governed by `capability_prefixes` alone.
+    endpoints: (
+        Annotated[
+            list[Annotated[str, msgspec.Meta(pattern=r"^[a-z0-9][a-z0-9_-]{0,62}\Z")]],
+            msgspec.Meta(max_length=256),
+        ]
+        | None
+    ) = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +72,29 @@ class Principal:
     revision: int
     scopes: frozenset[str]
     expires_at_unix_ms: int
+    #: None: every routed capability / endpoint (the file left it open).
+    capability_prefixes: tuple[str, ...] | None = None
+    endpoints: frozenset[str] | None = None
 
     def has(self, scope: str) -> bool:
         return scope in self.scopes
+
+    def may_call(self, capability: str, endpoint_id: str | None) -> bool:
+        """Whether this principal's allowlists admit `capability`, routed to `endpoint_id`
+        (a Hermes endpoint, or None for another executor)."""
+        if self.capability_prefixes is not None and not any(
+            capability.startswith(prefix) for prefix in self.capability_prefixes
+        ):
+            return False
+        return self.endpoints is None or endpoint_id is None or endpoint_id in self.endpoints
+
+    def may_route(self, capability_prefix: str) -> bool:
+        """Whether a route of `capability_prefix` can serve anything this principal may call
+        (what `aip_capabilities` shows of the route table)."""
+        if self.capability_prefixes is None:
+            return True
+        head = capability_prefix.partition("{endpoint}")[0]
+        return any(p.startswith(head) or head.startswith(p) for p in self.capability_prefixes)
 
     def identity(self) -> Identity:
         """The child Action's identity: the transport-authenticated principal."""
@@ -110,6 +149,10 @@ class Principals:
                 revision=record.revision,
                 scopes=frozenset(record.scopes),
                 expires_at_unix_ms=record.expires_at_unix_ms,
+                capability_prefixes=None
+                if record.capability_prefixes is None
+                else tuple(record.capability_prefixes),
+                endpoints=None if record.endpoints is None else frozenset(record.endpoints),
             )
         return cls(by_hash)
 

@@ -23,12 +23,11 @@ import asyncio
 import logging
 
 import msgspec
-from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
 
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
 from schemas.result import ActionResult
+from worker.bus.stream_reads import drain
 from worker.errors import ConnectorError
 from worker.gateway.children import Children, Refused, child_result, now_ms
 from worker.gateway.observe import GatewayMetrics
@@ -56,6 +55,10 @@ class Recovery:
         self.reader = reader
         self.routes = routes
         self.metrics = metrics
+        #: The latest entry (with its stream sequence) of every queue subject read so far
+        #: whose entry is not terminal, and the sequence to read on from.
+        self._open: dict[str, tuple[int, QueueRecord]] = {}
+        self._read_from = 1
 
     async def run(self) -> None:
         """Sweep forever (cancel to stop); a failed sweep is logged and tried again."""
@@ -70,32 +73,48 @@ class Recovery:
             await asyncio.sleep(interval_s)
 
     async def open_entries(self) -> list[QueueRecord]:
-        """The current queue entry of every child that is not terminal."""
+        """The current queue entry of every child that is not terminal.
+
+        Read with message gets (worker/bus/stream_reads.py: the gateway role may create no
+        consumer). Each sweep reads only what was stored since the last one, at most
+        `MAX_ENTRIES_PER_SWEEP` messages, into the latest entry per subject, as a
+        LAST_PER_SUBJECT read would see them: a terminal entry is forgotten (nothing follows
+        it), and so is one whose message the stream's retention dropped. While a long
+        stream is still being read (the first sweeps of a new gateway) nothing is returned:
+        an entry read so far may not be its subject's latest yet.
+        """
         js = self.children.js
         subjects = self.reader.subjects
-        sub = await js.subscribe(
+        stream = subjects.runtime_stream_name("queue")
+        state = (await js.stream_info(stream)).state
+        if state.last_seq < self._read_from - 1:  # the stream was made again: read it anew
+            self._open.clear()
+            self._read_from = 1
+        read = await drain(
+            js,
+            stream,
             subjects.all_runtime_queue(),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            start_seq=self._read_from,
+            limit=MAX_ENTRIES_PER_SWEEP,
         )
-        found: list[QueueRecord] = []
-        try:
-            info = await sub.consumer_info()
-            total = min(info.num_pending or 0, MAX_ENTRIES_PER_SWEEP)
-            for _ in range(total):
-                try:
-                    msg = await sub.next_msg(timeout=2.0)
-                except NatsTimeout:
-                    break
-                try:
-                    record = self.reader.decode_queue(msg.data, msg.headers or {})
-                except ConnectorError:
-                    continue  # not a record this gateway can vouch for: never acted on
-                if not record.state.terminal:
-                    found.append(record)
-        finally:
-            await sub.unsubscribe()
-        return found
+        for msg in read:
+            seq = msg.seq or 0
+            self._read_from = seq + 1
+            try:
+                record = self.reader.decode_queue(msg.data or b"", msg.headers or {})
+            except ConnectorError:
+                # Not a record this gateway can vouch for: never acted on, and it does not
+                # hide the last good entry of its subject.
+                continue
+            if record.state.terminal:
+                self._open.pop(msg.subject or "", None)
+            else:
+                self._open[msg.subject or ""] = (seq, record)
+        if len(read) >= MAX_ENTRIES_PER_SWEEP:
+            return []  # more is stored: the next sweep reads on
+        for subject in [s for s, (seq, _) in self._open.items() if seq < state.first_seq]:
+            del self._open[subject]
+        return [record for _, record in self._open.values()]
 
     async def sweep(self) -> int:
         """One pass; returns how many entries it moved on."""
@@ -118,7 +137,7 @@ class Recovery:
         if route is None:
             return False
         child_id = record.action.id
-        result = await self.children.stored_result(route, child_id)
+        result = await self.children.stored_result(route, record.action)
         now = now_ms()
         if isinstance(result, ActionResult):
             await self.children.settle(record, child_result(result))

@@ -10,6 +10,7 @@ does not exist, so ids of others are not even confirmed.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import logging
 from typing import Any
@@ -18,17 +19,17 @@ import msgspec
 from msgspec.structs import replace
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, Mode
 from schemas.delegation import ChildAction
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id, new_action_id
-from schemas.lifecycle import LifecycleState, QueueRecord
+from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
 from schemas.result import ActionResult
 from worker import faults
-from worker.errors import ConnectorError, QueueEntryExists
+from worker.bus.stream_reads import SubjectFollower
+from worker.errors import ActionIdTaken, ConnectorError, QueueEntryExists
 from worker.gateway.children import Children, child_result, now_ms
 from worker.gateway.discovery import Discovery
 from worker.gateway.principals import Principal
@@ -46,6 +47,8 @@ MAX_EVENTS_PER_CALL = 500
 EVENTS_IDLE_S = 0.3
 #: What `aip_call` may not carry: identity is the credential's, `id` is spelt `action_id`.
 FORBIDDEN_FIELDS = ("identity", "id")
+#: Domain separation of the namespaced Action ids (`namespaced_action_id`).
+NAMESPACE_LABEL = "aip-hermes-worker/gateway-action-id/v1"
 
 
 def _invalid(message: str) -> ConnectorError:
@@ -56,6 +59,18 @@ def _not_found(action_id: str) -> ConnectorError:
     return ConnectorError(
         ErrorCode.CONFIGURATION_OR_INPUT, f"no Action {action_id} of this principal"
     )
+
+
+def namespaced_action_id(principal_id: str, tenant_id: str | None, supplied: str) -> str:
+    """The bus id of the Action a principal names `supplied` (docs/gateway.md): `act_` and
+    the first 32 hex digits of sha256 over a fixed label, the principal id, its tenant and
+    the caller's id, NUL-separated. Two principals (or one principal in two tenants) naming
+    the same id get different Actions, so no caller can reach, squat or probe an id
+    another uses; the same principal naming it again gets the same child (idempotency)."""
+    material = "\0".join(
+        (NAMESPACE_LABEL, principal_id, tenant_id or "", supplied)
+    )
+    return "act_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
 
 
 def _collision() -> ConnectorError:
@@ -91,7 +106,12 @@ def _serves_tenant(manifest: dict[str, Any], tenant_id: str | None, now: int) ->
         return False
     if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool)):
         return False
-    return binding_admits(bound, expires, tenant_id, now)
+    # A worker older than the shared-endpoint setting sends no `shared`: its unbound
+    # endpoints admitted every tenant, as they did then.
+    shared = manifest.get("shared", True)
+    if not isinstance(shared, bool):
+        return False
+    return binding_admits(bound, expires, tenant_id, now, shared=shared)
 
 
 class GatewayService:
@@ -115,8 +135,8 @@ class GatewayService:
     # --- aip_capabilities ---------------------------------------------------------------
 
     async def capabilities(self, principal: Principal) -> dict[str, Any]:
-        """What the bus serves to this principal's tenant and the route table admits, from
-        the workers' manifests."""
+        """What the bus serves to this principal's tenant, the route table admits and the
+        principal's allowlists let it call, from the workers' manifests."""
         listed = []
         now = now_ms()
         for manifest in await self.discovery.manifests():
@@ -124,9 +144,17 @@ class GatewayService:
                 continue
             for entry in manifest.get("capabilities", []):
                 capability = entry.get("capability")
-                if isinstance(capability, str) and self.routes.resolve(capability) is not None:
+                if not isinstance(capability, str):
+                    continue
+                route = self.routes.resolve(capability)
+                if route is not None and principal.may_call(capability, route.endpoint_id):
                     listed.append({"endpoint_id": manifest.get("endpoint_id"), **entry})
-        return {"capabilities": listed, "routes": self.routes.describe()}
+        routes = {
+            prefix: subject
+            for prefix, subject in self.routes.describe().items()
+            if principal.may_route(prefix)
+        }
+        return {"capabilities": listed, "routes": routes}
 
     # --- aip_call -----------------------------------------------------------------------
 
@@ -142,9 +170,18 @@ class GatewayService:
                 why = "comes from the credential" if name == "identity" else "is spelt action_id"
                 raise _invalid(f"field {name!r} is not accepted: it {why}")
         fields = dict(arguments)
-        action_id = fields.pop("action_id", None)
-        if action_id is None:
+        supplied = fields.pop("action_id", None)
+        if supplied is None:
             action_id = new_action_id()
+        elif not isinstance(supplied, str) or not is_action_id(supplied):
+            raise _invalid("action_id must be act_ followed by 32 hex digits")
+        elif fields.get("delegation") is not None:
+            # A delegated child keeps its protocol-assigned id: the delegation resolver reads
+            # the runtime's stores under exactly that id. Its `delegation` never reaches the
+            # executor (Children.envelope), and the id is refused when anything else holds it.
+            action_id = supplied
+        else:
+            action_id = namespaced_action_id(principal.principal_id, principal.tenant_id, supplied)
         fields.setdefault("created_at_unix_ms", now_ms())
         document = {"id": action_id, "identity": msgspec.to_builtins(principal.identity())}
         document.update(fields)
@@ -159,6 +196,12 @@ class GatewayService:
         route = self.routes.resolve(child.capability)
         if route is None:
             raise _unrouted(child.capability)
+        if not principal.may_call(child.capability, route.endpoint_id):
+            raise ConnectorError(
+                ErrorCode.HOST_ROUTE_MISMATCH,
+                f"this principal may not call capability {child.capability[:200]!r} "
+                "(its capability_prefixes / endpoints in the principals file)",
+            )
         if not await self.children.served(route):
             raise ConnectorError(
                 ErrorCode.HOST_ROUTE_MISMATCH,
@@ -170,9 +213,13 @@ class GatewayService:
                 msgspec.convert(msgspec.to_builtins(child), Action)
             except msgspec.ValidationError as exc:
                 raise _invalid(f"invalid Action contract: {exc}") from None
+            await self._check_tenant(principal, route)
         supplied_created = "created_at_unix_ms" in arguments
         existing = await self.reader.queue(child.id)
         if existing is None:
+            if await self.children.on_bus(route, child.id):
+                # Another Action's result holds the id: nothing there is this child's.
+                raise _not_found(child.id)
             now = now_ms()
             record = QueueRecord(
                 action=child,
@@ -189,10 +236,14 @@ class GatewayService:
             except QueueEntryExists:
                 existing = await self.reader.queue(child.id)
                 if existing is None:  # created and gone again: not ours to guess about
-                    raise _collision() from None
+                    raise _not_found(child.id) from None
             else:
                 faults.hit("gateway_after_enqueue", child.id)
-                record = await self.children.dispatch(record, route)
+                try:
+                    record = await self.children.dispatch(record, route, first=True)
+                except ActionIdTaken:
+                    await self._settle_taken(record, route)
+                    raise _not_found(child.id) from None
                 return await self._after_dispatch(record, route)
         self._same_contract(principal, child, existing, supplied_created=supplied_created)
         view = _view(existing)
@@ -200,6 +251,38 @@ class GatewayService:
         view["result"] = msgspec.to_builtins(lifecycle.result) if lifecycle else None
         view["duplicate"] = True
         return view
+
+    async def _check_tenant(self, principal: Principal, route: Route) -> None:
+        """Refuse, before anything is enqueued, a child for an endpoint whose manifest binds
+        it to a tenant that does not admit the principal's (the worker would refuse it at
+        admission; here nothing is stored or sent). No manifest answering leaves the check
+        to the worker's admission, which applies the same rule."""
+        manifest = await self.discovery.manifest(f"{route.subjects.base}.manifest")
+        if manifest is not None and not _serves_tenant(manifest, principal.tenant_id, now_ms()):
+            raise ConnectorError(
+                ErrorCode.TENANT_MISMATCH,
+                f"endpoint {route.endpoint_id} does not serve this principal's tenant",
+            )
+
+    async def _settle_taken(self, record: QueueRecord, route: Route) -> None:
+        """End the queue entry of a child whose dispatch was dropped as a duplicate: it was
+        never sent, so it failed with certainty, and no result on the bus is believed."""
+        failure = ConnectorError(
+            ErrorCode.CONFIGURATION_OR_INPUT,
+            f"no Action {record.action.id} of this principal could be dispatched: the id is "
+            "not usable; choose another",
+        )
+        error = failure.to_protocol(endpoint_id=route.endpoint_id, read_only=False)
+        await self.children.settle(
+            record,
+            ChildResult(
+                action_id=record.action.id,
+                capability=record.action.capability,
+                status="failed",
+                error=msgspec.to_builtins(error),
+                settled_at_unix_ms=now_ms(),
+            ),
+        )
 
     def _same_contract(
         self,
@@ -210,7 +293,7 @@ class GatewayService:
         supplied_created: bool,
     ) -> None:
         if not self._owns(principal, existing):
-            raise _collision()
+            raise _not_found(child.id)  # exactly like an unknown id: no oracle
         stored = existing.action
         if not supplied_created:
             child = replace(child, created_at_unix_ms=stored.created_at_unix_ms)
@@ -237,7 +320,7 @@ class GatewayService:
 
     async def follow(self, record: QueueRecord, route: Route, timeout_s: float) -> dict[str, Any]:
         """Wait for the child's result within `timeout_s` and settle both records."""
-        result = await self.children.wait_result(route, record.action.id, timeout_s)
+        result = await self.children.wait_result(route, record.action, timeout_s)
         if not isinstance(result, ActionResult):
             # None yet, or only refused ones: recovery settles it at its deadline.
             view = _view(record)
@@ -306,22 +389,19 @@ class GatewayService:
         route = self._route_of(record)
         events: list[Any] = []
         done = False
+        subject = route.subjects.chunks(action_id)
         try:
-            sub = await self.nc.jetstream().subscribe(
-                route.subjects.chunks(action_id),
-                ordered_consumer=True,
-                deliver_policy=DeliverPolicy.ALL,
-            )
+            stream: str | None = await self.nc.jetstream().find_stream_name_by_subject(subject)
         except NotFoundError:
-            sub = None
-        if sub is not None:
-            try:
+            stream = None
+        if stream is not None:
+            # Message gets, never a consumer (worker/bus/stream_reads.py).
+            async with SubjectFollower(self.nc, stream, subject) as follower:
                 while len(events) < limit:
-                    try:
-                        msg = await sub.next_msg(timeout=EVENTS_IDLE_S)
-                    except NatsTimeout:
+                    msg = await follower.next(EVENTS_IDLE_S)
+                    if msg is None:
                         break
-                    chunk = msgspec.json.decode(msg.data)
+                    chunk = msgspec.json.decode(msg.data or b"null")
                     if not isinstance(chunk, dict) or not isinstance(chunk.get("seq"), int):
                         continue
                     if chunk["seq"] < cursor:
@@ -331,8 +411,6 @@ class GatewayService:
                     if chunk.get("kind") in ("done", "error"):
                         done = True
                         break
-            finally:
-                await sub.unsubscribe()
         return {
             "action_id": action_id,
             "capability": record.action.capability,

@@ -33,6 +33,10 @@ class GatewaySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="AIPD_", extra="ignore", frozen=True)
 
     nats_url: str = "nats://127.0.0.1:4222"
+    #: Prefix of the gateway's reply inboxes (JetStream API replies, request replies). Under
+    #: least-privilege roles the only one its NATS user may subscribe to (compose:
+    #: `_INBOX_gateway`), so no other role reads what is delivered to it.
+    nats_inbox_prefix: str = "_INBOX"
     subject_prefix: str = "aip"
     #: Where the MCP server (`/mcp`) and `/health`, `/ready`, `/metrics` listen.
     gateway_host: str = "127.0.0.1"
@@ -72,6 +76,13 @@ class GatewaySettings(BaseSettings):
     gateway_id: str = Field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("nats_inbox_prefix")
+    @classmethod
+    def _inbox_prefix(cls, value: str) -> str:
+        from worker.settings import inbox_prefix
+
+        return inbox_prefix(value)
 
     @field_validator("mcp_transport_scopes", "mcp_supported_scopes", "mcp_allowed_hosts")
     @classmethod

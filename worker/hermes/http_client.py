@@ -5,7 +5,10 @@ TLS context each). By default it runs over the `httpx-aiohttp` transport, measur
 about 7x the stock transport's throughput at 100 concurrent streams; the stock transport
 stays selectable. Redirects are never followed (3xx is `remote_rejected`), so the bearer key
 never reaches another origin. Every failure leaves as a typed `ConnectorError` naming the
-route template only: never the concrete URL, the provider's body or the key.
+route template only: never the concrete URL, the provider's body or the key; how each
+status and transport ending is typed is `worker.hermes.exchange`. Every finished exchange is
+reported to the hook the app wires (`on_exchange`: the audit receipt), so this package knows
+nothing of the audit log.
 
 Failures are raised *outside* the `except` block that caught the lower-layer exception, so
 the ConnectorError has no `__context__`: a traceback of it cannot show an httpx request, a
@@ -27,9 +30,7 @@ import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
 
-from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
-from worker.bus.audit import receipt
 from worker.endpoints import Endpoint
 from worker.errors import (
     ConnectorError,
@@ -37,6 +38,12 @@ from worker.errors import (
     SSEIdle,
     SSELimitReached,
     deadline_exceeded,
+)
+from worker.hermes.exchange import (
+    Answer,
+    Exchange,
+    ExchangeHook,
+    answer_of,
     from_http_status,
     from_transport,
 )
@@ -151,6 +158,11 @@ def _body(response: httpx.Response) -> AsyncIterator[bytes]:
 DEFAULT_MAX_CONNECTIONS = 2_048
 
 
+#: Marks a request the worker sends only to learn whether Hermes accepts its key (the
+#: serving gate and `/ready`); Hermes ignores it, the fake counts such requests apart.
+PROBE_HEADER = "X-AIP-Probe"
+
+
 class HermesClient:
     """Requests to one endpoint; safe to share across every Action the worker runs."""
 
@@ -161,9 +173,12 @@ class HermesClient:
         transport: Transport = "aiohttp",
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         metrics: Metrics | None = None,
+        on_exchange: ExchangeHook | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.metrics = metrics
+        #: Told of every finished exchange (the app wires the audit receipt here).
+        self.on_exchange = on_exchange
         d = endpoint.descriptor
         #: `read` is above Hermes' 30 s SSE keepalive (descriptor default 45 s), so a quiet
         #: but healthy stream is never cut; the Action deadline bounds the whole exchange.
@@ -262,13 +277,22 @@ class HermesClient:
         response.request = request
         return response
 
-    async def post_bytes(
-        self, route: str, body: bytes, headers: Mapping[str, str]
-    ) -> httpx.Response:
-        """`POST route` with a JSON body already encoded, read to the end (the operator's
-        start, whose body the fence built before it claimed)."""
+    async def exchange(
+        self,
+        method: str,
+        route: str,
+        body: bytes,
+        headers: Mapping[str, str],
+        *,
+        timeout_s: float,
+        max_body_bytes: int,
+    ) -> Exchange:
+        """One request with a JSON body already encoded, sent once, whose every ending is an
+        `Exchange` (cancellation aside), never an exception: the operator's unsafe start,
+        which must tell "never sent" from "may have run". The answer's body is kept up to
+        `max_body_bytes` (a larger one is None)."""
         request = self._build(
-            "POST",
+            method,
             route,
             None,
             content=body,
@@ -276,12 +300,39 @@ class HermesClient:
             protected=True,
             accept="application/json",
         )
-        response = await self.send(request)
+        started = time.monotonic()
+        status: int | None = None
+        raw: bytes | None = b""
+        response_headers: Mapping[str, str] = {}
+        failure: str | None = None
         try:
-            await response.aread()
-        finally:
-            await response.aclose()
-        return response
+            async with asyncio.timeout(timeout_s):
+                response = await self.send(request)
+                try:
+                    raw = await _read_bounded(response, max_body_bytes)
+                finally:
+                    await response.aclose()
+            status, response_headers = response.status_code, response.headers
+            code = error_code_of(raw) if status == 503 and raw is not None else None
+            answer = answer_of(status, code)
+        except TimeoutError:
+            answer = Answer.TIMED_OUT
+        except _TRANSPORT_ERRORS as exc:
+            answer = Answer.NOT_SENT if _never_sent(exc, self.transport_name) else Answer.LOST
+            failure = type(exc).__name__
+        exchange = Exchange(
+            endpoint_id=self.endpoint.id,
+            method=method,
+            route=route,
+            answer=answer,
+            status=status,
+            seconds=time.monotonic() - started,
+            body=raw if status is not None else b"",
+            headers=response_headers,
+            failure=failure,
+        )
+        self._report(exchange)
+        return exchange
 
     async def request_json(
         self,
@@ -353,7 +404,7 @@ class HermesClient:
         try:
             response = await self.send(request)
         except BaseException:
-            self.observe(method, route, None, started)
+            self._finished(method, route, None, started)
             raise
         status = response.status_code
         try:
@@ -370,22 +421,30 @@ class HermesClient:
             return response.status_code, bytes(body), response.headers
         finally:
             await response.aclose()
-            self.observe(method, route, status, started)
+            self._finished(method, route, status, started)
 
-    def observe(self, method: str, route: str, status: int | None, started: float) -> None:
-        """Record one finished exchange (metrics and an audit receipt); a caller that sends
-        through `post_bytes` itself (the operator's start) calls it too."""
-        seconds = time.monotonic() - started
-        if self.metrics is not None:
-            self.metrics.provider_call(self.endpoint.id, method, route, status, seconds)
-        # Method, route template, status and duration only: never a body or a header value.
-        receipt(
-            ReceiptEvent.PROVIDER_REQUEST,
-            method=method,
-            route=route,
-            status=status,
-            duration_ms=round(seconds * 1000, 1),
+    def _finished(self, method: str, route: str, status: int | None, started: float) -> None:
+        """Report a streamed or JSON exchange (no status: it got no answer)."""
+        self._report(
+            Exchange(
+                endpoint_id=self.endpoint.id,
+                method=method,
+                route=route,
+                answer=Answer.LOST if status is None else answer_of(status),
+                status=status,
+                seconds=time.monotonic() - started,
+            )
         )
+
+    def _report(self, exchange: Exchange) -> None:
+        """Every finished exchange, once: the metrics, then the app's hook."""
+        if self.metrics is not None:
+            self.metrics.provider_call(
+                self.endpoint.id, exchange.method, exchange.route, exchange.status,
+                exchange.seconds,
+            )  # fmt: skip
+        if self.on_exchange is not None:
+            self.on_exchange(exchange)
 
     @asynccontextmanager
     async def stream_sse(
@@ -425,7 +484,7 @@ class HermesClient:
         except _TRANSPORT_ERRORS as exc:
             failure = from_transport(exc, what)
         if failure is not None:
-            self.observe(method, route, None, started)
+            self._finished(method, route, None, started)
             raise failure
         try:
             if not 200 <= response.status_code < 300:
@@ -440,7 +499,7 @@ class HermesClient:
             yield SSEStream(what, response, limits or SSELimits())
         finally:
             await _close_quietly(response)
-            self.observe(method, route, response.status_code, started)
+            self._finished(method, route, response.status_code, started)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -457,6 +516,35 @@ def _query_value(value: Any) -> Any:
     if isinstance(value, bool):
         return "true" if value else "false"
     return value
+
+
+async def _read_bounded(response: httpx.Response, limit: int) -> bytes | None:
+    """The body, or None as soon as it passes `limit` bytes (the rest is never read)."""
+    raw = bytearray()
+    async for piece in response.aiter_bytes():
+        raw += piece
+        if len(raw) > limit:
+            return None
+    return bytes(raw)
+
+
+def _never_sent(exc: BaseException, transport: str) -> bool:
+    """True only when the request provably never reached the wire: no connection could be
+    had (pool wait, connect refused or timed out). Anything after a connection existed (a
+    disconnect, a read error) may have delivered it, so it stays unknown.
+
+    The stock transport raises `ConnectError`/`ConnectTimeout`/`PoolTimeout` only before
+    sending. httpx-aiohttp maps every `aiohttp.ClientConnectionError`, including a server
+    disconnect after the request, to `ConnectTimeout`, so there the aiohttp cause decides:
+    `ClientConnectorError` (connecting failed) or `ConnectionTimeoutError` (no connection
+    within the connect timeout, pool wait included).
+    """
+    if isinstance(exc, httpx.PoolTimeout):
+        return True
+    if transport == "httpx":
+        return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
+    connecting = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
+    return isinstance(exc, connecting) or isinstance(exc.__cause__, connecting)
 
 
 async def refusal_code(response: httpx.Response) -> str | None:

@@ -21,6 +21,7 @@ from schemas.chunk import ChunkKind
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError, deadline_exceeded
 from worker.hermes.http_client import HermesResponse
+from worker.operations import partition
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Stateless
 from worker.operations.retry import NO_RETRY, ReadRetryPolicy, retry_read
 
@@ -104,11 +105,16 @@ class JsonOperation(Stateless):
         self.retry = retry
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
+        params = await partition.guard(ctx, self.spec.name, params)
         response = await send(
             ctx, self.spec, self.build(params), protected=self.protected, retry=self.retry
         )
-        await ctx.emit(ChunkKind.DATA, response.body)
-        return Outcome(ResultStatus.COMPLETED, response.body)
+        # Screened before the data chunk: another tenant's rows never reach the stream.
+        outcome = await partition.screen(
+            ctx, self.spec.name, params, Outcome(ResultStatus.COMPLETED, response.body)
+        )
+        await ctx.emit(ChunkKind.DATA, outcome.output)
+        return outcome
 
 
 def no_call(_: Any) -> HermesCall:

@@ -30,6 +30,7 @@ from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.hermes.http_client import SSEStream
 from worker.hermes.sse import SSEEvent, SSELimits
+from worker.operations import partition
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Stateless
 from worker.operations.calls import HermesCall, within_deadline
 from worker.operations.retry import NO_RETRY, ReadRetryPolicy, retry_read
@@ -125,6 +126,7 @@ class StreamOperation(Stateless):
         self.run_id_param = run_id_param
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
+        params = await partition.guard(ctx, self.spec.name, params)
         return await stream_call(
             ctx,
             self.spec,

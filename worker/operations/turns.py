@@ -23,6 +23,7 @@ from schemas.manifest import Risk
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.hermes.sse import SSELimits
+from worker.operations import partition
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Stateless
 from worker.operations.calls import HermesCall, JsonOperation, body_of, send
 from worker.operations.classifiers import ChatCompletionChunks, ResponseEvents
@@ -89,6 +90,10 @@ class _Turn(Stateless):
         self.limits = limits
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
+        params = await partition.guard(ctx, self.spec.name, params)
+        return await partition.screen(ctx, self.spec.name, params, await self._turn(ctx, params))
+
+    async def _turn(self, ctx: ExecutionContext, params: Any) -> Outcome:
         call = HermesCall(body=body_of(params))
         if params.stream:
             return await stream_call(ctx, self.spec, call, self.classifier(), limits=self.limits)

@@ -175,6 +175,11 @@ class OperatorBinding(_Record, frozen=True):
     #: Provider evidence of the terminal run (`{"event", "output", …}`), redacted.
     output: dict[str, Any] | None = None
     error: BindingError | None = None
+    #: The verified principal and tenant of the Action that started the run (admitted by
+    #: the trust gate). None only in a binding an older worker wrote: the source's lease
+    #: then says whose run it is (`worker.trust.resume_authority`).
+    principal_id: str | None = None
+    tenant_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -248,18 +253,26 @@ def decode_binding(data: bytes) -> OperatorBinding:
         ) from None
 
 
-def session_id_for(action_id: str) -> str:
-    """The stable Hermes session of an operator Action (spec "Submit a direct objective")."""
-    return f"aip-operator-{action_id}"
+def session_id_for(action_id: str, partition_prefix: str = "") -> str:
+    """The stable Hermes session of an operator Action (spec "Submit a direct objective");
+    on a shared endpoint inside the Action's tenant partition
+    (`worker.operations.partition.prefix_of`)."""
+    return f"{partition_prefix}aip-operator-{action_id}"
 
 
-def new_binding(action: Action, endpoint_id: str, fingerprint: str, now_ms: int) -> OperatorBinding:
+def new_binding(
+    action: Action, endpoint_id: str, fingerprint: str, now_ms: int, *, partition_prefix: str = ""
+) -> OperatorBinding:
+    """A fresh binding, recording who started the run: a resume must come from that
+    principal or an authority member of its tenant (`worker.trust.resume_authority`)."""
     delegation = action.delegation
     return OperatorBinding(
         action_id=action.id,
         request_fingerprint=fingerprint,
         endpoint_id=endpoint_id,
-        session_id=session_id_for(action.id),
+        session_id=session_id_for(action.id, partition_prefix),
+        principal_id=action.identity.principal_id,
+        tenant_id=action.identity.tenant_id,
         status=BindingState.STARTING,
         created_at=now_ms,
         updated_at=now_ms,

@@ -24,6 +24,7 @@ from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
 from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
+from worker.operations.partition import prefix_of
 from worker.operator.binding import (
     BindingState,
     OperatorBinding,
@@ -136,7 +137,7 @@ class OperatorOperation:
         return outcome_of(
             await start_and_drive(
                 session,
-                provider_payload(session, objective, session_id_for(ctx.action.id)),
+                provider_payload(session, objective, session_id_for(ctx.action.id, prefix_of(ctx))),
                 forbid_start=forbid_start,
             )
         )
@@ -177,7 +178,9 @@ async def start_and_drive(
     fence = StartFence(session, body, forbid_start=forbid_start)
     del body  # the fence holds it, and drops it once the start is sent
     binding = await fence.create(
-        lambda now: new_binding(ctx.action, ctx.endpoint.id, fingerprint, now)
+        lambda now: new_binding(
+            ctx.action, ctx.endpoint.id, fingerprint, now, partition_prefix=prefix_of(ctx)
+        )
     )
     if binding.request_fingerprint != fingerprint or binding.endpoint_id != ctx.endpoint.id:
         raise collision_error()

@@ -7,19 +7,17 @@ the provider state unknown. Returning sum types makes every caller handle every 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import msgspec
 
 from schemas.errors import ErrorCode
-from worker.errors import ConnectorError, EventStreamUnavailable, refused_before_start
-from worker.hermes.http_client import HermesClient, error_code_of
+from worker.errors import ConnectorError, EventStreamUnavailable
+from worker.hermes.exchange import Answer, Exchange
+from worker.hermes.http_client import HermesClient
 from worker.hermes.sse import SSEEvent, SSELimits
 
 START_ROUTE = "/v1/runs"
@@ -81,59 +79,69 @@ StartOutcome = StartAccepted | StartRejected | StartRateLimited | StartUnknown
 async def start_run(
     hermes: HermesClient, body: bytes, headers: Mapping[str, str], timeout_s: float
 ) -> StartOutcome:
-    """`POST /v1/runs` once. Cancellation propagates (the caller's lease is gone)."""
-    started = time.monotonic()
-    try:
-        async with asyncio.timeout(timeout_s):
-            response = await hermes.post_bytes(START_ROUTE, body, headers)
-    except TimeoutError:
-        hermes.observe("POST", START_ROUTE, None, started)
-        return StartUnknown("POST /v1/runs did not answer before the start claim budget")
-    except httpx.HTTPError as exc:
-        hermes.observe("POST", START_ROUTE, None, started)
-        if never_sent(exc, hermes.transport_name):
-            return StartRateLimited(NOT_SENT_RETRY_S, "could not be sent (no connection)")
-        return StartUnknown(f"POST /v1/runs failed in transport: {type(exc).__name__}")
-    status = response.status_code
-    hermes.observe("POST", START_ROUTE, status, started)
-    if 200 <= status < 300:
-        run_id = _run_id(response.content)
-        if run_id is None:
-            return StartUnknown(f"POST /v1/runs answered HTTP {status} without a run_id", status)
-        return StartAccepted(run_id)
-    if refused_before_start(status, _error_code(response.content)):
-        # The run cap (429) or a draining gateway (503 `gateway_draining`): nothing exists.
-        return StartRateLimited(
-            _retry_after(response.headers.get("Retry-After")), f"kept answering {status}"
+    """`POST /v1/runs` once, its answer mapped by `START_OUTCOMES`. Cancellation propagates
+    (the caller's lease is gone)."""
+    exchange = await hermes.exchange(
+        "POST",
+        START_ROUTE,
+        body,
+        headers,
+        timeout_s=timeout_s,
+        max_body_bytes=MAX_START_REPLY_BYTES,
+    )
+    return START_OUTCOMES[exchange.answer](exchange)
+
+
+def _accepted(exchange: Exchange) -> StartOutcome:
+    run_id = _run_id(exchange.body)
+    if run_id is None:
+        return StartUnknown(
+            f"POST /v1/runs answered HTTP {exchange.status} without a run_id", exchange.status
         )
-    if 400 <= status < 500:
-        return StartRejected(status)
-    return StartUnknown(f"POST /v1/runs answered HTTP {status}", status)
+    return StartAccepted(run_id)
 
 
-def never_sent(exc: httpx.HTTPError, transport: str) -> bool:
-    """True only when the request provably never reached the wire: no connection could be
-    had (pool wait, connect refused or timed out). Anything after a connection existed (a
-    disconnect, a read error) may have delivered it, so it stays unknown.
-
-    The stock transport raises `ConnectError`/`ConnectTimeout`/`PoolTimeout` only before
-    sending. httpx-aiohttp maps every `aiohttp.ClientConnectionError`, including a server
-    disconnect after the request, to `ConnectTimeout`, so there the aiohttp cause decides:
-    `ClientConnectorError` (connecting failed) or `ConnectionTimeoutError` (no connection
-    within the connect timeout, pool wait included).
-    """
-    if isinstance(exc, httpx.PoolTimeout):
-        return True
-    if transport == "httpx":
-        return isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout)
-    import aiohttp
-
-    cause = exc.__cause__
-    return isinstance(cause, aiohttp.ClientConnectorError | aiohttp.ConnectionTimeoutError)
+def _rejected(exchange: Exchange) -> StartOutcome:
+    assert exchange.status is not None
+    return StartRejected(exchange.status)
 
 
-def _run_id(raw: bytes) -> str | None:
-    if len(raw) > MAX_START_REPLY_BYTES:
+def _unknown(exchange: Exchange) -> StartOutcome:
+    return StartUnknown(f"POST /v1/runs answered HTTP {exchange.status}", exchange.status)
+
+
+def _refused(exchange: Exchange) -> StartOutcome:
+    """The run cap (429) or a draining gateway (503 `gateway_draining`): nothing exists."""
+    return StartRateLimited(
+        _retry_after(exchange.headers.get("Retry-After")), f"kept answering {exchange.status}"
+    )
+
+
+#: How a start's answer maps to its outcome (spec "Fence provider start"): a 4xx proves
+#: nothing was accepted; a 5xx, a transport failure after a connection existed, a timeout or a
+#: 2xx without `run_id` leave the run unknown; only a refusal made before anything started,
+#: or a request that never left this process, may be repeated. Every `Answer` has a row.
+START_OUTCOMES: Mapping[Answer, Callable[[Exchange], StartOutcome]] = {
+    Answer.OK: _accepted,
+    Answer.REFUSED_BEFORE_START: _refused,
+    Answer.AUTH: _rejected,
+    Answer.CLIENT_ERROR: _rejected,
+    Answer.SERVER_ERROR: _unknown,
+    Answer.UNEXPECTED: _unknown,
+    Answer.NOT_SENT: lambda _: StartRateLimited(
+        NOT_SENT_RETRY_S, "could not be sent (no connection)"
+    ),
+    Answer.LOST: lambda exchange: StartUnknown(
+        f"POST /v1/runs failed in transport: {exchange.failure}"
+    ),
+    Answer.TIMED_OUT: lambda _: StartUnknown(
+        "POST /v1/runs did not answer before the start claim budget"
+    ),
+}
+
+
+def _run_id(raw: bytes | None) -> str | None:
+    if raw is None or len(raw) > MAX_START_REPLY_BYTES:
         return None
     try:
         body = _json.decode(raw)
@@ -143,11 +151,6 @@ def _run_id(raw: bytes) -> str | None:
     if isinstance(run_id, str) and run_id.strip() and len(run_id) <= MAX_RUN_ID_CHARS:
         return run_id
     return None
-
-
-def _error_code(raw: bytes) -> str | None:
-    """`error.code` of an error body no longer than a start reply may be."""
-    return error_code_of(raw) if len(raw) <= MAX_START_REPLY_BYTES else None
 
 
 def _retry_after(value: str | None) -> float:

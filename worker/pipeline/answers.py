@@ -139,6 +139,7 @@ class Answers:
             fence=grant.fence,
             settled_at_unix_ms=settled_at,
             last_chunk_sha256=sha256_hex(chunk),
+            action_sha256=sha256_hex(delivery.msg.data),
         )
         result_bytes = encode(result)
         stored = await rt.stores.leases.settle(keys, owner, grant.fence, result_bytes, chunk)

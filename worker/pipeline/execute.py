@@ -110,7 +110,7 @@ class Leased:
         subject = subject_of(delivery.action)
         for requested_by, intent in (await rt.stores.leases.pending_cancels(delivery.keys)).items():
             try:
-                await rt.admission.authorize_cancel(
+                await rt.gate.authorize_cancel(
                     requested_by=requested_by, subject=subject, stores=rt.stores
                 )
             except ConnectorError as exc:

@@ -63,6 +63,7 @@ class Settle:
             fence=execution.fence,
             settled_at_unix_ms=now_ms(),
             last_chunk_sha256=sha256_hex(terminal_bytes),
+            action_sha256=sha256_hex(execution.messages[0].data),
         )
         payload = encode(result)
         oversize = self.oversize(payload, terminal_bytes)

@@ -36,7 +36,7 @@ def verified_signer(rt: Runtime, msg: Msg, headers: Mapping[str, str], claimed: 
     """The gateway signature's signer; an envelope whose signature fails is `Rejected` and
     its receipt goes under the DLQ entry's id: it may claim any Action id (`claimed`)."""
     try:
-        return rt.admission.verify_signature(msg.data, headers)
+        return rt.gate.verify_signature(msg.data, headers)
     except ConnectorError as exc:
         raise Rejected(exc.code, exc.message, claimed_action_id=claimed) from None
 
@@ -211,13 +211,13 @@ class ActionIntake:
         return delivery.having(params=params)
 
     async def admit(self, delivery: Delivery) -> Delivery:
-        """Identity, tenant and approval (`worker.admission`); the trusted headers."""
+        """Identity, tenant and approval (`Gate.admit_verified`); the trusted headers."""
         rt = self.rt
         assert delivery.ep is not None
         assert delivery.operation is not None
         spec = delivery.operation.spec
         try:
-            admitted = await rt.admission.admit(
+            admitted = await rt.gate.admit_verified(
                 action=delivery.action,
                 signer=delivery.signer,
                 endpoint=delivery.ep.endpoint,
@@ -230,7 +230,7 @@ class ActionIntake:
             ReceiptEvent.ADMITTED,
             action_id=delivery.action.id,
             endpoint_id=delivery.endpoint_id,
-            facts=admitted.receipt_details,
+            facts=admitted.receipt_details(),
         )
         return delivery.having(trusted=admitted.headers)
 

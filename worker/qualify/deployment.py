@@ -19,8 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from nats.js.api import DeliverPolicy
-
 from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
 from schemas.audit import Receipt
@@ -29,6 +27,7 @@ from schemas.codec import encode
 from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from schemas.result import ActionResult
+from worker.bus.stream_reads import drain
 from worker.client import ActionHandle, AipClient
 from worker.endpoints import Endpoint, resolve_endpoints
 from worker.errors import ConnectorError, QualifyNotConfigured
@@ -326,18 +325,12 @@ class Deployment:
 
     async def result_count(self, endpoint_id: str, action_id: str) -> int:
         """How many results the results stream holds for one Action (exactly one is right)."""
-        js = self.nc.jetstream()
-        sub = await js.subscribe(
+        stored = await drain(
+            self.nc.jetstream(),
+            self.client.subjects.stream_name("results"),
             self.client.subjects.results(endpoint_id, action_id),
-            ordered_consumer=True,
-            deliver_policy=DeliverPolicy.ALL,
         )
-        try:
-            info = await sub.consumer_info()
-            delivered = info.delivered.consumer_seq if info.delivered else 0
-            return (delivered or 0) + (info.num_pending or 0)
-        finally:
-            await sub.unsubscribe()
+        return len(stored)
 
     async def receipts(self, endpoint_id: str, action_id: str) -> list[tuple[int, Receipt]]:
         return await self.client.receipt_log(endpoint_id, action_id)

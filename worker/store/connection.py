@@ -28,7 +28,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from worker.secret_files import Secret
-from worker.store.multiplexed import Multiplexed
+from worker.store.multiplexed import HEALTH_INTERVAL_S, Multiplexed
 
 _TRANSIENT = (
     RedisConnectionError,
@@ -101,124 +101,6 @@ def write_confirmation(redis: Any) -> WriteConfirmation | None:
     return _confirmations.get(redis)
 
 
-class _TimedSend:
-    """Send a packed command under `asyncio.timeout` instead of `asyncio.wait_for`.
-
-    redis-py wraps every socket write in `wait_for` when a socket timeout is set, which
-    makes each command a task of its own, one event-loop turn later. The same timeout as a
-    context manager keeps the write in the caller's task; errors are handled exactly as
-    redis-py handles them (the connection is dropped, a redis TimeoutError or
-    ConnectionError is raised).
-    """
-
-    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
-        conn: Any = self
-        timeout = conn.socket_timeout
-        if not timeout:
-            await super().send_packed_command(command, check_health)  # type: ignore[misc]
-            return
-        if not conn.is_connected:
-            await conn.connect_check_health(check_health=False)
-        if check_health:
-            await conn.check_health()
-        try:
-            if isinstance(command, str):
-                command = command.encode()
-            if isinstance(command, bytes):
-                command = [command]
-            async with asyncio.timeout(timeout):
-                conn._writer.writelines(command)
-                await conn._writer.drain()
-        except TimeoutError:
-            await conn.disconnect(nowait=True)
-            raise RedisTimeoutError("Timeout writing to socket") from None
-        except OSError as exc:
-            await conn.disconnect(nowait=True)
-            if len(exc.args) == 1:
-                err_no, message = "UNKNOWN", exc.args[0]
-            else:
-                err_no, message = exc.args[0], exc.args[1]
-            raise RedisConnectionError(
-                f"Error {err_no} while writing to socket. {message}."
-            ) from exc
-        except BaseException:
-            await conn.disconnect(nowait=True)
-            raise
-
-
-def _with_timed_send(connection_class: type[Any]) -> type[Any]:
-    """`connection_class` with `_TimedSend`, when it has what that relies on."""
-    needed = ("connect_check_health", "check_health", "send_packed_command")
-    if issubclass(connection_class, _TimedSend) or not all(
-        hasattr(connection_class, name) for name in needed
-    ):
-        return connection_class
-    return type(connection_class.__name__, (_TimedSend, connection_class), {})
-
-
-class LeanBlockingConnectionPool(BlockingConnectionPool):
-    """redis-py's blocking pool with a short path for the common case.
-
-    redis-py 8's pool takes a condition, a lock, records four observability counters and
-    dispatches a re-authentication event for every command (about a fifth of a Redis
-    call's CPU on the benchmark machine). When an idle connection is there, this pool
-    hands it out directly after the same checks as `ensure_connection` (connected, and no
-    unread data left on it by a cancelled call; otherwise `ensure_connection` reconnects);
-    when none is, or the pool is in maintenance mode, it defers to redis-py's own path,
-    which creates a connection or waits for one.
-    A release skips the re-authentication event when no credential provider is set (the
-    event exists only to re-send rotating tokens) and wakes a waiter only when there is
-    one. Any redis-py version without the attributes relied on keeps the stock pool.
-    Its connections send under `asyncio.timeout` (`_TimedSend`).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.connection_class = _with_timed_send(self.connection_class)
-        self._lean = all(
-            hasattr(self, name)
-            for name in ("_available_connections", "_in_use_connections", "_condition")
-        ) and self.connection_kwargs.get("credential_provider") is None
-
-    async def get_connection(self, *args: Any, **kwargs: Any) -> Any:
-        if (
-            not self._lean
-            or not self._available_connections
-            or getattr(self, "_in_maintenance", False)
-        ):
-            return await super().get_connection(*args, **kwargs)  # type: ignore[no-untyped-call]
-        connection = self._available_connections.pop()
-        self._in_use_connections.add(connection)
-        try:
-            # redis-py's `connect()` on a connected connection still runs its retry wrapper;
-            # the stale-data check below is the part that matters for a pooled connection.
-            if not connection.is_connected or await connection.can_read():
-                await self.ensure_connection(connection)
-        except (RedisConnectionError, RedisTimeoutError, OSError):
-            try:
-                await self.ensure_connection(connection)
-            except BaseException:
-                await self.release(connection)
-                raise
-        except BaseException:
-            await self.release(connection)
-            raise
-        return connection
-
-    async def release(self, connection: Any) -> None:
-        if not self._lean or getattr(self, "_in_maintenance", False):
-            await super().release(connection)
-            return
-        self._in_use_connections.remove(connection)
-        if connection.should_reconnect():
-            await connection.disconnect()
-        self._available_connections.append(connection)
-        condition = self._condition
-        if getattr(condition, "_waiters", True):
-            async with condition:
-                condition.notify()
-
-
 class MultiplexedRedis(Redis):
     """redis-py's client plus the shared connection its script calls take (`Multiplexed`):
     everything else (pipelines, plain commands, the heartbeat) still uses the pool."""
@@ -244,8 +126,14 @@ def open_redis(
     password: Secret | None = None,
     max_connections: int = 256,
     confirm: WriteConfirmation | None = None,
+    multiplex: bool = True,
 ) -> Redis | RedisCluster:
     """A client that reconnects by itself; callers decide what an ambiguous failure means.
+
+    On a single server its script calls take one shared connection (`Multiplexed`) unless
+    `multiplex` is off; everything else, and every call on a cluster, takes redis-py's own
+    pooled connections. Both paths keep TCP keepalive on and check an idle connection's
+    health every 10 s.
 
     redis-py may resend a command after a connection error. That is safe here because every
     script is written to be re-run: with the same owner token it returns what the first run
@@ -254,7 +142,8 @@ def open_redis(
     common: dict[str, Any] = {
         "socket_timeout": socket_timeout_s,
         "socket_connect_timeout": socket_timeout_s,
-        "health_check_interval": 10,
+        "health_check_interval": HEALTH_INTERVAL_S,
+        "socket_keepalive": True,
         "retry": Retry(ExponentialBackoff(cap=0.5, base=0.02), retries=2),
         "retry_on_error": [RedisConnectionError, RedisTimeoutError],
     }
@@ -267,7 +156,7 @@ def open_redis(
         # A blocking pool: past `max_connections`, a call waits for a free connection
         # instead of failing (redis-py's default pool raises MaxConnectionsError at 100,
         # which turned every delivery beyond 100 concurrent Redis calls into a redelivery).
-        pool = LeanBlockingConnectionPool.from_url(
+        pool = BlockingConnectionPool.from_url(
             url,
             max_connections=max_connections,
             timeout=None,
@@ -279,12 +168,14 @@ def open_redis(
         )
         # The client owns the pool: aclose() closes it (redis-py types `from_pool` as Redis).
         single = cast(MultiplexedRedis, MultiplexedRedis.from_pool(pool))
-        single.multiplexed = Multiplexed.for_url(
-            url,
-            password=common.get("password"),
-            timeout_s=socket_timeout_s,
-            connect_timeout_s=socket_timeout_s,
-        )
+        if multiplex:
+            single.multiplexed = Multiplexed.for_url(
+                url,
+                password=common.get("password"),
+                timeout_s=socket_timeout_s,
+                connect_timeout_s=socket_timeout_s,
+                health_interval_s=HEALTH_INTERVAL_S,
+            )
         client = single
     if confirm is not None:
         _confirmations[client] = confirm

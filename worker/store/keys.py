@@ -7,14 +7,17 @@ tag (`…:{act_source}:lease:{act_resume}`) so the scripts that touch both stay 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from schemas.channel import INGRESS_SESSION_PATTERN
 from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
 
 NAMESPACE = "aip:connector:hermes_agent:operator_runs:v1"
 CAPACITY_NAMESPACE = "aip:connector:hermes_agent:capacity:v1"
 APPROVALS_PREFIX = "aip:approvals"
 ESCALATIONS_PREFIX = "aip:escalations"
+CHANNEL_NAMESPACE = "aip:connector:hermes_agent:channel:v1"
 
 
 def _tag(action_id: str) -> str:
@@ -90,6 +93,25 @@ class ActionKeys:
     def approvals(self) -> str:
         """The ApprovalRecord an approval authority wrote for this Action."""
         return f"{APPROVALS_PREFIX}:{_tag(self.action_id)}"
+
+
+@dataclass(frozen=True, slots=True)
+class IngressKeys:
+    """The keys of one followed channel session (docs/channels.md): the follower's lease and
+    the cursor (the last message id it published), under one `{endpoint:session}` tag, so
+    each ingress script touches one slot."""
+
+    lease: str
+    cursor: str
+
+    @classmethod
+    def of(cls, endpoint_id: str, session_id: str) -> IngressKeys:
+        if not re.fullmatch(ENDPOINT_ID_PATTERN, endpoint_id):
+            raise ValueError("not an endpoint id")
+        if not re.match(INGRESS_SESSION_PATTERN, session_id):
+            raise ValueError("not an ingress session id")
+        base = f"{CHANNEL_NAMESPACE}:{{{endpoint_id}:{session_id}}}"
+        return cls(lease=f"{base}:lease", cursor=f"{base}:cursor")
 
 
 def binding_key(action_id: str) -> str:

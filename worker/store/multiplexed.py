@@ -20,14 +20,26 @@ What stays the same as redis-py's path, because the stores rely on it:
 
 What is different, deliberately: a caller cancelled while it waits leaves nothing behind on
 the connection (its future is dropped when its reply arrives), so these calls need no
-shield against cancellation. Only single servers reached over TCP (`redis://`) are served
-here; TLS, Unix sockets and Redis Cluster keep redis-py's own connections.
+shield against cancellation.
+
+Health: a shared connection that silently died (a Redis host gone without a FIN, a NAT or
+firewall entry dropped, a frozen server) would make every call on it wait out `timeout_s`.
+So the socket has TCP keepalive on, and a connection that heard nothing for
+`health_interval_s` while no call waits sends a PING; an unanswered PING fails the
+connection like any unanswered call (every waiter gets `TimeoutError`), and a lost
+connection is replaced at once in the background, so the next call finds a fresh one.
+
+Only single servers reached over TCP (`redis://`) are served here; TLS, Unix sockets and
+Redis Cluster keep redis-py's own connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 from collections import deque
+from collections.abc import Callable
 from typing import Any, cast
 
 import hiredis
@@ -43,11 +55,44 @@ def pack(args: tuple[Any, ...]) -> bytes:
     return hiredis.pack_command(args)  # type: ignore[no-any-return]
 
 
+#: How long a connection may hear nothing before it asks Redis for a PING (redis-py's
+#: `health_check_interval` in `open_redis` is the same).
+HEALTH_INTERVAL_S = 10.0
+
+
+def _keepalive(sock: Any, idle_s: float) -> None:
+    """TCP keepalive on the connection's socket, so the kernel also notices a peer that
+    vanished; the probes start after `idle_s` (where the platform lets us say so)."""
+    if sock is None:  # a transport without a socket (a test's pipe): nothing to set
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    idle = max(1, int(idle_s))
+    for name, value in (("TCP_KEEPIDLE", idle), ("TCP_KEEPINTVL", max(1, idle // 3)),
+                        ("TCP_KEEPCNT", 3)):  # fmt: skip
+        option = getattr(socket, name, None)
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
+
+
+def _read_quietly(future: asyncio.Future[Any]) -> None:
+    """A health PING's answer matters only by arriving; its failure is the connection's."""
+    if not future.cancelled():
+        future.exception()
+
+
 class _Wire(asyncio.Protocol):
     """One TCP connection: writes commands, resolves waiting futures in reply order."""
 
-    def __init__(self, timeout_s: float) -> None:
+    def __init__(
+        self,
+        timeout_s: float,
+        health_interval_s: float = HEALTH_INTERVAL_S,
+        on_lost: Callable[[_Wire], None] | None = None,
+    ) -> None:
         self.timeout_s = timeout_s
+        self.health_interval_s = health_interval_s
+        #: Told once when the connection fails, whatever failed it.
+        self.on_lost = on_lost
         # Error replies become redis-py's own exceptions (NOSCRIPT → NoScriptError, OOM →
         # OutOfMemoryError…), made by its own parser, as its hiredis connections do.
         self.reader = hiredis.Reader(replyError=BaseParser.parse_error)
@@ -59,10 +104,32 @@ class _Wire(asyncio.Protocol):
         self.closed = False
         self.loop = asyncio.get_running_loop()
         self._watchdog: asyncio.TimerHandle | None = None
+        #: Loop time of the last bytes Redis sent (or of the connect).
+        self.heard_at = self.loop.time()
+        self._health: asyncio.TimerHandle | None = None
+        #: Health PINGs sent (for tests and the benchmark's command count).
+        self.pings = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports are not subclasses of asyncio.Transport, so no isinstance.
         self.transport = cast(asyncio.Transport, transport)
+        _keepalive(transport.get_extra_info("socket"), self.health_interval_s)
+        self.heard_at = self.loop.time()
+        self._health = self.loop.call_later(self.health_interval_s, self._check_health)
+
+    def _check_health(self) -> None:
+        """Every `health_interval_s`: a connection idle that long, with no call waiting,
+        sends a PING; the watchdog fails the connection when it goes unanswered (a call
+        waiting is already watched)."""
+        self._health = None
+        if self.closed:
+            return
+        idle = self.loop.time() - self.heard_at
+        if not self.waiting and idle >= self.health_interval_s:
+            self.pings += 1
+            self.send(pack(("PING",))).add_done_callback(_read_quietly)
+            idle = 0.0
+        self._health = self.loop.call_later(self.health_interval_s - idle, self._check_health)
 
     def send(self, command: bytes) -> asyncio.Future[Any]:
         """Queue `command`; every command queued in this loop turn goes out in one write.
@@ -99,6 +166,7 @@ class _Wire(asyncio.Protocol):
         self._watchdog = self.loop.call_at(oldest_sent + self.timeout_s, self._check)
 
     def data_received(self, data: bytes) -> None:
+        self.heard_at = self.loop.time()
         reader = self.reader
         reader.feed(data)
         waiting = self.waiting
@@ -126,10 +194,15 @@ class _Wire(asyncio.Protocol):
 
     def fail(self, error: Exception) -> None:
         """Close for good: every waiting call gets `error` (the first) or a connection error."""
+        if self.closed:
+            return
         self.closed = True
         if self._watchdog is not None:
             self._watchdog.cancel()
             self._watchdog = None
+        if self._health is not None:
+            self._health.cancel()
+            self._health = None
         waiting, self.waiting = self.waiting, deque()
         for future, _ in waiting:
             if not future.done():
@@ -137,6 +210,8 @@ class _Wire(asyncio.Protocol):
                 error = RedisConnectionError("Connection closed while waiting for a reply.")
         if self.transport is not None:
             self.transport.abort()
+        if self.on_lost is not None:
+            self.on_lost(self)
 
 
 class Multiplexed:
@@ -152,6 +227,7 @@ class Multiplexed:
         password: str | None = None,
         timeout_s: float = 5.0,
         connect_timeout_s: float = 5.0,
+        health_interval_s: float = HEALTH_INTERVAL_S,
     ) -> None:
         self.host = host
         self.port = port
@@ -160,8 +236,14 @@ class Multiplexed:
         self.password = password
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.health_interval_s = health_interval_s
         self._wire: _Wire | None = None
         self._connecting: asyncio.Future[_Wire] | None = None
+        #: The background replacement of a lost connection (`_replace`).
+        self._replacing: asyncio.Task[None] | None = None
+        self._closed = False
+        #: Connections opened so far (the first, and each replacement).
+        self.connects = 0
 
     @classmethod
     def for_url(
@@ -171,6 +253,7 @@ class Multiplexed:
         password: str | None = None,
         timeout_s: float = 5.0,
         connect_timeout_s: float = 5.0,
+        health_interval_s: float = HEALTH_INTERVAL_S,
     ) -> Multiplexed | None:
         """A multiplexed connection for a plain `redis://` URL; None for TLS or a socket."""
         options = parse_url(url)
@@ -184,10 +267,12 @@ class Multiplexed:
             password=password if password is not None else options.get("password"),
             timeout_s=timeout_s,
             connect_timeout_s=connect_timeout_s,
+            health_interval_s=health_interval_s,
         )
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply (an error reply raises)."""
+        self._closed = False
         wire = self._wire
         if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
             wire = await self._connected()
@@ -208,11 +293,11 @@ class Multiplexed:
                 self._connecting = None
 
     async def _connect(self) -> _Wire:
-        timeout_s = self.timeout_s
+        timeout_s, interval_s = self.timeout_s, self.health_interval_s
         try:
             async with asyncio.timeout(self.connect_timeout_s):
                 _, wire = await asyncio.get_running_loop().create_connection(
-                    lambda: _Wire(timeout_s), self.host, self.port
+                    lambda: _Wire(timeout_s, interval_s, self._lost), self.host, self.port
                 )
         except TimeoutError:
             raise RedisTimeoutError(f"Timeout connecting to {self.host}:{self.port}") from None
@@ -229,14 +314,39 @@ class Multiplexed:
         except BaseException:
             wire.fail(RedisConnectionError("Redis refused the connection's set-up"))
             raise
+        self.connects += 1
         old, self._wire = self._wire, wire
         if old is not None and not old.closed:
             old.fail(RedisConnectionError("Connection replaced."))
         return wire
 
+    def _lost(self, wire: _Wire) -> None:
+        """The current connection failed (a missed answer, the server gone): connect again
+        now, in the background, rather than in the next caller's time."""
+        if wire is not self._wire or self._closed or self._replacing is not None:
+            return
+        self._replacing = wire.loop.create_task(self._replace())
+
+    async def _replace(self) -> None:
+        try:
+            # A failure is not kept: the next call connects again and raises its own error.
+            with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                await self._connected()
+        finally:
+            self._replacing = None
+
     async def aclose(self) -> None:
         """Close the connection (calls still waiting fail with a connection error); like
         redis-py's client, a later call connects again."""
+        self._closed = True
+        replacing, self._replacing = self._replacing, None
+        if replacing is not None and not replacing.done():
+            replacing.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await replacing
+        connecting = self._connecting
+        if connecting is not None and not connecting.done():
+            connecting.cancel()  # a connect still on its way must not outlive the close
         wire, self._wire = self._wire, None
         if wire is not None and not wire.closed:
             wire.fail(RedisConnectionError("the Redis client is closed"))

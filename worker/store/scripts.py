@@ -73,10 +73,19 @@ class Script:
     otherwise sent one each, every one on a pooled connection of its own.
     """
 
-    __slots__ = ("_loading", "_owner", "_send", "cancel_safe", "redis", "script", "sha")
+    __slots__ = (
+        "_command", "_loading", "_owner", "_send", "cancel_safe", "redis", "script", "sha"
+    )  # fmt: skip
 
-    def __init__(self, redis: Any, source: str, owner: Scripts | None = None) -> None:
+    def __init__(
+        self, redis: Any, source: str, owner: Scripts | None = None, *, read_only: bool = False
+    ) -> None:
+        """`read_only`: sent as EVALSHA_RO (Redis 7+), which an ACL user holding only read
+        access (`%R~`) to the script's keys may run: Redis checks EVALSHA's keys as
+        read-write whatever the script does (compose/redis/users.acl: the workers read
+        approval records and may not write them)."""
         self.redis = redis
+        self._command = "EVALSHA_RO" if read_only else "EVALSHA"
         shared = multiplexed(redis)
         #: Where EVALSHA goes: the client's shared connection when it has one
         #: (`worker.store.multiplexed`), else redis-py's `execute_command`.
@@ -97,10 +106,10 @@ class Script:
         if owner is not None and not owner.preloaded:
             await owner.preload()
         try:
-            return await self._send("EVALSHA", self.sha, len(keys), *keys, *args)
+            return await self._send(self._command, self.sha, len(keys), *keys, *args)
         except NoScriptError:
             await self._load()
-            return await self._send("EVALSHA", self.sha, len(keys), *keys, *args)
+            return await self._send(self._command, self.sha, len(keys), *keys, *args)
 
     async def reasked(
         self,

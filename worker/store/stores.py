@@ -2,9 +2,10 @@
 
 Every part of the runtime that keeps state in Redis receives this one object instead of a
 raw client: the leases and results (`LeaseStore`), the operator's bindings, claims and
-capacity (`OperatorStore`), the approval records admission checks (`ApprovalRecords`), and
-the Redis clock trust decisions are made at (docs/architecture.md §5). Each store hashes
-its scripts once, here, rather than once per Action or in a registry keyed by client.
+capacity (`OperatorStore`), the approval records admission checks (`ApprovalRecords`),
+channel ingress's session leases and cursors (`IngressStore`), and the Redis clock trust
+decisions are made at (docs/architecture.md §5). Each store hashes its scripts once, here,
+rather than once per Action or in a registry keyed by client.
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from worker.store.approvals import ApprovalRecords
 from worker.store.clock import RedisClock
 from worker.store.health import StoreHealth
+from worker.store.ingress_store import IngressStore
 from worker.store.lease_store import LeaseStore
 from worker.store.operator_store import OperatorStore
-from worker.trust.approval_ledger import ApprovalRecords
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +26,9 @@ class Stores:
     leases: LeaseStore
     operator: OperatorStore
     approvals: ApprovalRecords
+    ingress: IngressStore
     #: The client itself, for the few parts that run plain commands of their own (the
-    #: health probe, the escalation gauge, channel ingress) and for closing it.
+    #: health probe, the escalation gauge) and for closing it.
     client: Any
 
     @classmethod
@@ -41,6 +44,7 @@ class Stores:
             leases=LeaseStore(redis, result_ttl_ms=result_ttl_ms, health=health),
             operator=OperatorStore(redis),
             approvals=ApprovalRecords(redis),
+            ingress=IngressStore(redis),
             client=redis,
         )
 

@@ -1,4 +1,4 @@
-"""Errors of the real-service test harness.
+"""Errors of the test harness, all under `HarnessError`: its services, and the fake Hermes.
 
 Three kinds matter to a test: the service could not be started at all, or the real Hermes
 could not be installed (the pytest plugin turns that into a skip, or a failure under CI); the
@@ -10,8 +10,12 @@ server it shares with the other tests (a test bug).
 from __future__ import annotations
 
 
-class ServiceError(Exception):
-    """Base class of every harness error."""
+class HarnessError(Exception):
+    """The root of the test harness's exceptions (`worker/testing/`)."""
+
+
+class ServiceError(HarnessError):
+    """A service the harness runs (NATS, Redis, Hermes) failed or may not be controlled."""
 
 
 class ServiceStartError(ServiceError):

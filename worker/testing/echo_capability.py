@@ -10,6 +10,7 @@ stream over `{subject_prefix}.>`, one push subscription, and for every child one
 
 from __future__ import annotations
 
+import hashlib
 import time
 from typing import Any
 
@@ -79,6 +80,7 @@ class EchoCapability:
             settled_by=EXECUTOR_ID,
             fence=0,
             settled_at_unix_ms=time.time_ns() // 1_000_000,
+            action_sha256=hashlib.sha256(msg.data).hexdigest(),
         )
         await self.nc.jetstream().publish(
             self.subjects.results(child.id),

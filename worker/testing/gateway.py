@@ -57,9 +57,18 @@ def principal_entry(
     valid_for_ms: int = 3_600_000,
     revision: int = MCP_REVISION,
     issuer: str = MCP_ISSUER,
+    capability_prefixes: Sequence[str] | None = None,
+    endpoints: Sequence[str] | None = None,
 ) -> dict[str, Any]:
-    """One principals-file entry: the token's hash, never the token."""
+    """One principals-file entry: the token's hash, never the token (the allowlists only
+    when given: an entry without them may call every routed capability)."""
+    allowlists: dict[str, Any] = {}
+    if capability_prefixes is not None:
+        allowlists["capability_prefixes"] = list(capability_prefixes)
+    if endpoints is not None:
+        allowlists["endpoints"] = list(endpoints)
     return {
+        **allowlists,
         "token_sha256": token_sha256(token),
         "principal_id": principal_id,
         "principal_kind": kind,

@@ -3,7 +3,7 @@
 `TrustGate` is what the runtime calls; the modules below it each own one check.
 """
 
-from worker.trust.approval_ledger import approve, check_approval, read_record
+from worker.trust.approval_ledger import approve, check_approval
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
@@ -25,7 +25,6 @@ __all__ = [
     "approve",
     "check_approval",
     "generate_keypair",
-    "read_record",
     "sign_envelope",
     "trusted_projection",
     "verify_envelope",

@@ -1,8 +1,9 @@
-"""The approval ledger: durable decisions in Redis, and the check an approved run must pass.
+"""The approval ledger: recording a decision, and the check an approved run must pass.
 
 Only a record at `approvals_key(action_id)` authorizes an approval-governed capability; the
 Action's `approval.decision_id`, anything in `input` or a legacy `_aip` field are claims, and
-claims grant nothing. Refusal codes when the check fails:
+claims grant nothing. The records themselves are read and written in `worker.store.approvals`.
+Refusal codes when the check fails:
 
 - `connector_host.approval_authorization_unavailable`: no authority file is configured, no
   decision is recorded, the decision expired, or Redis could not be read;
@@ -20,7 +21,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from redis.exceptions import RedisError
 
 from schemas.action import Action
 from schemas.approval import (
@@ -31,11 +31,10 @@ from schemas.approval import (
     PolicyDecision,
 )
 from schemas.errors import ErrorCode
-from worker.errors import ApprovalRefused, ConnectorError, NotAuthorized, StoreUnavailable
+from worker.errors import ApprovalRefused, ConnectorError, NotAuthorized
 from worker.fingerprints import approval_fingerprint, canonical_request
+from worker.store.approvals import ApprovalRecords, DecisionWrite, StoredDecision
 from worker.store.clock import Clock, RedisClock, redis_now_ms
-from worker.store.keys import approvals_key
-from worker.store.scripts import Script, script_source
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.files import describe_principal
 from worker.trust.signing import public_key_of, sign_detached, verify_detached
@@ -43,23 +42,11 @@ from worker.trust.signing import public_key_of, sign_detached, verify_detached
 #: The operator's approval policy: a decision lasts 15 minutes (operator-and-delegation).
 DEFAULT_APPROVAL_TTL_MS = 15 * 60 * 1_000
 MAX_APPROVAL_TTL_MS = 24 * 3_600 * 1_000
-#: Decisions stay readable for audit this long after they expire.
-RETAIN_AFTER_EXPIRY_MS = 24 * 3_600 * 1_000
-
-_decoder = msgspec.json.Decoder(ApprovalRecord)
 _encoder = msgspec.json.Encoder()
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def new_decision_id() -> str:
     return "apr_" + secrets.token_hex(16)
-
-
-#: How long a transient Redis failure may delay reading a decision (the stores' budget).
-READ_BUDGET_S = 10.0
 
 
 def input_snapshot(action: Action) -> tuple[str, bool]:
@@ -69,72 +56,6 @@ def input_snapshot(action: Action) -> tuple[str, bool]:
     if len(encoded) <= MAX_INPUT_SNAPSHOT_BYTES:
         return text, False
     return encoded[:MAX_INPUT_SNAPSHOT_BYTES].decode("utf-8", errors="ignore"), True
-
-
-@dataclass(frozen=True, slots=True)
-class StoredDecision:
-    """A decision as Redis holds it: the record, the exact bytes its approver signed, and
-    the signature stored beside them (empty when none was)."""
-
-    record: ApprovalRecord
-    raw: bytes
-    signature: str
-    signer: str
-
-
-class ApprovalRecords:
-    """The approval records of one Redis client: built once with the worker's stores
-    (`worker.store.stores.Stores`), so the read script is hashed once per client, not per Action."""
-
-    def __init__(self, redis: Any) -> None:
-        self.redis = redis
-        self._read = Script(redis, script_source("approval_read"))
-
-    async def read(
-        self, action_id: str, *, budget_s: float = READ_BUDGET_S
-    ) -> ApprovalRecord | None:
-        """The stored decision for an Action, or None; raises ConnectorError when unreadable.
-
-        A transient failure (a Redis Cluster failover, a restart) is retried within
-        `budget_s`: refusing the Action would settle it `failed` for an outage the lease
-        store rides out.
-        """
-        stored = (await self.read_at(action_id, budget_s=budget_s))[0]
-        return stored.record if stored is not None else None
-
-    async def read_at(
-        self, action_id: str, *, budget_s: float = READ_BUDGET_S
-    ) -> tuple[StoredDecision | None, int]:
-        """The stored decision with its signature, and the Redis time of the same step (one
-        script, one round trip)."""
-        try:
-            raw, now, signature, signer = await self._read.reasked(
-                [approvals_key(action_id)], budget_s=budget_s
-            )
-        except (StoreUnavailable, RedisError) as exc:
-            raise ConnectorError(
-                ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
-                f"approval record could not be read: {exc}",
-            ) from None
-        record = _decode_record(raw)
-        if record is None:
-            return None, int(now)
-        return (
-            StoredDecision(
-                record=record,
-                raw=raw if isinstance(raw, bytes) else _text(raw).encode(),
-                signature=_text(signature),
-                signer=_text(signer),
-            ),
-            int(now),
-        )
-
-
-async def read_record(
-    redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
-) -> ApprovalRecord | None:
-    """`ApprovalRecords.read` for a one-shot command that holds only a client."""
-    return await ApprovalRecords(redis).read(action_id, budget_s=budget_s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,18 +77,6 @@ async def prefetch_record(
         return RecordRead(None, exc)
     clock.offer(read_at)
     return RecordRead(stored)
-
-
-def _decode_record(raw: Any) -> ApprovalRecord | None:
-    if not raw:
-        return None
-    try:
-        return _decoder.decode(raw if isinstance(raw, bytes) else _text(raw).encode())
-    except msgspec.DecodeError:
-        raise ConnectorError(
-            ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
-            "stored approval record is not a valid ApprovalRecord",
-        ) from None
 
 
 async def approve(
@@ -195,7 +104,6 @@ async def approve(
         raise ApprovalRefused(f"ttl must be between 1 ms and {MAX_APPROVAL_TTL_MS} ms")
     if as_principal == action.identity.principal_id:
         raise ApprovalRefused("an approver may not decide on an Action of its own principal")
-    key = approvals_key(action.id)
     now = await redis_now_ms(redis)
     tenant_id = action.identity.tenant_id
     try:
@@ -213,7 +121,8 @@ async def approve(
             f"the key {signer} is not the approval key of {describe_principal(as_principal)} "
             "(its membership's public_key)"
         )
-    read_revision = int(_text(await redis.hget(key, "revision") or "0"))
+    records = ApprovalRecords(redis)
+    read_revision = await records.revision(action.id)
     snapshot, truncated = input_snapshot(action)
     membership = match.membership
     record = ApprovalRecord(
@@ -241,40 +150,25 @@ async def approve(
         expires_at_unix_ms=now + ttl_ms,
         revision=read_revision + 1,
     )
-    script = redis.register_script(script_source("approval_write"))
     signed = _encoder.encode(record)
-    status, stored = await script(
-        keys=[key],
-        args=[
-            record.decision_id,
-            signed,
-            read_revision,
-            decision.value,
-            record.expires_at_unix_ms,
-            RETAIN_AFTER_EXPIRY_MS,
-            sign_detached(signed, seed),
-            signer,
-        ],
+    status, stored = await records.write(
+        record, signed, sign_detached(signed, seed), signer, read_revision=read_revision
     )
-    status = _text(status)
-    if status in ("written", "exists"):
+    if status in (DecisionWrite.WRITTEN, DecisionWrite.EXISTS):
         return record
-    if status == "conflict":
-        try:
-            existing = _decoder.decode(
-                stored if isinstance(stored, bytes) else _text(stored).encode()
-            )
-            what = (
-                f"{existing.decision_id} ({existing.decision.value} by "
-                f"{describe_principal(existing.approver_principal_id)})"
-            )
-        except msgspec.DecodeError:
-            what = "an unreadable decision"
+    if status is DecisionWrite.CONFLICT:
+        existing = stored
+        what = (
+            f"{existing.decision_id} ({existing.decision.value} by "
+            f"{describe_principal(existing.approver_principal_id)})"
+            if existing is not None
+            else "an unreadable decision"
+        )
         raise ApprovalRefused(
             f"{what} is already recorded for {action.id}; a denial is final and a live "
             "approval cannot be replaced"
         )
-    if status == "stale":
+    if status is DecisionWrite.STALE:
         raise ApprovalRefused(f"the decision for {action.id} changed meanwhile; run again")
     raise ApprovalRefused("the decision would already have expired")
 
@@ -346,7 +240,10 @@ async def check_approval(
     if record.capability != action.capability:
         raise _conflict("the recorded decision is for another capability")
     if record.input_fingerprint != approval_fingerprint(action):
-        raise _conflict("the input changed after the decision")
+        raise _conflict(
+            "the input changed after the decision, or the decision was for another "
+            "principal or credential revision"
+        )
     if record.tenant_id != tenant_id:
         raise _conflict("the recorded decision is for another tenant")
     if record.decision is not ApprovalDecision.APPROVED:

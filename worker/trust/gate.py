@@ -9,10 +9,14 @@ Checks run in this order and stop at the first refusal (each raises `ConnectorEr
    `connector_host.credential_revision_denied`, `connector.hermes_agent.tenant_mismatch`);
    without a directory every Action is refused: governed execution fails closed;
 4. route and endpoint tenant binding (`connector_host.route_mismatch`,
-   `connector.hermes_agent.tenant_mismatch`);
-5. the durable approval record when the capability requires approval
+   `connector.hermes_agent.tenant_mismatch`): an unbound endpoint admits a tenant's Action
+   only when it is configured shared (`worker.trust.tenancy`);
+5. for an operator resume, that its principal started the source run or is an authority
+   member of the run's tenant (`connector_host.approval_authorization_conflict`,
+   `worker.trust.resume_authority`);
+6. the durable approval record when the capability requires approval
    (`connector_host.approval_authorization_unavailable|conflict`);
-6. the trusted projection's header values (`connector.hermes_agent.configuration_or_input`).
+7. the trusted projection's header values (`connector.hermes_agent.configuration_or_input`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from worker.trust.cancel_authority import CancelAuthority
 from worker.trust.identities import IdentityDirectory, TrustedIdentity
 from worker.trust.projection import trusted_projection
 from worker.trust.replay import ReplayWindow
+from worker.trust.resume_authority import check_resume, resume_source
 from worker.trust.signing import (
     SIGNATURE_HEADER,
     SIGNER_HEADER,
@@ -207,6 +212,16 @@ class TrustGate:
         identity = await self.identities.verify(action.identity, clock)
         check_route(action.capability, endpoint)
         await check_endpoint_tenant(endpoint, identity.tenant_id, clock)
+        source = resume_source(spec.name, action)
+        if source is not None:
+            await check_resume(
+                source_action_id=source,
+                action=action,
+                identity=identity,
+                authority=self.authority,
+                stores=stores,
+                clock=clock,
+            )
         approval = None
         if spec.approval_required:
             approval = await check_approval(

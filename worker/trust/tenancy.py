@@ -1,9 +1,15 @@
 """Endpoint tenant binding: an endpoint bound to a tenant serves that verified tenant only.
 
 The tenant checked here is the directory's verified tenant, never one taken from `input`.
-An unbound endpoint (no `tenant_id` in its descriptor) serves every tenant. A bound one
-refuses, with `connector.hermes_agent.tenant_mismatch`, an Action whose verified tenant is
-missing or different, and everything once the binding's `tenant_expires_at_unix_ms` passed.
+Every refusal is `connector.hermes_agent.tenant_mismatch`, before anything is sent:
+
+- a bound endpoint (`tenant_id` in its descriptor) refuses an Action whose verified tenant
+  is missing or different, and everything once `tenant_expires_at_unix_ms` passed;
+- an unbound endpoint refuses every Action that carries a tenant, unless it is configured
+  `shared` (`AIPD_HERMES_SHARED_ENDPOINTS`): one Hermes keeps one session database, job
+  list and response store, so serving two tenants there is a decision an administrator
+  makes, and a shared endpoint partitions those ids per tenant
+  (`worker.operations.partition`). Actions without a tenant are admitted on either.
 """
 
 from __future__ import annotations
@@ -31,13 +37,20 @@ def check_route(capability: str, endpoint: Endpoint) -> None:
 
 
 def binding_admits(
-    bound: str | None, expires_at_unix_ms: int | None, tenant_id: str | None, now_ms: int
+    bound: str | None,
+    expires_at_unix_ms: int | None,
+    tenant_id: str | None,
+    now_ms: int,
+    *,
+    shared: bool = True,
 ) -> bool:
-    """Whether a binding (`bound`, `expires_at_unix_ms`) admits an Action of `tenant_id` at
-    `now_ms`: exactly what `check_endpoint_tenant` accepts, for those (the gateway's
-    `aip_capabilities`) that must not offer what a worker would refuse."""
+    """Whether a binding (`bound`, `expires_at_unix_ms`, `shared`) admits an Action of
+    `tenant_id` at `now_ms`: exactly what `check_endpoint_tenant` accepts, for those (the
+    gateway's `aip_capabilities`) that must not offer what a worker would refuse. `shared`
+    defaults to True for a caller that does not read the manifest's `shared` yet: it may
+    then offer what the worker refuses, never the reverse."""
     if bound is None:
-        return True
+        return tenant_id is None or shared
     if expires_at_unix_ms is not None and now_ms >= expires_at_unix_ms:
         return False
     return tenant_id is not None and tenant_id == bound
@@ -46,6 +59,12 @@ def binding_admits(
 async def check_endpoint_tenant(endpoint: Endpoint, tenant_id: str | None, clock: Clock) -> None:
     bound = endpoint.descriptor.tenant_id
     if bound is None:
+        if tenant_id is not None and not endpoint.descriptor.shared:
+            raise ConnectorError(
+                ErrorCode.TENANT_MISMATCH,
+                f"endpoint {endpoint.id!r} is bound to no tenant and not configured shared "
+                "(AIPD_HERMES_SHARED_ENDPOINTS); an Action carrying a tenant is refused",
+            )
         return
     expires = endpoint.descriptor.tenant_expires_at_unix_ms
     if expires is not None and await clock.now_ms() >= expires:

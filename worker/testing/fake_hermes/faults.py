@@ -34,6 +34,9 @@ class _Fault(
     input_contains: str | None = None
     #: Fire only for requests about this run id.
     run_id: str | None = None
+    #: Fire for a worker's key probes too (`X-AIP-Probe`, worker/serving.py). Off by
+    #: default: a fault meant for the work an Action does must not be spent on a probe.
+    probes: bool = False
 
 
 # --- POST /v1/runs -------------------------------------------------------------------------
@@ -232,18 +235,29 @@ class Faults:
         assert fault is None or isinstance(fault, _EVENTS)
         return fault
 
-    def take_route(self, route: str, run_id: str | None, text: str) -> RouteFault | None:
-        """The route fault for any request, consuming one firing."""
-        fault = self._take(_ROUTE, run_id, text, route)
+    def take_route(
+        self, route: str, run_id: str | None, text: str, *, probe: bool = False
+    ) -> RouteFault | None:
+        """The route fault for any request, consuming one firing (a probe only takes a
+        fault armed with `probes=True`)."""
+        fault = self._take(_ROUTE, run_id, text, route, probe=probe)
         assert fault is None or isinstance(fault, _ROUTE)
         return fault
 
     def _take(
-        self, kinds: tuple[type[Any], ...], run_id: str | None, text: str, route: str | None
+        self,
+        kinds: tuple[type[Any], ...],
+        run_id: str | None,
+        text: str,
+        route: str | None,
+        *,
+        probe: bool = False,
     ) -> Fault | None:
         for armed in self._armed:
             fault = armed.fault
             if type(fault) not in kinds:
+                continue
+            if probe and not fault.probes:
                 continue
             if fault.run_id is not None and fault.run_id != run_id:
                 continue

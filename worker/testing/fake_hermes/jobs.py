@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from worker.testing._errors import HarnessError
+
 MAX_NAME = 200
 MAX_PROMPT = 5000
 JOB_ID = re.compile(r"^[0-9a-f]{12}$")
@@ -34,7 +36,7 @@ SCHEDULE_HELP = (
 )
 
 
-class JobError(Exception):
+class JobError(HarnessError):
     """A rejected jobs request: HTTP status and the flat error string."""
 
     def __init__(self, status: int, message: str) -> None:

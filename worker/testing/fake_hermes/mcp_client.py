@@ -13,10 +13,11 @@ from typing import Any
 
 from worker.errors import McpHttpRefused
 from worker.gateway.mcp_client import exchange, tool_text
+from worker.testing._errors import HarnessError
 from worker.testing.fake_hermes.mcp import AIP_CALL, McpTool
 
 
-class McpRefused(RuntimeError):
+class McpRefused(HarnessError, RuntimeError):
     """The MCP server refused the session itself (HTTP status), before any tool ran."""
 
 

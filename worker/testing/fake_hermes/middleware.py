@@ -25,7 +25,7 @@ from worker.testing.fake_hermes.envelopes import (
     unauthorized,
 )
 from worker.testing.fake_hermes.state import STATE, FakeState
-from worker.testing.fake_hermes.stats import RecordedRequest, now
+from worker.testing.fake_hermes.stats import RecordedRequest, is_probe, now
 
 CONTROL_PREFIX = "/_fake/"
 PROFILE_PREFIX = "/p/{profile}"
@@ -104,7 +104,7 @@ async def hermes_middleware(request: web.Request, handler: Handler) -> web.Strea
     route = route_template(request)
     _, text, run_id = await _record(state, request, route)
     if route is not None:
-        fault = state.faults.take_route(route, run_id, text)
+        fault = state.faults.take_route(route, run_id, text, probe=is_probe(request.headers))
         match fault:
             case f.RouteRedirect(status=status, location=location):
                 return web.Response(status=status, headers={"Location": location})

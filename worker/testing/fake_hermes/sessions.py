@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from worker.testing._errors import HarnessError
 from worker.testing.fake_hermes.agent import Usage
 from worker.testing.fake_hermes.config import ADVERTISED_MODEL
 from worker.testing.fake_hermes.stats import now
@@ -27,7 +28,7 @@ _DRIVE = re.compile(r"^[A-Za-z]:")
 _LINEAGE = re.compile(r" #\d+$")
 
 
-class SessionError(Exception):
+class SessionError(HarnessError):
     """A rejected session operation: HTTP status, error code and message."""
 
     def __init__(self, status: int, code: str | None, message: str) -> None:
@@ -37,7 +38,7 @@ class SessionError(Exception):
         self.message = message
 
 
-class TitleTooLongOnCreate(Exception):
+class TitleTooLongOnCreate(HarnessError):
     """Create answers this with aiohttp's text/plain 500 (an unhandled exception in Hermes)."""
 
 

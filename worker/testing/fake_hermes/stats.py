@@ -9,8 +9,16 @@ from __future__ import annotations
 
 import time
 from collections import Counter, deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from worker.hermes.http_client import PROBE_HEADER
+
+
+def is_probe(headers: Mapping[str, str]) -> bool:
+    """A worker's key probe (`PROBE_HEADER`), whatever the header's case."""
+    return any(name.lower() == PROBE_HEADER.lower() for name in headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +66,8 @@ class StatsSnapshot:
     routes: dict[str, int]
     runs: dict[str, dict[str, int]]
     session_starts: dict[str, int]
+    #: Key probes per route template, apart from `routes` (see `Stats.record`).
+    probes: dict[str, int] = field(default_factory=dict)
 
     def count(self, route: str) -> int:
         """Requests seen for a route template such as `"POST /v1/runs"` (0 when none)."""
@@ -65,7 +75,12 @@ class StatsSnapshot:
 
     def to_json(self) -> dict[str, Any]:
         """The `/_fake/stats` body."""
-        return {"routes": self.routes, "runs": self.runs, "session_starts": self.session_starts}
+        return {
+            "routes": self.routes,
+            "runs": self.runs,
+            "session_starts": self.session_starts,
+            "probes": self.probes,
+        }
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> StatsSnapshot:
@@ -74,6 +89,7 @@ class StatsSnapshot:
             routes={str(k): int(v) for k, v in body["routes"].items()},
             runs={str(r): {str(k): int(v) for k, v in c.items()} for r, c in body["runs"].items()},
             session_starts={str(k): int(v) for k, v in body["session_starts"].items()},
+            probes={str(k): int(v) for k, v in body.get("probes", {}).items()},
         )
 
 
@@ -85,13 +101,23 @@ class Stats:
     _routes: Counter[str] = field(default_factory=Counter)
     _runs: dict[str, Counter[str]] = field(default_factory=dict)
     _session_starts: Counter[str] = field(default_factory=Counter)
+    _probes: Counter[str] = field(default_factory=Counter)
     _log: deque[RecordedRequest] = field(init=False)
 
     def __post_init__(self) -> None:
         self._log = deque(maxlen=self.log_size)
 
     def record(self, request: RecordedRequest) -> None:
-        """Count one request under its route template (and its run id, if the path has one)."""
+        """Count one request under its route template (and its run id, if the path has one).
+
+        A worker's key probe (`PROBE_HEADER`, `worker/serving.py`) is counted apart
+        (`StatsSnapshot.probes`): a test counting the requests an Action made, or asserting
+        that nothing was sent, must not count the probes every worker sends at start and on
+        a schedule.
+        """
+        if is_probe(request.headers):
+            self._probes[request.route] += 1
+            return
         self._routes[request.route] += 1
         if request.run_id is not None:
             self._runs.setdefault(request.run_id, Counter())[request.route] += 1
@@ -107,6 +133,7 @@ class Stats:
             routes=dict(self._routes),
             runs={run: dict(c) for run, c in self._runs.items()},
             session_starts=dict(self._session_starts),
+            probes=dict(self._probes),
         )
 
     def requests(self) -> list[RecordedRequest]:
@@ -118,6 +145,7 @@ class Stats:
         self._routes.clear()
         self._runs.clear()
         self._session_starts.clear()
+        self._probes.clear()
         self._log.clear()
 
 

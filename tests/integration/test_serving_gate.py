@@ -1,0 +1,122 @@
+"""A worker that cannot serve takes nothing, says why in /ready, and serves once fixed.
+
+Issue 28: a worker started without its signing key, gateway keys or identity file (or whose
+Hermes refuses its key) used to report /ready 200, bind the shared consumer and refuse
+every Action it took -- one bad pod in a pool of N silently burnt 1/N of the traffic, a
+refused id being used up. Now it binds nothing (`worker/serving.py`, `worker/bus/consumer.py`)
+while a healthy worker beside it completes every Action.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from schemas.result import ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.testing._procs import free_port
+from worker.testing.fake_hermes import RouteError
+from worker.testing.workers import WorkerProcess
+
+MODELS = "GET /v1/models"
+ACTIONS = 6
+
+
+async def _ready(port: int) -> tuple[int, dict[str, Any]]:
+    async with httpx.AsyncClient() as http:
+        answer = await http.get(f"http://127.0.0.1:{port}/ready", timeout=10)
+    return answer.status_code, answer.json()
+
+
+async def _until_log(worker: WorkerProcess, text: str, timeout_s: float = 30) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while text not in worker.log_text():
+        assert worker.alive, worker.log_tail()
+        assert loop.time() < deadline, worker.log_tail()
+        await asyncio.sleep(0.1)
+
+
+async def _all_go_to_the_healthy_worker(stack: Stack) -> None:
+    """A healthy worker beside the unready one completes every Action."""
+    await stack.spawn("w-ok")
+    actions = [stack.action("models") for _ in range(ACTIONS)]
+    handles = [await stack.publish(a) for a in actions]
+    for handle in handles:
+        result = await handle.result(timeout_s=30)
+        assert result.status is ResultStatus.COMPLETED, result.error
+        assert result.settled_by == "w-ok"
+
+
+@pytest.mark.parametrize(
+    ("missing", "reason"),
+    [
+        ("AIPD_WORKER_SIGNING_KEY_FILE", "cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE"),
+        ("AIPD_TRUSTED_GATEWAY_KEYS_FILE",
+         "cannot verify envelopes: AIPD_TRUSTED_GATEWAY_KEYS_FILE"),
+        ("AIPD_TRUSTED_IDENTITY_FILE", "cannot check identities: AIPD_TRUSTED_IDENTITY_FILE"),
+    ],
+)
+async def test_a_worker_missing_a_trust_piece_stays_unready_and_takes_nothing(
+    stack: Stack, missing: str, reason: str
+) -> None:
+    port = free_port()
+    bad = await stack.spawn(
+        "w-bad", wait=False, unset=(missing,), AIPD_METRICS_PORT=str(port)
+    )
+    await _until_log(bad, f"not serving: {reason}")
+    await _until_log(bad, "health and metrics on")
+    status, document = await _ready(port)
+    assert status == 503
+    assert document["checks"]["serving"] is False
+    assert any(r.startswith(reason) for r in document["reasons"]), document["reasons"]
+    await _all_go_to_the_healthy_worker(stack)
+    assert "bound to consumer" not in bad.log_text()
+
+
+async def test_a_key_hermes_refuses_shows_in_ready_and_nothing_is_taken(
+    stack: Stack, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.key"
+    wrong.write_text("not-the-key\n")
+    wrong.chmod(0o600)
+    port = free_port()
+    bad = await stack.spawn(
+        "w-bad", wait=False, AIPD_HERMES_API_KEY_FILE=str(wrong), AIPD_METRICS_PORT=str(port)
+    )
+    await _until_log(bad, "health and metrics on")
+    status, document = await _ready(port)
+    assert status == 503
+    [reason] = document["reasons"]
+    assert f"endpoint {ENDPOINT}: Hermes at" in reason
+    assert "refused the API key (401)" in reason
+    assert "not-the-key" not in json.dumps(document)
+    assert "not-the-key" not in bad.log_text()
+    await _all_go_to_the_healthy_worker(stack)
+    assert "bound to consumer" not in bad.log_text()
+
+
+async def test_a_worker_serves_once_hermes_accepts_its_key_again(stack: Stack) -> None:
+    """Fixed without a restart: the probe runs on a schedule, and the consumer binds."""
+    assert stack.fake is not None
+    stack.fake.faults.add(RouteError(route=MODELS, status=401, times=None, probes=True))
+    port = free_port()
+    worker = await stack.spawn(
+        "w1", wait=False, AIPD_SERVING_PROBE_INTERVAL_S="1", AIPD_METRICS_PORT=str(port)
+    )
+    await _until_log(worker, "refused the API key (401)")
+    handle = await stack.publish(stack.action("models"))
+    await asyncio.sleep(1.5)
+    assert "bound to consumer" not in worker.log_text()
+    stack.fake.faults.clear()
+    await _until_log(worker, "bound to consumer")
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    await _until_log(worker, "health and metrics on")
+    status, document = await _ready(port)
+    assert (status, document["reasons"]) == (200, [])
