@@ -5,6 +5,10 @@ republishes it) on the work queue `aip.hermes.{endpoint}.egress`, under `Nats-Ms
 `delivery_id`; a worker serving that endpoint sends it once to
 `POST /api/sessions/{session_id}/chat` as the internal delivery Action `delivery_id`, whose
 chunks carry the session's reply and whose result says how the delivery ended.
+
+Signed by the publishing worker (`Aip-Signer` / `Aip-Signature`, like a result). The
+receiving worker believes only the ids: it recomputes the text from the source's stored
+result and the rule, and refuses a delivery whose `message` differs (docs/channels.md).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ class ChannelDelivery(WireStruct, kw_only=True, frozen=True):
     source_id: ShortText
     endpoint_id: EndpointId
     session_id: SessionId
-    #: The normalized, bounded text sent as the chat message.
+    #: The normalized, bounded, framed text sent as the chat message; the receiving worker
+    #: sends its own recomputation and refuses a delivery whose text differs from it.
     message: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_CHANNEL_MESSAGE_BYTES)]
     created_at_unix_ms: UnixMs
 
@@ -62,7 +67,8 @@ class ChannelRole(StrEnum):
 
 class ChannelMessage(WireStruct, kw_only=True, frozen=True):
     """One message of a followed Hermes session, on `aip.hermes.{endpoint}.inbound.{session}`
-    under `Nats-Msg-Id` `{endpoint}:{message_id}` (Hermes message ids are unique per server)."""
+    under `Nats-Msg-Id` `{endpoint}:{message_id}` (Hermes message ids are unique per server).
+    Signed by the publishing worker; a reader verifies against the trusted worker keys."""
 
     endpoint_id: EndpointId
     session_id: Annotated[str, msgspec.Meta(pattern=INGRESS_SESSION_PATTERN)]

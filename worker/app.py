@@ -47,7 +47,7 @@ from worker.settings import Settings
 from worker.store.health import StoreHealth
 from worker.store.stores import Stores
 from worker.tasks import stop_tasks
-from worker.trust.responses import signer_from_settings, trusted_workers
+from worker.trust.responses import signer_from_settings, worker_trust
 from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
@@ -118,7 +118,10 @@ class Worker:
         signer = signer_from_settings(
             settings.worker_signing_key_file, allow_unsigned=settings.allow_unsigned_responses
         )
-        self._trusted_workers = trusted_workers(settings.trusted_worker_keys_file, signer)
+        # What workers publish to workers (channel deliveries, ingress messages) is believed
+        # only when a trusted worker key signed it: this worker's own, plus the file's.
+        worker_keys = worker_trust(signer, settings.trusted_worker_keys_file)
+        self._trusted_workers = worker_keys
         if settings.hermes_api_key:
             log.warning(
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
@@ -211,9 +214,9 @@ class Worker:
             # control plane's subscriptions left a demo's manifest request unanswered.
             gc_policy.settle_startup()
         if settings.channel_egress_file is not None:
-            await self._start_egress(js, endpoints)
+            await self._start_egress(js, endpoints, worker_keys)
         if settings.channel_ingress_file is not None:
-            await self._start_ingress(js, endpoints, publisher)
+            await self._start_ingress(js, endpoints, publisher, worker_keys)
         self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
         await self.control.start()
         loop = asyncio.get_running_loop()
@@ -255,23 +258,43 @@ class Worker:
             settings.lease_ttl_ms,
         )
 
-    async def _start_egress(self, js: Any, endpoints: Any) -> None:
-        """Channel egress: refuse rules naming unknown endpoints or sessions, then consume
-        the egress queue of every served endpoint a rule delivers to (docs/channels.md)."""
+    async def _start_egress(
+        self, js: Any, endpoints: Any, worker_keys: TrustedGatewayKeys | None
+    ) -> None:
+        """Channel egress: refuse rules naming unknown endpoints or sessions or crossing a
+        tenant binding, then consume the egress queue of every served endpoint a rule
+        delivers to (docs/channels.md)."""
         from worker.channel.egress import EgressIntake, check_sessions
         from worker.channel.output import ChannelOutput
         from worker.channel.rules import load_egress_rules
 
         assert self.rt is not None
         assert self.settings.channel_egress_file is not None
-        table = load_egress_rules(self.settings.channel_egress_file, [e.id for e in endpoints])
+        table = load_egress_rules(
+            self.settings.channel_egress_file,
+            [e.id for e in endpoints],
+            {e.id: e.descriptor.tenant_id for e in endpoints},
+            frozenset(e.id for e in endpoints if e.descriptor.shared),
+        )
         await check_sessions(table, self.rt.endpoints)
         self.rt.outputs.append(ChannelOutput(self.rt.publisher, table))
-        egress = Pipeline(self.rt, EgressIntake(self.rt, table))
+        intake = EgressIntake(
+            self.rt,
+            table,
+            trusted=worker_keys,
+            approval_ttl_ms=self.settings.hermes_operator_timeout_ms,
+        )
+        egress = Pipeline(self.rt, intake)
         for endpoint_id in sorted({endpoint_id for endpoint_id, _ in table.targets()}):
             self._pull(js, "egress", endpoint_id, self.slots, egress)
 
-    async def _start_ingress(self, js: Any, endpoints: Any, publisher: BusPublisher) -> None:
+    async def _start_ingress(
+        self,
+        js: Any,
+        endpoints: Any,
+        publisher: BusPublisher,
+        worker_keys: TrustedGatewayKeys | None,
+    ) -> None:
         """Channel ingress: a follower per configured session (docs/channels.md)."""
         from worker.channel.ingress import start_followers
         from worker.channel.rules import load_ingress_rules
@@ -291,6 +314,7 @@ class Worker:
             metrics=self.metrics,
             worker_id=self.settings.worker_id,
             lease_ttl_ms=self.settings.lease_ttl_ms,
+            trusted=worker_keys,
         )
         loop = asyncio.get_running_loop()
         self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)

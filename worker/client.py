@@ -61,7 +61,13 @@ from subjects.grammar import Subjects
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
-from worker.trust.responses import ChunkChain, sha256_hex, verify_receipt, verify_result
+from worker.trust.responses import (
+    ChunkChain,
+    sha256_hex,
+    verify_receipt,
+    verify_result,
+    verify_worker_signed,
+)
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
@@ -533,7 +539,8 @@ class AipClient:
     ) -> AsyncIterator[ChannelMessage]:
         """The followed session's messages (channel ingress) with an id past
         `after_message_id`, once each and in id order, until none arrives for
-        `idle_timeout_s` (then it returns)."""
+        `idle_timeout_s` (then it returns). With trusted worker keys, a message a trusted
+        worker did not sign (forged on the subject) is skipped and moves nothing."""
         subject = self.subjects.inbound(endpoint_id, session_id)
         last = after_message_id
         async with SubjectFollower(self.nc, self.subjects.stream_name("inbound"), subject) as f:
@@ -541,6 +548,12 @@ class AipClient:
                 msg = await f.next(idle_timeout_s)
                 if msg is None:
                     return
+                trusted = self.trusted_worker_keys
+                if trusted is not None:
+                    try:
+                        verify_worker_signed(msg.data or b"", msg.headers, trusted)
+                    except UnverifiedResponse:
+                        continue
                 message = _channel_message_decoder.decode(msg.data or b"")
                 if message.message_id <= last:
                     continue

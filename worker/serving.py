@@ -15,9 +15,11 @@ What is checked:
   check identities (`AIPD_TRUSTED_IDENTITY_FILE`); without an approval authority file, a
   worker serving governed capabilities only warns (they are refused one by one, as the
   operator docs say);
-- for each endpoint, at start and every `AIPD_SERVING_PROBE_INTERVAL_S`: its Hermes answers
-  the protected `GET /v1/models` with the configured key (no key, a 401/403, or no answer
-  each have their own reason).
+- for each endpoint, at start and every `AIPD_SERVING_PROBE_INTERVAL_S`: its Hermes accepts
+  the configured key on the protected `GET /v1/models` (no key and a 401/403 block the
+  endpoint; no answer, or a malformed one, is an outage: reported in `/ready`, but the
+  endpoint stays served, so each Action gets the spec's typed transport error instead of
+  waiting in the queue for as long as Hermes is down).
 
 `AIPD_SERVE_WHEN_UNREADY` (development only) keeps the reasons in `/ready` and the log but
 binds the consumers anyway, as the demo did before this gate existed.
@@ -70,14 +72,26 @@ def settings_blockers(settings: Settings) -> list[Blocker]:
     return found
 
 
-async def probe_key(client: HermesClient) -> str | None:
-    """None when the endpoint's Hermes accepts its key; else what is wrong, naming the fix."""
+@dataclass(frozen=True, slots=True)
+class KeyProbe:
+    """What one key probe found: nothing (`reason` None), an outage, or a refused key."""
+
+    reason: str | None = None
+    #: True when serving would burn Actions (no key, a key Hermes refuses): the endpoint's
+    #: consumers stay unbound. An outage (no answer, a malformed one) does not block: every
+    #: worker sees it alike, and the spec's outage path answers each Action with a typed,
+    #: retryable transport error rather than leaving it queued.
+    blocks: bool = False
+
+
+async def probe_key(client: HermesClient) -> KeyProbe:
+    """Whether the endpoint's Hermes accepts its key, and if not, what to fix."""
     endpoint = client.endpoint
     if endpoint.api_key is None:
-        return (
+        return KeyProbe((
             f"endpoint {endpoint.id} has no API key (AIPD_HERMES_API_KEY_FILE, "
             "AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE)"
-        )
+        ), blocks=True)
     unreachable = (
         f"endpoint {endpoint.id}: Hermes at {endpoint.url} did not answer the key probe "
         "(check the endpoint's url in AIPD_HERMES_URL / AIPD_HERMES_ENDPOINTS_FILE)"
@@ -90,18 +104,18 @@ async def probe_key(client: HermesClient) -> str | None:
             )
     except ConnectorError as exc:
         if exc.remote_status in (401, 403):
-            return (
+            return KeyProbe((
                 f"endpoint {endpoint.id}: Hermes at {endpoint.url} refused the API key "
                 f"({exc.remote_status}); check the key file for this endpoint "
                 "(AIPD_HERMES_API_KEY_FILE / AIPD_HERMES_API_KEY_FILES) against Hermes' "
                 "API_SERVER_KEY"
-            )
-        return f"{unreachable} ({exc.code.value})"
+            ), blocks=True)
+        return KeyProbe(f"{unreachable} ({exc.code.value})")
     except TimeoutError:
-        return f"{unreachable} in {PROBE_TIMEOUT_S:.0f} s"
+        return KeyProbe(f"{unreachable} in {PROBE_TIMEOUT_S:.0f} s")
     except Exception as exc:  # a probe reports, it never raises
-        return f"{unreachable} ({type(exc).__name__})"
-    return None
+        return KeyProbe(f"{unreachable} ({type(exc).__name__})")
+    return KeyProbe()
 
 
 class ServingGate:
@@ -125,17 +139,18 @@ class ServingGate:
         self.serve_anyway = serve_anyway
         self.errors = errors if errors is not None else RepeatedErrors()
         #: Endpoint id -> what its last probe found (absent: not probed yet).
-        self._probed: dict[str, str | None] = {}
+        self._probed: dict[str, KeyProbe] = {}
         self._changed = asyncio.Condition()
 
     def reasons(self) -> list[str]:
         """Every reason, the worker-wide ones first; empty when everything can be served."""
         found = [b.reason for b in self.static]
         for endpoint_id in self.clients:
-            if endpoint_id not in self._probed:
+            probe = self._probed.get(endpoint_id)
+            if probe is None:
                 found.append(f"endpoint {endpoint_id}: Hermes not probed yet")
-            elif (reason := self._probed[endpoint_id]) is not None:
-                found.append(reason)
+            elif probe.reason is not None:
+                found.append(probe.reason)
         return found
 
     def servable(self, endpoint_id: str) -> bool:
@@ -144,7 +159,8 @@ class ServingGate:
             return True
         if self.static:
             return False
-        return endpoint_id in self._probed and self._probed[endpoint_id] is None
+        probe = self._probed.get(endpoint_id)
+        return probe is not None and not probe.blocks
 
     async def wait_servable(self, endpoint_id: str) -> None:
         async with self._changed:
@@ -154,15 +170,16 @@ class ServingGate:
         """Probe every endpoint once and wake the loops whose verdict changed."""
         results = await asyncio.gather(*(probe_key(c) for c in self.clients.values()))
         async with self._changed:
-            for endpoint_id, reason in zip(self.clients, results, strict=True):
-                before = self._probed.get(endpoint_id, "")
-                self._probed[endpoint_id] = reason
-                if reason is not None:
+            for endpoint_id, probe in zip(self.clients, results, strict=True):
+                before = self._probed.get(endpoint_id)
+                self._probed[endpoint_id] = probe
+                if probe.reason is not None:
                     self.errors.report(
-                        f"serving {endpoint_id}", reason, log,
-                        "not serving %s: %s", endpoint_id, reason,
+                        f"serving {endpoint_id}", probe.reason, log,
+                        "not serving %s: %s" if probe.blocks else "serving %s in an outage: %s",
+                        endpoint_id, probe.reason,
                     )
-                elif before is not None:
+                elif before is None or before.reason is not None:
                     log.info("endpoint %s: Hermes accepts the API key", endpoint_id)
             self._changed.notify_all()
 

@@ -193,10 +193,11 @@ class Settings(BaseSettings):
     warned at start. Also lets the escalations commands believe unsigned escalations when
     no trusted worker keys are set."""
     trusted_worker_keys_file: Path | None = None
-    """Public nkeys (`U…`) of the workers whose signed escalations and receipts are believed,
-    one per line (the `escalations` commands, the `escalations_open` gauge; `audit` reads it
-    too). Unset: a worker trusts its own key only, and `escalations` refuses to run unless
-    unsigned responses are allowed."""
+    """Public nkeys (`U…`) of the workers whose signed escalations, receipts, channel
+    deliveries and ingress messages are believed, one per line (its own key is always
+    trusted): the `escalations` commands, the `escalations_open` gauge, channels
+    (docs/channels.md); `audit` reads it too. Unset: a worker trusts its own key only, and
+    `escalations` refuses to run unless unsigned responses are allowed."""
     serve_when_unready: bool = False
     """Bind the work consumers even when something serving needs is missing (a trust file,
     a Hermes accepting the key): the Actions are then refused one by one. Development only;

@@ -118,7 +118,8 @@ async def gstack(
         )
         gs = GatewayStack(stack, env, port)
         try:
-            await stack.spawn("w1")
+            # h1 is bound to no tenant and serves every principal's tenant: shared.
+            await stack.spawn("w1", AIPD_HERMES_SHARED_ENDPOINTS="h1")
             yield gs
         finally:
             gs.stop()

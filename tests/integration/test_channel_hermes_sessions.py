@@ -13,6 +13,7 @@ from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from tests.integration.test_channel_egress import RULE, SESSION, desk_rule, write_rules
 from worker.channel.egress import delivery_id
+from worker.channel.normalize import END_QUOTED, NOTICE
 
 
 def _hermes(stack: Stack) -> httpx.AsyncClient:
@@ -47,4 +48,7 @@ async def test_a_result_is_delivered_into_the_session_and_read_back(route_stack:
     assert len(users) == 1
     assert users[0]["content"].startswith("[AIP result] completed")
     assert source.id in users[0]["content"]
+    # Framed as quoted data, intact through Hermes' own storage (with the system_message).
+    assert users[0]["content"].splitlines()[1] == NOTICE
+    assert users[0]["content"].endswith(END_QUOTED)
     assert any(m["role"] == "assistant" and m["content"] == reply for m in messages)

@@ -1,7 +1,9 @@
 """Channel ingress end to end: real worker processes, NATS and Redis, the fake Hermes (and
 the real Hermes 0.19.0 in the last test). Every message of a followed session is published
 once, in id order, across worker kills, competing followers and a Hermes restart; hostile
-content is bounded or refused (dead-lettered and counted), never guessed."""
+content is bounded or refused (dead-lettered and counted), never guessed. A message forged
+on the inbound subject neither moves the cursor (a spoofed `message_id` of 10^12 does not
+freeze the session) nor reaches a reader that verifies the workers' signatures."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ import httpx
 import msgspec
 import pytest
 
-from schemas.channel import MAX_INGRESS_CONTENT_BYTES, ChannelMessage
+from schemas.channel import MAX_INGRESS_CONTENT_BYTES, ChannelMessage, ChannelRole
+from schemas.codec import encode
 from tests.integration.stack import ENDPOINT, Stack
 from worker.testing.fake_hermes import RouteError
+from worker.trust.responses import ResponseSigner
+from worker.trust.signing import generate_keypair, write_seed_file
 
 SESSION = "inbox-session"
 MESSAGES = "GET /api/sessions/{session_id}/messages"
@@ -185,3 +190,52 @@ async def test_a_real_session_is_followed_once(route_stack: Stack) -> None:
     found = [m for m, _ in await published(stack)]
     assert [m.message_id for m in found] == [m["id"] for m in transcript]
     assert [m.content for m in found] == [m["content"] or "" for m in transcript]
+
+
+async def test_a_spoofed_message_id_on_the_subject_neither_freezes_ingress_nor_reaches_readers(
+    stack: Stack,
+) -> None:
+    fake_session(stack)
+    turn(stack, "before the spoof")
+    await stack.spawn("w1", **ingress_env(stack))
+    await wait_published(stack, 2)
+    assert all(headers.get("Aip-Signer") for _, headers in await published(stack))
+
+    # Anyone with publish rights on the subject: schema-valid messages with huge ids, one
+    # unsigned and one signed by a key no worker trusts.
+    attacker_seed = stack.root / "attacker.seed"
+    write_seed_file(attacker_seed, generate_keypair().seed)
+    subject = stack.subjects.inbound(ENDPOINT, SESSION)
+    for message_id, signer in ((10**12, None), (10**12 + 1, attacker_seed)):
+        spoof = ChannelMessage(
+            endpoint_id=ENDPOINT,
+            session_id=SESSION,
+            message_id=message_id,
+            role=ChannelRole.USER,
+            content="spoofed",
+            content_bytes=7,
+            published_at_unix_ms=1_700_000_000_000,
+        )
+        payload = encode(spoof)
+        headers = {"Nats-Msg-Id": f"{ENDPOINT}:{message_id}"}
+        if signer is not None:
+            headers.update(ResponseSigner.load(signer).headers(payload))
+        await stack.nc.jetstream().publish(subject, payload, headers=headers)
+    await asyncio.sleep(1.0)  # several polls with the spoof last on the subject
+
+    turn(stack, "after the spoof")
+    ids = [m["id"] for m in fake_session(stack).messages]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 20
+    while True:
+        real = [m.message_id for m, _ in await published(stack) if m.content != "spoofed"]
+        if real == ids:
+            break
+        assert loop.time() < deadline, (real, ids)
+        await asyncio.sleep(0.2)
+    # A reader holding the trusted worker keys sees the real messages only, in order.
+    read = [
+        m.message_id
+        async for m in stack.client.session_messages(ENDPOINT, SESSION, idle_timeout_s=1.0)
+    ]
+    assert read == ids

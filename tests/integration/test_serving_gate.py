@@ -120,3 +120,27 @@ async def test_a_worker_serves_once_hermes_accepts_its_key_again(stack: Stack) -
     await _until_log(worker, "health and metrics on")
     status, document = await _ready(port)
     assert (status, document["reasons"]) == (200, [])
+
+
+async def test_an_unreachable_hermes_is_an_outage_reported_not_a_reason_to_unbind(
+    stack: Stack,
+) -> None:
+    """An outage hits every worker alike: the endpoint stays served, so each Action gets the
+    spec's typed, retryable transport error instead of waiting in the queue, and /ready says
+    what is wrong."""
+    port, closed = free_port(), free_port()
+    worker = await stack.spawn(
+        "w1", AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}=http://127.0.0.1:{closed}",
+        AIPD_METRICS_PORT=str(port),
+    )
+    result = await (await stack.publish(stack.action("models"))).result(timeout_s=60)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.retryable is True, result.error
+    await _until_log(worker, "health and metrics on")
+    status, document = await _ready(port)
+    assert status == 503
+    assert document["checks"]["serving"] is True
+    assert document["checks"]["hermes"] is False
+    [reason] = document["reasons"]
+    assert "did not answer the key probe" in reason

@@ -4,8 +4,9 @@ Chunks go out with `publish_async` (bounded in flight, ~8x an awaited publish he
 confirmed before the Action settles; a result is published awaited, because the delivery is
 acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a republish after a
 crash or a retry is dropped by the server inside the duplicate window. Results, DLQ
-entries, escalations and receipts are signed with the worker's key when it has one
-(`worker.trust.responses`): each reader believes only what a trusted worker signed.
+entries, escalations, receipts, channel deliveries and ingress messages are signed with the
+worker's key when it has one (`worker.trust.responses`): each reader believes only what a
+trusted worker signed.
 """
 
 from __future__ import annotations
@@ -171,14 +172,24 @@ class BusPublisher:
         )
 
     async def channel_delivery(self, delivery: ChannelDelivery) -> PubAck:
-        """Awaited and before the source's result, like an escalation (same reasoning)."""
+        """Awaited and before the source's result, like an escalation (same reasoning);
+        signed, so the egress intake runs only what a trusted worker queued."""
+        payload = encode(delivery)
         return await self._publish(
-            self.subjects.egress(delivery.endpoint_id), encode(delivery), delivery.delivery_id
+            self.subjects.egress(delivery.endpoint_id),
+            payload,
+            delivery.delivery_id,
+            self._signed(payload),
         )
 
     async def channel_message(self, subject: str, message: ChannelMessage, msg_id: str) -> PubAck:
-        """A followed session's message, awaited: the cursor moves only after it is stored."""
-        return await self._publish(subject, encode(message), msg_id)
+        """A followed session's message, awaited: the cursor moves only after it is stored.
+        Signed, so readers (and the ingress cursor) can tell it from one forged there."""
+        payload = encode(message)
+        return await self._publish(subject, payload, msg_id, self._signed(payload))
+
+    def _signed(self, payload: bytes) -> dict[str, str] | None:
+        return self.signer.headers(payload) if self.signer is not None else None
 
     async def escalation_resolution(self, resolution: EscalationResolution) -> PubAck:
         return await self._publish(

@@ -16,6 +16,16 @@ Two halves, both on the runtime's fenced path:
 
 A delivery's own result or escalation is never delivered again (no loops): the internal
 Action runs as `CHANNEL_PRINCIPAL`, which `deliveries_for` skips.
+
+The egress queue is not trusted for what it says, only for what it names. A delivery must
+be signed by a trusted worker key (`worker_trust`: this worker's own key plus
+`AIPD_TRUSTED_WORKER_KEYS_FILE`), and its text is never taken from the message: the intake
+reads the source's settled result from Redis (and the tenant its lease recorded),
+recomputes what the rule makes of it (`result_message`, or the escalation the stored
+result raises, `escalation_for`), and refuses a delivery naming a source that is not
+settled, a rule that does not match that source, a tenant other than the target
+endpoint's, or a message other than the recomputed one. So a `ChannelDelivery` forged by
+anyone with publish rights on `aip.hermes.*.egress` is dead-lettered and sends nothing.
 """
 
 from __future__ import annotations
@@ -35,13 +45,16 @@ from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation
 from schemas.ids import capability_id
 from schemas.result import ActionResult
-from worker.channel.normalize import escalation_message, result_message
-from worker.channel.rules import EgressTable
-from worker.errors import Refusal, Rejected
+from worker.channel.normalize import DELIVERY_SYSTEM_MESSAGE, escalation_message, result_message
+from worker.channel.rules import EgressRule, EgressTable
+from worker.errors import Refusal, Rejected, UnverifiedResponse
+from worker.escalation.build import escalation_for
 from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.steps import check_msg_id
 from worker.store.clock import now_ms
+from worker.trust.responses import verify_worker_signed
+from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +66,7 @@ DELIVERY_OPERATION = "session_chat"
 MAX_DELIVERY_BYTES = 64 * 1024
 
 _decoder = msgspec.json.Decoder(ChannelDelivery)
+_result_decoder = msgspec.json.Decoder(ActionResult)
 
 
 def delivery_id(rule_id: str, source_id: str) -> str:
@@ -102,7 +116,11 @@ def delivery_action(delivery: ChannelDelivery) -> Action:
     return Action(
         id=delivery.delivery_id,
         capability=capability_id(delivery.endpoint_id, DELIVERY_OPERATION),
-        input={"session_id": delivery.session_id, "message": delivery.message},
+        input={
+            "session_id": delivery.session_id,
+            "message": delivery.message,
+            "system_message": DELIVERY_SYSTEM_MESSAGE,
+        },
         identity=Identity(principal_id=CHANNEL_PRINCIPAL, principal_kind=CHANNEL_PRINCIPAL_KIND),
         created_at_unix_ms=delivery.created_at_unix_ms,
         idempotency_key=delivery.delivery_id,
@@ -110,17 +128,30 @@ def delivery_action(delivery: ChannelDelivery) -> Action:
 
 
 class EgressIntake:
-    """The pipeline's intake of `aip.hermes.{endpoint}.egress`: only what a configured rule
-    sends is run; anything else is dead-lettered."""
+    """The pipeline's intake of `aip.hermes.{endpoint}.egress`: only what a trusted worker
+    queued, for a settled source a configured rule matches, with the text that source
+    makes, is run; anything else is dead-lettered (module docstring)."""
 
     steps: tuple[Step, ...] = ()
 
-    def __init__(self, rt: Runtime, table: EgressTable) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        table: EgressTable,
+        *,
+        trusted: TrustedGatewayKeys | None,
+        approval_ttl_ms: int,
+    ) -> None:
         self.rt = rt
         self.table = table
+        #: The worker keys whose deliveries are believed (None: unsigned allowed, dev only).
+        self.trusted = trusted
+        #: The escalation output's TTL, so a recomputed escalation has the same deadline.
+        self.approval_ttl_ms = approval_ttl_ms
 
     async def open(self, msg: Msg, endpoint_id: str) -> Delivery:
         rt = self.rt
+        self._check_signature(msg)
         try:
             request = _decode(msg.data)
         except EnvelopeRejected as exc:
@@ -129,6 +160,9 @@ class EgressIntake:
         if refusal is not None:
             raise Rejected(ErrorCode.CONFIGURATION_OR_INPUT, refusal)
         check_msg_id(dict(msg.headers or {}), request.delivery_id)
+        rule = self.table.rule(request.rule_id)
+        assert rule is not None  # _refusal checked it
+        await self._check_source(request, rule)
         action = delivery_action(request)
         operation = rt.registry.get(DELIVERY_OPERATION)
         if operation is None:
@@ -160,6 +194,21 @@ class EgressIntake:
     def refused(self, delivery: Delivery, refusal: Refusal) -> None:
         """Never called: an egress delivery has no refusing step."""
 
+    def _check_signature(self, msg: Msg) -> None:
+        """A trusted worker signed exactly these bytes; anything else is dead-lettered."""
+        if self.trusted is None:
+            if self.rt.settings.allow_unsigned_responses:
+                return  # development: this worker publishes its deliveries unsigned too
+            raise Rejected(
+                ErrorCode.HOST_RESPONSE_SIGNING,
+                "this worker trusts no worker key (AIPD_WORKER_SIGNING_KEY_FILE, "
+                "AIPD_TRUSTED_WORKER_KEYS_FILE); channel deliveries cannot be verified",
+            )
+        try:
+            verify_worker_signed(msg.data, dict(msg.headers or {}), self.trusted)
+        except UnverifiedResponse as exc:
+            raise Rejected(ErrorCode.HOST_RESPONSE_SIGNING, f"channel delivery: {exc}") from None
+
     def _refusal(self, request: ChannelDelivery, endpoint_id: str) -> str | None:
         """Why this delivery may not run here, or None: only what a configured rule sends."""
         rule = self.table.rule(request.rule_id)
@@ -172,6 +221,87 @@ class EgressIntake:
         if len(request.message.encode()) > rule.max_message_bytes:
             return f"the message is over the rule's {rule.max_message_bytes} bytes"
         return None
+
+    async def _check_source(self, request: ChannelDelivery, rule: EgressRule) -> None:
+        """The delivery's text is exactly what `rule` makes of its settled source, whose
+        lease-recorded tenant is the target endpoint's; Rejected otherwise."""
+        leases = self.rt.stores.leases
+        keys = await leases.keys_of(request.source_action_id)
+        stored, _ = await leases.get_settled(keys)
+        subject = await leases.cancel_subject(keys)
+        if stored is None or subject is None:
+            raise Rejected(
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                f"source {request.source_action_id} is not settled here",
+            )
+        try:
+            result = _result_decoder.decode(stored)
+        except msgspec.DecodeError:
+            raise Rejected(
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                f"the stored result of {request.source_action_id} does not decode",
+            ) from None
+        if result.action_id != request.source_action_id or subject.principal_id == (
+            CHANNEL_PRINCIPAL
+        ):
+            raise Rejected(
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                f"source {request.source_action_id} is not a deliverable result",
+            )
+        tenant = subject.tenant_id
+        if not rule.admits(tenant):
+            raise Rejected(
+                ErrorCode.TENANT_MISMATCH,
+                f"rule {rule.id!r}: the source's tenant may not read session "
+                f"{rule.session_id!r} of endpoint {rule.endpoint_id!r}; nothing was sent",
+            )
+        expires = self.rt.endpoints[rule.endpoint_id].endpoint.descriptor.tenant_expires_at_unix_ms
+        if expires is not None and await self.rt.stores.clock().now_ms() >= expires:
+            raise Rejected(
+                ErrorCode.TENANT_MISMATCH,
+                f"endpoint {rule.endpoint_id!r}: its tenant binding has expired; nothing was sent",
+            )
+        if not rule.matches(request.source, result.endpoint_id, result.capability, tenant):
+            raise Rejected(
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                f"rule {rule.id!r} does not match source {request.source_action_id}",
+            )
+        expected = self._message(request, rule, result, subject.principal_id, tenant)
+        if expected is None or expected != request.message:
+            raise Rejected(
+                ErrorCode.CONFIGURATION_OR_INPUT,
+                "the delivery is not what its rule makes of its stored source",
+            )
+
+    def _message(
+        self,
+        request: ChannelDelivery,
+        rule: EgressRule,
+        result: ActionResult,
+        principal_id: str,
+        tenant: str | None,
+    ) -> str | None:
+        """What `rule` sends for this source, recomputed from the stored result; None when
+        the named source id is not one the result makes."""
+        if request.source is ChannelSource.RESULT:
+            if request.source_id != result.action_id:
+                return None
+            return result_message(result, rule.max_message_bytes)
+        # The escalation is a pure function of the stored result (worker/escalation/build.py);
+        # the Action stands in only for identity fields the message does not show.
+        stand_in = Action(
+            id=result.action_id,
+            capability=result.capability,
+            input={},
+            identity=Identity(
+                principal_id=principal_id, principal_kind="unknown", tenant_id=tenant
+            ),
+            created_at_unix_ms=result.settled_at_unix_ms,
+        )
+        escalation = escalation_for(result, stand_in, approval_ttl_ms=self.approval_ttl_ms)
+        if escalation is None or escalation.escalation_id != request.source_id:
+            return None
+        return escalation_message(escalation, rule.max_message_bytes)
 
 
 def _decode(data: bytes) -> ChannelDelivery:

@@ -12,6 +12,13 @@ message on the session's subject)`, so a follower that published and died before
 the cursor is not repeated by the next one, inside or outside the duplicate window. A
 follower whose lease may have lapsed (a pause) stops before publishing.
 
+The cursor is bounded by what followers produced, never by what anyone can put on the
+subject: the stream's last message counts only when a trusted worker key signed it (every
+message a follower publishes is signed, `BusPublisher.channel_message`) and it names an id
+Hermes returned in this poll. A message forged on the subject (say `message_id` 10^12) is
+ignored, so it cannot freeze the session; readers verify the same signature
+(`AipClient.session_messages`).
+
 Hostile content is typed, never guessed: content over 64 KiB is cut and flagged
 (`content_truncated`, `content_bytes`); a message of another shape (unknown role, a
 non-string content, a missing id) is dead-lettered on `aip.hermes.{endpoint}.dlq` with its
@@ -43,11 +50,13 @@ from subjects.grammar import Subjects
 from worker import faults
 from worker.bus.publisher import BusPublisher
 from worker.channel.rules import IngressTarget
-from worker.errors import ChannelMessageRefused, ConnectorError
+from worker.errors import ChannelMessageRefused, ConnectorError, UnverifiedResponse
 from worker.metrics import Metrics
 from worker.store.clock import now_ms
 from worker.store.ingress_store import IngressStore
 from worker.store.keys import IngressKeys
+from worker.trust.responses import verify_worker_signed
+from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +139,7 @@ class SessionFollower:
         metrics: Metrics,
         worker_id: str,
         lease_ttl_ms: int,
+        trusted: TrustedGatewayKeys | None = None,
     ) -> None:
         self.target = target
         self.hermes = hermes
@@ -145,6 +155,12 @@ class SessionFollower:
         self.subject = subjects.inbound(target.endpoint_id, target.session_id)
         #: Monotonic time of the last successful lease write (the local validity check).
         self._held_at: float | None = None
+        #: The worker keys whose messages on the subject move the cursor (None: this
+        #: worker publishes unsigned, development only; the Hermes bound still applies).
+        self.trusted = trusted
+        #: The stream sequence of the last message on the subject found not to be ours
+        #: (logged once, not at every poll).
+        self._ignored_seq: int | None = None
 
     async def run(self) -> None:
         """Never raises: a failing poll is logged, and the next one tries again."""
@@ -183,18 +199,49 @@ class SessionFollower:
             and (time.monotonic() - self._held_at) * 1000 < self.lease_ttl_ms * 0.8
         )
 
-    async def cursor(self) -> int:
-        """The last message id on the bus: the larger of Redis' cursor and the stream's."""
+    async def cursor(self, read_up_to: int = -1) -> int:
+        """The last message id on the bus: the larger of Redis' cursor and the id of the
+        stream's last message when a follower produced it (signed by a trusted worker key,
+        for this session, and at most `read_up_to`, the largest id Hermes returned)."""
         cursor = await self.store.cursor(self.keys)
         try:
             last = await self.js.get_last_msg(self.subjects.stream_name("inbound"), self.subject)
         except NotFoundError:
             return cursor
-        try:
-            on_stream = int(msgspec.json.decode(last.data or b"{}").get("message_id", -1))
-        except (msgspec.DecodeError, AttributeError, TypeError, ValueError):
-            on_stream = -1
+        on_stream = self._published_id(last.data or b"", last.headers, read_up_to)
+        if on_stream is None:
+            if self._ignored_seq != last.seq:
+                self._ignored_seq = last.seq
+                log.warning(
+                    "ingress of %s/%s: the last message on %s (stream seq %s) was not "
+                    "published by a follower; the cursor ignores it",
+                    self.target.endpoint_id,
+                    self.target.session_id,
+                    self.subject,
+                    last.seq,
+                )
+            return cursor
         return max(cursor, on_stream)
+
+    def _published_id(
+        self, data: bytes, headers: dict[str, str] | None, read_up_to: int
+    ) -> int | None:
+        """The message id of `data` when a follower published it, else None."""
+        if self.trusted is not None:
+            try:
+                verify_worker_signed(data, headers, self.trusted)
+            except UnverifiedResponse:
+                return None
+        try:
+            message = msgspec.json.decode(data, type=ChannelMessage)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if (message.endpoint_id, message.session_id) != (
+            self.target.endpoint_id,
+            self.target.session_id,
+        ) or message.message_id > read_up_to:
+            return None
+        return message.message_id
 
     async def poll(self) -> None:
         target = self.target
@@ -207,7 +254,7 @@ class SessionFollower:
             raise ConnectorError(
                 ErrorCode.TRANSPORT, "GET /api/sessions/{session_id}/messages: no `data` list"
             )
-        cursor = await self.cursor()
+        cursor = await self.cursor(max((_order(m) for m in data), default=-1))
         fresh = sorted(
             (m for m in data if (found := _id_of(m)) is None or found > cursor), key=_order
         )

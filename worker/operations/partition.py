@@ -33,7 +33,6 @@ another's ids from the answer.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -44,6 +43,7 @@ from redis.exceptions import RedisError
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.operations.base import ExecutionContext, Outcome
+from worker.trust.tenancy import partition_prefix as partition_prefix
 
 log = logging.getLogger(__name__)
 
@@ -67,12 +67,6 @@ _SESSION_PARAM = frozenset(
 _RUN_REF = frozenset({"run_status", "run_events", "run_approval", "run_stop"})
 _JOB_REF = frozenset({"job_get", "job_update", "job_delete", "job_pause", "job_resume", "job_run"})
 _RESPONSE_REF = frozenset({"response_get", "response_delete"})
-
-
-def partition_prefix(tenant_id: str | None) -> str:
-    """The id prefix of a tenant's partition (of the untenanted one for None)."""
-    material = "untenanted" if tenant_id is None else f"tenant:{tenant_id}"
-    return "t" + hashlib.sha256(material.encode()).hexdigest()[:12] + "-"
 
 
 def prefix_of(ctx: ExecutionContext) -> str:

@@ -11,6 +11,9 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
   gauge) ignores one that anyone with publish rights on the escalations subject forged;
 * audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
   segment's last is signed), so `audit` excludes a receipt another role appended.
+* every ChannelDelivery and every ingress ChannelMessage (docs/channels.md), so the egress
+  intake and the ingress cursor believe only what a trusted worker produced
+  (`worker_trust`, `verify_worker_signed`).
 
 Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
 signature per provider event): each chunk carries `prev_sha256`, the hash of the chunk
@@ -51,6 +54,7 @@ from worker.trust.signing import (
     SIGNER_HEADER,
     TrustedGatewayKeys,
     _user_pair,
+    decode_user_public_key,
     verify_envelope,
 )
 
@@ -116,17 +120,6 @@ def signer_from_settings(path: Path | None, *, allow_unsigned: bool) -> Response
     return None
 
 
-def trusted_workers(path: Path | None, own: ResponseSigner | None) -> TrustedGatewayKeys | None:
-    """The worker keys whose escalations and receipts a worker believes: the trusted worker
-    keys file when one is set (every pool of the deployment), else its own key only, else
-    None (a worker that publishes unsigned, development only: nothing is verified)."""
-    if path is not None:
-        return TrustedGatewayKeys.load(path, what="trusted worker keys file")
-    if own is not None:
-        return TrustedGatewayKeys.of([own.public_key])
-    return None
-
-
 def cannot_sign() -> ConnectorError:
     """The refusal of a worker that has no signing key (and may not answer unsigned)."""
     return ConnectorError(
@@ -145,6 +138,37 @@ def _verify(payload: bytes, headers: Mapping[str, str], trusted: TrustedGatewayK
     except ConnectorError as exc:
         reason = exc.message.removeprefix("envelope signature: ")
         raise UnverifiedResponse(f"response signature: {reason}") from None
+
+
+def verify_worker_signed(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> str:
+    """The trusted worker key that signed exactly `payload` (a channel delivery or an
+    ingress message); UnverifiedResponse otherwise."""
+    return _verify(payload, headers or {}, trusted)
+
+
+def worker_trust(
+    signer: ResponseSigner | None, keys_file: Path | None
+) -> TrustedGatewayKeys | None:
+    """The worker keys a worker believes for what workers publish to workers (channel
+    deliveries, ingress messages): its own key, plus `AIPD_TRUSTED_WORKER_KEYS_FILE`'s.
+
+    None only for a worker without a signing key and without the file (unsigned responses
+    allowed, development only): it then believes unsigned messages, as it publishes them.
+    A file that cannot be read is a TrustConfigError (exit 2).
+    """
+    import nacl.signing
+
+    keys: dict[str, nacl.signing.VerifyKey] = {}
+    if keys_file is not None:
+        loaded = TrustedGatewayKeys.load(keys_file, what="AIPD_TRUSTED_WORKER_KEYS_FILE")
+        keys.update({key: v for key in loaded if (v := loaded.get(key)) is not None})
+    if signer is not None:
+        keys[signer.public_key] = nacl.signing.VerifyKey(
+            decode_user_public_key(signer.public_key)
+        )
+    return TrustedGatewayKeys(keys) if keys else None
 
 
 def verify_result(

@@ -14,6 +14,7 @@ Every refusal is `connector.hermes_agent.tenant_mismatch`, before anything is se
 
 from __future__ import annotations
 
+import hashlib
 import re
 
 from schemas.errors import ErrorCode
@@ -21,6 +22,14 @@ from schemas.ids import CAPABILITY_PATTERN, split_capability
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
 from worker.store.clock import Clock
+
+
+def partition_prefix(tenant_id: str | None) -> str:
+    """The id prefix of a tenant's partition on a shared endpoint (of the untenanted one for
+    None): `worker.operations.partition` applies it; channel egress rules check a session
+    against it. Here, beside the other tenancy rules, so both can import it."""
+    material = "untenanted" if tenant_id is None else f"tenant:{tenant_id}"
+    return "t" + hashlib.sha256(material.encode()).hexdigest()[:12] + "-"
 
 
 def check_route(capability: str, endpoint: Endpoint) -> None:
