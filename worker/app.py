@@ -99,6 +99,8 @@ class Worker:
         self.store_health: StoreHealth | None = None
         self.health: HealthServer | None = None
         self.escalations_open: OpenEscalationsGauge | None = None
+        #: Whose signed escalations the gauge counts (`trusted_workers`).
+        self._trusted_workers: TrustedGatewayKeys | None = None
         #: What keeps this worker from serving each endpoint (worker/serving.py).
         self.serving: ServingGate | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -119,6 +121,7 @@ class Worker:
         # What workers publish to workers (channel deliveries, ingress messages) is believed
         # only when a trusted worker key signed it: this worker's own, plus the file's.
         worker_keys = worker_trust(signer, settings.trusted_worker_keys_file)
+        self._trusted_workers = worker_keys
         if settings.hermes_api_key:
             log.warning(
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "
@@ -150,6 +153,7 @@ class Worker:
             js, self.subjects, signer=signer, acks=AckedPublisher(self.nc), nc=self.nc
         )
         audit = AuditLog(publisher, settings.worker_id)
+        publisher.before_result = audit.seal  # a result's receipts are on the bus before it
         keeper: LeaseKeeper[Execution] = LeaseKeeper(
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
             health=health, errors=self.errors,
@@ -320,7 +324,10 @@ class Worker:
         assert self.stores is not None
         client = self.stores.client
         return OpenEscalationsGauge(
-            [EndpointEscalations(js, client, self.subjects, e.id) for e in endpoints],
+            [
+                EndpointEscalations(js, client, self.subjects, e.id, trusted=self._trusted_workers)
+                for e in endpoints
+            ],
             self.metrics,
             self.errors,
             min_interval_s=self.settings.escalations_open_refresh_ms / 1000,

@@ -27,8 +27,10 @@ the client raises (`UnverifiedResponse`, `CannotSign`) can be imported from this
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -40,7 +42,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
-from schemas.audit import Receipt
+from schemas.audit import Receipt, ReceiptEvent
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelMessage
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
@@ -59,7 +61,13 @@ from subjects.grammar import Subjects
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
-from worker.trust.responses import ChunkChain, sha256_hex, verify_result, verify_worker_signed
+from worker.trust.responses import (
+    ChunkChain,
+    sha256_hex,
+    verify_receipt,
+    verify_result,
+    verify_worker_signed,
+)
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
 
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
@@ -415,19 +423,111 @@ class AipClient:
         return _reply_decoder.decode(reply.data)
 
     async def receipts(self, endpoint_id: str, action_id: str) -> list[Receipt]:
-        """Every audit receipt of one Action, in the order they were stored."""
+        """Every audit receipt of one Action, in the order they were stored (as stored:
+        not verified; `audit_chain` verifies)."""
         return [receipt for _, receipt in await self.receipt_log(endpoint_id, action_id)]
 
     async def receipt_log(self, endpoint_id: str, action_id: str) -> list[tuple[int, Receipt]]:
         """Every audit receipt of one Action with its audit-stream sequence number (what a
-        qualification record cites), ordered by receipt time."""
+        qualification record cites), ordered by receipt time. Not verified; a message that
+        is not a receipt is skipped (see `audit_chain` for the verified chain)."""
+        found: list[tuple[int, Receipt]] = []
+        for seq, data, _ in await self._audit_messages(endpoint_id, action_id):
+            try:
+                found.append((seq, _receipt_decoder.decode(data)))
+            except msgspec.DecodeError:
+                continue
+        return sorted(found, key=lambda entry: entry[1].ts_unix_ms)
+
+    async def audit_chain(
+        self,
+        endpoint_id: str,
+        action_id: str,
+        *,
+        trusted_gateway_keys: TrustedGatewayKeys | None = None,
+    ) -> AuditChain:
+        """One Action's receipt chain as trusted workers signed it, and what was set aside.
+
+        With trusted worker keys, a receipt is in the chain when a trusted worker signed its
+        exact bytes, or when a receipt in the chain names its sha256 as `prev_sha256` (a
+        worker signs the last receipt of each segment, `worker.bus.audit`) from the same
+        worker about the same Action; it must name this Action and its id must not have been
+        seen before (a copy). A gateway's `tool_call` receipt may instead be signed by a key
+        of `trusted_gateway_keys`. Every other message is `unverified` (forged, unsigned,
+        another Action's receipt copied here, or in a segment whose signed end is missing)
+        or `malformed` (not a receipt), each with its audit-stream sequence, and none of
+        them breaks the chain. Without trusted worker keys nothing is verified
+        (`chain.verified` is False) and only malformed messages are set aside.
+        """
+        chain = AuditChain(verified=self.trusted_worker_keys is not None)
+        decoded: list[tuple[int, bytes, Mapping[str, str] | None, Receipt]] = []
+        for seq, data, headers in await self._audit_messages(endpoint_id, action_id):
+            try:
+                decoded.append((seq, data, headers, _receipt_decoder.decode(data)))
+            except msgspec.DecodeError as exc:
+                chain.malformed.append(SetAside(seq, f"not a receipt: {str(exc)[:200]}"))
+        if self.trusted_worker_keys is None:
+            chain.entries = [AuditEntry(seq, receipt, None) for seq, _, _, receipt in decoded]
+            chain.entries.sort(key=lambda entry: entry.receipt.ts_unix_ms)
+            return chain
+        by_hash = {hashlib.sha256(data).hexdigest(): n for n, (_, data, _, _) in enumerate(decoded)}
+        signers: dict[int, str] = {}
+        refusals: dict[int, str] = {}
+        for n, (_, data, headers, _) in enumerate(decoded):
+            try:
+                signers[n] = verify_receipt(data, headers, self.trusted_worker_keys)[1]
+            except UnverifiedResponse as exc:
+                refusals[n] = str(exc)
+        # Each receipt a worker signed vouches for the segment it ends: walk its links back.
+        for anchor in list(signers):
+            end = decoded[anchor][3]
+            link = end.prev_sha256
+            while link is not None and (at := by_hash.get(link)) is not None:
+                linked = decoded[at][3]
+                if at in signers or (linked.worker_id, linked.action_id) != (
+                    end.worker_id,
+                    end.action_id,
+                ):
+                    break
+                signers[at] = signers[anchor]
+                link = linked.prev_sha256
+        for n in refusals:
+            if n not in signers:
+                _, data, headers, receipt = decoded[n]
+                gateway = _gateway_signer(receipt, data, headers, trusted_gateway_keys)
+                if gateway is not None:
+                    signers[n] = gateway
+        seen: set[str] = set()
+        for n, (seq, _, _, receipt) in enumerate(decoded):
+            signer = signers.get(n)
+            if signer is None:
+                reason = refusals.get(n, "unverified")
+                if receipt.prev_sha256 is not None:
+                    reason += "; no signed receipt of its segment links back to it"
+                chain.unverified.append(SetAside(seq, reason, receipt.receipt_id))
+            elif receipt.action_id != action_id:
+                chain.unverified.append(
+                    SetAside(seq, f"a receipt of {receipt.action_id[:80]}", receipt.receipt_id)
+                )
+            elif receipt.receipt_id in seen:
+                chain.unverified.append(SetAside(seq, "a copy", receipt.receipt_id))
+            else:
+                seen.add(receipt.receipt_id)
+                chain.entries.append(AuditEntry(seq, receipt, signer))
+        chain.entries.sort(key=lambda entry: entry.receipt.ts_unix_ms)
+        return chain
+
+    async def _audit_messages(
+        self, endpoint_id: str, action_id: str
+    ) -> list[tuple[int, bytes, Mapping[str, str] | None]]:
+        """`(audit-stream sequence, data, headers)` of every message on the Action's audit
+        subject (message gets only: worker/bus/stream_reads.py)."""
         stored = await drain(
             self.nc.jetstream(),
             self.subjects.stream_name("audit"),
             self.subjects.audit(endpoint_id, action_id),
         )
-        found = [(msg.seq or 0, _receipt_decoder.decode(msg.data or b"")) for msg in stored]
-        return sorted(found, key=lambda entry: entry[1].ts_unix_ms)
+        return [(msg.seq or 0, msg.data or b"", msg.headers) for msg in stored]
 
     async def session_messages(
         self,
@@ -464,6 +564,53 @@ class AipClient:
         reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)
         decoded: dict[str, Any] = msgspec.json.decode(reply.data)
         return decoded
+
+
+@dataclass(frozen=True, slots=True)
+class AuditEntry:
+    """One receipt of the chain: its audit-stream sequence and the key that signed it
+    (None when nothing is verified)."""
+
+    seq: int
+    receipt: Receipt
+    signer: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SetAside:
+    """A message on an audit subject left out of the chain, and why."""
+
+    seq: int
+    reason: str
+    #: The receipt id it claims, when it decodes as a receipt.
+    receipt_id: str | None = None
+
+
+@dataclass(slots=True)
+class AuditChain:
+    """What `audit_chain` read: the chain, and what it left out."""
+
+    #: Whether the chain was verified against trusted worker keys.
+    verified: bool
+    entries: list[AuditEntry] = field(default_factory=list)
+    unverified: list[SetAside] = field(default_factory=list)
+    malformed: list[SetAside] = field(default_factory=list)
+
+
+def _gateway_signer(
+    receipt: Receipt,
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    trusted: TrustedGatewayKeys | None,
+) -> str | None:
+    """The trusted gateway key that signed a gateway's own `tool_call` receipt, if any: a
+    gateway key never vouches for a worker's decision."""
+    if trusted is None or receipt.event is not ReceiptEvent.TOOL_CALL:
+        return None
+    try:
+        return verify_receipt(data, headers, trusted)[1]
+    except UnverifiedResponse:
+        return None
 
 
 def _carries_signature(headers: Mapping[str, str] | None) -> bool:

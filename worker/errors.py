@@ -277,7 +277,8 @@ class ResolutionRefused(WorkerError):
 
 
 class UnverifiedResponse(ClientError):
-    """A result, chunk chain or DLQ entry that does not verify against the trusted worker keys.
+    """A result, chunk chain, DLQ entry, escalation or receipt that does not verify against
+    the trusted worker keys.
 
     `code` is `connector_host.response_signing`: treat the response as an integrity failure
     and read the Action's durable state instead.

@@ -190,10 +190,14 @@ class Settings(BaseSettings):
     refused with `connector_host.response_signing` (unless unsigned responses are allowed)."""
     allow_unsigned_responses: bool = False
     """Publish unsigned results and DLQ entries when no signing key is set. Development only:
-    warned at start."""
+    warned at start. Also lets the escalations commands believe unsigned escalations when
+    no trusted worker keys are set."""
     trusted_worker_keys_file: Path | None = None
-    """Public nkeys (`U…`) of the other workers whose channel deliveries and ingress messages
-    this worker believes, one per line (its own key is always trusted); docs/channels.md."""
+    """Public nkeys (`U…`) of the workers whose signed escalations, receipts, channel
+    deliveries and ingress messages are believed, one per line (its own key is always
+    trusted): the `escalations` commands, the `escalations_open` gauge, channels
+    (docs/channels.md); `audit` reads it too. Unset: a worker trusts its own key only, and
+    `escalations` refuses to run unless unsigned responses are allowed."""
     serve_when_unready: bool = False
     """Bind the work consumers even when something serving needs is missing (a trust file,
     a Hermes accepting the key): the Actions are then refused one by one. Development only;

@@ -50,6 +50,8 @@ from worker.testing.identities import (
 )
 from worker.testing.services import ServiceHandle
 from worker.trust.approval_ledger import ApprovalRecords
+from worker.trust.responses import ResponseSigner
+from worker.trust.signing import TrustedGatewayKeys
 
 __all__ = ["compose_nats", "compose_redis", "roles"]  # fixtures, imported so pytest finds them
 
@@ -204,11 +206,20 @@ async def test_the_open_escalations_gauge_reports_under_the_compose_roles(
         fence=1,
         raised_at_unix_ms=time.time_ns() // 1_000_000,
     )
-    await BusPublisher(worker_nc.jetstream(), subjects).escalation(escalation)
+    # Signed by the compose workers' key: readers believe only what a trusted worker signed.
+    signer = ResponseSigner.load(_secret_copy(tmp_path, "worker_signing.nk"))
+    worker_keys = COMPOSE / "config" / "worker-keys.txt"
+    await BusPublisher(worker_nc.jetstream(), subjects, signer=signer).escalation(escalation)
     worker_redis = _client(compose_redis, "aipworker", "redis_worker_password")
     approver_redis = _client(compose_redis, "aipapprover", "redis_approver_password")
     try:
-        gauge = EndpointEscalations(worker_nc.jetstream(), worker_redis, subjects, ENDPOINT)
+        gauge = EndpointEscalations(
+            worker_nc.jetstream(),
+            worker_redis,
+            subjects,
+            ENDPOINT,
+            trusted=TrustedGatewayKeys.load(worker_keys),
+        )
         assert await gauge.refresh()
         assert gauge.counts()[EscalationKind.DECISION] == 1
         forged = EscalationResolution(
@@ -238,6 +249,7 @@ async def test_the_open_escalations_gauge_reports_under_the_compose_roles(
                     _secret_copy(tmp_path, "redis_approver_password")
                 ),
                 "AIPD_HERMES_ENDPOINTS": f"{ENDPOINT}=http://127.0.0.1:1",
+                "AIPD_TRUSTED_WORKER_KEYS_FILE": str(worker_keys),
             },
         )  # fmt: skip
         assert resolved.returncode == 0, resolved.stderr

@@ -481,7 +481,10 @@ async def test_a_delivery_another_worker_signed_runs_only_when_its_key_is_truste
     await stack.publish(source)
     assert await asyncio.to_thread(w2.wait_exit, 30) == 137, w2.log_tail()
     keys = {"AIPD_TRUSTED_WORKER_KEYS_FILE": str(stack.trust.worker_keys_file)} if trusted else {}
-    await stack.spawn("w1", **env, **keys)
+    # The stack's environment names the keys file (the escalations commands need it): the
+    # untrusting worker runs without it, trusting its own key only.
+    untrusting = () if trusted else ("AIPD_TRUSTED_WORKER_KEYS_FILE",)
+    await stack.spawn("w1", unset=untrusting, **env, **keys)
     assert (await stack.client.handle(ENDPOINT, source.id).result(timeout_s=30)).status is (
         ResultStatus.COMPLETED
     )

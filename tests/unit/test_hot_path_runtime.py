@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from nats.js.api import PubAck
 
-from schemas.audit import ReceiptEvent
+from schemas.audit import Receipt, ReceiptEvent
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
-from worker.bus.audit import AuditLog
+from worker.bus.audit import SEAL_AFTER_S, AuditLog
 from worker.bus.publisher import MSG_ID, BusPublisher
 from worker.execution.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
 from worker.execution.leases import HeldLease
@@ -21,6 +24,8 @@ from worker.store.connection import open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant, LeaseStore
 from worker.testing.services import ServiceHandle
+from worker.trust.responses import ResponseSigner
+from worker.trust.signing import generate_keypair, write_seed_file
 
 
 @pytest.fixture
@@ -93,12 +98,19 @@ async def test_a_batch_confirmation_resends_exactly_the_unconfirmed_chunks() -> 
 
 
 class _RecordingPublisher:
-    def __init__(self) -> None:
+    def __init__(self, signer: ResponseSigner | None = None) -> None:
         self.sent: list[str] = []
+        self.signer = signer
+        #: What a signing publisher sent: the exact bytes, and whether they were signed.
+        self.payloads: list[tuple[bytes, bool]] = []
 
-    async def receipt(self, receipt: Any) -> None:
+    async def receipt(
+        self, receipt: Any, payload: bytes | None = None, *, sign: bool = True
+    ) -> None:
         await asyncio.sleep(0)
         self.sent.append(receipt.receipt_id)
+        if payload is not None:
+            self.payloads.append((payload, sign))
 
 
 async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> None:
@@ -115,6 +127,48 @@ async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> N
     audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")  # a new sender
     await audit.drain()
     assert len(publisher.sent) == 7
+
+
+async def test_receipts_emitted_together_share_one_signature_and_link_back(
+    tmp_path: Path,
+) -> None:
+    """A segment: every receipt names the hash of the one before it; only the last one is
+    signed, once no next one came for SEAL_AFTER_S (or at `seal`); a later receipt opens a
+    new segment."""
+    seed_file = tmp_path / "worker.seed"
+    write_seed_file(seed_file, generate_keypair().seed)
+    publisher = _RecordingPublisher(ResponseSigner.load(seed_file))
+    audit = AuditLog(publisher, "w1")  # type: ignore[arg-type]
+    action_id = new_action_id()
+    for event in (ReceiptEvent.RECEIVED, ReceiptEvent.ADMITTED, ReceiptEvent.LEASE_ACQUIRED):
+        audit.emit(event, action_id=action_id, endpoint_id="h1")
+    await asyncio.sleep(SEAL_AFTER_S * 3)
+    audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
+    await audit.drain()
+    sent = [(msgspec.json.decode(p, type=Receipt), p, signed) for p, signed in publisher.payloads]
+    assert [(r.event, signed) for r, _, signed in sent] == [
+        (ReceiptEvent.RECEIVED, False),
+        (ReceiptEvent.ADMITTED, False),
+        (ReceiptEvent.LEASE_ACQUIRED, True),
+        (ReceiptEvent.SETTLED, True),
+    ]
+    assert sent[0][0].prev_sha256 is None
+    assert sent[1][0].prev_sha256 == hashlib.sha256(sent[0][1]).hexdigest()
+    assert sent[2][0].prev_sha256 == hashlib.sha256(sent[1][1]).hexdigest()
+    assert sent[3][0].prev_sha256 is None  # emitted after the seal: a segment of its own
+
+    # Before a result is published its segment is sealed at once, not SEAL_AFTER_S later.
+    publisher.payloads.clear()
+    audit.emit(ReceiptEvent.RUN_BOUND, action_id=action_id, endpoint_id="h1")
+    audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
+    await audit.seal(action_id)
+    assert [signed for _, signed in publisher.payloads] == [False, True]
+    # A receipt that ends a segment (a lease released or lost) is sent signed at once.
+    publisher.payloads.clear()
+    audit.emit(ReceiptEvent.LEASE_ACQUIRED, action_id=action_id, endpoint_id="h1")
+    audit.emit(ReceiptEvent.LEASE_LOST, action_id=action_id, endpoint_id="h1")
+    await asyncio.sleep(0.01)
+    assert [signed for _, signed in publisher.payloads] == [False, True]
 
 
 def _held_lease(action_id: str) -> HeldLease:

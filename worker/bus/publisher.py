@@ -3,9 +3,10 @@
 Chunks go out with `publish_async` (bounded in flight, ~8x an awaited publish here) and are
 confirmed before the Action settles; a result is published awaited, because the delivery is
 acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a republish after a
-crash or a retry is dropped by the server inside the duplicate window. Results and DLQ
-entries, channel deliveries and ingress messages are signed with the worker's key when it
-has one (`worker.trust.responses`).
+crash or a retry is dropped by the server inside the duplicate window. Results, DLQ
+entries, escalations, receipts, channel deliveries and ingress messages are signed with the
+worker's key when it has one (`worker.trust.responses`): each reader believes only what a
+trusted worker signed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING
 
 from nats.aio.client import Client as NATS
@@ -78,6 +79,9 @@ class BusPublisher:
         self.confirm_timeout_s = confirm_timeout_s
         #: Signs results and DLQ entries; None publishes them unsigned (development only).
         self.signer = signer
+        #: Awaited before a result is published, with its Action id: the audit log's `seal`,
+        #: so the receipts emitted before a result are on the stream when it is.
+        self.before_result: Callable[[str], Awaitable[None]] | None = None
         #: Where chunks are published with a later confirmation: the worker's own reply
         #: subscription (`worker.bus.acked_publish`, half the CPU per chunk), or nats-py's
         #: `publish_async` for a publisher that sends few (the CLI's, the tests').
@@ -144,6 +148,8 @@ class BusPublisher:
     async def result_bytes(self, endpoint_id: str, action_id: str, stored: bytes) -> PubAck:
         """Publish a result as stored, byte for byte, signed; a republish of the same bytes
         has the same Msg-Id (whichever worker signs it) and is dropped as a duplicate."""
+        if self.before_result is not None:
+            await self.before_result(action_id)
         digest = hashlib.sha256(stored).hexdigest()
         signature = self.signer.headers(stored) if self.signer is not None else None
         return await self._publish(
@@ -155,11 +161,14 @@ class BusPublisher:
 
     async def escalation(self, escalation: Escalation) -> PubAck:
         """Awaited, like a result: it is published before the result it belongs to, so a
-        crash in between republishes both (the id makes the copy a server-side duplicate)."""
+        crash in between republishes both (the id makes the copy a server-side duplicate).
+        Signed over its exact bytes: readers ignore an escalation no trusted worker signed."""
+        payload = encode(escalation)
         return await self._publish(
             self.subjects.escalations(escalation.endpoint_id),
-            encode(escalation),
+            payload,
             escalation.escalation_id,
+            self._signature(payload),
         )
 
     async def channel_delivery(self, delivery: ChannelDelivery) -> PubAck:
@@ -201,24 +210,35 @@ class BusPublisher:
             self.subjects.dlq(endpoint_id), payload, msg_id, all_headers, give_up_when_full=True
         )
 
-    async def receipt(self, receipt: Receipt) -> None:
+    async def receipt(
+        self, receipt: Receipt, payload: bytes | None = None, *, sign: bool = True
+    ) -> None:
         """Best effort, never blocks the delivery: a lost receipt must not stall real work.
 
         Sent as a plain NATS publish to the audit stream's subject (JetStream stores it all
         the same, deduplicated by its `Nats-Msg-Id`) rather than with `publish_async`: no
         caller ever waited for a receipt's acknowledgement, so asking the server for one
-        (a reply inbox, a future and a JSON PubAck per receipt) bought nothing.
+        (a reply inbox, a future and a JSON PubAck per receipt) bought nothing. `payload` is
+        the receipt as already encoded (the audit log hashes it to link the next one);
+        `sign` signs its exact bytes, what the last receipt of a segment gets
+        (`worker.bus.audit`), so `audit` can exclude a receipt another role appended.
         """
         try:
             subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
+            payload = encode(receipt) if payload is None else payload
             headers = {MSG_ID: receipt.receipt_id}
+            if sign and self.signer is not None:
+                headers.update(self.signer.headers(payload))
             nc = self.nc
             if nc is not None:
-                await nc.publish(subject, encode(receipt), headers=headers)
+                await nc.publish(subject, payload, headers=headers)
             else:
-                await self._publish_async(subject, encode(receipt), headers, 0.5)
+                await self._publish_async(subject, payload, headers, 0.5)
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
+
+    def _signature(self, payload: bytes) -> dict[str, str] | None:
+        return self.signer.headers(payload) if self.signer is not None else None
 
     async def _publish(
         self,

@@ -108,7 +108,8 @@ def _trusted_worker_keys(args: argparse.Namespace) -> Path | None:
     path: Path | None = getattr(args, "trusted_worker_keys", None)
     if path is None:
         print(
-            "warning: results and chunks are not verified (no --trusted-worker-keys / "
+            "warning: what workers published (results, chunks, receipts) is not verified "
+            "(no --trusted-worker-keys / "
             "AIPD_TRUSTED_WORKER_KEYS_FILE)",
             file=sys.stderr,
         )
@@ -202,19 +203,36 @@ async def cmd_manifest(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_audit(args: argparse.Namespace) -> int:
-    """Print an Action's receipt chain in order: what every worker decided about it."""
-    from worker.client import AipClient
+#: Exit status of `audit` when nothing on the Action's audit subject verified.
+EXIT_NO_RECEIPTS = 1
 
+
+async def cmd_audit(args: argparse.Namespace) -> int:
+    """Print an Action's receipt chain in order: what every worker decided about it.
+
+    With trusted worker keys only receipts a trusted worker signed are in the chain (a
+    gateway's `tool_call` receipt may be signed by a trusted gateway key instead); every
+    other message on the subject, forged or malformed, is reported on stderr with its
+    audit-stream sequence and left out, and none of them stops the command.
+    """
+    from worker.client import AipClient
+    from worker.trust.signing import TrustedGatewayKeys
+
+    gateway_keys = (
+        TrustedGatewayKeys.load(args.trusted_gateway_keys)
+        if args.trusted_gateway_keys is not None
+        else None
+    )
     nc = await _connect(_bus_settings(args))
     try:
-        receipts = await AipClient(nc, prefix=args.prefix).receipts(args.endpoint, args.action_id)
+        client = AipClient(nc, prefix=args.prefix, trusted_worker_keys=_trusted_worker_keys(args))
+        chain = await client.audit_chain(
+            args.endpoint, args.action_id, trusted_gateway_keys=gateway_keys
+        )
     finally:
         await nc.drain()
-    if not receipts:
-        print(f"no receipts for {args.action_id}", file=sys.stderr)
-        return 1
-    for receipt in receipts:
+    for entry in chain.entries:
+        receipt = entry.receipt
         if args.json:
             print(msgspec.json.encode(receipt).decode())
             continue
@@ -223,6 +241,18 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             f"{receipt.ts_unix_ms} {receipt.worker_id:>16} fence={receipt.fence:<3} "
             f"{receipt.event.value:<16} {details}"
         )
+    for aside in chain.unverified:
+        print(
+            f"warning: excluded audit seq {aside.seq} ({aside.receipt_id}): unverified: "
+            f"{aside.reason}",
+            file=sys.stderr,
+        )
+    for aside in chain.malformed:
+        print(f"warning: skipped audit seq {aside.seq}: {aside.reason}", file=sys.stderr)
+    if not chain.entries:
+        what = "verified receipts" if chain.verified else "receipts"
+        print(f"no {what} for {args.action_id}", file=sys.stderr)
+        return EXIT_NO_RECEIPTS
     return 0
 
 
@@ -269,6 +299,8 @@ def _verify_flag(parser: argparse.ArgumentParser) -> None:
 
 
 def add_commands(sub: Any) -> None:
+    import os
+
     submit = sub.add_parser("submit", help="publish an Action and print its id")
     _bus_flags(submit)
     submit.add_argument("--endpoint", required=True)
@@ -323,6 +355,15 @@ def add_commands(sub: Any) -> None:
     audit.add_argument("action_id", help="an Action id, or a DLQ entry's Aip-Dlq-Id (dlq_…)")
     audit.add_argument("--endpoint", required=True)
     audit.add_argument("--json", action="store_true", help="one JSON receipt per line")
+    _verify_flag(audit)
+    gateway_keys = os.environ.get("AIPD_TRUSTED_GATEWAY_KEYS_FILE")
+    audit.add_argument(
+        "--trusted-gateway-keys",
+        type=Path,
+        default=Path(gateway_keys) if gateway_keys else None,
+        help="public nkeys of trusted gateways: their own tool_call receipts verify against "
+        "these (env AIPD_TRUSTED_GATEWAY_KEYS_FILE)",
+    )
     audit.set_defaults(func=cmd_audit)
 
     sign = sub.add_parser("sign", help="print Aip-Signer/Aip-Signature headers for a payload")

@@ -16,6 +16,13 @@ decision and the resolution leaves a decision for an id never published: it expi
 
 Resolving any **other** escalation records who acknowledged it and why (write-once in
 Redis, copied to the stream); it changes nothing else.
+
+Every command believes only escalations a trusted worker signed
+(`AIPD_TRUSTED_WORKER_KEYS_FILE`); one that anyone else appended to the subject is reported
+on stderr and ignored: `list` does not show it, `show` and `resolve` refuse it. What an
+approval escalation asks is read from the run's own operator binding in Redis (`pending`):
+the escalation's copy of the prompt is only a pointer, and `resolve` refuses unless the
+binding still waits on that prompt.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ from schemas.action import Action, ApprovalRef, Identity
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from schemas.escalation import (
     Escalation,
+    EscalationApproval,
     EscalationKind,
     EscalationResolution,
     ResolutionKind,
@@ -42,7 +50,7 @@ from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
 from worker.bus.connections import approver_unreachable, open_approver_redis_for
 from worker.commands.cli_settings import add_settings_flags, settings_from
-from worker.errors import ApprovalRefused, ResolutionRefused, TrustConfigError
+from worker.errors import ApprovalRefused, ConnectorError, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
     EscalationView,
     Unreadable,
@@ -51,10 +59,13 @@ from worker.escalation.ledger import (
     record_resolution,
 )
 from worker.fingerprints import approval_fingerprint
+from worker.operator.binding import BindingState, decode_binding
 from worker.settings import Settings
 from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
-from worker.trust.signing import read_seed_file
+from worker.store.keys import binding_key, escalation_resolution_key
+from worker.store.operator_store import OperatorStore
+from worker.trust.signing import TrustedGatewayKeys, read_seed_file
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -72,31 +83,81 @@ def _escalation_id(text: str) -> str:
     return text
 
 
-async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], int]:
+def _trusted(settings: Settings) -> TrustedGatewayKeys | None:
+    """The worker keys whose escalations are believed. Without them every escalation on the
+    stream would be believed, forged ones too, so the commands refuse to run (TrustConfigError,
+    exit 2) unless unsigned responses are allowed (development only, warned)."""
+    if settings.trusted_worker_keys_file is not None:
+        return TrustedGatewayKeys.load(
+            settings.trusted_worker_keys_file, what="trusted worker keys file"
+        )
+    if settings.allow_unsigned_responses:
+        print(
+            "warning: escalations are not verified (no AIPD_TRUSTED_WORKER_KEYS_FILE; "
+            "AIPD_ALLOW_UNSIGNED_RESPONSES is on): a forged one cannot be told apart",
+            file=sys.stderr,
+        )
+        return None
+    raise TrustConfigError(
+        "escalations are believed only when a trusted worker signed them: set "
+        "AIPD_TRUSTED_WORKER_KEYS_FILE (--trusted-worker-keys-file) to the workers' public keys"
+    )
+
+
+async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], Unreadable]:
     from worker.bus.connections import connect_nats_for_command
 
+    trusted = _trusted(settings)
     nc = await connect_nats_for_command(settings)
     try:
         unreadable = Unreadable()
         views = await read_escalations(
-            nc.jetstream(), Subjects(settings.subject_prefix), endpoint_id, unreadable
+            nc.jetstream(),
+            Subjects(settings.subject_prefix),
+            endpoint_id,
+            unreadable,
+            trusted=trusted,
         )
-        return views, unreadable.count
+        _warn_skipped(unreadable)
+        return views, unreadable
     finally:
         await nc.close()
 
 
+def _warn_skipped(unreadable: Unreadable) -> None:
+    """Say once, on stderr, what was on the subjects and ignored (never shown as real)."""
+    if unreadable.count:
+        print(
+            f"warning: {unreadable.count} unreadable message(s) on the escalation subjects",
+            file=sys.stderr,
+        )
+    for escalation_id, reason in sorted(unreadable.unverified.items()):
+        print(
+            f"warning: ignored {escalation_id}: not signed by a trusted worker ({reason})",
+            file=sys.stderr,
+        )
+
+
 async def _find(settings: Settings, endpoint_id: str, escalation_id: str) -> EscalationView:
-    views, _ = await _views(settings, endpoint_id)
+    views, unreadable = await _views(settings, endpoint_id)
     for view in views:
         if view.escalation.escalation_id == escalation_id:
             return view
+    if escalation_id in unreadable.unverified:
+        raise ResolutionRefused(
+            f"{escalation_id} is not signed by a trusted worker: it is ignored, never shown "
+            "or resolved (someone with publish rights on the escalations subject put it there)"
+        )
     raise ResolutionRefused(f"no escalation {escalation_id} on endpoint {endpoint_id}")
 
 
 async def cmd_list(args: argparse.Namespace) -> int:
     settings = settings_from(args)
-    views, unreadable = await _views(settings, args.endpoint)
+    try:
+        views, _ = await _views(settings, args.endpoint)
+    except TrustConfigError as exc:
+        return _fail(EXIT_CONFIG, str(exc))
+    await _resolutions_from_redis(settings, views)
     shown = [v for v in views if args.all or v.open]
     for view in shown:
         if args.json:
@@ -109,12 +170,81 @@ async def cmd_list(args: argparse.Namespace) -> int:
             f"{e.escalation_id} {e.raised_at_unix_ms} {state:<20} {e.kind.value:<8} "
             f"{e.action_id} {what}"
         )
-    if unreadable:
+    return 0
+
+
+async def _resolutions_from_redis(settings: Settings, views: list[EscalationView]) -> None:
+    """Take each escalation's resolution from Redis, the write-once authority, rather than
+    from its copy on `…escalations.resolved`, which is unsigned (a forged copy would hide
+    an open escalation). When Redis cannot be read the copies are shown, with a warning."""
+    if not views:
+        return
+    redis = open_approver_redis_for(settings)
+    try:
+        pipe = redis.pipeline(transaction=False)
+        for view in views:
+            pipe.get(escalation_resolution_key(view.escalation.escalation_id))
+        stored = await pipe.execute()
+    except (RedisError, OSError) as exc:
         print(
-            f"warning: {unreadable} unreadable message(s) on the escalation subjects",
+            f"warning: Redis cannot be read ({type(exc).__name__}): resolutions are shown "
+            "from their unsigned copies on the stream",
             file=sys.stderr,
         )
-    return 0
+        return
+    finally:
+        await redis.aclose()
+    for view, raw in zip(views, stored, strict=True):
+        view.resolution = (
+            None if raw is None else msgspec.json.decode(raw, type=EscalationResolution)
+        )
+
+
+#: What `show` and `resolve` say about the escalation's own copy of the prompt.
+POINTER_NOTE = (
+    "the escalation's approval.prompt is a pointer only; what the run waits on is `pending`, "
+    "read from the run's operator binding"
+)
+
+
+async def pending_from_binding(redis: Any, approval: EscalationApproval) -> dict[str, Any]:
+    """What the paused run itself waits on, from its durable operator binding in Redis
+    (the redacted prompt Hermes asked, as the worker retained it), never from the
+    escalation's text; `read` says whether it could be read and `matches` whether the
+    binding still waits on the prompt this escalation points at."""
+    where = binding_key(approval.source_action_id)
+    source = f"operator binding {where} (Redis)"
+    try:
+        stored = await OperatorStore(redis).read(where)
+    except (RedisError, OSError) as exc:
+        return {
+            "read": "failed",
+            "from": source,
+            "note": f"the Redis user of this command cannot read the operator binding "
+            f"({type(exc).__name__}: {str(exc)[:200]}); what the run waits on is unknown, so "
+            "do not answer from the escalation's text (resolve refuses)",
+        }
+    if stored.doc is None:
+        return {"read": "missing", "from": source, "note": "the run has no binding (expired?)"}
+    try:
+        binding = decode_binding(stored.doc)
+    except ConnectorError as exc:
+        return {"read": "failed", "from": source, "note": exc.message}
+    matches = (
+        binding.status is BindingState.WAITING_FOR_APPROVAL
+        and binding.approval_generation == approval.approval_generation
+        and (approval.run_id is None or binding.run_id == approval.run_id)
+        and binding.pending_approval is not None
+    )
+    return {
+        "read": "ok",
+        "from": source,
+        "status": binding.status.value,
+        "run_id": binding.run_id,
+        "approval_generation": binding.approval_generation,
+        "prompt": binding.pending_approval,
+        "matches": matches,
+    }
 
 
 async def cmd_show(args: argparse.Namespace) -> int:
@@ -123,14 +253,21 @@ async def cmd_show(args: argparse.Namespace) -> int:
         view = await _find(settings, args.endpoint, args.escalation_id)
     except ResolutionRefused as exc:
         return _fail(EXIT_FAILED, str(exc))
-    if view.resolution is None:
-        # The stream copy may be missing (a crash after the write-once record): Redis decides.
-        redis = open_approver_redis_for(settings)
-        try:
-            view.resolution = await read_resolution(redis, args.escalation_id)
-        finally:
-            await redis.aclose()
-    print(msgspec.json.encode(_document(view)).decode())
+    except TrustConfigError as exc:
+        return _fail(EXIT_CONFIG, str(exc))
+    document: dict[str, Any] = {}
+    redis = open_approver_redis_for(settings)
+    try:
+        # Redis decides, not the stream's unsigned copy (which may also be missing: a
+        # crash after the write-once record).
+        view.resolution = await read_resolution(redis, args.escalation_id)
+        approval = view.escalation.approval
+        if approval is not None:
+            document["pending"] = await pending_from_binding(redis, approval)
+            document["note"] = POINTER_NOTE
+    finally:
+        await redis.aclose()
+    print(msgspec.json.encode({**_document(view), **document}).decode())
     return 0
 
 
@@ -213,6 +350,10 @@ async def resolve_approval(
         earlier = await read_resolution(redis, escalation.escalation_id)
         if earlier is not None and (earlier.choice is not choice or not earlier.resume_action_id):
             raise ResolutionRefused(_already(earlier))
+        if earlier is None:
+            # The first decision answers what the run itself waits on; a repeat after a
+            # crash finds the run moved on already and only finishes the publishing.
+            _check_pending(await pending_from_binding(redis, approval), escalation)
         # A repeated `resolve` answers with the resume the resolution recorded; a first one
         # with an id nobody could have known before it is published.
         resume_id = earlier.resume_action_id if earlier is not None else new_action_id()
@@ -262,6 +403,20 @@ async def resolve_approval(
     finally:
         await nc.drain()
     return resolution
+
+
+def _check_pending(pending: dict[str, Any], escalation: Escalation) -> None:
+    """Refuse unless the run's binding could be read and still waits on this prompt."""
+    if pending.get("read") != "ok":
+        raise ResolutionRefused(
+            f"{escalation.escalation_id}: cannot read what the run waits on from its "
+            f"{pending.get('from')}: {pending.get('note')}"
+        )
+    if not pending.get("matches"):
+        raise ResolutionRefused(
+            f"{escalation.escalation_id}: the run no longer waits on this prompt (binding "
+            f"{pending.get('status')}, approval generation {pending.get('approval_generation')})"
+        )
 
 
 async def _decided(redis: Any, resume: Action) -> ApprovalRecord | None:
@@ -333,6 +488,22 @@ async def _publish_resolution(
     await publisher.escalation_resolution(resolution)
 
 
+async def _say_pending(settings: Settings, escalation: Escalation) -> None:
+    """Tell the approver, before anything is decided, what the run itself waits on."""
+    assert escalation.approval is not None
+    redis = open_approver_redis_for(settings)
+    try:
+        pending = await pending_from_binding(redis, escalation.approval)
+    finally:
+        await redis.aclose()
+    if pending.get("read") == "ok":
+        print(
+            f"answering what the run waits on, from its {pending['from']}: "
+            f"{msgspec.json.encode(pending.get('prompt')).decode()} ({POINTER_NOTE})",
+            file=sys.stderr,
+        )
+
+
 async def cmd_resolve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     try:
@@ -350,6 +521,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
                 approver_seed = read_seed_file(args.key, what="approver key file (--key)")
             except (OSError, ValueError) as exc:
                 return _fail(EXIT_CONFIG, f"--key: {exc}")
+            await _say_pending(settings, escalation)
             resolution = await resolve_approval(
                 settings,
                 escalation,

@@ -205,7 +205,11 @@ class Story:
         if source is None:
             raise StepFailed("nothing to resume: step d1 did not pause")
         views = await read_escalations(
-            self.client.nc.jetstream(), self.client.subjects, ENDPOINT, Unreadable()
+            self.client.nc.jetstream(),
+            self.client.subjects,
+            ENDPOINT,
+            Unreadable(),
+            trusted=self.client.trusted_worker_keys,
         )
         found = [v.escalation for v in views if v.escalation.action_id == source]
         if len(found) != 1 or found[0].kind is not EscalationKind.APPROVAL:

@@ -16,6 +16,11 @@ a scrape waits for it at most `SCRAPE_WAIT_S` (then shows the previous value). A
 that starts reads the stream from its first message; until it has read up to the last one
 it publishes no value rather than a partial count. A failed refresh (NATS or Redis down)
 keeps the previous value and is counted in `errors_total{where="escalations_open"}`.
+
+Only escalations a trusted worker signed are counted (`trusted`: the worker's trusted
+worker keys, or its own key): one that anyone else appended to the stream is skipped and
+reported once per refresh as `errors_total{where="escalations_open",cause="unverified"}`,
+so a forger can neither raise the gauge nor hide behind it.
 """
 
 from __future__ import annotations
@@ -23,21 +28,21 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from schemas.escalation import Escalation, EscalationKind
+from schemas.escalation import EscalationKind
 from subjects.grammar import Subjects
-from worker.escalation.ledger import read_subject_from
+from worker.escalation.ledger import Unreadable, believe_escalation, read_subject_from
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.store.keys import escalation_resolution_key
 from worker.tasks import stop_tasks
+from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +55,6 @@ EXISTS_BATCH = 1_000
 SCRAPE_WAIT_S = 5.0
 WHERE = "escalations_open"
 
-_decoder = msgspec.json.Decoder(Escalation)
 
 
 @dataclass(slots=True)
@@ -62,8 +66,19 @@ class _Open:
 class EndpointEscalations:
     """What one process knows about one endpoint's escalations (rebuilt from the stores)."""
 
-    def __init__(self, js: JetStreamContext, redis: Any, subjects: Subjects, endpoint_id: str):
+    def __init__(
+        self,
+        js: JetStreamContext,
+        redis: Any,
+        subjects: Subjects,
+        endpoint_id: str,
+        *,
+        trusted: TrustedGatewayKeys | None = None,
+    ):
         self.js = js
+        #: The worker keys whose escalations count; None counts every one that decodes
+        #: (a worker that publishes unsigned, development only).
+        self.trusted = trusted
         self.redis = redis
         self.endpoint_id = endpoint_id
         self.stream = subjects.stream_name("escalations")
@@ -74,6 +89,8 @@ class EndpointEscalations:
         self.read_to = 0
         #: Messages on the subject that are not an Escalation (skipped, never guessed at).
         self.unreadable = 0
+        #: Escalations no trusted worker signed (skipped: forged or unsigned).
+        self.unverified = 0
 
     async def refresh(self) -> bool:
         """Bring `open` up to date; True when it covers everything on the stream now."""
@@ -85,11 +102,11 @@ class EndpointEscalations:
         first = info.state.first_seq
         if last > self.read_to:
             start = max(self.read_to + 1, first)
-            for seq, data in await read_subject_from(
+            for seq, data, headers in await read_subject_from(
                 self.js, self.subject, stream=self.stream, start_seq=start,
                 limit=MAX_READ_PER_REFRESH,
             ):
-                self._take(seq, data)
+                self._take(seq, data, headers)
                 self.read_to = max(self.read_to, seq)
         # Retention dropped these: they are in no list any more, in any process.
         for escalation_id in [e for e, o in self.open.items() if o.seq < first]:
@@ -97,13 +114,13 @@ class EndpointEscalations:
         await self._forget_resolved()
         return self.read_to >= last
 
-    def _take(self, seq: int, data: bytes) -> None:
-        try:
-            escalation = _decoder.decode(data)
-        except msgspec.DecodeError:
-            self.unreadable += 1
-            return
-        self.open[escalation.escalation_id] = _Open(seq, escalation.kind)
+    def _take(self, seq: int, data: bytes, headers: Mapping[str, str] | None) -> None:
+        skipped = Unreadable()
+        escalation = believe_escalation(data, headers, self.trusted, skipped)
+        self.unreadable += skipped.count
+        self.unverified += len(skipped.unverified)
+        if escalation is not None:
+            self.open[escalation.escalation_id] = _Open(seq, escalation.kind)
 
     async def _forget_resolved(self) -> None:
         ids = list(self.open)
@@ -166,7 +183,7 @@ class OpenEscalationsGauge:
 
     async def _refresh(self) -> None:
         for endpoint in self.endpoints:
-            unreadable = endpoint.unreadable
+            unreadable, unverified = endpoint.unreadable, endpoint.unverified
             try:
                 complete = await endpoint.refresh()
             except Exception as exc:  # the previous value stays; the next scrape retries
@@ -180,6 +197,12 @@ class OpenEscalationsGauge:
                 self.errors.report(
                     WHERE, "unreadable", log, "%d message(s) on %s are not escalations",
                     endpoint.unreadable - unreadable, endpoint.subject,
+                )  # fmt: skip
+            if endpoint.unverified > unverified:
+                self.errors.report(
+                    WHERE, "unverified", log,
+                    "%d escalation(s) on %s are not signed by a trusted worker: not counted",
+                    endpoint.unverified - unverified, endpoint.subject,
                 )  # fmt: skip
             if complete:
                 for kind, count in endpoint.counts().items():

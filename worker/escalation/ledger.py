@@ -1,6 +1,10 @@
 """Reading escalations from their stream, and the write-once record of each resolution.
 
-The stream is the list (one message per escalation, `Nats-Msg-Id` = its id); Redis holds
+The stream is the list (one message per escalation, `Nats-Msg-Id` = its id), but only what a
+trusted worker signed is on it as far as a reader is concerned: anyone with publish rights
+on the subject can append a message, so `read_escalations` verifies each escalation's
+signature against the trusted worker keys and sets aside (by id, with the reason) every
+one that does not verify; those are never listed, shown or resolved. Redis holds
 the authority on whether one was resolved: `SET NX` on `aip:escalations:{esc_…}:resolution`,
 so two people resolving the same escalation cannot both win. The resolution is then copied
 to the stream (`…escalations.resolved`) so `escalations list` needs only NATS.
@@ -8,7 +12,8 @@ to the stream (`…escalations.resolved`) so `escalations list` needs only NATS.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -17,7 +22,10 @@ from nats.js import JetStreamContext
 from schemas.escalation import Escalation, EscalationResolution
 from subjects.grammar import Subjects
 from worker.bus.stream_reads import drain
+from worker.errors import UnverifiedResponse
 from worker.store.keys import escalation_resolution_key
+from worker.trust.responses import verify_escalation
+from worker.trust.signing import TrustedGatewayKeys
 
 #: Resolutions are kept as long as the escalations stream keeps escalations.
 RESOLUTION_TTL_MS = 30 * 86_400_000
@@ -44,11 +52,22 @@ class Unreadable:
     never guessed at)."""
 
     count: int = 0
+    #: Escalations no trusted worker signed (forged, unsigned, or signed by an untrusted
+    #: key), by the id they claim, with why; ignored by every reader.
+    unverified: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def total(self) -> int:
+        return self.count + len(self.unverified)
 
 
-async def read_subject(js: JetStreamContext, subject: str) -> list[bytes]:
+#: `(stream sequence, data, headers)` of one stored message.
+Stored = tuple[int, bytes, Mapping[str, str] | None]
+
+
+async def read_subject(js: JetStreamContext, subject: str) -> list[Stored]:
     """Every message stored on `subject`, oldest first."""
-    return [data for _, data in await read_subject_from(js, subject)]
+    return await read_subject_from(js, subject)
 
 
 async def read_subject_from(
@@ -58,31 +77,61 @@ async def read_subject_from(
     stream: str | None = None,
     start_seq: int = 1,
     limit: int = MAX_READ,
-) -> list[tuple[int, bytes]]:
-    """`(stream sequence, data)` of the messages on `subject` from `start_seq`, oldest
-    first, at most `limit` of them. Message gets only (worker/bus/stream_reads.py): the roles
-    that read escalations (the workers' gauge, the gateway credential's `escalations`
-    commands) may create no consumer. `stream` unset: looked up by subject."""
+) -> list[Stored]:
+    """`(stream sequence, data, headers)` of the messages on `subject` from `start_seq`,
+    oldest first, at most `limit` of them (the headers carry the signature). Message gets
+    only (worker/bus/stream_reads.py): the roles that read escalations (the workers' gauge,
+    the gateway credential's `escalations` commands) may create no consumer. `stream`
+    unset: looked up by subject."""
     stream = stream or await js.find_stream_name_by_subject(subject)
     return [
-        (msg.seq or 0, msg.data or b"")
+        (msg.seq or 0, msg.data or b"", msg.headers)
         for msg in await drain(js, stream, subject, start_seq=start_seq, limit=limit)
     ]
 
 
-async def read_escalations(
-    js: JetStreamContext, subjects: Subjects, endpoint_id: str, unreadable: Unreadable
-) -> list[EscalationView]:
-    """Every escalation of an endpoint still on the stream, with its resolution if any."""
-    views: dict[str, EscalationView] = {}
-    for data in await read_subject(js, subjects.escalations(endpoint_id)):
+def believe_escalation(
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    trusted: TrustedGatewayKeys | None,
+    unreadable: Unreadable,
+) -> Escalation | None:
+    """The escalation in one stored message when a trusted worker signed it (or, with no
+    trusted keys, when it decodes); else None, with the message counted in `unreadable`."""
+    try:
+        if trusted is None:
+            return _escalation_decoder.decode(data)
+        return verify_escalation(data, headers, trusted)
+    except msgspec.DecodeError:
+        unreadable.count += 1
+    except UnverifiedResponse as exc:
         try:
-            escalation = _escalation_decoder.decode(data)
+            claimed = _escalation_decoder.decode(data).escalation_id
         except msgspec.DecodeError:
             unreadable.count += 1
-            continue
-        views.setdefault(escalation.escalation_id, EscalationView(escalation))
-    for data in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
+        else:
+            unreadable.unverified.setdefault(claimed, str(exc))
+    return None
+
+
+async def read_escalations(
+    js: JetStreamContext,
+    subjects: Subjects,
+    endpoint_id: str,
+    unreadable: Unreadable,
+    *,
+    trusted: TrustedGatewayKeys | None,
+) -> list[EscalationView]:
+    """Every escalation of an endpoint still on the stream that a trusted worker signed
+    (`trusted` None: every one that decodes, development only), with its resolution if any."""
+    views: dict[str, EscalationView] = {}
+    for _, data, headers in await read_subject(js, subjects.escalations(endpoint_id)):
+        escalation = believe_escalation(data, headers, trusted, unreadable)
+        if escalation is not None:
+            views.setdefault(escalation.escalation_id, EscalationView(escalation))
+    for escalation_id in views:
+        unreadable.unverified.pop(escalation_id, None)  # a trusted copy is on the stream
+    for _, data, _ in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
         try:
             resolution = _resolution_decoder.decode(data)
         except msgspec.DecodeError:

@@ -134,6 +134,7 @@ class TrustFiles:
             "approval_authority_file": self.authority_file,
             "allow_unsigned_envelopes": allow_unsigned,
             "worker_signing_key_file": self.worker_seed_file,
+            "trusted_worker_keys_file": self.worker_keys_file,
         }
 
     def environment(self) -> Mapping[str, str]:
@@ -143,6 +144,7 @@ class TrustFiles:
             "AIPD_TRUSTED_IDENTITY_FILE": str(self.identity_file),
             "AIPD_APPROVAL_AUTHORITY_FILE": str(self.authority_file),
             "AIPD_WORKER_SIGNING_KEY_FILE": str(self.worker_seed_file),
+            "AIPD_TRUSTED_WORKER_KEYS_FILE": str(self.worker_keys_file),
         }
 
 

@@ -7,6 +7,10 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
 
 * every ActionResult, whose `last_chunk_sha256` is the hash of the Action's last chunk;
 * every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
+* every Escalation, so a reader (`escalations list | show | resolve`, the `escalations_open`
+  gauge) ignores one that anyone with publish rights on the escalations subject forged;
+* audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
+  segment's last is signed), so `audit` excludes a receipt another role appended.
 * every ChannelDelivery and every ingress ChannelMessage (docs/channels.md), so the egress
   intake and the ingress cursor believe only what a trusted worker produced
   (`worker_trust`, `verify_worker_signed`).
@@ -22,6 +26,7 @@ the last chunk on the stream, hashes its bytes and continues from there.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -31,9 +36,11 @@ from pathlib import Path
 import msgspec
 import nkeys
 
+from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
 from schemas.dlq import dlq_material
 from schemas.errors import ErrorCode
+from schemas.escalation import Escalation
 from schemas.result import ActionResult
 from worker.errors import (
     ConnectorError,
@@ -55,6 +62,8 @@ log = logging.getLogger(__name__)
 
 _result_decoder = msgspec.json.Decoder(ActionResult)
 _chunk_decoder = msgspec.json.Decoder(StreamChunk)
+_escalation_decoder = msgspec.json.Decoder(Escalation)
+_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 _UNSIGNED_WARNING = (
     "AIPD_ALLOW_UNSIGNED_RESPONSES is on and no AIPD_WORKER_SIGNING_KEY_FILE is set: results "
@@ -89,8 +98,6 @@ class ResponseSigner:
 
     def headers(self, payload: bytes) -> dict[str, str]:
         """`Aip-Signer` and `Aip-Signature` for `payload` (the gateway's envelope format)."""
-        import base64
-
         signature = self._pair.sign(payload)
         return {
             SIGNER_HEADER: self.public_key,
@@ -178,6 +185,23 @@ def verify_dlq_entry(
     """The worker key that signed this DLQ entry (reason headers and rejected bytes)."""
     all_headers = headers or {}
     return _verify(dlq_material(body, all_headers), all_headers, trusted)
+
+
+def verify_escalation(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> Escalation:
+    """The escalation in `payload` when a trusted worker key signed exactly these bytes;
+    raises `UnverifiedResponse` (forged or unsigned) or `msgspec.DecodeError` (not one)."""
+    _verify(payload, headers or {}, trusted)
+    return _escalation_decoder.decode(payload)
+
+
+def verify_receipt(
+    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+) -> tuple[Receipt, str]:
+    """The receipt in `payload` and the trusted key that signed exactly these bytes."""
+    signer = _verify(payload, headers or {}, trusted)
+    return _receipt_decoder.decode(payload), signer
 
 
 class ChunkChain:

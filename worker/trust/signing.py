@@ -14,7 +14,7 @@ import functools
 import os
 import re
 import secrets
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,6 +80,12 @@ class TrustedGatewayKeys:
         if not keys:
             raise TrustConfigError(f"{what} {path}: holds no key")
         return cls(keys)
+
+    @classmethod
+    def of(cls, public_keys: Iterable[str]) -> TrustedGatewayKeys:
+        """From public keys already known (a worker that trusts its own key when no
+        trusted worker keys file is configured)."""
+        return cls({k: nacl.signing.VerifyKey(decode_user_public_key(k)) for k in public_keys})
 
     def get(self, public_key: str) -> nacl.signing.VerifyKey | None:
         return self._keys.get(public_key)
