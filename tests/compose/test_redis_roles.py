@@ -43,7 +43,8 @@ from worker.bus.publisher import BusPublisher
 from worker.escalation.build import escalation_id
 from worker.escalation.gauge import EndpointEscalations
 from worker.escalation.ledger import record_resolution
-from worker.store.keys import approvals_key, escalation_resolution_key
+from worker.store.keys import approvals_key, binding_key, escalation_resolution_key
+from worker.store.operator_store import OperatorStore
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
     write_trust_files,
@@ -263,3 +264,29 @@ async def test_the_open_escalations_gauge_reports_under_the_compose_roles(
         await worker_redis.aclose()
         await approver_redis.aclose()
     assert not roles["worker"].violations, roles["worker"].violations
+
+
+async def test_the_approver_reads_a_runs_binding_but_cannot_change_it(
+    compose_redis: int,
+) -> None:
+    """`escalations show/resolve` show the command from the run's own binding: the approver's
+    user reads bindings (EVALSHA_RO, `OperatorStore.reader`) and writes none."""
+    admin = _client(compose_redis, "admin", "redis_admin_password")
+    approver = _client(compose_redis, "aipapprover", "redis_approver_password")
+    key = binding_key(new_action_id())
+    try:
+        await admin.hset(key, mapping={"doc": b'{"state":"awaiting_approval"}', "revision": 3})
+        stored = await OperatorStore.reader(approver).read(key)
+        assert (stored.doc, stored.revision) == (b'{"state":"awaiting_approval"}', 3)
+        for attempt in (
+            lambda: approver.hset(key, "doc", b"{}"),
+            lambda: approver.delete(key),
+            # A plain EVALSHA names its keys as written: refused for a read-only pattern.
+            lambda: OperatorStore(approver).read(key),
+        ):
+            with pytest.raises(NoPermissionError):
+                await attempt()
+        assert await admin.hget(key, "revision") == b"3"
+    finally:
+        await approver.aclose()
+        await admin.aclose()

@@ -252,6 +252,13 @@ async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in
         if r.event.value == "tool_call"
     )
     assert {"received", "settled"} <= {r.event.value for r in receipts}
+    # The gateway signs its receipts: `audit` (trusting its key) keeps them in the chain.
+    chain = await gs.stack.client.audit_chain(
+        "h1", child_id,
+        trusted_gateway_keys=TrustedGatewayKeys.load(gs.stack.trust.gateway_keys_file),
+    )
+    assert chain.unverified == []
+    assert "tool_call" in {e.receipt.event.value for e in chain.entries}
 
 
 async def test_an_async_call_answers_at_once_and_the_result_follows(gs_up: GatewayStack) -> None:

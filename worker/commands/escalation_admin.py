@@ -215,7 +215,7 @@ async def pending_from_binding(redis: Any, approval: EscalationApproval) -> dict
     where = binding_key(approval.source_action_id)
     source = f"operator binding {where} (Redis)"
     try:
-        stored = await OperatorStore(redis).read(where)
+        stored = await OperatorStore.reader(redis).read(where)
     except (RedisError, OSError) as exc:
         return {
             "read": "failed",

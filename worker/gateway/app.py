@@ -130,7 +130,7 @@ class Gateway:
             routes,
             service,
             self.metrics,
-            ToolReceipts(nc, self.subjects, settings.gateway_id),
+            ToolReceipts(nc, self.subjects, settings.gateway_id, seed=seed),
             self.ready,
         )
         recovery = Recovery(settings, children, reader, routes, self.metrics)

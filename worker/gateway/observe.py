@@ -26,6 +26,7 @@ from schemas.audit import DetailValue, Receipt, ReceiptEvent
 from schemas.codec import encode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
+from worker.trust.signing import sign_envelope
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +81,15 @@ class GatewayMetrics:
 class ToolReceipts:
     """Publishes one receipt per tool call; never blocks or fails the call."""
 
-    def __init__(self, nc: NATS, subjects: Subjects, gateway_id: str) -> None:
+    def __init__(
+        self, nc: NATS, subjects: Subjects, gateway_id: str, *, seed: bytes | None = None
+    ) -> None:
         self.nc = nc
         self.subjects = subjects
         self.gateway_id = gateway_id
+        #: The gateway's signing seed: each receipt is signed with it, so `audit` (given the
+        #: trusted gateway keys) shows it as the gateway's, never as a forgery.
+        self.seed = seed
 
     async def emit(
         self,
@@ -116,11 +122,13 @@ class ToolReceipts:
                 **details,
             },
         )
+        data = encode(receipt)
+        headers = {"Nats-Msg-Id": receipt.receipt_id}
+        if self.seed is not None:
+            headers.update(sign_envelope(data, self.seed))
         try:
             await self.nc.publish(
-                self.subjects.audit(endpoint, receipt_action),
-                encode(receipt),
-                headers={"Nats-Msg-Id": receipt.receipt_id},
+                self.subjects.audit(endpoint, receipt_action), data, headers=headers
             )
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)

@@ -150,6 +150,17 @@ class OperatorStore:
         #: Writes that were not confirmed in time (diagnostics and tests).
         self.unconfirmed_writes = 0
 
+    @classmethod
+    def reader(cls, redis: Any) -> OperatorStore:
+        """A store that only reads bindings, for a Redis user holding them read-only (the
+        approver's, `compose/redis/users.acl`): its read goes as EVALSHA_RO, which such a
+        user may send, where EVALSHA counts every key it names as written."""
+        store = cls(redis)
+        store.scripts = Scripts(
+            redis, names=("operator_read",), read_only=frozenset({"operator_read"})
+        )
+        return store
+
     async def _call(self, fn: Callable[[], Awaitable[T]]) -> T:
         return await reask(fn, budget_s=self.call_budget_s, retry_if=_retriable)
 

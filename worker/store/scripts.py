@@ -149,9 +149,20 @@ class Script:
 class Scripts:
     """Every script of one Redis client, by name."""
 
-    def __init__(self, redis: Any, names: tuple[str, ...] = SCRIPT_NAMES) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        names: tuple[str, ...] = SCRIPT_NAMES,
+        *,
+        read_only: frozenset[str] = frozenset(),
+    ) -> None:
+        """`read_only`: the scripts (each of which only reads) sent as EVALSHA_RO, for a
+        client whose ACL user holds read-only key patterns (`%R~`) for their keys."""
         self.redis = redis
-        self._scripts = {name: Script(redis, script_source(name), self) for name in names}
+        self._scripts = {
+            name: Script(redis, script_source(name), self, read_only=name in read_only)
+            for name in names
+        }
         #: Every script of this client is `Script.cancel_safe` (they share one client).
         self.cancel_safe = multiplexed(redis) is not None
         self._loaded: set[str] = set()
