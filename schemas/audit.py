@@ -48,6 +48,9 @@ class ReceiptEvent(StrEnum):
     REPUBLISHED = "republished"
     #: The AIP gateway answered one MCP tool call (details: tool, principal, decision).
     TOOL_CALL = "tool_call"
+    #: Closes a segment of a worker's receipts about one Action: signed, naming the last one
+    #: (`prev_sha256`), so every receipt of the segment is verified through it.
+    SEGMENT_SEALED = "segment_sealed"
 
 
 class Receipt(WireStruct, kw_only=True, frozen=True):

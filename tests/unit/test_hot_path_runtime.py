@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -132,9 +133,9 @@ async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> N
 async def test_receipts_emitted_together_share_one_signature_and_link_back(
     tmp_path: Path,
 ) -> None:
-    """A segment: every receipt names the hash of the one before it; only the last one is
-    signed, once no next one came for SEAL_AFTER_S (or at `seal`); a later receipt opens a
-    new segment."""
+    """A segment: every receipt is sent at once, naming the hash of the one before it; a
+    signed `segment_sealed` receipt names the last one once no next one came for
+    SEAL_AFTER_S (or at `seal`); a later receipt opens a new segment."""
     seed_file = tmp_path / "worker.seed"
     write_seed_file(seed_file, generate_keypair().seed)
     publisher = _RecordingPublisher(ResponseSigner.load(seed_file))
@@ -142,6 +143,9 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     action_id = new_action_id()
     for event in (ReceiptEvent.RECEIVED, ReceiptEvent.ADMITTED, ReceiptEvent.LEASE_ACQUIRED):
         audit.emit(event, action_id=action_id, endpoint_id="h1")
+    await asyncio.sleep(0.01)
+    # Nothing is held back: a process killed now leaves all three on the stream.
+    assert [signed for _, signed in publisher.payloads] == [False, False, False]
     await asyncio.sleep(SEAL_AFTER_S * 3)
     audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
     await audit.drain()
@@ -149,20 +153,23 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     assert [(r.event, signed) for r, _, signed in sent] == [
         (ReceiptEvent.RECEIVED, False),
         (ReceiptEvent.ADMITTED, False),
-        (ReceiptEvent.LEASE_ACQUIRED, True),
-        (ReceiptEvent.SETTLED, True),
+        (ReceiptEvent.LEASE_ACQUIRED, False),
+        (ReceiptEvent.SEGMENT_SEALED, True),
+        (ReceiptEvent.SETTLED, False),
+        (ReceiptEvent.SEGMENT_SEALED, True),
     ]
     assert sent[0][0].prev_sha256 is None
-    assert sent[1][0].prev_sha256 == hashlib.sha256(sent[0][1]).hexdigest()
-    assert sent[2][0].prev_sha256 == hashlib.sha256(sent[1][1]).hexdigest()
-    assert sent[3][0].prev_sha256 is None  # emitted after the seal: a segment of its own
+    for before, after in itertools.pairwise(sent[:4]):
+        assert after[0].prev_sha256 == hashlib.sha256(before[1]).hexdigest()
+    assert sent[4][0].prev_sha256 is None  # emitted after the seal: a segment of its own
+    assert sent[5][0].prev_sha256 == hashlib.sha256(sent[4][1]).hexdigest()
 
     # Before a result is published its segment is sealed at once, not SEAL_AFTER_S later.
     publisher.payloads.clear()
     audit.emit(ReceiptEvent.RUN_BOUND, action_id=action_id, endpoint_id="h1")
     audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
     await audit.seal(action_id)
-    assert [signed for _, signed in publisher.payloads] == [False, True]
+    assert [signed for _, signed in publisher.payloads] == [False, False, True]
     # A receipt that ends a segment (a lease released or lost) is sent signed at once.
     publisher.payloads.clear()
     audit.emit(ReceiptEvent.LEASE_ACQUIRED, action_id=action_id, endpoint_id="h1")

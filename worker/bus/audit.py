@@ -2,16 +2,17 @@
 
 Receipts are signed in segments, because an Ed25519 signature per receipt (~22 µs, and an
 operator Action leaves ~8 receipts) would cost the hot path ~13 % of its 1.38 ms of CPU per
-Action (`python -m tests.bench.receipt_signing`). The receipts this process sends about one
-Action within `SEAL_AFTER_S` of each other form a segment: each names the sha256 of the one
-before it (`prev_sha256`), and the segment's last receipt is held until no next one came
-for `SEAL_AFTER_S` or until the Action's result is published (`seal`), then sent signed; a
-receipt that ends a segment (`ENDS_SEGMENT`: a lease released or lost, a refusal) is sent
-signed at once, the one held before it unsigned. `audit` believes a receipt that a trusted
-worker signed or that a signed receipt links back to. The price: a receipt that ends no
-segment and precedes no result (a run bound, a cancel requested) reaches the stream up to
-`SEAL_AFTER_S` later, and a process killed within that time loses it, which leaves the
-receipts it sent of that segment unverified (reported, never believed).
+Action (`python -m tests.bench.receipt_signing`). Every receipt is sent at once, naming the
+sha256 of the one this process sent before it about the same Action (`prev_sha256`); a
+segment -- the receipts sent within `SEAL_AFTER_S` of each other -- is closed by a signed
+`segment_sealed` receipt naming its last one, once no next one came for `SEAL_AFTER_S` or
+before the Action's result is published (`seal`); a receipt that ends a segment
+(`ENDS_SEGMENT`: a lease released or lost, a refusal) is itself sent signed. `audit`
+believes a receipt that a trusted worker signed or that a signed receipt links back to.
+Nothing is held back, so a process killed mid-run leaves every receipt it emitted on the
+stream (the receipt chain of a killed run still tells its story); only the seal of its last
+segment is missing, so `audit` reports that segment's receipts as not verified, never as
+believed.
 """
 
 from __future__ import annotations
@@ -35,9 +36,8 @@ from worker.hermes.exchange import Exchange
 
 log = logging.getLogger(__name__)
 
-#: How long the last receipt of an Action's segment waits for a next one before it is sent
-#: signed: receipts emitted together (an Action's start, its settle and release) share one
-#: signature. It bounds how late a receipt arrives and what a kill -9 takes with it.
+#: How long an Action's open segment waits for a next receipt before it is sealed: receipts
+#: emitted together (an Action's start, its settle and release) share one signature.
 SEAL_AFTER_S = 0.1
 
 
@@ -61,10 +61,11 @@ ENDS_SEGMENT = frozenset(
 
 @dataclass(slots=True)
 class _Held:
-    """The last receipt of an open segment, encoded (its hash is the next one's link)."""
+    """An Action's open segment: its last receipt (already sent, unsigned; its hash is the
+    next one's link) and when the segment is sealed."""
 
     receipt: Receipt
-    payload: bytes
+    sha256: str
     due: float
 
 
@@ -72,13 +73,12 @@ class AuditLog:
     """Emits receipts without ever blocking or failing the delivery that produced them.
 
     Receipts wait in a queue that one sender task empties (started on demand, ending when
-    nothing is queued or held), in the order they were emitted: a task per receipt cost more
-    CPU than publishing the receipt itself. With a signer, the sender links each receipt to
-    the one it holds for the same Action (sending that one unsigned) and holds the new one;
-    held receipts are sent signed once `SEAL_AFTER_S` passed (at once on `seal` and
-    `drain`). A receipt
-    that cannot be sent is logged and skipped; it never ends the sender, so it never costs
-    the receipts queued behind it.
+    nothing is queued and no segment is open), in the order they were emitted: a task per
+    receipt cost more CPU than publishing the receipt itself. With a signer, the sender links
+    each receipt to the last one it sent for the same Action and keeps that Action's segment
+    open; an open segment is sealed (a signed `segment_sealed` receipt) once `SEAL_AFTER_S`
+    passed, at once on `seal` and `drain`. A receipt that cannot be sent is logged and
+    skipped; it never ends the sender, so it never costs the receipts queued behind it.
     """
 
     def __init__(self, publisher: BusPublisher | None, worker_id: str) -> None:
@@ -89,8 +89,10 @@ class AuditLog:
         self._sender: asyncio.Task[None] | None = None
         #: Each Action's open segment, in the order they fall due (a re-held one moves last).
         self._held: dict[str, _Held] = {}
-        #: Set by `drain`: held receipts are sent at once.
+        #: Set by `drain`: every open segment is sealed at once.
         self._closing = False
+        #: Starts a sender when the oldest open segment falls due (`_arm_timer`).
+        self._timer: asyncio.TimerHandle | None = None
 
     def emit(
         self,
@@ -119,10 +121,13 @@ class AuditLog:
             details={**facts, **details} if facts else dict(details),
         )
         self._queue.append(receipt)
-        if self._sender is None:
-            self._sender = asyncio.get_running_loop().create_task(self._send(self.publisher))
+        self._start_sender()
 
     async def _send(self, publisher: BusPublisher) -> None:
+        """Send what is queued, and seal the segments that fell due, until nothing is left
+        to send now; it never sleeps, so a receipt is on its way as soon as it is emitted
+        (a kill -9 right after a step keeps that step's receipt). The next seal is a timer
+        (`_arm_timer`), which starts a sender again when it falls due."""
         held = self._held
         loop = asyncio.get_running_loop()
         try:
@@ -134,22 +139,36 @@ class AuditLog:
                     if not self._closing and oldest.due > now:
                         break
                     del held[action_id]
-                    outbox.append((oldest.receipt, oldest.payload, True))
+                    outbox.append(self._seal_of(oldest))
                 if outbox:
                     await _send_all(publisher, outbox)
                     continue  # more may have been queued while these went out
-                if self._queue:
-                    continue
-                if not held:
+                if not self._queue:
                     break
-                await asyncio.sleep(next(iter(held.values())).due - now)
         finally:
             self._sender = None
+            self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        """Start a sender when the oldest open segment falls due (one timer at a time)."""
+        if self._timer is not None or not self._held or self.publisher is None:
+            return
+        loop = asyncio.get_running_loop()
+        due = next(iter(self._held.values())).due
+        self._timer = loop.call_at(due, self._timer_fired)
+
+    def _timer_fired(self) -> None:
+        self._timer = None
+        self._start_sender()
+
+    def _start_sender(self) -> None:
+        if self._sender is None and self.publisher is not None:
+            self._sender = asyncio.get_running_loop().create_task(self._send(self.publisher))
 
     def _take_queue(self, publisher: BusPublisher, due: float) -> list[_Outgoing]:
-        """Link every queued receipt to the one held for the same Action and hold it; the
-        receipts that lost their place are returned to be sent unsigned (no await here, so
-        the sender and `seal` never link the same receipt twice)."""
+        """Link every queued receipt to the last one sent for the same Action and return it
+        to be sent now (signed when it ends its segment); the Action's segment stays open
+        until `due` (no await here, so the sender and `seal` never link a receipt twice)."""
         outbox: list[_Outgoing] = []
         queue, held = self._queue, self._held
         while queue:
@@ -161,20 +180,37 @@ class AuditLog:
             if before is not None:
                 # Linked before it is sent: a receipt lost then breaks the chain visibly
                 # (audit reports the receipts before it unverified) instead of silently.
-                receipt = msgspec.structs.replace(
-                    receipt, prev_sha256=hashlib.sha256(before.payload).hexdigest()
-                )
-                outbox.append((before.receipt, before.payload, False))
-            if receipt.event in ENDS_SEGMENT:
-                outbox.append((receipt, encode(receipt), True))
-            else:
-                held[receipt.action_id] = _Held(receipt, encode(receipt), due)
+                receipt = msgspec.structs.replace(receipt, prev_sha256=before.sha256)
+            payload = encode(receipt)
+            ends = receipt.event in ENDS_SEGMENT
+            outbox.append((receipt, payload, ends))
+            if not ends:
+                held[receipt.action_id] = _Held(receipt, hashlib.sha256(payload).hexdigest(), due)
         return outbox
 
+    def _seal_of(self, segment: _Held) -> _Outgoing:
+        """The signed receipt that closes `segment`, naming its last receipt."""
+        last = segment.receipt
+        seal = Receipt(
+            receipt_id=(
+                f"{last.action_id}:{ReceiptEvent.SEGMENT_SEALED.value}:{last.fence}:"
+                f"{self.worker_id}:{next(self._counter)}"
+            ),
+            event=ReceiptEvent.SEGMENT_SEALED,
+            action_id=last.action_id,
+            endpoint_id=last.endpoint_id,
+            worker_id=self.worker_id,
+            fence=last.fence,
+            trace_id=last.trace_id,
+            ts_unix_ms=time.time_ns() // 1_000_000,
+            prev_sha256=segment.sha256,
+        )
+        return seal, encode(seal), True
+
     async def seal(self, action_id: str) -> None:
-        """Send the Action's open segment now, its last receipt signed: called before the
-        Action's result is published, so whoever reads the result finds its receipts (the
-        ones emitted before it) already on the stream. Never raises."""
+        """Seal the Action's open segment now: called before the Action's result is
+        published, so whoever reads the result finds its receipts (the ones emitted before
+        it) on the stream and verifiable. Never raises."""
         publisher = self.publisher
         if publisher is None or publisher.signer is None:
             return
@@ -182,12 +218,16 @@ class AuditLog:
         outbox = self._take_queue(publisher, due)
         last = self._held.pop(action_id, None)
         if last is not None:
-            outbox.append((last.receipt, last.payload, True))
+            outbox.append(self._seal_of(last))
         await _send_all(publisher, outbox)
 
     async def drain(self, timeout_s: float = 2.0) -> None:
-        """Send what is queued and held (held receipts signed at once), for up to `timeout_s`."""
+        """Send what is queued and seal every open segment at once, for up to `timeout_s`."""
         self._closing = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._start_sender()
         sender = self._sender
         if sender is not None:
             await asyncio.wait([sender], timeout=timeout_s)
