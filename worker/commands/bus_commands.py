@@ -285,21 +285,27 @@ def _bus_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix", default=os.environ.get("AIPD_SUBJECT_PREFIX", "aip"))
 
 
-def _verify_flag(parser: argparse.ArgumentParser) -> None:
+def _keys_file_flag(parser: argparse.ArgumentParser, flag: str, env: str, help: str) -> None:
+    """A trusted-keys file flag whose default is the setting `env` names."""
     import os
 
-    default = os.environ.get("AIPD_TRUSTED_WORKER_KEYS_FILE")
+    default = os.environ.get(env)
     parser.add_argument(
+        flag, type=Path, default=Path(default) if default else None, help=f"{help} (env {env})"
+    )
+
+
+def _verify_flag(parser: argparse.ArgumentParser) -> None:
+    _keys_file_flag(
+        parser,
         "--trusted-worker-keys",
-        type=Path,
-        default=Path(default) if default else None,
-        help="public nkeys of trusted workers, one per line: results and chunk chains "
-        "that do not verify are refused (env AIPD_TRUSTED_WORKER_KEYS_FILE)",
+        "AIPD_TRUSTED_WORKER_KEYS_FILE",
+        "public nkeys of trusted workers, one per line: results and chunk chains "
+        "that do not verify are refused",
     )
 
 
 def add_commands(sub: Any) -> None:
-    import os
 
     submit = sub.add_parser("submit", help="publish an Action and print its id")
     _bus_flags(submit)
@@ -356,13 +362,11 @@ def add_commands(sub: Any) -> None:
     audit.add_argument("--endpoint", required=True)
     audit.add_argument("--json", action="store_true", help="one JSON receipt per line")
     _verify_flag(audit)
-    gateway_keys = os.environ.get("AIPD_TRUSTED_GATEWAY_KEYS_FILE")
-    audit.add_argument(
+    _keys_file_flag(
+        audit,
         "--trusted-gateway-keys",
-        type=Path,
-        default=Path(gateway_keys) if gateway_keys else None,
-        help="public nkeys of trusted gateways: their own tool_call receipts verify against "
-        "these (env AIPD_TRUSTED_GATEWAY_KEYS_FILE)",
+        "AIPD_TRUSTED_GATEWAY_KEYS_FILE",
+        "public nkeys of trusted gateways: their own tool_call receipts verify against these",
     )
     audit.set_defaults(func=cmd_audit)
 
