@@ -242,6 +242,7 @@ class Worker:
             redis=redis_ping_check(stores.client),
             hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
             serving=self._serving_reasons,
+            publishing=rt.publisher.health.reason,
         )
         self.health = await start_health_server(
             probe,
