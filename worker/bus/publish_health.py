@@ -57,6 +57,13 @@ def describe_failure(exc: BaseException) -> str:
             f"{description or name}); free space under the JetStream store_dir or raise "
             "max_file_store (docs/operations.md, 'Full disk')"
         )
+    if isinstance(exc, TimeoutError) or "Timeout" in name:
+        return (
+            f"JetStream publication failing: no answer in time ({name}); a stream whose "
+            "store write failed (a full disk) stops answering publishes, even after space is "
+            "freed, until nats-server restarts: free space, then restart nats-server "
+            "(docs/operations.md, 'Full disk')"
+        )
     return f"JetStream publication failing: {name}{f' {code}' if code else ''}" + (
         f": {description}" if description else ""
     )
