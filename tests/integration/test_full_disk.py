@@ -54,6 +54,11 @@ STORE_SIZE = "8m"
 CHAT = "POST /v1/chat/completions"
 
 
+def _turn(n: int) -> dict[str, Any]:
+    """A streamed chat turn the fake Hermes answers in 40 deltas over about 4 s."""
+    return {"messages": [{"role": "user", "content": f"{SLOW_REPLY} turn {n}"}], "stream": True}
+
+
 def _version(binary: str) -> tuple[int, ...]:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
     found = re.search(r"v?(\d+)\.(\d+)\.(\d+)", out.stdout + out.stderr)
@@ -108,9 +113,9 @@ async def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
 
 
 async def _ready(port: int) -> tuple[int, dict[str, Any]]:
-    async with aiohttp.ClientSession() as http:
-        async with http.get(f"http://127.0.0.1:{port}/ready", timeout=10) as answer:
-            return answer.status, await answer.json()
+    url = f"http://127.0.0.1:{port}/ready"
+    async with aiohttp.ClientSession() as http, http.get(url, timeout=10) as answer:
+        return answer.status, await answer.json()
 
 
 async def _stored_results(stack: Stack, ids: list[str]) -> list[ActionResult]:
@@ -146,14 +151,7 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
             fake = stack.fake
             port = free_port()
             await stack.spawn("w1", AIPD_METRICS_PORT=str(port))
-            actions = [
-                stack.action(
-                    "chat_completions",
-                    {"messages": [{"role": "user", "content": f"{SLOW_REPLY} turn {n}"}],
-                     "stream": True},
-                )  # fmt: skip
-                for n in range(TURNS)
-            ]
+            actions = [stack.action("chat_completions", _turn(n)) for n in range(TURNS)]
             for action in actions:
                 await stack.publish(action)
             ids = [a.id for a in actions]

@@ -382,12 +382,14 @@ async def test_a_publish_failure_is_a_ready_reason_until_a_publish_is_stored() -
     assert health.reason() is None
     health.failed(APIError(code=503, err_code=10077, description="no space left on device"))
     reason = health.reason()
-    assert reason is not None and "no space left on device" in reason
+    assert reason is not None
+    assert "no space left on device" in reason
     assert "docs/operations.md" in reason
     health.succeeded()
     assert health.reason() is None
     health.failed(APIError(code=503, err_code=10076, description="jetstream not enabled"))
     reason = health.reason()
-    assert reason is not None and "restart nats-server" in reason
+    assert reason is not None
+    assert "restart nats-server" in reason
     now[0] += 31.0
     assert health.reason() is None

@@ -8,6 +8,7 @@ chunks stream is what these tests assert.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 
@@ -196,7 +197,8 @@ async def test_chunks_the_bus_refuses_are_held_in_order_and_sent_when_it_is_back
         await stream.emit(ChunkKind.DATA, {"n": n})  # no exception: held, not failed
     await stream.confirm()
     reason = publisher.health.reason()
-    assert reason is not None and "JetStream is not answering" in reason
+    assert reason is not None
+    assert "JetStream is not answering" in reason
     owed = [msgspec.json.decode(line) for line in stream.owed.split(b"\n")]
     assert [c["seq"] for c in owed] == [1, 2, 3]
     await provision(js, Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=5.0))
@@ -206,7 +208,7 @@ async def test_chunks_the_bus_refuses_are_held_in_order_and_sent_when_it_is_back
     assert publisher.health.reason() is None
     stored = await _stored(nc, action_id)
     assert _seqs(stored) == [1, 2, 3, 4]
-    for before, after in zip(stored, stored[1:], strict=False):
+    for before, after in itertools.pairwise(stored):
         assert msgspec.json.decode(after)["prev_sha256"] == sha256_hex(before)
 
 
