@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import logging
 import os
 import subprocess
 import time
@@ -46,6 +47,8 @@ from worker.testing.identities import write_trust_files
 from worker.testing.nats_server import NatsServer
 from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import find_nats_server_at_least
+
+log = logging.getLogger(__name__)
 
 pytestmark = [pytest.mark.chaos, pytest.mark.timeout(420)]
 
@@ -154,12 +157,14 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
 
             await _until(all_started, 60, "every turn started in Hermes")
             filler = _fill(server.store_dir)
+            filled_at = time.monotonic()
 
             async def unready() -> dict[str, Any] | None:
                 status, document = await _ready(port)
                 return document if status == 503 else None
 
             document = await _until(unready, 90, "/ready 503 while the store is full")
+            log.info("/ready 503 %.1f s after the store filled", time.monotonic() - filled_at)
             assert document["checks"]["jetstream_publish"] is False
             assert any("JetStream publication failing" in r for r in document["reasons"])
 
@@ -169,6 +174,7 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
 
             # Every turn completed in Hermes settles as completed, not stream_publication.
             settled = await _until(all_settled, 180, "every turn settled in Redis")
+            log.info("%d turns settled %.1f s after the fill", TURNS, time.monotonic() - filled_at)
             assert {r.status for r in settled} == {ResultStatus.COMPLETED}, [
                 r.error for r in settled if r.error
             ]
@@ -180,7 +186,9 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
             status, document = await _ready(port)
             if status == 503:
                 assert any("restart nats-server" in r for r in document["reasons"]), document
+            log.info("after freeing space, before the restart: /ready %d %s", status, document)
             await asyncio.to_thread(server.restart)
+            restarted_at = time.monotonic()
 
             for action in actions:
                 handle = stack.client.handle(ENDPOINT, action.id)
@@ -190,6 +198,9 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
                 seen = [c async for c in handle.chunks(idle_timeout_s=30)]
                 assert [c.seq for c in seen] == list(range(len(seen)))
                 assert isinstance(seen[-1], DoneChunk)
+            log.info(
+                "every result delivered %.1f s after the restart", time.monotonic() - restarted_at
+            )
             await stack.settled_and_acked(timeout_s=120)
             for action in actions:
                 results = await stack.results(action.id)
