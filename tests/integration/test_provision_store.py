@@ -93,14 +93,14 @@ async def test_a_store_too_small_for_the_limits_is_refused_with_the_shortfall(
     allow_old = ("--allow-nats-below-minimum",) if old else ()
     refused = _provision(url, *allow_old)
     assert refused.returncode == 2, refused.stdout + refused.stderr
-    assert "the streams reserve 9.00 GiB of the account's 4.00 GiB" in refused.stdout
-    assert "short by 5.00 GiB" in refused.stdout
+    assert "the streams reserve 9.00 GiB of the account's 4.00 GiB" in refused.stderr
+    assert "short by 5.00 GiB" in refused.stderr
     assert "--allow-store-shortfall" in refused.stderr
     assert await _stream_names(url) == []
 
     done = _provision(url, *allow_old, **SMALL)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "fits" in done.stdout
+    assert "fits" in done.stderr
     assert "AIP_HERMES_ACTIONS" in done.stdout
 
 

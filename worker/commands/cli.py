@@ -105,7 +105,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
             print(f"warning: {problem}", file=sys.stderr)
         wanted = wanted_streams(subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores)
         store = await check_store(nc.jetstream(), wanted)
-        print(store.describe())
+        print(store.describe(), file=sys.stderr)  # stdout stays one line per stream/consumer
         if store.shortfall and not args.allow_store_shortfall:
             print("refused: the JetStream store cannot hold the stream limits "
                   "(or pass --allow-store-shortfall)", file=sys.stderr)  # fmt: skip
