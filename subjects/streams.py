@@ -32,9 +32,9 @@ class StreamPolicy:
     results and receipts are bounded histories and drop their oldest entries first.
 
     JetStream reserves each stream's `max_bytes` (times its replicas) against the server's
-    `max_file_store` when the stream is created, so the defaults add up to 7.5 GiB (7.75
-    with the runtime stores): they fit the compose server's 10 GB (docs/scaling.md,
-    "Stream sizes").
+    `max_file_store` (and the account's `max_file`) when the stream is created, so the
+    defaults add up to 9.0 GiB (9.25 with the runtime stores): they fit the compose
+    server's 10 GB, which `provision` checks (docs/scaling.md, "Stream sizes").
     """
 
     replicas: int = 1
