@@ -74,6 +74,8 @@ PAYLOAD_KIND = "aip_operator_objective"
 #: Domain of the derived run-start key: bump the suffix if its inputs ever change.
 RUN_KEY_DOMAIN = b"aip-hermes-worker/runs-idempotency/v1"
 RUN_KEY_PREFIX = "aip-run-"
+#: The `error.code` of a 409 for a key already used with another body.
+KEY_CONFLICT = "idempotency_key_conflict"
 
 
 def run_start_key(endpoint_id: str, action_id: str, fingerprint: str) -> str:
@@ -397,10 +399,14 @@ class StartFence:
                     bound = await self._bind(run_id)
                     faults.hit("after_bind", s.ctx.action.id)
                     return bound
-                case provider.StartRejected(status=status, code=code) if self.replaying:
+                case provider.StartRejected(status=status, code=code) if (
+                    self.replaying or code == KEY_CONFLICT
+                ):
+                    # A re-send's 4xx says nothing of the first send; a key conflict says
+                    # a run exists under our key (for another body): neither is a rejection.
                     return await self._unknown(
-                        f"a re-send of the keyed start answered HTTP {status}"
-                        f"{f' ({code})' if code else ''}; the first send may have started "
+                        f"the keyed start answered HTTP {status}"
+                        f"{f' ({code})' if code else ''}; an earlier send may have started "
                         "the run",
                         remote_status=status,
                     )
