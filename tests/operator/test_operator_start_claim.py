@@ -154,7 +154,6 @@ async def test_start_rejected_4xx_is_a_definitive_failure(
     assert (await harness.require_binding(action.id)).status is BindingState.FAILED
 
 
-@BOTH_HERMES
 async def test_rate_limited_start_waits_retry_after_and_starts_once(
     harness: Harness, fake: FakeHermes
 ) -> None:
