@@ -173,9 +173,12 @@ class ServingGate:
         results = await asyncio.gather(*(probe_key(c) for c in self.clients.values()))
         # What each reachable Hermes advertises beyond 0.19 (the keyed start of
         # worker/operator/start.py): read with the key probe, kept when unreadable.
-        await asyncio.gather(
-            *(refresh_features(c) for c, r in zip(self.clients.values(), results) if not r.blocks)
-        )
+        reachable = [
+            client
+            for client, probe in zip(self.clients.values(), results, strict=True)
+            if not probe.blocks
+        ]
+        await asyncio.gather(*(refresh_features(client) for client in reachable))
         async with self._changed:
             for endpoint_id, probe in zip(self.clients, results, strict=True):
                 before = self._probed.get(endpoint_id)

@@ -57,9 +57,7 @@ async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Herme
 UPSTREAM = "fake-upstream"
 
 
-@pytest_asyncio.fixture(
-    scope="session", loop_scope="session", params=["fake", "real", UPSTREAM]
-)
+@pytest_asyncio.fixture(scope="session", loop_scope="session", params=["fake", "real", UPSTREAM])
 async def hermes(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Hermes]:

@@ -80,7 +80,8 @@ async def test_the_probe_reads_what_each_hermes_advertises(
     assert hermes.features.runs_idempotency  # the conftest's probe, as a worker's at start
     fake.state.config = dataclasses.replace(fake.state.config, runs_idempotency=False)
     found = await read_features(hermes)
-    assert found is not None and not found.runs_idempotency
+    assert found is not None
+    assert not found.runs_idempotency
     assert fake.stats().count("GET /v1/capabilities") == 0  # counted as probes, apart
 
 
@@ -103,7 +104,8 @@ async def test_an_ambiguous_keyed_start_is_re_sent_and_binds_the_one_run(
     assert fake.stats().count(START) == 2
     assert created_runs(fake, action.id) == 1
     keys = start_keys(fake)
-    assert len(set(keys)) == 1 and (keys[0] or "").startswith(RUN_KEY_PREFIX)
+    assert len(set(keys)) == 1
+    assert (keys[0] or "").startswith(RUN_KEY_PREFIX)
     binding = await harness.require_binding(action.id)
     assert binding.status is BindingState.COMPLETED
     assert binding.start_claim is None
@@ -120,7 +122,8 @@ async def test_a_lost_start_is_learnt_by_the_next_owner_with_the_same_key(
     doomed = asyncio.create_task(harness.execute(first))
     await _until_claimed(harness, action.id)
     claim = (await harness.require_binding(action.id)).start_claim
-    assert claim is not None and claim.idempotency_key is not None
+    assert claim is not None
+    assert claim.idempotency_key is not None
     await asyncio.sleep(0.1)  # the request is in flight (and the run exists in Hermes)
     doomed.cancel()
     with pytest.raises(asyncio.CancelledError):
@@ -189,7 +192,8 @@ async def test_a_key_conflict_is_outcome_unknown_not_a_rejection(
     outcome, _ = await harness.run(action)
 
     assert error_code(outcome) == ErrorCode.OPERATOR_OUTCOME_UNKNOWN.value
-    assert outcome.error is not None and outcome.error.remote_status == 409
+    assert outcome.error is not None
+    assert outcome.error.remote_status == 409
     assert created_runs(fake, action.id) == 0
 
 
@@ -207,15 +211,15 @@ async def test_a_hermes_restart_ends_the_bound_run_interrupted(
     assert error_code(outcome) == ErrorCode.OPERATOR_INTERRUPTED.value
     assert outcome.error is not None
     protocol = outcome.error.to_protocol(endpoint_id="e", read_only=False)
-    assert protocol.uncertain_outcome and not protocol.retryable
+    assert protocol.uncertain_outcome
+    assert not protocol.retryable
     stored = await harness.require_binding(action.id)
     assert stored.status is BindingState.FAILED
-    assert stored.output is not None and stored.output["event"] == "run.interrupted"
+    assert stored.output is not None
+    assert stored.output["event"] == "run.interrupted"
 
 
-async def test_a_0_19_claim_is_stored_exactly_as_before(
-    harness: Harness, fake: FakeHermes
-) -> None:
+async def test_a_0_19_claim_is_stored_exactly_as_before(harness: Harness, fake: FakeHermes) -> None:
     """Without the advertisement the claim carries no key fields: the stored JSON of a
     0.19 deployment does not change."""
     harness.hermes.features = NO_FEATURES

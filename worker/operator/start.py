@@ -426,7 +426,7 @@ class StartFence:
                     # Keyed: the same request again names the same run; the claim (and its
                     # key) stays recorded, so a takeover can still learn it if we die.
                     self.replaying = True
-                    if provider.NOT_SENT_RETRY_S + MIN_SEND_BUDGET_S > s.remaining_s():
+                    if s.remaining_s() < provider.NOT_SENT_RETRY_S + MIN_SEND_BUDGET_S:
                         return await self._unknown(reason, remote_status=status)
                     renewed = await self._renew(provider.NOT_SENT_RETRY_S)
                     if renewed is None:

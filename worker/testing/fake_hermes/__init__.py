@@ -81,6 +81,7 @@ from worker.testing.fake_hermes.server import FakeHermes
 from worker.testing.fake_hermes.stats import RecordedRequest, StatsSnapshot
 
 __all__ = [
+    "UPSTREAM_FLAGS",
     "EventsDisconnect",
     "EventsFault",
     "EventsFlood",
@@ -110,6 +111,5 @@ __all__ = [
     "StartReject",
     "StartServerError",
     "StatsSnapshot",
-    "UPSTREAM_FLAGS",
     "upstream",
 ]

@@ -58,9 +58,7 @@ TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
     ),
     RunStatus.WAITING_FOR_APPROVAL: frozenset({RunStatus.RUNNING, RunStatus.STOPPING, _I}),
     # A turn that ends before the interrupt lands still completes (or fails).
-    RunStatus.STOPPING: frozenset(
-        {RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAILED, _I}
-    ),
+    RunStatus.STOPPING: frozenset({RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAILED, _I}),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
@@ -73,9 +71,7 @@ QUIET_EVENTS = frozenset({"message.delta", "reasoning.available"})
 APPROVAL_ALIASES = {"approve": "once", "approved": "once", "allow": "once"}
 
 
-def normalize_choice(
-    raw: object, offered: tuple[str, ...] = agent.APPROVAL_CHOICES
-) -> str | None:
+def normalize_choice(raw: object, offered: tuple[str, ...] = agent.APPROVAL_CHOICES) -> str | None:
     """The canonical approval choice for a request value, or None when it is not one of
     the `offered` choices."""
     if not isinstance(raw, str):
