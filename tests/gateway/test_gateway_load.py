@@ -181,9 +181,7 @@ async def test_two_thousand_concurrent_follows_all_get_their_result_without_a_co
     h = harness
     kids = [h.child() for _ in range(2_000)]
     started = time.monotonic()
-    follows = [
-        asyncio.create_task(h.children.wait_result(h.route, kid, 120.0)) for kid in kids
-    ]
+    follows = [asyncio.create_task(h.children.wait_result(h.route, kid, 120.0)) for kid in kids]
     wakeups = Wakeups.of(h.nc)
     pattern = pattern_of(h.route.subjects.results(kids[0].id))
     deadline = time.monotonic() + 60
@@ -318,7 +316,8 @@ async def test_a_new_orphan_behind_a_long_history_is_recovered_in_the_next_sweep
     assert (await h.recovery.open_entries()) == [orphan]
     assert await h.recovery.sweep() == 1  # dispatched again, the same id
     after = await h.reader.queue(orphan.action.id)
-    assert after is not None and after.state is LifecycleState.RUNNING
+    assert after is not None
+    assert after.state is LifecycleState.RUNNING
     dispatched = await h.nc.jetstream().get_last_msg(
         h.sandbox.upper().replace(".", "_"), h.route.subjects.actions
     )
@@ -327,7 +326,8 @@ async def test_a_new_orphan_behind_a_long_history_is_recovered_in_the_next_sweep
     await h.answer(orphan.action)
     assert await h.recovery.sweep() == 1
     settled = await h.reader.queue(orphan.action.id)
-    assert settled is not None and settled.state is LifecycleState.COMPLETED
+    assert settled is not None
+    assert settled.state is LifecycleState.COMPLETED
     assert await h.recovery.open_entries() == []
 
     # An idle sweep costs the same whatever lies behind it: a stream info and one get.

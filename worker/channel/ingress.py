@@ -299,7 +299,7 @@ class SessionFollower:
         credentials redacted like what is published (a hostile provider's id-less 192 KB
         messages, once per poll, wrote 190 MB of DLQ in 40 s before, issue 27)."""
         target = self.target
-        payload = msgspec.json.encode(scrub(raw))
+        payload = msgspec.json.encode(_redacted(raw))
         seed = f"ingress:{target.endpoint_id}:{target.session_id}:{message_id}:"
         dlq_id = "dlq_" + hashlib.sha256(seed.encode() + payload).hexdigest()[:32]
         if message_id is not None and not self._still_valid():
@@ -321,6 +321,15 @@ class SessionFollower:
                 target.session_id,
                 reason,
             )
+
+
+def _redacted(raw: Any) -> Any:
+    """A refused message as the DLQ keeps it: credential-named keys and the credentials
+    in its text content redacted (worker/channel/redaction.py)."""
+    kept = scrub(raw)
+    if isinstance(kept, dict) and isinstance(kept.get("content"), str):
+        kept["content"] = scrub_text(kept["content"])
+    return kept
 
 
 def _order(raw: Any) -> int:

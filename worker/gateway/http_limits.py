@@ -1,5 +1,6 @@
-"""What an HTTP request to `/mcp` may be before the MCP SDK sees it: its body is bounded and
-its `Host` / `Origin` compared as the names they are (case-insensitively).
+"""What an HTTP request to `/mcp` may be before the MCP SDK sees it: its body is bounded, its
+`Host` / `Origin` compared as the names they are (case-insensitively), and how many run at
+once is capped.
 
 Why here and not in the SDK: FastMCP's Streamable HTTP transport reads the whole body into
 memory before it parses a byte of it, so five concurrent 200 MB `aip_call`s held 3.1 GB in
@@ -12,6 +13,14 @@ Host names are case-insensitive (RFC 9110 §4.2.3), but the SDK's DNS-rebinding 
 compares the header byte for byte, so `Gateway:8080` was refused where `gateway:8080` is
 allowed. `lowercase_authority` lowercases both headers before the check, and the allowed
 lists are lowercased where they are built (mcp_app.py).
+
+Concurrency has two walls, both answered with a clean 503, never a reset (291 of 3,000
+concurrent connections were reset before): `InFlight` caps the `/mcp` requests being
+served at `AIPD_GATEWAY_MAX_REQUESTS` (the next one gets 503 with a typed body and
+`Retry-After`, while those in flight go on), and uvicorn's `limit_concurrency`
+(`AIPD_GATEWAY_MAX_CONNECTIONS`) caps open connections: while more are open, every new
+request gets uvicorn's 503. The listen backlog (`AIPD_GATEWAY_BACKLOG`) is what the kernel
+queues before accept (docs/scaling.md, "Gateway").
 """
 
 from __future__ import annotations
@@ -111,3 +120,44 @@ async def bounded_body(
         return await receive()
 
     await inner(scope, replay, send)
+
+
+class InFlight:
+    """Counts the `/mcp` requests being served; `enter` refuses past `limit`."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def enter(self) -> bool:
+        if self.count >= self.limit:
+            return False
+        self.count += 1
+        return True
+
+    def leave(self) -> None:
+        self.count -= 1
+
+
+async def busy(send: Send, limit: int) -> None:
+    """503 with a typed body (`connector_host.capacity`, retryable) and `Retry-After`."""
+    body = json.dumps(
+        {
+            "error": "temporarily_unavailable",
+            "code": ErrorCode.HOST_CAPACITY.value,
+            "error_description": f"the gateway is serving {limit} requests "
+            "(AIPD_GATEWAY_MAX_REQUESTS); retry shortly",
+        }
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 503,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"retry-after", b"1"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})

@@ -29,7 +29,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
 from worker.errors import ConnectorError
 from worker.gateway.children import now_ms
-from worker.gateway.http_limits import bounded_body, lowercase_authority
+from worker.gateway.http_limits import InFlight, bounded_body, busy, lowercase_authority
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
 from worker.gateway.principals import Principal, Principals
 from worker.gateway.routes import RouteTable
@@ -326,6 +326,7 @@ class GatewayHttp:
     def app(self) -> ASGIApp:
         inner = self.mcp.streamable_http_app()  # its lifespan runs the MCP session manager
         transport_scopes = self.settings.transport_scopes
+        inflight = InFlight(self.settings.gateway_max_requests)
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http":
@@ -341,14 +342,20 @@ class GatewayHttp:
                 if any(not principal.has(s) for s in transport_scopes):
                     await _refuse(send, 403, "insufficient_scope", "the token lacks MCP scopes")
                     return
-                # The body is bounded before the SDK reads any of it (http_limits.py).
-                await bounded_body(
-                    inner,
-                    lowercase_authority(scope),
-                    receive,
-                    send,
-                    self.settings.gateway_max_body_bytes,
-                )
+                if not inflight.enter():
+                    await busy(send, inflight.limit)
+                    return
+                try:
+                    # The body is bounded before the SDK reads any of it (http_limits.py).
+                    await bounded_body(
+                        inner,
+                        lowercase_authority(scope),
+                        receive,
+                        send,
+                        self.settings.gateway_max_body_bytes,
+                    )
+                finally:
+                    inflight.leave()
                 return
             await inner(scope, receive, send)
 

@@ -86,9 +86,13 @@ class GatewaySettings(BaseSettings):
     #: larger `Content-Length` is answered 413 at once, and a chunked body is cut off (413)
     #: as soon as it passes the bound, so no more than this is ever held per request.
     gateway_max_body_bytes: Annotated[int, Field(ge=4_096, le=16_777_216)] = 2_097_152
-    #: Connections and requests served at once (uvicorn `limit_concurrency`); past it a new
-    #: request is answered 503 at once instead of queuing (and never reset).
-    gateway_max_connections: Annotated[int, Field(ge=8, le=100_000)] = 2_048
+    #: `/mcp` requests served at once; the next one is answered 503 at once
+    #: (`connector_host.capacity`, `Retry-After: 1`) while those in flight go on.
+    gateway_max_requests: Annotated[int, Field(ge=1, le=100_000)] = 1_024
+    #: Open connections (uvicorn `limit_concurrency`): while more are open, every new
+    #: request gets a 503 at once (never a reset). Above `gateway_max_requests`, so idle
+    #: keep-alive connections do not starve requests.
+    gateway_max_connections: Annotated[int, Field(ge=8, le=100_000)] = 4_096
     #: The listening socket's accept backlog: connections the kernel queues before the
     #: gateway accepts them (above it a connect may be refused by the kernel).
     gateway_backlog: Annotated[int, Field(ge=16, le=65_535)] = 4_096
