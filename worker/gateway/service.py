@@ -48,7 +48,7 @@ MAX_EVENTS_PER_CALL = 500
 #: The most messages one `aip_action_events` call reads from a chunk subject.
 MAX_CHUNKS_READ = 20_000
 #: `aip_capabilities` entries per page, by default and at most.
-CAPABILITIES_PAGE = 50
+CAPABILITIES_PAGE = 20
 MAX_CAPABILITIES_PAGE = 200
 #: Capability entry fields only `include_schemas` returns (the bulk of a manifest).
 SCHEMA_FIELDS = ("input_schema", "contract")
