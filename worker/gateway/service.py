@@ -182,9 +182,9 @@ class GatewayService:
         listed.sort(key=lambda e: (str(e.get("endpoint_id")), str(e.get("capability"))))
         page = listed[cursor : cursor + limit]
         routes = {
-            prefix: subject
-            for prefix, subject in self.routes.describe().items()
-            if principal.may_route(prefix)
+            route_prefix: subject
+            for route_prefix, subject in self.routes.describe().items()
+            if principal.may_route(route_prefix)
         }
         following = cursor + len(page)
         return {
