@@ -29,13 +29,12 @@ SECRET_KEY = re.compile(
 )
 REDACTED = "[redacted]"
 _MAX_DEPTH = 32
-#: `name: value`, `name=value`, `"name": "value"` where the name names a credential. Every
-#: repetition is bounded and the name starts at a word boundary, so the cost stays linear
-#: in the text (a hostile provider chooses it).
-_PAIR = re.compile(
-    r"""(?P<name>["']?\b[\w.-]{0,40}?(?:api[_-]?key|secret|token|password|passwd|"""
-    r"""authorization|credential|seed|cookie)[\w.-]{0,40}["']?)(?P<sep>\s{0,8}[:=]\s{0,8})"""
-    r"""(?P<quote>["']?)(?P<value>(?:bearer\s+)?[^\s"',;}]+)""",
+#: What follows a credential's name in `name: value`, `name=value`, `"name": "value"`:
+#: matched only right after a name `SECRET_KEY` found, every repetition bounded, so the
+#: cost stays linear in the text (a hostile provider chooses it).
+_AFTER_NAME = re.compile(
+    r"""[\w.-]{0,40}["']?(?P<sep>\s{0,8}[:=]\s{0,8})(?P<quote>["']?)"""
+    r"""(?P<value>(?:bearer\s+)?[^\s"',;}]+)""",
     re.IGNORECASE,
 )
 _BEARER = re.compile(r"\b(bearer\s+)[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE)
@@ -66,5 +65,20 @@ def scrub_text(text: str) -> str:
         else:
             scrubbed = scrub(document)
             return text if scrubbed == document else msgspec.json.encode(scrubbed).decode()
-    text = _PAIR.sub(lambda m: f"{m['name']}{m['sep']}{m['quote']}{REDACTED}", text)
-    return _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", text)
+    return _BEARER.sub(lambda m: f"{m.group(1)}{REDACTED}", _named_values(text))
+
+
+def _named_values(text: str) -> str:
+    """`text` with the value after every credential name replaced."""
+    parts: list[str] = []
+    done = 0
+    for name in SECRET_KEY.finditer(text):
+        if name.start() < done:
+            continue  # inside a value already replaced
+        after = _AFTER_NAME.match(text, name.end())
+        if after is None:
+            continue
+        parts += [text[done : after.start("value")], REDACTED]
+        done = after.end("value")
+    parts.append(text[done:])
+    return "".join(parts)
