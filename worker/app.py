@@ -321,6 +321,7 @@ class Worker:
             worker_id=self.settings.worker_id,
             lease_ttl_ms=self.settings.lease_ttl_ms,
             trusted=worker_keys,
+            dead_letters=self.rt.dead_letters,  # refusals share the DLQ's rate and cut
         )
         loop = asyncio.get_running_loop()
         self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)
