@@ -26,18 +26,29 @@ Containers need a Docker engine; without one a container test skips with the rea
 `CI=true` it fails only when `AIPD_TEST_CONTAINERS=required`, which `tools/containers up` (run
 by `./dev test --containers` and by CI) exports when the machine allows an engine: one answers,
 or it could start one as root. On a machine that allows none it exports the reason instead.
+
+`worker_process` is a whole worker for a user's own test (worker/testing/worker_fixture.py):
+trust files, the fake Hermes, and a real `python -m worker run` bound to the shared servers.
+It is an async fixture, so the plugin needs pytest-asyncio (the `testing` extra has it) and,
+when the project sets no `asyncio_mode` (neither in its configuration nor with
+`--asyncio-mode`), sets it to `auto` for the run: in pytest-asyncio's default `strict` mode
+the README's unmarked `async def` tests would not run at all. A mode the project sets wins.
 """
 
 from __future__ import annotations
 
+import configparser
 import functools
 import importlib.metadata
 import os
-from collections.abc import Callable, Generator, Iterator
+import tomllib
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import NoReturn, TypeVar
 
 import pytest
+import pytest_asyncio
 
 from worker.testing._errors import (
     HermesUnavailable,
@@ -59,6 +70,7 @@ from worker.testing.shared import (
     SharedServer,
     SharedView,
 )
+from worker.testing.worker_fixture import WorkerDeployment, worker_deployment
 
 NATS_URL_ENV = "AIPD_TEST_NATS_URL"
 REDIS_URL_ENV = "AIPD_TEST_REDIS_URL"
@@ -132,8 +144,10 @@ def pytester_args() -> list[str]:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Declare the markers the fixtures read, and clean up servers if the run gets SIGTERM."""
+    """Declare the markers the fixtures read, clean up servers if the run gets SIGTERM, and
+    default pytest-asyncio to `auto` mode when the project chose none (module docstring)."""
     close_all_on_sigterm()
+    _default_asyncio_mode(config)
     config.addinivalue_line(
         "markers",
         "chaos: kills, pauses, restarts or reconfigures its servers, so it gets its own "
@@ -148,6 +162,46 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "containers: needs a Docker engine (counted in the container summary)"
     )
     config.pluginmanager.register(_Summary(), "aipd-test-summary")
+
+
+def _default_asyncio_mode(config: pytest.Config) -> None:
+    """`asyncio_mode = auto` unless the command line or the configuration file names one.
+
+    pytest-asyncio reads the mode when it collects and runs each test, never before the
+    plugins are configured, so setting the option here covers the whole run. Without
+    pytest-asyncio (an inner run with `-p no:asyncio`) there is no such option to set.
+    """
+    if not config.pluginmanager.hasplugin("asyncio"):
+        return
+    if getattr(config.option, "asyncio_mode", None) is not None:
+        return
+    if "asyncio_mode" in _configured_ini_names(config):
+        return
+    config.option.asyncio_mode = "auto"
+
+
+def _configured_ini_names(config: pytest.Config) -> set[str]:
+    """The settings the project's configuration file names, and those given with `-o`.
+
+    Read from the file itself: pytest answers `getini` with the default when a setting is
+    absent, so an explicit `asyncio_mode = "strict"` and no setting at all look alike there.
+    """
+    names = {str(o).split("=", 1)[0].strip() for o in config.option.override_ini or ()}
+    path = config.inipath
+    if path is None:
+        return names
+    if path.suffix == ".toml":
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        tool = data.get("tool", {}).get("pytest", {})
+        for table in (tool.get("ini_options", {}), tool, data.get("pytest", {})):
+            names.update(table)
+        return names
+    parser = configparser.ConfigParser(interpolation=None)
+    parser.read(path, encoding="utf-8")
+    for section in ("pytest", "tool:pytest"):
+        if parser.has_section(section):
+            names.update(parser[section])
+    return names
 
 
 class _Summary:
@@ -268,6 +322,17 @@ def shared_servers() -> Iterator[dict[str, SharedServer]]:
     finally:
         for server in servers.values():
             server.close()
+
+
+@pytest_asyncio.fixture
+async def worker_process(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[WorkerDeployment]:
+    """One real worker serving endpoint `hermes-1` against the test's NATS and Redis, with
+    complete trust files and the fake Hermes (worker/testing/worker_fixture.py); killed after
+    the test. `await worker_process.run("models")` is one signed, verified round trip."""
+    async with worker_deployment(tmp_path, nats_server.url, redis_server.url) as deployment:
+        yield deployment
 
 
 @pytest.fixture
