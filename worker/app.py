@@ -23,7 +23,7 @@ from worker.control import BindingCancelHook, ControlPlane
 from worker.delegation.handler import DelegationIntake
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
-from worker.endpoints import resolve_endpoints
+from worker.endpoints import api_key_files, resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.escalation.output import EscalationOutput
 from worker.execution.context import Execution
@@ -200,6 +200,7 @@ class Worker:
             interval_s=settings.serving_probe_interval_s,
             serve_anyway=settings.serve_when_unready,
             errors=self.errors,
+            key_files=api_key_files(settings),
         )
         self.serving.log_static()
         self._warn_without_authority()
