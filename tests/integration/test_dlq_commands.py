@@ -196,3 +196,31 @@ async def test_an_entry_not_signed_by_a_trusted_worker_is_never_shown(stack: Sta
     )
     assert code == 1
     assert "no DLQ entry" in err
+
+
+async def test_configuration_mistakes_exit_2_with_one_line(stack: Stack, tmp_path: object) -> None:
+    """No gateway key to sign the replay, no trusted worker keys: exit 2, one line."""
+    dlq_id = "dlq_" + "8" * 32
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "dlq", "replay", dlq_id, "--endpoint", ENDPOINT,
+        "--as", "a", "--reason", "b",
+        env={k: v for k, v in {**os.environ, **stack.env}.items()
+             if k != "AIPD_GATEWAY_SIGNING_KEY_FILE"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 2, err
+    assert err.decode().strip() == (
+        "error: a replay is signed with the gateway's key: pass --sign-key or set "
+        "AIPD_GATEWAY_SIGNING_KEY_FILE"
+    )
+    env = {k: v for k, v in {**os.environ, **stack.env}.items()
+           if k != "AIPD_TRUSTED_WORKER_KEYS_FILE"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "worker", "dlq", "list", "--endpoint", ENDPOINT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == 2, err
+    assert "set AIPD_TRUSTED_WORKER_KEYS_FILE" in err.decode()
+    assert len(err.decode().strip().splitlines()) == 1

@@ -196,3 +196,40 @@ async def test_a_drain_with_nothing_running_says_so(stack: Stack) -> None:
     worker = await stack.spawn("w1")
     assert await asyncio.to_thread(worker.terminate, 30) == 0
     assert "drain: no run in progress; stopping" in worker.log_text()
+
+
+async def test_nats_refusing_the_worker_names_the_credential_settings(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A nats-server with a user the worker does not present: the cause and the
+    credential settings, once per interval, not a reconnect line twice a second."""
+    binary = find_nats_server()
+    assert binary is not None
+    port = free_port()
+    with (tmp_path / "auth-nats.log").open("wb") as log:
+        proc = subprocess.Popen(
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js"),
+             "--user", "someone", "--pass", "not-the-worker"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
+    try:
+        worker = await stack.spawn(
+            "w1", wait=False, AIPD_NATS_URL=f"nats://127.0.0.1:{port}"
+        )
+        await _until(
+            lambda: "refused this worker" in worker.log_text(), worker.log_tail(), 60.0
+        )
+        # nats-py tries again every 0.5 s: six more attempts, none of them a new line.
+        await asyncio.sleep(3.0)
+        lines = [
+            str(r["msg"]) for r in _records(worker.log_text())
+            if str(r["msg"]).startswith("nats at ")
+        ]
+        assert lines, worker.log_tail()
+        assert len(lines) <= 2, lines
+        assert f"nats at nats://127.0.0.1:{port} refused this worker" in lines[0], lines
+        assert "check the AIPD_NATS_* credential settings" in lines[0], lines
+        assert "not-the-worker" not in worker.log_text()
+    finally:
+        proc.terminate()
+        proc.wait(10)

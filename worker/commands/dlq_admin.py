@@ -306,15 +306,16 @@ async def _delete(js: JetStreamContext, settings: Settings, entry: Entry) -> Non
 
 
 def _seed(path: Path | None) -> bytes:
+    """The gateway seed that signs; a missing or unreadable one is configuration (exit 2)."""
     if path is None:
-        raise DlqRefused(
+        raise TrustConfigError(
             "a replay is signed with the gateway's key: pass --sign-key or set "
             "AIPD_GATEWAY_SIGNING_KEY_FILE"
         )
     try:
         return read_seed_file(path, what="gateway key file (--sign-key)")
     except (OSError, ValueError) as exc:
-        raise DlqRefused(f"--sign-key: {exc}") from None
+        raise TrustConfigError(f"--sign-key: {exc}") from None
 
 
 def _own_keys(seed: bytes) -> TrustedGatewayKeys:
