@@ -57,6 +57,9 @@ class ReceiptEvent(StrEnum):
     DLQ_REPLAYED = "dlq_replayed"
     #: A person removed a DLQ entry without replaying it (`dlq discard`): who and why.
     DLQ_DISCARDED = "dlq_discarded"
+    #: An authority member opened the sealed command behind an approval prompt
+    #: (`escalations show --reveal`), in the source Action's chain; signed by that member.
+    COMMAND_REVEALED = "command_revealed"
 
 
 class Receipt(WireStruct, kw_only=True, frozen=True):
