@@ -125,7 +125,9 @@ class StoreHealth:
                     memory = await self._memory_info_if_allowed()
         except Exception as exc:
             cause = _cause(exc)
-            if not quiet:
+            # The first failure is said by `mark_failing` (the gate closing); later checks
+            # of a Redis still down remind, once per cause per interval.
+            if not quiet and not self.answering:
                 self.dependency.lost(cause, what="fetching paused until it answers")
             self.mark_failing(cause)
             return False
