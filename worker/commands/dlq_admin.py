@@ -66,7 +66,7 @@ from schemas.ids import is_dlq_id, new_action_id
 from subjects.grammar import Subjects
 from worker.bus.stream_reads import drain
 from worker.commands.cli_settings import add_settings_flags, settings_from
-from worker.errors import TrustConfigError, UnverifiedResponse
+from worker.errors import DlqRefused, TrustConfigError, UnverifiedResponse
 from worker.settings import Settings
 from worker.trust.responses import verify_dlq_entry, verify_receipt
 from worker.trust.signing import (
@@ -86,10 +86,6 @@ RECEIPT_AUTHOR = "dlq-admin"
 COLLISIONS = frozenset(
     {ErrorCode.OPERATOR_POLICY.value, ErrorCode.CONFIGURATION_OR_INPUT.value}
 )
-
-
-class DlqRefused(Exception):
-    """This entry cannot be replayed or discarded so; the message says why (exit 1)."""
 
 
 @dataclass(frozen=True, slots=True)
