@@ -51,6 +51,15 @@ class ReceiptEvent(StrEnum):
     #: Closes a segment of a worker's receipts about one Action: signed, naming the last one
     #: (`prev_sha256`), so every receipt of the segment is verified through it.
     SEGMENT_SEALED = "segment_sealed"
+    #: A person replayed a DLQ entry (`dlq replay`), under the entry's own id: details name
+    #: the new Action id it was published under, who and why; signed by the gateway key that
+    #: signed the replay.
+    DLQ_REPLAYED = "dlq_replayed"
+    #: A person removed a DLQ entry without replaying it (`dlq discard`): who and why.
+    DLQ_DISCARDED = "dlq_discarded"
+    #: An authority member opened the sealed command behind an approval prompt
+    #: (`escalations show --reveal`), in the source Action's chain; signed by that member.
+    COMMAND_REVEALED = "command_revealed"
 
 
 class Receipt(WireStruct, kw_only=True, frozen=True):

@@ -24,7 +24,8 @@ from worker.control import BindingCancelHook, ControlPlane
 from worker.delegation.handler import DelegationIntake
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.stores import JetStreamLifecycleStores
-from worker.endpoints import resolve_endpoints
+from worker.dependencies import METRICS_PORT_SETTINGS, check_port_free, no_jetstream
+from worker.endpoints import api_key_files, resolve_endpoints
 from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.escalation.output import EscalationOutput
 from worker.execution.context import Execution
@@ -112,6 +113,9 @@ class Worker:
 
     async def start(self) -> None:
         settings = self.settings
+        check_port_free(
+            settings.metrics_host, settings.metrics_port, settings=METRICS_PORT_SETTINGS
+        )
         endpoints = resolve_endpoints(settings)
         if not endpoints:
             raise ValueError("no Hermes endpoint is configured (AIPD_HERMES_ENDPOINTS)")
@@ -135,6 +139,7 @@ class Worker:
             reserve_bytes=settings.redis_memory_reserve_mb * 1024 * 1024,
             errors=self.errors,
             metrics=self.metrics,
+            url=settings.redis_url,
         )
         stores = self.stores = Stores.over(
             redis, result_ttl_ms=settings.result_ttl_ms, health=health
@@ -146,12 +151,13 @@ class Worker:
                 where, settings.redis_startup_wait_s, health.reason,
             )
             raise ConnectionError(f"redis at {where} did not answer ({health.reason})")
-        self.nc = await connect_nats(settings)
+        self.nc = await connect_nats(settings, errors=self.errors)
         problem = version_problem(self.nc.connected_server_version)
         if problem is not None:
             # A warning, not a refusal: `provision` refuses (worker/bus/server_requirements.py).
             log.warning("%s; serving anyway", problem)
         js = self.nc.jetstream()
+        await _require_jetstream(js, settings.nats_url)
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
         publisher = BusPublisher(
@@ -205,6 +211,7 @@ class Worker:
             interval_s=settings.serving_probe_interval_s,
             serve_anyway=settings.serve_when_unready,
             errors=self.errors,
+            key_files=api_key_files(settings),
         )
         self.serving.log_static()
         self._warn_without_authority()
@@ -411,8 +418,16 @@ class Worker:
             pull.stop()
         for task in self._tasks[1:]:
             task.cancel()
+        self._say_what_drain_waits_for()
         finished = await self._wait_idle(self.settings.shutdown_grace_s)
         if not finished and self.rt is not None:
+            running = list(self.rt.keeper.executions.values())
+            log.warning(
+                "drain: %d run(s) still going after AIPD_SHUTDOWN_GRACE_S=%.0f s (%s): "
+                "cancelling them and releasing their leases unsettled (another worker takes "
+                "them over)",
+                len(running), self.settings.shutdown_grace_s, _runs(running),
+            )
             self.rt.shutting_down = True
             for execution in list(self.rt.keeper.executions.values()):
                 if execution.task is not None:
@@ -439,6 +454,18 @@ class Worker:
                 await self.stores.client.aclose()
         log.info("worker %s stopped", self.settings.worker_id)
 
+    def _say_what_drain_waits_for(self) -> None:
+        """One line at the start of a drain: how many runs, which, and until when."""
+        running = [] if self.rt is None else list(self.rt.keeper.executions.values())
+        if not running:
+            log.info("drain: no run in progress; stopping")
+            return
+        log.info(
+            "drain: fetching stopped; waiting up to %.0f s (AIPD_SHUTDOWN_GRACE_S) for %d "
+            "run(s) to finish: %s",
+            self.settings.shutdown_grace_s, len(running), _runs(running),
+        )
+
     async def run_until_signalled(self) -> None:
         await self.start()
         stop = asyncio.Event()
@@ -448,6 +475,27 @@ class Worker:
         await stop.wait()
         log.info("signal received: draining")
         await self.shutdown()
+
+
+async def _require_jetstream(js: Any, url: str) -> None:
+    """Stop the start-up when NATS answers without JetStream: nothing here works without
+    it, and the pull loops would otherwise bind and fail in a loop."""
+    from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
+    from nats.js.errors import ServiceUnavailableError
+
+    try:
+        await js.account_info()
+    except (NoRespondersError, ServiceUnavailableError, NatsTimeout, TimeoutError):
+        raise no_jetstream(url) from None
+
+
+def _runs(executions: list[Any], shown: int = 10) -> str:
+    """`act_… (capability)` of each run (the capability names the endpoint), the first
+    `shown` of them."""
+    named = [f"{e.action.id} ({e.action.capability})" for e in executions[:shown]]
+    more = len(executions) - shown
+    return ", ".join(named) + (f" and {more} more" if more > 0 else "")
 
 
 def _redis_location(url: str) -> str:

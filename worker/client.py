@@ -597,15 +597,22 @@ class AuditChain:
     malformed: list[SetAside] = field(default_factory=list)
 
 
+#: The receipts a gateway key signs (the gateway's tool calls, the DLQ commands' decisions).
+GATEWAY_RECEIPTS = frozenset(
+    {ReceiptEvent.TOOL_CALL, ReceiptEvent.DLQ_REPLAYED, ReceiptEvent.DLQ_DISCARDED}
+)
+
+
 def _gateway_signer(
     receipt: Receipt,
     data: bytes,
     headers: Mapping[str, str] | None,
     trusted: TrustedGatewayKeys | None,
 ) -> str | None:
-    """The trusted gateway key that signed a gateway's own `tool_call` receipt, if any: a
-    gateway key never vouches for a worker's decision."""
-    if trusted is None or receipt.event is not ReceiptEvent.TOOL_CALL:
+    """The trusted gateway key that signed a gateway's own receipt (`tool_call`, or a
+    publisher's `dlq_replayed` / `dlq_discarded`), if any: a gateway key never vouches for
+    a worker's decision."""
+    if trusted is None or receipt.event not in GATEWAY_RECEIPTS:
         return None
     try:
         return verify_receipt(data, headers, trusted)[1]

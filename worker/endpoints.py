@@ -3,13 +3,15 @@
 Settings name endpoints inline (`AIPD_HERMES_ENDPOINTS`, `id=url`) or in a JSON file of
 descriptors (`AIPD_HERMES_ENDPOINTS_FILE`), and their bearer keys per endpoint
 (`api_key_file`, `AIPD_HERMES_API_KEY_FILES`) or once for all (`AIPD_HERMES_API_KEY_FILE`).
-This module turns those settings into descriptors and reads the keys (startup only),
+This module turns those settings into descriptors and reads the keys (at start-up, and
+again on the serving gate's probe schedule),
 refusing every configuration in which a key could reach an endpoint it does not belong to.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -162,37 +164,61 @@ def endpoint_key_files(settings: Settings) -> dict[str, Path]:
     return found
 
 
-def resolve_endpoints(settings: Settings) -> list[Endpoint]:
-    """Descriptors with their keys read from owner-only files (startup only).
+@dataclass(frozen=True, slots=True)
+class KeyFile:
+    """The owner-only file one endpoint's key is read from, and how errors name it."""
+
+    path: Path
+    what: str
+
+    def read(self) -> Secret:
+        """The key now in the file (`SecretFileError` names the file and what to fix)."""
+        return read_secret_file(self.path, what=self.what)
+
+
+def api_key_files(settings: Settings) -> dict[str, KeyFile]:
+    """Where each endpoint's key comes from, for endpoints whose key is a file.
 
     An endpoint's own key file wins. The single `AIPD_HERMES_API_KEY_FILE` key goes to
     the endpoints without one, and only to one of them unless `hermes_share_api_key`
     says they are one deployment: a key sent to two endpoints lets either use it at the
-    other (a hostile endpoint would receive another endpoint's key).
+    other (a hostile endpoint would receive another endpoint's key). The serving gate
+    (`worker/serving.py`) re-reads these on its probe schedule, so a key fixed on disk is
+    used without a restart.
     """
     descriptors = endpoint_descriptors(settings)
     own = endpoint_key_files(settings)
     keyless = [d.id for d in descriptors if d.id not in own]
-    shared: Secret | None = None
-    shared_from = "AIPD_HERMES_API_KEY_FILE"
-    if settings.hermes_api_key_file is not None:
-        shared = read_secret_file(settings.hermes_api_key_file, what=shared_from)
-    elif settings.hermes_api_key:
-        shared, shared_from = Secret(settings.hermes_api_key), "AIPD_HERMES_API_KEY"
-    if shared is not None and len(keyless) > 1 and not settings.hermes_share_api_key:
+    shared_from = (
+        "AIPD_HERMES_API_KEY_FILE" if settings.hermes_api_key_file is not None
+        else "AIPD_HERMES_API_KEY" if settings.hermes_api_key else None
+    )
+    if shared_from is not None and len(keyless) > 1 and not settings.hermes_share_api_key:
         raise ValueError(
             f"one API key ({shared_from}) would be sent to {len(keyless)} "
             f"endpoints ({', '.join(keyless)}): give each its own key "
             "(AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE), "
             "or set AIPD_HERMES_SHARE_API_KEY=true if they are one Hermes deployment"
         )
+    found = {
+        endpoint_id: KeyFile(path, f"api key file of endpoint {endpoint_id}")
+        for endpoint_id, path in own.items()
+    }
+    if settings.hermes_api_key_file is not None:
+        for endpoint_id in keyless:
+            found[endpoint_id] = KeyFile(settings.hermes_api_key_file, "AIPD_HERMES_API_KEY_FILE")
+    return found
+
+
+def resolve_endpoints(settings: Settings) -> list[Endpoint]:
+    """Descriptors with their keys read from owner-only files (`api_key_files`), or the
+    inline `AIPD_HERMES_API_KEY` for the endpoints without a file."""
+    files = api_key_files(settings)
+    inline = Secret(settings.hermes_api_key) if settings.hermes_api_key else None
     endpoints = []
-    for descriptor in descriptors:
-        key = shared
-        if descriptor.id in own:
-            key = read_secret_file(
-                own[descriptor.id], what=f"api key file of endpoint {descriptor.id}"
-            )
+    for descriptor in endpoint_descriptors(settings):
+        source = files.get(descriptor.id)
+        key = source.read() if source is not None else inline
         endpoints.append(Endpoint(descriptor=descriptor, api_key=key))
     return endpoints
 

@@ -41,6 +41,8 @@ succeed); U: uncertain (something may have happened although this was raised).
                                   conflict (not R, not U)
         ApprovalRefused           `approve` wrote nothing: not R as asked, not U; exit 1
         ResolutionRefused         an escalation cannot be resolved so: not R, not U; exit 1
+        DlqRefused                a DLQ entry not found, replayed or discarded so: not R,
+                                  not U; exit 1
         SettingsError             a setting refused at start-up: exit 2, nothing started
         ServiceUnreachable        NATS or Redis did not answer a command: exit 3, R later
         ChannelMessageRefused     a channel message not published: dead-lettered once
@@ -274,6 +276,11 @@ class ApprovalRefused(WorkerError):
 
 class ResolutionRefused(WorkerError):
     """The escalation cannot be resolved this way; the message says why."""
+
+
+class DlqRefused(WorkerError):
+    """A DLQ entry that is not there, or cannot be replayed or discarded so (`dlq`
+    commands); the message says why."""
 
 
 class UnverifiedResponse(ClientError):

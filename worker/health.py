@@ -31,6 +31,7 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
+from worker.dependencies import METRICS_PORT_SETTINGS, port_in_use
 from worker.hermes.http_client import PROBE_HEADER, HermesClient
 from worker.metrics import Metrics
 
@@ -290,5 +291,8 @@ async def start_health_server(
     if port is None:
         return None
     server = HealthServer(probe, metrics, host=host, port=port, before_scrape=before_scrape)
-    await server.start()
+    try:
+        await server.start()
+    except OSError as exc:
+        raise port_in_use(exc, host=host, port=port, settings=METRICS_PORT_SETTINGS) from None
     return server

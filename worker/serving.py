@@ -15,7 +15,10 @@ What is checked:
   check identities (`AIPD_TRUSTED_IDENTITY_FILE`); without an approval authority file, a
   worker serving governed capabilities only warns (they are refused one by one, as the
   operator docs say);
-- for each endpoint, at start and every `AIPD_SERVING_PROBE_INTERVAL_S`: its Hermes accepts
+- for each endpoint, at start and every `AIPD_SERVING_PROBE_INTERVAL_S`: its key file is
+  read again (`worker.endpoints.api_key_files`; a key rewritten on disk is used from then on,
+  and a file that can no longer be read blocks the endpoint, naming the file), then its
+  Hermes accepts
   the configured key on the protected `GET /v1/models` (no key and a 401/403 block the
   endpoint; no answer, or a malformed one, is an outage: reported in `/ready`, but the
   endpoint stays served, so each Action gets the spec's typed transport error instead of
@@ -33,7 +36,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from worker.errors import ConnectorError
+from worker.endpoints import KeyFile
+from worker.errors import ConnectorError, SecretFileError
 from worker.hermes.feature_probe import refresh_features
 from worker.hermes.http_client import PROBE_HEADER, HermesClient
 from worker.logs import RepeatedErrors
@@ -134,9 +138,12 @@ class ServingGate:
         interval_s: float,
         serve_anyway: bool = False,
         errors: RepeatedErrors | None = None,
+        key_files: Mapping[str, KeyFile] | None = None,
     ) -> None:
         self.static = list(static)
         self.clients = dict(clients)
+        #: Endpoint id -> the file its key is read from, re-read before each probe.
+        self.key_files = dict(key_files or {})
         self.interval_s = interval_s
         self.serve_anyway = serve_anyway
         self.errors = errors if errors is not None else RepeatedErrors()
@@ -169,8 +176,11 @@ class ServingGate:
             await self._changed.wait_for(lambda: self.servable(endpoint_id))
 
     async def probe_all(self) -> None:
-        """Probe every endpoint once and wake the loops whose verdict changed."""
-        results = await asyncio.gather(*(probe_key(c) for c in self.clients.values()))
+        """Re-read every key file, probe every endpoint once, and wake the loops whose
+        verdict changed."""
+        results = await asyncio.gather(
+            *(self._probe(eid, client) for eid, client in self.clients.items())
+        )
         # What each reachable Hermes advertises beyond 0.19 (the keyed start of
         # worker/operator/start.py): read with the key probe, kept when unreadable.
         reachable = [
@@ -192,6 +202,27 @@ class ServingGate:
                 elif before is None or before.reason is not None:
                     log.info("endpoint %s: Hermes accepts the API key", endpoint_id)
             self._changed.notify_all()
+
+    async def _probe(self, endpoint_id: str, client: HermesClient) -> KeyProbe:
+        unreadable = self._reread_key(endpoint_id, client)
+        return unreadable if unreadable is not None else await probe_key(client)
+
+    def _reread_key(self, endpoint_id: str, client: HermesClient) -> KeyProbe | None:
+        """Take the key now in the endpoint's key file (the client's next request sends
+        it); a file that cannot be read blocks the endpoint, naming the file and the fix,
+        and the key read before is not used meanwhile (it is the one being replaced)."""
+        source = self.key_files.get(endpoint_id)
+        if source is None:
+            return None
+        try:
+            key = source.read()
+        except SecretFileError as exc:
+            return KeyProbe(f"endpoint {endpoint_id}: {exc}", blocks=True)
+        if key != client.endpoint.api_key:
+            if client.endpoint.api_key is not None:
+                log.info("endpoint %s: a new API key was read from %s", endpoint_id, source.path)
+            client.endpoint = client.endpoint.model_copy(update={"api_key": key})
+        return None
 
     def log_static(self) -> None:
         """Say once, at start, what keeps the whole worker from serving."""

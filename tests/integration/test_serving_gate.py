@@ -144,3 +144,66 @@ async def test_an_unreachable_hermes_is_an_outage_reported_not_a_reason_to_unbin
     assert document["checks"]["hermes"] is False
     [reason] = document["reasons"]
     assert "did not answer the key probe" in reason
+
+
+async def test_a_key_file_fixed_on_disk_is_served_without_a_restart(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The key file is read again on the probe schedule: a wrong key rewritten in place
+    makes the worker bind and complete the Action it was keeping out of, no restart."""
+    key_file = tmp_path / "rotated.key"
+    key_file.write_text("not-the-key\n")
+    key_file.chmod(0o600)
+    port = free_port()
+    worker = await stack.spawn(
+        "w1", wait=False, AIPD_HERMES_API_KEY_FILE=str(key_file),
+        AIPD_SERVING_PROBE_INTERVAL_S="1", AIPD_METRICS_PORT=str(port),
+    )
+    await _until_log(worker, "health and metrics on")
+    status, document = await _ready(port)
+    assert status == 503
+    [reason] = document["reasons"]
+    assert "refused the API key (401)" in reason
+    handle = await stack.publish(stack.action("models"))
+    await asyncio.sleep(1.5)
+    assert "bound to consumer" not in worker.log_text()
+    right = Path(stack.env["AIPD_HERMES_API_KEY_FILE"]).read_text()
+    key_file.write_text(right)
+    await _until_log(worker, f"a new API key was read from {key_file}")
+    await _until_log(worker, "bound to consumer")
+    result = await handle.result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.settled_by == "w1"
+    # /ready's own Hermes check is cached for 5 s (docs/operations.md): it catches up.
+    for _ in range(40):
+        status, document = await _ready(port)
+        if status == 200:
+            break
+        await asyncio.sleep(0.25)
+    assert (status, document["reasons"]) == (200, [])
+    assert right.strip() not in worker.log_text()
+
+
+async def test_a_key_file_that_turns_unreadable_blocks_its_endpoint(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """A key file opened to others while the worker runs is a reason, naming the file and
+    the `chmod`, and the endpoint is unbound until it is fixed."""
+    key_file = tmp_path / "rotated.key"
+    key_file.write_text(Path(stack.env["AIPD_HERMES_API_KEY_FILE"]).read_text())
+    key_file.chmod(0o600)
+    port = free_port()
+    worker = await stack.spawn(
+        "w1", AIPD_HERMES_API_KEY_FILE=str(key_file),
+        AIPD_SERVING_PROBE_INTERVAL_S="1", AIPD_METRICS_PORT=str(port),
+    )
+    key_file.chmod(0o644)
+    await _until_log(worker, "unbinding")
+    status, document = await _ready(port)
+    assert status == 503
+    [reason] = document["reasons"]
+    assert str(key_file) in reason, reason
+    assert "chmod 600" in reason, reason
+    key_file.chmod(0o600)
+    result = await (await stack.publish(stack.action("models"))).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error

@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Awaitable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -263,6 +263,8 @@ class ReceiptScope:
     endpoint_id: str
     fence: int
     trace_id: str | None
+    #: Per polled route, what its last receipted read found (`polled`).
+    last_polled: dict[str, tuple[int | None, str | None]] = field(default_factory=dict)
 
 
 _scope: ContextVar[ReceiptScope | None] = ContextVar("aip_receipt_scope", default=None)
@@ -292,14 +294,54 @@ def receipt(event: ReceiptEvent, **details: DetailValue) -> None:
         )
 
 
+#: Routes read again and again while a run is followed (the operator's status poll, every
+#: `poll_interval_ms`, 250 ms by default, for as long as a taken-over run goes on): their
+#: exchanges are receipted by `polled` when what they read changed, not once per poll (one
+#: Action taken over used to leave ~190 receipts, against 8). `worker.operator.provider`
+#: reads the run status on this route and reports each read to `polled`.
+POLLED_ROUTES = frozenset({"/v1/runs/{run_id}"})
+
+
 def provider_receipt(exchange: Exchange) -> None:
     """The `provider_request` receipt of one finished Hermes exchange: the hook the app wires
     into every `HermesClient`. Method, route template, status and duration only: never a
-    body or a header value."""
+    body or a header value. A polled route's exchanges are left to `polled`."""
+    if exchange.route in POLLED_ROUTES:
+        return
     receipt(
         ReceiptEvent.PROVIDER_REQUEST,
         method=exchange.method,
         route=exchange.route,
         status=exchange.status,
         duration_ms=round(exchange.seconds * 1000, 1),
+    )
+
+
+def polled(
+    route: str, *, method: str, status: int | None, state: str | None, duration_ms: float
+) -> None:
+    """The `provider_request` receipt of one read of a polled route, only when its answer
+    (`status`, and the `state` it read, e.g. the run's status) differs from the last one
+    receipted for the current Action: a poll that found what the previous one found is no
+    new decision. The first read is always receipted."""
+    scope = _scope.get()
+    if scope is None:
+        return
+    found = (status, state)
+    if scope.last_polled.get(route) == found:
+        return
+    scope.last_polled[route] = found
+    scope.log.emit(
+        ReceiptEvent.PROVIDER_REQUEST,
+        action_id=scope.action_id,
+        endpoint_id=scope.endpoint_id,
+        fence=scope.fence,
+        trace_id=scope.trace_id,
+        facts={
+            "method": method,
+            "route": route,
+            "status": status,
+            "duration_ms": round(duration_ms, 1),
+            "run_status": state,
+        },
     )

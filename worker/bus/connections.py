@@ -15,13 +15,15 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
+from nats.errors import AuthorizationError, NoServersError, SlowConsumerError
 from nats.errors import Error as NatsError
-from nats.errors import NoServersError, SlowConsumerError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from subjects.streams import StreamPolicy
+from worker.dependencies import Dependency
 from worker.errors import ServiceUnreachable
+from worker.logs import RepeatedErrors
 from worker.secret_files import read_secret_file
 from worker.settings import Settings
 from worker.store.connection import WriteConfirmation, open_redis
@@ -58,9 +60,17 @@ def _tls(settings: Settings) -> ssl.SSLContext | None:
     return context
 
 
-async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -> NATS:
-    """Unlimited reconnects (the default gives up after ~60 tries, pitfalls.md)."""
+async def connect_nats(
+    settings: Settings,
+    *,
+    name: str = "aip-hermes-worker",
+    errors: RepeatedErrors | None = None,
+) -> NATS:
+    """Unlimited reconnects (the default gives up after ~60 tries, pitfalls.md). Every
+    failed attempt and every loss is told through one `Dependency` (worker/dependencies.py):
+    once per cause per interval, with the URL and what to check."""
 
+    nats_at = Dependency("nats", settings.nats_url, log, errors)
     slow_logged_at = [0.0]
 
     async def on_error(exc: Exception) -> None:
@@ -72,13 +82,19 @@ async def connect_nats(settings: Settings, *, name: str = "aip-hermes-worker") -
             slow_logged_at[0] = now
             log.warning("nats slow consumer on %s: messages dropped", exc.subject)
             return
-        log.warning("nats error: %s", type(exc).__name__)
+        text = str(exc).strip()
+        if isinstance(exc, AuthorizationError) or "authorization" in text.lower():
+            nats_at.lost(type(exc).__name__, refused=True)
+        elif "permissions violation" in text.lower():
+            nats_at.lost("permissions violation", refused=True, what=text[:200])
+        else:
+            nats_at.lost(type(exc).__name__)
 
     async def on_disconnect() -> None:
-        log.warning("nats disconnected; reconnecting")
+        nats_at.lost("disconnected", what="reconnecting")
 
     async def on_reconnect() -> None:
-        log.info("nats reconnected")
+        nats_at.back()
 
     async def on_closed() -> None:
         log.info("nats connection closed")

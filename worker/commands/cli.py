@@ -194,6 +194,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     bus_commands.add_commands(sub)
 
+    from worker.commands import dlq_admin
+
+    dlq_admin.add_commands(sub)
+
     schemas = sub.add_parser("schemas", help="JSON Schema and AsyncAPI files")
     schemas_sub = schemas.add_subparsers(dest="schemas_command", required=True)
     export = schemas_sub.add_parser(

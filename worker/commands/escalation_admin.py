@@ -265,6 +265,20 @@ async def cmd_show(args: argparse.Namespace) -> int:
         if approval is not None:
             document["pending"] = await pending_from_binding(redis, approval)
             document["note"] = POINTER_NOTE
+        if args.reveal:
+            from worker.commands.escalation_reveal import reveal
+
+            if args.key is None or args.as_principal is None:
+                return _fail(EXIT_CONFIG, "--reveal needs --as (the member) and --key (its seed)")
+            try:
+                document["revealed"] = await reveal(
+                    settings, redis, view.escalation, as_principal=args.as_principal,
+                    key_file=args.key, reason=args.reason,
+                )
+            except ResolutionRefused as exc:
+                return _fail(EXIT_FAILED, str(exc))
+            except TrustConfigError as exc:
+                return _fail(EXIT_CONFIG, str(exc))
     finally:
         await redis.aclose()
     print(msgspec.json.encode({**_document(view), **document}).decode())
@@ -563,6 +577,14 @@ def add_commands(subparsers: Any) -> None:
     show = sub.add_parser("show", help="an escalation and its resolution, as JSON")
     show.add_argument("escalation_id", type=_escalation_id)
     show.add_argument("--endpoint", required=True)
+    show.add_argument(
+        "--reveal", action="store_true",
+        help="also show the command behind an approval escalation (authority members only, "
+        "with --as and --key; receipted in the source Action's audit chain)",
+    )
+    show.add_argument("--as", dest="as_principal", help="with --reveal: the member you are")
+    show.add_argument("--key", type=Path, help="with --reveal: that member's nkey seed file")
+    show.add_argument("--reason", default="", help="with --reveal: why (recorded)")
     add_settings_flags(show)
     show.set_defaults(func=cmd_show)
 

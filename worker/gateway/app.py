@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
+from worker.dependencies import GATEWAY_PORT_SETTINGS, port_in_use
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
 from worker.gateway.discovery import Discovery
@@ -157,8 +158,17 @@ class Gateway:
     async def _serve(self, http: GatewayHttp) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.settings.gateway_host, self.settings.gateway_port))
-        sock.listen(self.settings.gateway_backlog)
+        try:
+            sock.bind((self.settings.gateway_host, self.settings.gateway_port))
+            sock.listen(self.settings.gateway_backlog)
+        except OSError as exc:
+            sock.close()
+            raise port_in_use(
+                exc,
+                host=self.settings.gateway_host,
+                port=self.settings.gateway_port,
+                settings=GATEWAY_PORT_SETTINGS,
+            ) from None
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             http.app(),

@@ -185,6 +185,9 @@ class OperatorBinding(_Record, frozen=True):
     approval_generation: int = 0
     approval_commands: list[ApprovalCommand] = msgspec.field(default_factory=list)
     pending_approval: dict[str, Any] | None = None
+    #: The pending prompt's command sealed to each authority member that may decide on it
+    #: (public nkey -> sealed box, `worker.operator.sealed_command`); cleared with the prompt.
+    pending_command_sealed: dict[str, str] | None = None
     #: Provider evidence of the terminal run (`{"event", "output", …}`), redacted.
     output: dict[str, Any] | None = None
     error: BindingError | None = None
@@ -230,6 +233,7 @@ class OperatorBinding(_Record, frozen=True):
             error=None if error is None else BindingError.of(error),
             start_claim=None,
             pending_approval=None,
+            pending_command_sealed=None,
             **changes,
         )
 

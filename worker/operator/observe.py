@@ -13,6 +13,7 @@ the run may still be working).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -232,7 +233,9 @@ class Observer:
                     self._books.start(self._keep_books())
                 return False
             case Effect.APPROVAL:
-                return await self.record_approval(shown, name, emit_event=name)
+                return await self.record_approval(
+                    shown, name, emit_event=name, sealed=self._sealed(data.get("command"))
+                )
             case Effect.COMPLETED:
                 output = {"event": name, "output": data.get("output"), "usage": data.get("usage")}
                 return await self.conclude(Reading.COMPLETED, output, shown, name)
@@ -350,8 +353,25 @@ class Observer:
         await self._write_progress()
         await self.s.capacity.keep()
 
+    def _sealed(self, command: Any) -> dict[str, str] | None:
+        """The prompt's command sealed to the authority members who may decide on it
+        (`worker.operator.sealed_command`); None without a command or an authority."""
+        sealer = self.s.policy.sealer
+        if sealer is None or not isinstance(command, str) or not command:
+            return None
+        action = self.s.ctx.action
+        return sealer.seal(
+            command, tenant_id=action.identity.tenant_id, capability=action.capability,
+            now_ms=int(time.time() * 1000),
+        ) or None
+
     async def record_approval(
-        self, pending: dict[str, Any], last_event: str | None, *, emit_event: str | None
+        self,
+        pending: dict[str, Any],
+        last_event: str | None,
+        *,
+        emit_event: str | None,
+        sealed: dict[str, str] | None = None,
     ) -> bool:
         """A prompt: the generation moves on, the redacted prompt is retained, and this
         invocation ends `requires_human`."""
@@ -368,6 +388,7 @@ class Observer:
                 now,
                 approval_generation=b.approval_generation + 1,
                 pending_approval=pending,
+                pending_command_sealed=sealed,
                 **progress,
             )
 

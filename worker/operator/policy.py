@@ -11,10 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from worker.endpoints import Endpoint
 from worker.errors import PolicyError
 from worker.settings import Settings
+
+if TYPE_CHECKING:
+    from worker.operator.sealed_command import CommandSealer
 
 MAX_INSTRUCTIONS_BYTES = 131_072
 MAX_PREFIX_CHARS = 512
@@ -81,6 +85,9 @@ class HermesOperatorPolicy:
     #: endpoint,
     #: shared by every worker; an endpoint descriptor may set its own.
     max_concurrent_runs: int = 8
+    #: Seals each approval prompt's command to the authority members who may decide on it
+    #: (`worker.operator.sealed_command`); None without `AIPD_APPROVAL_AUTHORITY_FILE`.
+    sealer: CommandSealer | None = field(default=None, compare=False)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HermesOperatorPolicy:
@@ -104,6 +111,7 @@ class HermesOperatorPolicy:
             scope_prefixes=tuple(settings.operator_scope_prefixes),
             approval_exempt_prefixes=tuple(settings.operator_approval_exempt_prefixes),
             max_concurrent_runs=settings.hermes_max_concurrent_runs,
+            sealer=_sealer(settings),
         )
         policy.validate()
         return policy
@@ -176,3 +184,17 @@ def read_instructions(path: Path) -> str:
     if not text.strip():
         raise PolicyError("operator instructions file is empty")
     return text
+
+
+def _sealer(settings: Settings) -> CommandSealer | None:
+    """The command sealer over the deployment's approval authority, if it has one."""
+    if settings.approval_authority_file is None:
+        return None
+    import time
+
+    from worker.operator.sealed_command import CommandSealer
+    from worker.trust.authority import ApprovalAuthority
+
+    return CommandSealer(
+        ApprovalAuthority.load(settings.approval_authority_file, now_ms=int(time.time() * 1000))
+    )

@@ -8,6 +8,7 @@ the provider state unknown. Returning sum types makes every caller handle every 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import msgspec
 
 from schemas.errors import ErrorCode
+from worker.bus.audit import POLLED_ROUTES, polled
 from worker.errors import ConnectorError, EventStreamUnavailable
 from worker.hermes.exchange import Answer, Exchange
 from worker.hermes.http_client import HermesClient, error_code_of
@@ -22,6 +24,8 @@ from worker.hermes.sse import SSEEvent, SSELimits
 
 START_ROUTE = "/v1/runs"
 STATUS_ROUTE = "/v1/runs/{run_id}"
+#: Read every poll interval: receipted on a change only (`worker.bus.audit.polled`).
+assert STATUS_ROUTE in POLLED_ROUTES
 EVENTS_ROUTE = "/v1/runs/{run_id}/events"
 APPROVAL_ROUTE = "/v1/runs/{run_id}/approval"
 STOP_ROUTE = "/v1/runs/{run_id}/stop"
@@ -195,6 +199,31 @@ StatusOutcome = StatusRead | RunGone | ReadFailed
 
 
 async def read_status(
+    hermes: HermesClient, run_id: str, headers: Mapping[str, str], timeout_s: float
+) -> StatusOutcome:
+    """One read of the run's status; receipted (`polled`) only when it read something else
+    than the read before it for this Action."""
+    started = time.monotonic()
+    outcome = await _read_status(hermes, run_id, headers, timeout_s)
+    status: int | None = 200
+    state: str | None = None
+    match outcome:
+        case StatusRead(body=body):
+            raw = body.get("status")
+            state = raw[:64] if isinstance(raw, str) else None
+        case RunGone():
+            status = 404
+        case ReadFailed(error=error):
+            status = error.remote_status
+            state = error.code.value
+    polled(
+        STATUS_ROUTE, method="GET", status=status, state=state,
+        duration_ms=(time.monotonic() - started) * 1000,
+    )
+    return outcome
+
+
+async def _read_status(
     hermes: HermesClient, run_id: str, headers: Mapping[str, str], timeout_s: float
 ) -> StatusOutcome:
     try:

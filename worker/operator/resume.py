@@ -233,7 +233,9 @@ class ResumeLedger:
                 def applied(b: OperatorBinding, now: int) -> OperatorBinding:
                     ledger = b.with_command(command.moved(C.APPLIED, now, baseline=baseline), now)
                     if ledger.status is S.WAITING_FOR_APPROVAL:
-                        return ledger.moved(S.RUNNING, now, pending_approval=None)
+                        return ledger.moved(
+                            S.RUNNING, now, pending_approval=None, pending_command_sealed=None
+                        )
                     return ledger
 
                 await self.s.handle.update(applied)

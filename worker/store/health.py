@@ -29,6 +29,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import NoPermissionError, OutOfMemoryError
 
+from worker.dependencies import UNREACHABLE_HINT, Dependency
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 
@@ -51,12 +52,15 @@ class StoreHealth:
         reserve_bytes: int = 64 * 1024 * 1024,
         errors: RepeatedErrors | None = None,
         metrics: Metrics | None = None,
+        url: str = "redis",
     ) -> None:
         self.redis = redis
         self.check_interval_s = check_interval_s
         self.reserve_bytes = reserve_bytes
         self.errors = errors if errors is not None else RepeatedErrors()
         self.metrics = metrics
+        #: Lost and back again, with the URL and what to check (worker/dependencies.py).
+        self.dependency = Dependency("redis", url, log, self.errors)
         #: A flapping Redis must not log two lines per check either.
         self._recoveries = RepeatedErrors(self.errors.interval_s)
         #: Redis answered the last check (False until the first one succeeds).
@@ -79,20 +83,14 @@ class StoreHealth:
         await self._open.wait()
 
     def mark_answering(self) -> None:
-        if not self.answering:
-            self._recoveries.report(
-                "store", "answering", log, "redis answers; fetching is on", level=logging.INFO
-            )
+        self.dependency.back("fetching is on")
         self.answering = True
         self._update()
 
     def mark_failing(self, cause: str) -> None:
         """A store call failed for lack of an answer (heartbeat, ping, acquire)."""
         if self.answering:
-            self.errors.report(
-                "store.gate", "failing", log,
-                "redis is failing (%s); fetching paused until it answers", cause,
-            )
+            self.dependency.lost(cause, what="fetching paused until it answers")
         self.answering = False
         self._update(cause)
 
@@ -116,8 +114,9 @@ class StoreHealth:
             self.reason = cause or self.reason or "redis unavailable"
             self._open.clear()
 
-    async def check(self) -> bool:
-        """One PING and one `INFO memory`; updates the gate; True when it is open."""
+    async def check(self, *, quiet: bool = False) -> bool:
+        """One PING and one `INFO memory`; updates the gate; True when it is open.
+        `quiet`: a failure is not logged (`wait_ready` says it its own way)."""
         memory: Mapping[str, Any] | None = None
         try:
             async with asyncio.timeout(PING_TIMEOUT_S):
@@ -126,7 +125,10 @@ class StoreHealth:
                     memory = await self._memory_info_if_allowed()
         except Exception as exc:
             cause = _cause(exc)
-            self.errors.report("store.check", cause, log, "redis check failed: %s", cause)
+            # The first failure is said by `mark_failing` (the gate closing); later checks
+            # of a Redis still down remind, once per cause per interval.
+            if not quiet and not self.answering:
+                self.dependency.lost(cause, what="fetching paused until it answers")
             self.mark_failing(cause)
             return False
         self.mark_answering()
@@ -183,7 +185,7 @@ class StoreHealth:
         started = time.monotonic()
         told_at = 0.0
         while True:
-            if await self.check():
+            if await self.check(quiet=True):
                 if told_at:
                     log.info("redis at %s answers after %.1f s", what, time.monotonic() - started)
                 return True
@@ -193,8 +195,8 @@ class StoreHealth:
             if not told_at or now - told_at >= 10.0:
                 log.warning(
                     "waiting for redis at %s (%s); no Action is fetched until it answers "
-                    "(giving up after %.0f s)",
-                    what, self.reason, timeout_s,
+                    "(giving up after %.0f s); %s",
+                    what, self.reason, timeout_s, UNREACHABLE_HINT["redis"],
                 )
                 told_at = now
             await asyncio.sleep(min(self.check_interval_s, max(0.0, deadline - now)))

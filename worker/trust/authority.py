@@ -101,6 +101,25 @@ class ApprovalAuthority:
         raise NotAuthorized(f"{who} may not approve capability {capability!r}")
 
 
+    def deciders(
+        self, *, tenant_id: str | None, capability: str, now_ms: int
+    ) -> list[AuthorityMembership]:
+        """Every current membership that may decide on `capability` for `tenant_id` (whom
+        a prompt's command is sealed to: `worker.operator.sealed_command`)."""
+        found = []
+        for (principal_id, tenant), membership in self._memberships.items():
+            if tenant != tenant_id:
+                continue
+            try:
+                self.authorize(
+                    principal_id=principal_id, tenant_id=tenant, capability=capability,
+                    now_ms=now_ms,
+                )
+            except NotAuthorized:
+                continue
+            found.append(membership)
+        return found
+
     def authorize_cancel(
         self, *, principal_id: str, tenant_id: str | None, capability: str, now_ms: int
     ) -> MembershipMatch:
