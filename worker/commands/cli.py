@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
     from worker.wiring import add_extra_commands
 
     add_extra_commands(sub)
+
+    from worker.commands import completion
+
+    completion.add_commands(sub)  # last: it lists every command above
     return parser
 
 

@@ -95,7 +95,9 @@ def add_settings_flags(parser: argparse.ArgumentParser, *groups: frozenset[str])
                 help=help_text,
             )
         else:
-            group.add_argument(flag, dest=f"setting_{name}", default=None, help=help_text)
+            group.add_argument(
+                flag, dest=f"setting_{name}", default=None, metavar=name.upper(), help=help_text
+            )
 
 
 def settings_from(args: argparse.Namespace, **defaults: Any) -> Settings:

@@ -116,8 +116,8 @@ def _nats(exc: nats.errors.Error, args: argparse.Namespace) -> tuple[Exit, str]:
             )
         case nats.js.errors.NoStreamResponseError():
             return Exit.CONFIGURATION, (
-                f"configuration error: no stream on NATS at {url} stores endpoint "
-                f"{endpoint!r}'s subjects: run `aip-hermes-worker provision` with it in "
+                f"configuration error: no stream on NATS at {url} stores the subjects of "
+                f"endpoint {endpoint!r}: run `aip-hermes-worker provision` with it in "
                 "AIPD_HERMES_ENDPOINTS (or check --endpoint and --prefix)"
             )
         case nats.js.errors.NotFoundError():
