@@ -113,7 +113,9 @@ async def test_submit_without_a_key_refuses_in_one_line_and_publishes_nothing(
     )  # fmt: skip
     assert code == Exit.CONFIGURATION
     line = one_line(err)
-    assert "unsigned" in line and "AIPD_GATEWAY_SIGNING_KEY_FILE" in line and "--sign-key" in line
+    assert "unsigned" in line
+    assert "AIPD_GATEWAY_SIGNING_KEY_FILE" in line
+    assert "--sign-key" in line
     assert out == ""
     assert await stored_actions(stack) == 0
 
@@ -253,14 +255,17 @@ async def test_provision_against_a_nats_without_jetstream_says_so(stack: Stack) 
         code, _, err = await cli(stack, "provision", "--nats-url", url)
     assert code == Exit.UNREACHABLE
     line = one_line(err)
-    assert url in line and "JetStream" in line and "-js" in line
+    assert url in line
+    assert "JetStream" in line
+    assert "-js" in line
 
 
 async def test_manifest_with_no_worker_names_the_endpoint(stack: Stack) -> None:
     code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT)
     assert code == Exit.UNREACHABLE
     line = one_line(err)
-    assert "no worker answered" in line and repr(ENDPOINT) in line
+    assert "no worker answered" in line
+    assert repr(ENDPOINT) in line
 
 
 async def test_submit_to_an_unprovisioned_endpoint_says_provision(stack: Stack) -> None:
@@ -269,7 +274,8 @@ async def test_submit_to_an_unprovisioned_endpoint_says_provision(stack: Stack) 
     )
     assert code == Exit.CONFIGURATION
     line = one_line(err)
-    assert "'h9'" in line and "aip-hermes-worker provision" in line
+    assert "'h9'" in line
+    assert "aip-hermes-worker provision" in line
 
 
 async def test_result_wait_on_the_wrong_endpoint_times_out_in_one_line(stack: Stack) -> None:
@@ -295,7 +301,8 @@ async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> N
     code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url)
     assert code == Exit.UNREACHABLE
     line = one_line(err)
-    assert url in line and "AIPD_NATS_URL" in line
+    assert url in line
+    assert "AIPD_NATS_URL" in line
 
 
 @pytest.mark.parametrize(

@@ -16,6 +16,7 @@ import pytest
 from schemas.escalation import Escalation, EscalationKind, EscalationResolution
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
+from worker.commands.exit_codes import Exit
 from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 
@@ -134,7 +135,7 @@ async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resol
         "--sign-key",
         str(stack.trust.seed_file),
     )
-    assert code == 1, err
+    assert code == Exit.REFUSED, err
     assert "already" in err, err
     await stack.settled_and_acked(timeout_s=30)
 
@@ -205,7 +206,7 @@ async def test_an_outcome_unknown_is_escalated_and_acknowledged_once(stack: Stac
     assert code == 0, err
     assert msgspec.json.decode(out, type=EscalationResolution).resolved_by == "ops:erin"
     code, _, err = await resolve(stack, escalation.escalation_id, "--as", "ops:frank")
-    assert code == 1, err
+    assert code == Exit.REFUSED, err
     assert "ops:erin" in err, err
 
     code, out, err = await cli(

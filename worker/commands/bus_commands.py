@@ -27,7 +27,12 @@ from schemas.result import ActionResult
 from worker.commands.cli_settings import settings_from
 from worker.commands.exit_codes import Exit, for_status
 from worker.commands.timestamps import iso_utc
-from worker.commands.wait_outcome import dead_letter_of, dlq_position, timeout_line
+from worker.commands.wait_outcome import (
+    dead_letter_of,
+    dlq_position,
+    timeout_line,
+    unknown_line,
+)
 from worker.errors import SettingsError
 from worker.settings import Settings
 
@@ -287,15 +292,21 @@ async def _no_result(
     envelope_sha256: str | None,
     dlq_from: int,
 ) -> int:
-    entry = await dead_letter_of(
-        client.nc.jetstream(),
-        client.subjects,
-        endpoint,
-        action_id,
-        envelope_sha256=envelope_sha256,
-        from_seq=dlq_from,
-        trusted=client.trusted_worker_keys,
-    )
+    from nats.errors import Error as NatsError
+
+    try:
+        entry = await dead_letter_of(
+            client.nc.jetstream(),
+            client.subjects,
+            endpoint,
+            action_id,
+            envelope_sha256=envelope_sha256,
+            from_seq=dlq_from,
+            trusted=client.trusted_worker_keys,
+        )
+    except NatsError as exc:
+        print(unknown_line(action_id, endpoint, timeout_s, exc), file=sys.stderr)
+        return Exit.TIMEOUT
     if entry is not None:
         print(entry.describe(action_id, endpoint), file=sys.stderr)
         return Exit.REFUSED

@@ -15,8 +15,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
-from nats.js.errors import NotFoundError
 
 from schemas.dlq import DLQ_CODE, DLQ_ID, DLQ_REASON, DLQ_SHA256, DLQ_WORKER
 from subjects.grammar import Subjects
@@ -53,7 +53,7 @@ async def dlq_position(js: JetStreamContext, subjects: Subjects) -> int:
     call is at or above it (1 when the stream does not exist yet)."""
     try:
         info = await js.stream_info(subjects.stream_name("dlq"))
-    except NotFoundError:
+    except NatsError:  # no such stream, or this user may not ask: the scan starts at 1
         return 1
     return int(info.state.last_seq) + 1
 
@@ -99,6 +99,17 @@ async def dead_letter_of(
             worker=headers.get(DLQ_WORKER, "?"),
         )
     return None
+
+
+def unknown_line(action_id: str, endpoint_id: str, timeout_s: float, exc: Exception) -> str:
+    """What to say when the wait ended and the DLQ could not be read (the compose gateway
+    role may not read it: docs/security.md "Roles")."""
+    return (
+        f"timeout: no result for {action_id} within {timeout_s:g} s; whether it was "
+        f"dead-lettered is unknown: this NATS user cannot read the DLQ stream "
+        f"({type(exc).__name__}); an operator can (`aip-hermes-worker audit {action_id} "
+        f"--endpoint {endpoint_id}` shows a dead_lettered receipt)"
+    )
 
 
 def timeout_line(action_id: str, endpoint_id: str, timeout_s: float) -> str:
