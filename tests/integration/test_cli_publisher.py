@@ -230,9 +230,16 @@ async def test_a_stale_prepared_action_is_refused_before_it_is_sent(
 
 @contextlib.contextmanager
 def nats_without_jetstream() -> Iterator[str]:
+    with nats_process("-a", "127.0.0.1") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def nats_process(*argv: str) -> Iterator[str]:
+    """A nats-server of this test's own (`argv` picks its options), on a free port."""
     port = free_port()
     proc = subprocess.Popen(
-        ["nats-server", "-a", "127.0.0.1", "-p", str(port)],
+        ["nats-server", *argv, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -312,9 +319,13 @@ async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> N
         ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
          "--sign-key", "/nonexistent/gateway.seed"),
         ("keys", "public", "/nonexistent/approver.seed"),
+        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+         "--input", "@/nonexistent/input.json"),
+        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+         "--input", "[1, 2]"),
         ("submit", "--endpoint", ENDPOINT, "--operation", "models"),
     ],
-    ids=["action-file", "sign-key", "keys-public", "no-principal"],
+    ids=["action-file", "sign-key", "keys-public", "input-file", "input-shape", "no-principal"],
 )  # fmt: skip
 async def test_a_bad_file_or_missing_flag_is_one_configuration_line(
     stack: Stack, args: tuple[str, ...]
@@ -322,3 +333,69 @@ async def test_a_bad_file_or_missing_flag_is_one_configuration_line(
     code, _, err = await cli(stack, *args)
     assert code == Exit.CONFIGURATION
     one_line(err)
+
+
+async def test_cancel_without_a_key_refuses_in_one_line(stack: Stack) -> None:
+    action = stack.action("models")
+    code, _, err = await cli(
+        stack, "cancel", action.id, "--endpoint", ENDPOINT, "--requested-by", "ops",
+        unset=("AIPD_GATEWAY_SIGNING_KEY_FILE",),
+    )  # fmt: skip
+    assert code == Exit.CONFIGURATION
+    assert "unsigned" in one_line(err)
+
+
+async def test_a_seed_file_others_may_read_is_named_with_its_chmod(
+    stack: Stack, tmp_path: Path
+) -> None:
+    seed = tmp_path / "gateway.seed"
+    write_seed_file(seed, generate_keypair().seed)
+    seed.chmod(0o644)
+    code, _, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        "--sign-key", str(seed),
+    )  # fmt: skip
+    assert code == Exit.CONFIGURATION
+    line = one_line(err)
+    assert str(seed) in line
+    assert "chmod 600" in line
+    assert await stored_actions(stack) == 0
+
+
+async def test_a_timeout_under_a_user_that_cannot_read_the_dlq_says_it_is_unknown(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The compose gateway role may not read the DLQ stream (docs/security.md "Roles"):
+    the timeout line says the DLQ could not be read instead of "not dead-lettered"."""
+    from tests.integration.stack import provision_streams
+
+    password = tmp_path / "publisher.password"
+    password.write_text("publisher-password-" + "5" * 16)
+    password.chmod(0o600)
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f"""
+        jetstream {{ store_dir: "{tmp_path / "js"}" }}
+        authorization {{
+          users: [
+            {{ user: admin, password: admin-password }}
+            {{ user: publisher, password: "{password.read_text()}",
+               permissions: {{ publish: {{
+                 allow: ">", deny: "$JS.API.STREAM.MSG.GET.AIP_HERMES_DLQ" }} }} }}
+          ]
+        }}
+        """
+    )
+    with nats_process("-a", "127.0.0.1", "-c", str(config)) as url:
+        host = url.removeprefix("nats://")
+        await provision_streams(f"nats://admin:admin-password@{host}")
+        code, out, err = await cli(
+            stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+            "--wait", "1", "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+            env={"AIPD_NATS_URL": url, "AIPD_NATS_USER": "publisher",
+                 "AIPD_NATS_PASSWORD_FILE": str(password)},
+        )  # fmt: skip
+    assert code == Exit.TIMEOUT, err
+    line = one_line(err)
+    assert f"no result for {out.strip()} within 1 s" in line
+    assert "whether it was dead-lettered is unknown" in line

@@ -73,7 +73,12 @@ def test_settings_flags_are_scoped_to_what_a_command_reads() -> None:
     approve = tree[("approve",)].format_help()
     assert "--approver-redis-url" in approve
     assert "--approval-authority-file" in approve
-    for worker_only in ("--lease-ttl-ms", "--concurrency", "--hermes-operator-model", "--metrics-port"):
+    for worker_only in (
+        "--lease-ttl-ms",
+        "--concurrency",
+        "--hermes-operator-model",
+        "--metrics-port",
+    ):
         assert worker_only not in approve, worker_only
     assert "--lease-ttl-ms" in tree[("run",)].format_help()  # a worker takes every setting
     assert "--nats-url" in tree[("escalations", "list")].format_help()
@@ -197,9 +202,7 @@ def test_every_result_status_has_its_exit_code() -> None:
         (ValueError("not a user nkey seed"), Exit.CONFIGURATION),
     ],
 )
-def test_expected_failures_become_one_line_and_bugs_do_not(
-    exc: BaseException, code: Exit
-) -> None:
+def test_expected_failures_become_one_line_and_bugs_do_not(exc: BaseException, code: Exit) -> None:
     args = argparse.Namespace(command="submit", nats_url="nats://127.0.0.1:4222")
     explained = explain(exc, args)
     assert explained is not None

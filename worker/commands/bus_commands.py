@@ -41,15 +41,16 @@ if TYPE_CHECKING:
 
 
 def _json_input(text: str) -> dict[str, Any]:
+    """`--input`: a JSON object, or `@FILE` holding one (SettingsError naming the problem)."""
     try:
         raw = Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text
         value = json.loads(raw)
     except OSError as exc:
-        raise argparse.ArgumentTypeError(f"{text[1:]}: {exc.strerror}") from None
-    except json.JSONDecodeError as exc:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({exc})") from None
+        raise SettingsError(f"--input {text}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"--input {text[:64]}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("--input must be a JSON object")
+        raise SettingsError(f"--input {text[:64]}: not a JSON object")
     return value
 
 
@@ -110,7 +111,7 @@ def _prepared_action(args: argparse.Namespace, settings: Settings) -> Action:
         built = {
             flag: getattr(args, dest)
             for flag, dest in _BUILD_FLAGS.items()
-            if getattr(args, dest) not in (None, {})
+            if getattr(args, dest) is not None
         }
         if built:
             raise SettingsError(
@@ -142,7 +143,7 @@ def _prepared_action(args: argparse.Namespace, settings: Settings) -> Action:
         authentication_issuer=args.issuer,
         endpoint_id=args.endpoint,
         operation=args.operation,
-        input=args.input,
+        input=_json_input(args.input) if args.input is not None else {},
         principal_id=args.principal,
         principal_kind=args.principal_kind,
         tenant_id=args.tenant,
@@ -540,7 +541,7 @@ def add_commands(sub: Any) -> None:
     submit.add_argument(
         "--operation", help="e.g. models, operator (required without --action-file)"
     )
-    submit.add_argument("--input", type=_json_input, default={}, help="JSON object or @file")
+    submit.add_argument("--input", help="the Action's input: a JSON object, or @FILE holding one")
     submit.add_argument(
         "--principal", help="principal id of the caller (required without --action-file)"
     )
