@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -399,3 +400,35 @@ async def test_a_timeout_under_a_user_that_cannot_read_the_dlq_says_it_is_unknow
     line = one_line(err)
     assert f"no result for {out.strip()} within 1 s" in line
     assert "whether it was dead-lettered is unknown" in line
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
+
+
+async def test_tail_text_and_audit_show_iso_utc_times_and_json_keeps_them_raw(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    result = await handle.result(timeout_s=30)
+    keys = ("--trusted-worker-keys", str(stack.trust.worker_keys_file))
+    code, out, err = await cli(
+        stack, "tail", handle.action_id, "--endpoint", ENDPOINT, "--format", "text", *keys
+    )
+    assert code == Exit.OK, err
+    lines = out.strip().splitlines()
+    assert all(ISO_UTC.match(line) for line in lines[:-1]), out
+    assert " result completed (settled by " in lines[-2], out
+    assert lines[-1].startswith("output: "), out
+    assert ISO_UTC.match(lines[-2])
+
+    code, out, err = await cli(stack, "audit", handle.action_id, "--endpoint", ENDPOINT, *keys)
+    assert code == Exit.OK, err
+    assert out.strip()
+    assert all(ISO_UTC.match(line) for line in out.strip().splitlines()), out
+    code, out, err = await cli(
+        stack, "audit", handle.action_id, "--endpoint", ENDPOINT, "--json", *keys
+    )
+    assert code == Exit.OK, err
+    assert all(isinstance(json.loads(line)["ts_unix_ms"], int) for line in out.splitlines())
+    assert result.status is ResultStatus.COMPLETED

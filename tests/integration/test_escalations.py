@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -101,6 +102,7 @@ async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resol
     assert code == 0, err
     assert escalation.escalation_id in out
     assert "open" in out
+    assert re.search(r" \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", out), out  # ISO 8601 UTC
 
     key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
     answer = ("--as", APPROVER_UNTENANTED, "--key", key, "--choice", "once", "--sign-key")

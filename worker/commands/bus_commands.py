@@ -72,12 +72,14 @@ SIGN_KEY_ENV = "AIPD_GATEWAY_SIGNING_KEY_FILE"
 
 
 def _sign_key(args: argparse.Namespace, settings: Settings) -> Path | None:
-    """The gateway seed `submit` signs with: `--sign-key`, else `AIPD_GATEWAY_SIGNING_KEY_FILE`.
+    """The gateway seed `submit` and `cancel` sign with: `--sign-key`, else
+    `AIPD_GATEWAY_SIGNING_KEY_FILE`.
 
     Without one the command refuses to publish (SettingsError, exit 2): a worker
     dead-letters an unsigned Action (`connector_host.authentication`), so publishing it
-    would only burn its id. Only a development deployment whose workers accept unsigned
-    envelopes (`AIPD_ALLOW_UNSIGNED_ENVELOPES`, set here too) publishes unsigned, warned.
+    would only burn its id, and refuses an unsigned cancel. Only a development deployment
+    whose workers accept unsigned envelopes (`AIPD_ALLOW_UNSIGNED_ENVELOPES`, set here
+    too) publishes unsigned, warned.
     The seed is read now, so a bad file is named before anything is sent.
     """
     from worker.trust.signing import read_seed_file
@@ -139,6 +141,8 @@ def _prepared_action(args: argparse.Namespace, settings: Settings) -> Action:
         )
     from worker.client import AipClient
 
+    # build_action reads nothing of the client: writing or checking an Action needs no
+    # connection (`--write-action` opens none).
     return AipClient.__new__(AipClient).build_action(
         authentication_issuer=args.issuer,
         endpoint_id=args.endpoint,
@@ -185,7 +189,8 @@ async def cmd_submit(args: argparse.Namespace) -> int:
 
         payload = encode(action)
         decode_action(payload, max_bytes=settings.max_envelope_bytes)  # EnvelopeRejected
-        args.write_action.write_bytes(payload)
+        with args.write_action.open("xb") as out:  # never over a prepared (approved) one
+            out.write(payload)
         print(action.id)
         return Exit.OK
     sign_key = _sign_key(args, settings)
@@ -561,8 +566,8 @@ def add_commands(sub: Any) -> None:
         "--write-action",
         type=Path,
         metavar="FILE",
-        help="write the Action built from the flags to FILE and print its id, publishing "
-        "nothing (for `approve --action-file FILE`, then `submit --action-file FILE`)",
+        help="write the Action built from the flags to FILE (a new file) and print its id, "
+        "publishing nothing (for `approve --action-file FILE`, then `submit --action-file FILE`)",
     )
     _sign_key_flag(submit, "the Action")
     submit.add_argument(
