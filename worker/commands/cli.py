@@ -232,7 +232,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from worker.commands import completion
 
-    completion.add_commands(sub)  # last: it lists every command above
+    completion.add_commands(sub, parser)  # last: its script lists every command above
     return parser
 
 

@@ -117,14 +117,13 @@ def zsh_script(parser: argparse.ArgumentParser) -> str:
 
 
 async def cmd_completion(args: argparse.Namespace) -> int:
-    from worker.commands.cli import build_parser
-
     script = bash_script if args.shell == "bash" else zsh_script
-    sys.stdout.write(script(build_parser()))
+    sys.stdout.write(script(args.completion_root))
     return Exit.OK
 
 
-def add_commands(sub: Any) -> None:
+def add_commands(sub: Any, root: argparse.ArgumentParser) -> None:
+    """Add `completion`; `root` is the whole parser the script completes."""
     completion = sub.add_parser(
         "completion",
         help="print a shell completion script (eval it in ~/.bashrc or ~/.zshrc)",
@@ -132,4 +131,4 @@ def add_commands(sub: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete in")
-    completion.set_defaults(func=cmd_completion)
+    completion.set_defaults(func=cmd_completion, completion_root=root)
