@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 from typing import Any
 
@@ -16,6 +17,7 @@ import pytest
 from schemas.escalation import Escalation, EscalationKind, EscalationResolution
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
+from worker.commands.exit_codes import Exit
 from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 
@@ -100,6 +102,7 @@ async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resol
     assert code == 0, err
     assert escalation.escalation_id in out
     assert "open" in out
+    assert re.search(r" \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ", out), out  # ISO 8601 UTC
 
     key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
     answer = ("--as", APPROVER_UNTENANTED, "--key", key, "--choice", "once", "--sign-key")
@@ -134,7 +137,7 @@ async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resol
         "--sign-key",
         str(stack.trust.seed_file),
     )
-    assert code == 1, err
+    assert code == Exit.REFUSED, err
     assert "already" in err, err
     await stack.settled_and_acked(timeout_s=30)
 
@@ -205,7 +208,7 @@ async def test_an_outcome_unknown_is_escalated_and_acknowledged_once(stack: Stac
     assert code == 0, err
     assert msgspec.json.decode(out, type=EscalationResolution).resolved_by == "ops:erin"
     code, _, err = await resolve(stack, escalation.escalation_id, "--as", "ops:frank")
-    assert code == 1, err
+    assert code == Exit.REFUSED, err
     assert "ops:erin" in err, err
 
     code, out, err = await cli(

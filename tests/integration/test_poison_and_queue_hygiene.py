@@ -141,11 +141,11 @@ async def test_the_client_and_cli_refuse_an_envelope_over_the_deployments_limit(
         subprocess.run,
         [sys.executable, "-m", "worker", "submit", "--nats-url", stack.nats_url,
          "--endpoint", ENDPOINT, "--operation", "models", "--principal", "user:demo",
-         "--input", json.dumps(input)],
+         "--input", json.dumps(input), "--sign-key", str(stack.trust.seed_file)],
         capture_output=True, text=True, timeout=60, check=False,
         env={**os.environ, "AIPD_MAX_ENVELOPE_BYTES": "2048"},
     )  # fmt: skip
-    assert submitted.returncode == 2, submitted.stderr
+    assert submitted.returncode == 6, submitted.stderr  # Exit.REFUSED, nothing sent
     assert "2048-byte limit" in submitted.stderr
     info = await stack.nc.jetstream().stream_info(stack.subjects.stream_name("actions"))
     assert info.state.messages == 0

@@ -29,6 +29,7 @@ from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from tests.integration.test_escalations import APPROVAL_POST, cli, escalations, resolve
 from tests.integration.test_escalations_open import _scrape, open_count, value
+from worker.commands.exit_codes import Exit
 from worker.escalation.ledger import read_resolution
 from worker.operator.binding import decode_binding
 from worker.store.keys import binding_key
@@ -131,7 +132,7 @@ async def test_a_forged_escalation_is_not_listed_counted_shown_or_resolvable(
         stack, forged.escalation_id, "--as", APPROVER_UNTENANTED, "--key", key,
         "--choice", "once", "--sign-key", str(stack.trust.seed_file),
     )  # fmt: skip
-    assert code == 1, (out, err)
+    assert code == Exit.REFUSED, (out, err)
     assert "not signed by a trusted worker" in err, err
 
     # Nothing was decided, recorded or sent: no resolution, no resume, no answer to Hermes.

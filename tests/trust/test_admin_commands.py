@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from trust_support import action_document
 
 from schemas.approval import ApprovalDecision, ApprovalRecord
+from worker.commands.exit_codes import Exit
 from worker.commands.trust_admin import add_commands
 from worker.testing.identities import APPROVER_A, APPROVER_UNTENANTED, USER_B, TrustFiles
 from worker.testing.services import ServiceHandle
@@ -116,7 +117,7 @@ async def test_deny_by_a_non_member_is_refused_with_the_reason(
         "approve", action_id, "--action-file", str(path), "--as", USER_B, "--reason", "no",
         "--deny", *_store_flags(trust_files, redis_server),
     )  # fmt: skip
-    assert await args.func(args) == 1
+    assert await args.func(args) == Exit.REFUSED
     assert "no approval membership" in capsys.readouterr().err
     show = parse("approval", "show", action_id, "--redis-url", redis_server.url)
     assert await show.func(show) == 1
@@ -153,7 +154,7 @@ async def test_approve_signs_only_with_the_approvers_own_key(
         "approve", action_id, "--action-file", str(path), "--as", APPROVER_A, "--reason", "r",
         *_store_flags(trust_files, redis_server, key_of=APPROVER_UNTENANTED),
     )  # fmt: skip
-    assert await args.func(args) == 1
+    assert await args.func(args) == Exit.REFUSED
     assert "is not the approval key of" in capsys.readouterr().err
     show = parse("approval", "show", action_id, "--redis-url", redis_server.url)
     assert await show.func(show) == 1

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from worker.commands.cli import build_parser
+from worker.commands.exit_codes import Exit
 from worker.testing.services import free_port
 
 
@@ -192,10 +193,11 @@ def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) ->
     poisoned = tmp_path / "poisoned.json"
     poisoned.write_bytes(encode(action).replace(action.id.encode(), action.id.encode() + b"\\n"))
     refused = run_cli("sign", "--key", str(seed), str(poisoned))
-    assert refused.returncode == 2
+    assert refused.returncode == Exit.REFUSED
     assert "schema.envelope.invalid" in refused.stderr
     assert "Aip-Signature" not in refused.stdout
     cancel = tmp_path / "cancel.json"
     cancel.write_bytes(encode(CancelRequest(action_id=action.id, requested_by="user:alice")))
     assert run_cli("sign", "--kind", "cancel", "--key", str(seed), str(cancel)).returncode == 0
-    assert run_cli("sign", "--key", str(seed), str(cancel)).returncode == 2  # not an Action
+    not_an_action = run_cli("sign", "--key", str(seed), str(cancel))
+    assert not_an_action.returncode == Exit.REFUSED

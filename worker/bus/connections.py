@@ -121,12 +121,18 @@ async def connect_nats_for_command(settings: Settings) -> NATS:
     files, TLS) a worker uses; it fails fast instead of retrying forever."""
     credentials = credential_options(settings)
     servers = settings.nats_url
+
+    async def quiet(exc: Exception) -> None:
+        """nats-py's default logs each failed attempt with a traceback; the failure that
+        matters is raised below as one line, so the attempts are not logged at all."""
+
     try:
         return await nats.connect(
             settings.nats_servers,
             connect_timeout=3,
             max_reconnect_attempts=1,
             allow_reconnect=False,
+            error_cb=quiet,
             **credentials,
         )
     except (NoServersError, OSError) as exc:

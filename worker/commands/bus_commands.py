@@ -1,8 +1,11 @@
 """The publisher's commands on the bus: submit, tail, result, cancel, manifest, audit, sign.
 
 Each connects for one command (`connect_nats_for_command`, failing fast), signs with the
-gateway key it is given, and believes a result or chunk chain only when it verifies against
-the trusted worker keys (`--trusted-worker-keys`); one that does not exits 4.
+gateway key it is given (`--sign-key`, else `AIPD_GATEWAY_SIGNING_KEY_FILE`; `submit` and
+`cancel` publish nothing unsigned), and believes a result or chunk chain only when it
+verifies against the trusted worker keys (`--trusted-worker-keys`). Exit statuses are
+`worker.commands.exit_codes.Exit`: a wait reports how the Action ended, and one that ends
+without a result says whether the Action was dead-lettered (`worker/commands/wait_outcome.py`).
 """
 
 from __future__ import annotations
@@ -11,12 +14,26 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from schemas.action import Action
+from schemas.chunk import StreamChunk
+from schemas.errors import EnvelopeRejected, ErrorCode
+from schemas.result import ActionResult
 from worker.commands.cli_settings import settings_from
+from worker.commands.exit_codes import Exit, for_status
+from worker.commands.timestamps import iso_utc
+from worker.commands.wait_outcome import (
+    dead_letter_of,
+    dlq_position,
+    timeout_line,
+    unknown_line,
+)
+from worker.errors import SettingsError
 from worker.settings import Settings
 
 if TYPE_CHECKING:
@@ -24,10 +41,16 @@ if TYPE_CHECKING:
 
 
 def _json_input(text: str) -> dict[str, Any]:
-    raw = Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text
-    value = json.loads(raw)
+    """`--input`: a JSON object, or `@FILE` holding one (SettingsError naming the problem)."""
+    try:
+        raw = Path(text[1:]).read_text(encoding="utf-8") if text.startswith("@") else text
+        value = json.loads(raw)
+    except OSError as exc:
+        raise SettingsError(f"--input {text}: {exc.strerror}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise SettingsError(f"--input {text[:64]}: not valid JSON ({exc})") from None
     if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError("--input must be a JSON object")
+        raise SettingsError(f"--input {text[:64]}: not a JSON object")
     return value
 
 
@@ -44,24 +67,141 @@ async def _connect(settings: Settings) -> Any:
     return await connect_nats_for_command(settings)
 
 
+#: Where a publisher's gateway seed is found when `--sign-key` is not given.
+SIGN_KEY_ENV = "AIPD_GATEWAY_SIGNING_KEY_FILE"
+
+
+def _sign_key(args: argparse.Namespace, settings: Settings) -> Path | None:
+    """The gateway seed `submit` and `cancel` sign with: `--sign-key`, else
+    `AIPD_GATEWAY_SIGNING_KEY_FILE`.
+
+    Without one the command refuses to publish (SettingsError, exit 2): a worker
+    dead-letters an unsigned Action (`connector_host.authentication`), so publishing it
+    would only burn its id, and refuses an unsigned cancel. Only a development deployment
+    whose workers accept unsigned envelopes (`AIPD_ALLOW_UNSIGNED_ENVELOPES`, set here
+    too) publishes unsigned, warned.
+    The seed is read now, so a bad file is named before anything is sent.
+    """
+    from worker.trust.signing import read_seed_file
+
+    path: Path | None = args.sign_key
+    if path is None:
+        if settings.allow_unsigned_envelopes:
+            print(
+                "warning: publishing unsigned (no --sign-key / AIPD_GATEWAY_SIGNING_KEY_FILE; "
+                "AIPD_ALLOW_UNSIGNED_ENVELOPES is on): only a development worker runs it",
+                file=sys.stderr,
+            )
+            return None
+        raise SettingsError(
+            "refusing to publish an unsigned Action (workers dead-letter it as "
+            "connector_host.authentication): pass --sign-key FILE or set "
+            f"{SIGN_KEY_ENV} to the gateway seed the workers trust"
+        )
+    read_seed_file(path, what="gateway seed file (--sign-key / AIPD_GATEWAY_SIGNING_KEY_FILE)")
+    return path
+
+
+def _prepared_action(args: argparse.Namespace, settings: Settings) -> Action:
+    """The Action `submit` publishes: `--action-file`'s as it is (already approved: its
+    id, request and principal are what the approval's fingerprint bound), or one built
+    from the flags. A prepared Action older than the workers' envelope age is refused
+    here: they would dead-letter it as a replay."""
+    from worker.commands.trust_admin import load_action_file
+
+    if args.action_file is not None:
+        built = {
+            flag: getattr(args, dest)
+            for flag, dest in _BUILD_FLAGS.items()
+            if getattr(args, dest) is not None
+        }
+        if built:
+            raise SettingsError(
+                f"--action-file publishes the Action in the file as it is; drop "
+                f"{', '.join(sorted(built))} (they would build another one)"
+            )
+        action = load_action_file(args.action_file)
+        age_ms = time.time_ns() // 1_000_000 - action.created_at_unix_ms
+        if age_ms > settings.max_envelope_age_ms:
+            raise EnvelopeRejected(
+                ErrorCode.HOST_REPLAY,
+                f"{args.action_file}'s Action was created {age_ms // 1000} s ago, beyond "
+                f"AIPD_MAX_ENVELOPE_AGE_MS ({settings.max_envelope_age_ms // 1000} s): write "
+                "it again (submit --write-action) and approve the new one",
+            )
+        return action
+    missing = [
+        flag
+        for flag in ("--endpoint", "--operation", "--principal")
+        if not getattr(args, flag.removeprefix("--").replace("-", "_"))
+    ]
+    if missing:
+        raise SettingsError(
+            f"submit needs {', '.join(missing)} (or --action-file with a prepared Action)"
+        )
+    from worker.client import AipClient
+
+    # build_action reads nothing of the client: writing or checking an Action needs no
+    # connection (`--write-action` opens none).
+    return AipClient.__new__(AipClient).build_action(
+        authentication_issuer=args.issuer,
+        endpoint_id=args.endpoint,
+        operation=args.operation,
+        input=_json_input(args.input) if args.input is not None else {},
+        principal_id=args.principal,
+        principal_kind=args.principal_kind,
+        tenant_id=args.tenant,
+        credential_revision=args.revision,
+        idempotency_key=args.idempotency_key,
+        timeout_ms=args.timeout_ms,
+        action_id=args.action_id,
+    )
+
+
+#: The flags that build an Action (flag -> dest); `--action-file` takes none of them.
+_BUILD_FLAGS = {
+    "--operation": "operation",
+    "--input": "input",
+    "--principal": "principal",
+    "--tenant": "tenant",
+    "--revision": "revision",
+    "--issuer": "issuer",
+    "--idempotency-key": "idempotency_key",
+    "--timeout-ms": "timeout_ms",
+    "--action-id": "action_id",
+}
+
+
 async def cmd_submit(args: argparse.Namespace) -> int:
+    from schemas.codec import encode
+    from schemas.ids import split_capability
+
+    settings = _bus_settings(args)
+    action = _prepared_action(args, settings)
+    endpoint_id, _ = split_capability(action.capability)
+    if args.endpoint is not None and args.endpoint != endpoint_id:
+        raise SettingsError(
+            f"--endpoint {args.endpoint} but the Action's capability {action.capability} is "
+            f"endpoint {endpoint_id}'s"
+        )
+    if args.write_action is not None:
+        from schemas.codec import decode_action
+
+        payload = encode(action)
+        decode_action(payload, max_bytes=settings.max_envelope_bytes)  # EnvelopeRejected
+        with args.write_action.open("xb") as out:  # never over a prepared (approved) one
+            out.write(payload)
+        print(action.id)
+        return Exit.OK
+    sign_key = _sign_key(args, settings)
     nc, client = await _signing_client(
-        args, trusted_worker_keys=_trusted_worker_keys(args) if args.wait else None
+        args,
+        settings,
+        sign_key=sign_key,
+        trusted_worker_keys=_trusted_worker_keys(args) if args.wait else None,
     )
     try:
-        action = client.build_action(
-            authentication_issuer=args.issuer,
-            endpoint_id=args.endpoint,
-            operation=args.operation,
-            input=args.input,
-            principal_id=args.principal,
-            principal_kind=args.principal_kind,
-            tenant_id=args.tenant,
-            credential_revision=args.revision,
-            idempotency_key=args.idempotency_key,
-            timeout_ms=args.timeout_ms,
-            action_id=args.action_id,
-        )
+        dlq_from = await dlq_position(nc.jetstream(), client.subjects) if args.wait else 1
         handle = await client.publish(action)
         print(handle.action_id, flush=True)
         if handle.duplicate:
@@ -72,31 +212,37 @@ async def cmd_submit(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if args.wait:
-            await _follow(client, args.endpoint, handle.action_id, 0, args.wait)
+            return await _follow(
+                client,
+                endpoint_id,
+                handle.action_id,
+                0,
+                args.wait,
+                envelope_sha256=handle.envelope_sha256,
+                dlq_from=dlq_from,
+            )
     finally:
         await nc.drain()
-    return 0
-
-
-#: Exit status of `tail`/`result`/`submit --wait` when a response does not verify against
-#: the trusted worker keys (`connector_host.response_signing`).
-EXIT_UNVERIFIED = 4
+    return Exit.OK
 
 
 async def _signing_client(
-    args: argparse.Namespace, *, trusted_worker_keys: Path | None = None
+    args: argparse.Namespace,
+    settings: Settings,
+    *,
+    sign_key: Path | None,
+    trusted_worker_keys: Path | None = None,
 ) -> tuple[Any, AipClient]:
-    """The connection and a client that signs with `--sign-key` and refuses, before signing,
+    """The connection and a client that signs with `sign_key` and refuses, before signing,
     an envelope over the deployment's `AIPD_MAX_ENVELOPE_BYTES` (what `submit` and `cancel`
     publish)."""
     from worker.client import AipClient
 
-    settings = _bus_settings(args)
     nc = await _connect(settings)
     client = AipClient(
         nc,
         prefix=args.prefix,
-        sign_key=args.sign_key,
+        sign_key=sign_key,
         max_envelope_bytes=settings.max_envelope_bytes,
         trusted_worker_keys=trusted_worker_keys,
     )
@@ -116,29 +262,79 @@ def _trusted_worker_keys(args: argparse.Namespace) -> Path | None:
     return path
 
 
-def _unverified(exc: Exception) -> int:
-    print(f"refused: {exc} (connector_host.response_signing)", file=sys.stderr)
-    return EXIT_UNVERIFIED
-
-
 async def _follow(
-    client: Any, endpoint: str, action_id: str, from_seq: int, timeout_s: float
+    client: AipClient,
+    endpoint: str,
+    action_id: str,
+    from_seq: int,
+    timeout_s: float,
+    *,
+    envelope_sha256: str | None = None,
+    dlq_from: int = 1,
+    text: bool = False,
 ) -> int:
-    from worker.errors import UnverifiedResponse
-
-    handle = client.handle(endpoint, action_id)
+    """Print the chunks, then the result; the exit status says how the Action ended. A
+    wait that ends without a result says whether the Action was dead-lettered (REFUSED)
+    or not (TIMEOUT). UnverifiedResponse goes to the CLI's handler (UNVERIFIED)."""
+    handle = client.handle(endpoint, action_id, envelope_sha256=envelope_sha256)
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in handle.chunks(from_seq=from_seq):
-                print(msgspec.json.encode(chunk).decode(), flush=True)
+                print(
+                    _chunk_text(chunk) if text else msgspec.json.encode(chunk).decode(), flush=True
+                )
             result = await handle.result(timeout_s=timeout_s)
-    except UnverifiedResponse as exc:
-        return _unverified(exc)
     except TimeoutError:
-        print(f"no result for {action_id} within {timeout_s:g} s", file=sys.stderr)
-        return 1
-    print(msgspec.json.encode(result).decode(), flush=True)
-    return 0 if result.status.value in ("completed", "requires_human") else 1
+        return await _no_result(client, endpoint, action_id, timeout_s, envelope_sha256, dlq_from)
+    print(_result_text(result) if text else msgspec.json.encode(result).decode(), flush=True)
+    return for_status(result.status)
+
+
+async def _no_result(
+    client: AipClient,
+    endpoint: str,
+    action_id: str,
+    timeout_s: float,
+    envelope_sha256: str | None,
+    dlq_from: int,
+) -> int:
+    from nats.errors import Error as NatsError
+
+    try:
+        entry = await dead_letter_of(
+            client.nc.jetstream(),
+            client.subjects,
+            endpoint,
+            action_id,
+            envelope_sha256=envelope_sha256,
+            from_seq=dlq_from,
+            trusted=client.trusted_worker_keys,
+        )
+    except NatsError as exc:
+        print(unknown_line(action_id, endpoint, timeout_s, exc), file=sys.stderr)
+        return Exit.TIMEOUT
+    if entry is not None:
+        print(entry.describe(action_id, endpoint), file=sys.stderr)
+        return Exit.REFUSED
+    print(timeout_line(action_id, endpoint, timeout_s), file=sys.stderr)
+    return Exit.TIMEOUT
+
+
+def _chunk_text(chunk: StreamChunk) -> str:
+    """One chunk for people: time, seq, kind, then its payload as compact JSON."""
+    payload = "" if chunk.payload is None else msgspec.json.encode(chunk.payload).decode()
+    return f"{iso_utc(chunk.ts_unix_ms)} #{chunk.seq:<4} {chunk.kind.value:<16} {payload}"
+
+
+def _result_text(result: ActionResult) -> str:
+    """The result for people: its status, who settled it when, then output or error."""
+    head = (
+        f"{iso_utc(result.settled_at_unix_ms)} result {result.status.value} "
+        f"(settled by {result.settled_by}, fence {result.fence})"
+    )
+    if result.error is not None:
+        return f"{head}\nerror: {result.error.code}: {result.error.message}"
+    return f"{head}\noutput: {msgspec.json.encode(result.output).decode()}"
 
 
 async def cmd_tail(args: argparse.Namespace) -> int:
@@ -152,6 +348,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
             args.action_id,
             args.from_seq,
             args.timeout,
+            text=args.format == "text",
         )
     finally:
         await nc.drain()
@@ -159,29 +356,36 @@ async def cmd_tail(args: argparse.Namespace) -> int:
 
 async def cmd_result(args: argparse.Namespace) -> int:
     from worker.client import AipClient
-    from worker.errors import UnverifiedResponse
 
     nc = await _connect(_bus_settings(args))
     client = AipClient(nc, prefix=args.prefix, trusted_worker_keys=_trusted_worker_keys(args))
     try:
         if args.wait:
-            result = await client.handle(args.endpoint, args.action_id).result(timeout_s=args.wait)
+            try:
+                result = await client.handle(args.endpoint, args.action_id).result(
+                    timeout_s=args.wait
+                )
+            except TimeoutError:
+                return await _no_result(client, args.endpoint, args.action_id, args.wait, None, 1)
         else:
             found = await client.stored_result(args.endpoint, args.action_id)
             if found is None:
-                print(f"no result yet for {args.action_id}", file=sys.stderr)
-                return 1
+                print(
+                    f"no result yet for {args.action_id} on endpoint {args.endpoint!r} "
+                    "(--wait SECONDS waits for it)",
+                    file=sys.stderr,
+                )
+                return Exit.FAILED
             result = found
-    except UnverifiedResponse as exc:
-        return _unverified(exc)
     finally:
         await nc.drain()
     print(msgspec.json.encode(result).decode())
-    return 0
+    return for_status(result.status)
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
-    nc, client = await _signing_client(args)
+    settings = _bus_settings(args)
+    nc, client = await _signing_client(args, settings, sign_key=_sign_key(args, settings))
     try:
         reply = await client.cancel(
             args.endpoint, args.action_id, reason=args.reason, requested_by=args.requested_by
@@ -189,7 +393,7 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     finally:
         await nc.drain()
     print(msgspec.json.encode(reply).decode())
-    return 0 if reply.accepted else 1
+    return Exit.OK if reply.accepted else Exit.FAILED
 
 
 async def cmd_manifest(args: argparse.Namespace) -> int:
@@ -200,11 +404,7 @@ async def cmd_manifest(args: argparse.Namespace) -> int:
         print(json.dumps(await AipClient(nc, prefix=args.prefix).manifest(args.endpoint), indent=2))
     finally:
         await nc.drain()
-    return 0
-
-
-#: Exit status of `audit` when nothing on the Action's audit subject verified.
-EXIT_NO_RECEIPTS = 1
+    return Exit.OK
 
 
 async def cmd_audit(args: argparse.Namespace) -> int:
@@ -213,7 +413,8 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     With trusted worker keys only receipts a trusted worker signed are in the chain (a
     gateway's `tool_call` receipt may be signed by a trusted gateway key instead); every
     other message on the subject, forged or malformed, is reported on stderr with its
-    audit-stream sequence and left out, and none of them stops the command.
+    audit-stream sequence and left out, and none of them stops the command. No receipt at
+    all exits FAILED.
     """
     from worker.client import AipClient
     from worker.trust.signing import TrustedGatewayKeys
@@ -238,7 +439,7 @@ async def cmd_audit(args: argparse.Namespace) -> int:
             continue
         details = " ".join(f"{k}={v}" for k, v in receipt.details.items() if v is not None)
         print(
-            f"{receipt.ts_unix_ms} {receipt.worker_id:>16} fence={receipt.fence:<3} "
+            f"{iso_utc(receipt.ts_unix_ms)} {receipt.worker_id:>16} fence={receipt.fence:<3} "
             f"{receipt.event.value:<16} {details}"
         )
     for aside in chain.unverified:
@@ -252,8 +453,8 @@ async def cmd_audit(args: argparse.Namespace) -> int:
     if not chain.entries:
         what = "verified receipts" if chain.verified else "receipts"
         print(f"no {what} for {args.action_id}", file=sys.stderr)
-        return EXIT_NO_RECEIPTS
-    return 0
+        return Exit.FAILED
+    return Exit.OK
 
 
 async def cmd_sign(args: argparse.Namespace) -> int:
@@ -280,13 +481,20 @@ def _bus_flags(parser: argparse.ArgumentParser) -> None:
     import os
 
     parser.add_argument(
-        "--nats-url", default=os.environ.get("AIPD_NATS_URL", "nats://127.0.0.1:4222")
+        "--nats-url",
+        default=os.environ.get("AIPD_NATS_URL", "nats://127.0.0.1:4222"),
+        help="NATS server URL(s), comma-separated (env AIPD_NATS_URL; the AIPD_NATS_* "
+        "credential files apply too)",
     )
-    parser.add_argument("--prefix", default=os.environ.get("AIPD_SUBJECT_PREFIX", "aip"))
+    parser.add_argument(
+        "--prefix",
+        default=os.environ.get("AIPD_SUBJECT_PREFIX", "aip"),
+        help="subject prefix of the deployment (env AIPD_SUBJECT_PREFIX)",
+    )
 
 
 def _keys_file_flag(parser: argparse.ArgumentParser, flag: str, env: str, help: str) -> None:
-    """A trusted-keys file flag whose default is the setting `env` names."""
+    """A file flag whose default is the setting `env` names."""
     import os
 
     default = os.environ.get(env)
@@ -305,62 +513,120 @@ def _verify_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _sign_key_flag(parser: argparse.ArgumentParser, what: str) -> None:
+    _keys_file_flag(
+        parser,
+        "--sign-key",
+        SIGN_KEY_ENV,
+        f"owner-only gateway nkey seed file that signs {what}; without one nothing is published",
+    )
+
+
+def _endpoint_flag(parser: argparse.ArgumentParser, *, required: bool = True) -> None:
+    parser.add_argument(
+        "--endpoint", required=required, help="the Hermes endpoint id (as in AIPD_HERMES_ENDPOINTS)"
+    )
+
+
+def _action_id_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("action_id", help="the Action id (act_ + 32 hex)")
+
+
 def add_commands(sub: Any) -> None:
 
-    submit = sub.add_parser("submit", help="publish an Action and print its id")
+    submit = sub.add_parser(
+        "submit",
+        help="publish a signed Action and print its id (--wait: follow it to its result)",
+        description="Publish an Action, signed with --sign-key or AIPD_GATEWAY_SIGNING_KEY_FILE, "
+        "built from the flags or prepared in --action-file (governed publishing: "
+        "submit --write-action FILE, approve --action-file FILE, submit --action-file FILE).",
+    )
     _bus_flags(submit)
-    submit.add_argument("--endpoint", required=True)
-    submit.add_argument("--operation", required=True, help="e.g. models, operator")
-    submit.add_argument("--input", type=_json_input, default={}, help="JSON object or @file")
-    submit.add_argument("--principal", required=True, help="principal id of the caller")
-    submit.add_argument("--principal-kind", default="user")
-    submit.add_argument("--tenant")
+    _endpoint_flag(submit, required=False)
+    submit.add_argument(
+        "--operation", help="e.g. models, operator (required without --action-file)"
+    )
+    submit.add_argument("--input", help="the Action's input: a JSON object, or @FILE holding one")
+    submit.add_argument(
+        "--principal", help="principal id of the caller (required without --action-file)"
+    )
+    submit.add_argument("--principal-kind", default="user", help="principal kind (default user)")
+    submit.add_argument("--tenant", help="tenant of the principal")
     submit.add_argument("--revision", type=int, help="credential revision of the principal")
     submit.add_argument("--issuer", help="authentication issuer of the principal")
-    submit.add_argument("--idempotency-key")
-    submit.add_argument("--timeout-ms", type=int)
+    submit.add_argument("--idempotency-key", help="default: the Action id")
+    submit.add_argument("--timeout-ms", type=int, help="the Action's timeout_ms")
     submit.add_argument("--action-id", help="reuse an id (a replay); default: a new one")
-    submit.add_argument("--sign-key", type=Path, help="gateway nkey seed file to sign with")
-    submit.add_argument("--wait", type=float, metavar="SECONDS", help="then follow it")
+    submit.add_argument(
+        "--action-file",
+        help="publish this prepared Action JSON as it is (e.g. after `approve --action-file`); "
+        "'-' reads stdin; takes none of the flags that build one",
+    )
+    submit.add_argument(
+        "--write-action",
+        type=Path,
+        metavar="FILE",
+        help="write the Action built from the flags to FILE (a new file) and print its id, "
+        "publishing nothing (for `approve --action-file FILE`, then `submit --action-file FILE`)",
+    )
+    _sign_key_flag(submit, "the Action")
+    submit.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="then print its chunks and result; exit status by outcome (README: Exit codes)",
+    )
     _verify_flag(submit)
     submit.set_defaults(func=cmd_submit)
 
     tail = sub.add_parser("tail", help="follow an Action's chunks, then print its result")
     _bus_flags(tail)
-    tail.add_argument("action_id")
-    tail.add_argument("--endpoint", required=True)
-    tail.add_argument("--from-seq", type=int, default=0)
-    tail.add_argument("--timeout", type=float, default=300.0)
+    _action_id_arg(tail)
+    _endpoint_flag(tail)
+    tail.add_argument("--from-seq", type=int, default=0, help="start at this chunk seq")
+    tail.add_argument(
+        "--timeout", type=float, default=300.0, help="seconds to wait for the result (300)"
+    )
+    tail.add_argument(
+        "--format",
+        choices=("json", "text"),
+        default="json",
+        help="json: one raw JSON document per line; text: ISO 8601 UTC times, for people",
+    )
     _verify_flag(tail)
     tail.set_defaults(func=cmd_tail)
 
     result = sub.add_parser("result", help="print an Action's stored result")
     _bus_flags(result)
-    result.add_argument("action_id")
-    result.add_argument("--endpoint", required=True)
-    result.add_argument("--wait", type=float, metavar="SECONDS")
+    _action_id_arg(result)
+    _endpoint_flag(result)
+    result.add_argument(
+        "--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the result"
+    )
     _verify_flag(result)
     result.set_defaults(func=cmd_result)
 
     cancel = sub.add_parser("cancel", help="request cancellation of an Action")
     _bus_flags(cancel)
-    cancel.add_argument("action_id")
-    cancel.add_argument("--endpoint", required=True)
-    cancel.add_argument("--requested-by", required=True)
-    cancel.add_argument("--reason", default="")
-    cancel.add_argument("--sign-key", type=Path)
+    _action_id_arg(cancel)
+    _endpoint_flag(cancel)
+    cancel.add_argument("--requested-by", required=True, help="who asks (recorded)")
+    cancel.add_argument("--reason", default="", help="why (recorded)")
+    _sign_key_flag(cancel, "the cancel request")
     cancel.set_defaults(func=cmd_cancel)
 
     manifest = sub.add_parser("manifest", help="ask a worker for an endpoint's manifest")
     _bus_flags(manifest)
-    manifest.add_argument("--endpoint", required=True)
+    _endpoint_flag(manifest)
     manifest.set_defaults(func=cmd_manifest)
 
     audit = sub.add_parser("audit", help="print an Action's audit receipt chain in order")
     _bus_flags(audit)
     audit.add_argument("action_id", help="an Action id, or a DLQ entry's Aip-Dlq-Id (dlq_…)")
-    audit.add_argument("--endpoint", required=True)
-    audit.add_argument("--json", action="store_true", help="one JSON receipt per line")
+    _endpoint_flag(audit)
+    audit.add_argument(
+        "--json", action="store_true", help="one raw JSON receipt per line (Unix ms times)"
+    )
     _verify_flag(audit)
     _keys_file_flag(
         audit,

@@ -5,10 +5,10 @@ The publisher's commands on the bus (submit, tail, result, cancel, manifest, aud
 are in `worker/commands/bus_commands.py`; trust, operator, escalation, demo and qualify commands are
 registered by their own packages (`worker/wiring.py`).
 
-Errors name what to fix: a bad setting names its field and variable, an unreachable
-service names its URL and the setting that points at it. Exit codes: 0 ok, 1 the command
-failed, 2 bad usage or configuration, 3 a service is unreachable, 4 a response that does
-not verify against the trusted worker keys.
+Errors name what to fix, in one line and without a traceback: a bad setting names its field
+and variable, an unreachable service names its URL and the setting that points at it
+(`worker/commands/failures.py` turns each expected failure into that line). Exit codes are
+`worker/commands/exit_codes.py`'s `Exit` (README.md "Exit codes").
 """
 
 from __future__ import annotations
@@ -20,9 +20,16 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from schemas.errors import EnvelopeRejected
-from worker.commands.cli_settings import add_settings_flags, settings_from
-from worker.errors import PolicyError, ServiceUnreachable, SettingsError
+from worker.commands.cli_settings import (
+    ENDPOINTS,
+    NATS,
+    STREAMS,
+    add_settings_flags,
+    settings_from,
+)
+from worker.commands.exit_codes import Exit
+from worker.commands.failures import explain
+from worker.errors import ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
 
 # --- commands ---------------------------------------------------------------------------
@@ -69,9 +76,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
     except SettingsInvalid as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
-        raise SettingsError(
-            f"{field} (AIPD_{field.upper()}): {first['msg']}"
-        ) from None
+        raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
     setup_logging(settings.log_format, settings.log_level)
     # The MCP SDK logs every request at info; the gateway's own lines say what matters.
     logging.getLogger("mcp").setLevel(logging.WARNING)
@@ -117,7 +122,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
         await nc.close()
     for item in report:
         print(item.describe())
-    return 1 if any(item.change is Change.CONFLICT for item in report) else 0
+    return Exit.FAILED if any(item.change is Change.CONFLICT for item in report) else Exit.OK
 
 
 async def cmd_schemas(args: argparse.Namespace) -> int:
@@ -130,7 +135,7 @@ async def cmd_schemas(args: argparse.Namespace) -> int:
         stale += ["docs/configuration.md"] if config_doc.drifted() else []
         if stale:
             print("out of date: " + ", ".join(stale) + " (run: aip-hermes-worker schemas export)")
-            return 1
+            return Exit.FAILED
         print("schemas, asyncapi.json and docs/configuration.md are up to date")
         return 0
     for path in export():
@@ -155,24 +160,65 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("aip-hermes-worker")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown (not installed)"
+
+
+def _gateway_description() -> str:
+    """The gateway takes no flags; its help lists the `AIPD_*` settings it reads, from
+    `GatewaySettings` itself, so the list cannot drift from what it reads."""
+    from pydantic_core import PydanticUndefined
+
+    from worker.gateway.settings import GatewaySettings
+
+    lines = [
+        "Start the AIP gateway: the MCP server Hermes calls, and the writer of the runtime's",
+        "stores. It takes no flags: it reads these AIPD_* environment variables (plus the",
+        "AIPD_NATS_* credential files a worker reads), described in docs/gateway.md",
+        '"Settings":',
+        "",
+    ]
+    for name, field in GatewaySettings.model_fields.items():
+        if field.is_required():
+            default = "required"
+        elif field.default_factory is not None:
+            default = "default: computed at start"
+        elif field.default is None or field.default is PydanticUndefined:
+            default = "default: unset"
+        else:
+            default = f"default: {field.default!r}"
+        lines.append(f"  AIPD_{name.upper():<36} {default}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aip-hermes-worker",
         description="Drive Hermes Agent endpoints from NATS JetStream, fenced by Redis.",
+        epilog="Exit codes: " + ", ".join(f"{c.value} {c.name.lower()}" for c in Exit) + ".",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    run = sub.add_parser("run", help="start a worker")
+    run = sub.add_parser("run", help="start a worker", description="Start a worker.")
     add_settings_flags(run)
     run.set_defaults(func=cmd_run)
 
     gateway = sub.add_parser(
-        "gateway", help="start the AIP gateway (MCP server + runtime stores); AIPD_* settings"
+        "gateway",
+        help="start the AIP gateway (MCP server + runtime stores); AIPD_* settings",
+        description=_gateway_description(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gateway.set_defaults(func=cmd_gateway)
 
     prov = sub.add_parser("provision", help="create or update streams and consumers")
-    add_settings_flags(prov)
+    add_settings_flags(prov, NATS, ENDPOINTS, STREAMS)
     prov.add_argument(
         "--runtime-stores",
         action="store_true",
@@ -209,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
     from worker.wiring import add_extra_commands
 
     add_extra_commands(sub)
+
+    from worker.commands import completion
+
+    completion.add_commands(sub, parser)  # last: its script lists every command above
     return parser
 
 
@@ -219,27 +269,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
     try:
         return _event_loop_runner()(_run(args))
-    except SettingsError as exc:
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:  # TrustConfigError, SecretFileError, endpoint errors
-        print(f"configuration error: {exc}", file=sys.stderr)
-        return 2
-    except PolicyError as exc:  # the operator policy (instructions file, prefixes) at start
-        print(f"configuration error: {exc.message}", file=sys.stderr)
-        return 2
-    except ServiceUnreachable as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    except EnvelopeRejected as exc:
-        print(
-            f"refused: the workers would dead-letter this envelope ({exc.code.value}: "
-            f"{exc.reason})",
-            file=sys.stderr,
-        )
-        return 2
     except KeyboardInterrupt:
-        return 130
+        return Exit.INTERRUPTED
+    except Exception as exc:
+        # Every expected failure is one line naming what to fix (worker/commands/failures.py);
+        # anything else is a bug, and its traceback is shown.
+        known = explain(exc, args)
+        if known is None:
+            raise
+        code, line = known
+        print(line, file=sys.stderr)
+        return code
 
 
 def _event_loop_runner() -> Callable[[Coroutine[Any, Any, int]], int]:

@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from worker.commands.exit_codes import Exit
+
 TESTING_EXTRA_HINT = "pip install 'aip-hermes-worker[testing]'"
 #: Top-level modules the `testing` extra brings; a missing one is an installation to fix,
 #: any other ImportError is a bug and is raised.
@@ -51,4 +53,4 @@ async def cmd_demo(args: argparse.Namespace) -> int:
             f"the demo needs the testing extra (no {exc.name}): {TESTING_EXTRA_HINT}",
             file=sys.stderr,
         )
-        return 2
+        return Exit.CONFIGURATION

@@ -49,7 +49,16 @@ from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
 from worker.bus.connections import approver_unreachable, open_approver_redis_for
-from worker.commands.cli_settings import add_settings_flags, settings_from
+from worker.commands.cli_settings import (
+    APPROVER_REDIS,
+    AUTHORITY,
+    NATS,
+    WORKER_KEYS,
+    add_settings_flags,
+    settings_from,
+)
+from worker.commands.exit_codes import Exit
+from worker.commands.timestamps import iso_utc, with_iso
 from worker.errors import ApprovalRefused, ConnectorError, ResolutionRefused, TrustConfigError
 from worker.escalation.ledger import (
     EscalationView,
@@ -67,9 +76,9 @@ from worker.store.keys import binding_key, escalation_resolution_key
 from worker.store.operator_store import OperatorStore
 from worker.trust.signing import TrustedGatewayKeys, read_seed_file
 
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-EXIT_UNREACHABLE = 3
+EXIT_FAILED = Exit.FAILED
+EXIT_CONFIG = Exit.CONFIGURATION
+EXIT_UNREACHABLE = Exit.UNREACHABLE
 
 
 def _fail(code: int, message: str) -> int:
@@ -167,7 +176,7 @@ async def cmd_list(args: argparse.Namespace) -> int:
         state = "open" if view.open else f"resolved:{view.resolution.kind.value}"  # type: ignore[union-attr]
         what = e.code.value if e.code else e.status.value
         print(
-            f"{e.escalation_id} {e.raised_at_unix_ms} {state:<20} {e.kind.value:<8} "
+            f"{e.escalation_id} {iso_utc(e.raised_at_unix_ms)} {state:<20} {e.kind.value:<8} "
             f"{e.action_id} {what}"
         )
     return 0
@@ -281,7 +290,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
                 return _fail(EXIT_CONFIG, str(exc))
     finally:
         await redis.aclose()
-    print(msgspec.json.encode({**_document(view), **document}).decode())
+    shown = {**_document(view), **document}
+    print(msgspec.json.encode(shown if args.json else with_iso(shown)).decode())
     return 0
 
 
@@ -455,7 +465,7 @@ def _already(resolution: EscalationResolution) -> str:
     how = resolution.choice.value if resolution.choice else resolution.kind.value
     return (
         f"{resolution.escalation_id} was already resolved ({how}) by {resolution.resolved_by} "
-        f"at {resolution.resolved_at_unix_ms}"
+        f"at {iso_utc(resolution.resolved_at_unix_ms)}"
     )
 
 
@@ -553,7 +563,7 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
                 settings, escalation, as_principal=args.as_principal, reason=args.reason
             )
     except (ResolutionRefused, ApprovalRefused) as exc:
-        return _fail(EXIT_FAILED, str(exc))
+        return _fail(Exit.REFUSED, str(exc))
     except TrustConfigError as exc:
         return _fail(EXIT_CONFIG, str(exc))
     except (RedisError, OSError) as exc:
@@ -568,15 +578,20 @@ def add_commands(subparsers: Any) -> None:
     sub = escalations.add_subparsers(dest="escalations_command", required=True)
 
     listing = sub.add_parser("list", help="open escalations of an endpoint (--all: every one)")
-    listing.add_argument("--endpoint", required=True)
+    listing.add_argument("--endpoint", required=True, help="the endpoint whose escalations")
     listing.add_argument("--all", action="store_true", help="resolved ones too")
-    listing.add_argument("--json", action="store_true", help="one JSON document per line")
-    add_settings_flags(listing)
+    listing.add_argument(
+        "--json", action="store_true", help="one raw JSON document per line (Unix ms times)"
+    )
+    add_settings_flags(listing, NATS, APPROVER_REDIS, WORKER_KEYS)
     listing.set_defaults(func=cmd_list)
 
     show = sub.add_parser("show", help="an escalation and its resolution, as JSON")
-    show.add_argument("escalation_id", type=_escalation_id)
-    show.add_argument("--endpoint", required=True)
+    show.add_argument("escalation_id", type=_escalation_id, help="esc_ + 32 hex")
+    show.add_argument("--endpoint", required=True, help="the endpoint that raised it")
+    show.add_argument(
+        "--json", action="store_true", help="the raw document (no *_utc companions of times)"
+    )
     show.add_argument(
         "--reveal", action="store_true",
         help="also show the command behind an approval escalation (authority members only, "
@@ -585,7 +600,7 @@ def add_commands(subparsers: Any) -> None:
     show.add_argument("--as", dest="as_principal", help="with --reveal: the member you are")
     show.add_argument("--key", type=Path, help="with --reveal: that member's nkey seed file")
     show.add_argument("--reason", default="", help="with --reveal: why (recorded)")
-    add_settings_flags(show)
+    add_settings_flags(show, NATS, APPROVER_REDIS, WORKER_KEYS, AUTHORITY)
     show.set_defaults(func=cmd_show)
 
     resolve = sub.add_parser(
@@ -593,11 +608,15 @@ def add_commands(subparsers: Any) -> None:
         help="answer an approval escalation (--choice, publishes the signed resume) or "
         "acknowledge any other one",
     )
-    resolve.add_argument("escalation_id", type=_escalation_id)
-    resolve.add_argument("--endpoint", required=True)
+    resolve.add_argument("escalation_id", type=_escalation_id, help="esc_ + 32 hex")
+    resolve.add_argument("--endpoint", required=True, help="the endpoint that raised it")
     resolve.add_argument("--as", dest="as_principal", required=True, help="who decides")
     resolve.add_argument("--reason", required=True, help="why (required, recorded)")
-    resolve.add_argument("--choice", choices=[c.value for c in ApprovalChoice])
+    resolve.add_argument(
+        "--choice",
+        choices=[c.value for c in ApprovalChoice],
+        help="the answer to an approval escalation (one it offered)",
+    )
     resolve.add_argument("--resolve-all", action="store_true", help="Hermes resolve_all")
     resolve.add_argument(
         "--key", type=Path, help="the approver's nkey seed file that signs the decision"
@@ -605,5 +624,5 @@ def add_commands(subparsers: Any) -> None:
     resolve.add_argument(
         "--sign-key", type=Path, help="gateway nkey seed file that signs the resume Action"
     )
-    add_settings_flags(resolve)
+    add_settings_flags(resolve, NATS, APPROVER_REDIS, WORKER_KEYS, AUTHORITY)
     resolve.set_defaults(func=cmd_resolve)

@@ -22,7 +22,8 @@ from redis.exceptions import RedisError
 
 from schemas.ids import is_action_id
 from worker.bus.connections import open_redis_for
-from worker.commands.cli_settings import add_settings_flags, settings_from
+from worker.commands.cli_settings import ENDPOINTS, REDIS, add_settings_flags, settings_from
+from worker.commands.exit_codes import Exit
 from worker.endpoints import resolve_endpoints
 from worker.errors import ConnectorError, StoreUnavailable
 from worker.hermes.http_client import HermesClient
@@ -32,9 +33,9 @@ from worker.operator.redaction import bounded_text, digest, redact_output
 from worker.store.keys import binding_key
 from worker.store.operator_store import OperatorStore, ReconcileStatus
 
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-EXIT_UNREACHABLE = 3
+EXIT_FAILED = Exit.FAILED
+EXIT_CONFIG = Exit.CONFIGURATION
+EXIT_UNREACHABLE = Exit.UNREACHABLE
 
 #: Bound on the one provider read a reconciliation makes.
 READ_TIMEOUT_S = 10.0
@@ -214,17 +215,22 @@ def add_commands(subparsers: Any) -> None:
     binding = subparsers.add_parser("binding", help="inspect governed operator bindings")
     binding_sub = binding.add_subparsers(dest="binding_command", required=True)
     show = binding_sub.add_parser("show", help="print a source Action's binding (redacted)")
-    show.add_argument("action_id", type=_action_id)
-    add_settings_flags(show)
+    show.add_argument("action_id", type=_action_id, help="the source Action (act_ + 32 hex)")
+    add_settings_flags(show, REDIS)
     show.set_defaults(func=cmd_binding_show)
 
     rec = subparsers.add_parser(
         "reconcile",
         help="record a decision about an outcome_unknown operator binding (never starts a run)",
     )
-    rec.add_argument("action_id", type=_action_id)
-    rec.add_argument("--decision", required=True, choices=[d.value for d in Decision])
+    rec.add_argument("action_id", type=_action_id, help="the source Action (act_ + 32 hex)")
+    rec.add_argument(
+        "--decision",
+        required=True,
+        choices=[d.value for d in Decision],
+        help="what the evidence shows about the uncertain provider effects",
+    )
     rec.add_argument("--decided-by", required=True, help="who decided (recorded)")
     rec.add_argument("--note", required=True, help="the evidence or reason (recorded)")
-    add_settings_flags(rec)
+    add_settings_flags(rec, REDIS, ENDPOINTS)
     rec.set_defaults(func=cmd_reconcile)

@@ -26,7 +26,13 @@ from schemas.approval import ApprovalDecision, ApprovalRecord
 from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected
 from worker.bus.connections import approver_unreachable, open_approver_redis_for
-from worker.commands.cli_settings import add_settings_flags, settings_from
+from worker.commands.cli_settings import (
+    APPROVER_REDIS,
+    AUTHORITY,
+    add_settings_flags,
+    settings_from,
+)
+from worker.commands.exit_codes import Exit
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
 from worker.store.approvals import read_record
@@ -35,9 +41,9 @@ from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 
-EXIT_FAILED = 1
-EXIT_CONFIG = 2
-EXIT_UNREACHABLE = 3
+EXIT_FAILED = Exit.FAILED
+EXIT_CONFIG = Exit.CONFIGURATION
+EXIT_UNREACHABLE = Exit.UNREACHABLE
 
 
 def keys_generate(out: Path) -> str:
@@ -110,6 +116,35 @@ async def cmd_keys_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def public_keys_of(seed_or_file: str) -> tuple[str, str]:
+    """The public user nkey (`U…`) and did:key of a seed: read from an owner-only file,
+    from stdin (`-`), or given as the seed itself (`SU…`, visible to `ps` and in the
+    shell's history: a warning says so)."""
+    from worker.aip.did_key import public_key_from_nkey
+    from worker.trust.signing import public_key_of
+
+    if seed_or_file == "-":
+        seed = sys.stdin.buffer.read().strip()
+    elif seed_or_file.startswith("SU") and not Path(seed_or_file).exists():
+        print(
+            "warning: a seed on the command line is visible to other users (ps) and kept in "
+            "the shell's history; pass its file, or - to read it from stdin",
+            file=sys.stderr,
+        )
+        seed = seed_or_file.encode()
+    else:
+        seed = read_seed_file(Path(seed_or_file), what="seed file")
+    nkey = public_key_of(seed)
+    return nkey, public_key_from_nkey(nkey).did
+
+
+async def cmd_keys_public(args: argparse.Namespace) -> int:
+    nkey, did = public_keys_of(args.seed)
+    print(nkey)
+    print(did)
+    return Exit.OK
+
+
 async def cmd_approve(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     try:
@@ -136,7 +171,7 @@ async def cmd_approve(args: argparse.Namespace) -> int:
     except TrustConfigError as exc:
         return _fail(EXIT_CONFIG, str(exc))
     except ApprovalRefused as exc:
-        return _fail(EXIT_FAILED, str(exc))
+        return _fail(Exit.REFUSED, str(exc))
     except (RedisError, OSError) as exc:
         return _fail(EXIT_UNREACHABLE, approver_unreachable(exc))
     print(msgspec.json.encode(record).decode())
@@ -161,7 +196,7 @@ async def cmd_approval_show(args: argparse.Namespace) -> int:
 
 def add_commands(subparsers: Any) -> None:
     """Add `keys generate`, `approve` and `approval show` (each sets an async `func`)."""
-    keys = subparsers.add_parser("keys", help="gateway signing keys")
+    keys = subparsers.add_parser("keys", help="nkey seeds for gateways and approvers")
     keys_sub = keys.add_subparsers(dest="keys_command", required=True)
     generate = keys_sub.add_parser(
         "generate",
@@ -169,11 +204,24 @@ def add_commands(subparsers: Any) -> None:
     )
     generate.add_argument("--out", type=Path, required=True, help="seed file to create")
     generate.set_defaults(func=cmd_keys_generate)
+    public = keys_sub.add_parser(
+        "public",
+        help="print a seed's public key: the nkey (U…) on the first line, its did:key on "
+        "the second",
+    )
+    public.add_argument(
+        "seed",
+        metavar="SEED_OR_FILE",
+        help="an owner-only seed file (as `keys generate` writes), - for stdin, or the seed",
+    )
+    public.set_defaults(func=cmd_keys_public)
 
     approve_cmd = subparsers.add_parser(
         "approve", help="record an approval decision for one Action request"
     )
-    approve_cmd.add_argument("action_id")
+    approve_cmd.add_argument(
+        "action_id", help="the id in --action-file (a guard against the wrong file)"
+    )
     approve_cmd.add_argument(
         "--action-file", required=True, help="the Action JSON the publisher sends ('-': stdin)"
     )
@@ -195,12 +243,12 @@ def add_commands(subparsers: Any) -> None:
         default=DEFAULT_APPROVAL_TTL_MS / 60_000,
         help="how long an approval stays usable (default 15)",
     )
-    add_settings_flags(approve_cmd)
+    add_settings_flags(approve_cmd, APPROVER_REDIS, AUTHORITY)
     approve_cmd.set_defaults(func=cmd_approve)
 
     approval = subparsers.add_parser("approval", help="inspect approval decisions")
     approval_sub = approval.add_subparsers(dest="approval_command", required=True)
     show = approval_sub.add_parser("show", help="print an Action's recorded decision")
-    show.add_argument("action_id")
-    add_settings_flags(show)
+    show.add_argument("action_id", help="the Action whose decision to print")
+    add_settings_flags(show, APPROVER_REDIS)
     show.set_defaults(func=cmd_approval_show)

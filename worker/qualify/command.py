@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from worker.commands.cli_settings import add_settings_flags, settings_from
+from worker.commands.exit_codes import Exit
 from worker.errors import SettingsError
 
 
@@ -60,7 +61,7 @@ async def cmd_qualify(args: argparse.Namespace) -> int:
             with contextlib.suppress(Exception):
                 await server.close()
         await deployment.close()
-    return 1 if report.failed else 0
+    return Exit.FAILED if report.failed else Exit.OK
 
 
 def add_commands(sub: Any) -> None:

@@ -1,0 +1,434 @@
+"""The publisher's CLI against real processes (issue 28 item 2): `python -m worker` as a
+subprocess, against the test's own NATS and Redis, a real worker process and the fake Hermes.
+
+- `submit` signs with `AIPD_GATEWAY_SIGNING_KEY_FILE` without `--sign-key`, and refuses to
+  publish unsigned (one line, exit 2, nothing on the stream);
+- `submit --wait` exits by outcome: 0 completed, 6 when the Action was dead-lettered (named
+  with its code), 5 on a timeout that says it was not dead-lettered;
+- governed publishing is one input: `submit --write-action` → `approve` → `submit
+  --action-file` runs the Action once;
+- every expected failure is one line on stderr with its own exit status, no traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from schemas.result import ActionResult, ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.commands.exit_codes import Exit
+from worker.testing.identities import (
+    APPROVER_UNTENANTED,
+    ISSUER,
+    PRINCIPAL_KIND,
+    REVISION,
+    USER_UNTENANTED,
+)
+from worker.testing.services import free_port
+from worker.trust.signing import generate_keypair, write_seed_file
+
+POST_RUNS = "POST /v1/runs"
+
+
+async def cli(
+    stack: Stack, *args: str, env: Mapping[str, str] | None = None, unset: tuple[str, ...] = ()
+) -> tuple[int, str, str]:
+    """`python -m worker ARGS` with the stack's settings and the gateway key set (off the
+    event loop: the in-process fake Hermes keeps answering)."""
+    full = {
+        **os.environ,
+        **stack.env,
+        "AIPD_GATEWAY_SIGNING_KEY_FILE": str(stack.trust.seed_file),
+        **(env or {}),
+    }
+    for name in unset:
+        full.pop(name, None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker",
+        *args,
+        env=full,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=90)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+def one_line(stderr: str) -> str:
+    """The single line an expected failure prints (and never a traceback)."""
+    assert "Traceback" not in stderr, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    return lines[0]
+
+
+def identity_flags() -> tuple[str, ...]:
+    return (
+        "--principal", USER_UNTENANTED, "--principal-kind", PRINCIPAL_KIND,
+        "--issuer", ISSUER, "--revision", str(REVISION),
+    )  # fmt: skip
+
+
+async def stored_actions(stack: Stack) -> int:
+    info = await stack.nc.jetstream().stream_info(stack.subjects.stream_name("actions"))
+    return int(info.state.last_seq)
+
+
+async def test_submit_signs_with_the_gateway_key_setting_and_exits_0_on_completed(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        "--wait", "30",
+    )  # fmt: skip
+    assert code == Exit.OK, err
+    action_id, *_, last = out.strip().splitlines()
+    result = msgspec.json.decode(last, type=ActionResult)
+    assert (result.action_id, result.status) == (action_id, ResultStatus.COMPLETED)
+    assert "Traceback" not in err
+
+
+async def test_submit_without_a_key_refuses_in_one_line_and_publishes_nothing(
+    stack: Stack,
+) -> None:
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        unset=("AIPD_GATEWAY_SIGNING_KEY_FILE",),
+    )  # fmt: skip
+    assert code == Exit.CONFIGURATION
+    line = one_line(err)
+    assert "unsigned" in line
+    assert "AIPD_GATEWAY_SIGNING_KEY_FILE" in line
+    assert "--sign-key" in line
+    assert out == ""
+    assert await stored_actions(stack) == 0
+
+
+async def test_a_dead_lettered_action_is_reported_refused_with_its_code(
+    stack: Stack, tmp_path: Path
+) -> None:
+    await stack.spawn("w1")
+    untrusted = tmp_path / "untrusted.seed"  # a valid seed the workers do not trust
+    write_seed_file(untrusted, generate_keypair().seed)
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        "--sign-key", str(untrusted), "--wait", "4",
+    )  # fmt: skip
+    assert code == Exit.REFUSED, err
+    line = one_line(err)
+    action_id = out.strip()
+    assert f"{action_id} was dead-lettered" in line
+    assert "connector_host.authentication" in line
+
+
+async def test_a_wait_without_a_worker_times_out_and_says_it_was_not_dead_lettered(
+    stack: Stack,
+) -> None:
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        "--wait", "1",
+    )  # fmt: skip
+    assert code == Exit.TIMEOUT, err
+    line = one_line(err)
+    assert f"no result for {out.strip()} within 1 s" in line
+    assert "not dead-lettered" in line
+
+
+async def test_governed_publishing_writes_approves_and_runs_one_action_once(
+    stack: Stack, tmp_path: Path
+) -> None:
+    await stack.spawn("w1")
+    action_file = tmp_path / "action.json"
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "operator",
+        "--input", json.dumps({"objective": "list the files"}), *identity_flags(),
+        "--write-action", str(action_file),
+    )  # fmt: skip
+    assert code == Exit.OK, err
+    action_id = out.strip()
+    assert json.loads(action_file.read_text())["id"] == action_id
+    assert await stored_actions(stack) == 0  # written, not published
+
+    code, _, err = await cli(
+        stack, "approve", action_id, "--action-file", str(action_file),
+        "--as", APPROVER_UNTENANTED, "--reason", "checked by the test",
+        "--key", str(stack.trust.approver_seed_files[APPROVER_UNTENANTED]),
+    )  # fmt: skip
+    assert code == Exit.OK, err
+
+    code, out, err = await cli(
+        stack, "submit", "--action-file", str(action_file), "--wait", "30",
+        "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    assert code == Exit.OK, err
+    assert out.splitlines()[0] == action_id
+    result = msgspec.json.decode(out.strip().splitlines()[-1], type=ActionResult)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert stack.fake is not None
+    assert stack.fake.stats().count(POST_RUNS) == 1
+
+    # The same prepared Action again is the same publish: stored once, run once.
+    code, _, err = await cli(stack, "submit", "--action-file", str(action_file))
+    assert code == Exit.OK, err
+    assert "duplicate window" in err
+    assert len(await stack.results(action_id)) == 1
+    assert stack.fake.stats().count(POST_RUNS) == 1
+
+    # --action-file takes the Action as it is: a flag that would build another is refused.
+    code, _, err = await cli(
+        stack, "submit", "--action-file", str(action_file), "--operation", "models"
+    )
+    assert code == Exit.CONFIGURATION
+    assert "--operation" in one_line(err)
+
+
+async def test_an_unapproved_governed_action_is_not_reported_completed(stack: Stack) -> None:
+    await stack.spawn("w1")
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "operator",
+        "--input", json.dumps({"objective": "list the files"}), *identity_flags(),
+        "--wait", "30", "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    result = msgspec.json.decode(out.strip().splitlines()[-1], type=ActionResult)
+    assert result.status is ResultStatus.FAILED
+    assert code == Exit.FAILED, err
+
+
+async def test_a_stale_prepared_action_is_refused_before_it_is_sent(
+    stack: Stack, tmp_path: Path
+) -> None:
+    action = stack.action("models")
+    stale = msgspec.structs.replace(
+        action, created_at_unix_ms=time.time_ns() // 1_000_000 - 3_600_000
+    )
+    action_file = tmp_path / "stale.json"
+    action_file.write_bytes(msgspec.json.encode(stale))
+    code, _, err = await cli(stack, "submit", "--action-file", str(action_file))
+    assert code == Exit.REFUSED
+    assert "AIPD_MAX_ENVELOPE_AGE_MS" in one_line(err)
+    assert await stored_actions(stack) == 0
+
+
+# --- expected failures: one line, their own exit status ------------------------------------
+
+
+@contextlib.contextmanager
+def nats_without_jetstream() -> Iterator[str]:
+    with nats_process("-a", "127.0.0.1") as url:
+        yield url
+
+
+@contextlib.contextmanager
+def nats_process(*argv: str) -> Iterator[str]:
+    """A nats-server of this test's own (`argv` picks its options), on a free port."""
+    port = free_port()
+    proc = subprocess.Popen(
+        ["nats-server", *argv, "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError("nats-server did not start")
+            time.sleep(0.05)
+        yield f"nats://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+async def test_provision_against_a_nats_without_jetstream_says_so(stack: Stack) -> None:
+    with nats_without_jetstream() as url:
+        code, _, err = await cli(stack, "provision", "--nats-url", url)
+    assert code == Exit.UNREACHABLE
+    line = one_line(err)
+    assert url in line
+    assert "JetStream" in line
+    assert "-js" in line
+
+
+async def test_manifest_with_no_worker_names_the_endpoint(stack: Stack) -> None:
+    code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT)
+    assert code == Exit.UNREACHABLE
+    line = one_line(err)
+    assert "no worker answered" in line
+    assert repr(ENDPOINT) in line
+
+
+async def test_submit_to_an_unprovisioned_endpoint_says_provision(stack: Stack) -> None:
+    code, _, err = await cli(
+        stack, "submit", "--endpoint", "h9", "--operation", "models", *identity_flags()
+    )
+    assert code == Exit.CONFIGURATION
+    line = one_line(err)
+    assert "'h9'" in line
+    assert "aip-hermes-worker provision" in line
+
+
+async def test_result_wait_on_the_wrong_endpoint_times_out_in_one_line(stack: Stack) -> None:
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    await handle.result(timeout_s=30)
+    code, _, err = await cli(
+        stack, "result", handle.action_id, "--endpoint", "h2", "--wait", "1",
+        "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    assert code == Exit.TIMEOUT
+    assert "not dead-lettered" in one_line(err)
+    code, out, err = await cli(
+        stack, "result", handle.action_id, "--endpoint", ENDPOINT,
+        "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    assert code == Exit.OK, err
+    assert json.loads(out)["status"] == "completed"
+
+
+async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> None:
+    url = f"nats://127.0.0.1:{free_port()}"
+    code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url)
+    assert code == Exit.UNREACHABLE
+    line = one_line(err)
+    assert url in line
+    assert "AIPD_NATS_URL" in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("submit", "--action-file", "/nonexistent/action.json"),
+        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+         "--sign-key", "/nonexistent/gateway.seed"),
+        ("keys", "public", "/nonexistent/approver.seed"),
+        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+         "--input", "@/nonexistent/input.json"),
+        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+         "--input", "[1, 2]"),
+        ("submit", "--endpoint", ENDPOINT, "--operation", "models"),
+    ],
+    ids=["action-file", "sign-key", "keys-public", "input-file", "input-shape", "no-principal"],
+)  # fmt: skip
+async def test_a_bad_file_or_missing_flag_is_one_configuration_line(
+    stack: Stack, args: tuple[str, ...]
+) -> None:
+    code, _, err = await cli(stack, *args)
+    assert code == Exit.CONFIGURATION
+    one_line(err)
+
+
+async def test_cancel_without_a_key_refuses_in_one_line(stack: Stack) -> None:
+    action = stack.action("models")
+    code, _, err = await cli(
+        stack, "cancel", action.id, "--endpoint", ENDPOINT, "--requested-by", "ops",
+        unset=("AIPD_GATEWAY_SIGNING_KEY_FILE",),
+    )  # fmt: skip
+    assert code == Exit.CONFIGURATION
+    assert "unsigned" in one_line(err)
+
+
+async def test_a_seed_file_others_may_read_is_named_with_its_chmod(
+    stack: Stack, tmp_path: Path
+) -> None:
+    seed = tmp_path / "gateway.seed"
+    write_seed_file(seed, generate_keypair().seed)
+    seed.chmod(0o644)
+    code, _, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        "--sign-key", str(seed),
+    )  # fmt: skip
+    assert code == Exit.CONFIGURATION
+    line = one_line(err)
+    assert str(seed) in line
+    assert "chmod 600" in line
+    assert await stored_actions(stack) == 0
+
+
+async def test_a_timeout_under_a_user_that_cannot_read_the_dlq_says_it_is_unknown(
+    stack: Stack, tmp_path: Path
+) -> None:
+    """The compose gateway role may not read the DLQ stream (docs/security.md "Roles"):
+    the timeout line says the DLQ could not be read instead of "not dead-lettered"."""
+    from tests.integration.stack import provision_streams
+
+    password = tmp_path / "publisher.password"
+    password.write_text("publisher-password-" + "5" * 16)
+    password.chmod(0o600)
+    config = tmp_path / "nats.conf"
+    config.write_text(
+        f"""
+        jetstream {{ store_dir: "{tmp_path / "js"}" }}
+        authorization {{
+          users: [
+            {{ user: admin, password: admin-password }}
+            {{ user: publisher, password: "{password.read_text()}",
+               permissions: {{ publish: {{
+                 allow: ">", deny: "$JS.API.STREAM.MSG.GET.AIP_HERMES_DLQ" }} }} }}
+          ]
+        }}
+        """
+    )
+    with nats_process("-a", "127.0.0.1", "-c", str(config)) as url:
+        host = url.removeprefix("nats://")
+        await provision_streams(f"nats://admin:admin-password@{host}")
+        code, out, err = await cli(
+            stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+            "--wait", "1", "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+            env={"AIPD_NATS_URL": url, "AIPD_NATS_USER": "publisher",
+                 "AIPD_NATS_PASSWORD_FILE": str(password)},
+        )  # fmt: skip
+    assert code == Exit.TIMEOUT, err
+    line = one_line(err)
+    assert f"no result for {out.strip()} within 1 s" in line
+    assert "whether it was dead-lettered is unknown" in line
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z ")
+
+
+async def test_tail_text_and_audit_show_iso_utc_times_and_json_keeps_them_raw(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    result = await handle.result(timeout_s=30)
+    keys = ("--trusted-worker-keys", str(stack.trust.worker_keys_file))
+    code, out, err = await cli(
+        stack, "tail", handle.action_id, "--endpoint", ENDPOINT, "--format", "text", *keys
+    )
+    assert code == Exit.OK, err
+    lines = out.strip().splitlines()
+    assert all(ISO_UTC.match(line) for line in lines[:-1]), out
+    assert " result completed (settled by " in lines[-2], out
+    assert lines[-1].startswith("output: "), out
+    assert ISO_UTC.match(lines[-2])
+
+    code, out, err = await cli(stack, "audit", handle.action_id, "--endpoint", ENDPOINT, *keys)
+    assert code == Exit.OK, err
+    assert out.strip()
+    assert all(ISO_UTC.match(line) for line in out.strip().splitlines()), out
+    code, out, err = await cli(
+        stack, "audit", handle.action_id, "--endpoint", ENDPOINT, "--json", *keys
+    )
+    assert code == Exit.OK, err
+    assert all(isinstance(json.loads(line)["ts_unix_ms"], int) for line in out.splitlines())
+    assert result.status is ResultStatus.COMPLETED

@@ -1,0 +1,122 @@
+"""What a publisher is told when its wait for a result ends without one.
+
+A dead-lettered Action never gets a result, so "no result within N s" alone leaves the
+publisher guessing between a slow worker, no worker, and a refusal that will never be
+answered. `dead_letter_of` reads the endpoint's DLQ subject (message gets only, as every
+reader outside the workers does: worker/bus/stream_reads.py) for an entry of this Action:
+by the sha256 of the exact envelope published when it is known (`Aip-Dlq-Sha256`, which a
+truncated body keeps too), otherwise by the `id` in the kept body. With trusted worker keys
+an entry only counts when a trusted worker signed it: anyone with publish rights on the
+DLQ subject could otherwise make a running Action look refused.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from nats.errors import Error as NatsError
+from nats.js import JetStreamContext
+
+from schemas.dlq import DLQ_CODE, DLQ_ID, DLQ_REASON, DLQ_SHA256, DLQ_WORKER
+from subjects.grammar import Subjects
+from worker.bus.stream_reads import next_stored
+from worker.errors import UnverifiedResponse
+from worker.trust.responses import verify_dlq_entry
+from worker.trust.signing import TrustedGatewayKeys
+
+#: At most this many DLQ entries are read for one answer (the stream is bounded by
+#: `AIPD_STREAM_DLQ_MAX_MSGS`; a wait that published first starts at its own publish).
+MAX_SCAN = 10_000
+
+_ID_RE = re.compile(rb'"id"\s*:\s*"(act_[0-9a-f]{32})"')
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    dlq_id: str
+    code: str
+    reason: str
+    worker: str
+
+    def describe(self, action_id: str, endpoint_id: str) -> str:
+        return (
+            f"refused: {action_id} was dead-lettered by worker {self.worker} ({self.code}: "
+            f"{self.reason}); it will get no result (the entry: `aip-hermes-worker audit "
+            f'{self.dlq_id} --endpoint {endpoint_id}`, docs/publishing.md "The dead-letter '
+            'queue" says what to do per code)'
+        )
+
+
+async def dlq_position(js: JetStreamContext, subjects: Subjects) -> int:
+    """The DLQ stream's next sequence now: an entry for an Action published after this
+    call is at or above it (1 when the stream does not exist yet)."""
+    try:
+        info = await js.stream_info(subjects.stream_name("dlq"))
+    except NatsError:  # no such stream, or this user may not ask: the scan starts at 1
+        return 1
+    return int(info.state.last_seq) + 1
+
+
+async def dead_letter_of(
+    js: JetStreamContext,
+    subjects: Subjects,
+    endpoint_id: str,
+    action_id: str,
+    *,
+    envelope_sha256: str | None = None,
+    from_seq: int = 1,
+    trusted: TrustedGatewayKeys | None = None,
+) -> DeadLetter | None:
+    """The DLQ entry of this Action on `endpoint_id`, or None when there is none (in the
+    first `MAX_SCAN` entries from `from_seq`)."""
+    stream = subjects.stream_name("dlq")
+    subject = subjects.dlq(endpoint_id)
+    seq = from_seq
+    for _ in range(MAX_SCAN):
+        msg = await next_stored(js, stream, subject, seq)
+        if msg is None:
+            return None
+        seq = int(msg.seq or seq) + 1
+        headers = dict(msg.headers or {})
+        body = msg.data or b""
+        if envelope_sha256 is not None:
+            if headers.get(DLQ_SHA256) != envelope_sha256:
+                continue
+        else:
+            found = _ID_RE.search(body)
+            if found is None or found.group(1).decode() != action_id:
+                continue
+        if trusted is not None:
+            try:
+                verify_dlq_entry(body, headers, trusted)
+            except UnverifiedResponse:
+                continue
+        return DeadLetter(
+            dlq_id=headers.get(DLQ_ID, "?"),
+            code=headers.get(DLQ_CODE, "?"),
+            reason=headers.get(DLQ_REASON, ""),
+            worker=headers.get(DLQ_WORKER, "?"),
+        )
+    return None
+
+
+def unknown_line(action_id: str, endpoint_id: str, timeout_s: float, exc: Exception) -> str:
+    """What to say when the wait ended and the DLQ could not be read (the compose gateway
+    role may not read it: docs/security.md "Roles")."""
+    return (
+        f"timeout: no result for {action_id} within {timeout_s:g} s; whether it was "
+        f"dead-lettered is unknown: this NATS user cannot read the DLQ stream "
+        f"({type(exc).__name__}); an operator can (`aip-hermes-worker audit {action_id} "
+        f"--endpoint {endpoint_id}` shows a dead_lettered receipt)"
+    )
+
+
+def timeout_line(action_id: str, endpoint_id: str, timeout_s: float) -> str:
+    """What to say when the wait ended and the Action is not in the DLQ."""
+    return (
+        f"timeout: no result for {action_id} within {timeout_s:g} s, and it was not "
+        f"dead-lettered: a worker may still be running it (`aip-hermes-worker tail "
+        f"{action_id} --endpoint {endpoint_id}`), or no worker serves endpoint "
+        f"{endpoint_id!r} (`aip-hermes-worker manifest --endpoint {endpoint_id}`)"
+    )
