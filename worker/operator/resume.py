@@ -120,11 +120,7 @@ class ResumeLedger:
         if binding.cancel_requested:
             raise policy_error("the source binding is being cancelled; no new approval is sent")
         generation = binding.approval_generation
-        taken = [
-            c
-            for c in binding.approval_commands
-            if c.generation == generation and c.state is not C.REJECTED
-        ]
+        taken = _answering(binding, generation)
         if taken:
             raise policy_error(
                 f"approval generation {generation} was already answered by resume Action "
@@ -138,10 +134,14 @@ class ResumeLedger:
         ttl = self.s.policy.start_claim_ttl_ms
 
         def claim(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            # Checked again inside the compare-and-set: another resume that read the same
+            # binding may have claimed this generation since (the loop in `run` then
+            # refuses this one with the policy error above).
             if (
                 b.command_for(self.resume_id) is not None
                 or b.status is not S.WAITING_FOR_APPROVAL
                 or b.approval_generation != generation
+                or _answering(b, generation)
             ):
                 return None
             return b.with_command(
@@ -289,3 +289,12 @@ def _approval_unknown(reason: str, status: int | None = None) -> ConnectorError:
         f"the approval decision may have been applied ({reason}); it is never resent",
         remote_status=status,
     )
+
+
+def _answering(binding: OperatorBinding, generation: int) -> list[ApprovalCommand]:
+    """The commands that answer (or may have answered) `generation`: one decision each."""
+    return [
+        c
+        for c in binding.approval_commands
+        if c.generation == generation and c.state is not C.REJECTED
+    ]
