@@ -32,7 +32,7 @@ import hashlib
 import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -50,14 +50,26 @@ TERMINAL_KINDS = ("done", "error")
 REJECTED_AFTER_START = {"connector.hermes_agent.operator_start_rejected"}
 
 
+#: A product bug the campaign found and that is not fixed yet (docs/reliability.md, "Bugs
+#: found"): its violations are reported, counted and kept apart, so the suite's campaign
+#: still fails on anything else.
+KNOWN_STALE_CHUNKS = (
+    "known bug: chunks a superseded owner sent before its partition land after the "
+    "takeover and take the new owner's seqs (docs/reliability.md, bug 2)"
+)
+
+
 @dataclass(frozen=True, slots=True)
 class Violation:
     rule: str
     action_id: str | None
     message: str
+    #: Set when the violation is a known, reported product bug (see KNOWN_STALE_CHUNKS).
+    known: str | None = None
 
     def __str__(self) -> str:
-        return f"[{self.rule}] {self.action_id or '-'}: {self.message}"
+        tag = f" ({self.known})" if self.known else ""
+        return f"[{self.rule}] {self.action_id or '-'}: {self.message}{tag}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +223,7 @@ def fence(ev: Evidence) -> list[Violation]:
         lease = ev.leases.get(action_id) or {}
         last = int(lease["fence"]) if lease.get("fence") else None
         acquired = _acquisitions(ev.receipts.get(action_id, []))
-        highest = max([r.fence for r in acquired] + ([last] if last is not None else []),
-                      default=0)
+        highest = max([r.fence for r in acquired] + ([last] if last is not None else []), default=0)
         for raw in set(copies):
             result = _decoded(raw)
             if result is None or result.fence == 0:
@@ -248,14 +259,18 @@ def fences_unique(ev: Evidence) -> list[Violation]:
         for granted, workers in by_fence.items():
             if len(workers) > 1:
                 out.append(
-                    Violation("fences_unique", action_id,
-                              f"fence {granted} granted to {sorted(workers)}")
+                    Violation(
+                        "fences_unique", action_id, f"fence {granted} granted to {sorted(workers)}"
+                    )
                 )
         lease = ev.leases.get(action_id) or {}
         if lease.get("fence") and by_fence and max(by_fence) > int(lease["fence"]):
             out.append(
-                Violation("fences_unique", action_id,
-                          f"fence {max(by_fence)} granted, lease record says {lease['fence']}")
+                Violation(
+                    "fences_unique",
+                    action_id,
+                    f"fence {max(by_fence)} granted, lease record says {lease['fence']}",
+                )
             )
     return out
 
@@ -270,6 +285,19 @@ def chunks(ev: Evidence) -> list[Violation]:
         seqs = [c["seq"] for c in decoded]
         if seqs != list(range(len(seqs))):
             out.append(Violation("chunks", action_id, f"chunk seqs not gap-free: {seqs}"))
+        breaks = [
+            c["seq"]
+            for previous, raw, c in zip(raws, raws[1:], decoded[1:], strict=False)
+            if c.get("prev_sha256") != sha256(previous)
+        ]
+        if breaks:
+            out.append(
+                Violation(
+                    "chunks",
+                    action_id,
+                    f"hash chain broken at seq {breaks}: chunks of two publishers",
+                )
+            )
         terminal = [i for i, c in enumerate(decoded) if c["kind"] in TERMINAL_KINDS]
         if len(terminal) != 1:
             out.append(Violation("chunks", action_id, f"{len(terminal)} terminal chunks"))
@@ -288,26 +316,54 @@ def durable(ev: Evidence) -> list[Violation]:
     out: list[Violation] = []
     for event in ev.history.events:
         if event.type == "observe" and event.op == "result" and event.action_id:
-            seen = (event.detail.get("settled_by"), event.detail.get("fence"),
-                    event.detail.get("last_chunk"))
+            seen = (
+                event.detail.get("settled_by"),
+                event.detail.get("fence"),
+                event.detail.get("last_chunk"),
+            )
             present = {
                 (r.settled_by, r.fence, r.last_chunk_sha256)
                 for r in filter(None, map(_decoded, ev.results.get(event.action_id, [])))
             }
             if seen not in present:
                 out.append(
-                    Violation("durable", event.action_id,
-                              f"the result seen at t={event.t:.1f}s ({seen[0]}, fence "
-                              f"{seen[1]}) is not on the stream after the heal")
+                    Violation(
+                        "durable",
+                        event.action_id,
+                        f"the result seen at t={event.t:.1f}s ({seen[0]}, fence "
+                        f"{seen[1]}) is not on the stream after the heal",
+                    )
                 )
     return out
 
 
 RULES: tuple[Callable[[Evidence], list[Violation]], ...] = (
-    start_once, unsafe_once, approval_once, one_result, honest, fence, fences_unique,
-    chunks, durable,
+    start_once,
+    unsafe_once,
+    approval_once,
+    one_result,
+    honest,
+    fence,
+    fences_unique,
+    chunks,
+    durable,
 )
 
 
 def check(ev: Evidence) -> list[Violation]:
-    return [violation for rule in RULES for violation in rule(ev)]
+    found = [violation for rule in RULES for violation in rule(ev)]
+    stale = {
+        v.action_id
+        for v in found
+        if v.rule == "chunks" and "hash chain broken" in v.message and _taken_over(ev, v)
+    }
+    return [
+        replace(v, known=KNOWN_STALE_CHUNKS) if v.rule == "chunks" and v.action_id in stale else v
+        for v in found
+    ]
+
+
+def _taken_over(ev: Evidence, violation: Violation) -> bool:
+    """The Action's lease was acquired at two fences (a takeover happened)."""
+    fences = {r.fence for r in _acquisitions(ev.receipts.get(violation.action_id or "", []))}
+    return len(fences) > 1

@@ -34,7 +34,7 @@ from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes, RouteDelay
 from worker.testing.fake_hermes.config import FakeConfig
 from worker.testing.identities import write_api_key_file, write_trust_files
-from worker.testing.nats_server import NatsServer
+from worker.testing.nats_server import NatsServer, http_status
 from worker.testing.redis_server import RedisServer
 from worker.testing.workers import WorkerProcess
 
@@ -51,8 +51,8 @@ DISK_BYTES = 128 * MIB
 POLICY_BYTES = 8 * MIB
 #: Every read (GET /v1/models) takes this long at Hermes, and every operator start this
 #: long: slow enough that pauses, kills and partitions land while a request is in flight.
-READ_DELAY_S = 2.5
-START_DELAY_S = 1.0
+READ_DELAY_S = 4.0
+START_DELAY_S = 2.0
 
 
 async def _quiet(exc: Exception) -> None:
@@ -141,9 +141,7 @@ class Deployment:
         trust = write_trust_files(trust_dir)
         api_key, key_file = write_api_key_file(root)
         self.fake = FakeHermes(
-            config=FakeConfig(
-                api_key=api_key, max_concurrent_runs=200, request_log_size=200_000
-            )
+            config=FakeConfig(api_key=api_key, max_concurrent_runs=200, request_log_size=200_000)
         )
         await self.fake.start()
         self.fake.faults.add(
@@ -173,8 +171,11 @@ class Deployment:
             self.workers[worker_id] = Worker(worker_id, proxies, clock_file, env, root)
         await asyncio.gather(*(self.start_worker(w) for w in self.workers))
         nc = await nats.connect(
-            self.nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2,
-            connect_timeout=2, error_cb=_quiet,
+            self.nats.url,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            connect_timeout=2,
+            error_cb=_quiet,
         )
         self.stack = Stack(
             root=root,
@@ -197,9 +198,15 @@ class Deployment:
             sizes = {
                 name: POLICY_BYTES
                 for name in (
-                    "actions_max_bytes", "delegations_max_bytes", "chunks_max_bytes",
-                    "results_max_bytes", "dlq_max_bytes", "audit_max_bytes",
-                    "escalations_max_bytes", "egress_max_bytes", "inbound_max_bytes",
+                    "actions_max_bytes",
+                    "delegations_max_bytes",
+                    "chunks_max_bytes",
+                    "results_max_bytes",
+                    "dlq_max_bytes",
+                    "audit_max_bytes",
+                    "escalations_max_bytes",
+                    "egress_max_bytes",
+                    "inbound_max_bytes",
                     "runtime_max_bytes",
                 )
             }
@@ -211,6 +218,19 @@ class Deployment:
             )
         finally:
             await nc.close()
+
+    async def jetstream_answers(self, attempts: int = 10) -> bool:
+        """Whether JetStream answers an API request: a 200 from /healthz is not enough
+        (after a full disk nats-server 2.9.10 keeps answering it while JetStream hangs)."""
+        assert self.stack is not None
+        assert self.nats is not None
+        for _ in range(attempts):
+            if http_status(f"{self.nats.monitor_url}/healthz") == 200:
+                with contextlib.suppress(Exception):  # a timeout, or still reconnecting
+                    await self.stack.nc.jetstream(timeout=2).account_info()
+                    return True
+            await asyncio.sleep(0.5)
+        return False
 
     async def start_worker(self, worker_id: str) -> None:
         worker = self.workers[worker_id]

@@ -15,10 +15,14 @@ the worker reads) can turn either on:
 * **Mutations** (`CHAOS_MUTATION`): a planted bug, to prove the checker finds one. See
   `MUTATIONS`. The production modules are patched in this process before the worker
   starts; nothing is written to disk.
+
+It also prints every asyncio task's stack to the worker's log when the file
+`<clock file>.dump` appears (the campaign asks for it when an Action never settles).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import threading
@@ -48,10 +52,8 @@ def install_clock(path: Path) -> None:
     offset_ns = [0]
 
     def read() -> None:
-        try:
+        with contextlib.suppress(OSError, ValueError):
             offset_ns[0] = int(float(path.read_text(encoding="utf-8").strip() or 0) * 1e6)
-        except (OSError, ValueError):
-            pass
 
     def poll() -> None:
         while True:
@@ -62,6 +64,38 @@ def install_clock(path: Path) -> None:
     time.time_ns = lambda: real_time_ns() + offset_ns[0]
     time.time = lambda: (real_time_ns() + offset_ns[0]) / 1e9
     threading.Thread(target=poll, name="chaos-clock", daemon=True).start()
+
+
+def install_task_dump(trigger: Path) -> None:
+    """When `trigger` appears, print every asyncio task's stack to stderr (the worker's
+    log) and remove it: how a campaign shows where a stuck Action's execution waits."""
+
+    def dump() -> None:
+        import asyncio
+        import gc
+        import io
+
+        out = io.StringIO()
+        tasks = [o for o in gc.get_objects() if isinstance(o, asyncio.Task) and not o.done()]
+        out.write(f"chaos launcher: {len(tasks)} live asyncio tasks\n")
+        for task in tasks:
+            out.write(f"--- {task.get_name()} {task.get_coro()!r}\n")
+            try:
+                task.print_stack(limit=30, file=out)
+            except Exception as exc:  # a task changing under this thread: skip it
+                out.write(f"(stack unavailable: {exc})\n")
+        sys.stderr.write(out.getvalue())
+        sys.stderr.flush()
+
+    def poll() -> None:
+        while True:
+            if trigger.exists():
+                with contextlib.suppress(OSError):
+                    trigger.unlink()
+                dump()
+            time.sleep(0.5)
+
+    threading.Thread(target=poll, name="chaos-dump", daemon=True).start()
 
 
 def _stale_settle() -> None:
@@ -127,6 +161,7 @@ def main() -> int:
     clock = os.environ.get(CLOCK_FILE_ENV)
     if clock:
         install_clock(Path(clock))
+        install_task_dump(Path(clock + ".dump"))
     mutation = os.environ.get(MUTATION_ENV)
     if mutation:
         install_mutation(mutation)

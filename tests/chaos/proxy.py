@@ -60,8 +60,13 @@ class FaultProxy:
         self.port = self._server.sockets[0].getsockname()[1]
         return self
 
-    def set(self, *, cut_up: bool | None = None, cut_down: bool | None = None,
-            latency_s: float | None = None) -> None:
+    def set(
+        self,
+        *,
+        cut_up: bool | None = None,
+        cut_down: bool | None = None,
+        latency_s: float | None = None,
+    ) -> None:
         """Change the faults; a heal (no cut) releases every held byte."""
         if cut_up is not None:
             self.state.cut_up = cut_up

@@ -28,8 +28,21 @@ A = "act_" + "a" * 32
 B = "act_" + "b" * 32
 
 
-def chunk(action_id: str, seq: int, kind: str = "data") -> bytes:
-    return json.dumps({"action_id": action_id, "seq": seq, "kind": kind}).encode()
+def chunk(action_id: str, seq: int, kind: str = "data", prev: bytes | None = None) -> bytes:
+    document = {
+        "action_id": action_id,
+        "seq": seq,
+        "kind": kind,
+        "prev_sha256": None if prev is None else sha256(prev),
+    }
+    return json.dumps(document).encode()
+
+
+def chain(action_id: str, kinds: list[str]) -> list[bytes]:
+    out: list[bytes] = []
+    for seq, kind in enumerate(kinds):
+        out.append(chunk(action_id, seq, kind, out[-1] if out else None))
+    return out
 
 
 def result(
@@ -75,7 +88,7 @@ def start(action_id: str) -> Request:
 
 def clean() -> Evidence:
     """Objective A settled once by w2 after a takeover from w1; nothing wrong."""
-    chunks = [chunk(A, 0), chunk(A, 1), chunk(A, 2, "done")]
+    chunks = chain(A, ["data", "data", "done"])
     history = History()
     ev = Evidence(
         actions={A: PlannedAction(A, "objective")},
@@ -88,8 +101,9 @@ def clean() -> Evidence:
         history=history,
     )
     decoded = msgspec.json.decode(ev.results[A][0], type=ActionResult)
-    history.add("observe", "result", A, settled_by="w2", fence=2,
-                last_chunk=decoded.last_chunk_sha256)
+    history.add(
+        "observe", "result", A, settled_by="w2", fence=2, last_chunk=decoded.last_chunk_sha256
+    )
     return ev
 
 
@@ -158,8 +172,24 @@ def test_chunk_gaps_and_terminal_chunks() -> None:
     del ev.chunks[A][1]
     assert rules(ev) == ["chunks"]
     ev = clean()
-    ev.chunks[A].insert(1, chunk(A, 1, "error"))
+    ev.chunks[A] = chain(A, ["data", "error", "data", "done"])
     assert rules(ev) == ["chunks"]
+
+
+def test_a_broken_chain_after_a_takeover_is_the_known_stale_chunk_bug() -> None:
+    ev = clean()
+    stale = chunk(A, 1, "data", prev=b"another publisher's chunk 0")
+    ev.chunks[A][1] = stale
+    ev.chunks[A][2] = chunk(A, 2, "done", prev=stale)
+    ev.results[A] = [result(A, ev.chunks[A][2], worker="w2", fence=2)]
+    ev.history.events.clear()
+    violations = check(ev)
+    assert [v.rule for v in violations] == ["chunks"]
+    assert violations[0].known is not None
+    ev.receipts[A] = [acquired(A, "w1", 1)]  # no takeover: not the known bug
+    ev.results[A] = [result(A, ev.chunks[A][2], worker="w1", fence=1)]
+    ev.leases[A] = {"fence": "1"}
+    assert [v.known for v in check(ev)] == [None]
 
 
 def test_a_certain_failure_after_a_start_reached_hermes_is_dishonest() -> None:
@@ -172,8 +202,9 @@ def test_a_certain_failure_after_a_start_reached_hermes_is_dishonest() -> None:
         uncertain_outcome=False,
         message="nothing was started",
     )
-    ev.results[A] = [result(A, terminal, worker="w2", fence=2, status=ResultStatus.FAILED,
-                            error=error)]
+    ev.results[A] = [
+        result(A, terminal, worker="w2", fence=2, status=ResultStatus.FAILED, error=error)
+    ]
     ev.history.events.clear()
     assert rules(ev) == ["honest"]
 

@@ -34,7 +34,7 @@ from worker.testing.identities import USER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 
 KINDS = ("read", "objective", "approval_objective", "chat", "cancel", "duplicate")
-WEIGHTS = (25, 25, 10, 20, 8, 12)
+WEIGHTS = (34, 28, 8, 12, 6, 12)
 PUBLISH_TIMEOUT_S = 5.0
 RESULT_TIMEOUT_S = 45.0
 
@@ -117,8 +117,7 @@ class Workload:
         action_id = new_action_id()
         action = self.stack.action(
             "chat_completions",
-            {"messages": [{"role": "user", "content": f"chaos chat {action_id}"}],
-             "stream": True},
+            {"messages": [{"role": "user", "content": f"chaos chat {action_id}"}], "stream": True},
             action_id=action_id,
         )
         if await self._publish(action, "chat"):
