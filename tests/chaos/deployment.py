@@ -164,6 +164,10 @@ class Deployment:
                 trust,
                 lease_ttl_ms=self.lease_ttl_ms,
                 PYTHONPATH=str(REPO),
+                # The workload keeps more runs open than the default 8 (runs waiting for an
+                # approval hold their slot): a full endpoint would only delay Actions to
+                # their deadline, past the campaign's wait for results.
+                AIPD_HERMES_MAX_CONCURRENT_RUNS="100",
                 CHAOS_CLOCK_FILE=str(clock_file),
             )
             if self.mutation:

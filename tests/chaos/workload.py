@@ -36,6 +36,9 @@ from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 KINDS = ("read", "objective", "approval_objective", "chat", "cancel", "duplicate")
 WEIGHTS = (34, 28, 8, 12, 6, 12)
 PUBLISH_TIMEOUT_S = 5.0
+#: Every Action's own deadline: whatever the faults did, each one is settled by then, so an
+#: acknowledged Action without a result after the campaign's wait is lost, not slow.
+ACTION_TIMEOUT_MS = 60_000
 RESULT_TIMEOUT_S = 45.0
 
 
@@ -78,7 +81,7 @@ class Workload:
     # --- operations --------------------------------------------------------------------
 
     async def _read(self) -> None:
-        action = self.stack.action("models", action_id=new_action_id())
+        action = self.stack.action("models", action_id=new_action_id(), timeout_ms=ACTION_TIMEOUT_MS)
         if await self._publish(action, "read"):
             await self._await_result(action)
 
@@ -86,7 +89,7 @@ class Workload:
         slow = self.rng.random() < 0.5
         action_id = new_action_id()
         text = f"{SLOW_REPLY if slow else 'summarize'} chaos objective {action_id}"
-        action = self.stack.action("operator", {"objective": text}, action_id=action_id)
+        action = self.stack.action("operator", {"objective": text}, action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS)
         if await self._approve(action) and await self._publish(action, "objective"):
             self.in_flight.add(action.id)
             await self._await_result(action)
@@ -95,7 +98,7 @@ class Workload:
     async def _approval_objective(self) -> None:
         action_id = new_action_id()
         text = f"{NEEDS_APPROVAL} chaos approval {action_id}"
-        action = self.stack.action("operator", {"objective": text}, action_id=action_id)
+        action = self.stack.action("operator", {"objective": text}, action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS)
         if not (await self._approve(action) and await self._publish(action, "approval_objective")):
             return
         result = await self._await_result(action)
@@ -108,7 +111,7 @@ class Workload:
         resume = self.stack.action(
             "operator",
             {"resume": {"source_action_id": source_id, "choice": "once"}},
-            action_id=new_action_id(),
+            action_id=new_action_id(), timeout_ms=ACTION_TIMEOUT_MS,
         )
         if await self._approve(resume) and await self._publish(resume, "resume", source_id):
             await self._await_result(resume)
@@ -118,7 +121,7 @@ class Workload:
         action = self.stack.action(
             "chat_completions",
             {"messages": [{"role": "user", "content": f"chaos chat {action_id}"}], "stream": True},
-            action_id=action_id,
+            action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS,
         )
         if await self._publish(action, "chat"):
             await self._await_result(action)
