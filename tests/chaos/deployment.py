@@ -228,8 +228,13 @@ class Deployment:
         (after a full disk nats-server 2.9.10 keeps answering it while JetStream hangs)."""
         assert self.stack is not None
         assert self.nats is not None
+        url = f"{self.nats.monitor_url}/healthz"
         for _ in range(attempts):
-            if http_status(f"{self.nats.monitor_url}/healthz") == 200:
+            try:
+                healthy = await asyncio.to_thread(http_status, url) == 200
+            except OSError:  # down (killed by an overlapping fault, or restarting)
+                healthy = False
+            if healthy:
                 with contextlib.suppress(Exception):  # a timeout, or still reconnecting
                     await self.stack.nc.jetstream(timeout=2).account_info()
                     return True

@@ -182,8 +182,16 @@ class Nemesis:
         await asyncio.sleep(fault.duration)
         try:
             await heal()
-        finally:
-            self.history.add("nemesis", f"heal {fault.kind}", None, target=fault.target)
+        except Exception as exc:  # an overlapping fault got in the way: heal_all finishes it
+            self.history.add(
+                "nemesis",
+                f"heal failed {fault.kind}",
+                None,
+                target=fault.target,
+                error=f"{type(exc).__name__}: {exc}"[:200],
+            )
+            return
+        self.history.add("nemesis", f"heal {fault.kind}", None, target=fault.target)
 
     async def _apply(self, fault: Fault) -> Any:
         d = self.deployment

@@ -81,7 +81,9 @@ class Workload:
     # --- operations --------------------------------------------------------------------
 
     async def _read(self) -> None:
-        action = self.stack.action("models", action_id=new_action_id(), timeout_ms=ACTION_TIMEOUT_MS)
+        action = self.stack.action(
+            "models", action_id=new_action_id(), timeout_ms=ACTION_TIMEOUT_MS
+        )
         if await self._publish(action, "read"):
             await self._await_result(action)
 
@@ -89,7 +91,9 @@ class Workload:
         slow = self.rng.random() < 0.5
         action_id = new_action_id()
         text = f"{SLOW_REPLY if slow else 'summarize'} chaos objective {action_id}"
-        action = self.stack.action("operator", {"objective": text}, action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS)
+        action = self.stack.action(
+            "operator", {"objective": text}, action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS
+        )
         if await self._approve(action) and await self._publish(action, "objective"):
             self.in_flight.add(action.id)
             await self._await_result(action)
@@ -98,7 +102,9 @@ class Workload:
     async def _approval_objective(self) -> None:
         action_id = new_action_id()
         text = f"{NEEDS_APPROVAL} chaos approval {action_id}"
-        action = self.stack.action("operator", {"objective": text}, action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS)
+        action = self.stack.action(
+            "operator", {"objective": text}, action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS
+        )
         if not (await self._approve(action) and await self._publish(action, "approval_objective")):
             return
         result = await self._await_result(action)
@@ -111,7 +117,8 @@ class Workload:
         resume = self.stack.action(
             "operator",
             {"resume": {"source_action_id": source_id, "choice": "once"}},
-            action_id=new_action_id(), timeout_ms=ACTION_TIMEOUT_MS,
+            action_id=new_action_id(),
+            timeout_ms=ACTION_TIMEOUT_MS,
         )
         if await self._approve(resume) and await self._publish(resume, "resume", source_id):
             await self._await_result(resume)
@@ -121,7 +128,8 @@ class Workload:
         action = self.stack.action(
             "chat_completions",
             {"messages": [{"role": "user", "content": f"chaos chat {action_id}"}], "stream": True},
-            action_id=action_id, timeout_ms=ACTION_TIMEOUT_MS,
+            action_id=action_id,
+            timeout_ms=ACTION_TIMEOUT_MS,
         )
         if await self._publish(action, "chat"):
             await self._await_result(action)
