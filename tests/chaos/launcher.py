@@ -79,11 +79,19 @@ def install_task_dump(trigger: Path) -> None:
         tasks = [o for o in gc.get_objects() if isinstance(o, asyncio.Task) and not o.done()]
         out.write(f"chaos launcher: {len(tasks)} live asyncio tasks\n")
         for task in tasks:
-            out.write(f"--- {task.get_name()} {task.get_coro()!r}\n")
-            try:
-                task.print_stack(limit=30, file=out)
-            except Exception as exc:  # a task changing under this thread: skip it
-                out.write(f"(stack unavailable: {exc})\n")
+            out.write(f"--- {task.get_name()}\n")
+            # The whole await chain (Task.print_stack shows one frame of a suspended one).
+            awaited: Any = task.get_coro()
+            for _ in range(60):
+                frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+                if frame is None:
+                    out.write(f"    awaiting {awaited!r}\n"[:300])
+                    break
+                code = frame.f_code
+                out.write(f"    {code.co_filename}:{frame.f_lineno} {code.co_name}\n")
+                awaited = getattr(awaited, "cr_await", None) or getattr(
+                    awaited, "gi_yieldfrom", None
+                )
         sys.stderr.write(out.getvalue())
         sys.stderr.flush()
 
