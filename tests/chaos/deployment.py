@@ -65,19 +65,23 @@ def _mount_tmpfs(path: Path) -> str | None:
     path.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         return "not root: cannot mount a tmpfs for the full-disk fault"
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:  # no mount(8) on this machine
+        return f"mount tmpfs failed: {exc}"
     if done.returncode != 0:
         return f"mount tmpfs failed: {done.stderr.strip() or done.returncode}"
     return None
 
 
 def _unmount(path: Path) -> None:
-    subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+    with contextlib.suppress(OSError):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
 @dataclass
