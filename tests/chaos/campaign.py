@@ -21,6 +21,7 @@ from pathlib import Path
 
 import msgspec
 import nats
+import nats.js.errors
 
 from schemas.audit import Receipt
 from schemas.ids import new_action_id
@@ -87,6 +88,8 @@ class Report:
             "fault schedule:",
         ]
         lines += [f"  {f}" for f in self.faults]
+        by_rule = Counter(f"{v.rule}{' (known)' if v.known else ''}" for v in self.violations)
+        lines += ["", "violations by rule: " + ", ".join(f"{k} {n}" for k, n in by_rule.items())]
         for violation in self.violations[:limit]:
             lines += ["", f"VIOLATION {violation}"]
             lines += [f"  {e.line()}" for e in self._around(violation)]
@@ -236,7 +239,13 @@ async def heal_all(d: Deployment, history: History) -> None:
 async def read_stream(nc: nats.aio.client.Client, subject: str) -> list[tuple[str, bytes]]:
     """Every message on `subject` (wildcards allowed), oldest first."""
     js = nc.jetstream()
-    sub = await js.subscribe(subject, ordered_consumer=True)
+    try:
+        sub = await js.subscribe(subject, ordered_consumer=True)
+    except nats.js.errors.NotFoundError:
+        # The stream itself is gone (seen after a full disk and a NATS restart): nothing
+        # on it is there any more, which the checker reports Action by Action.
+        log.error("chaos: no stream holds %s after the heal", subject)
+        return []
     out: list[tuple[str, bytes]] = []
     try:
         while True:

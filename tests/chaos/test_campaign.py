@@ -19,6 +19,10 @@ from tests.chaos.campaign import run_campaign
 #: The short campaign: these seeds, each this long (about 45 s of wall time apiece).
 SHORT_SEEDS = (1, 2)
 SCHEDULE_S = 20.0
+#: A planted bug shows when a fault meets a request in flight, which a 20 s schedule does
+#: not always arrange: the mutation tests go on to the next seed until one finds it (each
+#: was found by seed 1 or 2 in every run so far); the third is there for a loaded machine.
+MUTATION_SEEDS = (1, 2, 3)
 
 
 @pytest.mark.timeout(400)
@@ -31,7 +35,7 @@ async def test_the_short_seeded_campaign_breaks_no_guarantee(tmp_path: Path) -> 
         assert not report.unknown, report.explain()
 
 
-@pytest.mark.timeout(400)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     ("mutation", "rule"),
     [
@@ -46,7 +50,7 @@ async def test_the_checker_finds_a_planted_bug_within_the_short_campaign(
     tmp_path: Path, mutation: str, rule: str
 ) -> None:
     summaries = []
-    for seed in SHORT_SEEDS:
+    for seed in MUTATION_SEEDS:
         report = await run_campaign(
             seed, SCHEDULE_S, mutation=mutation, root=tmp_path / f"seed-{seed}"
         )
