@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import secrets
 from collections.abc import AsyncIterator
+from typing import Any
 
 import msgspec
+import pytest
 import pytest_asyncio
 from operator_support import BOTH_HERMES, Harness, endpoint_for, error_code, objective, resume
 from redis.asyncio import Redis
@@ -30,6 +32,7 @@ from worker.operator.binding import (
 )
 from worker.operator.handle import BindingHandle
 from worker.operator.policy import HermesOperatorPolicy
+from worker.operator.resume import ResumeLedger
 from worker.testing.fake_hermes import FakeHermes, RouteError
 from worker.testing.scenario import APPROVAL_COMMAND, NEEDS_APPROVAL
 
@@ -217,6 +220,34 @@ async def test_second_resume_for_an_answered_generation_sends_nothing(
         second.error.message if second.error else ""
     )
     assert fake.stats().count(APPROVAL) == 0
+
+
+async def test_two_resumes_read_before_either_claims_and_one_decision_is_sent(
+    harness: Harness, fake: FakeHermes, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two resumes for one prompt, each reading the source binding before the other's
+    claim lands: the claim itself must refuse the second, not only the read before it.
+    Found by the chaos campaign (tests/chaos, seed 1, no faults): two approvals were sent
+    for one generation, and Hermes answered the second 409."""
+    source_id = await _parked(harness)
+    both_read = asyncio.Barrier(2)
+    waited: set[str] = set()
+    claim = ResumeLedger._claim
+
+    async def claim_after_both_read(self: ResumeLedger, binding: OperatorBinding) -> Any:
+        if self.resume_id not in waited:  # the first claim of each: after both reads
+            waited.add(self.resume_id)
+            await asyncio.wait_for(both_read.wait(), 10)
+        return await claim(self, binding)
+
+    monkeypatch.setattr(ResumeLedger, "_claim", claim_after_both_read)
+    ends = await asyncio.gather(
+        harness.run(harness.action(resume(source_id, "once"))),
+        harness.run(harness.action(resume(source_id, "once"))),
+    )
+    codes = sorted(str(error_code(outcome)) for outcome, _ in ends)
+    assert fake.stats().count(APPROVAL) == 1
+    assert codes == ["None", ErrorCode.OPERATOR_POLICY.value]
 
 
 async def test_ledger_is_capped_at_256_commands(harness: Harness, fake: FakeHermes) -> None:

@@ -136,11 +136,7 @@ class ResumeLedger:
             )
         request_id = prompt_request_id(binding.pending_approval)
         generation = binding.approval_generation
-        taken = [
-            c
-            for c in binding.approval_commands
-            if c.generation == generation and c.state is not C.REJECTED
-        ]
+        taken = _answering(binding, generation)
         if taken:
             raise policy_error(
                 f"approval generation {generation} was already answered by resume Action "
@@ -154,10 +150,14 @@ class ResumeLedger:
         ttl = self.s.policy.start_claim_ttl_ms
 
         def claim(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            # Checked again inside the compare-and-set: another resume that read the same
+            # binding may have claimed this generation since (the loop in `run` then
+            # refuses this one with the policy error above).
             if (
                 b.command_for(self.resume_id) is not None
                 or b.status is not S.WAITING_FOR_APPROVAL
                 or b.approval_generation != generation
+                or _answering(b, generation)
             ):
                 return None
             return b.with_command(
@@ -345,3 +345,12 @@ def _approval_unknown(reason: str, status: int | None = None) -> ConnectorError:
         f"the approval decision may have been applied ({reason}); it is never resent",
         remote_status=status,
     )
+
+
+def _answering(binding: OperatorBinding, generation: int) -> list[ApprovalCommand]:
+    """The commands that answer (or may have answered) `generation`: one decision each."""
+    return [
+        c
+        for c in binding.approval_commands
+        if c.generation == generation and c.state is not C.REJECTED
+    ]

@@ -30,8 +30,12 @@ class WorkerProcess:
         fault_points: str | None = None,
         command: Sequence[str] = ("run",),
         ready_mark: str = READY_MARK,
+        module: str = "worker",
     ) -> None:
         self.worker_id = worker_id
+        #: The module `python -m` runs: `worker`, or a harness entry that wraps it (the
+        #: chaos campaign's `tests.chaos.launcher`, which adds clock skew and mutations).
+        self.module = module
         #: The `python -m worker` subcommand: `run` for a worker, `gateway` for the gateway.
         self.command = tuple(command)
         self.ready_mark = ready_mark
@@ -47,7 +51,7 @@ class WorkerProcess:
         log = self.log_path.open("ab")
         full_env = {**os.environ, **self.env}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "worker", *self.command],
+            [sys.executable, "-m", self.module, *self.command],
             env=full_env,
             stdout=log,
             stderr=subprocess.STDOUT,

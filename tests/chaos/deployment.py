@@ -1,0 +1,272 @@
+"""The deployment a campaign runs against: real processes on loopback, each link proxied.
+
+One `nats-server -js` (file storage), one Redis with AOF `appendfsync always` (the
+durability settings docs/guarantees.md requires), the fake Hermes in this process, and
+three `python -m tests.chaos.launcher run` workers (the production worker with a clock
+the nemesis can skew). Each worker reaches each dependency through its own `FaultProxy`,
+so a partition is one link, not the whole machine. The NATS store and Redis' data
+directory sit on small tmpfs mounts of their own when this process may mount (root), so
+the nemesis can fill the disk under each; otherwise that fault kind is skipped with the
+reason logged (`disk_skip_reason`).
+
+Every blocking step (starting or stopping a process) runs in a thread: the fake Hermes and
+the proxies share this event loop and must keep answering meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import nats
+
+from subjects.grammar import Subjects
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from tests.chaos.proxy import FaultProxy
+from tests.integration.stack import ENDPOINT, Stack, worker_env
+from worker.client import AipClient
+from worker.testing.fake_hermes import FakeHermes, RouteDelay
+from worker.testing.fake_hermes.config import FakeConfig
+from worker.testing.identities import write_api_key_file, write_trust_files
+from worker.testing.nats_server import NatsServer, http_status
+from worker.testing.redis_server import RedisServer
+from worker.testing.workers import WorkerProcess
+
+log = logging.getLogger(__name__)
+
+REPO = Path(__file__).resolve().parents[2]
+DEPENDENCIES = ("nats", "redis", "hermes")
+WORKERS = ("w1", "w2", "w3")
+MIB = 1024 * 1024
+#: Size of each tmpfs (NATS store, Redis data): JetStream reserves the streams' max_bytes
+#: against it, so the streams are provisioned small (`POLICY`).
+DISK_BYTES = 128 * MIB
+#: Small streams (they must fit the tmpfs) with the shipped durability: file storage.
+POLICY_BYTES = 8 * MIB
+#: Every read (GET /v1/models) takes this long at Hermes, and every operator start this
+#: long: slow enough that pauses, kills and partitions land while a request is in flight.
+READ_DELAY_S = 4.0
+START_DELAY_S = 2.0
+
+
+async def _quiet(exc: Exception) -> None:
+    """The client's connection errors while the nemesis has NATS down are expected: the
+    workload records what each operation saw; nats-py would print a traceback per retry."""
+
+
+def _mount_tmpfs(path: Path) -> str | None:
+    """Mount a DISK_BYTES tmpfs at `path`; the reason it could not, or None."""
+    path.mkdir(parents=True, exist_ok=True)
+    if os.geteuid() != 0:
+        return "not root: cannot mount a tmpfs for the full-disk fault"
+    try:
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={DISK_BYTES}", "tmpfs", str(path)],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+    except OSError as exc:  # no mount(8) on this machine
+        return f"mount tmpfs failed: {exc}"
+    if done.returncode != 0:
+        return f"mount tmpfs failed: {done.stderr.strip() or done.returncode}"
+    return None
+
+
+def _unmount(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
+
+
+@dataclass
+class Worker:
+    """One worker slot: its proxies, its clock file, and the process now filling it."""
+
+    worker_id: str
+    proxies: dict[str, FaultProxy]
+    clock_file: Path
+    env: dict[str, str]
+    log_dir: Path
+    process: WorkerProcess | None = None
+    paused: bool = False
+
+    def new_process(self) -> WorkerProcess:
+        self.process = WorkerProcess(
+            worker_id=self.worker_id,
+            env=self.env,
+            log_dir=self.log_dir,
+            module="tests.chaos.launcher",
+        )
+        return self.process
+
+    @property
+    def alive(self) -> bool:
+        return self.process is not None and self.process.alive
+
+
+@dataclass
+class Deployment:
+    root: Path
+    mutation: str | None = None
+    lease_ttl_ms: int = 3000
+    nats: NatsServer | None = None
+    redis: RedisServer | None = None
+    fake: FakeHermes | None = None
+    stack: Stack | None = None
+    workers: dict[str, Worker] = field(default_factory=dict)
+    disk_skip_reason: str | None = None
+    mounts: list[Path] = field(default_factory=list)
+
+    async def start(self) -> Deployment:
+        root = self.root
+        nats_store = root / "nats" / "store"
+        redis_data = root / "redis" / "data"
+        for path in (nats_store, redis_data):
+            reason = _mount_tmpfs(path)
+            if reason is None:
+                self.mounts.append(path)
+            else:
+                self.disk_skip_reason = reason
+        if self.disk_skip_reason:
+            log.warning("chaos: full-disk faults skipped: %s", self.disk_skip_reason)
+        self.nats = NatsServer(root=root / "nats")
+        self.redis = RedisServer(root=root / "redis")
+        await asyncio.to_thread(self.nats.start)
+        await asyncio.to_thread(self.redis.start)
+        await self._provision()
+        trust_dir = root / "trust"
+        trust_dir.mkdir(exist_ok=True)
+        trust = write_trust_files(trust_dir)
+        api_key, key_file = write_api_key_file(root)
+        self.fake = FakeHermes(
+            config=FakeConfig(api_key=api_key, max_concurrent_runs=200, request_log_size=200_000)
+        )
+        await self.fake.start()
+        self.fake.faults.add(
+            RouteDelay(route="GET /v1/models", delay_s=READ_DELAY_S, times=None),
+            RouteDelay(route="POST /v1/runs", delay_s=START_DELAY_S, times=None),
+        )
+        upstream = {"nats": self.nats.port, "redis": self.redis.port, "hermes": self.fake.port}
+        for worker_id in WORKERS:
+            proxies = {
+                dep: await FaultProxy(f"{worker_id}->{dep}", port).start()
+                for dep, port in upstream.items()
+            }
+            clock_file = root / f"{worker_id}.clock"
+            clock_file.write_text("0")
+            env = worker_env(
+                f"nats://127.0.0.1:{proxies['nats'].port}",
+                f"redis://127.0.0.1:{proxies['redis'].port}",
+                f"http://127.0.0.1:{proxies['hermes'].port}",
+                key_file,
+                trust,
+                lease_ttl_ms=self.lease_ttl_ms,
+                PYTHONPATH=str(REPO),
+                # The workload keeps more runs open than the default 8 (runs waiting for an
+                # approval hold their slot): a full endpoint would only delay Actions to
+                # their deadline, past the campaign's wait for results.
+                AIPD_HERMES_MAX_CONCURRENT_RUNS="100",
+                CHAOS_CLOCK_FILE=str(clock_file),
+            )
+            if self.mutation:
+                env["CHAOS_MUTATION"] = self.mutation
+            self.workers[worker_id] = Worker(worker_id, proxies, clock_file, env, root)
+        await asyncio.gather(*(self.start_worker(w) for w in self.workers))
+        nc = await nats.connect(
+            self.nats.url,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.2,
+            connect_timeout=2,
+            error_cb=_quiet,
+        )
+        self.stack = Stack(
+            root=root,
+            nats_url=self.nats.url,
+            redis_url=self.redis.url,
+            fake=self.fake,
+            trust=trust,
+            nc=nc,
+            client=AipClient(
+                nc, sign_key=trust.seed_file, trusted_worker_keys=trust.worker_keys_file
+            ),
+            env={},
+        )
+        return self
+
+    async def _provision(self) -> None:
+        assert self.nats is not None
+        nc = await nats.connect(self.nats.url)
+        try:
+            sizes = {
+                name: POLICY_BYTES
+                for name in (
+                    "actions_max_bytes",
+                    "delegations_max_bytes",
+                    "chunks_max_bytes",
+                    "results_max_bytes",
+                    "dlq_max_bytes",
+                    "audit_max_bytes",
+                    "escalations_max_bytes",
+                    "egress_max_bytes",
+                    "inbound_max_bytes",
+                    "runtime_max_bytes",
+                )
+            }
+            await provision(
+                nc.jetstream(),
+                Subjects(),
+                [ENDPOINT],
+                StreamPolicy(ack_wait_s=self.lease_ttl_ms / 1000, **sizes),  # type: ignore[arg-type]
+            )
+        finally:
+            await nc.close()
+
+    async def jetstream_answers(self, attempts: int = 10) -> bool:
+        """Whether JetStream answers an API request: a 200 from /healthz is not enough
+        (after a full disk nats-server 2.9.10 keeps answering it while JetStream hangs)."""
+        assert self.stack is not None
+        assert self.nats is not None
+        url = f"{self.nats.monitor_url}/healthz"
+        for _ in range(attempts):
+            try:
+                healthy = await asyncio.to_thread(http_status, url) == 200
+            except OSError:  # down (killed by an overlapping fault, or restarting)
+                healthy = False
+            if healthy:
+                with contextlib.suppress(Exception):  # a timeout, or still reconnecting
+                    await self.stack.nc.jetstream(timeout=2).account_info()
+                    return True
+            await asyncio.sleep(0.5)
+        return False
+
+    async def start_worker(self, worker_id: str) -> None:
+        worker = self.workers[worker_id]
+        process = worker.new_process()
+        worker.paused = False
+        await asyncio.to_thread(process.start, wait_ready_s=60.0)
+
+    async def close(self) -> None:
+        for worker in self.workers.values():
+            if worker.process is not None and worker.process.alive:
+                with contextlib.suppress(OSError):
+                    worker.process.resume()
+                await asyncio.to_thread(worker.process.kill)
+        if self.stack is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.stack.nc.close(), 5)
+        for worker in self.workers.values():
+            for proxy in worker.proxies.values():
+                await proxy.close()
+        if self.fake is not None:
+            await self.fake.close()
+        for service in (self.nats, self.redis):
+            if service is not None:
+                await asyncio.to_thread(service.close)
+        for path in self.mounts:
+            _unmount(path)
