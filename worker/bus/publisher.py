@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, NamedTuple
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -42,6 +42,9 @@ if TYPE_CHECKING:  # the trust package imports the runtime's modules, which impo
 log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+#: A chunk's MAC under its delivery's chain key (`worker.execution.chunk_chain`, which
+#: reads it; defined here so the bus package does not import the execution's).
+CHAIN_MAC_HEADER = "AIP-Chunk-Mac"
 #: Bytes of `max_payload` kept for the headers a worker sends with a result or chunk
 #: (`Nats-Msg-Id`, the signature headers): NATS counts headers and body together.
 HEADER_ROOM = 4096
@@ -52,6 +55,16 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 #: JetStream's answers to a publish that a full stream (`discard: new`) or a full store
 #: refused: repeating the publish cannot succeed until something is removed.
 _FULL_ERR_CODES = frozenset({10077, 10023, 10047})
+
+
+class SentChunk(NamedTuple):
+    """A chunk sent with a later confirmation: what `confirm` waits for or sends again."""
+
+    chunk: StreamChunk
+    future: asyncio.Future[PubAck]
+    subject: str
+    data: bytes
+    headers: dict[str, str]
 
 
 def confirmed(future: asyncio.Future[PubAck]) -> bool:
@@ -101,31 +114,36 @@ class BusPublisher:
         (the hot path); else nats-py's `js.publish_async`, for a publisher that sends few."""
         if self.acks is not None:
             return await self.acks.publish(subject, payload, headers, wait_stall)
-        return await self.js.publish_async(
-            subject, payload, headers=headers, wait_stall=wait_stall
-        )
+        return await self.js.publish_async(subject, payload, headers=headers, wait_stall=wait_stall)
 
     async def chunk(
-        self, chunk: StreamChunk, data: bytes | None = None, *, subject: str | None = None
-    ) -> asyncio.Future[PubAck]:
-        """Send a chunk now (as `data` when the caller already encoded and hashed it; to
-        `subject` when the caller already built the Action's chunk subject, as a stream
-        of thousands of chunks does once); the returned future confirms it (see `confirm`)."""
-        return await self._publish_async(
-            subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
-            encode(chunk) if data is None else data,
-            {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
-            self.confirm_timeout_s,
-        )
+        self,
+        chunk: StreamChunk,
+        data: bytes | None = None,
+        *,
+        subject: str | None = None,
+        sha256: str | None = None,
+        mac: str | None = None,
+    ) -> SentChunk:
+        """Send a chunk now (as `data`, with its `sha256`, when the caller already encoded
+        and hashed it; to `subject` when the caller already built the Action's chunk subject,
+        as a stream of thousands of chunks does once; with `mac`, its chain MAC:
+        `worker.execution.chunk_chain`); `confirm` confirms it."""
+        payload = encode(chunk) if data is None else data
+        digest = sha256 or hashlib.sha256(payload).hexdigest()
+        headers = {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq, digest)}
+        if mac is not None:
+            headers[CHAIN_MAC_HEADER] = mac
+        target = subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id)
+        future = await self._publish_async(target, payload, headers, self.confirm_timeout_s)
+        return SentChunk(chunk, future, target, payload, headers)
 
-    async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
-        return await self._publish(
-            self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
-            encode(chunk),
-            chunk_msg_id(chunk.action_id, chunk.seq),
-        )
+    async def chunk_awaited(self, sent: SentChunk) -> PubAck:
+        """Publish a chunk again and wait for its PubAck (same bytes, same headers: the
+        server drops it if the first publication was stored after all)."""
+        return await self._publish(sent.subject, sent.data, sent.headers[MSG_ID], sent.headers)
 
-    async def confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
+    async def confirm(self, pending: Sequence[SentChunk]) -> None:
         """Wait for chunk confirmations; a failed one is sent once more (same Msg-Id).
 
         One wait for the whole batch (at most `confirm_timeout_s`), not a timer per chunk:
@@ -133,17 +151,17 @@ class BusPublisher:
         missing after the wait is cancelled (which frees its in-flight slot) and its chunk
         published again, awaited, in seq order.
         """
-        waiting = [future for _, future in pending if not future.done()]
+        waiting = [sent.future for sent in pending if not sent.future.done()]
         if waiting:
             await asyncio.wait(waiting, timeout=self.confirm_timeout_s)
-        for chunk, future in pending:
-            if confirmed(future):
+        for sent in pending:
+            if confirmed(sent.future):
                 continue
-            future.cancel()
+            sent.future.cancel()
             try:
-                await self.chunk_awaited(chunk)
+                await self.chunk_awaited(sent)
             except Exception as exc:
-                raise PublishFailed(f"chunk {chunk.seq}: {type(exc).__name__}") from None
+                raise PublishFailed(f"chunk {sent.chunk.seq}: {type(exc).__name__}") from None
 
     async def result_bytes(self, endpoint_id: str, action_id: str, stored: bytes) -> PubAck:
         """Publish a result as stored, byte for byte, signed; a republish of the same bytes

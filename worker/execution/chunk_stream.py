@@ -5,8 +5,13 @@ before, and exactly one terminal chunk (`done` or `error`) closing the stream af
 fenced settle (docs/architecture.md §4, steps 5-7). Every decision about that sequence is
 made here:
 
-- where it starts: 0 for an Action no worker published for, or after the last chunk the
-  stream holds when this delivery took the Action over (`open`);
+- where it starts: 0 for an Action no worker published for, or, when this delivery took
+  the Action over, after the chain's recorded head and the earlier owners' chunks that
+  prove they follow it (`open`, `worker.execution.chunk_chain`) — never after whatever is
+  last on the subject;
+- the record of that head: after each confirmation collection the last confirmed chunk is
+  recorded in the lease hash, fenced (`_record`), and every chunk carries its delivery's
+  chain MAC;
 - what `emit` publishes: the next seq, after the lease's local validity check (a paused
   worker stops before it publishes anything);
 - the one terminal chunk: the first one an operation emits is held (later ones are
@@ -25,23 +30,25 @@ made here:
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
+import logging
 from typing import Any
 
 import msgspec
-from nats.js.api import PubAck
-from nats.js.errors import NotFoundError
 
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
-from worker.bus.publisher import BusPublisher, confirmed
+from worker.bus.publisher import BusPublisher, SentChunk, confirmed
 from worker.errors import ConnectorError
+from worker.execution.chunk_chain import chain_mac, continue_chain
 from worker.execution.leases import HeldLease
 from worker.metrics import Metrics
 from worker.store.clock import now_ms
+from worker.store.lease_store import ChunkHead, LeaseStore
+
+log = logging.getLogger(__name__)
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
@@ -73,6 +80,8 @@ class ChunkStream:
         first_seq: int = 0,
         prev_sha256: str | None = None,
         metrics: Metrics | None = None,
+        leases: LeaseStore | None = None,
+        head_stream_seq: int = 0,
     ) -> None:
         self.publisher = publisher
         self.lease = lease
@@ -85,7 +94,18 @@ class ChunkStream:
         #: Hash of the last chunk published for this Action (by this worker, or by the one
         #: before a takeover, read back from the stream): the next chunk names it.
         self._prev_sha256 = prev_sha256
-        self._pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        #: Where the chain's head is recorded (None: nowhere, for a stream no takeover
+        #: continues, as in the unit tests of the stream itself).
+        self.leases = leases
+        #: Stream sequence of the last confirmed chunk (0: none yet): the next record's.
+        self._head_stream_seq = head_stream_seq
+        #: The chain MAC needs the delivery's key: a lease without one sends none.
+        self._chain_key = lease.chain_key
+        self._pending: list[SentChunk] = []
+        #: The newest chunk known stored with every chunk before it: the head to record.
+        self._frontier: SentChunk | None = None
+        #: Seq of the head last recorded (-1: none), so an unchanged head is not re-sent.
+        self._recorded_seq = -1
         #: Chunks emitted since confirmations were last collected (see `_collect`).
         self._since_collect = 0
         #: `len(_pending)` at which `emit` next lets go of confirmed chunks.
@@ -102,12 +122,26 @@ class ChunkStream:
         action_id: str,
         endpoint_id: str,
         metrics: Metrics | None = None,
+        leases: LeaseStore | None = None,
     ) -> ChunkStream:
-        """The stream at seq 0, or, after a takeover, continued after the last chunk the
-        stream holds (gap-free, the hash chain going on from that chunk's bytes)."""
-        first_seq, prev_sha256 = 0, None
-        if lease.is_takeover:
-            first_seq, prev_sha256 = await _after_last(publisher, endpoint_id, action_id)
+        """The stream at seq 0, or, after a takeover, continued where the chain's recorded
+        head and the earlier owners' MAC-proven chunks end (`chunk_chain.continue_chain`):
+        gap-free, and never linked to a chunk forged on the subject."""
+        first_seq, prev_sha256, stream_seq = 0, None, 0
+        if lease.is_takeover and leases is not None:
+            record = await leases.chunk_chain(lease.keys)
+            start = await continue_chain(
+                publisher,
+                record,
+                endpoint_id=endpoint_id,
+                action_id=action_id,
+                fence=lease.fence,
+            )
+            first_seq, prev_sha256, stream_seq = (
+                start.next_seq,
+                start.prev_sha256,
+                start.stream_seq,
+            )
         return cls(
             publisher,
             lease,
@@ -116,6 +150,8 @@ class ChunkStream:
             first_seq=first_seq,
             prev_sha256=prev_sha256,
             metrics=metrics,
+            leases=leases,
+            head_stream_seq=stream_seq,
         )
 
     @property
@@ -172,20 +208,33 @@ class ChunkStream:
             return self._terminal.seq
         chunk = self._make(kind, payload, provider_event=provider_event, run_id=run_id)
         data = encode(chunk)
-        self._prev_sha256 = hashlib.sha256(data).hexdigest()
+        sha = self._prev_sha256 = hashlib.sha256(data).hexdigest()
+        key = self._chain_key
         try:
-            future = await self.publisher.chunk(chunk, data, subject=self._subject)
+            sent = await self.publisher.chunk(
+                chunk,
+                data,
+                subject=self._subject,
+                sha256=sha,
+                mac=chain_mac(key, self.lease.fence, sha) if key else None,
+            )
         except Exception as exc:
             raise ConnectorError(
                 ErrorCode.STREAM_PUBLICATION,
                 f"chunk {chunk.seq} not published: {type(exc).__name__}",
             ) from None
-        self._pending.append((chunk, future))
+        self._pending.append(sent)
         self._since_collect += 1
         if len(self._pending) >= self._prune_at:
             # Confirmed already: nothing left to wait for or re-send. The rest keep their
             # order, so a failed one is still re-sent in seq order by `confirm`.
-            self._pending = [p for p in self._pending if not confirmed(p[1])]
+            kept = [p for p in self._pending if not confirmed(p.future)]
+            first_open = kept[0].chunk.seq if kept else self._seq
+            for sent in reversed(self._pending):
+                if sent.chunk.seq < first_open and confirmed(sent.future):
+                    self._frontier = sent  # it and every chunk before it are stored
+                    break
+            self._pending = kept
             # The next scan waits until the list has doubled: when confirmations lag (a
             # flood), a scan every PRUNE_EVERY chunks over hundreds of unconfirmed ones was
             # 7% of the relay's CPU; this way each chunk is looked at a bounded number of
@@ -209,16 +258,19 @@ class ChunkStream:
         """
         pending = self._pending
         settled = 0
-        for _, future in pending:
-            if not future.done():
+        for sent in pending:
+            if not sent.future.done():
                 break
             settled += 1
-        if settled < len(pending) and self._seq - pending[settled][0].seq >= MAX_UNCONFIRMED:
+        if settled < len(pending) and self._seq - pending[settled].chunk.seq >= MAX_UNCONFIRMED:
             cutoff = self._seq - (MAX_UNCONFIRMED - CONFIRM_BATCH)
-            settled = sum(1 for chunk, _ in pending if chunk.seq < cutoff)
+            settled = sum(1 for sent in pending if sent.chunk.seq < cutoff)
         if settled:
             await self._confirm(pending[:settled])
+            self._frontier = pending[settled - 1]
             del pending[:settled]
+        if self._frontier is not None:
+            await self._record(self._frontier)
         self._since_collect = 0
         self._prune_at = max(PRUNE_EVERY, 2 * len(pending))
 
@@ -229,7 +281,34 @@ class ChunkStream:
         self._prune_at = PRUNE_EVERY
         await self._confirm(pending)
 
-    async def _confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
+    async def _record(self, last: SentChunk) -> None:
+        """Record `last` (confirmed) as the chain's head, fenced (`LeaseStore.record_chunk_head`).
+
+        A refusal means the lease passed to another owner: the stream stops here. A store
+        error is logged and the run goes on: a takeover then reads further back on the
+        subject (the chain MACs still tell this owner's chunks from forgeries)."""
+        if self.leases is None or last.chunk.seq <= self._recorded_seq:
+            return
+        if confirmed(last.future):
+            self._head_stream_seq = last.future.result().seq or self._head_stream_seq
+        head = ChunkHead(
+            last.chunk.seq, hashlib.sha256(last.data).hexdigest(), self._head_stream_seq
+        )
+        lease = self.lease
+        try:
+            recorded = await self.leases.record_chunk_head(
+                lease.keys, lease.owner, lease.fence, head
+            )
+        except Exception as exc:
+            log.warning(
+                "chunk chain head of %s not recorded: %s", self.action_id, type(exc).__name__
+            )
+            return
+        if not recorded:
+            raise lease.lose("the lease passed to another owner (chunk head refused)")
+        self._recorded_seq = last.chunk.seq
+
+    async def _confirm(self, pending: list[SentChunk]) -> None:
         try:
             await self.publisher.confirm(pending)
         except Exception as exc:
@@ -273,21 +352,3 @@ def refusal_chunk(
         ts_unix_ms=settled_at_ms,
         payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
     )
-
-
-async def _after_last(
-    publisher: BusPublisher, endpoint_id: str, action_id: str
-) -> tuple[int, str | None]:
-    """The seq after the last chunk the stream holds for the Action, and that chunk's hash."""
-    subjects = publisher.subjects
-    try:
-        last = await publisher.js.get_last_msg(
-            subjects.stream_name("chunks"), subjects.chunks(endpoint_id, action_id)
-        )
-    except NotFoundError:
-        return 0, None
-    data = last.data or b"{}"
-    seq = msgspec.json.decode(data).get("seq")
-    if not isinstance(seq, int):
-        return 0, None
-    return seq + 1, hashlib.sha256(data).hexdigest()

@@ -23,7 +23,6 @@ republished stored result only: a stale owner, refused by the fence, never gets 
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,7 +30,6 @@ from typing import Protocol
 
 import msgspec
 from nats.aio.msg import Msg
-from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action
@@ -42,7 +40,7 @@ from schemas.result import ActionResult
 from subjects.grammar import Subjects
 from worker import faults
 from worker.bus.audit import AuditLog
-from worker.bus.publisher import BusPublisher
+from worker.bus.publisher import BusPublisher, SentChunk
 from worker.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -170,17 +168,17 @@ class Outbox:
         """The terminal chunk (when owed), then the result, the chunk confirmed together
         with the awaited result: one round trip, and the chunk, sent first on the same
         connection, is stored first."""
-        pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        pending: list[SentChunk] = []
         if settled.terminal is not None:
             # Decoded for a re-send only: msgspec encodes a decoded chunk to the same bytes.
             chunk = _chunk_decoder.decode(settled.terminal)
-            pending.append((chunk, await self.publisher.chunk(chunk, settled.terminal)))
+            pending.append(await self.publisher.chunk(chunk, settled.terminal))
             faults.hit("after_terminal_chunk", action_id)
         await self.publisher.result_bytes(endpoint_id, action_id, settled.result)
         faults.hit("after_result_publish", action_id)
         if pending:
             await self.publisher.confirm(pending)
-            self.metrics.chunk_published(endpoint_id, pending[0][0].kind.value)
+            self.metrics.chunk_published(endpoint_id, pending[0].chunk.kind.value)
 
     async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
         try:
