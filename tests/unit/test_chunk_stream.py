@@ -32,7 +32,6 @@ from worker.execution.leases import HeldLease, LeaseLost
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant
 from worker.testing.services import ServiceHandle
-from worker.trust.responses import sha256_hex
 
 ENDPOINT = "h1"
 
