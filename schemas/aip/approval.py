@@ -9,7 +9,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgspec
 from msgspec import Meta
 
-from schemas.aip._base import AipStruct, PositiveInt, UInt
+from schemas.aip._base import AipStruct, UInt
 from schemas.aip.common import IdentityContext, Principal, Risk, Timestamp
 
 Decision = Literal["approved", "denied", "expired", "revoked"]
@@ -129,7 +129,7 @@ class QuorumRule(_Rule, tag="quorum", frozen=True):
 
     __aip_defaults__: ClassVar[dict[str, Any]] = {"distinct_principals": True}
 
-    required: Annotated[PositiveInt, Meta(description="How many must be met.")]
+    required: Annotated[UInt, Meta(description="How many must be met.")]
     rules: Annotated[list[ApprovalRule], Meta(description="The nested rules.")]
     distinct_principals: Annotated[
         bool | msgspec.UnsetType,
@@ -172,7 +172,7 @@ class DelegatedAuthorityRule(_Rule, tag="delegated_authority", frozen=True):
 
     scope: Annotated[str, Meta(description="The delegated scope required.")]
     max_risk: Annotated[Risk | None, Meta(description="Highest risk it covers.")] = None
-    max_value: Annotated[Any, Meta(description="Highest governed value it covers.")] = None
+    max_value: Annotated[UInt | None, Meta(description="Highest governed value it covers.")] = None
 
 
 ApprovalRule = (
@@ -191,7 +191,7 @@ ApprovalRule = (
 class PolicyDelegatedAuthority(AipStruct, frozen=True):
     """Authority an approval policy accepts in place of an approver."""
 
-    principal: Annotated[str | None, Meta(description="The delegating principal.")] = None
+    principal: Annotated[str, Meta(description="The principal given approval authority.")]
     scope: Annotated[list[str], Meta(description="Scopes.")] = msgspec.field(default_factory=list)
     expires_at: Annotated[str | None, Meta(description="RFC 3339 expiry.")] = None
 
@@ -219,7 +219,10 @@ class SeparationOfDuties(AipStruct, frozen=True):
 class ApprovalPolicy(AipStruct, frozen=True):
     """When a capability needs approval, and from whom (`CapabilityContract.approval`)."""
 
-    __aip_defaults__: ClassVar[dict[str, Any]] = {"minimum_distinct_principals": 1}
+    __aip_defaults__: ClassVar[dict[str, Any]] = {
+        "minimum_distinct_principals": 1,
+        "separation_of_duties": SeparationOfDuties(),
+    }
 
     required: Annotated[bool, Meta(description="Whether approval is required.")]
     approver_selector: Annotated[ApproverSelector, Meta(description="Who approves.")]
@@ -233,12 +236,13 @@ class ApprovalPolicy(AipStruct, frozen=True):
     ] = None
     rule: Annotated[ApprovalRule | None, Meta(description="The approval rule.")] = None
     minimum_distinct_principals: Annotated[
-        PositiveInt | msgspec.UnsetType,
+        UInt | msgspec.UnsetType,
         Meta(description="Distinct approvers needed (default 1)."),
     ] = msgspec.UNSET
     separation_of_duties: Annotated[
-        SeparationOfDuties | None, Meta(description="Separation-of-duties rules.")
-    ] = None
+        SeparationOfDuties | msgspec.UnsetType,
+        Meta(description="Separation-of-duties rules (default: all false)."),
+    ] = msgspec.UNSET
     policy_version: Annotated[str | None, Meta(description="The policy's version.")] = None
 
 

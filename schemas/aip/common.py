@@ -192,8 +192,8 @@ class AudioPart(_Part, tag="audio", frozen=True):
 class FormPart(_Part, tag="form", frozen=True):
     """A form for a human to fill in."""
 
-    fields: Annotated[Any, Meta(description="The form's fields.")]
-    actions: Annotated[Any, Meta(description="The form's actions.")]
+    fields: Annotated[list[Any], Meta(description="The form's fields.")]
+    actions: Annotated[list[Any], Meta(description="The form's actions.")]
 
 
 class CardPart(_Part, tag="card", frozen=True):
@@ -201,7 +201,9 @@ class CardPart(_Part, tag="card", frozen=True):
 
     title: Annotated[str, Meta(description="Title.")]
     body: Annotated[str, Meta(description="Body text.")]
-    actions: Annotated[Any, Meta(description="Card actions.")] = None
+    actions: Annotated[list[Any], Meta(description="Card actions.")] = msgspec.field(
+        default_factory=list
+    )
     media: Annotated[Any, Meta(description="Card media.")] = None
 
 

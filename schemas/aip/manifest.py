@@ -153,10 +153,12 @@ class Compensation(AipStruct, frozen=True):
 class CapabilityContract(AipStruct, frozen=True):
     """What a capability promises: effects, idempotency, execution, data, approval, SLA."""
 
-    side_effects: Annotated[list[SideEffect], Meta(min_length=1, description="Its side effects.")]
     idempotency: Annotated[Idempotency, Meta(description="Idempotency rules.")]
     execution: Annotated[Execution, Meta(description="Execution modes.")]
     data: Annotated[DataPolicy, Meta(description="Data handling.")]
+    side_effects: Annotated[
+        list[SideEffect], Meta(description="Its side effects (a connector declares at least one).")
+    ] = msgspec.field(default_factory=list)
     credentials: Annotated[Credentials | None, Meta(description="Credential needs.")] = None
     approval: Annotated[ApprovalPolicy | None, Meta(description="Approval policy.")] = None
     sla: Annotated[Sla | None, Meta(description="Service levels.")] = None
