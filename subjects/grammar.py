@@ -197,9 +197,11 @@ class Subjects:
         return f"hermes_{endpoint_id.replace('-', '_')}_{kind}"
 
 
-def chunk_msg_id(action_id: str, seq: int) -> str:
-    """`Nats-Msg-Id` of a chunk: a republish after a crash is dropped by the server."""
-    return f"{action_id}:{seq}"
+def chunk_msg_id(action_id: str, seq: int, payload_sha256: str) -> str:
+    """`Nats-Msg-Id` of a chunk: a republish of the same bytes after a crash is dropped by
+    the server, and with the bytes' hash in it a message published first under the same
+    seq (a forgery) cannot make the server drop the real chunk as its duplicate."""
+    return f"{action_id}:{seq}:{payload_sha256[:32]}"
 
 
 def result_msg_id(action_id: str, payload_sha256: str | None = None) -> str:

@@ -19,6 +19,7 @@ from worker.bus.connections import connect_nats, open_redis_for, stream_policy
 from worker.bus.consumer import PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
 from worker.bus.publisher import BusPublisher
+from worker.bus.queue_depth import QueueDepthGauge
 from worker.bus.server_requirements import version_problem
 from worker.control import BindingCancelHook, ControlPlane
 from worker.delegation.handler import DelegationIntake
@@ -44,6 +45,7 @@ from worker.operations.base import Registry
 from worker.pipeline.pipeline import Pipeline
 from worker.pipeline.runtime import EndpointRuntime, Gate, Runtime
 from worker.pipeline.steps import ActionIntake
+from worker.scrape_refresh import before_every_scrape
 from worker.serving import ServingGate, settings_blockers
 from worker.settings import Settings
 from worker.store.health import StoreHealth
@@ -101,6 +103,7 @@ class Worker:
         self.store_health: StoreHealth | None = None
         self.health: HealthServer | None = None
         self.escalations_open: OpenEscalationsGauge | None = None
+        self.queue_depth: QueueDepthGauge | None = None
         #: Whose signed escalations the gauge counts (`trusted_workers`).
         self._trusted_workers: TrustedGatewayKeys | None = None
         #: What keeps this worker from serving each endpoint (worker/serving.py).
@@ -248,6 +251,18 @@ class Worker:
                 self._pull(js, "delegations", endpoint.id, self.delegation_slots, delegations)
         rt = self.rt
         self.escalations_open = self._open_escalations(js, endpoints)
+        self.queue_depth = QueueDepthGauge(
+            js,
+            self.subjects,
+            [
+                (endpoint.id, kind)
+                for kind in (("actions", "delegations") if self.delegation else ("actions",))
+                for endpoint in endpoints
+            ],
+            self.metrics,
+            self.errors,
+            min_interval_s=settings.queue_depth_refresh_ms / 1000,
+        )
         probe = CallbackProbe(
             nats=lambda: bool(self.nc is not None and self.nc.is_connected),
             consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
@@ -261,7 +276,7 @@ class Worker:
             self.metrics,
             host=settings.metrics_host,
             port=settings.metrics_port,
-            before_scrape=self.escalations_open.before_scrape,
+            before_scrape=before_every_scrape([self.escalations_open, self.queue_depth]),
         )
         log.info(
             "worker %s serving %s (concurrency %d, lease ttl %d ms)",
@@ -440,6 +455,8 @@ class Worker:
             await self.health.stop()
         if self.escalations_open is not None:
             await self.escalations_open.stop()
+        if self.queue_depth is not None:
+            await self.queue_depth.stop()
         if self.control is not None:
             await self.control.stop()
         if self.rt is not None:

@@ -63,6 +63,7 @@ from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
 from worker.trust.responses import (
     ChunkChain,
+    ChunkSequencer,
     sha256_hex,
     verify_receipt,
     verify_result,
@@ -115,14 +116,17 @@ class ActionHandle:
     ) -> AsyncIterator[StreamChunk]:
         """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk.
 
-        With trusted worker keys, each chunk must name the hash of the one before it, and
-        the terminal chunk is yielded only after the signed result confirmed the chain's
-        end (the result follows it at once); a break raises `UnverifiedResponse`.
+        A chunk is yielded only after the one before it (`ChunkSequencer`: one read ahead of
+        a missing seq is held until it comes; two different chunks at one seq raise
+        `UnverifiedResponse`). With trusted worker keys, each chunk must name the hash of
+        the one before it, and the terminal chunk is yielded only after the signed result
+        confirmed the chain's end (the result follows it at once); a break raises
+        `UnverifiedResponse`.
         """
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
         stream = self.client.subjects.stream_name("chunks")
         chain = ChunkChain() if self.client.trusted_worker_keys is not None else None
-        expected = from_seq
+        order = ChunkSequencer(from_seq)
         async with SubjectFollower(self.client.nc, stream, subject) as follower:
             while True:
                 msg = await follower.next(idle_timeout_s or 3600.0)
@@ -134,17 +138,17 @@ class ActionHandle:
                     raise UnverifiedResponse(
                         f"a chunk on the subject of {self.action_id} names {chunk.action_id}"
                     )
-                if chunk.seq < expected:
-                    continue  # a republish after a takeover, or before from_seq
-                expected = chunk.seq + 1
-                terminal = isinstance(chunk, DoneChunk | ErrorChunk)
-                if chain is not None:
-                    chain.add(data)
+                for released in order.add(data, chunk.seq):
+                    if released is not data:
+                        chunk = _chunk_decoder.decode(released)
+                    terminal = isinstance(chunk, DoneChunk | ErrorChunk)
+                    if chain is not None:
+                        chain.add(released)
+                        if terminal:
+                            chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
+                    yield chunk
                     if terminal:
-                        chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
-                yield chunk
-                if terminal:
-                    return
+                        return
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
         """The settled ActionResult (waits for it; returns at once if it already exists).

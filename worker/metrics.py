@@ -179,6 +179,19 @@ class Metrics:
             "from NATS and Redis when scraped (every worker of an endpoint reports the same)",
             ["endpoint", "kind"], registry=r,
         )
+        self._queue_pending = Gauge(
+            f"{PREFIX}_queue_pending",
+            "Messages on an endpoint's work queue not yet delivered to any worker (the "
+            "consumer's num_pending, read when scraped; every worker reports the same)",
+            ["endpoint", "queue"], registry=r,
+        )
+        self._queue_in_flight = Gauge(
+            f"{PREFIX}_queue_in_flight",
+            "Messages delivered from an endpoint's work queue and not yet acknowledged, pool-"
+            "wide (the consumer's num_ack_pending, read when scraped; every worker reports "
+            "the same)",
+            ["endpoint", "queue"], registry=r,
+        )
         self._channel = Counter(
             f"{PREFIX}_channel_deliveries",
             "Channel deliveries this worker started (results or escalations into a session)",
@@ -285,6 +298,11 @@ class Metrics:
     def escalations_open(self, endpoint: str, kind: str, count: int) -> None:
         """How many escalations are open now (worker/escalation/gauge.py, from the stores)."""
         self._f_escalations_open.get(endpoint, kind).set(count)
+
+    def queue_depth(self, endpoint: str, queue: str, *, pending: int, in_flight: int) -> None:
+        """The work consumer's backlog now (worker/bus/queue_depth.py)."""
+        self._queue_pending.labels(endpoint, queue).set(pending)
+        self._queue_in_flight.labels(endpoint, queue).set(in_flight)
 
     def channel_delivery(self, endpoint: str, source: str) -> None:
         """One channel delivery taken from the egress queue towards a Hermes session."""

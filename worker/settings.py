@@ -274,6 +274,9 @@ class Settings(BaseSettings):
     escalations_open_refresh_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 15_000
     """Shortest time between two countings of the `escalations_open` gauge from the
     escalation stream and Redis (done when `/metrics` is scraped; 0: at every scrape)."""
+    queue_depth_refresh_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 5_000
+    """Shortest time between two readings of the work consumers for the `queue_pending` and
+    `queue_in_flight` gauges (done when `/metrics` is scraped; 0: at every scrape)."""
     log_format: Literal["json", "human"] = "json"
     """`json` lines for machines, `human` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

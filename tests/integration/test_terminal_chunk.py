@@ -22,6 +22,7 @@ from redis.asyncio import Redis
 
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import chunk_msg_id
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import ActionKeys
 
@@ -91,7 +92,8 @@ async def test_a_terminal_chunk_already_stored_is_not_published_again(stack: Sta
     await stack.publish(action)
     assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
     # What the dead worker's terminal chunk publish would have stored: the stored bytes,
-    # under the chunk's Msg-Id (`{action_id}:{seq}`), read straight from Redis.
+    # under the chunk's Msg-Id (`chunk_msg_id`: seq and the bytes' hash), read straight
+    # from Redis.
     redis = Redis.from_url(stack.redis_url)
     try:
         terminal = await redis.get(ActionKeys.of(action.id).terminal)
@@ -102,7 +104,11 @@ async def test_a_terminal_chunk_already_stored_is_not_published_again(stack: Sta
     await stack.nc.jetstream().publish(
         stack.subjects.chunks(ENDPOINT, action.id),
         terminal,
-        headers={"Nats-Msg-Id": f"{action.id}:{len(stored_before)}"},
+        headers={
+            "Nats-Msg-Id": chunk_msg_id(
+                action.id, len(stored_before), hashlib.sha256(terminal).hexdigest()
+            )
+        },
     )
     await asyncio.sleep(1.2)
     await stack.spawn("w2")

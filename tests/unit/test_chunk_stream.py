@@ -1,5 +1,6 @@
-"""The chunk stream decides every seq of an Action: start, takeover continuation, the one
-terminal chunk, and the lease check before each publish (worker/execution/chunk_stream.py).
+"""The chunk stream decides every seq of an Action: start, the one terminal chunk, and the
+lease check before each publish (worker/execution/chunk_stream.py); the takeover's
+continuation is tests/integration/test_chunk_chain_takeover.py.
 
 Against a real nats-server with the project's streams: what a consumer reads back from the
 chunks stream is what these tests assert.
@@ -71,26 +72,6 @@ def _seqs(stored: list[bytes]) -> list[object]:
     return [msgspec.json.decode(data)["seq"] for data in stored]
 
 
-async def test_a_takeover_continues_the_sequence_and_the_hash_chain(nc: Client) -> None:
-    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
-    action_id = new_action_id()
-    first = await ChunkStream.open(
-        publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
-    )
-    assert [await first.emit(ChunkKind.DATA, {"n": n}) for n in range(3)] == [0, 1, 2]
-    await first.confirm()
-    # The first owner stopped; the next one continues after what the stream holds.
-    second = await ChunkStream.open(
-        publisher, _lease(action_id, fence=2), action_id=action_id, endpoint_id=ENDPOINT
-    )
-    assert second.next_seq == 3
-    assert await second.emit(ChunkKind.DATA, {"n": 3}) == 3
-    await second.confirm()
-    stored = await _stored(nc, action_id)
-    assert _seqs(stored) == [0, 1, 2, 3]
-    assert msgspec.json.decode(stored[3])["prev_sha256"] == sha256_hex(stored[2])
-
-
 async def test_only_the_first_terminal_chunk_counts_and_closes_the_stream(nc: Client) -> None:
     publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     action_id = new_action_id()
@@ -149,7 +130,13 @@ class _FailingFirst(BusPublisher):
         self.resent: list[int] = []
 
     async def chunk(
-        self, chunk: StreamChunk, data: bytes | None = None, *, subject: str | None = None
+        self,
+        chunk: StreamChunk,
+        data: bytes | None = None,
+        *,
+        subject: str | None = None,
+        sha256: str | None = None,
+        mac: str | None = None,
     ) -> asyncio.Future[PubAck]:
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         if chunk.seq == 0:
@@ -158,7 +145,9 @@ class _FailingFirst(BusPublisher):
             future.set_result(PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1))
         return future
 
-    async def chunk_once(self, chunk: StreamChunk, *, subject: str | None = None) -> PubAck:
+    async def chunk_once(
+        self, chunk: StreamChunk, *, subject: str | None = None, mac: str | None = None
+    ) -> PubAck:
         self.resent.append(chunk.seq)
         return PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1)
 

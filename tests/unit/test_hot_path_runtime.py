@@ -15,8 +15,9 @@ from nats.js.api import PubAck
 
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from schemas.codec import encode
 from schemas.ids import new_action_id
-from subjects.grammar import Subjects
+from subjects.grammar import Subjects, chunk_msg_id
 from worker.bus.audit import SEAL_AFTER_S, AuditLog
 from worker.bus.publisher import MSG_ID, BusPublisher
 from worker.execution.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
@@ -25,7 +26,7 @@ from worker.store.connection import open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant, LeaseStore
 from worker.testing.services import ServiceHandle
-from worker.trust.responses import ResponseSigner
+from worker.trust.responses import ResponseSigner, sha256_hex
 from worker.trust.signing import generate_keypair, write_seed_file
 
 
@@ -94,7 +95,10 @@ async def test_a_batch_confirmation_resends_exactly_the_unconfirmed_chunks() -> 
     js.futures[1].set_exception(TimeoutError())
     js.futures[3].set_result(PubAck(stream="S", seq=2))
     await publisher.confirm(pending)  # chunk 2 never confirms: cancelled, then re-sent
-    assert [h[MSG_ID] for _, h in js.awaited] == [f"{action_id}:1", f"{action_id}:2"]
+    # Re-sent under their content-bound ids (seq and the bytes' hash), as first sent.
+    assert [h[MSG_ID] for _, h in js.awaited] == [
+        chunk_msg_id(action_id, chunk.seq, sha256_hex(encode(chunk))) for chunk, _ in pending[1:3]
+    ]
     assert js.futures[2].cancelled()  # its in-flight slot is given back
 
 
@@ -217,7 +221,7 @@ async def test_a_failed_chunk_is_re_sent_while_the_run_still_streams() -> None:
         else:
             future.set_result(PubAck(stream="S", seq=n))
     await stream.emit(ChunkKind.DATA, {"n": "next"})  # the batch is collected here
-    assert [h[MSG_ID] for _, h in js.awaited] == [f"{action_id}:7"]
+    assert [h[MSG_ID].rsplit(":", 1)[0] for _, h in js.awaited] == [f"{action_id}:7"]
 
 
 async def test_a_confirmation_that_never_comes_is_given_up_and_its_chunk_re_sent() -> None:
@@ -231,5 +235,5 @@ async def test_a_confirmation_that_never_comes_is_given_up_and_its_chunk_re_sent
         js.futures[-1].set_result(PubAck(stream="S", seq=n))
     assert js.awaited == []
     await stream.emit(ChunkKind.DATA, {"n": "one too many"})
-    assert [h[MSG_ID] for _, h in js.awaited] == [f"{action_id}:0"]
+    assert [h[MSG_ID].rsplit(":", 1)[0] for _, h in js.awaited] == [f"{action_id}:0"]
     assert js.futures[0].cancelled()

@@ -94,7 +94,9 @@ async def test_owed_chunks_go_out_before_the_terminal_one_without_copies(nc: Cli
     subject = subjects.chunks(ENDPOINT, action_id)
     for seq in (0, 1):
         await nc.jetstream().publish(
-            subject, chunks[seq], headers={"Nats-Msg-Id": chunk_msg_id(action_id, seq)}
+            subject,
+            chunks[seq],
+            headers={"Nats-Msg-Id": chunk_msg_id(action_id, seq, sha256_hex(chunks[seq]))},
         )
     result = encode(
         ActionResult(
@@ -111,7 +113,9 @@ async def test_owed_chunks_go_out_before_the_terminal_one_without_copies(nc: Cli
     )
     # A crash after chunk 2 of the owed ones was stored: the next republish sends 3 and 4.
     await nc.jetstream().publish(
-        subject, chunks[2], headers={"Nats-Msg-Id": chunk_msg_id(action_id, 2)}
+        subject,
+        chunks[2],
+        headers={"Nats-Msg-Id": chunk_msg_id(action_id, 2, sha256_hex(chunks[2]))},
     )
     await asyncio.sleep(0.7)  # past the duplicate window: only looking first avoids copies
     settled = Settled(result, chunks[5], b"\n".join(chunks[2:5]))

@@ -26,71 +26,13 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from schemas.aip.messages import BODY_KEYS as MESSAGE_BODY_KEYS
 from worker.aip.errors import MalformedEnvelope
 
 AIP_VERSION: Final = "1.0"
 
 #: message_type → the one key of `body` (upstream `MessageType` / `MessageBody`).
-BODY_KEYS: Final[Mapping[str, str]] = {
-    "aip.core.v1.handshake": "handshake",
-    "aip.core.v1.handshake_response": "handshake_response",
-    "aip.core.v1.action": "action",
-    "aip.core.v1.ack": "ack",
-    "aip.core.v1.stream_chunk": "stream_chunk",
-    "aip.core.v1.action_result": "action_result",
-    "aip.lifecycle.v1.action_status_request": "action_status_request",
-    "aip.lifecycle.v1.action_status": "action_status",
-    "aip.lifecycle.v1.action_result_request": "action_result_request",
-    "aip.lifecycle.v1.action_list_request": "action_list_request",
-    "aip.lifecycle.v1.action_list": "action_list",
-    "aip.lifecycle.v1.action_events_request": "action_events_request",
-    "aip.lifecycle.v1.action_events": "action_events",
-    "aip.policy.v1.approval_request": "approval_request",
-    "aip.policy.v1.approval_decision": "approval_decision",
-    "aip.policy.v1.approval_query_request": "approval_query_request",
-    "aip.policy.v1.approval_list_request": "approval_list_request",
-    "aip.policy.v1.approval_record_view": "approval_record_view",
-    "aip.policy.v1.approval_list": "approval_list",
-    "aip.callback.v1.delivery_query_request": "callback_delivery_query_request",
-    "aip.callback.v1.delivery_list_request": "callback_delivery_list_request",
-    "aip.callback.v1.delivery_record": "callback_delivery_record",
-    "aip.callback.v1.delivery_list": "callback_delivery_list",
-    "aip.session.v1.session_request": "session_request",
-    "aip.session.v1.session_view": "session_view",
-    "aip.session.v1.session_list_request": "session_list_request",
-    "aip.session.v1.session_list": "session_list",
-    "aip.session.v1.session_close_request": "session_close_request",
-    "aip.session.v1.session_resume_request": "session_resume_request",
-    "aip.session.v1.session_resume": "session_resume",
-    "aip.agent.v1.delegation_request": "delegation_request",
-    "aip.agent.v1.delegation_result": "delegation_result",
-    "aip.transaction.v1.request": "transaction_request",
-    "aip.transaction.v1.result": "transaction_result",
-    "aip.transaction.v1.query_request": "transaction_query_request",
-    "aip.transaction.v1.view": "transaction_view",
-    "aip.core.v1.error": "error",
-    "aip.core.v1.cancel": "cancel",
-    "aip.core.v1.heartbeat": "heartbeat",
-    "aip.core.v1.heartbeat_ack": "heartbeat_ack",
-    "aip.core.v1.escalation": "escalation",
-    "aip.core.v1.escalation_resolution": "escalation_resolution",
-    "aip.discovery.v1.manifest_request": "manifest_request",
-    "aip.discovery.v1.manifest_response": "manifest",
-    "aip.discovery.v1.event_stream_request": "event_stream_request",
-    "aip.discovery.v1.event_stream_response": "event_stream",
-    "aip.channel.v1.message_created": "channel_message",
-    "aip.channel.v1.conversation_updated": "conversation",
-    "aip.audit.v1.receipt_chain": "receipt_chain",
-    "aip.audit.v1.receipt_query_request": "receipt_query_request",
-    "aip.audit.v1.audit_event": "audit_event",
-    "aip.audit.v1.audit_query_request": "audit_query_request",
-    "aip.audit.v1.audit_query_result": "audit_query_result",
-    "aip.resource.v1.resource_list_request": "resource_list_request",
-    "aip.resource.v1.resource_list": "resource_list",
-    "aip.resource.v1.resource_read_request": "resource_read_request",
-    "aip.resource.v1.resource_read_result": "resource_read_result",
-    "aip.economic.v1.batch_settlement": "batch_settlement",
-}
+BODY_KEYS: Final[Mapping[str, str]] = MESSAGE_BODY_KEYS
 
 REQUIRED_FIELDS: Final = ("aip_version", "message_type", "message_id", "sent_at", "body")
 _OPTIONAL_STRINGS: Final = ("session_id", "correlation_id", "in_response_to", "idempotency_key")

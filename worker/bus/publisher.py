@@ -43,6 +43,9 @@ if TYPE_CHECKING:  # the trust package imports the runtime's modules, which impo
 log = logging.getLogger(__name__)
 
 MSG_ID = "Nats-Msg-Id"
+#: A chunk's MAC under its delivery's chain key (`worker.execution.chunk_chain`, which
+#: reads it; defined here so the bus package does not import the execution's).
+CHAIN_MAC_HEADER = "AIP-Chunk-Mac"
 #: Bytes of `max_payload` kept for the headers a worker sends with a result or chunk
 #: (`Nats-Msg-Id`, the signature headers): NATS counts headers and body together.
 HEADER_ROOM = 4096
@@ -62,6 +65,19 @@ def refused_by_stream(exc: BaseException) -> bool:
     answer) is the bus failing, and the same publish succeeds once the bus is back."""
     description = str(getattr(exc, "description", "") or "")
     return getattr(exc, "err_code", None) == 10077 and description.startswith("maximum")
+
+
+def chunk_headers(
+    chunk: StreamChunk, payload: bytes, sha256: str | None = None, mac: str | None = None
+) -> dict[str, str]:
+    """A chunk's headers: its content-bound `Nats-Msg-Id` (seq and the bytes' hash, so a
+    republish of the same bytes is a duplicate and a forgery at that seq is not), and its
+    chain MAC when the chunk stream gives one."""
+    digest = sha256 or hashlib.sha256(payload).hexdigest()
+    headers = {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq, digest)}
+    if mac is not None:
+        headers[CHAIN_MAC_HEADER] = mac
+    return headers
 
 
 def confirmed(future: asyncio.Future[PubAck]) -> bool:
@@ -119,34 +135,46 @@ class BusPublisher:
         )
 
     async def chunk(
-        self, chunk: StreamChunk, data: bytes | None = None, *, subject: str | None = None
+        self,
+        chunk: StreamChunk,
+        data: bytes | None = None,
+        *,
+        subject: str | None = None,
+        sha256: str | None = None,
+        mac: str | None = None,
     ) -> asyncio.Future[PubAck]:
-        """Send a chunk now (as `data` when the caller already encoded and hashed it; to
-        `subject` when the caller already built the Action's chunk subject, as a stream
-        of thousands of chunks does once); the returned future confirms it (see `confirm`)."""
+        """Send a chunk now (as `data`, with its `sha256`, when the caller already encoded
+        and hashed it; to `subject` when the caller already built the Action's chunk
+        subject, as a stream of thousands of chunks does once; with `mac`, its chain MAC:
+        `worker.execution.chunk_chain`); the returned future confirms it (see `confirm`)."""
+        payload = encode(chunk) if data is None else data
         return await self._publish_async(
             subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
-            encode(chunk) if data is None else data,
-            {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
+            payload,
+            chunk_headers(chunk, payload, sha256, mac),
             self.confirm_timeout_s,
         )
 
     async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
+        payload = encode(chunk)
         return await self._publish(
             self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
-            encode(chunk),
-            chunk_msg_id(chunk.action_id, chunk.seq),
+            payload,
+            chunk_headers(chunk, payload)[MSG_ID],
         )
 
-    async def chunk_once(self, chunk: StreamChunk, *, subject: str | None = None) -> PubAck:
+    async def chunk_once(
+        self, chunk: StreamChunk, *, subject: str | None = None, mac: str | None = None
+    ) -> PubAck:
         """One awaited publish of a chunk whose confirmation went missing, no retry: the
         chunk stream holds it back when the bus refuses it (`worker.execution.chunk_stream`)."""
+        payload = encode(chunk)
         try:
             ack = await self.js.publish(
                 subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
-                encode(chunk),
+                payload,
                 timeout=self.confirm_timeout_s,
-                headers={MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
+                headers=chunk_headers(chunk, payload, mac=mac),
             )
         except Exception as exc:
             if not refused_by_stream(exc):

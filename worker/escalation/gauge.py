@@ -25,7 +25,6 @@ so a forger can neither raise the gauge nor hide behind it.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -40,8 +39,8 @@ from subjects.grammar import Subjects
 from worker.escalation.ledger import Unreadable, believe_escalation, read_subject_from
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
+from worker.scrape_refresh import RefreshedOnScrape
 from worker.store.keys import escalation_resolution_key
-from worker.tasks import stop_tasks
 from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
@@ -51,8 +50,6 @@ log = logging.getLogger(__name__)
 MAX_READ_PER_REFRESH = 20_000
 #: Open escalations asked about in one Redis pipeline.
 EXISTS_BATCH = 1_000
-#: How long a scrape waits for a refresh before it shows the previous value.
-SCRAPE_WAIT_S = 5.0
 WHERE = "escalations_open"
 
 
@@ -140,7 +137,7 @@ class EndpointEscalations:
         return out
 
 
-class OpenEscalationsGauge:
+class OpenEscalationsGauge(RefreshedOnScrape):
     """Refreshes the `escalations_open` gauge of every served endpoint when scraped."""
 
     def __init__(
@@ -152,36 +149,12 @@ class OpenEscalationsGauge:
         min_interval_s: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        super().__init__(WHERE, self._count, min_interval_s=min_interval_s, clock=clock)
         self.endpoints = list(endpoints)
         self.metrics = metrics
         self.errors = errors
-        self.min_interval_s = min_interval_s
-        self._clock = clock
-        self._last: float | None = None
-        self._running: asyncio.Task[None] | None = None
 
-    async def before_scrape(self) -> None:
-        """Refresh unless one ran within `min_interval_s`; never raises, waits boundedly."""
-        if self._running is None:
-            if self._last is not None and self._clock() - self._last < self.min_interval_s:
-                return
-            self._running = asyncio.get_running_loop().create_task(self._refresh())
-            self._running.add_done_callback(self._done)
-        try:
-            await asyncio.wait_for(asyncio.shield(self._running), SCRAPE_WAIT_S)
-        except TimeoutError:
-            log.info("escalations_open refresh still running; the scrape shows the last value")
-
-    async def stop(self) -> None:
-        """Cancel a refresh still running (shutdown)."""
-        if self._running is not None:
-            await stop_tasks([self._running], SCRAPE_WAIT_S)
-
-    def _done(self, _: asyncio.Task[None]) -> None:
-        self._running = None
-        self._last = self._clock()
-
-    async def _refresh(self) -> None:
+    async def _count(self) -> None:
         for endpoint in self.endpoints:
             unreadable, unverified = endpoint.unreadable, endpoint.unverified
             try:

@@ -5,8 +5,13 @@ before, and exactly one terminal chunk (`done` or `error`) closing the stream af
 fenced settle (docs/architecture.md §4, steps 5-7). Every decision about that sequence is
 made here:
 
-- where it starts: 0 for an Action no worker published for, or after the last chunk the
-  stream holds when this delivery took the Action over (`open`);
+- where it starts: 0 for an Action no worker published for, or, when this delivery took
+  the Action over, after the chain's recorded head and the earlier owners' chunks that
+  prove they follow it (`open`, `worker.execution.chunk_chain`) — never after whatever is
+  last on the subject;
+- the record of that head: after each confirmation collection the newest chunk stored
+  with every chunk before it is recorded in the lease hash, fenced (`_record`), and every
+  chunk carries its delivery's chain MAC;
 - what `emit` publishes: the next seq, after the lease's local validity check (a paused
   worker stops before it publishes anything);
 - the one terminal chunk: the first one an operation emits is held (later ones are
@@ -34,11 +39,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 from typing import Any
 
 import msgspec
 from nats.js.api import PubAck
-from nats.js.errors import NotFoundError
 
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
@@ -46,9 +51,13 @@ from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
 from worker.bus.publisher import BusPublisher, confirmed, refused_by_stream
 from worker.errors import ConnectorError
+from worker.execution.chunk_chain import chain_mac, continue_chain
 from worker.execution.leases import HeldLease
 from worker.metrics import Metrics
 from worker.store.clock import now_ms
+from worker.store.lease_store import ChunkHead, LeaseStore
+
+log = logging.getLogger(__name__)
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
 
@@ -85,6 +94,8 @@ class ChunkStream:
         first_seq: int = 0,
         prev_sha256: str | None = None,
         metrics: Metrics | None = None,
+        leases: LeaseStore | None = None,
+        head_stream_seq: int = 0,
     ) -> None:
         self.publisher = publisher
         self.lease = lease
@@ -98,6 +109,16 @@ class ChunkStream:
         #: before a takeover, read back from the stream): the next chunk names it.
         self._prev_sha256 = prev_sha256
         self._pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        #: Where the chain's head is recorded (None: nowhere, for a stream no takeover
+        #: continues, as in the unit tests of the stream itself).
+        self.leases = leases
+        #: Stream sequence of the last recorded chunk (0: none yet): where a takeover
+        #: starts reading the subject.
+        self._head_stream_seq = head_stream_seq
+        #: The newest chunk known stored with every chunk before it: the head to record.
+        self._frontier: tuple[StreamChunk, asyncio.Future[PubAck]] | None = None
+        #: Seq of the head last recorded (-1: none), so an unchanged head is not re-sent.
+        self._recorded_seq = -1
         #: Chunks emitted since confirmations were last collected (see `_collect`).
         self._since_collect = 0
         #: `len(_pending)` at which `emit` next lets go of confirmed chunks.
@@ -119,12 +140,21 @@ class ChunkStream:
         action_id: str,
         endpoint_id: str,
         metrics: Metrics | None = None,
+        leases: LeaseStore | None = None,
     ) -> ChunkStream:
-        """The stream at seq 0, or, after a takeover, continued after the last chunk the
-        stream holds (gap-free, the hash chain going on from that chunk's bytes)."""
-        first_seq, prev_sha256 = 0, None
-        if lease.is_takeover:
-            first_seq, prev_sha256 = await _after_last(publisher, endpoint_id, action_id)
+        """The stream at seq 0, or, after a takeover, continued where the chain's recorded
+        head and the earlier owners' MAC-proven chunks end (`chunk_chain.continue_chain`):
+        gap-free, and never linked to a chunk forged on the subject."""
+        first_seq, prev_sha256, stream_seq = 0, None, 0
+        if lease.is_takeover and leases is not None:
+            record = await leases.chunk_chain(lease.keys)
+            start = await continue_chain(
+                publisher, record, endpoint_id=endpoint_id, action_id=action_id,
+                fence=lease.fence,
+            )
+            first_seq, prev_sha256, stream_seq = (
+                start.next_seq, start.prev_sha256, start.stream_seq
+            )
         return cls(
             publisher,
             lease,
@@ -133,7 +163,16 @@ class ChunkStream:
             first_seq=first_seq,
             prev_sha256=prev_sha256,
             metrics=metrics,
+            leases=leases,
+            head_stream_seq=stream_seq,
         )
+
+    def _mac(self, data: bytes, sha256: str | None = None) -> str | None:
+        """The chain MAC of a chunk's bytes under this delivery's key (None without one)."""
+        key = self.lease.chain_key
+        if not key:
+            return None
+        return chain_mac(key, self.lease.fence, sha256 or hashlib.sha256(data).hexdigest())
 
     @property
     def next_seq(self) -> int:
@@ -189,13 +228,15 @@ class ChunkStream:
             return self._terminal.seq
         chunk = self._make(kind, payload, provider_event=provider_event, run_id=run_id)
         data = encode(chunk)
-        self._prev_sha256 = hashlib.sha256(data).hexdigest()
+        sha = self._prev_sha256 = hashlib.sha256(data).hexdigest()
         if self._owed:
             # Held: an earlier chunk is waiting for the bus, and nothing may overtake it.
             self._hold([(chunk, data)])
         else:
             try:
-                future = await self.publisher.chunk(chunk, data, subject=self._subject)
+                future = await self.publisher.chunk(
+                    chunk, data, subject=self._subject, sha256=sha, mac=self._mac(data, sha)
+                )
             except Exception as exc:
                 self._refused(chunk.seq, exc)
                 self._hold([(chunk, data)])
@@ -205,7 +246,13 @@ class ChunkStream:
                 if len(self._pending) >= self._prune_at:
                     # Confirmed already: nothing left to wait for or re-send. The rest keep
                     # their order, so a failed one is still re-sent in seq order later.
-                    self._pending = [p for p in self._pending if not confirmed(p[1])]
+                    kept = [p for p in self._pending if not confirmed(p[1])]
+                    first_open = kept[0][0].seq if kept else self._seq
+                    for sent in reversed(self._pending):
+                        if sent[0].seq < first_open and confirmed(sent[1]):
+                            self._frontier = sent  # it and every chunk before it: stored
+                            break
+                    self._pending = kept
                     # The next scan waits until the list has doubled: when confirmations lag
                     # (a flood), a scan every PRUNE_EVERY chunks over hundreds of unconfirmed
                     # ones was 7% of the relay's CPU; this way each chunk is looked at a
@@ -240,6 +287,8 @@ class ChunkStream:
             settled = sum(1 for chunk, _ in pending if chunk.seq < cutoff)
         if settled:
             await self._confirm_oldest(settled)
+        if self._frontier is not None:
+            await self._record(self._frontier)
         self._since_collect = 0
         self._prune_at = max(PRUNE_EVERY, 2 * len(self._pending))
 
@@ -272,7 +321,9 @@ class ChunkStream:
             if first is not None:
                 self._refused(chunk.seq, first)
             try:
-                await self.publisher.chunk_once(chunk, subject=self._subject)
+                await self.publisher.chunk_once(
+                    chunk, subject=self._subject, mac=self._mac(encode(chunk))
+                )
             except Exception as exc:
                 self._refused(chunk.seq, exc)
                 held, self._pending = pending[index:], []
@@ -281,6 +332,8 @@ class ChunkStream:
                 self._owed, owed, self._owed_bytes = [], self._owed, 0
                 self._hold([(c, encode(c)) for c, _ in held] + owed)
                 return
+        if head and not self._owed:
+            self._frontier = head[-1]
         del pending[:count]
 
     async def _send_owed(self) -> None:
@@ -288,7 +341,11 @@ class ChunkStream:
         sent: list[asyncio.Future[PubAck]] = []
         for chunk, data in self._owed:
             try:
-                sent.append(await self.publisher.chunk(chunk, data, subject=self._subject))
+                sent.append(
+                    await self.publisher.chunk(
+                        chunk, data, subject=self._subject, mac=self._mac(data)
+                    )
+                )
             except Exception as exc:
                 self.publisher.health.failed(exc)
                 break
@@ -307,6 +364,34 @@ class ChunkStream:
             self.publisher.health.succeeded()
             del self._owed[:stored]
             self._owed_bytes = sum(len(data) for _, data in self._owed)
+
+    async def _record(self, last: tuple[StreamChunk, asyncio.Future[PubAck]]) -> None:
+        """Record `last` (stored, with every chunk before it) as the chain's head, fenced
+        (`LeaseStore.record_chunk_head`).
+
+        A refusal means the lease passed to another owner: the stream stops here. A store
+        error is logged and the run goes on: a takeover then reads further back on the
+        subject (the chain MACs still tell this owner's chunks from forgeries)."""
+        chunk, future = last
+        if self.leases is None or chunk.seq <= self._recorded_seq:
+            return
+        if confirmed(future):
+            self._head_stream_seq = future.result().seq or self._head_stream_seq
+        sha = hashlib.sha256(encode(chunk)).hexdigest()
+        head = ChunkHead(chunk.seq, sha, self._head_stream_seq)
+        lease = self.lease
+        try:
+            recorded = await self.leases.record_chunk_head(
+                lease.keys, lease.owner, lease.fence, head
+            )
+        except Exception as exc:
+            log.warning(
+                "chunk chain head of %s not recorded: %s", self.action_id, type(exc).__name__
+            )
+            return
+        if not recorded:
+            raise lease.lose("the lease passed to another owner (chunk head refused)")
+        self._recorded_seq = chunk.seq
 
     def _refused(self, seq: int, exc: BaseException) -> None:
         """A chunk's publication failed: `stream_publication` when the stream's own limits
@@ -377,20 +462,3 @@ def refusal_chunk(
         payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
     )
 
-
-async def _after_last(
-    publisher: BusPublisher, endpoint_id: str, action_id: str
-) -> tuple[int, str | None]:
-    """The seq after the last chunk the stream holds for the Action, and that chunk's hash."""
-    subjects = publisher.subjects
-    try:
-        last = await publisher.js.get_last_msg(
-            subjects.stream_name("chunks"), subjects.chunks(endpoint_id, action_id)
-        )
-    except NotFoundError:
-        return 0, None
-    data = last.data or b"{}"
-    seq = msgspec.json.decode(data).get("seq")
-    if not isinstance(seq, int):
-        return 0, None
-    return seq + 1, hashlib.sha256(data).hexdigest()

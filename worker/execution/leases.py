@@ -61,6 +61,9 @@ class HeldLease:
         self.attempted_fence = grant.attempted_fence
         #: Redis time at which this delivery acquired the lease (0: unknown).
         self.leased_at_ms = grant.now_ms
+        #: This delivery's chunk-chain key, kept under its fence in the lease hash: the MAC
+        #: on each of its chunks (`worker.execution.chunk_chain`; '' sends none).
+        self.chain_key = grant.chain_key
         self._ttl_s = ttl_ms / 1000
         #: Monotonic time at which the last *successful* renewal was sent (acquire counts).
         self.renewed_at = time.monotonic()

@@ -14,6 +14,7 @@ import secrets
 from nats.aio.msg import Msg
 
 from schemas.action import Action
+from worker.execution.chunk_chain import new_chain_key
 from worker.fingerprints import idempotency_fingerprint
 from worker.pipeline.delivery import Delivery
 from worker.pipeline.runtime import Runtime
@@ -61,5 +62,6 @@ class Acquire:
             rt.settings.lease_ttl_ms,
             idempotency_fingerprint(delivery.action),
             subject_of(delivery.action),
+            chain_key=new_chain_key(),
         )
         return owner, grant

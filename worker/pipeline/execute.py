@@ -65,7 +65,7 @@ class Leased:
         lease = HeldLease(delivery.keys, owner, grant, ttl_ms=rt.settings.lease_ttl_ms)
         chunks = await ChunkStream.open(
             rt.publisher, lease, action_id=action.id, endpoint_id=endpoint_id,
-            metrics=rt.metrics,
+            metrics=rt.metrics, leases=rt.stores.leases,
         )
         execution = Execution(
             action=action,

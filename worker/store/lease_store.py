@@ -53,6 +53,8 @@ class LeaseGrant:
     now_ms: int = 0
     #: Cancel intents were recorded before any worker knew the Action: authorize them.
     cancel_pending: bool = False
+    #: The chunk-chain key this delivery registered with its fence ('' for none).
+    chain_key: str = ""
 
     @property
     def is_takeover(self) -> bool:
@@ -109,6 +111,27 @@ class ActionSubject:
 
 
 @dataclass(frozen=True, slots=True)
+class ChunkHead:
+    """The last chunk of an Action's chain that its owner saw JetStream confirm."""
+
+    seq: int
+    #: sha256 (hex) of the chunk's exact bytes: the next chunk names it.
+    sha256: str
+    #: Its stream sequence (0: unknown): a takeover reads the subject from there on.
+    stream_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkChainRecord:
+    """What a takeover continues an Action's chunk chain from (`chunk_chain`)."""
+
+    #: None when no owner recorded a confirmed chunk.
+    head: ChunkHead | None
+    #: fence → that delivery's chunk-chain key (hex), for every fence that had one.
+    chain_keys: dict[int, str]
+
+
+@dataclass(frozen=True, slots=True)
 class CancelAnswer:
     state: CancelState
     #: The current lease holder ('' when none).
@@ -160,13 +183,15 @@ class LeaseStore:
         ttl_ms: int,
         fingerprint: str,
         subject: ActionSubject | None = None,
+        chain_key: str = "",
     ) -> LeaseGrant:
         """Take the Action's lease. New work yields to the store's health: refused at once
         (`StoreNotAccepting`) while the gate is closed or Redis is at maxmemory, and given up
         at the first refused connection or after `ACQUIRE_BUDGET_S` (`StoreUnavailable`),
         instead of holding the delivery for the whole store budget. `subject` (the Action's
         verified principal, tenant and capability) is recorded with it for cancel
-        authorization."""
+        authorization; `chain_key` is this delivery's chunk-chain key
+        (`worker.execution.chunk_chain`), kept under the fence it is granted."""
         recorded = subject or ActionSubject("", None, "")
         health = self.health
         if health is not None and not health.accepting:
@@ -184,6 +209,7 @@ class LeaseStore:
                         recorded.principal_id,
                         recorded.tenant_id or "",
                         recorded.capability,
+                        chain_key,
                     ],
                     budget_s=budget_s,
                     give_up_if=is_refused,
@@ -212,6 +238,7 @@ class LeaseStore:
             cancel_requested=bool(cancel),
             now_ms=int(reply[6]) if len(reply) > 6 else 0,
             cancel_pending=bool(reply[7]) if len(reply) > 7 else False,
+            chain_key=chain_key,
         )
 
     async def renew_many(
@@ -245,6 +272,28 @@ class LeaseStore:
             [keys.lease], [owner, fence], budget_s=self.call_budget_s
         )
         return bool(reply)
+
+    async def record_chunk_head(
+        self, keys: ActionKeys, owner: str, fence: int, head: ChunkHead
+    ) -> bool:
+        """Record `head` as the chain's last confirmed chunk (`lua/chunk_record.lua`); False:
+        the caller no longer holds the lease."""
+        reply = await self.scripts["chunk_record"].reasked(
+            [keys.lease],
+            [owner, fence, head.seq, head.sha256, head.stream_seq],
+            budget_s=self.call_budget_s,
+        )
+        return bool(reply)
+
+    async def chunk_chain(self, keys: ActionKeys) -> ChunkChainRecord:
+        """The recorded head of the Action's chunk chain and every fence's chain key."""
+        reply = await self.scripts["chunk_chain"].reasked(
+            [keys.lease], [], budget_s=self.call_budget_s
+        )
+        seq, sha, stream_seq = int(reply[0]), _s(reply[1]), int(reply[2])
+        chain_keys = {int(reply[i]): _s(reply[i + 1]) for i in range(3, len(reply) - 1, 2)}
+        head = ChunkHead(seq, sha, stream_seq) if seq >= 0 and sha else None
+        return ChunkChainRecord(head, chain_keys)
 
     async def settle(
         self,

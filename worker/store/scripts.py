@@ -36,6 +36,8 @@ SCRIPT_NAMES = (
     "lease_renew",
     "lease_release",
     "mark_attempt",
+    "chunk_record",
+    "chunk_chain",
     "settle",
     "cancel_request",
     "cancel_promote",

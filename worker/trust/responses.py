@@ -237,3 +237,50 @@ class ChunkChain:
             raise UnverifiedResponse(
                 f"the signed result of {result.action_id} does not end the chunk chain read"
             )
+
+
+#: Chunks a reader holds ahead of a missing one before it calls the stream broken.
+MAX_HELD_CHUNKS = 1024
+
+
+class ChunkSequencer:
+    """Puts one Action's chunks, as read from the subject, in seq order, each once.
+
+    A chunk is released only when the one before it was: a chunk read ahead of a missing
+    seq (a publication whose confirmation was lost is sent again later, so it is stored
+    after its successors) is held until the missing one arrives, instead of being passed on
+    with a gap. A second copy of a released seq with the same bytes is a republish and is
+    dropped; with other bytes it is a fork: two chunks claim the same place in the chain,
+    and at most one was published by the Action's owner (worker.execution.chunk_chain), so
+    the reader is told (`UnverifiedResponse`) rather than left to guess.
+    """
+
+    def __init__(self, from_seq: int = 0) -> None:
+        self.expected = from_seq
+        self._held: dict[int, bytes] = {}
+        #: sha256 of the last released chunk: what a second copy of its seq is compared to.
+        self._last_sha256: str | None = None
+
+    def add(self, data: bytes, seq: int) -> list[bytes]:
+        """The chunks `data` (at `seq`) releases, oldest first (often just itself)."""
+        if seq < self.expected:
+            if seq == self.expected - 1 and sha256_hex(data) != self._last_sha256:
+                raise UnverifiedResponse(
+                    f"two different chunks claim seq {seq}: one of them was forged"
+                )
+            return []
+        if seq > self.expected:
+            if seq not in self._held and len(self._held) >= MAX_HELD_CHUNKS:
+                raise UnverifiedResponse(
+                    f"chunk {self.expected} is missing while {len(self._held)} later "
+                    "chunks wait for it"
+                )
+            self._held.setdefault(seq, data)
+            return []
+        released = [data]
+        self.expected = seq + 1
+        while self.expected in self._held:
+            released.append(self._held.pop(self.expected))
+            self.expected += 1
+        self._last_sha256 = sha256_hex(released[-1])
+        return released

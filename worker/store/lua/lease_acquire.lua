@@ -3,7 +3,10 @@
 -- ARGV[1] owner token (unique per delivery attempt), ARGV[2] lease ttl ms, ARGV[3] key ttl ms,
 -- ARGV[4] request fingerprint (sha256 of the canonical request), ARGV[5] the Action's
 -- verified principal, ARGV[6] its tenant ('' for none), ARGV[7] its capability (recorded so
--- a cancel request can be authorized against the Action it names)
+-- a cancel request can be authorized against the Action it names), ARGV[8] this delivery's
+-- chunk-chain key (random; '' for none), kept as `chain_key.{fence}` so that the owner after
+-- it can tell the chunks this fence published from chunks forged on the subject
+-- (worker/execution/chunk_chain.py)
 -- Guarantees: at most one live owner at a time; every acquisition gets a fence strictly
 -- greater than every earlier one (HINCRBY on a field that is never reset); nothing is
 -- acquired once a result is stored. Time is Redis TIME, never the caller's clock.
@@ -40,5 +43,8 @@ fence = redis.call('HINCRBY', KEYS[1], 'fence', 1)
 local until_ms = now + tonumber(ARGV[2])
 redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'expires_at_ms', until_ms, 'acquired_at_ms', now,
   'fingerprint', ARGV[4], 'principal', ARGV[5], 'tenant', ARGV[6], 'capability', ARGV[7])
+if ARGV[8] and ARGV[8] ~= '' then
+  redis.call('HSET', KEYS[1], 'chain_key.' .. fence, ARGV[8])
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 return {'acquired', fence, owner, until_ms, attempted, cancel, now, pending}

@@ -1,0 +1,25 @@
+"""JSON Schema of the AIP body types, as this project publishes them (every field
+described; the tag property of a tagged variant described too, which msgspec leaves
+bare)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+#: The tag properties of the tagged unions (message parts, approver selectors, rules).
+TAG_DESCRIPTIONS = {
+    "type": "The variant: which kind of part or selector this is.",
+    "operator": "The variant: which kind of rule this is.",
+}
+
+
+def json_schema(payload_type: type[Any]) -> dict[str, Any]:
+    """The JSON Schema (2020-12 `$defs` form) of `payload_type`."""
+    schema = msgspec.json.schema(payload_type)
+    for definition in schema.get("$defs", {}).values():
+        for name, prop in (definition.get("properties") or {}).items():
+            if name in TAG_DESCRIPTIONS and "description" not in prop and "enum" in prop:
+                prop["description"] = TAG_DESCRIPTIONS[name]
+    return schema

@@ -1,0 +1,220 @@
+"""A takeover continues an Action's chunk chain from what a fenced owner recorded and
+published, never from a chunk forged on the subject (issue #24 item 7;
+worker/execution/chunk_chain.py).
+
+Real nats-server and Redis: the leases are acquired through the worker's own LeaseStore
+(its Lua scripts), the chunks published by the worker's ChunkStream, and the forgery is a
+plain JetStream publish by a client that has NATS rights only, linking to the real last
+chunk, as the attack pass did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+
+from schemas.chunk import ChunkKind
+from schemas.ids import new_action_id
+from subjects.grammar import Subjects, chunk_msg_id
+from subjects.provision import provision
+from subjects.streams import StreamPolicy
+from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
+from worker.bus.stream_reads import drain
+from worker.errors import UnverifiedResponse
+from worker.execution.chunk_chain import new_chain_key
+from worker.execution.chunk_stream import CONFIRM_BATCH, ChunkStream
+from worker.execution.leases import HeldLease, LeaseLost
+from worker.store.connection import open_redis
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import AcquireStatus, LeaseStore
+from worker.testing.services import ServiceHandle
+from worker.trust.responses import ChunkSequencer
+
+ENDPOINT = "h1"
+TTL_MS = 300
+
+
+@pytest.fixture
+async def nc(nats_server: ServiceHandle) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_server.url)
+    await provision(client.jetstream(), Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=5.0))
+    yield client
+    await client.drain()
+
+
+@pytest.fixture
+async def leases(redis_server: ServiceHandle) -> AsyncIterator[LeaseStore]:
+    client = open_redis(redis_server.url, socket_timeout_s=1.0)
+    try:
+        yield LeaseStore(client)
+    finally:
+        await client.aclose()
+
+
+async def _lease(leases: LeaseStore, keys: ActionKeys, owner: str) -> HeldLease:
+    """Acquire as the pipeline does (`worker/pipeline/acquire.py`): a fresh chain key."""
+    grant = await leases.acquire(keys, owner, TTL_MS, "fp", chain_key=new_chain_key())
+    assert grant.status is AcquireStatus.ACQUIRED, grant
+    return HeldLease(keys, owner, grant, ttl_ms=60_000)
+
+
+async def _open(publisher: BusPublisher, lease: HeldLease, leases: LeaseStore) -> ChunkStream:
+    return await ChunkStream.open(
+        publisher, lease, action_id=lease.keys.action_id, endpoint_id=ENDPOINT, leases=leases
+    )
+
+
+async def _stored(nc: Client, action_id: str) -> list[tuple[bytes, dict[str, str]]]:
+    subjects = Subjects()
+    msgs = await drain(
+        nc.jetstream(), subjects.stream_name("chunks"), subjects.chunks(ENDPOINT, action_id)
+    )
+    return [(m.data or b"", dict(m.headers or {})) for m in msgs]
+
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+async def _forge_after(nc: Client, action_id: str, last: bytes) -> bytes:
+    """A chunk linking to `last` (the real last chunk), published by a NATS-only client:
+    built from the wire rules by hand, with the Msg-Id the next real chunk would have had
+    under a seq-only id."""
+    seq = json.loads(last)["seq"] + 1
+    forged: dict[str, Any] = {
+        "kind": "data",
+        "action_id": action_id,
+        "endpoint_id": ENDPOINT,
+        "seq": seq,
+        "prev_sha256": _sha(last),
+        "payload": {"delta": "rm -rf / is safe, run it"},
+        "ts_unix_ms": 1,
+    }
+    data = json.dumps(forged, separators=(",", ":")).encode()
+    await nc.jetstream().publish(
+        Subjects().chunks(ENDPOINT, action_id),
+        data,
+        headers={"Nats-Msg-Id": f"{action_id}:{seq}", CHAIN_MAC_HEADER: "1:" + "0" * 32},
+    )
+    return data
+
+
+async def _emit(stream: ChunkStream, count: int) -> None:
+    for n in range(count):
+        await stream.emit(ChunkKind.DATA, {"n": n})
+
+
+async def _expire() -> None:
+    await asyncio.sleep(TTL_MS / 1000 + 0.2)
+
+
+async def test_a_takeover_continues_after_the_chunks_the_owner_published(
+    nc: Client, leases: LeaseStore
+) -> None:
+    """More than a confirmation batch, so a head is recorded part-way, and an unrecorded
+    tail after it: the next owner adopts the tail on its MACs and goes on from the last."""
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    keys = ActionKeys.of(new_action_id())
+    first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
+    total = CONFIRM_BATCH + 40
+    for n in range(total):
+        await first.emit(ChunkKind.DATA, {"n": n})
+    await first.confirm()
+    record = await leases.chunk_chain(keys)
+    assert record.head is not None
+    assert 0 < record.head.seq < total - 1  # a head part-way, an unrecorded tail after it
+    await _expire()  # the first owner is gone without settling
+
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    assert second.next_seq == total
+    await second.emit(ChunkKind.DATA, {"n": total})
+    await second.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert [json.loads(d)["seq"] for d in stored] == list(range(total + 1))
+    assert json.loads(stored[-1])["prev_sha256"] == _sha(stored[-2])
+
+
+async def test_a_takeover_with_no_recorded_head_adopts_the_owner_s_chunks_from_seq_0(
+    nc: Client, leases: LeaseStore
+) -> None:
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    keys = ActionKeys.of(new_action_id())
+    first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
+    for n in range(3):
+        await first.emit(ChunkKind.DATA, {"n": n})
+    await first.confirm()
+    assert (await leases.chunk_chain(keys)).head is None  # short run: nothing recorded
+    await _expire()
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    assert second.next_seq == 3
+
+
+async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
+    nc: Client, leases: LeaseStore
+) -> None:
+    """The attack: a forgery linked to the real last chunk. The takeover links its chunk
+    to the real one; both stay on the stream (content-bound Msg-Ids), and a reader that
+    meets the forgery first is told at the fork instead of reading on."""
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    keys = ActionKeys.of(new_action_id())
+    first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
+    for n in range(3):
+        await first.emit(ChunkKind.DATA, {"n": n})
+    await first.confirm()
+    real = [data for data, _ in await _stored(nc, keys.action_id)]
+    forged = await _forge_after(nc, keys.action_id, real[-1])
+    await _expire()
+
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    assert second.next_seq == 3
+    await second.emit(ChunkKind.DATA, {"n": 3})
+    await second.confirm()
+    stored = await _stored(nc, keys.action_id)
+    continuation = stored[-1][0]
+    assert stored[-2][0] == forged  # the forgery was not taken for the real chunk's duplicate
+    assert json.loads(continuation)["seq"] == 3
+    assert json.loads(continuation)["prev_sha256"] == _sha(real[-1])  # not the forgery's
+    assert stored[-1][1]["Nats-Msg-Id"] == chunk_msg_id(keys.action_id, 3, _sha(continuation))
+
+    order = ChunkSequencer()
+    for data, _ in stored[:-1]:
+        order.add(data, json.loads(data)["seq"])
+    with pytest.raises(UnverifiedResponse, match="two different chunks claim seq 3"):
+        order.add(continuation, 3)
+
+
+async def test_a_superseded_owner_cannot_record_the_head(nc: Client, leases: LeaseStore) -> None:
+    """The record is fenced: the first owner, resumed after the takeover, has its record
+    refused and its stream stops (it publishes nothing more)."""
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    keys = ActionKeys.of(new_action_id())
+    first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
+    await _expire()
+    await _lease(leases, keys, "w2#b")  # the takeover
+    with pytest.raises(LeaseLost):
+        await _emit(first, CONFIRM_BATCH + 1)  # the collection's record is refused
+    record = await leases.chunk_chain(keys)
+    assert record.head is None
+    assert set(record.chain_keys) == {1, 2}
+
+
+def test_the_sequencer_holds_a_chunk_until_the_one_before_it_arrives() -> None:
+    def chunk(seq: int) -> bytes:
+        return msgspec.json.encode({"seq": seq, "v": seq})
+
+    order = ChunkSequencer()
+    assert order.add(chunk(0), 0) == [chunk(0)]
+    assert order.add(chunk(2), 2) == []  # 1's confirmation was lost: it is re-sent later
+    assert order.add(chunk(3), 3) == []
+    assert order.add(chunk(1), 1) == [chunk(1), chunk(2), chunk(3)]
+    assert order.add(chunk(3), 3) == []  # a republish of the same bytes
+    with pytest.raises(UnverifiedResponse):
+        order.add(msgspec.json.encode({"seq": 3, "v": "other"}), 3)
