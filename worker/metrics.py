@@ -218,6 +218,12 @@ class Metrics:
             f"{PREFIX}_ready", "1 when the named readiness check passed at its last evaluation",
             ["check"], registry=r,
         )
+        self._trust_expired = Gauge(
+            f"{PREFIX}_trust_entries_expired",
+            "Entries of a trust file ('identity', 'authority') skipped at start-up because "
+            "they had expired (renew or remove them)",
+            ["file"], registry=r,
+        )
         self._f_deliveries = _Family(self._deliveries.labels)
         self._f_actions = _Family(self._actions.labels)
         self._f_in_flight = _Family(self._in_flight.labels)
@@ -344,6 +350,10 @@ class Metrics:
         self._f_errors.get(where, cause).inc()
 
     # --- health (worker/health.py) -------------------------------------------------------
+
+    def trust_entries_expired(self, file: str, count: int) -> None:
+        """How many entries of trust file `file` were skipped at load as expired."""
+        self._trust_expired.labels(file).set(count)
 
     def readiness(self, check: str, ok: bool) -> None:
         """The result of one readiness check, so dashboards see which one failed."""

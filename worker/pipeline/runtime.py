@@ -55,6 +55,11 @@ class Gate(Protocol):
     """The trust checks the runtime makes; each raises ConnectorError with the refusal code,
     and nothing has been sent to Hermes or recorded when one does."""
 
+    #: Entries skipped at load because they had expired, by trust file (`identity`,
+    #: `authority`): reported by the worker as a metric.
+    @property
+    def expired_entries(self) -> Mapping[str, int]: ...
+
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
         """The verified signer (None when unsigned input is allowed in development)."""
         ...

@@ -114,6 +114,12 @@ class TrustGate:
         self.authority = authority
         self.allow_unsigned = allow_unsigned
         self.cancels = CancelAuthority(identities, authority)
+        #: Entries of each trust file skipped at load because they had expired (the worker
+        #: reports them as `trust_entries_expired`; the load logged each one).
+        self.expired_entries: Mapping[str, int] = {
+            "identity": identities.expired if identities is not None else 0,
+            "authority": authority.expired if authority is not None else 0,
+        }
         if allow_unsigned:
             log.warning(_UNSIGNED_WARNING)
         elif gateway_keys is None:
@@ -126,7 +132,8 @@ class TrustGate:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, now_ms: int | None = None) -> TrustGate:
-        """Load the trust files; a missing, unsafe or invalid one stops startup.
+        """Load the trust files; a missing, unsafe or malformed one stops startup (an
+        expired entry is skipped, see `worker.trust.identities`).
 
         The error is a TrustConfigError naming the setting, the file and the bad entry.
         `now_ms` (default: this host's clock) decides which entries have already expired.
