@@ -25,6 +25,7 @@ from schemas.codec import encode
 from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleState
 from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from worker.client import AipClient, UnverifiedResponse
@@ -74,7 +75,7 @@ def h9_action(gs: GatewayStack) -> tuple[Action, bytes]:
 
 async def publish_h9(gs: GatewayStack, payload: bytes, action_id: str) -> None:
     """The victim's envelope on h9's work queue, as a signed publisher sends it."""
-    headers = {"Nats-Msg-Id": action_id, **gs.stack.trust.sign(payload)}
+    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload), **gs.stack.trust.sign(payload)}
     await gs.stack.nc.jetstream().publish(gs.stack.subjects.actions("h9"), payload, headers=headers)
 
 

@@ -51,7 +51,7 @@ async def test_a_restart_with_expired_entries_starts_serves_and_counts_them(
     stack: Stack,
 ) -> None:
     first = await stack.spawn("w1")
-    action, handle = await stack.operator("before the entries expired")
+    _, handle = await stack.operator("before the entries expired")
     assert (await handle.result(timeout_s=30)).status is ResultStatus.COMPLETED
     first.kill()
 
@@ -60,7 +60,7 @@ async def test_a_restart_with_expired_entries_starts_serves_and_counts_them(
     restarted = await stack.spawn("w2", AIPD_METRICS_PORT=str(port))
     assert restarted.alive, restarted.log_tail()
     # Governed work still runs: identity, approval (its membership) and execution.
-    action, handle = await stack.operator("after the restart")
+    _, handle = await stack.operator("after the restart")
     result = await handle.result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED, result.error
     assert result.settled_by == "w2"

@@ -5,7 +5,8 @@ The same order as an Action, the same pipeline (`worker.pipeline.Pipeline`):
 1. decode strictly (over-size or invalid -> DLQ with the reason, `term()`);
 2. verify the gateway signature (bad or missing -> DLQ: an unauthenticated envelope is not
    trusted even for its delegation id, so its receipt goes under the DLQ entry's id), and
-   that a `Nats-Msg-Id`, when present, is the delegation's Action id (else DLQ);
+   that a `Nats-Msg-Id`, when present, is the delegation's Action id bound to the request's
+   bytes (`subjects.grammar.envelope_msg_id`; else DLQ);
 3. the steps, in the runbook's order: the endpoint is served and this worker can sign;
    the delegator's identity and the endpoint's tenant binding, the router policy
    (`worker.delegation.router`), unless exempted by prefix the durable approval of the
@@ -62,7 +63,7 @@ class DelegationIntake:
             raise Rejected(exc.code, exc.reason) from None
         action = internal_action(request, endpoint_id)
         signer = verified_signer(rt, msg, headers, action.id)
-        check_msg_id(headers, action.id)
+        check_msg_id(headers, action.id, msg.data)
         received(
             rt,
             msg,

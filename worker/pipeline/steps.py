@@ -21,6 +21,7 @@ from schemas.audit import DetailValue, ReceiptEvent
 from schemas.codec import convert_input, decode_action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import split_capability
+from subjects.grammar import envelope_msg_id
 from worker import faults
 from worker.bus.publisher import MSG_ID
 from worker.errors import ConnectorError, Refusal, Rejected, StoreNotAccepting
@@ -41,21 +42,26 @@ def verified_signer(rt: Runtime, msg: Msg, headers: Mapping[str, str], claimed: 
         raise Rejected(exc.code, exc.message, claimed_action_id=claimed) from None
 
 
-def check_msg_id(headers: Mapping[str, str], action_id: str) -> None:
-    """`Rejected` (`connector_host.replay`) when the envelope's `Nats-Msg-Id` names another id.
+def check_msg_id(headers: Mapping[str, str], action_id: str, payload: bytes) -> None:
+    """`Rejected` (`connector_host.replay`) when the envelope's `Nats-Msg-Id` is not the one
+    bound to its Action id and exact bytes (`subjects.grammar.envelope_msg_id`).
 
-    The stream deduplicates by `Nats-Msg-Id` before any worker sees a message, so an
-    envelope carrying another Action's id there made that Action a "duplicate" the server
-    dropped. Refusing the mismatch makes the squatter visible in the DLQ; without the header
+    The stream deduplicates by `Nats-Msg-Id` before any worker sees a message. With the id
+    bound to the bytes, a message under another id's slot cannot be the victim's envelope;
+    refusing every other value makes a squatter visible in the DLQ. Without the header
     there is no dedupe slot to squat, and the envelope runs (retries of it are then
-    deduplicated by `id` alone).
+    deduplicated by `id` alone, in Redis).
     """
     msg_id = headers.get(MSG_ID)
-    if msg_id is None or msg_id == action_id:
+    if msg_id is None:
+        return
+    expected = envelope_msg_id(action_id, payload)
+    if msg_id == expected:
         return
     raise Rejected(
         ErrorCode.HOST_REPLAY,
-        f"{MSG_ID} {msg_id[:80]!r} is not the envelope's Action id {action_id}",
+        f"{MSG_ID} {msg_id[:80]!r} is not the envelope's own ({expected}: its Action id and "
+        "the sha256 prefix of its bytes)",
         action_id=action_id,
     )
 
@@ -132,7 +138,7 @@ class ActionIntake:
             raise Rejected(exc.code, exc.reason) from None
         faults.hit("after_decode", action.id)
         signer = verified_signer(rt, msg, headers, action.id)
-        check_msg_id(headers, action.id)
+        check_msg_id(headers, action.id, msg.data)
         health = rt.stores.leases.health
         if health is not None and not health.accepting:
             # Fetched by a pull request sent before the store gate closed: admission and the

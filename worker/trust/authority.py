@@ -8,8 +8,9 @@ store, so it may be world-readable.
 Duplicate (same principal and tenant), revoked and zero-revision memberships stop the
 worker at startup; one that has already expired is skipped with a warning and counted
 (`trust_entries_expired`), before the duplicate and shared-key checks, so a renewed
-membership may sit next to its expired predecessor (`worker.trust.files.has_expired`). The same check runs when a decision is made and again when the
-approved Action executes, so a membership removed in between withdraws the approval.
+membership may sit next to its expired predecessor (`worker.trust.files.has_expired`).
+The same check runs when a decision is made and again when the approved Action executes,
+so a membership removed in between withdraws the approval.
 """
 
 from __future__ import annotations
