@@ -60,6 +60,9 @@ class DeliveryOutcome(StrEnum):
     DUPLICATE = "duplicate"
     #: Already settled: the stored result was published again and the message acked.
     REPUBLISHED = "republished"
+    #: Refused (a replay after its state expired, say), but the bus already holds the
+    #: result of this exact envelope: nothing was published, the message acked.
+    ANSWERED = "answered"
     #: A redelivery of an Action this very worker runs: acked with it when it settles.
     JOINED = "joined"
     #: The handler failed unexpectedly: nak'ed for a later redelivery.

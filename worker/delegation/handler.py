@@ -37,6 +37,7 @@ from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.steps import (
     check_msg_id,
+    deadline_of,
     live_deadline,
     received,
     require_signer,
@@ -114,6 +115,7 @@ class DelegationIntake:
         assert delivery.ep is not None
         endpoint = delivery.ep.endpoint
         child = request.action
+        deadline_ms = deadline_of(delivery.action, operation.spec)
         try:
             # Authentication first (identity directory, route, endpoint tenant binding).
             admitted = await rt.gate.admit_verified(
@@ -122,6 +124,8 @@ class DelegationIntake:
                 endpoint=endpoint,
                 spec=operation.spec,
                 stores=rt.stores,
+                stored_at_ms=delivery.stored_at_ms,
+                deadline_unix_ms=deadline_ms,
             )
             tenant_id = admitted.tenant_id
             rt.audit.emit(
@@ -142,9 +146,11 @@ class DelegationIntake:
             check_child_tenant(request, endpoint, tenant_id)
         except ConnectorError as exc:
             raise Refusal(exc, read_only=False) from None
-        return delivery.having(trusted=admitted.headers)
+        return delivery.having(trusted=admitted.headers, deadline_ms=deadline_ms)
 
     async def schedule(self, delivery: Delivery) -> Delivery:
-        """The deadline, unless it has already passed."""
-        deadline_ms = live_deadline(delivery.action, self.operation.spec, "the delegation")
+        """The deadline admission decided, unless it has already passed."""
+        deadline_ms = live_deadline(
+            delivery.action, self.operation.spec, "the delegation", delivery.deadline_ms
+        )
         return delivery.having(deadline_ms=deadline_ms)

@@ -164,8 +164,10 @@ class Children:
 
         `first` is the publish right after this gateway created the queue entry: nothing of
         this gateway's can be in the duplicate window then, so a `duplicate` PubAck means
-        another publisher's envelope holds the id, and `ActionIdTaken` is raised (what runs
-        under the id is not this child). A recovery re-send expects the duplicate."""
+        someone else stored these very bytes first, and `ActionIdTaken` is raised. Another
+        envelope under the same id no longer makes the dispatch a duplicate (the dedupe id
+        is bound to the bytes): it cannot pre-empt the child, and its result, naming
+        another envelope, is never the child's. A recovery re-send expects the duplicate."""
         payload = self.envelope(record.action, route)
         headers = {
             "Nats-Msg-Id": envelope_msg_id(record.action.id, payload),

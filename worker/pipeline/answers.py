@@ -3,7 +3,8 @@
 - `dead_letter`: an envelope that is not trusted or not readable (`Rejected`) is kept in
   the DLQ with its reason and `term()`ed; it touches no Action state.
 - `refuse`: a trusted envelope that may not run is settled once as a failed result under
-  its own lease and fence, with its one-chunk stream.
+  its own lease and fence, with its one-chunk stream; unless the bus already holds the
+  result of this exact envelope (`Outbox.envelope_answered`): then nothing is published.
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
@@ -114,6 +115,19 @@ class Answers:
         """
         rt = self.rt
         action, keys, endpoint_id = delivery.action, delivery.keys, delivery.endpoint_id
+        if await self.outbox.envelope_answered(endpoint_id, action.id, delivery.msg.data):
+            # This very envelope already has its result on the bus (a replay, or a
+            # redelivery, after its Redis state expired): a second, failed, result would
+            # contradict it. Nothing is published; the message is acked.
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.ANSWERED)
+            log.info(
+                "refused %s (%s), whose result is already on the bus: nothing published",
+                action.id,
+                refusal.error.code.value,
+                extra={"endpoint": endpoint_id, "action_id": action.id},
+            )
+            await self.outbox.ack_all([delivery.msg])
+            return
         owner, grant = await self.acquire(delivery, to_execute=False)
         cause = refusal.error
         if grant.attempted_fence:

@@ -44,6 +44,7 @@ from worker import faults
 from worker.bus.audit import AuditLog
 from worker.bus.publisher import BusPublisher
 from worker.metrics import Metrics
+from worker.trust.responses import sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +191,22 @@ class Outbox:
         except NotFoundError:
             return False
         return True
+
+    async def envelope_answered(self, endpoint_id: str, action_id: str, envelope: bytes) -> bool:
+        """True when the Action's results subject ends with a result for exactly `envelope`
+        (its `action_sha256`): the envelope has its answer, whatever Redis still holds."""
+        try:
+            last = await self.publisher.js.get_last_msg(
+                self.subjects.stream_name("results"), self.subjects.results(endpoint_id, action_id)
+            )
+        except NotFoundError:
+            return False
+        result = decoded_result(last.data)
+        return (
+            result is not None
+            and result.action_id == action_id
+            and result.action_sha256 == sha256_hex(envelope)
+        )
 
     async def _stream_ends_with(self, endpoint_id: str, action_id: str, terminal: bytes) -> bool:
         """True when the Action's chunk stream already ends with `terminal` (a crash after

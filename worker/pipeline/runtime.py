@@ -72,9 +72,13 @@ class Gate(Protocol):
         endpoint: Endpoint,
         spec: OperationSpec,
         stores: Stores,
+        stored_at_ms: int | None = None,
+        deadline_unix_ms: int | None = None,
     ) -> Admitted:
         """Identity, tenant and approval of an envelope whose signature `verify_signature`
-        verified (`signer`): an Action or a delegation's internal Action alike."""
+        verified (`signer`): an Action or a delegation's internal Action alike.
+        `stored_at_ms`: when JetStream stored its message (the replay window's reference);
+        `deadline_unix_ms`: the runtime's effective deadline, projected to the provider."""
         ...
 
     async def check_delegated_child(

@@ -107,9 +107,10 @@ def deadline_of(action: Action, spec: OperationSpec) -> int:
     return min(candidates)
 
 
-def live_deadline(action: Action, spec: OperationSpec, what: str) -> int:
-    """The execution's deadline; a Refusal when it has already passed."""
-    deadline_ms = deadline_of(action, spec)
+def live_deadline(action: Action, spec: OperationSpec, what: str, decided_ms: int = 0) -> int:
+    """The execution's deadline (`decided_ms` when admission already decided it, so the
+    provider's `X-AIP-Deadline-Unix-Ms` is this very value); a Refusal once it passed."""
+    deadline_ms = decided_ms or deadline_of(action, spec)
     if deadline_ms <= now_ms():
         raise Refusal(
             ConnectorError(
@@ -217,11 +218,13 @@ class ActionIntake:
         return delivery.having(params=params)
 
     async def admit(self, delivery: Delivery) -> Delivery:
-        """Identity, tenant and approval (`Gate.admit_verified`); the trusted headers."""
+        """Identity, tenant and approval (`Gate.admit_verified`); the trusted headers, whose
+        `X-AIP-Deadline-Unix-Ms` is the effective deadline the execution runs under."""
         rt = self.rt
         assert delivery.ep is not None
         assert delivery.operation is not None
         spec = delivery.operation.spec
+        deadline_ms = deadline_of(delivery.action, spec)
         try:
             admitted = await rt.gate.admit_verified(
                 action=delivery.action,
@@ -229,6 +232,8 @@ class ActionIntake:
                 endpoint=delivery.ep.endpoint,
                 spec=spec,
                 stores=rt.stores,
+                stored_at_ms=delivery.stored_at_ms,
+                deadline_unix_ms=deadline_ms,
             )
         except ConnectorError as exc:
             raise Refusal(exc, read_only=spec.read_only) from None
@@ -238,10 +243,12 @@ class ActionIntake:
             endpoint_id=delivery.endpoint_id,
             facts=admitted.receipt_details(),
         )
-        return delivery.having(trusted=admitted.headers)
+        return delivery.having(trusted=admitted.headers, deadline_ms=deadline_ms)
 
     async def schedule(self, delivery: Delivery) -> Delivery:
-        """The deadline, unless it has already passed."""
+        """The deadline admission decided, unless it has already passed."""
         assert delivery.operation is not None
-        deadline_ms = live_deadline(delivery.action, delivery.operation.spec, "the Action")
+        deadline_ms = live_deadline(
+            delivery.action, delivery.operation.spec, "the Action", delivery.deadline_ms
+        )
         return delivery.having(deadline_ms=deadline_ms)
