@@ -23,7 +23,6 @@ import pytest
 from schemas.action import Action
 from schemas.codec import encode
 from schemas.ids import new_action_id
-from schemas.lifecycle import LifecycleState
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
 from subjects.provision import provision

@@ -5,6 +5,10 @@
 - `refuse`: a trusted envelope that may not run is settled once as a failed result under
   its own lease and fence, with its one-chunk stream; unless the bus already holds the
   result of this exact envelope (`Outbox.envelope_answered`): then nothing is published.
+  When the Action id has no state yet, the refusal's lease and result are bound to the
+  envelope's hash (`ActionKeys.refusal_claim`), so refusing one envelope never uses the id
+  up for another; when it has state, that state answers (its result, a collision, an
+  unsafe attempt made uncertain).
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
@@ -114,7 +118,7 @@ class Answers:
         reached Hermes is ever answered as a certain failure a publisher could retry.
         """
         rt = self.rt
-        action, keys, endpoint_id = delivery.action, delivery.keys, delivery.endpoint_id
+        action, endpoint_id = delivery.action, delivery.endpoint_id
         if await self.outbox.envelope_answered(endpoint_id, action.id, delivery.msg.data):
             # This very envelope already has its result on the bus (a replay, or a
             # redelivery, after its Redis state expired): a second, failed, result would
@@ -128,6 +132,14 @@ class Answers:
             )
             await self.outbox.ack_all([delivery.msg])
             return
+        if not await rt.stores.leases.has_state(delivery.keys):
+            # Nothing claimed the id yet: the refusal claims only its own envelope's slot,
+            # so refusing a forgery (or other content) first under an approved id does not
+            # use the id up for the genuine envelope (issue 24).
+            delivery = delivery.having(
+                keys=delivery.keys.refusal_claim(sha256_hex(delivery.msg.data))
+            )
+        keys = delivery.keys
         owner, grant = await self.acquire(delivery, to_execute=False)
         cause = refusal.error
         if grant.attempted_fence:

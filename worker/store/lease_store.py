@@ -343,6 +343,12 @@ class LeaseStore:
 
         return [bool(int(found)) for found in await self._call(read, budget_s)]
 
+    async def has_state(self, keys: ActionKeys) -> bool:
+        """Whether anything claimed the Action id: a lease (with its fingerprint, fence and
+        unsafe-attempt mark) or a stored result (one slot: one EXISTS)."""
+        found = await self._call(lambda: self.redis.exists(keys.lease, keys.result))
+        return bool(int(found))
+
     async def lease_view(self, keys: ActionKeys) -> dict[str, str]:
         raw = await self._call(lambda: self.redis.hgetall(keys.lease))
         return {_s(k): _s(v) for k, v in raw.items()}
