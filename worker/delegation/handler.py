@@ -29,6 +29,7 @@ from schemas.audit import ReceiptEvent
 from schemas.codec import decode_delegation
 from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCode
+from subjects.grammar import envelope_msg_id
 from worker.delegation.entry import internal_action
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.router import check_child_tenant, check_route_policy
@@ -64,7 +65,7 @@ class DelegationIntake:
             raise Rejected(exc.code, exc.reason) from None
         action = internal_action(request, endpoint_id)
         signer = verified_signer(rt, msg, headers, action.id)
-        check_msg_id(headers, action.id, msg.data)
+        check_msg_id(headers, action.id, envelope_msg_id(action.id, msg.data))
         received(
             rt,
             msg,

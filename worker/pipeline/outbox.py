@@ -195,7 +195,7 @@ class Outbox:
             )
         except NotFoundError:
             return False
-        return result is None or bytes(last.data) == result
+        return result is None or last.data == result
 
     async def envelope_answered(self, endpoint_id: str, action_id: str, envelope: bytes) -> bool:
         """True when the Action's results subject ends with a result for exactly `envelope`

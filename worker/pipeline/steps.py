@@ -42,9 +42,11 @@ def verified_signer(rt: Runtime, msg: Msg, headers: Mapping[str, str], claimed: 
         raise Rejected(exc.code, exc.message, claimed_action_id=claimed) from None
 
 
-def check_msg_id(headers: Mapping[str, str], action_id: str, payload: bytes) -> None:
-    """`Rejected` (`connector_host.replay`) when the envelope's `Nats-Msg-Id` is not the one
-    bound to its Action id and exact bytes (`subjects.grammar.envelope_msg_id`).
+def check_msg_id(headers: Mapping[str, str], action_id: str, expected: str | None = None) -> None:
+    """`Rejected` (`connector_host.replay`) when the envelope's `Nats-Msg-Id` is present and
+    is not `expected`: for an Action or a DelegationRequest the id bound to its Action id
+    and exact bytes (`subjects.grammar.envelope_msg_id`); by default the bare id (a channel
+    delivery, whose id workers derive).
 
     The stream deduplicates by `Nats-Msg-Id` before any worker sees a message. With the id
     bound to the bytes, a message under another id's slot cannot be the victim's envelope;
@@ -53,15 +55,12 @@ def check_msg_id(headers: Mapping[str, str], action_id: str, payload: bytes) -> 
     deduplicated by `id` alone, in Redis).
     """
     msg_id = headers.get(MSG_ID)
-    if msg_id is None:
-        return
-    expected = envelope_msg_id(action_id, payload)
-    if msg_id == expected:
+    wanted = action_id if expected is None else expected
+    if msg_id is None or msg_id == wanted:
         return
     raise Rejected(
         ErrorCode.HOST_REPLAY,
-        f"{MSG_ID} {msg_id[:80]!r} is not the envelope's own ({expected}: its Action id and "
-        "the sha256 prefix of its bytes)",
+        f"{MSG_ID} {msg_id[:80]!r} is not the envelope's own ({wanted})",
         action_id=action_id,
     )
 
@@ -139,7 +138,7 @@ class ActionIntake:
             raise Rejected(exc.code, exc.reason) from None
         faults.hit("after_decode", action.id)
         signer = verified_signer(rt, msg, headers, action.id)
-        check_msg_id(headers, action.id, msg.data)
+        check_msg_id(headers, action.id, envelope_msg_id(action.id, msg.data))
         health = rt.stores.leases.health
         if health is not None and not health.accepting:
             # Fetched by a pull request sent before the store gate closed: admission and the
