@@ -4,10 +4,10 @@ A forgery published first under an approved Action's id -- another body signed b
 holder (wrong content: refused by the approval check), or any body without a valid
 signature -- used to use the id up: the refusal settled a failed result under the id, so
 the genuine envelope then met an idempotency collision and never ran; or its bare-id
-`Nats-Msg-Id` made JetStream drop the genuine publish as a duplicate. Now a refusal of an
-id nothing has claimed settles under a claim bound to its envelope's hash
-(`ActionKeys.refusal_claim`), and the dedupe id is bound to the bytes
-(`envelope_msg_id`): forge first, genuine second, and the genuine runs, once.
+`Nats-Msg-Id` made JetStream drop the genuine publish as a duplicate. Now a plain refusal is
+settled `refused`, which another request under the id clears (`lua/lease_acquire.lua`),
+and the dedupe id is bound to the bytes (`envelope_msg_id`): forge first, genuine second,
+and the genuine runs, once.
 """
 
 from __future__ import annotations
@@ -55,13 +55,18 @@ async def test_a_refused_forgery_first_leaves_the_id_to_the_genuine_action(
     assert result.action_sha256 == sha256_hex(encode(genuine))
     await stack.settled_and_acked()
     assert _runs(stack) == 1
-    assert await stack.dlq() == []  # no collision: the forgery claimed nothing of the id
-    # A redelivery of the forgery is answered from its own claim, and the genuine one from
-    # the Action's: neither runs again, nothing new is settled.
+    assert await stack.dlq() == []  # no collision: the refusal held nothing of the id
+    # Now the id is the genuine one's: a copy of the forgery is the collision, a copy of the
+    # genuine is answered from its stored result; neither runs, nothing new is settled.
     await stack.publish(forged, dedupe=False)
     await stack.publish(genuine, dedupe=False)
     await stack.settled_and_acked()
-    await asyncio.sleep(0.5)
+    for _ in range(50):
+        if await stack.dlq():
+            break
+        await asyncio.sleep(0.1)
+    [(_, headers)] = await stack.dlq()
+    assert headers[DLQ_CODE] == "connector.hermes_agent.operator_policy"
     assert _runs(stack) == 1
     statuses = sorted(r.status.value for r in await stack.results(genuine.id))
     assert statuses == ["completed", "failed"]

@@ -5,10 +5,10 @@
 - `refuse`: a trusted envelope that may not run is settled once as a failed result under
   its own lease and fence, with its one-chunk stream; unless the bus already holds the
   result of this exact envelope (`Outbox.envelope_answered`): then nothing is published.
-  When the Action id has no state yet, the refusal's lease and result are bound to the
-  envelope's hash (`ActionKeys.refusal_claim`), so refusing one envelope never uses the id
-  up for another; when it has state, that state answers (its result, a collision, an
-  unsafe attempt made uncertain).
+  A refusal nothing was attempted for is settled `refused`: a later envelope with another
+  request under the id clears it and takes the id (`lua/lease_acquire.lua`), so refusing
+  a forgery first never uses the id up for the genuine envelope; a redelivery of the
+  refused envelope itself meets its stored refusal.
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
@@ -132,13 +132,6 @@ class Answers:
             )
             await self.outbox.ack_all([delivery.msg])
             return
-        if not await rt.stores.leases.has_state(delivery.keys):
-            # Nothing claimed the id yet: the refusal claims only its own envelope's slot,
-            # so refusing a forgery (or other content) first under an approved id does not
-            # use the id up for the genuine envelope (issue 24).
-            delivery = delivery.having(
-                keys=delivery.keys.refusal_claim(sha256_hex(delivery.msg.data))
-            )
         keys = delivery.keys
         owner, grant = await self.acquire(delivery, to_execute=False)
         cause = refusal.error
@@ -168,7 +161,12 @@ class Answers:
             action_sha256=sha256_hex(delivery.msg.data),
         )
         result_bytes = encode(result)
-        stored = await rt.stores.leases.settle(keys, owner, grant.fence, result_bytes, chunk)
+        # Settled as a plain refusal (nothing attempted): another request under the id may
+        # still take it (a forgery refused first does not burn an approved id, issue 24);
+        # an uncertain one, after an earlier attempt, stands for good.
+        stored = await rt.stores.leases.settle(
+            keys, owner, grant.fence, result_bytes, chunk, refused=not grant.attempted_fence
+        )
         if stored.status is SettleStatus.FENCED_OUT:
             return
         if stored.status is SettleStatus.EXISTS:

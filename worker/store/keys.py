@@ -7,7 +7,6 @@ tag (`…:{act_source}:lease:{act_resume}`) so the scripts that touch both stay 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from dataclasses import dataclass
 
@@ -39,9 +38,6 @@ class ActionKeys:
     action_id: str
     #: The Action whose hash tag these keys share (the action itself, or a resume's source).
     slot_action_id: str
-    #: For a refusal's own claim: the sha256 prefix of the refused envelope, so a refusal
-    #: of an id nothing has claimed yet uses up nothing of it (`refusal_claim`).
-    envelope_claim: str = ""
 
     @classmethod
     def of(cls, action_id: str, *, source_action_id: str | None = None) -> ActionKeys:
@@ -52,18 +48,9 @@ class ActionKeys:
     def _base(self) -> str:
         return f"{NAMESPACE}:{_tag(self.slot_action_id)}"
 
-    def refusal_claim(self, envelope_sha256: str) -> ActionKeys:
-        """The keys a refusal settles under when the Action id has no state yet: its lease,
-        result and terminal chunk bound to the refused envelope's hash, beside (not in) the
-        Action's own. A forgery or wrong content refused first under an approved id thus
-        leaves the id to the genuine envelope, while a redelivery of the refused envelope
-        still finds its one stored refusal (issue 24)."""
-        return dataclasses.replace(self, envelope_claim=envelope_sha256[:32])
-
     @property
     def _suffix(self) -> str:
-        suffix = "" if self.slot_action_id == self.action_id else f":{self.action_id}"
-        return suffix + (f":refusal:{self.envelope_claim}" if self.envelope_claim else "")
+        return "" if self.slot_action_id == self.action_id else f":{self.action_id}"
 
     @property
     def lease(self) -> str:

@@ -173,7 +173,7 @@ class LeaseStore:
         try:
             async with asyncio.timeout(budget_s):
                 reply = await self.scripts["lease_acquire"].reasked(
-                    [keys.lease, keys.result, keys.cancel, keys.cancel_pending],
+                    [keys.lease, keys.result, keys.cancel, keys.cancel_pending, keys.terminal],
                     [
                         owner,
                         ttl_ms,
@@ -245,13 +245,22 @@ class LeaseStore:
         return bool(reply)
 
     async def settle(
-        self, keys: ActionKeys, owner: str, fence: int, result_json: bytes, terminal_json: bytes
+        self,
+        keys: ActionKeys,
+        owner: str,
+        fence: int,
+        result_json: bytes,
+        terminal_json: bytes,
+        *,
+        refused: bool = False,
     ) -> SettleOutcome:
         """Store the result and the terminal chunk closing the Action's stream, together,
-        write-once, iff `owner` still holds the lease at `fence` (`lua/settle.lua`)."""
+        write-once, iff `owner` still holds the lease at `fence` (`lua/settle.lua`).
+        `refused`: a refusal nothing was attempted for, which another request (another
+        fingerprint) may still replace (`lua/lease_acquire.lua`)."""
         reply = await self.scripts["settle"].reasked(
             [keys.lease, keys.result, keys.terminal],
-            [owner, fence, result_json, self.result_ttl_ms, terminal_json],
+            [owner, fence, result_json, self.result_ttl_ms, terminal_json, "1" if refused else "0"],
             budget_s=self.call_budget_s,
         )
         status, stored, terminal = reply
@@ -342,12 +351,6 @@ class LeaseStore:
             return list(await pipe.execute())
 
         return [bool(int(found)) for found in await self._call(read, budget_s)]
-
-    async def has_state(self, keys: ActionKeys) -> bool:
-        """Whether anything claimed the Action id: a lease (with its fingerprint, fence and
-        unsafe-attempt mark) or a stored result (one slot: one EXISTS)."""
-        found = await self._call(lambda: self.redis.exists(keys.lease, keys.result))
-        return bool(int(found))
 
     async def lease_view(self, keys: ActionKeys) -> dict[str, str]:
         raw = await self._call(lambda: self.redis.hgetall(keys.lease))
