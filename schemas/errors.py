@@ -92,6 +92,10 @@ class ErrorCode(StrEnum):
     OPERATOR_FAILED = "connector.hermes_agent.operator_failed"
     APPROVAL_OUTCOME_UNKNOWN = "connector.hermes_agent.approval_outcome_unknown"
     CANCELLATION_OUTCOME_UNKNOWN = "connector.hermes_agent.cancellation_outcome_unknown"
+    # Operator results of a Hermes newer than 0.19 (docs/operator.md "Newer Hermes").
+    OPERATOR_INTERRUPTED = "connector.hermes_agent.operator_interrupted"
+    OPERATOR_RUN_NOT_ACTIVE = "connector.hermes_agent.operator_run_not_active"
+    APPROVAL_CHOICE_NOT_OFFERED = "connector.hermes_agent.approval_choice_not_offered"
     # Delegated results.
     DELEGATED_RESULT_NOT_READY = "connector.hermes_agent.delegated_result_not_ready"
     DELEGATED_EXECUTION_NOT_OBSERVED = "connector.hermes_agent.delegated_execution_not_observed"
@@ -161,6 +165,12 @@ CODE_RULES: dict[ErrorCode, CodeRule] = {
     E.OPERATOR_FAILED: CodeRule(_C.PERMANENT, _R.NEVER, _U.NEVER),
     E.APPROVAL_OUTCOME_UNKNOWN: CodeRule(_C.TEMPORARY, _R.NEVER, _U.ALWAYS),
     E.CANCELLATION_OUTCOME_UNKNOWN: CodeRule(_C.TEMPORARY, _R.NEVER, _U.ALWAYS),
+    # The run ended, interrupted by a Hermes shutdown: terminal, but its tools may have acted.
+    E.OPERATOR_INTERRUPTED: CodeRule(_C.TEMPORARY, _R.NEVER, _U.ALWAYS),
+    # The command reached a run that had already finished: certainly not applied.
+    E.OPERATOR_RUN_NOT_ACTIVE: CodeRule(_C.PERMANENT, _R.NEVER, _U.NEVER),
+    # Refused before sending: the decision is not among the prompt's offered choices.
+    E.APPROVAL_CHOICE_NOT_OFFERED: CodeRule(_C.POLICY, _R.NEVER, _U.NEVER),
     E.DELEGATED_RESULT_NOT_READY: CodeRule(_C.TEMPORARY, _R.ALWAYS, _U.NEVER),
     E.DELEGATED_EXECUTION_NOT_OBSERVED: CodeRule(_C.POLICY, _R.NEVER, _U.NEVER),
     E.DELEGATED_ACTION_CONTRACT_MISMATCH: CodeRule(_C.POLICY, _R.NEVER, _U.NEVER),

@@ -147,8 +147,18 @@ class Subjects:
     def all_runtime_lifecycle(self) -> str:
         return f"{self.prefix}.runtime.lifecycle.*"
 
+    def runtime_open(self, shard: str) -> str:
+        """One shard of the gateway's index of open children (worker/gateway/open_children.py)."""
+        if len(shard) != 1 or shard not in "0123456789abcdef":
+            raise ValueError("a shard of the open index is one lowercase hex digit")
+        return f"{self.prefix}.runtime.open.{shard}"
+
+    def all_runtime_open(self) -> str:
+        return f"{self.prefix}.runtime.open.*"
+
     def runtime_stream_name(self, kind: str) -> str:
-        """`AIP_RUNTIME_QUEUE` / `AIP_RUNTIME_LIFECYCLE` for the default prefix."""
+        """`AIP_RUNTIME_QUEUE` / `AIP_RUNTIME_LIFECYCLE` / `AIP_RUNTIME_OPEN` for the default
+        prefix."""
         return f"{self.prefix.upper().replace('-', '_')}_RUNTIME_{kind.upper()}"
 
     # Wildcards that streams bind.

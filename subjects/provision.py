@@ -4,6 +4,13 @@ Running it twice changes nothing. A stream that exists with a setting that canno
 in place (retention, storage, or subjects another stream owns) is reported as a conflict and
 left alone: replacing it would delete its messages, which is an operator's decision.
 
+Before anything is created, `check_store` adds up what the streams reserve (each stream's
+`max_bytes` times its replicas, which JetStream sets aside against the store when the stream
+is created) and compares it with the account's JetStream storage limit less what the
+account's other streams reserve: a store that cannot hold the limits is named with its
+shortfall before any stream is made, instead of a disk that fills under load
+(docs/operations.md, "Full disk").
+
 On a NATS cluster the report also says where each stream lives (its raft leader and
 replicas, and whether each replica is current): after `provision` an operator can see at
 once that a stream asked for three replicas really has three, and which node a leader loss
@@ -17,7 +24,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, RetentionPolicy, StreamConfig
+from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
@@ -186,6 +193,89 @@ async def stream_placement(
         await asyncio.sleep(0.1)
 
 
+GIB = 1024**3
+
+
+@dataclass(frozen=True, slots=True)
+class StoreCheck:
+    """What the wanted streams reserve against the account's JetStream file store.
+
+    `limit` is None when the account sets no storage limit (then only the server's own
+    `max_file_store` bounds it, which the JetStream API does not show an account).
+    """
+
+    wanted: int
+    reserved_by_others: int
+    used: int
+    limit: int | None
+
+    @property
+    def shortfall(self) -> int:
+        """Bytes the store lacks to hold every reservation (0: it fits)."""
+        if self.limit is None:
+            return 0
+        return max(0, self.wanted + self.reserved_by_others - self.limit)
+
+    def describe(self) -> str:
+        wanted = f"the streams reserve {self.wanted / GIB:.2f} GiB"
+        if self.limit is None:
+            return (
+                f"store    {wanted}; the account sets no JetStream storage limit, so this "
+                "could not be checked: give the account a `max_file` (compose/nats/nats.conf) "
+                "no larger than the volume under store_dir"
+            )
+        others = (
+            f" + {self.reserved_by_others / GIB:.2f} GiB other streams"
+            if self.reserved_by_others
+            else ""
+        )
+        verdict = (
+            f"short by {self.shortfall / GIB:.2f} GiB: lower AIPD_STREAM_*_MAX_BYTES or raise "
+            "the account's max_file (and the volume)"
+            if self.shortfall
+            else "fits"
+        )
+        return f"store    {wanted}{others} of the account's {self.limit / GIB:.2f} GiB: {verdict}"
+
+
+def reservation(configs: list[StreamConfig]) -> int:
+    """Bytes JetStream sets aside for `configs`: `max_bytes` times replicas, file storage."""
+    return sum(
+        max(0, cfg.max_bytes or 0) * max(1, cfg.num_replicas or 1)
+        for cfg in configs
+        if cfg.storage in (None, StorageType.FILE)
+    )
+
+
+async def check_store(js: JetStreamContext, wanted: list[StreamConfig]) -> StoreCheck:
+    """Compare what `wanted` reserves with the account's storage limit (see `StoreCheck`)."""
+    account = await js.account_info()
+    names = {cfg.name for cfg in wanted}
+    others = [info.config for info in await js.streams_info() if info.config.name not in names]
+    limit = account.limits.max_storage if account.limits is not None else None
+    return StoreCheck(
+        wanted=reservation(wanted),
+        reserved_by_others=reservation(others),
+        used=int(account.storage or 0),
+        limit=limit if limit is not None and limit > 0 else None,
+    )
+
+
+def wanted_streams(
+    subjects: Subjects,
+    endpoint_ids: list[str],
+    policy: StreamPolicy | None = None,
+    *,
+    runtime_stores: bool = False,
+) -> list[StreamConfig]:
+    """Every stream `provision` brings to its wanted shape."""
+    policy = policy or StreamPolicy()
+    wanted = stream_configs(subjects, policy, endpoint_ids)
+    if runtime_stores:
+        wanted += runtime_store_configs(subjects, policy)
+    return wanted
+
+
 async def provision(
     js: JetStreamContext,
     subjects: Subjects,
@@ -201,9 +291,7 @@ async def provision(
     """
     policy = policy or StreamPolicy()
     report = []
-    wanted = stream_configs(subjects, policy, endpoint_ids)
-    if runtime_stores:
-        wanted += runtime_store_configs(subjects, policy)
+    wanted = wanted_streams(subjects, endpoint_ids, policy, runtime_stores=runtime_stores)
     for cfg in wanted:
         item = await provision_stream(js, cfg)
         if item.change is not Change.CONFLICT:

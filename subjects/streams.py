@@ -32,9 +32,9 @@ class StreamPolicy:
     results and receipts are bounded histories and drop their oldest entries first.
 
     JetStream reserves each stream's `max_bytes` (times its replicas) against the server's
-    `max_file_store` when the stream is created, so the defaults add up to 7.5 GiB (7.75
-    with the runtime stores): they fit the compose server's 10 GB (docs/scaling.md,
-    "Stream sizes").
+    `max_file_store` (and the account's `max_file`) when the stream is created, so the
+    defaults add up to 9.0 GiB (9.25 with the runtime stores): they fit the compose
+    server's 10 GB, which `provision` checks (docs/scaling.md, "Stream sizes").
     """
 
     replicas: int = 1
@@ -151,13 +151,16 @@ def stream_configs(
 
 
 def runtime_store_configs(subjects: Subjects, policy: StreamPolicy) -> list[StreamConfig]:
-    """The AIP runtime's queue and lifecycle streams (schemas/lifecycle.py).
+    """The AIP runtime's queue and lifecycle streams (schemas/lifecycle.py), and the
+    gateway's index of open children.
 
     They belong to the runtime, not to the workers: `provision` creates them only when asked
     (`--runtime-stores`), for a deployment or a test whose runtime does not bring its own.
     One record per Action id and subject is enough: the resolver reads the last one.
+    The open index keeps one message per shard (the current set), never expiring: a child
+    stays open as long as its shard says so (worker/gateway/open_children.py).
     """
-    return [
+    records = [
         StreamConfig(
             name=subjects.runtime_stream_name(kind),
             subjects=[subject],
@@ -175,6 +178,17 @@ def runtime_store_configs(subjects: Subjects, policy: StreamPolicy) -> list[Stre
             ("lifecycle", subjects.all_runtime_lifecycle()),
         )
     ]
+    open_index = StreamConfig(
+        name=subjects.runtime_stream_name("open"),
+        subjects=[subjects.all_runtime_open()],
+        retention=RetentionPolicy.LIMITS,
+        storage=StorageType.FILE,
+        num_replicas=policy.replicas,
+        max_bytes=policy.runtime_max_bytes,
+        max_msgs_per_subject=1,
+        discard=DiscardPolicy.OLD,
+    )
+    return [*records, open_index]
 
 
 @dataclass(frozen=True, slots=True)

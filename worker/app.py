@@ -19,6 +19,7 @@ from worker.bus.connections import connect_nats, open_redis_for, stream_policy
 from worker.bus.consumer import PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
 from worker.bus.publisher import BusPublisher
+from worker.bus.server_requirements import version_problem
 from worker.control import BindingCancelHook, ControlPlane
 from worker.delegation.handler import DelegationIntake
 from worker.delegation.operation import DelegatedOperation
@@ -148,6 +149,10 @@ class Worker:
             )
             raise ConnectionError(f"redis at {where} did not answer ({health.reason})")
         self.nc = await connect_nats(settings)
+        problem = version_problem(self.nc.connected_server_version)
+        if problem is not None:
+            # A warning, not a refusal: `provision` refuses (worker/bus/server_requirements.py).
+            log.warning("%s; serving anyway", problem)
         js = self.nc.jetstream()
         if settings.auto_provision:
             await provision(js, self.subjects, [e.id for e in endpoints], stream_policy(settings))
@@ -244,6 +249,7 @@ class Worker:
             redis=redis_ping_check(stores.client),
             hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
             serving=self._serving_reasons,
+            publishing=rt.publisher.health.reason,
         )
         self.health = await start_health_server(
             probe,
@@ -317,6 +323,7 @@ class Worker:
             worker_id=self.settings.worker_id,
             lease_ttl_ms=self.settings.lease_ttl_ms,
             trusted=worker_keys,
+            dead_letters=self.rt.dead_letters,  # refusals share the DLQ's rate and cut
         )
         loop = asyncio.get_running_loop()
         self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)

@@ -4,7 +4,9 @@
 container when it stops. `/ready` answers 200 only when this worker can do useful work
 now: NATS connected, Redis answering PING within a second, every pull consumer bound,
 every endpoint's Hermes answering the protected `GET /v1/models` (which proves the URL
-*and* the API key), and nothing missing that serving needs (`worker/serving.py`). Anything
+*and* the API key), nothing missing that serving needs (`worker/serving.py`), and JetStream
+storing what this worker publishes (`worker/bus/publish_health.py`: a full store fails
+publishes while the connection stays up). Anything
 else is 503 with the same JSON body, whose per-check booleans say what is wrong and whose
 `reasons` say, one line per missing piece, which setting to fix. A load balancer or
 compose health check takes the worker out of rotation on 503; nothing here ever stops the
@@ -69,6 +71,10 @@ class ReadinessProbe(Protocol):
         the setting to fix; `worker/serving.py`)."""
         ...
 
+    def publish_failure(self) -> str | None:
+        """None while JetStream stores this worker's publishes; else the reason line."""
+        ...
+
 
 @dataclass(slots=True)
 class CallbackProbe:
@@ -79,6 +85,7 @@ class CallbackProbe:
     redis: AsyncCheck
     hermes: Mapping[str, AsyncCheck] = field(default_factory=dict)
     serving: Callable[[], tuple[bool, list[str]]] = lambda: (True, [])
+    publishing: Callable[[], str | None] = lambda: None
 
     def nats_connected(self) -> bool:
         return self.nats()
@@ -94,6 +101,9 @@ class CallbackProbe:
 
     def serving_reasons(self) -> tuple[bool, list[str]]:
         return self.serving()
+
+    def publish_failure(self) -> str | None:
+        return self.publishing()
 
 
 def hermes_models_check(client: HermesClient, *, timeout_s: float = HERMES_TIMEOUT_S) -> AsyncCheck:
@@ -152,12 +162,16 @@ class Readiness:
         )
         hermes = dict(zip(checks_hermes, hermes_ok, strict=True))
         servable, reasons = self.probe.serving_reasons()
+        publish_failure = self.probe.publish_failure()
+        if publish_failure is not None:
+            reasons = [*reasons, publish_failure]
         checks = {
             "nats_connected": self.probe.nats_connected(),
             "redis": redis_ok,
             "consumers_bound": bool(consumers) and all(consumers.values()),
             "hermes": bool(hermes) and all(hermes.values()),
             "serving": servable,
+            "jetstream_publish": publish_failure is None,
         }
         if self.metrics is not None:
             for name, ok in checks.items():

@@ -19,7 +19,8 @@ What is checked:
   the configured key on the protected `GET /v1/models` (no key and a 401/403 block the
   endpoint; no answer, or a malformed one, is an outage: reported in `/ready`, but the
   endpoint stays served, so each Action gets the spec's typed transport error instead of
-  waiting in the queue for as long as Hermes is down).
+  waiting in the queue for as long as Hermes is down). The same probe reads what the
+  endpoint's Hermes advertises beyond 0.19 (`worker/hermes/feature_probe.py`).
 
 `AIPD_SERVE_WHEN_UNREADY` (development only) keeps the reasons in `/ready` and the log but
 binds the consumers anyway, as the demo did before this gate existed.
@@ -33,6 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from worker.errors import ConnectorError
+from worker.hermes.feature_probe import refresh_features
 from worker.hermes.http_client import PROBE_HEADER, HermesClient
 from worker.logs import RepeatedErrors
 from worker.settings import Settings
@@ -169,6 +171,14 @@ class ServingGate:
     async def probe_all(self) -> None:
         """Probe every endpoint once and wake the loops whose verdict changed."""
         results = await asyncio.gather(*(probe_key(c) for c in self.clients.values()))
+        # What each reachable Hermes advertises beyond 0.19 (the keyed start of
+        # worker/operator/start.py): read with the key probe, kept when unreadable.
+        reachable = [
+            client
+            for client, probe in zip(self.clients.values(), results, strict=True)
+            if not probe.blocks
+        ]
+        await asyncio.gather(*(refresh_features(client) for client in reachable))
         async with self._changed:
             for endpoint_id, probe in zip(self.clients, results, strict=True):
                 before = self._probed.get(endpoint_id)

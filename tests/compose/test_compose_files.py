@@ -31,12 +31,17 @@ from nats.aio.client import Client as NATS
 
 from subjects.grammar import Subjects
 from tests.compose.deployment import compose_command
+from worker.bus.server_requirements import MINIMUM_NATS_SERVER
 from worker.settings import Settings
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.testing._procs import free_ports, port_accepts, wait_until
 from worker.testing.pytest_plugin import require_engine, service_unavailable
-from worker.testing.services import find_nats_server, find_redis_cli, find_redis_server
+from worker.testing.services import (
+    find_nats_server_at_least,
+    find_redis_cli,
+    find_redis_server,
+)
 from worker.trust.authority import ApprovalAuthority
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -285,9 +290,12 @@ def compose_nats(tmp_path: Path) -> Iterator[str]:
 def run_compose_nats(tmp_path: Path, edit: Callable[[str], str] | None = None) -> Iterator[str]:
     """compose/nats/nats.conf on free local ports (`edit` may add to it first, e.g. a
     second worker pool made from the config's own template)."""
-    binary = find_nats_server()
+    # The shipped config sets `sync_interval` (nats-server 2.10 on) and the project refuses
+    # releases before MINIMUM_NATS_SERVER: PATH's server may be older (Debian: 2.9.10).
+    binary = find_nats_server_at_least(MINIMUM_NATS_SERVER)
     if binary is None:
-        service_unavailable("no nats-server to run compose/nats/nats.conf with")
+        minimum = ".".join(map(str, MINIMUM_NATS_SERVER))
+        service_unavailable(f"no nats-server at or above {minimum} to run compose/nats/nats.conf")
     port, http_port = free_ports(2)
     conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
     if edit is not None:

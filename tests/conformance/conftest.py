@@ -1,6 +1,8 @@
-"""The `hermes` fixture: the same HTTP tests run against the fake and the real Hermes 0.19.0.
+"""The `hermes` fixture: the same HTTP tests run against the fake and the real Hermes 0.19.0,
+and against the fake with its post-0.19 flags (`fake-upstream`: what upstream Hermes added
+after 0.19, `worker.testing.fake_hermes.upstream`), so the suite pins both behaviours.
 
-Both servers are session-scoped (the real one costs seconds to start). When the real Hermes
+Every server is session-scoped (the real one costs seconds to start). When the real Hermes
 cannot be installed, its half of the suite fails under `CI=true` and is skipped otherwise.
 """
 
@@ -15,13 +17,14 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from worker.testing.fake_hermes import FakeHermes
+from worker.testing.fake_hermes import FakeConfig, FakeHermes, upstream
 from worker.testing.pytest_plugin import service_unavailable
 
 
 @dataclass(frozen=True)
 class Hermes:
-    """One server under test: where it is, its key, how to restart it, and the fake if any."""
+    """One server under test: where it is, its key, how to restart it, and the fake if any.
+    `kind` is `fake`, `real` (both Hermes 0.19.0) or `fake-upstream` (after 0.19)."""
 
     kind: str
     url: str
@@ -35,6 +38,11 @@ class Hermes:
             pytest.skip("fake-only: observes the fake's stats or faults")
         return self.fake
 
+    @property
+    def upstream(self) -> bool:
+        """True for the post-0.19 behaviour (durable run keys, `interrupted`, …)."""
+        return self.kind == UPSTREAM
+
 
 async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Hermes]:
     try:
@@ -46,17 +54,23 @@ async def _real(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Herme
         yield Hermes("real", real.url, real.api_key, real.restart, None)
 
 
-@pytest_asyncio.fixture(scope="session", loop_scope="session", params=["fake", "real"])
+UPSTREAM = "fake-upstream"
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session", params=["fake", "real", UPSTREAM])
 async def hermes(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> AsyncIterator[Hermes]:
-    """The server under test (parametrized: `fake`, `real`)."""
+    """The server under test (parametrized: `fake`, `real`, `fake-upstream`)."""
     if request.param == "real":
         async for real in _real(tmp_path_factory):
             yield real
         return
-    async with FakeHermes(api_key=secrets.token_urlsafe(32)) as fake:
-        yield Hermes("fake", fake.url, fake.api_key, fake.restart, fake)
+    config = FakeConfig(api_key=secrets.token_urlsafe(32))
+    if request.param == UPSTREAM:
+        config = upstream(config)
+    async with FakeHermes(config=config) as fake:
+        yield Hermes(request.param, fake.url, fake.api_key, fake.restart, fake)
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -1,7 +1,11 @@
-"""HTTP behaviour of Hermes 0.19.0 that the worker relies on, checked on the fake and the real.
+"""HTTP behaviour of Hermes 0.19.0 that the worker relies on, checked on the fake and the real,
+and the same routes after 0.19 on the fake with its post-0.19 flags.
 
-Every test runs twice through the `hermes` fixture (`fake`, `real`): if the real server
-disagrees, the fake is wrong. Tests that read the fake's stats are marked fake-only.
+Every test runs through the `hermes` fixture (`fake`, `real`, `fake-upstream`): if the real
+server disagrees, the fake is wrong. Where upstream Hermes changed a behaviour after 0.19
+(a durable run Idempotency-Key, `interrupted` after a restart, `run_not_active`, approval
+`request_id`), the test says what each one answers (`hermes.upstream`). Tests that read the
+fake's stats are marked fake-only.
 """
 
 from __future__ import annotations
@@ -222,7 +226,7 @@ async def test_missing_input_is_a_400(client: httpx.AsyncClient) -> None:
 
 
 async def test_approval_once_runs_the_command_and_a_late_answer_is_not_active(
-    client: httpx.AsyncClient,
+    hermes: Hermes, client: httpx.AsyncClient
 ) -> None:
     run_id = await start_run(client, f"approve {NEEDS_APPROVAL}")
     events, _ = await read_events(client, run_id, answer("once"))
@@ -244,9 +248,11 @@ async def test_approval_once_runs_the_command_and_a_late_answer_is_not_active(
     assert isinstance(request["description"], str)
     assert events[2]["choice"] == "once"
     assert events[3]["error"] is False
+    # After 0.19 each prompt names itself; 0.19 has no approval id.
+    assert ("request_id" in request) is hermes.upstream
     late = await client.post(f"/v1/runs/{run_id}/approval", json={"choice": "once"})
     assert late.status_code == 409
-    assert error_code(late) == "approval_not_active"
+    assert error_code(late) == ("run_not_active" if hermes.upstream else "approval_not_active")
 
 
 async def test_deny_still_ends_the_run_completed(client: httpx.AsyncClient) -> None:
@@ -284,7 +290,7 @@ async def test_bad_choice_is_400_and_nothing_pending_is_409(client: httpx.AsyncC
 
 
 async def test_stop_during_a_slow_reply_cancels_and_a_second_stop_is_404(
-    client: httpx.AsyncClient,
+    hermes: Hermes, client: httpx.AsyncClient
 ) -> None:
     async def stop_after_three(http: httpx.AsyncClient, run_id: str, event: Event) -> None:
         if event["event"] == "message.delta" and event["delta"] == "tick2 ":
@@ -300,8 +306,12 @@ async def test_stop_during_a_slow_reply_cancels_and_a_second_stop_is_404(
     assert status["status"] == "cancelled"
     assert status["last_event"] == "run.cancelled"
     again = await client.post(f"/v1/runs/{run_id}/stop")
-    assert again.status_code == 404
-    assert error_code(again) == "run_not_found"
+    if hermes.upstream:  # after 0.19 the finished run is known, and not active
+        assert again.status_code == 409
+        assert error_code(again) == "run_not_active"
+    else:
+        assert again.status_code == 404
+        assert error_code(again) == "run_not_found"
 
 
 async def test_stop_while_waiting_for_approval_blocks_the_command_and_cancels(
@@ -406,8 +416,62 @@ async def test_restart_forgets_every_run(hermes: Hermes, client: httpx.AsyncClie
     await hermes.restart()
 
     response = await client.get(f"/v1/runs/{run_id}")
-    assert response.status_code == 404
-    assert error_code(response) == "run_not_found"
+    if hermes.upstream:  # after 0.19 run records outlive a restart
+        assert response.status_code == 200
+        assert response.json()["status"] == "completed"
+    else:
+        assert response.status_code == 404
+        assert error_code(response) == "run_not_found"
+
+
+async def test_a_restart_mid_run_forgets_it_or_marks_it_interrupted(
+    hermes: Hermes, client: httpx.AsyncClient
+) -> None:
+    run_id = await start_run(client, f"cut short {SLOW_REPLY}")
+    await wait_status(client, run_id, "running")
+
+    await hermes.restart()
+
+    response = await client.get(f"/v1/runs/{run_id}")
+    if hermes.upstream:
+        assert response.status_code == 200
+        status = response.json()
+        assert status["status"] == "interrupted"
+        assert status["last_event"] == "run.interrupted"
+        assert isinstance(status["error"], str)
+        stop = await client.post(f"/v1/runs/{run_id}/stop")
+        assert stop.status_code == 409
+        assert error_code(stop) == "run_not_active"
+    else:
+        assert response.status_code == 404
+        assert error_code(response) == "run_not_found"
+
+
+async def test_idempotency_key_on_a_run_start_is_honoured_only_after_0_19(
+    hermes: Hermes, client: httpx.AsyncClient
+) -> None:
+    capabilities = (await client.get("/v1/capabilities")).json()
+    advertised = capabilities["features"].get("runs_idempotency") is True
+    assert advertised is hermes.upstream
+    key = {"Idempotency-Key": f"conformance-{time.time_ns()}"}
+    body = {"input": f"keyed start {time.time_ns()}"}
+    first = await client.post("/v1/runs", json=body, headers=key)
+    again = await client.post("/v1/runs", json=body, headers=key)
+    assert first.status_code == again.status_code == 202
+    run_ids = {first.json()["run_id"], again.json()["run_id"]}
+    for run_id in run_ids:
+        await read_events(client, run_id)
+    if not hermes.upstream:
+        assert len(run_ids) == 2  # 0.19 ignores the header here: two runs
+        return
+    assert len(run_ids) == 1
+    other = await client.post("/v1/runs", json={"input": "another body"}, headers=key)
+    assert other.status_code == 409
+    assert error_code(other) == "idempotency_key_conflict"
+    await hermes.restart()  # the key store is durable
+    after = await client.post("/v1/runs", json=body, headers=key)
+    assert after.status_code == 202
+    assert after.json()["run_id"] in run_ids
 
 
 async def test_every_start_is_counted_once(hermes: Hermes, client: httpx.AsyncClient) -> None:

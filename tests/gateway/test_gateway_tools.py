@@ -153,7 +153,7 @@ async def test_a_token_without_the_tools_scope_is_refused_and_nothing_enqueued(
 async def test_capabilities_lists_what_the_workers_serve_and_the_routes_admit(
     gs_up: GatewayStack,
 ) -> None:
-    answer = await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities")
+    answer = await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities", {"limit": 200})
     assert not answer.is_error, answer.document
     ids = {c["capability"] for c in answer.document["capabilities"]}
     assert MODELS in ids
@@ -181,13 +181,13 @@ async def test_capabilities_of_an_endpoint_bound_to_a_tenant_are_listed_to_that_
     )
 
     async def endpoints_listed(token: str) -> set[str]:
-        answer = await call_tool(gs.url, token, "aip_capabilities")
+        answer = await call_tool(gs.url, token, "aip_capabilities", {"limit": 200})
         assert not answer.is_error, answer.document
         return {c["endpoint_id"] for c in answer.document["capabilities"]}
 
     tenant_a = await endpoints_listed(TENANT_A_TOKEN)
     assert tenant_a == {"h1", "ha"}
-    listed = await call_tool(gs.url, TENANT_A_TOKEN, "aip_capabilities")
+    listed = await call_tool(gs.url, TENANT_A_TOKEN, "aip_capabilities", {"limit": 200})
     bound = [c for c in listed.document["capabilities"] if c["endpoint_id"] == "ha"]
     assert "cap:hermes_agent:ha:models" in {c["capability"] for c in bound}
     # Tenant B, and a principal without a tenant, are refused by `ha`: never offered it.

@@ -9,7 +9,7 @@ import pytest
 
 from tests.integration.stack import ENDPOINT, Stack, fake_stack, provision_streams
 from worker.client import AipClient
-from worker.testing.fake_hermes import FakeHermes
+from worker.testing.fake_hermes import FakeConfig, FakeHermes
 from worker.testing.identities import write_api_key_file, write_trust_files
 from worker.testing.real_hermes import RealHermes
 from worker.testing.services import ServiceHandle
@@ -25,6 +25,13 @@ def stack_env() -> dict[str, str]:
 
 
 @pytest.fixture
+def fake_config() -> FakeConfig | None:
+    """The fake Hermes' config (None: Hermes 0.19 with the stack's key); a module overrides
+    it to run its stack against another behaviour (`worker.testing.fake_hermes.upstream`)."""
+    return None
+
+
+@pytest.fixture
 def authority() -> list[dict[str, Any]] | None:
     """The approval authority memberships the stack's trust files hold (None: the usual)."""
     return None
@@ -37,12 +44,19 @@ async def stack(
     redis_server: ServiceHandle,
     stack_env: dict[str, str],
     authority: list[dict[str, Any]] | None,
+    fake_config: FakeConfig | None,
 ) -> AsyncIterator[Stack]:
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
     trust = write_trust_files(trust_dir, memberships=authority)
     async with fake_stack(
-        tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=LEASE_TTL_MS, **stack_env
+        tmp_path,
+        nats_server.url,
+        redis_server.url,
+        trust,
+        lease_ttl_ms=LEASE_TTL_MS,
+        fake_config=fake_config,
+        **stack_env,
     ) as stack:
         yield stack
 

@@ -29,7 +29,7 @@ from subjects.grammar import Subjects, envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from worker.client import ActionHandle, AipClient
-from worker.testing.fake_hermes import FakeHermes
+from worker.testing.fake_hermes import FakeConfig, FakeHermes
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
     ISSUER,
@@ -293,13 +293,15 @@ async def fake_stack(
     trust: TrustFiles,
     *,
     lease_ttl_ms: int,
+    fake_config: FakeConfig | None = None,
     **extra_env: str,
 ) -> AsyncIterator[Stack]:
-    """A Stack around a fresh fake Hermes: streams provisioned, workers' environment set,
-    every worker it spawned stopped at the end."""
+    """A Stack around a fresh fake Hermes (0.19, or `fake_config` with the stack's key):
+    streams provisioned, workers' environment set, every worker it spawned stopped at the
+    end."""
     api_key, key_file = write_api_key_file(root)
     await provision_streams(nats_url, ack_wait_s=lease_ttl_ms / 1000)
-    async with FakeHermes(api_key=api_key, port=0) as fake:
+    async with FakeHermes(api_key=api_key, port=0, config=fake_config) as fake:
         env = worker_env(
             nats_url, redis_url, fake.url, key_file, trust, lease_ttl_ms=lease_ttl_ms, **extra_env
         )

@@ -7,14 +7,14 @@ own Redis connection, so nothing leaks between tests.
 
 from __future__ import annotations
 
-import secrets
 from collections.abc import AsyncIterator
 
 import pytest
 import pytest_asyncio
-from operator_support import Harness, endpoint_for
+from operator_support import Harness, endpoint_for, fake_config
 from redis.asyncio import Redis
 
+from worker.hermes.feature_probe import refresh_features
 from worker.hermes.http_client import HermesClient
 from worker.operator.policy import HermesOperatorPolicy
 from worker.testing.fake_hermes import FakeConfig, FakeHermes
@@ -28,18 +28,6 @@ async def redis(redis_server: ServiceHandle) -> AsyncIterator[Redis]:
         yield client
     finally:
         await client.aclose()
-
-
-def fake_config(**changes: object) -> FakeConfig:
-    """Hermes 0.19 behaviour with test-sized timers."""
-    base = {
-        "api_key": secrets.token_urlsafe(32),
-        "missing_stream_delay_s": 0.05,
-        "build_delay_s": 0.02,
-        "keepalive_s": 5.0,
-    }
-    base.update(changes)
-    return FakeConfig(**base)  # type: ignore[arg-type]
 
 
 @pytest.fixture
@@ -57,6 +45,9 @@ async def fake(fake_settings: FakeConfig) -> AsyncIterator[FakeHermes]:
 @pytest_asyncio.fixture
 async def hermes(fake: FakeHermes) -> AsyncIterator[HermesClient]:
     client = HermesClient(endpoint_for(fake.url, fake.api_key))
+    # What a worker's serving probe does at start: learn what this Hermes advertises
+    # beyond 0.19 (nothing, unless the fake runs with its post-0.19 flags).
+    await refresh_features(client)
     try:
         yield client
     finally:

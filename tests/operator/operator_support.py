@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import pytest
+
 from schemas.action import Action, DelegationRef, Identity
 from schemas.codec import convert_input
 from schemas.ids import new_action_id
@@ -32,9 +34,33 @@ from worker.store.keys import ActionKeys, binding_key
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.store.operator_store import OperatorStore
 from worker.store.stores import Stores
+from worker.testing.fake_hermes import FakeConfig, upstream
 
 ENDPOINT_ID = "hermes-1"
 LEASE_TTL_MS = 120_000
+
+
+def fake_config(**changes: object) -> FakeConfig:
+    """Hermes 0.19 behaviour with test-sized timers."""
+    base = {
+        "api_key": secrets.token_urlsafe(32),
+        "missing_stream_delay_s": 0.05,
+        "build_delay_s": 0.02,
+        "keepalive_s": 5.0,
+    }
+    base.update(changes)
+    return FakeConfig(**base)  # type: ignore[arg-type]
+
+
+#: Both Hermes behaviours, for the modules that must hold against each: 0.19, and upstream
+#: after 0.19 (durable run keys, `interrupted`, `run_not_active`, approval request ids).
+BOTH_HERMES = pytest.mark.parametrize(
+    "fake_settings",
+    [
+        pytest.param(fake_config(), id="hermes-0.19"),
+        pytest.param(upstream(fake_config()), id="hermes-upstream"),
+    ],
+)
 
 
 def endpoint_for(url: str, api_key: str, endpoint_id: str = ENDPOINT_ID) -> Endpoint:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 import msgspec
 import pytest_asyncio
-from operator_support import Harness, endpoint_for, error_code, objective, resume
+from operator_support import BOTH_HERMES, Harness, endpoint_for, error_code, objective, resume
 from redis.asyncio import Redis
 from scripted_hermes import ScriptedHermes
 
@@ -44,6 +44,7 @@ async def _parked(h: Harness) -> str:
     return source.id
 
 
+@BOTH_HERMES
 async def test_approval_request_returns_requires_human_with_a_redacted_prompt(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -69,6 +70,7 @@ async def test_approval_request_returns_requires_human_with_a_redacted_prompt(
     assert fake.stats().routes == before
 
 
+@BOTH_HERMES
 async def test_resume_continues_the_same_run_to_completion(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -89,6 +91,7 @@ async def test_resume_continues_the_same_run_to_completion(
     assert command.choice == "once"
 
 
+@BOTH_HERMES
 async def test_exact_resume_replay_sends_one_provider_command(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -102,6 +105,7 @@ async def test_exact_resume_replay_sends_one_provider_command(
     assert replay.output == first.output
 
 
+@BOTH_HERMES
 async def test_deny_that_hermes_completes_is_reported_as_hermes_reports_it(
     harness: Harness,
 ) -> None:
@@ -189,6 +193,7 @@ async def test_approval_4xx_is_rejected_and_the_source_keeps_waiting(
     assert fake.stats().count(APPROVAL) == 2
 
 
+@BOTH_HERMES
 async def test_second_resume_for_an_answered_generation_sends_nothing(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
-from operator_support import Harness, endpoint_for, error_code, objective
+from operator_support import BOTH_HERMES, Harness, endpoint_for, error_code, objective
 from redis.asyncio import Redis
 from scripted_hermes import ScriptedHermes
 
@@ -55,6 +55,7 @@ async def _cancel(redis: Redis, ctx: RecordingContext) -> str | None:
     return state
 
 
+@BOTH_HERMES
 async def test_cancel_before_run_id_starts_nothing(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:
@@ -72,6 +73,7 @@ async def test_cancel_before_run_id_starts_nothing(
     assert binding.run_id is None
 
 
+@BOTH_HERMES
 async def test_cancel_while_the_start_is_in_flight_binds_then_stops(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:
@@ -93,6 +95,7 @@ async def test_cancel_while_the_start_is_in_flight_binds_then_stops(
     assert final.cancel_requested
 
 
+@BOTH_HERMES
 async def test_cancel_during_a_run_is_cancelled_only_on_provider_evidence(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:

@@ -45,10 +45,12 @@ def test_event_table_is_the_spec_mapping() -> None:
         "run.failed": K.ERROR,
         "run.completed": K.DONE,
         "run.cancelled": K.DONE,
+        # After 0.19: a run its gateway's shutdown interrupted.
+        "run.interrupted": K.ERROR,
     }
 
 
-def test_only_the_seven_provider_statuses_are_recognized() -> None:
+def test_only_the_seven_provider_statuses_and_interrupted_are_recognized() -> None:
     assert {s.value for s in STATUS_READINGS} == {
         "queued",
         "running",
@@ -57,6 +59,8 @@ def test_only_the_seven_provider_statuses_are_recognized() -> None:
         "completed",
         "failed",
         "cancelled",
+        # After 0.19 (a run a Hermes shutdown interrupted).
+        "interrupted",
     }
     assert parse_status("paused") is None
     assert parse_status(None) is None

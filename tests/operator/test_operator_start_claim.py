@@ -11,7 +11,7 @@ import dataclasses
 
 import httpx
 import pytest
-from operator_support import Harness, error_code, objective
+from operator_support import BOTH_HERMES, Harness, error_code, objective
 
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
@@ -36,6 +36,7 @@ def created_runs(fake: FakeHermes, action_id: str) -> int:
     return fake.stats().session_starts.get(session_id_for(action_id), 0)
 
 
+@BOTH_HERMES
 async def test_fifty_concurrent_executions_start_exactly_one_run(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -135,6 +136,7 @@ async def test_ambiguous_start_is_outcome_unknown_and_never_replayed(
     assert created_runs(fake, action.id) == 1
 
 
+@BOTH_HERMES
 async def test_start_rejected_4xx_is_a_definitive_failure(
     harness: Harness, fake: FakeHermes
 ) -> None:

@@ -142,6 +142,7 @@ class FakeProbe:
         self.hermes_ok = True
         self.hermes_calls = 0
         self.reasons: list[str] = []
+        self.publish_reason: str | None = None
 
     def nats_connected(self) -> bool:
         return self.nats
@@ -165,6 +166,9 @@ class FakeProbe:
     def serving_reasons(self) -> tuple[bool, list[str]]:
         return not self.reasons, self.reasons
 
+    def publish_failure(self) -> str | None:
+        return self.publish_reason
+
 
 @pytest.mark.parametrize(
     ("broken", "check"),
@@ -177,6 +181,8 @@ class FakeProbe:
         ({"hermes_ok": False}, "hermes"),
         ({"reasons": ["cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE is not set"]},
          "serving"),
+        ({"publish_reason": "JetStream publication failing: the store refused a write"},
+         "jetstream_publish"),
     ],
 )
 async def test_ready_is_false_when_any_one_dependency_fails(
@@ -356,8 +362,34 @@ async def test_a_running_worker_reports_its_work_and_loses_readiness_without_red
             "consumers_bound": True,
             "hermes": True,
             "serving": True,
+            "jetstream_publish": True,
         }
         assert (await _get(http, base + "/health"))[0] == 200
 
         await asyncio.to_thread(redis_server.restart)
         await _until_status(http, base + "/ready", 200)
+
+
+async def test_a_publish_failure_is_a_ready_reason_until_a_publish_is_stored() -> None:
+    """`PublishHealth` (worker/bus/publish_health.py): the last failure names what
+    JetStream answered; a stored publish clears it, and so does a quiet `window_s`."""
+    from nats.js.errors import APIError
+
+    from worker.bus.publish_health import PublishHealth
+
+    now = [10.0]
+    health = PublishHealth(window_s=30.0, clock=lambda: now[0])
+    assert health.reason() is None
+    health.failed(APIError(code=503, err_code=10077, description="no space left on device"))
+    reason = health.reason()
+    assert reason is not None
+    assert "no space left on device" in reason
+    assert "docs/operations.md" in reason
+    health.succeeded()
+    assert health.reason() is None
+    health.failed(APIError(code=503, err_code=10076, description="jetstream not enabled"))
+    reason = health.reason()
+    assert reason is not None
+    assert "restart nats-server" in reason
+    now[0] += 31.0
+    assert health.reason() is None

@@ -8,6 +8,7 @@ chunks stream is what these tests assert.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 
@@ -157,7 +158,7 @@ class _FailingFirst(BusPublisher):
             future.set_result(PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1))
         return future
 
-    async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
+    async def chunk_once(self, chunk: StreamChunk, *, subject: str | None = None) -> PubAck:
         self.resent.append(chunk.seq)
         return PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1)
 
@@ -173,6 +174,42 @@ async def test_a_chunk_whose_confirmation_failed_is_kept_and_sent_again(nc: Clie
     assert stream.awaiting_confirmation < PRUNE_EVERY  # not 24: chunk 0 and the newest
     await stream.confirm()
     assert publisher.resent == [0]
+
+
+async def test_chunks_the_bus_refuses_are_held_in_order_and_sent_when_it_is_back(
+    nc: Client,
+) -> None:
+    """JetStream not answering (here: the chunk stream deleted, so a publish has no
+    responder, as when a full store made nats-server disable JetStream) must not end the
+    run: the chunks are held, nothing overtakes them, `/ready`'s reason names the failure,
+    and once the stream is back `confirm` sends them in seq order with the chain intact."""
+    js = nc.jetstream()
+    publisher = BusPublisher(js, Subjects(), nc=nc, confirm_timeout_s=1.0)
+    action_id = new_action_id()
+    stream = await ChunkStream.open(
+        publisher, _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT
+    )
+    await stream.emit(ChunkKind.DATA, {"n": 0})
+    await stream.confirm()
+    assert publisher.health.reason() is None
+    await js.delete_stream(Subjects().stream_name("chunks"))
+    for n in range(1, 4):
+        await stream.emit(ChunkKind.DATA, {"n": n})  # no exception: held, not failed
+    await stream.confirm()
+    reason = publisher.health.reason()
+    assert reason is not None
+    assert "JetStream is not answering" in reason
+    owed = [msgspec.json.decode(line) for line in stream.owed.split(b"\n")]
+    assert [c["seq"] for c in owed] == [1, 2, 3]
+    await provision(js, Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=5.0))
+    await stream.emit(ChunkKind.DATA, {"n": 4})  # still held: chunk 1 goes first
+    await stream.confirm()
+    assert stream.owed == b""
+    assert publisher.health.reason() is None
+    stored = await _stored(nc, action_id)
+    assert _seqs(stored) == [1, 2, 3, 4]
+    for before, after in itertools.pairwise(stored):
+        assert msgspec.json.decode(after)["prev_sha256"] == sha256_hex(before)
 
 
 def test_a_refused_action_s_stream_is_one_error_chunk_at_seq_0() -> None:

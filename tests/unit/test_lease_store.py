@@ -67,7 +67,19 @@ async def test_results_are_write_once_and_replays_see_them(store: LeaseStore) ->
     )
     replay = await store.acquire(keys, "w3#c", 5000, "fp")
     assert replay.status is AcquireStatus.SETTLED
-    assert await store.get_settled(keys) == (b"first", b"first-terminal")
+    assert await store.get_settled(keys) == (b"first", b"first-terminal", None)
+
+
+async def test_owed_chunks_are_stored_with_the_result_and_returned_by_a_repeat(
+    store: LeaseStore,
+) -> None:
+    keys = ActionKeys.of(new_action_id())
+    grant = await store.acquire(keys, "w1#a", 5000, "fp")
+    settled = await store.settle(keys, "w1#a", grant.fence, b"r", b"t", b"c0\nc1")
+    assert (settled.status, settled.owed) == (SettleStatus.SETTLED, b"c0\nc1")
+    repeat = await store.settle(keys, "w1#a", grant.fence, b"r2", b"t2", b"other")
+    assert (repeat.status, repeat.stored, repeat.owed) == (SettleStatus.EXISTS, b"r", b"c0\nc1")
+    assert await store.get_settled(keys) == (b"r", b"t", b"c0\nc1")
 
 
 async def test_reuse_with_another_request_is_a_collision_even_after_settling(

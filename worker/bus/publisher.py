@@ -33,6 +33,7 @@ from subjects.grammar import (
     escalation_resolution_msg_id,
     result_msg_id,
 )
+from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
@@ -52,6 +53,15 @@ DEFAULT_MAX_PAYLOAD = 1024 * 1024
 #: JetStream's answers to a publish that a full stream (`discard: new`) or a full store
 #: refused: repeating the publish cannot succeed until something is removed.
 _FULL_ERR_CODES = frozenset({10077, 10023, 10047})
+
+
+def refused_by_stream(exc: BaseException) -> bool:
+    """JetStream refused the message because the stream is at one of its own limits
+    (`discard: new` past `max_msgs`/`max_bytes`): the stream's configured answer, the
+    same for every repeat. Anything else (a full or failed store, JetStream disabled, no
+    answer) is the bus failing, and the same publish succeeds once the bus is back."""
+    description = str(getattr(exc, "description", "") or "")
+    return getattr(exc, "err_code", None) == 10077 and description.startswith("maximum")
 
 
 def confirmed(future: asyncio.Future[PubAck]) -> bool:
@@ -86,6 +96,9 @@ class BusPublisher:
         #: subscription (`worker.bus.acked_publish`, half the CPU per chunk), or nats-py's
         #: `publish_async` for a publisher that sends few (the CLI's, the tests').
         self.acks = acks
+        #: Every awaited publish's outcome (and each chunk the chunk stream held back),
+        #: what `/ready` reports (`worker.bus.publish_health`).
+        self.health = PublishHealth()
 
     def max_message_bytes(self) -> int:
         """The largest body one result or chunk may have: the server's `max_payload` (from
@@ -124,6 +137,23 @@ class BusPublisher:
             encode(chunk),
             chunk_msg_id(chunk.action_id, chunk.seq),
         )
+
+    async def chunk_once(self, chunk: StreamChunk, *, subject: str | None = None) -> PubAck:
+        """One awaited publish of a chunk whose confirmation went missing, no retry: the
+        chunk stream holds it back when the bus refuses it (`worker.execution.chunk_stream`)."""
+        try:
+            ack = await self.js.publish(
+                subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
+                encode(chunk),
+                timeout=self.confirm_timeout_s,
+                headers={MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq)},
+            )
+        except Exception as exc:
+            if not refused_by_stream(exc):
+                self.health.failed(exc)
+            raise
+        self.health.succeeded()
+        return ack
 
     async def confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
         """Wait for chunk confirmations; a failed one is sent once more (same Msg-Id).
@@ -257,13 +287,18 @@ class BusPublisher:
         deadline = asyncio.get_running_loop().time() + self.confirm_timeout_s * 3
         while True:
             try:
-                return await self.js.publish(
+                ack = await self.js.publish(
                     subject, payload, timeout=self.confirm_timeout_s, headers=all_headers
                 )
             except Exception as exc:
+                if not refused_by_stream(exc):
+                    self.health.failed(exc)
                 if give_up_when_full and getattr(exc, "err_code", None) in _FULL_ERR_CODES:
                     raise StreamFull(f"{subject}: {getattr(exc, 'description', '')}") from None
                 if asyncio.get_running_loop().time() + delay > deadline:
                     raise PublishFailed(f"{subject}: {type(exc).__name__}") from None
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
+            else:
+                self.health.succeeded()
+                return ack

@@ -227,7 +227,7 @@ class EgressIntake:
         lease-recorded tenant is the target endpoint's; Rejected otherwise."""
         leases = self.rt.stores.leases
         keys = await leases.keys_of(request.source_action_id)
-        stored, _ = await leases.get_settled(keys)
+        stored, _, _ = await leases.get_settled(keys)
         subject = await leases.cancel_subject(keys)
         if stored is None or subject is None:
             raise Rejected(

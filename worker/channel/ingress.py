@@ -44,11 +44,12 @@ from schemas.channel import (
     ChannelMessage,
     ChannelRole,
 )
-from schemas.dlq import DLQ_CODE, DLQ_ID, DLQ_REASON, DLQ_SIZE, DLQ_SUBJECT, DLQ_WORKER
 from schemas.errors import ErrorCode
 from subjects.grammar import Subjects
 from worker import faults
+from worker.bus.dead_letters import DeadLetters, Kept
 from worker.bus.publisher import BusPublisher
+from worker.channel.redaction import scrub, scrub_text
 from worker.channel.rules import IngressTarget
 from worker.errors import ChannelMessageRefused, ConnectorError, UnverifiedResponse
 from worker.metrics import Metrics
@@ -59,9 +60,6 @@ from worker.trust.responses import verify_worker_signed
 from worker.trust.signing import TrustedGatewayKeys
 
 log = logging.getLogger(__name__)
-
-#: The raw JSON of a refused message kept in the DLQ (bounded).
-MAX_REFUSED_BYTES = 256 * 1024
 
 
 def message_msg_id(endpoint_id: str, message_id: int) -> str:
@@ -86,6 +84,8 @@ def to_channel_message(
         content = ""
     if not isinstance(content, str):
         raise ChannelMessageRefused(f"message {message_id}: `content` is not a string")
+    # Credentials go no further than the session (worker/channel/redaction.py).
+    content = scrub_text(content)
     encoded = content.encode()
     truncated = len(encoded) > MAX_INGRESS_CONTENT_BYTES
     if truncated:
@@ -140,8 +140,11 @@ class SessionFollower:
         worker_id: str,
         lease_ttl_ms: int,
         trusted: TrustedGatewayKeys | None = None,
+        dead_letters: DeadLetters,
     ) -> None:
         self.target = target
+        #: The worker's DLQ writer: truncated entries, rate-limited per session subject.
+        self.dead_letters = dead_letters
         self.hermes = hermes
         self.store = store
         self.js = js
@@ -290,32 +293,43 @@ class SessionFollower:
         self.metrics.channel_ingress_lag(target.endpoint_id, target.session_id, 0.0)
 
     async def _refuse(self, raw: Any, reason: str, message_id: int | None) -> None:
-        """Keep a refused message in the DLQ (raw, bounded), count it, and go on."""
+        """Keep a refused message in the DLQ, count it, and go on: through the worker's DLQ
+        writer (worker/bus/dead_letters.py), so it is cut to `AIPD_DLQ_KEEP_BYTES` and the
+        entries per session pass the same token bucket as refused envelopes, and with its
+        credentials redacted like what is published (a hostile provider's id-less 192 KB
+        messages, once per poll, wrote 190 MB of DLQ in 40 s before, issue 27)."""
         target = self.target
-        payload = msgspec.json.encode(raw)
-        size = len(payload)
+        payload = msgspec.json.encode(_redacted(raw))
         seed = f"ingress:{target.endpoint_id}:{target.session_id}:{message_id}:"
         dlq_id = "dlq_" + hashlib.sha256(seed.encode() + payload).hexdigest()[:32]
-        headers = {
-            DLQ_ID: dlq_id,
-            DLQ_CODE: ErrorCode.SCHEMA_ENVELOPE_INVALID.value,
-            DLQ_REASON: reason[:300],
-            DLQ_SUBJECT: self.subject,
-            DLQ_WORKER: self.worker_id,
-            DLQ_SIZE: str(size),
-        }
         if message_id is not None and not self._still_valid():
             return
-        await self.publisher.dead_letter(
-            target.endpoint_id, payload[:MAX_REFUSED_BYTES], headers, dlq_id
-        )
         self.metrics.channel_ingress_refused(target.endpoint_id)
-        log.warning(
-            "ingress of %s/%s refused a message: %s",
+        kept = await self.dead_letters.write(
             target.endpoint_id,
-            target.session_id,
-            reason,
+            dlq_id=dlq_id,
+            subject=self.subject,
+            stream_seq=message_id if message_id is not None else -1,
+            payload=payload,
+            code=ErrorCode.SCHEMA_ENVELOPE_INVALID,
+            reason=reason,
         )
+        if kept is Kept.WRITTEN:  # the DLQ writer logs what it does not keep, bounded
+            log.warning(
+                "ingress of %s/%s refused a message: %s",
+                target.endpoint_id,
+                target.session_id,
+                reason,
+            )
+
+
+def _redacted(raw: Any) -> Any:
+    """A refused message as the DLQ keeps it: credential-named keys and the credentials
+    in its text content redacted (worker/channel/redaction.py)."""
+    kept = scrub(raw)
+    if isinstance(kept, dict) and isinstance(kept.get("content"), str):
+        kept["content"] = scrub_text(kept["content"])
+    return kept
 
 
 def _order(raw: Any) -> int:

@@ -32,19 +32,14 @@ always survives; a budget too small for the frame gets the worker's own header l
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import msgspec
 
 from schemas.escalation import Escalation
 from schemas.result import ActionResult
+from worker.channel.redaction import scrub as _scrub
 
-_SECRET_KEY = re.compile(
-    r"(api[_-]?key|secret|token|password|passwd|authorization|credential|seed|cookie)",
-    re.IGNORECASE,
-)
 _TRUNCATED = "…[truncated]"
-_MAX_DEPTH = 32
 
 #: The second line of every message: what the quoted block is, for the agent reading it.
 NOTICE = (
@@ -77,19 +72,6 @@ _DELIMITERS = (
     ("[INST]", "[ INST]"),
     ("[/INST]", "[ /INST]"),
 )
-
-
-def _scrub(value: Any, depth: int = 0) -> Any:
-    if depth > _MAX_DEPTH:
-        return "…"
-    if isinstance(value, dict):
-        return {
-            str(k): "[redacted]" if _SECRET_KEY.search(str(k)) else _scrub(v, depth + 1)
-            for k, v in value.items()
-        }
-    if isinstance(value, list):
-        return [_scrub(v, depth + 1) for v in value]
-    return value
 
 
 def neutralise(text: str) -> str:

@@ -86,20 +86,32 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
 
 async def cmd_provision(args: argparse.Namespace) -> int:
     from subjects.grammar import Subjects
-    from subjects.provision import Change, provision
+    from subjects.provision import Change, check_store, provision, wanted_streams
     from worker.bus.connections import connect_nats_for_command, stream_policy
+    from worker.bus.server_requirements import version_problem
     from worker.endpoints import endpoint_descriptors
 
     settings = settings_from(args)
     endpoint_ids = [d.id for d in endpoint_descriptors(settings)]
+    subjects, policy = Subjects(settings.subject_prefix), stream_policy(settings)
     nc = await connect_nats_for_command(settings)
     try:
+        # Refused before anything is created (docs/operations.md, "Full disk").
+        problem = version_problem(nc.connected_server_version)
+        if problem is not None:
+            if not args.allow_nats_below_minimum:
+                print(f"refused: {problem} (or pass --allow-nats-below-minimum)", file=sys.stderr)
+                return 2
+            print(f"warning: {problem}", file=sys.stderr)
+        wanted = wanted_streams(subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores)
+        store = await check_store(nc.jetstream(), wanted)
+        print(store.describe(), file=sys.stderr)  # stdout stays one line per stream/consumer
+        if store.shortfall and not args.allow_store_shortfall:
+            print("refused: the JetStream store cannot hold the stream limits "
+                  "(or pass --allow-store-shortfall)", file=sys.stderr)  # fmt: skip
+            return 2
         report = await provision(
-            nc.jetstream(),
-            Subjects(settings.subject_prefix),
-            endpoint_ids,
-            stream_policy(settings),
-            runtime_stores=args.runtime_stores,
+            nc.jetstream(), subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores
         )
     finally:
         await nc.close()
@@ -165,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--runtime-stores",
         action="store_true",
         help="also create the AIP runtime's queue and lifecycle streams (delegation results)",
+    )
+    prov.add_argument(
+        "--allow-nats-below-minimum",
+        action="store_true",
+        help="provision on a nats-server older than worker/bus/server_requirements.py accepts",
+    )
+    prov.add_argument(
+        "--allow-store-shortfall",
+        action="store_true",
+        help="provision although the account's JetStream storage cannot hold the stream limits",
     )
     prov.set_defaults(func=cmd_provision)
 

@@ -157,6 +157,8 @@ class DemoEnvironment:
         env = gateway_env(
             self.nats.url, principals, self.trust.seed_file, port,
             AIPD_CAPABILITY_ROUTES=json.dumps(self.echo.route), AIPD_LOG_FORMAT="json",
+            # The echo capability answers unsigned: development only (docs/gateway.md).
+            AIPD_ALLOW_UNSIGNED_RESPONSES="true",
         )  # fmt: skip
         self.gateway = gateway_process("gateway", env, self.root)
         await asyncio.to_thread(self.gateway.start, wait_ready_s=_HERMES_START_S)

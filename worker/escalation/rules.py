@@ -75,6 +75,12 @@ ESCALATE: dict[ErrorCode, Rule] = {
         "with run_stop if it still runs, then `reconcile`",
         _OPERATOR,
     ),
+    C.OPERATOR_INTERRUPTED: Rule(
+        Need.ALWAYS,
+        "Reconcile: the run was interrupted by a Hermes shutdown and will not continue; its "
+        "tools may have acted. Inspect their effects (`binding show`) before new work",
+        _OPERATOR,
+    ),
     C.OPERATOR_STATE: Rule(
         Need.ALWAYS,
         "Escalate to whoever owns Redis: restore it and look at the binding (`binding show`). "

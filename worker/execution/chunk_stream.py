@@ -19,6 +19,13 @@ made here:
   confirmation has already arrived is let go on the way (a slow run
   held for minutes would otherwise keep up to `CONFIRM_BATCH` chunks, their payloads and
   PubAcks: most of its memory);
+- a bus that refuses chunks (a full JetStream store, JetStream disabled, no answer): the
+  first chunk it refuses is held back with every chunk made after it (`OWED_MAX_BYTES`),
+  nothing overtakes it, and the operation runs on; `confirm` sends them once more at the
+  end, and what is still refused then is `owed`, stored with the result by the settle and
+  published by the `Outbox` before the terminal chunk once the bus takes writes again. Only
+  a stream's own limit (`discard: new` past `max_msgs`/`max_bytes`) or an overflow of the
+  held bytes fails the Action `stream_publication`;
 - the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
   result's facts (`refusal_chunk`).
 """
@@ -37,7 +44,7 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
-from worker.bus.publisher import BusPublisher, confirmed
+from worker.bus.publisher import BusPublisher, confirmed, refused_by_stream
 from worker.errors import ConnectorError
 from worker.execution.leases import HeldLease
 from worker.metrics import Metrics
@@ -58,6 +65,11 @@ MAX_UNCONFIRMED = 2 * CONFIRM_BATCH
 #: Once this many chunks are kept for confirmation, those already confirmed are let go
 #: (and again each time the list has doubled since: `emit`).
 PRUNE_EVERY = 8
+#: Bytes of chunks one Action may hold back while the bus refuses them (kept in memory,
+#: then stored in Redis with the result): past this the durable chunk sequence has stopped
+#: and the Action fails `stream_publication`, the specification's answer. 4 MiB holds a
+#: long streamed turn (about 10,000 token chunks) through an outage.
+OWED_MAX_BYTES = 4 * 1024 * 1024
 
 
 class ChunkStream:
@@ -92,6 +104,11 @@ class ChunkStream:
         self._prune_at = PRUNE_EVERY
         #: The terminal chunk the operation emitted, held for after the settle.
         self._terminal: StreamChunk | None = None
+        #: Chunks the bus refused (a full store, JetStream disabled, no answer), with every
+        #: chunk made after them, in seq order: sent again by `confirm`, else stored with
+        #: the result (`owed`).
+        self._owed: list[tuple[StreamChunk, bytes]] = []
+        self._owed_bytes = 0
 
     @classmethod
     async def open(
@@ -173,24 +190,28 @@ class ChunkStream:
         chunk = self._make(kind, payload, provider_event=provider_event, run_id=run_id)
         data = encode(chunk)
         self._prev_sha256 = hashlib.sha256(data).hexdigest()
-        try:
-            future = await self.publisher.chunk(chunk, data, subject=self._subject)
-        except Exception as exc:
-            raise ConnectorError(
-                ErrorCode.STREAM_PUBLICATION,
-                f"chunk {chunk.seq} not published: {type(exc).__name__}",
-            ) from None
-        self._pending.append((chunk, future))
-        self._since_collect += 1
-        if len(self._pending) >= self._prune_at:
-            # Confirmed already: nothing left to wait for or re-send. The rest keep their
-            # order, so a failed one is still re-sent in seq order by `confirm`.
-            self._pending = [p for p in self._pending if not confirmed(p[1])]
-            # The next scan waits until the list has doubled: when confirmations lag (a
-            # flood), a scan every PRUNE_EVERY chunks over hundreds of unconfirmed ones was
-            # 7% of the relay's CPU; this way each chunk is looked at a bounded number of
-            # times, and a slow run still keeps fewer than PRUNE_EVERY.
-            self._prune_at = max(PRUNE_EVERY, 2 * len(self._pending))
+        if self._owed:
+            # Held: an earlier chunk is waiting for the bus, and nothing may overtake it.
+            self._hold([(chunk, data)])
+        else:
+            try:
+                future = await self.publisher.chunk(chunk, data, subject=self._subject)
+            except Exception as exc:
+                self._refused(chunk.seq, exc)
+                self._hold([(chunk, data)])
+            else:
+                self._pending.append((chunk, future))
+                self._since_collect += 1
+                if len(self._pending) >= self._prune_at:
+                    # Confirmed already: nothing left to wait for or re-send. The rest keep
+                    # their order, so a failed one is still re-sent in seq order later.
+                    self._pending = [p for p in self._pending if not confirmed(p[1])]
+                    # The next scan waits until the list has doubled: when confirmations lag
+                    # (a flood), a scan every PRUNE_EVERY chunks over hundreds of unconfirmed
+                    # ones was 7% of the relay's CPU; this way each chunk is looked at a
+                    # bounded number of times, and a slow run still keeps fewer than
+                    # PRUNE_EVERY.
+                    self._prune_at = max(PRUNE_EVERY, 2 * len(self._pending))
         if self.metrics is not None:
             self.metrics.chunk_published(self.endpoint_id, kind.value)
         if self._since_collect >= CONFIRM_BATCH:
@@ -204,8 +225,9 @@ class ChunkStream:
 
         Seqs, not the list's length, measure age: confirmed chunks are let go on the way
         (`PRUNE_EVERY`), so the list holds little more than the unconfirmed ones. The
-        settled prefix goes through `confirm` all the same, so a chunk whose publication
-        failed is re-sent (same Msg-Id) here, long before the Action settles.
+        settled prefix goes through `_confirm_oldest` all the same, so a chunk whose
+        publication failed is re-sent (same Msg-Id) here, long before the Action settles,
+        or held back with everything after it while the bus refuses it.
         """
         pending = self._pending
         settled = 0
@@ -217,25 +239,106 @@ class ChunkStream:
             cutoff = self._seq - (MAX_UNCONFIRMED - CONFIRM_BATCH)
             settled = sum(1 for chunk, _ in pending if chunk.seq < cutoff)
         if settled:
-            await self._confirm(pending[:settled])
-            del pending[:settled]
+            await self._confirm_oldest(settled)
         self._since_collect = 0
-        self._prune_at = max(PRUNE_EVERY, 2 * len(pending))
+        self._prune_at = max(PRUNE_EVERY, 2 * len(self._pending))
 
     async def confirm(self) -> None:
-        """Wait for the confirmations of every chunk sent so far."""
-        pending, self._pending = self._pending, []
+        """Wait for the confirmations of every chunk sent so far, then send the chunks held
+        back once more. What the bus still refuses stays `owed`: the settle stores it with
+        the result and the `Outbox` publishes it before the terminal chunk (a full
+        JetStream store must not turn a finished turn into a failure)."""
+        await self._confirm_oldest(len(self._pending))
         self._since_collect = 0
         self._prune_at = PRUNE_EVERY
-        await self._confirm(pending)
+        if self._owed:
+            await self._send_owed()
 
-    async def _confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
-        try:
-            await self.publisher.confirm(pending)
-        except Exception as exc:
+    async def _confirm_oldest(self, count: int) -> None:
+        """Confirm the oldest `count` chunks sent: one wait for all of them (at most the
+        publisher's confirm timeout), then each chunk still unconfirmed is sent once more,
+        awaited (same Msg-Id). A chunk the bus refuses again is held back, with every chunk
+        sent after it, until `confirm` (the stream's order is its seq order)."""
+        pending = self._pending
+        head = pending[:count]
+        waiting = [future for _, future in head if not future.done()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=self.publisher.confirm_timeout_s)
+        for index, (chunk, future) in enumerate(head):
+            if confirmed(future):
+                continue
+            first = None if not future.done() or future.cancelled() else future.exception()
+            future.cancel()
+            if first is not None:
+                self._refused(chunk.seq, first)
+            try:
+                await self.publisher.chunk_once(chunk, subject=self._subject)
+            except Exception as exc:
+                self._refused(chunk.seq, exc)
+                held, self._pending = pending[index:], []
+                for _, later in held:
+                    later.cancel()
+                self._owed, owed, self._owed_bytes = [], self._owed, 0
+                self._hold([(c, encode(c)) for c, _ in held] + owed)
+                return
+        del pending[:count]
+
+    async def _send_owed(self) -> None:
+        """Publish the held chunks again, in order; keep the ones not confirmed in time."""
+        sent: list[asyncio.Future[PubAck]] = []
+        for chunk, data in self._owed:
+            try:
+                sent.append(await self.publisher.chunk(chunk, data, subject=self._subject))
+            except Exception as exc:
+                self.publisher.health.failed(exc)
+                break
+        if sent:
+            await asyncio.wait(sent, timeout=self.publisher.confirm_timeout_s)
+        stored = 0
+        for future in sent:
+            if not confirmed(future):
+                break
+            stored += 1
+        for future in sent[stored:]:
+            if future.done() and not future.cancelled() and future.exception() is not None:
+                self.publisher.health.failed(future.exception())  # type: ignore[arg-type]
+            future.cancel()
+        if stored:
+            self.publisher.health.succeeded()
+            del self._owed[:stored]
+            self._owed_bytes = sum(len(data) for _, data in self._owed)
+
+    def _refused(self, seq: int, exc: BaseException) -> None:
+        """A chunk's publication failed: `stream_publication` when the stream's own limits
+        refused it (waiting cannot help); else the bus is failing, which `/ready` reports,
+        and the chunk is held back."""
+        if refused_by_stream(exc):
             raise ConnectorError(
-                ErrorCode.STREAM_PUBLICATION, f"chunks not confirmed: {exc}"
+                ErrorCode.STREAM_PUBLICATION,
+                f"chunk {seq} refused by the chunk stream: "
+                f"{str(getattr(exc, 'description', '') or type(exc).__name__)[:200]}",
             ) from None
+        self.publisher.health.failed(exc)
+
+    def _hold(self, chunks: list[tuple[StreamChunk, bytes]]) -> None:
+        """Keep `chunks` for a later publication, within `OWED_MAX_BYTES`; past it the
+        durable sequence has stopped for good (`stream_publication`, as the spec says)."""
+        self._owed.extend(chunks)
+        self._owed_bytes += sum(len(data) for _, data in chunks)
+        if self._owed_bytes > OWED_MAX_BYTES:
+            held = len(self._owed)
+            self._owed, self._owed_bytes = [], 0
+            raise ConnectorError(
+                ErrorCode.STREAM_PUBLICATION,
+                f"the bus refused {held} chunks (over {OWED_MAX_BYTES} bytes held back); "
+                "the chunk stream stops here",
+            )
+
+    @property
+    def owed(self) -> bytes:
+        """The chunks still held back, newline-separated JSON, oldest first (b"" for none):
+        what the settle stores beside the result (msgspec's JSON has no raw newline)."""
+        return b"\n".join(data for _, data in self._owed)
 
     def closing(self, kind: ChunkKind, payload: Any) -> StreamChunk:
         """The chunk that closes the stream: the operation's own, or one made from the

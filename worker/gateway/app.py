@@ -23,6 +23,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
+from worker.errors import TrustConfigError
 from worker.gateway.children import Children
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp, QuietServer
@@ -55,13 +56,22 @@ def _own_key(seed: bytes) -> TrustedGatewayKeys:
 
 
 def _trusted_worker_keys(settings: GatewaySettings) -> TrustedGatewayKeys | None:
-    """The keys a child's result must be signed with; a bad file refuses the start."""
+    """The keys a child's result must be signed with; a bad file refuses the start, and so
+    does no file at all unless `AIPD_ALLOW_UNSIGNED_RESPONSES` says this is development:
+    without them anyone who may publish on a results subject answers for a child, and the
+    gateway would sign that answer into the record the delegation resolver believes."""
     path = settings.trusted_worker_keys_file
     if path is None:
+        if not settings.allow_unsigned_responses:
+            raise TrustConfigError(
+                "AIPD_TRUSTED_WORKER_KEYS_FILE is not set: the gateway cannot tell a "
+                "worker's result from a forged one (set it to the workers' public keys, or "
+                "AIPD_ALLOW_UNSIGNED_RESPONSES=true in development)"
+            )
         log.warning(
-            "AIPD_TRUSTED_WORKER_KEYS_FILE is not set: child results are recorded without "
-            "verifying the worker's signature, so anyone who may publish on a results "
-            "subject can answer for a child"
+            "AIPD_TRUSTED_WORKER_KEYS_FILE is not set and AIPD_ALLOW_UNSIGNED_RESPONSES is: "
+            "child results are recorded without verifying the worker's signature, so anyone "
+            "who may publish on a results subject can answer for a child (development only)"
         )
         return None
     return TrustedGatewayKeys.load(path, what="trusted worker keys file")
@@ -148,6 +158,7 @@ class Gateway:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.settings.gateway_host, self.settings.gateway_port))
+        sock.listen(self.settings.gateway_backlog)
         self.port = int(sock.getsockname()[1])
         config = uvicorn.Config(
             http.app(),
@@ -157,6 +168,10 @@ class Gateway:
             lifespan="on",
             ws="none",
             timeout_graceful_shutdown=2,
+            # Past this many connections at once a request gets 503 at once (docs/scaling.md,
+            # "Gateway"), and the kernel queues up to the backlog before accept.
+            limit_concurrency=self.settings.gateway_max_connections,
+            backlog=self.settings.gateway_backlog,
         )
         self._server = server = QuietServer(config)
         self._serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

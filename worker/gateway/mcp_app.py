@@ -29,10 +29,11 @@ from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
 from worker.errors import ConnectorError
 from worker.gateway.children import now_ms
+from worker.gateway.http_limits import InFlight, bounded_body, busy, lowercase_authority
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
 from worker.gateway.principals import Principal, Principals
 from worker.gateway.routes import RouteTable
-from worker.gateway.service import GatewayService
+from worker.gateway.service import CAPABILITIES_PAGE, GatewayService
 from worker.gateway.settings import (
     ACTION_CANCEL,
     ACTION_READ,
@@ -59,7 +60,12 @@ TOOL_SCOPES: Final = {
     "aip_action_cancel": ACTION_CANCEL,
 }
 DESCRIPTIONS: Final = {
-    "aip_capabilities": "List the AIP capabilities this deployment serves and routes.",
+    "aip_capabilities": (
+        "List the AIP capabilities this deployment serves and routes, one page at a time "
+        "(`cursor`, `limit`; the answer's `next_cursor` is null on the last page). Only "
+        "capability ids starting with `prefix`. Input schemas are left out unless "
+        "`include_schemas` is true: ask for them with a `prefix` naming the capability."
+    ),
     "aip_call": (
         "Create and run one AIP Action as the calling agent. `arguments` is the Action "
         "contract (capability, input, optional action_id, mode, timeout_ms, ...), without "
@@ -72,7 +78,8 @@ DESCRIPTIONS: Final = {
     "aip_action_result": "The native result of an Action this caller created, once it ended.",
     "aip_action_events": (
         "The stream chunks of an Action this caller created, from `cursor` (a chunk seq); "
-        "answer includes `next_cursor`."
+        "answer includes `next_cursor`, and `verified` once the chunks were checked "
+        "against the Action's signed result."
     ),
     "aip_action_cancel": "Ask the executor to cancel an Action this caller created.",
 }
@@ -105,7 +112,9 @@ def _transport_security(allowed_hosts: tuple[str, ...]) -> TransportSecuritySett
     """
     return TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
-        allowed_hosts=[*LOOPBACK_HOSTS, *allowed_hosts],
+        # Lowercased like the request's headers (worker/gateway/http_limits.py): a host
+        # name matches in any case.
+        allowed_hosts=[host.lower() for host in (*LOOPBACK_HOSTS, *allowed_hosts)],
         allowed_origins=list(LOOPBACK_ORIGINS),
     )
 
@@ -158,8 +167,18 @@ class GatewayHttp:
 
         # Each tool is named like its function (FastMCP titles the input schema after it);
         # the context parameter must be annotated with the bare class for FastMCP to find it.
-        async def aip_capabilities(ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
-            return await self._run("aip_capabilities", ctx, service.capabilities)
+        async def aip_capabilities(
+            ctx: Context,  # type: ignore[type-arg]
+            cursor: int = 0,
+            limit: int = CAPABILITIES_PAGE,
+            include_schemas: bool = False,
+            prefix: str = "",
+        ) -> CallToolResult:
+            return await self._run(
+                "aip_capabilities",
+                ctx,
+                lambda p: service.capabilities(p, cursor, limit, include_schemas, prefix),
+            )
 
         async def aip_call(arguments: dict[str, Any], ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
             # No action_id for the receipt until the answer names the child: a supplied id is
@@ -307,6 +326,7 @@ class GatewayHttp:
     def app(self) -> ASGIApp:
         inner = self.mcp.streamable_http_app()  # its lifespan runs the MCP session manager
         transport_scopes = self.settings.transport_scopes
+        inflight = InFlight(self.settings.gateway_max_requests)
 
         async def app(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http":
@@ -322,6 +342,21 @@ class GatewayHttp:
                 if any(not principal.has(s) for s in transport_scopes):
                     await _refuse(send, 403, "insufficient_scope", "the token lacks MCP scopes")
                     return
+                if not inflight.enter():
+                    await busy(send, inflight.limit)
+                    return
+                try:
+                    # The body is bounded before the SDK reads any of it (http_limits.py).
+                    await bounded_body(
+                        inner,
+                        lowercase_authority(scope),
+                        receive,
+                        send,
+                        self.settings.gateway_max_body_bytes,
+                    )
+                finally:
+                    inflight.leave()
+                return
             await inner(scope, receive, send)
 
         return app

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
@@ -25,6 +25,7 @@ from subjects.grammar import Subjects
 from subjects.streams import StreamPolicy, runtime_store_configs
 from worker.delegation.stores import StoreRecords, decode_record
 from worker.errors import QueueEntryExists
+from worker.gateway.open_children import OpenChildren
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope, verify_envelope
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,12 @@ class RuntimeStoreWriter:
     seed: bytes
     #: Tests wrap this class to break one invariant at a time; production always signs.
     sign: bool = True
+    #: Which children are open (the recovery sweep's index, worker/gateway/open_children.py):
+    #: a child is added before its queue entry exists and removed once it is terminal.
+    open_children: OpenChildren = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.open_children = OpenChildren(self.js, self.subjects, self.seed)
 
     async def provision(self, policy: StreamPolicy | None = None) -> None:
         """Create both streams if they are missing; existing ones are left as they are.
@@ -59,7 +66,10 @@ class RuntimeStoreWriter:
                 await self.js.add_stream(config)
 
     async def create_queue_entry(self, record: QueueRecord) -> None:
-        """The first record of a child; raises QueueEntryExists when another writer won."""
+        """The first record of a child; raises QueueEntryExists when another writer won.
+        The child is in the open index first, so a gateway dying after the entry leaves
+        it where the recovery sweep looks."""
+        await self.open_children.add(record.action.id)
         headers = {"Nats-Expected-Last-Subject-Sequence": "0"}
         try:
             await self._publish(
@@ -74,12 +84,15 @@ class RuntimeStoreWriter:
             raise
 
     async def update_queue_entry(self, record: QueueRecord) -> None:
-        """A later state of the child's queue entry (dispatched, terminal)."""
+        """A later state of the child's queue entry (dispatched, terminal); a terminal one
+        takes the child out of the open index after it is written."""
         await self._publish(
             self.subjects.runtime_queue(record.action.id),
             msgspec.json.encode(record),
             msg_id=f"{record.action.id}:queue:{record.state.value}",
         )
+        if record.state.terminal:
+            await self.open_children.remove(record.action.id)
 
     async def write_lifecycle(self, record: LifecycleRecord) -> None:
         """The child's lifecycle state and, when terminal, its durable result."""

@@ -2,7 +2,8 @@
 
 No gateway holds authority in memory: a child's progress is its queue entry plus its result
 on the bus. Every `gateway_recovery_interval_ms`, each gateway reads the last queue entry of
-every child and, for each one still `queued` or `running`:
+every child in the open index (worker/gateway/open_children.py: the children not settled
+yet, whatever the history) and, for each one still `queued` or `running`:
 
 - its result is on the bus -> the lifecycle record, then the terminal queue entry;
 - `queued` and not updated for `gateway_redispatch_after_ms` (its gateway died between
@@ -27,18 +28,15 @@ import msgspec
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
 from schemas.result import ActionResult
-from worker.bus.stream_reads import drain
 from worker.errors import ConnectorError
 from worker.gateway.children import Children, Refused, child_result, now_ms
 from worker.gateway.observe import GatewayMetrics
+from worker.gateway.open_children import OpenChildren
 from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import RouteTable
 from worker.gateway.settings import GatewaySettings
 
 log = logging.getLogger(__name__)
-
-#: The most entries one sweep reads (a bound on one pass, not on the stream).
-MAX_ENTRIES_PER_SWEEP = 10_000
 
 
 class Recovery:
@@ -55,10 +53,6 @@ class Recovery:
         self.reader = reader
         self.routes = routes
         self.metrics = metrics
-        #: The latest entry (with its stream sequence) of every queue subject read so far
-        #: whose entry is not terminal, and the sequence to read on from.
-        self._open: dict[str, tuple[int, QueueRecord]] = {}
-        self._read_from = 1
 
     async def run(self) -> None:
         """Sweep forever (cancel to stop); a failed sweep is logged and tried again."""
@@ -75,46 +69,34 @@ class Recovery:
     async def open_entries(self) -> list[QueueRecord]:
         """The current queue entry of every child that is not terminal.
 
-        Read with message gets (worker/bus/stream_reads.py: the gateway role may create no
-        consumer). Each sweep reads only what was stored since the last one, at most
-        `MAX_ENTRIES_PER_SWEEP` messages, into the latest entry per subject, as a
-        LAST_PER_SUBJECT read would see them: a terminal entry is forgotten (nothing follows
-        it), and so is one whose message the stream's retention dropped. While a long
-        stream is still being read (the first sweeps of a new gateway) nothing is returned:
-        an entry read so far may not be its subject's latest yet.
+        From the open index (worker/gateway/open_children.py), never from the queue
+        stream's history: one message get per open child, so a sweep costs the same with
+        a day of settled children behind it as with none. An id whose entry is terminal
+        (its gateway died before taking it out) or was never created (died between the
+        two) is taken out of the index here; an entry this gateway cannot verify is not
+        its own and is never acted on.
         """
-        js = self.children.js
-        subjects = self.reader.subjects
-        stream = subjects.runtime_stream_name("queue")
-        state = (await js.stream_info(stream)).state
-        if state.last_seq < self._read_from - 1:  # the stream was made again: read it anew
-            self._open.clear()
-            self._read_from = 1
-        read = await drain(
-            js,
-            stream,
-            subjects.all_runtime_queue(),
-            start_seq=self._read_from,
-            limit=MAX_ENTRIES_PER_SWEEP,
-        )
-        for msg in read:
-            seq = msg.seq or 0
-            self._read_from = seq + 1
+        index = self.reader_open()
+        found: list[QueueRecord] = []
+        now = now_ms()
+        for action_id, added_at in (await index.snapshot()).items():
             try:
-                record = self.reader.decode_queue(msg.data or b"", msg.headers or {})
+                record = await self.reader.queue(action_id)
             except ConnectorError:
-                # Not a record this gateway can vouch for: never acted on, and it does not
-                # hide the last good entry of its subject.
+                continue
+            if record is None:
+                if now - added_at >= self.settings.gateway_redispatch_after_ms:
+                    await index.remove(action_id)
                 continue
             if record.state.terminal:
-                self._open.pop(msg.subject or "", None)
-            else:
-                self._open[msg.subject or ""] = (seq, record)
-        if len(read) >= MAX_ENTRIES_PER_SWEEP:
-            return []  # more is stored: the next sweep reads on
-        for subject in [s for s, (seq, _) in self._open.items() if seq < state.first_seq]:
-            del self._open[subject]
-        return [record for _, record in self._open.values()]
+                await index.remove(action_id)
+                continue
+            found.append(record)
+        return found
+
+    def reader_open(self) -> OpenChildren:
+        """The index the writer keeps (one instance per process: its batching is shared)."""
+        return self.children.writer.open_children
 
     async def sweep(self) -> int:
         """One pass; returns how many entries it moved on."""

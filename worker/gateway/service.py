@@ -31,7 +31,9 @@ from worker import faults
 from worker.bus.stream_reads import SubjectFollower
 from worker.errors import ActionIdTaken, ConnectorError, QueueEntryExists
 from worker.gateway.children import Children, child_result, now_ms
+from worker.gateway.chunk_reads import ChunkReader, Link
 from worker.gateway.discovery import Discovery
+from worker.gateway.follow_limits import FollowLimits
 from worker.gateway.principals import Principal
 from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import Route, RouteTable
@@ -43,6 +45,13 @@ log = logging.getLogger(__name__)
 
 #: The most chunks one `aip_action_events` call returns.
 MAX_EVENTS_PER_CALL = 500
+#: The most messages one `aip_action_events` call reads from a chunk subject.
+MAX_CHUNKS_READ = 20_000
+#: `aip_capabilities` entries per page, by default and at most.
+CAPABILITIES_PAGE = 20
+MAX_CAPABILITIES_PAGE = 200
+#: Capability entry fields only `include_schemas` returns (the bulk of a manifest).
+SCHEMA_FIELDS = ("input_schema", "contract")
 #: How long an events read waits for the next chunk before answering with what it has.
 EVENTS_IDLE_S = 0.3
 #: What `aip_call` may not carry: identity is the credential's, `id` is spelt `action_id`.
@@ -131,12 +140,29 @@ class GatewayService:
         self.children = children
         self.discovery = discovery
         self._following: set[asyncio.Task[None]] = set()
+        self.follows = FollowLimits(settings.gateway_max_follows_per_principal)
 
     # --- aip_capabilities ---------------------------------------------------------------
 
-    async def capabilities(self, principal: Principal) -> dict[str, Any]:
+    async def capabilities(
+        self,
+        principal: Principal,
+        cursor: int = 0,
+        limit: int = CAPABILITIES_PAGE,
+        include_schemas: bool = False,
+        prefix: str = "",
+    ) -> dict[str, Any]:
         """What the bus serves to this principal's tenant, the route table admits and the
-        principal's allowlists let it call, from the workers' manifests."""
+        principal's allowlists let it call, from the workers' manifests: one page of at
+        most `limit` entries from `cursor` (an index into the list ordered by endpoint and
+        capability; `next_cursor` is null on the last page), of capability ids starting
+        with `prefix`. Input schemas (and operation contracts) are left out unless
+        `include_schemas`: with them four endpoints were 112 KB, which a real Hermes cut
+        to 1.9 KB before the model saw it (issue 27)."""
+        if cursor < 0 or not 1 <= limit <= MAX_CAPABILITIES_PAGE:
+            raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_CAPABILITIES_PAGE}")
+        if not isinstance(prefix, str) or len(prefix) > 512:
+            raise _invalid("prefix must be a string of at most 512 characters")
         listed = []
         now = now_ms()
         for manifest in await self.discovery.manifests():
@@ -144,17 +170,30 @@ class GatewayService:
                 continue
             for entry in manifest.get("capabilities", []):
                 capability = entry.get("capability")
-                if not isinstance(capability, str):
+                if not isinstance(capability, str) or not capability.startswith(prefix):
                     continue
                 route = self.routes.resolve(capability)
                 if route is not None and principal.may_call(capability, route.endpoint_id):
-                    listed.append({"endpoint_id": manifest.get("endpoint_id"), **entry})
+                    shown = {"endpoint_id": manifest.get("endpoint_id"), **entry}
+                    if not include_schemas:
+                        for name in SCHEMA_FIELDS:
+                            shown.pop(name, None)
+                    listed.append(shown)
+        listed.sort(key=lambda e: (str(e.get("endpoint_id")), str(e.get("capability"))))
+        page = listed[cursor : cursor + limit]
         routes = {
-            prefix: subject
-            for prefix, subject in self.routes.describe().items()
-            if principal.may_route(prefix)
+            route_prefix: subject
+            for route_prefix, subject in self.routes.describe().items()
+            if principal.may_route(route_prefix)
         }
-        return {"capabilities": listed, "routes": routes}
+        following = cursor + len(page)
+        return {
+            "capabilities": page,
+            "routes": routes,
+            "total": len(listed),
+            "next_cursor": following if following < len(listed) else None,
+            "schemas_included": include_schemas,
+        }
 
     # --- aip_call -----------------------------------------------------------------------
 
@@ -191,8 +230,17 @@ class GatewayService:
             raise _invalid(f"invalid Action contract: {exc}") from None
 
     async def call(self, principal: Principal, arguments: dict[str, Any]) -> dict[str, Any]:
-        """Enqueue, dispatch and (sync) wait for one child Action."""
+        """Enqueue, dispatch and (sync) wait for one child Action; a sync call counts
+        against the principal's follow cap from before anything is enqueued."""
         child = self.decode_contract(principal, arguments)
+        if child.mode is Mode.SYNC:
+            with self.follows.hold(principal):
+                return await self._call(principal, child, arguments)
+        return await self._call(principal, child, arguments)
+
+    async def _call(
+        self, principal: Principal, child: ChildAction, arguments: dict[str, Any]
+    ) -> dict[str, Any]:
         route = self.routes.resolve(child.capability)
         if route is None:
             raise _unrouted(child.capability)
@@ -244,7 +292,7 @@ class GatewayService:
                 except ActionIdTaken:
                     await self._settle_taken(record, route)
                     raise _not_found(child.id) from None
-                return await self._after_dispatch(record, route)
+                return await self._after_dispatch(record, route, principal)
         self._same_contract(principal, child, existing, supplied_created=supplied_created)
         view = _view(existing)
         lifecycle = (await self.reader.read(child.id)).lifecycle
@@ -300,16 +348,22 @@ class GatewayService:
         if msgspec.json.encode(child) != msgspec.json.encode(stored):
             raise _collision()
 
-    async def _after_dispatch(self, record: QueueRecord, route: Route) -> dict[str, Any]:
+    async def _after_dispatch(
+        self, record: QueueRecord, route: Route, principal: Principal
+    ) -> dict[str, Any]:
         timeout_s = self.follow_timeout_s(record)
         if record.action.mode is Mode.SYNC:
             view = await self.follow(record, route, timeout_s)
             return view
-        task = asyncio.get_running_loop().create_task(
-            self._follow_quietly(record, route, timeout_s)
-        )
-        self._following.add(task)
-        task.add_done_callback(self._following.discard)
+        # Past the principal's cap an asynchronous child is not followed in memory: the
+        # recovery sweep settles it from its result (worker/gateway/follow_limits.py).
+        if self.follows.try_take(principal):
+            task = asyncio.get_running_loop().create_task(
+                self._follow_quietly(record, route, timeout_s)
+            )
+            self._following.add(task)
+            task.add_done_callback(self._following.discard)
+            task.add_done_callback(lambda _: self.follows.release(principal))
         view = _view(record)
         view["result"] = None
         return view
@@ -382,42 +436,69 @@ class GatewayService:
     async def events(
         self, principal: Principal, action_id: str, cursor: int = 0, limit: int = 100
     ) -> dict[str, Any]:
-        """The child's chunks with `seq >= cursor`, and the cursor to ask from next."""
+        """The child's chunks with `seq >= cursor` along its hash chain, and the cursor to
+        ask from next (worker/gateway/chunk_reads.py: `verified` once the chain was checked
+        against the child's signed result; undecodable and unlinked messages skipped)."""
         record = await self._own_record(principal, action_id)
         if cursor < 0 or not 1 <= limit <= MAX_EVENTS_PER_CALL:
             raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_EVENTS_PER_CALL}")
         route = self._route_of(record)
-        events: list[Any] = []
-        done = False
+        reader = ChunkReader(action_id)
         subject = route.subjects.chunks(action_id)
         try:
             stream: str | None = await self.nc.jetstream().find_stream_name_by_subject(subject)
         except NotFoundError:
             stream = None
         if stream is not None:
-            # Message gets, never a consumer (worker/bus/stream_reads.py).
+            # Message gets, never a consumer (worker/bus/stream_reads.py). Every call reads
+            # from the subject's first chunk: the chain is judged from chunk 0.
+            # Once a terminal chunk is read, only what is stored already is read on (a forged
+            # terminal must not hide the real one from the walk back from the result).
             async with SubjectFollower(self.nc, stream, subject) as follower:
-                while len(events) < limit:
-                    msg = await follower.next(EVENTS_IDLE_S)
+                wait = EVENTS_IDLE_S
+                for _ in range(MAX_CHUNKS_READ):
+                    msg = await follower.next(wait)
                     if msg is None:
                         break
-                    chunk = msgspec.json.decode(msg.data or b"null")
-                    if not isinstance(chunk, dict) or not isinstance(chunk.get("seq"), int):
-                        continue
-                    if chunk["seq"] < cursor:
-                        continue
-                    events.append(chunk)
-                    cursor = chunk["seq"] + 1
-                    if chunk.get("kind") in ("done", "error"):
-                        done = True
-                        break
+                    link = reader.add(msg.data or b"")
+                    if link is not None and link.terminal:
+                        wait = 0.0
+        chain, verified = await self._chain(reader, route, record)
+        events = [link.document for link in chain if link.seq >= cursor][:limit]
+        if events:
+            cursor = int(events[-1]["seq"]) + 1
+        done = bool(events) and events[-1].get("kind") in ("done", "error")
+        if reader.skipped:
+            log.info(
+                "%d messages on %s are not chunks of %s and were skipped",
+                reader.skipped,
+                subject,
+                action_id,
+                extra={"action_id": action_id},
+            )
         return {
             "action_id": action_id,
             "capability": record.action.capability,
             "events": events,
             "next_cursor": cursor,
             "done": done,
+            "verified": verified,
         }
+
+    async def _chain(
+        self, reader: ChunkReader, route: Route, record: QueueRecord
+    ) -> tuple[list[Link], bool]:
+        """The child's chain: walked back from its result's last chunk hash when its
+        (verified) result is on the bus and names one, else followed forward."""
+        forward = reader.forward()
+        if not any(link.terminal for link in reader.links):
+            return forward, False  # still running: nothing to check the chain against yet
+        result = await self.children.stored_result(route, record.action)
+        if not isinstance(result, ActionResult) or result.last_chunk_sha256 is None:
+            return forward, False
+        authentic = reader.backward(result.last_chunk_sha256)
+        # Not all of the chain is stored (aged out): pass nothing rather than guess.
+        return (authentic, True) if authentic is not None else ([], False)
 
     async def cancel(
         self, principal: Principal, action_id: str, reason: str = ""

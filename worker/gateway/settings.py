@@ -49,6 +49,11 @@ class GatewaySettings(BaseSettings):
     #: line (the consumers' file, worker/trust/responses.py). Unset: results are believed
     #: unverified (warned at start).
     trusted_worker_keys_file: Path | None = None
+    #: Start without `trusted_worker_keys_file` and record child results unverified.
+    #: Development only (warned at start): by default a gateway without worker keys refuses
+    #: to start, since anyone who may publish on a results subject could answer for a child.
+    #: The same variable the worker's and escalation commands' dev escape uses.
+    allow_unsigned_responses: bool = False
     #: JSON object, capability-id prefix -> subject prefix; merged over the built-in
     #: `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` (null removes an entry).
     capability_routes: str | None = None
@@ -73,6 +78,24 @@ class GatewaySettings(BaseSettings):
     #: Past a child's timeout, how long a missing result is waited for before the entry is
     #: settled `failed` (deadline exceeded, outcome uncertain) and a cancel is sent.
     gateway_settle_grace_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 30_000
+    #: Sync `aip_call`s one principal may have waiting at once (and asynchronous children it
+    #: has followed in this process); one more is refused with `connector_host.capacity`
+    #: (retryable) before anything is enqueued.
+    gateway_max_follows_per_principal: Annotated[int, Field(ge=1, le=100_000)] = 256
+    #: Bound on one HTTP request body to `/mcp`, enforced before the MCP SDK reads it: a
+    #: larger `Content-Length` is answered 413 at once, and a chunked body is cut off (413)
+    #: as soon as it passes the bound, so no more than this is ever held per request.
+    gateway_max_body_bytes: Annotated[int, Field(ge=4_096, le=16_777_216)] = 2_097_152
+    #: `/mcp` requests served at once; the next one is answered 503 at once
+    #: (`connector_host.capacity`, `Retry-After: 1`) while those in flight go on.
+    gateway_max_requests: Annotated[int, Field(ge=1, le=100_000)] = 1_024
+    #: Open connections (uvicorn `limit_concurrency`): while more are open, every new
+    #: request gets a 503 at once (never a reset). Above `gateway_max_requests`, so idle
+    #: keep-alive connections do not starve requests.
+    gateway_max_connections: Annotated[int, Field(ge=8, le=100_000)] = 4_096
+    #: The listening socket's accept backlog: connections the kernel queues before the
+    #: gateway accepts them (above it a connect may be refused by the kernel).
+    gateway_backlog: Annotated[int, Field(ge=16, le=65_535)] = 4_096
     gateway_id: str = Field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
     log_format: Literal["json", "text"] = "json"
     log_level: Literal["debug", "info", "warning", "error"] = "info"

@@ -47,6 +47,7 @@ from worker.hermes.exchange import (
     from_http_status,
     from_transport,
 )
+from worker.hermes.features import NO_FEATURES, HermesFeatures
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 from worker.metrics import Metrics
 
@@ -179,6 +180,9 @@ class HermesClient:
         self.metrics = metrics
         #: Told of every finished exchange (the app wires the audit receipt here).
         self.on_exchange = on_exchange
+        #: What this endpoint's Hermes advertised beyond 0.19 (`worker/hermes/features.py`,
+        #: refreshed by the serving probe); nothing until read.
+        self.features: HermesFeatures = NO_FEATURES
         d = endpoint.descriptor
         #: `read` is above Hermes' 30 s SSE keepalive (descriptor default 45 s), so a quiet
         #: but healthy stream is never cut; the Action deadline bounds the whole exchange.
@@ -286,6 +290,7 @@ class HermesClient:
         *,
         timeout_s: float,
         max_body_bytes: int,
+        params: Mapping[str, str] | None = None,
     ) -> Exchange:
         """One request with a JSON body already encoded, sent once, whose every ending is an
         `Exchange` (cancellation aside), never an exception: the operator's unsafe start,
@@ -294,7 +299,7 @@ class HermesClient:
         request = self._build(
             method,
             route,
-            None,
+            params,
             content=body,
             headers=headers,
             protected=True,

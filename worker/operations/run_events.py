@@ -46,6 +46,9 @@ EVENT_RULES: dict[str, EventRule] = {
     "run.failed": EventRule(ChunkKind.ERROR, Effect.FAILED),
     "run.completed": EventRule(ChunkKind.DONE, Effect.COMPLETED),
     "run.cancelled": EventRule(ChunkKind.DONE, Effect.CANCELLED),
+    # After 0.19: the run's gateway shut down mid-run. A failure of the run (the operator
+    # tells it apart by name: `operator_interrupted`).
+    "run.interrupted": EventRule(ChunkKind.ERROR, Effect.FAILED),
 }
 #: Any other event is retained by name as progress.
 OTHER_EVENT = EventRule(ChunkKind.PROGRESS, Effect.ADVANCE)

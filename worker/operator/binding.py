@@ -72,8 +72,12 @@ class _Record(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=T
     """Base of the stored records: immutable, strict, keyword-only."""
 
 
-class StartClaim(_Record, frozen=True):
-    """The exclusive right to send `POST /v1/runs` once (spec "Fence provider start")."""
+class StartClaim(_Record, frozen=True, omit_defaults=True):
+    """The exclusive right to send `POST /v1/runs` once (spec "Fence provider start").
+
+    The two keyed fields are set only when the endpoint advertised durable run idempotency
+    (`worker/hermes/features.py`) at claim time, and left out of the stored JSON otherwise,
+    so a claim against Hermes 0.19 is stored exactly as before."""
 
     claim_id: str
     #: The connector instance (worker id) that owns the claim.
@@ -84,6 +88,11 @@ class StartClaim(_Record, frozen=True):
     fence: int
     acquired_at_ms: int
     expires_at_ms: int
+    #: The `Idempotency-Key` the start is sent with (derived from the Action, never from a
+    #: secret), so a later holder can re-send the same request and learn the run.
+    idempotency_key: str | None = None
+    #: sha256 of the exact start body: a re-send must be byte-identical, or it is not sent.
+    request_sha256: str | None = None
 
 
 class ProviderSnapshot(_Record, frozen=True):
@@ -94,9 +103,10 @@ class ProviderSnapshot(_Record, frozen=True):
     updated_at: float | None = None
 
 
-class ApprovalCommand(_Record, frozen=True):
+class ApprovalCommand(_Record, frozen=True, omit_defaults=True):
     """One resume decision, recorded before Hermes is contacted (spec "Resume a provider
-    approval")."""
+    approval"). Defaults are left out of the stored JSON, so a command against Hermes 0.19
+    (no `request_id`) is stored exactly as before."""
 
     resume_action_id: str
     fingerprint: str
@@ -115,6 +125,9 @@ class ApprovalCommand(_Record, frozen=True):
     remote_status: int | None = None
     #: The run status just before the decision was sent (stale-prompt detection on replay).
     baseline: ProviderSnapshot | None = None
+    #: The prompt's own id (Hermes after 0.19 sends `request_id` with `approval.request`):
+    #: sent with the decision, so it answers that prompt and no other.
+    request_id: str | None = None
 
     def moved(self, state: CommandState, now_ms: int, **changes: Any) -> ApprovalCommand:
         if state not in COMMAND_TRANSITIONS[self.state]:

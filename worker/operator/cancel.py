@@ -60,11 +60,13 @@ async def reconcile_cancel(session: OperatorSession, observer: Observer) -> Oper
         ReceiptEvent.CANCEL_SENT,
         run_id=binding.run_id,
         outcome=type(stop).__name__,
+        provider_code=stop.code if isinstance(stop, provider.CommandRejected) else None,
     )
     if isinstance(stop, provider.CommandApplied):
         status = stop.body.get("status") if isinstance(stop.body, dict) else None
         await session.emit(ChunkKind.PROGRESS, {"status": status or "stopping", "stop": "sent"})
-    # A 404 (run already over or forgotten) or an unknown stop: the status decides.
+    # A 404 (run already over or forgotten), a 409 `run_not_active` (after 0.19: the run
+    # had already finished) or an unknown stop: the status decides.
     grace_s = min(session.policy.cancel_grace_ms / 1000, session.remaining_s())
     until = asyncio.get_running_loop().time() + grace_s
     final = await observer.poll(until, CANCEL_GRACE)

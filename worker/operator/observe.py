@@ -238,7 +238,12 @@ class Observer:
                 return await self.conclude(Reading.COMPLETED, output, shown, name)
             case Effect.FAILED:
                 output = {"event": name, "error": bounded_text(data.get("error"))}
-                return await self.conclude(Reading.FAILED, output, shown, name)
+                reading = (
+                    Reading.INTERRUPTED
+                    if name == TERMINAL_EVENT[Reading.INTERRUPTED]
+                    else Reading.FAILED
+                )
+                return await self.conclude(reading, output, shown, name)
             case Effect.CANCELLED:
                 return await self.conclude(Reading.CANCELLED, {"event": name}, shown, name)
 
@@ -290,7 +295,7 @@ class Observer:
                     "output": body.get("output"),
                     "usage": body.get("usage"),
                 }
-            case Reading.FAILED:
+            case Reading.FAILED | Reading.INTERRUPTED:
                 output = {
                     "event": TERMINAL_EVENT[reading],
                     "error": bounded_text(body.get("error")),
@@ -390,12 +395,19 @@ class Observer:
             Reading.COMPLETED: S.COMPLETED,
             Reading.FAILED: S.FAILED,
             Reading.CANCELLED: S.CANCELLED,
+            Reading.INTERRUPTED: S.FAILED,
         }[reading]
         await self._books.settle()
         progress = self._progress()
         progress["last_event"] = output["event"]
         error = None
-        if state is S.FAILED:
+        if reading is Reading.INTERRUPTED:
+            error = ConnectorError(
+                ErrorCode.OPERATOR_INTERRUPTED,
+                "the bound Hermes run was interrupted by its gateway's shutdown; it will not "
+                "continue, and its tools may have acted",
+            )
+        elif state is S.FAILED:
             error = ConnectorError(
                 ErrorCode.OPERATOR_FAILED, "the bound Hermes run reported failure"
             )

@@ -17,7 +17,7 @@ import msgspec
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, EventStreamUnavailable
 from worker.hermes.exchange import Answer, Exchange
-from worker.hermes.http_client import HermesClient
+from worker.hermes.http_client import HermesClient, error_code_of
 from worker.hermes.sse import SSEEvent, SSELimits
 
 START_ROUTE = "/v1/runs"
@@ -28,6 +28,8 @@ STOP_ROUTE = "/v1/runs/{run_id}/stop"
 
 #: A start reply is a tiny JSON object; anything larger is not one.
 MAX_START_REPLY_BYTES = 65_536
+#: An approval or stop reply is as small.
+MAX_COMMAND_REPLY_BYTES = 65_536
 MAX_RUN_ID_CHARS = 256
 #: What a 429 without `Retry-After` waits (docs/architecture.md §7).
 DEFAULT_RETRY_AFTER_S = 1.0
@@ -46,9 +48,11 @@ class StartAccepted:
 
 @dataclass(frozen=True, slots=True)
 class StartRejected:
-    """A definitive 4xx: the run was rejected before acceptance."""
+    """A 4xx: on a first send, the run was rejected before acceptance."""
 
     status: int
+    #: The body's `error.code` (e.g. `idempotency_key_conflict`), nothing else of it.
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +107,8 @@ def _accepted(exchange: Exchange) -> StartOutcome:
 
 def _rejected(exchange: Exchange) -> StartOutcome:
     assert exchange.status is not None
-    return StartRejected(exchange.status)
+    body = exchange.body
+    return StartRejected(exchange.status, None if body is None else error_code_of(body))
 
 
 def _unknown(exchange: Exchange) -> StartOutcome:
@@ -225,6 +230,8 @@ class CommandRejected:
     """A definitive 4xx: Hermes did not apply the command."""
 
     status: int
+    #: The body's `error.code` (`run_not_active`, `approval_not_pending`, …), nothing else.
+    code: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +244,9 @@ class CommandUnknown:
 
 CommandOutcome = CommandApplied | CommandRejected | CommandUnknown
 
+#: Hermes (after 0.19) answers a command on a finished run 409 with this `error.code`.
+RUN_NOT_ACTIVE = "run_not_active"
+
 
 async def _command(
     hermes: HermesClient,
@@ -246,21 +256,28 @@ async def _command(
     headers: Mapping[str, str],
     timeout_s: float,
 ) -> CommandOutcome:
-    try:
-        response = await hermes.request_json(
-            "POST",
-            route,
-            {"run_id": run_id},
-            json_body=body,
-            headers=headers,
-            total_timeout_s=max(0.1, timeout_s),
-        )
-    except ConnectorError as exc:
-        status = exc.remote_status
-        if status is not None and 400 <= status < 500:
-            return CommandRejected(status)
-        return CommandUnknown(exc.message, status)
-    return CommandApplied(response.body)
+    """One command, sent once: only a 4xx is proof it was not applied."""
+    exchange = await hermes.exchange(
+        "POST",
+        route,
+        msgspec.json.encode(body),
+        headers,
+        timeout_s=max(0.1, timeout_s),
+        max_body_bytes=MAX_COMMAND_REPLY_BYTES,
+        params={"run_id": run_id},
+    )
+    status = exchange.status
+    raw = exchange.body
+    if exchange.answer is Answer.OK and status is not None:
+        try:
+            return CommandApplied(_json.decode(raw) if raw and raw.strip() else None)
+        except msgspec.DecodeError:
+            return CommandUnknown(f"POST {route} answered a body that is not JSON", status)
+    if status is not None and 400 <= status < 500:
+        return CommandRejected(status, None if raw is None else error_code_of(raw))
+    if status is not None:
+        return CommandUnknown(f"POST {route} answered HTTP {status}", status)
+    return CommandUnknown(f"POST {route} failed: {exchange.failure or exchange.answer.value}")
 
 
 async def send_approval(
@@ -270,10 +287,16 @@ async def send_approval(
     resolve_all: bool,
     headers: Mapping[str, str],
     timeout_s: float,
+    *,
+    request_id: str | None = None,
 ) -> CommandOutcome:
+    """The decision, naming the exact prompt by `request_id` when Hermes gave it one (after
+    0.19); without it Hermes answers its oldest pending prompt, as 0.19 does."""
     body: dict[str, Any] = {"choice": choice}
     if resolve_all:
         body["all"] = True
+    if request_id is not None:
+        body["request_id"] = request_id
     return await _command(hermes, APPROVAL_ROUTE, run_id, body, headers, timeout_s)
 
 

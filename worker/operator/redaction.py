@@ -26,6 +26,8 @@ _KEEP: dict[str, tuple[str, ...]] = {
         "pattern_keys",
         "allow_permanent",
         "choices",
+        # After 0.19: the prompt's id, sent back with the decision (worker/operator/resume.py).
+        "request_id",
     ),
     "approval.responded": ("choice", "resolved"),
     "run.completed": ("output", "usage"),

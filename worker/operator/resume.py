@@ -11,6 +11,13 @@ timestamps) *before* Hermes is contacted, so
 * a 4xx is `rejected` (nothing applied); a 5xx or transport failure leaves both the command
   and the source binding `outcome_unknown` (Hermes may have applied it): never resent.
 
+A Hermes newer than 0.19 names each prompt (`request_id`) and the decisions it accepts
+(`choices`) in `approval.request`: the command records the id and sends it with the
+decision, so it can only answer the prompt it was claimed for; a choice the prompt did not
+offer is refused before anything is recorded or sent (`approval_choice_not_offered`), and a
+409 `run_not_active` (the run finished first) is `operator_run_not_active`. Without them
+(0.19, or a prompt seen only by polling) the decision goes to the oldest prompt, as before.
+
 After a decision is applied the resume keeps observing the run by polling (the source's
 single-use event stream is gone) until a terminal state or the next approval.
 """
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
+from typing import Any
 
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
@@ -119,6 +127,14 @@ class ResumeLedger:
             )
         if binding.cancel_requested:
             raise policy_error("the source binding is being cancelled; no new approval is sent")
+        offered = offered_choices(binding.pending_approval)
+        if offered is not None and self.resume.choice.value not in offered:
+            raise ConnectorError(
+                ErrorCode.APPROVAL_CHOICE_NOT_OFFERED,
+                f"choice {self.resume.choice.value!r} is not one the pending prompt offers "
+                f"({', '.join(offered)}); nothing was sent",
+            )
+        request_id = prompt_request_id(binding.pending_approval)
         generation = binding.approval_generation
         taken = [
             c
@@ -159,6 +175,7 @@ class ResumeLedger:
                     claimed_at_ms=now,
                     expires_at_ms=now + ttl,
                     updated_at_ms=now,
+                    request_id=request_id,
                 ),
                 now,
             )
@@ -201,6 +218,7 @@ class ResumeLedger:
             command.resolve_all,
             self.s.headers(),
             self._request_budget_s(),
+            request_id=command.request_id,
         )
         receipt(
             ReceiptEvent.APPROVAL_COMMAND,
@@ -221,8 +239,8 @@ class ResumeLedger:
                 await self.s.handle.update(applied)
                 await self.s.capacity.keep(force=True)
                 return await self._observe(baseline)
-            case provider.CommandRejected(status=status):
-                return await self._rejected(command, status, baseline)
+            case provider.CommandRejected(status=status, code=code):
+                return await self._rejected(command, status, baseline, code)
             case provider.CommandUnknown(reason=reason, remote_status=status):
                 error = _approval_unknown(reason, status)
                 binding = await self.s.handle.update(
@@ -233,7 +251,11 @@ class ResumeLedger:
                 return ResumeEnd(binding, error)
 
     async def _rejected(
-        self, command: ApprovalCommand, status: int, baseline: ProviderSnapshot
+        self,
+        command: ApprovalCommand,
+        status: int,
+        baseline: ProviderSnapshot,
+        code: str | None = None,
     ) -> ResumeEnd:
         """Hermes refused the decision before applying it; the source keeps waiting unless
         the refusal shows the run itself is gone or over."""
@@ -242,7 +264,7 @@ class ResumeLedger:
                 command.moved(C.REJECTED, now, remote_status=status, baseline=baseline), now
             )
         )
-        error = _rejected(status)
+        error = _rejected(status, code)
         if status in (404, 409):
             # 404: Hermes forgot the run; 409: it may have ended (an unanswered prompt times
             # out as a deny). Read it once so the source binding does not wait forever.
@@ -274,13 +296,45 @@ class ResumeLedger:
         return ResumeEnd(await observer.poll(self.s.deadline, OBSERVE), None)
 
 
-def _rejected(status: int | None) -> ConnectorError:
+def _rejected(status: int | None, provider_code: str | None = None) -> ConnectorError:
+    if provider_code == provider.RUN_NOT_ACTIVE:
+        return ConnectorError(
+            ErrorCode.OPERATOR_RUN_NOT_ACTIVE,
+            f"POST /v1/runs/{{run_id}}/approval answered HTTP {status} run_not_active: the run "
+            "had already finished, the decision was not applied",
+            remote_status=status,
+        )
     code = ErrorCode.AUTHENTICATION if status in (401, 403) else ErrorCode.REMOTE_REJECTED
     return ConnectorError(
         code,
         f"POST /v1/runs/{{run_id}}/approval answered HTTP {status}: the decision was not applied",
         remote_status=status,
     )
+
+
+#: Bounds on what a prompt may name: an id is an opaque token, the choices a short list.
+MAX_REQUEST_ID_CHARS = 256
+MAX_CHOICES = 16
+
+
+def offered_choices(pending: dict[str, Any] | None) -> tuple[str, ...] | None:
+    """The decisions the pending prompt offers, or None when it does not say (0.19 always
+    offers the four; a prompt seen only by polling carries none): then nothing is refused
+    here and Hermes itself answers an unknown choice 400."""
+    raw = None if pending is None else pending.get("choices")
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_CHOICES:
+        return None
+    if not all(isinstance(c, str) for c in raw):
+        return None
+    return tuple(c.strip().lower() for c in raw)
+
+
+def prompt_request_id(pending: dict[str, Any] | None) -> str | None:
+    """The pending prompt's `request_id` (Hermes after 0.19), when it is a sane token."""
+    raw = None if pending is None else pending.get("request_id")
+    if isinstance(raw, str) and 0 < len(raw) <= MAX_REQUEST_ID_CHARS and raw.isprintable():
+        return raw
+    return None
 
 
 def _approval_unknown(reason: str, status: int | None = None) -> ConnectorError:

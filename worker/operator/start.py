@@ -20,13 +20,27 @@ Hermes may have received the request is an unknown outcome. A run slot of the en
 shared semaphore is taken before the claim, so the claim window covers only the request
 itself; an endpoint that stays full until the deadline fails `connector_host.capacity`
 (the host's limit, nothing started).
+
+Departure, for a Hermes newer than 0.19 only: when the endpoint advertises durable run
+idempotency (`runs_idempotency` in `GET /v1/capabilities`, worker/hermes/features.py), the
+claim records an `Idempotency-Key` derived from the Action (`run_start_key`) and the sha256
+of the exact body, and the start is sent with that key. A start whose answer was lost (an
+earlier holder died or was replaced after sending, its claim expired, or the reply was a
+5xx or lost in transport) is then re-sent byte for byte with the same key: Hermes answers
+the run it already has (or starts it, when the first request never arrived), and the run is
+bound and observed instead of settled `outcome_unknown`. A re-send happens only while the
+endpoint *still* advertises the feature (read again just before), with the same body, no
+cancel wanted and no refused redelivery; a 4xx to a re-send (a 409
+`idempotency_key_conflict` included) proves nothing about the first send, so it is unknown.
+Without the advertisement every step above is exactly the 0.19 path.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -37,10 +51,13 @@ from schemas.operator import OperatorObjective
 from worker import faults
 from worker.bus.audit import receipt
 from worker.errors import ConnectorError
+from worker.fingerprints import operator_fingerprint
+from worker.hermes.feature_probe import read_features
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, StartClaim
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.session import OperatorSession
+from worker.trust.projection import IDEMPOTENCY_KEY
 
 S = BindingState
 log = logging.getLogger(__name__)
@@ -53,6 +70,30 @@ MIN_SEND_BUDGET_S = 0.5
 MAX_WAIT_POLL_S = 0.1
 
 PAYLOAD_KIND = "aip_operator_objective"
+
+#: Domain of the derived run-start key: bump the suffix if its inputs ever change.
+RUN_KEY_DOMAIN = b"aip-hermes-worker/runs-idempotency/v1"
+RUN_KEY_PREFIX = "aip-run-"
+#: The `error.code` of a 409 for a key already used with another body.
+KEY_CONFLICT = "idempotency_key_conflict"
+
+
+def run_start_key(endpoint_id: str, action_id: str, fingerprint: str) -> str:
+    """The `Idempotency-Key` of an Action's `POST /v1/runs`: the same for every worker and
+    every takeover of the Action (its id and its request fingerprint, both in the binding),
+    different for any other Action, and derived from nothing secret. The envelope's own
+    idempotency key is not used: AIP scopes it to the capability, so two Actions may share
+    it, and Hermes would answer the second with the first one's run."""
+    digest = hashlib.sha256(
+        b"\0".join(
+            (RUN_KEY_DOMAIN, endpoint_id.encode(), action_id.encode(), fingerprint.encode())
+        )
+    ).hexdigest()
+    return RUN_KEY_PREFIX + digest
+
+
+def _sha256(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
 
 
 def provider_payload(
@@ -127,6 +168,18 @@ class StartFence:
         self.claim_id = "clm_" + secrets.token_hex(16)
         #: True once this invocation bound the run id it started.
         self.bound = False
+        #: The key and body hash a claim of this invocation records, when the endpoint
+        #: advertised durable run idempotency (None: the 0.19 path, no key is sent).
+        self.idempotency_key: str | None = None
+        self.request_sha256: str | None = None
+        ctx = session.ctx
+        if ctx.hermes.features.runs_idempotency:
+            fingerprint = operator_fingerprint(ctx.endpoint.id, ctx.action)
+            self.idempotency_key = run_start_key(ctx.endpoint.id, ctx.action.id, fingerprint)
+            self.request_sha256 = _sha256(body)
+        #: True while this holder sends a start another send may already have created
+        #: (a takeover, or after an unknown answer): a 4xx then proves nothing.
+        self.replaying = False
 
     async def run(self) -> OperatorBinding:
         handle = self.s.handle
@@ -149,12 +202,16 @@ class StartFence:
                     # Sent, or never to be sent by this claim: a run observed for hours
                     # need not keep its start body (figure 4 of the bench: ~2 KiB a run).
                     self.body = b""
-            if claim.fence < self.s.ctx.fence:
-                return await self._unknown(
-                    f"the start claim of an earlier delivery (fence {claim.fence}) was never "
-                    "bound to a run id; it may have reached Hermes, so it is not sent again"
-                )
-            if claim.expires_at_ms <= handle.now_ms:
+            if claim.fence < self.s.ctx.fence or claim.expires_at_ms <= handle.now_ms:
+                if await self._may_resend(claim):
+                    binding = await self._take_over(claim)
+                    continue
+                if claim.fence < self.s.ctx.fence:
+                    return await self._unknown(
+                        f"the start claim of an earlier delivery (fence {claim.fence}) was "
+                        "never bound to a run id; it may have reached Hermes, so it is not "
+                        "sent again"
+                    )
                 return await self._unknown(
                     "the start claim expired before a run id was bound; it may have reached "
                     "Hermes, so it is not sent again"
@@ -210,7 +267,62 @@ class StartFence:
             fence=ctx.fence,
             acquired_at_ms=now,
             expires_at_ms=now + self.s.policy.start_claim_ttl_ms,
+            idempotency_key=self.idempotency_key,
+            request_sha256=self.request_sha256,
         )
+
+    async def _may_resend(self, claim: StartClaim) -> bool:
+        """Whether a start claim left unbound may be re-sent to learn its run: it was sent
+        with a durable key, this body is byte-identical to the one it recorded, nothing
+        forbids a start now, and the endpoint still advertises the feature (read afresh:
+        a Hermes without it would start a second run)."""
+        s = self.s
+        if claim.idempotency_key is None or claim.request_sha256 is None or not self.body:
+            return False
+        if _sha256(self.body) != claim.request_sha256:
+            return False
+        if self.forbid_start is not None or s.cancel_wanted():
+            return False
+        if s.remaining_s() < MIN_SEND_BUDGET_S * 2:
+            return False
+        features = await read_features(s.ctx.hermes, s.remaining_s() - MIN_SEND_BUDGET_S)
+        if features is None or not features.runs_idempotency:
+            return False
+        s.ctx.hermes.features = features
+        return True
+
+    async def _take_over(self, claim: StartClaim) -> OperatorBinding:
+        """Replace the unbound claim by ours, keeping its key and body hash (fenced on the
+        claim id: whoever replaced it first re-sends, the others wait for its run id)."""
+        self.idempotency_key = claim.idempotency_key
+        self.request_sha256 = claim.request_sha256
+        self.replaying = True
+
+        def take(b: OperatorBinding, now: int) -> OperatorBinding | None:
+            if b.status is not S.STARTING or b.start_claim != claim:
+                return None
+            return b.changed(now, start_claim=self._claim(now))
+
+        binding = await self.s.handle.update(take)
+        if binding.start_claim is not None and binding.start_claim.claim_id == self.claim_id:
+            # The run this key names may exist already: count it in the endpoint's slots.
+            await self.s.capacity.keep(force=True)
+            receipt(
+                ReceiptEvent.START_CLAIMED,
+                claim_id=self.claim_id,
+                expires_at_ms=binding.start_claim.expires_at_ms,
+                resend_of=claim.claim_id,
+            )
+        return binding
+
+    def _start_headers(self, claim: StartClaim) -> Mapping[str, str]:
+        """The trusted projection, with the derived key in place of the envelope's when the
+        claim is keyed; exactly the projection otherwise (Hermes 0.19 ignores the header
+        on this route)."""
+        headers = self.s.headers()
+        if claim.idempotency_key is None:
+            return headers
+        return {**headers, IDEMPOTENCY_KEY: claim.idempotency_key}
 
     async def create(self, make: Callable[[int], OperatorBinding]) -> OperatorBinding:
         """The Action's binding (`BindingHandle.create`), created already claimed by this
@@ -278,13 +390,26 @@ class StartFence:
                     ),
                 )
             faults.hit("after_claim", s.ctx.action.id)
-            outcome = await provider.start_run(s.ctx.hermes, self.body, s.headers(), budget)
+            outcome = await provider.start_run(
+                s.ctx.hermes, self.body, self._start_headers(claim), budget
+            )
             faults.hit("after_post_run", s.ctx.action.id)
             match outcome:
                 case provider.StartAccepted(run_id=run_id):
                     bound = await self._bind(run_id)
                     faults.hit("after_bind", s.ctx.action.id)
                     return bound
+                case provider.StartRejected(status=status, code=code) if (
+                    self.replaying or code == KEY_CONFLICT
+                ):
+                    # A re-send's 4xx says nothing of the first send; a key conflict says
+                    # a run exists under our key (for another body): neither is a rejection.
+                    return await self._unknown(
+                        f"the keyed start answered HTTP {status}"
+                        f"{f' ({code})' if code else ''}; an earlier send may have started "
+                        "the run",
+                        remote_status=status,
+                    )
                 case provider.StartRejected(status=status):
                     return await self._end_claimed(
                         S.FAILED,
@@ -296,7 +421,18 @@ class StartFence:
                         ),
                     )
                 case provider.StartUnknown(reason=reason, remote_status=status):
-                    return await self._unknown(reason, remote_status=status)
+                    if claim.idempotency_key is None or s.cancel_wanted():
+                        return await self._unknown(reason, remote_status=status)
+                    # Keyed: the same request again names the same run; the claim (and its
+                    # key) stays recorded, so a takeover can still learn it if we die.
+                    self.replaying = True
+                    if s.remaining_s() < provider.NOT_SENT_RETRY_S + MIN_SEND_BUDGET_S:
+                        return await self._unknown(reason, remote_status=status)
+                    renewed = await self._renew(provider.NOT_SENT_RETRY_S)
+                    if renewed is None:
+                        return s.handle.binding
+                    claim = renewed
+                    await s.pause(provider.NOT_SENT_RETRY_S)
                 case provider.StartRateLimited(retry_after_s=wait_s, why=why):
                     if wait_s + MIN_SEND_BUDGET_S > s.remaining_s():
                         return await self._end_claimed(

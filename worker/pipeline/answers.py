@@ -174,7 +174,8 @@ class Answers:
             # stored answer stands, published again only if the bus lacks it.
             assert stored.stored is not None
             await self.outbox.republish(
-                [delivery.msg], action, endpoint_id, Settled(stored.stored, stored.terminal)
+                [delivery.msg], action, endpoint_id,
+                Settled(stored.stored, stored.terminal, stored.owed),
             )
             return
         rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
@@ -211,12 +212,12 @@ class Answers:
             return False
         if grant.status is AcquireStatus.SETTLED:
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.REPUBLISHED)
-            stored, terminal = await rt.stores.leases.get_settled(delivery.keys)
+            stored, terminal, owed = await rt.stores.leases.get_settled(delivery.keys)
             if stored is None:
                 # The result expired between the two reads; the lease still remembers it.
                 await self.nak(msg)
                 return False
-            await self.outbox.republish([msg], action, endpoint_id, Settled(stored, terminal))
+            await self.outbox.republish([msg], action, endpoint_id, Settled(stored, terminal, owed))
             return False
         holder = rt.keeper.holding(action.id)
         if holder is not None:

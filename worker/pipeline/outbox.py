@@ -13,7 +13,11 @@ The terminal chunk is stored with the result by the same settle script
 terminal chunk too: a consumer of the chunk subject sees exactly one terminal chunk after
 any crash, and the result's `last_chunk_sha256` names it. A republish sends the terminal
 chunk only when the stream does not already end with it, so a republish after the
-duplicate window never stores a second copy.
+duplicate window never stores a second copy. So too the chunks the bus refused while the
+Action ran (a full JetStream store): the settle stores them beside the result, and they go
+out before the terminal chunk, those the stream does not hold yet only, so the chain stays
+gap-free. A publication the bus refuses raises `PublishFailed`: the delivery is nak'd and
+its redelivery republishes from Redis, until the bus takes writes again.
 
 The outputs are registered by the wiring (`worker/app.py`: the escalation output of
 `worker/escalation/output.py`, the channel output of `worker/channel/output.py`); this module
@@ -80,10 +84,15 @@ class OutboxOutput(Protocol):
 @dataclass(frozen=True, slots=True)
 class Settled:
     """A result as the settle script stored it, with the terminal chunk stored beside it
-    (None for a result stored by a version that kept no terminal chunk)."""
+    (None for a result stored by a version that kept no terminal chunk) and the chunks the
+    bus refused while the Action ran (newline-separated, oldest first; None: none owed)."""
 
     result: bytes
     terminal: bytes | None
+    owed: bytes | None = None
+
+    def owed_chunks(self) -> list[bytes]:
+        return self.owed.split(b"\n") if self.owed else []
 
 
 def decoded_result(stored: bytes | None) -> ActionResult | None:
@@ -143,13 +152,8 @@ class Outbox:
         """
         if not await self.result_on_stream(endpoint_id, action.id, settled.result):
             await self._outputs(action, decoded_result(settled.result), republished=True)
-            terminal = settled.terminal
-            if terminal is not None and await self._stream_ends_with(
-                endpoint_id, action.id, terminal
-            ):
-                terminal = None
             await self._terminal_and_result(
-                endpoint_id, action.id, Settled(settled.result, terminal)
+                endpoint_id, action.id, await self._missing(endpoint_id, action.id, settled)
             )
             self.audit.emit(ReceiptEvent.REPUBLISHED, action_id=action.id, endpoint_id=endpoint_id)
         await self.ack_all(msgs)
@@ -168,10 +172,13 @@ class Outbox:
     async def _terminal_and_result(
         self, endpoint_id: str, action_id: str, settled: Settled
     ) -> None:
-        """The terminal chunk (when owed), then the result, the chunk confirmed together
-        with the awaited result: one round trip, and the chunk, sent first on the same
-        connection, is stored first."""
+        """The chunks the bus refused earlier and the terminal chunk (when owed), then the
+        result, the chunks confirmed together with the awaited result: one round trip, and
+        the chunks, sent first on the same connection, are stored first, in seq order."""
         pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        for data in settled.owed_chunks():
+            chunk = _chunk_decoder.decode(data)
+            pending.append((chunk, await self.publisher.chunk(chunk, data)))
         if settled.terminal is not None:
             # Decoded for a re-send only: msgspec encodes a decoded chunk to the same bytes.
             chunk = _chunk_decoder.decode(settled.terminal)
@@ -213,16 +220,30 @@ class Outbox:
             and result.action_sha256 == sha256_hex(envelope)
         )
 
-    async def _stream_ends_with(self, endpoint_id: str, action_id: str, terminal: bytes) -> bool:
-        """True when the Action's chunk stream already ends with `terminal` (a crash after
-        the terminal chunk was stored and before the result was)."""
+    async def _missing(self, endpoint_id: str, action_id: str, settled: Settled) -> Settled:
+        """`settled` less the chunks the Action's chunk stream already holds: the owed ones
+        up to its last seq, and the terminal one when the stream ends with it (a crash after
+        the chunks were stored and before the result was)."""
+        if settled.terminal is None and not settled.owed:
+            return settled
         try:
             last = await self.publisher.js.get_last_msg(
                 self.subjects.stream_name("chunks"), self.subjects.chunks(endpoint_id, action_id)
             )
         except NotFoundError:
-            return False
-        return bool(last.data == terminal)
+            return settled
+        last_data = last.data or b""
+        try:
+            last_seq = _chunk_decoder.decode(last_data).seq
+        except msgspec.DecodeError:
+            last_seq = -1
+        owed = [c for c in settled.owed_chunks() if _chunk_decoder.decode(c).seq > last_seq]
+        terminal = settled.terminal
+        if terminal is not None and (
+            last_data == terminal or _chunk_decoder.decode(terminal).seq <= last_seq
+        ):
+            terminal = None
+        return Settled(settled.result, terminal, b"\n".join(owed) or None)
 
     async def ack_all(self, msgs: list[Msg]) -> None:
         for msg in msgs:

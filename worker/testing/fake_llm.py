@@ -17,7 +17,8 @@ run events here as on the project's fake Hermes:
   with `{"arguments": <aip_call_arguments>}`, unchanged, then `delegated_final_text` of its
   result. Without the tool it is a plain input, as on a Hermes without the MCP server.
 - AIP_DISCOVER_CALL=<capability> when the request offers both `aip_capabilities` and
-  `aip_call`: a call of the first, then (when it listed the capability) a sync `aip_call` on
+  `aip_call`: a call of the first (`prefix`: the capability), then (when it listed the
+  capability) a sync `aip_call` on
   it, then `discover_call_final_text`.
 
 Requests without tools that do not stream are Hermes' auxiliary calls (titles and the like);
@@ -211,7 +212,8 @@ def answer_for(call: ChatCall) -> _Answer:
 def _discover_then_call(call: ChatCall, capability: str) -> _Answer:
     """aip_capabilities; then aip_call on `capability` if it was listed; then the report."""
     if not call.tool_results:
-        return _ToolCall(AIP_CAPABILITIES_TOOL, {})
+        # The listing is paged: look the capability up by its id, as its description says.
+        return _ToolCall(AIP_CAPABILITIES_TOOL, {"prefix": capability})
     listed_text, _ = mcp_tool_outcome(call.tool_results[0])
     listed = f'"{capability}"' in listed_text
     if len(call.tool_results) == 1 and listed:

@@ -109,8 +109,15 @@ def write_principals_file(directory: Path, entries: Sequence[Mapping[str, Any]])
 def gateway_env(
     nats_url: str, principals_file: Path, seed_file: Path, port: int, **extra: str
 ) -> dict[str, str]:
-    """The `AIPD_*` environment of a gateway process (`extra` adds or overrides)."""
+    """The `AIPD_*` environment of a gateway process (`extra` adds or overrides).
+
+    Without `AIPD_TRUSTED_WORKER_KEYS_FILE` in `extra` the development flag that lets a
+    gateway start without worker keys is set: the stand-in capabilities of these tests
+    (worker/testing/echo_capability.py) answer unsigned."""
+    keyed = "AIPD_TRUSTED_WORKER_KEYS_FILE" in extra
+    dev = {} if keyed else {"AIPD_ALLOW_UNSIGNED_RESPONSES": "true"}
     return {
+        **dev,
         "AIPD_NATS_URL": nats_url,
         "AIPD_MCP_PRINCIPALS_FILE": str(principals_file),
         "AIPD_GATEWAY_SIGNING_KEY_FILE": str(seed_file),
@@ -226,6 +233,8 @@ async def gateway_runtime(
             gateway_redispatch_after_ms=1_000,
             gateway_settle_grace_ms=settle_grace_ms,
             gateway_id="gw-test",
+            # The echo capability answers unsigned (development flag, unless keys are given).
+            allow_unsigned_responses="trusted_worker_keys_file" not in extra_settings,
             **extra_settings,
         )
         async with Gateway(settings, make_writer=FaultyStoreWriter) as gateway:

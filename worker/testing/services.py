@@ -22,7 +22,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from worker.testing._binaries import find_nats_server, find_redis_cli, find_redis_server
+from worker.testing._binaries import (
+    find_nats_server,
+    find_nats_server_at_least,
+    find_redis_cli,
+    find_redis_server,
+)
 from worker.testing._errors import ServiceControlUnavailable, ServiceError, ServiceStartError
 from worker.testing._procs import (
     ProcessService,
@@ -61,6 +66,7 @@ __all__ = [
     "close_all_on_sigterm",
     "docker_available",
     "find_nats_server",
+    "find_nats_server_at_least",
     "find_redis_cli",
     "find_redis_server",
     "free_port",

@@ -1,6 +1,6 @@
 -- Acquire an Action's lease.
 -- KEYS[1] lease hash, KEYS[2] stored result, KEYS[3] cancel intent, KEYS[4] pending intents,
--- KEYS[5] stored terminal chunk
+-- KEYS[5] stored terminal chunk, KEYS[6] stored owed chunks
 -- ARGV[1] owner token (unique per delivery attempt), ARGV[2] lease ttl ms, ARGV[3] key ttl ms,
 -- ARGV[4] request fingerprint (sha256 of the canonical request), ARGV[5] the Action's
 -- verified principal, ARGV[6] its tenant ('' for none), ARGV[7] its capability (recorded so
@@ -29,7 +29,7 @@ if recorded and recorded ~= ARGV[4] then
      or tonumber(redis.call('HGET', KEYS[1], 'attempted_fence') or '0') ~= 0 then
     return {'collision', 0, '', 0, 0, cancel, now, pending}
   end
-  redis.call('DEL', KEYS[2], KEYS[5])
+  redis.call('DEL', KEYS[2], KEYS[5], KEYS[6])
   redis.call('HDEL', KEYS[1], 'refused')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then

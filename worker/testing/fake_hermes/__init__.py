@@ -42,9 +42,14 @@ Control routes (test-only, **unauthenticated**, never counted in the stats):
     (sessions, stored responses and jobs survive, as on disk in Hermes).
 ``POST /_fake/reset``
     Clear the stats, the request log and every fault.
+
+After 0.19 (``FakeConfig`` flags, all off by default; ``upstream(config)`` or ``--upstream``
+turns them on): a durable ``Idempotency-Key`` on ``POST /v1/runs`` advertised as
+``features.runs_idempotency`` (its store survives ``restart``), ``interrupted`` runs after a
+restart, 409 ``run_not_active`` on a finished run, and approval ``request_id`` / ``choices``.
 """
 
-from worker.testing.fake_hermes.config import FakeConfig
+from worker.testing.fake_hermes.config import UPSTREAM_FLAGS, FakeConfig, upstream
 from worker.testing.fake_hermes.control_client import FakeHermesControl
 from worker.testing.fake_hermes.faults import (
     EventsDisconnect,
@@ -76,6 +81,7 @@ from worker.testing.fake_hermes.server import FakeHermes
 from worker.testing.fake_hermes.stats import RecordedRequest, StatsSnapshot
 
 __all__ = [
+    "UPSTREAM_FLAGS",
     "EventsDisconnect",
     "EventsFault",
     "EventsFlood",
@@ -105,4 +111,5 @@ __all__ = [
     "StartReject",
     "StartServerError",
     "StatsSnapshot",
+    "upstream",
 ]

@@ -3,7 +3,8 @@
 Prints exactly one line, `listening on http://HOST:PORT`, once it accepts connections (port
 0 picks a free one), then serves until SIGTERM or SIGINT. With `--mcp-url` and
 `--mcp-token-file` its agent calls `aip_call` on that MCP server for delegated runs, as a
-real Hermes configured with the AIP MCP server does.
+real Hermes configured with the AIP MCP server does. `--upstream` turns on every behaviour
+upstream Hermes added after 0.19 (`FakeConfig` flags, `config.upstream`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import signal
 import sys
 from pathlib import Path
 
-from worker.testing.fake_hermes.config import FakeConfig
+from worker.testing.fake_hermes.config import FakeConfig, upstream
 from worker.testing.fake_hermes.server import FakeHermes
 
 
@@ -30,6 +31,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--missing-stream-delay-s", type=float, default=1.0)
     parser.add_argument("--mcp-url", help="AIP MCP server whose aip_call delegated runs use")
     parser.add_argument("--mcp-token-file", type=Path, help="bearer token for --mcp-url")
+    parser.add_argument(
+        "--upstream", action="store_true", help="model Hermes after 0.19 (config.upstream)"
+    )
     return parser
 
 
@@ -43,6 +47,8 @@ async def _serve(args: argparse.Namespace) -> None:
         max_concurrent_runs=args.max_concurrent_runs,
         missing_stream_delay_s=args.missing_stream_delay_s,
     )
+    if args.upstream:
+        config = upstream(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -68,8 +68,11 @@ _RUNTIME_DESCRIPTION = (
 )
 
 
-def capabilities() -> dict[str, Any]:
-    """The `GET /v1/capabilities` body."""
+def capabilities(*, runs_idempotency: bool = False) -> dict[str, Any]:
+    """The `GET /v1/capabilities` body; `runs_idempotency` adds the post-0.19 flag."""
+    features = dict(_FEATURES)
+    if runs_idempotency:
+        features["runs_idempotency"] = True
     return {
         "object": "hermes.api_server.capabilities",
         "platform": "hermes-agent",
@@ -81,7 +84,7 @@ def capabilities() -> dict[str, Any]:
             "split_runtime": False,
             "description": _RUNTIME_DESCRIPTION,
         },
-        "features": dict(_FEATURES),
+        "features": features,
         "endpoints": {name: {"method": m, "path": p} for name, m, p in _ENDPOINTS},
     }
 

@@ -78,6 +78,11 @@ def run_not_found(run_id: str) -> web.Response:
     return openai_error(f"Run not found: {run_id}", status=404, code="run_not_found")
 
 
+def not_active(run_id: str) -> web.Response:
+    """409 for a stop or approval on a finished run (after 0.19 only)."""
+    return openai_error(f"Run is not active: {run_id}", status=409, code="run_not_active")
+
+
 def session_not_found(session_id: str) -> web.Response:
     """404 for a session id the store does not hold."""
     return openai_error(f"Session not found: {session_id}", status=404, code="session_not_found")

@@ -99,7 +99,8 @@ async def models(request: web.Request) -> web.Response:
 
 async def capabilities(request: web.Request) -> web.Response:
     """GET /v1/capabilities."""
-    return json_reply(catalog.capabilities())
+    config = request.app[STATE].config
+    return json_reply(catalog.capabilities(runs_idempotency=config.runs_idempotency))
 
 
 async def skills(request: web.Request) -> web.Response:

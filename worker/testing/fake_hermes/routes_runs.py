@@ -16,6 +16,7 @@ from worker.testing.fake_hermes.channel import Signal
 from worker.testing.fake_hermes.envelopes import (
     aiohttp_500,
     json_reply,
+    not_active,
     openai_error,
     rate_limited,
     read_json,
@@ -23,11 +24,13 @@ from worker.testing.fake_hermes.envelopes import (
     server_error,
 )
 from worker.testing.fake_hermes.inputs import last_input_text
+from worker.testing.fake_hermes.run_keys import MAX_KEY_CHARS, KeyedRun, fingerprint
 from worker.testing.fake_hermes.runs import Run, normalize_choice
 from worker.testing.fake_hermes.sse import KEEPALIVE, STREAM_CLOSED, data_frame, open_stream
 from worker.testing.fake_hermes.state import STATE, FakeState
 
 SESSION_KEY_HEADER = "X-Hermes-Session-Key"
+IDEMPOTENCY_KEY_HEADER = "Idempotency-Key"
 MALFORMED_FRAME = b'data: {"event": "message.delta", "delta": \n\n'
 FLOOD_BATCH = 256
 
@@ -42,11 +45,15 @@ def _history_error(history: object) -> str | None:
 
 
 async def create_run(request: web.Request) -> web.StreamResponse:
-    """POST /v1/runs → 202 `{"run_id","status":"started"}` (never idempotent in 0.19.0)."""
+    """POST /v1/runs → 202 `{"run_id","status":"started"}` (never idempotent in 0.19.0;
+    with `runs_idempotency`, a known `Idempotency-Key` answers its run instead)."""
     state = request.app[STATE]
     ok, body = await read_json(request)
     if not ok:
         return openai_error("Invalid JSON")
+    keyed = _keyed_start(request, state, await request.read())
+    if isinstance(keyed, web.Response):
+        return keyed
     if not isinstance(body, dict):
         return aiohttp_500()  # 0.19.0 calls `.get` on whatever JSON arrived
     raw_input = body.get("input")
@@ -74,6 +81,9 @@ async def create_run(request: web.Request) -> web.StreamResponse:
         str(model) if model else None,
         on_created=lambda created: state.stats.record_start(created.session_id),
     )
+    if keyed is not None:
+        # Recorded with the run, before any reply: a reply lost from here on is learnt back.
+        state.run_keys.put(keyed[0], KeyedRun(keyed[1], run.run_id))
     match fault:
         case f.StartServerError():
             return server_error()
@@ -87,6 +97,34 @@ async def create_run(request: web.Request) -> web.StreamResponse:
     if SESSION_KEY_HEADER in request.headers:
         headers[SESSION_KEY_HEADER] = request.headers[SESSION_KEY_HEADER]
     return json_reply({"run_id": run.run_id, "status": "started"}, status=202, headers=headers)
+
+
+def _keyed_start(
+    request: web.Request, state: FakeState, raw: bytes
+) -> web.Response | tuple[str, str] | None:
+    """With `runs_idempotency`: the reply for a key already used (its run, even at the run
+    cap; or a 409 for another body), else `(key, fingerprint)` to record with the new run.
+    None without the flag or the header (0.19: the header is ignored here)."""
+    if not state.config.runs_idempotency:
+        return None
+    key = request.headers.get(IDEMPOTENCY_KEY_HEADER)
+    if key is None:
+        return None
+    if not key or len(key) > MAX_KEY_CHARS:
+        return openai_error("Invalid Idempotency-Key", code="invalid_idempotency_key")
+    print_ = fingerprint(raw, request.headers.get(SESSION_KEY_HEADER))
+    known = state.run_keys.get(key)
+    if known is None:
+        return key, print_
+    if known.fingerprint != print_:
+        return openai_error(
+            "Idempotency-Key was used with a different request",
+            status=409,
+            code="idempotency_key_conflict",
+        )
+    run = state.runs.get(known.run_id)
+    reply = run.status_object() if run is not None else {"run_id": known.run_id}
+    return json_reply(reply, status=202)
 
 
 async def get_run(request: web.Request) -> web.Response:
@@ -103,6 +141,8 @@ async def stop_run(request: web.Request) -> web.Response:
     run_id = request.match_info["run_id"]
     runs = request.app[STATE].runs
     run = runs.get(run_id)
+    if run is not None and run.terminal and request.app[STATE].config.run_not_active:
+        return not_active(run_id)
     if run is None or run.terminal:
         return run_not_found(run_id)
     runs.stop(run)
@@ -118,12 +158,16 @@ async def approve_run(request: web.Request) -> web.Response:
     ok, body = await read_json(request)
     if not ok or not isinstance(body, dict):
         return openai_error("Invalid JSON")
-    choice = normalize_choice(body.get("choice"))
+    config = request.app[STATE].config
+    offered = request.app[STATE].runs.offered_choices
+    choice = normalize_choice(body.get("choice"), offered)
     if choice is None:
         return openai_error(
-            "Invalid approval choice; expected one of: once, session, always, deny",
+            f"Invalid approval choice; expected one of: {', '.join(offered)}",
             code="invalid_approval_choice",
         )
+    if run.terminal and config.run_not_active:
+        return not_active(run_id)
     if run.terminal or run.task is None or run.task.done():
         return openai_error(
             f"Run has no active approval session: {run_id}",
@@ -134,7 +178,14 @@ async def approve_run(request: web.Request) -> web.Response:
         return openai_error(
             f"Run has no pending approval: {run_id}", status=409, code="approval_not_pending"
         )
-    resolved = run.resolve(choice, body.get("all") is True)
+    request_id = body.get("request_id") if config.approval_request_ids else None
+    if request_id is not None and not isinstance(request_id, str):
+        return openai_error("'request_id' must be a string", code="invalid_request_id")
+    resolved = run.resolve(choice, body.get("all") is True, request_id)
+    if resolved == 0:
+        return openai_error(
+            f"Run has no pending approval: {run_id}", status=409, code="approval_not_pending"
+        )
     return json_reply(
         {
             "object": "hermes.run.approval_response",

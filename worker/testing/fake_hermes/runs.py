@@ -24,7 +24,8 @@ from worker.testing.scenario import OFF_CONTRACT, word_deltas
 
 
 class RunStatus(enum.StrEnum):
-    """The seven statuses `GET /v1/runs/{id}` reports."""
+    """The seven statuses `GET /v1/runs/{id}` reports, and `interrupted` (after 0.19, only
+    with `FakeConfig.interrupt_on_restart`)."""
 
     QUEUED = "queued"
     RUNNING = "running"
@@ -33,27 +34,35 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    INTERRUPTED = "interrupted"
 
 
-TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+TERMINAL = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.INTERRUPTED}
+)
+#: What a shutdown writes on every run it interrupts (upstream PR #114774).
+INTERRUPTED_ERROR = "Gateway shutdown interrupted the run."
 
 #: Allowed transitions; anything else is a bug in the fake and raises.
+_I = RunStatus.INTERRUPTED
 TRANSITIONS: dict[RunStatus, frozenset[RunStatus]] = {
-    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.FAILED}),
+    RunStatus.QUEUED: frozenset({RunStatus.RUNNING, RunStatus.STOPPING, RunStatus.FAILED, _I}),
     RunStatus.RUNNING: frozenset(
         {
             RunStatus.WAITING_FOR_APPROVAL,
             RunStatus.STOPPING,
             RunStatus.COMPLETED,
             RunStatus.FAILED,
+            _I,
         }
     ),
-    RunStatus.WAITING_FOR_APPROVAL: frozenset({RunStatus.RUNNING, RunStatus.STOPPING}),
+    RunStatus.WAITING_FOR_APPROVAL: frozenset({RunStatus.RUNNING, RunStatus.STOPPING, _I}),
     # A turn that ends before the interrupt lands still completes (or fails).
-    RunStatus.STOPPING: frozenset({RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAILED}),
+    RunStatus.STOPPING: frozenset({RunStatus.CANCELLED, RunStatus.COMPLETED, RunStatus.FAILED, _I}),
     RunStatus.COMPLETED: frozenset(),
     RunStatus.FAILED: frozenset(),
     RunStatus.CANCELLED: frozenset(),
+    RunStatus.INTERRUPTED: frozenset(),
 }
 
 #: Events that do not touch `last_event`/`updated_at` (observed: a streaming run shows none).
@@ -62,13 +71,14 @@ QUIET_EVENTS = frozenset({"message.delta", "reasoning.available"})
 APPROVAL_ALIASES = {"approve": "once", "approved": "once", "allow": "once"}
 
 
-def normalize_choice(raw: object) -> str | None:
-    """The canonical approval choice for a request value, or None when it is not one."""
+def normalize_choice(raw: object, offered: tuple[str, ...] = agent.APPROVAL_CHOICES) -> str | None:
+    """The canonical approval choice for a request value, or None when it is not one of
+    the `offered` choices."""
     if not isinstance(raw, str):
         return None
     choice = raw.strip().lower()
     choice = APPROVAL_ALIASES.get(choice, choice)
-    return choice if choice in agent.APPROVAL_CHOICES else None
+    return choice if choice in offered else None
 
 
 class Run:
@@ -92,6 +102,10 @@ class Run:
         self.channel = EventChannel(created_at)
         self.task: asyncio.Task[None] | None = None
         self._prompts: deque[asyncio.Future[str]] = deque()
+        #: Prompt future -> its `request_id` (after 0.19 only).
+        self._prompt_ids: dict[asyncio.Future[str], str] = {}
+        #: The id the last `approval.request` announced, for the prompt it opens next.
+        self.announced_request_id: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -133,7 +147,7 @@ class Run:
         if self.status is RunStatus.COMPLETED:
             body["output"] = self.output
             body["usage"] = self.usage
-        if self.status is RunStatus.FAILED:
+        if self.status in (RunStatus.FAILED, RunStatus.INTERRUPTED):
             body["error"] = self.error
         return body
 
@@ -143,15 +157,27 @@ class Run:
         """Register a pending approval prompt (oldest first)."""
         future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
         self._prompts.append(future)
+        if self.announced_request_id is not None:
+            self._prompt_ids[future] = self.announced_request_id
+            self.announced_request_id = None
         return future
 
     def close_prompt(self, future: asyncio.Future[str]) -> None:
         """Forget a prompt that was answered or timed out."""
         with contextlib.suppress(ValueError):
             self._prompts.remove(future)
+        self._prompt_ids.pop(future, None)
 
-    def resolve(self, choice: str, resolve_all: bool) -> int:
-        """Answer the oldest pending prompt (or all); returns how many were resolved."""
+    def resolve(self, choice: str, resolve_all: bool, request_id: str | None = None) -> int:
+        """Answer the oldest pending prompt (or all); returns how many were resolved. With
+        `request_id` (after 0.19) only the prompt of that id, if it is still pending."""
+        if request_id is not None:
+            for future in list(self._prompts):
+                if self._prompt_ids.get(future) == request_id and not future.done():
+                    self._prompts.remove(future)
+                    future.set_result(choice)
+                    return 1
+            return 0
         resolved = 0
         while self._prompts and (resolved == 0 or resolve_all):
             future = self._prompts.popleft()
@@ -261,6 +287,19 @@ class RunRegistry:
         if run.resolve(STOPPED, resolve_all=True) == 0 and run.task is not None:
             run.task.cancel()
 
+    def interrupt_all(self) -> None:
+        """What a restart does after 0.19 (upstream PR #114774): every live run ends
+        `interrupted` before its agent is stopped, and every run stays pollable; event
+        streams are gone with the process."""
+        for run in self._runs.values():
+            run.channel.drop()
+            if not run.terminal:
+                run.error = INTERRUPTED_ERROR
+                run.move(RunStatus.INTERRUPTED)
+                run.last_event = "run.interrupted"
+            if run.task is not None:
+                run.task.cancel()
+
     def forget_all(self) -> None:
         """What a Hermes restart does: every run vanishes, without a terminal event."""
         runs = list(self._runs.values())
@@ -295,8 +334,8 @@ class RunRegistry:
                     run.move(RunStatus.RUNNING)
                     await self._play(run)
             except asyncio.CancelledError:
-                if run.run_id not in self._runs:
-                    return  # forgotten by a restart: no terminal event, like a dead process
+                if run.run_id not in self._runs or run.status is RunStatus.INTERRUPTED:
+                    return  # a restart: no terminal event, like a dead process
             if run.status is RunStatus.STOPPING:
                 run.move(RunStatus.CANCELLED)
                 run.emit("run.cancelled")
@@ -348,6 +387,11 @@ class RunRegistry:
         self._render(run, agent.Finished(text, usage, [], []))
 
     @property
+    def offered_choices(self) -> tuple[str, ...]:
+        """What an approval prompt offers (`FakeConfig.approval_choices`, else the four)."""
+        return self._config.approval_choices or agent.APPROVAL_CHOICES
+
+    @property
     def _model(self) -> str:
         return self._config.llm_model
 
@@ -356,6 +400,10 @@ class RunRegistry:
             case agent.ToolStarted(call):
                 run.emit("tool.started", tool=agent.TOOL, preview=call.command)
             case agent.ApprovalRequested(call):
+                extra: dict[str, Any] = {}
+                if self._config.approval_request_ids:
+                    run.announced_request_id = "apr_" + secrets.token_hex(8)
+                    extra["request_id"] = run.announced_request_id
                 run.emit(
                     "approval.request",
                     command=call.command,
@@ -363,7 +411,8 @@ class RunRegistry:
                     pattern_keys=[agent.APPROVAL_DESCRIPTION],
                     description=agent.APPROVAL_DESCRIPTION,
                     allow_permanent=True,
-                    choices=list(agent.APPROVAL_CHOICES),
+                    choices=list(self.offered_choices),
+                    **extra,
                 )
             case agent.ApprovalResolved(choice):
                 run.emit("approval.responded", choice=choice, resolved=1)

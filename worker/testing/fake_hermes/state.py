@@ -12,6 +12,7 @@ from worker.testing.fake_hermes.faults import Faults
 from worker.testing.fake_hermes.idempotency import IdempotencyCache
 from worker.testing.fake_hermes.jobs import JobStore
 from worker.testing.fake_hermes.responses_store import ResponseStore
+from worker.testing.fake_hermes.run_keys import RunKeys
 from worker.testing.fake_hermes.runs import RunRegistry
 from worker.testing.fake_hermes.sessions import SessionStore
 from worker.testing.fake_hermes.stats import Stats, now
@@ -30,6 +31,8 @@ class FakeState:
     jobs: JobStore
     idempotency: IdempotencyCache
     connections: Connections = field(default_factory=Connections)
+    #: `POST /v1/runs` keys (only with `config.runs_idempotency`); a restart keeps them.
+    run_keys: RunKeys = field(default_factory=RunKeys)
     started_at: float = field(default_factory=now)
 
     @classmethod
@@ -50,9 +53,14 @@ class FakeState:
     def restart(self) -> None:
         """A Hermes restart: runs, open streams and the idempotency cache are gone.
 
-        Sessions, stored responses and jobs live on disk in Hermes, so they survive.
+        Sessions, stored responses and jobs live on disk in Hermes, so they survive; so do
+        the run keys (after 0.19). With `interrupt_on_restart` the runs stay too, every
+        live one ended `interrupted`.
         """
-        self.runs.forget_all()
+        if self.config.interrupt_on_restart:
+            self.runs.interrupt_all()
+        else:
+            self.runs.forget_all()
         self.idempotency.clear()
         self.connections.cut_all()
         self.started_at = now()

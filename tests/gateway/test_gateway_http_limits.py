@@ -1,0 +1,300 @@
+"""What the gateway's HTTP face holds under hostile clients (issue 27, items 1 and 6).
+
+A real `python -m worker gateway` process on a real NATS server, spoken to over raw
+sockets, so what the server sends (or does not) is seen exactly:
+
+- five concurrent oversized bodies (200 MB declared, or chunked without a length) are
+  answered 413 and the gateway's RSS stays within a few MiB of where it was (the
+  measurement: 3.1 GB RSS);
+- a thousand concurrent connections each get an HTTP answer, 200 or a clean 503 past
+  `AIPD_GATEWAY_MAX_CONNECTIONS`, and none is reset (the measurement: 291 of 3,000 reset);
+- the `Host` header matches whatever its case;
+- without worker keys and without the development flag the gateway does not start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import StreamConfig
+
+from worker.testing._procs import free_port
+from worker.testing.gateway import (
+    gateway_env,
+    gateway_process,
+    principal_entry,
+    write_principals_file,
+)
+from worker.testing.identities import write_trust_files
+from worker.testing.services import ServiceHandle
+from worker.testing.workers import WorkerProcess
+
+TOKEN = "tok-limits-" + "a" * 29
+MAX_BODY = 65_536
+MAX_CONNECTIONS = 64
+
+
+@dataclass
+class Running:
+    proc: WorkerProcess
+    port: int
+
+    def rss_bytes(self) -> int:
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS")
+
+
+Start = Callable[..., Awaitable[Running]]
+
+
+@pytest.fixture
+async def start_gateway(tmp_path: Path, nats_server: ServiceHandle) -> AsyncIterator[Start]:
+    """Start a gateway process with these `AIPD_*` settings over the defaults below."""
+    trust = write_trust_files(tmp_path)
+    principals = write_principals_file(tmp_path, [principal_entry(TOKEN, "agent:limits")])
+    started: list[WorkerProcess] = []
+
+    async def start(**settings: str) -> Running:
+        port = free_port()
+        env = gateway_env(
+            nats_server.url,
+            principals,
+            trust.seed_file,
+            port,
+            AIPD_TRUSTED_WORKER_KEYS_FILE=str(trust.worker_keys_file),
+            AIPD_GATEWAY_MAX_BODY_BYTES=str(MAX_BODY),
+            AIPD_MCP_ALLOWED_HOSTS="Aip-Gateway:8080",
+            AIPD_LOG_FORMAT="json",
+            **settings,
+        )
+        proc = gateway_process(f"limits{len(started)}", env, tmp_path)
+        started.append(proc)
+        await asyncio.to_thread(proc.start, wait_ready_s=30.0)
+        return Running(proc, port)
+
+    try:
+        yield start
+    finally:
+        for proc in started:
+            proc.terminate(10)
+
+
+@pytest.fixture
+async def gateway(start_gateway: Start) -> Running:
+    return await start_gateway(AIPD_GATEWAY_MAX_CONNECTIONS=str(MAX_CONNECTIONS))
+
+
+def _head(port: int, extra: str, host: str | None = None) -> bytes:
+    return (
+        f"POST /mcp HTTP/1.1\r\nHost: {host or f'127.0.0.1:{port}'}\r\n"
+        f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+        f"Accept: application/json, text/event-stream\r\n{extra}\r\n"
+    ).encode()
+
+
+async def _status(reader: asyncio.StreamReader) -> int:
+    line = await asyncio.wait_for(reader.readline(), 30)
+    return int(line.split()[1]) if line else 0
+
+
+async def _oversized(port: int, *, chunked: bool, total: int = 200 * 1024 * 1024) -> int:
+    """Send a body of `total` bytes until the gateway answers; its status."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    extra = "Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {total}\r\n"
+    writer.write(_head(port, extra))
+    answer = asyncio.create_task(_status(reader))
+    piece = b"x" * 65_536
+    sent = 0
+    try:
+        while sent < total and not answer.done():
+            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
+            await asyncio.wait_for(writer.drain(), 10)
+            sent += len(piece)
+    except (ConnectionError, TimeoutError):
+        pass  # the gateway closed its side after answering: read what it said
+    status = await answer
+    writer.close()
+    return status
+
+
+async def test_oversized_bodies_get_413_and_the_gateway_holds_no_more_than_the_bound(
+    gateway: Running,
+) -> None:
+    before = gateway.rss_bytes()
+    peak = before
+    sampling = True
+
+    async def sample() -> None:
+        nonlocal peak
+        while sampling:
+            peak = max(peak, gateway.rss_bytes())
+            await asyncio.sleep(0.02)
+
+    sampler = asyncio.create_task(sample())
+    statuses = await asyncio.gather(
+        *(_oversized(gateway.port, chunked=i % 2 == 1) for i in range(5))
+    )
+    sampling = False
+    await sampler
+    assert statuses == [413] * 5
+    grew = peak - before
+    assert grew < 32 * 1024 * 1024, f"RSS grew {grew / 2**20:.1f} MiB"
+    print(f"5 concurrent 200 MB bodies: 413 each, RSS +{grew / 2**20:.1f} MiB")
+    # A body within the bound is still served.
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}'
+    writer.write(_head(gateway.port, f"Content-Length: {len(body)}\r\n") + body)
+    assert await _status(reader) == 200
+    writer.close()
+
+
+async def _get_health(port: int, opened: asyncio.Event, count: list[int], total: int) -> Any:
+    """One connection, held open until all `total` are, then one `GET /health`: its status,
+    or how it failed."""
+    try:
+        reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port), 30)
+    except (ConnectionError, TimeoutError) as exc:
+        return type(exc).__name__
+    count[0] += 1
+    if count[0] == total:
+        opened.set()
+    try:
+        await asyncio.wait_for(opened.wait(), 60)  # every connection open at once
+        writer.write(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n".encode())
+        await writer.drain()
+        status = await _status(reader)
+    except (ConnectionError, TimeoutError) as exc:
+        return type(exc).__name__
+    finally:
+        writer.close()
+    return status if status else "closed without an answer"
+
+
+async def _burst(port: int, total: int) -> list[Any]:
+    opened = asyncio.Event()
+    count = [0]
+    return await asyncio.gather(*(_get_health(port, opened, count, total) for _ in range(total)))
+
+
+async def test_past_the_connection_wall_every_request_gets_a_clean_503_and_none_is_reset(
+    gateway: Running,
+) -> None:
+    """1,000 connections open at once against `AIPD_GATEWAY_MAX_CONNECTIONS=64`."""
+    started = time.monotonic()
+    outcomes = await _burst(gateway.port, 1_000)
+    elapsed = time.monotonic() - started
+    assert [o for o in outcomes if o not in (200, 503)] == []
+    refused = outcomes.count(503)
+    assert refused > 0  # the wall is honoured
+    # ... and it is not sticky: once the burst is gone, a request is served again.
+    reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+    writer.write(f"GET /health HTTP/1.1\r\nHost: 127.0.0.1:{gateway.port}\r\n\r\n".encode())
+    assert await _status(reader) == 200
+    writer.close()
+    print(
+        f"1000 connections over a wall of 64: {1_000 - refused} x 200, {refused} x 503, "
+        f"0 reset, {elapsed:.1f} s"
+    )
+
+
+async def test_under_the_wall_every_connection_is_served_and_excess_calls_get_503(
+    start_gateway: Start, nats_server: ServiceHandle
+) -> None:
+    """1,000 connections at once under a wall of 2,000 are all served; 20 sync calls held
+    against `AIPD_GATEWAY_MAX_REQUESTS=8` get 8 answers and 12 immediate typed 503s."""
+    sandbox = "lim" + secrets.token_hex(3) + ".sandbox"
+    nc = await nats.connect(nats_server.url)
+    stream = sandbox.upper().replace(".", "_")
+    await nc.jetstream().add_stream(StreamConfig(name=stream, subjects=[f"{sandbox}.>"]))
+    try:
+        running = await start_gateway(
+            AIPD_GATEWAY_MAX_CONNECTIONS="2000",
+            AIPD_GATEWAY_MAX_REQUESTS="8",
+            AIPD_CAPABILITY_ROUTES=json.dumps({"cap:support_sandbox:": sandbox}),
+        )
+        outcomes = await _burst(running.port, 1_000)
+        assert outcomes == [200] * 1_000
+        # No executor answers: each sync call is held for its timeout.
+        call = {
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {
+                "name": "aip_call",
+                "arguments": {
+                    "arguments": {
+                        "capability": "cap:support_sandbox:held",
+                        "input": {},
+                        "mode": "sync",
+                        "timeout_ms": 3_000,
+                    }
+                },
+            },
+        }
+        body = json.dumps(call).encode()
+
+        async def held() -> tuple[int, float]:
+            reader, writer = await asyncio.open_connection("127.0.0.1", running.port)
+            at = time.monotonic()
+            writer.write(_head(running.port, f"Content-Length: {len(body)}\r\n") + body)
+            status = await _status(reader)
+            writer.close()
+            return status, time.monotonic() - at
+
+        answers = await asyncio.gather(*(held() for _ in range(20)))
+        statuses = sorted(status for status, _ in answers)
+        assert statuses == [200] * 8 + [503] * 12
+        # The refused ones were refused at once, not after the held ones ended.
+        assert all(took < 2.5 for status, took in answers if status == 503)
+    finally:
+        await nc.jetstream().delete_stream(stream)
+        await nc.close()
+
+
+async def test_host_names_match_in_any_case(gateway: Running) -> None:
+    body = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}'
+    statuses = {}
+    for host in ("aip-gateway:8080", "AIP-GATEWAY:8080", "LocalHost:1", "evil.test:8080"):
+        reader, writer = await asyncio.open_connection("127.0.0.1", gateway.port)
+        writer.write(_head(gateway.port, f"Content-Length: {len(body)}\r\n", host) + body)
+        statuses[host] = await _status(reader)
+        writer.close()
+    assert statuses == {
+        "aip-gateway:8080": 200,
+        "AIP-GATEWAY:8080": 200,
+        "LocalHost:1": 200,
+        "evil.test:8080": 421,
+    }
+
+
+def test_without_worker_keys_the_gateway_refuses_to_start(
+    tmp_path: Path, nats_server: ServiceHandle
+) -> None:
+    trust = write_trust_files(tmp_path)
+    principals = write_principals_file(tmp_path, [principal_entry(TOKEN, "agent:limits")])
+    env = gateway_env(nats_server.url, principals, trust.seed_file, free_port())
+    del env["AIPD_ALLOW_UNSIGNED_RESPONSES"]  # what the helper sets for its stand-ins
+    done = subprocess.run(
+        [sys.executable, "-m", "worker", "gateway"],
+        env={**os.environ, **env},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert b"AIPD_TRUSTED_WORKER_KEYS_FILE is not set" in done.stderr
+    assert b"AIPD_ALLOW_UNSIGNED_RESPONSES" in done.stderr
