@@ -18,8 +18,9 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "{prefix}.hermes.{endpoint}.actions",
         "Action",
         "ACTIONS",
-        "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to the Action id and "
-        "sign the payload (headers Aip-Signer, Aip-Signature).",
+        "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to "
+        "{action_id}:{first 32 hex digits of the sha256 of the payload} (any other value is "
+        "dead-lettered) and sign the payload (headers Aip-Signer, Aip-Signature).",
         "publisher",
     ),
     (
@@ -27,7 +28,8 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "{prefix}.hermes.{endpoint}.delegations",
         "DelegationRequest",
         "DELEGATIONS",
-        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue).",
+        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue); "
+        "Nats-Msg-Id {delegation action id}:{sha256 prefix of the payload}, as for Actions.",
         "publisher",
     ),
     (

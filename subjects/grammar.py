@@ -3,6 +3,7 @@ nowhere else."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -195,6 +196,19 @@ class Subjects:
 
     def durable(self, endpoint_id: str, kind: str) -> str:
         return f"hermes_{endpoint_id.replace('-', '_')}_{kind}"
+
+
+def envelope_msg_id(action_id: str, payload: bytes) -> str:
+    """`Nats-Msg-Id` of an Action or DelegationRequest: its Action id and the first 128 bits
+    of the sha256 of the exact envelope bytes.
+
+    Bound to the content, so no one can pre-empt an Action's dedupe slot without its exact
+    bytes: a message published first under the Action id alone (a squatter, a forgery with
+    another body) no longer makes the server drop the genuine publish as its duplicate, while
+    a retry of the same bytes still is one. A worker dead-letters an envelope whose header is
+    not this (`connector_host.replay`); one without the header is stored every time and
+    deduplicated by its Action id in Redis alone (docs/publishing.md)."""
+    return f"{action_id}:{hashlib.sha256(payload).hexdigest()[:32]}"
 
 
 def chunk_msg_id(action_id: str, seq: int, payload_sha256: str) -> str:

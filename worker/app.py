@@ -130,6 +130,8 @@ class Worker:
         # only when a trusted worker key signed it: this worker's own, plus the file's.
         worker_keys = worker_trust(signer, settings.trusted_worker_keys_file)
         self._trusted_workers = worker_keys
+        for file, count in self.gate.expired_entries.items():
+            self.metrics.trust_entries_expired(file, count)
         if settings.hermes_api_key:
             log.warning(
                 "AIPD_HERMES_API_KEY holds a key value in the environment; "

@@ -57,7 +57,7 @@ from schemas.delegation import DelegationRequest
 from schemas.errors import ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
-from subjects.grammar import Subjects
+from subjects.grammar import Subjects, envelope_msg_id
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
@@ -328,7 +328,8 @@ class AipClient:
         )
 
     async def publish(self, action: Action) -> ActionHandle:
-        """Publish an Action (signed when a key is set); `Nats-Msg-Id` = its id.
+        """Publish an Action (signed when a key is set) under its content-bound `Nats-Msg-Id`
+        (`subjects.grammar.envelope_msg_id`: its id and the sha256 prefix of its bytes).
 
         Raises EnvelopeRejected, before signing, for an Action the workers would refuse to
         decode (an id, capability or field of the wrong shape).
@@ -338,7 +339,10 @@ class AipClient:
         payload = encode(action)
         decode_action(payload, max_bytes=self.max_envelope_bytes)
         endpoint_id, _ = split_capability(action.capability)
-        headers = {"Nats-Msg-Id": action.id, **_signed_headers(payload, self.sign_key)}
+        headers = {
+            "Nats-Msg-Id": envelope_msg_id(action.id, payload),
+            **_signed_headers(payload, self.sign_key),
+        }
         ack = await self.nc.jetstream().publish(
             self.subjects.actions(endpoint_id), payload, headers=headers
         )
@@ -367,7 +371,10 @@ class AipClient:
         decode_delegation(payload, max_bytes=self.max_envelope_bytes)
         endpoint_id = delegate_endpoint(request)
         action_id = delegation_action_id(request.delegation_id)
-        headers = {"Nats-Msg-Id": action_id, **_signed_headers(payload, self.sign_key)}
+        headers = {
+            "Nats-Msg-Id": envelope_msg_id(action_id, payload),
+            **_signed_headers(payload, self.sign_key),
+        }
         ack = await self.nc.jetstream().publish(
             self.subjects.delegations(endpoint_id), payload, headers=headers
         )

@@ -60,6 +60,9 @@ class DeliveryOutcome(StrEnum):
     DUPLICATE = "duplicate"
     #: Already settled: the stored result was published again and the message acked.
     REPUBLISHED = "republished"
+    #: Refused (a replay after its state expired, say), but the bus already holds the
+    #: result of this exact envelope: nothing was published, the message acked.
+    ANSWERED = "answered"
     #: A redelivery of an Action this very worker runs: acked with it when it settles.
     JOINED = "joined"
     #: The handler failed unexpectedly: nak'ed for a later redelivery.
@@ -231,6 +234,12 @@ class Metrics:
             f"{PREFIX}_ready", "1 when the named readiness check passed at its last evaluation",
             ["check"], registry=r,
         )
+        self._trust_expired = Gauge(
+            f"{PREFIX}_trust_entries_expired",
+            "Entries of a trust file ('identity', 'authority') skipped at start-up because "
+            "they had expired (renew or remove them)",
+            ["file"], registry=r,
+        )
         self._f_deliveries = _Family(self._deliveries.labels)
         self._f_actions = _Family(self._actions.labels)
         self._f_in_flight = _Family(self._in_flight.labels)
@@ -362,6 +371,10 @@ class Metrics:
         self._f_errors.get(where, cause).inc()
 
     # --- health (worker/health.py) -------------------------------------------------------
+
+    def trust_entries_expired(self, file: str, count: int) -> None:
+        """How many entries of trust file `file` were skipped at load as expired."""
+        self._trust_expired.labels(file).set(count)
 
     def readiness(self, check: str, ok: bool) -> None:
         """The result of one readiness check, so dashboards see which one failed."""

@@ -179,11 +179,13 @@ class Settings(BaseSettings):
     allow_unsigned_envelopes: bool = False
     """Accept unsigned envelopes. Development only: warned at start and on every acceptance."""
     max_envelope_age_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 300_000
-    """Oldest envelope accepted, by its `created_at_unix_ms` on Redis TIME; an older one is
-    refused with `connector_host.replay` (its stored result, if any, is republished)."""
+    """Oldest an envelope may be (its `created_at_unix_ms`) when JetStream stores it; one
+    stored older (a re-publication of captured bytes) is refused with
+    `connector_host.replay`. Waiting in the queue afterwards does not count (docs/security.md,
+    "The replay boundary")."""
     max_clock_skew_ms: Annotated[int, Field(ge=0, le=600_000)] = 30_000
-    """How far in the future (on Redis TIME) an envelope's `created_at_unix_ms` may lie
-    before it is refused with `connector_host.replay`."""
+    """How far ahead of the time JetStream stored it an envelope's `created_at_unix_ms` may
+    lie before it is refused with `connector_host.replay`."""
     worker_signing_key_file: Path | None = None
     """Owner-only nkey seed (`SU…`) this worker signs its results and DLQ entries with; its
     public key goes in consumers' `AIPD_TRUSTED_WORKER_KEYS_FILE`. Unset: every Action is
@@ -215,7 +217,8 @@ class Settings(BaseSettings):
     """Lease TTL; the heartbeat renews every third of it."""
     result_ttl_ms: Annotated[int, Field(ge=60_000, le=30 * 86_400_000)] = 86_400_000
     """How long a settled result is kept for replays (idempotency TTL); at least the replay
-    window (`max_envelope_age_ms` + `max_clock_skew_ms`), checked at startup."""
+    window (`max_envelope_age_ms` + `max_clock_skew_ms`), checked at startup. An envelope
+    older than this less the skew when a worker takes it is refused as a replay."""
     subject_prefix: str = "aip"
     """First token of every subject."""
     max_envelope_bytes: Annotated[int, Field(ge=1_024, le=8_388_608)] = 1_048_576
@@ -331,10 +334,10 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _state_outlives_the_replay_window(self) -> Settings:
-        # An envelope passes the replay check for up to age + skew after it is first seen;
-        # its stored result (and the lease, kept an hour longer) must still exist then, or
-        # a captured envelope could run again. Operator bindings live 25 h, above the
-        # largest window these bounds allow.
+        # An envelope is admitted until it is result_ttl - skew old (worker/trust/replay.py),
+        # so whichever copy ran first left state that is still there; that bound must not
+        # be tighter than the stored-young window (age + skew). Operator bindings live 25 h,
+        # above the largest window these bounds allow.
         window_ms = self.max_envelope_age_ms + self.max_clock_skew_ms
         if self.result_ttl_ms < window_ms:
             raise ValueError(

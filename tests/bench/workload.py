@@ -25,6 +25,7 @@ from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
 from schemas.codec import encode
 from schemas.ids import new_action_id
+from subjects.grammar import envelope_msg_id
 from tests.bench.env import ENDPOINT, Bench
 from worker.store.clock import redis_now_ms
 from worker.testing.identities import (
@@ -75,7 +76,7 @@ def build_envelopes(
         )
         action = _with_idempotency(action)
         payload = encode(action)
-        headers = {"Nats-Msg-Id": action.id, **bench.trust.sign(payload)}
+        headers = {"Nats-Msg-Id": envelope_msg_id(action.id, payload), **bench.trust.sign(payload)}
         out.append(Envelope(action.id, payload, headers))
     return out
 

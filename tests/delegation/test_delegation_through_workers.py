@@ -247,8 +247,10 @@ async def test_a_delegation_under_another_msg_id_is_refused_and_admitted_ones_sa
     [(_, dead)] = await dstack.stack.dlq()
     assert dead["Aip-Dlq-Code"] == "connector_host.replay"
     assert dstack.fake.stats().count(POST_RUNS) == 0
-    # The genuine one (a new delegation id: the squatted one was dropped by the server).
-    handle = await dstack.delegate(dstack.request())
+    # The victim itself: its content-bound `Nats-Msg-Id` is not the squatted one, so the
+    # server stores it and it runs (issue 27: nobody pre-empts an id without its bytes).
+    handle = await dstack.delegate(victim)
+    assert not handle.duplicate
     assert (await handle.result(timeout_s=30)).status is ResultStatus.COMPLETED
     await asyncio.sleep(1.0)
     receipts = await dstack.stack.client.receipts("h1", handle.action_id)

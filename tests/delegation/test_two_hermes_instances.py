@@ -20,6 +20,7 @@ import pytest
 
 from schemas.delegation import DelegationRequest
 from schemas.result import ResultStatus
+from subjects.grammar import envelope_msg_id
 from tests.integration.stack import Stack
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
@@ -151,7 +152,7 @@ async def test_a_delegation_on_the_wrong_endpoint_subject_is_refused(two: TwoHer
     from worker.delegation import delegation_action_id
 
     action_id = delegation_action_id(request.delegation_id)
-    headers = {"Nats-Msg-Id": action_id, **two.stack.trust.sign(payload)}
+    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload), **two.stack.trust.sign(payload)}
     await two.stack.nc.jetstream().publish(
         two.stack.subjects.delegations("h1"), payload, headers=headers
     )

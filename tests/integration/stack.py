@@ -25,7 +25,7 @@ from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
 from schemas.codec import encode
 from schemas.result import ActionResult
-from subjects.grammar import Subjects
+from subjects.grammar import Subjects, envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from worker.client import ActionHandle, AipClient
@@ -101,7 +101,7 @@ class Stack:
         """Publish `action`; `dedupe=False` sends no `Nats-Msg-Id`, so the stream stores
         every copy (as it does for a copy that arrives after the duplicate window)."""
         payload = encode(action)
-        headers = {"Nats-Msg-Id": msg_id or action.id} if dedupe else {}
+        headers = {"Nats-Msg-Id": msg_id or envelope_msg_id(action.id, payload)} if dedupe else {}
         if signed:
             headers.update(self.trust.sign(payload))
         await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)

@@ -13,6 +13,7 @@ import pytest
 
 from schemas.codec import encode
 from schemas.result import ResultStatus
+from subjects.grammar import envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.integration.stack import ENDPOINT, Stack
@@ -64,7 +65,10 @@ async def test_each_endpoint_is_sent_only_its_own_key(stack: Stack, tmp_path: Pa
             await stack.nc.jetstream().publish(
                 stack.subjects.actions(endpoint_id),
                 payload,
-                headers={"Nats-Msg-Id": action.id, **stack.trust.sign(payload)},
+                headers={
+                    "Nats-Msg-Id": envelope_msg_id(action.id, payload),
+                    **stack.trust.sign(payload),
+                },
             )
             handle = stack.client.handle(endpoint_id, action.id)
             results.append(await handle.result(timeout_s=20))

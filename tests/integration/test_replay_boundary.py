@@ -1,8 +1,12 @@
-"""The replay boundary through live workers: captured signed bytes do not run twice.
+"""The replay boundary through live workers: captured signed bytes do not run twice, and a
+queued backlog is never refused (issue 27).
 
-An envelope is accepted only while its `created_at_unix_ms` is inside the window on Redis
-TIME. Outside it the answer is `connector_host.replay`: a failed result when none is stored
-for the Action id, the stored result again otherwise; Hermes never hears of it.
+An envelope is accepted only if JetStream stored it while its `created_at_unix_ms` was
+inside the window (the stored time is the message's metadata timestamp), and while the
+state an earlier delivery left is still kept. Outside it the answer is
+`connector_host.replay`: the stored result again when there is one, nothing at all when
+the bus already holds this envelope's result, a failed result otherwise; Hermes never
+hears of it.
 """
 
 from __future__ import annotations
@@ -74,9 +78,12 @@ async def _wait_older_than_window(action: Action) -> None:
         await asyncio.sleep(0.1)
 
 
-async def test_a_replay_of_captured_bytes_after_the_state_expired_is_refused(
+async def test_a_replay_after_the_state_expired_publishes_nothing_over_the_result(
     stack: Stack,
 ) -> None:
+    """Captured bytes published again once the Action's state expired (the result TTL):
+    refused as a replay, and, since the bus still holds that envelope's result, nothing is
+    published over it: exactly one result, no second (failed) one."""
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "run exactly once"})
     await stack.approve(action)
@@ -89,15 +96,84 @@ async def test_a_replay_of_captured_bytes_after_the_state_expired_is_refused(
     assert await _forget(stack, action.id) >= 2  # lease and result at least
     await _wait_older_than_window(action)
     await _send(stack, payload, captured)
+    await stack.settled_and_acked()
+    assert [r.status for r in await stack.results(action.id)] == [ResultStatus.COMPLETED]
+    assert _runs(stack) == 1  # Hermes never heard of the replay
+    events = [r.event.value for r in await stack.receipts(action.id)]
+    assert "refused" not in events  # nothing new on the audit subject either
+    client = Redis.from_url(stack.redis_url)
+    try:
+        assert await client.get(ActionKeys.of(action.id).result) is None  # nothing settled
+    finally:
+        await client.aclose()
+
+
+async def test_a_stale_envelope_never_answered_is_refused_with_a_failed_result(
+    stack: Stack,
+) -> None:
+    """Bytes created longer than the window before JetStream stored them, with no result
+    anywhere: refused as a replay with a failed result, so the publisher learns why."""
+    await stack.spawn("w1")
+    action = stack.action("operator", {"objective": "published too late"})
+    await stack.approve(action)
+    await _wait_older_than_window(action)
+    payload = encode(action)
+    await _send(stack, payload, stack.trust.sign(payload))
     replayed = await _stored(stack, action.id)
     assert replayed.status is ResultStatus.FAILED
     assert replayed.error is not None
     assert (replayed.error.code, replayed.error.retryable) == (REPLAY, False)
     assert replayed.error.uncertain_outcome is False
+    assert "stored" in replayed.error.message
     await stack.settled_and_acked()
-    assert _runs(stack) == 1  # Hermes never heard of the replay
+    assert _runs(stack) == 0
     refused = [r for r in await stack.receipts(action.id) if r.event.value == "refused"]
     assert [r.details.get("code") for r in refused] == [REPLAY]
+
+
+async def test_a_backlog_older_than_the_window_is_processed(stack: Stack) -> None:
+    """Actions stored while young wait in the queue longer than the window (no worker is
+    running: a redeploy, a backlog); the worker that comes up runs every one of them."""
+    actions = [stack.action("operator", {"objective": f"queued {n}"}) for n in range(3)]
+    handles = []
+    for action in actions:
+        await stack.approve(action)
+        handles.append(await stack.publish(action))
+    await _wait_older_than_window(actions[-1])
+    await stack.spawn("w1")
+    for handle in handles:
+        result = await handle.result(timeout_s=30)
+        assert result.status is ResultStatus.COMPLETED, result.error
+    assert _runs(stack) == 3
+
+
+async def test_a_republication_of_captured_bytes_after_the_window_is_refused(
+    stack: Stack,
+) -> None:
+    """The genuine Action waits in the queue and runs after the window; a copy of its
+    captured bytes, published after the window, is a new message with a new stored time
+    and an old `created_at`: refused, never run, and nothing published over the result."""
+    # A read, refused before its lease (an operator's copy would be recovered from its
+    # binding instead): the refusal itself shows.
+    action = stack.action("models")
+    payload = encode(action)
+    captured = stack.trust.sign(payload)
+    await stack.publish(action)
+    await _wait_older_than_window(action)
+    worker = await stack.spawn("w1")
+    first = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    assert first.status is ResultStatus.COMPLETED, first.error
+    await _send(stack, payload, captured)  # the attacker's copy, with a fresh stored time
+    await stack.settled_and_acked()
+    refused = f"refused {action.id} ({REPLAY}), whose result is already on the bus"
+    for _ in range(100):
+        if refused in worker.log_text():
+            break
+        await asyncio.sleep(0.1)
+    assert refused in worker.log_text(), worker.log_tail()
+    assert stack.fake is not None
+    assert stack.fake.stats().count("GET /v1/models") == 1
+    assert [r.status for r in await stack.results(action.id)] == [ResultStatus.COMPLETED]
 
 
 async def test_an_envelope_dated_in_the_future_is_refused(stack: Stack) -> None:

@@ -361,14 +361,14 @@ async def test_large_inputs_are_snapshotted_within_bounds(
     [
         ({"revision": 0}, r"membership 0 \(principal 'approver:carol'\): revision must be"),
         ({"revoked": True}, "is revoked"),
-        ({"expires_at_unix_ms": 1}, "has expired"),
+        ({"expires_at_unix_ms": 1, "revoked": True}, "is revoked"),
         ({"capability_prefixes": []}, "capability_prefixes"),
         (
             {"tenant_id": "tenant-b", "principal_id": "approver:dave"},
             "membership 1 .*duplicate of membership 0",
         ),
     ],
-    ids=["zero-revision", "revoked", "expired", "no-prefixes", "duplicate"],
+    ids=["zero-revision", "revoked", "expired-and-revoked", "no-prefixes", "duplicate"],
 )
 def test_bad_memberships_stop_startup(
     trust_files: TrustFiles, change: dict[str, Any], expected: str
@@ -378,6 +378,20 @@ def test_bad_memberships_stop_startup(
     write_json(trust_files.authority_file, memberships, mode=0o644)
     with pytest.raises(TrustConfigError, match=r"^AIPD_APPROVAL_AUTHORITY_FILE: .*" + expected):
         TrustGate.from_settings(Settings(**trust_files.settings_overrides()))
+
+
+def test_an_expired_membership_is_skipped_and_counted_not_fatal(
+    trust_files: TrustFiles,
+) -> None:
+    memberships = trust_files.memberships()
+    renewed = {**memberships[0]}
+    memberships[0]["expires_at_unix_ms"] = 1
+    memberships.append(renewed)  # same principal, tenant and key: not a duplicate now
+    write_json(trust_files.authority_file, memberships, mode=0o644)
+    gate = TrustGate.from_settings(Settings(**trust_files.settings_overrides()))
+    assert gate.authority is not None
+    assert gate.expired_entries == {"identity": 0, "authority": 1}
+    assert len(gate.authority) == len(memberships) - 1
 
 
 def test_authority_file_others_may_write_is_refused(trust_files: TrustFiles) -> None:

@@ -54,7 +54,11 @@ STARTUP_REJECTIONS: list[tuple[str, Callable[[Entries], None], str]] = [
         r"entry 1 \(principal 'user:bob'\): revision must be non-zero",
     ),
     ("revoked", _set(2, revoked=True), r"entry 2 \(principal 'user:demo'\): is revoked"),
-    ("expired", _set(0, expires_at_unix_ms=1), r"entry 0 \(principal 'user:alice'\): has expired"),
+    (
+        "expired-and-revoked",
+        _set(2, revoked=True, expires_at_unix_ms=1),
+        r"entry 2 \(principal 'user:demo'\): is revoked",
+    ),
     ("duplicate", _duplicate, r"entry 6 \(principal 'user:alice'\): duplicate of entry 0"),
     (
         "negative-revision",
@@ -218,6 +222,25 @@ async def test_an_entry_that_expires_while_running_is_refused_from_then_on(
         await directory.verify(action.identity, FixedClock(now_ms() + 61_000))
     assert caught.value.code is ErrorCode.HOST_AUTHENTICATION
     assert "expired" in caught.value.message
+
+
+async def test_an_entry_expired_at_startup_is_skipped_and_counted_not_fatal(
+    trust_files: TrustFiles, caplog: pytest.LogCaptureFixture
+) -> None:
+    # The renewal appended beside the expired entry: no duplicate, since expired is skipped.
+    entries = identity_entries()
+    renewed = copy.deepcopy(entries[0])
+    entries[0]["expires_at_unix_ms"] = 1
+    entries[1]["expires_at_unix_ms"] = now_ms() - 1
+    entries.append(renewed)
+    write_json(trust_files.identity_file, entries)
+    gate = TrustGate.from_settings(Settings(**trust_files.settings_overrides()))
+    assert gate.identities is not None
+    assert gate.expired_entries["identity"] == 2
+    assert gate.identities.get(USER_A) is not None  # the renewed entry stands
+    assert gate.identities.get(entries[1]["principal_id"]) is None  # refused from now on
+    assert "entry 0 (principal 'user:alice'): has expired; skipped" in caplog.text
+    assert "opaque-credential" not in caplog.text
 
 
 async def test_without_a_directory_governed_execution_fails_closed(

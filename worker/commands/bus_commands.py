@@ -206,9 +206,9 @@ async def cmd_submit(args: argparse.Namespace) -> int:
         print(handle.action_id, flush=True)
         if handle.duplicate:
             print(
-                f"warning: the stream already held a message with Nats-Msg-Id {action.id} "
-                "inside its duplicate window, so this publish was not stored (a replay inside "
-                "the window, or the id was taken by another message: publish under a new id)",
+                f"warning: the stream already held these exact envelope bytes for {action.id} "
+                "inside its duplicate window (its Nats-Msg-Id is bound to them), so this "
+                "publish was not stored: the first copy is the one that runs",
                 file=sys.stderr,
             )
         if args.wait:

@@ -5,7 +5,8 @@ The same order as an Action, the same pipeline (`worker.pipeline.Pipeline`):
 1. decode strictly (over-size or invalid -> DLQ with the reason, `term()`);
 2. verify the gateway signature (bad or missing -> DLQ: an unauthenticated envelope is not
    trusted even for its delegation id, so its receipt goes under the DLQ entry's id), and
-   that a `Nats-Msg-Id`, when present, is the delegation's Action id (else DLQ);
+   that a `Nats-Msg-Id`, when present, is the delegation's Action id bound to the request's
+   bytes (`subjects.grammar.envelope_msg_id`; else DLQ);
 3. the steps, in the runbook's order: the endpoint is served and this worker can sign;
    the delegator's identity and the endpoint's tenant binding, the router policy
    (`worker.delegation.router`), unless exempted by prefix the durable approval of the
@@ -28,6 +29,7 @@ from schemas.audit import ReceiptEvent
 from schemas.codec import decode_delegation
 from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCode
+from subjects.grammar import envelope_msg_id
 from worker.delegation.entry import internal_action
 from worker.delegation.operation import DelegatedOperation
 from worker.delegation.router import check_child_tenant, check_route_policy
@@ -36,6 +38,7 @@ from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.steps import (
     check_msg_id,
+    deadline_of,
     live_deadline,
     received,
     require_signer,
@@ -62,7 +65,7 @@ class DelegationIntake:
             raise Rejected(exc.code, exc.reason) from None
         action = internal_action(request, endpoint_id)
         signer = verified_signer(rt, msg, headers, action.id)
-        check_msg_id(headers, action.id)
+        check_msg_id(headers, action.id, envelope_msg_id(action.id, msg.data))
         received(
             rt,
             msg,
@@ -113,6 +116,7 @@ class DelegationIntake:
         assert delivery.ep is not None
         endpoint = delivery.ep.endpoint
         child = request.action
+        deadline_ms = deadline_of(delivery.action, operation.spec)
         try:
             # Authentication first (identity directory, route, endpoint tenant binding).
             admitted = await rt.gate.admit_verified(
@@ -121,6 +125,8 @@ class DelegationIntake:
                 endpoint=endpoint,
                 spec=operation.spec,
                 stores=rt.stores,
+                stored_at_ms=delivery.stored_at_ms,
+                deadline_unix_ms=deadline_ms,
             )
             tenant_id = admitted.tenant_id
             rt.audit.emit(
@@ -141,9 +147,11 @@ class DelegationIntake:
             check_child_tenant(request, endpoint, tenant_id)
         except ConnectorError as exc:
             raise Refusal(exc, read_only=False) from None
-        return delivery.having(trusted=admitted.headers)
+        return delivery.having(trusted=admitted.headers, deadline_ms=deadline_ms)
 
     async def schedule(self, delivery: Delivery) -> Delivery:
-        """The deadline, unless it has already passed."""
-        deadline_ms = live_deadline(delivery.action, self.operation.spec, "the delegation")
+        """The deadline admission decided, unless it has already passed."""
+        deadline_ms = live_deadline(
+            delivery.action, self.operation.spec, "the delegation", delivery.deadline_ms
+        )
         return delivery.having(deadline_ms=deadline_ms)

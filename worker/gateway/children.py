@@ -2,7 +2,9 @@
 
 The order is the runtime's contract with the delegation resolver (docs/delegation.md):
 queue entry `queued` (written before anything is sent) -> the child published as a signed
-envelope with `Nats-Msg-Id` = its id -> queue entry `running` (the dispatch is durable) ->
+envelope under its content-bound `Nats-Msg-Id` (its id and the sha256 prefix of its
+bytes; the envelope is a pure function of the record, so every re-send carries the same)
+-> queue entry `running` (the dispatch is durable) ->
 ... its one ActionResult ... -> the lifecycle record with the result -> the queue entry
 terminal. Every step is derived from durable state only (the queue entry and the child's
 result on the bus), so any gateway can take any step again: a re-publish of the child is
@@ -38,6 +40,7 @@ from schemas.delegation import ChildAction
 from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import envelope_msg_id
 from worker import faults
 from worker.bus.stream_reads import SubjectFollower
 from worker.errors import ActionIdTaken, UnverifiedResponse
@@ -156,14 +159,20 @@ class Children:
     async def dispatch(
         self, record: QueueRecord, route: Route, *, first: bool = False
     ) -> QueueRecord:
-        """Publish the child (signed, `Nats-Msg-Id` = its id), then record the dispatch.
+        """Publish the child (signed, under its content-bound `Nats-Msg-Id`), then record the
+        dispatch.
 
         `first` is the publish right after this gateway created the queue entry: nothing of
         this gateway's can be in the duplicate window then, so a `duplicate` PubAck means
-        another publisher's envelope holds the id, and `ActionIdTaken` is raised (what runs
-        under the id is not this child). A recovery re-send expects the duplicate."""
+        someone else stored these very bytes first, and `ActionIdTaken` is raised. Another
+        envelope under the same id no longer makes the dispatch a duplicate (the dedupe id
+        is bound to the bytes): it cannot pre-empt the child, and its result, naming
+        another envelope, is never the child's. A recovery re-send expects the duplicate."""
         payload = self.envelope(record.action, route)
-        headers = {"Nats-Msg-Id": record.action.id, **sign_envelope(payload, self.seed)}
+        headers = {
+            "Nats-Msg-Id": envelope_msg_id(record.action.id, payload),
+            **sign_envelope(payload, self.seed),
+        }
         ack = await self.js.publish(route.subjects.actions, payload, headers=headers)
         if first and ack.duplicate:
             raise ActionIdTaken(record.action.id)

@@ -7,9 +7,9 @@ yet, whatever the history) and, for each one still `queued` or `running`:
 
 - its result is on the bus -> the lifecycle record, then the terminal queue entry;
 - `queued` and not updated for `gateway_redispatch_after_ms` (its gateway died between
-  enqueue and dispatch) -> dispatched again under the same id and `Nats-Msg-Id`: if the
-  first dispatch did happen, JetStream's duplicate window and the worker's exactly-once
-  drop this one, so a child never runs twice and never gets a second id;
+  enqueue and dispatch) -> dispatched again under the same id and content-bound
+  `Nats-Msg-Id`: if the first dispatch did happen, JetStream's duplicate window and the
+  worker's exactly-once drop this one, so a child never runs twice and never gets a second id;
 - past its timeout plus `gateway_settle_grace_ms` without a result -> a cancel request to
   its executor, then settled `failed` (`deadline_exceeded`, outcome uncertain), or
   `connector_host.response_signing` (outcome uncertain) when results were on the bus but

@@ -3,7 +3,12 @@
 - `dead_letter`: an envelope that is not trusted or not readable (`Rejected`) is kept in
   the DLQ with its reason and `term()`ed; it touches no Action state.
 - `refuse`: a trusted envelope that may not run is settled once as a failed result under
-  its own lease and fence, with its one-chunk stream.
+  its own lease and fence, with its one-chunk stream; unless the bus already holds the
+  result of this exact envelope (`Outbox.envelope_answered`): then nothing is published.
+  A refusal nothing was attempted for is settled `refused`: a later envelope with another
+  request under the id clears it and takes the id (`lua/lease_acquire.lua`), so refusing
+  a forgery first never uses the id up for the genuine envelope; a redelivery of the
+  refused envelope itself meets its stored refusal.
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
@@ -113,7 +118,21 @@ class Answers:
         reached Hermes is ever answered as a certain failure a publisher could retry.
         """
         rt = self.rt
-        action, keys, endpoint_id = delivery.action, delivery.keys, delivery.endpoint_id
+        action, endpoint_id = delivery.action, delivery.endpoint_id
+        if await self.outbox.envelope_answered(endpoint_id, action.id, delivery.msg.data):
+            # This very envelope already has its result on the bus (a replay, or a
+            # redelivery, after its Redis state expired): a second, failed, result would
+            # contradict it. Nothing is published; the message is acked.
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.ANSWERED)
+            log.info(
+                "refused %s (%s), whose result is already on the bus: nothing published",
+                action.id,
+                refusal.error.code.value,
+                extra={"endpoint": endpoint_id, "action_id": action.id},
+            )
+            await self.outbox.ack_all([delivery.msg])
+            return
+        keys = delivery.keys
         owner, grant = await self.acquire(delivery, to_execute=False)
         cause = refusal.error
         if grant.attempted_fence:
@@ -142,7 +161,12 @@ class Answers:
             action_sha256=sha256_hex(delivery.msg.data),
         )
         result_bytes = encode(result)
-        stored = await rt.stores.leases.settle(keys, owner, grant.fence, result_bytes, chunk)
+        # Settled as a plain refusal (nothing attempted): another request under the id may
+        # still take it (a forgery refused first does not burn an approved id, issue 24);
+        # an uncertain one, after an earlier attempt, stands for good.
+        stored = await rt.stores.leases.settle(
+            keys, owner, grant.fence, result_bytes, chunk, refused=not grant.attempted_fence
+        )
         if stored.status is SettleStatus.FENCED_OUT:
             return
         if stored.status is SettleStatus.EXISTS:

@@ -59,6 +59,16 @@ class Delivery:
     #: When the execution must end (Unix ms; 0 until decided).
     deadline_ms: int = 0
 
+    @property
+    def stored_at_ms(self) -> int | None:
+        """When JetStream stored this message (its metadata timestamp, the same on every
+        redelivery): what the replay window judges `created_at_unix_ms` against. None for
+        a message that did not come from a JetStream consumer."""
+        try:
+            return int(self.msg.metadata.timestamp.timestamp() * 1000)
+        except Exception:
+            return None
+
     def having(self, **decided: Any) -> Delivery:
         """This delivery with what a step decided."""
         return dataclasses.replace(self, **decided)

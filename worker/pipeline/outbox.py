@@ -48,6 +48,7 @@ from worker import faults
 from worker.bus.audit import AuditLog
 from worker.bus.publisher import BusPublisher
 from worker.metrics import Metrics
+from worker.trust.responses import sha256_hex
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +150,7 @@ class Outbox:
         second copy of everything. The outputs' messages carry the same ids as the first
         time, so a copy the first publication already stored is a server-side duplicate.
         """
-        if not await self.result_on_stream(endpoint_id, action.id):
+        if not await self.result_on_stream(endpoint_id, action.id, settled.result):
             await self._outputs(action, decoded_result(settled.result), republished=True)
             await self._terminal_and_result(
                 endpoint_id, action.id, await self._missing(endpoint_id, action.id, settled)
@@ -189,14 +190,35 @@ class Outbox:
             await self.publisher.confirm(pending)
             self.metrics.chunk_published(endpoint_id, pending[0][0].kind.value)
 
-    async def result_on_stream(self, endpoint_id: str, action_id: str) -> bool:
+    async def result_on_stream(
+        self, endpoint_id: str, action_id: str, result: bytes | None = None
+    ) -> bool:
+        """Whether the Action's results subject ends with a result (with `result`: with
+        exactly these stored bytes; a refusal of another envelope under the same id may
+        have published after it, and then this one is owed again)."""
         try:
-            await self.publisher.js.get_last_msg(
+            last = await self.publisher.js.get_last_msg(
                 self.subjects.stream_name("results"), self.subjects.results(endpoint_id, action_id)
             )
         except NotFoundError:
             return False
-        return True
+        return result is None or last.data == result
+
+    async def envelope_answered(self, endpoint_id: str, action_id: str, envelope: bytes) -> bool:
+        """True when the Action's results subject ends with a result for exactly `envelope`
+        (its `action_sha256`): the envelope has its answer, whatever Redis still holds."""
+        try:
+            last = await self.publisher.js.get_last_msg(
+                self.subjects.stream_name("results"), self.subjects.results(endpoint_id, action_id)
+            )
+        except NotFoundError:
+            return False
+        result = decoded_result(last.data)
+        return (
+            result is not None
+            and result.action_id == action_id
+            and result.action_sha256 == sha256_hex(envelope)
+        )
 
     async def _missing(self, endpoint_id: str, action_id: str, settled: Settled) -> Settled:
         """`settled` less the chunks the Action's chunk stream already holds: the owed ones

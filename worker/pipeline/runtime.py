@@ -55,6 +55,11 @@ class Gate(Protocol):
     """The trust checks the runtime makes; each raises ConnectorError with the refusal code,
     and nothing has been sent to Hermes or recorded when one does."""
 
+    #: Entries skipped at load because they had expired, by trust file (`identity`,
+    #: `authority`): reported by the worker as a metric.
+    @property
+    def expired_entries(self) -> Mapping[str, int]: ...
+
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
         """The verified signer (None when unsigned input is allowed in development)."""
         ...
@@ -67,9 +72,13 @@ class Gate(Protocol):
         endpoint: Endpoint,
         spec: OperationSpec,
         stores: Stores,
+        stored_at_ms: int | None = None,
+        deadline_unix_ms: int | None = None,
     ) -> Admitted:
         """Identity, tenant and approval of an envelope whose signature `verify_signature`
-        verified (`signer`): an Action or a delegation's internal Action alike."""
+        verified (`signer`): an Action or a delegation's internal Action alike.
+        `stored_at_ms`: when JetStream stored its message (the replay window's reference);
+        `deadline_unix_ms`: the runtime's effective deadline, projected to the provider."""
         ...
 
     async def check_delegated_child(

@@ -21,6 +21,7 @@ from schemas.audit import DetailValue, ReceiptEvent
 from schemas.codec import convert_input, decode_action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import split_capability
+from subjects.grammar import envelope_msg_id
 from worker import faults
 from worker.bus.publisher import MSG_ID
 from worker.errors import ConnectorError, Refusal, Rejected, StoreNotAccepting
@@ -41,21 +42,25 @@ def verified_signer(rt: Runtime, msg: Msg, headers: Mapping[str, str], claimed: 
         raise Rejected(exc.code, exc.message, claimed_action_id=claimed) from None
 
 
-def check_msg_id(headers: Mapping[str, str], action_id: str) -> None:
-    """`Rejected` (`connector_host.replay`) when the envelope's `Nats-Msg-Id` names another id.
+def check_msg_id(headers: Mapping[str, str], action_id: str, expected: str | None = None) -> None:
+    """`Rejected` (`connector_host.replay`) when the envelope's `Nats-Msg-Id` is present and
+    is not `expected`: for an Action or a DelegationRequest the id bound to its Action id
+    and exact bytes (`subjects.grammar.envelope_msg_id`); by default the bare id (a channel
+    delivery, whose id workers derive).
 
-    The stream deduplicates by `Nats-Msg-Id` before any worker sees a message, so an
-    envelope carrying another Action's id there made that Action a "duplicate" the server
-    dropped. Refusing the mismatch makes the squatter visible in the DLQ; without the header
+    The stream deduplicates by `Nats-Msg-Id` before any worker sees a message. With the id
+    bound to the bytes, a message under another id's slot cannot be the victim's envelope;
+    refusing every other value makes a squatter visible in the DLQ. Without the header
     there is no dedupe slot to squat, and the envelope runs (retries of it are then
-    deduplicated by `id` alone).
+    deduplicated by `id` alone, in Redis).
     """
     msg_id = headers.get(MSG_ID)
-    if msg_id is None or msg_id == action_id:
+    wanted = action_id if expected is None else expected
+    if msg_id is None or msg_id == wanted:
         return
     raise Rejected(
         ErrorCode.HOST_REPLAY,
-        f"{MSG_ID} {msg_id[:80]!r} is not the envelope's Action id {action_id}",
+        f"{MSG_ID} {msg_id[:80]!r} is not the envelope's own ({wanted})",
         action_id=action_id,
     )
 
@@ -101,9 +106,10 @@ def deadline_of(action: Action, spec: OperationSpec) -> int:
     return min(candidates)
 
 
-def live_deadline(action: Action, spec: OperationSpec, what: str) -> int:
-    """The execution's deadline; a Refusal when it has already passed."""
-    deadline_ms = deadline_of(action, spec)
+def live_deadline(action: Action, spec: OperationSpec, what: str, decided_ms: int = 0) -> int:
+    """The execution's deadline (`decided_ms` when admission already decided it, so the
+    provider's `X-AIP-Deadline-Unix-Ms` is this very value); a Refusal once it passed."""
+    deadline_ms = decided_ms or deadline_of(action, spec)
     if deadline_ms <= now_ms():
         raise Refusal(
             ConnectorError(
@@ -132,7 +138,7 @@ class ActionIntake:
             raise Rejected(exc.code, exc.reason) from None
         faults.hit("after_decode", action.id)
         signer = verified_signer(rt, msg, headers, action.id)
-        check_msg_id(headers, action.id)
+        check_msg_id(headers, action.id, envelope_msg_id(action.id, msg.data))
         health = rt.stores.leases.health
         if health is not None and not health.accepting:
             # Fetched by a pull request sent before the store gate closed: admission and the
@@ -211,11 +217,13 @@ class ActionIntake:
         return delivery.having(params=params)
 
     async def admit(self, delivery: Delivery) -> Delivery:
-        """Identity, tenant and approval (`Gate.admit_verified`); the trusted headers."""
+        """Identity, tenant and approval (`Gate.admit_verified`); the trusted headers, whose
+        `X-AIP-Deadline-Unix-Ms` is the effective deadline the execution runs under."""
         rt = self.rt
         assert delivery.ep is not None
         assert delivery.operation is not None
         spec = delivery.operation.spec
+        deadline_ms = deadline_of(delivery.action, spec)
         try:
             admitted = await rt.gate.admit_verified(
                 action=delivery.action,
@@ -223,6 +231,8 @@ class ActionIntake:
                 endpoint=delivery.ep.endpoint,
                 spec=spec,
                 stores=rt.stores,
+                stored_at_ms=delivery.stored_at_ms,
+                deadline_unix_ms=deadline_ms,
             )
         except ConnectorError as exc:
             raise Refusal(exc, read_only=spec.read_only) from None
@@ -232,10 +242,12 @@ class ActionIntake:
             endpoint_id=delivery.endpoint_id,
             facts=admitted.receipt_details(),
         )
-        return delivery.having(trusted=admitted.headers)
+        return delivery.having(trusted=admitted.headers, deadline_ms=deadline_ms)
 
     async def schedule(self, delivery: Delivery) -> Delivery:
-        """The deadline, unless it has already passed."""
+        """The deadline admission decided, unless it has already passed."""
         assert delivery.operation is not None
-        deadline_ms = live_deadline(delivery.action, delivery.operation.spec, "the Action")
+        deadline_ms = live_deadline(
+            delivery.action, delivery.operation.spec, "the Action", delivery.deadline_ms
+        )
         return delivery.having(deadline_ms=deadline_ms)

@@ -19,6 +19,7 @@ from schemas.delegation import DELEGATE_PREFIX, DelegationRequest
 from schemas.errors import ErrorCode
 from schemas.ids import capability_id
 from schemas.result import ActionResult, ResultStatus
+from subjects.grammar import envelope_msg_id
 from worker.delegation.action_id import delegation_action_id
 from worker.errors import McpHttpRefused
 from worker.gateway.mcp_client import call_tool
@@ -98,7 +99,7 @@ async def routed_to_each_instance(ctx: Context, evidence: Evidence) -> str:
     action_id = delegation_action_id(stray.delegation_id)
     evidence.action(action_id)
     payload = encode(stray)
-    headers = {"Nats-Msg-Id": action_id}
+    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
     if d.qualify.gateway_signing_key_file is not None:
         from worker.trust.signing import read_seed_file, sign_envelope
 

@@ -200,7 +200,14 @@ class LeaseStore:
         try:
             async with asyncio.timeout(budget_s):
                 reply = await self.scripts["lease_acquire"].reasked(
-                    [keys.lease, keys.result, keys.cancel, keys.cancel_pending],
+                    [
+                        keys.lease,
+                        keys.result,
+                        keys.cancel,
+                        keys.cancel_pending,
+                        keys.terminal,
+                        keys.owed_chunks,
+                    ],
                     [
                         owner,
                         ttl_ms,
@@ -303,13 +310,25 @@ class LeaseStore:
         result_json: bytes,
         terminal_json: bytes,
         owed_json: bytes = b"",
+        *,
+        refused: bool = False,
     ) -> SettleOutcome:
         """Store the result and the terminal chunk closing the Action's stream (with the
         chunks the bus refused on the way, `owed_json`), together, write-once, iff `owner`
-        still holds the lease at `fence` (`lua/settle.lua`)."""
+        still holds the lease at `fence` (`lua/settle.lua`). `refused`: a refusal nothing
+        was attempted for, which another request (another fingerprint) may still replace
+        (`lua/lease_acquire.lua`)."""
         reply = await self.scripts["settle"].reasked(
             [keys.lease, keys.result, keys.terminal, keys.owed_chunks],
-            [owner, fence, result_json, self.result_ttl_ms, terminal_json, owed_json],
+            [
+                owner,
+                fence,
+                result_json,
+                self.result_ttl_ms,
+                terminal_json,
+                owed_json,
+                "1" if refused else "0",
+            ],
             budget_s=self.call_budget_s,
         )
         status, stored, terminal, owed = reply

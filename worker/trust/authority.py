@@ -5,22 +5,28 @@ Loaded from `--approval-authority-file` (`AIPD_APPROVAL_AUTHORITY_FILE`): a JSON
 carry that key's signature; two principals may not share a key), in a regular file under
 1 MiB that group and others cannot write. It is authorization policy, not a credential
 store, so it may be world-readable.
-Duplicate (same principal and tenant), expired, revoked and zero-revision memberships stop
-the worker at startup. The same check runs when a decision is made and again when the
-approved Action executes, so a membership removed in between withdraws the approval.
+Duplicate (same principal and tenant), revoked and zero-revision memberships stop the
+worker at startup; one that has already expired is skipped with a warning and counted
+(`trust_entries_expired`), before the duplicate and shared-key checks, so a renewed
+membership may sit next to its expired predecessor (`worker.trust.files.has_expired`).
+The same check runs when a decision is made and again when the approved Action executes,
+so a membership removed in between withdraws the approval.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 from schemas.approval import AuthorityMembership
 from worker.errors import NotAuthorized, TrustConfigError
-from worker.trust.files import describe_principal, policy_records, read_policy_file
+from worker.trust.files import describe_principal, has_expired, policy_records, read_policy_file
 from worker.trust.signing import decode_user_public_key
 
 _WHAT = "approval authority file"
+
+log = logging.getLogger(__name__)
 UNRESTRICTED = "*"
 
 
@@ -34,10 +40,16 @@ class ApprovalAuthority:
     """Memberships by (principal, tenant), plus the file's digest for decision evidence."""
 
     def __init__(
-        self, memberships: dict[tuple[str, str | None], AuthorityMembership], sha256: str
+        self,
+        memberships: dict[tuple[str, str | None], AuthorityMembership],
+        sha256: str,
+        *,
+        expired: int = 0,
     ) -> None:
         self._memberships = memberships
         self.sha256 = sha256
+        #: Memberships the file holds that had already expired at load, and were skipped.
+        self.expired = expired
 
     def __len__(self) -> int:
         return len(self._memberships)
@@ -48,11 +60,16 @@ class ApprovalAuthority:
         found: dict[tuple[str, str | None], AuthorityMembership] = {}
         index_of: dict[tuple[str, str | None], int] = {}
         principal_of_key: dict[str, str] = {}
+        expired = 0
         for index, where, membership in policy_records(
             policy, path, what=_WHAT, noun="membership", record_type=AuthorityMembership
         ):
             key = (membership.principal_id, membership.tenant_id)
-            problem = _membership_problem(membership, now_ms)
+            problem = _membership_problem(membership)
+            if problem is None and has_expired(membership.expires_at_unix_ms, now_ms):
+                expired += 1
+                log.warning("%s: has expired; skipped (remove or renew the membership)", where)
+                continue
             if problem is None and key in index_of:
                 problem = f"duplicate of membership {index_of[key]} (same principal and tenant)"
             holder = principal_of_key.setdefault(membership.public_key, membership.principal_id)
@@ -65,7 +82,7 @@ class ApprovalAuthority:
                 raise TrustConfigError(f"{where}: {problem}")
             index_of[key] = index
             found[key] = membership
-        return cls(found, policy.sha256)
+        return cls(found, policy.sha256, expired=expired)
 
     def member(self, principal_id: str, tenant_id: str | None) -> AuthorityMembership | None:
         """The membership of `principal_id` for `tenant_id`, whatever it may decide."""
@@ -137,7 +154,8 @@ class ApprovalAuthority:
         raise NotAuthorized(f"{who} may not cancel capability {capability!r}")
 
 
-def _membership_problem(membership: AuthorityMembership, now_ms: int) -> str | None:
+def _membership_problem(membership: AuthorityMembership) -> str | None:
+    """What makes a membership malformed (it stops startup); expiry is not among them."""
     if membership.revision == 0:
         return "revision must be non-zero"
     try:
@@ -146,6 +164,4 @@ def _membership_problem(membership: AuthorityMembership, now_ms: int) -> str | N
         return f"public_key is {exc}"
     if membership.revoked:
         return "is revoked; remove the membership"
-    if membership.expires_at_unix_ms is not None and membership.expires_at_unix_ms <= now_ms:
-        return "has expired; remove or renew the membership"
     return None

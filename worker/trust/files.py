@@ -68,6 +68,13 @@ def read_policy_file(path: Path, *, what: str) -> PolicyFile:
     return PolicyFile(path=path, data=data, mode=info.st_mode)
 
 
+def has_expired(expires_at_unix_ms: int | None, now_ms: int) -> bool:
+    """True for a record whose expiry has passed at `now_ms`: such a record of a trust file
+    is skipped at load with a warning, never a reason to refuse the whole file (an entry
+    expiring on schedule must not stop the next restart of every worker)."""
+    return expires_at_unix_ms is not None and expires_at_unix_ms <= now_ms
+
+
 def describe_principal(value: object) -> str:
     """A principal id fit for an error message: quoted, printable, and short."""
     text = value if isinstance(value, str) else "?"

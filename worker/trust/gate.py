@@ -4,7 +4,8 @@ Checks run in this order and stop at the first refusal (each raises `ConnectorEr
 
 1. envelope signature (`connector_host.authentication`); unsigned envelopes pass only with
    `AIPD_ALLOW_UNSIGNED_ENVELOPES`, logged as a WARNING on every acceptance;
-2. the replay boundary on Redis TIME (`connector_host.replay`, `worker.trust.replay`);
+2. the replay boundary: stored young (against the JetStream stored time) and its state
+   still kept (on Redis TIME) (`connector_host.replay`, `worker.trust.replay`);
 3. identity directory (`connector_host.authentication`,
    `connector_host.credential_revision_denied`, `connector.hermes_agent.tenant_mismatch`);
    without a directory every Action is refused: governed execution fails closed;
@@ -114,6 +115,12 @@ class TrustGate:
         self.authority = authority
         self.allow_unsigned = allow_unsigned
         self.cancels = CancelAuthority(identities, authority)
+        #: Entries of each trust file skipped at load because they had expired (the worker
+        #: reports them as `trust_entries_expired`; the load logged each one).
+        self.expired_entries: Mapping[str, int] = {
+            "identity": identities.expired if identities is not None else 0,
+            "authority": authority.expired if authority is not None else 0,
+        }
         if allow_unsigned:
             log.warning(_UNSIGNED_WARNING)
         elif gateway_keys is None:
@@ -126,7 +133,8 @@ class TrustGate:
 
     @classmethod
     def from_settings(cls, settings: Settings, *, now_ms: int | None = None) -> TrustGate:
-        """Load the trust files; a missing, unsafe or invalid one stops startup.
+        """Load the trust files; a missing, unsafe or malformed one stops startup (an
+        expired entry is skipped, see `worker.trust.identities`).
 
         The error is a TrustConfigError naming the setting, the file and the bad entry.
         `now_ms` (default: this host's clock) decides which entries have already expired.
@@ -150,7 +158,9 @@ class TrustGate:
             identities=identities,
             authority=authority,
             allow_unsigned=settings.allow_unsigned_envelopes,
-            replay=ReplayWindow(settings.max_envelope_age_ms, settings.max_clock_skew_ms),
+            replay=ReplayWindow(
+                settings.max_envelope_age_ms, settings.max_clock_skew_ms, settings.result_ttl_ms
+            ),
         )
 
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
@@ -193,9 +203,15 @@ class TrustGate:
         endpoint: Endpoint,
         spec: OperationSpec,
         stores: Stores,
+        stored_at_ms: int | None = None,
+        deadline_unix_ms: int | None = None,
     ) -> AdmitDecision:
         """`admit` for an envelope whose signature the caller already verified (`signer` is
-        that result): the runtime verifies once, to decide DLQ or not, and never twice."""
+        that result): the runtime verifies once, to decide DLQ or not, and never twice.
+
+        `stored_at_ms` is when JetStream stored the envelope's message (the replay window is
+        judged against it, `worker.trust.replay`); `deadline_unix_ms` the runtime's
+        effective deadline, which the provider's `X-AIP-Deadline-Unix-Ms` header carries."""
         if self.identities is None:
             raise ConnectorError(
                 ErrorCode.HOST_AUTHENTICATION,
@@ -208,7 +224,7 @@ class TrustGate:
             # Read first (no effect) so its Redis TIME also decides the replay check: one
             # round trip for both. Its verdict still comes after identity, in order.
             recorded = await prefetch_record(stores.approvals, action.id, clock)
-        await self.replay.check(action.created_at_unix_ms, clock)
+        await self.replay.check(action.created_at_unix_ms, clock, stored_at_ms=stored_at_ms)
         identity = await self.identities.verify(action.identity, clock)
         check_route(action.capability, endpoint)
         await check_endpoint_tenant(endpoint, identity.tenant_id, clock)
@@ -236,7 +252,7 @@ class TrustGate:
             signer=signer,
             identity=identity,
             approval=approval,
-            headers=trusted_projection(action, identity),
+            headers=trusted_projection(action, identity, deadline_unix_ms=deadline_unix_ms),
         )
 
     async def authorize_cancel(

@@ -11,12 +11,18 @@ order (stop at the first failed layer):
 - `connector.hermes_agent.tenant_mismatch`: the claimed tenant is missing, extra, or not
   the directory's tenant for the principal.
 
-Revoked, expired, duplicate and zero-revision entries stop the worker at startup, so
-revoking a principal is removing its entry (or bumping its revision) and restarting.
+Revoked, duplicate and zero-revision entries stop the worker at startup, so revoking a
+principal is removing its entry (or bumping its revision) and restarting. An entry that has
+already expired is skipped with a warning (and counted, `trust_entries_expired`): it admits
+nothing either way, and an entry that expires on its own schedule must not make the next
+restart of every worker fail (a departure from the spec's "rejects expired entries",
+docs/security.md). Being skipped before the duplicate check, an expired entry may sit next
+to the renewed one for the same principal.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated
@@ -29,9 +35,11 @@ from schemas.ids import ShortText, UnixMs
 from worker.errors import ConnectorError, TrustConfigError
 from worker.secret_files import Secret
 from worker.store.clock import Clock
-from worker.trust.files import describe_principal, policy_records, read_policy_file
+from worker.trust.files import describe_principal, has_expired, policy_records, read_policy_file
 
 _WHAT = "trusted identity file"
+
+log = logging.getLogger(__name__)
 
 
 class SanitizedIdentity(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
@@ -74,8 +82,10 @@ def _refuse(code: ErrorCode, claimed: Identity, why: str) -> ConnectorError:
 class IdentityDirectory:
     """Principals by id, validated once at startup."""
 
-    def __init__(self, entries: dict[str, TrustedIdentity]) -> None:
+    def __init__(self, entries: dict[str, TrustedIdentity], *, expired: int = 0) -> None:
         self._entries = entries
+        #: Entries the file holds that had already expired at load, and were skipped.
+        self.expired = expired
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -93,10 +103,15 @@ class IdentityDirectory:
         policy = read_policy_file(path, what=_WHAT)
         entries: dict[str, TrustedIdentity] = {}
         index_of: dict[str, int] = {}
+        expired = 0
         for index, where, entry in policy_records(
             policy, path, what=_WHAT, noun="entry", record_type=_Entry
         ):
-            problem = _entry_problem(entry, now_ms)
+            if has_expired(entry.expires_at_unix_ms, now_ms) and _entry_problem(entry) is None:
+                expired += 1
+                log.warning("%s: has expired; skipped (remove or renew the entry)", where)
+                continue
+            problem = _entry_problem(entry)
             if problem is None and entry.principal_id in index_of:
                 problem = f"duplicate of entry {index_of[entry.principal_id]}"
             if problem is not None:
@@ -108,7 +123,7 @@ class IdentityDirectory:
                 )
             index_of[entry.principal_id] = index
             entries[entry.principal_id] = _trusted(entry)
-        return cls(entries)
+        return cls(entries, expired=expired)
 
     async def verify(self, claimed: Identity, clock: Clock) -> TrustedIdentity:
         """The directory's identity for the Action's claim; raises ConnectorError."""
@@ -153,13 +168,12 @@ class IdentityDirectory:
         return entry
 
 
-def _entry_problem(entry: _Entry, now_ms: int) -> str | None:
+def _entry_problem(entry: _Entry) -> str | None:
+    """What makes an entry malformed (it stops startup); expiry is not among them."""
     if entry.revision == 0:
         return "revision must be non-zero"
     if entry.revoked:
         return "is revoked; remove the entry"
-    if entry.expires_at_unix_ms is not None and entry.expires_at_unix_ms <= now_ms:
-        return "has expired; remove or renew the entry"
     return None
 
 

@@ -1,5 +1,6 @@
 -- Acquire an Action's lease.
--- KEYS[1] lease hash, KEYS[2] stored result, KEYS[3] cancel intent, KEYS[4] pending intents
+-- KEYS[1] lease hash, KEYS[2] stored result, KEYS[3] cancel intent, KEYS[4] pending intents,
+-- KEYS[5] stored terminal chunk, KEYS[6] stored owed chunks
 -- ARGV[1] owner token (unique per delivery attempt), ARGV[2] lease ttl ms, ARGV[3] key ttl ms,
 -- ARGV[4] request fingerprint (sha256 of the canonical request), ARGV[5] the Action's
 -- verified principal, ARGV[6] its tenant ('' for none), ARGV[7] its capability (recorded so
@@ -13,7 +14,10 @@
 -- Re-running it with the same owner token while it holds the lease returns the same grant,
 -- so a call whose reply was lost can be repeated to learn what happened.
 -- The first delivery records the request fingerprint; a later delivery of the same Action id
--- with another fingerprint is an idempotency collision and acquires nothing.
+-- with another fingerprint is an idempotency collision and acquires nothing, unless all the
+-- id holds is a refusal (settled with `refused`, no unsafe attempt ever recorded): a
+-- refused envelope claimed nothing of the id, so its refusal is cleared and this request
+-- acquires it (issue 24: a forgery refused first must not burn an approved id).
 -- Returns {status, fence, previous_owner, expires_at_ms, attempted_fence, cancel_requested,
 --   now_ms, cancel_pending} (now_ms: the Redis time of this step; cancel_pending: intents
 --   recorded before any worker knew the Action, for the new owner to authorize)
@@ -24,7 +28,12 @@ local cancel = redis.call('EXISTS', KEYS[3])
 local pending = redis.call('EXISTS', KEYS[4])
 local recorded = redis.call('HGET', KEYS[1], 'fingerprint')
 if recorded and recorded ~= ARGV[4] then
-  return {'collision', 0, '', 0, 0, cancel, now, pending}
+  if redis.call('HGET', KEYS[1], 'refused') ~= '1'
+     or tonumber(redis.call('HGET', KEYS[1], 'attempted_fence') or '0') ~= 0 then
+    return {'collision', 0, '', 0, 0, cancel, now, pending}
+  end
+  redis.call('DEL', KEYS[2], KEYS[5], KEYS[6])
+  redis.call('HDEL', KEYS[1], 'refused')
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then
   return {'settled', 0, '', 0, 0, cancel, now, pending}

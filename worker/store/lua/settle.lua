@@ -4,7 +4,9 @@
 -- KEYS[1] lease hash, KEYS[2] result, KEYS[3] terminal chunk, KEYS[4] owed chunks
 -- ARGV[1] owner token, ARGV[2] fence, ARGV[3] result JSON, ARGV[4] result ttl ms,
 -- ARGV[5] terminal chunk JSON, ARGV[6] owed chunks ('' for none: the chunks the bus refused
--- while the Action ran, newline-separated JSON, oldest first)
+-- while the Action ran, newline-separated JSON, oldest first), ARGV[7] '1' for a refusal
+-- that nothing was attempted for (recorded as `refused` in the lease: another request may
+-- still take the id, see lease_acquire.lua)
 -- Guarantees: only the current owner at the current fence can write; the result and its
 -- terminal chunk are written together and write-once (existing ones are returned, never
 -- replaced), so a republish of the result always has the chunk its last_chunk_sha256
@@ -31,4 +33,7 @@ if ARGV[6] ~= '' then
   redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[4])
 end
 redis.call('HSET', KEYS[1], 'owner', '', 'expires_at_ms', 0)
+if ARGV[7] == '1' then
+  redis.call('HSET', KEYS[1], 'refused', '1')
+end
 return {'settled', ARGV[3], ARGV[5], ARGV[6]}
