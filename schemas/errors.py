@@ -1,11 +1,11 @@
-"""ProtocolError, the table of every error code a worker may emit, and the wire layer's two
+"""ProtocolError, the table of every error code a worker may emit, and the wire layer's
 exceptions.
 
 Codes, categories and retry/uncertainty rules come from the connector's troubleshooting
 runbook (`connector.hermes_agent.*`) plus the envelope and host codes it names. The table is
 data so that the wire schema, the docs and the runtime read the same facts.
 
-Every other exception is in `worker/errors.py`; these two are here, under their own root,
+Every other exception is in `worker/errors.py`; these are here, under their own root,
 because `schemas/` and `subjects/` sit below `worker/` and import nothing from it:
 
     Exception
@@ -14,6 +14,8 @@ because `schemas/` and `subjects/` sit below `worker/` and import nothing from i
                              retryable, not uncertain; nothing of it ran
         InvalidEndpointId    an endpoint id outside the subject grammar: refused at start-up;
                              a ValueError too
+        BodyError            an AIP Envelope body that is not exactly one payload of its
+                             message type (`schemas.aip.messages.open_body`); a ValueError too
 """
 
 from __future__ import annotations
@@ -218,3 +220,8 @@ class EnvelopeRejected(WireError):
 
 class InvalidEndpointId(WireError, ValueError):
     """An endpoint id that cannot be normalized into the subject grammar."""
+
+
+class BodyError(WireError, ValueError):
+    """An AIP Envelope body that is not exactly one payload of its message type, or a payload
+    its closed type refuses (`schemas.aip.messages.open_body`)."""

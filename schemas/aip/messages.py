@@ -33,6 +33,7 @@ from schemas.aip.lifecycle import (
 from schemas.aip.manifest import Manifest, ManifestRequest
 from schemas.aip.result import ActionResult, ErrorBody
 from schemas.aip.stream import Ack, StreamChunk
+from schemas.errors import BodyError
 
 #: message_type → the one key of `body` (upstream `MessageType` / `MessageBody`).
 BODY_KEYS: Final[Mapping[str, str]] = {
@@ -132,10 +133,6 @@ PAYLOAD_TYPES: Final[Mapping[str, type[AipStruct]]] = {
 MESSAGE_TYPE_OF: Final[Mapping[type[AipStruct], str]] = {
     payload: message_type for message_type, payload in PAYLOAD_TYPES.items()
 }
-
-
-class BodyError(ValueError):
-    """A body that is not exactly one payload of the Envelope's message type."""
 
 
 def open_body(message_type: str, body: Any) -> AipStruct:

@@ -27,7 +27,13 @@ from worker.store.approvals import read_record
 from worker.store.connection import WriteConfirmation, open_redis
 from worker.store.ingress_store import IngressStore
 from worker.store.keys import ActionKeys, IngressKeys, approvals_key, capacity_key
-from worker.store.lease_store import AcquireStatus, ActionSubject, LeaseStore, SettleStatus
+from worker.store.lease_store import (
+    AcquireStatus,
+    ActionSubject,
+    ChunkHead,
+    LeaseStore,
+    SettleStatus,
+)
 from worker.store.operator_store import MarkStatus, OperatorStore, ReconcileStatus, WriteStatus
 from worker.store.scripts import all_script_names, script_source
 from worker.testing.identities import (
@@ -137,6 +143,9 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     renewals = await leases.renew_many(held, 5_000, budget_s=5)
     assert [r.still_held for r in renewals] == [True, True, True]
     assert await leases.mark_attempt(*held[1])
+    # The chunk chain's head (worker/execution/chunk_chain.py): recorded, then read back.
+    assert await leases.record_chunk_head(*held[1], ChunkHead(4, "ab" * 32, 9))
+    assert (await leases.chunk_chain(held[1][0])).head == ChunkHead(4, "ab" * 32, 9)
     assert await leases.release(*held[1])
 
     # Operator binding of the source: create, claim, bind, cancel flag, settle unknown.

@@ -187,7 +187,7 @@ async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
     order = ChunkSequencer()
     for data, _ in stored[:-1]:
         order.add(data, json.loads(data)["seq"])
-    with pytest.raises(UnverifiedResponse, match="two different chunks claim seq 3"):
+    with pytest.raises(UnverifiedResponse, match="claim seq 3: the chunk chain forks"):
         order.add(continuation, 3)
 
 

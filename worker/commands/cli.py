@@ -101,20 +101,22 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     subjects, policy = Subjects(settings.subject_prefix), stream_policy(settings)
     nc = await connect_nats_for_command(settings)
     try:
-        # Refused before anything is created (docs/operations.md, "Full disk").
+        # Refused before anything is created (docs/operations.md, "Full disk"). The store
+        # is asked first: a NATS without JetStream is then named as such (exit 3), not as a
+        # server below the minimum version.
+        wanted = wanted_streams(subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores)
+        store = await check_store(nc.jetstream(), wanted)
         problem = version_problem(nc.connected_server_version)
         if problem is not None:
             if not args.allow_nats_below_minimum:
                 print(f"refused: {problem} (or pass --allow-nats-below-minimum)", file=sys.stderr)
-                return 2
+                return Exit.CONFIGURATION
             print(f"warning: {problem}", file=sys.stderr)
-        wanted = wanted_streams(subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores)
-        store = await check_store(nc.jetstream(), wanted)
         print(store.describe(), file=sys.stderr)  # stdout stays one line per stream/consumer
         if store.shortfall and not args.allow_store_shortfall:
             print("refused: the JetStream store cannot hold the stream limits "
                   "(or pass --allow-store-shortfall)", file=sys.stderr)  # fmt: skip
-            return 2
+            return Exit.CONFIGURATION
         report = await provision(
             nc.jetstream(), subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores
         )

@@ -126,12 +126,13 @@ async def tool_use_through_gateway(ctx: Context, evidence: Evidence) -> str:
     url, token = ctx.gateway()
     first, second = ctx.endpoints(2)
     d = ctx.deployment
+    wanted = capability_id(second, CHILD_OPERATION)
     try:
-        listed = await call_tool(url, token, "aip_capabilities")
+        # Paged (docs/gateway.md): ask for the capabilities under the wanted one's prefix.
+        listed = await call_tool(url, token, "aip_capabilities", {"prefix": wanted})
     except McpHttpRefused as exc:
         expect(False, f"the gateway refused the driver's token (HTTP {exc.status})")
         raise
-    wanted = capability_id(second, CHILD_OPERATION)
     expect(wanted in str(listed.document), f"aip_capabilities does not list {wanted}")
     request, result = await _delegated(d, evidence, first, second)
     child_id = request.action.id

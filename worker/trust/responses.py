@@ -266,7 +266,7 @@ class ChunkSequencer:
         if seq < self.expected:
             if seq == self.expected - 1 and sha256_hex(data) != self._last_sha256:
                 raise UnverifiedResponse(
-                    f"two different chunks claim seq {seq}: one of them was forged"
+                    f"two different chunks claim seq {seq}: the chunk chain forks (one was forged)"
                 )
             return []
         if seq > self.expected:
