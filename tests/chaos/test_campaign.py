@@ -10,6 +10,7 @@ Longer campaigns: `./dev chaos --minutes N --seed S` (docs/reliability.md).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -36,6 +37,11 @@ async def test_the_short_seeded_campaign_breaks_no_guarantee(tmp_path: Path) -> 
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.skipif(
+    os.environ.get("AIPD_CHAOS_MUTATIONS") != "1",
+    reason="two more 20 s campaigns of 3 workers each, which starve the suite's real-Hermes "
+    "tests on 2 cores: run with AIPD_CHAOS_MUTATIONS=1 (or ./dev chaos --mutation NAME)",
+)
 @pytest.mark.parametrize(
     ("mutation", "rule"),
     [
