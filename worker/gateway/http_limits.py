@@ -57,6 +57,21 @@ def declared_length(scope: Scope) -> int | None:
     return None
 
 
+async def send_response(
+    send: Send,
+    status: int,
+    body: bytes,
+    content_type: bytes = b"application/json",
+    extra_headers: tuple[tuple[bytes, bytes], ...] = (),
+) -> None:
+    """One complete ASGI response: every answer the gateway writes itself goes out here."""
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send(
+        {"type": "http.response.start", "status": status, "headers": [*headers, *extra_headers]}
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
 async def too_large(send: Send, max_bytes: int) -> None:
     """413 with a typed body: the project's error code and the bound."""
     body = json.dumps(
@@ -68,18 +83,7 @@ async def too_large(send: Send, max_bytes: int) -> None:
             "max_bytes": max_bytes,
         }
     ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 413,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"connection", b"close"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, 413, body, extra_headers=((b"connection", b"close"),))
 
 
 async def bounded_body(
@@ -149,15 +153,4 @@ async def busy(send: Send, limit: int) -> None:
             "(AIPD_GATEWAY_MAX_REQUESTS); retry shortly",
         }
     ).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 503,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"retry-after", b"1"),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, 503, body, extra_headers=((b"retry-after", b"1"),))

@@ -29,7 +29,13 @@ from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
 from worker.errors import ConnectorError
 from worker.gateway.children import now_ms
-from worker.gateway.http_limits import InFlight, bounded_body, busy, lowercase_authority
+from worker.gateway.http_limits import (
+    InFlight,
+    bounded_body,
+    busy,
+    lowercase_authority,
+    send_response,
+)
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
 from worker.gateway.principals import Principal, Principals
 from worker.gateway.routes import RouteTable
@@ -380,33 +386,13 @@ class GatewayHttp:
 
 
 async def _respond(send: Send, status: int, body: bytes, content_type: str) -> None:
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", content_type.encode()),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await send_response(send, status, body, content_type.encode())
 
 
 async def _refuse(send: Send, status: int, error: str, description: str) -> None:
     body = json.dumps({"error": error, "error_description": description}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-                (b"www-authenticate", f'Bearer error="{error}"'.encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    authenticate = (b"www-authenticate", f'Bearer error="{error}"'.encode())
+    await send_response(send, status, body, extra_headers=(authenticate,))
 
 
 class QuietServer(uvicorn.Server):
