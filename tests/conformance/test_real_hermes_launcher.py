@@ -59,9 +59,16 @@ async def real_hermes(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def real_client(real_hermes: RealHermes) -> AsyncIterator[httpx.AsyncClient]:
-    """A client already holding the key (named apart from the conftest's fake/real `client`)."""
+    """A client already holding the key (named apart from the conftest's fake/real `client`).
+
+    Its timeout is a run's: on a loaded host the real Hermes can take over 10 s to answer a
+    request while ten runs start beside it (CI saw the eleventh run's 429 time out), and
+    these tests judge the answers, not their speed.
+    """
     headers = {"Authorization": f"Bearer {real_hermes.api_key}"}
-    async with httpx.AsyncClient(base_url=real_hermes.url, headers=headers, timeout=10.0) as http:
+    async with httpx.AsyncClient(
+        base_url=real_hermes.url, headers=headers, timeout=RUN_TIMEOUT_S
+    ) as http:
         yield http
 
 

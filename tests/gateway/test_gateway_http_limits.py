@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import time
@@ -112,23 +113,58 @@ async def _status(reader: asyncio.StreamReader) -> int:
 
 
 async def _oversized(port: int, *, chunked: bool, total: int = 200 * 1024 * 1024) -> int:
-    """Send a body of `total` bytes until the gateway answers; its status."""
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    """Send a body of `total` bytes until the gateway answers; its status.
+
+    A raw socket, not asyncio streams: the gateway answers 413 and closes while this side is
+    still sending, so the kernel resets the connection, and a stream transport that meets
+    the reset on a write drops the answer already received with it. The kernel keeps what
+    arrived before the reset readable, so the status line is read from the socket itself.
+    """
+    loop = asyncio.get_running_loop()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    await asyncio.wait_for(loop.sock_connect(sock, ("127.0.0.1", port)), 10)
     extra = "Transfer-Encoding: chunked\r\n" if chunked else f"Content-Length: {total}\r\n"
-    writer.write(_head(port, extra))
-    answer = asyncio.create_task(_status(reader))
     piece = b"x" * 65_536
-    sent = 0
+    frame = b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece
     try:
-        while sent < total and not answer.done():
-            writer.write(b"%x\r\n%s\r\n" % (len(piece), piece) if chunked else piece)
-            await asyncio.wait_for(writer.drain(), 10)
+        await asyncio.wait_for(loop.sock_sendall(sock, _head(port, extra)), 10)
+        sent = 0
+        while sent < total and not _answered(sock):
+            await asyncio.wait_for(loop.sock_sendall(sock, frame), 10)
             sent += len(piece)
     except (ConnectionError, TimeoutError):
         pass  # the gateway closed its side after answering: read what it said
-    status = await answer
-    writer.close()
-    return status
+    try:
+        return await asyncio.wait_for(_status_line(loop, sock), 30)
+    finally:
+        sock.close()
+
+
+def _answered(sock: socket.socket) -> bool:
+    """Whether the gateway has sent anything (or closed) without consuming it."""
+    try:
+        sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)  # data, or b"" at its close
+    except BlockingIOError:
+        return False
+    except ConnectionError:
+        return True
+    return True
+
+
+async def _status_line(loop: asyncio.AbstractEventLoop, sock: socket.socket) -> int:
+    """The status of the first response line on `sock` (0 when it closed without one)."""
+    received = b""
+    while b"\r\n" not in received:
+        try:
+            data = await loop.sock_recv(sock, 4096)
+        except ConnectionError:
+            data = b""
+        if not data:
+            break
+        received += data
+    line = received.split(b"\r\n", 1)[0]
+    return int(line.split()[1]) if line.startswith(b"HTTP/") else 0
 
 
 async def test_oversized_bodies_get_413_and_the_gateway_holds_no_more_than_the_bound(
