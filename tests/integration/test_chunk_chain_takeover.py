@@ -20,8 +20,9 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.api import PubAck
 
-from schemas.chunk import ChunkKind
+from schemas.chunk import ChunkKind, StreamChunk
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects, chunk_msg_id
 from subjects.provision import provision
@@ -36,7 +37,7 @@ from worker.store.connection import open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.testing.services import ServiceHandle
-from worker.trust.responses import ChunkSequencer
+from worker.trust.responses import ChunkChain, ChunkSequencer
 
 ENDPOINT = "h1"
 TTL_MS = 300
@@ -155,6 +156,60 @@ async def test_a_takeover_with_no_recorded_head_adopts_the_owner_s_chunks_from_s
     await _expire()
     second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
     assert second.next_seq == 3
+
+
+class _LosesFirstPublication(BusPublisher):
+    """The first publication of chunk `lost` never reaches the server (its confirmation
+    fails); the chunk stream sends it again at `confirm`, so it is stored after its
+    successors, as after a lost publish on a real bus."""
+
+    def __init__(self, nc: Client, lost: int) -> None:
+        super().__init__(nc.jetstream(), Subjects(), nc=nc)
+        self.lost: int | None = lost
+
+    async def chunk(
+        self,
+        chunk: StreamChunk,
+        data: bytes | None = None,
+        *,
+        subject: str | None = None,
+        sha256: str | None = None,
+        mac: str | None = None,
+    ) -> asyncio.Future[PubAck]:
+        if chunk.seq != self.lost:
+            return await super().chunk(chunk, data, subject=subject, sha256=sha256, mac=mac)
+        self.lost = None
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        future.set_exception(nats.errors.TimeoutError())
+        return future
+
+
+async def test_a_takeover_adopts_a_re_sent_chunk_stored_after_its_successors(
+    nc: Client, leases: LeaseStore
+) -> None:
+    """Stored in the order 0, 1, 3, 4, 2: the takeover walks the MAC-proven chunks in seq
+    order, continues after 4, and a reader of the whole stream meets no fork."""
+    keys = ActionKeys.of(new_action_id())
+    lossy = _LosesFirstPublication(nc, lost=2)
+    first = await _open(lossy, await _lease(leases, keys, "w1#a"), leases)
+    await _emit(first, 5)
+    await first.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert [json.loads(d)["seq"] for d in stored] == [0, 1, 3, 4, 2]
+    await _expire()
+
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    assert second.next_seq == 5
+    await second.emit(ChunkKind.DATA, {"n": 5})
+    await second.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert json.loads(stored[-1])["prev_sha256"] == _sha(stored[3])  # chunk 4
+    order, chain = ChunkSequencer(), ChunkChain()
+    for data in stored:
+        for released in order.add(data, json.loads(data)["seq"]):
+            chain.add(released)
+    assert (order.expected, chain.last_sha256) == (6, _sha(stored[-1]))
 
 
 async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
