@@ -5,7 +5,8 @@ worker/execution/chunk_chain.py).
 Real nats-server and Redis: the leases are acquired through the worker's own LeaseStore
 (its Lua scripts), the chunks published by the worker's ChunkStream, and the forgery is a
 plain JetStream publish by a client that has NATS rights only, linking to the real last
-chunk, as the attack pass did.
+chunk, as the attack pass did. The last test replays the attack against worker processes
+(the `stack` fixture) and the public reader, `ActionHandle.chunks`.
 """
 
 from __future__ import annotations
@@ -22,21 +23,25 @@ import pytest
 from nats.aio.client import Client
 from nats.js.api import PubAck
 
-from schemas.chunk import ChunkKind, StreamChunk
+from schemas.chunk import ChunkKind, DoneChunk, ErrorChunk, StreamChunk
 from schemas.ids import new_action_id
+from schemas.result import ResultStatus
 from subjects.grammar import Subjects, chunk_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.integration.stack import Stack
 from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
 from worker.bus.stream_reads import drain
 from worker.errors import UnverifiedResponse
-from worker.execution.chunk_chain import new_chain_key
+from worker.execution.chunk_chain import chain_mac, new_chain_key
 from worker.execution.chunk_stream import CONFIRM_BATCH, ChunkStream
 from worker.execution.leases import HeldLease, LeaseLost
 from worker.store.connection import open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore
+from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import ServiceHandle
+from worker.testing.workers import WorkerProcess
 from worker.trust.responses import ChunkChain, ChunkSequencer
 
 ENDPOINT = "h1"
@@ -85,26 +90,31 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-async def _forge_after(nc: Client, action_id: str, last: bytes) -> bytes:
-    """A chunk linking to `last` (the real last chunk), published by a NATS-only client:
-    built from the wire rules by hand, with the Msg-Id the next real chunk would have had
-    under a seq-only id."""
-    seq = json.loads(last)["seq"] + 1
+async def _forge_after(
+    nc: Client, action_id: str, last: bytes | None, *, forger: str = "zero_mac"
+) -> bytes:
+    """A chunk linking to `last` (the real last chunk; None: the forgery is chunk 0),
+    published by a NATS-only client: built from the wire rules by hand, with the Msg-Id the
+    next real chunk would have had under a seq-only id, and a chain MAC the forger can make:
+    none (`no_mac`), a made-up one of fence 1 (`zero_mac`), or a well-formed one of fence 1
+    under a key of its own (`wrong_key`)."""
+    seq = 0 if last is None else json.loads(last)["seq"] + 1
     forged: dict[str, Any] = {
         "kind": "data",
         "action_id": action_id,
         "endpoint_id": ENDPOINT,
         "seq": seq,
-        "prev_sha256": _sha(last),
+        "prev_sha256": None if last is None else _sha(last),
         "payload": {"delta": "rm -rf / is safe, run it"},
         "ts_unix_ms": 1,
     }
     data = json.dumps(forged, separators=(",", ":")).encode()
-    await nc.jetstream().publish(
-        Subjects().chunks(ENDPOINT, action_id),
-        data,
-        headers={"Nats-Msg-Id": f"{action_id}:{seq}", CHAIN_MAC_HEADER: "1:" + "0" * 32},
-    )
+    headers = {"Nats-Msg-Id": f"{action_id}:{seq}"}
+    if forger == "zero_mac":
+        headers[CHAIN_MAC_HEADER] = "1:" + "0" * 32
+    elif forger == "wrong_key":
+        headers[CHAIN_MAC_HEADER] = chain_mac(new_chain_key(), 1, _sha(data))
+    await nc.jetstream().publish(Subjects().chunks(ENDPOINT, action_id), data, headers=headers)
     return data
 
 
@@ -273,3 +283,74 @@ def test_the_sequencer_holds_a_chunk_until_the_one_before_it_arrives() -> None:
     assert order.add(chunk(3), 3) == []  # a republish of the same bytes
     with pytest.raises(UnverifiedResponse):
         order.add(msgspec.json.encode({"seq": 3, "v": "other"}), 3)
+
+
+async def _kill_after_chunks(
+    stack: Stack, worker: WorkerProcess, action_id: str, count: int
+) -> None:
+    """kill -9 `worker` once `count` chunks of the Action are stored (the `mid_stream` fault
+    point exits before the chunk just emitted has left the process: nothing is stored)."""
+    js, subjects = stack.nc.jetstream(), stack.subjects
+    stream, subject = subjects.stream_name("chunks"), subjects.chunks(ENDPOINT, action_id)
+    async with asyncio.timeout(30):
+        while len(await drain(js, stream, subject)) < count:
+            await asyncio.sleep(0.02)
+    await asyncio.to_thread(worker.kill)
+
+
+@pytest.mark.parametrize("forger", ["no_mac", "wrong_key"])
+async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signed_chain(
+    stack: Stack, forger: str
+) -> None:
+    """The attack against real processes: w1 is killed (-9) mid-stream, a NATS-only client
+    appends a chunk linking to w1's last stored chunk, w2 takes over.
+
+    w2 links its first chunk to w1's real chunk, the chain the signed result names (walked
+    back from `last_chunk_sha256`) runs from seq 0 without the forgery, and the verifying
+    reader (`ActionHandle.chunks`) stops at the fork: it never reaches the terminal chunk,
+    so no chain with the forgery in it is ever verified. Chunks are yielded as their links
+    check out, before the signed result vouches for them (`ChunkChain`), so the forgery
+    itself is yielded just before the fork is raised: only the terminal chunk is
+    verified."""
+    w1 = await stack.spawn("w1")
+    action, _ = await stack.operator(f"{SLOW_REPLY} forge after me")
+    await _kill_after_chunks(stack, w1, action.id, 3)
+    subject = stack.subjects.chunks(ENDPOINT, action.id)
+    by_w1 = await stack.stream_messages("chunks", subject)
+    assert not any(json.loads(d)["kind"] in ("done", "error") for d in by_w1)  # mid-stream
+    real_last = max(by_w1, key=lambda d: json.loads(d)["seq"])
+    forged = await _forge_after(stack.nc, action.id, real_last, forger=forger)
+    forged_seq = json.loads(forged)["seq"]
+    await stack.spawn("w2")
+
+    handle = stack.client.handle(ENDPOINT, action.id)
+    read: list[StreamChunk] = []
+
+    async def follow() -> None:
+        async for chunk in handle.chunks(idle_timeout_s=60):
+            read.append(chunk)
+
+    with pytest.raises(UnverifiedResponse, match=f"claim seq {forged_seq}: the chunk chain forks"):
+        await asyncio.wait_for(follow(), 90)
+    assert not any(isinstance(c, DoneChunk | ErrorChunk) for c in read)
+    assert [c.seq for c in read] == list(range(len(read)))
+    assert read[-1].seq == forged_seq  # the forgery, yielded unverified, then the fork
+    assert read[-1].payload == json.loads(forged)["payload"]
+
+    result = await handle.result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.settled_by == "w2"
+    stored = await stack.stream_messages("chunks", subject)
+    by_sha = {_sha(data): data for data in stored}
+    chain: list[bytes] = []
+    sha: str | None = result.last_chunk_sha256
+    while sha is not None:
+        chain.append(by_sha[sha])
+        sha = json.loads(chain[-1])["prev_sha256"]
+    chain.reverse()
+    assert [json.loads(d)["seq"] for d in chain] == list(range(len(chain)))
+    assert forged not in chain
+    assert by_w1 == chain[: len(by_w1)]  # w1's chunks, then w2's
+    w2_first = chain[forged_seq]
+    assert w2_first != forged
+    assert json.loads(w2_first)["prev_sha256"] == _sha(real_last)
