@@ -24,6 +24,7 @@ from nats.aio.client import Client
 from nats.js.api import PubAck
 
 from schemas.chunk import ChunkKind, DoneChunk, ErrorChunk, StreamChunk
+from schemas.codec import encode
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
 from subjects.grammar import Subjects, chunk_msg_id
@@ -310,8 +311,7 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
     reader (`ActionHandle.chunks`) stops at the fork: it never reaches the terminal chunk,
     so no chain with the forgery in it is ever verified. Chunks are yielded as their links
     check out, before the signed result vouches for them (`ChunkChain`), so the forgery
-    itself is yielded just before the fork is raised: only the terminal chunk is
-    verified."""
+    itself may be yielded (unverified) just before the fork is raised."""
     w1 = await stack.spawn("w1")
     action, _ = await stack.operator(f"{SLOW_REPLY} forge after me")
     await _kill_after_chunks(stack, w1, action.id, 3)
@@ -334,8 +334,7 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
         await asyncio.wait_for(follow(), 90)
     assert not any(isinstance(c, DoneChunk | ErrorChunk) for c in read)
     assert [c.seq for c in read] == list(range(len(read)))
-    assert read[-1].seq == forged_seq  # the forgery, yielded unverified, then the fork
-    assert read[-1].payload == json.loads(forged)["payload"]
+    assert len(read) <= forged_seq + 1  # nothing past the forgery's seq
 
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
@@ -354,3 +353,5 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
     w2_first = chain[forged_seq]
     assert w2_first != forged
     assert json.loads(w2_first)["prev_sha256"] == _sha(real_last)
+    # What the reader was given before the fork: w1's chunks, then (unverified) the forgery.
+    assert [encode(c) for c in read[:forged_seq]] == chain[:forged_seq]
