@@ -34,7 +34,7 @@ from tests.integration.stack import Stack
 from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
 from worker.bus.stream_reads import drain
 from worker.errors import UnverifiedResponse
-from worker.execution.chunk_chain import chain_mac, new_chain_key
+from worker.execution.chunk_chain import chain_mac, mac_is_valid, new_chain_key
 from worker.execution.chunk_stream import CONFIRM_BATCH, ChunkStream
 from worker.execution.leases import HeldLease, LeaseLost
 from worker.store.connection import open_redis
@@ -270,6 +270,44 @@ async def test_a_superseded_owner_cannot_record_the_head(nc: Client, leases: Lea
     record = await leases.chunk_chain(keys)
     assert record.head is None
     assert set(record.chain_keys) == {1, 2}
+
+
+async def test_a_superseded_owner_s_late_chunk_stays_off_the_chain(
+    nc: Client, leases: LeaseStore
+) -> None:
+    """An owner whose chunk passed its local lease check before it lost the lease (a
+    partition, docs/reliability.md bug 2) lands it after its successor's chunk at the same
+    seq: both are stored and both carry a valid MAC. The next takeover stays on the chain
+    stored first (the successor's), and a reader of the whole stream meets the fork."""
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    keys = ActionKeys.of(new_action_id())
+    first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
+    await _emit(first, 3)
+    await first.confirm()
+    await _expire()
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    await second.emit(ChunkKind.DATA, {"by": "w2"})
+    await second.confirm()
+    await first.emit(ChunkKind.DATA, {"by": "w1, late"})  # its local check still passes
+    await first.confirm()
+    with_headers = await _stored(nc, keys.action_id)
+    assert [json.loads(d)["seq"] for d, _ in with_headers] == [0, 1, 2, 3, 3]
+    late, late_headers = with_headers[4]
+    chain_keys = (await leases.chunk_chain(keys)).chain_keys
+    assert mac_is_valid(late_headers[CHAIN_MAC_HEADER], _sha(late), chain_keys, below_fence=3)
+    await _expire()
+
+    third = await _open(publisher, await _lease(leases, keys, "w3#c"), leases)
+    assert third.next_seq == 4
+    await third.emit(ChunkKind.DATA, {"by": "w3"})
+    await third.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert json.loads(stored[-1])["prev_sha256"] == _sha(stored[3])  # w2's chunk 3
+    order = ChunkSequencer()
+    for data in stored[:4]:
+        order.add(data, json.loads(data)["seq"])
+    with pytest.raises(UnverifiedResponse, match="claim seq 3: the chunk chain forks"):
+        order.add(late, 3)
 
 
 def test_the_sequencer_holds_a_chunk_until_the_one_before_it_arrives() -> None:
