@@ -5,7 +5,8 @@ worker/execution/chunk_chain.py).
 Real nats-server and Redis: the leases are acquired through the worker's own LeaseStore
 (its Lua scripts), the chunks published by the worker's ChunkStream, and the forgery is a
 plain JetStream publish by a client that has NATS rights only, linking to the real last
-chunk, as the attack pass did.
+chunk, as the attack pass did. The last test replays the attack against worker processes
+(the `stack` fixture) and the public reader, `ActionHandle.chunks`.
 """
 
 from __future__ import annotations
@@ -20,23 +21,29 @@ import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.js.api import PubAck
 
-from schemas.chunk import ChunkKind
+from schemas.chunk import ChunkKind, DoneChunk, ErrorChunk, StreamChunk
+from schemas.codec import encode
 from schemas.ids import new_action_id
+from schemas.result import ResultStatus
 from subjects.grammar import Subjects, chunk_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.integration.stack import Stack
 from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
 from worker.bus.stream_reads import drain
 from worker.errors import UnverifiedResponse
-from worker.execution.chunk_chain import new_chain_key
+from worker.execution.chunk_chain import chain_mac, mac_is_valid, new_chain_key
 from worker.execution.chunk_stream import CONFIRM_BATCH, ChunkStream
 from worker.execution.leases import HeldLease, LeaseLost
 from worker.store.connection import open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore
+from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import ServiceHandle
-from worker.trust.responses import ChunkSequencer
+from worker.testing.workers import WorkerProcess
+from worker.trust.responses import ChunkChain, ChunkSequencer
 
 ENDPOINT = "h1"
 TTL_MS = 300
@@ -84,26 +91,31 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-async def _forge_after(nc: Client, action_id: str, last: bytes) -> bytes:
-    """A chunk linking to `last` (the real last chunk), published by a NATS-only client:
-    built from the wire rules by hand, with the Msg-Id the next real chunk would have had
-    under a seq-only id."""
-    seq = json.loads(last)["seq"] + 1
+async def _forge_after(
+    nc: Client, action_id: str, last: bytes | None, *, forger: str = "zero_mac"
+) -> bytes:
+    """A chunk linking to `last` (the real last chunk; None: the forgery is chunk 0),
+    published by a NATS-only client: built from the wire rules by hand, with the Msg-Id the
+    next real chunk would have had under a seq-only id, and a chain MAC the forger can make:
+    none (`no_mac`), a made-up one of fence 1 (`zero_mac`), or a well-formed one of fence 1
+    under a key of its own (`wrong_key`)."""
+    seq = 0 if last is None else json.loads(last)["seq"] + 1
     forged: dict[str, Any] = {
         "kind": "data",
         "action_id": action_id,
         "endpoint_id": ENDPOINT,
         "seq": seq,
-        "prev_sha256": _sha(last),
+        "prev_sha256": None if last is None else _sha(last),
         "payload": {"delta": "rm -rf / is safe, run it"},
         "ts_unix_ms": 1,
     }
     data = json.dumps(forged, separators=(",", ":")).encode()
-    await nc.jetstream().publish(
-        Subjects().chunks(ENDPOINT, action_id),
-        data,
-        headers={"Nats-Msg-Id": f"{action_id}:{seq}", CHAIN_MAC_HEADER: "1:" + "0" * 32},
-    )
+    headers = {"Nats-Msg-Id": f"{action_id}:{seq}"}
+    if forger == "zero_mac":
+        headers[CHAIN_MAC_HEADER] = "1:" + "0" * 32
+    elif forger == "wrong_key":
+        headers[CHAIN_MAC_HEADER] = chain_mac(new_chain_key(), 1, _sha(data))
+    await nc.jetstream().publish(Subjects().chunks(ENDPOINT, action_id), data, headers=headers)
     return data
 
 
@@ -157,6 +169,60 @@ async def test_a_takeover_with_no_recorded_head_adopts_the_owner_s_chunks_from_s
     assert second.next_seq == 3
 
 
+class _LosesFirstPublication(BusPublisher):
+    """The first publication of chunk `lost` never reaches the server (its confirmation
+    fails); the chunk stream sends it again at `confirm`, so it is stored after its
+    successors, as after a lost publish on a real bus."""
+
+    def __init__(self, nc: Client, lost: int) -> None:
+        super().__init__(nc.jetstream(), Subjects(), nc=nc)
+        self.lost: int | None = lost
+
+    async def chunk(
+        self,
+        chunk: StreamChunk,
+        data: bytes | None = None,
+        *,
+        subject: str | None = None,
+        sha256: str | None = None,
+        mac: str | None = None,
+    ) -> asyncio.Future[PubAck]:
+        if chunk.seq != self.lost:
+            return await super().chunk(chunk, data, subject=subject, sha256=sha256, mac=mac)
+        self.lost = None
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        future.set_exception(nats.errors.TimeoutError())
+        return future
+
+
+async def test_a_takeover_adopts_a_re_sent_chunk_stored_after_its_successors(
+    nc: Client, leases: LeaseStore
+) -> None:
+    """Stored in the order 0, 1, 3, 4, 2: the takeover walks the MAC-proven chunks in seq
+    order, continues after 4, and a reader of the whole stream meets no fork."""
+    keys = ActionKeys.of(new_action_id())
+    lossy = _LosesFirstPublication(nc, lost=2)
+    first = await _open(lossy, await _lease(leases, keys, "w1#a"), leases)
+    await _emit(first, 5)
+    await first.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert [json.loads(d)["seq"] for d in stored] == [0, 1, 3, 4, 2]
+    await _expire()
+
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    assert second.next_seq == 5
+    await second.emit(ChunkKind.DATA, {"n": 5})
+    await second.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert json.loads(stored[-1])["prev_sha256"] == _sha(stored[3])  # chunk 4
+    order, chain = ChunkSequencer(), ChunkChain()
+    for data in stored:
+        for released in order.add(data, json.loads(data)["seq"]):
+            chain.add(released)
+    assert (order.expected, chain.last_sha256) == (6, _sha(stored[-1]))
+
+
 async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
     nc: Client, leases: LeaseStore
 ) -> None:
@@ -206,6 +272,44 @@ async def test_a_superseded_owner_cannot_record_the_head(nc: Client, leases: Lea
     assert set(record.chain_keys) == {1, 2}
 
 
+async def test_a_superseded_owner_s_late_chunk_stays_off_the_chain(
+    nc: Client, leases: LeaseStore
+) -> None:
+    """An owner whose chunk passed its local lease check before it lost the lease (a
+    partition, docs/reliability.md bug 2) lands it after its successor's chunk at the same
+    seq: both are stored and both carry a valid MAC. The next takeover stays on the chain
+    stored first (the successor's), and a reader of the whole stream meets the fork."""
+    publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
+    keys = ActionKeys.of(new_action_id())
+    first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
+    await _emit(first, 3)
+    await first.confirm()
+    await _expire()
+    second = await _open(publisher, await _lease(leases, keys, "w2#b"), leases)
+    await second.emit(ChunkKind.DATA, {"by": "w2"})
+    await second.confirm()
+    await first.emit(ChunkKind.DATA, {"by": "w1, late"})  # its local check still passes
+    await first.confirm()
+    with_headers = await _stored(nc, keys.action_id)
+    assert [json.loads(d)["seq"] for d, _ in with_headers] == [0, 1, 2, 3, 3]
+    late, late_headers = with_headers[4]
+    chain_keys = (await leases.chunk_chain(keys)).chain_keys
+    assert mac_is_valid(late_headers[CHAIN_MAC_HEADER], _sha(late), chain_keys, below_fence=3)
+    await _expire()
+
+    third = await _open(publisher, await _lease(leases, keys, "w3#c"), leases)
+    assert third.next_seq == 4
+    await third.emit(ChunkKind.DATA, {"by": "w3"})
+    await third.confirm()
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    assert json.loads(stored[-1])["prev_sha256"] == _sha(stored[3])  # w2's chunk 3
+    order = ChunkSequencer()
+    for data in stored[:4]:
+        order.add(data, json.loads(data)["seq"])
+    with pytest.raises(UnverifiedResponse, match="claim seq 3: the chunk chain forks"):
+        order.add(late, 3)
+
+
 def test_the_sequencer_holds_a_chunk_until_the_one_before_it_arrives() -> None:
     def chunk(seq: int) -> bytes:
         return msgspec.json.encode({"seq": seq, "v": seq})
@@ -218,3 +322,74 @@ def test_the_sequencer_holds_a_chunk_until_the_one_before_it_arrives() -> None:
     assert order.add(chunk(3), 3) == []  # a republish of the same bytes
     with pytest.raises(UnverifiedResponse):
         order.add(msgspec.json.encode({"seq": 3, "v": "other"}), 3)
+
+
+async def _kill_after_chunks(
+    stack: Stack, worker: WorkerProcess, action_id: str, count: int
+) -> None:
+    """kill -9 `worker` once `count` chunks of the Action are stored (the `mid_stream` fault
+    point exits before the chunk just emitted has left the process: nothing is stored)."""
+    js, subjects = stack.nc.jetstream(), stack.subjects
+    stream, subject = subjects.stream_name("chunks"), subjects.chunks(ENDPOINT, action_id)
+    async with asyncio.timeout(30):
+        while len(await drain(js, stream, subject)) < count:
+            await asyncio.sleep(0.02)
+    await asyncio.to_thread(worker.kill)
+
+
+@pytest.mark.parametrize("forger", ["no_mac", "wrong_key"])
+async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signed_chain(
+    stack: Stack, forger: str
+) -> None:
+    """The attack against real processes: w1 is killed (-9) mid-stream, a NATS-only client
+    appends a chunk linking to w1's last stored chunk, w2 takes over.
+
+    w2 links its first chunk to w1's real chunk, the chain the signed result names (walked
+    back from `last_chunk_sha256`) runs from seq 0 without the forgery, and the verifying
+    reader (`ActionHandle.chunks`) stops at the fork: it never reaches the terminal chunk,
+    so no chain with the forgery in it is ever verified. Chunks are yielded as their links
+    check out, before the signed result vouches for them (`ChunkChain`), so the forgery
+    itself may be yielded (unverified) just before the fork is raised."""
+    w1 = await stack.spawn("w1")
+    action, _ = await stack.operator(f"{SLOW_REPLY} forge after me")
+    await _kill_after_chunks(stack, w1, action.id, 3)
+    subject = stack.subjects.chunks(ENDPOINT, action.id)
+    by_w1 = await stack.stream_messages("chunks", subject)
+    assert not any(json.loads(d)["kind"] in ("done", "error") for d in by_w1)  # mid-stream
+    real_last = max(by_w1, key=lambda d: json.loads(d)["seq"])
+    forged = await _forge_after(stack.nc, action.id, real_last, forger=forger)
+    forged_seq = json.loads(forged)["seq"]
+    await stack.spawn("w2")
+
+    handle = stack.client.handle(ENDPOINT, action.id)
+    read: list[StreamChunk] = []
+
+    async def follow() -> None:
+        async for chunk in handle.chunks(idle_timeout_s=60):
+            read.append(chunk)
+
+    with pytest.raises(UnverifiedResponse, match=f"claim seq {forged_seq}: the chunk chain forks"):
+        await asyncio.wait_for(follow(), 90)
+    assert not any(isinstance(c, DoneChunk | ErrorChunk) for c in read)
+    assert [c.seq for c in read] == list(range(len(read)))
+    assert len(read) <= forged_seq + 1  # nothing past the forgery's seq
+
+    result = await handle.result(timeout_s=60)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert result.settled_by == "w2"
+    stored = await stack.stream_messages("chunks", subject)
+    by_sha = {_sha(data): data for data in stored}
+    chain: list[bytes] = []
+    sha: str | None = result.last_chunk_sha256
+    while sha is not None:
+        chain.append(by_sha[sha])
+        sha = json.loads(chain[-1])["prev_sha256"]
+    chain.reverse()
+    assert [json.loads(d)["seq"] for d in chain] == list(range(len(chain)))
+    assert forged not in chain
+    assert by_w1 == chain[: len(by_w1)]  # w1's chunks, then w2's
+    w2_first = chain[forged_seq]
+    assert w2_first != forged
+    assert json.loads(w2_first)["prev_sha256"] == _sha(real_last)
+    # What the reader was given before the fork: w1's chunks, then (unverified) the forgery.
+    assert [encode(c) for c in read[:forged_seq]] == chain[:forged_seq]

@@ -114,7 +114,8 @@ async def test_a_forged_result_published_first_is_not_returned(stack: Stack, for
 async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("models")
-    # Published before the worker's own chunk 0, under its Msg-Id: the real one is dropped.
+    # Published before the worker's own chunk 0, under the seq-only Msg-Id chunks used to
+    # have: with content-bound ids both are stored, and the reader meets two chunks at seq 0.
     forged = make_chunk(
         ChunkKind.DATA,
         action_id=action.id,
@@ -129,7 +130,7 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
         headers={"Nats-Msg-Id": f"{action.id}:0"},
     )
     handle = await stack.publish(action)
-    with pytest.raises(UnverifiedResponse, match="chain"):
+    with pytest.raises(UnverifiedResponse, match="claim seq 0: the chunk chain forks"):
         async for _ in handle.chunks(idle_timeout_s=20):
             pass
     assert (await handle.result(timeout_s=20)).status is ResultStatus.COMPLETED

@@ -106,7 +106,14 @@ async def continue_chain(
 ) -> ChainStart:
     """Where the delivery at `fence` continues the Action's chunk chain (module docstring):
     after the recorded head, extended by the chunks after it that link on and carry an
-    earlier fence's valid MAC, in stream order; everything else on the subject is ignored."""
+    earlier fence's valid MAC; everything else on the subject is ignored.
+
+    The candidates are walked in seq order, not stream order: a chunk whose first
+    publication was lost is sent again later and stored after its successors
+    (`ChunkStream._confirm_oldest`), and a walk in stream order would stop there and fork
+    the chain from genuine chunks. Where two candidates claim one seq and both link on (a
+    superseded owner's late chunks beside its successor's), the one stored first is taken,
+    as a reader's `ChunkSequencer` does."""
     head = record.head
     next_seq, prev, stream_seq = (
         (head.seq + 1, head.sha256, head.stream_seq) if head is not None else (0, None, 0)
@@ -119,20 +126,28 @@ async def continue_chain(
         start_seq=stream_seq + 1,
         limit=SCAN_LIMIT,
     )
-    adopted = 0
+    # seq -> (prev_sha256, sha256, stream seq) of each MAC-proven chunk, in stream order.
+    candidates: dict[int, list[tuple[str | None, str, int]]] = {}
     for msg in tail:
         data = msg.data or b""
         try:
             link = _link_decoder.decode(data)
         except msgspec.DecodeError:
             continue
-        if link.seq != next_seq or link.prev_sha256 != prev:
+        if link.seq < next_seq:
             continue
         sha = hashlib.sha256(data).hexdigest()
         mac = (msg.headers or {}).get(CHAIN_MAC_HEADER)
         if not mac_is_valid(mac, sha, record.chain_keys, fence):
             continue
-        next_seq, prev, stream_seq = next_seq + 1, sha, msg.seq or stream_seq
+        candidates.setdefault(link.seq, []).append((link.prev_sha256, sha, msg.seq or 0))
+    adopted = 0
+    while (found := candidates.get(next_seq)) is not None:
+        linked = next((c for c in found if c[0] == prev), None)
+        if linked is None:
+            break
+        _, prev, stored_at = linked
+        next_seq, stream_seq = next_seq + 1, stored_at or stream_seq
         adopted += 1
     return ChainStart(next_seq, prev, stream_seq, adopted)
 

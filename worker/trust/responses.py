@@ -20,8 +20,9 @@ signature per provider event): each chunk carries `prev_sha256`, the hash of the
 before it, so the signed result anchors the whole chain. A consumer verifies each link as
 chunks arrive and the chain's end against the signed result (`ChunkChain`).
 
-The chain state is derivable from what is durable: a worker that takes an Action over reads
-the last chunk on the stream, hashes its bytes and continues from there.
+A worker that takes an Action over continues the chain from the head its predecessor
+recorded (fenced) and the chunks after it that carry a predecessor's chain MAC, never from
+whatever is last on the subject (`worker.execution.chunk_chain`).
 """
 
 from __future__ import annotations
@@ -165,9 +166,7 @@ def worker_trust(
         loaded = TrustedGatewayKeys.load(keys_file, what="AIPD_TRUSTED_WORKER_KEYS_FILE")
         keys.update({key: v for key in loaded if (v := loaded.get(key)) is not None})
     if signer is not None:
-        keys[signer.public_key] = nacl.signing.VerifyKey(
-            decode_user_public_key(signer.public_key)
-        )
+        keys[signer.public_key] = nacl.signing.VerifyKey(decode_user_public_key(signer.public_key))
     return TrustedGatewayKeys(keys) if keys else None
 
 
