@@ -37,6 +37,7 @@ from worker.testing.identities import (
     REVISION,
     USER_UNTENANTED,
 )
+from worker.testing.scenario import NEEDS_APPROVAL
 from worker.testing.services import free_port
 from worker.trust.signing import generate_keypair, write_seed_file
 
@@ -302,6 +303,21 @@ async def test_result_wait_on_the_wrong_endpoint_times_out_in_one_line(stack: St
     )  # fmt: skip
     assert code == Exit.OK, err
     assert json.loads(out)["status"] == "completed"
+
+
+async def test_a_result_that_requires_a_human_exits_7(stack: Stack) -> None:
+    """`requires_human` is neither done nor failed: a script must stop for a person."""
+    source = stack.action("operator", {"objective": f"{NEEDS_APPROVAL} tidy the files"})
+    await stack.approve(source)
+    await stack.spawn("w1")
+    paused = await (await stack.publish(source)).result(timeout_s=60)
+    assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
+    code, out, err = await cli(
+        stack, "result", source.id, "--endpoint", ENDPOINT,
+        "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    assert code == Exit.REQUIRES_HUMAN == 7, err
+    assert json.loads(out)["status"] == "requires_human"
 
 
 async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> None:
