@@ -132,9 +132,7 @@ def test_no_engine_and_not_root_is_one_reason_before_any_build() -> None:
     finally:
         shutil.rmtree(home, ignore_errors=True)
     assert done.returncode == 1, done.stderr
-    assert (
-        "containers: no Docker engine: none answers, and starting one needs root" in done.stderr
-    )
+    assert "containers: no Docker engine: none answers, and starting one needs root" in done.stderr
     assert (
         "deploy: no Docker engine answers (none answers, and starting one needs root)"
         in done.stderr
