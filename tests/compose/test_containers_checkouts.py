@@ -113,6 +113,12 @@ def test_two_checkouts_share_the_engine_and_one_down_leaves_the_other_running(
             assert _docker(env, "info").returncode == 0, err
         starts = sum(err.count("started dockerd") for _, err in outputs)
         assert starts <= 1, [err for _, err in outputs]
+        for env, (_, err) in zip(envs, outputs, strict=True):
+            # Where no registry answers (this machine, CI) the local images, and it says so.
+            if "no registry answers: building the images locally" in err:
+                assert env["AIP_NATS_IMAGE"].startswith("aip-hermes-local/"), err
+            else:
+                assert "using the public images" in err, err
         a_env, b_env = envs
         if any("private dockerd" in err for _, err in outputs):
             # Both joined the one private daemon; the later one names the earlier.

@@ -374,7 +374,7 @@ async def test_a_seed_file_others_may_read_is_named_with_its_chmod(
     )  # fmt: skip
     assert code == Exit.CONFIGURATION
     line = one_line(err)
-    assert str(seed) in line
+    assert f"{seed}: mode -rw-r--r-- lets group or others in" in line, line
     assert "chmod 600" in line
     assert await stored_actions(stack) == 0
 
