@@ -307,10 +307,9 @@ async def test_result_wait_on_the_wrong_endpoint_times_out_in_one_line(stack: St
 
 async def test_a_result_that_requires_a_human_exits_7(stack: Stack) -> None:
     """`requires_human` is neither done nor failed: a script must stop for a person."""
-    source = stack.action("operator", {"objective": f"{NEEDS_APPROVAL} tidy the files"})
-    await stack.approve(source)
     await stack.spawn("w1")
-    paused = await (await stack.publish(source)).result(timeout_s=60)
+    source, handle = await stack.operator(f"{NEEDS_APPROVAL} tidy the files")
+    paused = await handle.result(timeout_s=60)
     assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
     code, out, err = await cli(
         stack, "result", source.id, "--endpoint", ENDPOINT,
