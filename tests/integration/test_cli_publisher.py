@@ -37,6 +37,7 @@ from worker.testing.identities import (
     REVISION,
     USER_UNTENANTED,
 )
+from worker.testing.scenario import NEEDS_APPROVAL
 from worker.testing.services import free_port
 from worker.trust.signing import generate_keypair, write_seed_file
 
@@ -304,6 +305,20 @@ async def test_result_wait_on_the_wrong_endpoint_times_out_in_one_line(stack: St
     assert json.loads(out)["status"] == "completed"
 
 
+async def test_a_result_that_requires_a_human_exits_7(stack: Stack) -> None:
+    """`requires_human` is neither done nor failed: a script must stop for a person."""
+    await stack.spawn("w1")
+    source, handle = await stack.operator(f"{NEEDS_APPROVAL} tidy the files")
+    paused = await handle.result(timeout_s=60)
+    assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
+    code, out, err = await cli(
+        stack, "result", source.id, "--endpoint", ENDPOINT,
+        "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    assert code == Exit.REQUIRES_HUMAN == 7, err
+    assert json.loads(out)["status"] == "requires_human"
+
+
 async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> None:
     url = f"nats://127.0.0.1:{free_port()}"
     code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url)
@@ -358,7 +373,7 @@ async def test_a_seed_file_others_may_read_is_named_with_its_chmod(
     )  # fmt: skip
     assert code == Exit.CONFIGURATION
     line = one_line(err)
-    assert str(seed) in line
+    assert f"{seed}: mode -rw-r--r-- lets group or others in" in line, line
     assert "chmod 600" in line
     assert await stored_actions(stack) == 0
 

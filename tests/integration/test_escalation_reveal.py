@@ -16,6 +16,7 @@ from schemas.escalation import EscalationKind
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from tests.integration.test_escalations import cli, escalations
+from worker.commands.exit_codes import Exit
 from worker.store.keys import binding_key
 from worker.testing.identities import APPROVER_A, APPROVER_UNTENANTED
 from worker.testing.scenario import APPROVAL_COMMAND, NEEDS_APPROVAL
@@ -50,13 +51,13 @@ async def test_reveal_is_for_members_only_and_receipted(stack: Stack) -> None:
 
     # A member of another tenant: refused, nothing shown, nothing receipted.
     code, out, err = await cli(stack, *show, "--as", APPROVER_A, "--key", other_key)
-    assert code == 1, err
+    assert code == Exit.REFUSED, err
     assert "not revealed" in err, err
     assert "no approval membership for this tenant" in err, err
     assert APPROVAL_COMMAND not in out + err
     # The right principal with someone else's key: refused too.
     code, out, err = await cli(stack, *show, "--as", APPROVER_UNTENANTED, "--key", other_key)
-    assert code == 1, err
+    assert code == Exit.REFUSED, err
     assert "is not the key of" in err, err
     assert APPROVAL_COMMAND not in out + err
     assert not [

@@ -54,22 +54,37 @@ async def _all_go_to_the_healthy_worker(stack: Stack) -> None:
 
 
 @pytest.mark.parametrize(
-    ("missing", "reason"),
+    ("missing", "logged", "reason"),
     [
-        ("AIPD_WORKER_SIGNING_KEY_FILE", "cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE"),
-        ("AIPD_TRUSTED_GATEWAY_KEYS_FILE",
-         "cannot verify envelopes: AIPD_TRUSTED_GATEWAY_KEYS_FILE"),
-        ("AIPD_TRUSTED_IDENTITY_FILE", "cannot check identities: AIPD_TRUSTED_IDENTITY_FILE"),
+        (
+            "AIPD_WORKER_SIGNING_KEY_FILE",
+            "not serving: ",
+            "cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE",
+        ),
+        (
+            "AIPD_TRUSTED_GATEWAY_KEYS_FILE",
+            "not serving: ",
+            "cannot verify envelopes: AIPD_TRUSTED_GATEWAY_KEYS_FILE",
+        ),
+        (
+            "AIPD_TRUSTED_IDENTITY_FILE",
+            "not serving: ",
+            "cannot check identities: AIPD_TRUSTED_IDENTITY_FILE",
+        ),
+        # The endpoint's key is per endpoint: found by the key probe, logged with its id.
+        (
+            "AIPD_HERMES_API_KEY_FILE",
+            f"not serving {ENDPOINT}: ",
+            f"endpoint {ENDPOINT} has no API key (AIPD_HERMES_API_KEY_FILE",
+        ),
     ],
 )
 async def test_a_worker_missing_a_trust_piece_stays_unready_and_takes_nothing(
-    stack: Stack, missing: str, reason: str
+    stack: Stack, missing: str, logged: str, reason: str
 ) -> None:
     port = free_port()
-    bad = await stack.spawn(
-        "w-bad", wait=False, unset=(missing,), AIPD_METRICS_PORT=str(port)
-    )
-    await _until_log(bad, f"not serving: {reason}")
+    bad = await stack.spawn("w-bad", wait=False, unset=(missing,), AIPD_METRICS_PORT=str(port))
+    await _until_log(bad, logged + reason)
     await _until_log(bad, "health and metrics on")
     status, document = await _ready(port)
     assert status == 503
@@ -77,6 +92,25 @@ async def test_a_worker_missing_a_trust_piece_stays_unready_and_takes_nothing(
     assert any(r.startswith(reason) for r in document["reasons"]), document["reasons"]
     await _all_go_to_the_healthy_worker(stack)
     assert "bound to consumer" not in bad.log_text()
+
+
+async def test_governed_capabilities_without_an_authority_file_are_warned_of_at_start(
+    stack: Stack,
+) -> None:
+    """Without AIPD_APPROVAL_AUTHORITY_FILE the governed capabilities are refused one by one
+    (the operator docs say so): the worker still serves, and says so once, at start, naming
+    them -- a worker with the file says nothing of the kind."""
+    warning = "AIPD_APPROVAL_AUTHORITY_FILE is not set: the governed capabilities ("
+    without = await stack.spawn("w-none", unset=("AIPD_APPROVAL_AUTHORITY_FILE",))
+    await _until_log(without, warning)
+    [line] = [ln for ln in without.log_text().splitlines() if warning in ln]
+    named = line.split(warning, 1)[1].split(")", 1)[0].split(", ")
+    assert {"operator", "run_approval", "job_create"} <= set(named), line
+    assert "refused until an approval authority is configured" in line
+    with_file = await stack.spawn("w-auth")
+    result = await (await stack.publish(stack.action("models"))).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    assert "AIPD_APPROVAL_AUTHORITY_FILE is not set" not in with_file.log_text()
 
 
 async def test_a_key_hermes_refuses_shows_in_ready_and_nothing_is_taken(
@@ -130,7 +164,8 @@ async def test_an_unreachable_hermes_is_an_outage_reported_not_a_reason_to_unbin
     what is wrong."""
     port, closed = free_port(), free_port()
     worker = await stack.spawn(
-        "w1", AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}=http://127.0.0.1:{closed}",
+        "w1",
+        AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}=http://127.0.0.1:{closed}",
         AIPD_METRICS_PORT=str(port),
     )
     result = await (await stack.publish(stack.action("models"))).result(timeout_s=60)
@@ -156,8 +191,11 @@ async def test_a_key_file_fixed_on_disk_is_served_without_a_restart(
     key_file.chmod(0o600)
     port = free_port()
     worker = await stack.spawn(
-        "w1", wait=False, AIPD_HERMES_API_KEY_FILE=str(key_file),
-        AIPD_SERVING_PROBE_INTERVAL_S="1", AIPD_METRICS_PORT=str(port),
+        "w1",
+        wait=False,
+        AIPD_HERMES_API_KEY_FILE=str(key_file),
+        AIPD_SERVING_PROBE_INTERVAL_S="1",
+        AIPD_METRICS_PORT=str(port),
     )
     await _until_log(worker, "health and metrics on")
     status, document = await _ready(port)
@@ -194,8 +232,10 @@ async def test_a_key_file_that_turns_unreadable_blocks_its_endpoint(
     key_file.chmod(0o600)
     port = free_port()
     worker = await stack.spawn(
-        "w1", AIPD_HERMES_API_KEY_FILE=str(key_file),
-        AIPD_SERVING_PROBE_INTERVAL_S="1", AIPD_METRICS_PORT=str(port),
+        "w1",
+        AIPD_HERMES_API_KEY_FILE=str(key_file),
+        AIPD_SERVING_PROBE_INTERVAL_S="1",
+        AIPD_METRICS_PORT=str(port),
     )
     key_file.chmod(0o644)
     await _until_log(worker, "unbinding")

@@ -1,22 +1,27 @@
-"""Render `docs/configuration.md` from the Settings fields (drift-checked by a test)."""
+"""Render `docs/configuration.md` from the worker's `Settings` and the gateway's
+`GatewaySettings` fields (drift-checked by a test), so neither table can drift from what
+its process reads."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings
 
 from worker.commands.cli_settings import NO_FLAG
+from worker.gateway.settings import GatewaySettings
 from worker.settings import Settings
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 
 _HEADER = """# Configuration reference
 
-Generated from `worker/settings.py` by `aip-hermes-worker schemas export`; a test fails when
-this file and the code disagree. Every setting is an environment variable `AIPD_<NAME>` and a
-flag of `run` and `provision`; a flag wins over the variable. A bad value stops the process
-with a message naming the field.
+Generated from `worker/settings.py` and `worker/gateway/settings.py` by `aip-hermes-worker
+schemas export`; a test fails when this file and the code disagree. Every worker setting is an
+environment variable `AIPD_<NAME>` and a flag of `run` and `provision`; a flag wins over the
+variable. The gateway's settings are [below](#gateway). A bad value stops the process with a
+message naming the field.
 
 Secrets are only ever read from owner-only files (mode 600, regular, non-empty, < 64 KiB).
 `AIPD_HERMES_API_KEY` (a value) is accepted for compatibility with a startup warning, and has
@@ -27,9 +32,26 @@ no flag: a key is never accepted on the command line.
 """
 
 
+_GATEWAY_HEADER = """
+## Gateway
+
+`aip-hermes-worker gateway` takes no flags: it reads only these `AIPD_*` variables (its own
+model, so a worker never needs a gateway-only file), plus the `AIPD_NATS_*` credential files
+of the table above for its NATS connection. What they do in context: docs/gateway.md.
+
+| variable | default | meaning |
+|---|---|---|
+"""
+
+#: Defaults computed at start, by what they are made of.
+_COMPUTED = {"worker_id": "host-pid", "gateway_id": "`gw-{host}-{pid}`"}
+
+
 def _default(name: str, field: FieldInfo) -> str:
-    if name == "worker_id":
-        return "host-pid"
+    if name in _COMPUTED:
+        return _COMPUTED[name]
+    if field.is_required():
+        return "required"
     if field.default is None:
         return "-"
     value = field.default
@@ -40,13 +62,24 @@ def _default(name: str, field: FieldInfo) -> str:
     return f"`{value}`"
 
 
-def render() -> str:
+def _rows(model: type[BaseSettings], *, flags: bool) -> str:
     rows = []
-    for name, field in Settings.model_fields.items():
-        flag = "-" if name in NO_FLAG else f"`--{name.replace('_', '-')}`"
-        meaning = " ".join((field.description or "").split())
-        rows.append(f"| `AIPD_{name.upper()}` | {flag} | {_default(name, field)} | {meaning} |")
-    return _HEADER + "\n".join(rows) + "\n"
+    for name, field in model.model_fields.items():
+        cells = [f"`AIPD_{name.upper()}`"]
+        if flags:
+            cells.append("-" if name in NO_FLAG else f"`--{name.replace('_', '-')}`")
+        cells += [_default(name, field), " ".join((field.description or "").split())]
+        rows.append("| " + " | ".join(cells) + " |")
+    return "\n".join(rows) + "\n"
+
+
+def render() -> str:
+    return (
+        _HEADER
+        + _rows(Settings, flags=True)
+        + _GATEWAY_HEADER
+        + _rows(GatewaySettings, flags=False)
+    )
 
 
 def export(path: Path = DOC_PATH) -> Path:

@@ -285,7 +285,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
                     key_file=args.key, reason=args.reason,
                 )
             except ResolutionRefused as exc:
-                return _fail(EXIT_FAILED, str(exc))
+                # Refused like a resolution the approver may not make: not "no such record".
+                return _fail(Exit.REFUSED, str(exc))
             except TrustConfigError as exc:
                 return _fail(EXIT_CONFIG, str(exc))
     finally:

@@ -44,7 +44,7 @@ def check_member(
     settings: Settings, escalation: Escalation, *, as_principal: str, seed: bytes
 ) -> str:
     """The member's public key when `as_principal` may decide on this escalation and
-    `seed` is its key; `ResolutionRefused` (exit 1) otherwise."""
+    `seed` is its key; `ResolutionRefused` (exit 6, refused) otherwise."""
     if settings.approval_authority_file is None:
         raise TrustConfigError(
             "--reveal checks the approver against the approval authority: set "

@@ -34,8 +34,8 @@ class Exit(IntEnum):
     #: dead-lettered: then the code is REFUSED).
     TIMEOUT = 5
     #: Refused: the workers dead-lettered the Action, the CLI refused to publish or sign an
-    #: envelope the workers would refuse (unsigned, stale, malformed), or an approval or
-    #: resolution was refused.
+    #: envelope the workers would refuse (unsigned, stale, malformed), or an approval, a
+    #: resolution or a `--reveal` was refused.
     REFUSED = 6
     #: The Action ended `requires_human`: a person must answer an escalation first.
     REQUIRES_HUMAN = 7

@@ -28,77 +28,93 @@ def _split(value: str) -> tuple[str, ...]:
 
 
 class GatewaySettings(BaseSettings):
-    """`aip-hermes-worker gateway` configuration (every field is an `AIPD_*` variable)."""
+    """`aip-hermes-worker gateway` configuration (every field is an `AIPD_*` variable).
 
-    model_config = SettingsConfigDict(env_prefix="AIPD_", extra="ignore", frozen=True)
+    The docstring under each field is its documentation: `docs/configuration.md`
+    ("Gateway", generated and drift-checked) says the same thing."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AIPD_", extra="ignore", frozen=True, use_attribute_docstrings=True
+    )
 
     nats_url: str = "nats://127.0.0.1:4222"
-    #: Prefix of the gateway's reply inboxes (JetStream API replies, request replies). Under
-    #: least-privilege roles the only one its NATS user may subscribe to (compose:
-    #: `_INBOX_gateway`), so no other role reads what is delivered to it.
+    """NATS server URL(s), comma-separated; the connection uses the same `AIPD_NATS_*`
+    credential files a worker reads (the table above)."""
     nats_inbox_prefix: str = "_INBOX"
+    """Prefix of the gateway's reply inboxes (JetStream API replies, request replies). Under
+    least-privilege roles the only one its NATS user may subscribe to (compose:
+    `_INBOX_gateway`), so no other role reads what is delivered to it (docs/security.md,
+    "Roles")."""
     subject_prefix: str = "aip"
-    #: Where the MCP server (`/mcp`) and `/health`, `/ready`, `/metrics` listen.
+    """Subject prefix, the workers' own."""
     gateway_host: str = "127.0.0.1"
+    """Where the MCP server (`/mcp`) and `/health`, `/ready`, `/metrics` listen."""
     gateway_port: Annotated[int, Field(ge=0, le=65_535)] = 8080
-    #: The bearer principals: a JSON array of token hashes (never tokens), owner-only.
+    """The port of `gateway_host` (0: any free port)."""
     mcp_principals_file: Path
-    #: The gateway's nkey seed: signs child envelopes, store records and cancel requests.
+    """The bearer principals: a JSON array of token hashes (never tokens), owner-only
+    (docs/gateway.md, "Principals")."""
     gateway_signing_key_file: Path
-    #: Public keys (`U…`) of the workers whose signed results are a child's result, one per
-    #: line (the consumers' file, worker/trust/responses.py). Unset: results are believed
-    #: unverified (warned at start).
+    """The gateway's nkey seed (owner-only): signs child envelopes, store records and
+    cancel requests."""
     trusted_worker_keys_file: Path | None = None
-    #: Start without `trusted_worker_keys_file` and record child results unverified.
-    #: Development only (warned at start): by default a gateway without worker keys refuses
-    #: to start, since anyone who may publish on a results subject could answer for a child.
-    #: The same variable the worker's and escalation commands' dev escape uses.
+    """Public keys (`U…`) of the workers whose signed results are a child's result, one per
+    line (the consumers' file, worker/trust/responses.py). Required unless
+    `allow_unsigned_responses` (docs/gateway.md, "Verified child results")."""
     allow_unsigned_responses: bool = False
-    #: JSON object, capability-id prefix -> subject prefix; merged over the built-in
-    #: `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` (null removes an entry).
+    """Development only (warned at start): start without `trusted_worker_keys_file` and
+    record child results unverified. By default a gateway without worker keys refuses to
+    start, since anyone who may publish on a results subject could answer for a child. The
+    same variable the worker's and escalation commands' dev escape uses."""
     capability_routes: str | None = None
-    #: `Host` headers `/mcp` answers besides loopback ones (comma-separated; `name:port`, or
-    #: `name:*` for any port): the names Hermes instances on other hosts call the gateway by.
-    #: Any other Host gets 421 (the MCP SDK's DNS-rebinding protection).
+    """JSON object, capability-id prefix -> subject prefix; merged over the built-in
+    `cap:hermes_agent:{endpoint}:` -> `{prefix}.hermes.{endpoint}` (null removes an entry)."""
     mcp_allowed_hosts: str = ""
-    #: Scopes a token must hold to open an MCP session at all (comma-separated; may be empty).
+    """`Host` headers `/mcp` answers besides loopback ones (comma-separated; `name:port`, or
+    `name:*` for any port): the names Hermes instances on other hosts call the gateway by.
+    Any other Host gets 421 (the MCP SDK's DNS-rebinding protection)."""
     mcp_transport_scopes: str = ""
-    #: The protected-resource scopes this server supports; a tool whose scope is not listed
-    #: is refused to everyone (comma-separated).
+    """Scopes a token must hold to open an MCP session at all (comma-separated; may be
+    empty)."""
     mcp_supported_scopes: str = ",".join(PROTECTED_SCOPES)
-    #: Bound on the JSON of one `aip_call` contract.
+    """The protected-resource scopes this server supports; a tool whose scope is not listed
+    is refused to everyone (comma-separated)."""
     gateway_max_input_bytes: Annotated[int, Field(ge=1_024, le=8_388_608)] = 1_048_576
-    #: How long a child without `timeout_ms` is followed (and a sync call waits).
+    """Bound on the JSON of one `aip_call` contract."""
     gateway_call_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 300_000
-    #: How often the recovery sweep looks for children another gateway left unfinished.
+    """How long a child without `timeout_ms` is followed (and a sync call waits)."""
     gateway_recovery_interval_ms: Annotated[int, Field(ge=100, le=600_000)] = 2_000
-    #: A `queued` entry this old whose dispatch was never recorded is dispatched again
-    #: (same id, same `Nats-Msg-Id`: harmless if the first dispatch happened).
+    """How often the recovery sweep looks for children another gateway left unfinished."""
     gateway_redispatch_after_ms: Annotated[int, Field(ge=100, le=600_000)] = 3_000
-    #: Past a child's timeout, how long a missing result is waited for before the entry is
-    #: settled `failed` (deadline exceeded, outcome uncertain) and a cancel is sent.
+    """A `queued` entry this old whose dispatch was never recorded is dispatched again
+    (same id, same `Nats-Msg-Id`: harmless if the first dispatch happened)."""
     gateway_settle_grace_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 30_000
-    #: Sync `aip_call`s one principal may have waiting at once (and asynchronous children it
-    #: has followed in this process); one more is refused with `connector_host.capacity`
-    #: (retryable) before anything is enqueued.
+    """Past a child's timeout, how long a missing result is waited for before the entry is
+    settled `failed` (deadline exceeded, outcome uncertain) and a cancel is sent."""
     gateway_max_follows_per_principal: Annotated[int, Field(ge=1, le=100_000)] = 256
-    #: Bound on one HTTP request body to `/mcp`, enforced before the MCP SDK reads it: a
-    #: larger `Content-Length` is answered 413 at once, and a chunked body is cut off (413)
-    #: as soon as it passes the bound, so no more than this is ever held per request.
+    """Sync `aip_call`s one principal may have waiting at once (and asynchronous children it
+    has followed in this process); one more is refused with `connector_host.capacity`
+    (retryable) before anything is enqueued."""
     gateway_max_body_bytes: Annotated[int, Field(ge=4_096, le=16_777_216)] = 2_097_152
-    #: `/mcp` requests served at once; the next one is answered 503 at once
-    #: (`connector_host.capacity`, `Retry-After: 1`) while those in flight go on.
+    """Bound on one HTTP request body to `/mcp`, enforced before the MCP SDK reads it: a
+    larger `Content-Length` is answered 413 at once, and a chunked body is cut off (413)
+    as soon as it passes the bound, so no more than this is ever held per request."""
     gateway_max_requests: Annotated[int, Field(ge=1, le=100_000)] = 1_024
-    #: Open connections (uvicorn `limit_concurrency`): while more are open, every new
-    #: request gets a 503 at once (never a reset). Above `gateway_max_requests`, so idle
-    #: keep-alive connections do not starve requests.
+    """`/mcp` requests served at once; the next one is answered 503 at once
+    (`connector_host.capacity`, `Retry-After: 1`) while those in flight go on."""
     gateway_max_connections: Annotated[int, Field(ge=8, le=100_000)] = 4_096
-    #: The listening socket's accept backlog: connections the kernel queues before the
-    #: gateway accepts them (above it a connect may be refused by the kernel).
+    """Open connections (uvicorn `limit_concurrency`): while more are open, every new
+    request gets a 503 at once (never a reset). Above `gateway_max_requests`, so idle
+    keep-alive connections do not starve requests."""
     gateway_backlog: Annotated[int, Field(ge=16, le=65_535)] = 4_096
+    """The listening socket's accept backlog: connections the kernel queues before the
+    gateway accepts them (above it a connect may be refused by the kernel)."""
     gateway_id: str = Field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
+    """This gateway's name in its receipts (`worker_id`)."""
     log_format: Literal["json", "text"] = "json"
+    """`json` lines for machines, `text` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    """Lowest level logged."""
 
     @field_validator("nats_inbox_prefix")
     @classmethod

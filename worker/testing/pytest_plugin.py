@@ -129,18 +129,18 @@ def require_control(handle: ServiceHandle) -> None:
         service_unavailable(f"{handle.url} is not owned by the harness; this test controls it")
 
 
-def pytester_args() -> list[str]:
+def pytester_args(*, asyncio: bool = False) -> list[str]:
     """Arguments for `pytester.runpytest` that load this plugin exactly once.
 
     The plugin is opted into (`-p worker.testing.pytest_plugin`), never autoloaded; an
     installation that still registers it through a pytest11 entry point (an older release)
     already has it, and adding `-p` too would register it twice (an error). pytest-asyncio
-    is left out because the inner runs test the sync fixtures and need no event loop
-    configuration.
+    is left out unless `asyncio`: most inner runs test the sync fixtures and need no event
+    loop configuration; the run that tests the plugin's `asyncio_mode` default needs it.
     """
     entry_points = importlib.metadata.entry_points(group="pytest11")
     autoloaded = any(entry.value == __name__ for entry in entry_points)
-    return ["-p", "no:asyncio"] + ([] if autoloaded else ["-p", __name__])
+    return ([] if asyncio else ["-p", "no:asyncio"]) + ([] if autoloaded else ["-p", __name__])
 
 
 def pytest_configure(config: pytest.Config) -> None:
