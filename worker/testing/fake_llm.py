@@ -201,7 +201,8 @@ def answer_for(call: ChatCall) -> _Answer:
     if scenario.llm_error:
         return _Error(LLM_ERROR_MESSAGE)
     wants_tool = scenario.needs_approval or scenario.tool_echo
-    if wants_tool and not call.tool_results:
+    tool_calls = scenario.approvals if scenario.needs_approval else 1
+    if wants_tool and len(call.tool_results) < tool_calls:
         command = APPROVAL_COMMAND if scenario.needs_approval else ECHO_COMMAND
         return _ToolCall(TERMINAL_TOOL, {"command": command})
     if scenario.slow and not wants_tool:

@@ -18,6 +18,7 @@ from worker.qualify.objectives import (
     ECHO_COMMAND,
     LLM_ERROR,
     NEEDS_APPROVAL,
+    NEEDS_TWO_APPROVALS,
     SLOW_REPLY,
     TOOL_ECHO,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "ECHO_COMMAND",
     "LLM_ERROR",
     "NEEDS_APPROVAL",
+    "NEEDS_TWO_APPROVALS",
     "SLOW_REPLY",
     "TOOL_ECHO",
 ]
@@ -70,6 +72,9 @@ class Scenario:
     slow: bool
     llm_error: bool
     held: bool = False
+    #: How many times the approval command runs (each one a prompt): 1, or 2 with
+    #: NEEDS_TWO_APPROVALS.
+    approvals: int = 1
 
     @property
     def slow_delta_count(self) -> int:
@@ -85,6 +90,7 @@ def scenario_of(text: str) -> Scenario:
         slow=SLOW_REPLY in text or HELD_REPLY in text,
         llm_error=LLM_ERROR in text,
         held=HELD_REPLY in text,
+        approvals=2 if NEEDS_TWO_APPROVALS in text else 1,
     )
 
 
