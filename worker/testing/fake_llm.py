@@ -20,6 +20,8 @@ run events here as on the project's fake Hermes:
   `aip_call`: a call of the first (`prefix`: the capability), then (when it listed the
   capability) a sync `aip_call` on
   it, then `discover_call_final_text`.
+- AIP_LIST when the request offers `aip_capabilities`: one call of it per AIP_LIST_CALLS
+  entry, then a sentence with the length of each result.
 
 Requests without tools that do not stream are Hermes' auxiliary calls (titles and the like);
 they get a short plain answer whatever the input says, so they never add noise to a scenario.
@@ -46,6 +48,8 @@ from aiohttp import web
 from worker.testing.scenario import (
     AIP_CALL_TOOL,
     AIP_CAPABILITIES_TOOL,
+    AIP_LIST,
+    AIP_LIST_CALLS,
     APPROVAL_COMMAND,
     ECHO_COMMAND,
     OFF_CONTRACT,
@@ -194,6 +198,12 @@ def answer_for(call: ChatCall) -> _Answer:
             return _ToolCall(AIP_CALL_TOOL, {"arguments": delegated})
         text, failed = mcp_tool_outcome(call.tool_results[-1])
         return _Text(tuple(word_deltas(delegated_final_text(text, failed))))
+    if AIP_LIST in call.user_text and AIP_CAPABILITIES_TOOL in call.tool_names:
+        done = len(call.tool_results)
+        if done < len(AIP_LIST_CALLS):
+            return _ToolCall(AIP_CAPABILITIES_TOOL, dict(AIP_LIST_CALLS[done]))
+        sizes = ", ".join(str(len(r)) for r in call.tool_results)
+        return _Text(tuple(word_deltas(f"aip_capabilities results of {sizes} characters")))
     discover = discover_call_capability(call.user_text)
     if discover is not None and {AIP_CAPABILITIES_TOOL, AIP_CALL_TOOL} <= set(call.tool_names):
         return _discover_then_call(call, discover)

@@ -45,6 +45,11 @@ OFF_CONTRACT = "scenario-off-contract"
 #: `aip_capabilities`, then, if that listed the capability, `aip_call` on it (mode sync, empty
 #: input), then reports what the call returned (`discover_call_final_text`).
 AIP_DISCOVER_CALL = "scenario-aip-discover-call="
+#: The agent calls `aip_capabilities` once per entry of AIP_LIST_CALLS (the default page, then
+#: everything with schemas: the issue's 112 KB answer), then says only how long each result
+#: was; a test reads what reached the model from the fake LLM's recorded calls.
+AIP_LIST = "scenario-aip-list"
+AIP_LIST_CALLS: tuple[dict[str, Any], ...] = ({}, {"limit": 200, "include_schemas": True})
 
 
 SLOW_DELTAS = 40
