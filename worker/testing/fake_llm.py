@@ -7,7 +7,8 @@ run events here as on the project's fake Hermes:
 
 - plain: the reply `reply_text(input)`, streamed as `reply_deltas(input)`;
 - TOOL_ECHO / NEEDS_APPROVAL: first a `terminal` tool call (`ECHO_COMMAND` /
-  `APPROVAL_COMMAND`), then, once the request carries the tool result, the plain reply;
+  `APPROVAL_COMMAND`), then, once the request carries the tool result, the plain reply
+  (NEEDS_TWO_APPROVALS: the approval command a second time first, so Hermes asks twice);
 - SLOW_REPLY: `slow_deltas()` (SLOW_DELTAS deltas SLOW_DELTA_DELAY_S apart), so a run stays
   stoppable for a few seconds (HELD_REPLY: HELD_DELTAS deltas, a minute);
 - LLM_ERROR: HTTP 400, which Hermes treats as non-retryable and ends the run `run.failed`
