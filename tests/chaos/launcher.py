@@ -43,6 +43,9 @@ MUTATIONS = {
     # takes the claim over and sends `POST /v1/runs` again instead of settling
     # `operator_outcome_unknown`.
     "resend_unbound_start": "an unbound operator start claim is re-sent by the next owner",
+    # The approval ledger no longer sees that a generation was already answered: a second
+    # resume may claim a generation whose first command is claimed or applied, and send it.
+    "two_decisions_per_generation": "one approval generation may take several decisions",
 }
 
 
@@ -158,10 +161,23 @@ def _resend_unbound_start() -> None:
     start.StartFence._unknown = unknown  # type: ignore[method-assign]
 
 
+def _two_decisions_per_generation() -> None:
+    from worker.operator import resume
+
+    def answering(binding: Any, generation: int) -> list[Any]:
+        return []
+
+    resume._answering = answering
+
+
 def install_mutation(name: str) -> None:
     if name not in MUTATIONS:
         raise SystemExit(f"{MUTATION_ENV}: unknown mutation {name!r} (known: {sorted(MUTATIONS)})")
-    {"stale_settle": _stale_settle, "resend_unbound_start": _resend_unbound_start}[name]()
+    {
+        "stale_settle": _stale_settle,
+        "resend_unbound_start": _resend_unbound_start,
+        "two_decisions_per_generation": _two_decisions_per_generation,
+    }[name]()
     sys.stderr.write(f"chaos launcher: mutation {name} installed: {MUTATIONS[name]}\n")
 
 

@@ -37,6 +37,7 @@ from worker.testing.scenario import (
     HELD_REPLY,
     LLM_ERROR,
     NEEDS_APPROVAL,
+    NEEDS_TWO_APPROVALS,
     SLOW_REPLY,
     TOOL_ECHO,
     reply_text,
@@ -253,6 +254,29 @@ async def test_approval_once_runs_the_command_and_a_late_answer_is_not_active(
     late = await client.post(f"/v1/runs/{run_id}/approval", json={"choice": "once"})
     assert late.status_code == 409
     assert error_code(late) == ("run_not_active" if hermes.upstream else "approval_not_active")
+
+
+async def test_a_command_run_twice_asks_twice_and_each_once_answers_one_prompt(
+    client: httpx.AsyncClient,
+) -> None:
+    """The two-generation scenario of qualification item 5: a `once` decision approves one
+    command, so the same command again is a second prompt of the same run."""
+    run_id = await start_run(client, f"twice {NEEDS_TWO_APPROVALS}")
+    events, _ = await read_events(client, run_id, answer("once"))
+
+    prompt = ["tool.started", "approval.request", "approval.responded", "tool.completed"]
+    assert names(events) == [
+        *prompt,
+        *prompt,
+        "message.delta",
+        "reasoning.available",
+        "run.completed",
+    ]
+    assert [e["command"] for e in events if e["event"] == "approval.request"] == [
+        APPROVAL_COMMAND,
+        APPROVAL_COMMAND,
+    ]
+    assert (await status_of(client, run_id))["status"] == "completed"
 
 
 async def test_deny_still_ends_the_run_completed(client: httpx.AsyncClient) -> None:

@@ -28,6 +28,7 @@ from tests.integration.stack import Stack
 from worker.client import AipClient
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes import FakeHermes
+from worker.testing.fake_llm import mcp_tool_outcome
 from worker.testing.gateway import (
     directory_entry,
     gateway_env,
@@ -37,7 +38,7 @@ from worker.testing.gateway import (
     write_principals_file,
 )
 from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
-from worker.testing.scenario import AIP_DISCOVER_CALL
+from worker.testing.scenario import AIP_DISCOVER_CALL, AIP_LIST
 from worker.testing.services import ServiceHandle
 from worker.testing.workers import WorkerProcess
 
@@ -46,6 +47,8 @@ from .test_gateway_tools import SIX_TOOLS
 pytestmark = pytest.mark.real_hermes
 
 CHILD = "cap:hermes_agent:h2:models"
+#: Served by the fake Hermes `h2` (one worker): with the real h1, the issue's four endpoints.
+FAKE_ENDPOINTS = ("h2", "h3", "h4")
 H1 = hermes_principal_id("h1")
 
 
@@ -70,7 +73,9 @@ async def real_stack(
     principals = write_principals_file(trust_dir, [principal_entry(token, H1)])
     api_key, key_file = write_api_key_file(tmp_path)
     nc = await nats.connect(nats_server.url)
-    await provision(nc.jetstream(), Subjects(), ["h1", "h2"], StreamPolicy(ack_wait_s=15.0))
+    await provision(
+        nc.jetstream(), Subjects(), ["h1", *FAKE_ENDPOINTS], StreamPolicy(ack_wait_s=15.0)
+    )
     port = free_port()
     gateway = gateway_process(
         "g1", gateway_env(nats_server.url, principals, trust.seed_file, port), tmp_path
@@ -106,7 +111,12 @@ async def real_stack(
                     },
                 )
                 await stack.spawn("w-h1", AIPD_HERMES_ENDPOINTS=f"h1={real.url}")
-                await stack.spawn("w-h2", AIPD_HERMES_ENDPOINTS=f"h2={h2.url}")
+                # h3 and h4 on the same fake: four endpoints, the issue's listing.
+                await stack.spawn(
+                    "w-h2",
+                    AIPD_HERMES_ENDPOINTS=",".join(f"{e}={h2.url}" for e in FAKE_ENDPOINTS),
+                    AIPD_HERMES_SHARE_API_KEY="true",
+                )
                 yield RealStack(stack, gateway, h2, real)
             finally:
                 await real_cm.__aexit__(None, None, None)
@@ -151,3 +161,37 @@ async def test_hermes_discovers_a_capability_and_calls_it_through_the_gateway(
     audit = await stack.stream_messages("audit", "aip.hermes._gateway.audit.*")
     tools = {msgspec.json.decode(m)["details"]["tool"] for m in audit}
     assert "aip_capabilities" in tools
+
+
+async def test_a_default_capabilities_page_reaches_the_model_whole(real_stack: RealStack) -> None:
+    """The issue's measurement, again through the real Hermes: the whole listing with every
+    schema is more than Hermes keeps of one tool result, so the model got a 1.9 KB preview;
+    a default page (20 entries, no schemas) reaches the model whole. Four endpoints: the real
+    h1 and the fake h2, h3, h4."""
+    from worker.testing.real_hermes import RealHermes
+
+    real = real_stack.real
+    assert isinstance(real, RealHermes)
+    _, handle = await real_stack.stack.operator(f"{AIP_LIST} list what you can call")
+    result = await handle.result(timeout_s=120)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    (last,) = [c for c in real.llm.calls if len(c.tool_results) == 2]
+    page, everything = last.tool_results
+    # Hermes keeps a result whole up to its per-result budget (tools/budget_config.py in
+    # 0.19: 15 % of the model's context in characters, at least 8,000); beyond it the model
+    # gets a 1,500-character preview and a file path.
+    text, failed = mcp_tool_outcome(page)
+    assert not failed
+    document = json.loads(text)  # whole: it parses, all 20 entries and the cursor are there
+    assert len(document["capabilities"]) == 20
+    assert document["next_cursor"] == 20
+    # Four endpoints with every schema: past the budget of the fake model's 131,072-token
+    # context (78,643 characters), so the model sees a preview (the issue's 1.9 KB) and a
+    # note that the rest was persisted, or here, in a sandbox it cannot write, dropped.
+    assert "persisted-output" in everything or "[Truncated: tool response was" in everything
+    assert len(everything) < 4_096
+    print(
+        f"through the real Hermes 0.19.0: the default page reached the model whole, {len(page)} "
+        f"characters ({len(text)} of them the answer); the whole listing with schemas as a "
+        f"preview of {len(everything)}"
+    )

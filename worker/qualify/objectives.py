@@ -14,6 +14,10 @@ from __future__ import annotations
 TOOL_ECHO = "scenario-tool-echo"
 #: The agent calls `terminal` with `chmod 777 …`, which Hermes holds for approval (manual mode).
 NEEDS_APPROVAL = "scenario-needs-approval"
+#: As NEEDS_APPROVAL (the word contains it), then the same command once more after the first
+#: decision: Hermes asks twice in one run (approval generations 1 and 2; a `once` decision
+#: approves one command only).
+NEEDS_TWO_APPROVALS = NEEDS_APPROVAL + "-twice"
 #: The reply is streamed slowly (`worker.testing.scenario.SLOW_DELTAS` deltas,
 #: `SLOW_DELTA_DELAY_S` apart): runs can be stopped.
 SLOW_REPLY = "scenario-slow-reply"
@@ -29,6 +33,10 @@ PLAIN = "Reply with one short sentence saying that the qualification run reached
 TOOL = f"Use the terminal tool to run `{ECHO_COMMAND}`, then say what it printed. {TOOL_ECHO}"
 APPROVAL = (
     f"Use the terminal tool to run `{APPROVAL_COMMAND}`, then say it is done. {NEEDS_APPROVAL}"
+)
+APPROVAL_TWICE = (
+    f"Use the terminal tool to run `{APPROVAL_COMMAND}`, then run exactly the same command a "
+    f"second time, then say it is done. {NEEDS_TWO_APPROVALS}"
 )
 SLOW = f"Write the words tick0 to tick39, slowly, one at a time. {SLOW_REPLY}"
 #: A real model cannot be told to fail; the fake LLM answers this word with an HTTP 400.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 from schemas.action import Action
 from schemas.audit import Receipt, ReceiptEvent
@@ -23,10 +24,15 @@ from worker.operator.binding import session_id_for
 from worker.qualify.broken import Mode
 from worker.qualify.deployment import Deployment, Evidence, Outcome
 from worker.qualify.items import Context, expect, fail
-from worker.qualify.objectives import APPROVAL, FAILING, PLAIN, SLOW, TOOL
+from worker.qualify.objectives import APPROVAL, APPROVAL_TWICE, FAILING, PLAIN, SLOW, TOOL
 
 #: Copies of one Action published at once (item 2).
 COPIES = 4
+#: Distinct resumes published at once for one live approval generation (item 5).
+CONTENDERS = 4
+
+#: An approval ledger entry as the binding shows it: (resume Action id, state, generation).
+Command = tuple[str, str, int]
 
 
 def objective(text: str) -> dict[str, str]:
@@ -249,10 +255,25 @@ async def event_mapping(ctx: Context, evidence: Evidence) -> str:
 # --- item 5 ---------------------------------------------------------------------------------
 
 
+async def _ledger(d: Deployment, source: Action) -> tuple[dict[str, Any], list[Command]]:
+    """The source binding and its approval ledger as (resume id, state, generation)."""
+    binding = await d.binding(source.id)
+    expect(binding is not None, f"no binding for {source.id}")
+    assert binding is not None
+    commands = [
+        (c["resume_action_id"], c["state"], c["generation"])
+        for c in binding.get("approval_commands") or []
+    ]
+    return binding, commands
+
+
 async def approval_replay(ctx: Context, evidence: Evidence) -> str:
+    """A run that asks twice: generation 1 answered, then, while generation 2 is live, the
+    answered resume replayed (nothing may reach Hermes) and CONTENDERS new resumes at once
+    (exactly one may answer generation 2: one decision per generation)."""
     (endpoint_id,) = ctx.endpoints(1)
     d = ctx.deployment
-    source = await d.outcome(d.action(endpoint_id, "operator", objective(APPROVAL)))
+    source = await d.outcome(d.action(endpoint_id, "operator", objective(APPROVAL_TWICE)))
     evidence.action(source.action.id)
     evidence.run(source.run_id)
     expect(
@@ -271,45 +292,69 @@ async def approval_replay(ctx: Context, evidence: Evidence) -> str:
     answered = await d.outcome(first)
     evidence.action(first.id)
     expect(
-        answered.result.status is ResultStatus.COMPLETED,
-        f"resume {first.id} ended {answered.result.status.value} {answered.error_code}",
+        answered.result.status is ResultStatus.REQUIRES_HUMAN,
+        f"resume {first.id} ended {answered.result.status.value} {answered.error_code}, "
+        "not requires_human (Hermes' second prompt, generation 2)",
     )
-    # The exact resume again, past the duplicate window: its stored result, no second command.
+    binding, commands = await _ledger(d, source.action)
+    live = (binding["status"], binding.get("approval_generation"))
+    expect(
+        live == ("waiting_for_approval", 2) and commands == [(first.id, "applied", 1)],
+        f"after generation 1 the source is {live}, ledger {commands}",
+    )
+    # The answered resume again, past the duplicate window, while generation 2 is live: its
+    # stored result; it must not answer the later prompt.
     replay = await d.follow(first, await d.publish(first, dedupe=False))
     expect(
         replay.result.status is answered.result.status
         and replay.result.output == answered.result.output,
         f"replay of {first.id} answered {replay.result.status.value}, not the stored result",
     )
-    # A new resume for the answered generation must not reach Hermes.
-    late = resume("always")
-    refused = await d.outcome(late)
-    evidence.action(late.id)
+    binding, after_replay = await _ledger(d, source.action)
     expect(
-        refused.result.status is not ResultStatus.COMPLETED
-        or refused.result.output == answered.result.output,
-        f"a second resume {late.id} was applied: {refused.result.status.value}",
+        binding["status"] == "waiting_for_approval" and after_replay == commands,
+        f"the replay of {first.id} changed the source: {binding['status']}, {after_replay}",
     )
-    binding = await d.binding(source.action.id)
-    expect(binding is not None, f"no binding for {source.action.id}")
-    assert binding is not None
-    commands = binding.get("approval_commands") or []
+    # Generation 2, answered by several resumes at once (a late one meant for generation 1
+    # among them): one decision, the others refused or shown the source's outcome.
+    contenders = [resume("once") for _ in range(CONTENDERS)]
+    for action in contenders:
+        evidence.action(action.id)
+        await d.approve(action)
+    handles = await asyncio.gather(*(d.publish(action) for action in contenders))
+    outcomes = await asyncio.gather(
+        *(d.follow(action, handle) for action, handle in zip(contenders, handles, strict=True))
+    )
+    completed = [o for o in outcomes if o.result.status is ResultStatus.COMPLETED]
     expect(
-        [(c["resume_action_id"], c["state"], c["generation"]) for c in commands]
-        == [(first.id, "applied", 1)],
-        f"approval ledger of {source.action.id}: {commands}",
+        bool(completed),
+        "no resume of generation 2 completed the run: "
+        + ", ".join(f"{o.result.status.value} {o.error_code}" for o in outcomes),
+    )
+    _, ledger = await _ledger(d, source.action)
+    second = [c for c in ledger if c[2] == 2]
+    expect(
+        ledger[:1] == [(first.id, "applied", 1)]
+        and len(ledger) == 2
+        and len(second) == 1
+        and second[0][1] == "applied",
+        f"approval ledger of {source.action.id}: {ledger} (one decision per generation)",
     )
     sent = 0
-    for action_id in (first.id, late.id):
+    for action_id in (first.id, *(a.id for a in contenders)):
         receipts = await cite(d, evidence, endpoint_id, action_id, ReceiptEvent.APPROVAL_COMMAND)
         sent += count(receipts, ReceiptEvent.APPROVAL_COMMAND)
-    expect(sent == 1, f"{sent} approval commands sent to Hermes, not 1")
+    expect(sent == 2, f"{sent} approval commands sent to Hermes for 2 prompts")
     runs = await hermes_runs(d, endpoint_id, source.action)
     expect(runs == 1, f"Hermes holds {runs} runs for {source.action.id}")
-    answer = " ".join(filter(None, (refused.result.status.value, refused.error_code)))
+    await _matches_hermes(d, endpoint_id, completed[0], "completed")
+    others = sorted(
+        {" ".join(filter(None, (o.result.status.value, o.error_code))) for o in outcomes}
+    )
     return (
-        f"resume {first.id} applied generation 1 once; its replay returned the stored result; "
-        f"a later resume {late.id} for the answered generation sent nothing ({answer})"
+        f"resume {first.id} applied generation 1; replayed while generation 2 was live it "
+        f"returned its stored result and sent nothing; of {CONTENDERS} resumes for "
+        f"generation 2 at once, {second[0][0]} alone was applied ({', '.join(others)})"
     )
 
 

@@ -7,7 +7,8 @@ run events here as on the project's fake Hermes:
 
 - plain: the reply `reply_text(input)`, streamed as `reply_deltas(input)`;
 - TOOL_ECHO / NEEDS_APPROVAL: first a `terminal` tool call (`ECHO_COMMAND` /
-  `APPROVAL_COMMAND`), then, once the request carries the tool result, the plain reply;
+  `APPROVAL_COMMAND`), then, once the request carries the tool result, the plain reply
+  (NEEDS_TWO_APPROVALS: the approval command a second time first, so Hermes asks twice);
 - SLOW_REPLY: `slow_deltas()` (SLOW_DELTAS deltas SLOW_DELTA_DELAY_S apart), so a run stays
   stoppable for a few seconds (HELD_REPLY: HELD_DELTAS deltas, a minute);
 - LLM_ERROR: HTTP 400, which Hermes treats as non-retryable and ends the run `run.failed`
@@ -20,6 +21,8 @@ run events here as on the project's fake Hermes:
   `aip_call`: a call of the first (`prefix`: the capability), then (when it listed the
   capability) a sync `aip_call` on
   it, then `discover_call_final_text`.
+- AIP_LIST when the request offers `aip_capabilities`: one call of it per AIP_LIST_CALLS
+  entry, then a sentence with the length of each result.
 
 Requests without tools that do not stream are Hermes' auxiliary calls (titles and the like);
 they get a short plain answer whatever the input says, so they never add noise to a scenario.
@@ -46,6 +49,8 @@ from aiohttp import web
 from worker.testing.scenario import (
     AIP_CALL_TOOL,
     AIP_CAPABILITIES_TOOL,
+    AIP_LIST,
+    AIP_LIST_CALLS,
     APPROVAL_COMMAND,
     ECHO_COMMAND,
     OFF_CONTRACT,
@@ -194,6 +199,12 @@ def answer_for(call: ChatCall) -> _Answer:
             return _ToolCall(AIP_CALL_TOOL, {"arguments": delegated})
         text, failed = mcp_tool_outcome(call.tool_results[-1])
         return _Text(tuple(word_deltas(delegated_final_text(text, failed))))
+    if AIP_LIST in call.user_text and AIP_CAPABILITIES_TOOL in call.tool_names:
+        done = len(call.tool_results)
+        if done < len(AIP_LIST_CALLS):
+            return _ToolCall(AIP_CAPABILITIES_TOOL, dict(AIP_LIST_CALLS[done]))
+        sizes = ", ".join(str(len(r)) for r in call.tool_results)
+        return _Text(tuple(word_deltas(f"aip_capabilities results of {sizes} characters")))
     discover = discover_call_capability(call.user_text)
     if discover is not None and {AIP_CAPABILITIES_TOOL, AIP_CALL_TOOL} <= set(call.tool_names):
         return _discover_then_call(call, discover)
@@ -201,7 +212,8 @@ def answer_for(call: ChatCall) -> _Answer:
     if scenario.llm_error:
         return _Error(LLM_ERROR_MESSAGE)
     wants_tool = scenario.needs_approval or scenario.tool_echo
-    if wants_tool and not call.tool_results:
+    tool_calls = scenario.approvals if scenario.needs_approval else 1
+    if wants_tool and len(call.tool_results) < tool_calls:
         command = APPROVAL_COMMAND if scenario.needs_approval else ECHO_COMMAND
         return _ToolCall(TERMINAL_TOOL, {"command": command})
     if scenario.slow and not wants_tool:

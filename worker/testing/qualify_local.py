@@ -90,6 +90,9 @@ class LocalControl:
     #: (endpoint, fault point) -> the Action id it is armed for.
     faults: dict[tuple[str, str], str]
     workers: dict[str, WorkerProcess] = field(default_factory=dict)
+    #: What `python -m` runs for a worker: `worker`, or a test-tree wrapper of it (the
+    #: mutation test of item 5 plants a bug through `tests.chaos.launcher`).
+    module: str = "worker"
     _starts: int = 0
 
     def armed_fault(self, endpoint_id: str, point: str) -> str | None:
@@ -113,6 +116,7 @@ class LocalControl:
             env=self.envs[endpoint_id],
             log_dir=self.root,
             fault_points=fault_points,
+            module=self.module,
         )
         self.workers[endpoint_id] = worker
         await asyncio.to_thread(worker.start, wait_ready_s=WORKER_START_S)
@@ -163,10 +167,16 @@ def worker_env(
 
 @contextlib.asynccontextmanager
 async def local_deployment(
-    root: Path, *, nats_server: ServiceHandle | None = None, redis: ServiceHandle | None = None
+    root: Path,
+    *,
+    nats_server: ServiceHandle | None = None,
+    redis: ServiceHandle | None = None,
+    worker_module: str = "worker",
+    worker_extra_env: Mapping[str, str] | None = None,
 ) -> AsyncIterator[Local]:
     """Start everything (reusing `nats_server`/`redis` when given: tests own theirs), yield
-    the driver's context and control, stop everything on exit."""
+    the driver's context and control, stop everything on exit. `worker_module` and
+    `worker_extra_env` change how the workers are started (a test's planted bug)."""
     await asyncio.to_thread(root.mkdir, parents=True, exist_ok=True)
     async with contextlib.AsyncExitStack() as exits:
         if nats_server is None or redis is None:
@@ -227,6 +237,7 @@ async def local_deployment(
         _, keys[BROKEN] = write_api_key_file(root, f"{BROKEN}.key")
         urls = {e: hermes[e].url for e in ENDPOINTS} | {BROKEN: f"http://127.0.0.1:{broken_port}"}
         fault_id = new_action_id()
+        extra = dict(worker_extra_env or {})
         control = LocalControl(
             root=root,
             redis=redis,
@@ -236,15 +247,18 @@ async def local_deployment(
                     redis.url,
                     trust,
                     {e: (urls[e], keys[e]) for e in ("hermes-1", BROKEN)},
-                ),
+                )
+                | extra,
                 "hermes-2": worker_env(
                     nats_server.url,
                     redis.url,
                     trust,
                     {"hermes-2": (urls["hermes-2"], keys["hermes-2"])},
-                ),
+                )
+                | extra,
             },
             faults={("hermes-1", "after_post_run"): fault_id},
+            module=worker_module,
         )
         exits.callback(control.stop)
         await asyncio.gather(
@@ -292,8 +306,16 @@ async def qualify_locally(
     nats_server: ServiceHandle | None = None,
     redis: ServiceHandle | None = None,
     only: tuple[int, ...] = (),
+    worker_module: str = "worker",
+    worker_extra_env: Mapping[str, str] | None = None,
 ) -> Report:
-    async with local_deployment(root, nats_server=nats_server, redis=redis) as local:
+    async with local_deployment(
+        root,
+        nats_server=nats_server,
+        redis=redis,
+        worker_module=worker_module,
+        worker_extra_env=worker_extra_env,
+    ) as local:
         return await drive(local.ctx, record_path=record, topology=TOPOLOGY, only=only)
 
 

@@ -18,6 +18,7 @@ from worker.qualify.objectives import (
     ECHO_COMMAND,
     LLM_ERROR,
     NEEDS_APPROVAL,
+    NEEDS_TWO_APPROVALS,
     SLOW_REPLY,
     TOOL_ECHO,
 )
@@ -27,6 +28,7 @@ __all__ = [
     "ECHO_COMMAND",
     "LLM_ERROR",
     "NEEDS_APPROVAL",
+    "NEEDS_TWO_APPROVALS",
     "SLOW_REPLY",
     "TOOL_ECHO",
 ]
@@ -43,6 +45,11 @@ OFF_CONTRACT = "scenario-off-contract"
 #: `aip_capabilities`, then, if that listed the capability, `aip_call` on it (mode sync, empty
 #: input), then reports what the call returned (`discover_call_final_text`).
 AIP_DISCOVER_CALL = "scenario-aip-discover-call="
+#: The agent calls `aip_capabilities` once per entry of AIP_LIST_CALLS (the default page, then
+#: everything with schemas: the issue's 112 KB answer), then says only how long each result
+#: was; a test reads what reached the model from the fake LLM's recorded calls.
+AIP_LIST = "scenario-aip-list"
+AIP_LIST_CALLS: tuple[dict[str, Any], ...] = ({}, {"limit": 200, "include_schemas": True})
 
 
 SLOW_DELTAS = 40
@@ -70,6 +77,9 @@ class Scenario:
     slow: bool
     llm_error: bool
     held: bool = False
+    #: How many times the approval command runs (each one a prompt): 1, or 2 with
+    #: NEEDS_TWO_APPROVALS.
+    approvals: int = 1
 
     @property
     def slow_delta_count(self) -> int:
@@ -85,6 +95,7 @@ def scenario_of(text: str) -> Scenario:
         slow=SLOW_REPLY in text or HELD_REPLY in text,
         llm_error=LLM_ERROR in text,
         held=HELD_REPLY in text,
+        approvals=2 if NEEDS_TWO_APPROVALS in text else 1,
     )
 
 

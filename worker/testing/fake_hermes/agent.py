@@ -207,29 +207,33 @@ async def run_turn(text: str, gate: ApprovalGate | None) -> AsyncGenerator[Step,
         if scenario.tool_echo
         else None
     )
+    # The same command once more per further approval the scenario asks for (each a prompt of
+    # its own, as Hermes asks again after a `once` decision), as the project's fake LLM does.
     if command is not None:
-        calls = 2
-        call = ToolCall(new_call_id(), command)
-        yield ToolStarted(call)
-        started = asyncio.get_running_loop().time()
-        choice: str | None = None
-        dangerous = command == APPROVAL_COMMAND
-        if dangerous and gate is not None:
-            yield ApprovalRequested(call)
-            choice = await gate.wait()
-            if choice is not None:
-                yield ApprovalResolved(choice)
-        await asyncio.sleep(TOOL_DURATION_S)
-        result, error = _tool_result(command, choice, dangerous and gate is not None)
-        done = ToolCompleted(
-            call, result, round(asyncio.get_running_loop().time() - started, 3), error
-        )
-        tools.append(done)
-        yield done
-        messages.append(_tool_call_message(call))
-        messages.append(
-            {"role": "tool", "content": result, "tool_call_id": call.call_id, "tool_name": TOOL}
-        )
+        repeats = scenario.approvals if command == APPROVAL_COMMAND else 1
+        for _ in range(repeats):
+            calls += 1
+            call = ToolCall(new_call_id(), command)
+            yield ToolStarted(call)
+            started = asyncio.get_running_loop().time()
+            choice: str | None = None
+            dangerous = command == APPROVAL_COMMAND
+            if dangerous and gate is not None:
+                yield ApprovalRequested(call)
+                choice = await gate.wait()
+                if choice is not None:
+                    yield ApprovalResolved(choice)
+            await asyncio.sleep(TOOL_DURATION_S)
+            result, error = _tool_result(command, choice, dangerous and gate is not None)
+            done = ToolCompleted(
+                call, result, round(asyncio.get_running_loop().time() - started, 3), error
+            )
+            tools.append(done)
+            yield done
+            messages.append(_tool_call_message(call))
+            messages.append(
+                {"role": "tool", "content": result, "tool_call_id": call.call_id, "tool_name": TOOL}
+            )
     after_tool = command is not None
     # Same answers as the project's fake LLM: a slow reply is `tick0 … tick39`, and only
     # when no tool is involved.
