@@ -38,3 +38,9 @@ class ActionResult(WireStruct, kw_only=True, frozen=True):
     #: another envelope under the same id, copied onto this results subject, is refused by
     #: the gateway and by `AipClient`, which know the bytes they published.
     action_sha256: str | None = None
+    #: Set when this result is another Action's, returned because this Action carried the
+    #: same `idempotency_key` for the same capability, tenant and principal within the
+    #: key's TTL (AIP `collision_behavior: return_original_result`): the id of the Action
+    #: that ran. Status, output and error are that Action's; nothing was sent to Hermes for
+    #: this one (docs/guarantees.md "Idempotency keys").
+    original_action_id: ActionId | None = None

@@ -147,7 +147,10 @@ class Worker:
             url=settings.redis_url,
         )
         stores = self.stores = Stores.over(
-            redis, result_ttl_ms=settings.result_ttl_ms, health=health
+            redis,
+            result_ttl_ms=settings.result_ttl_ms,
+            idempotency_ttl_ms=settings.idempotency_ttl_ms,
+            health=health,
         )
         where = _redis_location(settings.redis_url)
         if not await health.wait_ready(settings.redis_startup_wait_s, what=where):

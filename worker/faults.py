@@ -28,6 +28,7 @@ ENV = "AIPD_FAULT_POINTS"
 #: Every point the runtime and the operator pass through, in delivery order.
 POINTS = (
     "after_decode",
+    "after_idempotency_claim",
     "after_lease",
     "before_execute",
     "before_create",

@@ -65,6 +65,10 @@ class DeliveryOutcome(StrEnum):
     ANSWERED = "answered"
     #: A redelivery of an Action this very worker runs: acked with it when it settles.
     JOINED = "joined"
+    #: Its idempotency key is held by another Action: answered with that one's result.
+    REPLAYED = "replayed"
+    #: Its idempotency key's holder has not settled yet: nak'ed until it has.
+    WAITING = "waiting"
     #: The handler failed unexpectedly: nak'ed for a later redelivery.
     ERROR = "error"
     #: Redis was failing or near maxmemory: nak'ed (no new lease) for another worker.

@@ -462,3 +462,28 @@ def refusal_chunk(
         payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
     )
 
+
+
+def replay_chunk(
+    action_id: str,
+    endpoint_id: str,
+    status: ResultStatus,
+    error: ProtocolError | None,
+    original_action_id: str,
+    settled_at_ms: int,
+) -> StreamChunk:
+    """The whole chunk stream of an Action answered with the result of the Action holding
+    its idempotency key: one chunk at seq 0 (`error` for a failure, else `done`) naming
+    that Action; the original's chunks stay on its own subject."""
+    return make_chunk(
+        ChunkKind.ERROR if status is ResultStatus.FAILED else ChunkKind.DONE,
+        action_id=action_id,
+        endpoint_id=endpoint_id,
+        seq=0,
+        ts_unix_ms=settled_at_ms,
+        payload={
+            "status": status.value,
+            "error": msgspec.to_builtins(error),
+            "original_action_id": original_action_id,
+        },
+    )

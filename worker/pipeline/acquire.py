@@ -41,6 +41,10 @@ class Acquire:
         """True when `msg` got as far as an acquire (see the module docstring)."""
         return id(msg) in self._reached
 
+    def reach(self, msg: Msg) -> None:
+        """`msg` wrote state a redelivery repairs (an idempotency claim, the lease)."""
+        self._reached.add(id(msg))
+
     def forget(self, msg: Msg) -> None:
         """The delivery of `msg` is over."""
         self._reached.discard(id(msg))
@@ -53,7 +57,7 @@ class Acquire:
         source Action's keys."""
         rt = self.rt
         owner = f"{rt.worker_id}#{secrets.token_hex(6)}"
-        self._reached.add(id(delivery.msg))
+        self.reach(delivery.msg)
         if to_execute and delivery.keys.is_resume:
             await rt.stores.leases.remember_resume(delivery.keys)
         grant = await rt.stores.leases.acquire(

@@ -9,6 +9,8 @@
   request under the id clears it and takes the id (`lua/lease_acquire.lua`), so refusing
   a forgery first never uses the id up for the genuine envelope; a redelivery of the
   refused envelope itself meets its stored refusal.
+- `replay`: an Action whose idempotency key another Action holds gets that Action's result
+  (`worker.pipeline.idempotency`), settled under its own lease like a refusal.
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
@@ -25,6 +27,7 @@ import logging
 import secrets
 from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 
 from schemas.audit import ReceiptEvent
@@ -34,7 +37,7 @@ from schemas.ids import is_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.bus.dead_letters import Kept
 from worker.errors import Refusal, Rejected, attempted_before
-from worker.execution.chunk_stream import refusal_chunk
+from worker.execution.chunk_stream import refusal_chunk, replay_chunk
 from worker.metrics import DeliveryOutcome
 from worker.pipeline.acquire import Acquire
 from worker.pipeline.delivery import Delivery
@@ -132,7 +135,6 @@ class Answers:
             )
             await self.outbox.ack_all([delivery.msg])
             return
-        keys = delivery.keys
         owner, grant = await self.acquire(delivery, to_execute=False)
         cause = refusal.error
         if grant.attempted_fence:
@@ -160,31 +162,85 @@ class Answers:
             last_chunk_sha256=sha256_hex(chunk),
             action_sha256=sha256_hex(delivery.msg.data),
         )
-        result_bytes = encode(result)
         # Settled as a plain refusal (nothing attempted): another request under the id may
         # still take it (a forgery refused first does not burn an approved id, issue 24);
         # an uncertain one, after an earlier attempt, stands for good.
-        stored = await rt.stores.leases.settle(
-            keys, owner, grant.fence, result_bytes, chunk, refused=not grant.attempted_fence
+        if await self._settle(
+            delivery, owner, grant.fence, result, chunk, refused=not grant.attempted_fence
+        ):
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
+            rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
+
+    async def replay(self, delivery: Delivery, original: bytes, original_action_id: str) -> None:
+        """Answer an Action with the result of the Action that holds its idempotency key
+        (`worker.pipeline.idempotency`), settled under its own lease and fence with its own
+        one-chunk stream: the original's status, output and error, naming the original in
+        `original_action_id`. Nothing is sent to Hermes."""
+        rt = self.rt
+        action, endpoint_id = delivery.action, delivery.endpoint_id
+        owner, grant = await self.acquire(delivery, to_execute=False)
+        if not await self.without_lease(delivery, grant):
+            return
+        first = msgspec.json.decode(original, type=ActionResult)
+        # A holder answered with an earlier holder's result names that one: the Action
+        # that ran.
+        original_action_id = first.original_action_id or original_action_id
+        settled_at = now_ms()
+        chunk = encode(
+            replay_chunk(
+                action.id, endpoint_id, first.status, first.error, original_action_id, settled_at
+            )
+        )
+        result = ActionResult(
+            action_id=action.id,
+            capability=action.capability,
+            endpoint_id=endpoint_id,
+            status=first.status,
+            output=first.output,
+            error=first.error,
+            settled_by=rt.worker_id,
+            fence=grant.fence,
+            settled_at_unix_ms=settled_at,
+            last_chunk_sha256=sha256_hex(chunk),
+            action_sha256=sha256_hex(delivery.msg.data),
+            original_action_id=original_action_id,
+        )
+        if await self._settle(delivery, owner, grant.fence, result, chunk, refused=False):
+            rt.metrics.delivery(endpoint_id, DeliveryOutcome.REPLAYED)
+
+    async def _settle(
+        self,
+        delivery: Delivery,
+        owner: str,
+        fence: int,
+        result: ActionResult,
+        chunk: bytes,
+        *,
+        refused: bool,
+    ) -> bool:
+        """Settle an answer made without executing (its result and its one-chunk stream),
+        then publish it; True when this call settled it. An answer an earlier delivery
+        stored stands, published again only if the bus lacks it."""
+        action, endpoint_id = delivery.action, delivery.endpoint_id
+        result_bytes = encode(result)
+        stored = await self.rt.stores.leases.settle(
+            delivery.keys, owner, fence, result_bytes, chunk, refused=refused
         )
         if stored.status is SettleStatus.FENCED_OUT:
-            return
+            return False
         if stored.status is SettleStatus.EXISTS:
-            # An earlier delivery settled it (a refusal's reply lost, or a result): the
-            # stored answer stands, published again only if the bus lacks it.
             assert stored.stored is not None
             await self.outbox.republish(
                 [delivery.msg], action, endpoint_id,
                 Settled(stored.stored, stored.terminal, stored.owed),
             )
-            return
-        rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
-        rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
-        # Like every Action, a refused one ends its chunk stream before its result, so a
-        # consumer following the chunks learns the outcome too.
+            return False
+        # Like every Action, one answered without running ends its chunk stream before its
+        # result, so a consumer following the chunks learns the outcome too.
         await self.outbox.publish(
             [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk), result=result
         )
+        return True
 
     async def without_lease(self, delivery: Delivery, grant: LeaseGrant) -> bool:
         """Answer every acquire answer but ACQUIRED; True means: go on and execute."""

@@ -1,6 +1,8 @@
 """Steps 4-5 of docs/architecture.md §4: the lease, then the operation under it.
 
-`Leased.run` acquires the lease (any other answer is given by `Answers.without_lease`),
+`Leased.run` first lets an Action with an idempotency key claim it
+(`worker.pipeline.idempotency`: the key's holder runs, a later Action gets its result),
+then acquires the lease (any other answer is given by `Answers.without_lease`),
 opens the Action's chunk stream where it stands, runs the operation inside an `Execution`
 while the heartbeat renews the lease, and hands the outcome to the settle. A lost lease,
 found wherever it is found, arrives here as one `LeaseLost`: nothing is settled,
@@ -33,6 +35,7 @@ from worker.operations.base import Outcome
 from worker.pipeline.acquire import Acquire, subject_of
 from worker.pipeline.answers import Answers, quiet
 from worker.pipeline.delivery import Delivery, is_dependency_failure
+from worker.pipeline.idempotency import Idempotency
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.settle import Settle
 
@@ -45,6 +48,7 @@ class Leased:
         self.acquire = acquire
         self.answers = answers
         self.settle = Settle(rt, answers)
+        self.idempotency = Idempotency(rt, acquire, answers)
 
     async def run(self, delivery: Delivery) -> None:
         rt = self.rt
@@ -52,6 +56,8 @@ class Leased:
         assert ep is not None
         assert operation is not None
         action, endpoint_id = delivery.action, ep.endpoint.id
+        if action.idempotency_key is not None and not await self.idempotency.admit(delivery):
+            return
         owner, grant = await self.acquire(delivery)
         if not await self.answers.without_lease(delivery, grant):
             return

@@ -18,6 +18,7 @@ CAPACITY_NAMESPACE = "aip:connector:hermes_agent:capacity:v1"
 APPROVALS_PREFIX = "aip:approvals"
 ESCALATIONS_PREFIX = "aip:escalations"
 CHANNEL_NAMESPACE = "aip:connector:hermes_agent:channel:v1"
+IDEMPOTENCY_NAMESPACE = "aip:connector:hermes_agent:idempotency:v1"
 
 
 def _tag(action_id: str) -> str:
@@ -119,6 +120,15 @@ class IngressKeys:
             raise ValueError("not an ingress session id")
         base = f"{CHANNEL_NAMESPACE}:{{{endpoint_id}:{session_id}}}"
         return cls(lease=f"{base}:lease", cursor=f"{base}:cursor")
+
+
+def idempotency_key(scope_digest: str) -> str:
+    """The record of one idempotency key in its scope (`worker/pipeline/idempotency.py`
+    computes the digest). Its own `{idem_…}` tag: the record names its holder Action, whose
+    keys live in another slot, so no script ever touches both."""
+    if not re.fullmatch(r"[0-9a-f]{64}", scope_digest):
+        raise ValueError("not a scope digest")
+    return f"{IDEMPOTENCY_NAMESPACE}:{{idem_{scope_digest}}}"
 
 
 def binding_key(action_id: str) -> str:

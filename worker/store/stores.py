@@ -3,7 +3,8 @@
 Every part of the runtime that keeps state in Redis receives this one object instead of a
 raw client: the leases and results (`LeaseStore`), the operator's bindings, claims and
 capacity (`OperatorStore`), the approval records admission checks (`ApprovalRecords`),
-channel ingress's session leases and cursors (`IngressStore`), and the Redis clock trust
+channel ingress's session leases and cursors (`IngressStore`), the idempotency key
+records (`IdempotencyStore`), and the Redis clock trust
 decisions are made at (docs/architecture.md §5). Each store hashes its scripts once, here,
 rather than once per Action or in a registry keyed by client.
 """
@@ -16,6 +17,7 @@ from typing import Any
 from worker.store.approvals import ApprovalRecords
 from worker.store.clock import RedisClock
 from worker.store.health import StoreHealth
+from worker.store.idempotency_store import IdempotencyStore
 from worker.store.ingress_store import IngressStore
 from worker.store.lease_store import LeaseStore
 from worker.store.operator_store import OperatorStore
@@ -27,6 +29,7 @@ class Stores:
     operator: OperatorStore
     approvals: ApprovalRecords
     ingress: IngressStore
+    idempotency: IdempotencyStore
     #: The client itself, for the few parts that run plain commands of their own (the
     #: health probe, the escalation gauge) and for closing it.
     client: Any
@@ -37,6 +40,7 @@ class Stores:
         redis: Any,
         *,
         result_ttl_ms: int = 86_400_000,
+        idempotency_ttl_ms: int = 86_400_000,
         health: StoreHealth | None = None,
     ) -> Stores:
         """Every store over one client; `health` is the fetch gate acquires consult."""
@@ -45,6 +49,7 @@ class Stores:
             operator=OperatorStore(redis),
             approvals=ApprovalRecords(redis),
             ingress=IngressStore(redis),
+            idempotency=IdempotencyStore(redis, ttl_ms=idempotency_ttl_ms),
             client=redis,
         )
 

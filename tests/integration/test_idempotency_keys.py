@@ -1,0 +1,170 @@
+"""Idempotency keys as AIP defines them (docs/guarantees.md "Idempotency keys").
+
+An Action whose `idempotency_key` was seen for the same capability, tenant and principal
+within the key's TTL gets the first Action's result under its own id, naming it in
+`original_action_id`, and sends nothing to Hermes; the same key with another input is a
+collision. Real NATS, Redis and worker processes; the fake Hermes counts every request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from schemas.action import Action
+from schemas.result import ActionResult, ResultStatus
+from tests.integration.stack import ENDPOINT, Stack
+from worker.testing.fake_hermes import RouteDelay
+from worker.testing.fake_hermes.faults import RouteError
+from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
+
+CHAT = "POST /v1/chat/completions"
+COLLISION = "connector.hermes_agent.configuration_or_input"
+SHARED = {"AIPD_HERMES_SHARED_ENDPOINTS": ENDPOINT}
+
+
+def turn(text: str = "hello") -> dict[str, Any]:
+    return {"messages": [{"role": "user", "content": text}]}
+
+
+def keyed(stack: Stack, key: str, text: str = "hello", **kw: Any) -> Action:
+    return stack.action("chat_completions", turn(text), idempotency_key=key, **kw)
+
+
+async def answer(stack: Stack, action: Action, timeout_s: float = 30) -> ActionResult:
+    return await (await stack.publish(action)).result(timeout_s=timeout_s)
+
+
+def posts(stack: Stack) -> int:
+    assert stack.fake is not None
+    return stack.fake.stats().count(CHAT)
+
+
+def same_answer(replayed: ActionResult, first: ActionResult) -> None:
+    assert replayed.original_action_id == first.action_id
+    assert (replayed.status, replayed.output, replayed.error) == (
+        first.status,
+        first.output,
+        first.error,
+    )
+
+
+async def test_a_retry_under_a_new_id_returns_the_original_result_without_a_request(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    first = await answer(stack, keyed(stack, "key-retry"))
+    assert first.status is ResultStatus.COMPLETED, first.error
+    assert first.original_action_id is None
+    retry = keyed(stack, "key-retry")
+    replayed = await answer(stack, retry)
+    assert replayed.action_id == retry.id
+    same_answer(replayed, first)
+    assert posts(stack) == 1
+    assert len(await stack.results(retry.id)) == 1
+    chunks = await stack.chunks(retry.id)
+    assert [(c.seq, c.kind.value) for c in chunks] == [(0, "done")]
+    assert chunks[0].payload["original_action_id"] == first.action_id
+
+
+async def test_the_same_key_with_another_input_is_a_collision_and_sends_nothing(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    first = await answer(stack, keyed(stack, "key-collide", "one question"))
+    assert first.status is ResultStatus.COMPLETED, first.error
+    other = await answer(stack, keyed(stack, "key-collide", "another question"))
+    assert other.status is ResultStatus.FAILED
+    assert other.error is not None
+    assert other.error.code == COLLISION
+    assert "idempotency collision" in other.error.message
+    assert (other.error.retryable, other.error.uncertain_outcome) == (False, False)
+    assert other.original_action_id is None
+    assert posts(stack) == 1
+
+
+async def test_concurrent_holders_of_one_key_start_one_run_and_share_its_result(
+    stack: Stack,
+) -> None:
+    assert stack.fake is not None
+    stack.fake.faults.add(RouteDelay(route=CHAT, delay_s=2.0, times=1))
+    await stack.spawn("w1")
+    await stack.spawn("w2")
+    actions = [keyed(stack, "key-concurrent") for _ in range(3)]
+    handles = [await stack.publish(a) for a in actions]
+    results = await asyncio.gather(*(h.result(timeout_s=40) for h in handles))
+    ran = [r for r in results if r.original_action_id is None]
+    assert len(ran) == 1
+    assert ran[0].status is ResultStatus.COMPLETED, ran[0].error
+    for r in results:
+        if r is not ran[0]:
+            same_answer(r, ran[0])
+    assert posts(stack) == 1
+
+
+async def test_after_the_ttl_the_key_runs_again(stack: Stack) -> None:
+    await stack.spawn("w1", AIPD_IDEMPOTENCY_TTL_MS="1500")
+    first = await answer(stack, keyed(stack, "key-ttl"))
+    assert first.status is ResultStatus.COMPLETED, first.error
+    await asyncio.sleep(2.0)
+    second = await answer(stack, keyed(stack, "key-ttl"))
+    assert second.status is ResultStatus.COMPLETED, second.error
+    assert second.original_action_id is None
+    assert posts(stack) == 2
+
+
+async def test_a_tenant_cannot_read_another_tenants_result_by_reusing_its_key(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1", **SHARED)
+    alice = await answer(stack, keyed(stack, "key-shared", principal_id=USER_A, tenant_id=TENANT_A))
+    assert alice.status is ResultStatus.COMPLETED, alice.error
+    bob = await answer(stack, keyed(stack, "key-shared", principal_id=USER_B, tenant_id=TENANT_B))
+    assert bob.status is ResultStatus.COMPLETED, bob.error
+    assert bob.original_action_id is None
+    assert posts(stack) == 2
+
+
+async def test_an_outcome_unknown_original_is_what_a_retry_gets(stack: Stack) -> None:
+    assert stack.fake is not None
+    stack.fake.faults.add(RouteError(route=CHAT, status=502, times=1))
+    await stack.spawn("w1")
+    first = await answer(stack, keyed(stack, "key-unknown"))
+    assert first.status is ResultStatus.FAILED
+    assert first.error is not None
+    assert first.error.uncertain_outcome
+    replayed = await answer(stack, keyed(stack, "key-unknown"))
+    same_answer(replayed, first)
+    assert posts(stack) == 1
+
+
+async def test_a_worker_killed_after_the_originals_settle_loses_nothing(stack: Stack) -> None:
+    original = keyed(stack, "key-killed")
+    await stack.spawn("w1", fault_points=f"after_settle=exit@{original.id}")
+    first_handle = await stack.publish(original)
+    await asyncio.sleep(1.5)
+    retry = keyed(stack, "key-killed")
+    retry_handle = await stack.publish(retry)
+    await stack.spawn("w2")
+    first = await first_handle.result(timeout_s=30)
+    replayed = await retry_handle.result(timeout_s=30)
+    assert first.status is ResultStatus.COMPLETED, first.error
+    same_answer(replayed, first)
+    assert posts(stack) == 1
+
+
+async def test_a_worker_killed_between_the_claim_and_the_lease_loses_nothing(
+    stack: Stack,
+) -> None:
+    original = keyed(stack, "key-claimed")
+    await stack.spawn("w1", fault_points=f"after_idempotency_claim=exit@{original.id}")
+    first_handle = await stack.publish(original)
+    await asyncio.sleep(1.5)
+    retry = keyed(stack, "key-claimed")
+    retry_handle = await stack.publish(retry)
+    await stack.spawn("w2")
+    first = await first_handle.result(timeout_s=30)
+    replayed = await retry_handle.result(timeout_s=30)
+    assert first.status is ResultStatus.COMPLETED, first.error
+    same_answer(replayed, first)
+    assert posts(stack) == 1
