@@ -25,8 +25,15 @@ from schemas.approval import ApprovalDecision
 from schemas.ids import new_action_id
 from worker.store.approvals import read_record
 from worker.store.connection import WriteConfirmation, open_redis
+from worker.store.idempotency_store import ClaimStatus, IdempotencyStore, OriginalStatus
 from worker.store.ingress_store import IngressStore
-from worker.store.keys import ActionKeys, IngressKeys, approvals_key, capacity_key
+from worker.store.keys import (
+    ActionKeys,
+    IngressKeys,
+    approvals_key,
+    capacity_key,
+    idempotency_key,
+)
 from worker.store.lease_store import (
     AcquireStatus,
     ActionSubject,
@@ -204,6 +211,16 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     assert not await ingress.advance(session, "w2#i", 9)
     assert await ingress.cursor(session) == 7
     assert await ingress.release(session, "w1#i")
+
+    # Idempotency keys: the key's record has a tag of its own, the holder's result is read
+    # in the holder's slot (worker/pipeline/idempotency.py).
+    idempotency = IdempotencyStore(cluster_client, ttl_ms=5_000)
+    record = idempotency_key("ab" * 32)
+    holder = held[2][0]
+    assert (await idempotency.claim(record, holder, "fp")).status is ClaimStatus.CLAIMED
+    later = await idempotency.claim(record, ActionKeys.of(new_action_id()), "fp")
+    assert (later.status, later.holder) == (ClaimStatus.DUPLICATE, holder)
+    assert (await idempotency.original(holder, "fp")).status is OriginalStatus.PENDING
 
     # An approval written by the authority through the same cluster client.
     trust_dir = tmp_path / "trust"
