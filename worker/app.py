@@ -149,7 +149,7 @@ class Worker:
         stores = self.stores = Stores.over(
             redis,
             result_ttl_ms=settings.result_ttl_ms,
-            idempotency_ttl_ms=settings.idempotency_ttl_ms,
+            idempotency_ttl_ms=settings.effective_idempotency_ttl_ms,
             health=health,
         )
         where = _redis_location(settings.redis_url)

@@ -219,12 +219,12 @@ class Settings(BaseSettings):
     """How long a settled result is kept for replays (idempotency TTL); at least the replay
     window (`max_envelope_age_ms` + `max_clock_skew_ms`), checked at startup. An envelope
     older than this less the skew when a worker takes it is refused as a replay."""
-    idempotency_ttl_ms: Annotated[int, Field(ge=1_000, le=30 * 86_400_000)] = 86_400_000
+    idempotency_ttl_ms: Annotated[int, Field(ge=1_000, le=30 * 86_400_000)] | None = None
     """How long an Action's `idempotency_key` is remembered from its first use (AIP
-    `ttl_ms`): within it, an Action with the same key, capability, tenant and principal gets
-    the first one's result and sends nothing (docs/guarantees.md "Idempotency keys"). At
-    most `result_ttl_ms`, checked at startup: the answer is the first Action's stored
-    result."""
+    `ttl_ms`; default: `result_ttl_ms`, 24 h): within it, an Action with the same key,
+    capability, tenant and principal gets the first one's result and sends nothing
+    (docs/guarantees.md "Idempotency keys"). At most `result_ttl_ms`, checked at startup:
+    the answer is the first Action's stored result."""
     subject_prefix: str = "aip"
     """First token of every subject."""
     max_envelope_bytes: Annotated[int, Field(ge=1_024, le=8_388_608)] = 1_048_576
@@ -351,12 +351,16 @@ class Settings(BaseSettings):
                 f"max_envelope_age_ms + max_clock_skew_ms ({window_ms}): a replayed envelope "
                 "could outlive its stored result and run again"
             )
-        if self.idempotency_ttl_ms > self.result_ttl_ms:
+        if self.idempotency_ttl_ms is not None and self.idempotency_ttl_ms > self.result_ttl_ms:
             raise ValueError(
                 f"idempotency_ttl_ms ({self.idempotency_ttl_ms}) is longer than result_ttl_ms "
                 f"({self.result_ttl_ms}): a key would outlive the result it answers with"
             )
         return self
+
+    @property
+    def effective_idempotency_ttl_ms(self) -> int:
+        return self.idempotency_ttl_ms or self.result_ttl_ms
 
     @property
     def effective_ack_wait_s(self) -> float:

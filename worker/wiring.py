@@ -26,7 +26,7 @@ def build_registry(settings: Settings) -> Registry:
     registry.add(
         operator_operation(
             HermesOperatorPolicy.from_settings(settings),
-            idempotency_ttl_ms=settings.result_ttl_ms,
+            idempotency_ttl_ms=settings.effective_idempotency_ttl_ms,
         )
     )
     return registry

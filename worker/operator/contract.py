@@ -39,7 +39,8 @@ APPROVAL_EVIDENCE = ["reason", "input_snapshot", "policy_decision"]
 
 
 def operator_contract(*, idempotency_ttl_ms: int) -> OperationContract:
-    """The contract, with the deployment's idempotency TTL (`AIPD_RESULT_TTL_MS`)."""
+    """The contract, with the deployment's idempotency TTL (`AIPD_IDEMPOTENCY_TTL_MS`, by
+    default `AIPD_RESULT_TTL_MS`)."""
     return OperationContract(
         kind=CapabilityKind.AGENT,
         stability=Stability.STABLE,
