@@ -9,11 +9,15 @@ collision. Real NATS, Redis and worker processes; the fake Hermes counts every r
 from __future__ import annotations
 
 import asyncio
+import hashlib
 from typing import Any
+
+import msgspec
 
 from schemas.action import Action
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
+from worker.store.scripts import all_script_names, script_source
 from worker.testing.fake_hermes import RouteDelay
 from worker.testing.fake_hermes.faults import RouteError
 from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
@@ -168,3 +172,58 @@ async def test_a_worker_killed_between_the_claim_and_the_lease_loses_nothing(
     assert first.status is ResultStatus.COMPLETED, first.error
     same_answer(replayed, first)
     assert posts(stack) == 1
+
+
+async def _script_calls(stack: Stack, run: Any) -> dict[str, int]:
+    """The Lua scripts Redis ran (by name) while `run()` ran, from its SLOWLOG."""
+    from redis.asyncio import Redis
+
+    by_sha = {
+        hashlib.sha1(script_source(name).encode(), usedforsecurity=False).hexdigest(): name
+        for name in all_script_names()
+    }
+    admin = Redis.from_url(stack.redis_url)
+    try:
+        await admin.config_set("slowlog-log-slower-than", 0)
+        await admin.config_set("slowlog-max-len", 100_000)
+        await admin.slowlog_reset()
+        await run()
+        calls: dict[str, int] = {}
+        for entry in await admin.slowlog_get(100_000):
+            command = entry["command"].split()
+            if command and command[0].upper() in (b"EVALSHA", b"EVALSHA_RO"):
+                name = by_sha.get(command[1].decode(), "?")
+                if name != "lease_renew":  # the heartbeat's, by the clock: not per Action
+                    calls[name] = calls.get(name, 0) + 1
+        await admin.config_set("slowlog-log-slower-than", 10_000)
+        return calls
+    finally:
+        await admin.aclose()
+
+
+async def test_a_key_costs_one_script_call_and_a_replay_answers_without_running(
+    stack: Stack,
+) -> None:
+    """The measured cost: an Action without a key runs no idempotency script; a keyed one
+    runs one more call than it (the claim); a replay runs the claim, the holder read, and
+    the acquire and settle of its own answer, and never marks an attempt."""
+    await stack.spawn("w1")
+    await answer(stack, stack.action("models"))  # warm: scripts loaded, endpoint probed
+    unkeyed = msgspec.structs.replace(stack.action("models"), idempotency_key=None)
+    bare = await _script_calls(stack, lambda: answer(stack, unkeyed))
+    first = await _script_calls(
+        stack, lambda: answer(stack, stack.action("models", idempotency_key="k-cost"))
+    )
+    replay = await _script_calls(
+        stack, lambda: answer(stack, stack.action("models", idempotency_key="k-cost"))
+    )
+    print(f"script calls per Action: unkeyed {bare}, keyed {first}, replay {replay}")
+    assert "idempotency_claim" not in bare
+    assert sum(first.values()) == sum(bare.values()) + 1
+    assert first["idempotency_claim"] == 1
+    assert replay == {
+        "idempotency_claim": 1,
+        "idempotency_original": 1,
+        "lease_acquire": 1,
+        "settle": 1,
+    }
