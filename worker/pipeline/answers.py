@@ -150,23 +150,18 @@ class Answers:
             return
         settled_at = now_ms()
         chunk = encode(refusal_chunk(action.id, endpoint_id, error, settled_at))
-        result = ActionResult(
-            action_id=action.id,
-            capability=action.capability,
-            endpoint_id=endpoint_id,
-            status=ResultStatus.FAILED,
-            error=error,
-            settled_by=rt.worker_id,
-            fence=grant.fence,
-            settled_at_unix_ms=settled_at,
-            last_chunk_sha256=sha256_hex(chunk),
-            action_sha256=sha256_hex(delivery.msg.data),
-        )
         # Settled as a plain refusal (nothing attempted): another request under the id may
         # still take it (a forgery refused first does not burn an approved id, issue 24);
         # an uncertain one, after an earlier attempt, stands for good.
         if await self._settle(
-            delivery, owner, grant.fence, result, chunk, refused=not grant.attempted_fence
+            delivery,
+            owner,
+            grant.fence,
+            chunk,
+            settled_at,
+            refused=not grant.attempted_fence,
+            status=ResultStatus.FAILED,
+            error=error,
         ):
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.REFUSED)
             rt.metrics.settled(action.capability, ResultStatus.FAILED.value, error.code.value)
@@ -191,21 +186,18 @@ class Answers:
                 action.id, endpoint_id, first.status, first.error, original_action_id, settled_at
             )
         )
-        result = ActionResult(
-            action_id=action.id,
-            capability=action.capability,
-            endpoint_id=endpoint_id,
+        if await self._settle(
+            delivery,
+            owner,
+            grant.fence,
+            chunk,
+            settled_at,
+            refused=False,
             status=first.status,
             output=first.output,
             error=first.error,
-            settled_by=rt.worker_id,
-            fence=grant.fence,
-            settled_at_unix_ms=settled_at,
-            last_chunk_sha256=sha256_hex(chunk),
-            action_sha256=sha256_hex(delivery.msg.data),
             original_action_id=original_action_id,
-        )
-        if await self._settle(delivery, owner, grant.fence, result, chunk, refused=False):
+        ):
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.REPLAYED)
 
     async def _settle(
@@ -213,15 +205,28 @@ class Answers:
         delivery: Delivery,
         owner: str,
         fence: int,
-        result: ActionResult,
         chunk: bytes,
+        settled_at: int,
         *,
         refused: bool,
+        **outcome: Any,
     ) -> bool:
-        """Settle an answer made without executing (its result and its one-chunk stream),
-        then publish it; True when this call settled it. An answer an earlier delivery
-        stored stands, published again only if the bus lacks it."""
+        """Settle an answer made without executing (its result, made of `outcome`'s status,
+        output, error…, and its one-chunk stream), then publish it; True when this call
+        settled it. An answer an earlier delivery stored stands, published again only if
+        the bus lacks it."""
         action, endpoint_id = delivery.action, delivery.endpoint_id
+        result = ActionResult(
+            action_id=action.id,
+            capability=action.capability,
+            endpoint_id=endpoint_id,
+            settled_by=self.rt.worker_id,
+            fence=fence,
+            settled_at_unix_ms=settled_at,
+            last_chunk_sha256=sha256_hex(chunk),
+            action_sha256=sha256_hex(delivery.msg.data),
+            **outcome,
+        )
         result_bytes = encode(result)
         stored = await self.rt.stores.leases.settle(
             delivery.keys, owner, fence, result_bytes, chunk, refused=refused
