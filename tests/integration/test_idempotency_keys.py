@@ -16,6 +16,7 @@ import msgspec
 import pytest
 
 from schemas.action import Action
+from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.scripts import all_script_names, script_source
@@ -161,6 +162,26 @@ async def test_a_worker_killed_around_the_originals_run_loses_nothing(
     replayed = await retry_handle.result(timeout_s=30)
     assert first.status is ResultStatus.COMPLETED, first.error
     same_answer(replayed, first)
+    assert posts(stack) == 1
+
+
+async def test_a_holder_refused_before_anything_was_sent_gives_its_key_up(stack: Stack) -> None:
+    """The key's first Action claims it, its worker dies, and its redelivery is refused
+    (its deadline passed) with nothing attempted: it claimed nothing, so a later Action
+    with the key, even with another input, runs instead of meeting that refusal."""
+    doomed_id = new_action_id()
+    await stack.spawn("w1", fault_points=f"after_idempotency_claim=exit@{doomed_id}")
+    doomed = keyed(stack, "key-void", "first question", timeout_ms=1_500, action_id=doomed_id)
+    handle = await stack.publish(doomed)
+    await asyncio.sleep(1.0)
+    await stack.spawn("w2")
+    refused = await handle.result(timeout_s=30)
+    assert refused.status is ResultStatus.FAILED
+    assert refused.error is not None
+    assert refused.error.code == "connector.hermes_agent.deadline_exceeded"
+    later = await answer(stack, keyed(stack, "key-void", "second question"))
+    assert later.status is ResultStatus.COMPLETED, later.error
+    assert later.original_action_id is None
     assert posts(stack) == 1
 
 

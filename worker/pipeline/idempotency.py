@@ -16,8 +16,8 @@ produced it, and one tenant can never read another's by reusing (or guessing) it
 - The same key with another request is an idempotency collision: refused with the
   operation's `collision_code`, nothing sent.
 - A holder that claimed nothing (its id was another request's, or its only answer is a
-  refusal nothing was attempted for) holds the key in name only: the next Action replaces
-  it by compare-and-set and runs.
+  refusal nothing was attempted for) holds the key in name only: the next Action with the
+  key, whatever its input, replaces it by compare-and-set and runs.
 
 Exactly-one-start, fencing and `outcome_unknown` are the holder's own: its result, uncertain
 or not, is what every later holder of the key gets. The record outlives nothing it
@@ -78,12 +78,20 @@ class Idempotency:
         # never dead-lettered: a dead-lettered holder would keep its key for the whole TTL.
         self.acquire.reach(delivery.msg)
         claim = await store.claim(record, delivery.keys, fingerprint)
-        if claim.status is ClaimStatus.DUPLICATE:
-            original = await store.original(claim.holder, fingerprint)
+        if claim.status in (ClaimStatus.DUPLICATE, ClaimStatus.COLLISION):
+            original = await store.original(claim.holder, claim.fingerprint)
             if original.status is OriginalStatus.VOID:
                 claim = await store.claim(
                     record, delivery.keys, fingerprint, replacing=claim.holder.action_id
                 )
+                if claim.status not in (ClaimStatus.CLAIMED, ClaimStatus.OWN):
+                    # Another Action replaced the void holder first: judged against it
+                    # when this one comes back.
+                    await self.wait(delivery)
+                    return False
+            elif claim.status is ClaimStatus.COLLISION:
+                await self.answers.refuse(delivery, self.collision(delivery))
+                return False
             elif original.status is OriginalStatus.SETTLED:
                 assert original.result is not None
                 await self.answers.replay(delivery, original.result, claim.holder.action_id)
@@ -91,13 +99,6 @@ class Idempotency:
             else:
                 await self.wait(delivery)
                 return False
-        if claim.status is ClaimStatus.COLLISION:
-            await self.answers.refuse(delivery, self.collision(delivery))
-            return False
-        if claim.status is ClaimStatus.DUPLICATE:
-            # Another Action replaced the void holder first: its result will be the answer.
-            await self.wait(delivery)
-            return False
         faults.hit("after_idempotency_claim", action.id)
         return True
 

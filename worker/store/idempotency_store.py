@@ -34,6 +34,8 @@ class Claim:
     status: ClaimStatus
     #: The Action holding the key, and where its keys live.
     holder: ActionKeys
+    #: The request fingerprint the holder claimed it with.
+    fingerprint: str
 
 
 class OriginalStatus(StrEnum):
@@ -69,7 +71,7 @@ class IdempotencyStore:
         """Claim `record` (worker/store/keys.py `idempotency_key`) for the Action of `keys`,
         or learn its holder; `replacing`: a holder found void, replaced only if it still
         holds the key. One round trip."""
-        status, holder, slot = await self.scripts["idempotency_claim"].reasked(
+        status, holder, slot, claimed = await self.scripts["idempotency_claim"].reasked(
             [record],
             [keys.action_id, keys.slot_action_id, fingerprint, self.ttl_ms, replacing],
             budget_s=self.call_budget_s,
@@ -78,6 +80,7 @@ class IdempotencyStore:
         return Claim(
             ClaimStatus(_s(status)),
             ActionKeys.of(holder_id, source_action_id=slot_id if slot_id != holder_id else None),
+            _s(claimed),
         )
 
     async def original(self, holder: ActionKeys, fingerprint: str) -> Original:
