@@ -108,6 +108,24 @@ async def test_concurrent_holders_of_one_key_start_one_run_and_share_its_result(
     assert posts(stack) == 1
 
 
+async def test_a_waiting_holder_ends_at_its_own_deadline_without_a_run(stack: Stack) -> None:
+    """A second key-holder waits for the first no longer than its own deadline: then it is
+    refused as a late Action, having sent nothing, and the first still settles once."""
+    assert stack.fake is not None
+    stack.fake.faults.add(RouteDelay(route=CHAT, delay_s=6.0, times=1))
+    await stack.spawn("w1")
+    first_handle = await stack.publish(keyed(stack, "key-deadline"))
+    await asyncio.sleep(1.0)
+    impatient = await answer(stack, keyed(stack, "key-deadline", timeout_ms=2_000))
+    assert impatient.status is ResultStatus.FAILED
+    assert impatient.error is not None
+    assert impatient.error.code == "connector.hermes_agent.deadline_exceeded"
+    assert impatient.original_action_id is None
+    first = await first_handle.result(timeout_s=30)
+    assert first.status is ResultStatus.COMPLETED, first.error
+    assert posts(stack) == 1
+
+
 async def test_after_the_ttl_the_key_runs_again(stack: Stack) -> None:
     await stack.spawn("w1", AIPD_IDEMPOTENCY_TTL_MS="1500")
     first = await answer(stack, keyed(stack, "key-ttl"))
