@@ -233,13 +233,17 @@ async def _script_calls(stack: Stack, run: Any) -> dict[str, int]:
 async def test_a_key_costs_one_script_call_and_a_replay_answers_without_running(
     stack: Stack,
 ) -> None:
-    """The measured cost: an Action without a key runs no idempotency script; a keyed one
-    runs one more call than it (the claim); a replay runs the claim, the holder read, and
-    the acquire and settle of its own answer, and never marks an attempt."""
+    """The measured cost: an Action without a key, or keyed by its own id, runs no
+    idempotency script; a keyed one runs one more call than it (the claim); a replay runs
+    the claim, the holder read, and the acquire and settle of its own answer, and never
+    marks an attempt."""
     await stack.spawn("w1")
     await answer(stack, stack.action("models"))  # warm: scripts loaded, endpoint probed
     unkeyed = msgspec.structs.replace(stack.action("models"), idempotency_key=None)
     bare = await _script_calls(stack, lambda: answer(stack, unkeyed))
+    own = stack.action("models")
+    own = msgspec.structs.replace(own, idempotency_key=own.id)  # AipClient's default key
+    assert await _script_calls(stack, lambda: answer(stack, own)) == bare
     first = await _script_calls(
         stack, lambda: answer(stack, stack.action("models", idempotency_key="k-cost"))
     )

@@ -15,6 +15,9 @@ produced it, and one tenant can never read another's by reusing (or guessing) it
   which then refuses it as any late Action), and never starts a run.
 - The same key with another request is an idempotency collision: refused with the
   operation's `collision_code`, nothing sent.
+- A key equal to the Action's own id claims nothing (`AipClient` sends that when the caller
+  gives no key): the lease already makes one id exactly-once, so such an Action pays no
+  round trip for a record nobody else could meaningfully name.
 - A holder that claimed nothing (its id was another request's, or its only answer is a
   refusal nothing was attempted for) holds the key in name only: the next Action with the
   key, whatever its input, replaces it by compare-and-set and runs.
@@ -69,7 +72,10 @@ class Idempotency:
         has not settled)."""
         action = delivery.action
         key = action.idempotency_key
-        if key is None:
+        if key is None or key == action.id:
+            # A key that is the Action's own id names that Action only, and the lease
+            # already makes an id exactly-once: no record, no round trip. `AipClient`,
+            # delegation and every default-keyed Action are this case.
             return True
         store = self.rt.stores.idempotency
         record = key_record(action, key)
