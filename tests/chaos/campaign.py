@@ -31,6 +31,7 @@ from tests.chaos.history import Event, History
 from tests.chaos.nemesis import FILL_FILE, KINDS, Fault, Nemesis, schedule
 from tests.chaos.workload import Workload
 from worker.bus.publisher import CHAIN_MAC_HEADER
+from worker.errors import UnverifiedResponse
 from worker.testing.redis_server import redis_answers
 
 log = logging.getLogger(__name__)
@@ -158,7 +159,13 @@ async def run_campaign(
         history = History()  # time 0 is when the deployment is up
         faults = schedule(seed, duration_s, disk=not deployment.disk_skip_reason, kinds=kinds)
         assert deployment.stack is not None
-        workload = Workload(deployment.stack, history, random.Random(f"workload-{seed}"))
+        workload = Workload(
+            deployment.stack,
+            history,
+            random.Random(f"workload-{seed}"),
+            gateway_url=deployment.gateway_url,
+            gateway_token=deployment.gateway_token,
+        )
         nemesis = Nemesis(deployment, history, faults)
         if deployment.disk_skip_reason:
             nemesis.notes.append(f"full-disk faults skipped: {deployment.disk_skip_reason}")
@@ -325,7 +332,16 @@ async def quiesce(d: Deployment, acked: set[str], history: History) -> None:
 async def collect(d: Deployment, workload: Workload, history: History) -> Evidence:
     assert d.stack is not None
     assert d.fake is not None
-    results = await stream_by_action(d, "results")
+    result_messages = await messages_by_action(d, "results")
+    results = {a: [data for data, _ in ms] for a, ms in result_messages.items()}
+    unverified: dict[str, str] = {}
+    children = [a for a, planned in workload.planned.items() if planned.kind == "delegation"]
+    for action_id in children:
+        for data, headers in result_messages.get(action_id, []):
+            try:
+                d.stack.client.believe_result(data, headers)
+            except UnverifiedResponse as exc:
+                unverified[action_id] = str(exc)[:200]
     chunk_messages = await messages_by_action(d, "chunks")
     receipts: dict[str, list[Receipt]] = {}
     for _action_id, raws in (await stream_by_action(d, "audit")).items():
@@ -351,6 +367,7 @@ async def collect(d: Deployment, workload: Workload, history: History) -> Eviden
         history=history,
         runs=runs,
         forged_cancels=workload.forged_cancels - workload.cancelled,
+        unverified=unverified,
     )
 
 

@@ -34,6 +34,10 @@ The rules (docs/reliability.md lists them with the guarantee each one tests):
   one touches: Hermes must see no approval for the forged resumes' run and no stop for the
   forged cancels' run, no forged resume may complete, and no forged-cancelled Action may end
   `cancelled`.
+* `delegation`: each delegation through the gateway (`aip_call`, once or retried) has
+  exactly one child Action: every answer names the child's namespaced id, and that child
+  has exactly one result (`one_result`, the gateway's answer counting as the
+  acknowledgement), which the trusted worker keys verify.
 * `chunks`: the chain the result vouches for (walked back from the terminal chunk its
   `last_chunk_sha256` names, through `prev_sha256`) is on the stream, gap-free from seq 0,
   with exactly one terminal chunk, its last. Any other chunk on the subject is a violation,
@@ -127,7 +131,9 @@ class PlannedAction:
     """What the workload published: its kind, and for a resume the objective it answers."""
 
     action_id: str
-    kind: str  # read | objective | approval_objective | resume | forged_resume | chat
+    #: read | objective | approval_objective | resume | forged_resume | chat | delegation
+    #: (a delegation's id is its child's bus id)
+    kind: str
     source_id: str | None = None
 
 
@@ -149,6 +155,9 @@ class Evidence:
     runs: dict[str, str] = field(default_factory=dict)
     #: Actions the workload sent only forged or unsigned cancels (never a genuine one).
     forged_cancels: set[str] = field(default_factory=set)
+    #: Delegated children with a result on the stream that the trusted worker keys do not
+    #: verify, and why (`AipClient.believe_result`).
+    unverified: dict[str, str] = field(default_factory=dict)
 
 
 def sha256(data: bytes) -> str:
@@ -369,6 +378,36 @@ def fences_unique(ev: Evidence) -> list[Violation]:
     return out
 
 
+def delegation(ev: Evidence) -> list[Violation]:
+    out: list[Violation] = []
+    for planned in ev.actions.values():
+        if planned.kind != "delegation":
+            continue
+        child = planned.action_id
+        named = {
+            e.detail.get("child")
+            for e in ev.history.about(child)
+            if e.type == "ok" and e.op == "delegate"
+        }
+        if named - {child}:
+            out.append(
+                Violation(
+                    "delegation",
+                    child,
+                    f"the gateway answered one delegation with children {sorted(map(str, named))}",
+                )
+            )
+        if child in ev.unverified:
+            out.append(
+                Violation(
+                    "delegation",
+                    child,
+                    f"the child's result does not verify: {ev.unverified[child]}",
+                )
+            )
+    return out
+
+
 def fence_order(ev: Evidence) -> list[Violation]:
     out: list[Violation] = []
     for action_id, receipts in ev.receipts.items():
@@ -577,6 +616,7 @@ RULES: tuple[Callable[[Evidence], list[Violation]], ...] = (
     fences_unique,
     fence_order,
     signed_only,
+    delegation,
     chunks,
     durable,
 )

@@ -65,6 +65,7 @@ async def test_the_checker_finds_a_planted_bug_within_the_short_campaign(
             seed, SCHEDULE_S, mutation=mutation, root=tmp_path / f"seed-{seed}"
         )
         summaries.append(report.summary())
+        print(report.summary())
         if rule in report.rules():
             return
     pytest.fail(f"mutation {mutation} was not found by rule {rule}: {summaries}")

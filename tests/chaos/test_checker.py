@@ -381,3 +381,21 @@ def test_the_reproduce_line_names_the_schedule_length_and_the_kinds() -> None:
     assert "--kinds partition,pause" in line
     assert line.endswith("--mutation stale_settle")
     assert line in report.explain()
+
+
+def test_a_delegation_with_two_children_or_an_unverified_child_result() -> None:
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.history.add("ok", "delegate", B, child=B)
+    assert check(ev) == []
+    ev.history.add("ok", "delegate", B, child=A)  # a retried call got another child
+    assert rules(ev) == ["delegation"]
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.unverified[B] = "not signed by a trusted worker"
+    assert rules(ev) == ["delegation"]
+    # Acknowledged by the gateway's answer, and no child result: lost.
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.acked.add(B)
+    assert rules(ev) == ["one_result"]

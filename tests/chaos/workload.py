@@ -16,6 +16,9 @@ Operations, chosen by the campaign's seeded `random.Random`:
 * `cancel`: a cancel of a random objective still in flight.
 * `forged_cancel`: a cancel of another objective in flight, signed by an untrusted key or
   not signed at all; no genuine cancel names that objective.
+* `delegate`: a read delegated through the AIP gateway (MCP `aip_call`, as the Hermes of
+  h1 calls it), sync or async, sometimes called twice with the same contract (a client
+  retry): one child Action, whatever the calls and the faults (checker rule `delegation`).
 * `duplicate`: an earlier Action published again, with its `Nats-Msg-Id` (JetStream drops
   it inside the window) or without one (stored again: a redelivery the worker must answer
   with the stored result).
@@ -39,18 +42,34 @@ from schemas.action import Action
 from schemas.approval import ApprovalRecord
 from schemas.ids import new_action_id
 from tests.chaos.checker import PlannedAction
+from tests.chaos.deployment import DELEGATOR
 from tests.chaos.history import History
 from tests.integration.stack import ENDPOINT, Stack
 from worker.client import AipClient
 from worker.fingerprints import approval_fingerprint
+from worker.gateway.service import namespaced_action_id
 from worker.store.approvals import ApprovalRecords
 from worker.store.keys import approvals_key
+from worker.testing.gateway import call_tool
 from worker.testing.identities import USER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 from worker.trust.signing import generate_keypair, public_key_of, sign_detached, write_seed_file
 
-KINDS = ("read", "objective", "approval_objective", "chat", "cancel", "forged_cancel", "duplicate")
-WEIGHTS = (34, 28, 8, 12, 6, 4, 12)
+KINDS = (
+    "read",
+    "objective",
+    "approval_objective",
+    "chat",
+    "cancel",
+    "forged_cancel",
+    "delegate",
+    "duplicate",
+)
+WEIGHTS = (30, 28, 8, 12, 6, 4, 6, 12)
+#: The capability every delegation calls (a read: the child is cheap and re-executable).
+DELEGATED_CAPABILITY = f"cap:hermes_agent:{ENDPOINT}:models"
+#: Bound on one `aip_call` (a sync call waits for the child's result, up to its timeout).
+CALL_TIMEOUT_S = 40.0
 #: How often a prompt for approval is answered by one forged resume instead of genuine ones.
 FORGED_RESUME_P = 0.3
 PUBLISH_TIMEOUT_S = 5.0
@@ -65,6 +84,9 @@ class Workload:
     stack: Stack
     history: History
     rng: random.Random
+    #: The gateway's MCP URL and the delegating principal's token ("": no delegations).
+    gateway_url: str = ""
+    gateway_token: str = ""
     planned: dict[str, PlannedAction] = field(default_factory=dict)
     acked: set[str] = field(default_factory=set)
     published: dict[str, Action] = field(default_factory=dict)
@@ -247,6 +269,50 @@ class Workload:
         self.history.add(
             "ok", "forged_cancel", action_id, accepted=reply.accepted, state=reply.state
         )
+
+    async def _delegate(self) -> None:
+        if not self.gateway_url:
+            return
+        supplied = new_action_id()
+        child = namespaced_action_id(DELEGATOR, None, supplied)
+        mode = self.rng.choice(["sync", "async"])
+        contract = {
+            "action_id": supplied,
+            "capability": DELEGATED_CAPABILITY,
+            "input": {},
+            "mode": mode,
+            "timeout_ms": ACTION_TIMEOUT_MS,
+            "idempotency_key": "idem-" + supplied[4:24],
+        }
+        self.planned[child] = PlannedAction(child, "delegation")
+        for _ in range(2 if self.rng.random() < 0.3 else 1):
+            self.history.add("invoke", "delegate", child, mode=mode)
+            try:
+                answer = await asyncio.wait_for(
+                    call_tool(
+                        self.gateway_url, self.gateway_token, "aip_call", {"arguments": contract}
+                    ),
+                    CALL_TIMEOUT_S,
+                )
+            except Exception as exc:  # the call may or may not have reached the gateway
+                self.history.add("info", "delegate", child, error=type(exc).__name__)
+                continue
+            document = answer.document
+            if answer.is_error:
+                error = document.get("error")
+                code = error.get("code") if isinstance(error, dict) else error
+                self.history.add("info", "delegate", child, error=str(code or document)[:200])
+                continue
+            # The gateway answered for a child: it is on the bus (acknowledged).
+            self.acked.add(child)
+            self.history.add(
+                "ok",
+                "delegate",
+                child,
+                child=document.get("action_id"),
+                state=document.get("state"),
+                duplicate=document.get("duplicate"),
+            )
 
     async def _duplicate(self) -> None:
         if not self.published:
