@@ -3,7 +3,7 @@
 Runs campaigns of `--schedule-s` seconds each (seeds S, S+1, ...) until `--minutes` of
 wall time have passed, prints one summary line per campaign and, for a campaign with a
 violation, the seed, the fault schedule and the history around it. Exit status 1 when any
-campaign found a violation.
+campaign found a violation, 2 when no nats-server the project accepts is installed.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import time
 from collections import Counter
 
 from tests.chaos.campaign import run_campaign
+from tests.chaos.deployment import NO_DURABLE_NATS, durable_nats_server
 from tests.chaos.launcher import MUTATIONS
 from tests.chaos.nemesis import KINDS
 
@@ -41,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep each campaign's directory")
     parser.add_argument("--stop-on-violation", action="store_true")
     args = parser.parse_args(argv)
+    if durable_nats_server() is None:
+        print(f"skipped: {NO_DURABLE_NATS}", file=sys.stderr)
+        return 2
     # The fake Hermes logs every request a partition or a kill cut short; the campaign's
     # history already has what matters.
     logging.getLogger("aiohttp").setLevel(logging.CRITICAL)

@@ -30,6 +30,8 @@ from tests.chaos.deployment import ENDPOINT, Deployment
 from tests.chaos.history import Event, History
 from tests.chaos.nemesis import FILL_FILE, KINDS, Fault, Nemesis, schedule
 from tests.chaos.workload import Workload
+from worker.bus.publisher import CHAIN_MAC_HEADER
+from worker.errors import UnverifiedResponse
 from worker.testing.redis_server import redis_answers
 
 log = logging.getLogger(__name__)
@@ -55,6 +57,8 @@ class Report:
     root: Path | None = None
     wall_s: float = 0.0
     evidence: Evidence | None = None
+    #: The fault kinds the schedule was drawn with (`--kinds`): part of what replays it.
+    kinds: tuple[str, ...] = KINDS
 
     @property
     def unknown(self) -> list[Violation]:
@@ -81,9 +85,7 @@ class Report:
         lines = [
             self.summary(),
             "",
-            f"reproduce: ./dev chaos --seed {self.seed} "
-            f"--minutes {self.duration_s / 60:g}"
-            + (f" --mutation {self.mutation}" if self.mutation else ""),
+            self.reproduce(),
             "",
             "fault schedule:",
         ]
@@ -98,6 +100,15 @@ class Report:
             lines.append(f"... and {len(self.violations) - limit} more violations")
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    def reproduce(self) -> str:
+        """The command that replays this campaign: its seed, schedule length and kinds
+        (the schedule is a pure function of the three) and its mutation."""
+        return (
+            f"reproduce: ./dev chaos --seed {self.seed} --minutes 0.1 "
+            f"--schedule-s {self.duration_s:g} --kinds {','.join(self.kinds) or 'none'}"
+            + (f" --mutation {self.mutation}" if self.mutation else "")
+        )
 
     def _evidence_of(self, action_id: str | None) -> list[str]:
         """What the bus and Redis hold about the Action: receipts, lease, results."""
@@ -148,7 +159,13 @@ async def run_campaign(
         history = History()  # time 0 is when the deployment is up
         faults = schedule(seed, duration_s, disk=not deployment.disk_skip_reason, kinds=kinds)
         assert deployment.stack is not None
-        workload = Workload(deployment.stack, history, random.Random(f"workload-{seed}"))
+        workload = Workload(
+            deployment.stack,
+            history,
+            random.Random(f"workload-{seed}"),
+            gateway_url=deployment.gateway_url,
+            gateway_token=deployment.gateway_token,
+        )
         nemesis = Nemesis(deployment, history, faults)
         if deployment.disk_skip_reason:
             nemesis.notes.append(f"full-disk faults skipped: {deployment.disk_skip_reason}")
@@ -179,6 +196,7 @@ async def run_campaign(
             root=base,
             wall_s=time.monotonic() - started,
             evidence=evidence,
+            kinds=kinds,
         )
         if violations or keep:
             history.dump(base / "history.jsonl")
@@ -236,8 +254,10 @@ async def heal_all(d: Deployment, history: History) -> None:
     history.add("nemesis", "healed", None)
 
 
-async def read_stream(nc: nats.aio.client.Client, subject: str) -> list[tuple[str, bytes]]:
-    """Every message on `subject` (wildcards allowed), oldest first."""
+async def read_stream(
+    nc: nats.aio.client.Client, subject: str
+) -> list[tuple[str, bytes, dict[str, str]]]:
+    """Every message on `subject` (wildcards allowed), oldest first, with its headers."""
     js = nc.jetstream()
     try:
         sub = await js.subscribe(subject, ordered_consumer=True)
@@ -246,14 +266,14 @@ async def read_stream(nc: nats.aio.client.Client, subject: str) -> list[tuple[st
         # on it is there any more, which the checker reports Action by Action.
         log.error("chaos: no stream holds %s after the heal", subject)
         return []
-    out: list[tuple[str, bytes]] = []
+    out: list[tuple[str, bytes, dict[str, str]]] = []
     try:
         while True:
             try:
                 msg = await sub.next_msg(timeout=2.0)
             except nats.errors.TimeoutError:
                 return out
-            out.append((msg.subject, msg.data))
+            out.append((msg.subject, msg.data, dict(msg.headers or {})))
             if msg.metadata.num_pending == 0:
                 return out
     finally:
@@ -266,6 +286,17 @@ def _family(subject: str) -> str:
 
 
 async def stream_by_action(d: Deployment, which: str) -> dict[str, list[bytes]]:
+    """Each Action's messages on one output stream, oldest first."""
+    return {
+        action_id: [data for data, _ in messages]
+        for action_id, messages in (await messages_by_action(d, which)).items()
+    }
+
+
+async def messages_by_action(
+    d: Deployment, which: str
+) -> dict[str, list[tuple[bytes, dict[str, str]]]]:
+    """Each Action's messages on one output stream with their headers, oldest first."""
     assert d.stack is not None
     subjects = d.stack.subjects
     sample = new_action_id()
@@ -274,9 +305,9 @@ async def stream_by_action(d: Deployment, which: str) -> dict[str, list[bytes]]:
         "chunks": lambda: subjects.chunks(ENDPOINT, sample),
         "audit": lambda: subjects.audit(ENDPOINT, sample),
     }[which]()
-    grouped: dict[str, list[bytes]] = {}
-    for subject, data in await read_stream(d.stack.nc, _family(pattern)):
-        grouped.setdefault(subject.rsplit(".", 1)[1], []).append(data)
+    grouped: dict[str, list[tuple[bytes, dict[str, str]]]] = {}
+    for subject, data, headers in await read_stream(d.stack.nc, _family(pattern)):
+        grouped.setdefault(subject.rsplit(".", 1)[1], []).append((data, headers))
     return grouped
 
 
@@ -301,8 +332,17 @@ async def quiesce(d: Deployment, acked: set[str], history: History) -> None:
 async def collect(d: Deployment, workload: Workload, history: History) -> Evidence:
     assert d.stack is not None
     assert d.fake is not None
-    results = await stream_by_action(d, "results")
-    chunks = await stream_by_action(d, "chunks")
+    result_messages = await messages_by_action(d, "results")
+    results = {a: [data for data, _ in ms] for a, ms in result_messages.items()}
+    unverified: dict[str, str] = {}
+    children = [a for a, planned in workload.planned.items() if planned.kind == "delegation"]
+    for action_id in children:
+        for data, headers in result_messages.get(action_id, []):
+            try:
+                d.stack.client.believe_result(data, headers)
+            except UnverifiedResponse as exc:
+                unverified[action_id] = str(exc)[:200]
+    chunk_messages = await messages_by_action(d, "chunks")
     receipts: dict[str, list[Receipt]] = {}
     for _action_id, raws in (await stream_by_action(d, "audit")).items():
         for raw in raws:
@@ -310,14 +350,45 @@ async def collect(d: Deployment, workload: Workload, history: History) -> Eviden
                 receipt = msgspec.json.decode(raw, type=Receipt)
                 receipts.setdefault(receipt.action_id, []).append(receipt)
     leases = {a: await d.stack.lease(a) for a in workload.planned}
+    runs = await bound_runs(d, [a for a, p in workload.planned.items() if "objective" in p.kind])
     requests = [Request(r.route, r.run_id, r.body, r.at) for r in d.fake.requests()]
     return Evidence(
         actions=workload.planned,
         acked=workload.acked,
         results={a: results.get(a, []) for a in workload.planned if a in results},
-        chunks=chunks,
+        chunks={a: [data for data, _ in ms] for a, ms in chunk_messages.items()},
+        chunk_macs={
+            a: [headers.get(CHAIN_MAC_HEADER) for _, headers in ms]
+            for a, ms in chunk_messages.items()
+        },
         receipts=receipts,
         leases=leases,
         requests=requests,
         history=history,
+        runs=runs,
+        forged_cancels=workload.forged_cancels - workload.cancelled,
+        unverified=unverified,
     )
+
+
+async def bound_runs(d: Deployment, action_ids: list[str]) -> dict[str, str]:
+    """Each operator Action's Hermes run id, as its binding in Redis records it."""
+    from redis.asyncio import Redis
+
+    from worker.operator.binding import decode_binding
+    from worker.store.keys import binding_key
+    from worker.store.operator_store import OperatorStore
+
+    assert d.redis is not None
+    client = Redis.from_url(d.redis.url)
+    runs: dict[str, str] = {}
+    try:
+        store = OperatorStore(client)
+        for action_id in action_ids:
+            stored = await store.read(binding_key(action_id))
+            run_id = decode_binding(stored.doc).run_id if stored.doc is not None else None
+            if run_id is not None:
+                runs[action_id] = run_id
+    finally:
+        await client.aclose()
+    return runs

@@ -13,15 +13,36 @@ The rules (docs/reliability.md lists them with the guarantee each one tests):
   of this workload is its run's first and only one, so: per run).
 * `one_result`: every Action JetStream acknowledged has exactly one result on the results
   stream: not none (lost), not two (different results), not the same one twice.
-* `honest`: an operator result that says it is certain nothing was started, while Hermes
-  received a start for it, lies; a completed one whose start never reached Hermes invents.
+* `honest`: a result that says it is certain nothing happened, while its request reached
+  Hermes, lies (an objective's start, a chat's completion, a resume's approval: a resume
+  judged per source, since Hermes' log cannot tell two resumes of one prompt apart, and the
+  one that sent the approval must not end certain); a completed one whose request never
+  reached Hermes invents. Hermes' own refusals are certain and excepted.
 * `fence`: a result's fence is the Action's last fence (the lease record's), and the
   worker that settled it acquired the lease at that fence: no result from a superseded
   owner.
 * `fences_unique`: no fence was granted twice (two acquisitions receipts at one fence by
   different owners), and none above the lease record's.
-* `chunks`: the chunk stream of a settled Action is gap-free from seq 0, has exactly one
-  terminal chunk, last, and it is the one the result's `last_chunk_sha256` names.
+* `fence_order`: fences only increase. An Action's `lease_acquired` receipts, in stream
+  order, carry strictly increasing fences. Receipts are sent after the grant and may be held
+  in flight (a paused or cut-off worker), so one that lands late is excused only when the
+  Redis grant order is on record: it is the first receipt of its fence, and the grant of the
+  next fence names its worker as the previous owner (or found the lease released).
+* `signed_only`: no approval or cancel takes effect that its authority did not sign. The
+  workload forges some (an approval signed by a key the authority does not name, or with no
+  signature; a cancel signed by an untrusted key, or unsigned), each on a target no genuine
+  one touches: Hermes must see no approval for the forged resumes' run and no stop for the
+  forged cancels' run, no forged resume may complete, and no forged-cancelled Action may end
+  `cancelled`.
+* `delegation`: each delegation through the gateway (`aip_call`, once or retried) has
+  exactly one child Action: every answer names the child's namespaced id, and that child
+  has exactly one result (`one_result`, the gateway's answer counting as the
+  acknowledgement), which the trusted worker keys verify.
+* `chunks`: the chain the result vouches for (walked back from the terminal chunk its
+  `last_chunk_sha256` names, through `prev_sha256`) is on the stream, gap-free from seq 0,
+  with exactly one terminal chunk, its last. Any other chunk on the subject is a violation,
+  except a non-terminal chunk whose `AIP-Chunk-Mac` verifies under the chain key of a fence
+  the settle superseded: that is the known bug 2 (`KNOWN_STALE_CHUNKS`), counted apart.
 * `durable`: every result the client saw during the campaign is still on the stream after
   the faults healed (nothing acknowledged by JetStream was lost).
 """
@@ -29,10 +50,11 @@ The rules (docs/reliability.md lists them with the guarantee each one tests):
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -40,22 +62,44 @@ import msgspec
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.result import ActionResult, ResultStatus
 from tests.chaos.history import History
+from worker.execution.chunk_chain import chain_mac
 
 START = "POST /v1/runs"
 APPROVAL = "POST /v1/runs/{run_id}/approval"
+STOP = "POST /v1/runs/{run_id}/stop"
 CHAT = "POST /v1/chat/completions"
 TERMINAL_KINDS = ("done", "error")
-#: Operator failure codes that say, with `uncertain_outcome: false`, that Hermes refused or
-#: was never sent the start; they may follow a start only when Hermes itself rejected it.
-REJECTED_AFTER_START = {"connector.hermes_agent.operator_start_rejected"}
+_HERMES = "connector.hermes_agent."
+#: Certain failures that Hermes itself answered (a refusal: nothing happened there), so they
+#: may follow a request that reached it; by the kind of Action (`honest`).
+REFUSED_BY_HERMES: dict[str, frozenset[str]] = {
+    "objective": frozenset({_HERMES + "operator_start_rejected"}),
+    "chat": frozenset(
+        _HERMES + code for code in ("remote_rejected", "remote_temporary", "authentication")
+    ),
+    "resume": frozenset(
+        _HERMES + code
+        for code in (
+            "remote_rejected",
+            "remote_temporary",
+            "authentication",
+            "operator_run_not_active",
+            "approval_choice_not_offered",
+        )
+    ),
+}
+REFUSED_BY_HERMES["approval_objective"] = REFUSED_BY_HERMES["objective"]
 
 
 #: A product bug the campaign found and that is not fixed yet (docs/reliability.md, "Bugs
 #: found"): its violations are reported, counted and kept apart, so the suite's campaign
-#: still fails on anything else.
+#: still fails on anything else. Exactly this shape is known (`chunks`): the chain the
+#: signed result names is gap-free from seq 0 with one terminal chunk, its last, and every
+#: other chunk on the subject is a non-terminal one whose chain MAC verifies under the key
+#: of a fence below the result's, i.e. a superseded owner's chunk that landed late.
 KNOWN_STALE_CHUNKS = (
-    "known bug: chunks a superseded owner sent before its partition land after the "
-    "takeover and take the new owner's seqs (docs/reliability.md, bug 2)"
+    "known bug: chunks a superseded owner published land after the takeover, beside the "
+    "chain the result names (docs/reliability.md, bug 2)"
 )
 
 
@@ -87,7 +131,9 @@ class PlannedAction:
     """What the workload published: its kind, and for a resume the objective it answers."""
 
     action_id: str
-    kind: str  # read | objective | approval_objective | resume | chat
+    #: read | objective | approval_objective | resume | forged_resume | chat | delegation
+    #: (a delegation's id is its child's bus id)
+    kind: str
     source_id: str | None = None
 
 
@@ -98,10 +144,20 @@ class Evidence:
     acked: set[str]
     results: dict[str, list[bytes]] = field(default_factory=dict)
     chunks: dict[str, list[bytes]] = field(default_factory=dict)
+    #: Each chunk's `AIP-Chunk-Mac` header (None: none), in the same order as `chunks`.
+    chunk_macs: dict[str, list[str | None]] = field(default_factory=dict)
+    #: Each Action's receipts in audit-stream order (oldest first).
     receipts: dict[str, list[Receipt]] = field(default_factory=dict)
     leases: dict[str, dict[str, str]] = field(default_factory=dict)
     requests: list[Request] = field(default_factory=list)
     history: History = field(default_factory=History)
+    #: Each operator Action's Hermes run id, from its binding in Redis (when it has one).
+    runs: dict[str, str] = field(default_factory=dict)
+    #: Actions the workload sent only forged or unsigned cancels (never a genuine one).
+    forged_cancels: set[str] = field(default_factory=set)
+    #: Delegated children with a result on the stream that the trusted worker keys do not
+    #: verify, and why (`AipClient.believe_result`).
+    unverified: dict[str, str] = field(default_factory=dict)
 
 
 def sha256(data: bytes) -> str:
@@ -181,35 +237,82 @@ def one_result(ev: Evidence) -> list[Violation]:
     return out
 
 
+def _certain_failure(result: ActionResult, kind: str) -> bool:
+    """Failed with `uncertain_outcome: false`, other than by a refusal Hermes answered."""
+    error = result.error
+    return (
+        result.status is ResultStatus.FAILED
+        and error is not None
+        and not error.uncertain_outcome
+        and error.code.value not in REFUSED_BY_HERMES[kind]
+    )
+
+
+def _sent_per_action(ev: Evidence) -> Counter[str]:
+    """Requests that reached Hermes for each objective (its start) and chat (its turn)."""
+    sent: Counter[str] = Counter(
+        a for a in (_operator_action_id(r) for r in ev.requests if r.route == START) if a
+    )
+    chats = [a.action_id for a in ev.actions.values() if a.kind == "chat"]
+    for request in ev.requests:
+        if request.route == CHAT:
+            sent.update(_chat_action_ids(request, chats))
+    return sent
+
+
 def honest(ev: Evidence) -> list[Violation]:
-    starts = Counter(_operator_action_id(r) for r in ev.requests if r.route == START)
+    sent = _sent_per_action(ev)
     out: list[Violation] = []
     for action_id, planned in ev.actions.items():
-        if planned.kind not in ("objective", "approval_objective"):
+        if planned.kind not in ("objective", "approval_objective", "chat"):
             continue
-        for raw in set(ev.results.get(action_id, [])):
-            result = _decoded(raw)
-            if result is None:
-                continue
-            sent = starts.get(action_id, 0)
+        what = "chat turn(s)" if planned.kind == "chat" else "start(s)"
+        for result in filter(None, map(_decoded, set(ev.results.get(action_id, [])))):
             error = result.error
-            if (
-                result.status is ResultStatus.FAILED
-                and error is not None
-                and not error.uncertain_outcome
-                and sent
-                and error.code.value not in REJECTED_AFTER_START
-            ):
+            if sent[action_id] and _certain_failure(result, planned.kind) and error is not None:
                 out.append(
                     Violation(
                         "honest",
                         action_id,
-                        f"certain failure {error.code.value} although {sent} start(s) "
-                        f"reached Hermes: {error.message}",
+                        f"certain failure {error.code.value} although {sent[action_id]} "
+                        f"{what} reached Hermes: {error.message}",
                     )
                 )
-            if result.status is ResultStatus.COMPLETED and not sent:
-                out.append(Violation("honest", action_id, "completed, but no start reached Hermes"))
+            if result.status is ResultStatus.COMPLETED and not sent[action_id]:
+                out.append(
+                    Violation("honest", action_id, f"completed, but no {what} reached Hermes")
+                )
+    return out + _honest_resumes(ev)
+
+
+def _honest_resumes(ev: Evidence) -> list[Violation]:
+    """An approval reached the source's run, yet every resume of it ended certain: the one
+    that sent it claims nothing happened."""
+    approvals = Counter(r.run_id for r in ev.requests if r.route == APPROVAL)
+    resumes: dict[str, list[str]] = defaultdict(list)
+    for planned in ev.actions.values():
+        if planned.kind == "resume" and planned.source_id is not None:
+            resumes[planned.source_id].append(planned.action_id)
+    out: list[Violation] = []
+    for source_id, ids in resumes.items():
+        run_id = ev.runs.get(source_id)
+        if run_id is None or not approvals[run_id]:
+            continue
+        settled = [
+            result
+            for action_id in ids
+            for result in filter(None, map(_decoded, set(ev.results.get(action_id, []))))
+        ]
+        if len(settled) >= len(ids) and all(_certain_failure(r, "resume") for r in settled):
+            codes = sorted(r.error.code.value for r in settled if r.error is not None)
+            out.append(
+                Violation(
+                    "honest",
+                    ids[0],
+                    f"{approvals[run_id]} approval(s) reached run {run_id} of {source_id}, "
+                    f"but every resume of it failed certain: {codes}",
+                )
+            )
     return out
 
 
@@ -275,41 +378,207 @@ def fences_unique(ev: Evidence) -> list[Violation]:
     return out
 
 
+def delegation(ev: Evidence) -> list[Violation]:
+    out: list[Violation] = []
+    for planned in ev.actions.values():
+        if planned.kind != "delegation":
+            continue
+        child = planned.action_id
+        named = {
+            e.detail.get("child")
+            for e in ev.history.about(child)
+            if e.type == "ok" and e.op == "delegate"
+        }
+        if named - {child}:
+            out.append(
+                Violation(
+                    "delegation",
+                    child,
+                    f"the gateway answered one delegation with children {sorted(map(str, named))}",
+                )
+            )
+        if child in ev.unverified:
+            out.append(
+                Violation(
+                    "delegation",
+                    child,
+                    f"the child's result does not verify: {ev.unverified[child]}",
+                )
+            )
+    return out
+
+
+def fence_order(ev: Evidence) -> list[Violation]:
+    out: list[Violation] = []
+    for action_id, receipts in ev.receipts.items():
+        acquired = _acquisitions(receipts)
+        seen: set[int] = set()
+        highest = 0
+        for receipt in acquired:
+            if receipt.fence <= highest and not (
+                receipt.fence not in seen and _granted_before_next(acquired, receipt)
+            ):
+                out.append(
+                    Violation(
+                        "fence_order",
+                        action_id,
+                        f"fence {receipt.fence} acquired by {receipt.worker_id} after fence "
+                        f"{highest} on the audit stream",
+                    )
+                )
+            seen.add(receipt.fence)
+            highest = max(highest, receipt.fence)
+    return out
+
+
+def _granted_before_next(acquired: list[Receipt], late: Receipt) -> bool:
+    """Redis granted `late`'s fence before the next one: the next grant's receipt names
+    `late`'s worker as the owner it took over from, or found no owner (a release)."""
+    for receipt in acquired:
+        if receipt.fence == late.fence + 1:
+            previous = receipt.details.get("previous_owner")
+            if not previous or str(previous).startswith(f"{late.worker_id}#"):
+                return True
+    return False
+
+
+def signed_only(ev: Evidence) -> list[Violation]:
+    sent: dict[str, Counter[str]] = {
+        route: Counter(r.run_id for r in ev.requests if r.route == route and r.run_id)
+        for route in (APPROVAL, STOP)
+    }
+    genuine = {a.source_id for a in ev.actions.values() if a.kind == "resume"}
+    out: list[Violation] = []
+    for planned in ev.actions.values():
+        if planned.kind != "forged_resume" or planned.source_id is None:
+            continue
+        for result in filter(None, map(_decoded, set(ev.results.get(planned.action_id, [])))):
+            if result.status is not ResultStatus.FAILED:
+                out.append(
+                    Violation(
+                        "signed_only",
+                        planned.action_id,
+                        f"a resume with a forged approval ended {result.status.value}",
+                    )
+                )
+        run_id = ev.runs.get(planned.source_id)
+        if planned.source_id not in genuine and run_id and sent[APPROVAL][run_id]:
+            out.append(
+                Violation(
+                    "signed_only",
+                    planned.action_id,
+                    f"{sent[APPROVAL][run_id]} approval(s) reached run {run_id}, which only "
+                    "forged approvals answered",
+                )
+            )
+    for action_id in sorted(ev.forged_cancels):
+        run_id = ev.runs.get(action_id)
+        if run_id and sent[STOP][run_id]:
+            out.append(
+                Violation(
+                    "signed_only",
+                    action_id,
+                    f"{sent[STOP][run_id]} stop(s) reached run {run_id}, which only forged "
+                    "cancels named",
+                )
+            )
+        for result in filter(None, map(_decoded, set(ev.results.get(action_id, [])))):
+            if result.error is not None and result.error.code.value == _HERMES + "cancelled":
+                out.append(
+                    Violation(
+                        "signed_only", action_id, "cancelled, but only forged cancels named it"
+                    )
+                )
+    return out
+
+
 def chunks(ev: Evidence) -> list[Violation]:
     out: list[Violation] = []
     for action_id, copies in ev.results.items():
         if action_id not in ev.acked:
             continue
         raws = ev.chunks.get(action_id, [])
-        decoded = [json.loads(raw) for raw in raws]
-        seqs = [c["seq"] for c in decoded]
-        if seqs != list(range(len(seqs))):
-            out.append(Violation("chunks", action_id, f"chunk seqs not gap-free: {seqs}"))
-        breaks = [
-            c["seq"]
-            for previous, raw, c in zip(raws, raws[1:], decoded[1:], strict=False)
-            if c.get("prev_sha256") != sha256(previous)
-        ]
-        if breaks:
-            out.append(
-                Violation(
-                    "chunks",
-                    action_id,
-                    f"hash chain broken at seq {breaks}: chunks of two publishers",
-                )
-            )
-        terminal = [i for i, c in enumerate(decoded) if c["kind"] in TERMINAL_KINDS]
-        if len(terminal) != 1:
-            out.append(Violation("chunks", action_id, f"{len(terminal)} terminal chunks"))
-        elif terminal[0] != len(decoded) - 1:
-            out.append(Violation("chunks", action_id, "the terminal chunk is not the last"))
-        else:
-            names = {r.last_chunk_sha256 for r in filter(None, map(_decoded, set(copies)))}
-            if names != {sha256(raws[terminal[0]])}:
+        for result in filter(None, map(_decoded, set(copies))):
+            chain, broken = named_chain(raws, result.last_chunk_sha256)
+            if broken is not None:
+                out.append(Violation("chunks", action_id, broken))
+                continue
+            in_chain = {sha256(raws[i]) for i in chain}
+            extras = [i for i, raw in enumerate(raws) if sha256(raw) not in in_chain]
+            macs = ev.chunk_macs.get(action_id, [])
+            lease = ev.leases.get(action_id) or {}
+            stale = [i for i in extras if _stale(raws[i], _at(macs, i), lease, result.fence)]
+            others = [i for i in extras if i not in stale]
+            if others:
+                seqs = [json.loads(raws[i])["seq"] for i in others]
                 out.append(
-                    Violation("chunks", action_id, "the result names another terminal chunk")
+                    Violation(
+                        "chunks",
+                        action_id,
+                        f"chunks at seqs {seqs} outside the chain the result names, without "
+                        "a valid chain MAC of a superseded fence (forged, or its own fork)",
+                    )
+                )
+            if stale:
+                seqs = [json.loads(raws[i])["seq"] for i in stale]
+                out.append(
+                    Violation(
+                        "chunks",
+                        action_id,
+                        f"a superseded owner's chunks at seqs {seqs} stored beside the chain "
+                        f"the result names (fence {result.fence})",
+                        known=KNOWN_STALE_CHUNKS,
+                    )
                 )
     return out
+
+
+def named_chain(raws: list[bytes], last_sha256: str | None) -> tuple[list[int], str | None]:
+    """The chain the result vouches for, as indexes into `raws`, walked back from the
+    terminal chunk it names to seq 0 through each chunk's `prev_sha256`; or why there is
+    no such gap-free chain with exactly one terminal chunk, its last."""
+    by_sha = {sha256(raw): i for i, raw in enumerate(raws)}
+    at = by_sha.get(last_sha256 or "")
+    if at is None:
+        return [], f"the result names a terminal chunk the stream does not hold ({len(raws)} held)"
+    chain = [at]
+    chunk = json.loads(raws[at])
+    if chunk["kind"] not in TERMINAL_KINDS:
+        return [], f"the chunk the result names (seq {chunk['seq']}) is not terminal"
+    for _ in range(len(raws)):
+        if chunk["seq"] == 0:
+            if chunk.get("prev_sha256") is not None:
+                return [], "the chain's seq 0 names a chunk before it"
+            return chain[::-1], None
+        before = by_sha.get(chunk.get("prev_sha256") or "")
+        if before is None:
+            return [], f"the chain the result names breaks before seq {chunk['seq']} (a gap)"
+        previous = json.loads(raws[before])
+        if previous["seq"] != chunk["seq"] - 1:
+            return [], f"seq {previous['seq']} precedes seq {chunk['seq']} in the chain"
+        if previous["kind"] in TERMINAL_KINDS:
+            return [], f"a second terminal chunk at seq {previous['seq']} in the chain"
+        chain.append(before)
+        chunk = previous
+    return [], "the chain the result names loops"
+
+
+def _at(values: list[str | None], index: int) -> str | None:
+    return values[index] if index < len(values) else None
+
+
+def _stale(raw: bytes, mac: str | None, lease: dict[str, str], settled_fence: int) -> bool:
+    """A non-terminal chunk made by the delivery at a fence the settle superseded: its
+    `AIP-Chunk-Mac` verifies under that fence's chain key (from the lease record)."""
+    if mac is None or json.loads(raw)["kind"] in TERMINAL_KINDS:
+        return False
+    fence_text = mac.partition(":")[0]
+    if not fence_text.isdigit() or int(fence_text) >= settled_fence:
+        return False
+    key = lease.get(f"chain_key.{fence_text}")
+    return key is not None and hmac.compare_digest(
+        mac, chain_mac(key, int(fence_text), sha256(raw))
+    )
 
 
 def durable(ev: Evidence) -> list[Violation]:
@@ -345,25 +614,13 @@ RULES: tuple[Callable[[Evidence], list[Violation]], ...] = (
     honest,
     fence,
     fences_unique,
+    fence_order,
+    signed_only,
+    delegation,
     chunks,
     durable,
 )
 
 
 def check(ev: Evidence) -> list[Violation]:
-    found = [violation for rule in RULES for violation in rule(ev)]
-    stale = {
-        v.action_id
-        for v in found
-        if v.rule == "chunks" and "hash chain broken" in v.message and _taken_over(ev, v)
-    }
-    return [
-        replace(v, known=KNOWN_STALE_CHUNKS) if v.rule == "chunks" and v.action_id in stale else v
-        for v in found
-    ]
-
-
-def _taken_over(ev: Evidence, violation: Violation) -> bool:
-    """The Action's lease was acquired at two fences (a takeover happened)."""
-    fences = {r.fence for r in _acquisitions(ev.receipts.get(violation.action_id or "", []))}
-    return len(fences) > 1
+    return [violation for rule in RULES for violation in rule(ev)]

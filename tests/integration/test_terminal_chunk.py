@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import time
 
 import pytest
 from nats.js.api import StreamConfig
 from redis.asyncio import Redis
 
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
+from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import chunk_msg_id
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import ActionKeys
 
 MODELS = "GET /v1/models"
+#: The refused read's timeout: long enough for w1 to stream it, then passed on purpose.
+TIMEOUT_MS = 5000
 
 
 async def _short_duplicate_window(stack: Stack) -> None:
@@ -115,3 +119,29 @@ async def test_a_terminal_chunk_already_stored_is_not_published_again(stack: Sta
     await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
     await stack.settled_and_acked(timeout_s=30)
     await assert_one_closed_stream(stack, action.id)
+
+
+async def test_a_refusal_after_an_earlier_delivery_streamed_continues_its_chain(
+    stack: Stack,
+) -> None:
+    """docs/reliability.md, bug 4: w1 streams the read's data chunk (seq 0) and dies before
+    its settle; the redelivery comes after the Action's deadline and is refused. The
+    refusal's terminal chunk used to be made at seq 0 again, a second chunk at a seq the
+    stream held (a fork every reader refuses); it now continues the chain w1 left."""
+    action_id = new_action_id()
+    w1 = await stack.spawn("w1", fault_points=f"after_execute=exit@{action_id}")
+    # Built once w1 serves: its deadline runs from here.
+    action = stack.action("models", action_id=action_id, timeout_ms=TIMEOUT_MS)
+    await stack.publish(action)
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    assert [c.seq for c in await stack.chunks(action.id)] == [0]
+    deadline_s = (action.created_at_unix_ms + TIMEOUT_MS) / 1000
+    await asyncio.sleep(max(0.0, deadline_s + 0.5 - time.time()))
+    await stack.spawn("w2")
+    result = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    assert result.status is ResultStatus.FAILED
+    assert result.error is not None
+    assert result.error.code.value == "connector.hermes_agent.deadline_exceeded"
+    await stack.settled_and_acked(timeout_s=30)
+    await assert_one_closed_stream(stack, action.id)
+    assert [c.seq for c in await stack.chunks(action.id)] == [0, 1]

@@ -18,7 +18,7 @@ from worker.store.connection import is_transient, multiplexed, open_redis
 from worker.store.health import is_refused
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
-from worker.store.multiplexed import Multiplexed
+from worker.store.multiplexed import Multiplexed, pack
 from worker.testing.services import ServiceHandle
 
 #: A script that keeps Redis busy for ARGV[1] microseconds (DEBUG SLEEP is off by default).
@@ -204,3 +204,25 @@ async def test_a_closed_client_replaces_nothing(redis_server: ServiceHandle) -> 
     await asyncio.sleep(0.5)
     assert shared.connects == 1
     assert shared._wire is None
+
+
+async def test_a_call_on_a_connection_that_failed_after_it_was_handed_out_fails_at_once(
+    redis_server: ServiceHandle,
+) -> None:
+    """docs/reliability.md, bug 5: a caller that got the connection just before it failed
+    (a reset right after the connect) sent on it anyway; the call was never written nor
+    answered, and waited forever, holding its Action's settle, while the lease heartbeat
+    renewed on the next connection. It now fails at once, as a transient error."""
+    shared = Multiplexed.for_url(redis_server.url, timeout_s=0.5, connect_timeout_s=1.0)
+    assert shared is not None
+    try:
+        assert await shared.execute("PING") == b"PONG"
+        wire = shared._wire
+        assert wire is not None
+        wire.fail(RedisConnectionError("Connection reset by peer"))
+        with pytest.raises(RedisConnectionError) as failed:
+            await asyncio.wait_for(wire.send(pack(("PING",))), 5)
+        assert is_transient(failed.value)
+        assert await shared.execute("PING") == b"PONG"
+    finally:
+        await shared.aclose()

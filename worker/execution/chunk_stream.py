@@ -31,8 +31,8 @@ made here:
   published by the `Outbox` before the terminal chunk once the bus takes writes again. Only
   a stream's own limit (`discard: new` past `max_msgs`/`max_bytes`) or an overflow of the
   held bytes fails the Action `stream_publication`;
-- the whole stream of a refused Action, one terminal chunk at seq 0 made only from its
-  result's facts (`refusal_chunk`).
+- the terminal chunk of a refused Action, made only from its result's facts: at seq 0, or
+  after the chain an earlier delivery of it left (`refusal_chunk`, `refusal_start`).
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
 from worker.bus.publisher import BusPublisher, confirmed, refused_by_stream
 from worker.errors import ConnectorError
-from worker.execution.chunk_chain import chain_mac, continue_chain
+from worker.execution.chunk_chain import ChainStart, chain_mac, continue_chain
 from worker.execution.leases import HeldLease
 from worker.metrics import Metrics
 from worker.store.clock import now_ms
+from worker.store.keys import ActionKeys
 from worker.store.lease_store import ChunkHead, LeaseStore
 
 log = logging.getLogger(__name__)
@@ -448,20 +449,26 @@ class ChunkStream:
 
 
 def refusal_chunk(
-    action_id: str, endpoint_id: str, error: ProtocolError, settled_at_ms: int
+    action_id: str,
+    endpoint_id: str,
+    error: ProtocolError,
+    settled_at_ms: int,
+    *,
+    start: ChainStart | None = None,
 ) -> StreamChunk:
-    """The whole chunk stream of a refused Action: one `error` chunk at seq 0, made only
-    from its result's facts, so the same bytes (and hash) come back whichever delivery
-    publishes it."""
+    """The terminal chunk of a refused Action, made only from its result's facts: the whole
+    stream (one `error` chunk at seq 0) when nothing was published for the Action, else the
+    chunk that continues the chain an earlier delivery left (`refusal_start`). The settle
+    stores it with the result, so whichever delivery republishes it sends these bytes."""
     return make_chunk(
         ChunkKind.ERROR,
         action_id=action_id,
         endpoint_id=endpoint_id,
-        seq=0,
+        seq=start.next_seq if start is not None else 0,
+        prev_sha256=start.prev_sha256 if start is not None else None,
         ts_unix_ms=settled_at_ms,
         payload={"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
     )
-
 
 
 def replay_chunk(
@@ -487,3 +494,27 @@ def replay_chunk(
             "original_action_id": original_action_id,
         },
     )
+
+
+async def refusal_start(
+    publisher: BusPublisher,
+    leases: LeaseStore,
+    keys: ActionKeys,
+    *,
+    fence: int,
+    action_id: str,
+    endpoint_id: str,
+) -> ChainStart | None:
+    """Where a refusal at `fence` continues the Action's chunk chain: None at the first
+    fence (nothing was published), else after what earlier deliveries recorded and proved
+    (`continue_chain`, as a takeover's `ChunkStream.open`). A refusal after an earlier
+    delivery had streamed (a redelivery past the deadline) used to make its terminal chunk
+    at seq 0 again, a second chunk at a seq the stream already held, which every reader
+    takes for a fork (docs/reliability.md, bug 4)."""
+    if fence <= 1:
+        return None
+    record = await leases.chunk_chain(keys)
+    start = await continue_chain(
+        publisher, record, endpoint_id=endpoint_id, action_id=action_id, fence=fence
+    )
+    return start if start.next_seq > 0 else None

@@ -37,7 +37,7 @@ from schemas.ids import is_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.bus.dead_letters import Kept
 from worker.errors import Refusal, Rejected, attempted_before
-from worker.execution.chunk_stream import refusal_chunk, replay_chunk
+from worker.execution.chunk_stream import refusal_chunk, refusal_start, replay_chunk
 from worker.metrics import DeliveryOutcome
 from worker.pipeline.acquire import Acquire
 from worker.pipeline.delivery import Delivery
@@ -149,7 +149,11 @@ class Answers:
         if not await self.without_lease(delivery, grant):
             return
         settled_at = now_ms()
-        chunk = encode(refusal_chunk(action.id, endpoint_id, error, settled_at))
+        start = await refusal_start(
+            rt.publisher, rt.stores.leases, delivery.keys,
+            fence=grant.fence, action_id=action.id, endpoint_id=endpoint_id,
+        )  # fmt: skip
+        chunk = encode(refusal_chunk(action.id, endpoint_id, error, settled_at, start=start))
         # Settled as a plain refusal (nothing attempted): another request under the id may
         # still take it (a forgery refused first does not burn an approved id, issue 24);
         # an uncertain one, after an earlier attempt, stands for good.

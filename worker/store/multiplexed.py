@@ -139,6 +139,14 @@ class _Wire(asyncio.Protocol):
         turn, so one write carries them all. Replies still come in the order written.
         """
         future: asyncio.Future[Any] = self.loop.create_future()
+        if self.closed:
+            # A caller can hold a connection that failed after it was handed out (a reset
+            # right after the connect, while the caller waited to resume). Queued here, the
+            # call would never be written, and `fail` (already done) would never answer it:
+            # it waited forever while the lease's heartbeat, on the next connection, kept
+            # its Action held (docs/reliability.md, bug 5). It fails now, as transient.
+            future.set_exception(RedisConnectionError("Connection closed before the call."))
+            return future
         if not self.outbox:
             self.loop.call_soon(self._flush)
         self.outbox.append(command)
