@@ -13,7 +13,7 @@ import pytest
 
 from tests.chaos.launcher import MUTATIONS, install_mutation
 from worker.execution import leases
-from worker.operator import start
+from worker.operator import resume, start
 from worker.operator.binding import BindingState
 from worker.store import scripts
 
@@ -23,6 +23,7 @@ PATCHED: list[tuple[Any, str]] = [
     (leases.HeldLease, "check"),
     (leases.LeaseKeeper, "lose"),
     (start.StartFence, "_unknown"),
+    (resume, "_answering"),
 ]
 PATCHED_ORIGINALS = {name: owner.__dict__[name] for owner, name in PATCHED}
 
@@ -38,7 +39,11 @@ def restore() -> Iterator[None]:
 
 
 def test_every_mutation_has_a_test() -> None:
-    assert sorted(MUTATIONS) == ["resend_unbound_start", "stale_settle"]
+    assert sorted(MUTATIONS) == [
+        "resend_unbound_start",
+        "stale_settle",
+        "two_decisions_per_generation",
+    ]
 
 
 def test_stale_settle_unfences_the_settle_script_and_the_local_checks() -> None:
@@ -64,3 +69,12 @@ def test_resend_unbound_start_replaces_the_unknown_outcome_of_an_unbound_claim()
     for name in ("_claim", "_send", "claim_id"):
         assert name in inspect.getsource(start.StartFence), name
     assert BindingState.STARTING
+
+
+def test_two_decisions_per_generation_blinds_the_ledger_to_answered_generations() -> None:
+    """tests/qualify/test_qualify_generation_mutation.py installs it in the workers."""
+    install_mutation("two_decisions_per_generation")
+    assert resume.__dict__["_answering"] is not PATCHED_ORIGINALS["_answering"]
+    assert resume._answering(object(), 1) == []
+    # The ledger still asks `_answering` before it claims a generation: the hook bites.
+    assert inspect.getsource(resume).count("_answering(") >= 3  # its def and two callers
