@@ -198,6 +198,7 @@ def flush() -> None:
 
 # -- the helpers the rest of the code calls -------------------------------------------------
 
+
 class _Off:
     """A no-op context manager, about twice as fast to enter as `contextlib.nullcontext`
     (two plain methods, no state): what a span costs while tracing is off."""

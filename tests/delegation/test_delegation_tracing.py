@@ -29,9 +29,7 @@ async def test_a_delegation_through_the_gateway_continues_the_trace(
             handle = await dstack.delegate(request)
             result = await handle.result(timeout_s=30)
             assert result.status is ResultStatus.COMPLETED, result.error
-            worker = await receiver.wait_for(
-                lambda got: any(s.name == "aip.settle" for s in got)
-            )
+            worker = await receiver.wait_for(lambda got: any(s.name == "aip.settle" for s in got))
         local = [received(span) for span in here.get_finished_spans()]
 
     publish = one(local, "publish aip.hermes.{endpoint}.delegations")
