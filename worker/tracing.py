@@ -189,13 +189,6 @@ def disable() -> None:
     _on = None
 
 
-def flush() -> None:
-    """Export what is buffered now (a process about to exit without `atexit`)."""
-    on = _on
-    if on is not None and on.provider is not None:
-        on.provider.force_flush()
-
-
 # -- the helpers the rest of the code calls -------------------------------------------------
 
 
