@@ -58,6 +58,7 @@ from schemas.errors import ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
+from worker import tracing
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
@@ -239,6 +240,7 @@ class AipClient:
         arrive: under least-privilege roles the one prefix its NATS user may subscribe to
         (`AIPD_NATS_INBOX_PREFIX`, docs/security.md "Roles"); `connect_options` go to
         `nats.connect` (credentials: `nkeys_seed=`, `user_credentials=`, ...)."""
+        tracing.configure("aip-hermes-client")
         nc = await nats.connect(
             servers,
             max_reconnect_attempts=-1,
@@ -339,19 +341,8 @@ class AipClient:
         payload = encode(action)
         decode_action(payload, max_bytes=self.max_envelope_bytes)
         endpoint_id, _ = split_capability(action.capability)
-        headers = {
-            "Nats-Msg-Id": envelope_msg_id(action.id, payload),
-            **_signed_headers(payload, self.sign_key),
-        }
-        ack = await self.nc.jetstream().publish(
-            self.subjects.actions(endpoint_id), payload, headers=headers
-        )
-        return ActionHandle(
-            self,
-            endpoint_id,
-            action.id,
-            duplicate=bool(ack.duplicate),
-            envelope_sha256=sha256_hex(payload),
+        return await self._publish_envelope(
+            self.subjects.actions(endpoint_id), endpoint_id, action.id, payload
         )
 
     async def submit(self, **fields: Any) -> ActionHandle:
@@ -371,13 +362,24 @@ class AipClient:
         decode_delegation(payload, max_bytes=self.max_envelope_bytes)
         endpoint_id = delegate_endpoint(request)
         action_id = delegation_action_id(request.delegation_id)
-        headers = {
-            "Nats-Msg-Id": envelope_msg_id(action_id, payload),
-            **_signed_headers(payload, self.sign_key),
-        }
-        ack = await self.nc.jetstream().publish(
-            self.subjects.delegations(endpoint_id), payload, headers=headers
+        return await self._publish_envelope(
+            self.subjects.delegations(endpoint_id), endpoint_id, action_id, payload
         )
+
+    async def _publish_envelope(
+        self, subject: str, endpoint_id: str, action_id: str, payload: bytes
+    ) -> ActionHandle:
+        """Publish an envelope (signed when a key is set) under its content-bound Msg-Id,
+        inside a producer span whose trace the workers continue (`worker.tracing`)."""
+        msg_id = envelope_msg_id(action_id, payload)
+        headers = {"Nats-Msg-Id": msg_id, **_signed_headers(payload, self.sign_key)}
+        with tracing.producing(
+            tracing.subject_template(subject),
+            subject,
+            headers,
+            {"messaging.message.id": msg_id, "aip.action_id": action_id},
+        ):
+            ack = await self.nc.jetstream().publish(subject, payload, headers=headers)
         return ActionHandle(
             self,
             endpoint_id,
@@ -425,11 +427,10 @@ class AipClient:
             CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
         )
         decode_cancel(payload, max_bytes=self.max_envelope_bytes)
+        headers = _signed_headers(payload, self.sign_key)
+        tracing.inject(headers)
         reply = await self.nc.request(
-            self.subjects.cancel(endpoint_id),
-            payload,
-            timeout=5.0,
-            headers=_signed_headers(payload, self.sign_key) or None,
+            self.subjects.cancel(endpoint_id), payload, timeout=5.0, headers=headers or None
         )
         return _reply_decoder.decode(reply.data)
 

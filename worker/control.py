@@ -27,7 +27,7 @@ from schemas.cancel import CancelReply
 from schemas.codec import decode_cancel, encode
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.manifest import CapabilityManifest
-from worker import __version__
+from worker import __version__, tracing
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, protocol_error
 from worker.operations.base import Registry
@@ -129,7 +129,13 @@ class ControlPlane:
 
     def _cancel_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
-            reply = await self.cancel(endpoint_id, request.data, request.headers or {})
+            headers = request.headers or {}
+            with tracing.span(
+                "process aip.hermes.{endpoint}.cancel",
+                kind="consumer",
+                carrier=tracing.trace_context(headers),
+            ):
+                reply = await self.cancel(endpoint_id, request.data, headers)
             await request.respond(encode(reply))
 
         return handle
@@ -189,8 +195,12 @@ class ControlPlane:
             state=state.value,
         )
         if state in _DURABLE:
+            notice: dict[str, str] = {}
+            tracing.inject(notice)
             await self.nc.publish(
-                rt.subjects.cancel_notice(endpoint_id), request.action_id.encode()
+                rt.subjects.cancel_notice(endpoint_id),
+                request.action_id.encode(),
+                headers=notice or None,
             )
         if state is CancelState.PENDING:
             reported = "pending"

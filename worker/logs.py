@@ -1,9 +1,11 @@
 """Logging: JSON lines for machines, a short human format for terminals; never a secret.
 
 Records carry Action context (`action_id`, `endpoint`, `capability`, `fence`, `trace_id`)
-when the caller passes them in `extra`. Secrets cannot reach a record by accident: keys are
-`Secret` objects whose repr is masked, and messages are built from route templates and
-exception class names, never from provider bodies.
+when the caller passes them in `extra`, and, logged inside an OpenTelemetry span
+(`worker.tracing`), that span's `otel_trace_id` and `span_id` (`trace_id` already names the
+AIP Envelope's trace id, which is not the OpenTelemetry one). Secrets cannot reach a record
+by accident: keys are `Secret` objects whose repr is masked, and messages are built from
+route templates and exception class names, never from provider bodies.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+
+from worker import tracing
 
 CONTEXT_FIELDS = ("action_id", "endpoint", "capability", "fence", "trace_id", "worker_id")
 
@@ -30,6 +34,9 @@ class JsonFormatter(logging.Formatter):
             value = getattr(record, name, None)
             if value is not None:
                 doc[name] = value
+        span = tracing.log_ids()
+        if span is not None:
+            doc["otel_trace_id"], doc["span_id"] = span
         if record.exc_info and record.exc_info[0] is not None:
             doc["error"] = record.exc_info[0].__name__
             doc["traceback"] = self.formatException(record.exc_info)

@@ -2,6 +2,8 @@
 
     .venv/bin/python -m tests.bench                    # every figure, 3 runs (≈15 min)
     .venv/bin/python -m tests.bench --figures 1,3 --runs 1 --actions 300   # a quick look
+    .venv/bin/python -m tests.bench --figures 1 --runs 1 --systems ours,raw --otel
+                                                       # tracing's cost (`ours-otel`)
 
 Figures 1-3 are repeated `--runs` times, systems interleaved inside each round so a noisy
 minute hurts every system alike; the tables show medians. Figures 4 and 5 are driven by
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import json
 import sys
@@ -22,6 +25,7 @@ from typing import Any
 
 from tests.bench import counting, inflight, recovery, relay, report, throughput
 from tests.bench.env import Bench
+from tests.otel import otlp_receiver, traced
 
 
 def _machine() -> str:
@@ -49,14 +53,23 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     bench = Bench.start()
     out: dict[str, Any] = {"machine": _machine(), "root": str(bench.root)}
     print(f"# bench session in {bench.root}\n{out['machine']}\n", flush=True)
+    sinks = contextlib.AsyncExitStack()
     try:
         if figures & {1, 2}:
             counts = sorted(({1} if 1 in figures else set()) | ({2, 4} if 2 in figures else set()))
             results = []
+            otel: dict[str, str] | None = None
+            if args.otel:
+                sink = await sinks.enter_async_context(otlp_receiver(decode=False))
+                otel = traced(sink, "bench") | {"OTEL_BSP_SCHEDULE_DELAY": "1000"}
             for round_ in range(args.runs):
                 for workers in counts:
-                    for system in throughput.SYSTEMS:
-                        result = await throughput.measure(bench, system, workers, args.actions)
+                    traced_too = args.otel and workers == 1 and 1 in figures
+                    systems = [s for s in throughput.SYSTEMS if s in args.systems.split(",")]
+                    for system in (*systems, *((throughput.TRACED,) * traced_too)):
+                        result = await throughput.measure(
+                            bench, system, workers, args.actions, otel=otel
+                        )
                         print(f"  round {round_ + 1} {system} x{workers}: "
                               f"{result.actions_per_s:,.0f} Actions/s", flush=True)
                         results.append(result)
@@ -91,6 +104,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("\n## Figure 5: recovery after kill -9\n" + report.recovery_table(recovered)
                   + "\n", flush=True)
     finally:
+        await sinks.aclose()
         bench.close()
     return out
 
@@ -101,6 +115,11 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="repetitions of figures 1-3")
     parser.add_argument("--slow-runs", type=int, default=1, help="repetitions of figures 4-5")
     parser.add_argument("--actions", type=int, default=1000, help="Actions per throughput run")
+    parser.add_argument("--systems", default=",".join(throughput.SYSTEMS),
+                        help="the systems of figures 1-2 (a peer's extra may be missing)")
+    parser.add_argument("--otel", action="store_true",
+                        help="figure 1 also runs our worker with OpenTelemetry tracing on "
+                             "(`ours-otel`, spans sent to a sink in the bench process)")
     parser.add_argument("--flood", type=int, default=10_000, help="events of the relay run")
     parser.add_argument("--inflight", type=int, default=inflight.RUNS,
                         help="runs figure 4 holds in one worker (at most 10,000)")

@@ -17,6 +17,7 @@ import asyncio
 import sys
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,12 +37,17 @@ from tests.bench.workload import (
 )
 
 SYSTEMS = ("ours", "raw", "faststream", "arq")
+#: Our worker with OpenTelemetry tracing on (`--otel`, figure 1 only): every span exported
+#: over OTLP/HTTP to a sink in the bench process (docs/tracing.md#cost).
+TRACED = "ours-otel"
+OURS = ("ours", TRACED)
 #: What a peer's worker process imports beyond the test suite (checked before it starts).
 PEER_MODULES = {"faststream": ("faststream",), "arq": ("arq", "click")}
 #: In-flight Actions per worker process, for every system (the raw loop's 100).
 IN_FLIGHT = 100
 _READY = {
     "ours": "bound to consumer",
+    TRACED: "bound to consumer",
     "raw": "raw loop ready",
     "faststream": "faststream ready",
     "arq": "arq ready",
@@ -79,7 +85,7 @@ def start_workers(
         count_file = bench.root / f"{name}.counts"
         count_file.unlink(missing_ok=True)
         env = {counting.COUNT_FILE_ENV: str(count_file)}
-        if system == "ours":
+        if system in OURS:
             settings = {
                 "AIPD_WORKER_ID": name,
                 "AIPD_CONCURRENCY": str(IN_FLIGHT),
@@ -120,7 +126,7 @@ async def prepare(bench: Bench, system: str, count: int, *, ack_wait_s: float = 
     envelopes = build_envelopes(bench, count) if objective is None else build_envelopes(
         bench, count, objective
     )
-    if system == "ours":
+    if system in OURS:
         await approve_all(bench, envelopes)
     return envelopes
 
@@ -129,7 +135,7 @@ async def offer(bench: Bench, system: str, nc: Any, envelopes: list[Envelope]) -
     """Hand the Actions to the system; returns the monotonic time work could begin."""
     if system == "arq":
         return await enqueue_arq(bench, envelopes)
-    subject = bench.subjects.actions(ENDPOINT) if system == "ours" else PEER_SUBJECT
+    subject = bench.subjects.actions(ENDPOINT) if system in OURS else PEER_SUBJECT
     started = time.monotonic()
     await publish_all(nc, subject, envelopes)
     return started
@@ -182,10 +188,18 @@ def _server_cpu(bench: Bench) -> tuple[float, float, float]:
     return cpu_s_of(bench.nats_server.pid), cpu_s_of(bench.redis_server.pid), bench.fake.cpu_s()
 
 
-async def measure(bench: Bench, system: str, workers: int, count: int) -> Throughput:
+async def measure(
+    bench: Bench,
+    system: str,
+    workers: int,
+    count: int,
+    *,
+    otel: Mapping[str, str] | None = None,
+) -> Throughput:
     envelopes = await prepare(bench, system, count)
     ids = {e.action_id for e in envelopes}
-    procs = start_workers(bench, system, workers)
+    # A traced worker gets the OTEL_* variables; every other system runs as before.
+    procs = start_workers(bench, system, workers, **(otel or {} if system == TRACED else {}))
     nc = await nats.connect(bench.nats_url)
     try:
         completions = Completions()

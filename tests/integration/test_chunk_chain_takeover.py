@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
@@ -186,9 +186,12 @@ class _LosesFirstPublication(BusPublisher):
         subject: str | None = None,
         sha256: str | None = None,
         mac: str | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> asyncio.Future[PubAck]:
         if chunk.seq != self.lost:
-            return await super().chunk(chunk, data, subject=subject, sha256=sha256, mac=mac)
+            return await super().chunk(
+                chunk, data, subject=subject, sha256=sha256, mac=mac, trace=trace
+            )
         self.lost = None
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         future.set_exception(nats.errors.TimeoutError())

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import msgspec
 import nats
@@ -137,6 +137,7 @@ class _FailingFirst(BusPublisher):
         subject: str | None = None,
         sha256: str | None = None,
         mac: str | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> asyncio.Future[PubAck]:
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         if chunk.seq == 0:

@@ -33,6 +33,7 @@ from subjects.grammar import (
     escalation_resolution_msg_id,
     result_msg_id,
 )
+from worker import tracing
 from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
 
@@ -68,15 +69,22 @@ def refused_by_stream(exc: BaseException) -> bool:
 
 
 def chunk_headers(
-    chunk: StreamChunk, payload: bytes, sha256: str | None = None, mac: str | None = None
+    chunk: StreamChunk,
+    payload: bytes,
+    sha256: str | None = None,
+    mac: str | None = None,
+    trace: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
     """A chunk's headers: its content-bound `Nats-Msg-Id` (seq and the bytes' hash, so a
-    republish of the same bytes is a duplicate and a forgery at that seq is not), and its
-    chain MAC when the chunk stream gives one."""
+    republish of the same bytes is a duplicate and a forgery at that seq is not), its
+    chain MAC when the chunk stream gives one, and its batch's trace context when traced
+    (`worker.tracing`; computed once per batch, not per chunk)."""
     digest = sha256 or hashlib.sha256(payload).hexdigest()
     headers = {MSG_ID: chunk_msg_id(chunk.action_id, chunk.seq, digest)}
     if mac is not None:
         headers[CHAIN_MAC_HEADER] = mac
+    if trace:
+        headers.update(trace)
     return headers
 
 
@@ -142,16 +150,21 @@ class BusPublisher:
         subject: str | None = None,
         sha256: str | None = None,
         mac: str | None = None,
+        trace: Mapping[str, str] | None = None,
     ) -> asyncio.Future[PubAck]:
         """Send a chunk now (as `data`, with its `sha256`, when the caller already encoded
         and hashed it; to `subject` when the caller already built the Action's chunk
         subject, as a stream of thousands of chunks does once; with `mac`, its chain MAC:
-        `worker.execution.chunk_chain`); the returned future confirms it (see `confirm`)."""
+        `worker.execution.chunk_chain`; with `trace`, its batch's trace headers); the
+        returned future confirms it (see `confirm`)."""
         payload = encode(chunk) if data is None else data
+        headers = chunk_headers(chunk, payload, sha256, mac, trace)
+        if trace is None:
+            tracing.inject(headers)  # a lone chunk (the terminal one): the current span's
         return await self._publish_async(
             subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
             payload,
-            chunk_headers(chunk, payload, sha256, mac),
+            headers,
             self.confirm_timeout_s,
         )
 
@@ -169,12 +182,14 @@ class BusPublisher:
         """One awaited publish of a chunk whose confirmation went missing, no retry: the
         chunk stream holds it back when the bus refuses it (`worker.execution.chunk_stream`)."""
         payload = encode(chunk)
+        headers = chunk_headers(chunk, payload, mac=mac)
+        tracing.inject(headers)
         try:
             ack = await self.js.publish(
                 subject or self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
                 payload,
                 timeout=self.confirm_timeout_s,
-                headers=chunk_headers(chunk, payload, mac=mac),
+                headers=headers,
             )
         except Exception as exc:
             if not refused_by_stream(exc):
@@ -210,12 +225,16 @@ class BusPublisher:
             await self.before_result(action_id)
         digest = hashlib.sha256(stored).hexdigest()
         signature = self.signer.headers(stored) if self.signer is not None else None
-        return await self._publish(
-            self.subjects.results(endpoint_id, action_id),
-            stored,
-            result_msg_id(action_id, digest),
-            signature,
-        )
+        subject = self.subjects.results(endpoint_id, action_id)
+        msg_id = result_msg_id(action_id, digest)
+        headers = dict(signature or {})
+        with tracing.producing(
+            tracing.subject_template(subject),
+            subject,
+            headers,
+            {"messaging.message.id": msg_id, "messaging.message.body.size": len(stored)},
+        ):
+            return await self._publish(subject, stored, msg_id, headers)
 
     async def escalation(self, escalation: Escalation) -> PubAck:
         """Awaited, like a result: it is published before the result it belongs to, so a
@@ -287,6 +306,7 @@ class BusPublisher:
             headers = {MSG_ID: receipt.receipt_id}
             if sign and self.signer is not None:
                 headers.update(self.signer.headers(payload))
+            tracing.inject(headers)
             nc = self.nc
             if nc is not None:
                 await nc.publish(subject, payload, headers=headers)
@@ -311,6 +331,7 @@ class BusPublisher:
         `give_up_when_full`, a full stream raises `StreamFull` at once instead."""
         all_headers = dict(headers or {})
         all_headers[MSG_ID] = msg_id
+        tracing.inject(all_headers)  # after any signature: none covers these headers
         delay = 0.05
         deadline = asyncio.get_running_loop().time() + self.confirm_timeout_s * 3
         while True:

@@ -236,8 +236,10 @@ async def _signing_client(
     """The connection and a client that signs with `sign_key` and refuses, before signing,
     an envelope over the deployment's `AIPD_MAX_ENVELOPE_BYTES` (what `submit` and `cancel`
     publish)."""
+    from worker import tracing
     from worker.client import AipClient
 
+    tracing.configure("aip-hermes-client")  # `submit` starts the trace the workers continue
     nc = await _connect(settings)
     client = AipClient(
         nc,

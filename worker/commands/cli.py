@@ -20,6 +20,7 @@ import sys
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from worker import tracing
 from worker.commands.cli_settings import (
     ENDPOINTS,
     NATS,
@@ -46,6 +47,7 @@ async def cmd_run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     setup_logging(settings.log_format, settings.log_level)
+    tracing.configure("aip-hermes-worker")
     registry = build_registry(settings)
     worker = Worker(
         settings,
@@ -78,6 +80,7 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         field = ".".join(str(part) for part in first["loc"])
         raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
     setup_logging(settings.log_format, settings.log_level)
+    tracing.configure("aip-hermes-gateway")
     # The MCP SDK logs every request at info; the gateway's own lines say what matters.
     logging.getLogger("mcp").setLevel(logging.WARNING)
     try:

@@ -64,6 +64,7 @@ from schemas.dlq import (
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_dlq_id, new_action_id
 from subjects.grammar import Subjects
+from worker import tracing
 from worker.bus.stream_reads import drain
 from worker.commands.cli_settings import add_settings_flags, settings_from
 from worker.errors import DlqRefused, TrustConfigError, UnverifiedResponse
@@ -286,6 +287,7 @@ async def file_receipt(
     headers = {"Nats-Msg-Id": receipt.receipt_id}
     if seed is not None:
         headers.update(sign_envelope(data, seed))
+    tracing.inject(headers)
     await js.publish(subjects.audit(endpoint_id, dlq_id), data, headers=headers)
     return receipt
 

@@ -27,6 +27,7 @@ from schemas.audit import Receipt, ReceiptEvent
 from schemas.codec import encode
 from schemas.escalation import Escalation
 from subjects.grammar import Subjects
+from worker import tracing
 from worker.errors import NotAuthorized, ResolutionRefused, TrustConfigError
 from worker.operator.binding import decode_binding
 from worker.operator.sealed_command import open_sealed
@@ -141,4 +142,5 @@ async def _file_receipt(
     )
     data = encode(receipt)
     headers = {"Nats-Msg-Id": receipt.receipt_id, **sign_envelope(data, seed)}
+    tracing.inject(headers)
     await js.publish(subjects.audit(escalation.endpoint_id, source), data, headers=headers)

@@ -40,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import msgspec
@@ -49,6 +51,7 @@ from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
+from worker import tracing
 from worker.bus.publisher import BusPublisher, confirmed, refused_by_stream
 from worker.errors import ConnectorError
 from worker.execution.chunk_chain import ChainStart, chain_mac, continue_chain
@@ -61,6 +64,8 @@ from worker.store.lease_store import ChunkHead, LeaseStore
 log = logging.getLogger(__name__)
 
 TERMINAL_KINDS = frozenset({ChunkKind.DONE, ChunkKind.ERROR})
+#: The trace headers of an untraced chunk: given (so the publisher adds none) and empty.
+_UNTRACED: Mapping[str, str] = MappingProxyType({})
 
 #: Chunks published since the last collection before `emit` collects the confirmations
 #: that have arrived (without waiting for the rest).
@@ -131,6 +136,10 @@ class ChunkStream:
         #: the result (`owed`).
         self._owed: list[tuple[StreamChunk, bytes]] = []
         self._owed_bytes = 0
+        #: The current batch's span and its trace headers (None: untraced, or no batch
+        #: open): one span per `CONFIRM_BATCH` chunks, not one per chunk (`worker.tracing`).
+        self._batch: tracing.Span | None = None
+        self._batch_trace: Mapping[str, str] = _UNTRACED
 
     @classmethod
     async def open(
@@ -234,9 +243,16 @@ class ChunkStream:
             # Held: an earlier chunk is waiting for the bus, and nothing may overtake it.
             self._hold([(chunk, data)])
         else:
+            if self._since_collect == 0 and self._batch is None:
+                self._open_batch()
             try:
                 future = await self.publisher.chunk(
-                    chunk, data, subject=self._subject, sha256=sha, mac=self._mac(data, sha)
+                    chunk,
+                    data,
+                    subject=self._subject,
+                    sha256=sha,
+                    mac=self._mac(data, sha),
+                    trace=self._batch_trace,
                 )
             except Exception as exc:
                 self._refused(chunk.seq, exc)
@@ -290,8 +306,33 @@ class ChunkStream:
             await self._confirm_oldest(settled)
         if self._frontier is not None:
             await self._record(self._frontier)
-        self._since_collect = 0
+        self._close_batch()
         self._prune_at = max(PRUNE_EVERY, 2 * len(self._pending))
+
+    def _open_batch(self) -> None:
+        """A producer span for the chunks up to the next collect (nothing when untraced)."""
+        if not tracing.enabled():
+            return
+        template = tracing.subject_template(self._subject)
+        self._batch = tracing.start(
+            f"publish {template}",
+            kind="producer",
+            attributes=tracing.messaging(
+                "publish",
+                self._subject,
+                template,
+                {"aip.action_id": self.action_id, "aip.chunk.first_seq": self._seq},
+            ),
+        )
+        self._batch_trace = tracing.headers_of(self._batch) or _UNTRACED
+
+    def _close_batch(self) -> None:
+        """End the batch span, counting what it published; the next chunk opens another."""
+        tracing.end(
+            self._batch, attributes={"messaging.batch.message_count": self._since_collect}
+        )
+        self._batch, self._batch_trace = None, _UNTRACED
+        self._since_collect = 0
 
     async def confirm(self) -> None:
         """Wait for the confirmations of every chunk sent so far, then send the chunks held
@@ -299,7 +340,7 @@ class ChunkStream:
         the result and the `Outbox` publishes it before the terminal chunk (a full
         JetStream store must not turn a finished turn into a failure)."""
         await self._confirm_oldest(len(self._pending))
-        self._since_collect = 0
+        self._close_batch()
         self._prune_at = PRUNE_EVERY
         if self._owed:
             await self._send_owed()

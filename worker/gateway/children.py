@@ -41,7 +41,7 @@ from schemas.errors import ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
-from worker import faults
+from worker import faults, tracing
 from worker.bus.stream_reads import SubjectFollower
 from worker.errors import ActionIdTaken, UnverifiedResponse
 from worker.gateway.observe import GatewayMetrics
@@ -169,11 +169,16 @@ class Children:
         is bound to the bytes): it cannot pre-empt the child, and its result, naming
         another envelope, is never the child's. A recovery re-send expects the duplicate."""
         payload = self.envelope(record.action, route)
-        headers = {
-            "Nats-Msg-Id": envelope_msg_id(record.action.id, payload),
-            **sign_envelope(payload, self.seed),
-        }
-        ack = await self.js.publish(route.subjects.actions, payload, headers=headers)
+        msg_id = envelope_msg_id(record.action.id, payload)
+        headers = {"Nats-Msg-Id": msg_id, **sign_envelope(payload, self.seed)}
+        subject = route.subjects.actions
+        with tracing.producing(
+            tracing.subject_template(subject),
+            subject,
+            headers,
+            {"messaging.message.id": msg_id, "aip.action_id": record.action.id},
+        ):
+            ack = await self.js.publish(route.subjects.actions, payload, headers=headers)
         if first and ack.duplicate:
             raise ActionIdTaken(record.action.id)
         faults.hit("gateway_after_dispatch", record.action.id)
@@ -317,10 +322,9 @@ class Children:
         payload = encode(
             CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
         )
+        headers = sign_envelope(payload, self.seed)
+        tracing.inject(headers)
         reply = await self.nc.request(
-            route.subjects.cancel,
-            payload,
-            timeout=CANCEL_TIMEOUT_S,
-            headers=sign_envelope(payload, self.seed),
+            route.subjects.cancel, payload, timeout=CANCEL_TIMEOUT_S, headers=headers
         )
         return _reply_decoder.decode(reply.data)

@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
+from worker import tracing
 from worker.errors import ConnectorError
 from worker.gateway.children import now_ms
 from worker.gateway.http_limits import (
@@ -263,6 +264,25 @@ class GatewayHttp:
         *,
         action_id: object = None,
         capability: object = None,
+    ) -> CallToolResult:
+        request = ctx.request_context.request
+        with tracing.span(
+            f"execute_tool {tool}",
+            kind="server",
+            attributes={"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": tool},
+            # The caller's trace (a Hermes run that propagates W3C trace context).
+            carrier=tracing.trace_context(request.headers) if request is not None else {},
+        ):
+            return await self._tool(tool, ctx, body, action_id=action_id, capability=capability)
+
+    async def _tool(
+        self,
+        tool: str,
+        ctx: Context,  # type: ignore[type-arg]
+        body: Callable[[Principal], Awaitable[dict[str, Any]]],
+        *,
+        action_id: object,
+        capability: object,
     ) -> CallToolResult:
         principal = self._principal_of(ctx)
         if principal is None:  # expired since the 401 gate, or no token reached the tool

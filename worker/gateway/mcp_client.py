@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
+from worker import tracing
 from worker.errors import McpHttpRefused
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ async def exchange(url: str, token: str | None, use: Callable[[ClientSession], A
     from mcp.client.streamable_http import streamable_http_client
 
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    tracing.inject(headers)  # the caller's trace continues at the server (`worker.tracing`)
     try:
         async with (
             httpx.AsyncClient(headers=headers, timeout=CALL_TIMEOUT_S) as http,

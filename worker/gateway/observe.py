@@ -26,6 +26,7 @@ from schemas.audit import DetailValue, Receipt, ReceiptEvent
 from schemas.codec import encode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
+from worker import tracing
 from worker.trust.signing import sign_envelope
 
 log = logging.getLogger(__name__)
@@ -126,6 +127,7 @@ class ToolReceipts:
         headers = {"Nats-Msg-Id": receipt.receipt_id}
         if self.seed is not None:
             headers.update(sign_envelope(data, self.seed))
+        tracing.inject(headers)
         try:
             await self.nc.publish(
                 self.subjects.audit(endpoint, receipt_action), data, headers=headers

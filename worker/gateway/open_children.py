@@ -46,6 +46,7 @@ from nats.js.errors import APIError, NotFoundError
 
 from schemas.errors import ErrorCode
 from subjects.grammar import Subjects
+from worker import tracing
 from worker.bus.stream_reads import drain
 from worker.errors import ConnectorError
 from worker.trust.signing import (
@@ -159,6 +160,7 @@ class OpenChildren:
             payload = msgspec.json.encode(updated)
             headers = {"Nats-Expected-Last-Subject-Sequence": str(seq)}
             headers.update(sign_envelope(payload, self.seed))
+            tracing.inject(headers)
             try:
                 await self.js.publish(subject, payload, headers=headers)
                 return

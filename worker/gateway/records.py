@@ -23,6 +23,7 @@ from nats.js.errors import APIError, NotFoundError
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from subjects.grammar import Subjects
 from subjects.streams import StreamPolicy, runtime_store_configs
+from worker import tracing
 from worker.delegation.stores import StoreRecords, decode_record
 from worker.errors import QueueEntryExists
 from worker.gateway.open_children import OpenChildren
@@ -108,6 +109,7 @@ class RuntimeStoreWriter:
         headers = {"Nats-Msg-Id": msg_id, **(extra or {})}
         if self.sign:
             headers.update(sign_envelope(payload, self.seed))
+        tracing.inject(headers)
         await self.js.publish(subject, payload, headers=headers)
 
 

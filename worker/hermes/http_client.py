@@ -20,10 +20,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
-from contextlib import asynccontextmanager, suppress
+from contextlib import AbstractContextManager, asynccontextmanager, suppress
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import aiohttp
 import httpx
@@ -31,6 +31,7 @@ import msgspec
 from httpx_aiohttp import AiohttpTransport
 
 from schemas.errors import ErrorCode
+from worker import tracing
 from worker.endpoints import Endpoint
 from worker.errors import (
     ConnectorError,
@@ -251,6 +252,7 @@ class HermesClient:
         for name, value in (headers or {}).items():
             all_headers[name.lower()] = value
         all_headers["accept"] = accept
+        tracing.inject(all_headers)  # the request's span (`_span`), Hermes's parent
         if json_body is not None:
             content = msgspec.json.encode(json_body)
         if content is not None:
@@ -296,48 +298,49 @@ class HermesClient:
         `Exchange` (cancellation aside), never an exception: the operator's unsafe start,
         which must tell "never sent" from "may have run". The answer's body is kept up to
         `max_body_bytes` (a larger one is None)."""
-        request = self._build(
-            method,
-            route,
-            params,
-            content=body,
-            headers=headers,
-            protected=True,
-            accept="application/json",
-        )
-        started = time.monotonic()
-        status: int | None = None
-        raw: bytes | None = b""
-        response_headers: Mapping[str, str] = {}
-        failure: str | None = None
-        try:
-            async with asyncio.timeout(timeout_s):
-                response = await self.send(request)
-                try:
-                    raw = await _read_bounded(response, max_body_bytes)
-                finally:
-                    await response.aclose()
-            status, response_headers = response.status_code, response.headers
-            code = error_code_of(raw) if status == 503 and raw is not None else None
-            answer = answer_of(status, code)
-        except TimeoutError:
-            answer = Answer.TIMED_OUT
-        except _TRANSPORT_ERRORS as exc:
-            answer = Answer.NOT_SENT if _never_sent(exc, self.transport_name) else Answer.LOST
-            failure = type(exc).__name__
-        exchange = Exchange(
-            endpoint_id=self.endpoint.id,
-            method=method,
-            route=route,
-            answer=answer,
-            status=status,
-            seconds=time.monotonic() - started,
-            body=raw if status is not None else b"",
-            headers=response_headers,
-            failure=failure,
-        )
-        self._report(exchange)
-        return exchange
+        with self._span(method, route):
+            request = self._build(
+                method,
+                route,
+                params,
+                content=body,
+                headers=headers,
+                protected=True,
+                accept="application/json",
+            )
+            started = time.monotonic()
+            status: int | None = None
+            raw: bytes | None = b""
+            response_headers: Mapping[str, str] = {}
+            failure: str | None = None
+            try:
+                async with asyncio.timeout(timeout_s):
+                    response = await self.send(request)
+                    try:
+                        raw = await _read_bounded(response, max_body_bytes)
+                    finally:
+                        await response.aclose()
+                status, response_headers = response.status_code, response.headers
+                code = error_code_of(raw) if status == 503 and raw is not None else None
+                answer = answer_of(status, code)
+            except TimeoutError:
+                answer = Answer.TIMED_OUT
+            except _TRANSPORT_ERRORS as exc:
+                answer = Answer.NOT_SENT if _never_sent(exc, self.transport_name) else Answer.LOST
+                failure = type(exc).__name__
+            exchange = Exchange(
+                endpoint_id=self.endpoint.id,
+                method=method,
+                route=route,
+                answer=answer,
+                status=status,
+                seconds=time.monotonic() - started,
+                body=raw if status is not None else b"",
+                headers=response_headers,
+                failure=failure,
+            )
+            self._report(exchange)
+            return exchange
 
     async def request_json(
         self,
@@ -356,50 +359,53 @@ class HermesClient:
         `total_timeout_s` is the Action's remaining time: passing it is `deadline_exceeded`.
         The endpoint's own total timeout, when it is the shorter bound, is a transport failure.
         """
-        what = f"{method} {route}"
-        request = self._build(
-            method,
-            route,
-            params,
-            json_body=json_body,
-            query=query,
-            headers=headers,
-            protected=protected,
-            accept="application/json",
-        )
-        by_deadline = total_timeout_s is not None and total_timeout_s <= self.total_timeout_s
-        budget = (
-            self.total_timeout_s
-            if total_timeout_s is None
-            else min(total_timeout_s, self.total_timeout_s)
-        )
-        if budget <= 0:
-            raise deadline_exceeded(what)
-        failure: ConnectorError | None = None
-        try:
-            async with asyncio.timeout(budget):
-                status, raw, response_headers = await self._exchange(what, request, method, route)
-        except TimeoutError:
-            failure = (
-                deadline_exceeded(what)
-                if by_deadline
-                else ConnectorError(ErrorCode.TRANSPORT, f"{what} timed out")
+        with self._span(method, route):
+            what = f"{method} {route}"
+            request = self._build(
+                method,
+                route,
+                params,
+                json_body=json_body,
+                query=query,
+                headers=headers,
+                protected=protected,
+                accept="application/json",
             )
-        except _TRANSPORT_ERRORS as exc:
-            failure = from_transport(exc, what)
-        if failure is not None:
-            raise failure
-        if not raw.strip():
-            return HermesResponse(status, None, response_headers)
-        try:
-            body = _json_decoder.decode(raw)
-        except msgspec.DecodeError:
-            failure = ConnectorError(
-                ErrorCode.TRANSPORT, f"{what} answered a body that is not JSON"
+            by_deadline = total_timeout_s is not None and total_timeout_s <= self.total_timeout_s
+            budget = (
+                self.total_timeout_s
+                if total_timeout_s is None
+                else min(total_timeout_s, self.total_timeout_s)
             )
-        if failure is not None:
-            raise failure
-        return HermesResponse(status, body, response_headers)
+            if budget <= 0:
+                raise deadline_exceeded(what)
+            failure: ConnectorError | None = None
+            try:
+                async with asyncio.timeout(budget):
+                    status, raw, response_headers = await self._exchange(
+                        what, request, method, route
+                    )
+            except TimeoutError:
+                failure = (
+                    deadline_exceeded(what)
+                    if by_deadline
+                    else ConnectorError(ErrorCode.TRANSPORT, f"{what} timed out")
+                )
+            except _TRANSPORT_ERRORS as exc:
+                failure = from_transport(exc, what)
+            if failure is not None:
+                raise failure
+            if not raw.strip():
+                return HermesResponse(status, None, response_headers)
+            try:
+                body = _json_decoder.decode(raw)
+            except msgspec.DecodeError:
+                failure = ConnectorError(
+                    ErrorCode.TRANSPORT, f"{what} answered a body that is not JSON"
+                )
+            if failure is not None:
+                raise failure
+            return HermesResponse(status, body, response_headers)
 
     async def _exchange(
         self, what: str, request: httpx.Request, method: str, route: str
@@ -441,8 +447,30 @@ class HermesClient:
             )
         )
 
+    def _span(self, method: str, route: str) -> AbstractContextManager[tracing.Span | None]:
+        """The client span of one request to Hermes, named by its route template (never
+        its path: ids stay out of span names); the no-op context when untraced."""
+        if not tracing.enabled():
+            return tracing.NO_SPAN
+        return tracing.span(
+            f"{method} {route}",
+            kind="client",
+            attributes={
+                "http.request.method": method,
+                "url.template": route,
+                "server.address": urlsplit(self._base_url).hostname or "",
+                "aip.endpoint": self.endpoint.id,
+                "gen_ai.provider.name": "hermes",
+            },
+        )
+
     def _report(self, exchange: Exchange) -> None:
-        """Every finished exchange, once: the metrics, then the app's hook."""
+        """Every finished exchange, once: the metrics, the request's span, the app's hook."""
+        if tracing.enabled():
+            tracing.annotate(
+                {"http.response.status_code": exchange.status or 0},
+                error=None if exchange.answer is Answer.OK else exchange.answer.value,
+            )
         if self.metrics is not None:
             self.metrics.provider_call(
                 self.endpoint.id, exchange.method, exchange.route, exchange.status,
@@ -470,41 +498,42 @@ class HermesClient:
         catches a server that stopped sending even keepalives. Leaving the block closes the
         connection, which is how Hermes learns the client went away.
         """
-        what = f"{method} {route}"
-        request = self._build(
-            method,
-            route,
-            params,
-            json_body=json_body,
-            query=query,
-            # Uncompressed, so the body is read as it arrives (`_body`).
-            headers={**(headers or {}), "accept-encoding": "identity"},
-            protected=protected,
-            accept="text/event-stream",
-        )
-        failure: ConnectorError | None = None
-        started = time.monotonic()
-        try:
-            response = await self.send(request)
-        except _TRANSPORT_ERRORS as exc:
-            failure = from_transport(exc, what)
-        if failure is not None:
-            self._finished(method, route, None, started)
-            raise failure
-        try:
-            if not 200 <= response.status_code < 300:
-                raise from_http_status(
-                    response.status_code, what, error_code=await refusal_code(response)
-                )
-            content_type = response.headers.get("content-type", "")
-            if not content_type.startswith("text/event-stream"):
-                raise ConnectorError(
-                    ErrorCode.TRANSPORT, f"{what} answered 2xx without an event stream"
-                )
-            yield SSEStream(what, response, limits or SSELimits())
-        finally:
-            await _close_quietly(response)
-            self._finished(method, route, response.status_code, started)
+        with self._span(method, route):
+            what = f"{method} {route}"
+            request = self._build(
+                method,
+                route,
+                params,
+                json_body=json_body,
+                query=query,
+                # Uncompressed, so the body is read as it arrives (`_body`).
+                headers={**(headers or {}), "accept-encoding": "identity"},
+                protected=protected,
+                accept="text/event-stream",
+            )
+            failure: ConnectorError | None = None
+            started = time.monotonic()
+            try:
+                response = await self.send(request)
+            except _TRANSPORT_ERRORS as exc:
+                failure = from_transport(exc, what)
+            if failure is not None:
+                self._finished(method, route, None, started)
+                raise failure
+            try:
+                if not 200 <= response.status_code < 300:
+                    raise from_http_status(
+                        response.status_code, what, error_code=await refusal_code(response)
+                    )
+                content_type = response.headers.get("content-type", "")
+                if not content_type.startswith("text/event-stream"):
+                    raise ConnectorError(
+                        ErrorCode.TRANSPORT, f"{what} answered 2xx without an event stream"
+                    )
+                yield SSEStream(what, response, limits or SSELimits())
+            finally:
+                await _close_quietly(response)
+                self._finished(method, route, response.status_code, started)
 
     async def aclose(self) -> None:
         await self._client.aclose()

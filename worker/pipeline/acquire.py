@@ -14,6 +14,7 @@ import secrets
 from nats.aio.msg import Msg
 
 from schemas.action import Action
+from worker import tracing
 from worker.execution.chunk_chain import new_chain_key
 from worker.fingerprints import idempotency_fingerprint
 from worker.pipeline.delivery import Delivery
@@ -60,6 +61,8 @@ class Acquire:
         self.reach(delivery.msg)
         if to_execute and delivery.keys.is_resume:
             await rt.stores.leases.remember_resume(delivery.keys)
+        trace: dict[str, str] = {}
+        tracing.inject(trace)  # this delivery's span, for a takeover to link to
         grant = await rt.stores.leases.acquire(
             delivery.keys,
             owner,
@@ -67,5 +70,6 @@ class Acquire:
             idempotency_fingerprint(delivery.action),
             subject_of(delivery.action),
             chain_key=new_chain_key(),
+            traceparent=trace.get(tracing.TRACEPARENT, ""),
         )
         return owner, grant

@@ -15,10 +15,11 @@ import asyncio
 import logging
 from typing import Any
 
+from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.result import ResultStatus
-from worker import faults
+from worker import faults, tracing
 from worker.bus.audit import ReceiptScope, enter_scope
 from worker.errors import (
     ConnectorError,
@@ -31,13 +32,14 @@ from worker.execution.chunk_stream import ChunkStream
 from worker.execution.context import Execution
 from worker.execution.leases import HeldLease
 from worker.metrics import DeliveryOutcome
-from worker.operations.base import Outcome
+from worker.operations.base import Operation, Outcome
 from worker.pipeline.acquire import Acquire, subject_of
 from worker.pipeline.answers import Answers, quiet
 from worker.pipeline.delivery import Delivery, is_dependency_failure
 from worker.pipeline.idempotency import Idempotency
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.settle import Settle
+from worker.store.lease_store import LeaseGrant
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +60,8 @@ class Leased:
         action, endpoint_id = delivery.action, ep.endpoint.id
         if action.idempotency_key is not None and not await self.idempotency.admit(delivery):
             return
-        owner, grant = await self.acquire(delivery)
+        with tracing.span("aip.lease"):
+            owner, grant = await self.acquire(delivery)
         if not await self.answers.without_lease(delivery, grant):
             return
         cancel_requested = grant.cancel_requested
@@ -99,8 +102,22 @@ class Leased:
         rt.keeper.add(execution)
         try:
             with rt.metrics.executing(endpoint_id):
-                outcome = await self.execute(execution, delivery.params)
-                await self.settle(execution, outcome)
+                with tracing.span(
+                    f"aip.execute {operation.spec.name}",
+                    attributes=_execute_attributes(action, endpoint_id, operation, grant)
+                    if tracing.enabled()
+                    else None,
+                    # A takeover links to the delivery it took over from (its own trace
+                    # continues the publisher's, like every delivery of the message).
+                    links_to=({tracing.TRACEPARENT: grant.previous_trace},)
+                    if grant.previous_trace
+                    else (),
+                ) as span:
+                    outcome = await self.execute(execution, delivery.params)
+                    if span is not None and outcome.error is not None:
+                        tracing.failed(span, outcome.error.code.value)
+                with tracing.span("aip.settle"):
+                    await self.settle(execution, outcome)
         except LeaseLost as lost:
             # Whoever found it: nothing settled, nothing published, nothing acked.
             rt.keeper.lose(execution, str(lost), cancel=False)
@@ -224,3 +241,21 @@ class Leased:
             endpoint_id=execution.endpoint.id,
             fence=lease.fence,
         )
+
+
+def _execute_attributes(
+    action: Action, endpoint_id: str, operation: Operation, grant: LeaseGrant
+) -> dict[str, tracing.AttrValue]:
+    """What an execution span says of its Action (built only when traced)."""
+    attributes: dict[str, tracing.AttrValue] = {
+        "aip.action_id": action.id,
+        "aip.endpoint": endpoint_id,
+        "aip.capability": action.capability,
+        "aip.fence": grant.fence,
+        "aip.takeover": grant.is_takeover,
+        "gen_ai.provider.name": "hermes",
+        "gen_ai.operation.name": operation.spec.name,
+    }
+    if grant.other_owner:
+        attributes["aip.previous_owner"] = grant.other_owner
+    return attributes

@@ -20,6 +20,7 @@ import logging
 from nats.aio.msg import Msg
 
 from schemas.errors import ErrorCode
+from worker import tracing
 from worker.errors import (
     PublishFailed,
     Refusal,
@@ -56,10 +57,15 @@ class Pipeline:
         redelivery to every worker (a poison message, nak'd forever): it is dead-lettered
         once with `connector_host.execution` instead.
         """
+        with tracing.consuming(msg) as current:
+            await self._handle(msg, endpoint_id, current)
+
+    async def _handle(self, msg: Msg, endpoint_id: str, current: tracing.Span | None) -> None:
         rt = self.rt
         try:
             await self._through(msg, endpoint_id)
         except StoreUnavailable as exc:
+            tracing.failed(current, type(exc).__name__)
             # The store is failing or full: a known dependency failure, so no traceback and
             # no DLQ. Before a lease it is certain (nothing was leased); the nak lets a worker
             # whose store answers take the message.
@@ -72,6 +78,7 @@ class Pipeline:
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.DEFERRED)
             await self.answers.nak(msg)
         except PublishFailed as exc:
+            tracing.failed(current, type(exc).__name__)
             # JetStream refused or left unanswered what a settled Action owes the bus (a
             # full store): the result waits in Redis, and the redelivery republishes it
             # (worker/pipeline/outbox.py). A known dependency failure: no traceback.
@@ -83,6 +90,7 @@ class Pipeline:
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.DEFERRED)
             await self.answers.nak(msg)
         except Exception as exc:
+            tracing.failed(current, type(exc).__name__)
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.ERROR)
             if not self.acquire.reached(msg) and not is_dependency_failure(exc):
                 rt.errors.report(
@@ -115,18 +123,26 @@ class Pipeline:
             self.acquire.forget(msg)
 
     async def _through(self, msg: Msg, endpoint_id: str) -> None:
-        try:
-            delivery = await self.intake.open(msg, endpoint_id)
-        except Rejected as rejected:
-            await self.answers.dead_letter(msg, endpoint_id, rejected)
-            return
-        for step in self.intake.steps:
+        with tracing.span("aip.admission") as admission:
             try:
-                delivery = await step(delivery)
-            except Refusal as refusal:
-                self.intake.refused(delivery, refusal)
-                await self.recover_or_refuse(delivery, refusal)
+                delivery = await self.intake.open(msg, endpoint_id)
+            except Rejected as rejected:
+                tracing.failed(admission, rejected.code.value)
+                await self.answers.dead_letter(msg, endpoint_id, rejected)
                 return
+            for step in self.intake.steps:
+                try:
+                    delivery = await step(delivery)
+                except Refusal as refusal:
+                    tracing.failed(admission, refusal.error.code.value)
+                    self.intake.refused(delivery, refusal)
+                    refused = refusal
+                    break
+            else:
+                refused = None
+        if refused is not None:
+            await self.recover_or_refuse(delivery, refused)
+            return
         await self.leased.run(delivery)
 
     async def recover_or_refuse(self, delivery: Delivery, refusal: Refusal) -> None:

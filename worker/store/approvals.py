@@ -69,8 +69,10 @@ class ApprovalRecords:
     def __init__(self, redis: Any) -> None:
         self.redis = redis
         # Read-only: the workers' Redis user may read approval records, never write one.
-        self._read = Script(redis, script_source("approval_read"), read_only=True)
-        self._write = Script(redis, script_source("approval_write"))
+        self._read = Script(
+            redis, script_source("approval_read"), read_only=True, name="approval_read"
+        )
+        self._write = Script(redis, script_source("approval_write"), name="approval_write")
 
     async def read(
         self, action_id: str, *, budget_s: float = READ_BUDGET_S

@@ -20,9 +20,9 @@ class IngressStore:
 
     def __init__(self, redis: Any) -> None:
         self.redis = redis
-        self._lease = Script(redis, script_source("ingress_lease"))
-        self._advance = Script(redis, script_source("ingress_advance"))
-        self._release = Script(redis, script_source("ingress_release"))
+        self._lease = Script(redis, script_source("ingress_lease"), name="ingress_lease")
+        self._advance = Script(redis, script_source("ingress_advance"), name="ingress_advance")
+        self._release = Script(redis, script_source("ingress_release"), name="ingress_release")
 
     async def hold(self, keys: IngressKeys, owner: str, ttl_ms: int) -> bool:
         """Take the session's lease, or renew `owner`'s own; True when `owner` holds it."""

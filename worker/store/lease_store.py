@@ -55,6 +55,9 @@ class LeaseGrant:
     cancel_pending: bool = False
     #: The chunk-chain key this delivery registered with its fence ('' for none).
     chain_key: str = ""
+    #: For ACQUIRED: the W3C traceparent the owner before this one recorded ('' for none):
+    #: what a takeover's span links to (`worker.tracing`).
+    previous_trace: str = ""
 
     @property
     def is_takeover(self) -> bool:
@@ -184,6 +187,7 @@ class LeaseStore:
         fingerprint: str,
         subject: ActionSubject | None = None,
         chain_key: str = "",
+        traceparent: str = "",
     ) -> LeaseGrant:
         """Take the Action's lease. New work yields to the store's health: refused at once
         (`StoreNotAccepting`) while the gate is closed or Redis is at maxmemory, and given up
@@ -191,7 +195,8 @@ class LeaseStore:
         instead of holding the delivery for the whole store budget. `subject` (the Action's
         verified principal, tenant and capability) is recorded with it for cancel
         authorization; `chain_key` is this delivery's chunk-chain key
-        (`worker.execution.chunk_chain`), kept under the fence it is granted."""
+        (`worker.execution.chunk_chain`), kept under the fence it is granted; `traceparent`
+        this delivery's trace context, handed to the owner after it (`previous_trace`)."""
         recorded = subject or ActionSubject("", None, "")
         health = self.health
         if health is not None and not health.accepting:
@@ -217,6 +222,7 @@ class LeaseStore:
                         recorded.tenant_id or "",
                         recorded.capability,
                         chain_key,
+                        traceparent,
                     ],
                     budget_s=budget_s,
                     give_up_if=is_refused,
@@ -246,6 +252,7 @@ class LeaseStore:
             now_ms=int(reply[6]) if len(reply) > 6 else 0,
             cancel_pending=bool(reply[7]) if len(reply) > 7 else False,
             chain_key=chain_key,
+            previous_trace=_s(reply[8]) if len(reply) > 8 else "",
         )
 
     async def renew_many(

@@ -26,6 +26,7 @@ from typing import Any
 
 from redis.exceptions import NoScriptError
 
+from worker import tracing
 from worker.store.connection import is_transient, multiplexed
 from worker.store.reask import reask
 
@@ -76,18 +77,28 @@ class Script:
     """
 
     __slots__ = (
-        "_command", "_loading", "_owner", "_send", "cancel_safe", "redis", "script", "sha"
+        "_command", "_loading", "_owner", "_send", "_span_name", "cancel_safe", "name", "redis",
+        "script", "sha",
     )  # fmt: skip
 
     def __init__(
-        self, redis: Any, source: str, owner: Scripts | None = None, *, read_only: bool = False
+        self,
+        redis: Any,
+        source: str,
+        owner: Scripts | None = None,
+        *,
+        read_only: bool = False,
+        name: str = "script",
     ) -> None:
-        """`read_only`: sent as EVALSHA_RO (Redis 7+), which an ACL user holding only read
+        """`name`: the script's file name, what its trace span is called by (never the raw
+        EVALSHA). `read_only`: sent as EVALSHA_RO (Redis 7+), which an ACL user holding only read
         access (`%R~`) to the script's keys may run: Redis checks EVALSHA's keys as
         read-write whatever the script does (compose/redis/users.acl: the workers read
         approval records and may not write them)."""
         self.redis = redis
+        self.name = name
         self._command = "EVALSHA_RO" if read_only else "EVALSHA"
+        self._span_name = f"{self._command} {name}"
         shared = multiplexed(redis)
         #: Where EVALSHA goes: the client's shared connection when it has one
         #: (`worker.store.multiplexed`), else redis-py's `execute_command`.
@@ -104,6 +115,20 @@ class Script:
     async def __call__(
         self, keys: Sequence[Any] = (), args: Iterable[Any] = ()
     ) -> Any:
+        if tracing.enabled():
+            with tracing.span(
+                self._span_name,
+                kind="client",
+                attributes={
+                    "db.system.name": "redis",
+                    "db.operation.name": self._command,
+                    "db.query.summary": self._span_name,
+                },
+            ):
+                return await self._call(keys, args)
+        return await self._call(keys, args)
+
+    async def _call(self, keys: Sequence[Any], args: Iterable[Any]) -> Any:
         owner = self._owner
         if owner is not None and not owner.preloaded:
             await owner.preload()
@@ -162,7 +187,9 @@ class Scripts:
         client whose ACL user holds read-only key patterns (`%R~`) for their keys."""
         self.redis = redis
         self._scripts = {
-            name: Script(redis, script_source(name), self, read_only=name in read_only)
+            name: Script(
+                redis, script_source(name), self, read_only=name in read_only, name=name
+            )
             for name in names
         }
         #: Every script of this client is `Script.cancel_safe` (they share one client).
@@ -201,6 +228,23 @@ class Scripts:
         promoted node) the scripts are loaded on every master and the pipeline is sent once
         more; every script answers a repeat with what its first run did, so that is safe.
         """
+        if tracing.enabled():
+            names = list(dict.fromkeys(call.name for call in calls))
+            with tracing.span(
+                "pipeline " + " ".join(names),
+                kind="client",
+                attributes={
+                    "db.system.name": "redis",
+                    "db.operation.name": "PIPELINE",
+                    "db.operation.batch.size": len(calls),
+                },
+            ):
+                return await self._pipeline(calls, trailer)
+        return await self._pipeline(calls, trailer)
+
+    async def _pipeline(
+        self, calls: Sequence[ScriptCall], trailer: Callable[[Any], None] | None
+    ) -> list[Any]:
         names = list(dict.fromkeys(call.name for call in calls))
         # Loaded up front once per client, so the first pipeline is not wasted on NOSCRIPT.
         await self._load([name for name in names if name not in self._loaded])

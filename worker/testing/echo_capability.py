@@ -24,6 +24,7 @@ from schemas.codec import encode
 from schemas.delegation import ChildAction
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import EndpointSubjects, result_msg_id
+from worker import tracing
 
 SANDBOX_PREFIX = "cap:support_sandbox:"
 SANDBOX_SUBJECT_PREFIX = "aip.sandbox"
@@ -65,6 +66,10 @@ class EchoCapability:
             self._sub = None
 
     async def _execute(self, msg: Msg) -> None:
+        with tracing.consuming(msg):  # an executor continues the dispatcher's trace
+            await self._answer(msg)
+
+    async def _answer(self, msg: Msg) -> None:
         try:
             child = msgspec.json.decode(msg.data, type=ChildAction)
         except msgspec.DecodeError:

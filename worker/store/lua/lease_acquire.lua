@@ -7,7 +7,8 @@
 -- a cancel request can be authorized against the Action it names), ARGV[8] this delivery's
 -- chunk-chain key (random; '' for none), kept as `chain_key.{fence}` so that the owner after
 -- it can tell the chunks this fence published from chunks forged on the subject
--- (worker/execution/chunk_chain.py)
+-- (worker/execution/chunk_chain.py), ARGV[9] this delivery's W3C traceparent ('' when
+-- untraced), kept so that a takeover's span can link to the owner before it (worker/tracing.py)
 -- Guarantees: at most one live owner at a time; every acquisition gets a fence strictly
 -- greater than every earlier one (HINCRBY on a field that is never reset); nothing is
 -- acquired once a result is stored. Time is Redis TIME, never the caller's clock.
@@ -20,7 +21,8 @@
 -- acquires it (issue 24: a forgery refused first must not burn an approved id).
 -- Returns {status, fence, previous_owner, expires_at_ms, attempted_fence, cancel_requested,
 --   now_ms, cancel_pending} (now_ms: the Redis time of this step; cancel_pending: intents
---   recorded before any worker knew the Action, for the new owner to authorize)
+--   recorded before any worker knew the Action, for the new owner to authorize), and, when
+--   acquired, previous_trace: the traceparent the owner before recorded ('' for none)
 --   status: 'settled' | 'held' | 'acquired' | 'collision'
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -55,5 +57,11 @@ redis.call('HSET', KEYS[1], 'owner', ARGV[1], 'expires_at_ms', until_ms, 'acquir
 if ARGV[8] and ARGV[8] ~= '' then
   redis.call('HSET', KEYS[1], 'chain_key.' .. fence, ARGV[8])
 end
+local previous_trace = redis.call('HGET', KEYS[1], 'traceparent') or ''
+if ARGV[9] and ARGV[9] ~= '' then
+  redis.call('HSET', KEYS[1], 'traceparent', ARGV[9])
+elseif previous_trace ~= '' then
+  redis.call('HDEL', KEYS[1], 'traceparent')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
-return {'acquired', fence, owner, until_ms, attempted, cancel, now, pending}
+return {'acquired', fence, owner, until_ms, attempted, cancel, now, pending, previous_trace}

@@ -11,6 +11,7 @@ import asyncio
 
 from aiohttp import web
 
+from worker import tracing
 from worker.testing.fake_hermes import faults as f
 from worker.testing.fake_hermes.channel import Signal
 from worker.testing.fake_hermes.envelopes import (
@@ -81,6 +82,7 @@ async def create_run(request: web.Request) -> web.StreamResponse:
         str(model) if model else None,
         on_created=lambda created: state.stats.record_start(created.session_id),
     )
+    run.trace = tracing.trace_context(request.headers)
     if keyed is not None:
         # Recorded with the run, before any reply: a reply lost from here on is learnt back.
         state.run_keys.put(keyed[0], KeyedRun(keyed[1], run.run_id))

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from worker import tracing
 from worker.testing.fake_hermes import agent, mcp
 from worker.testing.fake_hermes.channel import EventChannel
 from worker.testing.fake_hermes.config import FakeConfig
@@ -91,6 +92,9 @@ class Run:
         self.session_id = session_id
         self.model = model
         self.input_text = input_text
+        #: The W3C trace context the run was started with: the fake continues it into its
+        #: MCP tool calls, as a traced Hermes would (docs/tracing.md).
+        self.trace: dict[str, str] = {}
         self.created_at = created_at
         self.updated_at = created_at
         self.finished_at: float | None = None
@@ -366,7 +370,8 @@ class RunRegistry:
         run.emit("tool.started", tool=mcp.HERMES_TOOL_NAME, preview=None)
         failed = False
         try:
-            result = await tool(arguments)
+            with tracing.span(f"execute_tool {mcp.AIP_CALL}", carrier=run.trace):
+                result = await tool(arguments)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
