@@ -22,8 +22,11 @@ from typing import Any
 
 from worker.commands.cli_settings import (
     ENDPOINTS,
+    LOGS,
     NATS,
+    REDIS,
     STREAMS,
+    WORKER_KEYS,
     add_settings_flags,
     settings_from,
 )
@@ -86,6 +89,30 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         raise SettingsError(str(exc)) from None
     except OSError as exc:
         raise ServiceUnreachable(f"a service is unreachable ({exc}); check AIPD_NATS_URL") from None
+    return 0
+
+
+async def cmd_console(args: argparse.Namespace) -> int:
+    """The read-only web console (docs/console.md): runs, escalations, the DLQ."""
+    from pydantic import ValidationError as SettingsInvalid
+
+    from worker.console.app import Console
+    from worker.console.settings import ConsoleSettings
+
+    settings = settings_from(args)
+    try:
+        console = ConsoleSettings()  # type: ignore[call-arg]  # from AIPD_CONSOLE_* variables
+    except SettingsInvalid as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(part) for part in first["loc"])
+        raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
+    setup_logging(settings.log_format, settings.log_level)
+    try:
+        await Console(settings, console).run_until_signalled()
+    except OSError as exc:
+        raise ServiceUnreachable(
+            f"a service is unreachable ({exc}); check AIPD_NATS_URL / AIPD_REDIS_URL"
+        ) from None
     return 0
 
 
@@ -198,6 +225,24 @@ def _gateway_description() -> str:
     return "\n".join(lines)
 
 
+def _console_description() -> str:
+    """The console's own `AIPD_CONSOLE_*` variables, from `ConsoleSettings` itself."""
+    from worker.console.settings import ConsoleSettings
+
+    lines = [
+        "Serve the read-only web console: runs, their chunks and receipts, approvals and",
+        "escalations with the command that answers each, the DLQ (docs/console.md). Every",
+        "page but /health needs a token of AIPD_CONSOLE_TOKENS_FILE. Its own settings are",
+        "these environment variables; NATS, Redis and the trusted worker keys are the flags",
+        "below (each also AIPD_<NAME>).",
+        "",
+    ]
+    for name, field in ConsoleSettings.model_fields.items():
+        default = "required" if field.is_required() else f"default: {field.default!r}"
+        lines.append(f"  AIPD_{name.upper():<36} {default}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aip-hermes-worker",
@@ -218,6 +263,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gateway.set_defaults(func=cmd_gateway)
+
+    console = sub.add_parser(
+        "console",
+        help="serve the read-only web console (runs, escalations, DLQ); AIPD_CONSOLE_*",
+        description=_console_description(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_flags(console, NATS, REDIS, WORKER_KEYS, LOGS)
+    console.set_defaults(func=cmd_console)
 
     prov = sub.add_parser("provision", help="create or update streams and consumers")
     add_settings_flags(prov, NATS, ENDPOINTS, STREAMS)
