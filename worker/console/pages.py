@@ -32,7 +32,8 @@ header{background:#1d2330;color:#fff;padding:.6em 1em;display:flex;gap:1.2em;ali
 header a{color:#cfe0ff;text-decoration:none}header .who{margin-left:auto;opacity:.8}
 main{padding:1em}table{border-collapse:collapse;width:100%}
 th,td{border-bottom:1px solid #e3e6ec;padding:.3em .5em;text-align:left;vertical-align:top}
-th{background:#f4f6f9}code,pre{font:12px/1.4 ui-monospace,monospace}
+th{background:#f4f6f9}td:first-child{white-space:nowrap}
+code,pre{font:12px/1.4 ui-monospace,monospace}
 pre{background:#f4f6f9;padding:.6em;overflow:auto;white-space:pre-wrap}
 .state{font-weight:600}.completed{color:#16794a}.failed{color:#b3261e}
 .running{color:#1a56c4}.requires_human{color:#a05a00}.waiting{color:#6b7280}
