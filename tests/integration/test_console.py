@@ -31,7 +31,7 @@ from worker.testing.identities import (
     USER_B,
     USER_UNTENANTED,
 )
-from worker.testing.scenario import NEEDS_APPROVAL
+from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 
 ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
@@ -225,4 +225,35 @@ async def test_the_dlq_page_shows_reasons_to_an_all_tenants_token_only(
     assert len(ISO.findall(page)) >= 1
     _, scoped, _ = await console.get("/dlq", ONLY_A)
     assert "dlq_" not in scoped
+    assert "all-tenants token" in scoped
+
+
+async def test_the_workers_page_shows_each_workers_slots_leases_and_readiness(
+    stack: Stack, console: ConsoleProcess
+) -> None:
+    await stack.spawn("w2", AIPD_CONCURRENCY="3")
+    action, handle = await stack.operator(f"{SLOW_REPLY} count slowly")
+    owner, deadline = "", time.monotonic() + 20
+    while not owner:
+        assert time.monotonic() < deadline, "no worker leased the run"
+        owner = (await stack.lease(action.id)).get("owner", "")
+        await asyncio.sleep(0.05)
+    holder = owner.split("#")[0]
+    capacity = "64" if holder == "w1" else "3"
+
+    _, page, _ = await console.get("/workers", ALL)
+    assert "<code>w1</code>" in page, page
+    assert "<code>w2</code>" in page
+    row = re.search(rf"<tr><td><code>{holder}</code></td>.*?</tr>", page)
+    assert row is not None, page
+    assert f"<td>1/{capacity}</td><td>1</td>" in row.group(0)  # one slot, one lease
+    assert ">ready<" in row.group(0)
+    assert "<td>serving</td>" in row.group(0)
+
+    assert (await handle.result(timeout_s=60)).status is ResultStatus.COMPLETED
+    await stack.settled_and_acked()
+    _, after, _ = await console.get("/workers", ALL)
+    assert f"<td>0/{capacity}</td><td>0</td>" in after
+    _, scoped, _ = await console.get("/workers", ONLY_A)
+    assert "<code>w1</code>" not in scoped
     assert "all-tenants token" in scoped

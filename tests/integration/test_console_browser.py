@@ -165,7 +165,11 @@ async def test_a_person_watches_a_run_stream_and_an_escalation_come_and_go(
 
     await page.goto(console.url + "/dlq")
     await page.screenshot(path=str(shots / "dlq.png"), full_page=True)
-    for name in ("login", "run-streaming", "run", "run-full", "runs", "escalations", "dlq"):
+    await page.goto(console.url + "/workers")
+    assert await page.locator("td:has-text('w1')").count() == 1
+    await page.screenshot(path=str(shots / "workers.png"), full_page=True)
+    pages = ("login", "run-streaming", "run", "run-full", "runs", "escalations", "dlq", "workers")
+    for name in pages:
         assert (shots / f"{name}.png").stat().st_size > 10_000, name
 
     keep = os.environ.get(SCREENSHOTS_ENV)

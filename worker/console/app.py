@@ -189,6 +189,7 @@ class ConsoleHttp:
             Route("/runs/{endpoint}/{action_id}/chunks", self.chunks),
             Route("/escalations", self.escalations),
             Route("/dlq", self.dlq),
+            Route("/workers", self.workers),
         ]
         return Authenticated(Starlette(routes=routes), self.tokens)
 
@@ -289,6 +290,10 @@ class ConsoleHttp:
     async def dlq(self, request: Request) -> Response:
         found = await self.reader.dead_letters(_viewer(request))
         return _html(pages.dead_letters(_viewer(request), found))
+
+    async def workers(self, request: Request) -> Response:
+        found = await self.reader.workers(_viewer(request))
+        return _html(pages.workers(_viewer(request), found))
 
 
 async def connect_nats(settings: Settings) -> NATS:

@@ -20,7 +20,16 @@ import msgspec
 from schemas.escalation import Escalation, EscalationKind
 from worker.commands.dlq_admin import Entry
 from worker.commands.timestamps import iso_utc
-from worker.console.reads import RUNNING, WAITING, Escalations, Run, RunDetail, RunFilter, Waiting
+from worker.console.reads import (
+    RUNNING,
+    WAITING,
+    Escalations,
+    Run,
+    RunDetail,
+    RunFilter,
+    Waiting,
+    Worker,
+)
 from worker.console.tokens import Viewer
 
 #: The states the runs filter offers (a result's status, or no result yet).
@@ -66,7 +75,7 @@ def page(title: str, viewer: Viewer | None, body: str) -> str:
     if viewer is not None:
         nav = (
             '<a href="/runs">Runs</a><a href="/escalations">Escalations</a>'
-            '<a href="/dlq">DLQ</a>'
+            '<a href="/dlq">DLQ</a><a href="/workers">Workers</a>'
             f'<span class="who">{esc(viewer.principal_id)} · tenant {esc(viewer.scope)}</span>'
             '<form method="post" action="/logout"><button>Log out</button></form>'
         )
@@ -327,3 +336,53 @@ def dead_letters(viewer: Viewer, found: list[tuple[str, Entry]] | None) -> str:
     heads = ("entry", "endpoint", "stored", "code", "reason", "worker", "bytes", "inspect")
     body = _table(heads, rows) if rows else '<p class="muted">The DLQ is empty.</p>'
     return page("Dead letters", viewer, body)
+
+
+def workers(viewer: Viewer, found: list[Worker] | None) -> str:
+    if found is None:
+        body = (
+            '<p class="muted">Workers serve every tenant: only an all-tenants token '
+            "(<code>*</code>) sees them.</p>"
+        )
+        return page("Workers", viewer, body)
+    rows = []
+    for w in found:
+        s = w.status
+        ready = "ready" if s.get("ready") else "not ready"
+        why = "; ".join(str(r) for r in s.get("reasons") or []) or ""
+        if s.get("publishing"):
+            why = f"{why}; publishing: {s['publishing']}".strip("; ")
+        rows.append(
+            [
+                f"<code>{esc(w.worker_id)}</code>",
+                esc(", ".join(w.endpoints)),
+                f"{esc(s.get('slots_in_use', '?'))}/{esc(s.get('slots', '?'))}",
+                esc(s.get("leases", "?")),
+                _state("completed" if s.get("ready") and s.get("serving") else "failed")
+                .replace(">completed<", f">{ready}<")
+                .replace(">failed<", f">{ready}<"),
+                "draining"
+                if s.get("draining")
+                else ("serving" if s.get("serving") else "not serving"),
+                esc(why),
+                esc(w.version),
+                esc(w.started),
+            ]
+        )
+    heads = (
+        "worker",
+        "endpoints",
+        "slots in use",
+        "leases",
+        "ready",
+        "serving",
+        "why not",
+        "version",
+        "started",
+    )
+    body = (
+        _table(heads, rows)
+        if rows
+        else '<p class="muted">No worker answered <code>$SRV.STATS</code>.</p>'
+    )
+    return page("Workers", viewer, body)

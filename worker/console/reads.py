@@ -4,9 +4,10 @@ Each read goes through the reader that already owns it: results and receipt chai
 `AipClient` (verified against the trusted worker keys), leases through `LeaseStore`,
 escalations through `worker/escalation/ledger.py` with their resolutions from Redis, what an
 approval waits on through the operator binding (`pending_from_binding`), DLQ entries through
-`dlq_admin.read_entries`. The only read of its own is the list of which Actions exist: the
-audit stream's subjects (`aip.hermes.{endpoint}.audit.{action_id}`), one `STREAM.INFO` with
-a subjects filter, since every Action a worker took leaves a `received` receipt there.
+`dlq_admin.read_entries`, workers through their own `$SRV.STATS` answers
+(worker/control.py). The only read of its own is the list of which Actions exist: the audit
+stream's subjects (`aip.hermes.{endpoint}.audit.{action_id}`), one `STREAM.INFO` with a
+subjects filter, since every Action a worker took leaves a `received` receipt there.
 
 Tenancy is decided here, once per record (`Viewer.sees`): a run's tenant is what its lease
 recorded at acquisition, else its verified `admitted` receipt; an escalation's is its own
@@ -24,6 +25,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from schemas.audit import Receipt, ReceiptEvent
@@ -35,6 +37,7 @@ from worker.client import AipClient, AuditChain
 from worker.commands.dlq_admin import Entry, read_entries
 from worker.commands.escalation_admin import pending_from_binding
 from worker.console.tokens import Viewer
+from worker.control import SERVICE_NAME as WORKER_SERVICE
 from worker.errors import UnverifiedResponse
 from worker.escalation.ledger import EscalationView, Unreadable, read_escalations, read_resolutions
 from worker.store.lease_store import LeaseStore
@@ -48,6 +51,9 @@ CONCURRENT_READS = 32
 #: between owners, or refused before a lease).
 RUNNING = "running"
 WAITING = "waiting"
+
+#: How long the workers page collects `$SRV.STATS` answers.
+WORKERS_WAIT_S = 0.5
 
 _receipt_decoder = msgspec.json.Decoder(Receipt)
 
@@ -93,6 +99,35 @@ class Waiting:
 
     view: EscalationView
     pending: dict[str, Any] | None
+
+
+@dataclass(frozen=True, slots=True)
+class Worker:
+    """One worker as it answered `$SRV.STATS` (worker/control.py)."""
+
+    worker_id: str
+    version: str
+    started: str
+    endpoints: list[str]
+    #: Cancel and manifest requests it answered.
+    requests: int
+    #: Its live status (`App.live_status`): slots, leases, readiness.
+    status: dict[str, Any]
+
+
+class _Endpoint(msgspec.Struct):
+    name: str
+    num_requests: int = 0
+    data: dict[str, Any] | None = None
+
+
+class _ServiceStats(msgspec.Struct):
+    name: str
+    id: str
+    version: str = ""
+    started: str = ""
+    metadata: dict[str, str] = msgspec.field(default_factory=dict)
+    endpoints: list[_Endpoint] = msgspec.field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -299,6 +334,49 @@ class ConsoleReader:
             found += [(endpoint_id, entry) for entry in entries]
         found.sort(key=lambda item: item[1].seq, reverse=True)
         return found
+
+    async def workers(
+        self, viewer: Viewer, *, wait_s: float = WORKERS_WAIT_S
+    ) -> list[Worker] | None:
+        """Every worker that answers `$SRV.STATS` within `wait_s`, by worker id; None for a
+        tenant's token (workers serve every tenant: an operator's view)."""
+        if viewer.tenant_id is not None:
+            return None
+        inbox = self.nc.new_inbox()
+        answers: list[bytes] = []
+        sub = await self.nc.subscribe(inbox, cb=_collect(answers))
+        try:
+            await self.nc.publish(f"$SRV.STATS.{WORKER_SERVICE}", b"", reply=inbox)
+            await asyncio.sleep(wait_s)
+        finally:
+            await sub.unsubscribe()
+        found = [w for w in (_worker(data) for data in answers) if w is not None]
+        return sorted(found, key=lambda w: w.worker_id)
+
+
+def _collect(into: list[bytes]) -> Callable[[Msg], Awaitable[None]]:
+    async def on(msg: Msg) -> None:
+        into.append(msg.data)
+
+    return on
+
+
+def _worker(data: bytes) -> Worker | None:
+    """One `$SRV.STATS` answer as a row; None when it is not a worker's."""
+    try:
+        stats = msgspec.json.decode(data, type=_ServiceStats)
+    except msgspec.DecodeError:
+        return None
+    status = next((e.data for e in stats.endpoints if e.data), {})
+    endpoints = sorted({e.name.split("-", 1)[1] for e in stats.endpoints if "-" in e.name})
+    return Worker(
+        worker_id=str(stats.metadata.get("worker_id", stats.id)),
+        version=stats.version,
+        started=stats.started,
+        endpoints=endpoints,
+        requests=sum(e.num_requests for e in stats.endpoints),
+        status=status,
+    )
 
 
 def now_ms() -> int:
