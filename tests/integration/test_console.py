@@ -5,9 +5,12 @@ the bus and Redis hold. Real NATS, Redis, worker processes and the console proce
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import sys
 import time
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -19,12 +22,14 @@ from tests.integration.console_support import (
     ONLY_A,
     ONLY_B,
     ConsoleProcess,
+    answer_once,
     console_process,
+    write_tokens,
 )
 from tests.integration.stack import ENDPOINT, Stack
-from tests.integration.test_escalations import escalations, resolve
+from tests.integration.test_escalations import escalations
+from worker.commands.exit_codes import Exit
 from worker.testing.identities import (
-    APPROVER_UNTENANTED,
     TENANT_A,
     TENANT_B,
     USER_A,
@@ -191,20 +196,7 @@ async def test_an_escalation_shows_what_waits_for_whom_and_its_command_until_res
     assert eid not in other_tenant
     assert "Nothing waits" in other_tenant
 
-    key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
-    code, _, err = await resolve(
-        stack,
-        eid,
-        "--as",
-        APPROVER_UNTENANTED,
-        "--key",
-        key,
-        "--choice",
-        "once",
-        "--sign-key",
-        str(stack.trust.seed_file),
-    )
-    assert code == 0, err
+    await answer_once(stack, eid)
     _, after, _ = await console.get("/escalations", ALL)
     assert eid not in after
 
@@ -257,3 +249,28 @@ async def test_the_workers_page_shows_each_workers_slots_leases_and_readiness(
     _, scoped, _ = await console.get("/workers", ONLY_A)
     assert "<code>w1</code>" not in scoped
     assert "all-tenants token" in scoped
+
+
+async def test_a_tokens_file_others_may_read_stops_the_console_before_it_serves(
+    tmp_path: Path,
+) -> None:
+    tokens = write_tokens(tmp_path / "tokens.json")
+    tokens.chmod(0o640)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "worker",
+        "console",
+        env={
+            **os.environ,
+            "AIPD_CONSOLE_TOKENS_FILE": str(tokens),
+            "AIPD_CONSOLE_PORT": "0",
+            "AIPD_NATS_URL": "nats://127.0.0.1:1",
+        },
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    assert proc.returncode == Exit.CONFIGURATION, err
+    assert b"console tokens file" in err
+    assert b"chmod 600" in err

@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 from schemas.result import ResultStatus
-from tests.integration.console_support import ALL, ConsoleProcess, console_process
+from tests.integration.console_support import ALL, ConsoleProcess, answer_once, console_process
 from tests.integration.stack import ENDPOINT, Stack
-from tests.integration.test_escalations import escalations, resolve
-from worker.testing.identities import APPROVER_UNTENANTED
+from tests.integration.test_escalations import escalations
 from worker.testing.pytest_plugin import service_unavailable
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 
@@ -146,20 +145,7 @@ async def test_a_person_watches_a_run_stream_and_an_escalation_come_and_go(
         f"aip-hermes-worker escalations resolve {escalation.escalation_id} --endpoint {ENDPOINT}"
     )
     await page.screenshot(path=str(shots / "escalations.png"), full_page=True)
-    key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
-    code, _, err = await resolve(
-        stack,
-        escalation.escalation_id,
-        "--as",
-        APPROVER_UNTENANTED,
-        "--key",
-        key,
-        "--choice",
-        "once",
-        "--sign-key",
-        str(stack.trust.seed_file),
-    )
-    assert code == 0, err
+    await answer_once(stack, escalation.escalation_id)
     await _shows(page, console.url + "/escalations", card, present=False)
     await page.screenshot(path=str(shots / "escalations-resolved.png"), full_page=True)
 

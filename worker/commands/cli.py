@@ -18,7 +18,7 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from worker.commands.cli_settings import (
     ENDPOINTS,
@@ -34,6 +34,9 @@ from worker.commands.exit_codes import Exit
 from worker.commands.failures import explain
 from worker.errors import ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
+
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
 
 # --- commands ---------------------------------------------------------------------------
 
@@ -67,19 +70,28 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_gateway(args: argparse.Namespace) -> int:
-    """The AIP gateway: MCP server for Hermes, writer of the runtime's stores (docs/gateway.md)."""
+S = TypeVar("S", bound="BaseSettings")
+
+
+def _from_environment(model: type[S]) -> S:
+    """A settings model of `AIPD_*` variables only (no flags); a bad value is a
+    SettingsError naming its first field and variable."""
     from pydantic import ValidationError as SettingsInvalid
 
-    from worker.errors import RouteConfigError
-    from worker.gateway import Gateway, GatewaySettings
-
     try:
-        settings = GatewaySettings()  # type: ignore[call-arg]  # from AIPD_* variables
+        return model()
     except SettingsInvalid as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
+
+
+async def cmd_gateway(args: argparse.Namespace) -> int:
+    """The AIP gateway: MCP server for Hermes, writer of the runtime's stores (docs/gateway.md)."""
+    from worker.errors import RouteConfigError
+    from worker.gateway import Gateway, GatewaySettings
+
+    settings = _from_environment(GatewaySettings)
     setup_logging(settings.log_format, settings.log_level)
     # The MCP SDK logs every request at info; the gateway's own lines say what matters.
     logging.getLogger("mcp").setLevel(logging.WARNING)
@@ -94,18 +106,11 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
 
 async def cmd_console(args: argparse.Namespace) -> int:
     """The read-only web console (docs/console.md): runs, escalations, the DLQ."""
-    from pydantic import ValidationError as SettingsInvalid
-
     from worker.console.app import Console
     from worker.console.settings import ConsoleSettings
 
     settings = settings_from(args)
-    try:
-        console = ConsoleSettings()  # type: ignore[call-arg]  # from AIPD_CONSOLE_* variables
-    except SettingsInvalid as exc:
-        first = exc.errors()[0]
-        field = ".".join(str(part) for part in first["loc"])
-        raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
+    console = _from_environment(ConsoleSettings)
     setup_logging(settings.log_format, settings.log_level)
     try:
         await Console(settings, console).run_until_signalled()

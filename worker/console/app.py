@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from datetime import UTC, datetime
 from http.cookies import SimpleCookie
@@ -25,7 +24,6 @@ from urllib.parse import parse_qs
 
 import nats
 import nats.errors
-import uvicorn
 from nats.aio.client import Client as NATS
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -47,11 +45,9 @@ from worker.console import pages
 from worker.console.reads import ConsoleReader, RunFilter, now_ms
 from worker.console.settings import ConsoleSettings
 from worker.console.tokens import ConsoleTokens, Viewer
-from worker.dependencies import port_in_use
-from worker.errors import SettingsError, UnverifiedResponse
-from worker.gateway.mcp_app import QuietServer
+from worker.errors import UnverifiedResponse
+from worker.http_serving import Served
 from worker.settings import Settings
-from worker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +59,6 @@ OPEN_PATHS = frozenset({"/health", "/login", "/logout", "/console.js"})
 #: Bound on a login form's body (a token and its field name).
 MAX_LOGIN_BYTES = 4_096
 PORT_SETTINGS = "AIPD_CONSOLE_PORT (and AIPD_CONSOLE_HOST)"
-_STARTUP_TIMEOUT_S = 10.0
 _SHUTDOWN_TIMEOUT_S = 5.0
 #: How long a followed run may stay silent before the page says so (it can reload).
 FOLLOW_IDLE_S = 3600.0
@@ -316,8 +311,7 @@ class Console:
         self.port: int | None = None
         self.nc: NATS | None = None
         self.redis: Any = None
-        self._server: QuietServer | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._served: Served | None = None
 
     @property
     def base_url(self) -> str:
@@ -340,43 +334,20 @@ class Console:
         log.info("%s on %s (%d tokens)", READY_MARK, self.base_url, len(tokens))
 
     async def _serve(self, app: Any) -> None:
-        host, port = self.console.console_host, self.console.console_port
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((host, port))
-            sock.listen(128)
-        except OSError as exc:
-            sock.close()
-            raise port_in_use(exc, host=host, port=port, settings=PORT_SETTINGS) from None
-        self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
+        self._served = served = await Served.start(
             app,
-            log_config=None,
-            log_level="warning",
-            access_log=False,
+            host=self.console.console_host,
+            port=self.console.console_port,
+            backlog=128,
+            port_settings=PORT_SETTINGS,
             lifespan="off",
-            ws="none",
-            timeout_graceful_shutdown=2,
         )
-        self._server = server = QuietServer(config)
-        self._serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        async with asyncio.timeout(_STARTUP_TIMEOUT_S):
-            while not server.started:
-                if self._serving.done():
-                    self._serving.result()
-                    raise SettingsError("the console's HTTP server stopped during startup")
-                await asyncio.sleep(0.01)
+        self.port = served.port
 
     async def stop(self) -> None:
-        server, task = self._server, self._serving
-        self._server = self._serving = None
-        if server is not None and task is not None:
-            server.should_exit = True
-            finished, _ = await asyncio.wait({task}, timeout=_SHUTDOWN_TIMEOUT_S)
-            if not finished:
-                server.force_exit = True
-                await stop_tasks([task], _SHUTDOWN_TIMEOUT_S)
+        served, self._served = self._served, None
+        if served is not None:
+            await served.stop(_SHUTDOWN_TIMEOUT_S)
         if self.redis is not None:
             with contextlib.suppress(Exception):
                 await self.redis.aclose()

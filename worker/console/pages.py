@@ -307,17 +307,23 @@ def escalations(viewer: Viewer, found: Escalations, now: int) -> str:
     return page("Approvals and escalations", viewer, body)
 
 
+def _all_tenants_only(title: str, viewer: Viewer, why: str) -> str:
+    """The page a tenant's token gets for what belongs to no one tenant."""
+    body = (
+        f'<p class="muted">{esc(why)}: only an all-tenants token (<code>*</code>) sees this '
+        "page.</p>"
+    )
+    return page(title, viewer, body)
+
+
 def _dlq_show(dlq_id: str, endpoint_id: str) -> str:
     return shlex.join(["aip-hermes-worker", "dlq", "show", dlq_id, "--endpoint", endpoint_id])
 
 
 def dead_letters(viewer: Viewer, found: list[tuple[str, Entry]] | None) -> str:
     if found is None:
-        body = (
-            '<p class="muted">A DLQ entry is an envelope that was never authenticated, so it '
-            "belongs to no tenant: only an all-tenants token (<code>*</code>) sees the DLQ.</p>"
-        )
-        return page("Dead letters", viewer, body)
+        why = "A DLQ entry is an envelope that was never authenticated, so it belongs to no tenant"
+        return _all_tenants_only("Dead letters", viewer, why)
     rows = []
     for endpoint_id, entry in found:
         doc = entry.document(with_body=False)
@@ -340,11 +346,7 @@ def dead_letters(viewer: Viewer, found: list[tuple[str, Entry]] | None) -> str:
 
 def workers(viewer: Viewer, found: list[Worker] | None) -> str:
     if found is None:
-        body = (
-            '<p class="muted">Workers serve every tenant: only an all-tenants token '
-            "(<code>*</code>) sees them.</p>"
-        )
-        return page("Workers", viewer, body)
+        return _all_tenants_only("Workers", viewer, "Workers serve every tenant")
     rows = []
     for w in found:
         s = w.status

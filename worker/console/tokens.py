@@ -1,9 +1,9 @@
 """The console's bearer tokens: who may look, and at which tenant's runs.
 
 `AIPD_CONSOLE_TOKENS_FILE` is shaped like the gateway's principals file (a JSON array of
-records holding the sha256 of a token, never the token) and read the same way: through
-`read_policy_file` (regular, under 1 MiB, nobody but the owner may write it) and refused when
-group or others may read it, since it names who may see what. Each token is scoped to one
+records holding the sha256 of a token, never the token) and read by the same
+`token_records`: regular, under 1 MiB, nobody but the owner may write or read it, each token
+hash once. Each token is scoped to one
 tenant, or to `*` (every tenant, and the runs of principals without one); a token sees only
 its scope's runs, escalations and DLQ entries, and nothing it cannot see is said to exist.
 """
@@ -16,9 +16,7 @@ from typing import Annotated
 
 import msgspec
 
-from worker.errors import TrustConfigError
-from worker.gateway.principals import find_by_token
-from worker.trust.files import policy_records, read_policy_file
+from worker.gateway.principals import find_by_token, token_records
 
 WHAT = "console tokens file"
 #: The scope of a token that sees every tenant.
@@ -64,21 +62,16 @@ class ConsoleTokens:
 
     @classmethod
     def load(cls, path: Path) -> ConsoleTokens:
-        policy = read_policy_file(path, what=WHAT)
-        if policy.readable_by_others:
-            raise TrustConfigError(f"{WHAT} {path}: group or others may read it; chmod 600 it")
-        by_hash: dict[str, Viewer] = {}
-        for _, where, record in policy_records(
-            policy, path, what=WHAT, noun="token", record_type=TokenRecord
-        ):
-            if record.token_sha256 in by_hash:
-                raise TrustConfigError(f"{where}: repeats the token hash of another token")
-            by_hash[record.token_sha256] = Viewer(
-                principal_id=record.principal_id,
-                tenant_id=None if record.tenant_id == ALL_TENANTS else record.tenant_id,
-                expires_at_unix_ms=record.expires_at_unix_ms,
-            )
-        return cls(by_hash)
+        return cls(
+            {
+                record.token_sha256: Viewer(
+                    principal_id=record.principal_id,
+                    tenant_id=None if record.tenant_id == ALL_TENANTS else record.tenant_id,
+                    expires_at_unix_ms=record.expires_at_unix_ms,
+                )
+                for record in token_records(path, what=WHAT, noun="token", record_type=TokenRecord)
+            }
+        )
 
     def authenticate(self, token: str | None, *, now_ms: int) -> Viewer | None:
         """The viewer of a present, known, unexpired token; None otherwise."""

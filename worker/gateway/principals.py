@@ -14,7 +14,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import Annotated, Protocol, TypeVar
 
 import msgspec
 
@@ -140,6 +140,33 @@ def find_by_token(by_hash: Mapping[str, T], token: str | None) -> T | None:
     return None
 
 
+class HashedToken(Protocol):
+    @property
+    def token_sha256(self) -> str: ...
+
+
+R = TypeVar("R", bound=HashedToken)
+
+
+def token_records(path: Path, *, what: str, noun: str, record_type: type[R]) -> list[R]:
+    """The records of a bearer-token file (the gateway's principals, the console's tokens):
+    policy read like every trust file (`read_policy_file`), refused when group or others may
+    read it (it names who may see or do what), each token hash at most once."""
+    policy = read_policy_file(path, what=what)
+    if policy.readable_by_others:
+        raise TrustConfigError(f"{what} {path}: group or others may read it; chmod 600 it")
+    seen: set[str] = set()
+    records: list[R] = []
+    for _, where, record in policy_records(
+        policy, path, what=what, noun=noun, record_type=record_type
+    ):
+        if record.token_sha256 in seen:
+            raise TrustConfigError(f"{where}: repeats the token hash of another {noun}")
+        seen.add(record.token_sha256)
+        records.append(record)
+    return records
+
+
 class Principals:
     """Token hash -> principal; `authenticate` is the only way in."""
 
@@ -148,15 +175,8 @@ class Principals:
 
     @classmethod
     def load(cls, path: Path) -> Principals:
-        policy = read_policy_file(path, what=WHAT)
-        if policy.readable_by_others:
-            raise TrustConfigError(f"{WHAT} {path}: group or others may read it; chmod 600 it")
         by_hash: dict[str, Principal] = {}
-        for _, where, record in policy_records(
-            policy, path, what=WHAT, noun="principal", record_type=PrincipalRecord
-        ):
-            if record.token_sha256 in by_hash:
-                raise TrustConfigError(f"{where}: repeats the token hash of another principal")
+        for record in token_records(path, what=WHAT, noun="principal", record_type=PrincipalRecord):
             by_hash[record.token_sha256] = Principal(
                 principal_id=record.principal_id,
                 principal_kind=record.principal_kind,
