@@ -129,19 +129,27 @@ def _filters(wanted: RunFilter, since: str, until: str) -> str:
     )
 
 
+def _facts(r: Run) -> list[str]:
+    """A run's state, owner and fence, principal, tenant and times: the cells the runs page
+    and the run page share."""
+    return [
+        _state(r.state),
+        esc(r.owner),
+        esc(r.fence),
+        esc(r.principal_id),
+        esc(r.tenant_id),
+        esc(when(r.received_at_ms)),
+        esc(when(r.settled_at_ms)),
+    ]
+
+
 def runs(viewer: Viewer, found: list[Run], wanted: RunFilter, since: str, until: str) -> str:
     rows = [
         [
             f'<a href="{run_href(r.endpoint_id, r.action_id)}"><code>{esc(r.action_id)}</code></a>',
             esc(r.endpoint_id),
             esc(r.capability.rsplit(":", 1)[-1]),
-            _state(r.state),
-            esc(r.owner),
-            esc(r.fence),
-            esc(r.principal_id),
-            esc(r.tenant_id),
-            esc(when(r.received_at_ms)),
-            esc(when(r.settled_at_ms)),
+            *_facts(r),
         ]
         for r in found
     ]
@@ -179,19 +187,7 @@ def run(viewer: Viewer, detail: RunDetail) -> str:
             "received",
             "settled",
         ),
-        [
-            [
-                esc(r.endpoint_id),
-                f"<code>{esc(r.capability)}</code>",
-                _state(r.state),
-                esc(r.owner),
-                esc(r.fence),
-                esc(r.principal_id),
-                esc(r.tenant_id),
-                esc(when(r.received_at_ms)),
-                esc(when(r.settled_at_ms)),
-            ]
-        ],
+        [[esc(r.endpoint_id), f"<code>{esc(r.capability)}</code>", *_facts(r)]],
     )
     result = detail.result
     if result is None:
