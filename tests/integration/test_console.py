@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from urllib.parse import quote
 
 import aiohttp
 import pytest
@@ -141,6 +142,13 @@ async def test_a_token_sees_only_its_tenants_runs_and_the_filters_narrow_them(
     assert a not in later
     status, _, _ = await console.get("/runs?since=yesterday", ALL)
     assert status == 400
+    # A subject wildcard in a URL matches nothing (and breaks nothing).
+    for wildcard in (">", "*", "h1.>"):
+        status, page, _ = await console.get(f"/runs?endpoint={quote(wildcard)}", ALL)
+        assert status == 200, page
+        assert a not in page
+        status, _, _ = await console.get(f"/runs/{quote(wildcard, safe='')}/{a}", ALL)
+        assert status == 404
 
     # Another tenant's run does not exist for this token: the same 404 as a made-up id.
     status, _, _ = await console.get(f"/runs/{ENDPOINT}/{b}", ONLY_A)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import re
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.ids import is_action_id
+from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
 from worker.bus.stream_reads import next_stored
@@ -264,6 +265,8 @@ class ConsoleReader:
 
     async def runs(self, viewer: Viewer, wanted: RunFilter) -> list[Run]:
         """The newest runs `viewer` may see that match `wanted`, at most `max_runs`."""
+        if wanted.endpoint_id is not None and not is_endpoint_id(wanted.endpoint_id):
+            return []  # never a subject wildcard from a URL
         actions = await self._actions(wanted.endpoint_id)
         firsts = await bounded(functools.partial(self._first_receipt, e, a) for e, a in actions)
         dated = [
@@ -287,8 +290,8 @@ class ConsoleReader:
     async def run(self, viewer: Viewer, endpoint_id: str, action_id: str) -> RunDetail | None:
         """One run with its result, verified receipt chain and lease; None when it does not
         exist or `viewer` may not see it (the two are not told apart)."""
-        if not is_action_id(action_id):
-            return None
+        if not is_action_id(action_id) or not is_endpoint_id(endpoint_id):
+            return None  # never a subject wildcard from a URL
         chain = await self.client.audit_chain(endpoint_id, action_id)
         first = chain.entries[0].receipt if chain.entries else None
         if first is None:
@@ -377,6 +380,10 @@ def _worker(data: bytes) -> Worker | None:
         requests=sum(e.num_requests for e in stats.endpoints),
         status=status,
     )
+
+
+def is_endpoint_id(text: str) -> bool:
+    return re.fullmatch(ENDPOINT_ID_PATTERN, text) is not None
 
 
 def now_ms() -> int:
