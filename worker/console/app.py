@@ -48,6 +48,7 @@ from worker.console.tokens import ConsoleTokens, Viewer
 from worker.errors import UnverifiedResponse
 from worker.http_serving import Served
 from worker.settings import Settings
+from worker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +63,8 @@ PORT_SETTINGS = "AIPD_CONSOLE_PORT (and AIPD_CONSOLE_HOST)"
 _SHUTDOWN_TIMEOUT_S = 5.0
 #: How long a followed run may stay silent before the page says so (it can reload).
 FOLLOW_IDLE_S = 3600.0
+#: Silence on a followed run after which an SSE comment is sent.
+KEEPALIVE_S = 15.0
 
 _HEADERS = {
     "Content-Security-Policy": (
@@ -273,7 +276,7 @@ class ConsoleHttp:
                 yield "event: refused\ndata: silent for an hour: reload to follow again\n\n"
 
         return StreamingResponse(
-            events(),
+            with_keepalive(events(), KEEPALIVE_S),
             media_type="text/event-stream",
             headers={**_HEADERS, "X-Accel-Buffering": "no"},
         )
@@ -289,6 +292,35 @@ class ConsoleHttp:
     async def workers(self, request: Request) -> Response:
         found = await self.reader.workers(_viewer(request))
         return _html(pages.workers(_viewer(request), found))
+
+
+async def with_keepalive(events: AsyncIterator[str], every_s: float) -> AsyncIterator[str]:
+    """`events`, with an SSE comment after each `every_s` of silence: a proxy does not cut
+    an idle follow, and a browser that went away is noticed at the next write (the write
+    fails and the stream, with its follower, is closed)."""
+    queue: asyncio.Queue[str | None] = asyncio.Queue()
+
+    async def pump() -> None:
+        try:
+            async for event in events:
+                await queue.put(event)
+        finally:
+            await queue.put(None)
+
+    task = asyncio.get_running_loop().create_task(pump())
+    try:
+        while True:
+            try:
+                event = await asyncio.wait_for(queue.get(), every_s)
+            except TimeoutError:
+                yield ": still following\n\n"
+                continue
+            if event is None:
+                task.result()  # its failure, if any, is the stream's
+                return
+            yield event
+    finally:
+        await stop_tasks([task], _SHUTDOWN_TIMEOUT_S)
 
 
 async def connect_nats(settings: Settings) -> NATS:
