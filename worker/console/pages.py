@@ -129,6 +129,10 @@ def _filters(wanted: RunFilter, since: str, until: str) -> str:
     )
 
 
+#: The heads of `_facts`' cells.
+FACT_HEADS = ("state", "owner", "fence", "principal", "tenant", "received", "settled")
+
+
 def _facts(r: Run) -> list[str]:
     """A run's state, owner and fence, principal, tenant and times: the cells the runs page
     and the run page share."""
@@ -153,18 +157,7 @@ def runs(viewer: Viewer, found: list[Run], wanted: RunFilter, since: str, until:
         ]
         for r in found
     ]
-    heads = (
-        "action",
-        "endpoint",
-        "operation",
-        "state",
-        "owner",
-        "fence",
-        "principal",
-        "tenant",
-        "received",
-        "settled",
-    )
+    heads = ("action", "endpoint", "operation", *FACT_HEADS)
     table = _table(heads, rows) if rows else '<p class="muted">No runs match.</p>'
     return page("Runs", viewer, _filters(wanted, since, until) + table)
 
@@ -176,17 +169,7 @@ def _json(value: Any) -> str:
 def run(viewer: Viewer, detail: RunDetail) -> str:
     r = detail.run
     facts = _table(
-        (
-            "endpoint",
-            "capability",
-            "state",
-            "owner",
-            "fence",
-            "principal",
-            "tenant",
-            "received",
-            "settled",
-        ),
+        ("endpoint", "capability", *FACT_HEADS),
         [[esc(r.endpoint_id), f"<code>{esc(r.capability)}</code>", *_facts(r)]],
     )
     result = detail.result
