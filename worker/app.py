@@ -237,7 +237,9 @@ class Worker:
             await self._start_egress(js, endpoints, worker_keys)
         if settings.channel_ingress_file is not None:
             await self._start_ingress(js, endpoints, publisher, worker_keys)
-        self.control = ControlPlane(self.nc, self.rt, binding_cancel=self.binding_cancel)
+        self.control = ControlPlane(
+            self.nc, self.rt, binding_cancel=self.binding_cancel, status=self.live_status
+        )
         await self.control.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
@@ -411,6 +413,23 @@ class Worker:
                 "will be refused until an approval authority is configured",
                 ", ".join(governed),
             )
+
+    def live_status(self) -> dict[str, object]:
+        """What this worker tells `$SRV.STATS` about itself (cheap, never waits): its slots,
+        the leases it holds, whether it is ready and serving, and why not."""
+        serving, reasons = self._serving_reasons()
+        rt = self.rt
+        return {
+            "slots": self.slots.capacity,
+            "slots_in_use": self.slots.in_use,
+            "delegation_slots_in_use": self.delegation_slots.in_use,
+            "leases": 0 if rt is None else len(rt.keeper.executions),
+            "ready": self.ready,
+            "serving": serving,
+            "reasons": reasons[:8],
+            "publishing": None if rt is None else rt.publisher.health.reason(),
+            "draining": self._stopped.is_set(),
+        }
 
     async def _wait_idle(self, timeout_s: float) -> bool:
         """Until no Action and no delegation executes, or `timeout_s`; True when idle."""

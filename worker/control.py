@@ -1,11 +1,13 @@
 """The request/reply side of a worker: cancel and discovery (docs/architecture.md §3).
 
 Both are NATS micro endpoints in one service, so `$SRV.PING|INFO|STATS.aip-hermes-worker`
-discovers every worker and what it serves. Requests are load-balanced by the micro queue
-group; a cancel is persisted in Redis first (so it holds even if no worker runs the Action
-yet), then announced on an internal subject that every worker hears, so the holder re-reads
-the intent at once instead of at its next heartbeat. The announcement grants nothing: only
-the durable intent cancels (`worker.execution.cancel_notices`).
+discovers every worker and what it serves; `$SRV.STATS` also carries each worker's live
+status (slots in use, leases held, readiness) as its endpoints' `data`. Requests are
+load-balanced by the micro queue group; a cancel is persisted in Redis first (so it holds
+even if no worker runs the Action yet), then announced on an internal subject that every
+worker hears, so the holder re-reads the intent at once instead of at its next heartbeat.
+The announcement grants nothing: only the durable intent cancels
+(`worker.execution.cancel_notices`).
 """
 
 from __future__ import annotations
@@ -78,11 +80,19 @@ def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
 
 class ControlPlane:
     def __init__(
-        self, nc: NATS, rt: Runtime, *, binding_cancel: BindingCancelHook | None = None
+        self,
+        nc: NATS,
+        rt: Runtime,
+        *,
+        binding_cancel: BindingCancelHook | None = None,
+        status: Callable[[], dict[str, object]] | None = None,
     ) -> None:
         self.nc = nc
         self.rt = rt
         self.binding_cancel = binding_cancel
+        #: This worker's live status (slots, leases, readiness), the `data` of each
+        #: endpoint in `$SRV.STATS`: what the console's workers page shows.
+        self.status = status
         self.service: Service | None = None
         self._manifests = {
             endpoint_id: encode(manifest_of(rt.registry, served.endpoint))
@@ -98,6 +108,7 @@ class ControlPlane:
             description="Drives Hermes Agent endpoints for AIP Actions on JetStream",
             queue_group=QUEUE_GROUP,
             metadata={"worker_id": self.rt.worker_id},
+            stats_handler=self._stats,
         )
         for endpoint_id in self.rt.endpoints:
             await self.service.add_endpoint(
@@ -116,6 +127,9 @@ class ControlPlane:
                 pending_msgs_limit=NOTICE_PENDING_MSGS,
                 pending_bytes_limit=NOTICE_PENDING_MSGS * MAX_NOTICE_BYTES * 4,
             )
+
+    def _stats(self, _: object) -> dict[str, object] | None:
+        return None if self.status is None else self.status()
 
     async def stop(self) -> None:
         if self.service is not None:

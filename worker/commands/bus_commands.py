@@ -283,7 +283,7 @@ async def _follow(
         async with asyncio.timeout(timeout_s):
             async for chunk in handle.chunks(from_seq=from_seq):
                 print(
-                    _chunk_text(chunk) if text else msgspec.json.encode(chunk).decode(), flush=True
+                    chunk_text(chunk) if text else msgspec.json.encode(chunk).decode(), flush=True
                 )
             result = await handle.result(timeout_s=timeout_s)
     except TimeoutError:
@@ -322,7 +322,7 @@ async def _no_result(
     return Exit.TIMEOUT
 
 
-def _chunk_text(chunk: StreamChunk) -> str:
+def chunk_text(chunk: StreamChunk) -> str:
     """One chunk for people: time, seq, kind, then its payload as compact JSON."""
     payload = "" if chunk.payload is None else msgspec.json.encode(chunk.payload).decode()
     return f"{iso_utc(chunk.ts_unix_ms)} #{chunk.seq:<4} {chunk.kind.value:<16} {payload}"

@@ -18,13 +18,16 @@ import asyncio
 import logging
 import sys
 from collections.abc import Callable, Coroutine, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from worker import tracing
 from worker.commands.cli_settings import (
     ENDPOINTS,
+    LOGS,
     NATS,
+    REDIS,
     STREAMS,
+    WORKER_KEYS,
     add_settings_flags,
     settings_from,
 )
@@ -32,6 +35,9 @@ from worker.commands.exit_codes import Exit
 from worker.commands.failures import explain
 from worker.errors import ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
+
+if TYPE_CHECKING:
+    from pydantic_settings import BaseSettings
 
 # --- commands ---------------------------------------------------------------------------
 
@@ -66,19 +72,28 @@ async def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def cmd_gateway(args: argparse.Namespace) -> int:
-    """The AIP gateway: MCP server for Hermes, writer of the runtime's stores (docs/gateway.md)."""
+S = TypeVar("S", bound="BaseSettings")
+
+
+def _from_environment(model: type[S]) -> S:
+    """A settings model of `AIPD_*` variables only (no flags); a bad value is a
+    SettingsError naming its first field and variable."""
     from pydantic import ValidationError as SettingsInvalid
 
-    from worker.errors import RouteConfigError
-    from worker.gateway import Gateway, GatewaySettings
-
     try:
-        settings = GatewaySettings()  # type: ignore[call-arg]  # from AIPD_* variables
+        return model()
     except SettingsInvalid as exc:
         first = exc.errors()[0]
         field = ".".join(str(part) for part in first["loc"])
         raise SettingsError(f"{field} (AIPD_{field.upper()}): {first['msg']}") from None
+
+
+async def cmd_gateway(args: argparse.Namespace) -> int:
+    """The AIP gateway: MCP server for Hermes, writer of the runtime's stores (docs/gateway.md)."""
+    from worker.errors import RouteConfigError
+    from worker.gateway import Gateway, GatewaySettings
+
+    settings = _from_environment(GatewaySettings)
     setup_logging(settings.log_format, settings.log_level)
     tracing.configure("aip-hermes-gateway")
     # The MCP SDK logs every request at info; the gateway's own lines say what matters.
@@ -89,6 +104,23 @@ async def cmd_gateway(args: argparse.Namespace) -> int:
         raise SettingsError(str(exc)) from None
     except OSError as exc:
         raise ServiceUnreachable(f"a service is unreachable ({exc}); check AIPD_NATS_URL") from None
+    return 0
+
+
+async def cmd_console(args: argparse.Namespace) -> int:
+    """The read-only web console (docs/console.md): runs, escalations, the DLQ."""
+    from worker.console.app import Console
+    from worker.console.settings import ConsoleSettings
+
+    settings = settings_from(args)
+    console = _from_environment(ConsoleSettings)
+    setup_logging(settings.log_format, settings.log_level)
+    try:
+        await Console(settings, console).run_until_signalled()
+    except OSError as exc:
+        raise ServiceUnreachable(
+            f"a service is unreachable ({exc}); check AIPD_NATS_URL / AIPD_REDIS_URL"
+        ) from None
     return 0
 
 
@@ -201,6 +233,24 @@ def _gateway_description() -> str:
     return "\n".join(lines)
 
 
+def _console_description() -> str:
+    """The console's own `AIPD_CONSOLE_*` variables, from `ConsoleSettings` itself."""
+    from worker.console.settings import ConsoleSettings
+
+    lines = [
+        "Serve the read-only web console: runs, their chunks and receipts, approvals and",
+        "escalations with the command that answers each, the DLQ (docs/console.md). Every",
+        "page but /health needs a token of AIPD_CONSOLE_TOKENS_FILE. Its own settings are",
+        "these environment variables; NATS, Redis and the trusted worker keys are the flags",
+        "below (each also AIPD_<NAME>).",
+        "",
+    ]
+    for name, field in ConsoleSettings.model_fields.items():
+        default = "required" if field.is_required() else f"default: {field.default!r}"
+        lines.append(f"  AIPD_{name.upper():<36} {default}")
+    return "\n".join(lines)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="aip-hermes-worker",
@@ -221,6 +271,15 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     gateway.set_defaults(func=cmd_gateway)
+
+    console = sub.add_parser(
+        "console",
+        help="serve the read-only web console (runs, escalations, DLQ); AIPD_CONSOLE_*",
+        description=_console_description(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_settings_flags(console, NATS, REDIS, WORKER_KEYS, LOGS)
+    console.set_defaults(func=cmd_console)
 
     prov = sub.add_parser("provision", help="create or update streams and consumers")
     add_settings_flags(prov, NATS, ENDPOINTS, STREAMS)

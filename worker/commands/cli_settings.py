@@ -12,12 +12,14 @@ lists what it uses and not the worker's ninety settings. Every field is still re
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 from pydantic import ValidationError
 
-from worker.errors import SettingsError
+from worker.errors import SettingsError, TrustConfigError
 from worker.settings import Settings
+from worker.trust.signing import TrustedGatewayKeys
 
 NO_FLAG = frozenset({"hermes_api_key"})
 
@@ -69,6 +71,8 @@ STREAMS = frozenset(name for name in Settings.model_fields if name.startswith("s
 }
 #: Deciding and resolving approvals.
 AUTHORITY = frozenset({"approval_authority_file"})
+#: How a long-running command logs (the console).
+LOGS = frozenset({"log_format", "log_level"})
 #: Believing what workers signed (escalations).
 WORKER_KEYS = frozenset({"trusted_worker_keys_file", "allow_unsigned_responses"})
 
@@ -114,3 +118,25 @@ def settings_from(args: argparse.Namespace, **defaults: Any) -> Settings:
             for err in exc.errors()
         )
         raise SettingsError(problems) from None
+
+
+def believed_worker_keys(settings: Settings, what: str) -> TrustedGatewayKeys | None:
+    """The worker keys whose signed `what` (escalations, DLQ entries, results) a reading
+    command believes. Without them anything anyone appended to those subjects would be
+    believed, forged ones too, so the command refuses to run (TrustConfigError, exit 2)
+    unless unsigned responses are allowed (development only, warned on stderr)."""
+    if settings.trusted_worker_keys_file is not None:
+        return TrustedGatewayKeys.load(
+            settings.trusted_worker_keys_file, what="trusted worker keys file"
+        )
+    if settings.allow_unsigned_responses:
+        print(
+            f"warning: {what} are not verified (no AIPD_TRUSTED_WORKER_KEYS_FILE; "
+            "AIPD_ALLOW_UNSIGNED_RESPONSES is on): a forged one cannot be told apart",
+            file=sys.stderr,
+        )
+        return None
+    raise TrustConfigError(
+        f"{what} are believed only when a trusted worker signed them: set "
+        "AIPD_TRUSTED_WORKER_KEYS_FILE (--trusted-worker-keys-file) to the workers' public keys"
+    )

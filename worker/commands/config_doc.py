@@ -1,6 +1,6 @@
-"""Render `docs/configuration.md` from the worker's `Settings` and the gateway's
-`GatewaySettings` fields (drift-checked by a test), so neither table can drift from what
-its process reads."""
+"""Render `docs/configuration.md` from the worker's `Settings`, the gateway's
+`GatewaySettings` and the console's `ConsoleSettings` fields (drift-checked by a test), so no
+table can drift from what its process reads."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings
 
 from worker.commands.cli_settings import NO_FLAG
+from worker.console.settings import ConsoleSettings
 from worker.gateway.settings import GatewaySettings
 from worker.settings import Settings
 
@@ -38,6 +39,18 @@ _GATEWAY_HEADER = """
 `aip-hermes-worker gateway` takes no flags: it reads only these `AIPD_*` variables (its own
 model, so a worker never needs a gateway-only file), plus the `AIPD_NATS_*` credential files
 of the table above for its NATS connection. What they do in context: docs/gateway.md.
+
+| variable | default | meaning |
+|---|---|---|
+"""
+
+_CONSOLE_HEADER = """
+## Console
+
+`aip-hermes-worker console` (docs/console.md) reads these `AIPD_CONSOLE_*` variables of its
+own; how it reaches NATS and Redis and which worker keys it believes are the worker's
+settings above (`AIPD_NATS_*`, `AIPD_REDIS_*`, `AIPD_SUBJECT_PREFIX`,
+`AIPD_TRUSTED_WORKER_KEYS_FILE`, `AIPD_LOG_*`), also as its flags.
 
 | variable | default | meaning |
 |---|---|---|
@@ -79,6 +92,8 @@ def render() -> str:
         + _rows(Settings, flags=True)
         + _GATEWAY_HEADER
         + _rows(GatewaySettings, flags=False)
+        + _CONSOLE_HEADER
+        + _rows(ConsoleSettings, flags=False)
     )
 
 

@@ -66,7 +66,7 @@ from schemas.ids import is_dlq_id, new_action_id
 from subjects.grammar import Subjects
 from worker import tracing
 from worker.bus.stream_reads import drain
-from worker.commands.cli_settings import add_settings_flags, settings_from
+from worker.commands.cli_settings import add_settings_flags, believed_worker_keys, settings_from
 from worker.errors import DlqRefused, TrustConfigError, UnverifiedResponse
 from worker.settings import Settings
 from worker.trust.responses import verify_dlq_entry, verify_receipt
@@ -141,23 +141,7 @@ def _fail(code: int, message: str) -> int:
 
 
 def _trusted(settings: Settings) -> TrustedGatewayKeys | None:
-    """The worker keys whose entries are believed; the commands refuse to run without them
-    unless unsigned responses are allowed (development only, warned)."""
-    if settings.trusted_worker_keys_file is not None:
-        return TrustedGatewayKeys.load(
-            settings.trusted_worker_keys_file, what="trusted worker keys file"
-        )
-    if settings.allow_unsigned_responses:
-        print(
-            "warning: DLQ entries are not verified (no AIPD_TRUSTED_WORKER_KEYS_FILE; "
-            "AIPD_ALLOW_UNSIGNED_RESPONSES is on): a forged one cannot be told apart",
-            file=sys.stderr,
-        )
-        return None
-    raise TrustConfigError(
-        "DLQ entries are believed only when a trusted worker signed them: set "
-        "AIPD_TRUSTED_WORKER_KEYS_FILE (--trusted-worker-keys-file) to the workers' public keys"
-    )
+    return believed_worker_keys(settings, "DLQ entries")
 
 
 async def read_entries(

@@ -55,6 +55,7 @@ from worker.commands.cli_settings import (
     NATS,
     WORKER_KEYS,
     add_settings_flags,
+    believed_worker_keys,
     settings_from,
 )
 from worker.commands.exit_codes import Exit
@@ -65,6 +66,7 @@ from worker.escalation.ledger import (
     Unreadable,
     read_escalations,
     read_resolution,
+    read_resolutions,
     record_resolution,
 )
 from worker.fingerprints import approval_fingerprint
@@ -72,7 +74,7 @@ from worker.operator.binding import BindingState, decode_binding
 from worker.settings import Settings
 from worker.store.approvals import read_record
 from worker.store.clock import redis_now_ms
-from worker.store.keys import binding_key, escalation_resolution_key
+from worker.store.keys import binding_key
 from worker.store.operator_store import OperatorStore
 from worker.trust.signing import TrustedGatewayKeys, read_seed_file
 
@@ -93,24 +95,7 @@ def _escalation_id(text: str) -> str:
 
 
 def _trusted(settings: Settings) -> TrustedGatewayKeys | None:
-    """The worker keys whose escalations are believed. Without them every escalation on the
-    stream would be believed, forged ones too, so the commands refuse to run (TrustConfigError,
-    exit 2) unless unsigned responses are allowed (development only, warned)."""
-    if settings.trusted_worker_keys_file is not None:
-        return TrustedGatewayKeys.load(
-            settings.trusted_worker_keys_file, what="trusted worker keys file"
-        )
-    if settings.allow_unsigned_responses:
-        print(
-            "warning: escalations are not verified (no AIPD_TRUSTED_WORKER_KEYS_FILE; "
-            "AIPD_ALLOW_UNSIGNED_RESPONSES is on): a forged one cannot be told apart",
-            file=sys.stderr,
-        )
-        return None
-    raise TrustConfigError(
-        "escalations are believed only when a trusted worker signed them: set "
-        "AIPD_TRUSTED_WORKER_KEYS_FILE (--trusted-worker-keys-file) to the workers' public keys"
-    )
+    return believed_worker_keys(settings, "escalations")
 
 
 async def _views(settings: Settings, endpoint_id: str) -> tuple[list[EscalationView], Unreadable]:
@@ -190,10 +175,7 @@ async def _resolutions_from_redis(settings: Settings, views: list[EscalationView
         return
     redis = open_approver_redis_for(settings)
     try:
-        pipe = redis.pipeline(transaction=False)
-        for view in views:
-            pipe.get(escalation_resolution_key(view.escalation.escalation_id))
-        stored = await pipe.execute()
+        stored = await read_resolutions(redis, [v.escalation.escalation_id for v in views])
     except (RedisError, OSError) as exc:
         print(
             f"warning: Redis cannot be read ({type(exc).__name__}): resolutions are shown "
@@ -203,10 +185,8 @@ async def _resolutions_from_redis(settings: Settings, views: list[EscalationView
         return
     finally:
         await redis.aclose()
-    for view, raw in zip(views, stored, strict=True):
-        view.resolution = (
-            None if raw is None else msgspec.json.decode(raw, type=EscalationResolution)
-        )
+    for view, resolution in zip(views, stored, strict=True):
+        view.resolution = resolution
 
 
 #: What `show` and `resolve` say about the escalation's own copy of the prompt.

@@ -12,7 +12,7 @@ to the stream (`…escalations.resolved`) so `escalations list` needs only NATS.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,3 +160,22 @@ async def read_resolution(redis: Any, escalation_id: str) -> EscalationResolutio
     if raw is None:
         return None
     return _resolution_decoder.decode(raw if isinstance(raw, bytes) else str(raw).encode())
+
+
+async def read_resolutions(
+    redis: Any, escalation_ids: Sequence[str]
+) -> list[EscalationResolution | None]:
+    """Each escalation's write-once resolution (None: open), in one pipelined round trip:
+    Redis decides, never the unsigned copy on `…escalations.resolved`."""
+    if not escalation_ids:
+        return []
+    pipe = redis.pipeline(transaction=False)
+    for escalation_id in escalation_ids:
+        pipe.get(escalation_resolution_key(escalation_id))
+    stored = await pipe.execute()
+    return [
+        None
+        if raw is None
+        else _resolution_decoder.decode(raw if isinstance(raw, bytes) else str(raw).encode())
+        for raw in stored
+    ]

@@ -11,23 +11,21 @@ import asyncio
 import contextlib
 import logging
 import signal
-import socket
 from collections.abc import Callable
 from typing import Any
 
 import nacl.signing
 import nats
-import uvicorn
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from subjects.grammar import Subjects
-from worker.dependencies import GATEWAY_PORT_SETTINGS, port_in_use
+from worker.dependencies import GATEWAY_PORT_SETTINGS
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
 from worker.gateway.discovery import Discovery
-from worker.gateway.mcp_app import MCP_PATH, GatewayHttp, QuietServer
+from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
 from worker.gateway.principals import Principals
 from worker.gateway.records import RuntimeStoreReader, RuntimeStoreWriter
@@ -35,6 +33,7 @@ from worker.gateway.recovery import Recovery
 from worker.gateway.routes import RouteTable
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
+from worker.http_serving import Served
 from worker.tasks import stop_tasks
 from worker.trust.signing import TrustedGatewayKeys, decode_user_public_key, read_seed_file
 
@@ -42,7 +41,6 @@ log = logging.getLogger(__name__)
 
 #: What a test waits for in the gateway's log before it calls it.
 READY_MARK = "gateway serving"
-_STARTUP_TIMEOUT_S = 10.0
 _SHUTDOWN_TIMEOUT_S = 10.0
 
 WriterFactory = Callable[[JetStreamContext, Subjects, bytes], RuntimeStoreWriter]
@@ -103,8 +101,7 @@ class Gateway:
         self.nc: NATS | None = None
         self.service: GatewayService | None = None
         self.writer: RuntimeStoreWriter | None = None
-        self._server: QuietServer | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._served: Served | None = None
         self._recovery: asyncio.Task[None] | None = None
         self.port: int | None = None
 
@@ -156,41 +153,18 @@ class Gateway:
         )
 
     async def _serve(self, http: GatewayHttp) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind((self.settings.gateway_host, self.settings.gateway_port))
-            sock.listen(self.settings.gateway_backlog)
-        except OSError as exc:
-            sock.close()
-            raise port_in_use(
-                exc,
-                host=self.settings.gateway_host,
-                port=self.settings.gateway_port,
-                settings=GATEWAY_PORT_SETTINGS,
-            ) from None
-        self.port = int(sock.getsockname()[1])
-        config = uvicorn.Config(
+        self._served = served = await Served.start(
             http.app(),
-            log_config=None,
-            log_level="warning",
-            access_log=False,
+            host=self.settings.gateway_host,
+            port=self.settings.gateway_port,
+            backlog=self.settings.gateway_backlog,
+            port_settings=GATEWAY_PORT_SETTINGS,
             lifespan="on",
-            ws="none",
-            timeout_graceful_shutdown=2,
             # Past this many connections at once a request gets 503 at once (docs/scaling.md,
             # "Gateway"), and the kernel queues up to the backlog before accept.
             limit_concurrency=self.settings.gateway_max_connections,
-            backlog=self.settings.gateway_backlog,
         )
-        self._server = server = QuietServer(config)
-        self._serving = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        async with asyncio.timeout(_STARTUP_TIMEOUT_S):
-            while not server.started:
-                if self._serving.done():
-                    self._serving.result()
-                    raise RuntimeError("the gateway's HTTP server stopped during startup")
-                await asyncio.sleep(0.01)
+        self.port = served.port
 
     async def ready(self) -> dict[str, Any]:
         """`/ready`: NATS connected and both runtime stores present."""
@@ -214,14 +188,9 @@ class Gateway:
         if self._recovery is not None:
             await stop_tasks([self._recovery], _SHUTDOWN_TIMEOUT_S)
             self._recovery = None
-        server, task = self._server, self._serving
-        self._server = self._serving = None
-        if server is not None and task is not None:
-            server.should_exit = True
-            finished, _ = await asyncio.wait({task}, timeout=_SHUTDOWN_TIMEOUT_S)
-            if not finished:
-                server.force_exit = True
-                await stop_tasks([task], _SHUTDOWN_TIMEOUT_S)
+        served, self._served = self._served, None
+        if served is not None:
+            await served.stop(_SHUTDOWN_TIMEOUT_S)
         if self.service is not None:
             await self.service.stop()
         if self.nc is not None:

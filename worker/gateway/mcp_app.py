@@ -12,14 +12,12 @@ for a principal allowed to run it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import warnings
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-import uvicorn
 from mcp.server.fastmcp import Context, FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp.types import CallToolResult, TextContent
@@ -414,10 +412,3 @@ async def _refuse(send: Send, status: int, error: str, description: str) -> None
     authenticate = (b"www-authenticate", f'Bearer error="{error}"'.encode())
     await send_response(send, status, body, extra_headers=(authenticate,))
 
-
-class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handlers: the host process owns its signals."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Protocol, TypeVar
 
 import msgspec
 
@@ -23,6 +24,7 @@ from worker.errors import TrustConfigError
 from worker.trust.files import policy_records, read_policy_file
 
 WHAT = "MCP principals file"
+T = TypeVar("T")
 _SHA256_HEX = r"^[0-9a-f]{64}\Z"
 
 
@@ -124,6 +126,47 @@ def token_sha256(token: str) -> str:
     return hashlib.sha256(token.encode("utf-8")).hexdigest()
 
 
+def find_by_token(by_hash: Mapping[str, T], token: str | None) -> T | None:
+    """What `by_hash` holds under the sha256 of a present `token`; None otherwise.
+
+    The lookup is by hash, then compared in constant time, so timing says nothing about how
+    much of a guessed token matched (the gateway's principals and the console's tokens)."""
+    if not token:
+        return None
+    digest = token_sha256(token)
+    for known, value in by_hash.items():
+        if hmac.compare_digest(known, digest):
+            return value
+    return None
+
+
+class HashedToken(Protocol):
+    @property
+    def token_sha256(self) -> str: ...
+
+
+R = TypeVar("R", bound=HashedToken)
+
+
+def token_records(path: Path, *, what: str, noun: str, record_type: type[R]) -> list[R]:
+    """The records of a bearer-token file (the gateway's principals, the console's tokens):
+    policy read like every trust file (`read_policy_file`), refused when group or others may
+    read it (it names who may see or do what), each token hash at most once."""
+    policy = read_policy_file(path, what=what)
+    if policy.readable_by_others:
+        raise TrustConfigError(f"{what} {path}: group or others may read it; chmod 600 it")
+    seen: set[str] = set()
+    records: list[R] = []
+    for _, where, record in policy_records(
+        policy, path, what=what, noun=noun, record_type=record_type
+    ):
+        if record.token_sha256 in seen:
+            raise TrustConfigError(f"{where}: repeats the token hash of another {noun}")
+        seen.add(record.token_sha256)
+        records.append(record)
+    return records
+
+
 class Principals:
     """Token hash -> principal; `authenticate` is the only way in."""
 
@@ -132,15 +175,8 @@ class Principals:
 
     @classmethod
     def load(cls, path: Path) -> Principals:
-        policy = read_policy_file(path, what=WHAT)
-        if policy.readable_by_others:
-            raise TrustConfigError(f"{WHAT} {path}: group or others may read it; chmod 600 it")
         by_hash: dict[str, Principal] = {}
-        for _, where, record in policy_records(
-            policy, path, what=WHAT, noun="principal", record_type=PrincipalRecord
-        ):
-            if record.token_sha256 in by_hash:
-                raise TrustConfigError(f"{where}: repeats the token hash of another principal")
+        for record in token_records(path, what=WHAT, noun="principal", record_type=PrincipalRecord):
             by_hash[record.token_sha256] = Principal(
                 principal_id=record.principal_id,
                 principal_kind=record.principal_kind,
@@ -158,15 +194,10 @@ class Principals:
 
     def authenticate(self, token: str | None, *, now_ms: int) -> Principal | None:
         """The principal of a present, known, unexpired token; None otherwise."""
-        if not token:
+        principal = find_by_token(self._by_hash, token)
+        if principal is None or now_ms >= principal.expires_at_unix_ms:
             return None
-        digest = token_sha256(token)
-        # The lookup is by hash, then compared in constant time, so timing says nothing
-        # about how much of a guessed token matched.
-        for known, principal in self._by_hash.items():
-            if hmac.compare_digest(known, digest):
-                return principal if now_ms < principal.expires_at_unix_ms else None
-        return None
+        return principal
 
     def __len__(self) -> int:
         return len(self._by_hash)
