@@ -316,14 +316,24 @@ def subject_template(subject: str) -> str:
 
 
 def start(
-    name: str, *, kind: str = "internal", attributes: Attributes | None = None
+    name: str,
+    *,
+    kind: str = "internal",
+    attributes: Attributes | None = None,
+    parent: Span | None = None,
 ) -> Span | None:
-    """A span started now under the current one and not made current (it outlives the
-    block that starts it: a chunk batch); end it with `end`. None when off."""
+    """A span started now under the current one (or under `parent`) and not made current
+    (it outlives the block that starts it: a chunk batch, a run's agent span); end it with
+    `end`. None when off."""
     on = _on
     if on is None:
         return None
-    return on.tracer.start_span(name, kind=on.kinds[kind], attributes=attributes)
+    context = None
+    if parent is not None:
+        from opentelemetry.trace import set_span_in_context
+
+        context = set_span_in_context(parent)
+    return on.tracer.start_span(name, context=context, kind=on.kinds[kind], attributes=attributes)
 
 
 def end(

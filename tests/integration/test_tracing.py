@@ -30,7 +30,7 @@ from tests.otel import (
     traced,
 )
 from worker import tracing
-from worker.testing.scenario import SLOW_REPLY
+from worker.testing.scenario import SLOW_REPLY, TOOL_ECHO
 
 PUBLISH_ACTIONS = "publish aip.hermes.{endpoint}.actions"
 PROCESS_ACTIONS = "process aip.hermes.{endpoint}.actions"
@@ -118,6 +118,31 @@ async def test_a_streamed_operator_run_is_one_connected_trace(
         "results", stack.subjects.results(ENDPOINT, action.id)
     )
     assert parent_of(headers["traceparent"]) == (trace_id, result_span.span_id)
+
+
+async def test_a_runs_tool_call_is_an_execute_tool_span_under_its_agent_span(
+    stack: Stack, receiver: OtlpReceiver, client_spans: InMemorySpanExporter
+) -> None:
+    """Hermes exports no trace of its own: the agent and tool spans come from its run
+    events (worker/operations/run_spans.py), under the execution that followed them."""
+    await stack.spawn("w1", **traced(receiver, "w1"))
+    action = stack.action("operator", {"objective": f"{TOOL_ECHO} trace the tool"})
+    await stack.approve(action)
+    result = await (await stack.client.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    trace_id = published(client_spans).trace_id
+    spans = await receiver.wait_for(
+        lambda got: any(s.name == "invoke_agent hermes" for s in got)
+        and any(s.name == PROCESS_ACTIONS for s in got)
+    )
+    ours = [s for s in spans if s.trace_id == trace_id]
+    agent = one(ours, "invoke_agent hermes")
+    assert descends(agent, one(ours, "aip.execute operator"), ours)
+    assert agent.attributes["gen_ai.operation.name"] == "invoke_agent"
+    assert agent.attributes["aip.run.terminal_event"] == "run.completed"
+    tool = one(ours, "execute_tool terminal")
+    assert tool.parent_id == agent.span_id
+    assert tool.attributes["gen_ai.tool.name"] == "terminal"
 
 
 async def test_a_takeover_links_to_the_delivery_it_took_over(

@@ -18,6 +18,7 @@ from typing import Any
 from schemas.chunk import ChunkKind
 from worker.hermes.sse import SSEEvent
 from worker.operations.run_events import Effect, rule_for
+from worker.operations.run_spans import RunSpans
 from worker.operations.streaming import Step, Terminal
 
 _TOOL = Step(ChunkKind.TOOL)
@@ -66,11 +67,18 @@ class RunEvents:
     def __init__(self) -> None:
         self._text = _Text()
         self._terminal: dict[str, Any] = {}
+        #: The run's agent and tool spans (None: untraced); a stream left before its
+        #: terminal event leaves them unended, and unended spans are never exported.
+        self._spans = RunSpans.open()
 
     def step(self, event: SSEEvent) -> Step:
         data = _obj(event)
         name = event.name
+        if self._spans is not None:
+            self._spans.see(name, data)
         if name == _ERROR_EVENT:
+            if self._spans is not None:
+                self._spans.close(error=_ERROR_EVENT, event=name)
             self._terminal = data
             return Step(None, data, Terminal.FAILED)
         rule = rule_for(name)

@@ -25,6 +25,7 @@ from worker.errors import ConnectorError, EventStreamUnavailable
 from worker.execution.cancel_signal import CancelSignal
 from worker.hermes.sse import SSEEvent, SSELimits
 from worker.operations.run_events import Effect, rule_for
+from worker.operations.run_spans import RunSpans
 from worker.operator import provider
 from worker.operator.binding import BindingState, OperatorBinding, ProviderSnapshot
 from worker.operator.events import (
@@ -103,6 +104,8 @@ class Observer:
         self._last_status: ProviderStatus | None = None
         #: The streaming path's Redis bookkeeping, off the event path (see `_Bookkeeping`).
         self._books = _Bookkeeping()
+        #: The agent and tool spans of the stream being followed (None: untraced).
+        self._spans: RunSpans | None = None
 
     @property
     def binding(self) -> OperatorBinding:
@@ -181,6 +184,7 @@ class Observer:
         frame per held run is what 10,000 runs multiply (bench figure 4)."""
         limits = SSELimits(max_frame_bytes=MAX_FRAME_BYTES, max_events=self.s.policy.max_events)
         interrupt = _CancelInterrupt(self.s.ctx.cancel_requested)
+        self._spans = RunSpans.open(self.run_id)
         try:
             try:
                 async with asyncio.timeout(self.s.remaining_s()):
@@ -216,10 +220,15 @@ class Observer:
             return False
         finally:
             self._books.abandon()
+            if self._spans is not None:
+                self._spans.close()
+                self._spans = None
 
     async def _on_event(self, event: SSEEvent) -> bool:
         data: dict[str, Any] = event.data if isinstance(event.data, dict) else {}
         name = event.name
+        if self._spans is not None:
+            self._spans.see(name, data)
         rule = rule_for(name)
         shown = redact_event(data if data else {"event": name})
         match rule.effect:
