@@ -1,5 +1,5 @@
-"""worker/tracing.py on its own: which standard variables turn it on, what it costs while
-off, and the ids a log line carries inside a span (docs/tracing.md)."""
+"""worker/tracing.py on its own: which standard variables turn it on, that it does no work
+while off, and the ids a log line carries inside a span (docs/tracing.md)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import json
 import logging
 import subprocess
 import sys
-import timeit
 
 import pytest
 
@@ -49,19 +48,18 @@ def test_configured_from_the_environment_a_process_records_spans() -> None:
     assert '"name": "one"' in out.stdout  # the console exporter printed it at exit
 
 
-def test_the_helpers_cost_next_to_nothing_while_off() -> None:
-    """Each per-Action call is one global read and a return: measured here against a
-    bound that an import, a span object or header work per call would break."""
+def test_the_helpers_do_no_work_while_off() -> None:
+    """Each per-Action call is one global read and a return: the shared no-op context, no
+    span object, no header work. (What that costs is measured, not asserted: timeit
+    figures in docs/tracing.md "Cost"; a timed assertion would fail on a loaded host.)"""
     assert not tracing.enabled()
     headers = {"Nats-Msg-Id": "x"}
-    calls = {
-        "inject": lambda: tracing.inject(headers),
-        "span": lambda: tracing.span("x", kind="consumer"),
-        "start": lambda: tracing.end(tracing.start("x")),
-    }
-    for name, call in calls.items():
-        per_call_s = min(timeit.repeat(call, number=20_000, repeat=5)) / 20_000
-        assert per_call_s < 2e-6, (name, per_call_s)
+    tracing.inject(headers)
+    assert tracing.span("x", kind="consumer") is tracing.NO_SPAN
+    assert tracing.producing("t", "s", headers) is tracing.NO_SPAN
+    assert tracing.start("x") is None
+    tracing.end(None)
+    assert tracing.headers_of(None) is None
     with tracing.span("x") as current:
         assert current is None
     assert headers == {"Nats-Msg-Id": "x"}
