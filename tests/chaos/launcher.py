@@ -161,13 +161,30 @@ def _resend_unbound_start() -> None:
     start.StartFence._unknown = unknown  # type: ignore[method-assign]
 
 
+#: How long the mutated worker holds a claimed decision before sending it to Hermes.
+HELD_DECISION_S = 1.5
+
+
 def _two_decisions_per_generation() -> None:
+    import asyncio
+
     from worker.operator import resume
 
     def answering(binding: Any, generation: int) -> list[Any]:
         return []
 
     resume._answering = answering
+    # Whether resumes arriving together overlap one's claim and its send is scheduling (a
+    # clean-clone CI run saw four resumes serialized, one applied and three refused by the
+    # status check, and the planted bug unseen). Holding each claimed decision before it is
+    # sent makes them overlap every time, so the item's verdict on the bug is certain.
+    apply = resume.ResumeLedger._apply
+
+    async def held_apply(self: Any, command: Any) -> Any:
+        await asyncio.sleep(HELD_DECISION_S)
+        return await apply(self, command)
+
+    resume.ResumeLedger._apply = held_apply  # type: ignore[method-assign]
 
 
 def install_mutation(name: str) -> None:

@@ -24,6 +24,7 @@ PATCHED: list[tuple[Any, str]] = [
     (leases.LeaseKeeper, "lose"),
     (start.StartFence, "_unknown"),
     (resume, "_answering"),
+    (resume.ResumeLedger, "_apply"),
 ]
 PATCHED_ORIGINALS = {name: owner.__dict__[name] for owner, name in PATCHED}
 
@@ -76,5 +77,7 @@ def test_two_decisions_per_generation_blinds_the_ledger_to_answered_generations(
     install_mutation("two_decisions_per_generation")
     assert resume.__dict__["_answering"] is not PATCHED_ORIGINALS["_answering"]
     assert resume._answering(object(), 1) == []
+    # Each claimed decision is held before it is sent, so resumes arriving together overlap.
+    assert resume.ResumeLedger.__dict__["_apply"] is not PATCHED_ORIGINALS["_apply"]
     # The ledger still asks `_answering` before it claims a generation: the hook bites.
     assert inspect.getsource(resume).count("_answering(") >= 3  # its def and two callers
