@@ -17,10 +17,10 @@ from pathlib import Path
 import aiohttp
 
 from tests.integration.stack import Stack
-from tests.integration.test_escalations import resolve
+from tests.integration.test_escalations import resolve_as_approver
 from worker.gateway.principals import token_sha256
 from worker.testing._procs import free_port
-from worker.testing.identities import APPROVER_UNTENANTED, TENANT_A, TENANT_B
+from worker.testing.identities import TENANT_A, TENANT_B
 
 #: Each token's scope.
 ALL = "console-token-all"
@@ -131,17 +131,5 @@ async def console_process(stack: Stack, **env: str) -> AsyncIterator[ConsoleProc
 
 async def answer_once(stack: Stack, escalation_id: str) -> None:
     """Resolve an approval escalation as its approver would, with the CLI (`once`)."""
-    key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
-    code, _, err = await resolve(
-        stack,
-        escalation_id,
-        "--as",
-        APPROVER_UNTENANTED,
-        "--key",
-        key,
-        "--choice",
-        "once",
-        "--sign-key",
-        str(stack.trust.seed_file),
-    )
+    code, _, err = await resolve_as_approver(stack, escalation_id)
     assert code == 0, err

@@ -71,6 +71,24 @@ async def resolve(stack: Stack, escalation_id: str, *extra: str) -> tuple[int, s
     )
 
 
+async def resolve_as_approver(
+    stack: Stack, escalation_id: str, choice: str = "once"
+) -> tuple[int, str, str]:
+    """`escalations resolve` as the untenanted approver, with its key and the gateway's."""
+    return await resolve(
+        stack,
+        escalation_id,
+        "--as",
+        APPROVER_UNTENANTED,
+        "--key",
+        str(stack.trust.approver_seed_files[APPROVER_UNTENANTED]),
+        "--choice",
+        choice,
+        "--sign-key",
+        str(stack.trust.seed_file),
+    )
+
+
 @pytest.mark.parametrize("point", ["after_settle", "after_escalation"])
 async def test_an_approval_escalation_is_raised_once_across_a_takeover_and_resolved_into_one_resume(
     stack: Stack, point: str

@@ -30,7 +30,7 @@ from schemas.action import Action
 from schemas.escalation import EscalationKind, EscalationResolution
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack, fake_stack
-from tests.integration.test_escalations import escalations, resolve
+from tests.integration.test_escalations import escalations, resolve_as_approver
 from worker.testing.identities import (
     APPROVER_A,
     APPROVER_B,
@@ -206,19 +206,7 @@ async def test_a_resume_id_burned_first_does_not_stop_the_real_answer(stack: Sta
     burned = await (await stack.publish(burner)).result(timeout_s=30)
     assert burned.status is ResultStatus.COMPLETED, burned.error
 
-    key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
-    code, out, err = await resolve(
-        stack,
-        escalation.escalation_id,
-        "--as",
-        APPROVER_UNTENANTED,
-        "--key",
-        key,
-        "--choice",
-        "once",
-        "--sign-key",
-        str(stack.trust.seed_file),
-    )
+    code, out, err = await resolve_as_approver(stack, escalation.escalation_id)
     assert code == 0, err
     resolution = msgspec.json.decode(out, type=EscalationResolution)
     assert resolution.resume_action_id is not None
