@@ -61,6 +61,11 @@ def new_action_id() -> str:
     return "act_" + secrets.token_hex(16)
 
 
+def is_endpoint_id(value: str) -> bool:
+    """True when `value` is an endpoint id (before it becomes part of a key or a subject)."""
+    return re.fullmatch(ENDPOINT_ID_PATTERN, value) is not None
+
+
 def is_action_id(value: str) -> bool:
     """True when `value` has the Action id shape (used before building Redis keys from it)."""
     return _ACTION_ID_RE.fullmatch(value) is not None

@@ -42,12 +42,14 @@ from worker.bus.connections import credential_options, open_redis_for
 from worker.commands.bus_commands import chunk_text
 from worker.commands.cli_settings import believed_worker_keys
 from worker.console import pages
-from worker.console.reads import ConsoleReader, RunFilter, now_ms
+from worker.console.reads import ConsoleReader, RunFilter
 from worker.console.settings import ConsoleSettings
 from worker.console.tokens import ConsoleTokens, Viewer
 from worker.errors import UnverifiedResponse
+from worker.gateway.principals import bearer
 from worker.http_serving import Served
 from worker.settings import Settings
+from worker.store.clock import now_ms
 from worker.tasks import stop_tasks
 
 log = logging.getLogger(__name__)
@@ -99,14 +101,13 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 def _token_of(scope: Scope) -> str | None:
     """The bearer token of a request: its Authorization header, else the login cookie."""
+    token = bearer(scope)
+    if token is not None:
+        return token
     cookie_header = ""
     headers: list[tuple[bytes, bytes]] = scope.get("headers", [])
     for name, value in headers:
-        if name == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            if scheme.lower() == "bearer" and token.strip():
-                return token.strip()
-        elif name == b"cookie":
+        if name == b"cookie":
             cookie_header = value.decode("latin-1")
     if cookie_header:
         cookies: SimpleCookie = SimpleCookie()

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import re
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -30,7 +28,7 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
+from schemas.ids import is_action_id, is_endpoint_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
 from worker.bus.stream_reads import next_stored
@@ -41,6 +39,7 @@ from worker.console.tokens import Viewer
 from worker.control import SERVICE_NAME as WORKER_SERVICE
 from worker.errors import UnverifiedResponse
 from worker.escalation.ledger import EscalationView, Unreadable, read_escalations, read_resolutions
+from worker.store.clock import now_ms
 from worker.store.lease_store import LeaseStore
 from worker.trust.signing import TrustedGatewayKeys
 
@@ -380,14 +379,6 @@ def _worker(data: bytes) -> Worker | None:
         requests=sum(e.num_requests for e in stats.endpoints),
         status=status,
     )
-
-
-def is_endpoint_id(text: str) -> bool:
-    return re.fullmatch(ENDPOINT_ID_PATTERN, text) is not None
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 def _text(value: object) -> str | None:

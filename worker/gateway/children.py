@@ -173,7 +173,6 @@ class Children:
         headers = {"Nats-Msg-Id": msg_id, **sign_envelope(payload, self.seed)}
         subject = route.subjects.actions
         with tracing.producing(
-            tracing.subject_template(subject),
             subject,
             headers,
             {"messaging.message.id": msg_id, "aip.action_id": record.action.id},

@@ -36,7 +36,7 @@ from worker.gateway.http_limits import (
     send_response,
 )
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
-from worker.gateway.principals import Principal, Principals
+from worker.gateway.principals import Principal, Principals, bearer
 from worker.gateway.routes import RouteTable
 from worker.gateway.service import CAPABILITIES_PAGE, GatewayService
 from worker.gateway.settings import (
@@ -90,15 +90,6 @@ DESCRIPTIONS: Final = {
 }
 
 Ready = Callable[[], Awaitable[dict[str, Any]]]
-
-
-def bearer(scope: Scope) -> str | None:
-    """The token of the request's `Authorization: Bearer …` header, if there is one."""
-    for name, value in scope.get("headers") or ():
-        if name.lower() == b"authorization":
-            scheme, _, token = value.decode("latin-1").partition(" ")
-            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-    return None
 
 
 def _error_text(error: ConnectorError) -> str:

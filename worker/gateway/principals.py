@@ -14,7 +14,7 @@ import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Protocol, TypeVar
+from typing import Annotated, Any, Protocol, TypeVar
 
 import msgspec
 
@@ -201,3 +201,12 @@ class Principals:
 
     def __len__(self) -> int:
         return len(self._by_hash)
+
+
+def bearer(scope: Mapping[str, Any]) -> str | None:
+    """The token of the request's `Authorization: Bearer …` header, if there is one."""
+    for name, value in scope.get("headers") or ():
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            return token.strip() if scheme.lower() == "bearer" and token.strip() else None
+    return None

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from schemas.channel import INGRESS_SESSION_PATTERN
-from schemas.ids import ENDPOINT_ID_PATTERN, is_action_id
+from schemas.ids import is_action_id, is_endpoint_id
 
 NAMESPACE = "aip:connector:hermes_agent:operator_runs:v1"
 CAPACITY_NAMESPACE = "aip:connector:hermes_agent:capacity:v1"
@@ -114,7 +114,7 @@ class IngressKeys:
 
     @classmethod
     def of(cls, endpoint_id: str, session_id: str) -> IngressKeys:
-        if not re.fullmatch(ENDPOINT_ID_PATTERN, endpoint_id):
+        if not is_endpoint_id(endpoint_id):
             raise ValueError("not an endpoint id")
         if not re.match(INGRESS_SESSION_PATTERN, session_id):
             raise ValueError("not an ingress session id")
@@ -150,8 +150,6 @@ def escalation_resolution_key(escalation_id: str) -> str:
 
 def capacity_key(endpoint_id: str) -> str:
     """The per-endpoint run semaphore (a sorted set of holders scored by expiry)."""
-    import re
-
-    if not re.fullmatch(ENDPOINT_ID_PATTERN, endpoint_id):
+    if not is_endpoint_id(endpoint_id):
         raise ValueError("not an endpoint id")
     return f"{CAPACITY_NAMESPACE}:{{{endpoint_id}}}"
