@@ -374,7 +374,6 @@ class AipClient:
         msg_id = envelope_msg_id(action_id, payload)
         headers = {"Nats-Msg-Id": msg_id, **_signed_headers(payload, self.sign_key)}
         with tracing.producing(
-            tracing.subject_template(subject),
             subject,
             headers,
             {"messaging.message.id": msg_id, "aip.action_id": action_id},

@@ -274,27 +274,27 @@ def consuming(msg: Msg) -> contextlib.AbstractContextManager[Span | None]:
 
 
 def producing(
-    template: str,
     subject: str,
     headers: MutableMapping[str, str],
     extra: Attributes | None = None,
 ) -> contextlib.AbstractContextManager[Span | None]:
     """A producer span named `publish {template}` around one publish to `subject`, its
-    context written into `headers` (what the consumer continues); no-op when off."""
+    context written into `headers` (what the consumer continues); no-op when off, before
+    the subject's template is worked out."""
     on = _on
     if on is None:
         return NO_SPAN
-    return _producing(on, template, subject, headers, extra)
+    return _producing(on, subject, headers, extra)
 
 
 @contextlib.contextmanager
 def _producing(
     on: _On,
-    template: str,
     subject: str,
     headers: MutableMapping[str, str],
     extra: Attributes | None,
 ) -> Iterator[Span]:
+    template = subject_template(subject)
     attributes = messaging("publish", subject, template, extra)
     with _started(on, f"publish {template}", "producer", attributes, None, ()) as current:
         inject(headers)
@@ -345,10 +345,7 @@ def end(
     if attributes:
         span.set_attributes(attributes)
     if error is not None:
-        from opentelemetry.trace import Status, StatusCode
-
-        span.set_attribute("error.type", error)
-        span.set_status(Status(StatusCode.ERROR))
+        failed(span, error)
     span.end()
 
 

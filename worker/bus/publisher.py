@@ -229,7 +229,6 @@ class BusPublisher:
         msg_id = result_msg_id(action_id, digest)
         headers = dict(signature or {})
         with tracing.producing(
-            tracing.subject_template(subject),
             subject,
             headers,
             {"messaging.message.id": msg_id, "messaging.message.body.size": len(stored)},
