@@ -50,7 +50,6 @@ The rules (docs/reliability.md lists them with the guarantee each one tests):
 from __future__ import annotations
 
 import hashlib
-import hmac
 import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
@@ -62,7 +61,7 @@ import msgspec
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.result import ActionResult, ResultStatus
 from tests.chaos.history import History
-from worker.execution.chunk_chain import chain_mac
+from worker.execution.chunk_chain import mac_is_valid
 
 START = "POST /v1/runs"
 APPROVAL = "POST /v1/runs/{run_id}/approval"
@@ -567,18 +566,22 @@ def _at(values: list[str | None], index: int) -> str | None:
     return values[index] if index < len(values) else None
 
 
+#: A lease record's field holding one fence's chunk-chain key (`chain_key.{fence}`).
+CHAIN_KEY = "chain_key."
+
+
 def _stale(raw: bytes, mac: str | None, lease: dict[str, str], settled_fence: int) -> bool:
     """A non-terminal chunk made by the delivery at a fence the settle superseded: its
     `AIP-Chunk-Mac` verifies under that fence's chain key (from the lease record)."""
     if mac is None or json.loads(raw)["kind"] in TERMINAL_KINDS:
         return False
-    fence_text = mac.partition(":")[0]
-    if not fence_text.isdigit() or int(fence_text) >= settled_fence:
-        return False
-    key = lease.get(f"chain_key.{fence_text}")
-    return key is not None and hmac.compare_digest(
-        mac, chain_mac(key, int(fence_text), sha256(raw))
-    )
+    keys = {
+        int(name.removeprefix(CHAIN_KEY)): key
+        for name, key in lease.items()
+        if name.startswith(CHAIN_KEY) and name.removeprefix(CHAIN_KEY).isdigit()
+    }
+    return mac_is_valid(mac, sha256(raw), keys, settled_fence)
+
 
 
 def durable(ev: Evidence) -> list[Violation]:

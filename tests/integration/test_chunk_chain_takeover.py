@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
@@ -178,20 +178,9 @@ class _LosesFirstPublication(BusPublisher):
         super().__init__(nc.jetstream(), Subjects(), nc=nc)
         self.lost: int | None = lost
 
-    async def chunk(
-        self,
-        chunk: StreamChunk,
-        data: bytes | None = None,
-        *,
-        subject: str | None = None,
-        sha256: str | None = None,
-        mac: str | None = None,
-        trace: Mapping[str, str] | None = None,
-    ) -> asyncio.Future[PubAck]:
+    async def chunk(self, chunk: StreamChunk, *args: Any, **kw: Any) -> asyncio.Future[PubAck]:
         if chunk.seq != self.lost:
-            return await super().chunk(
-                chunk, data, subject=subject, sha256=sha256, mac=mac, trace=trace
-            )
+            return await super().chunk(chunk, *args, **kw)
         self.lost = None
         future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
         future.set_exception(nats.errors.TimeoutError())
