@@ -88,9 +88,15 @@ async def _text_until(page: Any, selector: str, wanted: Callable[[str], bool]) -
     Content-Security-Policy refuses the string evaluation `wait_for_function` needs)."""
     deadline = time.monotonic() + SHOWN_S
     while True:
-        text = await page.locator(selector).text_content() or ""
-        if wanted(text):
-            return text
+        if await page.locator(selector).count() == 0:
+            # Not on the page as shown (a clean-clone CI run once waited 30 s for `#chunks`
+            # on a run page that never had it): ask for the page again, within the bound.
+            text = ""
+            await page.reload()
+        else:
+            text = await page.locator(selector).text_content() or ""
+            if wanted(text):
+                return text
         assert time.monotonic() < deadline, f"{selector} never matched: {text[-500:]!r}"
         await asyncio.sleep(0.1)
 
