@@ -10,6 +10,7 @@ locally and fails under `CI=true` (the project's policy for a missing service).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import time
@@ -86,13 +87,18 @@ async def _shows(page: Any, url: str, selector: str, *, present: bool = True) ->
 async def _text_until(page: Any, selector: str, wanted: Callable[[str], bool]) -> str:
     """The text of `selector` once `wanted` holds for it (polled from Python: the console's
     Content-Security-Policy refuses the string evaluation `wait_for_function` needs)."""
+    from playwright.async_api import Error as PlaywrightError
+
     deadline = time.monotonic() + SHOWN_S
     while True:
         if await page.locator(selector).count() == 0:
             # Not on the page as shown (a clean-clone CI run once waited 30 s for `#chunks`
-            # on a run page that never had it): ask for the page again, within the bound.
+            # on a run page that never had it): ask for the page again, within the bound. The
+            # page may be reloading itself (it does once a run settles); a reload that meets
+            # that navigation fails and is asked again on the next turn.
             text = ""
-            await page.reload()
+            with contextlib.suppress(PlaywrightError):
+                await page.reload()
         else:
             text = await page.locator(selector).text_content() or ""
             if wanted(text):
