@@ -49,6 +49,16 @@ class DelegationRef(WireStruct, kw_only=True, frozen=True):
 JsonObject = dict[str, Any]
 
 
+class Received(WireStruct, kw_only=True, frozen=True):
+    """The AIP Envelope an Action arrived in, as far as its answers need it (the AIP reply
+    recipe: `in_response_to` is this `message_id`, `to` is this `sender`). Set by the
+    decoder (`worker/wire/actions.py`), never by a publisher."""
+
+    message_id: ShortText
+    #: The Envelope's `from` Principal, as received (None: it named no sender).
+    sender: JsonObject | None = None
+
+
 class Action(WireStruct, kw_only=True, frozen=True):
     """One invocation of one endpoint-qualified Hermes capability."""
 
@@ -72,3 +82,5 @@ class Action(WireStruct, kw_only=True, frozen=True):
     observability: JsonObject | None = None
     compliance: JsonObject | None = None
     transaction: JsonObject | None = None
+    #: Where the Action came from on the wire (None on an Action not yet published).
+    received: Received | None = None

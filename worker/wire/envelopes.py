@@ -1,0 +1,190 @@
+"""Seal and open AIP 1.0 Envelopes on the project's subjects: the one place that builds an
+Envelope's frame, signs it, bounds and parses received bytes, and turns an AIP wire failure
+into the project's typed refusal.
+
+What a message type carries is the business of its own module (`worker/wire/*.py`); this
+one only frames it. Facts the AIP payload has no field for travel in the Envelope's
+`extensions` under `EXTENSION_KEY` (shared/reference/aip-1.0-wire.md §1.0.3), covered by
+the signature like everything else but `security.signature`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from schemas.errors import EnvelopeRejected, ErrorCode
+from worker.aip.canonical import canonical_bytes, loads
+from worker.aip.envelope import AIP_VERSION, BODY_KEYS, check_envelope, now_timestamp
+from worker.aip.errors import AipWireError, MalformedJson, SignatureError
+from worker.aip.signing import AipSigner, VerifiedEnvelope, sign_envelope, verify_envelope
+
+#: Our namespace in `Envelope.extensions`.
+EXTENSION_KEY: Final = "org.aip-hermes-worker"
+#: The largest Envelope a consumer parses unless told otherwise (as before the AIP wire).
+DEFAULT_MAX_ENVELOPE_BYTES: Final = 1_048_576
+
+
+def new_message_id() -> str:
+    """`msg_` and a UUIDv7 as 32 lowercase hex digits (upstream's MessageId form): 48 bits
+    of Unix milliseconds, the version and variant bits, and 74 random bits."""
+    value = (time.time_ns() // 1_000_000) << 80 | int.from_bytes(os.urandom(10), "big")
+    value = (value & ~(0xF << 76)) | (0x7 << 76)  # version 7
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)  # RFC 4122 variant
+    return f"msg_{value:032x}"
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """A received Envelope whose frame is valid: the whole Envelope (builtins, as parsed),
+    its payload (the one value of `body`), and the signature check's outcome when it
+    carried one (None: it carried no `security.signature`)."""
+
+    envelope: dict[str, Any]
+    payload: dict[str, Any]
+    verified: VerifiedEnvelope | None
+
+    @property
+    def message_type(self) -> str:
+        return str(self.envelope["message_type"])
+
+    @property
+    def message_id(self) -> str:
+        return str(self.envelope["message_id"])
+
+    @property
+    def extension(self) -> dict[str, Any]:
+        """Our facts in `extensions[EXTENSION_KEY]` ({} when there are none)."""
+        return extension_of(self.envelope)
+
+    @property
+    def sender(self) -> Mapping[str, Any] | None:
+        sender = self.envelope.get("from")
+        return sender if isinstance(sender, Mapping) else None
+
+
+def extension_of(envelope: Mapping[str, Any]) -> dict[str, Any]:
+    """`extensions[EXTENSION_KEY]` of `envelope`; EnvelopeRejected if it is not an object."""
+    extensions = envelope.get("extensions")
+    if extensions is None:
+        return {}
+    if not isinstance(extensions, Mapping):
+        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, "extensions is not an object")
+    ours = extensions.get(EXTENSION_KEY)
+    if ours is None:
+        return {}
+    if not isinstance(ours, dict):
+        raise EnvelopeRejected(
+            ErrorCode.SCHEMA_ENVELOPE_INVALID, f"extensions.{EXTENSION_KEY} is not an object"
+        )
+    return ours
+
+
+def seal(
+    message_type: str,
+    payload: Mapping[str, Any],
+    *,
+    sender: Mapping[str, Any],
+    signer: AipSigner | None,
+    to: Mapping[str, Any] | None = None,
+    correlation_id: str | None = None,
+    in_response_to: str | None = None,
+    session_id: str | None = None,
+    idempotency_key: str | None = None,
+    extension: Mapping[str, Any] | None = None,
+    trace: Mapping[str, Any] | None = None,
+    message_id: str | None = None,
+    sent_at: str | None = None,
+) -> bytes:
+    """The wire bytes (canonical JSON) of one Envelope carrying `payload`, already in
+    upstream's serialized form (no `null` for an absent optional). Signed by `signer` as
+    `sender` when a signer is given; else `from` is `sender` and there is no signature
+    (development only: a consumer decides whether it accepts that).
+
+    AipWireError if the frame or the payload cannot travel (a program error, not input)."""
+    envelope: dict[str, Any] = {
+        "aip_version": AIP_VERSION,
+        "message_type": message_type,
+        "message_id": message_id or new_message_id(),
+        "sent_at": sent_at or now_timestamp(),
+        "body": {BODY_KEYS[message_type]: dict(payload)},
+    }
+    optional = {
+        "correlation_id": correlation_id,
+        "in_response_to": in_response_to,
+        "session_id": session_id,
+        "idempotency_key": idempotency_key,
+        "to": to,
+        "trace": trace,
+    }
+    envelope.update({name: value for name, value in optional.items() if value is not None})
+    if extension:
+        envelope["extensions"] = {EXTENSION_KEY: dict(extension)}
+    if signer is None:
+        envelope["from"] = dict(sender)
+        check_envelope(envelope)
+        return canonical_bytes(envelope)
+    return canonical_bytes(sign_envelope(envelope, signer, sender))
+
+
+def open_envelope(
+    data: bytes,
+    *,
+    message_types: frozenset[str],
+    max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+) -> Opened:
+    """Parse and check one received Envelope of one of `message_types`, and verify its
+    signature when it carries one (which keys to trust is the caller's decision: it reads
+    `Opened.verified.did`). Bytes over `max_bytes` are refused before they are parsed.
+
+    EnvelopeRejected: `envelope.decode.invalid` for bytes that are not one JSON object
+    (oversized, invalid UTF-8 or JSON, a repeated key, too deep), `schema.envelope.invalid`
+    for a frame that breaks the Envelope rules or is of another message type, and
+    `connector_host.authentication` for a signature that is present but does not verify."""
+    if len(data) > max_bytes:
+        raise EnvelopeRejected(
+            ErrorCode.ENVELOPE_DECODE_INVALID,
+            f"envelope is {len(data)} bytes, over the {max_bytes}-byte limit",
+        )
+    try:
+        envelope = loads(data)
+    except MalformedJson as exc:
+        raise EnvelopeRejected(ErrorCode.ENVELOPE_DECODE_INVALID, str(exc)) from None
+    try:
+        check_envelope(envelope)
+    except AipWireError as exc:
+        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, str(exc)) from None
+    message_type = envelope["message_type"]
+    if message_type not in message_types:
+        wanted = ", ".join(sorted(message_types))
+        raise EnvelopeRejected(
+            ErrorCode.SCHEMA_ENVELOPE_INVALID,
+            f"message_type {message_type} is not taken here (expected {wanted})",
+        )
+    payload = envelope["body"][BODY_KEYS[message_type]]
+    security = envelope.get("security")
+    verified: VerifiedEnvelope | None = None
+    if isinstance(security, Mapping) and security.get("signature") is not None:
+        try:
+            verified = verify_envelope(envelope)
+        except SignatureError as exc:
+            raise EnvelopeRejected(ErrorCode.HOST_AUTHENTICATION, str(exc)) from None
+        except AipWireError as exc:
+            raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, str(exc)) from None
+    elif security is not None and not isinstance(security, Mapping):
+        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, "security is not an object")
+    return Opened(envelope=envelope, payload=payload, verified=verified)
+
+
+__all__ = [
+    "DEFAULT_MAX_ENVELOPE_BYTES",
+    "EXTENSION_KEY",
+    "Opened",
+    "extension_of",
+    "new_message_id",
+    "open_envelope",
+    "seal",
+]
