@@ -101,6 +101,13 @@ class ChunkExtension(_Extension, frozen=True):
     run_id: Annotated[
         str | None, Meta(description="The Hermes run the chunk belongs to, when there is one.")
     ] = None
+    provider_event: Annotated[
+        str | None,
+        Meta(
+            description="The operator's provider event, when there is one (a route "
+            "operation's is in `data.hermes_sse.event`)."
+        ),
+    ] = None
     prev_sha256: Annotated[
         Sha256Hex | None,
         Meta(
