@@ -16,6 +16,10 @@ The published shape is the one a signer must send, so it is closed and written o
   list is absent or has items, since an empty one is omitted too (`schemas.aip._base`).
 - **One message type.** `message_type` is a `const` and `body` has exactly the one key of
   that type.
+- **Our subject's Action.** The Action is held to what the actions subject's reader
+  requires beyond AIP (the internal `schemas.action.Action`'s constraints): an `identity`
+  (whose Action it is), an `act_` + 32 hex id, a `cap:hermes_agent:{endpoint}:{operation}`
+  capability id, and a `timeout_ms` within the internal bound.
 
 Our extension object follows our internal types: it lives in a free slot that every
 verifier signs as given, so a `null` there is harmless and allowed where the writer may
@@ -27,6 +31,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from schemas.action import Action as InternalAction
 from schemas.aip.common import Principal
 from schemas.aip.extensions import (
     ALWAYS_CARRIED,
@@ -77,6 +82,8 @@ def envelope_schema(message_type: str) -> dict[str, Any]:
     _merge(defs, aip_json_schema(Principal)["$defs"])
     for definition in defs.values():
         _absent_never_null(definition)
+    if message_type == "aip.core.v1.action":
+        _our_action_rules(defs["Action"])
     extensions: dict[str, Any] = {
         "description": "Free vendor and profile extensions, one key per namespace"
         + (f"; ours is `{EXTENSION_KEY}`." if message_type in EXTENSIONS else "."),
@@ -179,6 +186,26 @@ def envelope_schema(message_type: str) -> dict[str, Any]:
         "additionalProperties": False,
         "$defs": defs,
     }
+
+
+def _our_action_rules(definition: dict[str, Any]) -> None:
+    """The AIP Action as the actions subject takes it (module docstring), its constraints
+    read from the internal Action's own schema so the two cannot drift apart."""
+    internal = wire_json_schema(InternalAction)["$defs"]["Action"]["properties"]
+    properties = definition["properties"]
+    properties["id"]["pattern"] = internal["id"]["pattern"]
+    properties["capability_id"]["pattern"] = internal["capability"]["pattern"]
+    (bounded,) = [option for option in internal["timeout_ms"]["anyOf"] if "maximum" in option]
+    properties["timeout_ms"]["maximum"] = bounded["maximum"]
+    definition["required"] = [*definition["required"], "identity"]
+    properties["identity"]["oneOf"] = [
+        {"required": ["human_actor"]},
+        {"required": ["service_account"]},
+    ]
+    definition["description"] += (
+        " On the actions subject it needs an `identity` (exactly one of `human_actor` and "
+        "`service_account`), an `act_` + 32 hex id and an endpoint-qualified capability id."
+    )
 
 
 def _merge(into: dict[str, Any], defs: Mapping[str, Any]) -> None:

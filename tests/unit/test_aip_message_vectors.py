@@ -231,6 +231,33 @@ def test_an_invalid_envelope_is_refused_by_the_schema_and_by_our_readers(
         open_signed_body(message_type, envelope["body"])
 
 
+@pytest.mark.parametrize(
+    ("why", "mutate"),
+    [
+        ("no identity", lambda action: action.pop("identity")),
+        ("no actor", lambda action: action["identity"].pop("human_actor")),
+        (
+            "two actors",
+            lambda action: action["identity"].update(
+                service_account={"id": "service:x", "kind": "service"}
+            ),
+        ),
+        ("an id not act_ + 32 hex", lambda action: action.update(id="act_1")),
+        ("a capability of another connector", lambda action: action.update(capability_id="x")),
+        ("a timeout over a day", lambda action: action.update(timeout_ms=86_400_001)),
+    ],
+)
+def test_the_action_schema_holds_an_action_to_what_our_subject_takes(why: str, mutate: Any) -> None:
+    """Beyond AIP's Action: what the actions subject's reader requires (the internal
+    Action's constraints), so a publisher finds out before its Action is dead-lettered."""
+    envelope = json.loads(json.dumps(VECTORS["aip.core.v1.action"]["valid"][0]["envelope"]))
+    validator = _validator("aip.core.v1.action")
+    validator.validate(envelope)
+    mutate(envelope["body"]["action"])
+    assert list(validator.iter_errors(envelope)), why
+    open_body("aip.core.v1.action", envelope["body"])  # AIP itself allows it
+
+
 # --- what we write is what we publish -------------------------------------------------------
 
 

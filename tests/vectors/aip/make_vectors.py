@@ -307,6 +307,7 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 "id": MINIMAL_ACTION_ID,
                 "capability_id": "cap:hermes_agent:h1:models",
                 "input": {},
+                "identity": {"service_account": {"id": "service:billing", "kind": "service"}},
             }
         },
     )
@@ -366,7 +367,14 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         "aip.core.v1.stream_chunk",
         0xC002,
         WORKER,
-        body={"stream_chunk": {"action_id": ACTION_ID, "sequence": 2, "kind": "progress"}},
+        body={
+            "stream_chunk": {
+                "action_id": ACTION_ID,
+                "sequence": 2,
+                "kind": "progress",
+                "data": {"hermes_worker": {"note": "made by the worker itself"}},
+            }
+        },
         extensions={
             EXT: {
                 "endpoint_id": "h1",
@@ -475,7 +483,12 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 action,
                 action_bytes,
             ),
-            entry("the smallest Action", MINIMAL_ACTION_SEED, minimal, minimal_bytes),
+            entry(
+                "the smallest Action our subject takes (an identity is required)",
+                MINIMAL_ACTION_SEED,
+                minimal,
+                minimal_bytes,
+            ),
         ],
         "aip.core.v1.action_result": [
             entry(
