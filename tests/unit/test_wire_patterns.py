@@ -21,7 +21,7 @@ from schemas import approval, delegation, ids
 from schemas.cancel import CancelRequest
 from schemas.codec import decode_action, decode_cancel
 from schemas.errors import EnvelopeRejected
-from schemas.export import EXPORTED, render
+from schemas.export import AIP_EXPORTED, EXPORTED, render, render_envelope
 from schemas.ids import json_schema
 from worker.operations import input_types as operation_ids
 
@@ -89,7 +89,10 @@ def test_exported_json_schemas_use_the_ecma_end_anchor() -> None:
     for name in EXPORTED:
         text = render(name)
         assert "\\\\Z" not in text, name
-    found = re.findall(r'"pattern": "([^"]*)"', render("Action"))
+    for message_type in AIP_EXPORTED:
+        assert "\\\\Z" not in render_envelope(message_type), message_type
+    found = re.findall(r'"pattern": "([^"]*)"', render("CancelRequest"))
+    found += re.findall(r'"pattern": "([^"]*)"', render_envelope("aip.core.v1.action_result"))
     assert found
     assert all(p.endswith("$") for p in found)
     manifest_schema = json_schema(operation_ids.SessionId)
