@@ -50,7 +50,7 @@ from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
 from worker.trust.responses import sha256_hex, verify_result
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope
-from worker.wire.actions import GATEWAY_SENDER, encode_action, timestamp_of_ms
+from worker.wire.actions import GATEWAY_SENDER, encode_action
 
 log = logging.getLogger(__name__)
 
@@ -218,10 +218,10 @@ class Children:
     def envelope(child: ChildAction, route: Route, signer: AipSigner | None = None) -> bytes:
         """The child as its executor decodes it: a Hermes worker takes a plain `Action` in
         an AIP Action Envelope signed by the gateway (`signer`), whose `message_id` and
-        `sent_at` come from the child's id and creation time, so the bytes are a pure
-        function of the recorded child and the gateway key: a recovery re-send is the same
-        message (Ed25519 signatures are deterministic). Another executor's route takes the
-        ChildAction as JSON, signed by headers.
+        `sent_at` come from the child's id and creation time (`encode_action`), so the
+        bytes are a pure function of the recorded child and the gateway key: a recovery
+        re-send is the same message. Another executor's route takes the ChildAction as
+        JSON, signed by headers.
 
         `delegation` is never sent: a caller of `aip_call` could write any chain there, and
         a worker would project it to Hermes as `X-AIP-Delegation-Chain` (and an operator
@@ -234,8 +234,6 @@ class Children:
                 msgspec.convert(msgspec.to_builtins(child), Action),
                 signer=signer,
                 sender=GATEWAY_SENDER,
-                message_id=f"msg_{child.id.removeprefix('act_')}",
-                sent_at=timestamp_of_ms(child.created_at_unix_ms),
             )
         return encode(child)
 

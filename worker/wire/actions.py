@@ -151,10 +151,12 @@ def encode_action(
 ) -> bytes:
     """The wire bytes of `action`: an `aip.core.v1.action` Envelope (canonical JSON) from
     `sender` (a Principal `{id, kind}`), signed by `signer` (None: unsigned, for a
-    deployment that accepts unsigned Envelopes in development only). `message_id` and
-    `sent_at` default to a fresh id and now; a publisher that must send the very same bytes
-    again (a recovery re-send under the same `Nats-Msg-Id`) passes its own, and Ed25519
-    signatures are deterministic.
+    deployment that accepts unsigned Envelopes in development only).
+
+    `message_id` defaults to `msg_` + the Action id's 32 hex digits and `sent_at` to its
+    `created_at_unix_ms`, and Ed25519 signatures are deterministic: the bytes are a pure
+    function of the Action and the key, so publishing the same Action again (a retry, a
+    recovery re-send) sends the same message under the same content-bound `Nats-Msg-Id`.
 
     EnvelopeRejected (`schema.envelope.invalid`) for an Action that cannot travel."""
     correlation_id = action.trace.correlation_id if action.trace else None
@@ -166,8 +168,8 @@ def encode_action(
             signer=signer,
             correlation_id=correlation_id,
             extension=_extension(action),
-            message_id=message_id,
-            sent_at=sent_at,
+            message_id=message_id or f"msg_{action.id.removeprefix('act_')}",
+            sent_at=sent_at or timestamp_of_ms(action.created_at_unix_ms),
         )
     except AipWireError as exc:
         raise _invalid(f"the Action cannot be sealed: {exc}") from None
