@@ -122,6 +122,14 @@ class Stack:
         signed = aip_sign_envelope(unsigned, self.trust.aip_signer, GATEWAY_SENDER)
         return canonical_bytes(signed)
 
+    async def publish_envelope(self, payload: bytes) -> ActionHandle:
+        """Publish Action Envelope bytes built elsewhere under their content-bound
+        `Nats-Msg-Id` (the id its `body.action.id` names), as a gateway does."""
+        action_id = json.loads(payload)["body"]["action"]["id"]
+        headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
+        await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
+        return self.client.handle(ENDPOINT, action_id)
+
     async def publish_raw(self, payload: bytes) -> None:
         """Publish bytes as they are on the actions subject (an Action Envelope carries its
         own signature, or none)."""
