@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from schemas.action import Action
+from schemas.aip.action_envelope import ActionEnvelope
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelDelivery, ChannelMessage
@@ -23,6 +24,10 @@ from schemas.result import ActionResult
 JSON_DIR = Path(__file__).parent / "json"
 
 EXPORTED: dict[str, Any] = {
+    #: What `aip.hermes.{endpoint}.actions` carries.
+    "ActionEnvelope": ActionEnvelope,
+    #: The in-process Action it maps to (docs/publishing.md, The Action), also the child
+    #: Action a DelegationRequest and a QueueRecord carry.
     "Action": Action,
     "OperatorInput": OperatorInputSchema,
     "OperatorOutput": OperatorOutput,

@@ -16,11 +16,12 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "actions",
         "{prefix}.hermes.{endpoint}.actions",
-        "Action",
+        "ActionEnvelope",
         "ACTIONS",
-        "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to "
-        "{action_id}:{first 32 hex digits of the sha256 of the payload} (any other value is "
-        "dead-lettered) and sign the payload (headers Aip-Signer, Aip-Signature).",
+        "Actions for one endpoint (work queue), each an AIP 1.0 aip.core.v1.action Envelope "
+        "signed by a trusted gateway key (the AIP signature in security.signature; no "
+        "signature headers). Publishers set Nats-Msg-Id to {action_id}:{first 32 hex digits "
+        "of the sha256 of the payload} (any other value is dead-lettered).",
         "publisher",
     ),
     (
@@ -37,7 +38,8 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "{prefix}.hermes.{endpoint}.cancel",
         "CancelRequest",
         None,
-        "Core NATS request/reply; the reply is a CancelReply. Signed like an Action.",
+        "Core NATS request/reply; the reply is a CancelReply. Signed in headers "
+        "(Aip-Signer, Aip-Signature) by a trusted gateway key.",
         "publisher",
     ),
     (
