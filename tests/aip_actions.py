@@ -90,12 +90,17 @@ def action_envelope(
     }
 
 
-def sign(envelope: dict[str, Any], key: nacl.signing.SigningKey) -> dict[str, Any]:
-    """§2.2: `from` and `security.did` name the key; the signature (standard base64,
-    padded) is over the canonical Envelope without `security.signature`."""
+def sign(
+    envelope: dict[str, Any],
+    key: nacl.signing.SigningKey,
+    sender: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """§2.2: `from` (`sender`, default `SENDER`) and `security.did` name the key; the
+    signature (standard base64, padded) is over the canonical Envelope without
+    `security.signature`."""
     signed = copy.deepcopy(envelope)
     did = did_of(key)
-    signed["from"] = {**SENDER, "did": did}
+    signed["from"] = {**(sender or SENDER), "did": did}
     signed["security"] = {"did": did}
     signature = key.sign(canonical(signed)).signature
     signed["security"]["signature"] = base64.b64encode(signature).decode()

@@ -134,10 +134,11 @@ def _extension(action: Action) -> dict[str, Any]:
     extension: dict[str, Any] = {"created_at_unix_ms": action.created_at_unix_ms}
     if action.deadline_unix_ms is not None:
         extension["deadline_unix_ms"] = action.deadline_unix_ms
-    if action.approval is not None:
-        extension["approval"] = msgspec.to_builtins(action.approval)
-    if action.delegation is not None:
-        extension["delegation"] = msgspec.to_builtins(action.delegation)
+    for name in ("approval", "delegation"):
+        value = getattr(action, name)
+        if value is not None:  # written as AIP writes objects: an absent member omitted
+            fields = msgspec.to_builtins(value).items()
+            extension[name] = {key: item for key, item in fields if item is not None}
     return extension
 
 
@@ -176,9 +177,13 @@ def encode_action(
 
 
 def timestamp_of_ms(unix_ms: int) -> str:
-    """Unix ms as the RFC 3339 UTC text an Envelope's `sent_at` takes."""
+    """Unix ms as the RFC 3339 UTC text an Envelope's `sent_at` takes; EnvelopeRejected
+    for an instant past year 9999."""
     seconds, millis = divmod(unix_ms, 1000)
-    moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000)
+    try:
+        moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000)
+    except (ValueError, OverflowError, OSError):
+        raise _invalid(f"created_at_unix_ms {unix_ms} is not a representable time") from None
     return format_timestamp(moment)
 
 
