@@ -35,7 +35,7 @@ import msgspec
 from schemas.action import Action, Mode
 from schemas.aip.action import Action as AipAction
 from schemas.aip.action import Mode as AipMode
-from schemas.aip.messages import open_body
+from schemas.aip.messages import open_body, open_signed_body
 from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
 from worker.aip.canonical import canonical_bytes, loads
 from worker.aip.envelope import PRINCIPAL_KINDS, format_timestamp
@@ -292,8 +292,11 @@ def decode_action(
     `schema.envelope.invalid` for a frame, body or Action the AIP rules or ours refuse,
     `connector_host.authentication` for a signature that is present and does not verify."""
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
+    # A signed body must be in the form upstream re-serializes, or its signature would
+    # verify here and fail at every upstream verifier.
+    opener = open_body if opened.verified is None else open_signed_body
     try:
-        typed = open_body(MESSAGE_TYPE, opened.envelope["body"])
+        typed = opener(MESSAGE_TYPE, opened.envelope["body"])
     except BodyError as exc:
         raise _invalid(str(exc)) from None
     assert isinstance(typed, AipAction)
