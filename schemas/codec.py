@@ -96,7 +96,13 @@ def decode_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -
 def decode_delegation(
     data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
 ) -> DelegationRequest:
-    return _decode(_delegation_decoder, data, max_bytes)
+    request = _decode(_delegation_decoder, data, max_bytes)
+    if request.action.received is not None:
+        # Where an Action arrived from is set by the Action decoder, never by a publisher.
+        raise EnvelopeRejected(
+            ErrorCode.SCHEMA_ENVELOPE_INVALID, "action.received is not a publisher's field"
+        )
+    return request
 
 
 def convert_input(value: dict[str, Any], typ: type[T]) -> T:
