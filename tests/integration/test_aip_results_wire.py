@@ -41,7 +41,7 @@ def _canonical(value: Any) -> bytes:
 def _worker_did(stack: Stack) -> tuple[str, nacl.signing.VerifyKey]:
     """The did:key of the worker's signing key, from its nkey seed file (§2.5)."""
     pair = nkeys.from_seed(bytearray(stack.trust.worker_seed_file.read_bytes().strip()))
-    raw = base64.b32decode(pair.public_key.decode() + "====")[1:33]
+    raw = base64.b32decode(pair.public_key.decode())[1:33]  # 56 chars: no padding
     return "did:key:z" + b58(b"\xed\x01" + raw), nacl.signing.VerifyKey(raw)
 
 
