@@ -64,10 +64,11 @@ class _SseData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     data: Any = None
 
 
-def chunk_message_id(chunk: StreamChunk) -> str:
+def chunk_message_id(chunk: StreamChunk, kind: ChunkKind | None = None) -> str:
     """`msg_` + a UUIDv7-shaped id: the chunk's milliseconds, then 74 bits of the sha256 of
     its place in the chain (Action, seq, predecessor, kind): the same chunk, the same id."""
-    place = f"{chunk.action_id}:{chunk.seq}:{chunk.prev_sha256 or ''}:{chunk.kind.value}"
+    kind = kind or chunk.kind
+    place = f"{chunk.action_id}:{chunk.seq}:{chunk.prev_sha256 or ''}:{kind.value}"
     rand = int.from_bytes(hashlib.sha256(place.encode()).digest()[:10], "big")
     value = (chunk.ts_unix_ms & (2**48 - 1)) << 80 | rand
     value = (value & ~(0xF << 76)) | (0x7 << 76)
@@ -94,13 +95,14 @@ def _data(chunk: StreamChunk, operator: bool) -> dict[str, Any]:
 def encode_chunk(chunk: StreamChunk, *, operator: bool = False) -> bytes:
     """The wire bytes of `chunk`: an unsigned `stream_chunk` Envelope from the worker of
     its endpoint (`operator`: a chunk of the operator capability)."""
+    kind = chunk.kind
     payload: dict[str, Any] = {
         "action_id": chunk.action_id,
         "sequence": chunk.seq,
-        "kind": chunk.kind.value,
+        "kind": kind.value,
         "data": _data(chunk, operator),
     }
-    if chunk.kind is ChunkKind.DATA and isinstance(chunk.payload, dict):
+    if kind is ChunkKind.DATA and isinstance(chunk.payload, dict):
         delta = chunk.payload.get("delta")
         if isinstance(delta, str) and delta:
             payload["part"] = {"type": "text", "text": delta}
@@ -117,7 +119,7 @@ def encode_chunk(chunk: StreamChunk, *, operator: bool = False) -> bytes:
         sender=worker_principal(chunk.endpoint_id),
         signer=None,
         extension=extension,
-        message_id=chunk_message_id(chunk),
+        message_id=chunk_message_id(chunk, kind),
         sent_at=_sent_at(chunk.ts_unix_ms),
     )
 
