@@ -45,7 +45,9 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "{prefix}.hermes.{endpoint}.chunks.{action_id}",
         "StreamChunk",
         "CHUNKS",
-        "Typed progress of one Action, seq 0,1,2… (Nats-Msg-Id {action_id}:{seq}).",
+        "Typed progress of one Action as unsigned AIP 1.0 aip.core.v1.stream_chunk "
+        "Envelopes, sequence 0,1,2…, each naming the sha256 of the one before "
+        "(docs/publishing.md; Nats-Msg-Id {action_id}:{seq}:{sha256 prefix}).",
         "worker",
     ),
     (
@@ -53,7 +55,9 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "{prefix}.hermes.{endpoint}.results.{action_id}",
         "ActionResult",
         "RESULTS",
-        "The one ActionResult of an Action (Nats-Msg-Id {action_id}:result).",
+        "The one ActionResult of an Action as an AIP 1.0 aip.core.v1.action_result "
+        "Envelope signed by the worker (docs/publishing.md; Nats-Msg-Id "
+        "{action_id}:result:{sha256 prefix}).",
         "worker",
     ),
     (
