@@ -30,7 +30,7 @@ from worker.errors import UnverifiedResponse
 from worker.trust.responses import ChunkChain, sha256_hex
 from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.chunks import decode_chunk, encode_chunk
-from worker.wire.results import decode_result, encode_result
+from worker.wire.results import as_sent, decode_result, encode_result
 
 ACTION = "act_" + "c" * 32
 OURS = "org.aip-hermes-worker"
@@ -419,3 +419,29 @@ def test_a_hand_written_chunk_envelope_is_read() -> None:
     envelope["body"]["stream_chunk"]["data"] = {"hermes_worker": None}  # type: ignore[index]
     with pytest.raises(EnvelopeRejected, match="preview"):
         decode_chunk(_canonical(envelope))
+
+
+def test_a_settled_result_reads_back_as_it_was_kept_in_process() -> None:
+    """A settle keeps the error as sent (`as_sent`), so what the outputs and the terminal
+    chunk saw is what a republish decodes from the stored Envelope."""
+    error = as_sent(
+        ProtocolError(
+            code=ErrorCode.STREAM_FAILED,
+            category=ErrorCategory.PERMANENT,
+            retryable=False,
+            uncertain_outcome=True,
+            message="x" * 2000,
+            endpoint_id="h1",
+            remote_status=500,
+        )
+    )
+    assert len(error.message) == 1024
+    result = ActionResult(
+        action_id=ACTION, capability="cap:hermes_agent:h1:models", endpoint_id="h1",
+        status=ResultStatus.FAILED, output={"partial": [1.5, "é"]}, error=error,
+        settled_by="w1", fence=2, settled_at_unix_ms=7, last_chunk_sha256="e" * 64,
+        action_sha256="f" * 64, original_action_id="act_" + "d" * 32,
+    )  # fmt: skip
+    signer = AipSigner.from_seed(bytes([SEED]) * 32)
+    data = encode_result(result, action=None, signer=signer, endpoint_id="h1")
+    assert decode_result(data)[0] == result

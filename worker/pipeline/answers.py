@@ -45,7 +45,7 @@ from worker.store.clock import now_ms
 from worker.store.lease_store import AcquireStatus, LeaseGrant, SettleStatus
 from worker.trust.responses import sha256_hex
 from worker.wire.chunks import encode_chunk
-from worker.wire.results import decode_result, encode_result
+from worker.wire.results import as_sent, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Answers:
         cause = refusal.error
         if grant.attempted_fence:
             cause = attempted_before(refused=refusal.error.code)
-        error = cause.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only)
+        error = as_sent(cause.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only))
         rt.audit.emit(
             ReceiptEvent.REFUSED,
             action_id=action.id,

@@ -29,7 +29,7 @@ from worker.pipeline.runtime import Runtime
 from worker.store.clock import now_ms
 from worker.store.lease_store import SettleStatus
 from worker.trust.responses import sha256_hex
-from worker.wire.results import encode_result
+from worker.wire.results import as_sent, encode_result
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ class Settle:
         read_only = execution.operation.spec.read_only
         error: ProtocolError | None = None
         if outcome.error is not None:
-            error = outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=read_only)
+            error = as_sent(outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=read_only))
         terminal = execution.chunks.closing(
             ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
             {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
@@ -75,7 +75,7 @@ class Settle:
         if oversize is not None:
             # Measured before anything is stored: a result no bus message can carry would
             # be settled, never published, and redelivered forever.
-            error = oversize.to_protocol(endpoint_id=endpoint_id, read_only=read_only)
+            error = as_sent(oversize.to_protocol(endpoint_id=endpoint_id, read_only=read_only))
             terminal = ChunkStream.replaced(
                 terminal,
                 {"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},

@@ -77,6 +77,14 @@ def truncate_message(message: str, max_bytes: int = MESSAGE_MAX_BYTES) -> str:
     return encoded[:max_bytes].decode("utf-8", errors="ignore")
 
 
+def as_sent(error: ProtocolError) -> ProtocolError:
+    """`error` as a result carries it (its message cut to `MESSAGE_MAX_BYTES`): what a
+    settle keeps in process, so the outputs it feeds (an escalation, a channel delivery)
+    and the terminal chunk say what the stored result says, on a republish too."""
+    message = truncate_message(error.message)
+    return error if message == error.message else msgspec.structs.replace(error, message=message)
+
+
 def error_to_aip(error: ProtocolError) -> dict[str, Any]:
     """An internal ProtocolError in AIP's serialized form (absent optionals omitted)."""
     details: dict[str, Any] = {"uncertain_outcome": error.uncertain_outcome}
@@ -211,6 +219,7 @@ __all__ = [
     "ERROR_SOURCE",
     "MESSAGE_MAX_BYTES",
     "RESULT_TYPE",
+    "as_sent",
     "decode_result",
     "encode_result",
     "error_from_aip",
