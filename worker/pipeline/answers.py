@@ -262,7 +262,7 @@ class Answers:
         # Like every Action, one answered without running ends its chunk stream before its
         # result, so a consumer following the chunks learns the outcome too.
         await self.outbox.publish(
-            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk), result=result
+            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk)
         )
         return True
 

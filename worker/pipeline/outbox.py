@@ -139,17 +139,13 @@ class Outbox:
         self.outputs = outputs
 
     async def publish(
-        self,
-        msgs: list[Msg],
-        action: Action,
-        endpoint_id: str,
-        settled: Settled,
-        *,
-        result: ActionResult | None = None,
+        self, msgs: list[Msg], action: Action, endpoint_id: str, settled: Settled
     ) -> None:
         """The first publication after this worker's own settle: outputs, terminal chunk,
-        result, ack. `result` is the decoded `settled.result` when the caller has it."""
-        await self._outputs(action, result or decoded_result(settled.result), republished=False)
+        result, ack. The outputs read the result decoded from the stored Envelope, as a
+        republish does: what they make of it (a channel delivery's text, an escalation)
+        is the same either way (the Envelope's canonical JSON orders an output's keys)."""
+        await self._outputs(action, decoded_result(settled.result), republished=False)
         await self._terminal_and_result(endpoint_id, action.id, settled)
         faults.hit("before_ack", action.id)
         await self.ack_all(msgs)

@@ -138,8 +138,7 @@ class Settle:
         )
         faults.hit("after_settle", action.id)
         await outbox.publish(
-            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None),
-            result=result,
+            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None)
         )
 
     def oversize(self, payload: bytes, terminal: bytes) -> ConnectorError | None:
