@@ -146,7 +146,7 @@ class ActionHandle:
                         chunk = read_chunk(released)
                     terminal = isinstance(chunk, DoneChunk | ErrorChunk)
                     if chain is not None:
-                        chain.add(released)
+                        chain.add(released, chunk)
                         if terminal:
                             chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
                     yield chunk

@@ -286,8 +286,9 @@ class ChunkChain:
         self.last_sha256: str | None = None
         self.last_seq: int | None = None
 
-    def add(self, data: bytes) -> StreamChunk:
-        chunk = read_chunk(data)
+    def add(self, data: bytes, chunk: StreamChunk | None = None) -> StreamChunk:
+        """Check the chunk Envelope `data` (`chunk`: its decoding, when the caller has it)."""
+        chunk = chunk if chunk is not None else read_chunk(data)
         if self.last_seq is not None:
             if chunk.seq != self.last_seq + 1 or chunk.prev_sha256 != self.last_sha256:
                 raise UnverifiedResponse(
