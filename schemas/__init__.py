@@ -17,7 +17,7 @@ from schemas.chunk import (
     ToolChunk,
     make_chunk,
 )
-from schemas.codec import decode_action, encode
+from schemas.codec import encode
 from schemas.delegation import DelegationRequest
 from schemas.errors import CODE_RULES, EnvelopeRejected, ErrorCategory, ErrorCode, ProtocolError
 from schemas.ids import capability_id, new_action_id
@@ -70,7 +70,6 @@ __all__ = [
     "ToolChunk",
     "Trace",
     "capability_id",
-    "decode_action",
     "encode",
     "make_chunk",
     "new_action_id",

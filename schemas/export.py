@@ -1,4 +1,13 @@
-"""Generate `schemas/json/*.json` from the Python types (and check them for drift)."""
+"""Generate `schemas/json/*.json` from the Python types (and check them for drift).
+
+Two kinds of file:
+
+- `aip.core.v1.<type>.json`: the AIP 1.0 Envelope of each message type this project puts
+  on the actions, results and chunks subjects (`schemas.aip.envelope_schema`);
+- `<Name>.json`: the internal types still on the subjects that have not moved to AIP
+  Envelopes yet (cancel, manifest, escalations, channel, runtime records, delegation,
+  receipts) and the operator's input/output contract.
+"""
 
 from __future__ import annotations
 
@@ -6,29 +15,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schemas.action import Action
+from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelDelivery, ChannelMessage
-from schemas.chunk import StreamChunk
 from schemas.delegation import DelegationRequest
-from schemas.errors import ProtocolError
 from schemas.escalation import Escalation, EscalationResolution
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
 from schemas.operator import OperatorInputSchema, OperatorOutput
-from schemas.result import ActionResult
 
 JSON_DIR = Path(__file__).parent / "json"
 
+#: Internal types by schema name.
 EXPORTED: dict[str, Any] = {
-    "Action": Action,
     "OperatorInput": OperatorInputSchema,
     "OperatorOutput": OperatorOutput,
-    "StreamChunk": StreamChunk,
-    "ActionResult": ActionResult,
-    "ProtocolError": ProtocolError,
     "CancelRequest": CancelRequest,
     "CancelReply": CancelReply,
     "DelegationRequest": DelegationRequest,
@@ -52,15 +55,31 @@ def render(name: str) -> str:
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 
 
+#: The AIP message types whose Envelope schema is published (`aip.core.v1.action.json`, …).
+AIP_EXPORTED: tuple[str, ...] = tuple(PUBLISHED)
+
+
+def render_envelope(message_type: str) -> str:
+    """The Envelope schema document of one AIP message type, byte-stable like `render`."""
+    return json.dumps(envelope_schema(message_type), indent=2, sort_keys=True) + "\n"
+
+
 def rendered() -> dict[str, str]:
-    return {f"{name}.json": render(name) for name in EXPORTED}
+    files = {f"{name}.json": render(name) for name in EXPORTED}
+    files.update({f"{mt}.json": render_envelope(mt) for mt in AIP_EXPORTED})
+    return files
 
 
 def export(target: Path = JSON_DIR) -> list[Path]:
-    """Write every schema file; returns the paths written."""
+    """Write every schema file, and remove the ones no type generates any more (the folder
+    is generated); returns the paths written."""
     target.mkdir(parents=True, exist_ok=True)
+    files = rendered()
+    for stale in target.glob("*.json"):
+        if stale.name not in files:
+            stale.unlink()
     written = []
-    for filename, text in rendered().items():
+    for filename, text in files.items():
         path = target / filename
         path.write_text(text, encoding="utf-8")
         written.append(path)
@@ -68,10 +87,13 @@ def export(target: Path = JSON_DIR) -> list[Path]:
 
 
 def drift(target: Path = JSON_DIR) -> list[str]:
-    """Names of files whose committed text differs from what the types generate."""
+    """Names of files whose committed text differs from what the types generate, and of
+    committed schema files no type generates any more."""
+    files = rendered()
     out = []
-    for filename, text in rendered().items():
+    for filename, text in files.items():
         path = target / filename
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             out.append(filename)
+    out += sorted(p.name for p in target.glob("*.json") if p.name not in files)
     return out

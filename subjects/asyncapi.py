@@ -1,4 +1,9 @@
-"""Generate the AsyncAPI 3 document of every subject and message (drift-checked by a test)."""
+"""Generate the AsyncAPI 3 document of every subject and message (drift-checked by a test).
+
+The actions, results and chunks subjects carry AIP 1.0 Envelopes: their messages are named
+by message type and their payload is the Envelope schema (`schemas/json/aip.core.v1.*.json`);
+an Envelope carries its signature in `security`, so the only NATS header left on them is
+JetStream's `Nats-Msg-Id`. The other subjects still carry the internal types."""
 
 from __future__ import annotations
 
@@ -6,7 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from schemas.export import EXPORTED, render
+from schemas.aip.envelope_schema import PUBLISHED
+from schemas.export import AIP_EXPORTED, EXPORTED, render, render_envelope
 from subjects.grammar import Subjects
 
 DOC_PATH = Path(__file__).parent / "asyncapi.json"
@@ -16,11 +22,12 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "actions",
         "{prefix}.hermes.{endpoint}.actions",
-        "Action",
+        "aip.core.v1.action",
         "ACTIONS",
-        "Actions for one endpoint (work queue). Publishers set Nats-Msg-Id to "
-        "{action_id}:{first 32 hex digits of the sha256 of the payload} (any other value is "
-        "dead-lettered) and sign the payload (headers Aip-Signer, Aip-Signature).",
+        "Actions for one endpoint (work queue), as signed AIP `aip.core.v1.action` "
+        "Envelopes (the signature is the Envelope's `security.did` and `security.signature`, "
+        "no header). Publishers set Nats-Msg-Id to {action_id}:{first 32 hex digits of the "
+        "sha256 of the payload} (any other value is dead-lettered).",
         "publisher",
     ),
     (
@@ -37,27 +44,28 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "{prefix}.hermes.{endpoint}.cancel",
         "CancelRequest",
         None,
-        "Core NATS request/reply; the reply is a CancelReply. Signed like an Action.",
+        "Core NATS request/reply; the reply is a CancelReply. Signed with the nkey headers "
+        "Aip-Signer and Aip-Signature (this subject is not an AIP Envelope yet).",
         "publisher",
     ),
     (
         "chunks",
         "{prefix}.hermes.{endpoint}.chunks.{action_id}",
-        "StreamChunk",
+        "aip.core.v1.stream_chunk",
         "CHUNKS",
-        "Typed progress of one Action as unsigned AIP 1.0 aip.core.v1.stream_chunk "
-        "Envelopes, sequence 0,1,2…, each naming the sha256 of the one before "
-        "(docs/publishing.md; Nats-Msg-Id {action_id}:{seq}:{sha256 prefix}).",
+        "Typed progress of one Action as unsigned AIP `aip.core.v1.stream_chunk` Envelopes, "
+        "sequence 0,1,2…, each naming the sha256 of the previous one's bytes in its "
+        "extension (`prev_sha256`) (Nats-Msg-Id {action_id}:{sequence}:{sha256 prefix}).",
         "worker",
     ),
     (
         "results",
         "{prefix}.hermes.{endpoint}.results.{action_id}",
-        "ActionResult",
+        "aip.core.v1.action_result",
         "RESULTS",
-        "The one ActionResult of an Action as an AIP 1.0 aip.core.v1.action_result "
-        "Envelope signed by the worker (docs/publishing.md; Nats-Msg-Id "
-        "{action_id}:result:{sha256 prefix}).",
+        "The one result of an Action as an AIP `aip.core.v1.action_result` Envelope, signed "
+        "by the worker's response key in `security`; its `last_chunk_sha256` anchors the "
+        "chunk chain (Nats-Msg-Id {action_id}:result:{sha256 prefix}).",
         "worker",
     ),
     (
@@ -143,6 +151,60 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
 )
 
 
+#: The Nats-Msg-Id each AIP Envelope subject's publisher sets (JetStream's dedupe window;
+#: `subjects.grammar`): the hash binds the dedupe slot to the exact bytes, so a forgery
+#: published first cannot make the server drop the genuine message as its duplicate.
+_MSG_IDS: dict[str, str] = {
+    "aip.core.v1.action": "{action_id}:{first 32 hex digits of the sha256 of the payload}",
+    "aip.core.v1.action_result": "{action_id}:result:{first 32 hex digits of the sha256 of "
+    "the payload}",
+    "aip.core.v1.stream_chunk": "{action_id}:{sequence}:{first 32 hex digits of the sha256 "
+    "of the payload}",
+}
+_SIGNATURES: dict[str, str] = {
+    "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
+    "are taken only where AIPD_ALLOW_UNSIGNED_ENVELOPES is on, in development)",
+    "aip.core.v1.action_result": "Signed by the worker's response key",
+    "aip.core.v1.stream_chunk": "Unsigned (the signed result anchors the chunks' hash chain)",
+}
+
+
+def _aip_message(message_type: str) -> dict[str, Any]:
+    """The AsyncAPI message of an AIP Envelope on a subject."""
+    headers: dict[str, Any] = {
+        "type": "object",
+        "properties": {
+            "Nats-Msg-Id": {
+                "type": "string",
+                "description": f"JetStream deduplication id: {_MSG_IDS[message_type]}.",
+            }
+        },
+    }
+    if message_type == "aip.core.v1.action":
+        headers["properties"]["Nats-Msg-Id"]["description"] += (
+            " Without it an Action is stored every time and deduplicated by its id in Redis"
+            " alone; any other value is dead-lettered (`connector_host.replay`)."
+        )
+    else:  # workers always set it
+        headers["required"] = ["Nats-Msg-Id"]
+    return {
+        "name": message_type,
+        "title": f"{message_type} Envelope",
+        "summary": PUBLISHED[message_type],
+        "description": f"{_SIGNATURES[message_type]}. An AIP signature is the Envelope's "
+        "own: Ed25519 over its canonical JSON without `security.signature`, with the key "
+        "as a did:key in `security.did` (and `from.did`). There are no signature headers.",
+        "contentType": "application/json",
+        "headers": headers,
+        "correlationId": {
+            "description": "The Envelope's correlation id, copied from an Action into its "
+            "answers.",
+            "location": "$message.payload#/correlation_id",
+        },
+        "payload": {"$ref": f"#/components/schemas/{message_type}"},
+    }
+
+
 def _stream_name(subjects: Subjects, stream: str) -> str:
     owner, _, kind = stream.rpartition(":")
     return subjects.runtime_stream_name(kind) if owner == "RUNTIME" else subjects.stream_name(kind)
@@ -156,6 +218,8 @@ def document(prefix: str = "aip") -> dict[str, Any]:
     schemas: dict[str, Any] = {}
     for name in EXPORTED:
         schemas[name] = json.loads(render(name))
+    for message_type in AIP_EXPORTED:
+        schemas[message_type] = json.loads(render_envelope(message_type))
     schemas["RejectedEnvelope"] = {
         "description": "The rejected payload, unchanged (any bytes).",
         "type": "string",
@@ -181,6 +245,9 @@ def document(prefix: str = "aip") -> dict[str, Any]:
             "channel": {"$ref": f"#/channels/{channel_id}"},
             "summary": f"{sender} side of {channel_id}",
         }
+        if message in _MSG_IDS:
+            messages[message] = _aip_message(message)
+            continue
         messages[message] = {
             "name": message,
             "contentType": "application/json"

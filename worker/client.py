@@ -50,7 +50,6 @@ from schemas.channel import ChannelMessage
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.codec import (
     DEFAULT_MAX_ENVELOPE_BYTES,
-    decode_action,
     decode_cancel,
     decode_delegation,
     encode,
@@ -61,6 +60,7 @@ from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
 from worker import tracing
+from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
@@ -75,6 +75,7 @@ from worker.trust.responses import (
     verify_worker_signed,
 )
 from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
 
 _reply_decoder = msgspec.json.Decoder(CancelReply)
 _receipt_decoder = msgspec.json.Decoder(Receipt)
@@ -82,6 +83,8 @@ _channel_message_decoder = msgspec.json.Decoder(ChannelMessage)
 
 
 def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
+    """`Aip-Signer`/`Aip-Signature` of an envelope on a subject still signed by headers (a
+    cancel, a delegation); Actions carry their AIP Envelope signature instead."""
     if sign_key is None:
         return {}
     from worker.trust.signing import sign_envelope  # the gateway's signing helper
@@ -211,10 +214,14 @@ class AipClient:
         sign_key: Path | None = None,
         max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
         trusted_worker_keys: TrustedGatewayKeys | Path | None = None,
+        sender: Mapping[str, Any] | None = None,
     ) -> None:
         self.nc = nc
         self.subjects = Subjects(prefix)
         self.sign_key = sign_key
+        #: The `from` Principal of the Action Envelopes this client signs (default
+        #: `worker.wire.actions.GATEWAY_SENDER`); the workers trust the key, not this id.
+        self.sender: Mapping[str, Any] = dict(sender or GATEWAY_SENDER)
         #: The deployment's AIPD_MAX_ENVELOPE_BYTES: an envelope over it is refused here,
         #: before it is signed, as the workers would dead-letter it.
         self.max_envelope_bytes = max_envelope_bytes
@@ -237,6 +244,7 @@ class AipClient:
         max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
         trusted_worker_keys: TrustedGatewayKeys | Path | None = None,
         inbox_prefix: str = "_INBOX",
+        sender: Mapping[str, Any] | None = None,
         **connect_options: Any,
     ) -> AipClient:
         """Connect and own the connection. `inbox_prefix` is where replies to this client
@@ -257,6 +265,7 @@ class AipClient:
             sign_key=sign_key,
             max_envelope_bytes=max_envelope_bytes,
             trusted_worker_keys=trusted_worker_keys,
+            sender=sender,
         )
         client._owns_connection = True
         return client
@@ -330,20 +339,42 @@ class AipClient:
             else None,
         )
 
-    async def publish(self, action: Action) -> ActionHandle:
-        """Publish an Action (signed when a key is set) under its content-bound `Nats-Msg-Id`
-        (`subjects.grammar.envelope_msg_id`: its id and the sha256 prefix of its bytes).
+    def aip_signer(self) -> AipSigner | None:
+        """The client's signing key (`sign_key`, a user nkey seed file) as an AIP signer."""
+        if self.sign_key is None:
+            return None
+        return AipSigner.from_nkey_seed(self.sign_key.read_bytes().strip())
 
-        Raises EnvelopeRejected, before signing, for an Action the workers would refuse to
-        decode (an id, capability or field of the wrong shape).
+    def seal_action(self, action: Action) -> bytes:
+        """The AIP Action Envelope of `action` as this client publishes it: signed with
+        its key (unsigned without one), from `sender`. Raises EnvelopeRejected, before
+        anything is published, for an Action the workers would refuse to decode (an id,
+        capability or field of the wrong shape, an Envelope over the size limit)."""
+        payload = encode_action(action, signer=self.aip_signer(), sender=self.sender)
+        decode_action(payload, max_bytes=self.max_envelope_bytes)
+        return payload
+
+    async def publish(self, action: Action) -> ActionHandle:
+        """Publish an Action as a signed AIP Envelope (`seal_action`; unsigned without a
+        key) under its content-bound `Nats-Msg-Id` (`subjects.grammar.envelope_msg_id`: its
+        id and the sha256 prefix of its bytes).
+
+        Raises EnvelopeRejected, before publishing, for an Action the workers would refuse
+        to decode (an id, capability or field of the wrong shape).
         """
         from schemas.ids import split_capability
 
-        payload = encode(action)
-        decode_action(payload, max_bytes=self.max_envelope_bytes)
+        payload = self.seal_action(action)
         endpoint_id, _ = split_capability(action.capability)
+        return await self.publish_action_envelope(endpoint_id, action.id, payload)
+
+    async def publish_action_envelope(
+        self, endpoint_id: str, action_id: str, payload: bytes
+    ) -> ActionHandle:
+        """Publish Action Envelope bytes already sealed (`seal_action`, or built elsewhere
+        from the AIP rules) on the endpoint's actions subject, as they are."""
         return await self._publish_envelope(
-            self.subjects.actions(endpoint_id), endpoint_id, action.id, payload
+            self.subjects.actions(endpoint_id), endpoint_id, action_id, payload, header_signed=False
         )
 
     async def submit(self, **fields: Any) -> ActionHandle:
@@ -368,12 +399,20 @@ class AipClient:
         )
 
     async def _publish_envelope(
-        self, subject: str, endpoint_id: str, action_id: str, payload: bytes
+        self,
+        subject: str,
+        endpoint_id: str,
+        action_id: str,
+        payload: bytes,
+        *,
+        header_signed: bool = True,
     ) -> ActionHandle:
-        """Publish an envelope (signed when a key is set) under its content-bound Msg-Id,
-        inside a producer span whose trace the workers continue (`worker.tracing`)."""
+        """Publish an envelope under its content-bound Msg-Id, inside a producer span whose
+        trace the workers continue (`worker.tracing`); `header_signed`: add the nkey header
+        signature (when a key is set) of a subject not yet on the AIP wire."""
         msg_id = envelope_msg_id(action_id, payload)
-        headers = {"Nats-Msg-Id": msg_id, **_signed_headers(payload, self.sign_key)}
+        signature = _signed_headers(payload, self.sign_key) if header_signed else {}
+        headers = {"Nats-Msg-Id": msg_id, **signature}
         with tracing.producing(
             subject,
             headers,

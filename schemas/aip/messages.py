@@ -156,3 +156,42 @@ def payload_builtins(payload: AipStruct) -> tuple[str, dict[str, Any]]:
     optionals and empty lists omitted, defaulted flags written)."""
     message_type = MESSAGE_TYPE_OF[type(payload)]
     return message_type, {BODY_KEYS[message_type]: msgspec.to_builtins(payload)}
+
+
+def open_signed_body(message_type: str, body: Any) -> AipStruct:
+    """`open_body`, and BodyError unless `body` is already in upstream's serialized form.
+
+    Upstream verifies a signature over its *re-serialization* of the typed Envelope, while
+    `worker.aip` takes the body as given. A body signed in another form (a `null` for an
+    absent optional, an empty list written, a defaulted flag left out) would verify here
+    and fail at every upstream verifier, so a signed body is held to the one form both
+    read alike: the one `payload_builtins` writes."""
+    payload = open_body(message_type, body)
+    _, serialized = payload_builtins(payload)
+    where = _difference(body, serialized, "body")
+    if where is not None:
+        raise BodyError(
+            f"{where} is not as upstream re-serializes it (omit absent optionals and empty "
+            "lists, write defaulted flags): a signature over it would not verify there"
+        )
+    return payload
+
+
+def _difference(given: Any, serialized: Any, path: str) -> str | None:
+    """The path of the first place `given` and `serialized` differ (None: equal)."""
+    if isinstance(given, dict) and isinstance(serialized, dict):
+        for key in sorted(set(given) | set(serialized)):
+            if key not in given or key not in serialized:
+                return f"{path}.{key}"
+            where = _difference(given[key], serialized[key], f"{path}.{key}")
+            if where is not None:
+                return where
+        return None
+    if isinstance(given, list) and isinstance(serialized, list) and len(given) == len(serialized):
+        for index, (one, other) in enumerate(zip(given, serialized, strict=True)):
+            where = _difference(one, other, f"{path}[{index}]")
+            if where is not None:
+                return where
+        return None
+    same = type(given) is type(serialized) and given == serialized
+    return None if same else path

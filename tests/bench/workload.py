@@ -23,7 +23,6 @@ from nats.js.api import AckPolicy, ConsumerConfig, RetentionPolicy, StorageType,
 
 from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
-from schemas.codec import encode
 from schemas.ids import new_action_id
 from subjects.grammar import envelope_msg_id
 from tests.bench.env import ENDPOINT, Bench
@@ -75,8 +74,8 @@ def build_envelopes(
             created_at_unix_ms=now,
         )
         action = _with_idempotency(action)
-        payload = encode(action)
-        headers = {"Nats-Msg-Id": envelope_msg_id(action.id, payload), **bench.trust.sign(payload)}
+        payload = bench.trust.seal_action(action)
+        headers = {"Nats-Msg-Id": envelope_msg_id(action.id, payload)}
         out.append(Envelope(action.id, payload, headers))
     return out
 

@@ -25,7 +25,6 @@ import redis
 import redis.asyncio
 from redis.exceptions import NoPermissionError
 
-from schemas.codec import encode
 from schemas.escalation import Escalation, EscalationKind, EscalationResolution, ResolutionKind
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ResultStatus
@@ -149,7 +148,7 @@ async def test_a_worker_runs_under_its_user_and_only_the_approver_decides(
         assert result.status is ResultStatus.COMPLETED, result.error
         governed = stack.action("operator", {"objective": "list the files"})
         action_file = tmp_path / "action.json"
-        action_file.write_bytes(encode(governed))
+        action_file.write_bytes(trust.seal_action(governed, signed=False))
         approve = (
             "approve", governed.id, "--action-file", str(action_file),
             "--as", APPROVER_UNTENANTED, "--reason", "checked by the test",

@@ -64,7 +64,9 @@ def make_request(
         created_at_unix_ms=created,
         idempotency_key="idem-" + secrets.token_hex(6),
         timeout_ms=60_000,
-        conversation={"thread": "t-1"},
+        # The AIP Conversation (closed: id, channel, status): it travels in the child's
+        # AIP Action Envelope.
+        conversation={"id": "conv_" + "c" * 32, "channel": {"thread": "t-1"}, "status": "open"},
         memory={"notes": ["keep"]},
         delegation=DelegationRef(
             delegation_id=delegation_id, parent_action_id=new_action_id(), chain=list(chain)

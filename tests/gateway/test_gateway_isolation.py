@@ -22,7 +22,6 @@ import pytest
 
 from schemas.action import Action
 from schemas.chunk import ChunkKind, make_chunk
-from schemas.codec import encode
 from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
@@ -72,12 +71,12 @@ def h9_action(gs: GatewayStack) -> tuple[Action, bytes]:
         authentication_issuer=identity.authentication_issuer,
         credential_revision=identity.credential_revision,
     )
-    return action, encode(action)
+    return action, gs.stack.trust.seal_action(action)
 
 
 async def publish_h9(gs: GatewayStack, payload: bytes, action_id: str) -> None:
     """The victim's envelope on h9's work queue, as a signed publisher sends it."""
-    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload), **gs.stack.trust.sign(payload)}
+    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
     await gs.stack.nc.jetstream().publish(gs.stack.subjects.actions("h9"), payload, headers=headers)
 
 
@@ -227,9 +226,7 @@ async def test_a_protocol_id_whose_chunks_are_streaming_is_refused_before_enqueu
     chunks through. The id is refused before anything is enqueued."""
     gs = with_h9
     victim, payload = h9_action(gs)
-    await gs.stack.nc.jetstream().publish(
-        gs.stack.subjects.actions("h9"), payload, headers=gs.stack.trust.sign(payload)
-    )
+    await gs.stack.nc.jetstream().publish(gs.stack.subjects.actions("h9"), payload)
     chunk = make_chunk(
         ChunkKind.DATA,
         action_id=victim.id,

@@ -331,6 +331,7 @@ async def test_the_same_action_id_with_another_contract_is_a_collision(
         ("unrouted", "connector_host.route_mismatch"),
         ("unserved_endpoint", "connector_host.route_mismatch"),
         ("bad_operation", SCHEMA_INVALID),
+        ("not_an_aip_conversation", SCHEMA_INVALID),
     ],
 )
 async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
@@ -353,6 +354,9 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
         arguments["capability"] = "cap:hermes_agent:h8:models"
     elif case == "bad_operation":
         arguments["capability"] = "cap:hermes_agent:h1:Not-An-Operation"
+    elif case == "not_an_aip_conversation":
+        # The child travels as an AIP Action Envelope: `conversation` is AIP's, closed.
+        arguments["conversation"] = {"thread": "t-1"}
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert answer.is_error
     assert answer.error_code == code, answer.document

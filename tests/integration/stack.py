@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -23,11 +24,12 @@ from nats.js.api import ConsumerInfo
 from schemas.action import Action
 from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
-from schemas.codec import encode
 from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from worker.aip.canonical import canonical_bytes
+from worker.aip.signing import sign_envelope as aip_sign_envelope
 from worker.client import ActionHandle, AipClient
 from worker.testing.fake_hermes import FakeConfig, FakeHermes
 from worker.testing.identities import (
@@ -40,6 +42,7 @@ from worker.testing.identities import (
     write_api_key_file,
 )
 from worker.testing.workers import WorkerProcess
+from worker.wire.actions import GATEWAY_SENDER
 from worker.wire.chunks import decode_chunk
 from worker.wire.results import decode_result
 
@@ -102,17 +105,37 @@ class Stack:
     ) -> ActionHandle:
         """Publish `action`; `dedupe=False` sends no `Nats-Msg-Id`, so the stream stores
         every copy (as it does for a copy that arrives after the duplicate window)."""
-        payload = encode(action)
+        payload = self.trust.seal_action(action, signed=signed)
         headers = {"Nats-Msg-Id": msg_id or envelope_msg_id(action.id, payload)} if dedupe else {}
-        if signed:
-            headers.update(self.trust.sign(payload))
         await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
         return self.client.handle(ENDPOINT, action.id)
 
-    async def publish_raw(self, payload: bytes, *, signed: bool = True) -> None:
+    def envelope_document(self, action: Action) -> dict[str, Any]:
+        """`action`'s AIP Action Envelope as a JSON object (unsigned), for a test to edit
+        and sign again with `sign_document`."""
+        document: dict[str, Any] = json.loads(self.trust.seal_action(action, signed=False))
+        return document
+
+    def sign_document(self, document: Mapping[str, Any]) -> bytes:
+        """An Envelope document signed by the gateway key, by the AIP signing rules
+        (`worker.aip.signing`, not the Action codec): any body it holds is signed as is."""
+        dropped = ("from", "security")
+        unsigned = {key: value for key, value in document.items() if key not in dropped}
+        signed = aip_sign_envelope(unsigned, self.trust.aip_signer, GATEWAY_SENDER)
+        return canonical_bytes(signed)
+
+    async def publish_envelope(self, payload: bytes) -> ActionHandle:
+        """Publish Action Envelope bytes built elsewhere under their content-bound
+        `Nats-Msg-Id` (the id its `body.action.id` names), as a gateway does."""
+        action_id = json.loads(payload)["body"]["action"]["id"]
+        headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
+        await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
+        return self.client.handle(ENDPOINT, action_id)
+
+    async def publish_raw(self, payload: bytes) -> None:
+        """Publish bytes as they are on the actions subject (an Action Envelope carries its
+        own signature, or none)."""
         headers = {"Nats-Msg-Id": secrets.token_hex(8)}
-        if signed:
-            headers.update(self.trust.sign(payload))
         await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
 
     async def results(self, action_id: str) -> list[ActionResult]:

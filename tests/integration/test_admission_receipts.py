@@ -9,9 +9,9 @@ that failed authentication never appends to the chain of the Action id it claims
 from __future__ import annotations
 
 import asyncio
+import json
 
 from schemas.audit import ReceiptEvent
-from schemas.codec import encode
 from schemas.dlq import DLQ_CODE, DLQ_ID
 from schemas.ids import is_dlq_id
 from schemas.result import ResultStatus
@@ -60,11 +60,13 @@ async def test_unauthenticated_envelopes_reusing_an_action_id_never_touch_its_ch
     assert chain_before
     # The same id, unsigned and with a signature over other bytes.
     await stack.publish(victim, msg_id="unsigned-copy", signed=False)
-    forged = encode(victim)
+    # The genuine signature over another input: it does not verify over this Envelope.
+    forged = json.loads(stack.trust.seal_action(victim))
+    forged["body"]["action"]["input"] = {"forged": True}
     await stack.nc.jetstream().publish(
         stack.subjects.actions(ENDPOINT),
-        forged,
-        headers={"Nats-Msg-Id": "forged-copy", **stack.trust.sign(forged + b" ")},
+        json.dumps(forged).encode(),
+        headers={"Nats-Msg-Id": "forged-copy"},
     )
     await stack.settled_and_acked()
     await asyncio.sleep(1.0)

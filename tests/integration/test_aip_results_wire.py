@@ -6,7 +6,7 @@ them (plain `json`, PyNaCl, the did:key rules: shared/reference/aip-1.0-wire.md 
   canonical JSON rebuilt by hand, with the did:key of the worker's key (derived here from
   its nkey seed with `nkeys` and base58btc by hand);
 - it answers the Action Envelope it was sent in (`in_response_to` = that Envelope's
-  `message_id`: strict xfail until the actions subject carries Envelopes, issue 25 part A);
+  `message_id`, `to` = its `from`);
 - the chunks are unsigned `aip.core.v1.stream_chunk` Envelopes, `sequence` 0, 1, 2 … with
   `data` in one of the documented forms, each naming the sha256 of the exact bytes of the
   one before, and the signed result names the last one's.
@@ -17,13 +17,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import importlib.util
 import json
 from typing import Any
 
 import nacl.signing
 import nkeys
-import pytest
 
 from tests.integration.stack import ENDPOINT, Stack
 from tests.vectors.aip.make_vectors import b58
@@ -31,7 +29,6 @@ from tests.vectors.aip.make_vectors import b58
 OURS = "org.aip-hermes-worker"
 CHUNK_BODY_FIELDS = {"action_id", "sequence", "kind", "data", "part"}
 DATA_FORMS = {"hermes_sse", "hermes_operator", "hermes_worker"}
-ACTIONS_ARE_ENVELOPES = importlib.util.find_spec("worker.wire.actions") is not None
 
 
 def _canonical(value: Any) -> bytes:
@@ -113,11 +110,6 @@ async def test_a_live_result_is_a_signed_action_result_envelope_naming_its_chunk
     assert ours["last_chunk_sha256"] == hashlib.sha256(chunks[-1]).hexdigest()
 
 
-@pytest.mark.xfail(
-    not ACTIONS_ARE_ENVELOPES,
-    reason="the actions subject carries AIP Envelopes from issue 25 part A (wire-actions)",
-    strict=True,
-)
 async def test_a_live_result_answers_the_action_envelope_it_was_sent_in(stack: Stack) -> None:
     await stack.spawn("w1")
     _, published, data, _ = await _published(stack, "models")

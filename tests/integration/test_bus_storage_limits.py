@@ -36,7 +36,7 @@ async def test_a_large_junk_payload_is_kept_truncated_with_its_size_and_sha256(
     # The test server's max_payload is 1 MiB. The first byte is one no JSON value starts
     # with, so the junk is never read as the start of a document.
     junk = b"\xff" + os.urandom(900 * KIB - 1)
-    await stack.publish_raw(junk, signed=False)
+    await stack.publish_raw(junk)
     await stack.settled_and_acked()
 
     [(body, headers)] = await stack.dlq()

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from schemas.codec import encode
 from worker.client import AipClient
 from worker.operator.binding import BindingState, OperatorBinding, encode_binding
 from worker.store.keys import binding_key
@@ -84,7 +83,7 @@ def test_redis_commands_use_the_password_file(locked_redis: RedisServer, tmp_pat
         credential_revision=REVISION,
     )
     action_file = tmp_path / "action.json"
-    action_file.write_bytes(encode(action))
+    action_file.write_bytes(trust.seal_action(action, signed=False))  # as --write-action
     base = {
         "AIPD_REDIS_URL": locked_redis.url,  # no password in it
         "AIPD_APPROVAL_AUTHORITY_FILE": str(trust.authority_file),

@@ -164,7 +164,10 @@ async def test_governed_publishing_writes_approves_and_runs_one_action_once(
     )  # fmt: skip
     assert code == Exit.OK, err
     action_id = out.strip()
-    assert json.loads(action_file.read_text())["id"] == action_id
+    written = json.loads(action_file.read_text())  # an unsigned AIP Action Envelope
+    assert written["message_type"] == "aip.core.v1.action"
+    assert written["body"]["action"]["id"] == action_id
+    assert "security" not in written
     assert await stored_actions(stack) == 0  # written, not published
 
     code, _, err = await cli(
@@ -220,7 +223,7 @@ async def test_a_stale_prepared_action_is_refused_before_it_is_sent(
         action, created_at_unix_ms=time.time_ns() // 1_000_000 - 3_600_000
     )
     action_file = tmp_path / "stale.json"
-    action_file.write_bytes(msgspec.json.encode(stale))
+    action_file.write_bytes(stack.trust.seal_action(stale, signed=False))
     code, _, err = await cli(stack, "submit", "--action-file", str(action_file))
     assert code == Exit.REFUSED
     assert "AIPD_MAX_ENVELOPE_AGE_MS" in one_line(err)

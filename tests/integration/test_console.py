@@ -221,7 +221,7 @@ async def test_the_dlq_page_shows_reasons_to_an_all_tenants_token_only(
     assert "dlq_" in page
     assert "aip-hermes-worker dlq show dlq_" in page
     assert "schema.envelope.invalid" in page, page
-    assert "unknown field" in page
+    assert "unknown Envelope field" in page  # not an AIP Envelope
     assert len(ISO.findall(page)) >= 1
     _, scoped, _ = await console.get("/dlq", ONLY_A)
     assert "dlq_" not in scoped

@@ -70,7 +70,7 @@ async def test_replay_runs_the_action_exactly_once_and_removes_the_entry(stack: 
     code, out, err = await cli(stack, "dlq", "show", dlq_id, "--endpoint", ENDPOINT)
     assert code == 0, err
     shown = json.loads(out)
-    assert shown["envelope"]["id"] == original_id
+    assert shown["envelope"]["body"]["action"]["id"] == original_id  # the AIP Envelope
     assert shown["replay"] == "replayable"
 
     code, out, err = await cli(

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from schemas.codec import encode
 from schemas.result import ResultStatus
 from subjects.grammar import envelope_msg_id
 from subjects.provision import provision
@@ -61,14 +60,11 @@ async def test_each_endpoint_is_sent_only_its_own_key(stack: Stack, tmp_path: Pa
                 authentication_issuer=ISSUER,
                 credential_revision=REVISION,
             )
-            payload = encode(action)
+            payload = stack.trust.seal_action(action)
             await stack.nc.jetstream().publish(
                 stack.subjects.actions(endpoint_id),
                 payload,
-                headers={
-                    "Nats-Msg-Id": envelope_msg_id(action.id, payload),
-                    **stack.trust.sign(payload),
-                },
+                headers={"Nats-Msg-Id": envelope_msg_id(action.id, payload)},
             )
             handle = stack.client.handle(endpoint_id, action.id)
             results.append(await handle.result(timeout_s=20))

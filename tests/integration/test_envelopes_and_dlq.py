@@ -4,9 +4,12 @@ loses nothing; the consumer keeps serving the next message; nothing reaches Herm
 
 from __future__ import annotations
 
+import copy
+import json
+from typing import Any
+
 import msgspec
 
-from schemas.codec import encode
 from schemas.dlq import DLQ_CODE, DLQ_REASON, DLQ_SUBJECT
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
@@ -17,10 +20,19 @@ async def test_invalid_envelopes_are_dead_lettered_with_reason_and_serving_conti
 ) -> None:
     await stack.spawn("w1", AIPD_MAX_ENVELOPE_BYTES="65536")
     good = stack.action("models")
-    document = msgspec.to_builtins(good)
-    unknown_field = encode({**document, "id": "act_" + "1" * 32, "surprise": 1})
-    wrong_type = encode({**document, "id": "act_" + "2" * 32, "created_at_unix_ms": "soon"})
-    over_size = encode({**document, "id": "act_" + "3" * 32, "input": {"blob": "x" * 100_000}})
+    document = stack.envelope_document(good)
+
+    def changed(action_id: str, **fields: object) -> dict[str, Any]:
+        copied = copy.deepcopy(document)
+        copied["body"]["action"]["id"] = action_id
+        copied["body"]["action"].update(fields)
+        return copied
+
+    late = changed("act_" + "2" * 32)
+    late["extensions"]["org.aip-hermes-worker"]["created_at_unix_ms"] = "soon"
+    unknown_field = stack.sign_document(changed("act_" + "1" * 32, surprise=1))
+    wrong_type = stack.sign_document(late)
+    over_size = stack.sign_document(changed("act_" + "3" * 32, input={"blob": "x" * 100_000}))
     not_json = b"\xff\xfe{definitely not json"
     for payload in (unknown_field, wrong_type, over_size, not_json):
         await stack.publish_raw(payload)
@@ -33,10 +45,11 @@ async def test_invalid_envelopes_are_dead_lettered_with_reason_and_serving_conti
     # Small refusals are kept whole; a larger one keeps its first 4 KiB (issue 19).
     assert [body for body, _ in dead] == [unknown_field, wrong_type, over_size[:4096], not_json]
     codes = [headers[DLQ_CODE] for _, headers in dead]
+    # Bytes over the limit are refused before they are parsed (`envelope.decode.invalid`).
     assert codes == [
         "schema.envelope.invalid",
         "schema.envelope.invalid",
-        "schema.envelope.invalid",
+        "envelope.decode.invalid",
         "envelope.decode.invalid",
     ]
     reasons = [headers[DLQ_REASON] for _, headers in dead]
@@ -53,11 +66,13 @@ async def test_unsigned_and_forged_envelopes_never_reach_hermes_nor_touch_the_ac
     await stack.spawn("w1")
     victim = stack.action("models")
     await stack.publish(victim, msg_id="unsigned-copy", signed=False)
-    forged = encode(victim)
+    # The genuine signature over another input: it does not verify over this Envelope.
+    forged = json.loads(stack.trust.seal_action(victim))
+    forged["body"]["action"]["input"] = {"forged": True}
     await stack.nc.jetstream().publish(
         stack.subjects.actions("h1"),
-        forged,
-        headers={"Nats-Msg-Id": "forged", **stack.trust.sign(forged + b" ")},
+        json.dumps(forged).encode(),
+        headers={"Nats-Msg-Id": "forged"},
     )
     await stack.settled_and_acked()
     codes = [h[DLQ_CODE] for _, h in await stack.dlq()]

@@ -8,63 +8,76 @@ carry no secret and no raw input.
 from __future__ import annotations
 
 import asyncio
+import copy
+import json
 import random
+from typing import Any
 
-import msgspec
-
-from schemas.codec import encode
 from schemas.dlq import DLQ_CODE
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
+from worker.aip.errors import AipWireError
 from worker.testing.fake_hermes import RouteDelay
 from worker.testing.identities import USER_UNTENANTED
 
 SECRET_INPUT = "very-private-input-text-7f3a"
 
 
-def _hostile(stack: Stack, rng: random.Random) -> list[tuple[bytes, bool]]:
-    """(payload, signed by the gateway) pairs: mutations of valid envelopes and attacks."""
-    base = msgspec.to_builtins(stack.action("models"))
-    operator = msgspec.to_builtins(stack.action("operator", {"objective": SECRET_INPUT}))
+def _with_action(document: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A copy of an Action Envelope document whose `body.action` has `changes`."""
+    copied = copy.deepcopy(document)
+    copied["body"]["action"].update(changes)
+    return copied
+
+
+def _hostile(stack: Stack, rng: random.Random) -> list[bytes]:
+    """Mutations of valid Action Envelopes (signed by the gateway, so only what they carry
+    is wrong), attacks, and random corruptions of a signed Envelope's bytes."""
+    base = stack.envelope_document(stack.action("models"))
+    operator = stack.envelope_document(stack.action("operator", {"objective": SECRET_INPUT}))
+    base_identity = base["body"]["action"]["identity"]
+    long_principal = copy.deepcopy(base_identity)
+    next(iter(v for k, v in long_principal.items() if k != "tenant"))["id"] = "x" * 600
     source = "act_" + "c" * 32
-    cases: list[dict[str, object] | bytes] = [
-        {**base, "id": "act_" + "0" * 31},
-        {**base, "identity": {"principal_id": "x" * 600, "principal_kind": "user"}},
-        {**base, "input": {"identity": {"principal_id": "admin"}, "_aip": {"tenant": "t"}}},
-        {**operator, "input": {}},
-        {
-            **operator,
-            "input": {
-                "objective": "a",
-                "resume": {"source_action_id": source, "choice": "once"},
-            },
-        },
-        {**operator, "input": {"resume": {"source_action_id": source, "choice": "always-yes"}}},
-        {
-            **operator,
-            "input": {"objective": "a", "candidate_capabilities": ["c"] * 300},
-        },
-        {
-            **operator,
-            "input": {"objective": "x", "context": {"_aip": {"principal_id": "admin"}}},
-        },
-        {**base, "trace": {"trace_id": "abc\r\nX-Evil: 1"}},
-        {**base, "idempotency_key": "k\nAuthorization: Bearer stolen"},
-        {**base, "input": {"deep": _nested(200)}},
-        {**base, "input": {"huge": "h" * 50_000}},
+    cases: list[dict[str, Any] | bytes] = [
+        _with_action(base, id="act_" + "0" * 31),
+        _with_action(base, identity=long_principal),
+        _with_action(base, input={"identity": {"principal_id": "admin"}, "_aip": {"tenant": "t"}}),
+        _with_action(operator, input={}),
+        _with_action(
+            operator,
+            input={"objective": "a", "resume": {"source_action_id": source, "choice": "once"}},
+        ),
+        _with_action(
+            operator, input={"resume": {"source_action_id": source, "choice": "always-yes"}}
+        ),
+        _with_action(operator, input={"objective": "a", "candidate_capabilities": ["c"] * 300}),
+        _with_action(
+            operator, input={"objective": "x", "context": {"_aip": {"principal_id": "admin"}}}
+        ),
+        _with_action(base, observability={"trace_id": "abc\r\nX-Evil: 1"}),
+        _with_action(base, idempotency_key="k\nAuthorization: Bearer stolen"),
+        _with_action(base, input={"deep": _nested(200)}),
+        _with_action(base, input={"huge": "h" * 50_000}),
         b'{"id": "act_' + b"d" * 32 + b'", "capability": "\xff\xfe"}',
         b"[" * 5000,
         b"",
     ]
-    payloads: list[tuple[bytes, bool]] = []
+    payloads: list[bytes] = []
     for case in cases:
-        payloads.append((case if isinstance(case, bytes) else encode(case), True))
-    good = encode(base)
+        if isinstance(case, bytes):
+            payloads.append(case)
+            continue
+        try:
+            payloads.append(stack.sign_document(case))
+        except AipWireError:  # too deep to sign: sent unsigned, refused all the same
+            payloads.append(json.dumps(case).encode())
+    good = stack.sign_document(base)
     for _ in range(40):
         mutated = bytearray(good)
         for _ in range(rng.randint(1, 6)):
             mutated[rng.randrange(len(mutated))] = rng.randrange(256)
-        payloads.append((bytes(mutated), rng.random() < 0.5))
+        payloads.append(bytes(mutated))
     return payloads
 
 
@@ -81,13 +94,14 @@ async def test_hostile_envelopes_are_refused_or_dead_lettered_and_never_reach_he
     await stack.spawn("w1")
     rng = random.Random(20261130)
     payloads = _hostile(stack, rng)
-    for payload, signed in payloads:
-        await stack.publish_raw(payload, signed=signed)
-    # A replayed signature on an altered payload.
-    victim = encode(stack.action("models"))
-    headers = {"Nats-Msg-Id": "replay", **stack.trust.sign(victim)}
+    for payload in payloads:
+        await stack.publish_raw(payload)
+    # A replayed signature on an altered Envelope.
+    victim = stack.trust.seal_action(stack.action("models"))
     await stack.nc.jetstream().publish(
-        stack.subjects.actions("h1"), victim.replace(b"models", b"health"), headers=headers
+        stack.subjects.actions("h1"),
+        victim.replace(b":models", b":health"),
+        headers={"Nats-Msg-Id": "replay"},
     )
     good = await (await stack.publish(stack.action("health"))).result(timeout_s=30)
     assert good.status is ResultStatus.COMPLETED

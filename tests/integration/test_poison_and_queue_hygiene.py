@@ -22,7 +22,6 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NoStreamResponseError
 
 from schemas.audit import ReceiptEvent
-from schemas.codec import encode
 from schemas.dlq import DLQ_CODE, DLQ_REASON
 from schemas.errors import EnvelopeRejected
 from schemas.result import ResultStatus
@@ -41,7 +40,8 @@ QUIET_S = 3.0
 
 
 async def _signed_raw(stack: Stack, payload: bytes, msg_id: str) -> None:
-    headers = {"Nats-Msg-Id": msg_id, **stack.trust.sign(payload)}
+    """Publish Action Envelope bytes (signed inside, or not) under `msg_id`."""
+    headers = {"Nats-Msg-Id": msg_id}
     await stack.nc.jetstream().publish(stack.subjects.actions(ENDPOINT), payload, headers=headers)
 
 
@@ -52,13 +52,14 @@ async def test_a_newline_id_and_a_repeated_key_are_dead_lettered_once_and_work_g
     before = stack.action("models")
     assert (await (await stack.publish(before)).result(timeout_s=20)).status.value == "completed"
     newline = stack.action("models")
-    newline_payload = encode(newline).replace(newline.id.encode(), newline.id.encode() + b"\\n")
+    document = stack.envelope_document(newline)
+    document["body"]["action"]["id"] += "\n"  # signed by the gateway: only the id is wrong
+    newline_payload = stack.sign_document(document)
     await _signed_raw(stack, newline_payload, newline.id)
     repeated = stack.action("models")
-    repeated_payload = encode(repeated).replace(
-        b'"mode":"async"', b'"mode":"sync","mode":"async"', 1
-    )
-    assert repeated_payload != encode(repeated)
+    sealed = stack.trust.seal_action(repeated)
+    repeated_payload = sealed.replace(b'"mode":"async"', b'"mode":"sync","mode":"async"', 1)
+    assert repeated_payload != sealed
     await _signed_raw(stack, repeated_payload, repeated.id)
     after = stack.action("models")
     assert (await (await stack.publish(after)).result(timeout_s=20)).status.value == "completed"
@@ -70,7 +71,7 @@ async def test_a_newline_id_and_a_repeated_key_are_dead_lettered_once_and_work_g
     dead = await stack.dlq()
     assert [body for body, _ in dead] == [newline_payload, repeated_payload]
     assert [h[DLQ_CODE] for _, h in dead] == ["schema.envelope.invalid", "envelope.decode.invalid"]
-    assert "duplicate key 'mode'" in dead[1][1][DLQ_REASON]
+    assert "repeats a key" in dead[1][1][DLQ_REASON]
     assert stack.fake.stats().count(MODELS) == 2
     for action in (before, after):  # receipts of other Actions kept flowing
         events = [r.event for r in await stack.receipts(action.id)]
@@ -98,7 +99,7 @@ async def test_an_unexpected_failure_before_the_lease_is_dead_lettered_once(
     assert info.delivered.consumer_seq == 2
     assert info.num_redelivered == 0
     [(body, headers)] = await stack.dlq()
-    assert body == encode(poison)
+    assert body == stack.trust.seal_action(poison)
     assert headers[DLQ_CODE] == "connector_host.execution"
     assert "FaultRaised" in headers[DLQ_REASON]
     assert worker.log_text().count("failed before its lease") == 1
@@ -134,7 +135,7 @@ async def test_the_client_and_cli_refuse_an_envelope_over_the_deployments_limit(
     )
     with pytest.raises(EnvelopeRejected) as refused:
         await limited.publish(big)
-    assert refused.value.code.value == "schema.envelope.invalid"
+    assert refused.value.code.value == "envelope.decode.invalid"  # refused before parsing
     assert "2048-byte limit" in refused.value.reason
 
     submitted = await asyncio.to_thread(
@@ -177,8 +178,8 @@ async def test_an_action_squatting_another_actions_id_cannot_pre_empt_it(
 async def test_actions_for_subjects_no_endpoint_serves_are_never_stored(stack: Stack) -> None:
     js = stack.nc.jetstream()
     action = stack.action("models")
-    payload = encode(action)
-    headers = {"Nats-Msg-Id": envelope_msg_id(action.id, payload), **stack.trust.sign(payload)}
+    payload = stack.trust.seal_action(action)
+    headers = {"Nats-Msg-Id": envelope_msg_id(action.id, payload)}
     for subject in (
         "aip.hermes.*.actions",
         "aip.hermes.unconfigured.actions",

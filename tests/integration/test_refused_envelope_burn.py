@@ -16,7 +16,6 @@ import asyncio
 
 import msgspec
 
-from schemas.codec import encode
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.trust.responses import sha256_hex
@@ -41,7 +40,7 @@ async def test_a_refused_forgery_first_leaves_the_id_to_the_genuine_action(
     forged = msgspec.structs.replace(genuine, input={"objective": "rm -rf / (forged)"})
     forged_handle = await stack.publish(forged)
     refusal = await stack.client.handle(
-        ENDPOINT, forged.id, envelope_sha256=sha256_hex(encode(forged))
+        ENDPOINT, forged.id, envelope_sha256=sha256_hex(stack.trust.seal_action(forged))
     ).result(timeout_s=30)
     assert refusal.status is ResultStatus.FAILED
     assert refusal.error is not None
@@ -52,7 +51,7 @@ async def test_a_refused_forgery_first_leaves_the_id_to_the_genuine_action(
     assert not handle.duplicate
     result = await handle.result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED, result.error
-    assert result.action_sha256 == sha256_hex(encode(genuine))
+    assert result.action_sha256 == sha256_hex(stack.trust.seal_action(genuine))
     await stack.settled_and_acked()
     assert _runs(stack) == 1
     assert await stack.dlq() == []  # no collision: the refusal held nothing of the id
@@ -78,7 +77,9 @@ async def test_a_forgery_without_a_valid_signature_first_does_not_drop_the_genui
     await stack.spawn("w1")
     genuine = stack.action("operator", {"objective": "the approved work"})
     await stack.approve(genuine)
-    forged = encode(msgspec.structs.replace(genuine, input={"objective": "forged"}))
+    forged = stack.trust.seal_action(
+        msgspec.structs.replace(genuine, input={"objective": "forged"}), signed=False
+    )
     # Unsigned, under the genuine Action's bare id as its dedupe id: the old squat.
     await stack.nc.jetstream().publish(
         stack.subjects.actions(ENDPOINT), forged, headers={"Nats-Msg-Id": genuine.id}

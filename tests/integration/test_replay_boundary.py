@@ -19,7 +19,6 @@ import pytest
 from redis.asyncio import Redis
 
 from schemas.action import Action
-from schemas.codec import encode
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import NAMESPACE, ActionKeys
@@ -41,11 +40,11 @@ def _runs(stack: Stack) -> int:
     return stack.fake.stats().count(POST_RUNS)
 
 
-async def _send(stack: Stack, payload: bytes, headers: dict[str, str]) -> None:
-    """Publish captured bytes and signature again, as an attacker would: without a
+async def _send(stack: Stack, payload: bytes) -> None:
+    """Publish captured signed Envelope bytes again, as an attacker would: without a
     `Nats-Msg-Id`, so the stream stores every copy (another id's would be dead-lettered,
     the Action's own would be dropped inside the duplicate window)."""
-    await stack.nc.jetstream().publish(stack.subjects.actions(ENDPOINT), payload, headers=headers)
+    await stack.nc.jetstream().publish(stack.subjects.actions(ENDPOINT), payload)
 
 
 async def _stored(stack: Stack, action_id: str, timeout_s: float = 20.0) -> ActionResult:
@@ -88,15 +87,14 @@ async def test_a_replay_after_the_state_expired_publishes_nothing_over_the_resul
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "run exactly once"})
     await stack.approve(action)
-    payload = encode(action)
-    captured = stack.trust.sign(payload)
-    await _send(stack, payload, captured)
+    payload = stack.trust.seal_action(action)
+    await _send(stack, payload)
     first = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
     assert first.status is ResultStatus.COMPLETED, first.error
     assert _runs(stack) == 1
     assert await _forget(stack, action.id) >= 2  # lease and result at least
     await _wait_older_than_window(action)
-    await _send(stack, payload, captured)
+    await _send(stack, payload)
     await stack.settled_and_acked()
     assert [r.status for r in await stack.results(action.id)] == [ResultStatus.COMPLETED]
     assert _runs(stack) == 1  # Hermes never heard of the replay
@@ -118,8 +116,7 @@ async def test_a_stale_envelope_never_answered_is_refused_with_a_failed_result(
     action = stack.action("operator", {"objective": "published too late"})
     await stack.approve(action)
     await _wait_older_than_window(action)
-    payload = encode(action)
-    await _send(stack, payload, stack.trust.sign(payload))
+    await _send(stack, stack.trust.seal_action(action))
     replayed = await _stored(stack, action.id)
     assert replayed.status is ResultStatus.FAILED
     assert replayed.error is not None
@@ -157,14 +154,13 @@ async def test_a_republication_of_captured_bytes_after_the_window_is_refused(
     # A read, refused before its lease (an operator's copy would be recovered from its
     # binding instead): the refusal itself shows.
     action = stack.action("models")
-    payload = encode(action)
-    captured = stack.trust.sign(payload)
+    payload = stack.trust.seal_action(action)
     await stack.publish(action)
     await _wait_older_than_window(action)
     worker = await stack.spawn("w1")
     first = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
     assert first.status is ResultStatus.COMPLETED, first.error
-    await _send(stack, payload, captured)  # the attacker's copy, with a fresh stored time
+    await _send(stack, payload)  # the attacker's copy, with a fresh stored time
     await stack.settled_and_acked()
     refused = f"refused {action.id} ({REPLAY}), whose result is already on the bus"
     for _ in range(100):
@@ -209,9 +205,8 @@ async def test_a_replay_of_a_settled_action_republishes_its_stored_result(
     await stack.spawn("w1")
     # A read: refused before its lease, so the receipts show the replay decision itself.
     action = stack.action("models")
-    payload = encode(action)
-    captured = stack.trust.sign(payload)
-    await _send(stack, payload, captured)
+    payload = stack.trust.seal_action(action)
+    await _send(stack, payload)
     first = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
     assert first.status is ResultStatus.COMPLETED, first.error
     # The result message is gone from the stream (retention), the stored result is not.
@@ -221,7 +216,7 @@ async def test_a_replay_of_a_settled_action_republishes_its_stored_result(
     )
     assert await stack.results(action.id) == []
     await _wait_older_than_window(action)
-    await _send(stack, payload, captured)
+    await _send(stack, payload)
     await stack.settled_and_acked()
     # Refused as a replay, answered with the stored result (the stream's duplicate window
     # may drop the copy itself: the same `Nats-Msg-Id` as the first publish).

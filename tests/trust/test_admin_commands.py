@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import msgspec
 import pytest
 from redis.asyncio import Redis
-from trust_support import action_document
+from trust_support import action_document, encode_action
 
 from schemas.approval import ApprovalDecision, ApprovalRecord
 from worker.commands.exit_codes import Exit
@@ -51,10 +50,12 @@ async def test_keys_generate_writes_an_owner_only_seed_and_prints_its_public_key
 
 
 def _write_action(tmp_path: Path) -> tuple[str, Path]:
-    document = action_document()
+    """An action file as `submit --write-action` writes it: an unsigned AIP Action
+    Envelope."""
+    action, payload = encode_action(action_document())
     path = tmp_path / "action.json"
-    path.write_text(json.dumps(document))
-    return document["id"], path
+    path.write_bytes(payload)
+    return action.id, path
 
 
 def _store_flags(

@@ -92,11 +92,8 @@ def _resigned(data: bytes, signature: str) -> bytes:
 def _trusting(seed: int, *, as_did: bool = False) -> AipClient:
     """A client that trusts the key of `seed`, given as its `U…` nkey (the trust files'
     form); `as_did`: as the did:key, the other spelling of the same key."""
-    nkey = parse_public_key(did(seed)).nkey
-    keys = TrustedGatewayKeys.of([nkey])
-    if as_did:  # a file entry written as the did:key of the same key
-        keys = TrustedGatewayKeys({did(seed): keys.get(nkey)})  # type: ignore[dict-item]
-    return AipClient(None, trusted_worker_keys=keys)  # type: ignore[arg-type]
+    entry = did(seed) if as_did else parse_public_key(did(seed)).nkey
+    return AipClient(None, trusted_worker_keys=TrustedGatewayKeys.of([entry]))  # type: ignore[arg-type]
 
 
 # --- a consumer's Envelope, read by ours ---------------------------------------------------

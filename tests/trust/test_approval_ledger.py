@@ -48,11 +48,9 @@ def authority(trust_files: TrustFiles) -> ApprovalAuthority:
 async def admit(
     gate: TrustGate, redis: Redis, files: TrustFiles, document: dict[str, Any]
 ) -> AdmitDecision:
-    action, payload = encode_action(document)
+    _, payload = encode_action(document, files)
     return await gate.admit(
-        action=action,
         payload=payload,
-        headers=files.sign(payload),
         endpoint=endpoint(),
         spec=GOVERNED,
         stores=Stores.over(redis),

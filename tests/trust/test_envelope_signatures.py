@@ -1,4 +1,6 @@
-"""Envelope trust (docs/security.md): only envelopes a trusted gateway key signed are accepted."""
+"""Header signature trust (docs/security.md): on the subjects still signed by headers (a
+cancel, a delegation), only envelopes a trusted gateway key signed are accepted. Actions
+carry an AIP Envelope signature instead: tests/trust/test_action_envelope_trust.py."""
 
 from __future__ import annotations
 

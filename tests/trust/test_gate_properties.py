@@ -7,7 +7,7 @@ genuinely signed and backed Action, a decision whose facts the directory vouches
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from redis.asyncio import Redis
-from trust_support import GOVERNED, UNGOVERNED, action_document, endpoint, now_ms
+from trust_support import GOVERNED, UNGOVERNED, action_document, encode_action, endpoint, now_ms
 
-from schemas.codec import decode_action
+from schemas.action import Action
 from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.errors import ConnectorError
 from worker.settings import Settings
@@ -38,6 +38,7 @@ from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.identities import IdentityDirectory
 from worker.trust.projection import MAX_HEADER_VALUE_BYTES
 from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER
+from worker.wire.actions import decode_action
 
 ADMISSION_CODES = {
     ErrorCode.HOST_AUTHENTICATION,
@@ -60,8 +61,26 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> tuple[TrustFiles, TrustGa
 
 
 def _signed_payload(files: TrustFiles) -> tuple[bytes, dict[str, str]]:
+    """A header-signed payload, as the cancel and delegation subjects take one."""
     payload = msgspec.json.encode(action_document())
     return payload, files.sign(payload)
+
+
+def _sealed(files: TrustFiles) -> tuple[Action, bytes]:
+    """A genuine Action and its AIP Action Envelope, signed by the gateway key."""
+    return encode_action(action_document(), files)
+
+
+@PROPERTY_SETTINGS
+@given(payload=st.binary(max_size=512))
+def test_random_bytes_on_the_actions_subject_are_a_typed_refusal(payload: bytes) -> None:
+    with pytest.raises(EnvelopeRejected) as caught:
+        decode_action(payload)
+    assert caught.value.code in {
+        ErrorCode.ENVELOPE_DECODE_INVALID,
+        ErrorCode.SCHEMA_ENVELOPE_INVALID,
+        ErrorCode.HOST_AUTHENTICATION,
+    }
 
 
 header_names = st.sampled_from(
@@ -111,17 +130,63 @@ def _mutate(payload: bytes, mutation: tuple[str, int, int]) -> bytes:
 
 @PROPERTY_SETTINGS
 @given(mutation=mutations)
-def test_any_change_to_a_signed_payload_is_refused(
+def test_any_change_to_a_header_signed_payload_is_refused(
     world: tuple[TrustFiles, TrustGate], mutation: tuple[str, int, int]
 ) -> None:
     files, gate = world
     payload, headers = _signed_payload(files)
     altered = _mutate(payload, mutation)
-    # The runtime dead-letters an undecodable envelope first; the gate must refuse it anyway.
-    with contextlib.suppress(EnvelopeRejected):
-        decode_action(altered)
     with pytest.raises(ConnectorError) as caught:
         gate.verify_signature(altered, headers)
+    assert caught.value.code is ErrorCode.HOST_AUTHENTICATION
+
+
+@PROPERTY_SETTINGS
+@given(mutation=mutations)
+def test_any_change_to_a_signed_action_envelope_is_refused_or_means_the_same(
+    world: tuple[TrustFiles, TrustGate], mutation: tuple[str, int, int]
+) -> None:
+    """A mutated Envelope is refused with a typed error, unless it still parses to the very
+    same Envelope (whitespace inserted between tokens): the signature is over the
+    canonical form, so such a spelling verifies, and it carries the same Action."""
+    files, gate = world
+    action, payload = _sealed(files)
+    altered = _mutate(payload, mutation)
+    try:
+        decoded, opened = decode_action(altered)
+    except EnvelopeRejected as exc:
+        event(f"refused: {exc.code.value}")
+        return
+    try:
+        signer = gate.verify_action_signer(opened.verified)
+    except ConnectorError as exc:
+        # Still an Envelope, but no longer a signed one (a byte of `"signature"` went):
+        # the gate refuses it as unsigned.
+        assert opened.verified is None
+        assert exc.code is ErrorCode.HOST_AUTHENTICATION
+        event("refused: unsigned")
+        return
+    event("same meaning")
+    assert signer == files.public_key
+    assert decoded == action
+
+
+@PROPERTY_SETTINGS
+@given(position=st.integers(0, 200), replacement=st.characters(codec="ascii"))
+def test_any_change_to_an_action_envelopes_signature_is_refused(
+    world: tuple[TrustFiles, TrustGate], position: int, replacement: str
+) -> None:
+    files, _ = world
+    _, payload = _sealed(files)
+    envelope = json.loads(payload)
+    signature = envelope["security"]["signature"]
+    at = position % len(signature)
+    changed = signature[:at] + replacement + signature[at + 1 :]
+    if changed == signature:
+        return
+    envelope["security"]["signature"] = changed
+    with pytest.raises(EnvelopeRejected) as caught:
+        decode_action(json.dumps(envelope).encode())
     assert caught.value.code is ErrorCode.HOST_AUTHENTICATION
 
 
@@ -192,17 +257,14 @@ claims = st.fixed_dictionaries(
 async def _admit(url: str, gate: TrustGate, files: TrustFiles, case: dict[str, Any]) -> Any:
     binding = case.pop("binding")
     governed = case.pop("governed")
-    payload = msgspec.json.encode(action_document(**case))
     try:
-        action = decode_action(payload)
+        _, payload = encode_action(action_document(**case), files)
     except EnvelopeRejected:
         return None
     client = Redis.from_url(url)
     try:
         return await gate.admit(
-            action=action,
             payload=payload,
-            headers=files.sign(payload),
             endpoint=endpoint("hermes-a", tenant=binding),
             spec=GOVERNED if governed else UNGOVERNED,
             stores=Stores.over(client),

@@ -149,11 +149,9 @@ def test_credential_never_shows_in_repr(trust_files: TrustFiles) -> None:
 
 
 async def _admit(gate: TrustGate, redis: Redis, trust_files: TrustFiles, **doc: Any) -> Any:
-    action, payload = encode_action(action_document(**doc))
+    _, payload = encode_action(action_document(**doc), trust_files)
     return await gate.admit(
-        action=action,
         payload=payload,
-        headers=trust_files.sign(payload),
         endpoint=endpoint(),
         spec=UNGOVERNED,
         stores=Stores.over(redis),

@@ -62,11 +62,9 @@ async def resume_as(
         tenant=tenant,
         input={"resume": {"source_action_id": source, "choice": "always"}},
     )
-    action, payload = encode_action(doc)
+    _, payload = encode_action(doc, files)
     await gate.admit(
-        action=action,
         payload=payload,
-        headers=files.sign(payload),
         endpoint=SHARED,
         spec=RESUMABLE,
         stores=Stores.over(redis),

@@ -1,7 +1,10 @@
-"""One Ed25519 verification per delivery: the runtime verifies the envelope to decide DLQ
-or not, then hands that result to admission instead of verifying the same bytes again."""
+"""One Ed25519 verification per delivery: the runtime opens the Action Envelope (which
+verifies its signature) to decide DLQ or not, then hands the trusted signer to admission
+instead of verifying the same bytes again."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -11,8 +14,9 @@ from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 from worker.store.stores import Stores
 from worker.testing.identities import USER_UNTENANTED, TrustFiles
-from worker.trust import gate as gate_module
 from worker.trust.gate import TrustGate
+from worker.wire import envelopes
+from worker.wire.actions import decode_action
 
 TARGET = endpoint("hermes-a")
 
@@ -20,39 +24,34 @@ TARGET = endpoint("hermes-a")
 async def test_admission_reuses_the_runtimes_verification(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    action, payload = encode_action(
-        action_document(endpoint=TARGET.id, principal=USER_UNTENANTED, tenant=None)
+    _, payload = encode_action(
+        action_document(endpoint=TARGET.id, principal=USER_UNTENANTED, tenant=None), trust_files
     )
-    headers = trust_files.sign(payload)
-    calls: list[bytes] = []
-    real = gate_module.verify_envelope
+    calls: list[Any] = []
+    real = envelopes.verify_envelope
 
-    def counting(data: bytes, hdrs: object, keys: object) -> str:
+    def counting(data: Any, **kwargs: Any) -> Any:
         calls.append(data)
-        return real(data, hdrs, keys)  # type: ignore[arg-type]
+        return real(data, **kwargs)
 
-    monkeypatch.setattr(gate_module, "verify_envelope", counting)
-    signer = gate.verify_signature(payload, headers)
+    monkeypatch.setattr(envelopes, "verify_envelope", counting)
+    action, opened = decode_action(payload)
+    signer = gate.verify_action_signer(opened.verified)
     decision = await gate.admit_verified(
         action=action, signer=signer, endpoint=TARGET, spec=UNGOVERNED, stores=Stores.over(redis)
     )
     assert decision.signer == signer == trust_files.public_key
-    assert calls == [payload]
+    assert len(calls) == 1
 
 
 async def test_without_the_flag_admission_still_verifies(
-    gate: TrustGate, redis: Redis, trust_files: TrustFiles
+    gate: TrustGate, redis: Redis
 ) -> None:
-    action, payload = encode_action(
+    _, payload = encode_action(
         action_document(endpoint=TARGET.id, principal=USER_UNTENANTED, tenant=None)
-    )
+    )  # unsigned
     with pytest.raises(ConnectorError) as caught:
         await gate.admit(
-            action=action,
-            payload=payload,
-            headers={},
-            endpoint=TARGET,
-            spec=UNGOVERNED,
-            stores=Stores.over(redis),
+            payload=payload, endpoint=TARGET, spec=UNGOVERNED, stores=Stores.over(redis)
         )
     assert caught.value.code is ErrorCode.HOST_AUTHENTICATION

@@ -30,11 +30,9 @@ CALLERS = {USER_A: TENANT_A, USER_B: TENANT_B}
 async def admit(
     gate: TrustGate, redis: Redis, files: TrustFiles, target: Endpoint, **doc: Any
 ) -> AdmitDecision:
-    action, payload = encode_action(action_document(endpoint=target.id, **doc))
+    _, payload = encode_action(action_document(endpoint=target.id, **doc), files)
     return await gate.admit(
-        action=action,
         payload=payload,
-        headers=files.sign(payload),
         endpoint=target,
         spec=UNGOVERNED,
         stores=Stores.over(redis),
@@ -112,12 +110,10 @@ async def test_an_expired_binding_refuses_even_its_own_tenant(
 async def test_a_capability_of_another_endpoint_is_a_route_mismatch(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles
 ) -> None:
-    action, payload = encode_action(action_document(endpoint="hermes-b"))
+    _, payload = encode_action(action_document(endpoint="hermes-b"), trust_files)
     with pytest.raises(ConnectorError) as caught:
         await gate.admit(
-            action=action,
             payload=payload,
-            headers=trust_files.sign(payload),
             endpoint=ENDPOINT_A,
             spec=UNGOVERNED,
             stores=Stores.over(redis),

@@ -83,12 +83,10 @@ INJECTIONS: list[tuple[str, dict[str, Any], str]] = [
 async def test_unsafe_header_values_refuse_the_action_before_any_request(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, fields: dict[str, Any], header: str
 ) -> None:
-    action, payload = encode_action(action_document(**fields))
+    _, payload = encode_action(action_document(**fields), trust_files)
     with pytest.raises(ConnectorError) as caught:
         await gate.admit(
-            action=action,
             payload=payload,
-            headers=trust_files.sign(payload),
             endpoint=endpoint(),
             spec=UNGOVERNED,
             stores=Stores.over(redis),

@@ -8,12 +8,21 @@ from typing import Any
 import msgspec
 
 from schemas.action import Action
-from schemas.codec import decode_action
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import new_action_id
 from schemas.manifest import Risk
 from worker.endpoints import Endpoint, EndpointDescriptor
 from worker.operations.base import OperationSpec
-from worker.testing.identities import ISSUER, PRINCIPAL_KIND, REVISION, TENANT_A, USER_A
+from worker.testing.identities import (
+    ISSUER,
+    PRINCIPAL_KIND,
+    REVISION,
+    TENANT_A,
+    USER_A,
+    TrustFiles,
+)
+from worker.wire.actions import GATEWAY_SENDER, decode_action
+from worker.wire.actions import encode_action as encode_wire_action
 
 
 def now_ms() -> int:
@@ -53,10 +62,22 @@ def action_document(
     return document
 
 
-def encode_action(document: dict[str, Any]) -> tuple[Action, bytes]:
-    """The envelope bytes and the Action decoded from them, as the runtime sees both."""
-    payload = msgspec.json.encode(document)
-    return decode_action(payload), payload
+def encode_action(
+    document: dict[str, Any], files: TrustFiles | None = None
+) -> tuple[Action, bytes]:
+    """The AIP Action Envelope of `document` (signed by the gateway key of `files`, else
+    unsigned) and the Action decoded from it, as the runtime sees both. EnvelopeRejected
+    when `document` is not an Action the workers accept."""
+    try:
+        action = msgspec.convert(document, Action, strict=True)
+    except msgspec.ValidationError as exc:
+        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, str(exc)) from None
+    payload = files.seal_action(action) if files else seal_unsigned(action)
+    return decode_action(payload)[0], payload
+
+
+def seal_unsigned(action: Action) -> bytes:
+    return encode_wire_action(action, signer=None, sender=GATEWAY_SENDER)
 
 
 def endpoint(

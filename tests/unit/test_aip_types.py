@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from schemas.aip.json_schema import json_schema
-from schemas.aip.messages import BODY_KEYS, PAYLOAD_TYPES, BodyError, open_body, payload_builtins
+from schemas.aip.messages import (
+    BODY_KEYS,
+    PAYLOAD_TYPES,
+    BodyError,
+    open_body,
+    open_signed_body,
+    payload_builtins,
+)
 from worker.aip.canonical import canonical_bytes
 
 VECTORS = json.loads(
@@ -102,3 +109,41 @@ def test_the_json_schema_describes_every_field_and_is_closed(message_type: str) 
     for name, definition in schema["$defs"].items():
         if definition.get("type") == "object" and definition.get("properties"):
             assert definition.get("additionalProperties") is False, name
+
+
+@pytest.mark.parametrize(("message_type", "payload"), _cases("valid"))
+def test_a_body_in_upstream_form_opens_as_signed(message_type: str, payload: Any) -> None:
+    body = {BODY_KEYS[message_type]: payload}
+    assert open_signed_body(message_type, body) == open_body(message_type, body)
+
+
+@pytest.mark.parametrize(("message_type", "case"), _cases("normalized"))
+def test_a_body_upstream_would_re_serialize_otherwise_is_refused_as_signed(
+    message_type: str, case: Any
+) -> None:
+    """Upstream verifies over its re-serialization: a body it reads but would write
+    otherwise (a null, an empty list, a defaulted flag left out) cannot carry a signature
+    that verifies there."""
+    key = BODY_KEYS[message_type]
+    open_body(message_type, {key: case["given"]})
+    with pytest.raises(BodyError, match="not as upstream re-serializes it"):
+        open_signed_body(message_type, {key: case["given"]})
+    open_signed_body(message_type, {key: case["serialized"]})
+
+
+def test_a_signed_body_without_a_defaulted_flag_is_refused() -> None:
+    message_type = "aip.lifecycle.v1.action_status_request"
+    body = {"action_status_request": {"action_id": "act_" + "a" * 32}}
+    open_body(message_type, body)
+    with pytest.raises(BodyError, match=r"body\.action_status_request\.include_"):
+        open_signed_body(message_type, body)
+
+
+def test_a_signed_body_with_an_integer_for_a_float_is_refused() -> None:
+    """msgspec reads 50 into a float field; upstream re-prints it as 50.0."""
+    message_type = "aip.core.v1.heartbeat"
+    body = {"heartbeat": {"sequence": 1, "progress": 50}}
+    open_body(message_type, body)
+    with pytest.raises(BodyError, match=r"body\.heartbeat\.progress"):
+        open_signed_body(message_type, body)
+    open_signed_body(message_type, {"heartbeat": {"sequence": 1, "progress": 50.0}})

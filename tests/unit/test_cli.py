@@ -176,28 +176,51 @@ def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> Non
 
 
 def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) -> None:
+    """`sign` prints an Action Envelope signed (the AIP signature is inside it); a
+    delegation or cancel payload gets its header lines. Envelopes here are built from the
+    AIP rules (`tests/aip_actions.py`) and the signature is checked with PyNaCl."""
+    import base64
+    import copy
+    import json
+
+    import nacl.signing
+
     from schemas.cancel import CancelRequest
     from schemas.codec import encode
-    from worker.client import AipClient
+    from tests.aip_actions import SENDER, action_envelope, canonical, did_of, key_of_nkey_seed
     from worker.testing.identities import write_trust_files
 
-    seed = write_trust_files(tmp_path).seed_file
-    action = AipClient.__new__(AipClient).build_action(
-        endpoint_id="h1", operation="models", input={}, principal_id="user:alice"
-    )
+    files = write_trust_files(tmp_path)
+    seed = files.seed_file
+    unsigned = action_envelope(principal="user:alice")
+    unsigned["from"] = dict(SENDER)
+    action_id = unsigned["body"]["action"]["id"]
     good = tmp_path / "action.json"
-    good.write_bytes(encode(action))
+    good.write_bytes(json.dumps(unsigned, indent=2).encode())
     signed = run_cli("sign", "--key", str(seed), str(good))
     assert signed.returncode == 0, signed.stderr
-    assert signed.stdout.startswith("Aip-Signer:U")
+    envelope = json.loads(signed.stdout)
+    did = did_of(key_of_nkey_seed(files.seed))
+    assert envelope["security"]["did"] == envelope["from"]["did"] == did
+    assert envelope["message_id"] == unsigned["message_id"]
+    assert envelope["body"]["action"]["id"] == action_id
+    covered = copy.deepcopy(envelope)
+    signature = base64.b64decode(covered["security"].pop("signature"))
+    nacl.signing.VerifyKey(bytes(key_of_nkey_seed(files.seed).verify_key)).verify(
+        canonical(covered), signature
+    )
+    poisoned_envelope = copy.deepcopy(unsigned)
+    poisoned_envelope["body"]["action"]["id"] = action_id + "\n"
     poisoned = tmp_path / "poisoned.json"
-    poisoned.write_bytes(encode(action).replace(action.id.encode(), action.id.encode() + b"\\n"))
+    poisoned.write_bytes(canonical(poisoned_envelope))
     refused = run_cli("sign", "--key", str(seed), str(poisoned))
     assert refused.returncode == Exit.REFUSED
     assert "schema.envelope.invalid" in refused.stderr
-    assert "Aip-Signature" not in refused.stdout
+    assert refused.stdout == ""
     cancel = tmp_path / "cancel.json"
-    cancel.write_bytes(encode(CancelRequest(action_id=action.id, requested_by="user:alice")))
-    assert run_cli("sign", "--kind", "cancel", "--key", str(seed), str(cancel)).returncode == 0
+    cancel.write_bytes(encode(CancelRequest(action_id=action_id, requested_by="user:alice")))
+    headers = run_cli("sign", "--kind", "cancel", "--key", str(seed), str(cancel))
+    assert headers.returncode == 0
+    assert headers.stdout.startswith("Aip-Signer:U")
     not_an_action = run_cli("sign", "--key", str(seed), str(cancel))
     assert not_an_action.returncode == Exit.REFUSED

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from schemas.export import drift
+import json
+
+from schemas.export import JSON_DIR, drift
 from subjects import asyncapi
 from worker.commands import config_doc
 
@@ -38,3 +40,26 @@ def test_asyncapi_names_every_subject_of_the_grammar() -> None:
         "aip.runtime.queue.{action_id}",
         "aip.runtime.lifecycle.{action_id}",
     }
+
+
+def test_asyncapi_envelope_subjects_carry_the_aip_envelope_schemas() -> None:
+    """Actions, results and chunks are AIP 1.0 Envelopes: each channel's one message is
+    named by its message type, its payload is the exported Envelope schema, and the only
+    header left is Nats-Msg-Id (the signature is inside the Envelope)."""
+    doc = asyncapi.document()
+    for channel, message_type in (
+        ("actions", "aip.core.v1.action"),
+        ("results", "aip.core.v1.action_result"),
+        ("chunks", "aip.core.v1.stream_chunk"),
+    ):
+        assert list(doc["channels"][channel]["messages"]) == [message_type]
+        message = doc["components"]["messages"][message_type]
+        assert message["name"] == message_type
+        assert message["contentType"] == "application/json"
+        assert message["payload"] == {"$ref": f"#/components/schemas/{message_type}"}
+        assert set(message["headers"]["properties"]) == {"Nats-Msg-Id"}
+        exported = json.loads((JSON_DIR / f"{message_type}.json").read_text("utf-8"))
+        assert doc["components"]["schemas"][message_type] == exported
+    for gone in ("Action", "ActionResult", "StreamChunk", "ProtocolError"):
+        assert gone not in doc["components"]["schemas"]
+        assert not (JSON_DIR / f"{gone}.json").exists()

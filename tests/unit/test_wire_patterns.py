@@ -19,11 +19,23 @@ from hypothesis import strategies as st
 
 from schemas import approval, delegation, ids
 from schemas.cancel import CancelRequest
-from schemas.codec import decode_action, decode_cancel
+from schemas.codec import decode_cancel
 from schemas.errors import EnvelopeRejected
-from schemas.export import EXPORTED, render
+from schemas.export import AIP_EXPORTED, EXPORTED, render, render_envelope
 from schemas.ids import json_schema
 from worker.operations import input_types as operation_ids
+from worker.wire.actions import GATEWAY_SENDER, encode_action
+from worker.wire.actions import decode_action as open_action
+
+
+def decode_action(payload: bytes) -> Any:
+    """The Action of an Action Envelope (the worker's decoder)."""
+    return open_action(payload)[0]
+
+
+def _sealed(action: Any) -> bytes:
+    """`action` as an (unsigned) AIP Action Envelope."""
+    return encode_action(action, signer=None, sender=GATEWAY_SENDER)
 
 DELEGATE = Annotated[str, msgspec.Meta(pattern=delegation.DELEGATE_PATTERN)]
 DLQ_ID = Annotated[str, msgspec.Meta(pattern=ids.DLQ_ID_PATTERN)]
@@ -75,9 +87,8 @@ def test_an_id_with_whitespace_before_or_after_is_refused(name: str, data: st.Da
 
 def test_the_poison_id_never_decodes_as_an_action() -> None:
     action = _action()
-    poisoned = msgspec.json.encode(action).replace(
-        action.id.encode(), action.id.encode() + b"\\n", 1
-    )
+    # The first occurrence is `body.action.id` (keys sorted: `id` before `idempotency_key`).
+    poisoned = _sealed(action).replace(action.id.encode(), action.id.encode() + b"\\n", 1)
     with pytest.raises(EnvelopeRejected) as refused:
         decode_action(poisoned)
     assert refused.value.code.value == "schema.envelope.invalid"
@@ -89,7 +100,10 @@ def test_exported_json_schemas_use_the_ecma_end_anchor() -> None:
     for name in EXPORTED:
         text = render(name)
         assert "\\\\Z" not in text, name
-    found = re.findall(r'"pattern": "([^"]*)"', render("Action"))
+    for message_type in AIP_EXPORTED:
+        assert "\\\\Z" not in render_envelope(message_type), message_type
+    found = re.findall(r'"pattern": "([^"]*)"', render("CancelRequest"))
+    found += re.findall(r'"pattern": "([^"]*)"', render_envelope("aip.core.v1.action_result"))
     assert found
     assert all(p.endswith("$") for p in found)
     manifest_schema = json_schema(operation_ids.SessionId)
@@ -115,11 +129,11 @@ def _action() -> Any:
         (b'"mode":"async"', b'"mode":"sync","mode":"async"'),
         (b'"a":{"b":1}', b'"a":{"b":1,"b":2}'),
         (b'"input":{', b'"input":{"c":0,'),
-        (b'"tenant_id":"acme"', b'"tenant_id":"acme","tenant_id":"evil"'),
+        (b'"tenant":{"id":"acme"}', b'"tenant":{"id":"acme","id":"evil"}'),
     ],
 )
 def test_a_repeated_key_at_any_depth_is_refused(original: bytes, repeated: bytes) -> None:
-    payload = msgspec.json.encode(_action())
+    payload = _sealed(_action())
     assert original in payload
     compact = payload.replace(original, repeated, 1)
     pretty = msgspec.json.format(compact, indent=2)  # not msgspec's own bytes: the slow path
@@ -127,19 +141,19 @@ def test_a_repeated_key_at_any_depth_is_refused(original: bytes, repeated: bytes
         with pytest.raises(EnvelopeRejected) as refused:
             decode_action(variant)
         assert refused.value.code.value == "envelope.decode.invalid"
-        assert "duplicate key" in refused.value.reason
+        assert "repeats a key" in refused.value.reason
 
 
 def test_envelopes_without_repeated_keys_decode_on_both_paths() -> None:
-    payload = msgspec.json.encode(_action())
+    payload = _sealed(_action())
     assert decode_action(payload) == decode_action(msgspec.json.format(payload, indent=2))
-    # Escapes a msgspec encoder would not write take the strict second parse, and pass.
+    # Escapes a canonical encoder would not write are read as the same text.
     escaped = payload.replace(b'"user:alice"', b'"user\\u003aalice"')
     assert decode_action(escaped).identity.principal_id == "user:alice"
 
 
 def test_cancel_requests_refuse_repeated_keys_too() -> None:
-    """Cancels and delegations share the Action's decoding path (`schemas.codec._decode`)."""
+    """Cancels and delegations (`schemas.codec._decode`) refuse them as Actions do."""
     cancel = msgspec.json.encode(
         CancelRequest(action_id="act_" + "a" * 32, reason="r", requested_by="user:alice")
     )

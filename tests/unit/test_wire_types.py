@@ -3,51 +3,72 @@ rejected, sized."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
 from schemas import ActionResult, ResultStatus, StreamChunk, encode, new_action_id
 from schemas.chunk import ChunkKind, DoneChunk, make_chunk
-from schemas.codec import decode_action
 from schemas.errors import CODE_RULES, EnvelopeRejected, ErrorCode, InvalidEndpointId
 from subjects.grammar import Subjects, normalize_endpoint_id
+from tests.aip_actions import SENDER, action_envelope, canonical
+from worker.wire.actions import decode_action, encode_action
 
-ACTION = {
-    "id": "act_" + "a" * 32,
-    "capability": "cap:hermes_agent:hermes-1:models",
-    "input": {},
-    "identity": {"principal_id": "user:alice", "principal_kind": "user"},
-    "created_at_unix_ms": 1,
-}
+
+def _envelope(**action_changes: object) -> dict[str, Any]:
+    """An unsigned Action Envelope built from the AIP rules (`tests/aip_actions.py`), its
+    `body.action` changed by `action_changes`."""
+    envelope = action_envelope(endpoint="hermes-1", principal="user:alice")
+    envelope["from"] = dict(SENDER)
+    del envelope["body"]["action"]["mode"]  # absent: the default
+    envelope["body"]["action"].update(action_changes)
+    return envelope
 
 
 def test_action_round_trips_and_defaults_to_async_mode() -> None:
-    action = decode_action(encode(ACTION))
+    action, opened = decode_action(canonical(_envelope()))
     assert action.mode == "async"
-    assert decode_action(encode(action)) == action
+    assert action.received is not None
+    assert action.received.message_id == opened.message_id
+    again, _ = decode_action(encode_action(action, signer=None, sender=SENDER))
+    assert msgspec.structs.replace(again, received=None) == msgspec.structs.replace(
+        action, received=None
+    )
+
+
+def _late() -> dict[str, Any]:
+    envelope = _envelope()
+    envelope["extensions"] = {"org.aip-hermes-worker": {"created_at_unix_ms": "1"}}
+    return envelope
 
 
 @pytest.mark.parametrize(
-    ("change", "code"),
+    ("envelope", "code"),
     [
-        ({"surprise": 1}, "schema.envelope.invalid"),
-        ({"created_at_unix_ms": "1"}, "schema.envelope.invalid"),
-        ({"id": "act_short"}, "schema.envelope.invalid"),
-        ({"capability": "cap:other:hermes-1:models"}, "schema.envelope.invalid"),
-        ({"mode": "eventually"}, "schema.envelope.invalid"),
-        ({"identity": {"principal_id": "", "principal_kind": "user"}}, "schema.envelope.invalid"),
+        (_envelope(surprise=1), "schema.envelope.invalid"),
+        (_late(), "schema.envelope.invalid"),
+        (_envelope(id="act_short"), "schema.envelope.invalid"),
+        (_envelope(capability_id="cap:other:hermes-1:models"), "schema.envelope.invalid"),
+        (_envelope(mode="eventually"), "schema.envelope.invalid"),
+        (_envelope(mode="stream"), "schema.envelope.invalid"),  # AIP says `streaming`
+        (_envelope(timeout_ms=86_400_001), "schema.envelope.invalid"),
+        (
+            _envelope(identity={"human_actor": {"id": "", "kind": "human"}}),
+            "schema.envelope.invalid",
+        ),
     ],
 )
 def test_invalid_actions_are_refused_with_the_envelope_code(
-    change: dict[str, object], code: str
+    envelope: dict[str, Any], code: str
 ) -> None:
     with pytest.raises(EnvelopeRejected) as refused:
-        decode_action(encode({**ACTION, **change}))
+        decode_action(canonical(envelope))
     assert refused.value.code == code
 
 
 def test_size_is_checked_before_parsing() -> None:
-    payload = encode({**ACTION, "input": {"x": "y" * 2000}})
+    payload = canonical(_envelope(input={"x": "y" * 2000}))
     with pytest.raises(EnvelopeRejected, match="limit"):
         decode_action(payload, max_bytes=1024)
 

@@ -173,7 +173,6 @@ _BUILD_FLAGS = {
 
 
 async def cmd_submit(args: argparse.Namespace) -> int:
-    from schemas.codec import encode
     from schemas.ids import split_capability
 
     settings = _bus_settings(args)
@@ -185,10 +184,12 @@ async def cmd_submit(args: argparse.Namespace) -> int:
             f"endpoint {endpoint_id}'s"
         )
     if args.write_action is not None:
-        from schemas.codec import decode_action
+        from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
 
-        payload = encode(action)
-        decode_action(payload, max_bytes=settings.max_envelope_bytes)  # EnvelopeRejected
+        # The prepared Action as an unsigned AIP Action Envelope: `approve` reads it, and
+        # `submit --action-file` publishes it signed (EnvelopeRejected if it cannot travel).
+        payload = encode_action(action, signer=None, sender=GATEWAY_SENDER)
+        decode_action(payload, max_bytes=settings.max_envelope_bytes)
         with args.write_action.open("xb") as out:  # never over a prepared (approved) one
             out.write(payload)
         print(action.id)
@@ -460,16 +461,24 @@ async def cmd_audit(args: argparse.Namespace) -> int:
 
 
 async def cmd_sign(args: argparse.Namespace) -> int:
-    """Print the signature headers for a payload, for publishers using the `nats` CLI."""
-    from schemas.codec import decode_action, decode_cancel, decode_delegation
+    """Sign a payload for publishers using the `nats` CLI: an Action Envelope is printed
+    signed (its AIP signature is inside it); a delegation or a cancel gets the
+    `Aip-Signer`/`Aip-Signature` header lines its subject still takes."""
+    from schemas.codec import decode_cancel, decode_delegation
+    from worker.aip.signing import AipSigner
     from worker.trust.signing import read_seed_file, sign_envelope
+    from worker.wire.actions import sign_action_envelope
 
     # A one-shot command: nothing else runs on the loop while the file is read.
     source = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: ASYNC230, SIM115
     with source:
         payload = source.read()
     # Nothing the workers would refuse gets a signature (EnvelopeRejected, exit 2).
-    decoders = {"action": decode_action, "delegation": decode_delegation, "cancel": decode_cancel}
+    if args.kind == "action":
+        signer = AipSigner.from_nkey_seed(read_seed_file(args.key))
+        sys.stdout.buffer.write(sign_action_envelope(payload, signer=signer) + b"\n")
+        return 0
+    decoders = {"delegation": decode_delegation, "cancel": decode_cancel}
     decoders[args.kind](payload)
     for name, value in sign_envelope(payload, read_seed_file(args.key)).items():
         print(f"{name}:{value}")
@@ -638,7 +647,11 @@ def add_commands(sub: Any) -> None:
     )
     audit.set_defaults(func=cmd_audit)
 
-    sign = sub.add_parser("sign", help="print Aip-Signer/Aip-Signature headers for a payload")
+    sign = sub.add_parser(
+        "sign",
+        help="print an Action Envelope signed, or the Aip-Signer/Aip-Signature headers of "
+        "a delegation or cancel payload",
+    )
     sign.add_argument("payload", help="the exact payload file to sign, or - for stdin")
     sign.add_argument("--key", type=Path, required=True, help="gateway nkey seed file")
     sign.add_argument(

@@ -37,6 +37,7 @@ from worker.errors import ServiceUnreachable, SettingsError
 from worker.logs import setup_logging
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
     from pydantic_settings import BaseSettings
 
 # --- commands ---------------------------------------------------------------------------
@@ -206,21 +207,13 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _gateway_description() -> str:
-    """The gateway takes no flags; its help lists the `AIPD_*` settings it reads, from
-    `GatewaySettings` itself, so the list cannot drift from what it reads."""
+def _settings_lines(model: type[BaseModel]) -> list[str]:
+    """One help line per field of a settings model, `AIPD_<NAME>` and its default, read from
+    the model itself so the list cannot drift from what the command reads."""
     from pydantic_core import PydanticUndefined
 
-    from worker.gateway.settings import GatewaySettings
-
-    lines = [
-        "Start the AIP gateway: the MCP server Hermes calls, and the writer of the runtime's",
-        "stores. It takes no flags: it reads these AIPD_* environment variables (plus the",
-        "AIPD_NATS_* credential files a worker reads), described in docs/gateway.md",
-        '"Settings":',
-        "",
-    ]
-    for name, field in GatewaySettings.model_fields.items():
+    lines = []
+    for name, field in model.model_fields.items():
         if field.is_required():
             default = "required"
         elif field.default_factory is not None:
@@ -230,11 +223,25 @@ def _gateway_description() -> str:
         else:
             default = f"default: {field.default!r}"
         lines.append(f"  AIPD_{name.upper():<36} {default}")
-    return "\n".join(lines)
+    return lines
+
+
+def _gateway_description() -> str:
+    """The gateway takes no flags; its help lists the `AIPD_*` settings it reads."""
+    from worker.gateway.settings import GatewaySettings
+
+    lines = [
+        "Start the AIP gateway: the MCP server Hermes calls, and the writer of the runtime's",
+        "stores. It takes no flags: it reads these AIPD_* environment variables (plus the",
+        "AIPD_NATS_* credential files a worker reads), described in docs/gateway.md",
+        '"Settings":',
+        "",
+    ]
+    return "\n".join(lines + _settings_lines(GatewaySettings))
 
 
 def _console_description() -> str:
-    """The console's own `AIPD_CONSOLE_*` variables, from `ConsoleSettings` itself."""
+    """The console's own `AIPD_CONSOLE_*` variables."""
     from worker.console.settings import ConsoleSettings
 
     lines = [
@@ -245,10 +252,7 @@ def _console_description() -> str:
         "below (each also AIPD_<NAME>).",
         "",
     ]
-    for name, field in ConsoleSettings.model_fields.items():
-        default = "required" if field.is_required() else f"default: {field.default!r}"
-        lines.append(f"  AIPD_{name.upper():<36} {default}")
-    return "\n".join(lines)
+    return "\n".join(lines + _settings_lines(ConsoleSettings))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -184,8 +184,10 @@ async def _find(
 
 
 def replayable(entry: Entry, subjects: Subjects, endpoint_id: str, max_bytes: int) -> Action:
-    """The Action a replay would publish again, or `DlqRefused` naming why there is none."""
-    from schemas.codec import decode_action
+    """The Action a replay would publish again, or `DlqRefused` naming why there is none.
+    The entry's own signature is not checked (it may be why it was dead-lettered): the
+    replay is signed by the operator's key, who vouches for the content it re-publishes."""
+    from worker.wire.actions import decode_action_content
 
     code = entry.headers.get(DLQ_CODE, "")
     if code in COLLISIONS:
@@ -204,7 +206,7 @@ def replayable(entry: Entry, subjects: Subjects, endpoint_id: str, max_bytes: in
             f"{entry.headers.get(DLQ_SIZE)} bytes (AIPD_DLQ_KEEP_BYTES): it cannot be replayed"
         )
     try:
-        action = decode_action(entry.body, max_bytes=max_bytes)
+        action = decode_action_content(entry.body, max_bytes=max_bytes)
     except EnvelopeRejected as exc:
         raise DlqRefused(
             f"{entry.dlq_id} does not decode as an Action ({exc.code.value}: {exc.reason}); "

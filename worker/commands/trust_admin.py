@@ -23,7 +23,6 @@ from redis.exceptions import RedisError
 
 from schemas.action import Action
 from schemas.approval import ApprovalDecision, ApprovalRecord
-from schemas.codec import decode_action
 from schemas.errors import EnvelopeRejected
 from worker.bus.connections import approver_unreachable, open_approver_redis_for
 from worker.commands.cli_settings import (
@@ -40,6 +39,7 @@ from worker.store.clock import redis_now_ms
 from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
+from worker.wire.actions import decode_action
 
 EXIT_FAILED = Exit.FAILED
 EXIT_CONFIG = Exit.CONFIGURATION
@@ -54,10 +54,12 @@ def keys_generate(out: Path) -> str:
 
 
 def load_action_file(path: str) -> Action:
-    """The Action in `path` (`-`: stdin), decoded and validated exactly like an envelope."""
+    """The Action in `path` (`-`: stdin): an AIP Action Envelope (`submit --write-action`
+    writes one unsigned), decoded and validated exactly as a worker does; a signature it
+    carries must verify, but whose it is does not matter here (submit signs it again)."""
     data = sys.stdin.buffer.read() if path == "-" else Path(path).read_bytes()
     try:
-        return decode_action(data)
+        return decode_action(data)[0]
     except EnvelopeRejected as exc:
         raise ValueError(f"{path}: not a valid Action ({exc.reason})") from None
 

@@ -41,6 +41,7 @@ from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, Queu
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
 from worker import faults, tracing
+from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import SubjectFollower
 from worker.errors import ActionIdTaken, UnverifiedResponse
 from worker.gateway.observe import GatewayMetrics
@@ -48,6 +49,7 @@ from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
 from worker.trust.responses import sha256_hex, verify_result
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope
+from worker.wire.actions import GATEWAY_SENDER, encode_action
 
 log = logging.getLogger(__name__)
 
@@ -105,6 +107,8 @@ class Children:
         self.js = nc.jetstream()
         self.writer = writer
         self.seed = seed
+        #: The same key as the AIP signer of the Action Envelopes sent to Hermes workers.
+        self.signer = AipSigner.from_nkey_seed(seed)
         #: Whose signed results are the child's; None believes what is on the subject.
         self.trusted_worker_keys = trusted_worker_keys
         self.metrics = metrics
@@ -158,9 +162,11 @@ class Children:
         envelope under the same id no longer makes the dispatch a duplicate (the dedupe id
         is bound to the bytes): it cannot pre-empt the child, and its result, naming
         another envelope, is never the child's. A recovery re-send expects the duplicate."""
-        payload = self.envelope(record.action, route)
+        payload = self.envelope(record.action, route, self.signer)
         msg_id = envelope_msg_id(record.action.id, payload)
-        headers = {"Nats-Msg-Id": msg_id, **sign_envelope(payload, self.seed)}
+        headers = {"Nats-Msg-Id": msg_id}
+        if route.endpoint_id is None:  # another executor's subject: still header-signed
+            headers.update(sign_envelope(payload, self.seed))
         subject = route.subjects.actions
         with tracing.producing(
             subject,
@@ -199,8 +205,13 @@ class Children:
         return False
 
     @staticmethod
-    def envelope(child: ChildAction, route: Route) -> bytes:
-        """The child as its executor decodes it: a Hermes worker takes a plain `Action`.
+    def envelope(child: ChildAction, route: Route, signer: AipSigner | None = None) -> bytes:
+        """The child as its executor decodes it: a Hermes worker takes a plain `Action` in
+        an AIP Action Envelope signed by the gateway (`signer`), whose `message_id` and
+        `sent_at` come from the child's id and creation time (`encode_action`), so the
+        bytes are a pure function of the recorded child and the gateway key: a recovery
+        re-send is the same message. Another executor's route takes the ChildAction as
+        JSON, signed by headers.
 
         `delegation` is never sent: a caller of `aip_call` could write any chain there, and
         a worker would project it to Hermes as `X-AIP-Delegation-Chain` (and an operator
@@ -209,14 +220,21 @@ class Children:
         """
         child = replace(child, delegation=None)
         if route.endpoint_id is not None:
-            return encode(msgspec.convert(msgspec.to_builtins(child), Action))
+            return encode_action(
+                msgspec.convert(msgspec.to_builtins(child), Action),
+                signer=signer,
+                sender=GATEWAY_SENDER,
+            )
         return encode(child)
 
     @classmethod
-    def envelope_sha256(cls, child: ChildAction, route: Route) -> str:
+    def envelope_sha256(
+        cls, child: ChildAction, route: Route, signer: AipSigner | None = None
+    ) -> str:
         """What the child's result must name as `action_sha256` (the envelope is a pure
-        function of the recorded child, so every gateway computes the same)."""
-        return sha256_hex(cls.envelope(child, route))
+        function of the recorded child and the gateway key, so every gateway signing with
+        that key computes the same)."""
+        return sha256_hex(cls.envelope(child, route, signer))
 
     async def wait_result(
         self, route: Route, child: ChildAction, timeout_s: float, *, until_drained: bool = False
@@ -231,7 +249,7 @@ class Children:
         next stream sequence).
         """
         action_id = child.id
-        expected = self.envelope_sha256(child, route)
+        expected = self.envelope_sha256(child, route, self.signer)
         subject = route.subjects.results(action_id)
         deadline = time.monotonic() + max(timeout_s, 0.0)
         stream = await self._results_stream(subject, deadline)
@@ -277,7 +295,8 @@ class Children:
         except NotFoundError:
             return None
         try:
-            return self.believe(action_id, msg.data or b"", self.envelope_sha256(child, route))
+            expected = self.envelope_sha256(child, route, self.signer)
+            return self.believe(action_id, msg.data or b"", expected)
         except UnverifiedResponse as exc:
             refused = self._refused(action_id, msg.seq, exc)
         found = await self.wait_result(route, child, RESCAN_TIMEOUT_S, until_drained=True)

@@ -23,7 +23,7 @@ from nats.js.errors import NotFoundError
 
 from schemas.action import Action, Mode
 from schemas.delegation import ChildAction
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_action_id, new_action_id
 from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
 from schemas.result import ActionResult
@@ -257,10 +257,16 @@ class GatewayService:
                 f"{child.capability[:200]!r}): no stream binds it",
             )
         if route.endpoint_id is not None:
-            try:  # a Hermes worker decodes a plain Action: refuse here what it would refuse
+            # A Hermes worker takes a plain Action in an AIP Action Envelope: refuse here
+            # what it would refuse, or what cannot travel as one (a `conversation` that is
+            # not the AIP Conversation), before anything is enqueued.
+            try:
                 msgspec.convert(msgspec.to_builtins(child), Action)
+                self.children.envelope(child, route, self.children.signer)
             except msgspec.ValidationError as exc:
                 raise _invalid(f"invalid Action contract: {exc}") from None
+            except EnvelopeRejected as exc:
+                raise _invalid(f"invalid Action contract: {exc.reason}") from None
             await self._check_tenant(principal, route)
         supplied_created = "created_at_unix_ms" in arguments
         existing = await self.reader.queue(child.id)

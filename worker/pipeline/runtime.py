@@ -19,6 +19,7 @@ from nats.js import JetStreamContext
 from schemas.action import Action
 from schemas.audit import DetailValue
 from subjects.grammar import Subjects
+from worker.aip.signing import VerifiedEnvelope
 from worker.bus.audit import AuditLog
 from worker.bus.dead_letters import DeadLetters
 from worker.bus.publisher import BusPublisher
@@ -61,7 +62,13 @@ class Gate(Protocol):
     def expired_entries(self) -> Mapping[str, int]: ...
 
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
-        """The verified signer (None when unsigned input is allowed in development)."""
+        """The verified header signer of an envelope still signed by headers (a cancel, a
+        delegation); None when unsigned input is allowed in development."""
+        ...
+
+    def verify_action_signer(self, verified: VerifiedEnvelope | None) -> str | None:
+        """The trusted gateway key that signed an Action's AIP Envelope (`verified`: what
+        opening it found); None when unsigned input is allowed in development."""
         ...
 
     async def admit_verified(

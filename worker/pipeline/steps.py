@@ -1,8 +1,9 @@
 """Steps 1-3 of docs/architecture.md §4 for an Action, and the checks every intake shares.
 
-`ActionIntake.open` decodes the envelope strictly, verifies its gateway signature and its
-`Nats-Msg-Id` (each failure is `Rejected`: dead-lettered, no Action state touched), closes
-the door when the store gate is shut, and records the `received` receipt. Its steps then
+`ActionIntake.open` decodes the AIP Action Envelope strictly (`worker.wire.actions`), checks
+that its signature is a trusted gateway key's and its `Nats-Msg-Id` (each failure is
+`Rejected`: dead-lettered, no Action state touched), closes the door when the store gate is
+shut, and records the `received` receipt. Its steps then
 decide, in order, each refusing with a settled failed result (`Refusal`): the endpoint
 serves the capability and this worker can sign its answer; the operation exists and the
 Action fits it (idempotency key, mode, input); admission (identity, tenant, approval); the
@@ -18,7 +19,7 @@ from nats.aio.msg import Msg
 
 from schemas.action import Action
 from schemas.audit import DetailValue, ReceiptEvent
-from schemas.codec import convert_input, decode_action
+from schemas.codec import convert_input
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import split_capability
 from subjects.grammar import envelope_msg_id
@@ -31,6 +32,7 @@ from worker.pipeline.runtime import Runtime
 from worker.store.clock import now_ms
 from worker.store.keys import ActionKeys
 from worker.trust.responses import cannot_sign
+from worker.wire.actions import claimed_action_id, decode_action
 
 
 def verified_signer(rt: Runtime, msg: Msg, headers: Mapping[str, str], claimed: str) -> str | None:
@@ -133,11 +135,17 @@ class ActionIntake:
         rt = self.rt
         headers = dict(msg.headers or {})
         try:
-            action = decode_action(msg.data, max_bytes=rt.settings.max_envelope_bytes)
+            action, opened = decode_action(msg.data, max_bytes=rt.settings.max_envelope_bytes)
         except EnvelopeRejected as exc:
-            raise Rejected(exc.code, exc.reason) from None
+            claimed = (
+                claimed_action_id(msg.data) if exc.code is ErrorCode.HOST_AUTHENTICATION else None
+            )
+            raise Rejected(exc.code, exc.reason, claimed_action_id=claimed) from None
         faults.hit("after_decode", action.id)
-        signer = verified_signer(rt, msg, headers, action.id)
+        try:
+            signer = rt.gate.verify_action_signer(opened.verified)
+        except ConnectorError as exc:
+            raise Rejected(exc.code, exc.message, claimed_action_id=action.id) from None
         check_msg_id(headers, action.id, envelope_msg_id(action.id, msg.data))
         health = rt.stores.leases.health
         if health is not None and not health.accepting:

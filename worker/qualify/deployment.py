@@ -23,7 +23,6 @@ from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
 from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
-from schemas.codec import encode
 from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from schemas.result import ActionResult
@@ -217,17 +216,9 @@ class Deployment:
         `Nats-Msg-Id`: the stream keeps every copy, as it does for a copy that arrives after
         its duplicate window, so a replay really reaches the workers."""
         if not dedupe:
-            payload = encode(action)
-            headers = {}
-            if self.qualify.gateway_signing_key_file is not None:
-                from worker.trust.signing import sign_envelope
-
-                seed = read_seed_file(self.qualify.gateway_signing_key_file)
-                headers = sign_envelope(payload, seed)
+            payload = self.client.seal_action(action)  # signed with the gateway key, if any
             endpoint_id = action.capability.split(":")[2]
-            await self.nc.jetstream().publish(
-                self.client.subjects.actions(endpoint_id), payload, headers=headers
-            )
+            await self.nc.jetstream().publish(self.client.subjects.actions(endpoint_id), payload)
             return self.client.handle(endpoint_id, action.id)
         return await self.client.publish(action)
 

@@ -18,7 +18,7 @@ from schemas.approval import ApprovalRecord
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError, StoreUnavailable
 from worker.store.keys import approvals_key
-from worker.store.scripts import Script, script_source
+from worker.store.scripts import Script, reply_text, script_source
 
 #: How long a transient Redis failure may delay reading a decision (the stores' budget).
 READ_BUDGET_S = 10.0
@@ -28,12 +28,8 @@ RETAIN_AFTER_EXPIRY_MS = 24 * 3_600 * 1_000
 _decoder = msgspec.json.Decoder(ApprovalRecord)
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _raw(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else _text(value).encode()
+    return value if isinstance(value, bytes) else reply_text(value).encode()
 
 
 class DecisionWrite(StrEnum):
@@ -105,14 +101,17 @@ class ApprovalRecords:
             return None, int(now)
         return (
             StoredDecision(
-                record=record, raw=_raw(raw), signature=_text(signature), signer=_text(signer)
+                record=record,
+                raw=_raw(raw),
+                signature=reply_text(signature),
+                signer=reply_text(signer),
             ),
             int(now),
         )
 
     async def revision(self, action_id: str) -> int:
         """The revision of the Action's record (0: no decision yet), for `write`."""
-        return int(_text(await self.redis.hget(approvals_key(action_id), "revision") or "0"))
+        return int(reply_text(await self.redis.hget(approvals_key(action_id), "revision") or "0"))
 
     async def write(
         self,
@@ -143,7 +142,7 @@ class ApprovalRecords:
             existing = _decode_record(stored)
         except ConnectorError:
             existing = None
-        return DecisionWrite(_text(status)), existing
+        return DecisionWrite(reply_text(status)), existing
 
 
 async def read_record(

@@ -13,7 +13,7 @@ from enum import StrEnum
 from typing import Any
 
 from worker.store.keys import ActionKeys
-from worker.store.scripts import Scripts
+from worker.store.scripts import Scripts, reply_text
 
 IDEMPOTENCY_SCRIPTS = ("idempotency_claim", "idempotency_original")
 
@@ -53,10 +53,6 @@ class Original:
     result: bytes | None
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class IdempotencyStore:
     """The key records and holder reads of one Redis client."""
 
@@ -76,11 +72,11 @@ class IdempotencyStore:
             [keys.action_id, keys.slot_action_id, fingerprint, self.ttl_ms, replacing],
             budget_s=self.call_budget_s,
         )
-        holder_id, slot_id = _s(holder), _s(slot)
+        holder_id, slot_id = reply_text(holder), reply_text(slot)
         return Claim(
-            ClaimStatus(_s(status)),
+            ClaimStatus(reply_text(status)),
             ActionKeys.of(holder_id, source_action_id=slot_id if slot_id != holder_id else None),
-            _s(claimed),
+            reply_text(claimed),
         )
 
     async def original(self, holder: ActionKeys, fingerprint: str) -> Original:
@@ -88,5 +84,5 @@ class IdempotencyStore:
         status, result = await self.scripts["idempotency_original"].reasked(
             [holder.lease, holder.result], [fingerprint], budget_s=self.call_budget_s
         )
-        stored = result if isinstance(result, bytes) else _s(result).encode()
-        return Original(OriginalStatus(_s(status)), stored or None)
+        stored = result if isinstance(result, bytes) else reply_text(result).encode()
+        return Original(OriginalStatus(reply_text(status)), stored or None)

@@ -20,7 +20,7 @@ from worker.errors import StoreNotAccepting, StoreUnavailable
 from worker.store.health import StoreHealth, is_out_of_memory, is_refused
 from worker.store.keys import ActionKeys
 from worker.store.reask import reask
-from worker.store.scripts import ScriptCall, Scripts
+from worker.store.scripts import ScriptCall, Scripts, reply_text
 
 T = TypeVar("T")
 
@@ -143,12 +143,8 @@ class CancelAnswer:
     principal_id: str
 
 
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _b(value: Any) -> bytes:
-    return value if isinstance(value, bytes) else _s(value).encode()
+    return value if isinstance(value, bytes) else reply_text(value).encode()
 
 
 def _b_or_none(value: Any) -> bytes | None:
@@ -243,16 +239,16 @@ class LeaseStore:
             raise StoreNotAccepting("redis is at maxmemory: no new lease") from None
         status, fence, other, expires, attempted, cancel = reply[:6]
         return LeaseGrant(
-            status=AcquireStatus(_s(status)),
+            status=AcquireStatus(reply_text(status)),
             fence=int(fence),
-            other_owner=_s(other),
+            other_owner=reply_text(other),
             expires_at_ms=int(expires),
             attempted_fence=int(attempted),
             cancel_requested=bool(cancel),
             now_ms=int(reply[6]) if len(reply) > 6 else 0,
             cancel_pending=bool(reply[7]) if len(reply) > 7 else False,
             chain_key=chain_key,
-            previous_trace=_s(reply[8]) if len(reply) > 8 else "",
+            previous_trace=reply_text(reply[8]) if len(reply) > 8 else "",
         )
 
     async def renew_many(
@@ -304,8 +300,8 @@ class LeaseStore:
         reply = await self.scripts["chunk_chain"].reasked(
             [keys.lease], [], budget_s=self.call_budget_s
         )
-        seq, sha, stream_seq = int(reply[0]), _s(reply[1]), int(reply[2])
-        chain_keys = {int(reply[i]): _s(reply[i + 1]) for i in range(3, len(reply) - 1, 2)}
+        seq, sha, stream_seq = int(reply[0]), reply_text(reply[1]), int(reply[2])
+        chain_keys = {int(reply[i]): reply_text(reply[i + 1]) for i in range(3, len(reply) - 1, 2)}
         head = ChunkHead(seq, sha, stream_seq) if seq >= 0 and sha else None
         return ChunkChainRecord(head, chain_keys)
 
@@ -340,7 +336,10 @@ class LeaseStore:
         )
         status, stored, terminal, owed = reply
         return SettleOutcome(
-            SettleStatus(_s(status)), _b(stored) or None, _b(terminal) or None, _b(owed) or None
+            SettleStatus(reply_text(status)),
+            _b(stored) or None,
+            _b(terminal) or None,
+            _b(owed) or None,
         )
 
     async def get_settled(
@@ -360,7 +359,11 @@ class LeaseStore:
         )
         if not principal:
             return None
-        return ActionSubject(_s(principal), _s(tenant) if tenant else None, _s(capability or ""))
+        return ActionSubject(
+            reply_text(principal),
+            reply_text(tenant) if tenant else None,
+            reply_text(capability or ""),
+        )
 
     async def request_cancel(
         self, keys: ActionKeys, intent_json: bytes, *, requested_by: str, authorized_for: str
@@ -380,13 +383,16 @@ class LeaseStore:
             )
         )
         state, owner, principal = reply
-        return CancelAnswer(CancelState(_s(state)), _s(owner), _s(principal))
+        return CancelAnswer(
+            CancelState(reply_text(state)), reply_text(owner), reply_text(principal)
+        )
 
     async def pending_cancels(self, keys: ActionKeys) -> dict[str, bytes]:
         """Intents recorded before the Action was leased, by requester."""
         raw = await self._call(lambda: self.redis.hgetall(keys.cancel_pending))
         return {
-            _s(k): v if isinstance(v, bytes) else _s(v).encode() for k, v in raw.items()
+            reply_text(k): v if isinstance(v, bytes) else reply_text(v).encode()
+            for k, v in raw.items()
         }
 
     async def promote_cancel(self, keys: ActionKeys, intent_json: bytes | None) -> bool:
@@ -411,11 +417,11 @@ class LeaseStore:
         source = await self._call(lambda: self.redis.get(ActionKeys.of(action_id).resume_alias))
         if source is None:
             return ActionKeys.of(action_id)
-        return ActionKeys.of(action_id, source_action_id=_s(source))
+        return ActionKeys.of(action_id, source_action_id=reply_text(source))
 
     async def cancel_intent(self, keys: ActionKeys) -> bytes | None:
         value = await self._call(lambda: self.redis.get(keys.cancel))
-        return value if value is None or isinstance(value, bytes) else _s(value).encode()
+        return value if value is None or isinstance(value, bytes) else reply_text(value).encode()
 
     async def cancel_requested_many(
         self, keys: Sequence[ActionKeys], *, budget_s: float
@@ -434,4 +440,4 @@ class LeaseStore:
 
     async def lease_view(self, keys: ActionKeys) -> dict[str, str]:
         raw = await self._call(lambda: self.redis.hgetall(keys.lease))
-        return {_s(k): _s(v) for k, v in raw.items()}
+        return {reply_text(k): reply_text(v) for k, v in raw.items()}

@@ -45,7 +45,7 @@ from worker.errors import SlotMoved, StoreUnavailable
 from worker.store.connection import WriteConfirmation, is_transient, write_confirmation
 from worker.store.keys import ActionKeys, capacity_key
 from worker.store.reask import reask
-from worker.store.scripts import ScriptCall, Scripts
+from worker.store.scripts import ScriptCall, Scripts, reply_text
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -123,10 +123,6 @@ def _b(value: Any) -> bytes:
 
 def _retriable(exc: BaseException) -> bool:
     return is_transient(exc) or isinstance(exc, SlotMoved)
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class OperatorStore:
@@ -214,14 +210,14 @@ class OperatorStore:
     async def mark_cancel(self, binding_key: str) -> tuple[MarkStatus, str]:
         reply = await self._script("operator_mark_cancel", [binding_key])
         status, state = reply
-        return MarkStatus(_s(status)), _s(state)
+        return MarkStatus(reply_text(status)), reply_text(state)
 
     async def record_reconciliation(
         self, binding_key: str, decision: bytes
     ) -> tuple[ReconcileStatus, bytes]:
         reply = await self._script("operator_reconcile", [binding_key], [decision])
         status, stored = reply
-        return ReconcileStatus(_s(status)), _b(stored)
+        return ReconcileStatus(reply_text(status)), _b(stored)
 
     # --- write confirmation ---------------------------------------------------------------
 
@@ -233,7 +229,7 @@ class OperatorStore:
         deadline = time.monotonic() + self.call_budget_s
         while True:
             reply, confirmed = await self._call(lambda: self._write_and_wait(call, confirm))
-            if confirmed or _s(reply[0]) not in (WriteStatus.CREATED, WriteStatus.WRITTEN):
+            if confirmed or reply_text(reply[0]) not in (WriteStatus.CREATED, WriteStatus.WRITTEN):
                 return reply
             self.unconfirmed_writes += 1
             if not must_confirm:
@@ -332,7 +328,7 @@ def _write_reply(reply: Any) -> WriteReply:
     status, doc, revision, cancel, now = reply
     doc_bytes = _b(doc)
     return WriteReply(
-        status=WriteStatus(_s(status)),
+        status=WriteStatus(reply_text(status)),
         stored=StoredBinding(
             doc=doc_bytes or None,
             revision=int(revision),

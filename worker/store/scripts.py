@@ -56,6 +56,12 @@ def all_script_names() -> list[str]:
     )
 
 
+def reply_text(value: Any) -> str:
+    """A Redis reply as text: redis-py hands script replies and hash fields back as bytes
+    unless the client decodes them, and the stores read them either way."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 @dataclass(frozen=True, slots=True)
 class ScriptCall:
     """One script invocation for `Scripts.pipeline`."""
@@ -112,9 +118,7 @@ class Script:
         self._owner = owner
         self._loading: asyncio.Future[None] | None = None
 
-    async def __call__(
-        self, keys: Sequence[Any] = (), args: Iterable[Any] = ()
-    ) -> Any:
+    async def __call__(self, keys: Sequence[Any] = (), args: Iterable[Any] = ()) -> Any:
         if tracing.enabled():
             with tracing.span(
                 self._span_name,
@@ -187,9 +191,7 @@ class Scripts:
         client whose ACL user holds read-only key patterns (`%R~`) for their keys."""
         self.redis = redis
         self._scripts = {
-            name: Script(
-                redis, script_source(name), self, read_only=name in read_only, name=name
-            )
+            name: Script(redis, script_source(name), self, read_only=name in read_only, name=name)
             for name in names
         }
         #: Every script of this client is `Script.cancel_safe` (they share one client).

@@ -19,12 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from schemas.action import Action
+from worker.aip.signing import AipSigner
 from worker.trust.signing import (
     generate_keypair,
     public_key_of,
     sign_envelope,
     write_seed_file,
 )
+from worker.wire.actions import GATEWAY_SENDER, encode_action
 
 TENANT_A = "tenant-a"
 TENANT_B = "tenant-b"
@@ -105,7 +108,26 @@ class TrustFiles:
     approver_seed_files: Mapping[str, Path] = field(default_factory=dict)
 
     def sign(self, payload: bytes) -> dict[str, str]:
+        """`Aip-Signer`/`Aip-Signature` headers for a payload of a subject still signed by
+        headers (a cancel, a delegation)."""
         return sign_envelope(payload, self.seed)
+
+    @property
+    def aip_signer(self) -> AipSigner:
+        """The gateway key as the AIP signer of Action Envelopes."""
+        return AipSigner.from_nkey_seed(self.seed)
+
+    @property
+    def did(self) -> str:
+        """The gateway key's `did:key` (the same key as `public_key`)."""
+        return self.aip_signer.did
+
+    def seal_action(self, action: Action, *, signed: bool = True) -> bytes:
+        """`action` as the AIP Action Envelope a gateway publishes, signed by this gateway
+        key (`signed=False`: unsigned, for a development worker)."""
+        return encode_action(
+            action, signer=self.aip_signer if signed else None, sender=GATEWAY_SENDER
+        )
 
     def memberships(self) -> list[dict[str, Any]]:
         """The authority file's memberships as written (with their public keys), for a test

@@ -2,8 +2,10 @@
 
 Checks run in this order and stop at the first refusal (each raises `ConnectorError`):
 
-1. envelope signature (`connector_host.authentication`); unsigned envelopes pass only with
-   `AIPD_ALLOW_UNSIGNED_ENVELOPES`, logged as a WARNING on every acceptance;
+1. envelope signature (`connector_host.authentication`): for an Action, its AIP Envelope
+   signature by a trusted gateway key (`verify_action_signer`); for the subjects still
+   signed by headers, `Aip-Signer`/`Aip-Signature` (`verify_signature`). Unsigned envelopes
+   pass only with `AIPD_ALLOW_UNSIGNED_ENVELOPES`, logged as a WARNING on every acceptance;
 2. the replay boundary: stored young (against the JetStream stored time) and its state
    still kept (on Redis TIME) (`connector_host.replay`, `worker.trust.replay`);
 3. identity directory (`connector_host.authentication`,
@@ -31,7 +33,8 @@ from typing import TYPE_CHECKING
 from schemas.action import Action
 from schemas.approval import ApprovalRecord
 from schemas.audit import DetailValue
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
+from worker.aip.signing import VerifiedEnvelope
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, TrustConfigError
 from worker.operations.base import OperationSpec
@@ -51,6 +54,7 @@ from worker.trust.signing import (
     verify_envelope,
 )
 from worker.trust.tenancy import check_endpoint_tenant, check_route
+from worker.wire.actions import decode_action
 
 if TYPE_CHECKING:
     from worker.store.stores import Stores
@@ -179,18 +183,49 @@ class TrustGate:
             )
         return verify_envelope(payload, headers, self.gateway_keys)
 
+    def verify_action_signer(self, verified: VerifiedEnvelope | None) -> str | None:
+        """The trusted gateway key that signed an Action's AIP Envelope (its name as the
+        trust file spells it), or None for an unsigned Envelope allowed in development.
+
+        `verified` is what `worker.wire.envelopes.open_envelope` found: a signature that
+        was present has already verified over the Envelope (a bad one never gets here), so
+        what is left is whether its `did:key` is a trusted gateway key."""
+        if verified is None:
+            if self.allow_unsigned:
+                log.warning("accepted an UNSIGNED envelope (AIPD_ALLOW_UNSIGNED_ENVELOPES is on)")
+                return None
+            raise ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION,
+                "envelope signature: the Envelope is unsigned (no security.signature)",
+            )
+        if self.gateway_keys is None:
+            raise ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION,
+                "no trusted gateway keys are configured (AIPD_TRUSTED_GATEWAY_KEYS_FILE)",
+            )
+        signer = self.gateway_keys.signer_of(verified.public_key)
+        if signer is None:
+            raise ConnectorError(
+                ErrorCode.HOST_AUTHENTICATION,
+                f"envelope signature: signer {verified.did} is not a trusted gateway key",
+            )
+        return signer
+
     async def admit(
         self,
         *,
-        action: Action,
         payload: bytes,
-        headers: Mapping[str, str],
         endpoint: Endpoint,
         spec: OperationSpec,
         stores: Stores,
     ) -> AdmitDecision:
-        """Admit `action` (decoded from `payload`) or raise ConnectorError; nothing was sent."""
-        signer = self.verify_signature(payload, headers)
+        """Admit the Action in the AIP Envelope `payload` or raise ConnectorError (an
+        Envelope that does not decode is refused with its wire code); nothing was sent."""
+        try:
+            action, opened = decode_action(payload)
+        except EnvelopeRejected as exc:
+            raise ConnectorError(exc.code, exc.reason) from None
+        signer = self.verify_action_signer(opened.verified)
         return await self.admit_verified(
             action=action, signer=signer, endpoint=endpoint, spec=spec, stores=stores
         )

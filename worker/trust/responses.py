@@ -190,12 +190,7 @@ def worker_trust(
 def trusted_key_of(verified: VerifiedEnvelope, trusted: TrustedGatewayKeys) -> str | None:
     """The entry of `trusted` (a `U…` nkey or a did:key: the same key either way) whose key
     made the AIP signature `verified`; None when it is none of them."""
-    raw = verified.public_key.raw
-    for name in trusted:
-        key = trusted.get(name)
-        if key is not None and bytes(key) == raw:
-            return name
-    return None
+    return trusted.signer_of(verified.public_key)
 
 
 def check_worker_signed(opened: Opened, trusted: TrustedGatewayKeys, *, what: str) -> str:

@@ -1,9 +1,18 @@
-"""Signed envelopes: the gateway's Ed25519 NATS nkey signature over the exact payload bytes.
+"""Trusted signing keys, and the nkey header signature of the subjects not yet on the AIP
+wire.
 
-NATS does not tell a subscriber who published, so an envelope is trusted only when header
-`Aip-Signer` names a key in the trusted gateway key file and header `Aip-Signature` is that
-key's signature (base64url, no padding) over the payload as received. Every failure is the
-same code, `connector_host.authentication`, with a message saying which check failed.
+NATS does not tell a subscriber who published. An Action (`aip.hermes.{endpoint}.actions`)
+carries its own AIP Envelope signature (`worker.wire.actions`, checked by
+`TrustGate.verify_action_signer` against `TrustedGatewayKeys.signer_of`). The other
+subjects (cancel, delegations, records, …) are still signed by headers: an envelope is
+trusted only when header `Aip-Signer` names a key in the trusted gateway key file and header
+`Aip-Signature` is that key's signature (base64url, no padding) over the payload as
+received. Every failure is the same code, `connector_host.authentication`, with a message
+saying which check failed.
+
+A trust file lists each key as a public user nkey (`U…`) or as the `did:key:z…` of the same
+Ed25519 key (`worker.aip.did_key.parse_public_key`); either spelling trusts both signature
+forms.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import nacl.signing
 import nkeys
 
 from schemas.errors import ErrorCode
+from worker.aip.did_key import PublicKey, parse_public_key
+from worker.aip.errors import InvalidDidKey
 from worker.errors import ConnectorError, TrustConfigError
 from worker.secret_files import check_owner_only
 from worker.trust.files import read_policy_file
@@ -53,42 +64,65 @@ def decode_user_public_key(text: str) -> bytes:
 class TrustedGatewayKeys:
     """The public keys whose signatures admit an envelope; several at once allow rotation."""
 
+    #: Public user nkey (`U…`) → its key: the header signatures name the signer so.
     _keys: Mapping[str, nacl.signing.VerifyKey] = field(repr=False)
+    #: Public user nkey → the key as its trust file spells it (a `did:key:z…` or the nkey);
+    #: a key missing here is named by its nkey.
+    _names: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     @classmethod
     def load(cls, path: Path, *, what: str = "trusted gateway keys file") -> TrustedGatewayKeys:
-        """One key per line; `#` starts a comment; blank lines are ignored.
+        """One key per line, a `U…` nkey or a `did:key:z…`; `#` starts a comment; blank
+        lines are ignored. A key listed twice (in either spelling) is a TrustConfigError.
 
         The same format lists trusted worker keys (`AIPD_TRUSTED_WORKER_KEYS_FILE`).
         """
         text = read_policy_file(path, what=what).data.decode("utf-8", errors="replace")
         keys: dict[str, nacl.signing.VerifyKey] = {}
+        names: dict[str, str] = {}
         first_line: dict[str, int] = {}
         for number, line in enumerate(text.splitlines(), start=1):
-            key = line.split("#", 1)[0].strip()
-            if not key:
+            entry = line.split("#", 1)[0].strip()
+            if not entry:
                 continue
-            if key in first_line:
-                raise TrustConfigError(
-                    f"{what} {path}: line {number} repeats the key of line {first_line[key]}"
-                )
             try:
-                keys[key] = nacl.signing.VerifyKey(decode_user_public_key(key))
-            except ValueError as exc:
+                public = parse_public_key(entry)
+            except InvalidDidKey as exc:
                 raise TrustConfigError(f"{what} {path}: line {number}: {exc}") from None
-            first_line[key] = number
+            nkey = public.nkey
+            if nkey in first_line:
+                raise TrustConfigError(
+                    f"{what} {path}: line {number} repeats the key of line {first_line[nkey]}"
+                )
+            keys[nkey] = public.verify_key
+            names[nkey] = entry
+            first_line[nkey] = number
         if not keys:
             raise TrustConfigError(f"{what} {path}: holds no key")
-        return cls(keys)
+        return cls(keys, names)
 
     @classmethod
     def of(cls, public_keys: Iterable[str]) -> TrustedGatewayKeys:
         """From public keys already known (a worker that trusts its own key when no
-        trusted worker keys file is configured)."""
-        return cls({k: nacl.signing.VerifyKey(decode_user_public_key(k)) for k in public_keys})
+        trusted worker keys file is configured): `U…` nkeys or did:keys."""
+        parsed = {entry: parse_public_key(entry) for entry in public_keys}
+        return cls(
+            {key.nkey: key.verify_key for key in parsed.values()},
+            {key.nkey: entry for entry, key in parsed.items()},
+        )
 
     def get(self, public_key: str) -> nacl.signing.VerifyKey | None:
+        """The key of a public user nkey (`U…`), when it is trusted."""
         return self._keys.get(public_key)
+
+    def signer_of(self, public_key: PublicKey) -> str | None:
+        """The trusted key's name as its trust file spells it (a `did:key:z…` or a `U…`
+        nkey), or None when `public_key` (an AIP Envelope's verified signer) is not trusted.
+        This name is the `signer` receipts record."""
+        nkey = public_key.nkey
+        if nkey not in self._keys:
+            return None
+        return self._names.get(nkey, nkey)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._keys)

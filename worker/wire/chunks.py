@@ -31,11 +31,11 @@ from typing import Any, Final
 
 import msgspec
 
+from schemas.aip.extensions import ChunkExtension
 from schemas.aip.messages import open_body
 from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
-from schemas.ids import UnixMs
 from worker.aip.envelope import format_timestamp
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
 from worker.wire.results import worker_principal
@@ -46,17 +46,6 @@ SSE_KEY: Final = "hermes_sse"
 OPERATOR_KEY: Final = "hermes_operator"
 WORKER_KEY: Final = "hermes_worker"
 _FORMS: Final = frozenset({SSE_KEY, OPERATOR_KEY, WORKER_KEY})
-
-
-class _Extension(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Our facts on a chunk Envelope (`extensions["org.aip-hermes-worker"]`)."""
-
-    endpoint_id: str
-    ts_unix_ms: UnixMs
-    prev_sha256: str | None = None
-    run_id: str | None = None
-    #: The operator's provider event (a route operation's is in `data.hermes_sse.event`).
-    provider_event: str | None = None
 
 
 class _SseData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
@@ -136,7 +125,7 @@ def decode_chunk(
         raise _invalid(str(exc)) from None
     assert isinstance(body, AipStreamChunk)
     try:
-        extension = msgspec.convert(opened.extension, _Extension, strict=True)
+        extension = msgspec.convert(opened.extension, ChunkExtension, strict=True)
     except msgspec.ValidationError as exc:
         raise _invalid(f"extensions: {exc}") from None
     data_ = body.data

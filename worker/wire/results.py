@@ -20,6 +20,7 @@ from typing import Any, Final
 import msgspec
 
 from schemas.action import Action
+from schemas.aip.extensions import ResultExtension
 from schemas.aip.messages import open_body
 from schemas.aip.result import ActionResult as AipActionResult
 from schemas.aip.result import ProtocolError as AipProtocolError
@@ -30,7 +31,6 @@ from schemas.errors import (
     ErrorCode,
     ProtocolError,
 )
-from schemas.ids import ActionId, UnixMs
 from schemas.result import ActionResult
 from worker.aip.signing import AipSigner
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
@@ -46,19 +46,6 @@ ERROR_SOURCE: Final = {"connector": "hermes-agent", "component": "aip-hermes-wor
 def worker_principal(endpoint_id: str) -> dict[str, str]:
     """The Principal a worker answers as for one endpoint (upstream's operator agent id)."""
     return {"id": f"agent:hermes_operator:{endpoint_id}", "kind": "agent"}
-
-
-class _Extension(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
-    """Our facts on a result Envelope (`extensions["org.aip-hermes-worker"]`)."""
-
-    capability: str
-    endpoint_id: str
-    settled_by: str
-    fence: int
-    settled_at_unix_ms: UnixMs
-    last_chunk_sha256: str | None = None
-    action_sha256: str | None = None
-    original_action_id: ActionId | None = None
 
 
 class _ErrorDetails(msgspec.Struct, kw_only=True, frozen=True):
@@ -146,7 +133,7 @@ def encode_result(
     extension = {
         name: value
         for name, value in msgspec.structs.asdict(
-            _Extension(
+            ResultExtension(
                 capability=result.capability,
                 endpoint_id=result.endpoint_id,
                 settled_by=result.settled_by,
@@ -189,7 +176,7 @@ def decode_result(
         raise _invalid(str(exc)) from None
     assert isinstance(body, AipActionResult)
     try:
-        extension = msgspec.convert(opened.extension, _Extension, strict=True)
+        extension = msgspec.convert(opened.extension, ResultExtension, strict=True)
     except msgspec.ValidationError as exc:
         raise _invalid(f"extensions: {exc}") from None
     error = error_from_aip(body.error) if body.error is not None else None

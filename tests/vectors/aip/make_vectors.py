@@ -203,6 +203,526 @@ def envelope_vectors() -> list[dict[str, Any]]:
     return vectors
 
 
+# --- Envelopes of the message types on our subjects: valid (signed) and invalid ----------
+#
+# Written by hand from the published rules (shared/reference/aip-1.0-wire.md §1.1-§1.5,
+# §7.1-§7.4; WIRE-CONTRACT of issue #25 for our extension keys). Every document here holds
+# ASCII keys, integers and strings only, so `json.dumps(sort_keys=True)` is exactly serde's
+# canonical form (keys by UTF-8 bytes = by code point for ASCII; no float to re-print).
+
+SENT_AT = "2026-12-01T00:00:00Z"
+T0_MS = 1796083200000  # SENT_AT in Unix ms
+ACTION_ID = "act_0000000000000000000000000000a001"
+MINIMAL_ACTION_ID = "act_0000000000000000000000000000a002"
+CORRELATION_ID = "corr_0000000000000000000000000000a001"
+PUBLISHER = {"id": "service:aip-hermes-gateway", "kind": "service"}
+WORKER = {"id": "agent:hermes_operator:h1", "kind": "agent"}
+EXT = "org.aip-hermes-worker"
+#: Which upstream seed signs which message type (README: seeds 21/22 are the gateway
+#: tests' keys, 92 the peer that answers in the same tests).
+ACTION_SEED, MINIMAL_ACTION_SEED, WORKER_SEED = 21, 22, 92
+
+
+def canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def signed(envelope: dict[str, Any], seed: int) -> tuple[dict[str, Any], str]:
+    """`envelope` signed as upstream's sign_native_envelope does: `from` gets the did,
+    `security.did` is set, the Ed25519 signature over the canonical JSON without
+    `security.signature` goes to `security.signature`. Returns it and the signed bytes."""
+    out = json.loads(json.dumps(envelope))
+    out["from"] = {**out["from"], "did": did(seed)}
+    out["security"] = {**out.get("security", {}), "did": did(seed)}
+    data = canonical(out)
+    out["security"]["signature"] = sign(seed, data)
+    return out, data.decode()
+
+
+def sha256_hex(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def frame(message_type: str, number: int, sender: dict[str, Any], **more: Any) -> dict[str, Any]:
+    return {
+        "aip_version": "1.0",
+        "message_type": message_type,
+        "message_id": f"msg_0000000000000000000000000000{number:04x}",
+        "sent_at": SENT_AT,
+        "from": dict(sender),
+        **more,
+    }
+
+
+def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
+    """message type → its valid Envelopes: {name, seed (None: unsigned), envelope,
+    signing_bytes (None: unsigned)}."""
+    action = frame(
+        "aip.core.v1.action",
+        0xA001,
+        PUBLISHER,
+        correlation_id=CORRELATION_ID,
+        to=WORKER,
+        body={
+            "action": {
+                "id": ACTION_ID,
+                "capability_id": "cap:hermes_agent:h1:chat",
+                "input": {"messages": [{"role": "user", "content": "Hello"}], "stream": None},
+                "mode": "streaming",
+                "idempotency_key": "order-42",
+                "timeout_ms": 60000,
+                "identity": {
+                    "tenant": {"id": "acme"},
+                    "human_actor": {
+                        "id": "user:alice",
+                        "kind": "human",
+                        "auth_context": {
+                            "issuer": "https://idp.example.com",
+                            "credential_revision": 3,
+                        },
+                    },
+                },
+                "observability": {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"},
+                "memory_context": {"notes": "kept as given"},
+            }
+        },
+        extensions={
+            EXT: {
+                "created_at_unix_ms": T0_MS - 5,
+                "deadline_unix_ms": T0_MS + 120000,
+                "approval": {"decision_id": "dec_0001"},
+            },
+            "org.example.other": {"anything": [1, None]},
+        },
+    )
+    action, action_bytes = signed(action, ACTION_SEED)
+    minimal = frame(
+        "aip.core.v1.action",
+        0xA002,
+        PUBLISHER,
+        body={
+            "action": {
+                "id": MINIMAL_ACTION_ID,
+                "capability_id": "cap:hermes_agent:h1:models",
+                "input": {},
+                "identity": {"service_account": {"id": "service:billing", "kind": "service"}},
+            }
+        },
+    )
+    minimal, minimal_bytes = signed(minimal, MINIMAL_ACTION_SEED)
+    # The chunks of the Action, hash-chained by the sha256 of each one's exact bytes.
+    chunk0 = frame(
+        "aip.core.v1.stream_chunk",
+        0xC000,
+        WORKER,
+        correlation_id=CORRELATION_ID,
+        body={
+            "stream_chunk": {
+                "action_id": ACTION_ID,
+                "sequence": 0,
+                "kind": "data",
+                "data": {
+                    "hermes_sse": {
+                        "event": "response.output_text.delta",
+                        "data": {"delta": "Hi"},
+                    }
+                },
+                "part": {"type": "text", "text": "Hi"},
+            }
+        },
+        extensions={
+            EXT: {
+                "endpoint_id": "h1",
+                "run_id": "run_0000000000000000000000000000a001",
+                "ts_unix_ms": T0_MS + 10,
+            }
+        },
+    )
+    chunk0_bytes = canonical(chunk0)
+    chunk1 = frame(
+        "aip.core.v1.stream_chunk",
+        0xC001,
+        WORKER,
+        correlation_id=CORRELATION_ID,
+        body={
+            "stream_chunk": {
+                "action_id": ACTION_ID,
+                "sequence": 1,
+                "kind": "done",
+                "data": {"hermes_operator": {"status": "completed"}},
+            }
+        },
+        extensions={
+            EXT: {
+                "endpoint_id": "h1",
+                "ts_unix_ms": T0_MS + 20,
+                "prev_sha256": sha256_hex(chunk0_bytes),
+            }
+        },
+    )
+    chunk1_bytes = canonical(chunk1)
+    chunk_signed = frame(
+        "aip.core.v1.stream_chunk",
+        0xC002,
+        WORKER,
+        body={
+            "stream_chunk": {
+                "action_id": ACTION_ID,
+                "sequence": 2,
+                "kind": "progress",
+                "data": {"hermes_worker": {"note": "made by the worker itself"}},
+            }
+        },
+        extensions={
+            EXT: {
+                "endpoint_id": "h1",
+                "ts_unix_ms": T0_MS + 30,
+                "prev_sha256": sha256_hex(chunk1_bytes),
+            }
+        },
+    )
+    chunk_signed, chunk_signed_bytes = signed(chunk_signed, WORKER_SEED)
+    reply = {
+        "in_response_to": action["message_id"],
+        "correlation_id": CORRELATION_ID,
+        "to": action["from"],
+    }
+    result = frame(
+        "aip.core.v1.action_result",
+        0xB001,
+        WORKER,
+        **reply,
+        body={
+            "action_result": {
+                "action_id": ACTION_ID,
+                "status": "completed",
+                "output": {"content": "Hi", "finish_reason": None},
+            }
+        },
+        extensions={
+            EXT: {
+                "capability": "cap:hermes_agent:h1:chat",
+                "endpoint_id": "h1",
+                "settled_by": "worker-h1-0",
+                "fence": 3,
+                "settled_at_unix_ms": T0_MS + 25,
+                "last_chunk_sha256": sha256_hex(chunk1_bytes),
+                "action_sha256": sha256_hex(canonical(action)),
+            }
+        },
+    )
+    result, result_bytes = signed(result, WORKER_SEED)
+    failed = frame(
+        "aip.core.v1.action_result",
+        0xB002,
+        WORKER,
+        in_response_to=minimal["message_id"],
+        to=minimal["from"],
+        body={
+            "action_result": {
+                "action_id": MINIMAL_ACTION_ID,
+                "status": "failed",
+                "error": {
+                    "code": "connector.hermes_agent.remote_temporary",
+                    "message": "Hermes answered 503",
+                    "category": "temporary",
+                    "retryable": False,
+                    "details": {
+                        "uncertain_outcome": True,
+                        "remote_status": 503,
+                        "endpoint_id": "h1",
+                    },
+                    "source": {"connector": "hermes-agent", "operation": "models"},
+                },
+            }
+        },
+        extensions={
+            EXT: {
+                "capability": "cap:hermes_agent:h1:models",
+                "endpoint_id": "h1",
+                "settled_by": "worker-h1-1",
+                "fence": 1,
+                "settled_at_unix_ms": T0_MS + 40,
+                "action_sha256": sha256_hex(canonical(minimal)),
+            }
+        },
+    )
+    failed, failed_bytes = signed(failed, WORKER_SEED)
+    error = frame(
+        "aip.core.v1.error",
+        0xE001,
+        WORKER,
+        in_response_to=minimal["message_id"],
+        body={
+            "error": {
+                "error": {
+                    "code": "schema.envelope.invalid",
+                    "message": "body.action.input: Expected `object`, got `array`",
+                    "category": "permanent",
+                    "retryable": False,
+                    "source": {"component": "aip-hermes-worker"},
+                }
+            }
+        },
+    )
+    error, error_bytes = signed(error, WORKER_SEED)
+
+    def entry(
+        name: str, seed: int | None, envelope: dict[str, Any], data: str | None
+    ) -> dict[str, Any]:
+        return {"name": name, "seed": seed, "envelope": envelope, "signing_bytes": data}
+
+    return {
+        "aip.core.v1.action": [
+            entry(
+                "a streaming Action as the gateway publishes it: identity, trace, our "
+                "extension, another vendor's extension",
+                ACTION_SEED,
+                action,
+                action_bytes,
+            ),
+            entry(
+                "the smallest Action our subject takes (an identity is required)",
+                MINIMAL_ACTION_SEED,
+                minimal,
+                minimal_bytes,
+            ),
+        ],
+        "aip.core.v1.action_result": [
+            entry(
+                "the completed result of the first Action: reply recipe, chain anchor, "
+                "action_sha256",
+                WORKER_SEED,
+                result,
+                result_bytes,
+            ),
+            entry(
+                "a failed result with an uncertain outcome in details",
+                WORKER_SEED,
+                failed,
+                failed_bytes,
+            ),
+        ],
+        "aip.core.v1.stream_chunk": [
+            entry(
+                "chunk 0 of the first Action, as on the bus: unsigned, a text part",
+                None,
+                chunk0,
+                None,
+            ),
+            entry("chunk 1, done, prev_sha256 = sha256 of chunk 0's bytes", None, chunk1, None),
+            entry(
+                "a chunk as any AIP signer may send it (signed: a reader verifies it)",
+                WORKER_SEED,
+                chunk_signed,
+                chunk_signed_bytes,
+            ),
+        ],
+        "aip.core.v1.error": [
+            entry("an error Envelope (body.error.error)", WORKER_SEED, error, error_bytes),
+        ],
+    }
+
+
+def _payload(envelope: dict[str, Any]) -> dict[str, Any]:
+    (payload,) = envelope["body"].values()
+    return payload
+
+
+def _parent(node: dict[str, Any], path: tuple[str, ...]) -> dict[str, Any]:
+    for step in path[:-1]:
+        node = node[step]
+    return node
+
+
+#: Per message type: a valid Envelope to break (index into valid_envelopes()), and for each
+#: rule how to break it: (name, refused_by, mutate). `refused_by` names the first check of
+#: ours that must refuse it: `check_envelope` (the frame), `open_body` (the payload),
+#: `signed_form` (`open_signed_body`: a body signed in a form upstream does not re-serialize).
+def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
+    def top(name: str, value: Any) -> Any:
+        return lambda e: e.__setitem__(name, value)
+
+    def drop_top(name: str) -> Any:
+        return lambda e: e.pop(name)
+
+    def put(path: tuple[str, ...], value: Any) -> Any:
+        def mutate(e: dict[str, Any]) -> None:
+            _parent(_payload(e), path)[path[-1]] = value
+
+        mutate.path = path  # type: ignore[attr-defined]  # read back for `signed_form`
+        return mutate
+
+    def drop(name: str) -> Any:
+        return lambda e: _payload(e).pop(name)
+
+    def rekey(key: str) -> Any:
+        return lambda e: e.__setitem__("body", {key: _payload(e)})
+
+    return {
+        "aip.core.v1.action": [
+            ("unknown field at the top level", "check_envelope", top("priority", "high")),
+            (
+                "unknown field in the body: our old name `capability`",
+                "open_body",
+                put(("capability",), "cap:hermes_agent:h1:chat"),
+            ),
+            (
+                "unknown field nested in the body (identity.tenant.name)",
+                "open_body",
+                put(("identity", "tenant", "name"), "Acme"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("action_result")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.1")),
+            (
+                "null for an absent optional (timeout_ms): upstream omits it when it "
+                "re-serializes, so the signature breaks there",
+                "signed_form",
+                put(("timeout_ms",), None),
+            ),
+            (
+                "missing required field body.action.capability_id",
+                "open_body",
+                drop("capability_id"),
+            ),
+            ("missing required field message_id", "check_envelope", drop_top("message_id")),
+            (
+                "wrong enum value: mode `stream` (AIP says `streaming`)",
+                "open_body",
+                put(("mode",), "stream"),
+            ),
+        ],
+        "aip.core.v1.action_result": [
+            ("unknown field at the top level", "check_envelope", top("result", "ok")),
+            (
+                "unknown field in the body: endpoint_id belongs in our extension",
+                "open_body",
+                put(("endpoint_id",), "h1"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("result")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1")),
+            (
+                "null for an absent optional (error on a completed result): the signature "
+                "breaks upstream",
+                "signed_form",
+                put(("error",), None),
+            ),
+            (
+                "empty list written for an absent optional (message): omitted upstream, the "
+                "signature breaks there",
+                "signed_form",
+                put(("message",), []),
+            ),
+            ("missing required field body.action_result.status", "open_body", drop("status")),
+            ("missing required field sent_at", "check_envelope", drop_top("sent_at")),
+            ("wrong enum value: status `succeeded`", "open_body", put(("status",), "succeeded")),
+        ],
+        "aip.core.v1.stream_chunk": [
+            ("unknown field at the top level", "check_envelope", top("seq", 0)),
+            ("unknown field in the body: our old name `seq`", "open_body", put(("seq",), 0)),
+            (
+                "unknown field nested in the body (part.delta)",
+                "open_body",
+                put(("part", "delta"), "Hi"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("chunk")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "2.0")),
+            (
+                "null for an absent optional (part) in a signed chunk: the signature breaks "
+                "upstream",
+                "signed_form",
+                put(("part",), None),
+            ),
+            ("missing required field body.stream_chunk.sequence", "open_body", drop("sequence")),
+            ("wrong enum value: kind `delta`", "open_body", put(("kind",), "delta")),
+        ],
+        "aip.core.v1.error": [
+            ("unknown field at the top level", "check_envelope", top("error", {})),
+            (
+                "unknown field nested in the body (uncertain_outcome belongs in details)",
+                "open_body",
+                put(("error", "uncertain_outcome"), True),
+            ),
+            (
+                "the ProtocolError without its inner `error` wrapper",
+                "open_body",
+                lambda e: e.__setitem__("body", {"error": _payload(e)["error"]}),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("protocol_error")),
+            (
+                "wrong aip_version: the number 1.0, not the string",
+                "check_envelope",
+                top("aip_version", 1.0),
+            ),
+            (
+                "null for an absent optional (retry_after_ms): the signature breaks upstream",
+                "signed_form",
+                put(("error", "retry_after_ms"), None),
+            ),
+            (
+                "missing required field category",
+                "open_body",
+                lambda e: _payload(e)["error"].pop("category"),
+            ),
+            (
+                "wrong enum value: category `internal`",
+                "open_body",
+                put(("error", "category"), "internal"),
+            ),
+        ],
+    }
+
+
+#: Which valid Envelope each message type's invalid ones start from.
+_BASES = {
+    "aip.core.v1.action": 0,
+    "aip.core.v1.action_result": 0,
+    "aip.core.v1.stream_chunk": 0,
+    "aip.core.v1.error": 0,
+}
+
+
+def message_vectors() -> dict[str, Any]:
+    valid = valid_envelopes()
+    out: dict[str, Any] = {}
+    for message_type, cases in _invalid_cases().items():
+        base_entry = valid[message_type][_BASES[message_type]]
+        invalid = []
+        for name, refused_by, mutate in cases:
+            envelope = json.loads(json.dumps(base_entry["envelope"]))
+            envelope.get("security", {}).pop("signature", None)
+            mutate(envelope)
+            # A signed type is signed when broken too (a chunk only for the null case, which
+            # is about signatures): a refusal must never be the signature's doing.
+            seed = base_entry["seed"] or (WORKER_SEED if refused_by == "signed_form" else None)
+            case: dict[str, Any] = {"name": name, "refused_by": refused_by, "seed": seed}
+            if seed is not None:
+                envelope.pop("security", None)
+                envelope, data = signed(envelope, seed)
+                case["signing_bytes"] = data
+            if refused_by == "signed_form":
+                # The bytes upstream's verifier signs: its re-serialization omits the
+                # optional that was written null or empty.
+                reserialized = json.loads(json.dumps(envelope))
+                del reserialized["security"]["signature"]
+                path = mutate.path
+                del _parent(_payload(reserialized), path)[path[-1]]
+                case["upstream_signing_bytes"] = canonical(reserialized).decode()
+                assert case["upstream_signing_bytes"] != case["signing_bytes"]
+            case["envelope"] = envelope
+            invalid.append(case)
+        for entry in valid[message_type]:
+            entry["did"] = did(entry["seed"]) if entry["seed"] is not None else None
+        out[message_type] = {
+            "schema": f"schemas/json/{message_type}.json",
+            "valid": valid[message_type],
+            "invalid": invalid,
+        }
+    return out
+
+
 def main() -> None:
     for case in CANONICAL:  # the hand-written expectation must at least be valid JSON
         json.loads(case["expected"])
@@ -236,6 +756,21 @@ def main() -> None:
     (HERE / "signatures.json").write_text(
         json.dumps(
             {"upstream": UPSTREAM, "values": values, "envelopes": envelope_vectors()},
+            indent=2,
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
+
+    (HERE / "message_envelopes.json").write_text(
+        json.dumps(
+            {
+                "upstream": UPSTREAM,
+                "about": "One valid (signed unless the subject's messages are unsigned) and "
+                "several invalid AIP 1.0 Envelopes per message type on our subjects, written "
+                "by hand from the published rules; see README.md.",
+                "message_types": message_vectors(),
+            },
             indent=2,
             ensure_ascii=False,
         )

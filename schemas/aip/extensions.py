@@ -1,0 +1,141 @@
+"""Our facts that AIP 1.0 has no field for, as they travel in an Envelope's
+`extensions["org.aip-hermes-worker"]` (shared/reference/aip-1.0-wire.md §1.0.3: the
+Envelope's `extensions` is a free slot, covered by the signature like the rest).
+
+One closed object per message type this project puts on its subjects. These types are the
+published description of those objects (`schemas/json/aip.core.v1.*.json` embeds them); the
+writers and readers are `worker/wire/*.py`. Every key is optional on the action, since an AIP
+client knows nothing of them; on a result and a chunk the keys a worker always writes are
+required.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final
+
+import msgspec
+from msgspec import Meta
+
+from schemas.action import ApprovalRef, DelegationRef
+from schemas.ids import ActionId, EndpointId, UnixMs
+
+#: Our namespace in `Envelope.extensions` (reverse-DNS of the project name).
+EXTENSION_KEY: Final = "org.aip-hermes-worker"
+
+#: The sha256 of some exact bytes, as lowercase hex.
+SHA256_PATTERN: Final = r"^[0-9a-f]{64}\Z"
+Sha256Hex = Annotated[str, Meta(pattern=SHA256_PATTERN)]
+
+
+class _Extension(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
+    """A closed extension object: an unknown key is refused by its reader."""
+
+
+class ActionExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.action` Envelope carries for this worker beyond the AIP Action."""
+
+    created_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="When the publisher created the Action (Unix ms); absent: the "
+            "Envelope's `sent_at` is taken."
+        ),
+    ] = None
+    deadline_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="Absolute deadline (Unix ms) after which the Action is not started."),
+    ] = None
+    approval: Annotated[
+        ApprovalRef | None,
+        Meta(
+            description="A pointer to the durable approval decision this Action runs under "
+            "(never authority by itself: the worker reads the record)."
+        ),
+    ] = None
+    delegation: Annotated[
+        DelegationRef | None,
+        Meta(description="The delegation this Action is a child of."),
+    ] = None
+
+
+class ResultExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.action_result` Envelope carries beyond the AIP ActionResult: the
+    fenced settle that wrote it and the bytes it answers."""
+
+    capability: Annotated[str, Meta(description="The capability id of the Action answered.")]
+    endpoint_id: Annotated[EndpointId, Meta(description="The Hermes endpoint that ran it.")]
+    settled_by: Annotated[str, Meta(description="The worker whose fenced settle wrote this.")]
+    fence: Annotated[
+        int,
+        Meta(description="The lease fence that settle held; a lower fence never overwrites."),
+    ]
+    settled_at_unix_ms: Annotated[UnixMs, Meta(description="When it was settled (Unix ms).")]
+    last_chunk_sha256: Annotated[
+        Sha256Hex | None,
+        Meta(
+            description="sha256 (hex) of the exact published bytes of the Action's last "
+            "chunk: this signed result thereby covers the whole chunk chain."
+        ),
+    ] = None
+    action_sha256: Annotated[
+        Sha256Hex | None,
+        Meta(
+            description="sha256 (hex) of the exact bytes of the Action Envelope this result "
+            "answers; binds the answer to one Envelope."
+        ),
+    ] = None
+    original_action_id: Annotated[
+        ActionId | None,
+        Meta(
+            description="Set when this is another Action's result, returned for the same "
+            "idempotency key: the id of the Action that ran."
+        ),
+    ] = None
+
+
+class ChunkExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.stream_chunk` Envelope carries beyond the AIP StreamChunk."""
+
+    endpoint_id: Annotated[EndpointId, Meta(description="The Hermes endpoint running it.")]
+    ts_unix_ms: Annotated[UnixMs, Meta(description="When the chunk was made (Unix ms).")]
+    run_id: Annotated[
+        str | None, Meta(description="The Hermes run the chunk belongs to, when there is one.")
+    ] = None
+    provider_event: Annotated[
+        str | None,
+        Meta(
+            description="The operator's provider event, when there is one (a route "
+            "operation's is in `data.hermes_sse.event`)."
+        ),
+    ] = None
+    prev_sha256: Annotated[
+        Sha256Hex | None,
+        Meta(
+            description="sha256 (hex) of the exact published bytes of the previous chunk "
+            "(sequence - 1); absent on sequence 0. Chunks are unsigned: the signed result's "
+            "`last_chunk_sha256` anchors the chain."
+        ),
+    ] = None
+
+
+#: message_type → the extension object it carries.
+EXTENSIONS: Final[dict[str, type[_Extension]]] = {
+    "aip.core.v1.action": ActionExtension,
+    "aip.core.v1.action_result": ResultExtension,
+    "aip.core.v1.stream_chunk": ChunkExtension,
+}
+
+#: The message types whose Envelope always carries our extension (a worker writes them, and
+#: their readers need its facts); on an Action it is optional.
+ALWAYS_CARRIED: Final = frozenset({"aip.core.v1.action_result", "aip.core.v1.stream_chunk"})
+
+#: Descriptions of the fields of the internal types the action extension reuses (they are
+#: `schemas/action.py`'s, which carry none): def name → field → description.
+REUSED_FIELD_DESCRIPTIONS: Final[dict[str, dict[str, str]]] = {
+    "ApprovalRef": {"decision_id": "The durable approval decision's id."},
+    "DelegationRef": {
+        "delegation_id": "The delegation's id.",
+        "parent_action_id": "The Action that delegated (null or absent: not known here).",
+        "chain": "The validated delegation chain, root first, ending with the delegator.",
+    },
+}
