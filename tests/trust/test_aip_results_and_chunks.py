@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import base64
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from jsonschema import Draft202012Validator
 
 from schemas.action import Action, Identity, Received, Trace
 from schemas.chunk import ChunkKind, make_chunk
@@ -442,3 +444,44 @@ def test_a_settled_result_reads_back_as_it_was_kept_in_process() -> None:
     signer = AipSigner.from_seed(bytes([SEED]) * 32)
     data = encode_result(result, action=None, signer=signer, endpoint_id="h1")
     assert decode_result(data)[0] == result
+
+
+def _validator(message_type: str) -> Draft202012Validator:
+    path = Path(__file__).parents[2] / "schemas" / "json" / f"{message_type}.json"
+    return Draft202012Validator(json.loads(path.read_text("utf-8")))
+
+
+@pytest.mark.parametrize("operator", [False, True])
+def test_what_the_worker_writes_validates_against_the_exported_envelope_schemas(
+    operator: bool,
+) -> None:
+    """docs/publishing.md tells a consumer to validate with `schemas/json/`: every data form
+    and a signed and an unsigned failed result must pass."""
+    chunks = _validator("aip.core.v1.stream_chunk")
+    for seq, (kind, payload, event) in enumerate(
+        [
+            (ChunkKind.DATA, {"delta": "x"}, "message.delta"),
+            (ChunkKind.TOOL, {"tool": "t"}, None),
+            (ChunkKind.DONE, {"status": "completed", "error": None}, None),
+        ]
+    ):
+        chunk = make_chunk(
+            kind, action_id=ACTION, endpoint_id="h1", seq=seq, ts_unix_ms=1_796_000_000_000,
+            payload=payload, provider_event=event, run_id="run_1",
+            prev_sha256=None if seq == 0 else "a" * 64,
+        )  # fmt: skip
+        document = json.loads(encode_chunk(chunk, operator=operator))
+        assert [e.message for e in chunks.iter_errors(document)] == []
+    results = _validator("aip.core.v1.action_result")
+    result = ActionResult(
+        action_id=ACTION, capability="cap:hermes_agent:h1:models", endpoint_id="h1",
+        status=ResultStatus.FAILED, error=as_sent(ProtocolError(
+            code=ErrorCode.STREAM_FAILED, category=ErrorCategory.PERMANENT, retryable=False,
+            uncertain_outcome=True, message="m", remote_status=500, endpoint_id="h1",
+        )),
+        settled_by="w1", fence=1, settled_at_unix_ms=1, last_chunk_sha256="a" * 64,
+        action_sha256="b" * 64,
+    )  # fmt: skip
+    for signer in (AipSigner.from_seed(bytes([SEED]) * 32), None):
+        document = json.loads(encode_result(result, action=None, signer=signer, endpoint_id="h1"))
+        assert [e.message for e in results.iter_errors(document)] == []
