@@ -1,5 +1,8 @@
 """StreamChunk: one typed piece of an Action's progress, published in `seq` order.
 
+The in-process type; on the chunks subject it travels as an unsigned AIP
+`aip.core.v1.stream_chunk` Envelope (`worker/wire/chunks.py`).
+
 A tagged union on `kind`, so a consumer can match on the class and a publisher in another
 language sees the kinds in the JSON Schema.
 """

@@ -1,4 +1,7 @@
-"""ActionResult: the one terminal answer per Action, settled under a lease fence."""
+"""ActionResult: the one terminal answer per Action, settled under a lease fence.
+
+The in-process type; on the results subject it travels as a signed AIP
+`aip.core.v1.action_result` Envelope (`worker/wire/results.py`)."""
 
 from __future__ import annotations
 
@@ -29,8 +32,8 @@ class ActionResult(WireStruct, kw_only=True, frozen=True):
     #: The lease fence that settle held; a higher fence never sees a lower one overwrite it.
     fence: int
     settled_at_unix_ms: UnixMs
-    #: sha256 (hex) of the exact bytes of the Action's last (terminal) chunk: the result's
-    #: signature (`Aip-Signer`/`Aip-Signature` headers) thereby covers the whole chunk chain.
+    #: sha256 (hex) of the exact bytes of the Action's last (terminal) chunk Envelope: the
+    #: result Envelope's AIP signature thereby covers the whole chunk chain.
     last_chunk_sha256: str | None = None
     #: sha256 (hex) of the exact bytes of the Action envelope this result answers (the
     #: message the worker decoded, then executed or refused). Under the result's signature it

@@ -14,9 +14,11 @@ a publisher's role may create none, worker/bus/stream_reads.py), resuming after 
 the next stream sequence, so the iterator yields every chunk once, in `seq` order, from any
 starting seq.
 
-Given the trusted worker keys (`trusted_worker_keys`, the file consumers point
-`AIPD_TRUSTED_WORKER_KEYS_FILE` at), the client believes only what a trusted worker signed:
-`result()` skips a result whose signature does not verify (someone with publish rights on
+Results and chunks are AIP Envelopes (`aip.core.v1.action_result`, signed by the worker;
+`aip.core.v1.stream_chunk`, unsigned and hash-chained: docs/publishing.md). Given the trusted
+worker keys (`trusted_worker_keys`, the file consumers point `AIPD_TRUSTED_WORKER_KEYS_FILE`
+at), the client believes only what a trusted worker signed: `result()` skips a result whose
+AIP signature does not verify or was made by another key (someone with publish rights on
 the results subject published it) and waits for the real one; `chunks()` checks each
 chunk's link to the one before it and, at the terminal chunk, that the signed result ends
 the chain. A failed check raises `UnverifiedResponse` (`connector_host.response_signing`):
@@ -65,16 +67,16 @@ from worker.errors import UnverifiedResponse as UnverifiedResponse
 from worker.trust.responses import (
     ChunkChain,
     ChunkSequencer,
+    check_worker_signed,
+    open_result,
+    read_chunk,
     sha256_hex,
     verify_receipt,
-    verify_result,
     verify_worker_signed,
 )
-from worker.trust.signing import SIGNATURE_HEADER, SIGNER_HEADER, TrustedGatewayKeys
+from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
 
-_chunk_decoder = msgspec.json.Decoder(StreamChunk)
-_result_decoder = msgspec.json.Decoder(ActionResult)
 _reply_decoder = msgspec.json.Decoder(CancelReply)
 _receipt_decoder = msgspec.json.Decoder(Receipt)
 _channel_message_decoder = msgspec.json.Decoder(ChannelMessage)
@@ -137,17 +139,17 @@ class ActionHandle:
                 if msg is None:
                     raise nats.errors.TimeoutError
                 data = msg.data or b""
-                chunk = _chunk_decoder.decode(data)
+                chunk = read_chunk(data)
                 if chunk.action_id != self.action_id:
                     raise UnverifiedResponse(
                         f"a chunk on the subject of {self.action_id} names {chunk.action_id}"
                     )
                 for released in order.add(data, chunk.seq):
                     if released is not data:
-                        chunk = _chunk_decoder.decode(released)
+                        chunk = read_chunk(released)
                     terminal = isinstance(chunk, DoneChunk | ErrorChunk)
                     if chain is not None:
-                        chain.add(released)
+                        chain.add(released, chunk)
                         if terminal:
                             chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
                     yield chunk
@@ -175,16 +177,17 @@ class ActionHandle:
                         raise refused
                     raise nats.errors.TimeoutError
                 try:
-                    return self.believe(msg.data or b"", msg.headers)
+                    return self.believe(msg.data or b"")
                 except CannotSign:
                     raise
                 except UnverifiedResponse as exc:
                     refused = exc  # not a trusted worker's: the real result may follow
 
-    def believe(self, data: bytes, headers: Mapping[str, str] | None) -> ActionResult:
-        """This Action's result in `data` (`AipClient.believe_result`), which must name this
-        handle's Action id and, when the handle published it, its envelope's hash."""
-        result = self.client.believe_result(data, headers)
+    def believe(self, data: bytes) -> ActionResult:
+        """This Action's result in the Envelope `data` (`AipClient.believe_result`), which
+        must name this handle's Action id and, when the handle published it, its envelope's
+        hash."""
+        result = self.client.believe_result(data)
         if result.action_id != self.action_id:
             raise UnverifiedResponse(
                 f"the result on the subject of {self.action_id} names {result.action_id}"
@@ -267,25 +270,23 @@ class AipClient:
         client._owns_connection = True
         return client
 
-    def believe_result(self, data: bytes, headers: Mapping[str, str] | None) -> ActionResult:
-        """The result in `data`, verified against the trusted worker keys when there are
-        any; raises `UnverifiedResponse` (or `CannotSign`) otherwise."""
+    def believe_result(self, data: bytes) -> ActionResult:
+        """The result in the `action_result` Envelope `data`, whose AIP signature must be a
+        trusted worker key's when there are trusted keys; raises `UnverifiedResponse` (or
+        `CannotSign`: an unsigned `connector_host.response_signing` refusal) otherwise."""
+        result, opened = open_result(data, max_bytes=self.max_envelope_bytes)
         if self.trusted_worker_keys is None:
-            return _result_decoder.decode(data)
-        try:
-            return verify_result(data, headers, self.trusted_worker_keys)
-        except UnverifiedResponse:
-            if not _carries_signature(headers):
-                unsigned = _result_or_none(data)
-                if unsigned is not None and unsigned.error is not None and (
-                    unsigned.error.code is ErrorCode.HOST_RESPONSE_SIGNING
-                ):
-                    raise CannotSign(
-                        f"{unsigned.action_id}: the worker could not sign its response "
-                        f"({ErrorCode.HOST_RESPONSE_SIGNING.value}); read the durable "
-                        "Action state instead"
-                    ) from None
-            raise
+            return result
+        if opened.verified is None and result.error is not None and (
+            result.error.code is ErrorCode.HOST_RESPONSE_SIGNING
+        ):
+            raise CannotSign(
+                f"{result.action_id}: the worker could not sign its response "
+                f"({ErrorCode.HOST_RESPONSE_SIGNING.value}); read the durable "
+                "Action state instead"
+            )
+        check_worker_signed(opened, self.trusted_worker_keys, what="result")
+        return result
 
     async def __aenter__(self) -> AipClient:
         return self
@@ -452,7 +453,7 @@ class AipClient:
         except NotFoundError:
             return None
         try:
-            return handle.believe(msg.data or b"", msg.headers)
+            return handle.believe(msg.data or b"")
         except CannotSign:
             raise
         except UnverifiedResponse:
@@ -670,13 +671,3 @@ def _gateway_signer(
         return None
 
 
-def _carries_signature(headers: Mapping[str, str] | None) -> bool:
-    names = {SIGNER_HEADER.lower(), SIGNATURE_HEADER.lower()}
-    return any(key.lower() in names for key in headers or {})
-
-
-def _result_or_none(data: bytes) -> ActionResult | None:
-    try:
-        return _result_decoder.decode(data)
-    except msgspec.DecodeError:
-        return None

@@ -101,7 +101,7 @@ class ChunkConsumer:
                 if self.sample is None:
                     self.sample = msg.data
                 if self.parse:
-                    stamp = decode(msg.data).get("payload", {}).get("timestamp")
+                    stamp = _chunk_payload(decode(msg.data)).get("timestamp")
                     if isinstance(stamp, float):
                         self.latencies_ms.append((now, (wall - stamp) * 1000))
 
@@ -122,6 +122,24 @@ class ChunkConsumer:
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait([self._task], timeout=5.0)
+
+
+def _chunk_payload(document: Any) -> dict[str, Any]:
+    """The provider payload of a chunk Envelope (docs/publishing.md "Reading chunks"):
+    `data.hermes_sse.data`, or the value of `data.hermes_operator` / `data.hermes_worker`;
+    a raw relay's own chunk-shaped messages carry it in `payload`; {} for anything else."""
+    if not isinstance(document, dict):
+        return {}
+    if "body" not in document:
+        payload = document.get("payload")
+        return payload if isinstance(payload, dict) else {}
+    data = ((document.get("body") or {}).get("stream_chunk") or {}).get("data")
+    if not isinstance(data, dict) or len(data) != 1:
+        return {}
+    ((form, value),) = data.items()
+    if form == "hermes_sse" and isinstance(value, dict):
+        value = value.get("data")
+    return value if isinstance(value, dict) else {}
 
 
 async def ours_max_rate(bench: Bench, events: int = FLOOD_EVENTS) -> tuple[RelayRate, bytes]:

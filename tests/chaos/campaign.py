@@ -337,9 +337,9 @@ async def collect(d: Deployment, workload: Workload, history: History) -> Eviden
     unverified: dict[str, str] = {}
     children = [a for a, planned in workload.planned.items() if planned.kind == "delegation"]
     for action_id in children:
-        for data, headers in result_messages.get(action_id, []):
+        for data, _ in result_messages.get(action_id, []):
             try:
-                d.stack.client.believe_result(data, headers)
+                d.stack.client.believe_result(data)
             except UnverifiedResponse as exc:
                 unverified[action_id] = str(exc)[:200]
     chunk_messages = await messages_by_action(d, "chunks")

@@ -56,12 +56,13 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-
 from schemas.audit import Receipt, ReceiptEvent
+from schemas.errors import EnvelopeRejected
 from schemas.result import ActionResult, ResultStatus
+from tests.aip_wire import chunk_view
 from tests.chaos.history import History
 from worker.execution.chunk_chain import mac_is_valid
+from worker.wire.results import decode_result
 
 START = "POST /v1/runs"
 APPROVAL = "POST /v1/runs/{run_id}/approval"
@@ -182,8 +183,8 @@ def _chat_action_ids(request: Request, known: Iterable[str]) -> list[str]:
 
 def _decoded(raw: bytes) -> ActionResult | None:
     try:
-        return msgspec.json.decode(raw, type=ActionResult)
-    except msgspec.ValidationError:
+        return decode_result(raw)[0]
+    except EnvelopeRejected:
         return None
 
 
@@ -509,7 +510,7 @@ def chunks(ev: Evidence) -> list[Violation]:
             stale = [i for i in extras if _stale(raws[i], _at(macs, i), lease, result.fence)]
             others = [i for i in extras if i not in stale]
             if others:
-                seqs = [json.loads(raws[i])["seq"] for i in others]
+                seqs = [chunk_view(raws[i])["seq"] for i in others]
                 out.append(
                     Violation(
                         "chunks",
@@ -519,7 +520,7 @@ def chunks(ev: Evidence) -> list[Violation]:
                     )
                 )
             if stale:
-                seqs = [json.loads(raws[i])["seq"] for i in stale]
+                seqs = [chunk_view(raws[i])["seq"] for i in stale]
                 out.append(
                     Violation(
                         "chunks",
@@ -541,7 +542,7 @@ def named_chain(raws: list[bytes], last_sha256: str | None) -> tuple[list[int], 
     if at is None:
         return [], f"the result names a terminal chunk the stream does not hold ({len(raws)} held)"
     chain = [at]
-    chunk = json.loads(raws[at])
+    chunk = chunk_view(raws[at])
     if chunk["kind"] not in TERMINAL_KINDS:
         return [], f"the chunk the result names (seq {chunk['seq']}) is not terminal"
     for _ in range(len(raws)):
@@ -552,7 +553,7 @@ def named_chain(raws: list[bytes], last_sha256: str | None) -> tuple[list[int], 
         before = by_sha.get(chunk.get("prev_sha256") or "")
         if before is None:
             return [], f"the chain the result names breaks before seq {chunk['seq']} (a gap)"
-        previous = json.loads(raws[before])
+        previous = chunk_view(raws[before])
         if previous["seq"] != chunk["seq"] - 1:
             return [], f"seq {previous['seq']} precedes seq {chunk['seq']} in the chain"
         if previous["kind"] in TERMINAL_KINDS:
@@ -573,7 +574,7 @@ CHAIN_KEY = "chain_key."
 def _stale(raw: bytes, mac: str | None, lease: dict[str, str], settled_fence: int) -> bool:
     """A non-terminal chunk made by the delivery at a fence the settle superseded: its
     `AIP-Chunk-Mac` verifies under that fence's chain key (from the lease record)."""
-    if mac is None or json.loads(raw)["kind"] in TERMINAL_KINDS:
+    if mac is None or chunk_view(raw)["kind"] in TERMINAL_KINDS:
         return False
     keys = {
         int(name.removeprefix(CHAIN_KEY)): key

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import json
 
-import msgspec
-
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.codec import encode
 from schemas.errors import ErrorCategory, ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
+from tests.aip_wire import result_view
 from tests.chaos.campaign import Report
 from tests.chaos.checker import (
     APPROVAL,
@@ -26,17 +24,31 @@ from tests.chaos.checker import (
 )
 from tests.chaos.history import History
 from worker.execution.chunk_chain import chain_mac
+from worker.wire.results import encode_result
 
 A = "act_" + "a" * 32
 B = "act_" + "b" * 32
 
 
 def chunk(action_id: str, seq: int, kind: str = "data", prev: bytes | None = None) -> bytes:
+    """A `stream_chunk` Envelope in the published layout (docs/publishing.md)."""
+    ours: dict[str, object] = {"endpoint_id": "h1", "ts_unix_ms": 1}
+    if prev is not None:
+        ours["prev_sha256"] = sha256(prev)
     document = {
-        "action_id": action_id,
-        "seq": seq,
-        "kind": kind,
-        "prev_sha256": None if prev is None else sha256(prev),
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.stream_chunk",
+        "message_id": f"msg_{seq:032x}",
+        "sent_at": "2026-01-01T00:00:00Z",
+        "body": {
+            "stream_chunk": {
+                "action_id": action_id,
+                "sequence": seq,
+                "kind": kind,
+                "data": {"hermes_worker": None},
+            }
+        },
+        "extensions": {"org.aip-hermes-worker": ours},
     }
     return json.dumps(document).encode()
 
@@ -57,7 +69,7 @@ def result(
     status: ResultStatus = ResultStatus.COMPLETED,
     error: ProtocolError | None = None,
 ) -> bytes:
-    return encode(
+    return encode_result(
         ActionResult(
             action_id=action_id,
             capability="cap:hermes_agent:h1:operator",
@@ -68,7 +80,10 @@ def result(
             fence=fence,
             settled_at_unix_ms=1,
             last_chunk_sha256=sha256(terminal),
-        )
+        ),
+        action=None,
+        signer=None,
+        endpoint_id="h1",
     )
 
 
@@ -104,9 +119,9 @@ def clean() -> Evidence:
         requests=[start(A)],
         history=history,
     )
-    decoded = msgspec.json.decode(ev.results[A][0], type=ActionResult)
+    decoded = result_view(ev.results[A][0])
     history.add(
-        "observe", "result", A, settled_by="w2", fence=2, last_chunk=decoded.last_chunk_sha256
+        "observe", "result", A, settled_by="w2", fence=2, last_chunk=decoded["last_chunk_sha256"]
     )
     return ev
 
@@ -187,7 +202,9 @@ def test_a_superseded_owners_late_chunks_beside_the_named_chain_are_the_known_bu
     # w1 (fence 1) published seq 1 and 2 before it was cut off; they land after w2 (fence 2)
     # continued from the recorded head (seq 0) and settled.
     late = [
-        chunk(A, 1, "data", prev=ev.chunks[A][0]).replace(b"}", b', "text": "w1"}'),
+        chunk(A, 1, "data", prev=ev.chunks[A][0]).replace(
+            b'"hermes_worker": null', b'"hermes_worker": "w1"'
+        ),
         chunk(A, 2, "data", prev=b"w1's seq 1"),
     ]
     ev.chunks[A] += late

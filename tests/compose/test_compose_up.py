@@ -25,7 +25,6 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
-import msgspec
 import nats
 import pytest
 from nats.aio.client import Client as NATS
@@ -42,6 +41,7 @@ from worker.testing.fake_hermes import FakeHermesControl, RouteDelay
 from worker.testing.gateway import call_tool
 from worker.testing.pytest_plugin import require_engine, service_unavailable
 from worker.testing.scenario import AIP_DISCOVER_CALL
+from worker.wire.results import decode_result
 
 ENDPOINT = "hermes-1"
 #: The route the slow Actions call. Not `GET /v1/models`: every worker's readiness probe
@@ -118,7 +118,7 @@ async def _results(nc: NATS, action_id: str) -> list[ActionResult]:
     subject = Subjects().results(ENDPOINT, action_id)
     # Message gets: the gateway user may create no consumer (compose/nats/nats.conf).
     stored = await drain(nc.jetstream(), Subjects().stream_name("results"), subject)
-    return [msgspec.json.decode(msg.data or b"", type=ActionResult) for msg in stored]
+    return [decode_result(msg.data or b"")[0] for msg in stored]
 
 
 async def _lease_owner(deployment: Deployment, action_id: str, timeout_s: float = 30.0) -> str:

@@ -21,7 +21,7 @@ import msgspec
 import pytest
 
 from schemas.action import Action
-from schemas.codec import encode
+from schemas.chunk import ChunkKind, make_chunk
 from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
@@ -32,6 +32,8 @@ from worker.testing._procs import free_port
 from worker.testing.gateway import call_tool, principal_entry, write_principals_file
 from worker.testing.identities import TENANT_A, write_json
 from worker.trust.responses import ResponseSigner
+from worker.wire.chunks import encode_chunk
+from worker.wire.results import encode_result
 
 from .conftest import H1, H1_TOKEN, OTHER_TENANT_TOKEN, GatewayStack
 from .test_gateway_tools import NOT_FOUND, aip_call, contract, models_reads, records
@@ -78,8 +80,12 @@ async def publish_h9(gs: GatewayStack, payload: bytes, action_id: str) -> None:
     await gs.stack.nc.jetstream().publish(gs.stack.subjects.actions("h9"), payload, headers=headers)
 
 
-def signed_h9_result(action_id: str, envelope_sha256: str | None, **output: Any) -> bytes:
-    return encode(
+def signed_h9_result(
+    gs: GatewayStack, action_id: str, envelope_sha256: str | None, **output: Any
+) -> bytes:
+    """A result Envelope of h9's, signed by the trusted worker key."""
+    signer = ResponseSigner.load(gs.stack.trust.worker_seed_file)
+    return encode_result(
         ActionResult(
             action_id=action_id,
             capability=H9_MODELS,
@@ -90,16 +96,17 @@ def signed_h9_result(action_id: str, envelope_sha256: str | None, **output: Any)
             fence=1,
             settled_at_unix_ms=time.time_ns() // 1_000_000,
             action_sha256=envelope_sha256,
-        )
+        ),
+        action=None,
+        signer=signer.aip,
+        endpoint_id="h9",
     )
 
 
 async def publish_worker_signed(gs: GatewayStack, action_id: str, payload: bytes) -> None:
-    """`payload` on h9's results subject of `action_id`, signed by the trusted worker key."""
-    signer = ResponseSigner.load(gs.stack.trust.worker_seed_file)
-    await gs.stack.nc.jetstream().publish(
-        gs.stack.subjects.results("h9", action_id), payload, headers=signer.headers(payload)
-    )
+    """`payload` (a result Envelope the trusted worker key signed) on h9's results subject
+    of `action_id`."""
+    await gs.stack.nc.jetstream().publish(gs.stack.subjects.results("h9", action_id), payload)
 
 
 @pytest.fixture
@@ -202,7 +209,7 @@ async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(
     stream = await gs.stack.nc.jetstream().stream_info(gs.stack.subjects.stream_name("actions"))
     assert stream.state.messages == 2  # both envelopes stored: no dedupe slot was squatted
 
-    genuine = signed_h9_result(victim.id, sha256_hex(payload), secret="victim-only")
+    genuine = signed_h9_result(gs, victim.id, sha256_hex(payload), secret="victim-only")
     await publish_worker_signed(gs, victim.id, genuine)
     await asyncio.sleep(1.5)  # a follower or recovery sweep would have seen it by now
     stored = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": victim.id})
@@ -220,9 +227,16 @@ async def test_a_protocol_id_whose_chunks_are_streaming_is_refused_before_enqueu
     gs = with_h9
     victim, payload = h9_action(gs)
     await gs.stack.nc.jetstream().publish(gs.stack.subjects.actions("h9"), payload)
-    chunk = {"action_id": victim.id, "seq": 0, "kind": "delta", "data": {"text": "victim-only"}}
+    chunk = make_chunk(
+        ChunkKind.DATA,
+        action_id=victim.id,
+        endpoint_id="h9",
+        seq=0,
+        ts_unix_ms=time.time_ns() // 1_000_000,
+        payload={"text": "victim-only"},
+    )
     await gs.stack.nc.jetstream().publish(
-        gs.stack.subjects.chunks("h9", victim.id), json.dumps(chunk).encode()
+        gs.stack.subjects.chunks("h9", victim.id), encode_chunk(chunk)
     )
     arguments = contract(
         action_id=victim.id,
@@ -267,7 +281,7 @@ async def test_aip_client_refuses_a_signed_result_of_another_envelope(
     with pytest.raises(UnverifiedResponse):
         await handle.result(timeout_s=2.0)
     await publish_worker_signed(
-        gs, action.id, signed_h9_result(action.id, sha256_hex(b"another envelope"), x=1)
+        gs, action.id, signed_h9_result(gs, action.id, sha256_hex(b"another envelope"), x=1)
     )
     with pytest.raises(UnverifiedResponse):
         await handle.result(timeout_s=2.0)
@@ -275,7 +289,7 @@ async def test_aip_client_refuses_a_signed_result_of_another_envelope(
         await client.stored_result("h9", action.id, envelope_sha256=sha256_hex(payload))
 
     await publish_worker_signed(
-        gs, action.id, signed_h9_result(action.id, sha256_hex(payload), models=["m1"])
+        gs, action.id, signed_h9_result(gs, action.id, sha256_hex(payload), models=["m1"])
     )
     result = await handle.result(timeout_s=5.0)
     assert result.action_id == action.id

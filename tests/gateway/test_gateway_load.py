@@ -35,7 +35,6 @@ from nats.aio.client import Client as NATS
 from nats.js.api import StreamConfig
 
 from schemas.chunk import DataChunk, DoneChunk
-from schemas.codec import encode
 from schemas.delegation import ChildAction
 from schemas.errors import ErrorCode
 from schemas.lifecycle import LifecycleState, QueueRecord
@@ -59,6 +58,8 @@ from worker.testing.gateway import principal_entry, write_principals_file
 from worker.testing.identities import write_trust_files
 from worker.testing.services import ServiceHandle
 from worker.trust.signing import read_seed_file
+from worker.wire.chunks import encode_chunk
+from worker.wire.results import encode_result
 
 CAPABILITY = "cap:support_sandbox:load.echo"
 
@@ -119,7 +120,10 @@ class Harness:
             action_sha256=Children.envelope_sha256(child, self.route),
             **fields,
         )
-        await self.nc.jetstream().publish(self.route.subjects.results(child.id), encode(result))
+        await self.nc.jetstream().publish(
+            self.route.subjects.results(child.id),
+            encode_result(result, action=None, signer=None, endpoint_id="sandbox"),
+        )
 
     async def results_consumers(self) -> int:
         info = await self.nc.jetstream().stream_info(self._sandbox_stream)
@@ -221,7 +225,7 @@ async def test_publishers_follow_their_results_without_a_consumer_either(
     for action_id in ids:
         await js.publish(
             h.subjects.results("h1", action_id),
-            encode(
+            encode_result(
                 ActionResult(
                     action_id=action_id,
                     capability="cap:hermes_agent:h1:models",
@@ -230,7 +234,10 @@ async def test_publishers_follow_their_results_without_a_consumer_either(
                     settled_by="load-test",
                     fence=0,
                     settled_at_unix_ms=now_ms(),
-                )
+                ),
+                action=None,
+                signer=None,
+                endpoint_id="h1",
             ),
         )
     assert (await js.stream_info(results_stream)).state.consumer_count == 0
@@ -386,7 +393,7 @@ def _chunks(child: ChildAction, texts: list[str]) -> list[bytes]:
             ts_unix_ms=now_ms(),
         )  # fmt: skip
         chunk = DataChunk(payload={"text": text}, **fields) if text else DoneChunk(**fields)
-        data = encode(chunk)
+        data = encode_chunk(chunk)
         out.append(data)
         prev = hashlib.sha256(data).hexdigest()
     return out
@@ -439,7 +446,7 @@ async def test_events_before_the_result_follow_the_chain_forward_unverified(
     await js.publish(subject, real[0])
     await js.publish(subject, b"not json")
     # A chunk that does not name its predecessor's hash is not passed.
-    unlinked = encode(
+    unlinked = encode_chunk(
         DataChunk(
             action_id=child.id, endpoint_id="sandbox", seq=1, prev_sha256="0" * 64,
             payload={"text": "unlinked"}, ts_unix_ms=now_ms(),

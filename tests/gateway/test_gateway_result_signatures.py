@@ -19,15 +19,16 @@ from typing import Any
 import httpx
 import pytest
 
-from schemas.codec import encode
 from schemas.ids import new_action_id
 from schemas.lifecycle import ChildResult, LifecycleState
 from schemas.result import ActionResult, ResultStatus
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from worker.aip.signing import AipSigner
 from worker.testing.gateway import call_tool
 from worker.trust.responses import ResponseSigner, sha256_hex
-from worker.trust.signing import generate_keypair, sign_envelope
+from worker.trust.signing import generate_keypair
+from worker.wire.results import encode_result
 
 from .conftest import H1_TOKEN, GatewayStack
 from .test_gateway_tools import aip_call, contract, records, wait_terminal
@@ -49,9 +50,16 @@ async def verifying(gstack: GatewayStack) -> GatewayStack:
     return gs
 
 
-def result_for(action_id: str, envelope_sha256: str | None = None, **output: object) -> bytes:
-    """A result of `action_id` answering the envelope of hash `envelope_sha256`."""
-    return encode(
+def result_for(
+    action_id: str,
+    envelope_sha256: str | None = None,
+    *,
+    signer: AipSigner | None = None,
+    **output: object,
+) -> bytes:
+    """A result Envelope of `action_id` answering the envelope of hash `envelope_sha256`,
+    signed by `signer` (None: unsigned)."""
+    return encode_result(
         ActionResult(
             action_id=action_id,
             capability=H9_MODELS,
@@ -62,19 +70,21 @@ def result_for(action_id: str, envelope_sha256: str | None = None, **output: obj
             fence=1,
             settled_at_unix_ms=time.time_ns() // 1_000_000,
             action_sha256=envelope_sha256,
-        )
+        ),
+        action=None,
+        signer=signer,
+        endpoint_id="h9",
     )
 
 
-async def publish_result(gs: GatewayStack, action_id: str, payload: bytes, **headers: str) -> None:
+def worker_key(gs: GatewayStack) -> AipSigner:
+    """The trusted worker key, as the AIP signer a worker signs its results with."""
+    return ResponseSigner.load(gs.stack.trust.worker_seed_file).aip
+
+
+async def publish_result(gs: GatewayStack, action_id: str, payload: bytes) -> None:
     subject = gs.stack.subjects.results("h9", action_id)
-    await gs.stack.nc.jetstream().publish(subject, payload, headers=headers or None)
-
-
-async def publish_signed(gs: GatewayStack, action_id: str, payload: bytes) -> None:
-    """`payload` on the child's results subject, signed by the trusted worker key."""
-    signer = ResponseSigner.load(gs.stack.trust.worker_seed_file)
-    await publish_result(gs, action_id, payload, **signer.headers(payload))
+    await gs.stack.nc.jetstream().publish(subject, payload)
 
 
 async def h9_child(gs: GatewayStack, timeout_ms: int) -> tuple[str, str]:
@@ -128,12 +138,18 @@ async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
     child_id, envelope = await h9_child(gs, timeout_ms=30_000)
     forged = result_for(child_id, envelope, forged=True)
     await publish_result(gs, child_id, forged)  # unsigned
-    await publish_result(gs, child_id, forged, **sign_envelope(forged, generate_keypair().seed))
+    stranger = AipSigner.from_nkey_seed(generate_keypair().seed)
+    await publish_result(gs, child_id, result_for(child_id, envelope, signer=stranger, forged=True))
     # A trusted worker's signature, but on the result of another Action.
-    await publish_signed(gs, child_id, result_for(new_action_id(), envelope, forged=True))
+    signer = worker_key(gs)
+    await publish_result(
+        gs, child_id, result_for(new_action_id(), envelope, signer=signer, forged=True)
+    )
     # A trusted worker's signature on a result of this id, but of another envelope (an
     # Action someone else published under the id).
-    await publish_signed(gs, child_id, result_for(child_id, sha256_hex(b"other"), forged=True))
+    await publish_result(
+        gs, child_id, result_for(child_id, sha256_hex(b"other"), signer=signer, forged=True)
+    )
     deadline = time.monotonic() + 10
     while await refused_count(gs) < 4:
         assert time.monotonic() < deadline, await refused_count(gs)
@@ -145,7 +161,7 @@ async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
     assert found.queue.state is LifecycleState.RUNNING
     assert found.lifecycle is None
 
-    await publish_signed(gs, child_id, result_for(child_id, envelope, models=["m1"]))
+    await publish_result(gs, child_id, result_for(child_id, envelope, signer=signer, models=["m1"]))
     assert (await recorded(gs, child_id)).output == {"models": ["m1"]}
     assert (await result_answer(gs, child_id))["result"]["output"] == {"models": ["m1"]}
     assert await refused_count(gs) == 4
@@ -173,7 +189,8 @@ async def test_recovery_finds_the_signed_result_behind_a_later_forgery(
     gs = verifying
     child_id, envelope = await h9_child(gs, timeout_ms=30_000)
     gs.gateways[0].kill()  # nobody follows the child now
-    await publish_signed(gs, child_id, result_for(child_id, envelope, models=["m1"]))
+    signed = result_for(child_id, envelope, signer=worker_key(gs), models=["m1"])
+    await publish_result(gs, child_id, signed)
     await publish_result(gs, child_id, result_for(child_id, envelope, forged=True))  # the last
     await gs.start_gateway("g2")
     assert (await recorded(gs, child_id)).output == {"models": ["m1"]}

@@ -43,6 +43,8 @@ from worker.testing.identities import (
 )
 from worker.testing.workers import WorkerProcess
 from worker.wire.actions import GATEWAY_SENDER
+from worker.wire.chunks import decode_chunk
+from worker.wire.results import decode_result
 
 ENDPOINT = "h1"
 
@@ -137,8 +139,10 @@ class Stack:
         await self.nc.jetstream().publish(self.subjects.actions(ENDPOINT), payload, headers=headers)
 
     async def results(self, action_id: str) -> list[ActionResult]:
+        """The Action's results as stored (`action_result` Envelopes; signatures verified
+        when present, not checked against the trusted keys: `AipClient` does that)."""
         return [
-            msgspec.json.decode(m, type=ActionResult)
+            decode_result(m)[0]
             for m in await self.stream_messages(
                 "results", self.subjects.results(ENDPOINT, action_id)
             )
@@ -146,7 +150,7 @@ class Stack:
 
     async def chunks(self, action_id: str) -> list[StreamChunk]:
         return [
-            msgspec.json.decode(m, type=StreamChunk)
+            decode_chunk(m)[0]
             for m in await self.stream_messages("chunks", self.subjects.chunks(ENDPOINT, action_id))
         ]
 

@@ -36,6 +36,7 @@ from worker.channel.normalize import (
     result_message,
 )
 from worker.channel.rules import load_egress_rules
+from worker.client import AipClient
 from worker.operations.partition import partition_prefix
 from worker.testing.fake_hermes import RouteDelay, RouteError
 from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
@@ -485,13 +486,16 @@ async def test_a_delivery_another_worker_signed_runs_only_when_its_key_is_truste
     # untrusting worker runs without it, trusting its own key only.
     untrusting = () if trusted else ("AIPD_TRUSTED_WORKER_KEYS_FILE",)
     await stack.spawn("w1", unset=untrusting, **env, **keys)
-    assert (await stack.client.handle(ENDPOINT, source.id).result(timeout_s=30)).status is (
+    # w1 republishes the source's stored result Envelope as it is: signed by w2, which
+    # settled it, so it is read with the keys file that now names w2's key too.
+    reader = AipClient(stack.nc, trusted_worker_keys=stack.trust.worker_keys_file)
+    assert (await reader.handle(ENDPOINT, source.id).result(timeout_s=30)).status is (
         ResultStatus.COMPLETED
     )
     await stack.settled_and_acked(timeout_s=30)
     await _egress_drained(stack)
     if trusted:
-        delivered = await stack.client.handle(ENDPOINT, delivery_id(RULE, source.id)).result(
+        delivered = await reader.handle(ENDPOINT, delivery_id(RULE, source.id)).result(
             timeout_s=30
         )
         assert delivered.status is ResultStatus.COMPLETED, delivered.error

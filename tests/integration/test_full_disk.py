@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-import msgspec
 import pytest
 from redis.asyncio import Redis
 
@@ -47,6 +46,7 @@ from worker.testing.identities import write_trust_files
 from worker.testing.nats_server import NatsServer
 from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import find_nats_server_at_least
+from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ async def _stored_results(stack: Stack, ids: list[str]) -> list[ActionResult]:
         raw = [await redis.get(ActionKeys.of(action_id).result) for action_id in ids]
     finally:
         await redis.aclose()
-    return [msgspec.json.decode(r, type=ActionResult) for r in raw if r is not None]
+    return [decode_result(r)[0] for r in raw if r is not None]
 
 
 async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_after(

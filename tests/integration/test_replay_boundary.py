@@ -22,6 +22,7 @@ from schemas.action import Action
 from schemas.result import ActionResult, ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import NAMESPACE, ActionKeys
+from worker.wire.results import decode_result
 
 POST_RUNS = "POST /v1/runs"
 REPLAY = "connector_host.replay"
@@ -54,7 +55,7 @@ async def _stored(stack: Stack, action_id: str, timeout_s: float = 20.0) -> Acti
         while time.monotonic() < deadline:
             raw = await client.get(ActionKeys.of(action_id).result)
             if raw is not None:
-                return msgspec.json.decode(raw, type=ActionResult)
+                return decode_result(raw)[0]
             await asyncio.sleep(0.1)
     finally:
         await client.aclose()

@@ -1,7 +1,8 @@
 """Signed responses through live workers: what a consumer with the trusted worker keys
 believes, and what it refuses.
 
-A result is believed only with a trusted worker's signature; chunks only as links of a
+A result (an `action_result` Envelope) is believed only with a trusted worker's AIP
+signature; chunks (unsigned `stream_chunk` Envelopes) only as links of a
 chain the signed result closes; a forgery published first by someone with publish rights
 is skipped, not returned. A worker without a key answers `connector_host.response_signing`
 and sends nothing to Hermes; one with an unusable key does not start. A takeover by a
@@ -18,9 +19,9 @@ import sys
 import pytest
 
 from schemas.chunk import ChunkKind, DoneChunk, make_chunk
-from schemas.codec import encode
 from schemas.errors import ErrorCode
 from schemas.result import ActionResult, ResultStatus
+from tests.aip_wire import result_view
 from tests.integration.stack import ENDPOINT, Stack
 from worker.client import AipClient
 from worker.errors import CannotSign, UnverifiedResponse
@@ -29,11 +30,12 @@ from worker.testing.fake_hermes import RouteDelay
 from worker.testing.scenario import SLOW_REPLY
 from worker.trust.responses import ResponseSigner, verify_dlq_entry
 from worker.trust.signing import (
-    SIGNER_HEADER,
     TrustedGatewayKeys,
     generate_keypair,
     write_seed_file,
 )
+from worker.wire.chunks import encode_chunk
+from worker.wire.results import encode_result
 
 MODELS = "GET /v1/models"
 POST_RUNS = "POST /v1/runs"
@@ -43,8 +45,8 @@ def _worker_keys(stack: Stack) -> TrustedGatewayKeys:
     return TrustedGatewayKeys.load(stack.trust.worker_keys_file, what="trusted worker keys file")
 
 
-def _forged_result(action_id: str) -> bytes:
-    return encode(
+def _forged_result(action_id: str, signer: ResponseSigner | None = None) -> bytes:
+    return encode_result(
         ActionResult(
             action_id=action_id,
             capability=f"cap:hermes_agent:{ENDPOINT}:models",
@@ -54,7 +56,10 @@ def _forged_result(action_id: str) -> bytes:
             settled_by="w1",
             fence=1,
             settled_at_unix_ms=now_ms(),
-        )
+        ),
+        action=None,
+        signer=signer.aip if signer is not None else None,
+        endpoint_id=ENDPOINT,
     )
 
 
@@ -68,11 +73,13 @@ async def test_results_chunks_and_dlq_entries_carry_the_workers_signature(stack:
     result = await handle.result(timeout_s=20)
     assert result.status is ResultStatus.COMPLETED
     assert result.last_chunk_sha256 is not None
-    ((_, headers),) = await stack.stream_messages_with_headers(
+    ((data, headers),) = await stack.stream_messages_with_headers(
         "results", stack.subjects.results(ENDPOINT, handle.action_id)
     )
-    worker_key = ResponseSigner.load(stack.trust.worker_seed_file).public_key
-    assert headers[SIGNER_HEADER] == worker_key
+    signer = ResponseSigner.load(stack.trust.worker_seed_file)
+    worker_key = signer.public_key
+    assert result_view(data)["signer_did"] == signer.aip.did  # the same key, as a did:key
+    assert not any(name.lower().startswith("aip-sign") for name in headers)
     await stack.publish_raw(b'{"not": "an action"}')
     for _ in range(100):
         if entries := await stack.dlq():
@@ -88,12 +95,13 @@ async def test_a_forged_result_published_first_is_not_returned(stack: Stack, for
     stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=1.5, times=1))
     await stack.spawn("w1")
     handle = await stack.publish(stack.action("models"))
-    forged = _forged_result(handle.action_id)
-    headers = {"Nats-Msg-Id": f"{handle.action_id}:result"}  # the id a result used to have
+    forger_key = None
     if forger == "untrusted_key":
         seed = stack.root / "forger.seed"
         write_seed_file(seed, generate_keypair().seed)
-        headers.update(ResponseSigner.load(seed).headers(forged))
+        forger_key = ResponseSigner.load(seed)
+    forged = _forged_result(handle.action_id, forger_key)
+    headers = {"Nats-Msg-Id": f"{handle.action_id}:result"}  # the id a result used to have
     await stack.nc.jetstream().publish(
         stack.subjects.results(ENDPOINT, handle.action_id), forged, headers=headers
     )
@@ -126,7 +134,7 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
     )
     await stack.nc.jetstream().publish(
         stack.subjects.chunks(ENDPOINT, action.id),
-        encode(forged),
+        encode_chunk(forged),
         headers={"Nats-Msg-Id": f"{action.id}:0"},
     )
     handle = await stack.publish(action)
@@ -153,10 +161,10 @@ async def test_a_worker_without_a_signing_key_refuses_unsigned_and_sends_nothing
     assert result.error is not None
     assert result.error.code is ErrorCode.HOST_RESPONSE_SIGNING
     assert (result.error.retryable, result.error.uncertain_outcome) == (False, False)
-    ((_, headers),) = await stack.stream_messages_with_headers(
+    (data,) = await stack.stream_messages(
         "results", stack.subjects.results(ENDPOINT, handle.action_id)
     )
-    assert SIGNER_HEADER not in headers
+    assert result_view(data)["signer_did"] is None  # no security.signature
     assert stack.fake.stats().count(MODELS) == 0
     # The CLI refuses it too, with its own exit status; without keys it only warns.
     cli = [sys.executable, "-m", "worker", "result", handle.action_id, "--endpoint", ENDPOINT]
@@ -216,12 +224,10 @@ async def test_a_takeover_by_a_worker_with_another_key_continues_the_chain(stack
     assert result.settled_by == "w2"
     assert [c.seq for c in chunks] == list(range(len(chunks)))
     assert stack.fake.stats().count(POST_RUNS) == 1
-    ((data, headers),) = await stack.stream_messages_with_headers(
-        "results", stack.subjects.results(ENDPOINT, action.id)
-    )
-    assert headers[SIGNER_HEADER] == ResponseSigner.load(second_key).public_key
+    (data,) = await stack.stream_messages("results", stack.subjects.results(ENDPOINT, action.id))
+    assert result_view(data)["signer_did"] == ResponseSigner.load(second_key).aip.did
     # The first worker's key alone does not verify the second one's result.
     w1_only = stack.root / "w1-only.txt"
     w1_only.write_text(ResponseSigner.load(stack.trust.worker_seed_file).public_key + "\n")
     with pytest.raises(UnverifiedResponse):
-        AipClient(stack.nc, trusted_worker_keys=w1_only).believe_result(data, headers)
+        AipClient(stack.nc, trusted_worker_keys=w1_only).believe_result(data)

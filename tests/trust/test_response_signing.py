@@ -1,4 +1,5 @@
-"""Signed responses: the worker's key, the result signature, the chunk chain, DLQ entries.
+"""Signed responses: the worker's key, the result's AIP signature, the chunk chain, DLQ
+entries.
 
 Pure functions and files; the same checks through live workers are in
 tests/integration/test_signed_responses.py.
@@ -12,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from schemas.chunk import ChunkKind, make_chunk
-from schemas.codec import encode
 from schemas.dlq import DLQ_CODE, DLQ_REASON
 from schemas.result import ActionResult, ResultStatus
 from worker.errors import ResponseSigningConfigError, UnverifiedResponse
@@ -32,6 +32,8 @@ from worker.trust.signing import (
     generate_keypair,
     write_seed_file,
 )
+from worker.wire.chunks import encode_chunk
+from worker.wire.results import encode_result
 
 ACTION = "act_" + "1" * 32
 
@@ -46,7 +48,7 @@ def _chain(count: int) -> list[bytes]:
     prev = None
     for seq in range(count):
         kind = ChunkKind.DONE if seq == count - 1 else ChunkKind.DATA
-        data = encode(
+        data = encode_chunk(
             make_chunk(
                 kind,
                 action_id=ACTION,
@@ -76,27 +78,35 @@ def _result(last: bytes | None) -> ActionResult:
     )
 
 
+def _sealed(result: ActionResult, signer: ResponseSigner | None) -> bytes:
+    return encode_result(
+        result, action=None, signer=signer.aip if signer else None, endpoint_id="h1"
+    )
+
+
 def test_a_signed_result_verifies_and_names_its_signer(trust_files: TrustFiles) -> None:
     signer = ResponseSigner.load(trust_files.worker_seed_file)
-    payload = encode(_result(None))
-    headers = signer.headers(payload)
-    assert headers[SIGNER_HEADER] == signer.public_key
-    assert verify_result(payload, headers, _keys(trust_files)).output == {"ok": True}
+    payload = _sealed(_result(None), signer)
+    assert b'"did":"' + signer.aip.did.encode() + b'"' in payload
+    assert signer.aip.public_key.nkey == signer.public_key  # one key, two spellings
+    assert verify_result(payload, _keys(trust_files)).output == {"ok": True}
 
 
 @pytest.mark.parametrize("forgery", ["unsigned", "untrusted_key", "altered_bytes"])
 def test_a_forged_result_is_refused(trust_files: TrustFiles, forgery: str, tmp_path: Path) -> None:
-    payload = encode(_result(None))
-    headers: dict[str, str] = {}
+    payload = _sealed(_result(None), None)
+    reason = "unsigned"
     if forgery == "untrusted_key":
         other = tmp_path / "other.seed"
         write_seed_file(other, generate_keypair().seed)
-        headers = ResponseSigner.load(other).headers(payload)
+        payload = _sealed(_result(None), ResponseSigner.load(other))
+        reason = "not a trusted worker key"
     elif forgery == "altered_bytes":
-        headers = ResponseSigner.load(trust_files.worker_seed_file).headers(payload)
+        payload = _sealed(_result(None), ResponseSigner.load(trust_files.worker_seed_file))
         payload = payload.replace(b'"ok":true', b'"ok":false')
-    with pytest.raises(UnverifiedResponse, match=r"^response signature: ") as refused:
-        verify_result(payload, headers, _keys(trust_files))
+        reason = "does not match"
+    with pytest.raises(UnverifiedResponse, match=rf"^result.*{reason}") as refused:
+        verify_result(payload, _keys(trust_files))
     assert refused.value.code.value == "connector_host.response_signing"
 
 
@@ -117,7 +127,7 @@ def test_a_chain_read_from_a_later_seq_still_closes() -> None:
 
 def test_a_forged_chunk_breaks_the_next_link() -> None:
     published = _chain(4)
-    forged = encode(
+    forged = encode_chunk(
         make_chunk(
             ChunkKind.DATA,
             action_id=ACTION,
@@ -137,7 +147,7 @@ def test_a_forged_chunk_breaks_the_next_link() -> None:
 
 def test_a_forged_last_chunk_does_not_close_on_the_signed_result() -> None:
     published = _chain(3)
-    forged_end = encode(
+    forged_end = encode_chunk(
         make_chunk(
             ChunkKind.DONE,
             action_id=ACTION,
@@ -205,6 +215,8 @@ def test_without_a_key_the_worker_signs_nothing_and_says_so(
 
 
 def test_the_signature_headers_are_the_envelope_format(trust_files: TrustFiles) -> None:
+    """Header signatures stay for what is not an AIP Envelope yet (DLQ entries,
+    escalations, receipts, channel messages)."""
     headers = ResponseSigner.load(trust_files.worker_seed_file).headers(b"x")
     assert set(headers) == {SIGNER_HEADER, SIGNATURE_HEADER}
     assert len(headers[SIGNATURE_HEADER]) == 86

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
@@ -19,6 +18,7 @@ from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import chunk_view
 from worker.bus.acked_publish import AckedPublisher
 from worker.bus.publisher import MSG_ID, BusPublisher
 from worker.execution.chunk_stream import ChunkStream
@@ -107,7 +107,7 @@ async def test_a_chunk_stream_on_it_stores_every_chunk_in_order(nats_server: Ser
         seqs = []
         try:
             while True:
-                seqs.append(msgspec.json.decode((await sub.next_msg(timeout=0.5)).data)["seq"])
+                seqs.append(chunk_view((await sub.next_msg(timeout=0.5)).data)["seq"])
         except nats.errors.TimeoutError:
             pass
         assert seqs == list(range(300))

@@ -13,19 +13,18 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Mapping
 
-import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
 from nats.js.api import PubAck
 
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from schemas.codec import encode
 from schemas.errors import ErrorCode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import chunk_view
 from worker.bus.publisher import BusPublisher
 from worker.errors import protocol_error
 from worker.execution.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
@@ -34,6 +33,7 @@ from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseGrant
 from worker.testing.services import ServiceHandle
 from worker.trust.responses import sha256_hex
+from worker.wire.chunks import decode_chunk, encode_chunk
 
 ENDPOINT = "h1"
 
@@ -69,7 +69,7 @@ async def _stored(nc: Client, action_id: str) -> list[bytes]:
 
 
 def _seqs(stored: list[bytes]) -> list[object]:
-    return [msgspec.json.decode(data)["seq"] for data in stored]
+    return [chunk_view(data)["seq"] for data in stored]
 
 
 async def test_only_the_first_terminal_chunk_counts_and_closes_the_stream(nc: Client) -> None:
@@ -147,7 +147,12 @@ class _FailingFirst(BusPublisher):
         return future
 
     async def chunk_once(
-        self, chunk: StreamChunk, *, subject: str | None = None, mac: str | None = None
+        self,
+        chunk: StreamChunk,
+        data: bytes,
+        *,
+        subject: str | None = None,
+        mac: str | None = None,
     ) -> PubAck:
         self.resent.append(chunk.seq)
         return PubAck(stream="AIP_HERMES_CHUNKS", seq=chunk.seq + 1)
@@ -189,7 +194,7 @@ async def test_chunks_the_bus_refuses_are_held_in_order_and_sent_when_it_is_back
     reason = publisher.health.reason()
     assert reason is not None
     assert "JetStream is not answering" in reason
-    owed = [msgspec.json.decode(line) for line in stream.owed.split(b"\n")]
+    owed = [chunk_view(line) for line in stream.owed.split(b"\n")]
     assert [c["seq"] for c in owed] == [1, 2, 3]
     await provision(js, Subjects(), [ENDPOINT], StreamPolicy(ack_wait_s=5.0))
     await stream.emit(ChunkKind.DATA, {"n": 4})  # still held: chunk 1 goes first
@@ -199,7 +204,7 @@ async def test_chunks_the_bus_refuses_are_held_in_order_and_sent_when_it_is_back
     stored = await _stored(nc, action_id)
     assert _seqs(stored) == [1, 2, 3, 4]
     for before, after in itertools.pairwise(stored):
-        assert msgspec.json.decode(after)["prev_sha256"] == sha256_hex(before)
+        assert chunk_view(after)["prev_sha256"] == sha256_hex(before)
 
 
 def test_a_refused_action_s_stream_is_one_error_chunk_at_seq_0() -> None:
@@ -207,12 +212,13 @@ def test_a_refused_action_s_stream_is_one_error_chunk_at_seq_0() -> None:
     error = protocol_error(ErrorCode.CONFIGURATION_OR_INPUT, "no", endpoint_id=ENDPOINT)
     chunk = refusal_chunk(action_id, ENDPOINT, error, 1234)
     assert (chunk.seq, chunk.kind, chunk.prev_sha256) == (0, ChunkKind.ERROR, None)
-    assert encode(refusal_chunk(action_id, ENDPOINT, error, 1234)) == encode(chunk)
+    assert encode_chunk(refusal_chunk(action_id, ENDPOINT, error, 1234)) == encode_chunk(chunk)
 
 
-def test_a_stored_terminal_chunk_decodes_to_a_chunk_that_encodes_to_the_same_bytes() -> None:
-    """The Outbox re-sends a stored terminal chunk from its decoded form when its
-    confirmation is missing: the bytes (and so the hash the result names) must not change."""
+def test_a_chunk_encodes_to_the_same_bytes_every_time_and_back_from_its_decoding() -> None:
+    """A chunk stream re-encodes a chunk to re-send it or to record the chain's head: the
+    bytes (and so the hash the next chunk and the result name) must not change, and a
+    decoded route chunk gives back the bytes it came from."""
     chunk = make_chunk(
         ChunkKind.ERROR,
         action_id=new_action_id(),
@@ -224,5 +230,6 @@ def test_a_stored_terminal_chunk_decodes_to_a_chunk_that_encodes_to_the_same_byt
         run_id="run_1",
         prev_sha256="0" * 64,
     )
-    data = encode(chunk)
-    assert encode(msgspec.json.decode(data, type=StreamChunk)) == data
+    data = encode_chunk(chunk)
+    assert encode_chunk(chunk) == data
+    assert encode_chunk(decode_chunk(data)[0]) == data

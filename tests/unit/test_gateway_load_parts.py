@@ -10,13 +10,13 @@ import time
 import pytest
 
 from schemas.chunk import DataChunk, DoneChunk
-from schemas.codec import encode
 from schemas.errors import ErrorCode
 from worker.channel.redaction import scrub, scrub_text
 from worker.errors import ConnectorError
 from worker.gateway.chunk_reads import ChunkReader
 from worker.gateway.follow_limits import FollowLimits
 from worker.gateway.principals import Principal
+from worker.wire.chunks import encode_chunk
 
 ACTION = "act_" + "1" * 32
 
@@ -59,7 +59,7 @@ def _chain(texts: list[str | None], action_id: str = ACTION) -> list[bytes]:
             "ts_unix_ms": 1,
         }
         chunk = DoneChunk(**common) if text is None else DataChunk(payload=text, **common)
-        data = encode(chunk)
+        data = encode_chunk(chunk)
         out.append(data)
         prev = hashlib.sha256(data).hexdigest()
     return out

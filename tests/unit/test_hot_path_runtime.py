@@ -15,7 +15,6 @@ from nats.js.api import PubAck
 
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from schemas.codec import encode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects, chunk_msg_id
 from worker.bus.audit import SEAL_AFTER_S, AuditLog
@@ -28,6 +27,7 @@ from worker.store.lease_store import AcquireStatus, LeaseGrant, LeaseStore
 from worker.testing.services import ServiceHandle
 from worker.trust.responses import ResponseSigner, sha256_hex
 from worker.trust.signing import generate_keypair, write_seed_file
+from worker.wire.chunks import encode_chunk
 
 
 @pytest.fixture
@@ -90,14 +90,15 @@ async def test_a_batch_confirmation_resends_exactly_the_unconfirmed_chunks() -> 
     js = _FakeJs()
     publisher = BusPublisher(js, Subjects(), confirm_timeout_s=0.1)  # type: ignore[arg-type]
     action_id = new_action_id()
-    pending = [(c, await publisher.chunk(c)) for c in (_chunk(action_id, s) for s in range(4))]
+    chunks = [_chunk(action_id, s) for s in range(4)]
+    pending = [(c, encode_chunk(c), await publisher.chunk(c, encode_chunk(c))) for c in chunks]
     js.futures[0].set_result(PubAck(stream="S", seq=1))
     js.futures[1].set_exception(TimeoutError())
     js.futures[3].set_result(PubAck(stream="S", seq=2))
     await publisher.confirm(pending)  # chunk 2 never confirms: cancelled, then re-sent
     # Re-sent under their content-bound ids (seq and the bytes' hash), as first sent.
     assert [h[MSG_ID] for _, h in js.awaited] == [
-        chunk_msg_id(action_id, chunk.seq, sha256_hex(encode(chunk))) for chunk, _ in pending[1:3]
+        chunk_msg_id(action_id, chunk.seq, sha256_hex(data)) for chunk, data, _ in pending[1:3]
     ]
     assert js.futures[2].cancelled()  # its in-flight slot is given back
 

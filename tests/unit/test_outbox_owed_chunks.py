@@ -10,25 +10,26 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
 
 from schemas.action import Action, Identity
 from schemas.chunk import ChunkKind, make_chunk
-from schemas.codec import encode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects, chunk_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import result_view
 from worker.bus.audit import AuditLog
 from worker.bus.publisher import BusPublisher
 from worker.metrics import Metrics
 from worker.pipeline.outbox import Outbox, Settled
 from worker.testing.services import ServiceHandle
 from worker.trust.responses import sha256_hex
+from worker.wire.chunks import encode_chunk
+from worker.wire.results import encode_result
 
 ENDPOINT = "h1"
 
@@ -56,7 +57,7 @@ def _chain(action_id: str, count: int) -> list[bytes]:
             payload={"status": "completed"} if kind is ChunkKind.DONE else {"n": seq},
             prev_sha256=sha256_hex(chunks[-1]) if chunks else None,
         )
-        chunks.append(encode(chunk))
+        chunks.append(encode_chunk(chunk))
     return chunks
 
 
@@ -98,7 +99,7 @@ async def test_owed_chunks_go_out_before_the_terminal_one_without_copies(nc: Cli
             chunks[seq],
             headers={"Nats-Msg-Id": chunk_msg_id(action_id, seq, sha256_hex(chunks[seq]))},
         )
-    result = encode(
+    result = encode_result(
         ActionResult(
             action_id=action_id,
             capability=action.capability,
@@ -109,7 +110,10 @@ async def test_owed_chunks_go_out_before_the_terminal_one_without_copies(nc: Cli
             settled_at_unix_ms=1,
             last_chunk_sha256=sha256_hex(chunks[5]),
             action_sha256="0" * 64,
-        )
+        ),
+        action=action,
+        signer=None,
+        endpoint_id=ENDPOINT,
     )
     # A crash after chunk 2 of the owed ones was stored: the next republish sends 3 and 4.
     await nc.jetstream().publish(
@@ -123,9 +127,8 @@ async def test_owed_chunks_go_out_before_the_terminal_one_without_copies(nc: Cli
     stored = await _stored(nc, subject)
     assert stored == chunks
     [on_bus] = await _stored(nc, subjects.results(ENDPOINT, action_id))
-    assert msgspec.json.decode(on_bus, type=ActionResult).last_chunk_sha256 == sha256_hex(
-        stored[-1]
-    )
+    assert on_bus == result  # the stored bytes, as they are
+    assert result_view(on_bus)["last_chunk_sha256"] == sha256_hex(stored[-1])
     # Again, the result on the bus: nothing more is sent.
     await asyncio.sleep(0.7)
     await outbox.republish([], action, ENDPOINT, settled)

@@ -3,10 +3,11 @@
 Chunks go out with `publish_async` (bounded in flight, ~8x an awaited publish here) and are
 confirmed before the Action settles; a result is published awaited, because the delivery is
 acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a republish after a
-crash or a retry is dropped by the server inside the duplicate window. Results, DLQ
-entries, escalations, receipts, channel deliveries and ingress messages are signed with the
-worker's key when it has one (`worker.trust.responses`): each reader believes only what a
-trusted worker signed.
+crash or a retry is dropped by the server inside the duplicate window. Chunks and results are
+AIP Envelopes made by `worker.wire.chunks` / `worker.wire.results` (a result already signed
+inside, `security.signature`); DLQ entries, escalations, receipts, channel deliveries and
+ingress messages are signed with the worker's key in headers when it has one
+(`worker.trust.responses`): each reader believes only what a trusted worker signed.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from subjects.grammar import (
 from worker import tracing
 from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
+from worker.wire.chunks import encode_chunk
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
     from worker.bus.acked_publish import AckedPublisher
@@ -157,7 +159,7 @@ class BusPublisher:
         subject, as a stream of thousands of chunks does once; with `mac`, its chain MAC:
         `worker.execution.chunk_chain`; with `trace`, its batch's trace headers); the
         returned future confirms it (see `confirm`)."""
-        payload = encode(chunk) if data is None else data
+        payload = encode_chunk(chunk) if data is None else data
         headers = chunk_headers(chunk, payload, sha256, mac, trace)
         if trace is None:
             tracing.inject(headers)  # a lone chunk (the terminal one): the current span's
@@ -168,8 +170,9 @@ class BusPublisher:
             self.confirm_timeout_s,
         )
 
-    async def chunk_awaited(self, chunk: StreamChunk) -> PubAck:
-        payload = encode(chunk)
+    async def chunk_awaited(self, chunk: StreamChunk, data: bytes | None = None) -> PubAck:
+        """One awaited publish of a chunk (as `data` when the caller holds its bytes)."""
+        payload = encode_chunk(chunk) if data is None else data
         return await self._publish(
             self.subjects.chunks(chunk.endpoint_id, chunk.action_id),
             payload,
@@ -177,11 +180,17 @@ class BusPublisher:
         )
 
     async def chunk_once(
-        self, chunk: StreamChunk, *, subject: str | None = None, mac: str | None = None
+        self,
+        chunk: StreamChunk,
+        data: bytes,
+        *,
+        subject: str | None = None,
+        mac: str | None = None,
     ) -> PubAck:
-        """One awaited publish of a chunk whose confirmation went missing, no retry: the
-        chunk stream holds it back when the bus refuses it (`worker.execution.chunk_stream`)."""
-        payload = encode(chunk)
+        """One awaited publish of a chunk (its exact bytes `data`) whose confirmation went
+        missing, no retry: the chunk stream holds it back when the bus refuses it
+        (`worker.execution.chunk_stream`)."""
+        payload = data
         headers = chunk_headers(chunk, payload, mac=mac)
         tracing.inject(headers)
         try:
@@ -198,7 +207,9 @@ class BusPublisher:
         self.health.succeeded()
         return ack
 
-    async def confirm(self, pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]]) -> None:
+    async def confirm(
+        self, pending: list[tuple[StreamChunk, bytes, asyncio.Future[PubAck]]]
+    ) -> None:
         """Wait for chunk confirmations; a failed one is sent once more (same Msg-Id).
 
         One wait for the whole batch (at most `confirm_timeout_s`), not a timer per chunk:
@@ -206,28 +217,28 @@ class BusPublisher:
         missing after the wait is cancelled (which frees its in-flight slot) and its chunk
         published again, awaited, in seq order.
         """
-        waiting = [future for _, future in pending if not future.done()]
+        waiting = [future for _, _, future in pending if not future.done()]
         if waiting:
             await asyncio.wait(waiting, timeout=self.confirm_timeout_s)
-        for chunk, future in pending:
+        for chunk, data, future in pending:
             if confirmed(future):
                 continue
             future.cancel()
             try:
-                await self.chunk_awaited(chunk)
+                await self.chunk_awaited(chunk, data)
             except Exception as exc:
                 raise PublishFailed(f"chunk {chunk.seq}: {type(exc).__name__}") from None
 
     async def result_bytes(self, endpoint_id: str, action_id: str, stored: bytes) -> PubAck:
-        """Publish a result as stored, byte for byte, signed; a republish of the same bytes
-        has the same Msg-Id (whichever worker signs it) and is dropped as a duplicate."""
+        """Publish a result Envelope as stored (signed when it was sealed), byte for byte; a
+        republish of the same bytes has the same Msg-Id (whichever worker sends it) and is
+        dropped as a duplicate."""
         if self.before_result is not None:
             await self.before_result(action_id)
         digest = hashlib.sha256(stored).hexdigest()
-        signature = self.signer.headers(stored) if self.signer is not None else None
         subject = self.subjects.results(endpoint_id, action_id)
         msg_id = result_msg_id(action_id, digest)
-        headers = dict(signature or {})
+        headers: dict[str, str] = {}
         with tracing.producing(
             subject,
             headers,

@@ -55,6 +55,7 @@ from worker.pipeline.steps import check_msg_id
 from worker.store.clock import now_ms
 from worker.trust.responses import verify_worker_signed
 from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,6 @@ DELIVERY_OPERATION = "session_chat"
 MAX_DELIVERY_BYTES = 64 * 1024
 
 _decoder = msgspec.json.Decoder(ChannelDelivery)
-_result_decoder = msgspec.json.Decoder(ActionResult)
 
 
 def delivery_id(rule_id: str, source_id: str) -> str:
@@ -235,8 +235,8 @@ class EgressIntake:
                 f"source {request.source_action_id} is not settled here",
             )
         try:
-            result = _result_decoder.decode(stored)
-        except msgspec.DecodeError:
+            result, _ = decode_result(stored)
+        except EnvelopeRejected:
             raise Rejected(
                 ErrorCode.CONFIGURATION_OR_INPUT,
                 f"the stored result of {request.source_action_id} does not decode",

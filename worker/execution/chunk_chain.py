@@ -33,11 +33,11 @@ import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import msgspec
-
+from schemas.errors import EnvelopeRejected
 from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
 from worker.bus.stream_reads import drain
 from worker.store.lease_store import ChunkChainRecord, ChunkHead
+from worker.wire.chunks import decode_chunk
 
 #: Hex digits of the HMAC kept in the header (128 bits).
 MAC_HEX = 32
@@ -88,14 +88,6 @@ class ChainStart:
     adopted: int
 
 
-class _Link(msgspec.Struct):
-    seq: int
-    prev_sha256: str | None = None
-
-
-_link_decoder = msgspec.json.Decoder(_Link)
-
-
 async def continue_chain(
     publisher: BusPublisher,
     record: ChunkChainRecord,
@@ -131,8 +123,8 @@ async def continue_chain(
     for msg in tail:
         data = msg.data or b""
         try:
-            link = _link_decoder.decode(data)
-        except msgspec.DecodeError:
+            link, _ = decode_chunk(data)
+        except EnvelopeRejected:
             continue
         if link.seq < next_seq:
             continue

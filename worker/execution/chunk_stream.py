@@ -48,7 +48,6 @@ import msgspec
 from nats.js.api import PubAck
 
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ResultStatus
 from worker import tracing
@@ -60,6 +59,7 @@ from worker.metrics import Metrics
 from worker.store.clock import now_ms
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import ChunkHead, LeaseStore
+from worker.wire.chunks import encode_chunk
 
 log = logging.getLogger(__name__)
 
@@ -102,8 +102,11 @@ class ChunkStream:
         metrics: Metrics | None = None,
         leases: LeaseStore | None = None,
         head_stream_seq: int = 0,
+        operator: bool = False,
     ) -> None:
         self.publisher = publisher
+        #: The chunks are the operator's (their AIP `data` is `{"hermes_operator": …}`).
+        self.operator = operator
         self.lease = lease
         self.action_id = action_id
         self.endpoint_id = endpoint_id
@@ -151,6 +154,7 @@ class ChunkStream:
         endpoint_id: str,
         metrics: Metrics | None = None,
         leases: LeaseStore | None = None,
+        operator: bool = False,
     ) -> ChunkStream:
         """The stream at seq 0, or, after a takeover, continued where the chain's recorded
         head and the earlier owners' MAC-proven chunks end (`chunk_chain.continue_chain`):
@@ -175,7 +179,13 @@ class ChunkStream:
             metrics=metrics,
             leases=leases,
             head_stream_seq=stream_seq,
+            operator=operator,
         )
+
+    def encode(self, chunk: StreamChunk) -> bytes:
+        """The wire bytes of one of this stream's chunks (`worker.wire.chunks`): the same
+        chunk always gives the same bytes, so a re-send or a record hashes alike."""
+        return encode_chunk(chunk, operator=self.operator)
 
     def _mac(self, data: bytes, sha256: str | None = None) -> str | None:
         """The chain MAC of a chunk's bytes under this delivery's key (None without one)."""
@@ -237,7 +247,7 @@ class ChunkStream:
                 )
             return self._terminal.seq
         chunk = self._make(kind, payload, provider_event=provider_event, run_id=run_id)
-        data = encode(chunk)
+        data = self.encode(chunk)
         sha = self._prev_sha256 = hashlib.sha256(data).hexdigest()
         if self._owed:
             # Held: an earlier chunk is waiting for the bus, and nothing may overtake it.
@@ -362,9 +372,10 @@ class ChunkStream:
             future.cancel()
             if first is not None:
                 self._refused(chunk.seq, first)
+            data = self.encode(chunk)
             try:
                 await self.publisher.chunk_once(
-                    chunk, subject=self._subject, mac=self._mac(encode(chunk))
+                    chunk, data, subject=self._subject, mac=self._mac(data)
                 )
             except Exception as exc:
                 self._refused(chunk.seq, exc)
@@ -372,7 +383,7 @@ class ChunkStream:
                 for _, later in held:
                     later.cancel()
                 self._owed, owed, self._owed_bytes = [], self._owed, 0
-                self._hold([(c, encode(c)) for c, _ in held] + owed)
+                self._hold([(c, self.encode(c)) for c, _ in held] + owed)
                 return
         if head and not self._owed:
             self._frontier = head[-1]
@@ -419,7 +430,7 @@ class ChunkStream:
             return
         if confirmed(future):
             self._head_stream_seq = future.result().seq or self._head_stream_seq
-        sha = hashlib.sha256(encode(chunk)).hexdigest()
+        sha = hashlib.sha256(self.encode(chunk)).hexdigest()
         head = ChunkHead(chunk.seq, sha, self._head_stream_seq)
         lease = self.lease
         try:
@@ -463,8 +474,8 @@ class ChunkStream:
 
     @property
     def owed(self) -> bytes:
-        """The chunks still held back, newline-separated JSON, oldest first (b"" for none):
-        what the settle stores beside the result (msgspec's JSON has no raw newline)."""
+        """The chunks still held back, newline-separated Envelopes, oldest first (b"" for
+        none): what the settle stores beside the result (canonical JSON has no raw newline)."""
         return b"\n".join(data for _, data in self._owed)
 
     def closing(self, kind: ChunkKind, payload: Any) -> StreamChunk:

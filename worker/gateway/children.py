@@ -25,7 +25,6 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 import msgspec
@@ -54,7 +53,6 @@ from worker.wire.actions import GATEWAY_SENDER, encode_action
 
 log = logging.getLogger(__name__)
 
-_result_decoder = msgspec.json.Decoder(ActionResult)
 _reply_decoder = msgspec.json.Decoder(CancelReply)
 CANCEL_TIMEOUT_S = 5.0
 #: Bound on `stored_result` reading the results subject again when its last message was
@@ -116,22 +114,14 @@ class Children:
         self.metrics = metrics
         self._refusals: OrderedDict[tuple[str, int], None] = OrderedDict()
 
-    def believe(
-        self,
-        action_id: str,
-        data: bytes,
-        headers: Mapping[str, str] | None,
-        envelope_sha256: str,
-    ) -> ActionResult:
-        """Child `action_id`'s result in `data`; `UnverifiedResponse` when trusted worker
-        keys are configured and none of them signed these bytes, or when the result names
+    def believe(self, action_id: str, data: bytes, envelope_sha256: str) -> ActionResult:
+        """Child `action_id`'s result in the `action_result` Envelope `data`;
+        `UnverifiedResponse` when it is no result Envelope, when trusted worker keys are
+        configured and none of them made its AIP signature, or when the result names
         another Action or another envelope than the one dispatched (`envelope_sha256`): a
         genuine answer to someone else's Action under this id, or replayed onto this
-        subject, is not this child's. A decode failure raises `msgspec.DecodeError`."""
-        if self.trusted_worker_keys is None:
-            result = _result_decoder.decode(data)
-        else:
-            result = verify_result(data, headers, self.trusted_worker_keys)
+        subject, is not this child's."""
+        result = verify_result(data, self.trusted_worker_keys)
         if result.action_id != action_id:
             raise UnverifiedResponse(f"the result on the subject of {action_id} names another")
         if result.action_sha256 != envelope_sha256:
@@ -273,12 +263,10 @@ class Children:
                 if msg is None:
                     return refused
                 try:
-                    return self.believe(action_id, msg.data or b"", msg.headers, expected)
+                    return self.believe(action_id, msg.data or b"", expected)
                 except UnverifiedResponse as exc:
                     # Not a trusted worker's: the real result may still follow.
                     refused = self._refused(action_id, msg.seq, exc)
-                except msgspec.DecodeError:
-                    log.warning("an undecodable result on %s is ignored", subject)
 
     async def _results_stream(self, subject: str, deadline: float) -> str | None:
         """The stream that stores `subject` (None: none does); NATS errors (a reconnect)
@@ -308,11 +296,9 @@ class Children:
             return None
         try:
             expected = self.envelope_sha256(child, route, self.signer)
-            return self.believe(action_id, msg.data or b"", msg.headers, expected)
+            return self.believe(action_id, msg.data or b"", expected)
         except UnverifiedResponse as exc:
             refused = self._refused(action_id, msg.seq, exc)
-        except msgspec.DecodeError:
-            return None
         found = await self.wait_result(route, child, RESCAN_TIMEOUT_S, until_drained=True)
         return found or refused
 

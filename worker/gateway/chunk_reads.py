@@ -1,8 +1,9 @@
 """Which chunks on a child's chunk subject are the child's: what `aip_action_events` passes.
 
 Anyone who may publish on a chunk subject can put anything there, so a message is a chunk
-of the child only when it decodes as a `StreamChunk` naming the child, and only along the
-hash chain its executor wrote (each chunk names the sha256 of the one before it):
+of the child only when it is an AIP `stream_chunk` Envelope (`worker.wire.chunks`) naming
+the child, and only along the hash chain its executor wrote (each chunk names, in its
+extension's `prev_sha256`, the sha256 of the exact bytes of the one before it):
 
 - once the child's signed result is on the bus, the chain is walked back from the chunk
   hash the result names (`last_chunk_sha256`) to chunk 0: exactly the executor's chunks,
@@ -12,8 +13,10 @@ hash chain its executor wrote (each chunk names the sha256 of the one before it)
   (`verified: false`: a forger who links to the real last chunk is indistinguishable until
   the result arrives, docs/security.md).
 
-A message that does not decode (not JSON, another shape) is skipped, never fatal: before,
-one non-JSON message on the subject broke every later `aip_action_events` of that child.
+A message that does not decode (not JSON, not a chunk Envelope) is skipped, never fatal:
+before, one non-JSON message on the subject broke every later `aip_action_events` of that
+child. The events handed on are the chunks in the project's own form (`schemas/chunk.py`:
+`seq`, `kind`, `payload`, `provider_event`…), not the Envelopes.
 """
 
 from __future__ import annotations
@@ -24,17 +27,18 @@ from typing import Any
 
 import msgspec
 
-from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
+from schemas.chunk import DoneChunk, ErrorChunk
+from schemas.errors import EnvelopeRejected
 from worker.trust.responses import sha256_hex
+from worker.wire.chunks import decode_chunk
 
 log = logging.getLogger(__name__)
-
-_chunk_decoder = msgspec.json.Decoder(StreamChunk)
 
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """One decodable chunk of the child as stored: its hash, its fields and its JSON."""
+    """One decodable chunk of the child as stored: its hash, its fields and its JSON (the
+    chunk's own form, as an event of `aip_action_events`)."""
 
     sha256: str
     seq: int
@@ -55,11 +59,11 @@ class ChunkReader:
     def add(self, data: bytes) -> Link | None:
         """Keep `data` if it is a chunk of this child (None, counted, if not)."""
         try:
-            chunk = _chunk_decoder.decode(data)
-            document = msgspec.json.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            chunk, _ = decode_chunk(data)
+        except EnvelopeRejected:
             self.skipped += 1
             return None
+        document = msgspec.to_builtins(chunk)
         if chunk.action_id != self.action_id or not isinstance(document, dict):
             self.skipped += 1
             return None

@@ -27,12 +27,10 @@ import logging
 import secrets
 from typing import Any
 
-import msgspec
 from nats.aio.msg import Msg
 
 from schemas.audit import ReceiptEvent
-from schemas.codec import encode
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.bus.dead_letters import Kept
@@ -46,6 +44,8 @@ from worker.pipeline.runtime import Runtime
 from worker.store.clock import now_ms
 from worker.store.lease_store import AcquireStatus, LeaseGrant, SettleStatus
 from worker.trust.responses import sha256_hex
+from worker.wire.chunks import encode_chunk
+from worker.wire.results import as_sent, decode_result, encode_result
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ class Answers:
         cause = refusal.error
         if grant.attempted_fence:
             cause = attempted_before(refused=refusal.error.code)
-        error = cause.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only)
+        error = as_sent(cause.to_protocol(endpoint_id=endpoint_id, read_only=refusal.read_only))
         rt.audit.emit(
             ReceiptEvent.REFUSED,
             action_id=action.id,
@@ -153,7 +153,9 @@ class Answers:
             rt.publisher, rt.stores.leases, delivery.keys,
             fence=grant.fence, action_id=action.id, endpoint_id=endpoint_id,
         )  # fmt: skip
-        chunk = encode(refusal_chunk(action.id, endpoint_id, error, settled_at, start=start))
+        chunk = encode_chunk(
+            refusal_chunk(action.id, endpoint_id, error, settled_at, start=start)
+        )
         # Settled as a plain refusal (nothing attempted): another request under the id may
         # still take it (a forgery refused first does not burn an approved id, issue 24);
         # an uncertain one, after an earlier attempt, stands for good.
@@ -177,15 +179,22 @@ class Answers:
         `original_action_id`. Nothing is sent to Hermes."""
         rt = self.rt
         action, endpoint_id = delivery.action, delivery.endpoint_id
+        try:
+            first, _ = decode_result(original)
+        except EnvelopeRejected:
+            # Not an Envelope this worker reads (stored by another version): nothing is
+            # settled or sent to Hermes; the delivery is redelivered later.
+            log.warning("stored result of %s does not decode; replay deferred", original_action_id)
+            await self.nak(delivery.msg)
+            return
         owner, grant = await self.acquire(delivery, to_execute=False)
         if not await self.without_lease(delivery, grant):
             return
-        first = msgspec.json.decode(original, type=ActionResult)
         # A holder answered with an earlier holder's result names that one: the Action
         # that ran.
         original_action_id = first.original_action_id or original_action_id
         settled_at = now_ms()
-        chunk = encode(
+        chunk = encode_chunk(
             replay_chunk(
                 action.id, endpoint_id, first.status, first.error, original_action_id, settled_at
             )
@@ -231,7 +240,13 @@ class Answers:
             action_sha256=sha256_hex(delivery.msg.data),
             **outcome,
         )
-        result_bytes = encode(result)
+        signer = self.rt.publisher.signer
+        result_bytes = encode_result(
+            result,
+            action=action,
+            signer=signer.aip if signer is not None else None,
+            endpoint_id=endpoint_id,
+        )
         stored = await self.rt.stores.leases.settle(
             delivery.keys, owner, fence, result_bytes, chunk, refused=refused
         )
@@ -247,7 +262,7 @@ class Answers:
         # Like every Action, one answered without running ends its chunk stream before its
         # result, so a consumer following the chunks learns the outcome too.
         await self.outbox.publish(
-            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk), result=result
+            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk)
         )
         return True
 

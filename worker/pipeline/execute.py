@@ -75,6 +75,7 @@ class Leased:
         chunks = await ChunkStream.open(
             rt.publisher, lease, action_id=action.id, endpoint_id=endpoint_id,
             metrics=rt.metrics, leases=rt.stores.leases,
+            operator=operation.spec.name == "operator",
         )
         execution = Execution(
             action=action,

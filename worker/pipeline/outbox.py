@@ -8,6 +8,11 @@ every message of the delivery (docs/architecture.md §4, steps 6-8). Three calle
 `Answers.republish` when a redelivery finds the Action settled but its result missing from
 the bus -- and all three go through `Outbox`, so the order and the contents cannot drift.
 
+The result is stored as its signed AIP Envelope and the chunks as their Envelopes
+(`worker.wire.results`, `worker.wire.chunks`): what is republished is byte for byte what
+was first published, signature included, and the result's `last_chunk_sha256` still names
+the stored terminal chunk's bytes.
+
 The terminal chunk is stored with the result by the same settle script
 (`worker/store/lua/settle.lua`), so whoever republishes a stored result republishes its
 terminal chunk too: a consumer of the chunk subject sees exactly one terminal chunk after
@@ -33,7 +38,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-import msgspec
 from nats.aio.msg import Msg
 from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
@@ -41,6 +45,7 @@ from nats.js.errors import NotFoundError
 from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from schemas.chunk import StreamChunk
+from schemas.errors import EnvelopeRejected
 from schemas.escalation import Escalation
 from schemas.result import ActionResult
 from subjects.grammar import Subjects
@@ -49,11 +54,10 @@ from worker.bus.audit import AuditLog
 from worker.bus.publisher import BusPublisher
 from worker.metrics import Metrics
 from worker.trust.responses import sha256_hex
+from worker.wire.chunks import decode_chunk
+from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
-
-_result_decoder = msgspec.json.Decoder(ActionResult)
-_chunk_decoder = msgspec.json.Decoder(StreamChunk)
 
 
 @dataclass(slots=True)
@@ -96,12 +100,22 @@ class Settled:
 
 
 def decoded_result(stored: bytes | None) -> ActionResult | None:
-    """The stored result, or None when there is none or it does not decode."""
+    """The stored result (an `action_result` Envelope), or None when there is none or it
+    does not decode (its signature, made by this deployment's workers, is not checked:
+    Redis is the workers' own store)."""
     if stored is None:
         return None
     try:
-        return _result_decoder.decode(stored)
-    except msgspec.DecodeError:
+        return decode_result(stored)[0]
+    except EnvelopeRejected:
+        return None
+
+
+def _chunk_of(data: bytes) -> StreamChunk | None:
+    """A stored or published chunk Envelope's chunk; None when it does not decode."""
+    try:
+        return decode_chunk(data)[0]
+    except EnvelopeRejected:
         return None
 
 
@@ -125,17 +139,13 @@ class Outbox:
         self.outputs = outputs
 
     async def publish(
-        self,
-        msgs: list[Msg],
-        action: Action,
-        endpoint_id: str,
-        settled: Settled,
-        *,
-        result: ActionResult | None = None,
+        self, msgs: list[Msg], action: Action, endpoint_id: str, settled: Settled
     ) -> None:
         """The first publication after this worker's own settle: outputs, terminal chunk,
-        result, ack. `result` is the decoded `settled.result` when the caller has it."""
-        await self._outputs(action, result or decoded_result(settled.result), republished=False)
+        result, ack. The outputs read the result decoded from the stored Envelope, as a
+        republish does: what they make of it (a channel delivery's text, an escalation)
+        is the same either way (the Envelope's canonical JSON orders an output's keys)."""
+        await self._outputs(action, decoded_result(settled.result), republished=False)
         await self._terminal_and_result(endpoint_id, action.id, settled)
         faults.hit("before_ack", action.id)
         await self.ack_all(msgs)
@@ -175,14 +185,16 @@ class Outbox:
         """The chunks the bus refused earlier and the terminal chunk (when owed), then the
         result, the chunks confirmed together with the awaited result: one round trip, and
         the chunks, sent first on the same connection, are stored first, in seq order."""
-        pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]] = []
+        pending: list[tuple[StreamChunk, bytes, asyncio.Future[PubAck]]] = []
         for data in settled.owed_chunks():
-            chunk = _chunk_decoder.decode(data)
-            pending.append((chunk, await self.publisher.chunk(chunk, data)))
-        if settled.terminal is not None:
-            # Decoded for a re-send only: msgspec encodes a decoded chunk to the same bytes.
-            chunk = _chunk_decoder.decode(settled.terminal)
-            pending.append((chunk, await self.publisher.chunk(chunk, settled.terminal)))
+            chunk = _chunk_of(data)
+            if chunk is not None:
+                pending.append((chunk, data, await self.publisher.chunk(chunk, data)))
+        terminal = settled.terminal
+        chunk = _chunk_of(terminal) if terminal is not None else None
+        if terminal is not None and chunk is not None:
+            # Decoded for its subject and Msg-Id only: the stored bytes are what is sent.
+            pending.append((chunk, terminal, await self.publisher.chunk(chunk, terminal)))
             faults.hit("after_terminal_chunk", action_id)
         await self.publisher.result_bytes(endpoint_id, action_id, settled.result)
         faults.hit("after_result_publish", action_id)
@@ -233,14 +245,15 @@ class Outbox:
         except NotFoundError:
             return settled
         last_data = last.data or b""
-        try:
-            last_seq = _chunk_decoder.decode(last_data).seq
-        except msgspec.DecodeError:
-            last_seq = -1
-        owed = [c for c in settled.owed_chunks() if _chunk_decoder.decode(c).seq > last_seq]
+        last_chunk = _chunk_of(last_data)
+        last_seq = last_chunk.seq if last_chunk is not None else -1
+        owed = [
+            c for c in settled.owed_chunks() if (o := _chunk_of(c)) is not None and o.seq > last_seq
+        ]
         terminal = settled.terminal
+        stored_terminal = _chunk_of(terminal) if terminal is not None else None
         if terminal is not None and (
-            last_data == terminal or _chunk_decoder.decode(terminal).seq <= last_seq
+            last_data == terminal or stored_terminal is None or stored_terminal.seq <= last_seq
         ):
             terminal = None
         return Settled(settled.result, terminal, b"\n".join(owed) or None)

@@ -15,7 +15,6 @@ import msgspec
 
 from schemas.audit import ReceiptEvent
 from schemas.chunk import ChunkKind
-from schemas.codec import encode
 from schemas.errors import ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
 from worker import faults
@@ -30,6 +29,7 @@ from worker.pipeline.runtime import Runtime
 from worker.store.clock import now_ms
 from worker.store.lease_store import SettleStatus
 from worker.trust.responses import sha256_hex
+from worker.wire.results import as_sent, encode_result
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +47,14 @@ class Settle:
         read_only = execution.operation.spec.read_only
         error: ProtocolError | None = None
         if outcome.error is not None:
-            error = outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=read_only)
+            error = as_sent(outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=read_only))
         terminal = execution.chunks.closing(
             ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
             {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
         )
-        terminal_bytes = encode(terminal)
+        terminal_bytes = execution.chunks.encode(terminal)
+        signer = rt.publisher.signer
+        aip_signer = signer.aip if signer is not None else None
         result = ActionResult(
             action_id=action.id,
             capability=action.capability,
@@ -66,17 +68,19 @@ class Settle:
             last_chunk_sha256=sha256_hex(terminal_bytes),
             action_sha256=sha256_hex(execution.messages[0].data),
         )
-        payload = encode(result)
+        # Sealed (and signed) once, here: Redis keeps the Envelope, and every publication
+        # of this result, a republish after a crash too, sends these very bytes.
+        payload = encode_result(result, action=action, signer=aip_signer, endpoint_id=endpoint_id)
         oversize = self.oversize(payload, terminal_bytes)
         if oversize is not None:
             # Measured before anything is stored: a result no bus message can carry would
             # be settled, never published, and redelivered forever.
-            error = oversize.to_protocol(endpoint_id=endpoint_id, read_only=read_only)
+            error = as_sent(oversize.to_protocol(endpoint_id=endpoint_id, read_only=read_only))
             terminal = ChunkStream.replaced(
                 terminal,
                 {"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
             )
-            terminal_bytes = encode(terminal)
+            terminal_bytes = execution.chunks.encode(terminal)
             result = msgspec.structs.replace(
                 result,
                 status=ResultStatus.FAILED,
@@ -84,7 +88,9 @@ class Settle:
                 error=error,
                 last_chunk_sha256=sha256_hex(terminal_bytes),
             )
-            payload = encode(result)
+            payload = encode_result(
+                result, action=action, signer=aip_signer, endpoint_id=endpoint_id
+            )
         lease = execution.lease
         lease.check()
         lease.ending = True
@@ -132,8 +138,7 @@ class Settle:
         )
         faults.hit("after_settle", action.id)
         await outbox.publish(
-            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None),
-            result=result,
+            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None)
         )
 
     def oversize(self, payload: bytes, terminal: bytes) -> ConnectorError | None:

@@ -20,11 +20,11 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
-from schemas.codec import encode
 from schemas.delegation import ChildAction
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import EndpointSubjects, result_msg_id
 from worker import tracing
+from worker.wire.results import encode_result
 
 SANDBOX_PREFIX = "cap:support_sandbox:"
 SANDBOX_SUBJECT_PREFIX = "aip.sandbox"
@@ -89,7 +89,7 @@ class EchoCapability:
         )
         await self.nc.jetstream().publish(
             self.subjects.results(child.id),
-            encode(result),
+            encode_result(result, action=None, signer=None, endpoint_id="sandbox"),
             headers={"Nats-Msg-Id": result_msg_id(child.id)},
         )
         await msg.ack()

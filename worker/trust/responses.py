@@ -5,7 +5,9 @@ subject trusted everyone with publish rights on it. Each worker therefore holds 
 nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an envelope
 (`Aip-Signer` / `Aip-Signature` headers, Ed25519 over the exact bytes):
 
-* every ActionResult, whose `last_chunk_sha256` is the hash of the Action's last chunk;
+* every ActionResult, as an AIP `action_result` Envelope with an AIP signature
+  (`security.signature`, the same key as a `did:key`: `worker.wire.results`), whose
+  `last_chunk_sha256` is the hash of the Action's last chunk;
 * every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
 * every Escalation, so a reader (`escalations list | show | resolve`, the `escalations_open`
   gauge) ignores one that anyone with publish rights on the escalations subject forged;
@@ -16,9 +18,10 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
   (`worker_trust`, `verify_worker_signed`).
 
 Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
-signature per provider event): each chunk carries `prev_sha256`, the hash of the chunk
-before it, so the signed result anchors the whole chain. A consumer verifies each link as
-chunks arrive and the chain's end against the signed result (`ChunkChain`).
+signature per provider event): each chunk Envelope carries `prev_sha256`, the hash of the
+exact bytes of the chunk before it, so the signed result anchors the whole chain. A
+consumer verifies each link as chunks arrive and the chain's end against the signed result
+(`ChunkChain`).
 
 A worker that takes an Action over continues the chain from the head its predecessor
 recorded (fenced) and the chunks after it that carry a predecessor's chain MAC, never from
@@ -40,9 +43,11 @@ import nkeys
 from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
 from schemas.dlq import dlq_material
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation
 from schemas.result import ActionResult
+from worker.aip.errors import AipWireError
+from worker.aip.signing import AipSigner, VerifiedEnvelope
 from worker.errors import (
     ConnectorError,
     ResponseSigningConfigError,
@@ -58,11 +63,12 @@ from worker.trust.signing import (
     decode_user_public_key,
     verify_envelope,
 )
+from worker.wire.chunks import decode_chunk
+from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened
+from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
 
-_result_decoder = msgspec.json.Decoder(ActionResult)
-_chunk_decoder = msgspec.json.Decoder(StreamChunk)
 _escalation_decoder = msgspec.json.Decoder(Escalation)
 _receipt_decoder = msgspec.json.Decoder(Receipt)
 
@@ -79,10 +85,13 @@ def sha256_hex(data: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ResponseSigner:
-    """This worker's signing key; `headers` signs one payload."""
+    """This worker's signing key: `headers` signs one payload the nkey way (DLQ entries,
+    escalations, receipts, channel messages), `aip` signs AIP Envelopes (results)."""
 
     _pair: nkeys.KeyPair = field(repr=False)
     public_key: str
+    #: The same Ed25519 key as an AIP signer (`did:key` of `public_key`).
+    aip: AipSigner = field(repr=False)
 
     @classmethod
     def load(cls, path: Path) -> ResponseSigner:
@@ -90,12 +99,20 @@ class ResponseSigner:
         what = "AIPD_WORKER_SIGNING_KEY_FILE"
         try:
             check_owner_only(path, what=what)
-            pair = _user_pair(path.read_bytes())
-        except (SecretFileError, OSError, ValueError) as exc:
+            seed = path.read_bytes()
+            pair = _user_pair(seed)
+            aip = AipSigner.from_nkey_seed(seed.strip())
+        except (SecretFileError, OSError, ValueError, AipWireError) as exc:
             raise ResponseSigningConfigError(
                 f"{ErrorCode.HOST_RESPONSE_SIGNING.value}: the worker cannot sign: {exc}"
             ) from None
-        return cls(pair, pair.public_key.decode())
+        return cls(pair, pair.public_key.decode(), aip)
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> ResponseSigner:
+        """From a user nkey seed already read (tests, tools); ValueError if it is not one."""
+        pair = _user_pair(seed)
+        return cls(pair, pair.public_key.decode(), AipSigner.from_nkey_seed(seed.strip()))
 
     def headers(self, payload: bytes) -> dict[str, str]:
         """`Aip-Signer` and `Aip-Signature` for `payload` (the gateway's envelope format)."""
@@ -170,12 +187,51 @@ def worker_trust(
     return TrustedGatewayKeys(keys) if keys else None
 
 
+def trusted_key_of(verified: VerifiedEnvelope, trusted: TrustedGatewayKeys) -> str | None:
+    """The entry of `trusted` (a `U…` nkey or a did:key: the same key either way) whose key
+    made the AIP signature `verified`; None when it is none of them."""
+    return trusted.signer_of(verified.public_key)
+
+
+def check_worker_signed(opened: Opened, trusted: TrustedGatewayKeys, *, what: str) -> str:
+    """The trusted worker key that signed the Envelope `opened` (whose signature, when it
+    has one, `open_envelope` verified); UnverifiedResponse when it is unsigned or another
+    key signed it."""
+    verified = opened.verified
+    if verified is None:
+        raise UnverifiedResponse(f"{what} signature: the Envelope is unsigned")
+    name = trusted_key_of(verified, trusted)
+    if name is None:
+        raise UnverifiedResponse(
+            f"{what} signature: signer {verified.did} is not a trusted worker key"
+        )
+    return name
+
+
+def open_result(
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> tuple[ActionResult, Opened]:
+    """`worker.wire.results.decode_result`, with every refusal (not an `action_result`
+    Envelope of ours, a signature that does not verify) an UnverifiedResponse: what is on
+    a results subject and is not a result is something no trusted worker published."""
+    try:
+        return decode_result(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"result: {exc.reason}") from None
+
+
 def verify_result(
-    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+    data: bytes,
+    trusted: TrustedGatewayKeys | None,
+    *,
+    max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
 ) -> ActionResult:
-    """The result in `payload` when a trusted worker key signed exactly these bytes."""
-    _verify(payload, headers or {}, trusted)
-    return _result_decoder.decode(payload)
+    """The result in the Envelope `data` when a trusted worker key signed it (`trusted`
+    None: any well-formed result, signed or not, is believed); UnverifiedResponse else."""
+    result, opened = open_result(data, max_bytes=max_bytes)
+    if trusted is not None:
+        check_worker_signed(opened, trusted, what="result")
+    return result
 
 
 def verify_dlq_entry(
@@ -203,6 +259,15 @@ def verify_receipt(
     return _receipt_decoder.decode(payload), signer
 
 
+def read_chunk(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> StreamChunk:
+    """The chunk in the `stream_chunk` Envelope `data`; UnverifiedResponse when it is not
+    one (anyone with publish rights on a chunk subject may put anything there)."""
+    try:
+        return decode_chunk(data, max_bytes=max_bytes)[0]
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"chunk: {exc.reason}") from None
+
+
 class ChunkChain:
     """Follows one Action's chunks as published and checks every link.
 
@@ -216,8 +281,9 @@ class ChunkChain:
         self.last_sha256: str | None = None
         self.last_seq: int | None = None
 
-    def add(self, data: bytes) -> StreamChunk:
-        chunk = _chunk_decoder.decode(data)
+    def add(self, data: bytes, chunk: StreamChunk | None = None) -> StreamChunk:
+        """Check the chunk Envelope `data` (`chunk`: its decoding, when the caller has it)."""
+        chunk = chunk if chunk is not None else read_chunk(data)
         if self.last_seq is not None:
             if chunk.seq != self.last_seq + 1 or chunk.prev_sha256 != self.last_sha256:
                 raise UnverifiedResponse(

@@ -1,0 +1,119 @@
+"""A live worker's results and chunks, read the way a consumer in another language reads
+them (plain `json`, PyNaCl, the did:key rules: shared/reference/aip-1.0-wire.md §1.3-§1.5,
+§2, docs/publishing.md): nothing from the project's codec decides what is right.
+
+- the result is one `aip.core.v1.action_result` Envelope whose AIP signature verifies, over
+  canonical JSON rebuilt by hand, with the did:key of the worker's key (derived here from
+  its nkey seed with `nkeys` and base58btc by hand);
+- it answers the Action Envelope it was sent in (`in_response_to` = that Envelope's
+  `message_id`, `to` = its `from`);
+- the chunks are unsigned `aip.core.v1.stream_chunk` Envelopes, `sequence` 0, 1, 2 … with
+  `data` in one of the documented forms, each naming the sha256 of the exact bytes of the
+  one before, and the signed result names the last one's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import json
+from typing import Any
+
+import nacl.signing
+import nkeys
+
+from tests.integration.stack import ENDPOINT, Stack
+from tests.vectors.aip.make_vectors import b58
+
+OURS = "org.aip-hermes-worker"
+CHUNK_BODY_FIELDS = {"action_id", "sequence", "kind", "data", "part"}
+DATA_FORMS = {"hermes_sse", "hermes_operator", "hermes_worker"}
+
+
+def _canonical(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def _worker_did(stack: Stack) -> tuple[str, nacl.signing.VerifyKey]:
+    """The did:key of the worker's signing key, from its nkey seed file (§2.5)."""
+    pair = nkeys.from_seed(bytearray(stack.trust.worker_seed_file.read_bytes().strip()))
+    raw = base64.b32decode(pair.public_key.decode())[1:33]  # 56 chars: no padding
+    return "did:key:z" + b58(b"\xed\x01" + raw), nacl.signing.VerifyKey(raw)
+
+
+async def _published(stack: Stack, operation: str) -> tuple[str, bytes, bytes, list[bytes]]:
+    """Publish one Action to a live worker: its id, the bytes as published on the actions
+    subject, its one result and its chunks, as stored."""
+    seen: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def keep(msg: Any) -> None:
+        await seen.put(msg.data)
+
+    sub = await stack.nc.subscribe(stack.subjects.actions(ENDPOINT), cb=keep)
+    try:
+        action = stack.action(operation)
+        handle = await stack.publish(action)
+        await handle.result(timeout_s=30)
+        published = await asyncio.wait_for(seen.get(), 5)
+    finally:
+        await sub.unsubscribe()
+    (result,) = await stack.stream_messages("results", stack.subjects.results(ENDPOINT, action.id))
+    chunks = await stack.stream_messages("chunks", stack.subjects.chunks(ENDPOINT, action.id))
+    return action.id, published, result, chunks
+
+
+async def test_a_live_result_is_a_signed_action_result_envelope_naming_its_chunk_chain(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    action_id, _, data, chunks = await _published(stack, "models")
+    envelope = json.loads(data)
+    assert data == _canonical(envelope)
+    assert envelope["aip_version"] == "1.0"
+    assert envelope["message_type"] == "aip.core.v1.action_result"
+    assert envelope["message_id"].startswith("msg_")
+    assert envelope["sent_at"].endswith("Z")
+    body = envelope["body"]["action_result"]
+    assert set(body) <= {"action_id", "status", "output", "error"}
+    assert (body["action_id"], body["status"]) == (action_id, "completed")
+    did, verify_key = _worker_did(stack)
+    worker = {"id": f"agent:hermes_operator:{ENDPOINT}", "kind": "agent"}
+    assert envelope["from"] == {**worker, "did": did}
+    security = envelope.pop("security")
+    assert security["did"] == did
+    signature = base64.b64decode(security.pop("signature"), validate=True)
+    envelope["security"] = security
+    verify_key.verify(_canonical(envelope), signature)  # raises unless the worker signed it
+    ours = envelope["extensions"][OURS]
+    assert (ours["endpoint_id"], ours["settled_by"]) == (ENDPOINT, "w1")
+    assert ours["capability"] == f"cap:hermes_agent:{ENDPOINT}:models"
+
+    # The chunks: unsigned stream_chunk Envelopes, chained by their exact bytes.
+    assert chunks, "every Action ends its chunk stream"
+    previous: bytes | None = None
+    for sequence, chunk_data in enumerate(chunks):
+        chunk = json.loads(chunk_data)
+        assert chunk_data == _canonical(chunk)
+        assert chunk["message_type"] == "aip.core.v1.stream_chunk"
+        assert "security" not in chunk
+        assert chunk["from"] == {"id": f"agent:hermes_operator:{ENDPOINT}", "kind": "agent"}
+        stream_chunk = chunk["body"]["stream_chunk"]
+        assert set(stream_chunk) <= CHUNK_BODY_FIELDS
+        assert (stream_chunk["action_id"], stream_chunk["sequence"]) == (action_id, sequence)
+        assert len(stream_chunk["data"]) == 1
+        assert set(stream_chunk["data"]) <= DATA_FORMS
+        link = chunk["extensions"][OURS].get("prev_sha256")
+        assert link == (None if previous is None else hashlib.sha256(previous).hexdigest())
+        previous = chunk_data
+    assert json.loads(chunks[-1])["body"]["stream_chunk"]["kind"] == "done"
+    assert ours["last_chunk_sha256"] == hashlib.sha256(chunks[-1]).hexdigest()
+
+
+async def test_a_live_result_answers_the_action_envelope_it_was_sent_in(stack: Stack) -> None:
+    await stack.spawn("w1")
+    _, published, data, _ = await _published(stack, "models")
+    action_envelope = json.loads(published)
+    result_envelope = json.loads(data)
+    assert result_envelope["in_response_to"] == action_envelope["message_id"]
+    assert result_envelope["to"] == action_envelope["from"]

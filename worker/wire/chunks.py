@@ -1,0 +1,175 @@
+"""The chunks subject's wire: an internal chunk (`schemas/chunk.py`) as an unsigned AIP
+`aip.core.v1.stream_chunk` Envelope, and back (docs/publishing.md "StreamChunk").
+
+Chunks are not signed one by one (an Ed25519 signature per provider event on the hot
+path): each names, in our extension's `prev_sha256`, the sha256 of the exact bytes of the
+chunk before it as published, and the signed result names the last one
+(`last_chunk_sha256`), so one signature covers the whole chain.
+
+The body is AIP's StreamChunk: `sequence` is our `seq`, `kind` the same values, and
+`data` one of three objects with a single key, so a reader knows whose facts it holds:
+
+- `{"hermes_sse": {"event": provider_event, "data": payload}}` for a route operation's
+  provider event (upstream's form, §4.6; `data` omitted when there is none);
+- `{"hermes_operator": payload}` for the operator's chunks (upstream's form, §4.9), the
+  provider event, when there is one, in the extension's `provider_event`;
+- `{"hermes_worker": payload}` for a chunk the worker makes itself (the terminal chunk
+  made from a result, a refusal's, an idempotent replay's, a non-streaming call's output).
+
+A `data` chunk whose payload carries a text `delta` also carries it as a text `part`.
+
+The encoding is a function of the chunk alone: `message_id` is derived from the chunk's
+place in its chain and `sent_at` is its `ts_unix_ms`, so encoding one chunk twice (a
+re-send, the chain head's record) gives the same bytes, and the same hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from typing import Any, Final
+
+import msgspec
+
+from schemas.aip.extensions import ChunkExtension
+from schemas.aip.messages import open_body
+from schemas.aip.stream import StreamChunk as AipStreamChunk
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
+from worker.aip.envelope import format_timestamp
+from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
+from worker.wire.results import worker_principal
+
+CHUNK_TYPE: Final = "aip.core.v1.stream_chunk"
+_TYPES: Final = frozenset({CHUNK_TYPE})
+SSE_KEY: Final = "hermes_sse"
+OPERATOR_KEY: Final = "hermes_operator"
+WORKER_KEY: Final = "hermes_worker"
+_FORMS: Final = frozenset({SSE_KEY, OPERATOR_KEY, WORKER_KEY})
+
+
+class _SseData(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    event: str
+    data: Any = None
+
+
+def chunk_message_id(chunk: StreamChunk, kind: ChunkKind | None = None) -> str:
+    """`msg_` + a UUIDv7-shaped id: the chunk's milliseconds, then 74 bits of the sha256 of
+    its place in the chain (Action, seq, predecessor, kind): the same chunk, the same id."""
+    kind = kind or chunk.kind
+    place = f"{chunk.action_id}:{chunk.seq}:{chunk.prev_sha256 or ''}:{kind.value}"
+    rand = int.from_bytes(hashlib.sha256(place.encode()).digest()[:10], "big")
+    value = (chunk.ts_unix_ms & (2**48 - 1)) << 80 | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)
+    return f"msg_{value:032x}"
+
+
+def _sent_at(ts_unix_ms: int) -> str:
+    return format_timestamp(datetime.fromtimestamp(ts_unix_ms / 1000, UTC))
+
+
+def _data(chunk: StreamChunk, operator: bool) -> dict[str, Any]:
+    payload = msgspec.to_builtins(chunk.payload)
+    if operator:
+        return {OPERATOR_KEY: payload}
+    if chunk.provider_event is not None:
+        sse: dict[str, Any] = {"event": chunk.provider_event}
+        if payload is not None:
+            sse["data"] = payload
+        return {SSE_KEY: sse}
+    return {WORKER_KEY: payload}
+
+
+def encode_chunk(chunk: StreamChunk, *, operator: bool = False) -> bytes:
+    """The wire bytes of `chunk`: an unsigned `stream_chunk` Envelope from the worker of
+    its endpoint (`operator`: a chunk of the operator capability)."""
+    kind = chunk.kind
+    payload: dict[str, Any] = {
+        "action_id": chunk.action_id,
+        "sequence": chunk.seq,
+        "kind": kind.value,
+        "data": _data(chunk, operator),
+    }
+    if kind is ChunkKind.DATA and isinstance(chunk.payload, dict):
+        delta = chunk.payload.get("delta")
+        if isinstance(delta, str) and delta:
+            payload["part"] = {"type": "text", "text": delta}
+    extension: dict[str, Any] = {"endpoint_id": chunk.endpoint_id, "ts_unix_ms": chunk.ts_unix_ms}
+    if chunk.prev_sha256 is not None:
+        extension["prev_sha256"] = chunk.prev_sha256
+    if chunk.run_id is not None:
+        extension["run_id"] = chunk.run_id
+    if operator and chunk.provider_event is not None:
+        extension["provider_event"] = chunk.provider_event
+    return seal(
+        CHUNK_TYPE,
+        payload,
+        sender=worker_principal(chunk.endpoint_id),
+        signer=None,
+        extension=extension,
+        message_id=chunk_message_id(chunk, kind),
+        sent_at=_sent_at(chunk.ts_unix_ms),
+    )
+
+
+def decode_chunk(
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> tuple[StreamChunk, Opened]:
+    """The internal chunk in `data` and its Envelope; EnvelopeRejected for anything else
+    (`envelope.decode.invalid` or `schema.envelope.invalid`)."""
+    opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
+    try:
+        body = open_body(CHUNK_TYPE, opened.envelope["body"])
+    except BodyError as exc:
+        raise _invalid(str(exc)) from None
+    assert isinstance(body, AipStreamChunk)
+    try:
+        extension = msgspec.convert(opened.extension, ChunkExtension, strict=True)
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"extensions: {exc}") from None
+    data_ = body.data
+    if not isinstance(data_, dict) or len(data_) != 1 or next(iter(data_)) not in _FORMS:
+        raise _invalid(f"stream_chunk.data must be one of {{{', '.join(sorted(_FORMS))}: …}}")
+    ((form, value),) = data_.items()
+    provider_event = extension.provider_event
+    payload = value
+    if form == SSE_KEY:
+        try:
+            sse = msgspec.convert(value, _SseData, strict=True)
+        except msgspec.ValidationError as exc:
+            raise _invalid(f"stream_chunk.data.hermes_sse: {exc}") from None
+        provider_event, payload = sse.event, sse.data
+    try:
+        kind = ChunkKind(body.kind.value)
+    except ValueError:
+        raise _invalid(f"chunk kind {body.kind.value!r} is not one this connector emits") from None
+    return (
+        make_chunk(
+            kind,
+            action_id=body.action_id,
+            endpoint_id=extension.endpoint_id,
+            seq=body.sequence,
+            ts_unix_ms=extension.ts_unix_ms,
+            payload=payload,
+            provider_event=provider_event,
+            run_id=extension.run_id,
+            prev_sha256=extension.prev_sha256,
+        ),
+        opened,
+    )
+
+
+def _invalid(reason: str) -> EnvelopeRejected:
+    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
+
+
+__all__ = [
+    "CHUNK_TYPE",
+    "OPERATOR_KEY",
+    "SSE_KEY",
+    "WORKER_KEY",
+    "chunk_message_id",
+    "decode_chunk",
+    "encode_chunk",
+]
