@@ -122,9 +122,7 @@ class HermesRecorder:
             method=request.method,
             path=request.path,
             route=route,
-            headers={
-                k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS
-            },
+            headers={k: v for k, v in request.headers.items() if k.lower() not in SECRET_HEADERS},
             body=parse_json(raw),
             run_id=request.match_info.get("run_id"),
             at=now(),
