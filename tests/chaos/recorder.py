@@ -137,8 +137,12 @@ class HermesRecorder:
                 # went on to Hermes.
                 self._log.remove(row)
                 raise
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in HOP_BY_HOP}
-        headers.pop("Content-Length", None)
+        # The body goes on as read (the client library sets its length for the next hop).
+        headers = {
+            k: v
+            for k, v in request.headers.items()
+            if k.lower() not in HOP_BY_HOP and k.lower() != "content-length"
+        }
         url = URL(f"http://{HOST}:{self.upstream_port}{request.raw_path}", encoded=True)
         try:
             upstream = await self._session.request(
