@@ -5,18 +5,18 @@ project's minimum: the durability settings compose/nats/nats.conf ships), one Re
 `appendfsync always` (what docs/guarantees.md requires), the fake Hermes in this process, and
 three `python -m tests.chaos.launcher run` workers (the production worker with a clock
 the nemesis can skew), and the AIP gateway (`python -m worker gateway`) through which the
-workload delegates.
+workload delegates. Each worker reaches each dependency through its own `FaultProxy`,
+so a partition is one link, not the whole machine. The NATS store and Redis' data
+directory sit on small tmpfs mounts of their own when this process may mount (root), so
+the nemesis can fill the disk under each; otherwise that fault kind is skipped with the
+reason logged (`disk_skip_reason`).
 
 The `real` variant (`hermes="real"`, `REAL_WORKERS`) replaces the fake by the real
 `hermes-agent` 0.19.0 driven by the project's fake LLM (worker/testing/real_hermes.py),
 behind a `HermesRecorder` (tests/chaos/recorder.py) that logs every request reaching it in
 the fake's request-log shape: worker -> its fault proxy -> the recorder -> Hermes. It runs
 two workers, and each worker fewer runs at once (Hermes 0.19.0 answers 429 past 10 live
-run streams). Each worker reaches each dependency through its own `FaultProxy`,
-so a partition is one link, not the whole machine. The NATS store and Redis' data
-directory sit on small tmpfs mounts of their own when this process may mount (root), so
-the nemesis can fill the disk under each; otherwise that fault kind is skipped with the
-reason logged (`disk_skip_reason`).
+run streams).
 
 Every blocking step (starting or stopping a process) runs in a thread: the fake Hermes and
 the proxies share this event loop and must keep answering meanwhile.
@@ -84,8 +84,6 @@ POLICY_BYTES = 8 * MIB
 #: long: slow enough that pauses, kills and partitions land while a request is in flight.
 READ_DELAY_S = 4.0
 START_DELAY_S = 2.0
-#: The shipped durability (compose/nats/nats.conf): every write fsynced before JetStream
-#: acknowledges it. `max_file_store` is the tmpfs, so the streams' reservations fit it.
 #: Runs each worker keeps open at once on the real Hermes: two workers stay under its 10
 #: live run streams (past them, a start is refused: `operator_start_rejected`).
 REAL_MAX_CONCURRENT_RUNS = 4
@@ -93,6 +91,8 @@ REAL_MAX_CONCURRENT_RUNS = 4
 #: run still completes). Shorter than its default 120 s: a prompt only forged resumes answer
 #: holds one of the 10 run slots until then.
 REAL_APPROVAL_TIMEOUT_S = 20
+#: The shipped durability (compose/nats/nats.conf): every write fsynced before JetStream
+#: acknowledges it. `max_file_store` is the tmpfs, so the streams' reservations fit it.
 NATS_CONFIG = f"jetstream {{\n  max_file_store: {DISK_BYTES}\n  sync_interval: always\n}}\n"
 NO_DURABLE_NATS = (
     "no nats-server at or above the project's minimum "
@@ -241,7 +241,8 @@ class Deployment:
                 PYTHONPATH=str(REPO),
                 # The workload keeps more runs open than the default 8 (runs waiting for an
                 # approval hold their slot): a full endpoint would only delay Actions to
-                # their deadline, past the campaign's wait for results.
+                # their deadline, past the campaign's wait for results. The real Hermes
+                # takes fewer (REAL_MAX_CONCURRENT_RUNS).
                 AIPD_HERMES_MAX_CONCURRENT_RUNS=max_runs,
                 CHAOS_CLOCK_FILE=str(clock_file),
             )
