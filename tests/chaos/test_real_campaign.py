@@ -20,7 +20,7 @@ from tests.chaos.campaign import run_campaign
 from tests.chaos.checker import START
 from tests.chaos.deployment import NO_DURABLE_NATS, durable_nats_server
 
-#: Its schedule draws every fault kind of the `REAL` shape but latency (14 faults, two of
+#: Its schedule draws every fault kind of the `REAL` shape but latency (14 faults, three of
 #: them restarts of the real Hermes) within this many seconds.
 SEED = 12
 SCHEDULE_S = 30.0
