@@ -41,6 +41,7 @@ from tests.chaos.nemesis import FAKE, FILL_FILE, KINDS, REAL, Fault, Nemesis, sc
 from tests.chaos.workload import FAKE_MIX, REAL_MIX, Workload
 from worker.bus.publisher import CHAIN_MAC_HEADER
 from worker.errors import UnverifiedResponse
+from worker.testing._errors import HermesUnavailable
 from worker.testing.redis_server import redis_answers
 
 log = logging.getLogger(__name__)
@@ -236,6 +237,8 @@ async def run_campaign(
         if violations or keep:
             history.dump(base / "history.jsonl")
         return report
+    except HermesUnavailable:
+        raise  # nothing ran: no history worth keeping
     except BaseException:
         history.dump(base / "history.jsonl")
         raise
