@@ -3,7 +3,11 @@
 Runs campaigns of `--schedule-s` seconds each (seeds S, S+1, ...) until `--minutes` of
 wall time have passed, prints one summary line per campaign and, for a campaign with a
 violation, the seed, the fault schedule and the history around it. Exit status 1 when any
-campaign found a violation, 2 when no nats-server the project accepts is installed.
+campaign found a violation, 2 when no nats-server the project accepts is installed (or, with
+`--hermes real`, when the real Hermes cannot be installed or started).
+
+`--hermes real` runs the smaller real-Hermes campaign (hermes-agent 0.19.0 behind a
+recording proxy, two workers, the `REAL` schedule shape; docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -19,6 +23,10 @@ from tests.chaos.campaign import run_campaign
 from tests.chaos.deployment import NO_DURABLE_NATS, durable_nats_server
 from tests.chaos.launcher import MUTATIONS
 from tests.chaos.nemesis import KINDS
+from worker.testing._errors import HermesUnavailable
+
+#: Seconds of faults and workload per campaign, by Hermes (the real one's is smaller).
+SCHEDULE_S = {"fake": 60.0, "real": 40.0}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -26,7 +34,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=5.0, help="total wall time")
     parser.add_argument("--seed", type=int, default=int(time.time()) % 100_000)
     parser.add_argument(
-        "--schedule-s", type=float, default=60.0, help="seconds of faults and workload per campaign"
+        "--hermes",
+        choices=sorted(SCHEDULE_S),
+        default="fake",
+        help="the fake Hermes (default), or the real hermes-agent 0.19.0 (a smaller campaign)",
+    )
+    parser.add_argument(
+        "--schedule-s",
+        type=float,
+        default=None,
+        help="seconds of faults and workload per campaign (default: 60, with --hermes real 40)",
     )
     parser.add_argument(
         "--mutation",
@@ -52,16 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     seed = args.seed
     total_faults: Counter[str] = Counter()
     operations = violations = known = campaigns = 0
+    schedule_s = args.schedule_s if args.schedule_s is not None else SCHEDULE_S[args.hermes]
     while time.monotonic() < deadline:
-        report = asyncio.run(
-            run_campaign(
-                seed,
-                args.schedule_s,
-                mutation=args.mutation,
-                keep=args.keep,
-                kinds=tuple(k for k in args.kinds.split(",") if k),
+        try:
+            report = asyncio.run(
+                run_campaign(
+                    seed,
+                    schedule_s,
+                    mutation=args.mutation,
+                    keep=args.keep,
+                    kinds=tuple(k for k in args.kinds.split(",") if k),
+                    hermes=args.hermes,
+                )
             )
-        )
+        except HermesUnavailable as exc:
+            print(f"skipped: the real Hermes is unavailable: {exc.reason}", file=sys.stderr)
+            return 2
         campaigns += 1
         operations += report.operations
         total_faults.update(report.injected)
@@ -71,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             print(report.explain(), flush=True)
         else:
             print(report.summary(), flush=True)
+        print(f"  reached Hermes: {report.traffic()}", flush=True)
         if report.unknown:
             if report.root is not None:
                 print(f"history: {report.root / 'history.jsonl'}", flush=True)
@@ -79,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
         seed += 1
     kinds = ", ".join(f"{k} {v}" for k, v in sorted(total_faults.items()))
     print(
-        f"total: {campaigns} campaigns from seed {args.seed}, {operations} operations, "
+        f"total: {campaigns} campaigns ({args.hermes} Hermes) from seed {args.seed}, "
+        f"{operations} operations, "
         f"{sum(total_faults.values())} faults ({kinds}), {violations} violations"
         f" (+{known} of known bugs)",
         flush=True,

@@ -25,13 +25,23 @@ import nats.js.errors
 
 from schemas.audit import Receipt
 from schemas.ids import new_action_id
-from tests.chaos.checker import Evidence, Request, Violation, check
-from tests.chaos.deployment import ENDPOINT, Deployment
+from tests.chaos.checker import (
+    APPROVAL,
+    CHAT,
+    START,
+    STOP,
+    Evidence,
+    Request,
+    Violation,
+    check,
+)
+from tests.chaos.deployment import ENDPOINT, REAL_WORKERS, WORKERS, Deployment
 from tests.chaos.history import Event, History
-from tests.chaos.nemesis import FILL_FILE, KINDS, Fault, Nemesis, schedule
-from tests.chaos.workload import Workload
+from tests.chaos.nemesis import FAKE, FILL_FILE, KINDS, REAL, Fault, Nemesis, schedule
+from tests.chaos.workload import FAKE_MIX, REAL_MIX, Workload
 from worker.bus.publisher import CHAIN_MAC_HEADER
 from worker.errors import UnverifiedResponse
+from worker.testing._errors import HermesUnavailable
 from worker.testing.redis_server import redis_answers
 
 log = logging.getLogger(__name__)
@@ -59,6 +69,10 @@ class Report:
     evidence: Evidence | None = None
     #: The fault kinds the schedule was drawn with (`--kinds`): part of what replays it.
     kinds: tuple[str, ...] = KINDS
+    #: `fake` or `real` (the deployment variant; part of what replays it).
+    hermes: str = "fake"
+    #: Requests that reached Hermes, by route template (the log the checker read).
+    hermes_requests: dict[str, int] = field(default_factory=dict)
 
     @property
     def unknown(self) -> list[Violation]:
@@ -73,13 +87,19 @@ class Report:
         known = len(self.violations) - len(self.unknown)
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(self.outcomes.items()))
         return (
-            f"seed {self.seed}{f' mutation {self.mutation}' if self.mutation else ''}: "
+            f"seed {self.seed}{' (real Hermes)' if self.hermes == 'real' else ''}"
+            f"{f' mutation {self.mutation}' if self.mutation else ''}: "
             f"{self.operations} operations, {self.actions} Actions ({self.acked} acked), "
             f"{sum(self.injected.values())} faults ({kinds}); outcomes: {outcomes}; "
             f"{len(self.unknown)} violations"
             f"{f' (+{known} of a known bug)' if known else ''}"
             f"; {self.wall_s:.0f}s"
         )
+
+    def traffic(self) -> str:
+        """What reached Hermes, the routes the checker's rules count."""
+        routes = (START, CHAT, APPROVAL, STOP)
+        return ", ".join(f"{r} {self.hermes_requests.get(r, 0)}" for r in routes)
 
     def explain(self, limit: int = 3) -> str:
         lines = [
@@ -107,6 +127,7 @@ class Report:
         return (
             f"reproduce: ./dev chaos --seed {self.seed} --minutes 0.1 "
             f"--schedule-s {self.duration_s:g} --kinds {','.join(self.kinds) or 'none'}"
+            + (f" --hermes {self.hermes}" if self.hermes != "fake" else "")
             + (f" --mutation {self.mutation}" if self.mutation else "")
         )
 
@@ -147,17 +168,29 @@ async def run_campaign(
     root: Path | None = None,
     keep: bool = False,
     kinds: tuple[str, ...] = KINDS,
+    hermes: str = "fake",
 ) -> Report:
-    """Run one seeded campaign of `duration_s` seconds of faults and workload."""
+    """Run one seeded campaign of `duration_s` seconds of faults and workload, against the
+    fake Hermes or (`hermes="real"`) the smaller real-Hermes variant (tests/chaos/
+    deployment.py); the real one raises `HermesUnavailable` when it cannot be had."""
     started = time.monotonic()
     owned = root is None
     base = Path(tempfile.mkdtemp(prefix=f"aip-chaos-{seed}-")) if root is None else root
-    deployment = Deployment(base, mutation=mutation)
+    real = hermes == "real"
+    deployment = Deployment(
+        base, mutation=mutation, hermes=hermes, worker_ids=REAL_WORKERS if real else WORKERS
+    )
     history = History()
     try:
         await deployment.start()
         history = History()  # time 0 is when the deployment is up
-        faults = schedule(seed, duration_s, disk=not deployment.disk_skip_reason, kinds=kinds)
+        faults = schedule(
+            seed,
+            duration_s,
+            disk=not deployment.disk_skip_reason,
+            kinds=kinds,
+            shape=REAL if real else FAKE,
+        )
         assert deployment.stack is not None
         workload = Workload(
             deployment.stack,
@@ -165,6 +198,7 @@ async def run_campaign(
             random.Random(f"workload-{seed}"),
             gateway_url=deployment.gateway_url,
             gateway_token=deployment.gateway_token,
+            mix=REAL_MIX if real else FAKE_MIX,
         )
         nemesis = Nemesis(deployment, history, faults)
         if deployment.disk_skip_reason:
@@ -197,10 +231,14 @@ async def run_campaign(
             wall_s=time.monotonic() - started,
             evidence=evidence,
             kinds=kinds,
+            hermes=hermes,
+            hermes_requests=dict(Counter(r.route for r in evidence.requests)),
         )
         if violations or keep:
             history.dump(base / "history.jsonl")
         return report
+    except HermesUnavailable:
+        raise  # nothing ran: no history worth keeping
     except BaseException:
         history.dump(base / "history.jsonl")
         raise
@@ -241,6 +279,8 @@ async def heal_all(d: Deployment, history: History) -> None:
         await asyncio.to_thread(d.nats.restart)
         if not await d.jetstream_answers():
             history.add("nemesis", "heal: JetStream still not answering after a restart", None)
+    if await d.ensure_hermes():
+        history.add("nemesis", "heal: hermes started (a restart had left it down)", None)
     if not await asyncio.to_thread(redis_answers, "127.0.0.1", d.redis.port):
         history.add("nemesis", "heal: redis restarted (not answering)", None)
         await asyncio.to_thread(d.redis.restart)
@@ -331,7 +371,6 @@ async def quiesce(d: Deployment, acked: set[str], history: History) -> None:
 
 async def collect(d: Deployment, workload: Workload, history: History) -> Evidence:
     assert d.stack is not None
-    assert d.fake is not None
     result_messages = await messages_by_action(d, "results")
     results = {a: [data for data, _ in ms] for a, ms in result_messages.items()}
     unverified: dict[str, str] = {}
@@ -351,7 +390,7 @@ async def collect(d: Deployment, workload: Workload, history: History) -> Eviden
                 receipts.setdefault(receipt.action_id, []).append(receipt)
     leases = {a: await d.stack.lease(a) for a in workload.planned}
     runs = await bound_runs(d, [a for a, p in workload.planned.items() if "objective" in p.kind])
-    requests = [Request(r.route, r.run_id, r.body, r.at) for r in d.fake.requests()]
+    requests = [Request(r.route, r.run_id, r.body, r.at) for r in d.hermes_requests()]
     return Evidence(
         actions=workload.planned,
         acked=workload.acked,

@@ -11,6 +11,13 @@ directory sit on small tmpfs mounts of their own when this process may mount (ro
 the nemesis can fill the disk under each; otherwise that fault kind is skipped with the
 reason logged (`disk_skip_reason`).
 
+The `real` variant (`hermes="real"`, `REAL_WORKERS`) replaces the fake by the real
+`hermes-agent` 0.19.0 driven by the project's fake LLM (worker/testing/real_hermes.py),
+behind a `HermesRecorder` (tests/chaos/recorder.py) that logs every request reaching it in
+the fake's request-log shape: worker -> its fault proxy -> the recorder -> Hermes. It runs
+two workers, and each worker fewer runs at once (Hermes 0.19.0 answers 429 past 10 live
+run streams).
+
 Every blocking step (starting or stopping a process) runs in a thread: the fake Hermes and
 the proxies share this event loop and must keep answering meanwhile.
 """
@@ -32,12 +39,14 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.chaos.proxy import FaultProxy
+from tests.chaos.recorder import HermesRecorder
 from tests.integration.stack import ENDPOINT, Stack, worker_env
 from worker.bus.server_requirements import MINIMUM_NATS_SERVER
 from worker.client import AipClient
-from worker.testing._procs import free_port
+from worker.testing._procs import free_port, port_accepts
 from worker.testing.fake_hermes import FakeHermes, RouteDelay
 from worker.testing.fake_hermes.config import FakeConfig
+from worker.testing.fake_hermes.stats import RecordedRequest
 from worker.testing.gateway import (
     directory_entry,
     gateway_env,
@@ -48,6 +57,7 @@ from worker.testing.gateway import (
 )
 from worker.testing.identities import identity_entries, write_api_key_file, write_trust_files
 from worker.testing.nats_server import NatsServer, http_status
+from worker.testing.real_hermes import RealHermes
 from worker.testing.redis_server import RedisServer
 from worker.testing.services import find_nats_server_at_least
 from worker.testing.workers import WorkerProcess
@@ -57,6 +67,10 @@ log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[2]
 DEPENDENCIES = ("nats", "redis", "hermes")
 WORKERS = ("w1", "w2", "w3")
+#: The real-Hermes campaign's workers: one fewer (the real Hermes and its agent loops share
+#: the machine's cores with them).
+REAL_WORKERS = ("w1", "w2")
+HERMES_KINDS = ("fake", "real")
 #: The principal the gateway's MCP caller is (the Hermes of endpoint h1, delegating): its
 #: children run as this identity, which the workers' identity directory holds.
 DELEGATOR = hermes_principal_id(ENDPOINT)
@@ -70,6 +84,13 @@ POLICY_BYTES = 8 * MIB
 #: long: slow enough that pauses, kills and partitions land while a request is in flight.
 READ_DELAY_S = 4.0
 START_DELAY_S = 2.0
+#: Runs each worker keeps open at once on the real Hermes: two workers stay under its 10
+#: live run streams (past them, a start is refused: `operator_start_rejected`).
+REAL_MAX_CONCURRENT_RUNS = 4
+#: How long the real Hermes waits for an approval before it answers it itself (denied; the
+#: run still completes). Shorter than its default 120 s: a prompt only forged resumes answer
+#: holds one of the 10 run slots until then.
+REAL_APPROVAL_TIMEOUT_S = 20
 #: The shipped durability (compose/nats/nats.conf): every write fsynced before JetStream
 #: acknowledges it. `max_file_store` is the tmpfs, so the streams' reservations fit it.
 NATS_CONFIG = f"jetstream {{\n  max_file_store: {DISK_BYTES}\n  sync_interval: always\n}}\n"
@@ -150,9 +171,15 @@ class Deployment:
     root: Path
     mutation: str | None = None
     lease_ttl_ms: int = 3000
+    #: `fake`: the project's fake Hermes in this process; `real`: hermes-agent 0.19.0
+    #: behind a `HermesRecorder` (the module docstring).
+    hermes: str = "fake"
+    worker_ids: tuple[str, ...] = WORKERS
     nats: NatsServer | None = None
     redis: RedisServer | None = None
     fake: FakeHermes | None = None
+    real: RealHermes | None = None
+    recorder: HermesRecorder | None = None
     stack: Stack | None = None
     workers: dict[str, Worker] = field(default_factory=dict)
     disk_skip_reason: str | None = None
@@ -161,8 +188,12 @@ class Deployment:
     gateway: WorkerProcess | None = None
     gateway_url: str = ""
     gateway_token: str = field(default_factory=lambda: "chaos-" + secrets.token_hex(16))
+    #: One Hermes restart at a time (the real one takes seconds to stop and start).
+    _restarting: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     async def start(self) -> Deployment:
+        if self.hermes not in HERMES_KINDS:
+            raise ValueError(f"hermes must be one of {HERMES_KINDS}, not {self.hermes!r}")
         root = self.root
         nats_store = root / "nats" / "store"
         redis_data = root / "redis" / "data"
@@ -190,16 +221,10 @@ class Deployment:
             trust_dir, identities=[*identity_entries(), directory_entry(DELEGATOR)]
         )
         api_key, key_file = write_api_key_file(root)
-        self.fake = FakeHermes(
-            config=FakeConfig(api_key=api_key, max_concurrent_runs=200, request_log_size=200_000)
-        )
-        await self.fake.start()
-        self.fake.faults.add(
-            RouteDelay(route="GET /v1/models", delay_s=READ_DELAY_S, times=None),
-            RouteDelay(route="POST /v1/runs", delay_s=START_DELAY_S, times=None),
-        )
-        upstream = {"nats": self.nats.port, "redis": self.redis.port, "hermes": self.fake.port}
-        for worker_id in WORKERS:
+        hermes_port = await self._start_hermes(api_key)
+        upstream = {"nats": self.nats.port, "redis": self.redis.port, "hermes": hermes_port}
+        max_runs = "100" if self.hermes == "fake" else str(REAL_MAX_CONCURRENT_RUNS)
+        for worker_id in self.worker_ids:
             proxies = {
                 dep: await FaultProxy(f"{worker_id}->{dep}", port).start()
                 for dep, port in upstream.items()
@@ -216,8 +241,9 @@ class Deployment:
                 PYTHONPATH=str(REPO),
                 # The workload keeps more runs open than the default 8 (runs waiting for an
                 # approval hold their slot): a full endpoint would only delay Actions to
-                # their deadline, past the campaign's wait for results.
-                AIPD_HERMES_MAX_CONCURRENT_RUNS="100",
+                # their deadline, past the campaign's wait for results. The real Hermes
+                # takes fewer (REAL_MAX_CONCURRENT_RUNS).
+                AIPD_HERMES_MAX_CONCURRENT_RUNS=max_runs,
                 CHAOS_CLOCK_FILE=str(clock_file),
             )
             if self.mutation:
@@ -247,6 +273,60 @@ class Deployment:
             env={},
         )
         return self
+
+    async def _start_hermes(self, api_key: str) -> int:
+        """Start the Hermes of this variant; the port the workers' proxies forward to."""
+        if self.hermes == "fake":
+            self.fake = FakeHermes(
+                config=FakeConfig(
+                    api_key=api_key, max_concurrent_runs=200, request_log_size=200_000
+                )
+            )
+            await self.fake.start()
+            self.fake.faults.add(
+                RouteDelay(route="GET /v1/models", delay_s=READ_DELAY_S, times=None),
+                RouteDelay(route="POST /v1/runs", delay_s=START_DELAY_S, times=None),
+            )
+            return self.fake.port
+        real = RealHermes(
+            self.root / "hermes", api_key=api_key, approval_timeout_s=REAL_APPROVAL_TIMEOUT_S
+        )
+        await real.__aenter__()  # HermesUnavailable: the suite's skip-or-fail policy
+        self.real = real
+        # The same slow reads and starts as the fake's, held at the recorder.
+        self.recorder = await HermesRecorder(
+            real.port, delays={"GET /v1/models": READ_DELAY_S, "POST /v1/runs": START_DELAY_S}
+        ).start()
+        return self.recorder.port
+
+    def hermes_requests(self) -> list[RecordedRequest]:
+        """Every request that reached Hermes, oldest first: the fake's own log, or the
+        recorder's in front of the real one."""
+        if self.fake is not None:
+            return self.fake.requests()
+        assert self.recorder is not None
+        return self.recorder.requests()
+
+    async def restart_hermes(self) -> None:
+        """Hermes forgets its runs and open streams: the fake's restart, or the real
+        gateway stopped and started again on its port."""
+        async with self._restarting:
+            if self.fake is not None:
+                await self.fake.restart()
+            else:
+                assert self.real is not None
+                await self.real.restart()
+
+    async def ensure_hermes(self) -> bool:
+        """After the faults: start the real Hermes again if a failed restart left it down.
+        True when it had to."""
+        if self.real is None:
+            return False
+        async with self._restarting:
+            if self.real.pid is not None and port_accepts(self.real.port):
+                return False
+            await self.real.restart()
+            return True
 
     async def _provision(self) -> None:
         assert self.nats is not None
@@ -341,6 +421,10 @@ class Deployment:
                 await proxy.close()
         if self.fake is not None:
             await self.fake.close()
+        if self.recorder is not None:
+            await self.recorder.close()
+        if self.real is not None:
+            await self.real.__aexit__(None, None, None)
         for service in (self.nats, self.redis):
             if service is not None:
                 await asyncio.to_thread(service.close)

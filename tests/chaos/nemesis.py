@@ -21,6 +21,12 @@ Kinds (`KINDS`):
   stepped back (`tests/chaos/launcher.py`).
 * `hermes_restart`: Hermes forgets its runs and open streams (the fake's restart).
 * `disk_full`: the tmpfs under the NATS store or Redis' AOF filled for `duration`.
+
+A `Shape` says which targets the draws pick from and how often each kind comes: `FAKE`
+(three workers, every kind, every target) or `REAL`, the smaller schedule of the
+real-Hermes campaign (two workers; kills and pauses of workers only; network faults on the
+worker-Hermes links, and partitions of a worker from everything; clock steps; restarts of
+the real Hermes; no full disk), with fewer faults (a longer mean gap).
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tests.chaos.deployment import DEPENDENCIES, WORKERS, Deployment
+from tests.chaos.deployment import DEPENDENCIES, REAL_WORKERS, WORKERS, Deployment
 from tests.chaos.history import History
 
 KINDS = (
@@ -51,6 +57,34 @@ WEIGHTS = (14, 30, 18, 6, 6, 9, 3, 5)
 #: How long a dependency may be down or paused at most (the workers must get it back).
 DEP_DOWN_MAX_S = 4.0
 FILL_FILE = ".chaos-fill"
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What a schedule draws from. The defaults are the fake-Hermes campaign's (`FAKE`):
+    a schedule drawn with them is the one the same seed always gave."""
+
+    workers: tuple[str, ...] = WORKERS
+    #: Each kind's weight, in `KINDS` order (0: never drawn).
+    weights: tuple[int, ...] = WEIGHTS
+    #: The processes `kill` and `pause` pick from, and their weights.
+    processes: tuple[str, ...] = (*WORKERS, "nats", "redis")
+    process_weights: tuple[int, ...] = (4, 4, 4, 1, 1)
+    #: The dependencies a network fault picks from (a partition may also pick `all`).
+    links: tuple[str, ...] = DEPENDENCIES
+    mean_gap_s: float = 1.5
+
+
+FAKE = Shape()
+REAL = Shape(
+    workers=REAL_WORKERS,
+    # kill, pause, partition, latency, drop, clock, hermes_restart, disk_full
+    weights=(14, 20, 22, 6, 6, 6, 6, 0),
+    processes=REAL_WORKERS,
+    process_weights=(1, 1),
+    links=("hermes",),
+    mean_gap_s=3.0,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +116,7 @@ def schedule(
     *,
     disk: bool,
     kinds: tuple[str, ...] = KINDS,
-    mean_gap_s: float = 1.5,
+    shape: Shape = FAKE,
     max_faults: int = 500,
 ) -> list[Fault]:
     """The faults of one campaign: started within `duration_s`, healed by its end; only
@@ -92,8 +126,8 @@ def schedule(
     busy: dict[str, float] = {}
     t = rng.uniform(0.5, 2.0)
     while t < duration_s - 1.0 and len(faults) < max_faults:
-        kind = rng.choices(KINDS, WEIGHTS)[0]
-        fault = _draw(rng, kind, t, duration_s, disk)
+        kind = rng.choices(KINDS, shape.weights)[0]
+        fault = _draw(rng, kind, t, duration_s, disk, shape)
         if (
             fault is not None
             and kind in kinds
@@ -103,17 +137,19 @@ def schedule(
                 # A killed process needs time to come back before its next fault.
                 busy[k] = t + fault.duration + (6.0 if fault.kind == "kill" else 0.5)
             faults.append(fault)
-        t += rng.expovariate(1 / mean_gap_s)
+        t += rng.expovariate(1 / shape.mean_gap_s)
     return faults
 
 
-def _draw(rng: random.Random, kind: str, t: float, horizon: float, disk: bool) -> Fault | None:
+def _draw(
+    rng: random.Random, kind: str, t: float, horizon: float, disk: bool, shape: Shape
+) -> Fault | None:
     left = max(0.5, horizon - t)
-    worker = rng.choice(WORKERS)
+    worker = rng.choice(shape.workers)
     at = round(t, 2)
     if kind in ("kill", "pause"):
-        target = rng.choices([*WORKERS, "nats", "redis"], [4, 4, 4, 1, 1])[0]
-        if target in WORKERS:
+        target = rng.choices(shape.processes, shape.process_weights)[0]
+        if target in shape.workers:
             # Most around the lease TTL (3 s) plus a redelivery: long enough for another
             # worker to take over, short enough for the paused one to wake before it ends.
             drawn = rng.triangular(0.5, 9.0, 4.5)
@@ -122,17 +158,17 @@ def _draw(rng: random.Random, kind: str, t: float, horizon: float, disk: bool) -
         duration = round(min(drawn, left), 2)
         return Fault(at, duration, kind, target)
     if kind == "partition":
-        dep = rng.choice([*DEPENDENCIES, "all"])
+        dep = rng.choice([*shape.links, "all"])
         direction = rng.choice(["both", "up", "down"])
         duration = round(min(rng.uniform(0.5, 7.0), left), 2)
         return Fault(at, duration, kind, f"{worker}->{dep}", {"direction": direction})
     if kind == "latency":
-        dep = rng.choice(DEPENDENCIES)
+        dep = rng.choice(shape.links)
         latency_ms = rng.choice([20, 100, 400, 1200])
         duration = round(min(rng.uniform(1.0, 6.0), left), 2)
         return Fault(at, duration, kind, f"{worker}->{dep}", {"latency_ms": latency_ms})
     if kind == "drop":
-        dep = rng.choice(DEPENDENCIES)
+        dep = rng.choice(shape.links)
         duration = round(min(rng.uniform(0.2, 3.0), left), 2)
         return Fault(at, duration, kind, f"{worker}->{dep}")
     if kind == "clock":
@@ -226,8 +262,7 @@ class Nemesis:
 
             return heal_clock
         if kind == "hermes_restart":
-            assert d.fake is not None
-            await d.fake.restart()
+            await d.restart_hermes()
             return _nothing
         if kind == "disk_full":
             return await self._fill(fault)

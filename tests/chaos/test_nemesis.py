@@ -36,3 +36,23 @@ def test_every_fault_heals_within_the_horizon_and_kinds_filter() -> None:
     only = schedule(5, 60, disk=True, kinds=("kill",))
     assert only
     assert {f.kind for f in only} == {"kill"}
+
+
+def test_the_real_hermes_shape_draws_only_its_targets_and_fewer_faults() -> None:
+    from tests.chaos.deployment import REAL_WORKERS
+    from tests.chaos.nemesis import REAL
+
+    faults = schedule(1, 600, disk=True, shape=REAL)
+    kinds = {f.kind for f in faults}
+    assert kinds == {k for k, w in zip(KINDS, REAL.weights, strict=True) if w}
+    assert "disk_full" not in kinds
+    for fault in faults:
+        if fault.kind in ("kill", "pause"):
+            assert fault.target in REAL_WORKERS, fault
+        elif fault.kind in ("partition", "latency", "drop"):
+            worker, dep = fault.target.split("->")
+            assert worker in REAL_WORKERS, fault
+            assert dep in ("hermes", "all") if fault.kind == "partition" else dep == "hermes"
+        elif fault.kind == "clock":
+            assert fault.target in REAL_WORKERS, fault
+    assert len(faults) < len(schedule(1, 600, disk=True)) * 0.7

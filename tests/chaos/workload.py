@@ -23,6 +23,11 @@ Operations, chosen by the campaign's seeded `random.Random`:
   it inside the window) or without one (stored again: a redelivery the worker must answer
   with the stored result).
 
+The real-Hermes campaign runs the same operations with `REAL_MIX`: fewer of them (a longer
+gap between starts) and a larger share of operator objectives and approvals, since what the
+real Hermes adds over the fake is its own run, approval and stop semantics; reads and
+delegations (reads too) exercise only `GET /v1/models` there.
+
 Each client step is recorded (`invoke`, then `ok` / `fail` / `info`); each result the
 client sees is recorded as an `observe`. Every wait is bounded.
 """
@@ -66,6 +71,18 @@ KINDS = (
     "duplicate",
 )
 WEIGHTS = (30, 28, 8, 12, 6, 4, 6, 12)
+
+
+@dataclass(frozen=True, slots=True)
+class Mix:
+    """How often each operation comes (`KINDS` order) and the gap between two starts."""
+
+    weights: tuple[int, ...] = WEIGHTS
+    gap_s: tuple[float, float] = (0.15, 0.5)
+
+
+FAKE_MIX = Mix()
+REAL_MIX = Mix(weights=(16, 26, 14, 12, 6, 4, 6, 10), gap_s=(0.6, 1.6))
 #: The capability every delegation calls (a read: the child is cheap and re-executable).
 DELEGATED_CAPABILITY = f"cap:hermes_agent:{ENDPOINT}:models"
 #: Bound on one `aip_call` (a sync call waits for the child's result, up to its timeout).
@@ -87,6 +104,7 @@ class Workload:
     #: The gateway's MCP URL and the delegating principal's token ("": no delegations).
     gateway_url: str = ""
     gateway_token: str = ""
+    mix: Mix = FAKE_MIX
     planned: dict[str, PlannedAction] = field(default_factory=dict)
     acked: set[str] = field(default_factory=set)
     published: dict[str, Action] = field(default_factory=dict)
@@ -104,12 +122,12 @@ class Workload:
         loop = asyncio.get_running_loop()
         end = loop.time() + duration_s
         while loop.time() < end and self.operations < max_ops:
-            kind = self.rng.choices(KINDS, WEIGHTS)[0]
+            kind = self.rng.choices(KINDS, self.mix.weights)[0]
             self.operations += 1
             task = asyncio.create_task(self._guarded(kind))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-            await asyncio.sleep(self.rng.uniform(0.15, 0.5))
+            await asyncio.sleep(self.rng.uniform(*self.mix.gap_s))
         if self._tasks:
             await asyncio.wait(set(self._tasks), timeout=RESULT_TIMEOUT_S + 30)
         for task in list(self._tasks):
