@@ -4,7 +4,6 @@ Publishers in other languages use the generated JSON Schema files in `schemas/js
 """
 
 from schemas.action import Action, ApprovalRef, DelegationRef, Identity, Mode, Trace
-from schemas.cancel import CancelReply, CancelRequest
 from schemas.chunk import (
     ChunkKind,
     DataChunk,
@@ -39,8 +38,6 @@ __all__ = [
     "ActionResult",
     "ApprovalChoice",
     "ApprovalRef",
-    "CancelReply",
-    "CancelRequest",
     "CapabilityEntry",
     "CapabilityManifest",
     "ChunkKind",

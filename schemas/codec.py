@@ -1,6 +1,6 @@
 """Size-checked decoding and the shared encoder for the wire types not yet on the AIP wire
-(cancel, delegation, operator input). An Action travels as an AIP Envelope:
-`worker.wire.actions` decodes it.
+(delegation, operator input). An Action and a Cancel travel as AIP Envelopes:
+`worker.wire.actions` and `worker.wire.cancels` decode them.
 
 Decoders are built once per type (msgspec caches the validation plan in them), and every
 envelope's size is checked before a byte is parsed, so a hostile payload costs nothing.
@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from schemas.cancel import CancelRequest
 from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.operator import OperatorInput
@@ -27,7 +26,6 @@ DEFAULT_MAX_ENVELOPE_BYTES = 1_048_576
 
 _encoder = msgspec.json.Encoder()
 _untyped_decoder = msgspec.json.Decoder()
-_cancel_decoder = msgspec.json.Decoder(CancelRequest)
 _delegation_decoder = msgspec.json.Decoder(DelegationRequest)
 
 
@@ -87,10 +85,6 @@ def _refuse_duplicate_keys(data: bytes) -> None:
         raise EnvelopeRejected(
             ErrorCode.ENVELOPE_DECODE_INVALID, f"ambiguous JSON: {type(exc).__name__}"
         ) from None
-
-
-def decode_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> CancelRequest:
-    return _decode(_cancel_decoder, data, max_bytes)
 
 
 def decode_delegation(

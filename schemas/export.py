@@ -3,9 +3,9 @@
 Two kinds of file:
 
 - `aip.core.v1.<type>.json`: the AIP 1.0 Envelope of each message type this project puts
-  on the actions, results and chunks subjects (`schemas.aip.envelope_schema`);
+  on the actions, results, chunks and cancel subjects (`schemas.aip.envelope_schema`);
 - `<Name>.json`: the internal types still on the subjects that have not moved to AIP
-  Envelopes yet (cancel, manifest, escalations, channel, runtime records, delegation,
+  Envelopes yet (manifest, escalations, channel, runtime records, delegation,
   receipts) and the operator's input/output contract.
 """
 
@@ -17,7 +17,6 @@ from typing import Any
 
 from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
-from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.delegation import DelegationRequest
 from schemas.escalation import Escalation, EscalationResolution
@@ -32,8 +31,6 @@ JSON_DIR = Path(__file__).parent / "json"
 EXPORTED: dict[str, Any] = {
     "OperatorInput": OperatorInputSchema,
     "OperatorOutput": OperatorOutput,
-    "CancelRequest": CancelRequest,
-    "CancelReply": CancelReply,
     "DelegationRequest": DelegationRequest,
     "QueueRecord": QueueRecord,
     "LifecycleRecord": LifecycleRecord,

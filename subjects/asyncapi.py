@@ -42,10 +42,14 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "cancel",
         "{prefix}.hermes.{endpoint}.cancel",
-        "CancelRequest",
+        "aip.core.v1.cancel",
         None,
-        "Core NATS request/reply; the reply is a CancelReply. Signed with the nkey headers "
-        "Aip-Signer and Aip-Signature (this subject is not an AIP Envelope yet).",
+        "Core NATS request/reply: a signed AIP `aip.core.v1.cancel` Envelope (the requester "
+        "is its `from`, vouched for by a trusted gateway key's signature in `security`). The "
+        "reply is the Action's `aip.core.v1.action_result` (its terminal result once the "
+        "cancel settles it, or at once if it had already ended) or an `aip.core.v1.error` "
+        "Envelope (refused, or not settled within the wait), signed by the worker's "
+        "response key and answering the Cancel (`in_response_to`).",
         "publisher",
     ),
     (
@@ -205,6 +209,33 @@ def _aip_message(message_type: str) -> dict[str, Any]:
     }
 
 
+#: AIP Envelopes sent as core NATS requests (no stream, no Nats-Msg-Id), and their answers.
+_REQUESTS: dict[str, str] = {
+    "aip.core.v1.cancel": "Signed by the publisher (a trusted gateway key) as the requester "
+    "(`from`); unsigned ones are taken only where AIPD_ALLOW_UNSIGNED_ENVELOPES is on. The "
+    "reply (to the request's inbox) is an `aip.core.v1.action_result` or `aip.core.v1.error` "
+    "Envelope signed by the worker's response key, with `in_response_to` the Cancel's "
+    "`message_id`, `to` its `from` and its `correlation_id`",
+}
+
+
+def _request_message(message_type: str) -> dict[str, Any]:
+    """The AsyncAPI message of an AIP Envelope sent as a core NATS request."""
+    return {
+        "name": message_type,
+        "title": f"{message_type} Envelope",
+        "summary": PUBLISHED[message_type],
+        "description": f"{_REQUESTS[message_type]}. An AIP signature is the Envelope's own "
+        "(`security`); there are no signature headers.",
+        "contentType": "application/json",
+        "correlationId": {
+            "description": "The Envelope's correlation id, copied into the answer.",
+            "location": "$message.payload#/correlation_id",
+        },
+        "payload": {"$ref": f"#/components/schemas/{message_type}"},
+    }
+
+
 def _stream_name(subjects: Subjects, stream: str) -> str:
     owner, _, kind = stream.rpartition(":")
     return subjects.runtime_stream_name(kind) if owner == "RUNTIME" else subjects.stream_name(kind)
@@ -247,6 +278,9 @@ def document(prefix: str = "aip") -> dict[str, Any]:
         }
         if message in _MSG_IDS:
             messages[message] = _aip_message(message)
+            continue
+        if message in _REQUESTS:
+            messages[message] = _request_message(message)
             continue
         messages[message] = {
             "name": message,

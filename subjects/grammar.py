@@ -49,7 +49,8 @@ class EndpointSubjects:
 
     @property
     def cancel(self) -> str:
-        """Core NATS request/reply: a signed CancelRequest in, a CancelReply back."""
+        """Core NATS request/reply: a signed AIP Cancel Envelope in, an ActionResult or error
+        Envelope back (`worker.wire.cancels`)."""
         return f"{self.base}.cancel"
 
     def chunks(self, action_id: str) -> str:

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
@@ -45,17 +46,15 @@ from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelMessage
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.codec import (
     DEFAULT_MAX_ENVELOPE_BYTES,
-    decode_cancel,
     decode_delegation,
     encode,
 )
 from schemas.delegation import DelegationRequest
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
@@ -76,15 +75,24 @@ from worker.trust.responses import (
 )
 from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
+from worker.wire.cancels import (
+    CancelOutcome,
+    decode_cancel_reply,
+    encode_cancel,
+    requester_principal,
+)
 
-_reply_decoder = msgspec.json.Decoder(CancelReply)
+#: How long a cancel waits for its Action to settle unless told otherwise, and how much
+#: longer than that the request waits for the worker's answer.
+CANCEL_WAIT_S = 20.0
+CANCEL_REPLY_MARGIN_S = 5.0
 _receipt_decoder = msgspec.json.Decoder(Receipt)
 _channel_message_decoder = msgspec.json.Decoder(ChannelMessage)
 
 
 def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
     """`Aip-Signer`/`Aip-Signature` of an envelope on a subject still signed by headers (a
-    cancel, a delegation); Actions carry their AIP Envelope signature instead."""
+    delegation); Actions and cancels carry their AIP Envelope signature instead."""
     if sign_key is None:
         return {}
     from worker.trust.signing import sign_envelope  # the gateway's signing helper
@@ -199,9 +207,22 @@ class ActionHandle:
             )
         return result
 
-    async def cancel(self, *, reason: str = "", requested_by: str) -> CancelReply:
+    async def cancel(
+        self,
+        *,
+        reason: str = "",
+        requested_by: str,
+        requester_kind: str | None = None,
+        wait_s: float = CANCEL_WAIT_S,
+    ) -> CancelOutcome:
+        """`AipClient.cancel` of this Action."""
         return await self.client.cancel(
-            self.endpoint_id, self.action_id, reason=reason, requested_by=requested_by
+            self.endpoint_id,
+            self.action_id,
+            reason=reason,
+            requested_by=requested_by,
+            requester_kind=requester_kind,
+            wait_s=wait_s,
         )
 
 
@@ -460,18 +481,53 @@ class AipClient:
             return await handle.result(timeout_s=2.0)
 
     async def cancel(
-        self, endpoint_id: str, action_id: str, *, reason: str = "", requested_by: str
-    ) -> CancelReply:
-        payload = encode(
-            CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
+        self,
+        endpoint_id: str,
+        action_id: str,
+        *,
+        reason: str = "",
+        requested_by: str,
+        requester_kind: str | None = None,
+        wait_s: float = CANCEL_WAIT_S,
+    ) -> CancelOutcome:
+        """Ask the workers to cancel an Action: an AIP Cancel Envelope signed with this
+        client's key (the gateway key) as `requested_by` (`from`; its kind is read from the
+        id's prefix unless given). The answer is the Action's terminal result once the
+        cancel settles it, or at once if it had already ended (`outcome.result`), or an
+        error (`outcome.error`: a refusal, or `connector_host.not_ready` when it did not
+        settle within `wait_s`; ask again). With trusted worker keys the answer must be a
+        trusted worker's signed answer to this very Cancel (`UnverifiedResponse`)."""
+        payload = encode_cancel(
+            action_id,
+            requester=requester_principal(requested_by, requester_kind),
+            signer=self.aip_signer(),
+            reason=reason,
+            wait_ms=int(wait_s * 1000),
         )
-        decode_cancel(payload, max_bytes=self.max_envelope_bytes)
-        headers = _signed_headers(payload, self.sign_key)
+        headers: dict[str, str] = {}
         tracing.inject(headers)
         reply = await self.nc.request(
-            self.subjects.cancel(endpoint_id), payload, timeout=5.0, headers=headers or None
+            self.subjects.cancel(endpoint_id),
+            payload,
+            timeout=wait_s + CANCEL_REPLY_MARGIN_S,
+            headers=headers or None,
         )
-        return _reply_decoder.decode(reply.data)
+        return self.believe_cancel_reply(payload, reply.data or b"")
+
+    def believe_cancel_reply(self, cancel: bytes, data: bytes) -> CancelOutcome:
+        """The answer in `data` to the Cancel Envelope `cancel`: it must answer it
+        (`in_response_to`) and, with trusted worker keys, be signed by one of them;
+        `UnverifiedResponse` otherwise."""
+        try:
+            outcome, opened = decode_cancel_reply(data, max_bytes=self.max_envelope_bytes)
+        except EnvelopeRejected as exc:
+            raise UnverifiedResponse(f"cancel reply: {exc.reason}") from None
+        asked = json.loads(cancel)["message_id"]
+        if opened.envelope.get("in_response_to") != asked:
+            raise UnverifiedResponse("cancel reply: it does not answer this Cancel")
+        if self.trusted_worker_keys is not None:
+            check_worker_signed(opened, self.trusted_worker_keys, what="cancel reply")
+        return outcome
 
     async def receipts(self, endpoint_id: str, action_id: str) -> list[Receipt]:
         """Every audit receipt of one Action, in the order they were stored (as stored:

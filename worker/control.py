@@ -12,9 +12,11 @@ The announcement grants nothing: only the durable intent cancels
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
@@ -24,18 +26,23 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
+from schemas.aip.extensions import CancelFacts
 from schemas.audit import ReceiptEvent
-from schemas.cancel import CancelReply
-from schemas.codec import decode_cancel, encode
+from schemas.codec import encode
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.manifest import CapabilityManifest
 from worker import __version__, tracing
+from worker.aip.signing import AipSigner
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, protocol_error
 from worker.operations.base import Registry
 from worker.pipeline.runtime import Runtime
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
+from worker.tasks import stop_tasks
+from worker.wire.cancels import cancel_of, encode_cancel_result, encode_error, open_cancel
+from worker.wire.envelopes import ReplyRecipe, sent_at_ms
+from worker.wire.results import decode_result
 
 if TYPE_CHECKING:
     from worker.store.stores import Stores
@@ -62,6 +69,14 @@ class BindingCancelHook(Protocol):
 NOTICE_PENDING_MSGS = 4_096
 #: An Action id is 36 bytes; anything longer is not a notice.
 MAX_NOTICE_BYTES = 64
+#: Cancel requests waiting for their Action to settle, per worker; past it a cancel is
+#: answered at once (a retryable error unless the Action has already ended).
+MAX_CANCEL_WAITS = 256
+#: The stored result is polled first after this long, then at doubling intervals up to the max.
+SETTLE_POLL_FIRST_S = 0.05
+SETTLE_POLL_MAX_S = 0.5
+#: How long a stopping worker gives the waiting cancel replies to end.
+STOP_WAITS_S = 2.0
 
 
 def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
@@ -94,6 +109,8 @@ class ControlPlane:
         #: endpoint in `$SRV.STATS`: what the console's workers page shows.
         self.status = status
         self.service: Service | None = None
+        #: Cancel replies waiting for their Action to settle (`MAX_CANCEL_WAITS`).
+        self._waits: set[asyncio.Task[None]] = set()
         self._manifests = {
             endpoint_id: encode(manifest_of(rt.registry, served.endpoint))
             for endpoint_id, served in rt.endpoints.items()
@@ -134,6 +151,7 @@ class ControlPlane:
     async def stop(self) -> None:
         if self.service is not None:
             await self.service.stop()
+        await stop_tasks(self._waits, STOP_WAITS_S)
 
     def _manifest_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
@@ -144,28 +162,60 @@ class ControlPlane:
     def _cancel_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
             headers = request.headers or {}
-            with tracing.span(
-                "process aip.hermes.{endpoint}.cancel",
-                kind="consumer",
-                carrier=tracing.trace_context(headers),
-            ):
-                reply = await self.cancel(endpoint_id, request.data, headers)
-            await request.respond(encode(reply))
+            if len(self._waits) >= MAX_CANCEL_WAITS:
+                # Answered at once (no wait) rather than queued: a flood of cancels must
+                # not hold the subscription that every cancel of this endpoint shares.
+                await self._answer(request, endpoint_id, headers, may_wait=False)
+                return
+            task = asyncio.get_running_loop().create_task(
+                self._answer(request, endpoint_id, headers, may_wait=True),
+                name=f"cancel-reply-{endpoint_id}",
+            )
+            self._waits.add(task)
+            task.add_done_callback(self._waits.discard)
 
         return handle
 
-    async def cancel(self, endpoint_id: str, data: bytes, headers: dict[str, str]) -> CancelReply:
-        """Authorize, persist the intent durably, then announce it; the Action's result
-        tells the end. A refused request changes nothing."""
+    async def _answer(
+        self, request: Request, endpoint_id: str, headers: dict[str, str], *, may_wait: bool
+    ) -> None:
+        with tracing.span(
+            "process aip.hermes.{endpoint}.cancel",
+            kind="consumer",
+            carrier=tracing.trace_context(headers),
+        ):
+            reply = await self.cancel(endpoint_id, request.data, may_wait=may_wait)
+        try:
+            await request.respond(reply)
+        except Exception as exc:  # the requester's connection is gone: nothing to answer
+            log.info("cancel reply not sent: %s", type(exc).__name__)
+
+    async def cancel(self, endpoint_id: str, data: bytes, *, may_wait: bool = True) -> bytes:
+        """Authorize, persist the intent durably, announce it, then answer as AIP answers a
+        Cancel: the Action's terminal result once the cancel settles it (or at once if it
+        had already ended), or an error Envelope when refused or not settled within the
+        wait (`worker.wire.cancels`). A refused request changes nothing."""
         rt = self.rt
+        answer_error = partial(self._error_reply, endpoint_id)
         try:
-            request = decode_cancel(data, max_bytes=rt.settings.max_envelope_bytes)
+            opened = open_cancel(data, max_bytes=rt.settings.max_envelope_bytes)
         except EnvelopeRejected as exc:
-            return _refused(None, exc.code, exc.reason, endpoint_id)
+            return answer_error(ReplyRecipe(), None, exc.code, exc.reason)
+        reply = ReplyRecipe.answering(opened)
         try:
-            rt.gate.verify_signature(data, headers)
+            request = cancel_of(opened)
+        except EnvelopeRejected as exc:
+            return answer_error(reply, None, exc.code, exc.reason)
+        try:
+            rt.gate.verify_action_signer(opened.verified)
+            await rt.gate.check_fresh(sent_at_ms(opened), rt.stores)
         except ConnectorError as exc:
-            return _refused(request.action_id, exc.code, exc.message, endpoint_id)
+            return answer_error(reply, request.action_id, exc.code, exc.message)
+        except Exception as exc:
+            log.warning("cancel of %s not checked: %s", request.action_id, type(exc).__name__)
+            return answer_error(
+                reply, request.action_id, ErrorCode.HOST_NOT_READY, "cancel not checked"
+            )
         intent = msgspec.json.encode(
             {
                 "requested_by": request.requested_by,
@@ -191,14 +241,14 @@ class ControlPlane:
                 requested_by=request.requested_by,
                 code=exc.code.value,
             )
-            return _refused(request.action_id, exc.code, exc.message, endpoint_id)
+            return answer_error(reply, request.action_id, exc.code, exc.message)
         except Exception as exc:
             log.warning("cancel of %s not recorded: %s", request.action_id, type(exc).__name__)
-            return _refused(
+            return answer_error(
+                reply,
                 request.action_id,
                 ErrorCode.HOST_NOT_READY,
                 "cancel intent not recorded",
-                endpoint_id,
             )
         state = answer.state
         rt.audit.emit(
@@ -224,10 +274,92 @@ class ControlPlane:
             reported = binding_state or ("running" if answer.owner else "pending")
         # `accepted` means the intent is durable (pending: until the leasing worker
         # authorizes it against the Action); a settled Action records none.
-        return CancelReply(
-            action_id=request.action_id,
-            accepted=state in _DURABLE or state is CancelState.PENDING,
-            state=reported,
+        facts = CancelFacts(
+            accepted=state in _DURABLE or state is CancelState.PENDING, state=reported
+        )
+        bound = rt.settings.cancel_reply_wait_ms
+        wait_ms = min(bound, request.wait_ms) if request.wait_ms is not None else bound
+        settled = await self._settled(keys, wait_ms if may_wait else 0)
+        if settled is None:
+            return answer_error(
+                reply,
+                request.action_id,
+                ErrorCode.HOST_NOT_READY,
+                f"the cancel is {'recorded' if facts.accepted else 'not recorded'}; the Action "
+                f"did not settle within {wait_ms if may_wait else 0} ms: ask again for its "
+                "result",
+                facts,
+            )
+        try:
+            # Whoever the Action's result is shown to may cancel it: checked against the
+            # principal its lease records now (a cancel taken before any worker leased the
+            # Action was checked only against the directory).
+            subject = await rt.stores.leases.cancel_subject(keys)
+            if subject is None:
+                raise ConnectorError(
+                    ErrorCode.HOST_NOT_READY, "the Action's principal is not recorded yet"
+                )
+            await rt.gate.authorize_cancel(
+                requested_by=request.requested_by, subject=subject, stores=rt.stores
+            )
+            result, _ = decode_result(settled)
+        except ConnectorError as exc:
+            return answer_error(
+                reply,
+                request.action_id,
+                exc.code,
+                exc.message,
+                CancelFacts(accepted=False, state="settled"),
+            )
+        except Exception as exc:
+            log.warning("cancel of %s: result not read: %s", request.action_id, type(exc).__name__)
+            return answer_error(
+                reply, request.action_id, ErrorCode.HOST_NOT_READY, "the result was not read"
+            )
+        return encode_cancel_result(
+            result, reply=reply, signer=self._signer(), endpoint_id=endpoint_id
+        )
+
+    async def _settled(self, keys: ActionKeys, wait_ms: int) -> bytes | None:
+        """The Action's stored result (its Envelope bytes), waiting up to `wait_ms` for the
+        settle; None when there is none by then (or the store cannot say)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + wait_ms / 1000
+        delay = SETTLE_POLL_FIRST_S
+        while True:
+            try:
+                stored, _, _ = await self.rt.stores.leases.get_settled(keys)
+            except Exception as exc:
+                log.info("cancel: the stored result was not read: %s", type(exc).__name__)
+                stored = None
+            if stored is not None:
+                return stored
+            remaining = until - loop.time()
+            if remaining <= 0:
+                return None
+            await asyncio.sleep(min(delay, remaining))
+            delay = min(delay * 2, SETTLE_POLL_MAX_S)
+
+    def _signer(self) -> AipSigner | None:
+        signer = self.rt.publisher.signer
+        return signer.aip if signer is not None else None
+
+    def _error_reply(
+        self,
+        endpoint_id: str,
+        reply: ReplyRecipe,
+        action_id: str | None,
+        code: ErrorCode,
+        message: str,
+        facts: CancelFacts | None = None,
+    ) -> bytes:
+        return encode_error(
+            protocol_error(code, message, endpoint_id=endpoint_id),
+            reply=reply,
+            signer=self._signer(),
+            endpoint_id=endpoint_id,
+            action_id=action_id,
+            cancel=facts or CancelFacts(accepted=False, state="unknown"),
         )
 
     async def _authorized_record(
@@ -262,12 +394,3 @@ class ControlPlane:
         """Unsigned and unauthenticated: it only asks for a re-read of the durable intent."""
         if len(msg.data) <= MAX_NOTICE_BYTES:
             self.rt.keeper.cancel_notice(msg.data.decode(errors="replace"))
-
-
-def _refused(action_id: str | None, code: ErrorCode, message: str, endpoint_id: str) -> CancelReply:
-    return CancelReply(
-        action_id=action_id,
-        accepted=False,
-        state="unknown",
-        error=protocol_error(code, message, endpoint_id=endpoint_id),
-    )

@@ -1,7 +1,7 @@
 """Every exception of the runtime and of the programs shipped with it, one root per program.
 
 An Action's failure is a `ConnectorError` carrying its `connector.hermes_agent.*` or
-`connector_host.*` code. When it leaves (in an ActionResult, a CancelReply or the DLQ) it
+`connector_host.*` code. When it leaves (in an ActionResult, an error Envelope or the DLQ) it
 becomes a `ProtocolError` whose `retryable` and `uncertain_outcome` come from the code's rule
 (`schemas/errors.py`) and whether the operation was read-only. Every other exception here is
 caught in one place and never leaves as itself: it becomes a ConnectorError, a nak (the

@@ -162,6 +162,9 @@ class Settings(BaseSettings):
     """How long a start claim fences `POST /v1/runs` before it counts as lost."""
     hermes_operator_cancel_grace_ms: Annotated[int, Field(ge=1_000, le=300_000)] = 15_000
     """How long a stop is reconciled before `cancellation_outcome_unknown`."""
+    cancel_reply_wait_ms: Annotated[int, Field(ge=0, le=120_000)] = 20_000
+    """Longest wait for a cancel to settle its Action before the cancel request is answered
+    with a retryable `connector_host.not_ready` error (a requester may ask for less)."""
 
     # Trust.
     trusted_gateway_keys_file: Path | None = None

@@ -54,6 +54,10 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "`prev_sha256`, the chain anchored by the signed result's `last_chunk_sha256`.",
     "aip.core.v1.error": "A failure answered as an Envelope of its own "
     "(`body.error.error` is the ProtocolError).",
+    "aip.core.v1.cancel": "A request on `aip.hermes.{endpoint}.cancel` (core NATS "
+    "request/reply) to cancel one Action, signed by the publisher (the gateway key) as the "
+    "requester (`from`); answered by an `action_result` or an `error` Envelope signed by the "
+    "worker's response key.",
 }
 
 #: RFC 3339 date-time as the Envelope rules read it (`worker.aip.envelope`): upper-case `T`
@@ -84,6 +88,8 @@ def envelope_schema(message_type: str) -> dict[str, Any]:
         _absent_never_null(definition)
     if message_type == "aip.core.v1.action":
         _our_action_rules(defs["Action"])
+    if message_type == "aip.core.v1.cancel":
+        _our_cancel_rules(defs["CancelTarget"])
     extensions: dict[str, Any] = {
         "description": "Free vendor and profile extensions, one key per namespace"
         + (f"; ours is `{EXTENSION_KEY}`." if message_type in EXTENSIONS else "."),
@@ -206,6 +212,16 @@ def _our_action_rules(definition: dict[str, Any]) -> None:
         " On the actions subject it needs an `identity` (exactly one of `human_actor` and "
         "`service_account`), an `act_` + 32 hex id and an endpoint-qualified capability id."
     )
+
+
+def _our_cancel_rules(definition: dict[str, Any]) -> None:
+    """The Cancel target as the cancel subject takes it: an Action, by its `act_` + 32 hex
+    id (connector hosts accept only the action form)."""
+    internal = wire_json_schema(InternalAction)["$defs"]["Action"]["properties"]
+    definition["properties"]["action"]["pattern"] = internal["id"]["pattern"]
+    definition["required"] = ["action"]
+    definition["not"] = {"required": ["session"]}
+    definition["description"] += " On the cancel subject: always `action`, an `act_` + 32 hex id."
 
 
 def _merge(into: dict[str, Any], defs: Mapping[str, Any]) -> None:

@@ -118,11 +118,67 @@ class ChunkExtension(_Extension, frozen=True):
     ] = None
 
 
+#: The longest wait for a cancel to settle a requester may ask for (ms).
+MAX_CANCEL_WAIT_MS: Final = 120_000
+
+
+class CancelExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.cancel` Envelope may carry beyond the AIP Cancel."""
+
+    wait_ms: Annotated[
+        Annotated[int, Meta(ge=0, le=MAX_CANCEL_WAIT_MS)] | None,
+        Meta(
+            description="How long the requester waits for the reply (ms): the worker "
+            "answers within the smaller of this and its own bound "
+            "(`AIPD_CANCEL_REPLY_WAIT_MS`); 0 answers at once. Absent: the worker's bound.",
+        ),
+    ] = None
+
+
+class CancelFacts(_Extension, frozen=True):
+    """What a worker found when it took a Cancel that it did not answer with a result."""
+
+    accepted: Annotated[
+        bool,
+        Meta(
+            description="The cancel intent is durable (for an Action no worker holds yet: "
+            "until the worker that leases it authorizes it against the Action)."
+        ),
+    ]
+    state: Annotated[
+        str,
+        Meta(
+            max_length=64,
+            description="The Action's state after the intent was recorded: `pending` (no "
+            "worker holds it yet), `running`, an operator binding's state, `settled`, or "
+            "`unknown` (refused before the Action was looked up).",
+        ),
+    ]
+
+
+class ErrorExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.error` Envelope a worker sends carries beyond the ProtocolError."""
+
+    action_id: Annotated[
+        ActionId | None,
+        Meta(description="The Action the error is about, when the request named one."),
+    ] = None
+    endpoint_id: Annotated[
+        EndpointId | None, Meta(description="The Hermes endpoint whose worker answered.")
+    ] = None
+    cancel: Annotated[
+        CancelFacts | None,
+        Meta(description="On the answer to a Cancel: what the worker found."),
+    ] = None
+
+
 #: message_type → the extension object it carries.
 EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.action": ActionExtension,
     "aip.core.v1.action_result": ResultExtension,
     "aip.core.v1.stream_chunk": ChunkExtension,
+    "aip.core.v1.cancel": CancelExtension,
+    "aip.core.v1.error": ErrorExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and

@@ -390,13 +390,18 @@ async def cmd_cancel(args: argparse.Namespace) -> int:
     settings = _bus_settings(args)
     nc, client = await _signing_client(args, settings, sign_key=_sign_key(args, settings))
     try:
-        reply = await client.cancel(
-            args.endpoint, args.action_id, reason=args.reason, requested_by=args.requested_by
+        outcome = await client.cancel(
+            args.endpoint,
+            args.action_id,
+            reason=args.reason,
+            requested_by=args.requested_by,
+            requester_kind=args.requester_kind,
+            wait_s=args.wait,
         )
     finally:
         await nc.drain()
-    print(msgspec.json.encode(reply).decode())
-    return Exit.OK if reply.accepted else Exit.FAILED
+    print(msgspec.json.encode(outcome.to_builtins()).decode())
+    return Exit.OK if outcome.accepted else Exit.FAILED
 
 
 async def cmd_manifest(args: argparse.Namespace) -> int:
@@ -462,12 +467,13 @@ async def cmd_audit(args: argparse.Namespace) -> int:
 
 async def cmd_sign(args: argparse.Namespace) -> int:
     """Sign a payload for publishers using the `nats` CLI: an Action Envelope is printed
-    signed (its AIP signature is inside it); a delegation or a cancel gets the
-    `Aip-Signer`/`Aip-Signature` header lines its subject still takes."""
-    from schemas.codec import decode_cancel, decode_delegation
+    signed, and so is a Cancel Envelope (their AIP signature is inside them); a delegation
+    gets the `Aip-Signer`/`Aip-Signature` header lines its subject still takes."""
+    from schemas.codec import decode_delegation
     from worker.aip.signing import AipSigner
     from worker.trust.signing import read_seed_file, sign_envelope
     from worker.wire.actions import sign_action_envelope
+    from worker.wire.cancels import sign_cancel_envelope
 
     # A one-shot command: nothing else runs on the loop while the file is read.
     source = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: ASYNC230, SIM115
@@ -478,8 +484,11 @@ async def cmd_sign(args: argparse.Namespace) -> int:
         signer = AipSigner.from_nkey_seed(read_seed_file(args.key))
         sys.stdout.buffer.write(sign_action_envelope(payload, signer=signer) + b"\n")
         return 0
-    decoders = {"delegation": decode_delegation, "cancel": decode_cancel}
-    decoders[args.kind](payload)
+    if args.kind == "cancel":
+        signer = AipSigner.from_nkey_seed(read_seed_file(args.key))
+        sys.stdout.buffer.write(sign_cancel_envelope(payload, signer=signer) + b"\n")
+        return 0
+    decode_delegation(payload)
     for name, value in sign_envelope(payload, read_seed_file(args.key)).items():
         print(f"{name}:{value}")
     return 0
@@ -621,8 +630,23 @@ def add_commands(sub: Any) -> None:
     _bus_flags(cancel)
     _action_id_arg(cancel)
     _endpoint_flag(cancel)
-    cancel.add_argument("--requested-by", required=True, help="who asks (recorded)")
+    cancel.add_argument(
+        "--requested-by", required=True, help="who asks: the Cancel's `from` (authorized, recorded)"
+    )
+    cancel.add_argument(
+        "--requester-kind",
+        choices=("human", "agent", "service", "tenant", "customer", "contact", "system"),
+        help="the requester's AIP Principal kind (default: from the id's prefix)",
+    )
     cancel.add_argument("--reason", default="", help="why (recorded)")
+    cancel.add_argument(
+        "--wait",
+        type=float,
+        default=20.0,
+        metavar="SECONDS",
+        help="wait up to SECONDS for the cancel to settle the Action (the worker's "
+        "AIPD_CANCEL_REPLY_WAIT_MS caps it); the answer is then its terminal result",
+    )
     _sign_key_flag(cancel, "the cancel request")
     cancel.set_defaults(func=cmd_cancel)
 
@@ -649,8 +673,8 @@ def add_commands(sub: Any) -> None:
 
     sign = sub.add_parser(
         "sign",
-        help="print an Action Envelope signed, or the Aip-Signer/Aip-Signature headers of "
-        "a delegation or cancel payload",
+        help="print an Action or Cancel Envelope signed, or the Aip-Signer/Aip-Signature "
+        "headers of a delegation payload",
     )
     sign.add_argument("payload", help="the exact payload file to sign, or - for stdin")
     sign.add_argument("--key", type=Path, required=True, help="gateway nkey seed file")

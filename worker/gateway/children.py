@@ -33,10 +33,9 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action
-from schemas.cancel import CancelReply, CancelRequest
 from schemas.codec import encode
 from schemas.delegation import ChildAction
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
@@ -47,14 +46,20 @@ from worker.errors import ActionIdTaken, UnverifiedResponse
 from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
-from worker.trust.responses import sha256_hex, verify_result
+from worker.trust.responses import check_worker_signed, sha256_hex, verify_result
 from worker.trust.signing import TrustedGatewayKeys, sign_envelope
-from worker.wire.actions import GATEWAY_SENDER, encode_action
+from worker.wire.actions import GATEWAY_SENDER, aip_principal_kind, encode_action
+from worker.wire.cancels import (
+    CancelOutcome,
+    decode_cancel_reply,
+    encode_cancel,
+    requester_principal,
+)
 
 log = logging.getLogger(__name__)
 
-_reply_decoder = msgspec.json.Decoder(CancelReply)
-CANCEL_TIMEOUT_S = 5.0
+#: How much longer than the wait it asked for a cancel request waits for the answer.
+CANCEL_REPLY_MARGIN_S = 5.0
 #: Bound on `stored_result` reading the results subject again when its last message was
 #: refused (an earlier one may be the real result; it stops at the last stored message).
 RESCAN_TIMEOUT_S = 2.0
@@ -318,15 +323,42 @@ class Children:
         return terminal
 
     async def cancel(
-        self, route: Route, action_id: str, *, requested_by: str, reason: str
-    ) -> CancelReply:
-        """A signed CancelRequest on the child's cancel subject; the executor's reply."""
-        payload = encode(
-            CancelRequest(action_id=action_id, reason=reason, requested_by=requested_by)
+        self,
+        route: Route,
+        action_id: str,
+        *,
+        requested_by: str,
+        reason: str,
+        requester_kind: str | None = None,
+        wait_s: float = 0.0,
+    ) -> CancelOutcome:
+        """An AIP Cancel on the child's cancel subject, signed by the gateway key as
+        `requested_by` (`requester_kind`: the caller's own kind word); the executor's answer
+        (the child's terminal result once the cancel settles it within `wait_s`, or an
+        error). With trusted worker keys the answer must be a trusted worker's
+        (UnverifiedResponse otherwise)."""
+        kind = aip_principal_kind(requester_kind) if requester_kind is not None else None
+        payload = encode_cancel(
+            action_id,
+            requester=requester_principal(requested_by, kind),
+            signer=self.signer,
+            reason=reason,
+            wait_ms=int(wait_s * 1000),
         )
-        headers = sign_envelope(payload, self.seed)
+        headers: dict[str, str] = {}
         tracing.inject(headers)
         reply = await self.nc.request(
-            route.subjects.cancel, payload, timeout=CANCEL_TIMEOUT_S, headers=headers
+            route.subjects.cancel,
+            payload,
+            timeout=wait_s + CANCEL_REPLY_MARGIN_S,
+            headers=headers or None,
         )
-        return _reply_decoder.decode(reply.data)
+        try:
+            outcome, opened = decode_cancel_reply(reply.data or b"")
+        except EnvelopeRejected as exc:
+            raise UnverifiedResponse(f"cancel reply: {exc.reason}") from None
+        if opened.envelope.get("in_response_to") != msgspec.json.decode(payload)["message_id"]:
+            raise UnverifiedResponse("cancel reply: it does not answer this Cancel")
+        if self.trusted_worker_keys is not None:
+            check_worker_signed(opened, self.trusted_worker_keys, what="cancel reply")
+        return outcome

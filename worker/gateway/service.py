@@ -29,7 +29,7 @@ from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
 from schemas.result import ActionResult
 from worker import faults
 from worker.bus.stream_reads import SubjectFollower
-from worker.errors import ActionIdTaken, ConnectorError, QueueEntryExists
+from worker.errors import ActionIdTaken, ConnectorError, QueueEntryExists, UnverifiedResponse
 from worker.gateway.children import Children, child_result, now_ms
 from worker.gateway.chunk_reads import ChunkReader, Link
 from worker.gateway.discovery import Discovery
@@ -45,6 +45,8 @@ log = logging.getLogger(__name__)
 
 #: The most chunks one `aip_action_events` call returns.
 MAX_EVENTS_PER_CALL = 500
+#: How long the cancel tool waits for the executor to settle the cancelled child.
+CANCEL_WAIT_S = 10.0
 #: The most messages one `aip_action_events` call reads from a chunk subject.
 MAX_CHUNKS_READ = 20_000
 #: `aip_capabilities` entries per page, by default and at most.
@@ -509,23 +511,35 @@ class GatewayService:
     async def cancel(
         self, principal: Principal, action_id: str, reason: str = ""
     ) -> dict[str, Any]:
-        """A signed CancelRequest to the executor; the outcome is the child's result."""
+        """An AIP Cancel to the executor, signed as the caller; the answer is the child's
+        terminal result when the cancel settles it within `CANCEL_WAIT_S` (its status is
+        `executor_status`; the record follows from the result on the bus), else the
+        executor's error with what it found (`accepted`, `executor_state`)."""
         record = await self._own_record(principal, action_id)
         if record.state.terminal:
             return {**_view(record), "accepted": False, "reason": "the Action already ended"}
         route = self._route_of(record)
         try:
-            reply = await self.children.cancel(
-                route, action_id, requested_by=principal.principal_id, reason=reason[:1024]
+            outcome = await self.children.cancel(
+                route,
+                action_id,
+                requested_by=principal.principal_id,
+                requester_kind=principal.principal_kind,
+                reason=reason[:1024],
+                wait_s=CANCEL_WAIT_S,
             )
         except (NatsTimeout, TimeoutError):
             raise ConnectorError(
                 ErrorCode.HOST_NOT_READY, "no executor answered the cancel request in time"
             ) from None
+        except UnverifiedResponse as exc:
+            raise ConnectorError(ErrorCode.HOST_RESPONSE_SIGNING, str(exc)) from None
         view = _view(record)
-        view.update(accepted=reply.accepted, executor_state=reply.state)
-        if reply.error is not None:
-            view["error"] = msgspec.to_builtins(reply.error)
+        view.update(accepted=outcome.accepted, executor_state=outcome.state)
+        if outcome.result is not None:
+            view["executor_status"] = outcome.result.status.value
+        if outcome.error is not None:
+            view["error"] = msgspec.to_builtins(outcome.error)
         return view
 
     def _route_of(self, record: QueueRecord) -> Route:

@@ -107,6 +107,11 @@ class Gate(Protocol):
         (no worker leased it yet) only the requester's identity is checked."""
         ...
 
+    async def check_fresh(self, sent_at_unix_ms: int, stores: Stores) -> None:
+        """Refuse (`connector_host.replay`) a request sent outside the replay window of
+        now: a cancel, which no stream stores."""
+        ...
+
     def verify_strict(self, payload: bytes, headers: Mapping[str, str]) -> str:
         """A trusted-key signature over a store record; never waived by the unsigned-envelope
         development flag (records are evidence)."""

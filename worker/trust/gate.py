@@ -301,6 +301,12 @@ class TrustGate:
         if subject is not None:
             await self.cancels.check(requester, subject, clock)
 
+    async def check_fresh(self, sent_at_unix_ms: int, stores: Stores) -> None:
+        """A request no stream stores (a cancel) is judged on its `sent_at` against Redis
+        TIME: at most the envelope age old, at most the clock skew ahead
+        (`connector_host.replay` otherwise, `worker.trust.replay`)."""
+        await self.replay.check(sent_at_unix_ms, stores.clock())
+
     def verify_strict(self, payload: bytes, headers: Mapping[str, str]) -> str:
         """A valid signature of a trusted key, whatever AIPD_ALLOW_UNSIGNED_ENVELOPES says."""
         if self.gateway_keys is None:

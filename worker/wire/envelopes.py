@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 from schemas.errors import EnvelopeRejected, ErrorCode
@@ -64,6 +65,33 @@ class Opened:
     def sender(self) -> Mapping[str, Any] | None:
         sender = self.envelope.get("from")
         return sender if isinstance(sender, Mapping) else None
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyRecipe:
+    """How an answer names the request it answers (aip-1.0-wire.md §2.6): `in_response_to`
+    its `message_id`, `to` its `from`, its `correlation_id` copied."""
+
+    in_response_to: str | None = None
+    to: Mapping[str, Any] | None = None
+    correlation_id: str | None = None
+
+    @classmethod
+    def answering(cls, opened: Opened) -> ReplyRecipe:
+        correlation_id = opened.envelope.get("correlation_id")
+        sender = opened.sender
+        return cls(
+            in_response_to=opened.message_id,
+            to={key: value for key, value in sender.items()} if sender is not None else None,
+            correlation_id=correlation_id if isinstance(correlation_id, str) else None,
+        )
+
+
+def sent_at_ms(opened: Opened) -> int:
+    """Unix ms of an opened Envelope's `sent_at` (RFC 3339, already checked by the Envelope
+    rules): when its sender says it was sent, which a replay check compares with now."""
+    sent_at = str(opened.envelope["sent_at"]).replace("Z", "+00:00")
+    return int(datetime.fromisoformat(sent_at).timestamp() * 1000)
 
 
 def extension_of(envelope: Mapping[str, Any]) -> dict[str, Any]:
@@ -183,8 +211,10 @@ __all__ = [
     "DEFAULT_MAX_ENVELOPE_BYTES",
     "EXTENSION_KEY",
     "Opened",
+    "ReplyRecipe",
     "extension_of",
     "new_message_id",
     "open_envelope",
     "seal",
+    "sent_at_ms",
 ]

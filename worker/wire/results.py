@@ -33,7 +33,13 @@ from schemas.errors import (
 )
 from schemas.result import ActionResult
 from worker.aip.signing import AipSigner
-from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
+from worker.wire.envelopes import (
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    Opened,
+    ReplyRecipe,
+    open_envelope,
+    seal,
+)
 
 RESULT_TYPE: Final = "aip.core.v1.action_result"
 _TYPES: Final = frozenset({RESULT_TYPE})
@@ -122,9 +128,11 @@ def encode_result(
     action: Action | None,
     signer: AipSigner | None,
     endpoint_id: str,
+    reply: ReplyRecipe | None = None,
 ) -> bytes:
     """The wire bytes of `result`: an `action_result` Envelope, signed by `signer` (None:
-    unsigned, development only), answering `action`'s Envelope when it is known."""
+    unsigned, development only), answering `action`'s Envelope when it is known, or the
+    request `reply` names (a Cancel answered with the Action's result)."""
     payload: dict[str, Any] = {"action_id": result.action_id, "status": result.status.value}
     if result.output is not None:
         payload["output"] = msgspec.to_builtins(result.output)
@@ -146,16 +154,22 @@ def encode_result(
         ).items()
         if value is not None
     }
-    received = action.received if action is not None else None
-    trace = action.trace if action is not None else None
+    if reply is None:
+        received = action.received if action is not None else None
+        trace = action.trace if action is not None else None
+        reply = ReplyRecipe(
+            in_response_to=received.message_id if received is not None else None,
+            to=received.sender if received is not None else None,
+            correlation_id=trace.correlation_id if trace is not None else None,
+        )
     return seal(
         RESULT_TYPE,
         payload,
         sender=worker_principal(endpoint_id),
         signer=signer,
-        to=received.sender if received is not None else None,
-        in_response_to=received.message_id if received is not None else None,
-        correlation_id=trace.correlation_id if trace is not None else None,
+        to=reply.to,
+        in_response_to=reply.in_response_to,
+        correlation_id=reply.correlation_id,
         extension=extension,
     )
 

@@ -1,0 +1,318 @@
+"""The cancel subject's wire: a signed AIP `aip.core.v1.cancel` Envelope in, and its answer
+out (shared/reference/aip-1.0-wire.md §1.8, §7.6; docs/publishing.md "Cancel").
+
+* **The request.** `body.cancel` = `{target: {action: "act_…"}, reason}`; the requester is
+  the Envelope's `from` (its `id` is what the cancel authority checks,
+  `worker.trust.cancel_authority`), vouched for by the signature of a trusted gateway key,
+  which the caller checks (`Opened.verified`). A session target is refused: connector hosts
+  cancel Actions only. Our extension may carry `wait_ms`, how long the requester waits.
+* **The answer.** AIP has no cancel-reply type: a Cancel is answered by the Action's
+  `action_result` (status `cancelled`, or the terminal result it had already reached), or
+  by an `aip.core.v1.error` Envelope (a refusal, or a cancel not settled within the wait).
+  Both follow the reply recipe (`ReplyRecipe.answering` the Cancel) and are signed by the
+  worker's response key. What the worker found (`accepted`, `state`: the facts of the old
+  CancelReply) travels in the error Envelope's extension (`ErrorExtension.cancel`).
+
+Every failure to read is an `EnvelopeRejected` with the code the reply carries.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from schemas.aip.control import Cancel
+from schemas.aip.extensions import CancelExtension, CancelFacts, ErrorExtension
+from schemas.aip.messages import open_body, open_signed_body
+from schemas.aip.result import ErrorBody
+from schemas.errors import BodyError, EnvelopeRejected, ErrorCode, ProtocolError
+from schemas.ids import ACTION_ID_PATTERN
+from schemas.result import ActionResult, ResultStatus
+from worker.aip.errors import AipWireError
+from worker.aip.signing import AipSigner
+from worker.wire.envelopes import (
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    Opened,
+    ReplyRecipe,
+    open_envelope,
+    seal,
+)
+from worker.wire.results import (
+    RESULT_TYPE,
+    decode_result,
+    encode_result,
+    error_from_aip,
+    error_to_aip,
+    worker_principal,
+)
+
+MESSAGE_TYPE: Final = "aip.core.v1.cancel"
+ERROR_TYPE: Final = "aip.core.v1.error"
+_TYPES: Final = frozenset({MESSAGE_TYPE})
+_REPLY_TYPES: Final = frozenset({RESULT_TYPE, ERROR_TYPE})
+#: The longest `reason` taken (the old CancelRequest's bound).
+MAX_REASON_CHARS: Final = 1024
+#: The longest requester id taken (the internal ShortText bound).
+MAX_REQUESTER_CHARS: Final = 512
+
+_PRINCIPAL_KINDS_BY_PREFIX: Final = {"user": "human", "agent": "agent", "service": "service"}
+
+
+def _invalid(reason: str) -> EnvelopeRejected:
+    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
+
+
+def requester_principal(principal_id: str, kind: str | None = None) -> dict[str, str]:
+    """The `from` Principal a gateway signs a Cancel as, for the requester `principal_id`.
+    Without a `kind`, it is read from the id's prefix (`user:` human, `agent:` agent,
+    otherwise service); the worker authorizes by the id alone."""
+    if kind is None:
+        kind = _PRINCIPAL_KINDS_BY_PREFIX.get(principal_id.partition(":")[0], "service")
+    return {"id": principal_id, "kind": kind}
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequest:
+    """A Cancel as the worker acts on it."""
+
+    action_id: str
+    reason: str
+    #: `from.id`: the principal the cancel authority checks.
+    requested_by: str
+    #: How long the requester waits for the answer (ms), when it said.
+    wait_ms: int | None
+    opened: Opened
+
+
+def encode_cancel(
+    action_id: str,
+    *,
+    requester: Mapping[str, Any],
+    signer: AipSigner | None,
+    reason: str = "",
+    wait_ms: int | None = None,
+    correlation_id: str | None = None,
+    message_id: str | None = None,
+    sent_at: str | None = None,
+) -> bytes:
+    """The wire bytes of a Cancel of `action_id`, signed by `signer` (the gateway key; None:
+    unsigned, development only) as `requester` (a Principal `{id, kind}`).
+
+    EnvelopeRejected (`schema.envelope.invalid`) for a Cancel the workers would refuse."""
+    payload: dict[str, Any] = {"target": {"action": action_id}}
+    if reason:
+        payload["reason"] = reason
+    extension = {"wait_ms": wait_ms} if wait_ms is not None else None
+    try:
+        data = seal(
+            MESSAGE_TYPE,
+            payload,
+            sender=requester,
+            signer=signer,
+            correlation_id=correlation_id,
+            extension=extension,
+            message_id=message_id,
+            sent_at=sent_at,
+        )
+    except AipWireError as exc:
+        raise _invalid(f"the Cancel cannot be sealed: {exc}") from None
+    cancel_of(open_cancel(data))
+    return data
+
+
+def sign_cancel_envelope(
+    data: bytes, *, signer: AipSigner, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> bytes:
+    """A Cancel Envelope (signed or not) signed again by `signer`, keeping its
+    `message_id`, `sent_at`, correlation and requester (`from` `{id, kind}`): what
+    `aip-hermes-worker sign --kind cancel` prints. EnvelopeRejected when `data` is not a
+    Cancel the workers decode."""
+    request = decode_cancel(data, max_bytes=max_bytes)
+    envelope = request.opened.envelope
+    sender = request.opened.sender or {}
+    correlation_id = envelope.get("correlation_id")
+    return encode_cancel(
+        request.action_id,
+        requester={key: value for key, value in sender.items() if key in ("id", "kind")},
+        signer=signer,
+        reason=request.reason,
+        wait_ms=request.wait_ms,
+        correlation_id=correlation_id if isinstance(correlation_id, str) else None,
+        message_id=request.opened.message_id,
+        sent_at=str(envelope["sent_at"]),
+    )
+
+
+def open_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> Opened:
+    """The frame of a Cancel Envelope (EnvelopeRejected: not one, or a signature present
+    that does not verify). Its reply recipe is known from here on."""
+    return open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
+
+
+def cancel_of(opened: Opened) -> CancelRequest:
+    """The Cancel an opened Envelope carries; EnvelopeRejected (`schema.envelope.invalid`)
+    for a body, target, requester or extension the cancel subject does not take."""
+    opener = open_body if opened.verified is None else open_signed_body
+    try:
+        cancel = opener(MESSAGE_TYPE, opened.envelope["body"])
+    except BodyError as exc:
+        raise _invalid(str(exc)) from None
+    assert isinstance(cancel, Cancel)
+    action_id = cancel.target.action
+    if action_id is None:
+        raise _invalid("cancel.target must name an action (a session cannot be cancelled here)")
+    if re.fullmatch(ACTION_ID_PATTERN, action_id) is None:
+        raise _invalid(f"cancel.target.action is not an Action id ({ACTION_ID_PATTERN})")
+    reason = cancel.reason or ""
+    if len(reason) > MAX_REASON_CHARS:
+        raise _invalid(f"cancel.reason is over {MAX_REASON_CHARS} characters")
+    sender = opened.sender
+    requested_by = sender.get("id") if sender is not None else None
+    if not isinstance(requested_by, str) or not requested_by:
+        raise _invalid("a Cancel names its requester in `from`")
+    if len(requested_by) > MAX_REQUESTER_CHARS:
+        raise _invalid(f"from.id is over {MAX_REQUESTER_CHARS} characters")
+    try:
+        extension = msgspec.convert(opened.extension, CancelExtension, strict=True)
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"extensions: {exc}") from None
+    return CancelRequest(
+        action_id=action_id,
+        reason=reason,
+        requested_by=requested_by,
+        wait_ms=extension.wait_ms,
+        opened=opened,
+    )
+
+
+def decode_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> CancelRequest:
+    """`open_cancel` and `cancel_of` in one (EnvelopeRejected)."""
+    return cancel_of(open_cancel(data, max_bytes=max_bytes))
+
+
+# --- the answer ------------------------------------------------------------------------------
+
+
+def encode_cancel_result(
+    result: ActionResult, *, reply: ReplyRecipe, signer: AipSigner | None, endpoint_id: str
+) -> bytes:
+    """The answer that the Action ended: its result, as an `action_result` Envelope
+    answering the Cancel."""
+    return encode_result(result, action=None, signer=signer, endpoint_id=endpoint_id, reply=reply)
+
+
+def encode_error(
+    error: ProtocolError,
+    *,
+    reply: ReplyRecipe,
+    signer: AipSigner | None,
+    endpoint_id: str,
+    action_id: str | None,
+    cancel: CancelFacts | None = None,
+) -> bytes:
+    """An `aip.core.v1.error` Envelope (`body.error.error` = the ProtocolError) answering
+    the request `reply` names, from the worker, with what it found in our extension."""
+    extension = {
+        name: value
+        for name, value in msgspec.to_builtins(
+            ErrorExtension(action_id=action_id, endpoint_id=endpoint_id, cancel=cancel)
+        ).items()
+        if value is not None
+    }
+    return seal(
+        ERROR_TYPE,
+        {"error": error_to_aip(error)},
+        sender=worker_principal(endpoint_id),
+        signer=signer,
+        to=reply.to,
+        in_response_to=reply.in_response_to,
+        correlation_id=reply.correlation_id,
+        extension=extension,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CancelOutcome:
+    """A worker's answer to a Cancel, as the requester reads it.
+
+    `result` is the Action's terminal result (the cancel settled it, or it had ended
+    before); otherwise `error` says why not, and `accepted`/`state` what the worker found.
+    With a result, `accepted` is whether the result is `cancelled` and `state` is
+    `settled`."""
+
+    action_id: str | None
+    accepted: bool
+    state: str
+    result: ActionResult | None = None
+    error: ProtocolError | None = None
+
+    def to_builtins(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "action_id": self.action_id,
+            "accepted": self.accepted,
+            "state": self.state,
+        }
+        if self.result is not None:
+            out["result"] = msgspec.to_builtins(self.result)
+        if self.error is not None:
+            out["error"] = msgspec.to_builtins(self.error)
+        return out
+
+
+def decode_cancel_reply(
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> tuple[CancelOutcome, Opened]:
+    """The answer in `data` and its Envelope (whose signature, if any, verified: which keys
+    to trust is the caller's, `Opened.verified.did`). EnvelopeRejected when it is neither
+    an `action_result` nor an `error` Envelope of ours."""
+    opened = open_envelope(data, message_types=_REPLY_TYPES, max_bytes=max_bytes)
+    if opened.message_type == RESULT_TYPE:
+        result, opened = decode_result(data, max_bytes=max_bytes)
+        return (
+            CancelOutcome(
+                action_id=result.action_id,
+                accepted=result.status is ResultStatus.CANCELLED,
+                state="settled",
+                result=result,
+            ),
+            opened,
+        )
+    try:
+        body = open_body(ERROR_TYPE, opened.envelope["body"])
+        extension = msgspec.convert(opened.extension, ErrorExtension, strict=True)
+    except BodyError as exc:
+        raise _invalid(str(exc)) from None
+    except msgspec.ValidationError as exc:
+        raise _invalid(f"extensions: {exc}") from None
+    assert isinstance(body, ErrorBody)
+    facts = extension.cancel
+    return (
+        CancelOutcome(
+            action_id=extension.action_id,
+            accepted=facts.accepted if facts is not None else False,
+            state=facts.state if facts is not None else "unknown",
+            error=error_from_aip(body.error),
+        ),
+        opened,
+    )
+
+
+__all__ = [
+    "ERROR_TYPE",
+    "MESSAGE_TYPE",
+    "CancelOutcome",
+    "CancelRequest",
+    "cancel_of",
+    "decode_cancel",
+    "decode_cancel_reply",
+    "encode_cancel",
+    "encode_cancel_result",
+    "encode_error",
+    "open_cancel",
+    "requester_principal",
+    "sign_cancel_envelope",
+]
