@@ -282,3 +282,44 @@ def test_seal_frames_a_payload_as_the_schema_describes(
             extension=envelope.get("extensions", {}).get(EXTENSION_KEY),
         )
         _validator(message_type).validate(json.loads(data))
+
+
+def test_the_cancel_vectors_decode_and_their_answers_follow_the_reply_recipe() -> None:
+    """A Cancel names the Action in its target and the requester in its signed `from`; the
+    answers (a result, an error) are bound to it by in_response_to, to and correlation_id."""
+    from worker.wire.cancels import decode_cancel, decode_cancel_reply
+
+    cancel_case, minimal_case = VECTORS["aip.core.v1.cancel"]["valid"]
+    cancel = cancel_case["envelope"]
+    request = decode_cancel(_rules_canonical(cancel))
+    assert (request.action_id, request.requested_by, request.reason, request.wait_ms) == (
+        cancel["body"]["cancel"]["target"]["action"],
+        "user:alice",
+        "changed my mind",
+        10000,
+    )
+    assert request.opened.verified is not None
+    assert request.opened.verified.did == cancel_case["did"]
+    minimal = decode_cancel(_rules_canonical(minimal_case["envelope"]))
+    assert (minimal.reason, minimal.wait_ms) == ("", None)
+    result = VECTORS["aip.core.v1.action_result"]["valid"][2]["envelope"]
+    error = VECTORS["aip.core.v1.error"]["valid"][1]["envelope"]
+    for answer in (result, error):
+        assert answer["in_response_to"] == cancel["message_id"]
+        assert answer["to"] == cancel["from"]
+        assert answer["correlation_id"] == cancel["correlation_id"]
+    settled, _ = decode_cancel_reply(_rules_canonical(result))
+    assert settled.result is not None
+    assert (settled.accepted, settled.state, settled.result.status.value) == (
+        True,
+        "settled",
+        "cancelled",
+    )
+    pending, _ = decode_cancel_reply(_rules_canonical(error))
+    assert pending.error is not None
+    assert (pending.accepted, pending.state, pending.error.code.value) == (
+        True,
+        "running",
+        "connector_host.not_ready",
+    )
+    assert pending.error.retryable is True

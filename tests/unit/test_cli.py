@@ -176,8 +176,8 @@ def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> Non
 
 
 def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) -> None:
-    """`sign` prints an Action Envelope signed (the AIP signature is inside it); a
-    delegation or cancel payload gets its header lines. Envelopes here are built from the
+    """`sign` prints an Action or Cancel Envelope signed (the AIP signature is inside it);
+    a delegation payload gets its header lines. Envelopes here are built from the
     AIP rules (`tests/aip_actions.py`) and the signature is checked with PyNaCl."""
     import base64
     import copy
@@ -185,8 +185,6 @@ def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) ->
 
     import nacl.signing
 
-    from schemas.cancel import CancelRequest
-    from schemas.codec import encode
     from tests.aip_actions import SENDER, action_envelope, canonical, did_of, key_of_nkey_seed
     from worker.testing.identities import write_trust_files
 
@@ -217,10 +215,27 @@ def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) ->
     assert refused.returncode == Exit.REFUSED
     assert "schema.envelope.invalid" in refused.stderr
     assert refused.stdout == ""
+    # A Cancel Envelope (§1.8) prepared unsigned, as the requester: printed signed.
+    unsigned_cancel = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.cancel",
+        "message_id": "msg_" + "c" * 32,
+        "sent_at": unsigned["sent_at"],
+        "from": {"id": "user:alice", "kind": "human"},
+        "body": {"cancel": {"target": {"action": action_id}, "reason": "changed my mind"}},
+    }
     cancel = tmp_path / "cancel.json"
-    cancel.write_bytes(encode(CancelRequest(action_id=action_id, requested_by="user:alice")))
-    headers = run_cli("sign", "--kind", "cancel", "--key", str(seed), str(cancel))
-    assert headers.returncode == 0
-    assert headers.stdout.startswith("Aip-Signer:U")
+    cancel.write_bytes(canonical(unsigned_cancel))
+    signed_cancel = run_cli("sign", "--kind", "cancel", "--key", str(seed), str(cancel))
+    assert signed_cancel.returncode == 0, signed_cancel.stderr
+    cancel_envelope = json.loads(signed_cancel.stdout)
+    assert cancel_envelope["from"] == {"id": "user:alice", "kind": "human", "did": did}
+    assert cancel_envelope["message_id"] == unsigned_cancel["message_id"]
+    assert cancel_envelope["body"] == unsigned_cancel["body"]
+    covered = copy.deepcopy(cancel_envelope)
+    signature = base64.b64decode(covered["security"].pop("signature"))
+    nacl.signing.VerifyKey(bytes(key_of_nkey_seed(files.seed).verify_key)).verify(
+        canonical(covered), signature
+    )
     not_an_action = run_cli("sign", "--key", str(seed), str(cancel))
     assert not_an_action.returncode == Exit.REFUSED

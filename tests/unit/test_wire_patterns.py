@@ -18,8 +18,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from schemas import approval, delegation, ids
-from schemas.cancel import CancelRequest
-from schemas.codec import decode_cancel
 from schemas.errors import EnvelopeRejected
 from schemas.export import AIP_EXPORTED, EXPORTED, render, render_envelope
 from schemas.ids import json_schema
@@ -102,7 +100,7 @@ def test_exported_json_schemas_use_the_ecma_end_anchor() -> None:
         assert "\\\\Z" not in text, name
     for message_type in AIP_EXPORTED:
         assert "\\\\Z" not in render_envelope(message_type), message_type
-    found = re.findall(r'"pattern": "([^"]*)"', render("CancelRequest"))
+    found = re.findall(r'"pattern": "([^"]*)"', render_envelope("aip.core.v1.cancel"))
     found += re.findall(r'"pattern": "([^"]*)"', render_envelope("aip.core.v1.action_result"))
     assert found
     assert all(p.endswith("$") for p in found)
@@ -152,15 +150,20 @@ def test_envelopes_without_repeated_keys_decode_on_both_paths() -> None:
     assert decode_action(escaped).identity.principal_id == "user:alice"
 
 
-def test_cancel_requests_refuse_repeated_keys_too() -> None:
-    """Cancels and delegations (`schemas.codec._decode`) refuse them as Actions do."""
-    cancel = msgspec.json.encode(
-        CancelRequest(action_id="act_" + "a" * 32, reason="r", requested_by="user:alice")
+def test_cancel_envelopes_refuse_repeated_keys_too() -> None:
+    """A Cancel Envelope (`worker.wire.cancels`) refuses a repeated key as an Action does."""
+    from worker.wire.cancels import decode_cancel, encode_cancel
+
+    cancel = encode_cancel(
+        "act_" + "a" * 32, requester={"id": "user:alice", "kind": "human"}, signer=None
     )
     assert decode_cancel(cancel).action_id == "act_" + "a" * 32
-    repeated = cancel.replace(b'{"action_id"', b'{"action_id":"act_' + b"b" * 32 + b'","action_id"')
-    with pytest.raises(EnvelopeRejected, match="duplicate key 'action_id'"):
+    repeated = cancel.replace(
+        b'{"action":"act_', b'{"action":"act_' + b"b" * 32 + b'","action":"act_'
+    )
+    with pytest.raises(EnvelopeRejected) as refused:
         decode_cancel(repeated)
+    assert refused.value.code.value == "envelope.decode.invalid"
 
 
 def test_the_manifest_publishes_patterns_in_the_ecma_dialect_too() -> None:

@@ -217,6 +217,8 @@ MINIMAL_ACTION_ID = "act_0000000000000000000000000000a002"
 CORRELATION_ID = "corr_0000000000000000000000000000a001"
 PUBLISHER = {"id": "service:aip-hermes-gateway", "kind": "service"}
 WORKER = {"id": "agent:hermes_operator:h1", "kind": "agent"}
+#: Who asks to cancel: a Cancel's `from`, signed for by the gateway key.
+REQUESTER = {"id": "user:alice", "kind": "human"}
 EXT = "org.aip-hermes-worker"
 #: Which upstream seed signs which message type (README: seeds 21/22 are the gateway
 #: tests' keys, 92 the peer that answers in the same tests).
@@ -468,6 +470,88 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     error, error_bytes = signed(error, WORKER_SEED)
+    # A Cancel of the first Action (§1.8, §7.6): the gateway key signs it as the requester,
+    # and the worker answers it by the reply recipe (§2.6), with the Action's result or an
+    # error whose extension says what it found.
+    cancel = frame(
+        "aip.core.v1.cancel",
+        0xD001,
+        REQUESTER,
+        correlation_id=CORRELATION_ID,
+        body={"cancel": {"target": {"action": ACTION_ID}, "reason": "changed my mind"}},
+        extensions={EXT: {"wait_ms": 10000}},
+    )
+    cancel, cancel_bytes = signed(cancel, ACTION_SEED)
+    minimal_cancel = frame(
+        "aip.core.v1.cancel",
+        0xD002,
+        {"id": "service:billing", "kind": "service"},
+        body={"cancel": {"target": {"action": MINIMAL_ACTION_ID}}},
+    )
+    minimal_cancel, minimal_cancel_bytes = signed(minimal_cancel, MINIMAL_ACTION_SEED)
+    cancelled = frame(
+        "aip.core.v1.action_result",
+        0xD003,
+        WORKER,
+        correlation_id=CORRELATION_ID,
+        in_response_to=cancel["message_id"],
+        to=cancel["from"],
+        body={
+            "action_result": {
+                "action_id": ACTION_ID,
+                "status": "cancelled",
+                "error": {
+                    "code": "connector.hermes_agent.cancelled",
+                    "message": "cancelled by user:alice",
+                    "category": "temporary",
+                    "retryable": False,
+                    "details": {"uncertain_outcome": False, "endpoint_id": "h1"},
+                    "source": {"connector": "hermes-agent", "component": "aip-hermes-worker"},
+                },
+            }
+        },
+        extensions={
+            EXT: {
+                "capability": "cap:hermes_agent:h1:chat",
+                "endpoint_id": "h1",
+                "settled_by": "worker-h1-1",
+                "fence": 1,
+                "settled_at_unix_ms": T0_MS + 50,
+                "last_chunk_sha256": sha256_hex(chunk1_bytes),
+                "action_sha256": sha256_hex(canonical(action)),
+            }
+        },
+    )
+    cancelled, cancelled_bytes = signed(cancelled, WORKER_SEED)
+    not_settled = frame(
+        "aip.core.v1.error",
+        0xD004,
+        WORKER,
+        correlation_id=CORRELATION_ID,
+        in_response_to=cancel["message_id"],
+        to=cancel["from"],
+        body={
+            "error": {
+                "error": {
+                    "code": "connector_host.not_ready",
+                    "message": "the cancel is recorded; the Action did not settle within "
+                    "10000 ms: ask again for its result",
+                    "category": "temporary",
+                    "retryable": True,
+                    "details": {"uncertain_outcome": False, "endpoint_id": "h1"},
+                    "source": {"connector": "hermes-agent", "component": "aip-hermes-worker"},
+                }
+            }
+        },
+        extensions={
+            EXT: {
+                "action_id": ACTION_ID,
+                "endpoint_id": "h1",
+                "cancel": {"accepted": True, "state": "running"},
+            }
+        },
+    )
+    not_settled, not_settled_bytes = signed(not_settled, WORKER_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -504,6 +588,13 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 failed,
                 failed_bytes,
             ),
+            entry(
+                "the answer to the Cancel: the Action's cancelled result, by the reply "
+                "recipe of the Cancel",
+                WORKER_SEED,
+                cancelled,
+                cancelled_bytes,
+            ),
         ],
         "aip.core.v1.stream_chunk": [
             entry(
@@ -522,6 +613,28 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         ],
         "aip.core.v1.error": [
             entry("an error Envelope (body.error.error)", WORKER_SEED, error, error_bytes),
+            entry(
+                "the answer to a Cancel not settled within its wait: retryable, what the "
+                "worker found in our extension",
+                WORKER_SEED,
+                not_settled,
+                not_settled_bytes,
+            ),
+        ],
+        "aip.core.v1.cancel": [
+            entry(
+                "a Cancel of the first Action, signed by the gateway key as the requester, "
+                "with the wait it asks for",
+                ACTION_SEED,
+                cancel,
+                cancel_bytes,
+            ),
+            entry(
+                "the smallest Cancel: a target, no reason",
+                MINIMAL_ACTION_SEED,
+                minimal_cancel,
+                minimal_cancel_bytes,
+            ),
         ],
     }
 
@@ -672,6 +785,32 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("error", "category"), "internal"),
             ),
         ],
+        "aip.core.v1.cancel": [
+            ("unknown field at the top level", "check_envelope", top("requested_by", "x")),
+            (
+                "unknown field in the body: our old name `action_id`",
+                "open_body",
+                put(("action_id",), ACTION_ID),
+            ),
+            (
+                "unknown field nested in the body (target.id)",
+                "open_body",
+                put(("target", "id"), ACTION_ID),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("cancel_request")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.0.0")),
+            (
+                "null for an absent optional (reason): the signature breaks upstream",
+                "signed_form",
+                put(("reason",), None),
+            ),
+            ("missing required field body.cancel.target", "open_body", drop("target")),
+            (
+                "wrong enum value: a target of kind `conversation` (action or session only)",
+                "open_body",
+                put(("target",), {"conversation": "conv_0000000000000000000000000000a001"}),
+            ),
+        ],
     }
 
 
@@ -681,6 +820,7 @@ _BASES = {
     "aip.core.v1.action_result": 0,
     "aip.core.v1.stream_chunk": 0,
     "aip.core.v1.error": 0,
+    "aip.core.v1.cancel": 0,
 }
 
 
