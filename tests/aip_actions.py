@@ -107,6 +107,27 @@ def sign(
     return signed
 
 
+def cancel_envelope(
+    action_id: str, *, reason: str | None = None, wait_ms: int | None = None
+) -> dict[str, Any]:
+    """An unsigned `aip.core.v1.cancel` Envelope (§1.1, §1.8) of `action_id`; `sign` it
+    with the requester as `sender` (the Cancel's `from` is who asks)."""
+    cancel: dict[str, Any] = {"target": {"action": action_id}}
+    if reason is not None:
+        cancel["reason"] = reason
+    envelope: dict[str, Any] = {
+        "aip_version": "1.0",
+        "message_type": "aip.core.v1.cancel",
+        "message_id": "msg_" + secrets.token_hex(16),
+        "sent_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "correlation_id": "corr_" + secrets.token_hex(16),
+        "body": {"cancel": cancel},
+    }
+    if wait_ms is not None:
+        envelope["extensions"] = {"org.aip-hermes-worker": {"wait_ms": wait_ms}}
+    return envelope
+
+
 def action_of(envelope: dict[str, Any]) -> dict[str, Any]:
     """The Envelope's `body.action`."""
     action: dict[str, Any] = envelope["body"]["action"]

@@ -40,7 +40,13 @@ from worker.pipeline.runtime import Runtime
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 from worker.tasks import stop_tasks
-from worker.wire.cancels import cancel_of, encode_cancel_result, encode_error, open_cancel
+from worker.wire.cancels import (
+    cancel_of,
+    claimed_reply,
+    encode_cancel_result,
+    encode_error,
+    open_cancel,
+)
 from worker.wire.envelopes import ReplyRecipe, sent_at_ms
 from worker.wire.results import decode_result
 
@@ -200,7 +206,7 @@ class ControlPlane:
         try:
             opened = open_cancel(data, max_bytes=rt.settings.max_envelope_bytes)
         except EnvelopeRejected as exc:
-            return answer_error(ReplyRecipe(), None, exc.code, exc.reason)
+            return answer_error(claimed_reply(data), None, exc.code, exc.reason)
         reply = ReplyRecipe.answering(opened)
         try:
             request = cancel_of(opened)

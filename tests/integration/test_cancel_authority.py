@@ -99,6 +99,9 @@ async def test_the_actions_own_principal_may_cancel(stack: Stack) -> None:
     assert reply.accepted, reply.error
     result = await handle.result(timeout_s=30)
     assert result.status is ResultStatus.CANCELLED, result.error
+    # Once settled, the Action's result is shown only to those who may cancel it.
+    stranger = await handle.cancel(requested_by=USER_B)
+    assert (stranger.result, stranger.error and stranger.error.code) == (None, CONFLICT)
 
 
 async def test_an_authority_member_granted_cancel_rights_may_cancel(stack: Stack) -> None:
@@ -120,7 +123,7 @@ async def test_a_strangers_cancel_before_delivery_is_dropped_when_the_action_is_
     await stack.approve(action)
     handle = stack.client.handle(ENDPOINT, action.id)
     # No worker knows the Action yet: the requester is checked now, the rest on lease.
-    early = await handle.cancel(requested_by=USER_B)
+    early = await handle.cancel(requested_by=USER_B, wait_s=0)
     assert (early.accepted, early.state) == (True, "pending")
     await stack.publish(action)
     result = await handle.result(timeout_s=30)

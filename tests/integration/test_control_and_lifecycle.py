@@ -92,14 +92,18 @@ async def test_cancel_of_a_running_read_settles_cancelled(stack: Stack) -> None:
     action = stack.action("models")
     handle = await stack.publish(action)
     await stack.wait_owner(action.id, "w1")
+    # AIP answers a Cancel with the Action's result once the cancel settles it.
     reply = await handle.cancel(requested_by="user:demo", reason="not needed")
-    assert reply.accepted
+    assert reply.accepted, reply.error
+    assert reply.result is not None
+    assert reply.result.status is ResultStatus.CANCELLED
     result = await handle.result(timeout_s=10)
-    assert result.status is ResultStatus.CANCELLED
+    assert result == reply.result
     assert result.error is not None
     assert result.error.code == "connector.hermes_agent.cancelled"
+    # A Cancel of an Action that has ended is answered with its terminal result at once.
     again = await handle.cancel(requested_by="user:demo")
-    assert (again.accepted, again.state) == (False, "settled")
+    assert (again.state, again.result) == ("settled", result)
 
 
 async def test_sigterm_lets_in_flight_work_finish_then_exits(stack: Stack) -> None:

@@ -8,14 +8,13 @@ import asyncio
 import dataclasses
 import time
 
-import msgspec
 import pytest
 from nats.js.api import DiscardPolicy
 from redis.asyncio import Redis
 
-from schemas.cancel import CancelReply, CancelRequest
-from schemas.codec import encode
 from schemas.result import ActionResult, ResultStatus
+from tests.aip_actions import cancel_envelope, canonical, key_of_nkey_seed, sign
+from tests.aip_wire import envelope, extension
 from tests.integration.stack import ENDPOINT, Stack
 from worker.store.keys import ActionKeys
 from worker.testing.identities import USER_UNTENANTED
@@ -46,22 +45,28 @@ async def test_a_cancel_that_cannot_be_recorded_is_not_ready(
     await asyncio.to_thread(redis_server.kill)
     try:
         # The Action's own principal asks, so only Redis can stand in the way.
-        payload = encode(
-            CancelRequest(
-                action_id=stack.action("models").id, reason="test", requested_by=USER_UNTENANTED
-            )
+        cancel = sign(
+            cancel_envelope(stack.action("models").id, reason="test"),
+            key_of_nkey_seed(stack.trust.seed),
+            {"id": USER_UNTENANTED, "kind": "human"},
         )
         # The worker spends its 10 s Redis budget before it answers.
         reply_msg = await stack.nc.request(
-            stack.subjects.cancel(ENDPOINT), payload, timeout=30, headers=stack.trust.sign(payload)
+            stack.subjects.cancel(ENDPOINT), canonical(cancel), timeout=30
         )
     finally:
         await asyncio.to_thread(redis_server.restart)
-    reply = msgspec.json.decode(reply_msg.data, type=CancelReply)
-    assert reply.accepted is False
-    assert reply.error is not None
-    assert reply.error.code.value == "connector_host.not_ready"
-    assert (reply.error.retryable, reply.error.uncertain_outcome) == (True, False)
+    reply = envelope(reply_msg.data)
+    assert reply["message_type"] == "aip.core.v1.error"
+    assert reply["in_response_to"] == cancel["message_id"]
+    error = reply["body"]["error"]["error"]
+    assert (error["code"], error["category"], error["retryable"]) == (
+        "connector_host.not_ready",
+        "temporary",
+        True,
+    )
+    assert error["details"]["uncertain_outcome"] is False
+    assert extension(reply)["cancel"]["accepted"] is False
     # Nothing was lost: the worker serves again once Redis is back.
     after = await (await stack.publish(stack.action("models"))).result(timeout_s=30)
     assert after.status is ResultStatus.COMPLETED

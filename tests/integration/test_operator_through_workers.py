@@ -168,9 +168,15 @@ async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack
     action = stack.action("operator", {"objective": "never start"})
     await stack.approve(action)
     handle = stack.client.handle("h1", action.id)
-    reply = await handle.cancel(requested_by="user:demo")
-    assert reply.accepted
-    assert reply.state == "pending"
+    # No worker holds it: answered at once (wait 0) with a retryable error and the facts.
+    reply = await handle.cancel(requested_by="user:demo", wait_s=0)
+    assert reply.error is not None
+    assert (reply.accepted, reply.state, reply.error.code.value) == (
+        True,
+        "pending",
+        "connector_host.not_ready",
+    )
+    assert reply.error.retryable
     await stack.publish(action)
     result = await handle.result(timeout_s=30)
     assert result.status is ResultStatus.CANCELLED

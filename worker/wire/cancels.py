@@ -32,6 +32,7 @@ from schemas.aip.result import ErrorBody
 from schemas.errors import BodyError, EnvelopeRejected, ErrorCode, ProtocolError
 from schemas.ids import ACTION_ID_PATTERN
 from schemas.result import ActionResult, ResultStatus
+from worker.aip.canonical import loads
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
 from worker.wire.envelopes import (
@@ -189,6 +190,26 @@ def cancel_of(opened: Opened) -> CancelRequest:
     )
 
 
+def claimed_reply(data: bytes) -> ReplyRecipe:
+    """The reply recipe a request that could not be opened *claims* (its `message_id`,
+    `from` and `correlation_id`, trusting nothing), so even a refusal names what it answers;
+    an empty recipe when it claims none. The answer's sealing checks what it echoes."""
+    try:
+        envelope = loads(data)
+    except AipWireError:
+        return ReplyRecipe()
+    if not isinstance(envelope, dict):
+        return ReplyRecipe()
+    message_id, sender, correlation_id = (
+        envelope.get(name) for name in ("message_id", "from", "correlation_id")
+    )
+    return ReplyRecipe(
+        in_response_to=message_id if isinstance(message_id, str) else None,
+        to=sender if isinstance(sender, dict) else None,
+        correlation_id=correlation_id if isinstance(correlation_id, str) else None,
+    )
+
+
 def decode_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> CancelRequest:
     """`open_cancel` and `cancel_of` in one (EnvelopeRejected)."""
     return cancel_of(open_cancel(data, max_bytes=max_bytes))
@@ -215,7 +236,8 @@ def encode_error(
     cancel: CancelFacts | None = None,
 ) -> bytes:
     """An `aip.core.v1.error` Envelope (`body.error.error` = the ProtocolError) answering
-    the request `reply` names, from the worker, with what it found in our extension."""
+    the request `reply` names, from the worker, with what it found in our extension. A
+    recipe that cannot be echoed (a claimed `from` that is no Principal) is left out."""
     extension = {
         name: value
         for name, value in msgspec.to_builtins(
@@ -223,16 +245,28 @@ def encode_error(
         ).items()
         if value is not None
     }
-    return seal(
-        ERROR_TYPE,
-        {"error": error_to_aip(error)},
-        sender=worker_principal(endpoint_id),
-        signer=signer,
-        to=reply.to,
-        in_response_to=reply.in_response_to,
-        correlation_id=reply.correlation_id,
-        extension=extension,
-    )
+    try:
+        return seal(
+            ERROR_TYPE,
+            {"error": error_to_aip(error)},
+            sender=worker_principal(endpoint_id),
+            signer=signer,
+            to=reply.to,
+            in_response_to=reply.in_response_to,
+            correlation_id=reply.correlation_id,
+            extension=extension,
+        )
+    except AipWireError:
+        if reply == ReplyRecipe():
+            raise
+        return encode_error(
+            error,
+            reply=ReplyRecipe(),
+            signer=signer,
+            endpoint_id=endpoint_id,
+            action_id=action_id,
+            cancel=cancel,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -307,6 +341,7 @@ __all__ = [
     "CancelOutcome",
     "CancelRequest",
     "cancel_of",
+    "claimed_reply",
     "decode_cancel",
     "decode_cancel_reply",
     "encode_cancel",
