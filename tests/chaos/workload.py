@@ -251,15 +251,24 @@ class Workload:
         self.history.add("invoke", "cancel", action_id)
         try:
             reply = await asyncio.wait_for(
+                # Answered at once (wait 0): the Action's result if it has ended, else a
+                # retryable error saying whether the intent is recorded.
                 self.stack.client.handle("h1", action_id).cancel(
-                    requested_by=USER_UNTENANTED, reason="chaos"
+                    requested_by=USER_UNTENANTED, reason="chaos", wait_s=0
                 ),
                 PUBLISH_TIMEOUT_S,
             )
         except Exception as exc:
             self.history.add("info", "cancel", action_id, error=type(exc).__name__)
             return
-        self.history.add("ok", "cancel", action_id, accepted=reply.accepted, state=reply.state)
+        self.history.add(
+            "ok",
+            "cancel",
+            action_id,
+            accepted=reply.accepted,
+            state=reply.state,
+            code=reply.error.code.value if reply.error else None,
+        )
 
     async def _forged_cancel(self) -> None:
         targets = sorted(self.in_flight - self.cancelled)
@@ -275,17 +284,26 @@ class Workload:
             key = self.stack.root / "untrusted.seed"
             if not key.exists():
                 write_seed_file(key, self._untrusted_seed)
+        # A forged Cancel Envelope: unsigned, or signed by a key no worker trusts, naming
+        # the Action's own principal as its requester (`from`).
         forger = AipClient(self.stack.nc, sign_key=key)
         try:
             reply = await asyncio.wait_for(
-                forger.cancel(ENDPOINT, action_id, requested_by=USER_UNTENANTED, reason="forged"),
+                forger.cancel(
+                    ENDPOINT, action_id, requested_by=USER_UNTENANTED, reason="forged", wait_s=0
+                ),
                 PUBLISH_TIMEOUT_S,
             )
         except Exception as exc:
             self.history.add("info", "forged_cancel", action_id, error=type(exc).__name__)
             return
         self.history.add(
-            "ok", "forged_cancel", action_id, accepted=reply.accepted, state=reply.state
+            "ok",
+            "forged_cancel",
+            action_id,
+            accepted=reply.accepted,
+            state=reply.state,
+            code=reply.error.code.value if reply.error else None,
         )
 
     async def _delegate(self) -> None:

@@ -405,7 +405,9 @@ async def test_cancel_reaches_the_executor_of_a_running_child(gs_up: GatewayStac
         gs.url, H1_TOKEN, "aip_action_cancel", {"action_id": child_id, "reason": "changed mind"}
     )
     assert not answer.is_error, answer.document
+    # The executor answers the AIP Cancel with the child's result once it is cancelled.
     assert answer.document["accepted"] is True
+    assert answer.document["executor_status"] == "cancelled"
     found = await wait_terminal(gs, child_id)
     assert found.queue is not None
     assert found.queue.state is LifecycleState.CANCELLED
