@@ -1,7 +1,8 @@
 """Who may cancel an Action: its own principal, or one the authority file lets cancel it.
 
-A CancelRequest is signed by the gateway like an Action, but its `requested_by` is a claim
-like any other field. It is honoured only when
+A Cancel Envelope is signed by the gateway like an Action, as its requester, but its
+requester (`from.id`, `requested_by` here) is a claim like any other field. It is honoured
+only when
 
 1. `requested_by` is a live principal of the trusted identity directory
    (`connector_host.authentication` otherwise, as for an Action's unknown principal); and
