@@ -323,7 +323,7 @@ class ControlPlane:
                 reply, request.action_id, ErrorCode.HOST_NOT_READY, "the result was not read"
             )
         return encode_cancel_result(
-            result, reply=reply, signer=self._signer(), endpoint_id=endpoint_id
+            result, reply=reply, signer=self._signer(), endpoint_id=endpoint_id, cancel=facts
         )
 
     async def _settled(self, keys: ActionKeys, wait_ms: int) -> bytes | None:

@@ -58,6 +58,27 @@ class ActionExtension(_Extension, frozen=True):
     ] = None
 
 
+class CancelFacts(_Extension, frozen=True):
+    """What a worker found when it took a Cancel (on its answer, a result or an error)."""
+
+    accepted: Annotated[
+        bool,
+        Meta(
+            description="The cancel intent is durable (for an Action no worker holds yet: "
+            "until the worker that leases it authorizes it against the Action)."
+        ),
+    ]
+    state: Annotated[
+        str,
+        Meta(
+            max_length=64,
+            description="The Action's state after the intent was recorded: `pending` (no "
+            "worker holds it yet), `running`, an operator binding's state, `settled`, or "
+            "`unknown` (refused before the Action was looked up).",
+        ),
+    ]
+
+
 class ResultExtension(_Extension, frozen=True):
     """What an `aip.core.v1.action_result` Envelope carries beyond the AIP ActionResult: the
     fenced settle that wrote it and the bytes it answers."""
@@ -89,6 +110,13 @@ class ResultExtension(_Extension, frozen=True):
         Meta(
             description="Set when this is another Action's result, returned for the same "
             "idempotency key: the id of the Action that ran."
+        ),
+    ] = None
+    cancel: Annotated[
+        CancelFacts | None,
+        Meta(
+            description="Only on the answer to a Cancel (never on the results subject): what "
+            "the worker found when it took the Cancel."
         ),
     ] = None
 
@@ -133,27 +161,6 @@ class CancelExtension(_Extension, frozen=True):
             "(`AIPD_CANCEL_REPLY_WAIT_MS`); 0 answers at once. Absent: the worker's bound.",
         ),
     ] = None
-
-
-class CancelFacts(_Extension, frozen=True):
-    """What a worker found when it took a Cancel that it did not answer with a result."""
-
-    accepted: Annotated[
-        bool,
-        Meta(
-            description="The cancel intent is durable (for an Action no worker holds yet: "
-            "until the worker that leases it authorizes it against the Action)."
-        ),
-    ]
-    state: Annotated[
-        str,
-        Meta(
-            max_length=64,
-            description="The Action's state after the intent was recorded: `pending` (no "
-            "worker holds it yet), `running`, an operator binding's state, `settled`, or "
-            "`unknown` (refused before the Action was looked up).",
-        ),
-    ]
 
 
 class ErrorExtension(_Extension, frozen=True):

@@ -93,6 +93,8 @@ async def test_a_signed_cancel_envelope_cancels_a_running_objective_and_is_answe
     body = answer["body"]["action_result"]
     assert (body["action_id"], body["status"]) == (action.id, "cancelled")
     assert extension(answer)["endpoint_id"] == ENDPOINT
+    # What the worker found: the intent recorded, the operator binding cancelling.
+    assert extension(answer)["cancel"] == {"accepted": True, "state": "cancelling"}
     # The same outcome as the result the worker published on the results subject.
     result = await handle.result(timeout_s=30)
     assert result.status is ResultStatus.CANCELLED
@@ -104,6 +106,7 @@ async def test_a_signed_cancel_envelope_cancels_a_running_objective_and_is_answe
     _answers(answer, again)
     _verified_by(answer, _worker_key(stack))
     assert answer["body"]["action_result"]["status"] == "cancelled"
+    assert extension(answer)["cancel"]["accepted"] is False
 
 
 async def test_a_cancel_of_a_finished_action_returns_its_terminal_result(stack: Stack) -> None:

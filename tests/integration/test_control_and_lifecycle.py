@@ -103,7 +103,7 @@ async def test_cancel_of_a_running_read_settles_cancelled(stack: Stack) -> None:
     assert result.error.code == "connector.hermes_agent.cancelled"
     # A Cancel of an Action that has ended is answered with its terminal result at once.
     again = await handle.cancel(requested_by="user:demo")
-    assert (again.state, again.result) == ("settled", result)
+    assert (again.accepted, again.state, again.result) == (False, "settled", result)
 
 
 async def test_sigterm_lets_in_flight_work_finish_then_exits(stack: Stack) -> None:

@@ -312,7 +312,7 @@ def test_the_cancel_vectors_decode_and_their_answers_follow_the_reply_recipe() -
     assert settled.result is not None
     assert (settled.accepted, settled.state, settled.result.status.value) == (
         True,
-        "settled",
+        "running",
         "cancelled",
     )
     pending, _ = decode_cancel_reply(_rules_canonical(error))

@@ -219,11 +219,18 @@ def decode_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -
 
 
 def encode_cancel_result(
-    result: ActionResult, *, reply: ReplyRecipe, signer: AipSigner | None, endpoint_id: str
+    result: ActionResult,
+    *,
+    reply: ReplyRecipe,
+    signer: AipSigner | None,
+    endpoint_id: str,
+    cancel: CancelFacts,
 ) -> bytes:
     """The answer that the Action ended: its result, as an `action_result` Envelope
-    answering the Cancel."""
-    return encode_result(result, action=None, signer=signer, endpoint_id=endpoint_id, reply=reply)
+    answering the Cancel, with what the worker found in our extension (`cancel`)."""
+    return encode_result(
+        result, action=None, signer=signer, endpoint_id=endpoint_id, reply=reply, cancel=cancel
+    )
 
 
 def encode_error(
@@ -274,9 +281,9 @@ class CancelOutcome:
     """A worker's answer to a Cancel, as the requester reads it.
 
     `result` is the Action's terminal result (the cancel settled it, or it had ended
-    before); otherwise `error` says why not, and `accepted`/`state` what the worker found.
-    With a result, `accepted` is whether the result is `cancelled` and `state` is
-    `settled`."""
+    before); otherwise `error` says why not. `accepted`/`state` are what the worker found
+    when it took the Cancel (the answer's extension; on a result that has none, as another
+    implementation may send: whether it is `cancelled`, and `settled`)."""
 
     action_id: str | None
     accepted: bool
@@ -306,11 +313,18 @@ def decode_cancel_reply(
     opened = open_envelope(data, message_types=_REPLY_TYPES, max_bytes=max_bytes)
     if opened.message_type == RESULT_TYPE:
         result, opened = decode_result(data, max_bytes=max_bytes)
+        found = opened.extension.get("cancel")
+        try:
+            facts = msgspec.convert(found, CancelFacts, strict=True) if found else None
+        except msgspec.ValidationError as exc:
+            raise _invalid(f"extensions.cancel: {exc}") from None
         return (
             CancelOutcome(
                 action_id=result.action_id,
-                accepted=result.status is ResultStatus.CANCELLED,
-                state="settled",
+                accepted=(
+                    facts.accepted if facts else result.status is ResultStatus.CANCELLED
+                ),
+                state=facts.state if facts else "settled",
                 result=result,
             ),
             opened,

@@ -20,7 +20,7 @@ from typing import Any, Final
 import msgspec
 
 from schemas.action import Action
-from schemas.aip.extensions import ResultExtension
+from schemas.aip.extensions import CancelFacts, ResultExtension
 from schemas.aip.messages import open_body
 from schemas.aip.result import ActionResult as AipActionResult
 from schemas.aip.result import ProtocolError as AipProtocolError
@@ -129,10 +129,12 @@ def encode_result(
     signer: AipSigner | None,
     endpoint_id: str,
     reply: ReplyRecipe | None = None,
+    cancel: CancelFacts | None = None,
 ) -> bytes:
     """The wire bytes of `result`: an `action_result` Envelope, signed by `signer` (None:
     unsigned, development only), answering `action`'s Envelope when it is known, or the
-    request `reply` names (a Cancel answered with the Action's result)."""
+    request `reply` names (a Cancel answered with the Action's result, with what the worker
+    found, `cancel`)."""
     payload: dict[str, Any] = {"action_id": result.action_id, "status": result.status.value}
     if result.output is not None:
         payload["output"] = msgspec.to_builtins(result.output)
@@ -154,6 +156,8 @@ def encode_result(
         ).items()
         if value is not None
     }
+    if cancel is not None:
+        extension["cancel"] = msgspec.to_builtins(cancel)
     if reply is None:
         received = action.received if action is not None else None
         trace = action.trace if action is not None else None
@@ -197,7 +201,7 @@ def decode_result(
     try:
         result = msgspec.convert(
             {
-                **msgspec.structs.asdict(extension),
+                **{k: v for k, v in msgspec.structs.asdict(extension).items() if k != "cancel"},
                 "action_id": body.action_id,
                 "status": body.status.value,
                 "output": body.output,

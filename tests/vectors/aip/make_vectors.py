@@ -519,6 +519,7 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 "settled_at_unix_ms": T0_MS + 50,
                 "last_chunk_sha256": sha256_hex(chunk1_bytes),
                 "action_sha256": sha256_hex(canonical(action)),
+                "cancel": {"accepted": True, "state": "running"},
             }
         },
     )
