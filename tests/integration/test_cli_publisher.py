@@ -364,6 +364,24 @@ async def test_cancel_without_a_key_refuses_in_one_line(stack: Stack) -> None:
     assert "unsigned" in one_line(err)
 
 
+async def test_cancel_of_a_finished_action_prints_its_terminal_result(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action = stack.action("models")
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    code, out, err = await cli(
+        stack, "cancel", action.id, "--endpoint", ENDPOINT, "--requested-by", "user:demo",
+        "--reason", "too late", "--wait", "0",
+    )  # fmt: skip
+    answer = json.loads(out)
+    assert (answer["accepted"], answer["state"], answer["action_id"]) == (
+        False,
+        "settled",
+        action.id,
+    ), err
+    assert answer["result"]["status"] == result.status.value == "completed"
+    assert code == Exit.FAILED  # nothing was cancelled: the Action had ended
+
+
 async def test_a_seed_file_others_may_read_is_named_with_its_chmod(
     stack: Stack, tmp_path: Path
 ) -> None:
