@@ -222,3 +222,29 @@ async def test_bad_cancel_input_gets_a_typed_error_and_the_worker_serves_on(
     # The worker is still there and runs work.
     result = await (await stack.publish(action)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED
+
+
+async def test_a_cancel_waiting_for_its_action_holds_up_no_other_cancel(stack: Stack) -> None:
+    """The answer waits for the settle (bounded by `wait_ms`) off the subscription every
+    cancel of the endpoint shares: a Cancel of an Action nobody holds waits out its wait,
+    and meanwhile a Cancel of a finished Action is answered at once."""
+    await stack.spawn("w1")
+    finished = stack.action("models")
+    assert (await (await stack.publish(finished)).result(timeout_s=30)).status is (
+        ResultStatus.COMPLETED
+    )
+    gateway = key_of_nkey_seed(stack.trust.seed)
+    never = stack.action("models")  # never published: no worker will hold it
+    waiting = asyncio.get_running_loop().create_task(
+        _ask(stack, canonical(sign(cancel_envelope(never.id, wait_ms=4000), gateway, OWNER)))
+    )
+    await asyncio.sleep(0.5)
+    started = asyncio.get_running_loop().time()
+    quick = await _ask(stack, canonical(sign(cancel_envelope(finished.id), gateway, OWNER)))
+    assert asyncio.get_running_loop().time() - started < 2.0
+    assert quick["body"]["action_result"]["status"] == "completed"
+    assert not waiting.done()
+    answer = await waiting
+    error = _error(answer)
+    assert (error["code"], error["retryable"]) == ("connector_host.not_ready", True)
+    assert extension(answer)["cancel"] == {"accepted": True, "state": "pending"}
