@@ -319,6 +319,10 @@ def decode_resolution(
         )
     except msgspec.ValidationError as exc:
         raise _invalid(f"escalation_resolution: {exc}") from None
+    if acknowledged != (resolution.choice is None and resolution.resume_action_id is None):
+        raise _invalid(
+            "escalation_resolution: an answered approval names its choice, a handoff none"
+        )
     if _status(resolution) != body.status:
         raise _invalid(f"escalation_resolution: status {body.status} contradicts its result")
     if _ms_of(body.resolved_at) != resolution.resolved_at_unix_ms:
