@@ -1,7 +1,7 @@
 """A live worker's escalation, read the way a consumer in another language reads it, and a
 resolution written the way one would write it (plain `json`, PyNaCl, the did:key rules and
 the mapping of shared/reference/aip-1.0-wire.md §1.10, §7.7 and docs/publishing.md
-"Escalation"): nothing from the project's codec decides what is right.
+"Escalations on the wire"): nothing from the project's codec decides what is right.
 
 - the escalation a paused operator run raises is one `aip.core.v1.escalation` Envelope,
   canonical JSON, signed by the worker's key (verified here with PyNaCl against the did:key
@@ -9,9 +9,9 @@ the mapping of shared/reference/aip-1.0-wire.md §1.10, §7.7 and docs/publishin
   body mapped as documented;
 - a resolution built by hand from the rules and signed with PyNaCl is taken by the reader
   (`read_escalations`, what `escalations list`, the console and the demo read); an unsigned
-  one and one altered after signing are refused, counted, and change nothing: the reader
-  keeps the valid copy, Redis (the write-once authority) holds no resolution, the
-  escalation is still open for `escalations list`.
+  one, one altered after signing and bytes that are no Envelope are refused, counted, and
+  change nothing: the reader keeps the valid copy, Redis (the write-once authority) holds
+  no resolution, the escalation is still open for `escalations list`.
 """
 
 from __future__ import annotations
@@ -138,11 +138,18 @@ async def test_a_live_escalation_is_a_signed_envelope_and_a_rule_built_resolutio
     for index, document in enumerate((altered, bare, valid)):
         await js.publish(subject, canonical(document), headers={"Nats-Msg-Id": f"copy-{index}"})
 
+    # Bytes that are no Envelope at all, on both subjects: counted, never a crash.
+    await js.publish(subject, b"\xff not json", headers={"Nats-Msg-Id": "garbage-r"})
+    await js.publish(
+        stack.subjects.escalations(ENDPOINT), b"[]", headers={"Nats-Msg-Id": "garbage-e"}
+    )
+
     unreadable = Unreadable()
     trusted = TrustedGatewayKeys.load(stack.trust.worker_keys_file)
     [view] = await read_escalations(js, stack.subjects, ENDPOINT, unreadable, trusted=trusted)
     assert view.escalation == real
-    assert unreadable.count == 2  # the altered and the unsigned copies
+    assert unreadable.count == 4  # the altered and unsigned copies, the two garbage messages
+    assert unreadable.unverified == {}
     assert view.resolution is not None
     assert view.resolution.reason == "the valid copy"
     assert view.resolution.kind.value == "answered"
