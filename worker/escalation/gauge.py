@@ -99,7 +99,7 @@ class EndpointEscalations:
         first = info.state.first_seq
         if last > self.read_to:
             start = max(self.read_to + 1, first)
-            for seq, data, _ in await read_subject_from(
+            for seq, data in await read_subject_from(
                 self.js, self.subject, stream=self.stream, start_seq=start,
                 limit=MAX_READ_PER_REFRESH,
             ):

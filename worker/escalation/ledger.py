@@ -15,7 +15,7 @@ keys set) or whose signature does not verify is counted as unreadable and never 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,8 +68,8 @@ class Unreadable:
         return self.count + len(self.unverified)
 
 
-#: `(stream sequence, data, headers)` of one stored message.
-Stored = tuple[int, bytes, Mapping[str, str] | None]
+#: `(stream sequence, data)` of one stored message (an Envelope carries its own signature).
+Stored = tuple[int, bytes]
 
 
 async def read_subject(js: JetStreamContext, subject: str) -> list[Stored]:
@@ -85,14 +85,14 @@ async def read_subject_from(
     start_seq: int = 1,
     limit: int = MAX_READ,
 ) -> list[Stored]:
-    """`(stream sequence, data, headers)` of the messages on `subject` from `start_seq`,
-    oldest first, at most `limit` of them (the headers carry the signature). Message gets
+    """`(stream sequence, data)` of the messages on `subject` from `start_seq`, oldest
+    first, at most `limit` of them. Message gets
     only (worker/bus/stream_reads.py): the roles that read escalations (the workers' gauge,
     the gateway credential's `escalations` commands) may create no consumer. `stream`
     unset: looked up by subject."""
     stream = stream or await js.find_stream_name_by_subject(subject)
     return [
-        (msg.seq or 0, msg.data or b"", msg.headers)
+        (msg.seq or 0, msg.data or b"")
         for msg in await drain(js, stream, subject, start_seq=start_seq, limit=limit)
     ]
 
@@ -145,13 +145,13 @@ async def read_escalations(
     (`trusted` None: every one that decodes, development only), with its resolution copy
     if a signed one is on the stream (`trusted` None: an unsigned one too)."""
     views: dict[str, EscalationView] = {}
-    for _, data, _ in await read_subject(js, subjects.escalations(endpoint_id)):
+    for _, data in await read_subject(js, subjects.escalations(endpoint_id)):
         escalation = believe_escalation(data, trusted, unreadable)
         if escalation is not None:
             views.setdefault(escalation.escalation_id, EscalationView(escalation))
     for escalation_id in views:
         unreadable.unverified.pop(escalation_id, None)  # a trusted copy is on the stream
-    for _, data, _ in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
+    for _, data in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
         try:
             resolution = read_resolution_copy(data, signed=trusted is not None)
         except UnverifiedResponse:
