@@ -3,9 +3,10 @@
 Two kinds of file:
 
 - `aip.core.v1.<type>.json`: the AIP 1.0 Envelope of each message type this project puts
-  on the actions, results, chunks and cancel subjects (`schemas.aip.envelope_schema`);
+  on the actions, results, chunks, cancel and escalation subjects
+  (`schemas.aip.envelope_schema`);
 - `<Name>.json`: the internal types still on the subjects that have not moved to AIP
-  Envelopes yet (manifest, escalations, channel, runtime records, delegation,
+  Envelopes yet (manifest, channel, runtime records, delegation,
   receipts) and the operator's input/output contract.
 """
 
@@ -19,7 +20,6 @@ from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.delegation import DelegationRequest
-from schemas.escalation import Escalation, EscalationResolution
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.manifest import CapabilityManifest
@@ -36,8 +36,6 @@ EXPORTED: dict[str, Any] = {
     "LifecycleRecord": LifecycleRecord,
     "CapabilityManifest": CapabilityManifest,
     "Receipt": Receipt,
-    "Escalation": Escalation,
-    "EscalationResolution": EscalationResolution,
     "ChannelDelivery": ChannelDelivery,
     "ChannelMessage": ChannelMessage,
 }
