@@ -35,13 +35,18 @@ import msgspec
 from schemas.action import Action, Mode
 from schemas.aip.action import Action as AipAction
 from schemas.aip.action import Mode as AipMode
-from schemas.aip.messages import open_body, open_signed_body
-from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
 from worker.aip.canonical import canonical_bytes, loads
 from worker.aip.envelope import PRINCIPAL_KINDS, format_timestamp
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
-from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
+from worker.wire.envelopes import (
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    Opened,
+    invalid,
+    open_envelope,
+    open_payload,
+    seal,
+)
 
 MESSAGE_TYPE: Final = "aip.core.v1.action"
 #: The `from` Principal of an Action a gateway key signs, unless the publisher names
@@ -62,9 +67,6 @@ _MODE_FROM_AIP: Final = {
     AipMode.STREAMING: Mode.STREAM,
 }
 
-
-def _invalid(reason: str) -> EnvelopeRejected:
-    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
 
 
 def aip_principal_kind(kind: str) -> str:
@@ -118,14 +120,14 @@ def aip_action_body(action: Action) -> dict[str, Any]:
     trace_id = action.trace.trace_id if action.trace else None
     if trace_id is not None:
         if observability.get("trace_id", trace_id) != trace_id:
-            raise _invalid("trace.trace_id and observability.trace_id differ")
+            raise invalid("trace.trace_id and observability.trace_id differ")
         observability["trace_id"] = trace_id
     if observability:
         body["observability"] = observability
     try:
         typed = msgspec.convert(body, AipAction, strict=True)
     except msgspec.ValidationError as exc:
-        raise _invalid(f"the Action is not an AIP Action: {exc}") from None
+        raise invalid(f"the Action is not an AIP Action: {exc}") from None
     payload: dict[str, Any] = msgspec.to_builtins(typed)
     return payload
 
@@ -173,7 +175,7 @@ def encode_action(
             sent_at=sent_at or timestamp_of_ms(action.created_at_unix_ms),
         )
     except AipWireError as exc:
-        raise _invalid(f"the Action cannot be sealed: {exc}") from None
+        raise invalid(f"the Action cannot be sealed: {exc}") from None
 
 
 def timestamp_of_ms(unix_ms: int) -> str:
@@ -183,7 +185,7 @@ def timestamp_of_ms(unix_ms: int) -> str:
     try:
         moment = datetime.fromtimestamp(seconds, UTC).replace(microsecond=millis * 1000)
     except (ValueError, OverflowError, OSError):
-        raise _invalid(f"created_at_unix_ms {unix_ms} is not a representable time") from None
+        raise invalid(f"created_at_unix_ms {unix_ms} is not a representable time") from None
     return format_timestamp(moment)
 
 
@@ -196,10 +198,10 @@ def _sent_at_ms(sent_at: str) -> int:
 def _identity(context: Any) -> dict[str, Any]:
     """Our Identity's fields from the AIP IdentityContext (as builtins)."""
     if not isinstance(context, dict):
-        raise _invalid("body.action.identity is required (whose Action it is)")
+        raise invalid("body.action.identity is required (whose Action it is)")
     actors = [context[slot] for slot in ("human_actor", "service_account") if slot in context]
     if len(actors) != 1:
-        raise _invalid(
+        raise invalid(
             "body.action.identity must name exactly one of human_actor and service_account"
         )
     principal = actors[0]
@@ -207,7 +209,7 @@ def _identity(context: Any) -> dict[str, Any]:
     if auth is None:
         auth = {}
     if not isinstance(auth, dict):
-        raise _invalid("identity principal's auth_context is not an object")
+        raise invalid("identity principal's auth_context is not an object")
     identity: dict[str, Any] = {
         "principal_id": principal["id"],
         "principal_kind": auth.get("principal_kind", principal["kind"]),
@@ -215,7 +217,7 @@ def _identity(context: Any) -> dict[str, Any]:
     if auth.get("principal_kind") is not None and (
         aip_principal_kind(str(auth["principal_kind"])) != principal["kind"]
     ):
-        raise _invalid("auth_context.principal_kind does not travel as the Principal's kind")
+        raise invalid("auth_context.principal_kind does not travel as the Principal's kind")
     tenant = context.get("tenant")
     if tenant is not None:
         identity["tenant_id"] = tenant["id"]
@@ -234,7 +236,7 @@ def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
     extension = opened.extension
     unknown = sorted(set(extension) - set(EXTENSION_FIELDS))
     if unknown:
-        raise _invalid(f"unknown Action extension keys: {', '.join(unknown)[:200]}")
+        raise invalid(f"unknown Action extension keys: {', '.join(unknown)[:200]}")
     fields: dict[str, Any] = {
         "id": aip["id"],
         "capability": aip["capability_id"],
@@ -272,7 +274,7 @@ def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
             fields[name] = extension[name]
     if "approval" not in fields and typed.approval is not None:
         if typed.approval.decision != "approved" or typed.approval.decision_id is None:
-            raise _invalid("body.action.approval must be an approved decision with a decision_id")
+            raise invalid("body.action.approval must be an approved decision with a decision_id")
         fields["approval"] = {"decision_id": typed.approval.decision_id}
     sender = opened.sender
     fields["received"] = {
@@ -292,18 +294,12 @@ def decode_action(
     `schema.envelope.invalid` for a frame, body or Action the AIP rules or ours refuse,
     `connector_host.authentication` for a signature that is present and does not verify."""
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
-    # A signed body must be in the form upstream re-serializes, or its signature would
-    # verify here and fail at every upstream verifier.
-    opener = open_body if opened.verified is None else open_signed_body
-    try:
-        typed = opener(MESSAGE_TYPE, opened.envelope["body"])
-    except BodyError as exc:
-        raise _invalid(str(exc)) from None
+    typed = open_payload(opened, MESSAGE_TYPE)
     assert isinstance(typed, AipAction)
     try:
         action = msgspec.convert(_internal(opened, typed), Action, strict=True)
     except msgspec.ValidationError as exc:
-        raise _invalid(f"the Action: {exc}") from None
+        raise invalid(f"the Action: {exc}") from None
     return action, opened
 
 

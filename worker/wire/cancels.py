@@ -27,9 +27,8 @@ import msgspec
 
 from schemas.aip.control import Cancel
 from schemas.aip.extensions import CancelExtension, CancelFacts, ErrorExtension
-from schemas.aip.messages import open_body, open_signed_body
 from schemas.aip.result import ErrorBody
-from schemas.errors import BodyError, EnvelopeRejected, ErrorCode, ProtocolError
+from schemas.errors import ProtocolError
 from schemas.ids import ACTION_ID_PATTERN
 from schemas.result import ActionResult, ResultStatus
 from worker.aip.canonical import loads
@@ -39,7 +38,10 @@ from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
     Opened,
     ReplyRecipe,
+    extension_as,
+    invalid,
     open_envelope,
+    open_payload,
     seal,
 )
 from worker.wire.results import (
@@ -62,9 +64,6 @@ MAX_REQUESTER_CHARS: Final = 512
 
 _PRINCIPAL_KINDS_BY_PREFIX: Final = {"user": "human", "agent": "agent", "service": "service"}
 
-
-def _invalid(reason: str) -> EnvelopeRejected:
-    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
 
 
 def requester_principal(principal_id: str, kind: str | None = None) -> dict[str, str]:
@@ -120,7 +119,7 @@ def encode_cancel(
             sent_at=sent_at,
         )
     except AipWireError as exc:
-        raise _invalid(f"the Cancel cannot be sealed: {exc}") from None
+        raise invalid(f"the Cancel cannot be sealed: {exc}") from None
     cancel_of(open_cancel(data))
     return data
 
@@ -157,30 +156,23 @@ def open_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> 
 def cancel_of(opened: Opened) -> CancelRequest:
     """The Cancel an opened Envelope carries; EnvelopeRejected (`schema.envelope.invalid`)
     for a body, target, requester or extension the cancel subject does not take."""
-    opener = open_body if opened.verified is None else open_signed_body
-    try:
-        cancel = opener(MESSAGE_TYPE, opened.envelope["body"])
-    except BodyError as exc:
-        raise _invalid(str(exc)) from None
+    cancel = open_payload(opened, MESSAGE_TYPE)
     assert isinstance(cancel, Cancel)
     action_id = cancel.target.action
     if action_id is None:
-        raise _invalid("cancel.target must name an action (a session cannot be cancelled here)")
+        raise invalid("cancel.target must name an action (a session cannot be cancelled here)")
     if re.fullmatch(ACTION_ID_PATTERN, action_id) is None:
-        raise _invalid(f"cancel.target.action is not an Action id ({ACTION_ID_PATTERN})")
+        raise invalid(f"cancel.target.action is not an Action id ({ACTION_ID_PATTERN})")
     reason = cancel.reason or ""
     if len(reason) > MAX_REASON_CHARS:
-        raise _invalid(f"cancel.reason is over {MAX_REASON_CHARS} characters")
+        raise invalid(f"cancel.reason is over {MAX_REASON_CHARS} characters")
     sender = opened.sender
     requested_by = sender.get("id") if sender is not None else None
     if not isinstance(requested_by, str) or not requested_by:
-        raise _invalid("a Cancel names its requester in `from`")
+        raise invalid("a Cancel names its requester in `from`")
     if len(requested_by) > MAX_REQUESTER_CHARS:
-        raise _invalid(f"from.id is over {MAX_REQUESTER_CHARS} characters")
-    try:
-        extension = msgspec.convert(opened.extension, CancelExtension, strict=True)
-    except msgspec.ValidationError as exc:
-        raise _invalid(f"extensions: {exc}") from None
+        raise invalid(f"from.id is over {MAX_REQUESTER_CHARS} characters")
+    extension = extension_as(opened, CancelExtension)
     return CancelRequest(
         action_id=action_id,
         reason=reason,
@@ -317,7 +309,7 @@ def decode_cancel_reply(
         try:
             facts = msgspec.convert(found, CancelFacts, strict=True) if found else None
         except msgspec.ValidationError as exc:
-            raise _invalid(f"extensions.cancel: {exc}") from None
+            raise invalid(f"extensions.cancel: {exc}") from None
         return (
             CancelOutcome(
                 action_id=result.action_id,
@@ -329,13 +321,8 @@ def decode_cancel_reply(
             ),
             opened,
         )
-    try:
-        body = open_body(ERROR_TYPE, opened.envelope["body"])
-        extension = msgspec.convert(opened.extension, ErrorExtension, strict=True)
-    except BodyError as exc:
-        raise _invalid(str(exc)) from None
-    except msgspec.ValidationError as exc:
-        raise _invalid(f"extensions: {exc}") from None
+    body = open_payload(opened, ERROR_TYPE)
+    extension = extension_as(opened, ErrorExtension)
     assert isinstance(body, ErrorBody)
     facts = extension.cancel
     return (

@@ -32,12 +32,18 @@ from typing import Any, Final
 import msgspec
 
 from schemas.aip.extensions import ChunkExtension
-from schemas.aip.messages import open_body
 from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
 from worker.aip.envelope import format_timestamp
-from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
+from worker.wire.envelopes import (
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    Opened,
+    extension_as,
+    invalid,
+    open_envelope,
+    open_payload,
+    seal,
+)
 from worker.wire.results import worker_principal
 
 CHUNK_TYPE: Final = "aip.core.v1.stream_chunk"
@@ -119,18 +125,12 @@ def decode_chunk(
     """The internal chunk in `data` and its Envelope; EnvelopeRejected for anything else
     (`envelope.decode.invalid` or `schema.envelope.invalid`)."""
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
-    try:
-        body = open_body(CHUNK_TYPE, opened.envelope["body"])
-    except BodyError as exc:
-        raise _invalid(str(exc)) from None
+    body = open_payload(opened, CHUNK_TYPE)
     assert isinstance(body, AipStreamChunk)
-    try:
-        extension = msgspec.convert(opened.extension, ChunkExtension, strict=True)
-    except msgspec.ValidationError as exc:
-        raise _invalid(f"extensions: {exc}") from None
+    extension = extension_as(opened, ChunkExtension)
     data_ = body.data
     if not isinstance(data_, dict) or len(data_) != 1 or next(iter(data_)) not in _FORMS:
-        raise _invalid(f"stream_chunk.data must be one of {{{', '.join(sorted(_FORMS))}: …}}")
+        raise invalid(f"stream_chunk.data must be one of {{{', '.join(sorted(_FORMS))}: …}}")
     ((form, value),) = data_.items()
     provider_event = extension.provider_event
     payload = value
@@ -138,12 +138,12 @@ def decode_chunk(
         try:
             sse = msgspec.convert(value, _SseData, strict=True)
         except msgspec.ValidationError as exc:
-            raise _invalid(f"stream_chunk.data.hermes_sse: {exc}") from None
+            raise invalid(f"stream_chunk.data.hermes_sse: {exc}") from None
         provider_event, payload = sse.event, sse.data
     try:
         kind = ChunkKind(body.kind.value)
     except ValueError:
-        raise _invalid(f"chunk kind {body.kind.value!r} is not one this connector emits") from None
+        raise invalid(f"chunk kind {body.kind.value!r} is not one this connector emits") from None
     return (
         make_chunk(
             kind,
@@ -159,9 +159,6 @@ def decode_chunk(
         opened,
     )
 
-
-def _invalid(reason: str) -> EnvelopeRejected:
-    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
 
 
 __all__ = [

@@ -15,13 +15,19 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
-from schemas.errors import EnvelopeRejected, ErrorCode
+import msgspec
+
+from schemas.aip._base import AipStruct
+from schemas.aip.messages import open_body, open_signed_body
+from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
 from worker.aip.canonical import canonical_bytes, loads
 from worker.aip.envelope import AIP_VERSION, BODY_KEYS, check_envelope, now_timestamp
 from worker.aip.errors import AipWireError, MalformedJson, SignatureError
 from worker.aip.signing import AipSigner, VerifiedEnvelope, sign_envelope, verify_envelope
+
+T = TypeVar("T")
 
 #: Our namespace in `Envelope.extensions`.
 EXTENSION_KEY: Final = "org.aip-hermes-worker"
@@ -207,6 +213,32 @@ def open_envelope(
     return Opened(envelope=envelope, payload=payload, verified=verified)
 
 
+def invalid(reason: str) -> EnvelopeRejected:
+    """The refusal of a frame, body or extension our rules or AIP's do not take."""
+    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
+
+
+def open_payload(opened: Opened, message_type: str) -> AipStruct:
+    """The body of an opened Envelope decoded into its closed AIP type. A signed body must
+    also be in the form upstream re-serializes (`open_signed_body`): one with a `null` for
+    an absent optional or a written empty list would verify here and fail at every
+    upstream verifier. EnvelopeRejected (`schema.envelope.invalid`) otherwise."""
+    opener = open_body if opened.verified is None else open_signed_body
+    try:
+        return opener(message_type, opened.envelope["body"])
+    except BodyError as exc:
+        raise invalid(str(exc)) from None
+
+
+def extension_as(opened: Opened, extension_type: type[T]) -> T:
+    """Our extension object of an opened Envelope as its closed type (an absent one reads
+    as `{}`); EnvelopeRejected (`schema.envelope.invalid`) for one that does not fit."""
+    try:
+        return msgspec.convert(opened.extension, extension_type, strict=True)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"extensions: {exc}") from None
+
+
 __all__ = [
     "DEFAULT_MAX_ENVELOPE_BYTES",
     "EXTENSION_KEY",
@@ -215,6 +247,7 @@ __all__ = [
     "extension_of",
     "new_message_id",
     "open_envelope",
+    "open_payload",
     "seal",
     "sent_at_ms",
 ]

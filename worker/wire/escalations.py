@@ -37,8 +37,6 @@ import msgspec
 from schemas.aip.escalation import Escalation as AipEscalation
 from schemas.aip.escalation import EscalationResolution as AipResolution
 from schemas.aip.extensions import EscalationExtension, ResolutionExtension
-from schemas.aip.messages import open_signed_body
-from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
 from schemas.escalation import (
     Escalation,
     EscalationKind,
@@ -49,7 +47,15 @@ from schemas.escalation import (
 from schemas.operator import ApprovalChoice
 from worker.aip.signing import AipSigner
 from worker.wire.actions import timestamp_of_ms
-from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened, open_envelope, seal
+from worker.wire.envelopes import (
+    DEFAULT_MAX_ENVELOPE_BYTES,
+    Opened,
+    extension_as,
+    invalid,
+    open_envelope,
+    open_payload,
+    seal,
+)
 from worker.wire.results import worker_principal
 
 ESCALATION_TYPE: Final = "aip.core.v1.escalation"
@@ -76,7 +82,7 @@ def escalation_id_of(message_id: str) -> str:
     when it is not of the escalation Envelope's form."""
     candidate = "esc_" + message_id.removeprefix("msg_")
     if not message_id.startswith("msg_") or not is_escalation_id(candidate):
-        raise _invalid(f"{message_id[:80]!r} does not name an escalation (msg_ + 32 hex)")
+        raise invalid(f"{message_id[:80]!r} does not name an escalation (msg_ + 32 hex)")
     return candidate
 
 
@@ -192,16 +198,16 @@ def decode_escalation(
     EnvelopeRejected for anything that is not an `escalation` Envelope carrying one of ours
     (`envelope.decode.invalid`, `schema.envelope.invalid`, `connector_host.authentication`)."""
     opened = open_envelope(data, message_types=_ESCALATION_TYPES, max_bytes=max_bytes)
+    body = open_payload(opened, ESCALATION_TYPE)
+    assert isinstance(body, AipEscalation)
+    extension = extension_as(opened, EscalationExtension)
     try:
-        body = open_signed_body(ESCALATION_TYPE, opened.envelope["body"])
-        assert isinstance(body, AipEscalation)
-        extension = msgspec.convert(opened.extension, EscalationExtension, strict=True)
         form = msgspec.convert(body.form, _Form, strict=True)
-    except (BodyError, msgspec.ValidationError) as exc:
-        raise _invalid(f"escalation: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise invalid(f"escalation: {exc}") from None
     kind = _KIND_FROM_AIP.get(body.kind)
     if kind is None:
-        raise _invalid(f"escalation kind {body.kind!r} is not one this worker raises")
+        raise invalid(f"escalation kind {body.kind!r} is not one this worker raises")
     deadline = (
         extension.raised_at_unix_ms + body.timeout_ms if body.timeout_ms is not None else None
     )
@@ -228,9 +234,9 @@ def decode_escalation(
     try:
         escalation = msgspec.convert(document, Escalation, strict=True)
     except msgspec.ValidationError as exc:
-        raise _invalid(f"escalation: {exc}") from None
+        raise invalid(f"escalation: {exc}") from None
     if allowed_decisions(escalation) != list(body.allowed_decisions):
-        raise _invalid("allowed_decisions do not match the escalation's choices")
+        raise invalid("allowed_decisions do not match the escalation's choices")
     return escalation, opened
 
 
@@ -286,19 +292,19 @@ def decode_resolution(
     EnvelopeRejected as `decode_escalation`, and for a status that contradicts its choice
     or a `resolved_by` other than the Envelope's sender."""
     opened = open_envelope(data, message_types=_RESOLUTION_TYPES, max_bytes=max_bytes)
+    body = open_payload(opened, RESOLUTION_TYPE)
+    assert isinstance(body, AipResolution)
+    extension = extension_as(opened, ResolutionExtension)
     try:
-        body = open_signed_body(RESOLUTION_TYPE, opened.envelope["body"])
-        assert isinstance(body, AipResolution)
-        extension = msgspec.convert(opened.extension, ResolutionExtension, strict=True)
         result = msgspec.convert(body.result, _Result, strict=True)
-    except (BodyError, msgspec.ValidationError) as exc:
-        raise _invalid(f"escalation_resolution: {exc}") from None
+    except msgspec.ValidationError as exc:
+        raise invalid(f"escalation_resolution: {exc}") from None
     answers = opened.envelope.get("in_response_to")
     if not isinstance(answers, str):
-        raise _invalid("escalation_resolution: in_response_to (the escalation) is required")
+        raise invalid("escalation_resolution: in_response_to (the escalation) is required")
     sender = opened.sender
     if sender is None or sender.get("id") != body.resolved_by.id:
-        raise _invalid("escalation_resolution: resolved_by is not the Envelope's sender")
+        raise invalid("escalation_resolution: resolved_by is not the Envelope's sender")
     acknowledged = body.status == "handoff_completed"
     kind = ResolutionKind.ACKNOWLEDGED if acknowledged else ResolutionKind.ANSWERED
     try:
@@ -318,15 +324,15 @@ def decode_resolution(
             strict=True,
         )
     except msgspec.ValidationError as exc:
-        raise _invalid(f"escalation_resolution: {exc}") from None
+        raise invalid(f"escalation_resolution: {exc}") from None
     if acknowledged != (resolution.choice is None and resolution.resume_action_id is None):
-        raise _invalid(
+        raise invalid(
             "escalation_resolution: an answered approval names its choice, a handoff none"
         )
     if _status(resolution) != body.status:
-        raise _invalid(f"escalation_resolution: status {body.status} contradicts its result")
+        raise invalid(f"escalation_resolution: status {body.status} contradicts its result")
     if _ms_of(body.resolved_at) != resolution.resolved_at_unix_ms:
-        raise _invalid("escalation_resolution: resolved_at differs from resolved_at_unix_ms")
+        raise invalid("escalation_resolution: resolved_at differs from resolved_at_unix_ms")
     return resolution, opened
 
 
@@ -340,9 +346,6 @@ def _ms_of(timestamp: str) -> int | None:
         return None
     return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
 
-
-def _invalid(reason: str) -> EnvelopeRejected:
-    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
 
 
 __all__ = [

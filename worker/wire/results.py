@@ -21,12 +21,9 @@ import msgspec
 
 from schemas.action import Action
 from schemas.aip.extensions import CancelFacts, ResultExtension
-from schemas.aip.messages import open_body
 from schemas.aip.result import ActionResult as AipActionResult
 from schemas.aip.result import ProtocolError as AipProtocolError
 from schemas.errors import (
-    BodyError,
-    EnvelopeRejected,
     ErrorCategory,
     ErrorCode,
     ProtocolError,
@@ -37,7 +34,10 @@ from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
     Opened,
     ReplyRecipe,
+    extension_as,
+    invalid,
     open_envelope,
+    open_payload,
     seal,
 )
 
@@ -101,16 +101,16 @@ def error_from_aip(error: AipProtocolError) -> ProtocolError:
     try:
         code = ErrorCode(error.code)
     except ValueError:
-        raise _invalid(f"error code {error.code[:80]!r} is not one this connector emits") from None
+        raise invalid(f"error code {error.code[:80]!r} is not one this connector emits") from None
     try:
         category = ErrorCategory(error.category.value)
     except ValueError:
-        raise _invalid(f"error category {error.category.value!r} is not one of ours") from None
+        raise invalid(f"error category {error.category.value!r} is not one of ours") from None
     details = error.details if error.details is not None else {}
     try:
         ours = msgspec.convert(details, _ErrorDetails, strict=True)
     except msgspec.ValidationError as exc:
-        raise _invalid(f"error.details: {exc}") from None
+        raise invalid(f"error.details: {exc}") from None
     return ProtocolError(
         code=code,
         category=category,
@@ -188,15 +188,9 @@ def decode_result(
     our results (`envelope.decode.invalid`, `schema.envelope.invalid`, or
     `connector_host.authentication` for a signature that does not verify)."""
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
-    try:
-        body = open_body(RESULT_TYPE, opened.envelope["body"])
-    except BodyError as exc:
-        raise _invalid(str(exc)) from None
+    body = open_payload(opened, RESULT_TYPE)
     assert isinstance(body, AipActionResult)
-    try:
-        extension = msgspec.convert(opened.extension, ResultExtension, strict=True)
-    except msgspec.ValidationError as exc:
-        raise _invalid(f"extensions: {exc}") from None
+    extension = extension_as(opened, ResultExtension)
     error = error_from_aip(body.error) if body.error is not None else None
     try:
         result = msgspec.convert(
@@ -210,14 +204,11 @@ def decode_result(
             strict=True,
         )
     except msgspec.ValidationError as exc:
-        raise _invalid(f"action_result: {exc}") from None
+        raise invalid(f"action_result: {exc}") from None
     if error is not None:
         result = msgspec.structs.replace(result, error=error)
     return result, opened
 
-
-def _invalid(reason: str) -> EnvelopeRejected:
-    return EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, reason)
 
 
 __all__ = [
