@@ -64,6 +64,7 @@ from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
+from worker.operations.catalog import default_mode
 from worker.trust.responses import (
     ChunkChain,
     ChunkSequencer,
@@ -308,7 +309,7 @@ class AipClient:
         tenant_id: str | None = None,
         credential_revision: int | None = None,
         authentication_issuer: str | None = None,
-        mode: Mode = Mode.ASYNC,
+        mode: Mode | None = None,
         idempotency_key: str | None = None,
         timeout_ms: int | None = None,
         deadline_unix_ms: int | None = None,
@@ -316,6 +317,8 @@ class AipClient:
         approval_decision_id: str | None = None,
         action_id: str | None = None,
     ) -> Action:
+        """An Action for `operation`; without `mode`, the one the operation takes by default
+        (`stream` for a streaming twin such as `chat_stream`, `async` otherwise)."""
         action_id = action_id or new_action_id()
         return Action(
             id=action_id,
@@ -329,7 +332,7 @@ class AipClient:
                 credential_revision=credential_revision,
             ),
             created_at_unix_ms=time.time_ns() // 1_000_000,
-            mode=mode,
+            mode=default_mode(operation) if mode is None else mode,
             idempotency_key=idempotency_key or action_id,
             timeout_ms=timeout_ms,
             deadline_unix_ms=deadline_unix_ms,

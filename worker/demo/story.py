@@ -110,7 +110,7 @@ class Story:
         )
         steps: list[tuple[str, str, str, bool, Callable[[], Awaitable[str]]]] = [
             ("a", "read-only call: models", "completed", False, self.read_only),
-            ("b", "streamed chat: chat_completions", "completed, streamed", False, self.chat),
+            ("b", "streamed chat: chat_stream", "completed, streamed", False, self.chat),
             ("c", "operator objective streams deltas", "completed, streamed",
              True, self.operator_objective),
             ("d1", "operator pauses for approval", "requires_human", True, self.pause),
@@ -166,8 +166,8 @@ class Story:
 
     async def chat(self) -> str:
         action = self.action(
-            "chat_completions",
-            {"messages": [{"role": "user", "content": "Say hello to the demo"}], "stream": True},
+            "chat_stream",
+            {"messages": [{"role": "user", "content": "Say hello to the demo"}]},
             mode=Mode.STREAM,
         )
         followed = await self.publish(action)

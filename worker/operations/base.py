@@ -55,10 +55,16 @@ class OperationSpec:
     #: The whole operation contract, for a capability whose spec publishes one; its
     #: `principal` may name `{endpoint}`.
     contract: OperationContract | None = None
+    #: A `*_stream` twin (`chat_stream`, `responses_stream`, `session_chat_stream`): it
+    #: answers `stream` Actions only, as the reference connector's streaming twins do.
+    stream_only: bool = False
 
     @property
     def modes(self) -> tuple[Mode, ...]:
-        """The `Action.mode`s offered: `stream` only where the capability streams."""
+        """The `Action.mode`s offered: `stream` only where the capability streams, and only
+        `stream` for a streaming twin (its sync sibling never streams)."""
+        if self.stream_only:
+            return (Mode.STREAM,)
         if self.streaming:
             return (Mode.SYNC, Mode.ASYNC, Mode.STREAM)
         return (Mode.SYNC, Mode.ASYNC)

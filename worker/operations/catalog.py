@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+from schemas.action import Mode
 from schemas.aip.approval import ApprovalPolicy, TenantPolicySelector
 from schemas.aip.manifest import (
     CapabilityContract,
@@ -153,6 +154,14 @@ ROWS: Final[tuple[OperationRow, ...]] = (
 # fmt: on
 
 BY_NAME: Final = {row.name: row for row in ROWS}
+#: The streaming twins: each answers `stream` Actions only, its sync sibling never streams.
+STREAM_ONLY: Final = frozenset({"chat_stream", "responses_stream", "session_chat_stream"})
+
+
+def default_mode(name: str) -> Mode:
+    """The mode a caller that names none asks `name` for: `stream` for a streaming twin (the
+    only one it takes), `async` otherwise."""
+    return Mode.STREAM if name in STREAM_ONLY else Mode.ASYNC
 
 
 def reference_row(row: OperationRow) -> OperationRow:
