@@ -23,7 +23,6 @@ from schemas.delegation import DelegationRequest
 from schemas.escalation import Escalation, EscalationResolution
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
-from schemas.manifest import CapabilityManifest
 from schemas.operator import OperatorInputSchema, OperatorOutput
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -37,7 +36,6 @@ EXPORTED: dict[str, Any] = {
     "DelegationRequest": DelegationRequest,
     "QueueRecord": QueueRecord,
     "LifecycleRecord": LifecycleRecord,
-    "CapabilityManifest": CapabilityManifest,
     "Receipt": Receipt,
     "Escalation": Escalation,
     "EscalationResolution": EscalationResolution,

@@ -44,6 +44,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
+from schemas.aip.manifest import ManifestRequest
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelMessage
@@ -55,7 +56,7 @@ from schemas.codec import (
     encode,
 )
 from schemas.delegation import DelegationRequest
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
@@ -77,6 +78,7 @@ from worker.trust.responses import (
 )
 from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
+from worker.wire.manifests import decode_manifest_response, encode_manifest_request
 
 _reply_decoder = msgspec.json.Decoder(CancelReply)
 _receipt_decoder = msgspec.json.Decoder(Receipt)
@@ -614,10 +616,23 @@ class AipClient:
                 last = message.message_id
                 yield message
 
-    async def manifest(self, endpoint_id: str) -> dict[str, Any]:
-        reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)
-        decoded: dict[str, Any] = msgspec.json.decode(reply.data)
-        return decoded
+    async def manifest(
+        self, endpoint_id: str, request: ManifestRequest | None = None
+    ) -> dict[str, Any]:
+        """The endpoint's AIP manifest (`aip.discovery.v1.manifest_response`), as the worker
+        sent it: the capabilities `request`'s filter selects (all without one). The request
+        is signed with the client's key when it has one; the answer must be signed by a
+        trusted worker key when the client has worker keys (UnverifiedResponse otherwise,
+        and for an error answer or anything unreadable)."""
+        data = encode_manifest_request(request, sender=self.sender, signer=self.aip_signer())
+        reply = await self.nc.request(self.subjects.manifest(endpoint_id), data, timeout=5.0)
+        try:
+            _, opened = decode_manifest_response(reply.data, max_bytes=self.max_envelope_bytes)
+        except EnvelopeRejected as exc:
+            raise UnverifiedResponse(f"manifest: {exc.reason}") from None
+        if self.trusted_worker_keys is not None:
+            check_worker_signed(opened, self.trusted_worker_keys, what="manifest")
+        return dict(opened.payload)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,11 +24,11 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import Service
 
+from schemas.aip.manifest import Manifest
 from schemas.audit import ReceiptEvent
 from schemas.cancel import CancelReply
 from schemas.codec import decode_cancel, encode
 from schemas.errors import EnvelopeRejected, ErrorCode
-from schemas.manifest import CapabilityManifest
 from worker import __version__, tracing
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, protocol_error
@@ -36,6 +36,15 @@ from worker.operations.base import Registry
 from worker.pipeline.runtime import Runtime
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
+from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES
+from worker.wire.manifests import (
+    EndpointFacts,
+    build_manifest,
+    decode_manifest_request,
+    encode_manifest_error,
+    encode_manifest_response,
+    select,
+)
 
 if TYPE_CHECKING:
     from worker.store.stores import Stores
@@ -64,18 +73,26 @@ NOTICE_PENDING_MSGS = 4_096
 MAX_NOTICE_BYTES = 64
 
 
-def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
-    """The endpoint's manifest, with its tenant binding: the gateway lists a bound endpoint
-    only to the tenant this worker admits (worker.trust.tenancy)."""
+def manifest_of(
+    registry: Registry,
+    endpoint: Endpoint,
+    *,
+    actions_subject: str,
+    max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+) -> Manifest:
+    """The endpoint's AIP manifest, with its tenant binding: the gateway lists a bound
+    endpoint only to the tenant this worker admits (worker.trust.tenancy)."""
     descriptor = endpoint.descriptor
-    return CapabilityManifest(
+    facts = EndpointFacts(
         endpoint_id=endpoint.id,
+        actions_subject=actions_subject,
         worker_version=__version__,
-        capabilities=registry.manifest(endpoint.id),
         tenant_id=descriptor.tenant_id,
         tenant_expires_at_unix_ms=descriptor.tenant_expires_at_unix_ms,
         shared=descriptor.shared,
+        max_envelope_bytes=max_envelope_bytes,
     )
+    return build_manifest([op.spec for op in registry.operations.values()], facts)
 
 
 class ControlPlane:
@@ -95,7 +112,12 @@ class ControlPlane:
         self.status = status
         self.service: Service | None = None
         self._manifests = {
-            endpoint_id: encode(manifest_of(rt.registry, served.endpoint))
+            endpoint_id: manifest_of(
+                rt.registry,
+                served.endpoint,
+                actions_subject=rt.subjects.actions(endpoint_id),
+                max_envelope_bytes=rt.settings.max_envelope_bytes,
+            )
             for endpoint_id, served in rt.endpoints.items()
         }
 
@@ -137,9 +159,33 @@ class ControlPlane:
 
     def _manifest_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
-            await request.respond(self._manifests[endpoint_id])
+            await request.respond(self.answer_manifest(endpoint_id, request.data))
 
         return handle
+
+    def answer_manifest(self, endpoint_id: str, data: bytes) -> bytes:
+        """The signed answer to one manifest request: a `manifest_response` with the
+        capabilities its filter selects, or an `aip.core.v1.error` for a request that is not
+        a readable `manifest_request` Envelope (or whose signature does not verify). An
+        unsigned request is answered: the manifest is what every worker publishes in `$SRV`
+        to anyone on the bus, and the answer itself is signed."""
+        signer = self.rt.publisher.signer
+        aip_signer = signer.aip if signer is not None else None
+        try:
+            asked, opened = decode_manifest_request(
+                data, max_bytes=self.rt.settings.max_envelope_bytes
+            )
+        except EnvelopeRejected as exc:
+            error = protocol_error(exc.code, exc.reason, endpoint_id=endpoint_id, read_only=True)
+            return encode_manifest_error(
+                error, endpoint_id=endpoint_id, signer=aip_signer, request=None
+            )
+        return encode_manifest_response(
+            select(self._manifests[endpoint_id], asked),
+            endpoint_id=endpoint_id,
+            signer=aip_signer,
+            request=opened,
+        )
 
     def _cancel_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:

@@ -54,6 +54,11 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "`prev_sha256`, the chain anchored by the signed result's `last_chunk_sha256`.",
     "aip.core.v1.error": "A failure answered as an Envelope of its own "
     "(`body.error.error` is the ProtocolError).",
+    "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
+    "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
+    "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "
+    "`aip.hermes.{endpoint}.manifest`, signed by the worker's response key; our facts with "
+    "no AIP field are in `manifest.extensions[\"org.aip-hermes-worker\"]`.",
 }
 
 #: RFC 3339 date-time as the Envelope rules read it (`worker.aip.envelope`): upper-case `T`

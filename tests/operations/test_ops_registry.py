@@ -16,6 +16,7 @@ from schemas.manifest import Risk
 from worker.operations.base import Registry
 from worker.operations.registry import default_registry
 from worker.settings import Settings
+from worker.wire.manifests import capability_of
 
 NAMES = [
     "health",
@@ -153,13 +154,14 @@ def test_safety_rules_hold_for_every_operation(registry: Registry) -> None:
         assert spec.description
 
 
-def test_manifest_entries_carry_a_json_schema_for_every_input(registry: Registry) -> None:
-    entries = registry.manifest("hermes-1")
+def test_manifest_capabilities_carry_a_json_schema_for_every_input(registry: Registry) -> None:
+    entries = [capability_of(op.spec, "hermes-1") for op in registry.operations.values()]
     assert len(entries) == len(NAMES)
     for entry in entries:
-        assert entry.capability == f"cap:hermes_agent:hermes-1:{entry.operation}"
+        assert entry.id == f"cap:hermes_agent:hermes-1:{entry.name}"
+        assert entry.bindings[0]["operation"] == entry.name
         msgspec.json.encode(entry)
-        assert entry.input_schema
+        assert entry.input_schema["type"] == "object"
 
 
 def test_the_capabilities_doc_matches_the_registry(registry: Registry) -> None:

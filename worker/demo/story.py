@@ -41,6 +41,7 @@ from worker.testing.identities import (
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
+from worker.wire.manifests import operation_of
 
 OPERATOR_UNAVAILABLE = "operator not available"
 DELEGATED_EXPECTED = "completed, child verified"
@@ -102,7 +103,7 @@ class Story:
 
     async def run(self) -> list[StepReport]:
         manifest = await self.client.manifest(ENDPOINT)
-        operations = {entry.get("operation") for entry in manifest.get("capabilities", [])}
+        operations = {operation_of(entry) for entry in manifest.get("capabilities", [])}
         self.operator_available = "operator" in operations
         self.console.note(
             f"{ENDPOINT} serves {len(operations)} capabilities"

@@ -20,6 +20,7 @@ from schemas.result import ResultStatus
 from worker.qualify.deployment import Evidence
 from worker.qualify.items import Context, expect, fail
 from worker.qualify.objectives import APPROVAL
+from worker.wire.manifests import operation_of
 
 #: How long a run may take to reach the status the tour waits for.
 STATUS_WAIT_S = 60.0
@@ -133,7 +134,9 @@ async def route_tour(ctx: Context, evidence: Evidence) -> str:
     counts = []
     for tour in tours:
         manifest = ctx.deployment.manifests[tour.endpoint_id]
-        published = {entry["operation"] for entry in manifest["capabilities"]}
+        published = {
+            name for entry in manifest["capabilities"] if (name := operation_of(entry)) is not None
+        }
         missing = sorted(published - tour.seen)
         expect(not missing, f"{tour.endpoint_id}: routes not toured: {', '.join(missing)}")
         counts.append(f"{tour.endpoint_id} {len(tour.seen)}/{len(published)}")
