@@ -79,6 +79,7 @@ def manifest_of(
     *,
     actions_subject: str,
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+    idempotency_ttl_ms: int | None = None,
 ) -> Manifest:
     """The endpoint's AIP manifest, with its tenant binding: the gateway lists a bound
     endpoint only to the tenant this worker admits (worker.trust.tenancy)."""
@@ -91,6 +92,7 @@ def manifest_of(
         tenant_expires_at_unix_ms=descriptor.tenant_expires_at_unix_ms,
         shared=descriptor.shared,
         max_envelope_bytes=max_envelope_bytes,
+        idempotency_ttl_ms=idempotency_ttl_ms,
     )
     return build_manifest([op.spec for op in registry.operations.values()], facts)
 
@@ -117,6 +119,7 @@ class ControlPlane:
                 served.endpoint,
                 actions_subject=rt.subjects.actions(endpoint_id),
                 max_envelope_bytes=rt.settings.max_envelope_bytes,
+                idempotency_ttl_ms=rt.settings.effective_idempotency_ttl_ms,
             )
             for endpoint_id, served in rt.endpoints.items()
         }

@@ -54,4 +54,5 @@ async def test_every_route_is_invocable_over_nats(tour: Tour) -> None:
     assert chat["choices"][0]["message"]["content"] == reply_text("hi")
     await tour.everything()
     manifest = tour.deployment.manifests[ENDPOINT]
-    assert tour.seen == {entry["operation"] for entry in manifest["capabilities"]}
+    assert tour.seen == {entry["name"] for entry in manifest["capabilities"]}
+    assert len(tour.seen) == 35

@@ -62,6 +62,10 @@ class EndpointFacts:
     tenant_expires_at_unix_ms: int | None = None
     shared: bool = False
     max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+    #: How long this deployment replays a result for a repeated key (`AIPD_RESULT_TTL_MS`
+    #: or the idempotency TTL): the `ttl_ms` of every required idempotency; None keeps the
+    #: catalog's (the reference connector's 24 h).
+    idempotency_ttl_ms: int | None = None
 
 
 def capability_id_of(endpoint_id: str, name: str) -> str:
@@ -79,10 +83,16 @@ def input_schema_of(input_type: Any) -> dict[str, Any]:
     return schema
 
 
-def capability_of(spec: OperationSpec, endpoint_id: str) -> Capability:
+def capability_of(
+    spec: OperationSpec, endpoint_id: str, *, idempotency_ttl_ms: int | None = None
+) -> Capability:
     """The AIP Capability of one operation on one endpoint; KeyError for an operation the
     catalog does not hold (it would have no contract to publish)."""
     row = BY_NAME[spec.name]
+    terms = contract(row)
+    if idempotency_ttl_ms is not None and terms.idempotency.requirement == "required":
+        idempotency = msgspec.structs.replace(terms.idempotency, ttl_ms=idempotency_ttl_ms)
+        terms = msgspec.structs.replace(terms, idempotency=idempotency)
     output_schema = spec.contract.output_schema if spec.contract is not None else None
     return Capability(
         id=capability_id_of(endpoint_id, spec.name),
@@ -106,14 +116,17 @@ def capability_of(spec: OperationSpec, endpoint_id: str) -> Capability:
             }
         ],
         requires_human_approval=row.approval,
-        contract=contract(row),
+        contract=terms,
     )
 
 
 def build_manifest(specs: Iterable[OperationSpec], facts: EndpointFacts) -> Manifest:
     """The whole manifest of one endpoint."""
     endpoint_id = facts.endpoint_id
-    capabilities = [capability_of(spec, endpoint_id) for spec in specs]
+    capabilities = [
+        capability_of(spec, endpoint_id, idempotency_ttl_ms=facts.idempotency_ttl_ms)
+        for spec in specs
+    ]
     bound = (
         [{"endpoint_id": endpoint_id, "tenant_id": facts.tenant_id}]
         if facts.tenant_id is not None
