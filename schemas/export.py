@@ -3,9 +3,9 @@
 Two kinds of file:
 
 - `aip.core.v1.<type>.json`: the AIP 1.0 Envelope of each message type this project puts
-  on the actions, results and chunks subjects (`schemas.aip.envelope_schema`);
+  on the actions, results, chunks and escalation subjects (`schemas.aip.envelope_schema`);
 - `<Name>.json`: the internal types still on the subjects that have not moved to AIP
-  Envelopes yet (cancel, manifest, escalations, channel, runtime records, delegation,
+  Envelopes yet (cancel, manifest, channel, runtime records, delegation,
   receipts) and the operator's input/output contract.
 """
 
@@ -20,7 +20,6 @@ from schemas.audit import Receipt
 from schemas.cancel import CancelReply, CancelRequest
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.delegation import DelegationRequest
-from schemas.escalation import Escalation, EscalationResolution
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.operator import OperatorInputSchema, OperatorOutput
@@ -37,8 +36,6 @@ EXPORTED: dict[str, Any] = {
     "QueueRecord": QueueRecord,
     "LifecycleRecord": LifecycleRecord,
     "Receipt": Receipt,
-    "Escalation": Escalation,
-    "EscalationResolution": EscalationResolution,
     "ChannelDelivery": ChannelDelivery,
     "ChannelMessage": ChannelMessage,
 }

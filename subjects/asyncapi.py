@@ -1,9 +1,10 @@
 """Generate the AsyncAPI 3 document of every subject and message (drift-checked by a test).
 
-The actions, results and chunks subjects carry AIP 1.0 Envelopes: their messages are named
-by message type and their payload is the Envelope schema (`schemas/json/aip.core.v1.*.json`);
-an Envelope carries its signature in `security`, so the only NATS header left on them is
-JetStream's `Nats-Msg-Id`. The other subjects still carry the internal types."""
+The actions, results, chunks and escalation subjects carry AIP 1.0 Envelopes: their
+messages are named by message type and their payload is the Envelope schema
+(`schemas/json/aip.core.v1.*.json`); an Envelope carries its signature in `security`, so
+the only NATS header left on them is JetStream's `Nats-Msg-Id`. The other subjects still
+carry the internal types."""
 
 from __future__ import annotations
 
@@ -106,9 +107,10 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "escalations",
         "{prefix}.hermes.{endpoint}.escalations",
-        "Escalation",
+        "aip.core.v1.escalation",
         "ESCALATIONS",
-        "An Action's terminal state a human must decide, published once right after the "
+        "An Action's terminal state a human must decide, as an AIP `aip.core.v1.escalation` "
+        "Envelope signed by the worker's response key, published once right after the "
         "fenced settle, before the result (Nats-Msg-Id = escalation_id, one per Action and "
         "approval generation). Resolve with `aip-hermes-worker escalations resolve`.",
         "worker",
@@ -116,10 +118,11 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "escalation_resolutions",
         "{prefix}.hermes.{endpoint}.escalations.resolved",
-        "EscalationResolution",
+        "aip.core.v1.escalation_resolution",
         "ESCALATIONS",
-        "Who resolved an escalation, how and why (Nats-Msg-Id {escalation_id}:resolved); the "
-        "write-once record is in Redis.",
+        "Who resolved an escalation, how and why, as an AIP "
+        "`aip.core.v1.escalation_resolution` Envelope signed by the person who resolved it "
+        "(Nats-Msg-Id {escalation_id}:resolved); the write-once record is in Redis.",
         "publisher",
     ),
     (
@@ -162,12 +165,18 @@ _MSG_IDS: dict[str, str] = {
     "the payload}",
     "aip.core.v1.stream_chunk": "{action_id}:{sequence}:{first 32 hex digits of the sha256 "
     "of the payload}",
+    "aip.core.v1.escalation": "{escalation_id} (one per Action and approval generation; the "
+    "Envelope's bytes are a function of the escalation)",
+    "aip.core.v1.escalation_resolution": "{escalation_id}:resolved",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
     "are taken only where AIPD_ALLOW_UNSIGNED_ENVELOPES is on, in development)",
     "aip.core.v1.action_result": "Signed by the worker's response key",
     "aip.core.v1.stream_chunk": "Unsigned (the signed result anchors the chunks' hash chain)",
+    "aip.core.v1.escalation": "Signed by the worker's response key",
+    "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
+    "given to `escalations resolve --key`; Redis holds the write-once record)",
 }
 
 

@@ -210,7 +210,10 @@ class Worker:
         )
         self.rt.outputs.append(
             EscalationOutput(
-                publisher, self.metrics, approval_ttl_ms=settings.hermes_operator_timeout_ms
+                publisher,
+                self.metrics,
+                approval_ttl_ms=settings.hermes_operator_timeout_ms,
+                risk_of=self._capability_risk,
             )
         )
         self.serving = ServingGate(
@@ -354,6 +357,11 @@ class Worker:
         )
         loop = asyncio.get_running_loop()
         self._tasks.extend(loop.create_task(follower.run()) for follower in self.followers)
+
+    def _capability_risk(self, capability: str) -> str | None:
+        """The registered risk of a capability id (None: not an operation served here)."""
+        operation = self.registry.get(capability.rsplit(":", 1)[-1])
+        return operation.spec.risk.value if operation is not None else None
 
     def _open_escalations(self, js: Any, endpoints: Any) -> OpenEscalationsGauge:
         """The `escalations_open` gauge of the served endpoints, counted from the stores."""

@@ -52,6 +52,12 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "aip.core.v1.stream_chunk": "One piece of an Action's progress on "
     "`aip.hermes.{endpoint}.chunks.{action_id}`; unsigned, hash-chained by "
     "`prev_sha256`, the chain anchored by the signed result's `last_chunk_sha256`.",
+    "aip.core.v1.escalation": "An Action's terminal state a human must decide, on "
+    "`aip.hermes.{endpoint}.escalations`, signed by the worker's response key; its "
+    "`message_id` is `msg_` + the escalation id's 32 hex digits.",
+    "aip.core.v1.escalation_resolution": "Who resolved an escalation, how and why, on "
+    "`aip.hermes.{endpoint}.escalations.resolved`, signed by the person who resolved it "
+    "(their approver key); `in_response_to` is the escalation's `message_id`.",
     "aip.core.v1.error": "A failure answered as an Envelope of its own "
     "(`body.error.error` is the ProtocolError).",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "

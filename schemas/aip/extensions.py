@@ -118,16 +118,52 @@ class ChunkExtension(_Extension, frozen=True):
     ] = None
 
 
+class EscalationExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.escalation` Envelope carries beyond the AIP Escalation: which
+    Action of which endpoint it is about, and the fenced settle that raised it. (Its id is
+    the Envelope's `message_id`: `msg_` + the escalation id's 32 hex digits.)"""
+
+    action_id: Annotated[ActionId, Meta(description="The Action whose result raised it.")]
+    endpoint_id: Annotated[EndpointId, Meta(description="The Hermes endpoint that ran it.")]
+    capability: Annotated[str, Meta(description="The capability id of that Action.")]
+    fence: Annotated[
+        int, Meta(ge=0, description="The lease fence of the settle that raised it.")
+    ]
+    raised_at_unix_ms: Annotated[
+        UnixMs, Meta(description="When it was raised (Unix ms; also the Envelope's `sent_at`).")
+    ]
+
+
+class ResolutionExtension(_Extension, frozen=True):
+    """What an `aip.core.v1.escalation_resolution` Envelope carries beyond the AIP
+    EscalationResolution (the escalation it answers is its `in_response_to`)."""
+
+    action_id: Annotated[ActionId, Meta(description="The Action the escalation is about.")]
+    endpoint_id: Annotated[EndpointId, Meta(description="The endpoint that raised it.")]
+    resolved_at_unix_ms: Annotated[
+        UnixMs, Meta(description="When it was resolved (Unix ms; also `resolved_at`).")
+    ]
+
+
 #: message_type → the extension object it carries.
 EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.action": ActionExtension,
     "aip.core.v1.action_result": ResultExtension,
     "aip.core.v1.stream_chunk": ChunkExtension,
+    "aip.core.v1.escalation": EscalationExtension,
+    "aip.core.v1.escalation_resolution": ResolutionExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and
 #: their readers need its facts); on an Action it is optional.
-ALWAYS_CARRIED: Final = frozenset({"aip.core.v1.action_result", "aip.core.v1.stream_chunk"})
+ALWAYS_CARRIED: Final = frozenset(
+    {
+        "aip.core.v1.action_result",
+        "aip.core.v1.stream_chunk",
+        "aip.core.v1.escalation",
+        "aip.core.v1.escalation_resolution",
+    }
+)
 
 #: Descriptions of the fields of the internal types the action extension reuses (they are
 #: `schemas/action.py`'s, which carry none): def name → field → description.

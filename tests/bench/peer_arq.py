@@ -16,7 +16,7 @@ from arq import Worker
 from arq.connections import RedisSettings
 
 from tests.bench import counting
-from tests.bench.http_job import follow_run, job_decoder, new_client, start_run
+from tests.bench.http_job import follow_run, job_of, new_client, start_run
 
 IN_FLIGHT = 100
 QUEUE = "arq:queue"
@@ -28,7 +28,7 @@ async def _noop(event: dict[str, Any]) -> None:
 
 async def run_action(ctx: dict[str, Any], payload: bytes) -> str:
     """The HTTP part of one Action; arq stores the returned status as the job result."""
-    job = job_decoder.decode(payload)
+    job = job_of(payload)
     run_id = await start_run(ctx["http"], job)
     return await follow_run(ctx["http"], run_id, _noop)
 

@@ -21,9 +21,9 @@ from faststream.nats import JStream, NatsBroker, PullSub
 
 from tests.bench import counting
 from tests.bench.http_job import (
-    Job,
-    chunk_bytes,
+    ChunkChain,
     follow_run,
+    job_of_value,
     new_client,
     result_bytes,
     start_run,
@@ -49,24 +49,22 @@ def build_app(args: argparse.Namespace) -> FastStream:
     )
     async def handle(body: dict[str, Any]) -> None:
         # FastStream decodes the JSON body itself, as its users let it.
-        job = Job(id=body["id"], input=body["input"])
+        job = job_of_value(body)
         run_id = await start_run(http, job)
-        seq = 0
+        chain = ChunkChain(job.id, run_id)
 
         async def on_event(event: dict[str, Any]) -> None:
-            nonlocal seq
             kind = "done" if event.get("event") == "run.completed" else "data"
             await js.publish(
-                chunk_bytes(job.id, seq, kind, event, run_id),
+                chain.next(kind, event),
                 f"aip.hermes.h1.chunks.{job.id}",
                 stream="AIP_HERMES_CHUNKS",
             )
-            seq += 1
 
         terminal = await follow_run(http, run_id, on_event)
         status = "completed" if terminal == "run.completed" else "failed"
         await js.publish(
-            result_bytes(job.id, status, worker_id, 0),
+            result_bytes(job.id, status, worker_id, 0, chain.last),
             f"aip.hermes.h1.results.{job.id}",
             stream="AIP_HERMES_RESULTS",
         )

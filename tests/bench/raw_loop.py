@@ -26,13 +26,13 @@ import uvloop
 
 from tests.bench import counting
 from tests.bench.http_job import (
+    ChunkChain,
     Job,
-    chunk_bytes,
     follow_run,
-    job_decoder,
     new_client,
     result_bytes,
     start_run,
+    verified_job,
 )
 
 IN_FLIGHT = 100
@@ -105,8 +105,12 @@ class RawLoop:
         self.redis: Any = aredis.from_url(args.redis_url)
         self.scripts = {
             name: self.redis.register_script(source)
-            for name, source in (("lease", LEASE), ("claim", CLAIM), ("bind", BIND),
-                                 ("settle", SETTLE))
+            for name, source in (
+                ("lease", LEASE),
+                ("claim", CLAIM),
+                ("bind", BIND),
+                ("settle", SETTLE),
+            )
         }
         self.http = new_client(args.hermes_url, Path(args.api_key_file).read_text().strip())
         sub = await self.js.pull_subscribe_bind(args.durable, stream=args.stream)
@@ -143,7 +147,7 @@ class RawLoop:
             self.changed.set()
 
     async def handle(self, msg: Any) -> None:
-        job: Job = job_decoder.decode(msg.data)
+        job: Job = verified_job(msg.data)
         owner = f"{self.worker_id}#{secrets.token_hex(6)}"
         tag = "{" + job.id + "}"
         lease, binding, result = f"bench:{tag}:lease", f"bench:{tag}:binding", f"bench:{tag}:result"
@@ -161,31 +165,35 @@ class RawLoop:
         await self.scripts["bind"](keys=[lease, binding], args=[owner, fence, run_id])
         chunks = f"aip.hermes.h1.chunks.{job.id}"
         futures: list[asyncio.Future[Any]] = []
-        seq = 0
-        last_chunk = b""
+        chain = ChunkChain(job.id, run_id)
 
         async def on_event(event: dict[str, Any]) -> None:
-            nonlocal seq, last_chunk
             kind = "done" if event.get("event") == "run.completed" else "data"
-            last_chunk = chunk_bytes(job.id, seq, kind, event, run_id)
-            futures.append(await self.js.publish_async(
-                chunks, last_chunk, headers={"Nats-Msg-Id": f"{job.id}:{seq}"},
-            ))
-            seq += 1
+            seq = chain.sequence
+            chunk = chain.next(kind, event)
+            futures.append(
+                await self.js.publish_async(
+                    chunks, chunk, headers={"Nats-Msg-Id": f"{job.id}:{seq}"}
+                )
+            )
 
         terminal = await follow_run(self.http, run_id, on_event)
         status = "completed" if terminal == "run.completed" else "failed"
-        body = result_bytes(job.id, status, self.worker_id, int(fence))
+        last_chunk = chain.last
+        body = result_bytes(job.id, status, self.worker_id, int(fence), last_chunk)
         settled = await self.scripts["settle"](
             keys=[lease, result, result + ":terminal"],
             args=[owner, fence, body, 86_400_000, last_chunk],
         )
         if settled == b"fenced_out":
             return
-        futures.append(await self.js.publish_async(
-            f"aip.hermes.h1.results.{job.id}", body,
-            headers={"Nats-Msg-Id": f"{job.id}:result"},
-        ))
+        futures.append(
+            await self.js.publish_async(
+                f"aip.hermes.h1.results.{job.id}",
+                body,
+                headers={"Nats-Msg-Id": f"{job.id}:result"},
+            )
+        )
         await asyncio.gather(*futures)
         await msg.ack()
 

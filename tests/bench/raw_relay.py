@@ -9,7 +9,6 @@ transport): what a relay without leases, bindings or trust does with the same ev
 from __future__ import annotations
 
 import argparse
-import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import msgspec
 import nats
 import uvloop
 
-from tests.bench.http_job import Job, follow_run, new_client, start_run
+from tests.bench.http_job import ChunkChain, Job, follow_run, new_client, start_run
 
 _encode = msgspec.json.Encoder()
 
@@ -29,9 +28,7 @@ async def publish(args: argparse.Namespace) -> None:
     subject = f"aip.hermes.h1.chunks.{args.action_id}"
     print("raw publish ready", flush=True)
     for seq in range(args.count):
-        await js.publish_async(
-            subject, payload, headers={"Nats-Msg-Id": f"{args.action_id}:{seq}"}
-        )
+        await js.publish_async(subject, payload, headers={"Nats-Msg-Id": f"{args.action_id}:{seq}"})
     await js.publish_async_completed()
     print("raw publish done", flush=True)
     await nc.close()
@@ -44,22 +41,20 @@ async def relay(args: argparse.Namespace) -> None:
     http = new_client(args.hermes_url, key)
     job = Job(id=args.action_id, input={"objective": "relay"})
     subject = f"aip.hermes.h1.chunks.{args.action_id}"
-    seq = 0
+    chain: ChunkChain | None = None
 
     async def on_event(event: dict[str, Any]) -> None:
-        nonlocal seq
-        chunk = {
-            "action_id": args.action_id, "endpoint_id": "h1", "seq": seq, "kind": "data",
-            "provider_event": event.get("event"), "payload": event,
-            "ts_unix_ms": time.time_ns() // 1_000_000,
-        }
+        assert chain is not None
+        seq = chain.sequence
         await js.publish_async(
-            subject, _encode.encode(chunk), headers={"Nats-Msg-Id": f"{args.action_id}:{seq}"}
+            subject,
+            chain.next("data", event, whole=True),
+            headers={"Nats-Msg-Id": f"{args.action_id}:{seq}"},
         )
-        seq += 1
 
     print("raw relay ready", flush=True)
     run_id = await start_run(http, job)
+    chain = ChunkChain(args.action_id, run_id)
     await follow_run(http, run_id, on_event)
     await js.publish_async_completed()
     print("raw relay done", flush=True)

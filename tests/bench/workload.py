@@ -37,6 +37,7 @@ from worker.testing.identities import (
 from worker.testing.scenario import SLOW_REPLY
 from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
+from worker.wire.actions import decode_action
 
 #: The objective of a plain Action; the fake answers it with word-sized `message.delta`s.
 OBJECTIVE = "bench run"
@@ -95,7 +96,7 @@ async def approve_all(bench: Bench, envelopes: Iterable[Envelope], concurrency: 
         gate = asyncio.Semaphore(concurrency)
 
         async def one(envelope: Envelope) -> None:
-            action = msgspec.json.decode(envelope.payload, type=Action)
+            action, _ = decode_action(envelope.payload)
             async with gate:
                 await approve(
                     r, authority, action, APPROVER_UNTENANTED, "benchmark",

@@ -34,6 +34,7 @@ from tests.chaos.checker import (
     Request,
     Violation,
     check,
+    decoded_result,
 )
 from tests.chaos.deployment import ENDPOINT, REAL_WORKERS, WORKERS, Deployment
 from tests.chaos.history import Event, History
@@ -211,9 +212,12 @@ async def run_campaign(
         outcomes: Counter[str] = Counter()
         for copies in evidence.results.values():
             for raw in set(copies):
-                body = json.loads(raw)
-                error = body.get("error") or {}
-                outcomes[error.get("code") or body["status"]] += 1
+                result = decoded_result(raw)
+                if result is None:
+                    outcomes["undecodable"] += 1
+                    continue
+                error = result.error
+                outcomes[error.code.value if error is not None else result.status.value] += 1
         report = Report(
             seed=seed,
             duration_s=duration_s,

@@ -181,7 +181,8 @@ def _chat_action_ids(request: Request, known: Iterable[str]) -> list[str]:
     return [action_id for action_id in known if action_id in text]
 
 
-def _decoded(raw: bytes) -> ActionResult | None:
+def decoded_result(raw: bytes) -> ActionResult | None:
+    """The result an Envelope on a results subject carries (None: not one)."""
     try:
         return decode_result(raw)[0]
     except EnvelopeRejected:
@@ -229,7 +230,7 @@ def one_result(ev: Evidence) -> list[Violation]:
         elif len(distinct) > 1:
             summary = [
                 (r.settled_by, r.fence, r.status.value)
-                for r in filter(None, map(_decoded, distinct))
+                for r in filter(None, map(decoded_result, distinct))
             ]
             out.append(Violation("one_result", action_id, f"two different results: {summary}"))
         elif len(copies) > 1:
@@ -267,7 +268,7 @@ def honest(ev: Evidence) -> list[Violation]:
         if planned.kind not in ("objective", "approval_objective", "chat"):
             continue
         what = "chat turn(s)" if planned.kind == "chat" else "start(s)"
-        for result in filter(None, map(_decoded, set(ev.results.get(action_id, [])))):
+        for result in filter(None, map(decoded_result, set(ev.results.get(action_id, [])))):
             error = result.error
             if sent[action_id] and _certain_failure(result, planned.kind) and error is not None:
                 out.append(
@@ -301,7 +302,7 @@ def _honest_resumes(ev: Evidence) -> list[Violation]:
         settled = [
             result
             for action_id in ids
-            for result in filter(None, map(_decoded, set(ev.results.get(action_id, []))))
+            for result in filter(None, map(decoded_result, set(ev.results.get(action_id, []))))
         ]
         if len(settled) >= len(ids) and all(_certain_failure(r, "resume") for r in settled):
             codes = sorted(r.error.code.value for r in settled if r.error is not None)
@@ -328,7 +329,7 @@ def fence(ev: Evidence) -> list[Violation]:
         acquired = _acquisitions(ev.receipts.get(action_id, []))
         highest = max([r.fence for r in acquired] + ([last] if last is not None else []), default=0)
         for raw in set(copies):
-            result = _decoded(raw)
+            result = decoded_result(raw)
             if result is None or result.fence == 0:
                 continue  # refused before any lease: no fence to supersede
             if result.fence < highest:
@@ -452,7 +453,7 @@ def signed_only(ev: Evidence) -> list[Violation]:
     for planned in ev.actions.values():
         if planned.kind != "forged_resume" or planned.source_id is None:
             continue
-        for result in filter(None, map(_decoded, set(ev.results.get(planned.action_id, [])))):
+        for result in filter(None, map(decoded_result, set(ev.results.get(planned.action_id, [])))):
             if result.status is not ResultStatus.FAILED:
                 out.append(
                     Violation(
@@ -482,7 +483,7 @@ def signed_only(ev: Evidence) -> list[Violation]:
                     "cancels named",
                 )
             )
-        for result in filter(None, map(_decoded, set(ev.results.get(action_id, [])))):
+        for result in filter(None, map(decoded_result, set(ev.results.get(action_id, [])))):
             if result.error is not None and result.error.code.value == _HERMES + "cancelled":
                 out.append(
                     Violation(
@@ -498,7 +499,7 @@ def chunks(ev: Evidence) -> list[Violation]:
         if action_id not in ev.acked:
             continue
         raws = ev.chunks.get(action_id, [])
-        for result in filter(None, map(_decoded, set(copies))):
+        for result in filter(None, map(decoded_result, set(copies))):
             chain, broken = named_chain(raws, result.last_chunk_sha256)
             if broken is not None:
                 out.append(Violation("chunks", action_id, broken))
@@ -596,7 +597,7 @@ def durable(ev: Evidence) -> list[Violation]:
             )
             present = {
                 (r.settled_by, r.fence, r.last_chunk_sha256)
-                for r in filter(None, map(_decoded, ev.results.get(event.action_id, [])))
+                for r in filter(None, map(decoded_result, ev.results.get(event.action_id, [])))
             }
             if seen not in present:
                 out.append(

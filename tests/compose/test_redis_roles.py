@@ -51,7 +51,7 @@ from worker.testing.identities import (
 from worker.testing.services import ServiceHandle
 from worker.trust.approval_ledger import ApprovalRecords
 from worker.trust.responses import ResponseSigner
-from worker.trust.signing import TrustedGatewayKeys
+from worker.trust.signing import TrustedGatewayKeys, generate_keypair, write_seed_file
 
 __all__ = ["compose_nats", "compose_redis", "roles"]  # fixtures, imported so pytest finds them
 
@@ -237,9 +237,11 @@ async def test_the_open_escalations_gauge_reports_under_the_compose_roles(
         # the resolution record) and the approver's Redis user (the write-once record).
         url = roles["admin"].nc.connected_url
         assert url is not None
+        erin_key = tmp_path / "erin.nk"  # signs the resolution Envelope on the stream
+        write_seed_file(erin_key, generate_keypair().seed)
         resolved = _cli(
             "escalations", "resolve", escalation.escalation_id, "--endpoint", ENDPOINT,
-            "--as", "ops:erin", "--reason", "taken over",
+            "--as", "ops:erin", "--key", str(erin_key), "--reason", "taken over",
             env={
                 "AIPD_NATS_URL": f"nats://{url.hostname}:{url.port}",
                 "AIPD_NATS_NKEY_SEED_FILE": str(_secret_copy(tmp_path, "nats_gateway.nk")),

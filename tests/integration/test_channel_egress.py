@@ -43,6 +43,7 @@ from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
 from worker.testing.scenario import NEEDS_APPROVAL
 from worker.trust.responses import ResponseSigner
 from worker.trust.signing import generate_keypair, write_seed_file
+from worker.wire.escalations import decode_escalation
 
 CHAT = "POST /api/sessions/{session_id}/chat"
 SESSION = "desk-session"
@@ -254,7 +255,7 @@ async def test_a_5xx_answer_is_uncertain_escalated_and_not_delivered_in_a_loop(
     await asyncio.sleep(1.0)
     assert chats(stack) == 1
     escalated = await stack.stream_messages("escalations", stack.subjects.escalations(ENDPOINT))
-    assert [msgspec.json.decode(e)["action_id"] for e in escalated] == [delivered_id]
+    assert [decode_escalation(e)[0].action_id for e in escalated] == [delivered_id]
 
 
 @pytest.mark.parametrize(
@@ -454,7 +455,7 @@ async def test_an_escalation_is_delivered_as_its_stored_result_makes_it(stack: S
     paused = await (await stack.publish(source)).result(timeout_s=60)
     assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
     raised = await stack.stream_messages("escalations", stack.subjects.escalations(ENDPOINT))
-    (escalation_id,) = [msgspec.json.decode(e)["escalation_id"] for e in raised]
+    (escalation_id,) = [decode_escalation(e)[0].escalation_id for e in raised]
     delivered = await stack.client.handle(ENDPOINT, delivery_id(RULE, escalation_id)).result(
         timeout_s=30
     )

@@ -17,24 +17,28 @@ import pytest
 from schemas.escalation import Escalation, EscalationKind, EscalationResolution
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
+from worker.aip.signing import AipSigner
 from worker.commands.exit_codes import Exit
 from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
+from worker.wire.escalations import decode_escalation, decode_resolution
 
 APPROVAL_POST = "POST /v1/runs/{run_id}/approval"
 POST_RUNS = "POST /v1/runs"
 
 
 async def escalations(stack: Stack) -> list[Escalation]:
+    """Every escalation Envelope on the stream, decoded (signed or not: the tests that need
+    a trusted signature check it themselves)."""
     return [
-        msgspec.json.decode(data, type=Escalation)
+        decode_escalation(data)[0]
         for data in await stack.stream_messages("escalations", stack.subjects.escalations(ENDPOINT))
     ]
 
 
 async def resolutions(stack: Stack) -> list[EscalationResolution]:
     return [
-        msgspec.json.decode(data, type=EscalationResolution)
+        decode_resolution(data)[0]
         for data in await stack.stream_messages(
             "escalations", stack.subjects.escalation_resolutions(ENDPOINT)
         )
@@ -217,17 +221,37 @@ async def test_an_outcome_unknown_is_escalated_and_acknowledged_once(stack: Stac
     raw = msgspec.json.encode(escalation).decode()
     assert stack.fake.api_key not in raw
 
-    # An answer for approvals only is refused on a decision escalation: nothing recorded.
+    # An answer for approvals only is refused on a decision escalation: nothing recorded;
+    # so is an acknowledgement without the key that signs its resolution.
+    key = str(stack.trust.approver_seed_files[APPROVER_UNTENANTED])
     code, _, err = await resolve(
-        stack, escalation.escalation_id, "--as", "ops:erin", "--choice", "once"
+        stack, escalation.escalation_id, "--as", "ops:erin", "--key", key, "--choice", "once"
     )
     assert code == 2, err
-    code, out, err = await resolve(stack, escalation.escalation_id, "--as", "ops:erin")
+    code, _, err = await resolve(stack, escalation.escalation_id, "--as", "ops:erin")
+    assert code == 2, err
+    assert "--key" in err, err
+    assert await resolutions(stack) == []
+    code, out, err = await resolve(
+        stack, escalation.escalation_id, "--as", "ops:erin", "--key", key
+    )
     assert code == 0, err
     assert msgspec.json.decode(out, type=EscalationResolution).resolved_by == "ops:erin"
-    code, _, err = await resolve(stack, escalation.escalation_id, "--as", "ops:frank")
+    code, _, err = await resolve(
+        stack, escalation.escalation_id, "--as", "ops:frank", "--key", key
+    )
     assert code == Exit.REFUSED, err
     assert "ops:erin" in err, err
+    # The stream's copy: a handoff_completed resolution signed with the key given.
+    [copy] = await stack.stream_messages(
+        "escalations", stack.subjects.escalation_resolutions(ENDPOINT)
+    )
+    resolution, opened = decode_resolution(copy)
+    assert (resolution.resolved_by, resolution.kind.value) == ("ops:erin", "acknowledged")
+    assert opened.payload["status"] == "handoff_completed"
+    assert opened.verified is not None
+    approver = stack.trust.approver_seeds[APPROVER_UNTENANTED]
+    assert opened.verified.did == AipSigner.from_nkey_seed(approver).did
 
     code, out, err = await cli(
         stack, "escalations", "show", escalation.escalation_id, "--endpoint", ENDPOINT

@@ -29,6 +29,7 @@ from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from tests.integration.test_escalations import APPROVAL_POST, cli, escalations, resolve
 from tests.integration.test_escalations_open import _scrape, open_count, value
+from worker.aip.signing import AipSigner
 from worker.commands.exit_codes import Exit
 from worker.escalation.ledger import read_resolution
 from worker.operator.binding import decode_binding
@@ -38,6 +39,7 @@ from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL
 from worker.testing.services import free_port
 from worker.trust.signing import generate_keypair, sign_envelope
+from worker.wire.escalations import encode_escalation, encode_resolution
 
 HARMLESS = "ls -la (harmless)"
 
@@ -67,12 +69,13 @@ def forged_from(real: Escalation) -> Escalation:
 
 
 async def publish_forged(stack: Stack, forged: Escalation) -> None:
-    """Signed with a key no one trusts (an unsigned copy is refused the same way)."""
-    payload = encode(forged)
-    signature = sign_envelope(payload, generate_keypair().seed)
-    headers = {"Nats-Msg-Id": forged.escalation_id, **signature}
+    """An escalation Envelope signed with a key no one trusts (an unsigned copy is refused
+    the same way)."""
+    untrusted = AipSigner.from_nkey_seed(generate_keypair().seed)
     await stack.nc.jetstream().publish(
-        stack.subjects.escalations(ENDPOINT), payload, headers=headers
+        stack.subjects.escalations(ENDPOINT),
+        encode_escalation(forged, signer=untrusted),
+        headers={"Nats-Msg-Id": forged.escalation_id},
     )
 
 
@@ -89,7 +92,7 @@ async def test_a_forged_escalation_is_not_listed_counted_shown_or_resolvable(
     unsigned = msgspec.structs.replace(forged, escalation_id="esc_" + secrets.token_hex(16))
     await stack.nc.jetstream().publish(
         stack.subjects.escalations(ENDPOINT),
-        encode(unsigned),
+        encode_escalation(unsigned, signer=None),
         headers={"Nats-Msg-Id": unsigned.escalation_id},
     )
 
@@ -105,7 +108,7 @@ async def test_a_forged_escalation_is_not_listed_counted_shown_or_resolvable(
     )
     await stack.nc.jetstream().publish(
         stack.subjects.escalation_resolutions(ENDPOINT),
-        encode(hidden),
+        encode_resolution(hidden, signer=None),
         headers={"Nats-Msg-Id": f"{real.escalation_id}:resolved"},
     )
 

@@ -148,8 +148,10 @@ async def test_a_runs_tool_call_is_an_execute_tool_span_under_its_agent_span(
 async def test_a_takeover_links_to_the_delivery_it_took_over(
     stack: Stack, receiver: OtlpReceiver, client_spans: InMemorySpanExporter
 ) -> None:
-    # w1's event loop stalls mid-stream past its lease (its exporter thread still sends).
-    await stack.spawn("w1", fault_points="mid_stream=sleep:6", **traced(receiver, "w1"))
+    # w1's event loop stalls mid-stream for four lease TTLs (its exporter thread still
+    # sends): long enough for w2 to start and take over on a loaded machine (a CI run saw
+    # w1 wake and settle first with a 6 s stall).
+    await stack.spawn("w1", fault_points="mid_stream=sleep:12", **traced(receiver, "w1"))
     action = stack.action("operator", {"objective": f"{SLOW_REPLY} take the trace over"})
     await stack.approve(action)
     handle = await stack.client.publish(action)

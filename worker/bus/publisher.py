@@ -5,7 +5,8 @@ confirmed before the Action settles; a result is published awaited, because the 
 acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a republish after a
 crash or a retry is dropped by the server inside the duplicate window. Chunks and results are
 AIP Envelopes made by `worker.wire.chunks` / `worker.wire.results` (a result already signed
-inside, `security.signature`); DLQ entries, escalations, receipts, channel deliveries and
+inside, `security.signature`), escalations and their resolutions by `worker.wire.escalations`
+(signed inside); DLQ entries, receipts, channel deliveries and
 ingress messages are signed with the worker's key in headers when it has one
 (`worker.trust.responses`): each reader believes only what a trusted worker signed.
 """
@@ -35,9 +36,11 @@ from subjects.grammar import (
     result_msg_id,
 )
 from worker import tracing
+from worker.aip.signing import AipSigner
 from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
 from worker.wire.chunks import encode_chunk
+from worker.wire.escalations import encode_escalation, encode_resolution
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
     from worker.bus.acked_publish import AckedPublisher
@@ -246,16 +249,19 @@ class BusPublisher:
         ):
             return await self._publish(subject, stored, msg_id, headers)
 
-    async def escalation(self, escalation: Escalation) -> PubAck:
+    async def escalation(self, escalation: Escalation, *, risk: str | None = None) -> PubAck:
         """Awaited, like a result: it is published before the result it belongs to, so a
         crash in between republishes both (the id makes the copy a server-side duplicate).
-        Signed over its exact bytes: readers ignore an escalation no trusted worker signed."""
-        payload = encode(escalation)
+        An `aip.core.v1.escalation` Envelope signed by the worker's response key
+        (`worker.wire.escalations`): readers ignore one no trusted worker signed. `risk` is
+        the capability's."""
+        payload = encode_escalation(
+            escalation, signer=self.signer.aip if self.signer is not None else None, risk=risk
+        )
         return await self._publish(
             self.subjects.escalations(escalation.endpoint_id),
             payload,
             escalation.escalation_id,
-            self._signature(payload),
         )
 
     async def channel_delivery(self, delivery: ChannelDelivery) -> PubAck:
@@ -278,10 +284,15 @@ class BusPublisher:
     def _signed(self, payload: bytes) -> dict[str, str] | None:
         return self.signer.headers(payload) if self.signer is not None else None
 
-    async def escalation_resolution(self, resolution: EscalationResolution) -> PubAck:
+    async def escalation_resolution(
+        self, resolution: EscalationResolution, *, signer: AipSigner | None
+    ) -> PubAck:
+        """The stream's copy of a resolution (Redis holds the write-once record): an
+        `aip.core.v1.escalation_resolution` Envelope signed by `signer`, the key of the
+        person who resolved it (None: unsigned, development only)."""
         return await self._publish(
             self.subjects.escalation_resolutions(resolution.endpoint_id),
-            encode(resolution),
+            encode_resolution(resolution, signer=signer),
             escalation_resolution_msg_id(resolution.escalation_id),
         )
 
@@ -324,9 +335,6 @@ class BusPublisher:
                 await self._publish_async(subject, payload, headers, 0.5)
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
-
-    def _signature(self, payload: bytes) -> dict[str, str] | None:
-        return self.signer.headers(payload) if self.signer is not None else None
 
     async def _publish(
         self,

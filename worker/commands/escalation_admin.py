@@ -17,6 +17,11 @@ decision and the resolution leaves a decision for an id never published: it expi
 Resolving any **other** escalation records who acknowledged it and why (write-once in
 Redis, copied to the stream); it changes nothing else.
 
+The stream's copy of a resolution is an `aip.core.v1.escalation_resolution` Envelope
+(`worker.wire.escalations`) signed with the resolver's `--key`: the approver's key for an
+answered approval (the key that signs the decision), the acknowledging person's for any
+other. Redis stays the authority; the copy is what an AIP reader of the subject sees.
+
 Every command believes only escalations a trusted worker signed
 (`AIPD_TRUSTED_WORKER_KEYS_FILE`); one that anyone else appended to the subject is reported
 on stderr and ignored: `list` does not show it, `show` and `resolve` refuse it. What an
@@ -48,6 +53,8 @@ from schemas.escalation import (
 from schemas.ids import capability_id, new_action_id
 from schemas.operator import ApprovalChoice
 from subjects.grammar import Subjects
+from worker.aip.errors import AipWireError
+from worker.aip.signing import AipSigner
 from worker.bus.connections import approver_unreachable, open_approver_redis_for
 from worker.commands.cli_settings import (
     APPROVER_REDIS,
@@ -169,8 +176,9 @@ async def cmd_list(args: argparse.Namespace) -> int:
 
 async def _resolutions_from_redis(settings: Settings, views: list[EscalationView]) -> None:
     """Take each escalation's resolution from Redis, the write-once authority, rather than
-    from its copy on `…escalations.resolved`, which is unsigned (a forged copy would hide
-    an open escalation). When Redis cannot be read the copies are shown, with a warning."""
+    from its copy on `…escalations.resolved` (signed by whoever resolved it, but whether
+    that person may resolve is decided only when the record is written). When Redis cannot
+    be read the signed copies are shown, with a warning."""
     if not views:
         return
     redis = open_approver_redis_for(settings)
@@ -179,7 +187,7 @@ async def _resolutions_from_redis(settings: Settings, views: list[EscalationView
     except (RedisError, OSError) as exc:
         print(
             f"warning: Redis cannot be read ({type(exc).__name__}): resolutions are shown "
-            "from their unsigned copies on the stream",
+            "from their signed copies on the stream",
             file=sys.stderr,
         )
         return
@@ -247,7 +255,7 @@ async def cmd_show(args: argparse.Namespace) -> int:
     document: dict[str, Any] = {}
     redis = open_approver_redis_for(settings)
     try:
-        # Redis decides, not the stream's unsigned copy (which may also be missing: a
+        # Redis decides, not the stream's copy (which may also be missing: a
         # crash after the write-once record).
         view.resolution = await read_resolution(redis, args.escalation_id)
         approval = view.escalation.approval
@@ -404,7 +412,7 @@ async def resolve_approval(
     try:
         client = AipClient(nc, prefix=settings.subject_prefix, sign_key=sign_key)
         await client.publish(signed)
-        await _publish_resolution(nc, settings, resolution)
+        await _publish_resolution(nc, settings, resolution, approver_seed)
     finally:
         await nc.drain()
     return resolution
@@ -451,13 +459,15 @@ def _already(resolution: EscalationResolution) -> str:
 
 
 async def acknowledge(
-    settings: Settings, escalation: Escalation, *, as_principal: str, reason: str
+    settings: Settings, escalation: Escalation, *, as_principal: str, reason: str, seed: bytes
 ) -> EscalationResolution:
-    """Record who took over a non-approval escalation and why (write-once)."""
+    """Record who took over a non-approval escalation and why (write-once), and copy it to
+    the stream signed with that person's `seed`."""
     from worker.bus.connections import connect_nats_for_command
 
     if not reason.strip():
         raise ResolutionRefused("a reason is required")
+    _resolver_signer(seed)  # a key that cannot sign is refused before anything is recorded
     redis = open_approver_redis_for(settings)
     try:
         resolution = await record_resolution(
@@ -478,19 +488,29 @@ async def acknowledge(
         raise ResolutionRefused(_already(resolution))
     nc = await connect_nats_for_command(settings)
     try:
-        await _publish_resolution(nc, settings, resolution)
+        await _publish_resolution(nc, settings, resolution, seed)
     finally:
         await nc.drain()
     return resolution
 
 
 async def _publish_resolution(
-    nc: Any, settings: Settings, resolution: EscalationResolution
+    nc: Any, settings: Settings, resolution: EscalationResolution, seed: bytes
 ) -> None:
+    """Copy `resolution` to the stream as an `escalation_resolution` Envelope signed with
+    the resolver's `seed` (the key that signs their decisions)."""
     from worker.bus.publisher import BusPublisher
 
     publisher = BusPublisher(nc.jetstream(), Subjects(settings.subject_prefix), nc=nc)
-    await publisher.escalation_resolution(resolution)
+    await publisher.escalation_resolution(resolution, signer=_resolver_signer(seed))
+
+
+def _resolver_signer(seed: bytes) -> AipSigner:
+    """The resolver's nkey seed as an AIP signer; ResolutionRefused if it is not one."""
+    try:
+        return AipSigner.from_nkey_seed(seed.strip())
+    except (AipWireError, ValueError) as exc:
+        raise ResolutionRefused(f"--key is not a user nkey seed: {exc}") from None
 
 
 async def _say_pending(settings: Settings, escalation: Escalation) -> None:
@@ -540,8 +560,22 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         else:
             if args.choice is not None:
                 return _fail(EXIT_CONFIG, "--choice answers approval escalations only")
+            if args.key is None:
+                return _fail(
+                    EXIT_CONFIG,
+                    "an escalation is acknowledged with --key (your nkey seed, which signs "
+                    "the resolution published on the stream)",
+                )
+            try:
+                seed = read_seed_file(args.key, what="resolver key file (--key)")
+            except (OSError, ValueError) as exc:
+                return _fail(EXIT_CONFIG, f"--key: {exc}")
             resolution = await acknowledge(
-                settings, escalation, as_principal=args.as_principal, reason=args.reason
+                settings,
+                escalation,
+                as_principal=args.as_principal,
+                reason=args.reason,
+                seed=seed,
             )
     except (ResolutionRefused, ApprovalRefused) as exc:
         return _fail(Exit.REFUSED, str(exc))
@@ -600,7 +634,10 @@ def add_commands(subparsers: Any) -> None:
     )
     resolve.add_argument("--resolve-all", action="store_true", help="Hermes resolve_all")
     resolve.add_argument(
-        "--key", type=Path, help="the approver's nkey seed file that signs the decision"
+        "--key",
+        type=Path,
+        help="your nkey seed file: signs the decision (an approval) and the resolution "
+        "Envelope published on the stream",
     )
     resolve.add_argument(
         "--sign-key", type=Path, help="gateway nkey seed file that signs the resume Action"

@@ -239,7 +239,7 @@ def resolve_command(escalation: Escalation) -> str:
             f"{text} --as <APPROVER_ID> --key <APPROVER_SEED_FILE> --choice <{choices}> "
             '--sign-key <GATEWAY_SEED_FILE> --reason "<why>"'
         )
-    return f'{text} --as <YOUR_ID> --reason "<why>"'
+    return f'{text} --as <YOUR_ID> --key <YOUR_SEED_FILE> --reason "<why>"'
 
 
 def _waiting(item: Waiting, now: int) -> str:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,11 +99,11 @@ class EndpointEscalations:
         first = info.state.first_seq
         if last > self.read_to:
             start = max(self.read_to + 1, first)
-            for seq, data, headers in await read_subject_from(
+            for seq, data in await read_subject_from(
                 self.js, self.subject, stream=self.stream, start_seq=start,
                 limit=MAX_READ_PER_REFRESH,
             ):
-                self._take(seq, data, headers)
+                self._take(seq, data)
                 self.read_to = max(self.read_to, seq)
         # Retention dropped these: they are in no list any more, in any process.
         for escalation_id in [e for e, o in self.open.items() if o.seq < first]:
@@ -111,9 +111,9 @@ class EndpointEscalations:
         await self._forget_resolved()
         return self.read_to >= last
 
-    def _take(self, seq: int, data: bytes, headers: Mapping[str, str] | None) -> None:
+    def _take(self, seq: int, data: bytes) -> None:
         skipped = Unreadable()
-        escalation = believe_escalation(data, headers, self.trusted, skipped)
+        escalation = believe_escalation(data, self.trusted, skipped)
         self.unreadable += skipped.count
         self.unverified += len(skipped.unverified)
         if escalation is not None:

@@ -1,38 +1,45 @@
 """Reading escalations from their stream, and the write-once record of each resolution.
 
-The stream is the list (one message per escalation, `Nats-Msg-Id` = its id), but only what a
-trusted worker signed is on it as far as a reader is concerned: anyone with publish rights
-on the subject can append a message, so `read_escalations` verifies each escalation's
-signature against the trusted worker keys and sets aside (by id, with the reason) every
-one that does not verify; those are never listed, shown or resolved. Redis holds
-the authority on whether one was resolved: `SET NX` on `aip:escalations:{esc_…}:resolution`,
-so two people resolving the same escalation cannot both win. The resolution is then copied
-to the stream (`…escalations.resolved`) so `escalations list` needs only NATS.
+The stream is the list (one `aip.core.v1.escalation` Envelope per escalation, `Nats-Msg-Id`
+= its id; `worker.wire.escalations`), but only what a trusted worker signed is on it as far
+as a reader is concerned: anyone with publish rights on the subject can append a message, so
+`read_escalations` verifies each Envelope's signature against the trusted worker keys and
+sets aside (by the id it claims, with the reason) every one that does not verify; those are
+never listed, shown or resolved. Redis holds the authority on whether one was resolved:
+`SET NX` on `aip:escalations:{esc_…}:resolution`, so two people resolving the same
+escalation cannot both win. The resolution is then copied to the stream
+(`…escalations.resolved`, an `escalation_resolution` Envelope signed by the person who
+resolved it) so `escalations list` needs only NATS; a copy that is unsigned (with trusted
+keys set) or whose signature does not verify is counted as unreadable and never shown.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
 
+from schemas.errors import EnvelopeRejected
 from schemas.escalation import Escalation, EscalationResolution
 from subjects.grammar import Subjects
+from worker.aip.canonical import loads
+from worker.aip.errors import MalformedJson
 from worker.bus.stream_reads import drain
 from worker.errors import UnverifiedResponse
 from worker.store.keys import escalation_resolution_key
-from worker.trust.responses import verify_escalation
+from worker.trust.responses import read_resolution_copy, verify_escalation
 from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES
+from worker.wire.escalations import escalation_id_of
 
 #: Resolutions are kept as long as the escalations stream keeps escalations.
 RESOLUTION_TTL_MS = 30 * 86_400_000
 #: A bound on what one `list` reads (the stream's retention is the real limit).
 MAX_READ = 100_000
 
-_escalation_decoder = msgspec.json.Decoder(Escalation)
 _resolution_decoder = msgspec.json.Decoder(EscalationResolution)
 
 
@@ -61,8 +68,8 @@ class Unreadable:
         return self.count + len(self.unverified)
 
 
-#: `(stream sequence, data, headers)` of one stored message.
-Stored = tuple[int, bytes, Mapping[str, str] | None]
+#: `(stream sequence, data)` of one stored message (an Envelope carries its own signature).
+Stored = tuple[int, bytes]
 
 
 async def read_subject(js: JetStreamContext, subject: str) -> list[Stored]:
@@ -78,40 +85,52 @@ async def read_subject_from(
     start_seq: int = 1,
     limit: int = MAX_READ,
 ) -> list[Stored]:
-    """`(stream sequence, data, headers)` of the messages on `subject` from `start_seq`,
-    oldest first, at most `limit` of them (the headers carry the signature). Message gets
+    """`(stream sequence, data)` of the messages on `subject` from `start_seq`, oldest
+    first, at most `limit` of them. Message gets
     only (worker/bus/stream_reads.py): the roles that read escalations (the workers' gauge,
     the gateway credential's `escalations` commands) may create no consumer. `stream`
     unset: looked up by subject."""
     stream = stream or await js.find_stream_name_by_subject(subject)
     return [
-        (msg.seq or 0, msg.data or b"", msg.headers)
+        (msg.seq or 0, msg.data or b"")
         for msg in await drain(js, stream, subject, start_seq=start_seq, limit=limit)
     ]
 
 
 def believe_escalation(
     data: bytes,
-    headers: Mapping[str, str] | None,
     trusted: TrustedGatewayKeys | None,
     unreadable: Unreadable,
 ) -> Escalation | None:
-    """The escalation in one stored message when a trusted worker signed it (or, with no
-    trusted keys, when it decodes); else None, with the message counted in `unreadable`."""
+    """The escalation in one stored Envelope when a trusted worker signed it (or, with no
+    trusted keys, when it decodes); else None, with the message counted in `unreadable`:
+    by the escalation id its `message_id` claims when it names one, else as a count."""
     try:
-        if trusted is None:
-            return _escalation_decoder.decode(data)
-        return verify_escalation(data, headers, trusted)
-    except msgspec.DecodeError:
-        unreadable.count += 1
+        return verify_escalation(data, trusted)
     except UnverifiedResponse as exc:
-        try:
-            claimed = _escalation_decoder.decode(data).escalation_id
-        except msgspec.DecodeError:
+        claimed = _claimed_id(data)
+        if claimed is None:
             unreadable.count += 1
         else:
             unreadable.unverified.setdefault(claimed, str(exc))
     return None
+
+
+def _claimed_id(data: bytes) -> str | None:
+    """The escalation id an Envelope's `message_id` names, if it parses and names one."""
+    if len(data) > DEFAULT_MAX_ENVELOPE_BYTES:
+        return None
+    try:
+        envelope = loads(data)
+    except MalformedJson:
+        return None
+    message_id = envelope.get("message_id") if isinstance(envelope, dict) else None
+    if not isinstance(message_id, str):
+        return None
+    try:
+        return escalation_id_of(message_id)
+    except EnvelopeRejected:
+        return None
 
 
 async def read_escalations(
@@ -123,18 +142,19 @@ async def read_escalations(
     trusted: TrustedGatewayKeys | None,
 ) -> list[EscalationView]:
     """Every escalation of an endpoint still on the stream that a trusted worker signed
-    (`trusted` None: every one that decodes, development only), with its resolution if any."""
+    (`trusted` None: every one that decodes, development only), with its resolution copy
+    if a signed one is on the stream (`trusted` None: an unsigned one too)."""
     views: dict[str, EscalationView] = {}
-    for _, data, headers in await read_subject(js, subjects.escalations(endpoint_id)):
-        escalation = believe_escalation(data, headers, trusted, unreadable)
+    for _, data in await read_subject(js, subjects.escalations(endpoint_id)):
+        escalation = believe_escalation(data, trusted, unreadable)
         if escalation is not None:
             views.setdefault(escalation.escalation_id, EscalationView(escalation))
     for escalation_id in views:
         unreadable.unverified.pop(escalation_id, None)  # a trusted copy is on the stream
-    for _, data, _ in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
+    for _, data in await read_subject(js, subjects.escalation_resolutions(endpoint_id)):
         try:
-            resolution = _resolution_decoder.decode(data)
-        except msgspec.DecodeError:
+            resolution = read_resolution_copy(data, signed=trusted is not None)
+        except UnverifiedResponse:
             unreadable.count += 1
             continue
         view = views.get(resolution.escalation_id)
@@ -166,7 +186,7 @@ async def read_resolutions(
     redis: Any, escalation_ids: Sequence[str]
 ) -> list[EscalationResolution | None]:
     """Each escalation's write-once resolution (None: open), in one pipelined round trip:
-    Redis decides, never the unsigned copy on `…escalations.resolved`."""
+    Redis decides, never the copy on `…escalations.resolved`."""
     if not escalation_ids:
         return []
     pipe = redis.pipeline(transaction=False)

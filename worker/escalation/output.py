@@ -9,6 +9,7 @@ channel output after it can deliver the escalation too (`Owed.escalation`).
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 from worker.bus.publisher import BusPublisher
 from worker.escalation.build import escalation_for
@@ -23,9 +24,19 @@ class EscalationOutput:
 
     fault_point = "after_escalation"
 
-    def __init__(self, publisher: BusPublisher, metrics: Metrics, *, approval_ttl_ms: int) -> None:
+    def __init__(
+        self,
+        publisher: BusPublisher,
+        metrics: Metrics,
+        *,
+        approval_ttl_ms: int,
+        risk_of: Callable[[str], str | None] | None = None,
+    ) -> None:
         self.publisher = publisher
         self.metrics = metrics
+        #: The risk of a capability id (the escalation's `risk`, aip-1.0-wire.md §7.7);
+        #: None, or a capability it does not know: the escalation names no risk.
+        self.risk_of = risk_of
         #: How long a paused run keeps its place (the operator timeout): the approval's TTL.
         self.approval_ttl_ms = approval_ttl_ms
 
@@ -34,7 +45,8 @@ class EscalationOutput:
         escalation = escalation_for(result, action, approval_ttl_ms=self.approval_ttl_ms)
         if escalation is None:
             return
-        await self.publisher.escalation(escalation)
+        risk = self.risk_of(escalation.capability) if self.risk_of is not None else None
+        await self.publisher.escalation(escalation, risk=risk)
         owed.escalation = escalation
         if owed.republished:
             return

@@ -9,8 +9,10 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
   (`security.signature`, the same key as a `did:key`: `worker.wire.results`), whose
   `last_chunk_sha256` is the hash of the Action's last chunk;
 * every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
-* every Escalation, so a reader (`escalations list | show | resolve`, the `escalations_open`
-  gauge) ignores one that anyone with publish rights on the escalations subject forged;
+* every Escalation, as an AIP `escalation` Envelope with an AIP signature
+  (`worker.wire.escalations`), so a reader (`escalations list | show | resolve`, the
+  `escalations_open` gauge) ignores one that anyone with publish rights on the escalations
+  subject forged;
 * audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
   segment's last is signed), so `audit` excludes a receipt another role appended.
 * every ChannelDelivery and every ingress ChannelMessage (docs/channels.md), so the egress
@@ -44,7 +46,7 @@ from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
 from schemas.dlq import dlq_material
 from schemas.errors import EnvelopeRejected, ErrorCode
-from schemas.escalation import Escalation
+from schemas.escalation import Escalation, EscalationResolution
 from schemas.result import ActionResult
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner, VerifiedEnvelope
@@ -65,11 +67,11 @@ from worker.trust.signing import (
 )
 from worker.wire.chunks import decode_chunk
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened
+from worker.wire.escalations import decode_escalation, decode_resolution
 from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
 
-_escalation_decoder = msgspec.json.Decoder(Escalation)
 _receipt_decoder = msgspec.json.Decoder(Receipt)
 
 _UNSIGNED_WARNING = (
@@ -243,12 +245,38 @@ def verify_dlq_entry(
 
 
 def verify_escalation(
-    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
+    data: bytes,
+    trusted: TrustedGatewayKeys | None,
+    *,
+    max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
 ) -> Escalation:
-    """The escalation in `payload` when a trusted worker key signed exactly these bytes;
-    raises `UnverifiedResponse` (forged or unsigned) or `msgspec.DecodeError` (not one)."""
-    _verify(payload, headers or {}, trusted)
-    return _escalation_decoder.decode(payload)
+    """The escalation in the Envelope `data` when a trusted worker key signed it (`trusted`
+    None: any well-formed one, signed or not, development only). UnverifiedResponse for
+    anything else: an Envelope that is not one of our escalations, one whose signature does
+    not verify, an unsigned one, or one another key signed."""
+    try:
+        escalation, opened = decode_escalation(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"escalation: {exc.reason}") from None
+    if trusted is not None:
+        check_worker_signed(opened, trusted, what="escalation")
+    return escalation
+
+
+def read_resolution_copy(
+    data: bytes, *, signed: bool, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> EscalationResolution:
+    """The resolution in the Envelope `data` (a copy on `…escalations.resolved`; the
+    write-once record in Redis decides). Its signature, when present, must verify, and
+    with `signed` it must be present: UnverifiedResponse otherwise. Who may resolve is
+    not decided here: the copy is only ever shown, never acted on."""
+    try:
+        resolution, opened = decode_resolution(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"resolution: {exc.reason}") from None
+    if signed and opened.verified is None:
+        raise UnverifiedResponse("resolution signature: the Envelope is unsigned")
+    return resolution
 
 
 def verify_receipt(

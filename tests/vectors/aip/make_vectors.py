@@ -221,6 +221,9 @@ EXT = "org.aip-hermes-worker"
 #: Which upstream seed signs which message type (README: seeds 21/22 are the gateway
 #: tests' keys, 92 the peer that answers in the same tests).
 ACTION_SEED, MINIMAL_ACTION_SEED, WORKER_SEED = 21, 22, 92
+#: The person who resolves an escalation (signs the resolution with their approver key).
+RESOLVER = {"id": "ops:erin", "kind": "human"}
+RESOLVER_SEED = 91
 
 
 def canonical(value: Any) -> bytes:
@@ -568,6 +571,122 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     manifest, manifest_bytes = signed(manifest, WORKER_SEED)
+    escalation = frame(
+        "aip.core.v1.escalation",
+        0xE501,
+        WORKER,
+        body={
+            "escalation": {
+                "kind": "approval",
+                "reason": "Answer the provider's approval prompt",
+                "requested_by": {"id": "worker-h1-1", "kind": "service"},
+                "form": {
+                    "status": "requires_human",
+                    "uncertain_outcome": False,
+                    "decision": "Answer the provider's approval prompt",
+                    "runbook": "docs/runbook.md#requires-human",
+                    "evidence": ["aip-hermes-worker result " + ACTION_ID + " --endpoint h1"],
+                    "principal": {"principal_id": "user:demo", "principal_kind": "user"},
+                    "approval": {
+                        "source_action_id": ACTION_ID,
+                        "approval_generation": 1,
+                        "run_id": "run_h1_1",
+                        "prompt": {"event": "approval.request"},
+                        "choices": ["once", "session", "deny"],
+                    },
+                },
+                "risk": "high",
+                "timeout_ms": 900000,
+                "allowed_decisions": ["approve", "reject"],
+            }
+        },
+        extensions={
+            EXT: {
+                "action_id": ACTION_ID,
+                "endpoint_id": "h1",
+                "capability": "cap:hermes_agent:h1:operator",
+                "fence": 1,
+                "raised_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    escalation, escalation_bytes = signed(escalation, WORKER_SEED)
+    decision = frame(
+        "aip.core.v1.escalation",
+        0xE502,
+        WORKER,
+        body={
+            "escalation": {
+                "kind": "policy_exception",
+                "reason": "the run may have started: POST /v1/runs got no answer",
+                "requested_by": {"id": "worker-h1-1", "kind": "service"},
+                "form": {
+                    "status": "failed",
+                    "code": "connector.hermes_agent.operator_outcome_unknown",
+                    "uncertain_outcome": True,
+                    "decision": "Never replay POST /v1/runs; reconcile with the run owner",
+                    "runbook": "docs/runbook.md#operator_outcome_unknown",
+                    "evidence": [],
+                    "principal": {"principal_id": "user:demo", "principal_kind": "user"},
+                },
+                "allowed_decisions": ["handoff"],
+            }
+        },
+        extensions={
+            EXT: {
+                "action_id": MINIMAL_ACTION_ID,
+                "endpoint_id": "h1",
+                "capability": "cap:hermes_agent:h1:operator",
+                "fence": 2,
+                "raised_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    decision, decision_bytes = signed(decision, WORKER_SEED)
+    resolution = frame(
+        "aip.core.v1.escalation_resolution",
+        0xE503,
+        RESOLVER,
+        in_response_to=escalation["message_id"],
+        body={
+            "escalation_resolution": {
+                "status": "approved",
+                "resolved_by": dict(RESOLVER),
+                "resolved_at": SENT_AT,
+                "result": {
+                    "reason": "checked the command with the owner",
+                    "choice": "once",
+                    "resume_action_id": "act_0000000000000000000000000000a003",
+                },
+            }
+        },
+        extensions={
+            EXT: {"action_id": ACTION_ID, "endpoint_id": "h1", "resolved_at_unix_ms": T0_MS}
+        },
+    )
+    resolution, resolution_bytes = signed(resolution, RESOLVER_SEED)
+    handoff = frame(
+        "aip.core.v1.escalation_resolution",
+        0xE504,
+        RESOLVER,
+        in_response_to=decision["message_id"],
+        body={
+            "escalation_resolution": {
+                "status": "handoff_completed",
+                "resolved_by": dict(RESOLVER),
+                "resolved_at": SENT_AT,
+                "result": {"reason": "taken over; the run owner reconciles"},
+            }
+        },
+        extensions={
+            EXT: {
+                "action_id": MINIMAL_ACTION_ID,
+                "endpoint_id": "h1",
+                "resolved_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    handoff, handoff_bytes = signed(handoff, RESOLVER_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -638,6 +757,36 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 WORKER_SEED,
                 manifest,
                 manifest_bytes,
+            ),
+        ],
+        "aip.core.v1.escalation": [
+            entry(
+                "an approval escalation: message_id = msg_ + the escalation id's hex, the "
+                "choices in form, once/session → approve and deny → reject",
+                WORKER_SEED,
+                escalation,
+                escalation_bytes,
+            ),
+            entry(
+                "an uncertain outcome for an operator: policy_exception, a handoff",
+                WORKER_SEED,
+                decision,
+                decision_bytes,
+            ),
+        ],
+        "aip.core.v1.escalation_resolution": [
+            entry(
+                "the approval answered once, signed by the approver, in_response_to the "
+                "escalation's message_id",
+                RESOLVER_SEED,
+                resolution,
+                resolution_bytes,
+            ),
+            entry(
+                "the uncertain outcome acknowledged: handoff_completed",
+                RESOLVER_SEED,
+                handoff,
+                handoff_bytes,
             ),
         ],
     }
@@ -846,6 +995,66 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("agent", "kind"), "bot"),
             ),
         ],
+        "aip.core.v1.escalation": [
+            ("unknown field at the top level", "check_envelope", top("escalation_id", "esc_1")),
+            (
+                "unknown field in the body: action_id belongs in our extension",
+                "open_body",
+                put(("action_id",), ACTION_ID),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("approval")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "0.9")),
+            (
+                "null for an absent optional (conversation): the signature breaks upstream",
+                "signed_form",
+                put(("conversation",), None),
+            ),
+            (
+                "missing required field body.escalation.requested_by",
+                "open_body",
+                drop("requested_by"),
+            ),
+            (
+                "wrong enum value: kind `decision` (AIP says `policy_exception`)",
+                "open_body",
+                put(("kind",), "decision"),
+            ),
+            (
+                "wrong enum value in allowed_decisions: our choice `once`",
+                "open_body",
+                put(("allowed_decisions",), ["once"]),
+            ),
+        ],
+        "aip.core.v1.escalation_resolution": [
+            ("unknown field at the top level", "check_envelope", top("escalation_id", "esc_1")),
+            (
+                "unknown field in the body: our old name `kind`",
+                "open_body",
+                put(("kind",), "answered"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("resolution")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.0.0")),
+            (
+                "null for an absent optional (result): the signature breaks upstream",
+                "signed_form",
+                put(("result",), None),
+            ),
+            (
+                "missing required field body.escalation_resolution.resolved_at",
+                "open_body",
+                drop("resolved_at"),
+            ),
+            (
+                "wrong enum value: status `answered` (ours; AIP says `approved`)",
+                "open_body",
+                put(("status",), "answered"),
+            ),
+            (
+                "resolved_by as our bare string, not a Principal",
+                "open_body",
+                put(("resolved_by",), "ops:erin"),
+            ),
+        ],
     }
 
 
@@ -857,6 +1066,8 @@ _BASES = {
     "aip.core.v1.action_result": 0,
     "aip.core.v1.stream_chunk": 0,
     "aip.core.v1.error": 0,
+    "aip.core.v1.escalation": 0,
+    "aip.core.v1.escalation_resolution": 0,
 }
 
 
