@@ -5,8 +5,9 @@ the few places where this project is deliberately stricter (shared/reference/aip
 One row per operation holds what differs between operations; `contract` derives the rest
 by the reference connector's rules (idempotency scope and TTL, retry safety, PII and
 redaction, SLA, approval policy, compensation), so the two cannot drift apart row by row.
-Issue #25 puts these on the wire (the manifest answer); until then the catalog is checked
-against the reference rules by tests/unit/test_capability_catalog.py.
+The registry's specs are read from these rows (worker/operations/specs.py) and the manifest
+publishes each row's contract (worker/wire/manifests.py); tests/unit/test_capability_catalog.py
+checks the rows against the reference rules.
 """
 
 from __future__ import annotations
