@@ -20,7 +20,7 @@ from schemas.codec import encode
 from schemas.delegation import DelegationRequest
 from schemas.errors import CODE_RULES, EnvelopeRejected, ErrorCategory, ErrorCode, ProtocolError
 from schemas.ids import capability_id, new_action_id
-from schemas.manifest import CapabilityEntry, CapabilityManifest, Risk
+from schemas.manifest import Risk
 from schemas.operator import (
     ApprovalChoice,
     OperatorInput,
@@ -38,8 +38,6 @@ __all__ = [
     "ActionResult",
     "ApprovalChoice",
     "ApprovalRef",
-    "CapabilityEntry",
-    "CapabilityManifest",
     "ChunkKind",
     "DataChunk",
     "DelegationRef",

@@ -22,7 +22,6 @@ from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.delegation import DelegationRequest
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
-from schemas.manifest import CapabilityManifest
 from schemas.operator import OperatorInputSchema, OperatorOutput
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -34,7 +33,6 @@ EXPORTED: dict[str, Any] = {
     "DelegationRequest": DelegationRequest,
     "QueueRecord": QueueRecord,
     "LifecycleRecord": LifecycleRecord,
-    "CapabilityManifest": CapabilityManifest,
     "Receipt": Receipt,
     "ChannelDelivery": ChannelDelivery,
     "ChannelMessage": ChannelMessage,

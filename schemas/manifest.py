@@ -1,12 +1,10 @@
-"""The capability manifest a worker answers on `aip.hermes.{endpoint}.manifest` and `$SRV`.
+"""The operator's operation contract (spec "Operation contract") and the risk levels of the
+internal operation specs.
 
-Every entry declares its route, risk, approval, idempotency, timeout, input schema and the
-execution modes it offers (an Action asking for another mode is refused before anything is
-sent). A capability whose spec publishes a whole operation contract (the operator, spec
-"Operation contract") carries it in `contract`: kind and stability, side effects, data
-handling, expected completion and latency, transaction and compensation, idempotency and
-approval policy, queue-delay and availability hints, the output schema and its principal.
-The hints are declarations, not observed performance.
+What travels on `aip.hermes.{endpoint}.manifest` is the AIP manifest
+(`worker/wire/manifests.py`, `schemas.aip.manifest`); the operator's contract here supplies
+its `output_schema` there, the catalog (`worker/operations/catalog.py`) every capability's
+CapabilityContract.
 """
 
 from __future__ import annotations
@@ -118,38 +116,3 @@ class OperationContract(WireStruct, kw_only=True, frozen=True):
     output_schema: dict[str, Any]
     #: The AIP principal this capability owns, e.g. `agent:hermes_operator:{endpoint}`.
     principal: str | None = None
-
-
-class CapabilityEntry(WireStruct, kw_only=True, frozen=True):
-    capability: str
-    operation: str
-    method: str
-    #: The Hermes route template, e.g. `/v1/runs/{run_id}`.
-    route: str
-    read_only: bool
-    risk: Risk
-    approval_required: bool
-    idempotency_required: bool
-    streaming: bool
-    timeout_ms: int
-    input_schema: dict[str, Any]
-    #: The `Action.mode`s this capability offers; any other is refused
-    #: (`configuration_or_input`) before anything is sent.
-    execution_modes: list[Mode]
-    #: A cancel request (`aip.hermes.{endpoint}.cancel`) is honoured while it runs.
-    cancellable: bool
-    contract: OperationContract | None = None
-
-
-class CapabilityManifest(WireStruct, kw_only=True, frozen=True):
-    endpoint_id: str
-    worker_version: str
-    capabilities: list[CapabilityEntry]
-    #: The tenant the endpoint is bound to: it admits only Actions whose verified tenant is
-    #: this one. None: it serves every tenant.
-    tenant_id: str | None = None
-    #: When the binding expires (Unix ms); from then on the endpoint admits nothing.
-    tenant_expires_at_unix_ms: int | None = None
-    #: Bound to no tenant and shared between tenants: only then does an unbound endpoint
-    #: admit an Action carrying a tenant, and it partitions its ids per tenant.
-    shared: bool = False

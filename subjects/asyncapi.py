@@ -150,9 +150,11 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "manifest",
         "{prefix}.hermes.{endpoint}.manifest",
-        "CapabilityManifest",
+        "aip.discovery.v1.manifest_response",
         None,
-        "Core NATS request/reply (also NATS micro $SRV): the capability manifest.",
+        "Core NATS request/reply (also NATS micro $SRV): an `aip.discovery.v1.manifest_request` "
+        "Envelope in, the signed `aip.discovery.v1.manifest_response` Envelope out (an "
+        "`aip.core.v1.error` Envelope for a request that is not readable).",
         "worker",
     ),
 )

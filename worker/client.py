@@ -45,6 +45,7 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
+from schemas.aip.manifest import ManifestRequest
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.channel import ChannelMessage
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
@@ -63,6 +64,7 @@ from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
+from worker.operations.catalog import default_mode
 from worker.trust.responses import (
     ChunkChain,
     ChunkSequencer,
@@ -81,6 +83,7 @@ from worker.wire.cancels import (
     encode_cancel,
     requester_principal,
 )
+from worker.wire.manifests import decode_manifest_response, encode_manifest_request
 
 #: How long a cancel waits for its Action to settle unless told otherwise, and how much
 #: longer than that the request waits for the worker's answer.
@@ -329,7 +332,7 @@ class AipClient:
         tenant_id: str | None = None,
         credential_revision: int | None = None,
         authentication_issuer: str | None = None,
-        mode: Mode = Mode.ASYNC,
+        mode: Mode | None = None,
         idempotency_key: str | None = None,
         timeout_ms: int | None = None,
         deadline_unix_ms: int | None = None,
@@ -337,6 +340,8 @@ class AipClient:
         approval_decision_id: str | None = None,
         action_id: str | None = None,
     ) -> Action:
+        """An Action for `operation`; without `mode`, the one the operation takes by default
+        (`stream` for a streaming twin such as `chat_stream`, `async` otherwise)."""
         action_id = action_id or new_action_id()
         return Action(
             id=action_id,
@@ -350,7 +355,7 @@ class AipClient:
                 credential_revision=credential_revision,
             ),
             created_at_unix_ms=time.time_ns() // 1_000_000,
-            mode=mode,
+            mode=default_mode(operation) if mode is None else mode,
             idempotency_key=idempotency_key or action_id,
             timeout_ms=timeout_ms,
             deadline_unix_ms=deadline_unix_ms,
@@ -667,10 +672,23 @@ class AipClient:
                 last = message.message_id
                 yield message
 
-    async def manifest(self, endpoint_id: str) -> dict[str, Any]:
-        reply = await self.nc.request(self.subjects.manifest(endpoint_id), b"", timeout=5.0)
-        decoded: dict[str, Any] = msgspec.json.decode(reply.data)
-        return decoded
+    async def manifest(
+        self, endpoint_id: str, request: ManifestRequest | None = None
+    ) -> dict[str, Any]:
+        """The endpoint's AIP manifest (`aip.discovery.v1.manifest_response`), as the worker
+        sent it: the capabilities `request`'s filter selects (all without one). The request
+        is signed with the client's key when it has one; the answer must be signed by a
+        trusted worker key when the client has worker keys (UnverifiedResponse otherwise,
+        and for an error answer or anything unreadable)."""
+        data = encode_manifest_request(request, sender=self.sender, signer=self.aip_signer())
+        reply = await self.nc.request(self.subjects.manifest(endpoint_id), data, timeout=5.0)
+        try:
+            _, opened = decode_manifest_response(reply.data, max_bytes=self.max_envelope_bytes)
+        except EnvelopeRejected as exc:
+            raise UnverifiedResponse(f"manifest: {exc.reason}") from None
+        if self.trusted_worker_keys is not None:
+            check_worker_signed(opened, self.trusted_worker_keys, what="manifest")
+        return dict(opened.payload)
 
 
 @dataclass(frozen=True, slots=True)

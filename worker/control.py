@@ -27,10 +27,9 @@ from nats.micro.request import Request
 from nats.micro.service import Service
 
 from schemas.aip.extensions import CancelFacts
+from schemas.aip.manifest import Manifest
 from schemas.audit import ReceiptEvent
-from schemas.codec import encode
 from schemas.errors import EnvelopeRejected, ErrorCode
-from schemas.manifest import CapabilityManifest
 from worker import __version__, tracing
 from worker.aip.signing import AipSigner
 from worker.endpoints import Endpoint
@@ -47,7 +46,15 @@ from worker.wire.cancels import (
     encode_error,
     open_cancel,
 )
-from worker.wire.envelopes import ReplyRecipe, sent_at_ms
+from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, ReplyRecipe, sent_at_ms
+from worker.wire.manifests import (
+    EndpointFacts,
+    build_manifest,
+    decode_manifest_request,
+    encode_manifest_error,
+    encode_manifest_response,
+    select,
+)
 from worker.wire.results import decode_result
 
 if TYPE_CHECKING:
@@ -85,18 +92,28 @@ SETTLE_POLL_MAX_S = 0.5
 STOP_WAITS_S = 2.0
 
 
-def manifest_of(registry: Registry, endpoint: Endpoint) -> CapabilityManifest:
-    """The endpoint's manifest, with its tenant binding: the gateway lists a bound endpoint
-    only to the tenant this worker admits (worker.trust.tenancy)."""
+def manifest_of(
+    registry: Registry,
+    endpoint: Endpoint,
+    *,
+    actions_subject: str,
+    max_envelope_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+    idempotency_ttl_ms: int | None = None,
+) -> Manifest:
+    """The endpoint's AIP manifest, with its tenant binding: the gateway lists a bound
+    endpoint only to the tenant this worker admits (worker.trust.tenancy)."""
     descriptor = endpoint.descriptor
-    return CapabilityManifest(
+    facts = EndpointFacts(
         endpoint_id=endpoint.id,
+        actions_subject=actions_subject,
         worker_version=__version__,
-        capabilities=registry.manifest(endpoint.id),
         tenant_id=descriptor.tenant_id,
         tenant_expires_at_unix_ms=descriptor.tenant_expires_at_unix_ms,
         shared=descriptor.shared,
+        max_envelope_bytes=max_envelope_bytes,
+        idempotency_ttl_ms=idempotency_ttl_ms,
     )
+    return build_manifest([op.spec for op in registry.operations.values()], facts)
 
 
 class ControlPlane:
@@ -118,7 +135,13 @@ class ControlPlane:
         #: Cancel replies waiting for their Action to settle (`MAX_CANCEL_WAITS`).
         self._waits: set[asyncio.Task[None]] = set()
         self._manifests = {
-            endpoint_id: encode(manifest_of(rt.registry, served.endpoint))
+            endpoint_id: manifest_of(
+                rt.registry,
+                served.endpoint,
+                actions_subject=rt.subjects.actions(endpoint_id),
+                max_envelope_bytes=rt.settings.max_envelope_bytes,
+                idempotency_ttl_ms=rt.settings.effective_idempotency_ttl_ms,
+            )
             for endpoint_id, served in rt.endpoints.items()
         }
 
@@ -161,9 +184,33 @@ class ControlPlane:
 
     def _manifest_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
-            await request.respond(self._manifests[endpoint_id])
+            await request.respond(self.answer_manifest(endpoint_id, request.data))
 
         return handle
+
+    def answer_manifest(self, endpoint_id: str, data: bytes) -> bytes:
+        """The signed answer to one manifest request: a `manifest_response` with the
+        capabilities its filter selects, or an `aip.core.v1.error` for a request that is not
+        a readable `manifest_request` Envelope (or whose signature does not verify). An
+        unsigned request is answered: the manifest is what every worker publishes in `$SRV`
+        to anyone on the bus, and the answer itself is signed."""
+        signer = self.rt.publisher.signer
+        aip_signer = signer.aip if signer is not None else None
+        try:
+            asked, opened = decode_manifest_request(
+                data, max_bytes=self.rt.settings.max_envelope_bytes
+            )
+        except EnvelopeRejected as exc:
+            error = protocol_error(exc.code, exc.reason, endpoint_id=endpoint_id, read_only=True)
+            return encode_manifest_error(
+                error, endpoint_id=endpoint_id, signer=aip_signer, request=None
+            )
+        return encode_manifest_response(
+            select(self._manifests[endpoint_id], asked),
+            endpoint_id=endpoint_id,
+            signer=aip_signer,
+            request=opened,
+        )
 
     def _cancel_handler(self, endpoint_id: str) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:

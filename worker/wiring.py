@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from worker.control import BindingCancelHook
 from worker.operations.base import Registry
+from worker.operations.catalog import BY_NAME as CATALOG
 from worker.operations.registry import default_registry
 from worker.pipeline.runtime import Gate
 from worker.settings import Settings
@@ -19,7 +20,8 @@ if TYPE_CHECKING:
 
 
 def build_registry(settings: Settings) -> Registry:
-    """Every Hermes route, plus the governed operator under the deployment's policy."""
+    """Every Hermes route, plus the governed operator under the deployment's policy: exactly
+    the catalog's 35 capabilities (worker/operations/catalog.py)."""
     from worker.operator import HermesOperatorPolicy, operator_operation
 
     registry = default_registry(settings)
@@ -29,6 +31,11 @@ def build_registry(settings: Settings) -> Registry:
             idempotency_ttl_ms=settings.effective_idempotency_ttl_ms,
         )
     )
+    published = set(registry.operations)
+    if published != set(CATALOG):
+        # A build that serves another set than the catalog's would publish a manifest the
+        # reference connector's callers cannot rely on: refuse to start.
+        raise ValueError(f"registry and catalog disagree: {sorted(published ^ set(CATALOG))}")
     return registry
 
 

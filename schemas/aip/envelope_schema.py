@@ -64,6 +64,11 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "request/reply) to cancel one Action, signed by the publisher (the gateway key) as the "
     "requester (`from`); answered by an `action_result` or an `error` Envelope signed by the "
     "worker's response key.",
+    "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
+    "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
+    "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "
+    "`aip.hermes.{endpoint}.manifest`, signed by the worker's response key; our facts with "
+    "no AIP field are in `manifest.extensions[\"org.aip-hermes-worker\"]`.",
 }
 
 #: RFC 3339 date-time as the Envelope rules read it (`worker.aip.envelope`): upper-case `T`

@@ -8,7 +8,7 @@ Operations, chosen by the campaign's seeded `random.Random`:
 * `approval_objective`: an objective whose agent asks for approval (result
   `requires_human`), then one or two approved resume Actions for it (two compete for the
   same approval generation: at most one may be applied).
-* `chat`: a streamed `chat_completions` turn (unsafe, no approval needed).
+* `chat`: a `chat_stream` turn (unsafe, no approval needed).
 * `approval_objective` is sometimes answered by one forged resume instead: its approval
   record is signed by a key the approval authority does not name, or carries no signature
   (`forged_resume`); no genuine resume answers that prompt, so any approval Hermes sees
@@ -234,8 +234,8 @@ class Workload:
     async def _chat(self) -> None:
         action_id = new_action_id()
         action = self.stack.action(
-            "chat_completions",
-            {"messages": [{"role": "user", "content": f"chaos chat {action_id}"}], "stream": True},
+            "chat_stream",
+            {"messages": [{"role": "user", "content": f"chaos chat {action_id}"}]},
             action_id=action_id,
             timeout_ms=ACTION_TIMEOUT_MS,
         )

@@ -477,7 +477,7 @@ async def test_a_worker_with_the_worker_credential_completes_a_gateway_action(
             receipts = await client.receipts(ENDPOINT, action.id)
             assert "settled" in [r.event.value for r in receipts]
             manifest = await client.manifest(ENDPOINT)
-            assert manifest["endpoint_id"] == ENDPOINT
+            assert manifest["compatibility"]["endpoints"] == [ENDPOINT]
             assert encode(action)  # the Action the gateway signed is what the worker ran
         finally:
             await asyncio.to_thread(worker.terminate, 20.0)

@@ -60,10 +60,10 @@ async def test_capabilities_are_paged_and_schemas_come_only_when_asked(
     full_bytes = len(json.dumps(whole.document))
 
     entries, pages, largest = await _pages(gs, limit=10)
-    assert [e["capability"] for e in entries] == [e["capability"] for e in everything]
+    assert [e["id"] for e in entries] == [e["id"] for e in everything]
     assert pages == -(-len(everything) // 10)
     assert all("input_schema" not in e and "contract" not in e for e in entries)
-    assert all(e["endpoint_id"] == "h1" and "read_only" in e for e in entries)
+    assert all(e["endpoint_id"] == "h1" and "risk" in e and e["bindings"] for e in entries)
     lean_bytes = sum(
         len(json.dumps(e)) for e in entries
     )  # what a caller reading every page gets, schemas left out
@@ -72,7 +72,7 @@ async def test_capabilities_are_paged_and_schemas_come_only_when_asked(
     one = await call_tool(
         gs.url, H1_TOKEN, "aip_capabilities", {"prefix": MODELS, "include_schemas": True}
     )
-    assert [e["capability"] for e in one.document["capabilities"]] == [MODELS]
+    assert [e["id"] for e in one.document["capabilities"]] == [MODELS]
     assert "input_schema" in one.document["capabilities"][0]
     print(
         f"aip_capabilities, one endpoint, {len(everything)} capabilities: "

@@ -329,7 +329,7 @@ async def test_a_principals_allowlists_are_checked_before_enqueue_and_shape_the_
 
     listed = await call_tool(url, tokens["models_only"], "aip_capabilities")
     assert not listed.is_error, listed.document
-    assert {c["capability"] for c in listed.document["capabilities"]} == {
+    assert {c["id"] for c in listed.document["capabilities"]} == {
         "cap:hermes_agent:h1:models"
     }
     other_endpoint = await call_tool(url, tokens["h2_only"], "aip_capabilities")

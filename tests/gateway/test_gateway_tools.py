@@ -155,7 +155,7 @@ async def test_capabilities_lists_what_the_workers_serve_and_the_routes_admit(
 ) -> None:
     answer = await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities", {"limit": 200})
     assert not answer.is_error, answer.document
-    ids = {c["capability"] for c in answer.document["capabilities"]}
+    ids = {c["id"] for c in answer.document["capabilities"]}
     assert MODELS in ids
     assert all(c["endpoint_id"] == "h1" for c in answer.document["capabilities"])
     assert "cap:hermes_agent:{endpoint}:" in answer.document["routes"]
@@ -189,7 +189,7 @@ async def test_capabilities_of_an_endpoint_bound_to_a_tenant_are_listed_to_that_
     assert tenant_a == {"h1", "ha"}
     listed = await call_tool(gs.url, TENANT_A_TOKEN, "aip_capabilities", {"limit": 200})
     bound = [c for c in listed.document["capabilities"] if c["endpoint_id"] == "ha"]
-    assert "cap:hermes_agent:ha:models" in {c["capability"] for c in bound}
+    assert "cap:hermes_agent:ha:models" in {c["id"] for c in bound}
     # Tenant B, and a principal without a tenant, are refused by `ha`: never offered it.
     assert await endpoints_listed(OTHER_TENANT_TOKEN) == {"h1"}
     assert await endpoints_listed(H1_TOKEN) == {"h1"}

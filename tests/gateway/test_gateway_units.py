@@ -137,21 +137,35 @@ def test_a_principals_allowlists_admit_only_what_they_name(tmp_path: Path) -> No
             Principals.load(path)
 
 
+def _manifest(tenant_id: str | None, ours: dict[str, object]) -> dict[str, object]:
+    """The parts of an AIP manifest the tenancy check reads, written as the reference
+    places them: the binding in `compatibility.tenant_bound_endpoints`, ours in the
+    extension."""
+    bound = [] if tenant_id is None else [{"endpoint_id": "h1", "tenant_id": tenant_id}]
+    return {
+        "compatibility": {"tenant_bound_endpoints": bound},
+        "extensions": {"org.aip-hermes-worker": ours},
+    }
+
+
 @pytest.mark.parametrize(
     ("manifest", "tenant", "offered"),
     [
-        ({"tenant_id": None, "shared": False}, "acme", False),  # unbound, not shared
-        ({"tenant_id": None, "shared": False}, None, True),
-        ({"tenant_id": None, "shared": True}, "acme", True),
-        ({"tenant_id": None}, "acme", True),  # a worker that predates `shared`
-        ({"tenant_id": None, "shared": "yes"}, "acme", False),  # malformed: hidden
-        ({"tenant_id": "acme", "shared": False}, "acme", True),
-        ({"tenant_id": "acme", "shared": False}, "globex", False),
+        (_manifest(None, {"shared": False}), "acme", False),  # unbound, not shared
+        (_manifest(None, {"shared": False}), None, True),
+        (_manifest(None, {"shared": True}), "acme", True),
+        (_manifest(None, {}), "acme", False),  # no `shared`: not shared (fail closed)
+        (_manifest(None, {"shared": "yes"}), "acme", False),  # malformed: hidden
+        (_manifest("acme", {"shared": False}), "acme", True),
+        (_manifest("acme", {"shared": False}), "globex", False),
+        (_manifest("acme", {"tenant_expires_at_unix_ms": 999}), "acme", False),  # expired
+        ({"compatibility": {"tenant_bound_endpoints": [{"tenant_id": 7}]}}, "acme", False),
     ],
 )
 def test_the_gateway_offers_an_endpoint_only_to_tenants_its_worker_admits(
     manifest: dict[str, object], tenant: str | None, offered: bool
 ) -> None:
-    """The gateway reads the manifest's `shared` as the worker's tenancy check does, so it
-    never offers an unbound, unshared endpoint to a tenant principal (issue 24, item 5)."""
+    """The gateway reads the AIP manifest's binding and `shared` as the worker's tenancy
+    check does, so it never offers an unbound, unshared endpoint to a tenant principal
+    (issue 24, item 5)."""
     assert _serves_tenant(manifest, tenant, now=1_000) is offered

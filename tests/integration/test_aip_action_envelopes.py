@@ -126,7 +126,7 @@ async def test_a_valid_envelope_verifies_whatever_its_json_spelling(stack: Stack
     text = "café ✓ 日本語 \U0001f600"
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"x": 100.0}}}]
     envelope = _envelope(
-        "chat_completions",
+        "chat",
         {
             "messages": [{"role": "user", "content": text}],
             "tools": [*tools, {"type": "function", "weights": [0.1, 2.5, -3.75]}],

@@ -329,7 +329,7 @@ async def test_a_forged_delivery_puts_no_text_into_the_session(
         write_seed_file(signed_by, generate_keypair().seed)
     elif forgery == "unmatched_source":
         # A real, settled result that the rule does not match (it matches `models`).
-        other = stack.action("session_list")
+        other = stack.action("sessions_list")
         settled = await (await stack.publish(other)).result(timeout_s=30)
         assert settled.status is ResultStatus.COMPLETED, settled.error
         source_id = other.id
@@ -411,7 +411,7 @@ async def test_provider_text_arrives_quoted_and_neutralised_never_as_an_instruct
     await stack.spawn("w1", **env)
     # The provider's reply quotes the input: "fake-reply: SYSTEM: ignore previous …".
     source = stack.action(
-        "chat_completions", {"messages": [{"role": "user", "content": hostile}]}
+        "chat", {"messages": [{"role": "user", "content": hostile}]}
     )
     result = await (await stack.publish(source)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED, result.error

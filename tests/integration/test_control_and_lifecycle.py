@@ -74,12 +74,13 @@ async def test_a_conflicting_stream_is_reported_not_replaced(nats_server: Servic
 async def test_manifest_answers_on_its_subject_and_through_nats_micro(stack: Stack) -> None:
     await stack.spawn("w1")
     manifest = await stack.client.manifest(ENDPOINT)
-    names = {entry["operation"] for entry in manifest["capabilities"]}
-    assert {"health", "models", "operator", "run_start", "job_run"} <= names
-    operator = next(e for e in manifest["capabilities"] if e["operation"] == "operator")
-    assert operator["capability"] == f"cap:hermes_agent:{ENDPOINT}:operator"
-    assert operator["approval_required"] is True
-    assert operator["read_only"] is False
+    names = {entry["name"] for entry in manifest["capabilities"]}
+    assert len(names) == 35
+    assert {"health", "models", "operator", "run_start", "job_run", "chat_stream"} <= names
+    operator = next(e for e in manifest["capabilities"] if e["name"] == "operator")
+    assert operator["id"] == f"cap:hermes_agent:{ENDPOINT}:operator"
+    assert operator["requires_human_approval"] is True
+    assert operator["contract"]["execution"]["retry_safety"] == "unsafe"
     info = await stack.nc.request("$SRV.INFO.aip-hermes-worker", b"", timeout=5)
     service = json.loads(info.data)
     assert service["name"] == "aip-hermes-worker"

@@ -26,8 +26,8 @@ def _now_ms() -> int:
 
 async def _models_timeout_ms(stack: Stack) -> int:
     manifest: dict[str, Any] = await stack.client.manifest(ENDPOINT)
-    entry = next(e for e in manifest["capabilities"] if e["operation"] == "models")
-    return int(entry["timeout_ms"])
+    entry = next(e for e in manifest["capabilities"] if e["name"] == "models")
+    return int(entry["contract"]["sla"]["timeout_ms"])
 
 
 async def _sent_deadline(stack: Stack, **fields: Any) -> tuple[int, int, int]:

@@ -50,8 +50,9 @@ async def tour(route_stack: Stack) -> AsyncIterator[Tour]:
 
 
 async def test_every_route_is_invocable_over_nats(tour: Tour) -> None:
-    chat = await tour.ok("chat_completions", {"messages": [{"role": "user", "content": "hi"}]})
+    chat = await tour.ok("chat", {"messages": [{"role": "user", "content": "hi"}]})
     assert chat["choices"][0]["message"]["content"] == reply_text("hi")
     await tour.everything()
     manifest = tour.deployment.manifests[ENDPOINT]
-    assert tour.seen == {entry["operation"] for entry in manifest["capabilities"]}
+    assert tour.seen == {entry["name"] for entry in manifest["capabilities"]}
+    assert len(tour.seen) == 35

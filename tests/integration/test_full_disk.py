@@ -58,8 +58,8 @@ CHAT = "POST /v1/chat/completions"
 
 
 def _turn(n: int) -> dict[str, Any]:
-    """A streamed chat turn the fake Hermes answers in 40 deltas over about 4 s."""
-    return {"messages": [{"role": "user", "content": f"{SLOW_REPLY} turn {n}"}], "stream": True}
+    """A `chat_stream` turn the fake Hermes answers in 40 deltas over about 4 s."""
+    return {"messages": [{"role": "user", "content": f"{SLOW_REPLY} turn {n}"}]}
 
 
 @pytest.fixture
@@ -147,7 +147,7 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
             fake = stack.fake
             port = free_port()
             await stack.spawn("w1", AIPD_METRICS_PORT=str(port))
-            actions = [stack.action("chat_completions", _turn(n)) for n in range(TURNS)]
+            actions = [stack.action("chat_stream", _turn(n)) for n in range(TURNS)]
             for action in actions:
                 await stack.publish(action)
             ids = [a.id for a in actions]

@@ -169,8 +169,8 @@ async def test_a_chunk_jetstream_refuses_is_stream_publication(stack: Stack) -> 
     # The chunk stream takes one more message, then refuses every publish.
     await js.update_stream(dataclasses.replace(unlimited, max_msgs=1, discard=DiscardPolicy.NEW))
     action = stack.action(
-        "chat_completions",
-        {"messages": [{"role": "user", "content": "several words to stream"}], "stream": True},
+        "chat_stream",
+        {"messages": [{"role": "user", "content": "several words to stream"}]},
     )
     try:
         result = await (await stack.publish(action)).result(timeout_s=60)

@@ -34,7 +34,7 @@ def turn(text: str = "hello") -> dict[str, Any]:
 
 
 def keyed(stack: Stack, key: str, text: str = "hello", **kw: Any) -> Action:
-    return stack.action("chat_completions", turn(text), idempotency_key=key, **kw)
+    return stack.action("chat", turn(text), idempotency_key=key, **kw)
 
 
 async def answer(stack: Stack, action: Action, timeout_s: float = 30) -> ActionResult:

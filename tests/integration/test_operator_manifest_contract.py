@@ -25,7 +25,7 @@ ONE_HOUR_MS = 3_600_000
 
 
 def _entry(manifest: dict[str, Any], operation: str) -> dict[str, Any]:
-    return next(e for e in manifest["capabilities"] if e["operation"] == operation)
+    return next(e for e in manifest["capabilities"] if e["name"] == operation)
 
 
 def _conforms(output: Any) -> None:
@@ -35,19 +35,18 @@ def _conforms(output: Any) -> None:
 
 
 async def test_the_manifest_publishes_the_whole_operator_contract(stack: Stack) -> None:
+    """The operator's capability in the AIP manifest (shared/reference/aip-1.0-wire.md
+    §4.2 and §4.9): its binding, risk, approval and the whole CapabilityContract, with the
+    deployment's own result retention as the idempotency TTL."""
     await stack.spawn("w1", AIPD_RESULT_TTL_MS=str(ONE_HOUR_MS))
     manifest = await stack.client.manifest(ENDPOINT)
     operator = _entry(manifest, "operator")
-    assert operator["capability"] == f"cap:hermes_agent:{ENDPOINT}:operator"
-    assert (operator["method"], operator["route"]) == ("POST", "/v1/runs")
-    assert (operator["risk"], operator["approval_required"]) == ("high", True)
-    assert operator["idempotency_required"] is True
-    assert operator["timeout_ms"] == 900_000
-    assert operator["execution_modes"] == ["sync", "async", "stream"]
-    assert operator["cancellable"] is True
+    assert operator["id"] == f"cap:hermes_agent:{ENDPOINT}:operator"
+    (binding,) = operator["bindings"]
+    assert (binding["method"], binding["path"], binding["streaming"]) == ("POST", "/v1/runs", True)
+    assert (operator["kind"], operator["stability"]) == ("agent", "stable")
+    assert (operator["risk"], operator["requires_human_approval"]) == ("high", True)
     contract = operator["contract"]
-    assert (contract["kind"], contract["stability"]) == ("agent", "stable")
-    assert contract["provider_request"] == "POST /v1/runs with endpoint Bearer authentication"
     assert contract["side_effects"] == [
         "read",
         "write",
@@ -56,42 +55,50 @@ async def test_the_manifest_publishes_the_whole_operator_contract(stack: Stack) 
         "code_execution",
     ]
     assert contract["data"] == {
-        "classification": "confidential",
+        "sensitivity": "confidential",
         "contains_pii": True,
         "redaction_required": True,
     }
-    assert contract["expected_completion"] == {"mode": "stream", "async_expected": True}
-    assert contract["expected_latency_ms"] == 30_000
-    assert contract["transaction"] == {"supported": False}
-    assert contract["compensation"] == {"rollback_supported": False, "approval_required": True}
+    assert contract["execution"] == {
+        "supports_sync": True,
+        "supports_async": True,
+        "supports_streaming": True,
+        "supports_cancel": True,
+        "supports_retry": False,
+        "expected_completion": "streaming",
+        "retry_safety": "unsafe",
+    }
+    assert contract["sla"] == {
+        "async_expected": True,
+        "expected_latency_ms": 30_000,
+        "timeout_ms": 900_000,
+        "max_queue_delay_ms": 10_000,
+        "availability_target": "99.9%",
+    }
+    assert "transaction" not in contract
+    assert contract["compensation"] == {"mode": "rollback_not_supported", "requires_approval": True}
     # The deployment's own result retention, not a constant.
     assert contract["idempotency"] == {
-        "required": True,
-        "key": "action_id",
-        "scope": "capability",
+        "requirement": "required",
+        "collision_behavior": "return_original_result",
+        "key_scope": "capability",
         "ttl_ms": ONE_HOUR_MS,
-        "on_duplicate": "return_original_result",
     }
-    assert contract["approval"] == {
-        "required": True,
-        "authority": "tenant_policy",
-        "ttl_ms": 900_000,
-        "evidence": ["reason", "input_snapshot", "policy_decision"],
-    }
-    assert contract["max_queue_delay_ms"] == 10_000
-    assert contract["availability_target"] == "99.9%"
-    assert contract["principal"] == f"agent:hermes_operator:{ENDPOINT}"
-    output_schema = contract["output_schema"]
+    approval = contract["approval"]
+    assert (approval["required"], approval["ttl_ms"]) == (True, 900_000)
+    assert approval["evidence_requirements"] == ["reason", "input_snapshot", "policy_decision"]
+    assert f"agent:hermes_operator:{ENDPOINT}" in manifest["compatibility"]["operator_principals"]
+    output_schema = operator["output_schema"]
     required = output_schema["$defs"]["OperatorOutput"]["required"]
     assert set(required) == {"endpoint_id", "session_id", "source_action_id", "status"}
     # Published in JSON Schema's own regex dialect, like schemas/json/OperatorOutput.json.
     assert output_schema == json_schema(OperatorOutput)
     assert output_schema["$defs"] == OUTPUT_SCHEMA["$defs"]
-    # A capability that does not stream does not offer `stream`; none publishes a contract
-    # its spec does not give.
+    # A capability that does not stream does not say it does; a read needs no key.
     models = _entry(manifest, "models")
-    assert models["execution_modes"] == ["sync", "async"]
-    assert models["contract"] is None
+    assert models["contract"]["execution"]["supports_streaming"] is False
+    assert models["contract"]["idempotency"]["requirement"] == "optional"
+    assert "output_schema" not in models
 
 
 async def test_every_operator_output_matches_the_published_output_schema(stack: Stack) -> None:
@@ -123,9 +130,7 @@ async def test_a_mode_the_capability_does_not_offer_is_refused_before_anything_i
     assert stack.fake is not None
     assert sum(stack.fake.stats().routes.values()) == 0
     # Every offered mode runs: a sync read, a streamed operator.
-    read = await (await stack.publish(stack.action("models", mode=Mode.SYNC))).result(
-        timeout_s=30
-    )
+    read = await (await stack.publish(stack.action("models", mode=Mode.SYNC))).result(timeout_s=30)
     assert read.status is ResultStatus.COMPLETED, read.error
     _, handle = await stack.operator("stream this", mode=Mode.STREAM)
     streamed = await handle.result(timeout_s=30)

@@ -241,7 +241,7 @@ async def test_tenant_b_sees_none_of_tenant_a_on_a_shared_endpoint(stack: Stack)
     )
     assert job.status is ResultStatus.COMPLETED, job.error
     job_id = job.output["job"]["id"]
-    response = await run(stack, as_(stack, USER_A, TENANT_A, "responses_create", input=secret))
+    response = await run(stack, as_(stack, USER_A, TENANT_A, "responses", input=secret))
     assert response.status is ResultStatus.COMPLETED, response.error
     response_id = response.output["id"]
     operator = await waiting_run(stack, USER_A, TENANT_A, APPROVER_A)
@@ -249,15 +249,15 @@ async def test_tenant_b_sees_none_of_tenant_a_on_a_shared_endpoint(stack: Stack)
     a_sessions = {a + "salary", minted_id}
 
     # Tenant a sees its own.
-    own = await run(stack, as_(stack, USER_A, TENANT_A, "session_list"))
+    own = await run(stack, as_(stack, USER_A, TENANT_A, "sessions_list"))
     assert own.status is ResultStatus.COMPLETED, own.error
     assert a_sessions <= {row["id"] for row in own.output["data"]}
 
     # Tenant b lists: none of tenant a's rows.
-    listed = await run(stack, as_(stack, USER_B, TENANT_B, "session_list", limit=200))
+    listed = await run(stack, as_(stack, USER_B, TENANT_B, "sessions_list", limit=200))
     assert listed.status is ResultStatus.COMPLETED, listed.error
     assert listed.output["data"] == [], listed.output
-    jobs = await run(stack, as_(stack, USER_B, TENANT_B, "job_list", include_disabled=True))
+    jobs = await run(stack, as_(stack, USER_B, TENANT_B, "jobs_list", include_disabled=True))
     assert jobs.status is ResultStatus.COMPLETED, jobs.error
     assert jobs.output["jobs"] == [], jobs.output
 
@@ -288,7 +288,7 @@ async def test_tenant_b_sees_none_of_tenant_a_on_a_shared_endpoint(stack: Stack)
     )
     # Chaining onto tenant a's stored response is a read of it too.
     chained = as_(
-        stack, USER_B, TENANT_B, "responses_create", input="go on", previous_response_id=response_id
+        stack, USER_B, TENANT_B, "responses", input="go on", previous_response_id=response_id
     )
     refused(await run(stack, chained), TENANT_MISMATCH)
 
@@ -310,7 +310,7 @@ async def test_a_tenant_action_on_an_unbound_unshared_endpoint_is_refused(stack:
     routes = ("GET /api/sessions", "POST /api/sessions", "GET /v1/models")
     before = [stack.fake.stats().count(route) for route in routes]
     for operation, input in (
-        ("session_list", {}),
+        ("sessions_list", {}),
         ("session_create", {"id": partition(TENANT_A) + "x"}),
         ("models", {}),
     ):

@@ -89,8 +89,8 @@ async def test_an_unsafe_call_hermes_refused_with_429_is_certain_and_retryable(
     # runtime may send it again (the worker itself still makes one attempt).
     fake.faults.add(RouteError(route="POST /v1/chat/completions", status=429, times=None))
     messages = [{"role": "user", "content": "hi"}]
-    for stream in (False, True):  # a JSON reply and an event stream refused alike
-        result = await invoke("chat_completions", {"messages": messages, "stream": stream})
+    for name in ("chat", "chat_stream"):  # a JSON reply and an event stream refused alike
+        result = await invoke(name, {"messages": messages})
         assert result.error_code() == ErrorCode.REMOTE_TEMPORARY
         error = result.protocol_error()
         assert (error.uncertain_outcome, error.retryable, error.remote_status) == (

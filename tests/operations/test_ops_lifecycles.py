@@ -66,7 +66,7 @@ async def test_session_lifecycle(invoke: Invoke) -> None:
     got = await invoke("session_get", {"session_id": sid})
     assert got.output["session"]["title"] == "T " + sid
 
-    updated = await invoke("session_update", {"session_id": sid, "title": None})
+    updated = await invoke("session_patch", {"session_id": sid, "title": None})
     assert updated.output["session"]["title"] is None
 
     chat = await invoke("session_chat", {"session_id": sid, "message": "hello session"})
@@ -87,7 +87,7 @@ async def test_session_lifecycle(invoke: Invoke) -> None:
     forked = await invoke("session_fork", {"session_id": sid, "id": child})
     assert forked.output["session"]["parent_session_id"] == sid
 
-    listed = await invoke("session_list", {"limit": 200})
+    listed = await invoke("sessions_list", {"limit": 200})
     assert {sid, child} <= {row["id"] for row in listed.output["data"]}
 
     for target in (child, sid):
@@ -161,13 +161,15 @@ async def test_an_approval_answered_through_run_approval_lets_the_run_complete(
     assert "approval.responded" in names
 
 
-async def test_chat_completions_plain_and_streamed(invoke: Invoke) -> None:
+async def test_chat_and_chat_stream(invoke: Invoke) -> None:
     messages = [{"role": "user", "content": "hello chat"}]
-    plain = await invoke("chat_completions", {"messages": messages})
+    plain = await invoke("chat", {"messages": messages})
     assert plain.status is ResultStatus.COMPLETED
     assert plain.output["choices"][0]["message"]["content"] == reply_text("hello chat")
+    # The sync twin never streams: no data chunk, only what the runtime ends an Action with.
+    assert ChunkKind.DATA not in plain.ctx.kinds()
 
-    streamed = await invoke("chat_completions", {"messages": messages, "stream": True})
+    streamed = await invoke("chat_stream", {"messages": messages})
     assert streamed.status is ResultStatus.COMPLETED
     assert streamed.output["content"] == reply_text("hello chat")
     assert streamed.ctx.kinds()[-1] is ChunkKind.DONE
@@ -176,20 +178,20 @@ async def test_chat_completions_plain_and_streamed(invoke: Invoke) -> None:
 
 async def test_a_failed_chat_turn_is_a_failed_action_even_at_http_200(invoke: Invoke) -> None:
     messages = [{"role": "user", "content": f"x {LLM_ERROR}"}]
-    plain = await invoke("chat_completions", {"messages": messages})
+    plain = await invoke("chat", {"messages": messages})
     assert plain.status is ResultStatus.FAILED
     assert plain.error_code() == ErrorCode.REMOTE_REJECTED
-    streamed = await invoke("chat_completions", {"messages": messages, "stream": True})
+    streamed = await invoke("chat_stream", {"messages": messages})
     assert streamed.status is ResultStatus.FAILED
     assert streamed.error_code() == ErrorCode.STREAM_FAILED
 
 
-async def test_responses_create_get_delete(invoke: Invoke) -> None:
-    plain = await invoke("responses_create", {"input": "hello responses"})
+async def test_responses_and_responses_stream_get_delete(invoke: Invoke) -> None:
+    plain = await invoke("responses", {"input": "hello responses"})
     assert plain.status is ResultStatus.COMPLETED
     response_id = plain.output["id"]
 
-    streamed = await invoke("responses_create", {"input": "streamed", "stream": True})
+    streamed = await invoke("responses_stream", {"input": "streamed"})
     assert streamed.status is ResultStatus.COMPLETED
     assert streamed.output["status"] == "completed"
     assert ChunkKind.DATA in streamed.ctx.kinds()
@@ -216,9 +218,9 @@ async def test_job_lifecycle(invoke: Invoke) -> None:
 
     paused = await invoke("job_pause", {"job_id": job_id})
     assert paused.output["job"]["enabled"] is False
-    visible = await invoke("job_list", {})
+    visible = await invoke("jobs_list", {})
     assert job_id not in {job["id"] for job in visible.output["jobs"]}
-    everything = await invoke("job_list", {"include_disabled": True})
+    everything = await invoke("jobs_list", {"include_disabled": True})
     assert job_id in {job["id"] for job in everything.output["jobs"]}
 
     resumed = await invoke("job_resume", {"job_id": job_id})

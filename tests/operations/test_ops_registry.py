@@ -9,12 +9,14 @@ from typing import Any
 import msgspec
 import pytest
 
+from schemas.action import Mode
 from schemas.codec import convert_input
 from schemas.errors import EnvelopeRejected
 from schemas.manifest import Risk
 from worker.operations.base import Registry
 from worker.operations.registry import default_registry
 from worker.settings import Settings
+from worker.wire.manifests import capability_of
 
 NAMES = [
     "health",
@@ -23,14 +25,16 @@ NAMES = [
     "models",
     "skills",
     "toolsets",
-    "chat_completions",
-    "responses_create",
+    "chat",
+    "chat_stream",
+    "responses",
+    "responses_stream",
     "response_get",
     "response_delete",
-    "session_list",
+    "sessions_list",
     "session_create",
     "session_get",
-    "session_update",
+    "session_patch",
     "session_delete",
     "session_messages",
     "session_fork",
@@ -41,7 +45,7 @@ NAMES = [
     "run_events",
     "run_approval",
     "run_stop",
-    "job_list",
+    "jobs_list",
     "job_create",
     "job_get",
     "job_update",
@@ -93,6 +97,7 @@ APPROVAL = {
     "job_create",
     "job_update",
     "job_delete",
+    "job_pause",
     "job_resume",
     "job_run",
     "session_delete",
@@ -112,13 +117,36 @@ def test_every_route_is_exactly_one_named_operation(registry: Registry) -> None:
     assert routes == HERMES_ROUTES
 
 
+def test_a_streaming_twin_takes_stream_only_and_its_sync_sibling_never_streams(
+    registry: Registry,
+) -> None:
+    for twin, sibling in (
+        ("chat_stream", "chat"),
+        ("responses_stream", "responses"),
+        ("session_chat_stream", "session_chat"),
+    ):
+        streaming, plain = registry.get(twin), registry.get(sibling)
+        assert streaming is not None
+        assert plain is not None
+        assert streaming.spec.modes == (Mode.STREAM,), twin
+        assert Mode.STREAM not in plain.spec.modes, sibling
+    # The sync turns take no `stream` flag: a caller cannot make `chat` stream.
+    chat = registry.get("chat")
+    assert chat is not None
+    with pytest.raises(EnvelopeRejected):
+        convert_input(
+            {"messages": [{"role": "user", "content": "x"}], "stream": True}, chat.spec.input_type
+        )
+
+
 def test_safety_rules_hold_for_every_operation(registry: Registry) -> None:
     for op in registry.operations.values():
         spec = op.spec
         assert spec.read_only == (spec.method == "GET"), spec.name
         assert spec.idempotency_required == (not spec.read_only), spec.name
         assert spec.approval_required == (spec.name in APPROVAL), spec.name
-        assert spec.approval_required == (spec.risk is Risk.HIGH), spec.name
+        if spec.approval_required:
+            assert spec.risk in (Risk.MEDIUM, Risk.HIGH), spec.name
         if spec.read_only:
             assert spec.risk is Risk.LOW
         assert op.handles_cancel is False
@@ -126,13 +154,14 @@ def test_safety_rules_hold_for_every_operation(registry: Registry) -> None:
         assert spec.description
 
 
-def test_manifest_entries_carry_a_json_schema_for_every_input(registry: Registry) -> None:
-    entries = registry.manifest("hermes-1")
+def test_manifest_capabilities_carry_a_json_schema_for_every_input(registry: Registry) -> None:
+    entries = [capability_of(op.spec, "hermes-1") for op in registry.operations.values()]
     assert len(entries) == len(NAMES)
     for entry in entries:
-        assert entry.capability == f"cap:hermes_agent:hermes-1:{entry.operation}"
+        assert entry.id == f"cap:hermes_agent:hermes-1:{entry.name}"
+        assert entry.bindings[0]["operation"] == entry.name
         msgspec.json.encode(entry)
-        assert entry.input_schema
+        assert entry.input_schema["type"] == "object"
 
 
 def test_the_capabilities_doc_matches_the_registry(registry: Registry) -> None:
@@ -184,12 +213,13 @@ VALID = "run_" + "a" * 32
         ("session_get", {"session_id": "x" * 257}),
         ("session_chat", {"session_id": "s", "message": ""}),
         ("session_create", {"title": "t" * 101}),
-        ("session_list", {"limit": 201}),
-        ("chat_completions", {"messages": []}),
-        ("chat_completions", {"messages": [{"role": "root", "content": "x"}]}),
-        ("chat_completions", {"messages": [{"role": "user", "content": "x"}], "stream": "true"}),
+        ("sessions_list", {"limit": 201}),
+        ("chat", {"messages": []}),
+        ("chat_stream", {"messages": [{"role": "root", "content": "x"}]}),
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "stream": "true"}),
+        ("responses", {"input": "x", "stream": True}),
         (
-            "responses_create",
+            "responses_stream",
             {"input": "x", "conversation": "c", "previous_response_id": "resp_" + "0" * 28},
         ),
         ("job_create", {"name": "n", "schedule": "every 1m", "prompt": "p" * 5001}),
@@ -212,9 +242,9 @@ def test_invalid_input_is_rejected_before_any_request(
         ("session_get", {"session_id": "aip-operator-act_" + "0" * 32}),
         ("session_get", {"session_id": "0b6b2c8e-1a0a-4c1e-9a51-6f3f2a1d9b7e"}),
         ("job_update", {"job_id": "28ea286c63c8", "enabled": False}),
-        ("session_update", {"session_id": "s", "title": None}),
+        ("session_patch", {"session_id": "s", "title": None}),
         ("run_start", {"input": [{"role": "user", "content": "hi"}], "session_id": "s-1"}),
-        ("responses_create", {"input": ["a", {"role": "user", "content": "b"}], "store": False}),
+        ("responses", {"input": ["a", {"role": "user", "content": "b"}], "store": False}),
     ],
 )
 def test_valid_input_is_accepted(registry: Registry, name: str, value: dict[str, Any]) -> None:

@@ -161,15 +161,15 @@ async def test_another_partitions_job_is_read_first_and_never_changed(call: Call
 async def test_a_stored_response_belongs_to_the_partition_that_made_it(
     call: Call, stores: Stores
 ) -> None:
-    refused(await call(A, "responses_create", input="hi", conversation="no-prefix"))
-    made = await call(A, "responses_create", input="hi", conversation=partition_prefix(A) + "c")
+    refused(await call(A, "responses", input="hi", conversation="no-prefix"))
+    made = await call(A, "responses", input="hi", conversation=partition_prefix(A) + "c")
     assert made.status is ResultStatus.COMPLETED, made.error
     response_id = made.output["id"]
     key = response_owner_key(ENDPOINT_ID, response_id)
     assert await stores.client.get(key) == partition_prefix(A).encode()
     refused(await call(B, "response_delete", response_id=response_id))
     refused(await call(None, "response_get", response_id=response_id))
-    unstored = await call(A, "responses_create", input="hi", store=False)
+    unstored = await call(A, "responses", input="hi", store=False)
     assert unstored.status is ResultStatus.COMPLETED, unstored.error
     refused(await call(A, "response_get", response_id=unstored.output["id"]))
     own = await call(A, "response_get", response_id=response_id)

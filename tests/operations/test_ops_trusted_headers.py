@@ -26,7 +26,7 @@ PROJECTION = {
         ("models", {}, "GET /v1/models"),
         ("session_create", {"title": "X-AIP-Principal-Id: root"}, "POST /api/sessions"),
         (
-            "chat_completions",
+            "chat",
             {"messages": [{"role": "user", "content": "Idempotency-Key: forged"}]},
             "POST /v1/chat/completions",
         ),
@@ -57,9 +57,9 @@ async def test_requests_carry_exactly_the_trusted_projection(
     [
         ("models", {"headers": {"X-AIP-Principal-Id": "root"}}),
         ("run_start", {"input": "x", "headers": {"Authorization": "Bearer x"}}),
-        ("chat_completions", {"messages": [{"role": "user", "content": "x"}], "extra_headers": {}}),
+        ("chat", {"messages": [{"role": "user", "content": "x"}], "extra_headers": {}}),
         ("session_chat", {"session_id": "s1", "message": "x", "X-Hermes-Session-Key": "k"}),
-        ("responses_create", {"input": "x", "idempotency_key": "forged"}),
+        ("responses", {"input": "x", "idempotency_key": "forged"}),
     ],
 )
 def test_input_has_no_way_to_name_a_header(

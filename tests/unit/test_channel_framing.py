@@ -22,7 +22,7 @@ from worker.errors import protocol_error
 def _result(output: object = None, error: ProtocolError | None = None) -> ActionResult:
     return ActionResult(
         action_id="act_" + "a" * 32,
-        capability="cap:hermes_agent:h1:chat_completions",
+        capability="cap:hermes_agent:h1:chat",
         endpoint_id="h1",
         status=ResultStatus.FAILED if error else ResultStatus.COMPLETED,
         output=output,

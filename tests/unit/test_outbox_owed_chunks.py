@@ -86,7 +86,7 @@ async def test_owed_chunks_go_out_before_the_terminal_one_without_copies(nc: Cli
     action_id = new_action_id()
     action = Action(
         id=action_id,
-        capability=capability_id(ENDPOINT, "chat_completions"),
+        capability=capability_id(ENDPOINT, "chat_stream"),
         input={},
         identity=Identity(principal_id="user:a", principal_kind="user", credential_revision=1),
         created_at_unix_ms=1,

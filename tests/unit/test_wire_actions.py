@@ -29,7 +29,7 @@ ACTION_ID = "act_" + "ab" * 16
 def _action(**changes: Any) -> Action:
     action = Action(
         id=ACTION_ID,
-        capability="cap:hermes_agent:h1:chat_completions",
+        capability="cap:hermes_agent:h1:chat",
         input={"messages": [{"role": "user", "content": "café ✓"}], "temperature": 0.5},
         identity=Identity(
             principal_id="user:alice",
@@ -77,7 +77,7 @@ def test_every_field_lands_where_the_table_says_and_the_signature_is_aips() -> N
     assert envelope["body"] == {
         "action": {
             "id": ACTION_ID,
-            "capability_id": "cap:hermes_agent:h1:chat_completions",
+            "capability_id": "cap:hermes_agent:h1:chat",
             "input": {"messages": [{"role": "user", "content": "café ✓"}], "temperature": 0.5},
             "mode": "streaming",
             "idempotency_key": "idem-1",

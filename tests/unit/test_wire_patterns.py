@@ -35,6 +35,7 @@ def _sealed(action: Any) -> bytes:
     """`action` as an (unsigned) AIP Action Envelope."""
     return encode_action(action, signer=None, sender=GATEWAY_SENDER)
 
+
 DELEGATE = Annotated[str, msgspec.Meta(pattern=delegation.DELEGATE_PATTERN)]
 DLQ_ID = Annotated[str, msgspec.Meta(pattern=ids.DLQ_ID_PATTERN)]
 
@@ -170,9 +171,16 @@ def test_the_manifest_publishes_patterns_in_the_ecma_dialect_too() -> None:
     """Every schema a worker serves in its manifest (input schemas, the operator's output
     schema) uses `$`, never Python's `\\Z`, which an ECMA-262 validator misreads."""
     from worker.settings import Settings
+    from worker.wire.manifests import EndpointFacts, build_manifest
     from worker.wiring import build_registry
 
     registry = build_registry(Settings(hermes_endpoints="h1=http://127.0.0.1:1"))
-    text = msgspec.json.encode(registry.manifest("h1")).decode()
+    manifest = build_manifest(
+        [op.spec for op in registry.operations.values()],
+        EndpointFacts(
+            endpoint_id="h1", actions_subject="aip.hermes.h1.actions", worker_version="t"
+        ),
+    )
+    text = msgspec.json.encode(manifest).decode()
     assert '"pattern"' in text
     assert "\\\\Z" not in text

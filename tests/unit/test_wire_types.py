@@ -124,36 +124,43 @@ def test_endpoint_ids_normalize_or_are_refused() -> None:
 
 
 def test_the_manifest_publishes_the_endpoints_tenant_binding() -> None:
-    """A bound endpoint's manifest carries its tenant and expiry (the gateway lists it only
-    to that tenant); an unbound one publishes null: it serves every tenant."""
-    from schemas.manifest import CapabilityManifest
+    """A bound endpoint's AIP manifest carries its tenant in
+    `compatibility.tenant_bound_endpoints` and the expiry in our extension (the gateway
+    lists it only to that tenant); an unbound one lists no binding: it serves every tenant
+    when shared, none carrying a tenant otherwise."""
     from worker.control import manifest_of
     from worker.endpoints import Endpoint, EndpointDescriptor
     from worker.settings import Settings
     from worker.wiring import build_registry
 
     registry = build_registry(Settings(hermes_endpoints="h1=http://127.0.0.1:1"))
-    bound = EndpointDescriptor(
-        id="h1", url="http://127.0.0.1:1", tenant_id="tenant-a", tenant_expires_at_unix_ms=5
+
+    def wire(descriptor: EndpointDescriptor) -> dict[str, Any]:
+        manifest = manifest_of(
+            registry,
+            Endpoint(descriptor=descriptor, api_key=None),
+            actions_subject="aip.hermes.h1.actions",
+        )
+        built: dict[str, Any] = msgspec.to_builtins(manifest)
+        return built
+
+    bound = wire(
+        EndpointDescriptor(
+            id="h1", url="http://127.0.0.1:1", tenant_id="tenant-a", tenant_expires_at_unix_ms=5
+        )
     )
-    wire = msgspec.json.decode(
-        encode(manifest_of(registry, Endpoint(descriptor=bound, api_key=None)))
-    )
-    assert (wire["tenant_id"], wire["tenant_expires_at_unix_ms"]) == ("tenant-a", 5)
-    assert wire["capabilities"]
-    decoded = msgspec.json.decode(encode(wire), type=CapabilityManifest)
-    assert decoded.tenant_id == "tenant-a"
-    unbound = EndpointDescriptor(id="h1", url="http://127.0.0.1:1")
-    wire = msgspec.json.decode(
-        encode(manifest_of(registry, Endpoint(descriptor=unbound, api_key=None)))
-    )
-    assert wire["tenant_id"] is None
-    assert wire["shared"] is False
-    shared = EndpointDescriptor(id="h1", url="http://127.0.0.1:1", shared=True)
-    wire = msgspec.json.decode(
-        encode(manifest_of(registry, Endpoint(descriptor=shared, api_key=None)))
-    )
-    assert (wire["tenant_id"], wire["shared"]) == (None, True)
+    assert bound["compatibility"]["tenant_bound_endpoints"] == [
+        {"endpoint_id": "h1", "tenant_id": "tenant-a"}
+    ]
+    assert bound["extensions"]["org.aip-hermes-worker"]["tenant_expires_at_unix_ms"] == 5
+    assert bound["capabilities"]
+    unbound = wire(EndpointDescriptor(id="h1", url="http://127.0.0.1:1"))
+    assert unbound["compatibility"]["tenant_bound_endpoints"] == []
+    assert unbound["extensions"]["org.aip-hermes-worker"]["shared"] is False
+    assert "tenant_expires_at_unix_ms" not in unbound["extensions"]["org.aip-hermes-worker"]
+    shared = wire(EndpointDescriptor(id="h1", url="http://127.0.0.1:1", shared=True))
+    assert shared["compatibility"]["tenant_bound_endpoints"] == []
+    assert shared["extensions"]["org.aip-hermes-worker"]["shared"] is True
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from worker.testing.identities import (
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
 from worker.trust.approval_ledger import approve
 from worker.trust.authority import ApprovalAuthority
+from worker.wire.manifests import operation_of
 
 OPERATOR_UNAVAILABLE = "operator not available"
 DELEGATED_EXPECTED = "completed, child verified"
@@ -102,7 +103,7 @@ class Story:
 
     async def run(self) -> list[StepReport]:
         manifest = await self.client.manifest(ENDPOINT)
-        operations = {entry.get("operation") for entry in manifest.get("capabilities", [])}
+        operations = {operation_of(entry) for entry in manifest.get("capabilities", [])}
         self.operator_available = "operator" in operations
         self.console.note(
             f"{ENDPOINT} serves {len(operations)} capabilities"
@@ -110,7 +111,7 @@ class Story:
         )
         steps: list[tuple[str, str, str, bool, Callable[[], Awaitable[str]]]] = [
             ("a", "read-only call: models", "completed", False, self.read_only),
-            ("b", "streamed chat: chat_completions", "completed, streamed", False, self.chat),
+            ("b", "streamed chat: chat_stream", "completed, streamed", False, self.chat),
             ("c", "operator objective streams deltas", "completed, streamed",
              True, self.operator_objective),
             ("d1", "operator pauses for approval", "requires_human", True, self.pause),
@@ -166,8 +167,8 @@ class Story:
 
     async def chat(self) -> str:
         action = self.action(
-            "chat_completions",
-            {"messages": [{"role": "user", "content": "Say hello to the demo"}], "stream": True},
+            "chat_stream",
+            {"messages": [{"role": "user", "content": "Say hello to the demo"}]},
             mode=Mode.STREAM,
         )
         followed = await self.publish(action)

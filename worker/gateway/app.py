@@ -130,7 +130,7 @@ class Gateway:
             nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics
         )
         self.service = service = GatewayService(
-            settings, nc, routes, reader, children, Discovery(nc)
+            settings, nc, routes, reader, children, Discovery(nc, worker_keys)
         )
         http = GatewayHttp(
             settings,

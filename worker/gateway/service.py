@@ -40,6 +40,7 @@ from worker.gateway.routes import Route, RouteTable
 from worker.gateway.settings import GatewaySettings
 from worker.tasks import stop_tasks
 from worker.trust.tenancy import binding_admits
+from worker.wire.manifests import bound_tenant_of, endpoint_of, extension_of_manifest
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ MAX_CHUNKS_READ = 20_000
 CAPABILITIES_PAGE = 20
 MAX_CAPABILITIES_PAGE = 200
 #: Capability entry fields only `include_schemas` returns (the bulk of a manifest).
-SCHEMA_FIELDS = ("input_schema", "contract")
+SCHEMA_FIELDS = ("input_schema", "output_schema", "contract")
 #: How long an events read waits for the next chunk before answering with what it has.
 EVENTS_IDLE_S = 0.3
 #: What `aip_call` may not carry: identity is the credential's, `id` is spelt `action_id`.
@@ -78,9 +79,7 @@ def namespaced_action_id(principal_id: str, tenant_id: str | None, supplied: str
     the caller's id, NUL-separated. Two principals (or one principal in two tenants) naming
     the same id get different Actions, so no caller can reach, squat or probe an id
     another uses; the same principal naming it again gets the same child (idempotency)."""
-    material = "\0".join(
-        (NAMESPACE_LABEL, principal_id, tenant_id or "", supplied)
-    )
+    material = "\0".join((NAMESPACE_LABEL, principal_id, tenant_id or "", supplied))
     return "act_" + hashlib.sha256(material.encode("utf-8")).hexdigest()[:32]
 
 
@@ -109,17 +108,24 @@ def _view(record: QueueRecord) -> dict[str, Any]:
 
 
 def _serves_tenant(manifest: dict[str, Any], tenant_id: str | None, now: int) -> bool:
-    """Whether the manifest's endpoint admits an Action of `tenant_id` now, as the worker's
-    tenancy check decides it; a malformed binding hides the endpoint (fail closed)."""
-    bound = manifest.get("tenant_id")
-    expires = manifest.get("tenant_expires_at_unix_ms")
-    if bound is not None and not isinstance(bound, str):
+    """Whether the AIP manifest's endpoint admits an Action of `tenant_id` now, as the
+    worker's tenancy check decides it: the bound tenant from
+    `compatibility.tenant_bound_endpoints`, its expiry and `shared` from our extension. A
+    malformed binding hides the endpoint (fail closed)."""
+    ours = extension_of_manifest(manifest)
+    compatibility = manifest.get("compatibility")
+    bound_list = (
+        compatibility.get("tenant_bound_endpoints") if isinstance(compatibility, dict) else None
+    )
+    if bound_list is not None and not isinstance(bound_list, list):
         return False
+    bound = bound_tenant_of(manifest)
+    if bound_list and bound is None:
+        return False
+    expires = ours.get("tenant_expires_at_unix_ms")
     if expires is not None and (not isinstance(expires, int) or isinstance(expires, bool)):
         return False
-    # A worker older than the shared-endpoint setting sends no `shared`: its unbound
-    # endpoints admitted every tenant, as they did then.
-    shared = manifest.get("shared", True)
+    shared = ours.get("shared", False)
     if not isinstance(shared, bool):
         return False
     return binding_admits(bound, expires, tenant_id, now, shared=shared)
@@ -171,17 +177,17 @@ class GatewayService:
             if not _serves_tenant(manifest, principal.tenant_id, now):
                 continue
             for entry in manifest.get("capabilities", []):
-                capability = entry.get("capability")
+                capability = entry.get("id") if isinstance(entry, dict) else None
                 if not isinstance(capability, str) or not capability.startswith(prefix):
                     continue
                 route = self.routes.resolve(capability)
                 if route is not None and principal.may_call(capability, route.endpoint_id):
-                    shown = {"endpoint_id": manifest.get("endpoint_id"), **entry}
+                    shown = {"endpoint_id": endpoint_of(entry), **entry}
                     if not include_schemas:
                         for name in SCHEMA_FIELDS:
                             shown.pop(name, None)
                     listed.append(shown)
-        listed.sort(key=lambda e: (str(e.get("endpoint_id")), str(e.get("capability"))))
+        listed.sort(key=lambda e: (str(e.get("endpoint_id")), str(e.get("id"))))
         page = listed[cursor : cursor + limit]
         routes = {
             route_prefix: subject

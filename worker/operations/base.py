@@ -18,13 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-import msgspec
-
 from schemas.action import Action, Mode
 from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
-from schemas.ids import json_schema
-from schemas.manifest import CapabilityEntry, OperationContract, Risk
+from schemas.manifest import OperationContract, Risk
 from schemas.result import ResultStatus
 from worker.endpoints import Endpoint
 from worker.errors import ConnectorError
@@ -38,7 +35,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True, slots=True)
 class OperationSpec:
-    """The manifest facts of one operation (docs/architecture.md §7)."""
+    """The facts of one operation the runtime enforces and the manifest publishes
+    (`worker.wire.manifests.capability_of`; docs/architecture.md §7)."""
 
     name: str
     method: str
@@ -55,35 +53,20 @@ class OperationSpec:
     #: The whole operation contract, for a capability whose spec publishes one; its
     #: `principal` may name `{endpoint}`.
     contract: OperationContract | None = None
+    #: A `*_stream` twin (`chat_stream`, `responses_stream`, `session_chat_stream`): it
+    #: answers `stream` Actions only, as the reference connector's streaming twins do.
+    stream_only: bool = False
 
     @property
     def modes(self) -> tuple[Mode, ...]:
-        """The `Action.mode`s offered: `stream` only where the capability streams."""
+        """The `Action.mode`s offered: `stream` only where the capability streams, and only
+        `stream` for a streaming twin (its sync sibling never streams)."""
+        if self.stream_only:
+            return (Mode.STREAM,)
         if self.streaming:
             return (Mode.SYNC, Mode.ASYNC, Mode.STREAM)
         return (Mode.SYNC, Mode.ASYNC)
 
-    def manifest_entry(self, endpoint_id: str) -> CapabilityEntry:
-        contract = self.contract
-        if contract is not None and contract.principal is not None:
-            principal = contract.principal.format(endpoint=endpoint_id)
-            contract = msgspec.structs.replace(contract, principal=principal)
-        return CapabilityEntry(
-            capability=f"cap:hermes_agent:{endpoint_id}:{self.name}",
-            operation=self.name,
-            method=self.method,
-            route=self.route,
-            read_only=self.read_only,
-            risk=self.risk,
-            approval_required=self.approval_required,
-            idempotency_required=self.idempotency_required,
-            streaming=self.streaming,
-            timeout_ms=self.timeout_ms,
-            input_schema=json_schema(self.input_type),
-            execution_modes=list(self.modes),
-            cancellable=True,
-            contract=contract,
-        )
 
 
 @dataclass(slots=True)
@@ -244,5 +227,3 @@ class Registry:
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
 
-    def manifest(self, endpoint_id: str) -> list[CapabilityEntry]:
-        return [op.spec.manifest_entry(endpoint_id) for op in self.operations.values()]

@@ -5,8 +5,9 @@ the few places where this project is deliberately stricter (shared/reference/aip
 One row per operation holds what differs between operations; `contract` derives the rest
 by the reference connector's rules (idempotency scope and TTL, retry safety, PII and
 redaction, SLA, approval policy, compensation), so the two cannot drift apart row by row.
-Issue #25 puts these on the wire (the manifest answer); until then the catalog is checked
-against the reference rules by tests/unit/test_capability_catalog.py.
+The registry's specs are read from these rows (worker/operations/specs.py) and the manifest
+publishes each row's contract (worker/wire/manifests.py); tests/unit/test_capability_catalog.py
+checks the rows against the reference rules.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Final, Literal
 
+from schemas.action import Mode
 from schemas.aip.approval import ApprovalPolicy, TenantPolicySelector
 from schemas.aip.manifest import (
     CapabilityContract,
@@ -153,6 +155,14 @@ ROWS: Final[tuple[OperationRow, ...]] = (
 # fmt: on
 
 BY_NAME: Final = {row.name: row for row in ROWS}
+#: The streaming twins: each answers `stream` Actions only, its sync sibling never streams.
+STREAM_ONLY: Final = frozenset({"chat_stream", "responses_stream", "session_chat_stream"})
+
+
+def default_mode(name: str) -> Mode:
+    """The mode a caller that names none asks `name` for: `stream` for a streaming twin (the
+    only one it takes), `async` otherwise."""
+    return Mode.STREAM if name in STREAM_ONLY else Mode.ASYNC
 
 
 def reference_row(row: OperationRow) -> OperationRow:

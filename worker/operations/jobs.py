@@ -13,13 +13,10 @@ from typing import Annotated, Any
 import msgspec
 
 from schemas._base import WireStruct
-from schemas.manifest import Risk
 from worker.operations.calls import HermesCall, JsonOperation, body_of
 from worker.operations.input_types import JobId, Label
 from worker.operations.retry import ReadRetryPolicy
-from worker.operations.specs import read, unsafe
-
-_JOB = "/api/jobs/{job_id}"
+from worker.operations.specs import spec
 
 JobName = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
 #: `every 30m`, `0 9 * * *`, `30m`, or an ISO timestamp; Hermes parses it (a bad one is 500).
@@ -81,20 +78,15 @@ def _update(params: JobUpdateInput) -> HermesCall:
     return HermesCall(params={"job_id": params.job_id}, body=body_of(params, exclude={"job_id"}))
 
 
-def _action(name: str, verb: str, description: str, risk: Risk) -> JsonOperation:
-    spec = unsafe(
-        name, "POST", f"{_JOB}/{verb}", JobRef, description, risk=risk, approval=risk is Risk.HIGH
-    )
-    return JsonOperation(spec, _ref)
+def _action(name: str, description: str) -> JsonOperation:
+    return JsonOperation(spec(name, JobRef, description), _ref)
 
 
 def job_operations(retry: ReadRetryPolicy) -> list[JsonOperation]:
     return [
         JsonOperation(
-            read(
-                "job_list",
-                "GET",
-                "/api/jobs",
+            spec(
+                "jobs_list",
                 JobListInput,
                 "Scheduled jobs with their latest execution",
             ),
@@ -102,41 +94,21 @@ def job_operations(retry: ReadRetryPolicy) -> list[JsonOperation]:
             retry=retry,
         ),
         JsonOperation(
-            unsafe(
-                "job_create",
-                "POST",
-                "/api/jobs",
-                JobCreateInput,
-                "Schedule a prompt for the agent to run unattended",
-                risk=Risk.HIGH,
-                approval=True,
-            ),
+            spec("job_create", JobCreateInput, "Schedule a prompt for the agent to run unattended"),
             _create,
         ),
-        JsonOperation(read("job_get", "GET", _JOB, JobRef, "One job"), _ref, retry=retry),
+        JsonOperation(spec("job_get", JobRef, "One job"), _ref, retry=retry),
         JsonOperation(
-            unsafe(
-                "job_update",
-                "PATCH",
-                _JOB,
-                JobUpdateInput,
-                "Change a job's prompt, schedule, delivery or state",
-                risk=Risk.HIGH,
-                approval=True,
+            spec(
+                "job_update", JobUpdateInput, "Change a job's prompt, schedule, delivery or state"
             ),
             _update,
         ),
         JsonOperation(
-            unsafe(
-                "job_delete", "DELETE", _JOB, JobRef, "Delete a job", risk=Risk.HIGH, approval=True
-            ),
+            spec("job_delete", JobRef, "Delete a job"),
             _ref,
         ),
-        _action("job_pause", "pause", "Pause a job (no further runs until resumed)", Risk.MEDIUM),
-        _action(
-            "job_resume", "resume", "Resume a paused job (next run recomputed from now)", Risk.HIGH
-        ),
-        _action(
-            "job_run", "run", "Run a job at the scheduler's next tick (within 60 s)", Risk.HIGH
-        ),
+        _action("job_pause", "Pause a job (no further runs until resumed)"),
+        _action("job_resume", "Resume a paused job (next run recomputed from now)"),
+        _action("job_run", "Run a job at the scheduler's next tick (within 60 s)"),
     ]

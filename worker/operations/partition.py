@@ -22,7 +22,7 @@ operator's session id):
   is its name's; a stored response is recorded in Redis as its creator's partition when
   the turn returns it (`…:partition:v1:{endpoint}:response:{id}`). An unsafe request on
   such an id reads the owner first; a read checks it before answering.
-* **Lists** (`session_list`, `job_list`) answer only the partition's rows. Hermes pages
+* **Lists** (`sessions_list`, `jobs_list`) answer only the partition's rows. Hermes pages
   before the worker filters, so a page may hold fewer rows than `limit` while `has_more`
   is Hermes' own (`len(data) == limit` of the unfiltered page).
 
@@ -56,7 +56,7 @@ RESPONSE_OWNER_TTL_MS = 30 * 86_400_000
 _SESSION_PARAM = frozenset(
     {
         "session_get",
-        "session_update",
+        "session_patch",
         "session_delete",
         "session_messages",
         "session_chat",
@@ -67,6 +67,8 @@ _SESSION_PARAM = frozenset(
 _RUN_REF = frozenset({"run_status", "run_events", "run_approval", "run_stop"})
 _JOB_REF = frozenset({"job_get", "job_update", "job_delete", "job_pause", "job_resume", "job_run"})
 _RESPONSE_REF = frozenset({"response_get", "response_delete"})
+#: The two Responses API turns (sync and streamed): both take `conversation` and `store`.
+_RESPONSES = frozenset({"responses", "responses_stream"})
 
 
 def prefix_of(ctx: ExecutionContext) -> str:
@@ -142,12 +144,12 @@ async def guard(ctx: ExecutionContext, name: str, params: Any) -> Any:
         part.require("session id", params.session_id)
     elif name == "job_create":
         part.require("job name", params.name)
-    elif name == "responses_create" and params.conversation is not None:
+    elif name in _RESPONSES and params.conversation is not None:
         part.require("conversation", params.conversation)
     if name == "job_update" and isinstance(params.name, str):
         part.require("job name", params.name)
     previous = getattr(params, "previous_response_id", None)
-    if name in ("responses_create", "run_start") and previous is not None:
+    if name in ("responses", "responses_stream", "run_start") and previous is not None:
         await _require_response(ctx, part, previous)
     if name in _RESPONSE_REF:
         await _require_response(ctx, part, params.response_id)
@@ -156,9 +158,7 @@ async def guard(ctx: ExecutionContext, name: str, params: Any) -> Any:
         if not part.owns(run.get("session_id")):
             raise _outside("run", params.run_id)
     if name in _JOB_REF and name != "job_get":
-        job = (await _read(ctx, "job", "/api/jobs/{job_id}", {"job_id": params.job_id})).get(
-            "job"
-        )
+        job = (await _read(ctx, "job", "/api/jobs/{job_id}", {"job_id": params.job_id})).get("job")
         if not isinstance(job, dict) or not part.owns(job.get("name")):
             raise _outside("job", params.job_id)
     return params
@@ -172,17 +172,17 @@ async def screen(ctx: ExecutionContext, name: str, params: Any, outcome: Outcome
     if part is None:
         return outcome
     body = outcome.output
-    if name == "session_list" and isinstance(body, dict) and isinstance(body.get("data"), list):
+    if name == "sessions_list" and isinstance(body, dict) and isinstance(body.get("data"), list):
         rows = [row for row in body["data"] if isinstance(row, dict) and part.owns(row.get("id"))]
         outcome.output = {**body, "data": rows}
-    elif name == "job_list" and isinstance(body, dict) and isinstance(body.get("jobs"), list):
+    elif name == "jobs_list" and isinstance(body, dict) and isinstance(body.get("jobs"), list):
         jobs = [job for job in body["jobs"] if isinstance(job, dict) and part.owns(job.get("name"))]
         outcome.output = {**body, "jobs": jobs}
     elif name == "job_get":
         job = body.get("job") if isinstance(body, dict) else None
         if not isinstance(job, dict) or not part.owns(job.get("name")):
             raise _outside("job", params.job_id)
-    elif name == "responses_create" and params.store is not False and isinstance(body, dict):
+    elif name in _RESPONSES and params.store is not False and isinstance(body, dict):
         response_id = body.get("id")
         if isinstance(response_id, str) and response_id:
             await _record_response(ctx, part, response_id)

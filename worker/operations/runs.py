@@ -17,17 +17,14 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from schemas._base import WireStruct
-from schemas.manifest import Risk
 from worker.hermes.sse import SSELimits
 from worker.operations.calls import HermesCall, JsonOperation, body_of
 from worker.operations.classifiers import RunEvents
 from worker.operations.input_types import Instructions, Label, Prompt, ResponseId, RunId, SessionId
 from worker.operations.messages import ChatMessage, Messages
 from worker.operations.retry import ReadRetryPolicy
-from worker.operations.specs import STREAM_MS, read, unsafe
+from worker.operations.specs import spec
 from worker.operations.streaming import StreamOperation
-
-_RUN = "/v1/runs/{run_id}"
 
 
 class RunStartInput(WireStruct, kw_only=True, frozen=True, omit_defaults=True):
@@ -69,22 +66,16 @@ def run_operations(
 ) -> list[JsonOperation | StreamOperation]:
     return [
         JsonOperation(
-            unsafe(
+            spec(
                 "run_start",
-                "POST",
-                "/v1/runs",
                 RunStartInput,
                 "Start an agent run (202 with its run id); not idempotent in Hermes 0.19",
-                risk=Risk.HIGH,
-                approval=True,
             ),
             _start,
         ),
         JsonOperation(
-            read(
+            spec(
                 "run_status",
-                "GET",
-                _RUN,
                 RunRef,
                 "A run's status (kept 1 h after it ends, forgotten on restart)",
             ),
@@ -92,14 +83,10 @@ def run_operations(
             retry=retry,
         ),
         StreamOperation(
-            read(
+            spec(
                 "run_events",
-                "GET",
-                _RUN + "/events",
                 RunRef,
                 "Follow a run's single-use event stream to its terminal event",
-                streaming=True,
-                timeout_ms=STREAM_MS,
             ),
             _ref,
             RunEvents,
@@ -108,27 +95,15 @@ def run_operations(
             run_id_param="run_id",
         ),
         JsonOperation(
-            unsafe(
+            spec(
                 "run_approval",
-                "POST",
-                _RUN + "/approval",
                 RunApprovalInput,
                 "Answer the oldest pending approval prompt of a run",
-                risk=Risk.HIGH,
-                approval=True,
             ),
             _approval,
         ),
         JsonOperation(
-            unsafe(
-                "run_stop",
-                "POST",
-                _RUN + "/stop",
-                RunRef,
-                "Ask a run to stop (status becomes cancelled shortly)",
-                risk=Risk.HIGH,
-                approval=True,
-            ),
+            spec("run_stop", RunRef, "Ask a run to stop (status becomes cancelled shortly)"),
             _ref,
         ),
     ]

@@ -13,7 +13,6 @@ from typing import Annotated, Any
 import msgspec
 
 from schemas._base import WireStruct
-from schemas.manifest import Risk
 from worker.hermes.sse import SSELimits
 from worker.operations.calls import HermesCall, JsonOperation, body_of
 from worker.operations.classifiers import SessionChatEvents
@@ -26,10 +25,8 @@ from worker.operations.input_types import (
     Title,
 )
 from worker.operations.retry import ReadRetryPolicy
-from worker.operations.specs import STREAM_MS, TURN_MS, read, unsafe
+from worker.operations.specs import spec
 from worker.operations.streaming import StreamOperation
-
-_SESSION = "/api/sessions/{session_id}"
 
 
 class SessionListInput(WireStruct, kw_only=True, frozen=True, omit_defaults=True):
@@ -98,10 +95,8 @@ def session_operations(
 ) -> list[JsonOperation | StreamOperation]:
     return [
         JsonOperation(
-            read(
-                "session_list",
-                "GET",
-                "/api/sessions",
+            spec(
+                "sessions_list",
                 SessionListInput,
                 "Sessions, most recently active first (limit/offset pages)",
             ),
@@ -109,51 +104,29 @@ def session_operations(
             retry=retry,
         ),
         JsonOperation(
-            unsafe(
-                "session_create",
-                "POST",
-                "/api/sessions",
-                SessionCreateInput,
-                "Create an empty persisted session",
-                risk=Risk.LOW,
-                approval=False,
-            ),
+            spec("session_create", SessionCreateInput, "Create an empty persisted session"),
             _create,
         ),
         JsonOperation(
-            read("session_get", "GET", _SESSION, SessionRef, "One session's metadata"),
+            spec("session_get", SessionRef, "One session's metadata"),
             _ref,
             retry=retry,
         ),
         JsonOperation(
-            unsafe(
-                "session_update",
-                "PATCH",
-                _SESSION,
-                SessionUpdateInput,
-                "Set a session's title or end reason",
-                risk=Risk.LOW,
-                approval=False,
-            ),
+            spec("session_patch", SessionUpdateInput, "Set a session's title or end reason"),
             _with_body,
         ),
         JsonOperation(
-            unsafe(
+            spec(
                 "session_delete",
-                "DELETE",
-                _SESSION,
                 SessionRef,
                 "Delete a session and its transcript (forks are orphaned)",
-                risk=Risk.HIGH,
-                approval=True,
             ),
             _ref,
         ),
         JsonOperation(
-            read(
+            spec(
                 "session_messages",
-                "GET",
-                _SESSION + "/messages",
                 SessionRef,
                 "A session's whole transcript (Hermes does not paginate it)",
             ),
@@ -161,41 +134,26 @@ def session_operations(
             retry=retry,
         ),
         JsonOperation(
-            unsafe(
+            spec(
                 "session_fork",
-                "POST",
-                _SESSION + "/fork",
                 SessionForkInput,
                 "Copy a session into a child and mark the source branched (not atomic)",
-                risk=Risk.MEDIUM,
-                approval=False,
             ),
             _with_body,
         ),
         JsonOperation(
-            unsafe(
+            spec(
                 "session_chat",
-                "POST",
-                _SESSION + "/chat",
                 SessionChatInput,
                 "One synchronous agent turn in a session (tools run server-side)",
-                risk=Risk.MEDIUM,
-                approval=False,
-                timeout_ms=TURN_MS,
             ),
             _with_body,
         ),
         StreamOperation(
-            unsafe(
+            spec(
                 "session_chat_stream",
-                "POST",
-                _SESSION + "/chat/stream",
                 SessionChatInput,
                 "One agent turn in a session, streamed as chunks",
-                risk=Risk.MEDIUM,
-                approval=False,
-                streaming=True,
-                timeout_ms=STREAM_MS,
             ),
             _with_body,
             SessionChatEvents,

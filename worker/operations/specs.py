@@ -1,9 +1,11 @@
-"""Spec constructors with the defaults every operation family shares.
+"""Every operation's spec facts, read from the capability catalog (worker/operations/catalog.py).
 
-Kept apart from the families so the rules read in one place: reads are low risk, never need
-approval or an idempotency key and may be retried; unsafe operations always require an
-idempotency key (their result is stored and replayed for the same Action id) and never
-retry. Risk and approval per operation are in `docs/capabilities.md`.
+The catalog row of an operation is the one source of what the manifest declares and what the
+runtime enforces: its route, whether it is read-only (the reference connector's `low`-risk
+set), its risk, whether it needs approval and an idempotency key, whether it streams and its
+time budget (the row's SLA timeout). A family module only adds what the catalog cannot know:
+the input type and the description. So the published contract and the admission rules cannot
+drift apart (docs/capabilities.md has the table and the project's documented departures).
 """
 
 from __future__ import annotations
@@ -12,62 +14,23 @@ from typing import Any
 
 from schemas.manifest import Risk
 from worker.operations.base import OperationSpec
-
-#: One request that answers at once (discovery, CRUD).
-QUICK_MS = 30_000
-#: A synchronous agent turn (chat, responses, session chat): the model and tools run inside.
-TURN_MS = 300_000
-#: Following an agent's event stream to its end.
-STREAM_MS = 900_000
+from worker.operations.catalog import BY_NAME, STREAM_ONLY
 
 
-def read(
-    name: str,
-    method: str,
-    route: str,
-    input_type: type[Any],
-    description: str,
-    *,
-    streaming: bool = False,
-    timeout_ms: int = QUICK_MS,
-) -> OperationSpec:
+def spec(name: str, input_type: type[Any], description: str) -> OperationSpec:
+    """The spec of catalog operation `name`; KeyError for a name the catalog does not hold."""
+    row = BY_NAME[name]
     return OperationSpec(
         name=name,
-        method=method,
-        route=route,
-        read_only=True,
-        risk=Risk.LOW,
-        approval_required=False,
-        idempotency_required=False,
-        streaming=streaming,
-        timeout_ms=timeout_ms,
+        method=row.method,
+        route=row.path,
+        read_only=row.read_only,
+        risk=Risk(row.risk),
+        approval_required=row.approval,
+        idempotency_required=row.idempotency_required,
+        streaming=row.completion == "streaming",
+        timeout_ms=row.sla_timeout_ms,
         input_type=input_type,
         description=description,
-    )
-
-
-def unsafe(
-    name: str,
-    method: str,
-    route: str,
-    input_type: type[Any],
-    description: str,
-    *,
-    risk: Risk,
-    approval: bool,
-    streaming: bool = False,
-    timeout_ms: int = QUICK_MS,
-) -> OperationSpec:
-    return OperationSpec(
-        name=name,
-        method=method,
-        route=route,
-        read_only=False,
-        risk=risk,
-        approval_required=approval,
-        idempotency_required=True,
-        streaming=streaming,
-        timeout_ms=timeout_ms,
-        input_type=input_type,
-        description=description,
+        stream_only=name in STREAM_ONLY,
     )

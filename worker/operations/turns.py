@@ -1,4 +1,4 @@
-"""Model turns: chat completions and the Responses API (streamed or not, chosen by input).
+"""Model turns: chat completions and the Responses API, each as a sync and a streaming twin.
 
 Both run a full agent turn with tools on the Hermes host, so they are unsafe (medium risk).
 Hermes 0.19 honours `Idempotency-Key` (from the verified envelope, never from input) on the
@@ -17,9 +17,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from schemas._base import WireStruct
-from schemas.chunk import ChunkKind
 from schemas.errors import ErrorCode
-from schemas.manifest import Risk
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.hermes.sse import SSELimits
@@ -30,7 +28,7 @@ from worker.operations.classifiers import ChatCompletionChunks, ResponseEvents
 from worker.operations.input_types import Instructions, Label, Prompt, ProviderObject, ResponseId
 from worker.operations.messages import ChatMessage, Messages
 from worker.operations.retry import ReadRetryPolicy
-from worker.operations.specs import TURN_MS, read, unsafe
+from worker.operations.specs import spec
 from worker.operations.streaming import Classifier, stream_call
 
 _RESPONSE = "/v1/responses/{response_id}"
@@ -41,7 +39,6 @@ ResponseItems = Annotated[list[Prompt | ChatMessage], msgspec.Meta(min_length=1,
 class ChatCompletionsInput(WireStruct, kw_only=True, frozen=True, omit_defaults=True):
     messages: Messages
     model: Label | None = None
-    stream: bool = False
     tools: Tools | None = None
     tool_choice: Label | ProviderObject | None = None
 
@@ -59,7 +56,6 @@ class ResponsesInput(WireStruct, kw_only=True, frozen=True, omit_defaults=True):
     #: `auto` keeps the last 100 history messages.
     truncation: Literal["auto", "disabled"] | None = None
     model: Label | None = None
-    stream: bool = False
 
     def __post_init__(self) -> None:
         if self.conversation is not None and self.previous_response_id is not None:
@@ -80,7 +76,10 @@ def _turn_failed(body: Any) -> bool:
 
 
 class _Turn(Stateless):
-    """One model turn: streamed through a classifier, or one JSON answer checked for failure."""
+    """One model turn. The sync twin (`chat`, `responses`) sends no `stream` flag and answers
+    with the one JSON body, checked for failure, and publishes no chunk; the streaming twin
+    (`chat_stream`, `responses_stream`) sends `stream: true` and streams its provider events
+    through a classifier (the reference connector's split, one capability per mode)."""
 
     def __init__(
         self, spec: OperationSpec, classifier: type[Classifier], limits: SSELimits
@@ -94,11 +93,12 @@ class _Turn(Stateless):
         return await partition.screen(ctx, self.spec.name, params, await self._turn(ctx, params))
 
     async def _turn(self, ctx: ExecutionContext, params: Any) -> Outcome:
-        call = HermesCall(body=body_of(params))
-        if params.stream:
+        streamed = self.spec.stream_only
+        body = body_of(params)
+        call = HermesCall(body={**body, "stream": True} if streamed else body)
+        if streamed:
             return await stream_call(ctx, self.spec, call, self.classifier(), limits=self.limits)
         response = await send(ctx, self.spec, call)
-        await ctx.emit(ChunkKind.DATA, response.body)
         if _turn_failed(response.body):
             error = ConnectorError(
                 ErrorCode.REMOTE_REJECTED,
@@ -113,43 +113,27 @@ def _ref(params: Any) -> HermesCall:
     return HermesCall(params={"response_id": params.response_id})
 
 
+_CHAT = "An OpenAI-style chat completion (a full agent turn, tools run server-side)"
+_RESPONSES = "A Responses API turn (a full agent turn, tools run server-side)"
+
+
 def turn_operations(retry: ReadRetryPolicy, limits: SSELimits) -> list[Any]:
     return [
+        _Turn(spec("chat", ChatCompletionsInput, _CHAT), ChatCompletionChunks, limits),
         _Turn(
-            unsafe(
-                "chat_completions",
-                "POST",
-                "/v1/chat/completions",
-                ChatCompletionsInput,
-                "An OpenAI-style chat completion (streamed when `stream` is true)",
-                risk=Risk.MEDIUM,
-                approval=False,
-                streaming=True,
-                timeout_ms=TURN_MS,
-            ),
+            spec("chat_stream", ChatCompletionsInput, _CHAT + ", streamed as chunks"),
             ChatCompletionChunks,
             limits,
         ),
+        _Turn(spec("responses", ResponsesInput, _RESPONSES), ResponseEvents, limits),
         _Turn(
-            unsafe(
-                "responses_create",
-                "POST",
-                "/v1/responses",
-                ResponsesInput,
-                "A Responses API turn (streamed when `stream` is true)",
-                risk=Risk.MEDIUM,
-                approval=False,
-                streaming=True,
-                timeout_ms=TURN_MS,
-            ),
+            spec("responses_stream", ResponsesInput, _RESPONSES + ", streamed as chunks"),
             ResponseEvents,
             limits,
         ),
         JsonOperation(
-            read(
+            spec(
                 "response_get",
-                "GET",
-                _RESPONSE,
                 ResponseRef,
                 "A stored response (survives Hermes restarts; at most 100 kept)",
             ),
@@ -157,15 +141,7 @@ def turn_operations(retry: ReadRetryPolicy, limits: SSELimits) -> list[Any]:
             retry=retry,
         ),
         JsonOperation(
-            unsafe(
-                "response_delete",
-                "DELETE",
-                _RESPONSE,
-                ResponseRef,
-                "Delete a stored response (cannot be undone)",
-                risk=Risk.HIGH,
-                approval=True,
-            ),
+            spec("response_delete", ResponseRef, "Delete a stored response (cannot be undone)"),
             _ref,
         ),
     ]

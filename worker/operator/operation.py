@@ -18,13 +18,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from schemas.action import Action
 from schemas.errors import ErrorCode
 from schemas.ids import is_action_id
-from schemas.manifest import Risk
 from schemas.operator import OperatorInput, OperatorInputSchema, OperatorObjective, OperatorResume
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
-from worker.operations.base import ExecutionContext, OperationSpec, Outcome, Recovering
+from worker.operations.base import ExecutionContext, Outcome, Recovering
 from worker.operations.partition import prefix_of
+from worker.operations.specs import spec
 from worker.operator.binding import (
     BindingState,
     OperatorBinding,
@@ -51,21 +51,13 @@ S = BindingState
 #: The default of `AIPD_RESULT_TTL_MS`: results are replayed for 24 hours.
 DEFAULT_RESULT_TTL_MS = 86_400_000
 
-OPERATOR_SPEC = OperationSpec(
-    name="operator",
-    method="POST",
-    route="/v1/runs",
-    read_only=False,
-    risk=Risk.HIGH,
-    approval_required=True,
-    idempotency_required=True,
-    streaming=True,
-    timeout_ms=900_000,
-    input_type=OperatorInputSchema,
-    description=(
-        "Run or resume the governed Hermes operator: a durable binding fences the run start, "
-        "approvals resume through a command ledger, cancellation needs provider evidence"
-    ),
+#: The operator's facts (risk, approval, idempotency, streaming, route) are its catalog row's,
+#: like every other capability's; its time budget is the policy's (set per instance below).
+OPERATOR_SPEC = spec(
+    "operator",
+    OperatorInputSchema,
+    "Run or resume the governed Hermes operator: a durable binding fences the run start, "
+    "approvals resume through a command ledger, cancellation needs provider evidence",
 )
 
 

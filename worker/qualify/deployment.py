@@ -35,6 +35,7 @@ from worker.qualify.settings import QualifySettings
 from worker.settings import Settings
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import read_seed_file
+from worker.wire.manifests import operation_of
 
 #: Hermes run statuses after which nothing runs any more (reference: hermes-0.19.md).
 TERMINAL_RUN_STATUSES = frozenset({"completed", "failed", "cancelled"})
@@ -190,7 +191,10 @@ class Deployment:
 
     def needs_approval(self, endpoint_id: str, operation: str) -> bool:
         entries = self.manifests.get(endpoint_id, {}).get("capabilities", [])
-        return any(e.get("operation") == operation and e.get("approval_required") for e in entries)
+        return any(
+            operation_of(e) == operation and e.get("requires_human_approval") is True
+            for e in entries
+        )
 
     async def approve(self, action: Action | ChildAction) -> None:
         """The approver's signed decision on exactly this Action (as `approve --key`)."""

@@ -20,6 +20,7 @@ from schemas.result import ResultStatus
 from worker.qualify.deployment import Evidence
 from worker.qualify.items import Context, expect, fail
 from worker.qualify.objectives import APPROVAL
+from worker.wire.manifests import operation_of
 
 #: How long a run may take to reach the status the tour waits for.
 STATUS_WAIT_S = 60.0
@@ -67,13 +68,10 @@ class Tour:
     async def everything(self) -> None:
         for name in ("health", "health_detailed", "capabilities", "models", "skills", "toolsets"):
             await self.ok(name, {})
-        await self.ok("chat_completions", {"messages": [{"role": "user", "content": "hi"}]})
-        await self.ok(
-            "chat_completions",
-            {"messages": [{"role": "user", "content": "stream it"}], "stream": True},
-        )
-        response = await self.ok("responses_create", {"input": "hello responses"})
-        await self.ok("responses_create", {"input": "streamed", "stream": True})
+        await self.ok("chat", {"messages": [{"role": "user", "content": "hi"}]})
+        await self.ok("chat_stream", {"messages": [{"role": "user", "content": "stream it"}]})
+        response = await self.ok("responses", {"input": "hello responses"})
+        await self.ok("responses_stream", {"input": "streamed"})
         await self.ok("response_get", {"response_id": response["id"]})
         await self.ok("response_delete", {"response_id": response["id"]})
         await self._sessions()
@@ -85,7 +83,7 @@ class Tour:
         sid = "qualify-" + secrets.token_hex(6)
         await self.ok("session_create", {"id": sid, "title": f"qualify {sid}"})
         await self.ok("session_get", {"session_id": sid})
-        await self.ok("session_update", {"session_id": sid, "title": f"renamed {sid}"})
+        await self.ok("session_patch", {"session_id": sid, "title": f"renamed {sid}"})
         await self.ok("session_chat", {"session_id": sid, "message": "hello session"})
         await self.ok("session_chat_stream", {"session_id": sid, "message": "again"})
         messages = await self.ok("session_messages", {"session_id": sid})
@@ -96,7 +94,7 @@ class Tour:
         )
         child = "qualify-fork-" + secrets.token_hex(4)
         await self.ok("session_fork", {"session_id": sid, "id": child})
-        await self.ok("session_list", {"limit": 200})
+        await self.ok("sessions_list", {"limit": 200})
         await self.ok("session_delete", {"session_id": child})
         await self.ok("session_delete", {"session_id": sid})
 
@@ -122,7 +120,7 @@ class Tour:
         await self.ok("job_get", {"job_id": job_id})
         await self.ok("job_update", {"job_id": job_id, "name": "qualify job renamed"})
         await self.ok("job_pause", {"job_id": job_id})
-        await self.ok("job_list", {"include_disabled": True})
+        await self.ok("jobs_list", {"include_disabled": True})
         await self.ok("job_resume", {"job_id": job_id})
         await self.ok("job_run", {"job_id": job_id})
         await self.ok("job_delete", {"job_id": job_id})
@@ -136,7 +134,9 @@ async def route_tour(ctx: Context, evidence: Evidence) -> str:
     counts = []
     for tour in tours:
         manifest = ctx.deployment.manifests[tour.endpoint_id]
-        published = {entry["operation"] for entry in manifest["capabilities"]}
+        published = {
+            name for entry in manifest["capabilities"] if (name := operation_of(entry)) is not None
+        }
         missing = sorted(published - tour.seen)
         expect(not missing, f"{tour.endpoint_id}: routes not toured: {', '.join(missing)}")
         counts.append(f"{tour.endpoint_id} {len(tour.seen)}/{len(published)}")

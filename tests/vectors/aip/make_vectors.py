@@ -557,6 +557,105 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
     )
     not_settled, not_settled_bytes = signed(not_settled, WORKER_SEED)
 
+    manifest_request = frame(
+        "aip.discovery.v1.manifest_request",
+        0xD001,
+        PUBLISHER,
+        correlation_id=CORRELATION_ID,
+        body={
+            "manifest_request": {
+                "filter": {
+                    "capability_ids": ["cap:hermes_agent:h1:models"],
+                    "supports_streaming": False,
+                }
+            }
+        },
+    )
+    manifest_request, manifest_request_bytes = signed(manifest_request, ACTION_SEED)
+    empty_request = frame(
+        "aip.discovery.v1.manifest_request", 0xD002, PUBLISHER, body={"manifest_request": {}}
+    )
+    manifest = frame(
+        "aip.discovery.v1.manifest_response",
+        0xD003,
+        WORKER,
+        in_response_to=manifest_request["message_id"],
+        to=manifest_request["from"],
+        correlation_id=CORRELATION_ID,
+        body={
+            "manifest": {
+                "manifest_version": "aip-manifest/v1",
+                "agent": dict(WORKER),
+                "profiles": ["aip.native.nats.v1", "aip.connector.hermes_agent.v1"],
+                "capabilities": [
+                    {
+                        "id": "cap:hermes_agent:h1:models",
+                        "name": "models",
+                        "kind": "tool",
+                        "input_schema": {
+                            "type": "object",
+                            "properties": {},
+                            "additionalProperties": False,
+                        },
+                        "risk": "low",
+                        "stability": "stable",
+                        "auth": {"scheme": "bearer", "source": "endpoint.api_key"},
+                        "bindings": [
+                            {
+                                "profile": "aip.connector.hermes_agent.v1",
+                                "system": "hermes-agent",
+                                "endpoint_id": "h1",
+                                "operation": "models",
+                                "method": "GET",
+                                "path": "/v1/models",
+                                "streaming": False,
+                            }
+                        ],
+                        "requires_human_approval": False,
+                        "contract": {
+                            "side_effects": ["read", "external_network"],
+                            "idempotency": {
+                                "requirement": "optional",
+                                "collision_behavior": "return_original_result",
+                                "key_scope": "capability",
+                            },
+                            "execution": {
+                                "supports_sync": True,
+                                "supports_async": False,
+                                "supports_streaming": False,
+                                "supports_cancel": False,
+                                "supports_retry": True,
+                                "expected_completion": "sync",
+                                "retry_safety": "safe",
+                            },
+                            "data": {
+                                "sensitivity": "internal",
+                                "contains_pii": False,
+                                "redaction_required": False,
+                            },
+                            "sla": {
+                                "async_expected": False,
+                                "expected_latency_ms": 5000,
+                                "timeout_ms": 60000,
+                            },
+                            "compensation": {
+                                "mode": "rollback_not_supported",
+                                "requires_approval": False,
+                            },
+                        },
+                    }
+                ],
+                "compatibility": {
+                    "system": "hermes-agent",
+                    "native_nats": {"subject": "aip.hermes.h1.actions"},
+                    "endpoints": ["h1"],
+                    "tenant_bound_endpoints": [{"endpoint_id": "h1", "tenant_id": "tenant-a"}],
+                },
+                "extensions": {EXT: {"worker_version": "0.0.0", "shared": False}},
+            }
+        },
+    )
+    manifest, manifest_bytes = signed(manifest, WORKER_SEED)
     escalation = frame(
         "aip.core.v1.escalation",
         0xE501,
@@ -755,6 +854,23 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 MINIMAL_ACTION_SEED,
                 minimal_cancel,
                 minimal_cancel_bytes,
+            ),
+        ],
+        "aip.discovery.v1.manifest_request": [
+            entry(
+                "a signed request for one capability, filtered",
+                ACTION_SEED,
+                manifest_request,
+                manifest_request_bytes,
+            ),
+            entry("an unsigned request for the whole manifest", None, empty_request, None),
+        ],
+        "aip.discovery.v1.manifest_response": [
+            entry(
+                "the worker's signed answer: one capability, tenant binding, our extension",
+                WORKER_SEED,
+                manifest,
+                manifest_bytes,
             ),
         ],
         "aip.core.v1.escalation": [
@@ -962,6 +1078,63 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("target",), {"conversation": "conv_0000000000000000000000000000a001"}),
             ),
         ],
+        "aip.discovery.v1.manifest_request": [
+            ("unknown field at the top level", "check_envelope", top("manifest", {})),
+            (
+                "unknown field in the body: the filter's fields belong in `filter`",
+                "open_body",
+                put(("capability_ids",), ["cap:hermes_agent:h1:models"]),
+            ),
+            (
+                "unknown field nested in the body (filter.endpoint_id)",
+                "open_body",
+                put(("filter", "endpoint_id"), "h1"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("manifest")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "0.9")),
+            (
+                "null for an absent optional (filter.requires_approval): the signature "
+                "breaks upstream",
+                "signed_form",
+                put(("filter", "requires_approval"), None),
+            ),
+            ("missing required field message_type", "check_envelope", drop_top("message_type")),
+            (
+                "wrong enum value: filter.risk `severe`",
+                "open_body",
+                put(("filter", "risk"), ["severe"]),
+            ),
+        ],
+        "aip.discovery.v1.manifest_response": [
+            ("unknown field at the top level", "check_envelope", top("capabilities", [])),
+            (
+                "unknown field in the body: our old `endpoint_id`",
+                "open_body",
+                put(("endpoint_id",), "h1"),
+            ),
+            (
+                "unknown field nested in the body (agent.endpoint)",
+                "open_body",
+                put(("agent", "endpoint"), "h1"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("manifest_response")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.0.0")),
+            (
+                "null for an absent optional (limits): the signature breaks upstream",
+                "signed_form",
+                put(("limits",), None),
+            ),
+            (
+                "missing required field body.manifest.manifest_version",
+                "open_body",
+                drop("manifest_version"),
+            ),
+            (
+                "wrong enum value: agent kind `bot`",
+                "open_body",
+                put(("agent", "kind"), "bot"),
+            ),
+        ],
         "aip.core.v1.escalation": [
             ("unknown field at the top level", "check_envelope", top("escalation_id", "esc_1")),
             (
@@ -1027,6 +1200,8 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
 
 #: Which valid Envelope each message type's invalid ones start from.
 _BASES = {
+    "aip.discovery.v1.manifest_request": 0,
+    "aip.discovery.v1.manifest_response": 0,
     "aip.core.v1.action": 0,
     "aip.core.v1.action_result": 0,
     "aip.core.v1.stream_chunk": 0,
