@@ -458,3 +458,13 @@ async def test_events_before_the_result_follow_the_chain_forward_unverified(
     assert [e["payload"]["text"] for e in answer["events"]] == ["one", "two"]
     assert answer["verified"] is False
     assert answer["done"] is False
+
+
+async def test_a_contract_without_a_mode_gets_the_capabilitys_default(harness: Harness) -> None:
+    """As AipClient.build_action: a streaming twin takes only `stream`, so a call naming no
+    mode asks for it; anything else defaults to `async`; a named mode is kept."""
+    twin = harness.child(capability="cap:hermes_agent:h1:chat_stream")
+    assert twin.mode.value == "stream"
+    assert harness.child(capability="cap:hermes_agent:h1:chat").mode.value == "async"
+    named = harness.child(capability="cap:hermes_agent:h1:chat", mode="sync")
+    assert named.mode.value == "sync"

@@ -38,6 +38,7 @@ from worker.gateway.principals import Principal
 from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import Route, RouteTable
 from worker.gateway.settings import GatewaySettings
+from worker.operations.catalog import default_mode
 from worker.tasks import stop_tasks
 from worker.trust.tenancy import binding_admits
 from worker.wire.manifests import bound_tenant_of, endpoint_of, extension_of_manifest
@@ -230,6 +231,10 @@ class GatewayService:
         else:
             action_id = namespaced_action_id(principal.principal_id, principal.tenant_id, supplied)
         fields.setdefault("created_at_unix_ms", now_ms())
+        capability = fields.get("capability")
+        if "mode" not in fields and isinstance(capability, str):
+            # As AipClient.build_action: a streaming twin (`chat_stream`) takes only `stream`.
+            fields["mode"] = default_mode(capability.rsplit(":", 1)[-1]).value
         document = {"id": action_id, "identity": msgspec.to_builtins(principal.identity())}
         document.update(fields)
         try:
