@@ -261,7 +261,7 @@ class ControlPlane:
             return answer_error(reply, None, exc.code, exc.reason)
         try:
             rt.gate.verify_action_signer(opened.verified)
-            await rt.gate.check_fresh(sent_at_ms(opened), rt.stores)
+            await rt.gate.check_fresh(sent_at_ms(opened), rt.stores, opened.message_id)
         except ConnectorError as exc:
             return answer_error(reply, request.action_id, exc.code, exc.message)
         except Exception as exc:

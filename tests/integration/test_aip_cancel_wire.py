@@ -125,6 +125,27 @@ async def test_a_cancel_of_a_finished_action_returns_its_terminal_result(stack: 
     assert answer["body"]["action_result"].get("output") == result.output
 
 
+async def test_a_signed_cancel_sent_again_is_refused_as_a_replay(stack: Stack) -> None:
+    """Each request Envelope's `message_id` is claimed once (AIP gateways do the same): a
+    captured signed Cancel sent again within its `sent_at` window gets
+    `connector_host.replay`, not the Action's result."""
+    await stack.spawn("w1")
+    action = stack.action("models")
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED
+    cancel = sign(
+        cancel_envelope(action.id, wait_ms=0), key_of_nkey_seed(stack.trust.seed), OWNER
+    )
+    first = await _ask(stack, canonical(cancel))
+    assert first["message_type"] == "aip.core.v1.action_result", first
+    again = await _ask(stack, canonical(cancel))
+    _answers(again, cancel)
+    _verified_by(again, _worker_key(stack))
+    error = _error(again)
+    assert (error["code"], error["retryable"]) == ("connector_host.replay", False)
+    assert "action_result" not in again["body"]
+
+
 async def test_forged_unsigned_and_other_principals_cancels_are_refused_and_change_nothing(
     stack: Stack,
 ) -> None:

@@ -107,9 +107,9 @@ class Gate(Protocol):
         (no worker leased it yet) only the requester's identity is checked."""
         ...
 
-    async def check_fresh(self, sent_at_unix_ms: int, stores: Stores) -> None:
+    async def check_fresh(self, sent_at_unix_ms: int, stores: Stores, message_id: str) -> None:
         """Refuse (`connector_host.replay`) a request sent outside the replay window of
-        now: a cancel, which no stream stores."""
+        now, or whose `message_id` was used before: a cancel, which no stream stores."""
         ...
 
     def verify_strict(self, payload: bytes, headers: Mapping[str, str]) -> str:

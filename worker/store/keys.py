@@ -7,6 +7,7 @@ tag (`…:{act_source}:lease:{act_resume}`) so the scripts that touch both stay 
 
 from __future__ import annotations
 
+import hashlib
 import re
 from dataclasses import dataclass
 
@@ -19,6 +20,14 @@ APPROVALS_PREFIX = "aip:approvals"
 ESCALATIONS_PREFIX = "aip:escalations"
 CHANNEL_NAMESPACE = "aip:connector:hermes_agent:channel:v1"
 IDEMPOTENCY_NAMESPACE = "aip:connector:hermes_agent:idempotency:v1"
+#: The `message_id`s of the request/reply Envelopes no stream stores (Cancels) already used.
+REQUEST_IDS_NAMESPACE = "aip:connector:hermes_agent:request_ids:v1"
+
+
+def request_id_key(message_id: str) -> str:
+    """The key that claims one request Envelope's `message_id` (any non-empty string on the
+    wire, so its sha256 names the key: fixed length, no separator of ours inside)."""
+    return f"{REQUEST_IDS_NAMESPACE}:{hashlib.sha256(message_id.encode()).hexdigest()}"
 
 
 def _tag(action_id: str) -> str:

@@ -39,6 +39,7 @@ from worker.endpoints import Endpoint
 from worker.errors import ConnectorError, TrustConfigError
 from worker.operations.base import OperationSpec
 from worker.settings import Settings
+from worker.store.keys import request_id_key
 from worker.store.lease_store import ActionSubject
 from worker.trust.approval_ledger import check_approval, prefetch_record
 from worker.trust.authority import ApprovalAuthority
@@ -301,11 +302,20 @@ class TrustGate:
         if subject is not None:
             await self.cancels.check(requester, subject, clock)
 
-    async def check_fresh(self, sent_at_unix_ms: int, stores: Stores) -> None:
+    async def check_fresh(self, sent_at_unix_ms: int, stores: Stores, message_id: str) -> None:
         """A request no stream stores (a cancel) is judged on its `sent_at` against Redis
-        TIME: at most the envelope age old, at most the clock skew ahead
-        (`connector_host.replay` otherwise, `worker.trust.replay`)."""
+        TIME: at most the envelope age old, at most the clock skew ahead; and its
+        `message_id` is claimed once for as long as that `sent_at` could pass, so a captured
+        request cannot be sent again (`connector_host.replay` otherwise, as AIP gateways
+        claim each `message_id` once)."""
         await self.replay.check(sent_at_unix_ms, stores.clock())
+        claimed = await stores.client.set(
+            request_id_key(message_id), b"1", nx=True, px=self.replay.span_ms
+        )
+        if not claimed:
+            raise ConnectorError(
+                ErrorCode.HOST_REPLAY, "this request's message_id was already used"
+            )
 
     def verify_strict(self, payload: bytes, headers: Mapping[str, str]) -> str:
         """A valid signature of a trusted key, whatever AIPD_ALLOW_UNSIGNED_ENVELOPES says."""
