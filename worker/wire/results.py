@@ -179,15 +179,17 @@ def encode_result(
 
 
 def decode_result(
-    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES, verify: bool = True
 ) -> tuple[ActionResult, Opened]:
     """The internal result in `data` and the Envelope it came in (whose signature, if any,
     verified: which keys to trust is the caller's decision, `Opened.verified.did`).
 
     EnvelopeRejected for anything that is not an `action_result` Envelope carrying one of
     our results (`envelope.decode.invalid`, `schema.envelope.invalid`, or
-    `connector_host.authentication` for a signature that does not verify)."""
-    opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
+    `connector_host.authentication` for a signature that does not verify).
+
+    `verify=False`: a result read back from the workers' own store (see open_envelope)."""
+    opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes, verify=verify)
     body = open_payload(opened, RESULT_TYPE)
     assert isinstance(body, AipActionResult)
     extension = extension_as(opened, ResultExtension)
