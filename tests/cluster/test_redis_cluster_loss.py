@@ -129,6 +129,38 @@ async def test_a_start_claim_no_replica_confirms_is_refused(redis_cluster: Redis
         await client.aclose()
 
 
+async def test_a_start_claim_confirmed_on_a_resend_answers_created(
+    redis_cluster: RedisCluster,
+) -> None:
+    """The first run of the create is not confirmed (its replica is paused), the re-send
+    meets that run's own binding: the store still answers `created`, not `exists`."""
+    client = open_redis(redis_cluster.urls[0], cluster=True, confirm=WriteConfirmation(1, 100))
+    try:
+        leases = LeaseStore(client)
+        operator = OperatorStore(client, call_budget_s=10.0)
+        keys = ActionKeys.of(new_action_id())
+        grant = await leases.acquire(keys, "w1#a", 30_000, "fp")
+        [replica] = redis_cluster.replicas_of(redis_cluster.node_for_key(keys.binding))
+        replica.pause()
+        try:
+            claim = asyncio.create_task(
+                operator.create(keys, "w1#a", grant.fence, b'{"s":0}', "starting")
+            )
+            for _ in range(100):  # bounded: 10 s
+                if operator.unconfirmed_writes >= 1:
+                    break
+                await asyncio.sleep(0.1)
+            assert operator.unconfirmed_writes >= 1
+        finally:
+            replica.resume()
+        created = await asyncio.wait_for(claim, 15)
+        assert created.status is WriteStatus.CREATED
+        assert created.stored.doc == b'{"s":0}'
+        assert created.stored.revision == 1
+    finally:
+        await client.aclose()
+
+
 async def test_pipelined_renewal_survives_a_failover_that_empties_the_script_cache(
     redis_cluster: RedisCluster,
 ) -> None:

@@ -227,10 +227,13 @@ class OperatorStore:
         if confirm is None:
             return await self._script(call.name, call.keys, call.args)
         deadline = time.monotonic() + self.call_budget_s
+        own: Any = None
         while True:
             reply, confirmed = await self._call(lambda: self._write_and_wait(call, confirm))
+            reply = _as_own_repeat(reply, own)
             if confirmed or reply_text(reply[0]) not in (WriteStatus.CREATED, WriteStatus.WRITTEN):
                 return reply
+            own = reply
             self.unconfirmed_writes += 1
             if not must_confirm:
                 log.warning(
@@ -322,6 +325,21 @@ class OperatorStore:
             lambda: self.scripts["capacity_acquire"](keys=[key], args=["", 0, 0, "0"])
         )
         return int(reply[1])
+
+
+def _as_own_repeat(reply: Any, own: Any) -> Any:
+    """A re-sent create (its first run was not confirmed) meets the binding that first run
+    stored and answers `exists`; that binding is the caller's own, so the answer is the
+    first run's `created`, with the repeat's stored binding and Redis time. Without this a
+    slow replica made a start claim read as somebody else's binding."""
+    if (
+        own is None
+        or reply_text(own[0]) != WriteStatus.CREATED
+        or reply_text(reply[0]) != WriteStatus.EXISTS
+        or _b(reply[1]) != _b(own[1])
+    ):
+        return reply
+    return [own[0], *reply[1:]]
 
 
 def _write_reply(reply: Any) -> WriteReply:
