@@ -90,9 +90,11 @@ class Subjects:
     def cancel_notice(self, endpoint_id: str) -> str:
         """Internal fan-out among workers: "re-read the durable cancel intent of this Action".
 
-        Carries only an Action id and grants nothing: a worker holding that Action re-reads
-        its cancel intent in Redis (coalesced, rate-bounded); a notice without a recorded
-        intent changes nothing. Workers publish and subscribe it; nobody else needs to.
+        Carries an `aip.core.v1.cancel` Envelope naming the Action (signed by the relaying
+        worker, `worker.wire.cancels.encode_cancel_notice`) and grants nothing: a worker
+        holding that Action re-reads its cancel intent in Redis (coalesced, rate-bounded); a
+        notice without a recorded intent changes nothing. Workers publish and subscribe it;
+        nobody else needs to.
         """
         return f"{self.prefix}.hermes.{endpoint_id}.control.cancel"
 

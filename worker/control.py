@@ -40,10 +40,13 @@ from worker.store.keys import ActionKeys
 from worker.store.lease_store import CancelAnswer, CancelState
 from worker.tasks import stop_tasks
 from worker.wire.cancels import (
+    MAX_NOTICE_BYTES,
     cancel_of,
     claimed_reply,
+    encode_cancel_notice,
     encode_cancel_result,
     encode_error,
+    notice_action_id,
     open_cancel,
 )
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, ReplyRecipe, sent_at_ms
@@ -80,8 +83,6 @@ class BindingCancelHook(Protocol):
 #: Notices buffered per subscription before the client drops more (a dropped notice only
 #: delays a cancel until the next heartbeat, so a flood is shed instead of queued).
 NOTICE_PENDING_MSGS = 4_096
-#: An Action id is 36 bytes; anything longer is not a notice.
-MAX_NOTICE_BYTES = 64
 #: Cancel requests waiting for their Action to settle, per worker; past it a cancel is
 #: answered at once (a retryable error unless the Action has already ended).
 MAX_CANCEL_WAITS = 256
@@ -316,7 +317,12 @@ class ControlPlane:
             tracing.inject(notice)
             await self.nc.publish(
                 rt.subjects.cancel_notice(endpoint_id),
-                request.action_id.encode(),
+                encode_cancel_notice(
+                    request.action_id,
+                    endpoint_id=endpoint_id,
+                    signer=self._signer(),
+                    correlation_id=opened.message_id,
+                ),
                 headers=notice or None,
             )
         if state is CancelState.PENDING:
@@ -444,6 +450,10 @@ class ControlPlane:
         raise ConnectorError(ErrorCode.HOST_NOT_READY, "the Action's lease kept changing")
 
     async def _on_cancel_notice(self, msg: Msg) -> None:
-        """Unsigned and unauthenticated: it only asks for a re-read of the durable intent."""
-        if len(msg.data) <= MAX_NOTICE_BYTES:
-            self.rt.keeper.cancel_notice(msg.data.decode(errors="replace"))
+        """Read, not verified: it only asks for a re-read of the durable intent
+        (`worker.wire.cancels.notice_action_id`); what is not a notice is dropped."""
+        try:
+            action_id = notice_action_id(msg.data)
+        except EnvelopeRejected:
+            return
+        self.rt.keeper.cancel_notice(action_id)

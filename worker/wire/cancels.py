@@ -207,6 +207,76 @@ def decode_cancel(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -
     return cancel_of(open_cancel(data, max_bytes=max_bytes))
 
 
+# --- the notice among workers -------------------------------------------------------------
+
+#: The `reason` of a relayed cancel notice.
+NOTICE_REASON: Final = "cancel intent recorded: re-read it"
+#: The largest notice a worker reads (a worker-signed notice is about 700 bytes).
+MAX_NOTICE_BYTES: Final = 4096
+
+
+def encode_cancel_notice(
+    action_id: str, *, endpoint_id: str, signer: AipSigner | None, correlation_id: str | None
+) -> bytes:
+    """The notice a worker publishes on `…control.cancel` once a cancel intent is durable: a
+    Cancel of `action_id` from the endpoint's worker principal, signed by the worker's
+    response key, correlated with the request it relays. It wakes the worker holding the
+    Action to re-read the recorded intent (`worker.execution.cancel_notices`); the notice
+    itself grants nothing."""
+    return encode_cancel(
+        action_id,
+        requester=worker_principal(endpoint_id),
+        signer=signer,
+        reason=NOTICE_REASON,
+        correlation_id=correlation_id,
+    )
+
+
+class _NoticeTarget(msgspec.Struct, frozen=True):
+    action: str | None = None
+
+
+class _NoticeCancel(msgspec.Struct, frozen=True):
+    target: _NoticeTarget
+
+
+class _NoticeBody(msgspec.Struct, frozen=True):
+    cancel: _NoticeCancel
+
+
+class _Notice(msgspec.Struct, frozen=True):
+    """The part of a notice a worker reads: the Envelope's type and the Cancel's target."""
+
+    aip_version: str
+    message_type: str
+    body: _NoticeBody
+
+
+_NOTICE_DECODER: Final = msgspec.json.Decoder(_Notice)
+
+
+def notice_action_id(data: bytes) -> str:
+    """The Action a cancel notice names. Neither its signature nor its whole schema is
+    checked, on purpose: a notice only asks for a re-read of the durable intent, so a forged
+    one costs one coalesced Redis read, and a flood must not cost a signature check or a
+    full Envelope validation each (a typed read of three fields is a few microseconds).
+    EnvelopeRejected for anything that is not a Cancel Envelope naming an Action."""
+    if len(data) > MAX_NOTICE_BYTES:
+        raise invalid(f"a cancel notice is at most {MAX_NOTICE_BYTES} bytes")
+    try:
+        notice = _NOTICE_DECODER.decode(data)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"not a cancel notice: {exc}") from None
+    except msgspec.DecodeError:
+        raise invalid("a cancel notice is a JSON Envelope") from None
+    action_id = notice.body.cancel.target.action
+    if notice.message_type != MESSAGE_TYPE or action_id is None:
+        raise invalid("a cancel notice is a Cancel of an Action")
+    if re.fullmatch(ACTION_ID_PATTERN, action_id) is None:
+        raise invalid(f"cancel.target.action is not an Action id ({ACTION_ID_PATTERN})")
+    return action_id
+
+
 # --- the answer ------------------------------------------------------------------------------
 
 
