@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from schemas.errors import InvalidEndpointId
 from subjects.grammar import normalize_endpoint_id
@@ -31,7 +31,10 @@ class EndpointDescriptor(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     id: str
-    url: str
+    #: The reference connector's endpoints file names it `base_url`; both are read.
+    url: str = Field(validation_alias=AliasChoices("url", "base_url"))
+    #: A name for people (the reference connector's field; shown nowhere that decides).
+    display_name: Annotated[str, Field(min_length=1, max_length=256)] | None = None
     api_key_file: Path | None = None
     #: The verified AIP tenant that owns this endpoint; Actions of another tenant are refused.
     tenant_id: str | None = None

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, field_validator, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from worker.reference_names import ReferenceNamesSource
 
 
 def split_list(value: str) -> list[str]:
@@ -102,7 +104,7 @@ class Settings(BaseSettings):
     """Hermes endpoints as `id=url[,id=url…]`, e.g. `hermes-1=http://hermes-1:8642`."""
     hermes_endpoints_file: Path | None = None
     """JSON array of endpoint descriptors (id, url, api_key_file, tenant_id, shared,
-    timeouts)."""
+    timeouts; the reference connector's `base_url` and `display_name` are read too)."""
     hermes_shared_endpoints: str = ""
     """Endpoints bound to no tenant that serve several tenants, as `id[,id…]` (or `shared:
     true` in the endpoints file). Only these admit an Action carrying a tenant without a
@@ -148,6 +150,9 @@ class Settings(BaseSettings):
     """Model route for operator runs (deployment-owned; never from input)."""
     hermes_operator_instructions_file: Path | None = None
     """Operator system instructions (default: the governed built-in text)."""
+    hermes_operator_instructions: str | None = None
+    """Operator system instructions as a value (the reference connector's
+    `AIP_HERMES_OPERATOR_INSTRUCTIONS`); not together with the file."""
     hermes_operator_timeout_ms: Annotated[int, Field(ge=1_000, le=86_400_000)] = 900_000
     """Longest operator observation (a shorter trusted deadline wins)."""
     hermes_operator_poll_interval_ms: Annotated[int, Field(ge=10, le=60_000)] = 250
@@ -322,6 +327,38 @@ class Settings(BaseSettings):
         if not value or len(value) > 128 or "#" in value or any(c.isspace() for c in value):
             raise ValueError("worker id must be 1-128 characters, no spaces and no '#'")
         return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Flags, then `AIPD_*`, then the reference connector's `AIP_HERMES_*` names
+        (`worker.reference_names`: a disagreement between the two spellings stops start-up)."""
+        return (
+            init_settings,
+            env_settings,
+            ReferenceNamesSource(settings_cls, os.environ),
+            dotenv_settings,
+            file_secret_settings,
+        )
+
+    @model_validator(mode="after")
+    def _one_instructions_source(self) -> Settings:
+        if (
+            self.hermes_operator_instructions is not None
+            and self.hermes_operator_instructions_file is not None
+        ):
+            raise ValueError(
+                "operator instructions are set both as a value and as a file "
+                "(AIPD_HERMES_OPERATOR_INSTRUCTIONS / AIP_HERMES_OPERATOR_INSTRUCTIONS and "
+                "AIPD_HERMES_OPERATOR_INSTRUCTIONS_FILE): set one"
+            )
+        return self
 
     @model_validator(mode="after")
     def _delegation_needs_allowlists(self) -> Settings:

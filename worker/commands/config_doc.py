@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings
 from worker.commands.cli_settings import NO_FLAG
 from worker.console.settings import ConsoleSettings
 from worker.gateway.settings import GatewaySettings
+from worker.reference_names import REFERENCE_NAMES, UNSUPPORTED, aipd_name
 from worker.settings import Settings
 
 DOC_PATH = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
@@ -42,6 +43,21 @@ of the table above for its NATS connection. What they do in context: docs/gatewa
 
 | variable | default | meaning |
 |---|---|---|
+"""
+
+_REFERENCE_HEADER = """
+## The reference connector's names
+
+The reference Hermes connector (`getaip/core`) names its settings `AIP_HERMES_*`. The worker
+reads each name below as the setting beside it, so an environment written for the reference
+connector works unchanged. Both spellings set to different values stop start-up with a
+message naming both; a reference name with no counterpart here stops start-up with what to
+set instead (a limit or policy that is not in force must not look as if it were).
+`AIP_HERMES_ENDPOINTS` also separates its `ID=URL` pairs by `;` or a new line, and the
+endpoints file also reads the reference's `base_url` and `display_name`.
+
+| reference name | the setting it sets |
+|---|---|
 """
 
 _CONSOLE_HEADER = """
@@ -86,10 +102,18 @@ def _rows(model: type[BaseSettings], *, flags: bool) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _reference_rows() -> str:
+    rows = [f"| `{name}` | `{aipd_name(field)}` |" for name, field in REFERENCE_NAMES.items()]
+    rows += [f"| `{name}` | none: refused; {instead} |" for name, instead in UNSUPPORTED.items()]
+    return "\n".join(rows) + "\n"
+
+
 def render() -> str:
     return (
         _HEADER
         + _rows(Settings, flags=True)
+        + _REFERENCE_HEADER
+        + _reference_rows()
         + _GATEWAY_HEADER
         + _rows(GatewaySettings, flags=False)
         + _CONSOLE_HEADER

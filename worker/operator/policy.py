@@ -95,6 +95,10 @@ class HermesOperatorPolicy:
         instructions = BUILTIN_INSTRUCTIONS
         if settings.hermes_operator_instructions_file is not None:
             instructions = read_instructions(settings.hermes_operator_instructions_file)
+        elif settings.hermes_operator_instructions is not None:
+            instructions = checked_instructions(
+                settings.hermes_operator_instructions, "AIPD_HERMES_OPERATOR_INSTRUCTIONS"
+            )
         policy = cls(
             delegation_enabled=settings.hermes_operator_delegation_enabled,
             delegation_requires_approval=settings.hermes_operator_delegation_requires_approval,
@@ -181,8 +185,15 @@ def read_instructions(path: Path) -> str:
         raise PolicyError(f"operator instructions file unreadable: {exc.strerror}") from None
     except UnicodeDecodeError:
         raise PolicyError("operator instructions file is not UTF-8") from None
+    return checked_instructions(text, "operator instructions file")
+
+
+def checked_instructions(text: str, what: str) -> str:
+    """Instructions are non-empty and at most 131072 bytes, from a file or a value."""
     if not text.strip():
-        raise PolicyError("operator instructions file is empty")
+        raise PolicyError(f"{what} is empty")
+    if len(text.encode("utf-8")) > MAX_INSTRUCTIONS_BYTES:
+        raise PolicyError(f"{what} is over {MAX_INSTRUCTIONS_BYTES} bytes")
     return text
 
 
