@@ -66,6 +66,25 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 #: Answers after which a durable, authorized intent exists (the holder must re-read it).
+async def gather_replies(nc: NATS, verb: str, *, wait_s: float) -> list[bytes]:
+    """`$SRV.{verb}.aip-hermes-worker` asked once, and every answer that arrives within
+    `wait_s` (there is one per worker, and no count to wait for): how the gateway finds the
+    manifests (`INFO`) and the console the workers' live state (`STATS`)."""
+    inbox = nc.new_inbox()
+    answers: list[bytes] = []
+
+    async def keep(msg: Msg) -> None:
+        answers.append(msg.data)
+
+    sub = await nc.subscribe(inbox, cb=keep)
+    try:
+        await nc.publish(f"$SRV.{verb}.{SERVICE_NAME}", b"", reply=inbox)
+        await asyncio.sleep(wait_s)
+    finally:
+        await sub.unsubscribe()
+    return answers
+
+
 _DURABLE = frozenset({CancelState.RECORDED, CancelState.ALREADY_REQUESTED})
 
 SERVICE_NAME = "aip-hermes-worker"

@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from schemas.audit import Receipt, ReceiptEvent
@@ -36,7 +35,7 @@ from worker.client import AipClient, AuditChain
 from worker.commands.dlq_admin import Entry, read_entries
 from worker.commands.escalation_admin import pending_from_binding
 from worker.console.tokens import Viewer
-from worker.control import SERVICE_NAME as WORKER_SERVICE
+from worker.control import gather_replies
 from worker.errors import UnverifiedResponse
 from worker.escalation.ledger import EscalationView, Unreadable, read_escalations, read_resolutions
 from worker.store.clock import now_ms
@@ -344,23 +343,9 @@ class ConsoleReader:
         tenant's token (workers serve every tenant: an operator's view)."""
         if viewer.tenant_id is not None:
             return None
-        inbox = self.nc.new_inbox()
-        answers: list[bytes] = []
-        sub = await self.nc.subscribe(inbox, cb=_collect(answers))
-        try:
-            await self.nc.publish(f"$SRV.STATS.{WORKER_SERVICE}", b"", reply=inbox)
-            await asyncio.sleep(wait_s)
-        finally:
-            await sub.unsubscribe()
+        answers = await gather_replies(self.nc, "STATS", wait_s=wait_s)
         found = [w for w in (_worker(data) for data in answers) if w is not None]
         return sorted(found, key=lambda w: w.worker_id)
-
-
-def _collect(into: list[bytes]) -> Callable[[Msg], Awaitable[None]]:
-    async def on(msg: Msg) -> None:
-        into.append(msg.data)
-
-    return on
 
 
 def _worker(data: bytes) -> Worker | None:

@@ -11,7 +11,6 @@ not is skipped, as a worker that did not answer).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 from typing import Any
@@ -19,7 +18,7 @@ from typing import Any
 from nats.aio.client import Client as NATS
 
 from schemas.errors import EnvelopeRejected
-from worker.control import SERVICE_NAME
+from worker.control import gather_replies
 from worker.errors import UnverifiedResponse
 from worker.trust.responses import check_worker_signed
 from worker.trust.signing import TrustedGatewayKeys
@@ -40,23 +39,7 @@ class Discovery:
         self.trusted_worker_keys = trusted_worker_keys
 
     async def manifest_subjects(self) -> list[str]:
-        inbox = self.nc.new_inbox()
-        replies: list[bytes] = []
-        sub = await self.nc.subscribe(inbox)
-        try:
-            await self.nc.publish(f"$SRV.INFO.{SERVICE_NAME}", b"", reply=inbox)
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + COLLECT_S
-            while (remaining := deadline - loop.time()) > 0:
-                try:
-                    msg = await sub.next_msg(timeout=remaining)
-                except TimeoutError:
-                    break
-                except Exception:  # nats' own timeout type
-                    break
-                replies.append(msg.data)
-        finally:
-            await sub.unsubscribe()
+        replies = await gather_replies(self.nc, "INFO", wait_s=COLLECT_S)
         subjects: set[str] = set()
         for data in replies:
             try:
