@@ -1,14 +1,18 @@
-"""ChannelDelivery: one normalized result or escalation to be sent into a Hermes session.
+"""The channel records, as the workers hold them (the wire is `worker.wire.channels`).
 
+ChannelDelivery: one normalized result or escalation to be sent into a Hermes session.
 Published by the worker whose fenced settle wrote the source result (or by the one that
 republishes it) on the work queue `aip.hermes.{endpoint}.egress`, under `Nats-Msg-Id` =
-`delivery_id`; a worker serving that endpoint sends it once to
-`POST /api/sessions/{session_id}/chat` as the internal delivery Action `delivery_id`, whose
-chunks carry the session's reply and whose result says how the delivery ended.
+`delivery_id`, as the AIP `aip.core.v1.action` Envelope of the `session_chat` Action it runs
+as (its rule and source in our extension's `channel_delivery`), signed by the worker's
+response key. A worker serving that endpoint sends it once to
+`POST /api/sessions/{session_id}/chat` as that Action, whose chunks carry the session's
+reply and whose result says how the delivery ended. The receiving worker believes only the
+ids: it recomputes the text from the source's stored result and the rule, and refuses a
+delivery whose `message` differs (docs/channels.md).
 
-Signed by the publishing worker (`Aip-Signer` / `Aip-Signature`, like a result). The
-receiving worker believes only the ids: it recomputes the text from the source's stored
-result and the rule, and refuses a delivery whose `message` differs (docs/channels.md).
+ChannelMessage: one message of a followed session, published as an AIP
+`aip.channel.v1.message_created` Envelope (docs/publishing.md "Channels on the wire").
 """
 
 from __future__ import annotations
@@ -67,8 +71,9 @@ class ChannelRole(StrEnum):
 
 class ChannelMessage(WireStruct, kw_only=True, frozen=True):
     """One message of a followed Hermes session, on `aip.hermes.{endpoint}.inbound.{session}`
-    under `Nats-Msg-Id` `{endpoint}:{message_id}` (Hermes message ids are unique per server).
-    Signed by the publishing worker; a reader verifies against the trusted worker keys."""
+    as a signed `aip.channel.v1.message_created` Envelope under `Nats-Msg-Id`
+    `{endpoint}:{message_id}` (Hermes message ids are unique per server); a reader verifies
+    its signature against the trusted worker keys."""
 
     endpoint_id: EndpointId
     session_id: Annotated[str, msgspec.Meta(pattern=INGRESS_SESSION_PATTERN)]
@@ -84,4 +89,5 @@ class ChannelMessage(WireStruct, kw_only=True, frozen=True):
     finish_reason: ShortText | None = None
     #: Hermes' message time (epoch seconds).
     timestamp: float | None = None
+    #: When the follower published it (the Envelope's `sent_at`).
     published_at_unix_ms: UnixMs

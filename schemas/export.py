@@ -2,12 +2,12 @@
 
 Two kinds of file:
 
-- `aip.core.v1.<type>.json`: the AIP 1.0 Envelope of each message type this project puts
-  on the actions, results, chunks, cancel and escalation subjects
+- `aip.*.json`: the AIP 1.0 Envelope of each message type this project puts on the
+  actions, results, chunks, cancel, manifest, escalation and channel subjects
   (`schemas.aip.envelope_schema`);
 - `<Name>.json`: the internal types still on the subjects that have not moved to AIP
-  Envelopes yet (manifest, channel, runtime records, delegation,
-  receipts) and the operator's input/output contract.
+  Envelopes yet (runtime records, delegation, receipts) and the operator's input/output
+  contract.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 
 from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
-from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.delegation import DelegationRequest
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
@@ -34,8 +33,6 @@ EXPORTED: dict[str, Any] = {
     "QueueRecord": QueueRecord,
     "LifecycleRecord": LifecycleRecord,
     "Receipt": Receipt,
-    "ChannelDelivery": ChannelDelivery,
-    "ChannelMessage": ChannelMessage,
 }
 
 

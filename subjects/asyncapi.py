@@ -92,20 +92,21 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "egress",
         "{prefix}.hermes.{endpoint}.egress",
-        "ChannelDelivery",
+        "ChannelDeliveryAction",
         "EGRESS",
         "A normalized result or escalation bound for a persisted Hermes session (work queue, "
-        "Nats-Msg-Id = delivery_id). Worker to worker: the delivery runs as the internal "
-        "Action delivery_id, whose chunks and result are on the usual subjects.",
+        "Nats-Msg-Id = delivery_id): the signed `aip.core.v1.action` Envelope of the "
+        "delivery's `session_chat` Action. Worker to worker: the delivery runs as that "
+        "Action, whose chunks and result are on the usual subjects.",
         "worker",
     ),
     (
         "inbound",
         "{prefix}.hermes.{endpoint}.inbound.{session_id}",
-        "ChannelMessage",
+        "aip.channel.v1.message_created",
         "INBOUND",
         "Each message of a followed Hermes session (AIPD_CHANNEL_INGRESS_FILE), once, in id "
-        "order (Nats-Msg-Id {endpoint}:{message_id}).",
+        "order, as a signed `aip.channel.v1.message_created` Envelope.",
         "worker",
     ),
     (
@@ -172,6 +173,8 @@ _MSG_IDS: dict[str, str] = {
     "aip.core.v1.escalation": "{escalation_id} (one per Action and approval generation; the "
     "Envelope's bytes are a function of the escalation)",
     "aip.core.v1.escalation_resolution": "{escalation_id}:resolved",
+    "aip.channel.v1.message_created": "{endpoint}:{Hermes message id} (also the body's "
+    "`delivery.dedupe_id`)",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
@@ -179,6 +182,7 @@ _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action_result": "Signed by the worker's response key",
     "aip.core.v1.stream_chunk": "Unsigned (the signed result anchors the chunks' hash chain)",
     "aip.core.v1.escalation": "Signed by the worker's response key",
+    "aip.channel.v1.message_created": "Signed by the worker's response key (the follower's)",
     "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
     "given to `escalations resolve --key`; Redis holds the write-once record)",
 }
@@ -217,6 +221,38 @@ def _aip_message(message_type: str) -> dict[str, Any]:
             "location": "$message.payload#/correlation_id",
         },
         "payload": {"$ref": f"#/components/schemas/{message_type}"},
+    }
+
+
+#: The egress queue's message: an `aip.core.v1.action` Envelope, under its own name because
+#: its publisher, signer and Nats-Msg-Id are not the actions subject's.
+_EGRESS_MESSAGE = "ChannelDeliveryAction"
+
+
+def _egress_message() -> dict[str, Any]:
+    """The AsyncAPI message of a channel delivery on the egress queue."""
+    return {
+        "name": _EGRESS_MESSAGE,
+        "title": "aip.core.v1.action Envelope (channel delivery)",
+        "summary": "A channel delivery: the `session_chat` Action that posts a result or "
+        "escalation into a persisted Hermes session; its rule and source in "
+        "`extensions[\"org.aip-hermes-worker\"].channel_delivery`.",
+        "description": "Signed by the worker's response key (the worker whose settle queued "
+        "it); the receiving worker runs it only when a trusted worker key signed it and its "
+        "text is what the rule makes of the stored source. There are no signature headers.",
+        "contentType": "application/json",
+        "headers": {
+            "type": "object",
+            "properties": {
+                "Nats-Msg-Id": {
+                    "type": "string",
+                    "description": "JetStream deduplication id: the delivery id (the Action's "
+                    "id, derived from the rule and the source).",
+                }
+            },
+            "required": ["Nats-Msg-Id"],
+        },
+        "payload": {"$ref": "#/components/schemas/aip.core.v1.action"},
     }
 
 
@@ -287,6 +323,9 @@ def document(prefix: str = "aip") -> dict[str, Any]:
             "channel": {"$ref": f"#/channels/{channel_id}"},
             "summary": f"{sender} side of {channel_id}",
         }
+        if message == _EGRESS_MESSAGE:
+            messages[message] = _egress_message()
+            continue
         if message in _MSG_IDS:
             messages[message] = _aip_message(message)
             continue

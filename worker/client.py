@@ -73,7 +73,6 @@ from worker.trust.responses import (
     read_chunk,
     sha256_hex,
     verify_receipt,
-    verify_worker_signed,
 )
 from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
@@ -83,6 +82,7 @@ from worker.wire.cancels import (
     encode_cancel,
     requester_principal,
 )
+from worker.wire.channels import decode_inbound
 from worker.wire.manifests import decode_manifest_response, encode_manifest_request
 
 #: How long a cancel waits for its Action to settle unless told otherwise, and how much
@@ -90,7 +90,6 @@ from worker.wire.manifests import decode_manifest_response, encode_manifest_requ
 CANCEL_WAIT_S = 20.0
 CANCEL_REPLY_MARGIN_S = 5.0
 _receipt_decoder = msgspec.json.Decoder(Receipt)
-_channel_message_decoder = msgspec.json.Decoder(ChannelMessage)
 
 
 def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
@@ -651,8 +650,10 @@ class AipClient:
     ) -> AsyncIterator[ChannelMessage]:
         """The followed session's messages (channel ingress) with an id past
         `after_message_id`, once each and in id order, until none arrives for
-        `idle_timeout_s` (then it returns). With trusted worker keys, a message a trusted
-        worker did not sign (forged on the subject) is skipped and moves nothing."""
+        `idle_timeout_s` (then it returns). Each is an `aip.channel.v1.message_created`
+        Envelope (`worker.wire.channels`); one that is not a follower's Envelope, or, with
+        trusted worker keys, one a trusted worker did not sign (forged on the subject), is
+        skipped and moves nothing."""
         subject = self.subjects.inbound(endpoint_id, session_id)
         last = after_message_id
         async with SubjectFollower(self.nc, self.subjects.stream_name("inbound"), subject) as f:
@@ -660,13 +661,16 @@ class AipClient:
                 msg = await f.next(idle_timeout_s)
                 if msg is None:
                     return
-                trusted = self.trusted_worker_keys
-                if trusted is not None:
-                    try:
-                        verify_worker_signed(msg.data or b"", msg.headers, trusted)
-                    except UnverifiedResponse:
-                        continue
-                message = _channel_message_decoder.decode(msg.data or b"")
+                try:
+                    message, opened = decode_inbound(
+                        msg.data or b"", max_bytes=self.max_envelope_bytes
+                    )
+                    if self.trusted_worker_keys is not None:
+                        check_worker_signed(
+                            opened, self.trusted_worker_keys, what="channel message"
+                        )
+                except (EnvelopeRejected, UnverifiedResponse):
+                    continue
                 if message.message_id <= last:
                     continue
                 last = message.message_id

@@ -38,6 +38,9 @@ from schemas.aip.extensions import (
     EXTENSION_KEY,
     EXTENSIONS,
     REUSED_FIELD_DESCRIPTIONS,
+    HermesChannel,
+    HermesMessageFacts,
+    IngressDeliveryFacts,
 )
 from schemas.aip.json_schema import json_schema as aip_json_schema
 from schemas.aip.messages import BODY_KEYS, PAYLOAD_TYPES
@@ -46,7 +49,10 @@ from schemas.ids import json_schema as wire_json_schema
 #: The message types this project puts on its subjects, with what each one is for.
 PUBLISHED: Final[Mapping[str, str]] = {
     "aip.core.v1.action": "An Action on `aip.hermes.{endpoint}.actions`: run one capability "
-    "of one Hermes endpoint. Signed by the publisher (the gateway key).",
+    "of one Hermes endpoint. Signed by the publisher (the gateway key). Also a channel "
+    "delivery on the work queue `aip.hermes.{endpoint}.egress`: the `session_chat` Action "
+    "that posts a result or escalation into a persisted Hermes session, signed by a "
+    "worker's response key, its rule and source in our extension's `channel_delivery`.",
     "aip.core.v1.action_result": "The one result of an Action on "
     "`aip.hermes.{endpoint}.results.{action_id}`, signed by the worker's response key.",
     "aip.core.v1.stream_chunk": "One piece of an Action's progress on "
@@ -64,6 +70,10 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "request/reply) to cancel one Action, signed by the publisher (the gateway key) as the "
     "requester (`from`); answered by an `action_result` or an `error` Envelope signed by the "
     "worker's response key.",
+    "aip.channel.v1.message_created": "One message of a followed Hermes session on "
+    "`aip.hermes.{endpoint}.inbound.{session_id}` (channel ingress), once, in id order, "
+    "signed by the worker's response key; the Hermes message's facts in `message`, how it "
+    "was delivered in `delivery`.",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
     "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
     "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "
@@ -101,6 +111,8 @@ def envelope_schema(message_type: str) -> dict[str, Any]:
         _our_action_rules(defs["Action"])
     if message_type == "aip.core.v1.cancel":
         _our_cancel_rules(defs["CancelTarget"])
+    if message_type == "aip.channel.v1.message_created":
+        _our_channel_rules(defs)
     extensions: dict[str, Any] = {
         "description": "Free vendor and profile extensions, one key per namespace"
         + (f"; ours is `{EXTENSION_KEY}`." if message_type in EXTENSIONS else "."),
@@ -233,6 +245,34 @@ def _our_cancel_rules(definition: dict[str, Any]) -> None:
     definition["required"] = ["action"]
     definition["not"] = {"required": ["session"]}
     definition["description"] += " On the cancel subject: always `action`, an `act_` + 32 hex id."
+
+
+def _our_channel_rules(defs: dict[str, Any]) -> None:
+    """A ChannelMessage as the inbound subject carries it: AIP's free `message`, `delivery`
+    and `Conversation.channel` hold this project's closed, described objects
+    (`schemas.aip.extensions`), and the thread names its session in `external_refs`."""
+    slots = (
+        (defs["ChannelMessage"], "message", HermesMessageFacts),
+        (defs["ChannelMessage"], "delivery", IngressDeliveryFacts),
+        (defs["Conversation"], "channel", HermesChannel),
+    )
+    for definition, name, facts in slots:
+        schema = wire_json_schema(facts)
+        _merge(defs, schema["$defs"])
+        prop = definition["properties"][name]
+        definition["properties"][name] = {
+            "description": prop["description"],
+            "$ref": schema["$ref"],
+        }
+    message = defs["ChannelMessage"]
+    message["required"] = sorted({*message["required"], "delivery"})
+    message["properties"]["parts"].update(minItems=1, maxItems=1)
+    message["description"] += (
+        " On the inbound subject: `message`, `delivery` and the conversation's `channel` are "
+        "this project's objects, and `parts` holds one part: `text`, or `tool_result` for a "
+        "tool's answer."
+    )
+    defs["Conversation"]["required"] = sorted({*defs["Conversation"]["required"], "external_refs"})
 
 
 def _merge(into: dict[str, Any], defs: Mapping[str, Any]) -> None:

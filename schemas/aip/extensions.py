@@ -17,7 +17,13 @@ import msgspec
 from msgspec import Meta
 
 from schemas.action import ApprovalRef, DelegationRef
-from schemas.ids import ActionId, EndpointId, UnixMs
+from schemas.channel import (
+    INGRESS_SESSION_PATTERN,
+    MAX_INGRESS_CONTENT_BYTES,
+    ChannelRole,
+    ChannelSource,
+)
+from schemas.ids import ActionId, EndpointId, ShortText, UnixMs
 
 #: Our namespace in `Envelope.extensions` (reverse-DNS of the project name).
 EXTENSION_KEY: Final = "org.aip-hermes-worker"
@@ -29,6 +35,25 @@ Sha256Hex = Annotated[str, Meta(pattern=SHA256_PATTERN)]
 
 class _Extension(msgspec.Struct, forbid_unknown_fields=True, kw_only=True, frozen=True):
     """A closed extension object: an unknown key is refused by its reader."""
+
+
+class ChannelDeliveryFacts(_Extension, frozen=True):
+    """The delivery record of a channel egress Action (docs/channels.md): which rule made
+    it of which settled source. Only on `aip.hermes.{endpoint}.egress`; an Action on the
+    actions subject that carries it is refused."""
+
+    rule_id: Annotated[ShortText, Meta(description="The egress rule that made the delivery.")]
+    source: Annotated[
+        ChannelSource,
+        Meta(description="What is delivered: an Action's `result` or the `escalation` it raised."),
+    ]
+    source_action_id: Annotated[
+        ActionId, Meta(description="The Action whose settled result is the source.")
+    ]
+    source_id: Annotated[
+        ShortText,
+        Meta(description="The escalation id for an escalation, else the source Action id."),
+    ]
 
 
 class ActionExtension(_Extension, frozen=True):
@@ -55,6 +80,14 @@ class ActionExtension(_Extension, frozen=True):
     delegation: Annotated[
         DelegationRef | None,
         Meta(description="The delegation this Action is a child of."),
+    ] = None
+    channel_delivery: Annotated[
+        ChannelDeliveryFacts | None,
+        Meta(
+            description="Only on the egress queue `aip.hermes.{endpoint}.egress`, where the "
+            "Action is a channel delivery (`session_chat` into a persisted session, signed by "
+            "a worker key): the rule and source it was made of. Refused on the actions subject."
+        ),
     ] = None
 
 
@@ -203,6 +236,65 @@ class ResolutionExtension(_Extension, frozen=True):
     endpoint_id: Annotated[EndpointId, Meta(description="The endpoint that raised it.")]
     resolved_at_unix_ms: Annotated[
         UnixMs, Meta(description="When it was resolved (Unix ms; also `resolved_at`).")
+    ]
+
+
+class HermesMessageFacts(_Extension, frozen=True):
+    """`ChannelMessage.message` (a free AIP slot) on `aip.hermes.{endpoint}.inbound.{session}`:
+    the Hermes message's own facts."""
+
+    id: Annotated[
+        int,
+        Meta(ge=0, description="Hermes' message id (autoincrement of its state.db): the "
+        "follow cursor, unique per Hermes server."),
+    ]
+    role: Annotated[ChannelRole, Meta(description="The Hermes role of the message.")]
+    timestamp: Annotated[
+        float | None, Meta(description="Hermes' message time (epoch seconds), when it has one.")
+    ] = None
+    finish_reason: Annotated[
+        ShortText | None, Meta(description="Hermes' finish reason, when it reports one.")
+    ] = None
+    tool_name: Annotated[
+        ShortText | None, Meta(description="The tool that produced a `tool` message.")
+    ] = None
+    tool_call_id: Annotated[
+        ShortText | None,
+        Meta(description="The tool call a `tool` message answers (also its part's id)."),
+    ] = None
+
+
+class IngressDeliveryFacts(_Extension, frozen=True):
+    """`ChannelMessage.delivery` (a free AIP slot) on the inbound subject: how the follower
+    delivered the content."""
+
+    content_bytes: Annotated[
+        int, Meta(ge=0, description="Size in UTF-8 bytes of the content Hermes returned.")
+    ]
+    content_truncated: Annotated[
+        bool,
+        Meta(
+            description=f"True when the content was cut at {MAX_INGRESS_CONTENT_BYTES} bytes "
+            "(the part holds the cut text)."
+        ),
+    ]
+    dedupe_id: Annotated[
+        str,
+        Meta(
+            max_length=512,
+            description="`{endpoint}:{message id}`: the `Nats-Msg-Id` it was published under.",
+        ),
+    ]
+
+
+class HermesChannel(_Extension, frozen=True):
+    """`Conversation.channel` (a free AIP slot) of a followed Hermes session."""
+
+    system: Annotated[str, Meta(description="Always `hermes-agent`.")]
+    endpoint_id: Annotated[EndpointId, Meta(description="The Hermes endpoint of the session.")]
+    session_id: Annotated[
+        str,
+        Meta(pattern=INGRESS_SESSION_PATTERN, description="The followed Hermes session's id."),
     ]
 
 

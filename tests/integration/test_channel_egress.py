@@ -5,8 +5,8 @@ A result matching `AIPD_CHANNEL_EGRESS_FILE` is sent once to
 under duplicate deliveries or kill -9 at any step, and an answer that may have been lost is
 settled uncertain instead of posted again. Bad rule files are refused at start-up, and so is
 a rule crossing a tenant binding. The egress queue is believed for what it names, never
-for what it says: a forged delivery (unsigned, signed by an unknown key, naming a source
-that is not settled, or carrying other text) sends nothing, a source of another tenant
+for what it says: a forged delivery Envelope (unsigned, signed by an unknown key, naming a
+source that is not settled, or carrying other text) sends nothing, a source of another tenant
 than the target endpoint's is never delivered, and provider text arrives quoted and
 neutralised, never as a bare instruction."""
 
@@ -23,7 +23,6 @@ import pytest
 
 from schemas.channel import ChannelDelivery, ChannelSource
 from schemas.chunk import DataChunk
-from schemas.codec import encode
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
@@ -43,6 +42,7 @@ from worker.testing.identities import TENANT_A, TENANT_B, USER_A, USER_B
 from worker.testing.scenario import NEEDS_APPROVAL
 from worker.trust.responses import ResponseSigner
 from worker.trust.signing import generate_keypair, write_seed_file
+from worker.wire.channels import encode_delivery
 from worker.wire.escalations import decode_escalation
 
 CHAT = "POST /api/sessions/{session_id}/chat"
@@ -105,13 +105,11 @@ async def queue_delivery(
     stack: Stack, delivery: ChannelDelivery, *, signed_by: Path | None = None
 ) -> None:
     """Put `delivery` on the egress queue as anyone with publish rights there could:
-    without a Nats-Msg-Id, signed with the seed in `signed_by` (None: unsigned)."""
-    payload = encode(delivery)
-    headers = (
-        ResponseSigner.load(signed_by).headers(payload) if signed_by is not None else {}
-    )
+    without a Nats-Msg-Id, its Envelope signed with the seed in `signed_by` (None:
+    unsigned)."""
+    signer = ResponseSigner.load(signed_by).aip if signed_by is not None else None
     await stack.nc.jetstream().publish(
-        stack.subjects.egress(ENDPOINT), payload, headers=headers
+        stack.subjects.egress(ENDPOINT), encode_delivery(delivery, signer=signer)
     )
 
 

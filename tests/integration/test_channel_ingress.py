@@ -2,8 +2,10 @@
 the real Hermes 0.19.0 in the last test). Every message of a followed session is published
 once, in id order, across worker kills, competing followers and a Hermes restart; hostile
 content is bounded or refused (dead-lettered and counted), never guessed. A message forged
-on the inbound subject neither moves the cursor (a spoofed `message_id` of 10^12 does not
-freeze the session) nor reaches a reader that verifies the workers' signatures."""
+on the inbound subject (an `aip.channel.v1.message_created` Envelope built here from the
+rules, unsigned or signed by a key no worker trusts) neither moves the cursor (a spoofed
+Hermes id of 10^12 does not freeze the session) nor reaches a reader that verifies the
+workers' signatures."""
 
 from __future__ import annotations
 
@@ -13,15 +15,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import msgspec
+import nacl.signing
 import pytest
 
-from schemas.channel import MAX_INGRESS_CONTENT_BYTES, ChannelMessage, ChannelRole
-from schemas.codec import encode
+from schemas.channel import MAX_INGRESS_CONTENT_BYTES, ChannelMessage
+from tests.aip_actions import canonical
 from tests.integration.stack import ENDPOINT, Stack
+from tests.integration.test_aip_escalation_wire import _signed
 from worker.testing.fake_hermes import RouteError
-from worker.trust.responses import ResponseSigner
-from worker.trust.signing import generate_keypair, write_seed_file
+from worker.wire.channels import decode_inbound
 
 SESSION = "inbox-session"
 MESSAGES = "GET /api/sessions/{session_id}/messages"
@@ -50,12 +52,58 @@ def turn(stack: Stack, user_text: str, *replies: dict[str, Any]) -> None:
 
 
 async def published(stack: Stack) -> list[tuple[ChannelMessage, dict[str, str]]]:
+    """Every message on the session's subject, decoded (signatures verified when present;
+    which key signed is checked where it matters)."""
     return [
-        (msgspec.json.decode(data, type=ChannelMessage), headers)
+        (decode_inbound(data)[0], headers)
         for data, headers in await stack.stream_messages_with_headers(
             "inbound", stack.subjects.inbound(ENDPOINT, SESSION)
         )
     ]
+
+
+def spoof_envelope(hermes_id: int, text: str) -> dict[str, Any]:
+    """A `message_created` Envelope as anyone with publish rights on the subject could
+    write it from docs/publishing.md "Channels on the wire": plain dicts, unsigned."""
+    import hashlib
+
+    def hex32(seed: str) -> str:
+        return hashlib.sha256(seed.encode()).hexdigest()[:32]
+
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.channel.v1.message_created",
+        "message_id": "msg_" + hex32(f"inbound:{ENDPOINT}:{hermes_id}"),
+        "sent_at": "2026-12-01T00:00:00Z",
+        "from": {"id": f"agent:hermes_operator:{ENDPOINT}", "kind": "agent"},
+        "body": {
+            "channel_message": {
+                "conversation": {
+                    "id": "conv_" + hex32(f"hermes-agent:{ENDPOINT}:{SESSION}"),
+                    "channel": {
+                        "system": "hermes-agent",
+                        "endpoint_id": ENDPOINT,
+                        "session_id": SESSION,
+                    },
+                    "status": "open",
+                    "external_refs": [
+                        {"system": "hermes-agent", "type": "session", "id": SESSION}
+                    ],
+                },
+                "sender": {
+                    "id": f"contact:hermes_session:{ENDPOINT}:{SESSION}",
+                    "kind": "contact",
+                },
+                "parts": [{"type": "text", "text": text}],
+                "message": {"id": hermes_id, "role": "user"},
+                "delivery": {
+                    "content_bytes": len(text.encode()),
+                    "content_truncated": False,
+                    "dedupe_id": f"{ENDPOINT}:{hermes_id}",
+                },
+            }
+        },
+    }
 
 
 async def wait_published(stack: Stack, count: int, timeout_s: float = 30.0) -> None:
@@ -199,28 +247,19 @@ async def test_a_spoofed_message_id_on_the_subject_neither_freezes_ingress_nor_r
     turn(stack, "before the spoof")
     await stack.spawn("w1", **ingress_env(stack))
     await wait_published(stack, 2)
-    assert all(headers.get("Aip-Signer") for _, headers in await published(stack))
+    for data in await stack.stream_messages("inbound", stack.subjects.inbound(ENDPOINT, SESSION)):
+        assert "signature" in json.loads(data)["security"]  # every follower message is signed
 
-    # Anyone with publish rights on the subject: schema-valid messages with huge ids, one
-    # unsigned and one signed by a key no worker trusts.
-    attacker_seed = stack.root / "attacker.seed"
-    write_seed_file(attacker_seed, generate_keypair().seed)
+    # Anyone with publish rights on the subject: schema-valid Envelopes with huge Hermes
+    # ids, one unsigned and one signed by a key no worker trusts.
+    attacker = nacl.signing.SigningKey.generate()
     subject = stack.subjects.inbound(ENDPOINT, SESSION)
-    for message_id, signer in ((10**12, None), (10**12 + 1, attacker_seed)):
-        spoof = ChannelMessage(
-            endpoint_id=ENDPOINT,
-            session_id=SESSION,
-            message_id=message_id,
-            role=ChannelRole.USER,
-            content="spoofed",
-            content_bytes=7,
-            published_at_unix_ms=1_700_000_000_000,
-        )
-        payload = encode(spoof)
-        headers = {"Nats-Msg-Id": f"{ENDPOINT}:{message_id}"}
+    for message_id, signer in ((10**12, None), (10**12 + 1, attacker)):
+        spoof = spoof_envelope(message_id, "spoofed")
         if signer is not None:
-            headers.update(ResponseSigner.load(signer).headers(payload))
-        await stack.nc.jetstream().publish(subject, payload, headers=headers)
+            spoof = _signed(spoof, signer)
+        headers = {"Nats-Msg-Id": f"{ENDPOINT}:{message_id}"}
+        await stack.nc.jetstream().publish(subject, canonical(spoof), headers=headers)
     await asyncio.sleep(1.0)  # several polls with the spoof last on the subject
 
     turn(stack, "after the spoof")

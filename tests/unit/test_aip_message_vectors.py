@@ -174,7 +174,7 @@ def test_a_valid_envelope_passes_the_schema_and_decodes(
 
 
 def test_the_chunk_chain_and_the_result_anchor_are_the_published_bytes() -> None:
-    (action, _) = (case["envelope"] for case in VECTORS["aip.core.v1.action"]["valid"])
+    action = VECTORS["aip.core.v1.action"]["valid"][0]["envelope"]
     chunk0, chunk1, _ = (case["envelope"] for case in VECTORS["aip.core.v1.stream_chunk"]["valid"])
     result = VECTORS["aip.core.v1.action_result"]["valid"][0]["envelope"]
 

@@ -6,9 +6,9 @@ acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a repu
 crash or a retry is dropped by the server inside the duplicate window. Chunks and results are
 AIP Envelopes made by `worker.wire.chunks` / `worker.wire.results` (a result already signed
 inside, `security.signature`), escalations and their resolutions by `worker.wire.escalations`
-(signed inside); DLQ entries, receipts, channel deliveries and
-ingress messages are signed with the worker's key in headers when it has one
-(`worker.trust.responses`): each reader believes only what a trusted worker signed.
+(signed inside), channel deliveries and ingress messages by `worker.wire.channels` (signed
+inside); DLQ entries and receipts are signed with the worker's key in headers when it has
+one (`worker.trust.responses`): each reader believes only what a trusted worker signed.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from worker import tracing
 from worker.aip.signing import AipSigner
 from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
+from worker.wire.channels import encode_delivery, encode_inbound, inbound_dedupe_id
 from worker.wire.chunks import encode_chunk
 from worker.wire.escalations import encode_escalation, encode_resolution
 
@@ -265,24 +266,27 @@ class BusPublisher:
         )
 
     async def channel_delivery(self, delivery: ChannelDelivery) -> PubAck:
-        """Awaited and before the source's result, like an escalation (same reasoning);
-        signed, so the egress intake runs only what a trusted worker queued."""
-        payload = encode(delivery)
+        """Awaited and before the source's result, like an escalation (same reasoning): the
+        delivery's `session_chat` Action Envelope (`worker.wire.channels`), signed by the
+        worker's response key, so the egress intake runs only what a trusted worker queued."""
         return await self._publish(
             self.subjects.egress(delivery.endpoint_id),
-            payload,
+            encode_delivery(delivery, signer=self._aip_signer()),
             delivery.delivery_id,
-            self._signed(payload),
         )
 
-    async def channel_message(self, subject: str, message: ChannelMessage, msg_id: str) -> PubAck:
+    async def channel_message(self, subject: str, message: ChannelMessage) -> PubAck:
         """A followed session's message, awaited: the cursor moves only after it is stored.
-        Signed, so readers (and the ingress cursor) can tell it from one forged there."""
-        payload = encode(message)
-        return await self._publish(subject, payload, msg_id, self._signed(payload))
+        An `aip.channel.v1.message_created` Envelope signed by the worker's response key, so
+        readers (and the ingress cursor) can tell it from one forged there."""
+        return await self._publish(
+            subject,
+            encode_inbound(message, signer=self._aip_signer()),
+            inbound_dedupe_id(message.endpoint_id, message.message_id),
+        )
 
-    def _signed(self, payload: bytes) -> dict[str, str] | None:
-        return self.signer.headers(payload) if self.signer is not None else None
+    def _aip_signer(self) -> AipSigner | None:
+        return self.signer.aip if self.signer is not None else None
 
     async def escalation_resolution(
         self, resolution: EscalationResolution, *, signer: AipSigner | None

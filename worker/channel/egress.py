@@ -4,8 +4,10 @@ Two halves, both on the runtime's fenced path:
 
 1. `deliveries_for` (called by the pipeline right after the settling owner's fenced
    settle, or when a stored result is republished) turns a source into `ChannelDelivery`
-   messages for the work queue `aip.hermes.{endpoint}.egress`, under `Nats-Msg-Id` = the
-   delivery id derived from the rule and the source: a republish is a server-side duplicate.
+   records for the work queue `aip.hermes.{endpoint}.egress`, each sent as the signed
+   `aip.core.v1.action` Envelope of its `session_chat` Action (`worker.wire.channels`),
+   under `Nats-Msg-Id` = the delivery id derived from the rule and the source: a
+   republish is a server-side duplicate.
 2. `EgressIntake` (the pipeline's intake of that queue) runs each delivery as the internal
    delivery Action `delivery_id` of capability `session_chat` through the pipeline's
    leased path: lease, fence, the unsafe-attempt mark before the one
@@ -17,14 +19,14 @@ Two halves, both on the runtime's fenced path:
 A delivery's own result or escalation is never delivered again (no loops): the internal
 Action runs as `CHANNEL_PRINCIPAL`, which `deliveries_for` skips.
 
-The egress queue is not trusted for what it says, only for what it names. A delivery must
-be signed by a trusted worker key (`worker_trust`: this worker's own key plus
-`AIPD_TRUSTED_WORKER_KEYS_FILE`), and its text is never taken from the message: the intake
-reads the source's settled result from Redis (and the tenant its lease recorded),
-recomputes what the rule makes of it (`result_message`, or the escalation the stored
-result raises, `escalation_for`), and refuses a delivery naming a source that is not
-settled, a rule that does not match that source, a tenant other than the target
-endpoint's, or a message other than the recomputed one. So a `ChannelDelivery` forged by
+The egress queue is not trusted for what it says, only for what it names. A delivery's
+Envelope must be signed (`security.signature`) by a trusted worker key (`worker_trust`:
+this worker's own key plus `AIPD_TRUSTED_WORKER_KEYS_FILE`), and its text is never taken
+from the message: the intake reads the source's settled result from Redis (and the tenant
+its lease recorded), recomputes what the rule makes of it (`result_message`, or the
+escalation the stored result raises, `escalation_for`), and refuses a delivery naming a
+source that is not settled, a rule that does not match that source, a tenant other than the
+target endpoint's, or a message other than the recomputed one. So a `ChannelDelivery` forged by
 anyone with publish rights on `aip.hermes.*.egress` is dead-lettered and sends nothing.
 """
 
@@ -34,7 +36,6 @@ import hashlib
 import logging
 from typing import Any
 
-import msgspec
 from nats.aio.msg import Msg
 
 from schemas.action import Action, Identity
@@ -43,9 +44,8 @@ from schemas.channel import ChannelDelivery, ChannelSource
 from schemas.codec import convert_input
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation
-from schemas.ids import capability_id
 from schemas.result import ActionResult
-from worker.channel.normalize import DELIVERY_SYSTEM_MESSAGE, escalation_message, result_message
+from worker.channel.normalize import escalation_message, result_message
 from worker.channel.rules import EgressRule, EgressTable
 from worker.errors import Refusal, Rejected, UnverifiedResponse
 from worker.escalation.build import escalation_for
@@ -53,21 +53,18 @@ from worker.pipeline.delivery import Delivery, Step
 from worker.pipeline.runtime import Runtime
 from worker.pipeline.steps import check_msg_id
 from worker.store.clock import now_ms
-from worker.trust.responses import verify_worker_signed
+from worker.trust.responses import check_worker_signed
 from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.channels import (
+    CHANNEL_PRINCIPAL,
+    DELIVERY_OPERATION,
+    decode_delivery,
+    delivery_action,
+)
+from worker.wire.envelopes import Opened
 from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
-
-#: The principal delivery Actions run as: internal, never admitted from the bus.
-CHANNEL_PRINCIPAL = "connector:hermes_channel"
-CHANNEL_PRINCIPAL_KIND = "service"
-DELIVERY_OPERATION = "session_chat"
-#: A ChannelDelivery is at most the message ceiling plus its ids.
-MAX_DELIVERY_BYTES = 64 * 1024
-
-_decoder = msgspec.json.Decoder(ChannelDelivery)
-
 
 def delivery_id(rule_id: str, source_id: str) -> str:
     """The delivery Action's id: one per rule and source, so a redelivery is idempotent."""
@@ -111,22 +108,6 @@ def deliveries_for(
     return out
 
 
-def delivery_action(delivery: ChannelDelivery) -> Action:
-    """The internal Action a delivery runs as (its input is what the fingerprint covers)."""
-    return Action(
-        id=delivery.delivery_id,
-        capability=capability_id(delivery.endpoint_id, DELIVERY_OPERATION),
-        input={
-            "session_id": delivery.session_id,
-            "message": delivery.message,
-            "system_message": DELIVERY_SYSTEM_MESSAGE,
-        },
-        identity=Identity(principal_id=CHANNEL_PRINCIPAL, principal_kind=CHANNEL_PRINCIPAL_KIND),
-        created_at_unix_ms=delivery.created_at_unix_ms,
-        idempotency_key=delivery.delivery_id,
-    )
-
-
 class EgressIntake:
     """The pipeline's intake of `aip.hermes.{endpoint}.egress`: only what a trusted worker
     queued, for a settled source a configured rule matches, with the text that source
@@ -151,11 +132,15 @@ class EgressIntake:
 
     async def open(self, msg: Msg, endpoint_id: str) -> Delivery:
         rt = self.rt
-        self._check_signature(msg)
         try:
-            request = _decode(msg.data)
+            request, opened = decode_delivery(msg.data)
         except EnvelopeRejected as exc:
+            if exc.code is ErrorCode.HOST_AUTHENTICATION:  # a signature that does not verify
+                raise Rejected(
+                    ErrorCode.HOST_RESPONSE_SIGNING, f"channel delivery: {exc.reason}"
+                ) from None
             raise Rejected(exc.code, exc.reason) from None
+        self._check_signer(opened)
         refusal = self._refusal(request, endpoint_id)
         if refusal is not None:
             raise Rejected(ErrorCode.CONFIGURATION_OR_INPUT, refusal)
@@ -194,8 +179,9 @@ class EgressIntake:
     def refused(self, delivery: Delivery, refusal: Refusal) -> None:
         """Never called: an egress delivery has no refusing step."""
 
-    def _check_signature(self, msg: Msg) -> None:
-        """A trusted worker signed exactly these bytes; anything else is dead-lettered."""
+    def _check_signer(self, opened: Opened) -> None:
+        """A trusted worker key signed the delivery's Envelope (whose signature
+        `decode_delivery` verified); anything else is dead-lettered."""
         if self.trusted is None:
             if self.rt.settings.allow_unsigned_responses:
                 return  # development: this worker publishes its deliveries unsigned too
@@ -205,7 +191,7 @@ class EgressIntake:
                 "AIPD_TRUSTED_WORKER_KEYS_FILE); channel deliveries cannot be verified",
             )
         try:
-            verify_worker_signed(msg.data, dict(msg.headers or {}), self.trusted)
+            check_worker_signed(opened, self.trusted, what="channel delivery")
         except UnverifiedResponse as exc:
             raise Rejected(ErrorCode.HOST_RESPONSE_SIGNING, f"channel delivery: {exc}") from None
 
@@ -302,20 +288,6 @@ class EgressIntake:
         if escalation is None or escalation.escalation_id != request.source_id:
             return None
         return escalation_message(escalation, rule.max_message_bytes)
-
-
-def _decode(data: bytes) -> ChannelDelivery:
-    if len(data) > MAX_DELIVERY_BYTES:
-        raise EnvelopeRejected(
-            ErrorCode.SCHEMA_ENVELOPE_INVALID,
-            f"delivery is {len(data)} bytes, over the {MAX_DELIVERY_BYTES}-byte limit",
-        )
-    try:
-        return _decoder.decode(data)
-    except msgspec.ValidationError as exc:
-        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise EnvelopeRejected(ErrorCode.ENVELOPE_DECODE_INVALID, str(exc)) from None
 
 
 async def check_sessions(table: EgressTable, endpoints: dict[str, Any]) -> None:

@@ -4,7 +4,8 @@ Every worker runs a follower per session of `AIPD_CHANNEL_INGRESS_FILE`; only th
 holding the session's Redis lease reads. Each poll `GET /api/sessions/{id}/messages`
 (Hermes has no paging and no cursor), keeps the messages past the cursor, validates each
 strictly into a `ChannelMessage` and publishes it on `aip.hermes.{endpoint}.inbound.{session}`
-under `Nats-Msg-Id` `{endpoint}:{message_id}`, then advances the cursor in Redis (a
+as a signed `aip.channel.v1.message_created` Envelope (`worker.wire.channels`) under
+`Nats-Msg-Id` `{endpoint}:{message_id}`, then advances the cursor in Redis (a
 compare-and-set that only the lease owner can make).
 
 Exactly once on the bus across crashes: the cursor is `max(Redis cursor, id of the last
@@ -13,10 +14,11 @@ the cursor is not repeated by the next one, inside or outside the duplicate wind
 follower whose lease may have lapsed (a pause) stops before publishing.
 
 The cursor is bounded by what followers produced, never by what anyone can put on the
-subject: the stream's last message counts only when a trusted worker key signed it (every
-message a follower publishes is signed, `BusPublisher.channel_message`) and it names an id
-Hermes returned in this poll. A message forged on the subject (say `message_id` 10^12) is
-ignored, so it cannot freeze the session; readers verify the same signature
+subject: the stream's last message counts only when it is a follower's Envelope for this
+session, signed by a trusted worker key (every message a follower publishes is signed,
+`BusPublisher.channel_message`), and it names an id Hermes returned in this poll. A message
+forged on the subject (say Hermes id 10^12, unsigned or signed by another key) is ignored,
+so it cannot freeze the session; readers verify the same signature
 (`AipClient.session_messages`).
 
 Hostile content is typed, never guessed: content over 64 KiB is cut and flagged
@@ -44,7 +46,7 @@ from schemas.channel import (
     ChannelMessage,
     ChannelRole,
 )
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from subjects.grammar import Subjects
 from worker import faults
 from worker.bus.dead_letters import DeadLetters, Kept
@@ -56,14 +58,11 @@ from worker.metrics import Metrics
 from worker.store.clock import now_ms
 from worker.store.ingress_store import IngressStore
 from worker.store.keys import IngressKeys
-from worker.trust.responses import verify_worker_signed
+from worker.trust.responses import check_worker_signed
 from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.channels import decode_inbound
 
 log = logging.getLogger(__name__)
-
-
-def message_msg_id(endpoint_id: str, message_id: int) -> str:
-    return f"{endpoint_id}:{message_id}"
 
 
 def to_channel_message(
@@ -211,7 +210,7 @@ class SessionFollower:
             last = await self.js.get_last_msg(self.subjects.stream_name("inbound"), self.subject)
         except NotFoundError:
             return cursor
-        on_stream = self._published_id(last.data or b"", last.headers, read_up_to)
+        on_stream = self._published_id(last.data or b"", read_up_to)
         if on_stream is None:
             if self._ignored_seq != last.seq:
                 self._ignored_seq = last.seq
@@ -226,18 +225,13 @@ class SessionFollower:
             return cursor
         return max(cursor, on_stream)
 
-    def _published_id(
-        self, data: bytes, headers: dict[str, str] | None, read_up_to: int
-    ) -> int | None:
-        """The message id of `data` when a follower published it, else None."""
-        if self.trusted is not None:
-            try:
-                verify_worker_signed(data, headers, self.trusted)
-            except UnverifiedResponse:
-                return None
+    def _published_id(self, data: bytes, read_up_to: int) -> int | None:
+        """The Hermes id of `data` when a follower published it, else None."""
         try:
-            message = msgspec.json.decode(data, type=ChannelMessage)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+            message, opened = decode_inbound(data)
+            if self.trusted is not None:
+                check_worker_signed(opened, self.trusted, what="channel message")
+        except (EnvelopeRejected, UnverifiedResponse):
             return None
         if (message.endpoint_id, message.session_id) != (
             self.target.endpoint_id,
@@ -282,9 +276,7 @@ class SessionFollower:
             except ChannelMessageRefused as exc:
                 await self._refuse(raw, str(exc), message_id)
             else:
-                await self.publisher.channel_message(
-                    self.subject, message, message_msg_id(target.endpoint_id, message_id)
-                )
+                await self.publisher.channel_message(self.subject, message)
                 self.metrics.channel_ingress_published(target.endpoint_id)
             faults.hit("after_ingress_publish", f"{target.session_id}:{message_id}")
             if not await self.store.advance(self.keys, self.owner, message_id):

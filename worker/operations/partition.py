@@ -118,7 +118,7 @@ def partition_of(ctx: ExecutionContext) -> Partition | None:
     prefix = prefix_of(ctx)
     if not prefix:
         return None
-    from worker.channel.egress import CHANNEL_PRINCIPAL
+    from worker.wire.channels import CHANNEL_PRINCIPAL
 
     if ctx.action.identity.principal_id == CHANNEL_PRINCIPAL:
         return None

@@ -15,9 +15,10 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
   subject forged;
 * audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
   segment's last is signed), so `audit` excludes a receipt another role appended.
-* every ChannelDelivery and every ingress ChannelMessage (docs/channels.md), so the egress
-  intake and the ingress cursor believe only what a trusted worker produced
-  (`worker_trust`, `verify_worker_signed`).
+* every ChannelDelivery (as its `session_chat` AIP Action) and every ingress message (as an
+  AIP `message_created` Envelope), with an AIP signature (`worker.wire.channels`), so the
+  egress intake, the ingress cursor and `session_messages` believe only what a trusted
+  worker produced (`worker_trust`, `check_worker_signed`).
 
 Chunks are not signed one by one (a signature per chunk would cost the hot path an Ed25519
 signature per provider event): each chunk Envelope carries `prev_sha256`, the hash of the
@@ -88,7 +89,8 @@ def sha256_hex(data: bytes) -> str:
 @dataclass(frozen=True, slots=True)
 class ResponseSigner:
     """This worker's signing key: `headers` signs one payload the nkey way (DLQ entries,
-    escalations, receipts, channel messages), `aip` signs AIP Envelopes (results)."""
+    receipts), `aip` signs AIP Envelopes (results, escalations, manifests, channel
+    messages and deliveries)."""
 
     _pair: nkeys.KeyPair = field(repr=False)
     public_key: str
@@ -160,19 +162,12 @@ def _verify(payload: bytes, headers: Mapping[str, str], trusted: TrustedGatewayK
         raise UnverifiedResponse(f"response signature: {reason}") from None
 
 
-def verify_worker_signed(
-    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
-) -> str:
-    """The trusted worker key that signed exactly `payload` (a channel delivery or an
-    ingress message); UnverifiedResponse otherwise."""
-    return _verify(payload, headers or {}, trusted)
-
-
 def worker_trust(
     signer: ResponseSigner | None, keys_file: Path | None
 ) -> TrustedGatewayKeys | None:
     """The worker keys a worker believes for what workers publish to workers (channel
-    deliveries, ingress messages): its own key, plus `AIPD_TRUSTED_WORKER_KEYS_FILE`'s.
+    deliveries, ingress messages): its own key, plus `AIPD_TRUSTED_WORKER_KEYS_FILE`'s
+    (a `U…` nkey or a did:key, the same key either way).
 
     None only for a worker without a signing key and without the file (unsigned responses
     allowed, development only): it then believes unsigned messages, as it publishes them.
