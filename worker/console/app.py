@@ -38,7 +38,8 @@ from starlette.routing import Route
 
 from schemas.chunk import DoneChunk, ErrorChunk
 from subjects.grammar import Subjects
-from worker.bus.connections import credential_options, open_redis_for
+from worker.bus.connections import connect_nats as connect
+from worker.bus.connections import open_redis_for
 from worker.commands.bus_commands import chunk_text
 from worker.commands.cli_settings import believed_worker_keys
 from worker.console import pages
@@ -325,14 +326,10 @@ async def with_keepalive(events: AsyncIterator[str], every_s: float) -> AsyncIte
 
 
 async def connect_nats(settings: Settings) -> NATS:
-    """A reconnecting connection with the `AIPD_NATS_*` credentials a worker uses: the
-    console lives as long as a worker, unlike a command's one-shot connection."""
-    return await nats.connect(
-        settings.nats_servers,
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-        **credential_options(settings),
-    )
+    """The worker's reconnecting connection (`worker.bus.connections.connect_nats`) under the
+    console's name: the console lives as long as a worker, unlike a command's one-shot
+    connection."""
+    return await connect(settings, name="aip-hermes-console")
 
 
 class Console:

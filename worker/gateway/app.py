@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 import nacl.signing
-import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
@@ -77,17 +76,14 @@ def _trusted_worker_keys(settings: GatewaySettings) -> TrustedGatewayKeys | None
 
 
 async def connect_nats(settings: GatewaySettings) -> NATS:
-    """The gateway's connection, with the same `AIPD_NATS_*` credential files a worker uses."""
-    from worker.bus.connections import credential_options
+    """The gateway's connection: the worker's (`worker.bus.connections.connect_nats`: the
+    same `AIPD_NATS_*` credential files, reconnecting forever, a lost NATS told once per
+    cause with its URL), under the gateway's own name and inbox prefix."""
+    from worker.bus.connections import connect_nats as connect
     from worker.settings import Settings
 
-    credentials = credential_options(
-        Settings(nats_url=settings.nats_url, nats_inbox_prefix=settings.nats_inbox_prefix)
-    )
-    servers = [url.strip() for url in settings.nats_url.split(",") if url.strip()]
-    return await nats.connect(
-        servers, max_reconnect_attempts=-1, reconnect_time_wait=0.5, **credentials
-    )
+    as_worker = Settings(nats_url=settings.nats_url, nats_inbox_prefix=settings.nats_inbox_prefix)
+    return await connect(as_worker, name="aip-hermes-gateway")
 
 
 class Gateway:
