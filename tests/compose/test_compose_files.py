@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nats
 import nkeys
 import pytest
@@ -442,6 +443,25 @@ async def test_the_admin_provisions_and_the_worker_uses_jetstream(compose_nats: 
     finally:
         await nc.close()
         await admin.close()
+
+
+def test_nats_runs_with_the_durability_settings(tmp_path: Path) -> None:
+    """The shipped nats.conf, run, as its server reports it on `/varz`: JetStream fsyncs
+    every write before acknowledging it (`sync_interval: always`, issue 27 item 3), and the
+    server is a release at or above the project's minimum. Without the setting the server
+    reports no `sync_always` (its default fsyncs every two minutes)."""
+    (http_port,) = free_ports(1)
+    started = run_compose_nats(
+        tmp_path, lambda conf: conf.replace("http_port: 8222", f"http_port: {http_port}")
+    )
+    next(started)
+    try:
+        varz = httpx.get(f"http://127.0.0.1:{http_port}/varz", timeout=10).json()
+    finally:
+        started.close()
+    assert varz["jetstream"]["config"].get("sync_always") is True, varz["jetstream"]["config"]
+    major, minor, patch = (int(part) for part in varz["version"].split("-")[0].split("."))
+    assert (major, minor, patch) >= MINIMUM_NATS_SERVER, varz["version"]
 
 
 # --- Redis: the compose config, run ------------------------------------------------------
