@@ -300,6 +300,15 @@ async def test_result_wait_on_the_wrong_endpoint_times_out_in_one_line(stack: St
     )  # fmt: skip
     assert code == Exit.TIMEOUT
     assert "not dead-lettered" in one_line(err)
+    # `tail` is in the same row of docs/operations.md: the same timeout, the same line.
+    code, _, err = await cli(
+        stack, "tail", handle.action_id, "--endpoint", "h2", "--timeout", "1",
+        "--trusted-worker-keys", str(stack.trust.worker_keys_file),
+    )  # fmt: skip
+    assert code == Exit.TIMEOUT, err
+    line = one_line(err)
+    assert f"no result for {handle.action_id} within 1 s" in line, line
+    assert "not dead-lettered" in line, line
     code, out, err = await cli(
         stack, "result", handle.action_id, "--endpoint", ENDPOINT,
         "--trusted-worker-keys", str(stack.trust.worker_keys_file),
@@ -332,26 +341,38 @@ async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> N
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "says"),
     [
-        ("submit", "--action-file", "/nonexistent/action.json"),
-        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
-         "--sign-key", "/nonexistent/gateway.seed"),
-        ("keys", "public", "/nonexistent/approver.seed"),
-        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
-         "--input", "@/nonexistent/input.json"),
-        ("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
-         "--input", "[1, 2]"),
-        ("submit", "--endpoint", ENDPOINT, "--operation", "models"),
+        (("submit", "--action-file", "/nonexistent/action.json"),
+         "configuration error: /nonexistent/action.json: No such file or directory"),
+        (("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+          "--sign-key", "/nonexistent/gateway.seed"),
+         "/nonexistent/gateway.seed: cannot be read (No such file or directory)"),
+        (("keys", "public", "/nonexistent/approver.seed"),
+         "seed file /nonexistent/approver.seed: cannot be read (No such file or directory)"),
+        (("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+          "--input", "@/nonexistent/input.json"),
+         "configuration error: --input @/nonexistent/input.json: No such file or directory"),
+        (("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+          "--input", "[1, 2]"),
+         "configuration error: --input [1, 2]: not a JSON object"),
+        (("submit", "--endpoint", ENDPOINT, "--operation", "models", "--principal", "u",
+          "--input", "{bad"),
+         "configuration error: --input {bad: not valid JSON ("),
+        (("submit", "--endpoint", ENDPOINT, "--operation", "models"),
+         "configuration error: submit needs --principal (or --action-file with a prepared "
+         "Action)"),
     ],
-    ids=["action-file", "sign-key", "keys-public", "input-file", "input-shape", "no-principal"],
+    ids=["action-file", "sign-key", "keys-public", "input-file", "input-shape", "input-json",
+         "no-principal"],
 )  # fmt: skip
 async def test_a_bad_file_or_missing_flag_is_one_configuration_line(
-    stack: Stack, args: tuple[str, ...]
+    stack: Stack, args: tuple[str, ...], says: str
 ) -> None:
+    """Each is a row of docs/operations.md "Publisher commands": the line it documents."""
     code, _, err = await cli(stack, *args)
     assert code == Exit.CONFIGURATION
-    one_line(err)
+    assert says in one_line(err), err
 
 
 async def test_cancel_without_a_key_refuses_in_one_line(stack: Stack) -> None:

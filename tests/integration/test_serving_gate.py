@@ -129,6 +129,8 @@ async def test_a_key_hermes_refuses_shows_in_ready_and_nothing_is_taken(
     [reason] = document["reasons"]
     assert f"endpoint {ENDPOINT}: Hermes at" in reason
     assert "refused the API key (401)" in reason
+    # The log says it too (docs/operations.md: "each checks the reason in /ready and the log").
+    await _until_log(bad, f"not serving {ENDPOINT}: {reason.split('; ', 1)[0]}")
     assert "not-the-key" not in json.dumps(document)
     assert "not-the-key" not in bad.log_text()
     await _all_go_to_the_healthy_worker(stack)
