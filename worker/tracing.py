@@ -27,7 +27,9 @@ import logging
 import os
 import sys
 from collections.abc import Iterator, Mapping, MutableMapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 if TYPE_CHECKING:
     from nats.aio.msg import Msg
@@ -41,6 +43,15 @@ log = logging.getLogger(__name__)
 #: Where a NATS message's trace context travels (W3C Trace Context, lower case as written).
 TRACEPARENT = "traceparent"
 TRACESTATE = "tracestate"
+
+
+class _EnvelopeTrace(msgspec.Struct):
+    """The one field of an AIP Envelope `envelope_trace` reads (the rest is skipped)."""
+
+    trace: dict[str, Any] | None = None
+
+
+_ENVELOPE_TRACE = msgspec.json.Decoder(_EnvelopeTrace)
 
 #: The value of `messaging.system` on every NATS span.
 MESSAGING_SYSTEM = "nats"
@@ -263,14 +274,31 @@ def consuming(msg: Msg) -> contextlib.AbstractContextManager[Span | None]:
     with contextlib.suppress(Exception):  # a message from a core subscription has none
         extra["messaging.nats.delivery_count"] = msg.metadata.num_delivered
         extra["messaging.consumer.group.name"] = msg.metadata.consumer or ""
+    carrier = msg.headers or {}
+    if TRACEPARENT not in carrier:
+        carrier = envelope_trace(msg.data) or carrier
     return _started(
         on,
         f"process {template}",
         "consumer",
         messaging("process", subject, template, extra),
-        msg.headers or {},
+        carrier,
         (),
     )
+
+
+def envelope_trace(data: bytes) -> dict[str, str] | None:
+    """The W3C context an AIP Envelope carries in its `trace` (what `worker.wire.envelopes`
+    writes when it seals under a span), for a message whose headers have none: a publisher
+    that sets only the Envelope's field, or a hop that dropped the headers. Read only while
+    tracing is on; anything that is not such an Envelope reads as None."""
+    try:
+        trace = _ENVELOPE_TRACE.decode(data).trace
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if trace is None or not isinstance(trace.get(TRACEPARENT), str):
+        return None
+    return {k: v for k, v in trace.items() if k in (TRACEPARENT, TRACESTATE) and isinstance(v, str)}
 
 
 def producing(

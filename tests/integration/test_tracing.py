@@ -9,6 +9,8 @@ receiver the test runs (`otlp_receiver.py`), so a trace is checked as a backend 
 
 from __future__ import annotations
 
+import json
+import secrets
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +19,7 @@ import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from schemas.result import ResultStatus
+from tests.aip_actions import action_envelope, canonical, key_of_nkey_seed, sign
 from tests.integration.stack import ENDPOINT, Stack
 from tests.otel import (
     OtlpReceiver,
@@ -30,6 +33,7 @@ from tests.otel import (
     traced,
 )
 from worker import tracing
+from worker.testing.identities import ISSUER, REVISION, USER_UNTENANTED
 from worker.testing.scenario import SLOW_REPLY, TOOL_ECHO
 
 PUBLISH_ACTIONS = "publish aip.hermes.{endpoint}.actions"
@@ -217,3 +221,47 @@ def test_tracing_off_creates_no_sdk_object() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
     )
     assert out.stdout.strip() == "0"
+
+
+async def test_the_result_envelope_carries_the_trace_inside_its_signature(
+    stack: Stack, receiver: OtlpReceiver, client_spans: InMemorySpanExporter
+) -> None:
+    """`Envelope.trace` of the signed result names a span of the publisher's trace, as the
+    result's NATS headers do (an AIP reader of the Envelope alone sees the trace)."""
+    await stack.spawn("w1", **traced(receiver, "w1"))
+    action = stack.action("models")
+    result = await (await stack.client.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    trace_id = published(client_spans).trace_id
+    spans = await receiver.wait_for(lambda got: any(s.name == "aip.settle" for s in got))
+    ((data, headers),) = await stack.stream_messages_with_headers(
+        "results", stack.subjects.results(ENDPOINT, action.id)
+    )
+    envelope = json.loads(data)
+    sealed_in = parent_of(envelope["trace"]["traceparent"])
+    assert sealed_in[0] == trace_id == parent_of(headers["traceparent"])[0]
+    assert sealed_in[1] in {s.span_id for s in spans if s.trace_id == trace_id}
+    # Content-addressed Envelopes carry none: the Action seals to the same bytes each time,
+    # under any span.
+    with tracing.span("republish"):
+        assert stack.client.seal_action(action) == stack.client.seal_action(action)
+        assert "trace" not in json.loads(stack.client.seal_action(action))
+
+
+async def test_a_worker_continues_the_trace_an_envelope_carries_without_headers(
+    stack: Stack, receiver: OtlpReceiver
+) -> None:
+    """An AIP publisher that writes W3C context only into the signed Envelope's `trace`
+    (no NATS headers at all) is continued by the worker's delivery span."""
+    await stack.spawn("w1", **traced(receiver, "w1"))
+    trace_id, parent_id = secrets.token_hex(16), secrets.token_hex(8)
+    envelope = action_envelope(
+        endpoint=ENDPOINT, principal=USER_UNTENANTED, issuer=ISSUER, revision=REVISION
+    )
+    envelope["trace"] = {"traceparent": f"00-{trace_id}-{parent_id}-01"}
+    signed = canonical(sign(envelope, key_of_nkey_seed(stack.trust.seed)))
+    result = await (await stack.publish_envelope(signed)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    spans = await receiver.wait_for(lambda got: any(s.name == PROCESS_ACTIONS for s in got))
+    process = one([s for s in spans if s.trace_id == trace_id], PROCESS_ACTIONS)
+    assert process.parent_id == parent_id

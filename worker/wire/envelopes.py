@@ -22,6 +22,7 @@ import msgspec
 from schemas.aip._base import AipStruct
 from schemas.aip.messages import open_body, open_signed_body
 from schemas.errors import BodyError, EnvelopeRejected, ErrorCode
+from worker import tracing
 from worker.aip.canonical import canonical_bytes, loads
 from worker.aip.envelope import AIP_VERSION, BODY_KEYS, check_envelope, now_timestamp
 from worker.aip.errors import AipWireError, MalformedJson, SignatureError
@@ -146,6 +147,11 @@ def seal(
         "sent_at": sent_at or now_timestamp(),
         "body": {BODY_KEYS[message_type]: dict(payload)},
     }
+    if trace is None and message_id is None:
+        # A message sealed with a fresh id carries its sealing span's context; one whose id
+        # is derived from its content (Actions, chunks, channel messages, escalations) must
+        # seal to the same bytes every time (dedupe, the chunk chain), so it carries none.
+        trace = sealing_trace()
     optional = {
         "correlation_id": correlation_id,
         "in_response_to": in_response_to,
@@ -162,6 +168,16 @@ def seal(
         check_envelope(envelope)
         return canonical_bytes(envelope)
     return canonical_bytes(sign_envelope(envelope, signer, sender))
+
+
+def sealing_trace() -> dict[str, str] | None:
+    """The W3C trace context of the span that seals a message (`traceparent`, `tracestate`),
+    for `Envelope.trace`: the signed copy of what the NATS headers carry (those name the
+    publish span, a child of this one, in the same trace). None when tracing is off or no
+    span is current, so the Envelope then has no `trace` and costs nothing more."""
+    carrier: dict[str, str] = {}
+    tracing.inject(carrier)
+    return carrier or None
 
 
 def open_envelope(
