@@ -163,6 +163,24 @@ class ApprovalRecords:
         return WriteOutcome(DecisionWrite(reply_text(status)), existing, int(live))
 
 
+def slot_fields(
+    record: ApprovalRecord, raw: bytes, *, signature: str, signer: str
+) -> dict[str, bytes | str | int]:
+    """The hash fields `approval_write.lua` writes for one approver's decision (the layout
+    the scripts share): for tests and tools that must write a slot as anyone with Redis
+    write access could, bypassing the script."""
+    who = record.approver_principal_id
+    return {
+        f"id:{who}": record.decision_id,
+        f"record:{who}": raw,
+        f"decision:{who}": record.decision.value,
+        f"expires:{who}": record.expires_at_unix_ms,
+        f"signature:{who}": signature,
+        f"signer:{who}": signer,
+        "revision": record.revision,
+    }
+
+
 async def read_records(
     redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
 ) -> list[ApprovalRecord]:
