@@ -135,16 +135,17 @@ class ApprovalAuthority:
             index_of[key] = index
             found[key] = membership
         for index, quorum in enumerate(quorums):
-            members = {
-                m.principal_id
-                for m in found.values()
-                if any(_overlaps(p, quorum.capability_prefix) for p in m.capability_prefixes)
-            }
-            if len(members) < quorum.required:
+            # Decisions are per tenant: N members of one tenant must be able to meet it.
+            per_tenant: dict[str | None, set[str]] = {}
+            for m in found.values():
+                if any(_overlaps(p, quorum.capability_prefix) for p in m.capability_prefixes):
+                    per_tenant.setdefault(m.tenant_id, set()).add(m.principal_id)
+            most = max((len(members) for members in per_tenant.values()), default=0)
+            if most < quorum.required:
                 raise TrustConfigError(
                     f"{_WHAT} {path}: quorum {index} ({quorum.capability_prefix!r}) requires "
-                    f"{quorum.required} distinct approvers but only {len(members)} member(s) "
-                    "may approve it: it could never be met"
+                    f"{quorum.required} distinct approvers but only {most} member(s) of any "
+                    "one tenant may approve it: it could never be met"
                 )
         return cls(found, policy.sha256, expired=expired, quorums=quorums)
 
