@@ -30,7 +30,9 @@ from worker.testing.identities import (
     TENANT_A,
     USER_B,
     TrustFiles,
+    authority_memberships,
     write_json,
+    write_trust_files,
 )
 from worker.trust.approval_ledger import approve, decision_view
 from worker.trust.authority import ApprovalAuthority
@@ -618,3 +620,37 @@ def test_memberships_need_a_valid_key_of_their_own(trust_files: TrustFiles) -> N
     write_json(trust_files.authority_file, memberships, mode=0o644)
     with pytest.raises(TrustConfigError, match="checksum"):
         ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
+
+
+async def test_a_quorum_admits_only_with_n_distinct_live_approvals_and_names_them_all(
+    tmp_path: Path, redis: Redis
+) -> None:
+    """Quorum 2 in tenant A (carol and erin): the gate counts distinct live approvals,
+    an expired one does not count, and the admitted receipt names every approver."""
+    erin = {"principal_id": "approver:erin", "revision": 1, "tenant_id": TENANT_A,
+            "capability_prefixes": ["cap:hermes_agent:"]}  # fmt: skip
+    files = write_trust_files(
+        tmp_path,
+        memberships=[*authority_memberships(), erin],
+        quorums=[{"capability_prefix": "cap:hermes_agent:", "required": 2}],
+    )
+    gate = TrustGate.from_settings(Settings(**files.settings_overrides()))
+    authority = ApprovalAuthority.load(files.authority_file, now_ms=now_ms())
+    document = action_document()
+    first = await decide(redis, authority, files, document, ttl_ms=300)
+    error = await refused(gate, redis, files, document)
+    assert (error.code, "1 of 2 approvals" in error.message) == (UNAVAILABLE, True)
+    await asyncio.sleep(0.35)  # carol's approval expires: she may approve again
+    second = await decide(redis, authority, files, document, approver="approver:erin")
+    error = await refused(gate, redis, files, document)
+    assert (error.code, "1 of 2 approvals" in error.message) == (UNAVAILABLE, True)
+    third = await decide(redis, authority, files, document)
+    assert third.decision_id != first.decision_id
+    admitted = await admit(gate, redis, files, document)
+    assert {r.decision_id for r in admitted.approvals} == {second.decision_id, third.decision_id}
+    assert admitted.approval == second  # the oldest live one, none being carried
+    names = str(admitted.receipt_details()["approver_principal_ids"]).split(",")
+    assert sorted(names) == [APPROVER_A, "approver:erin"]
+    # Carrying carol's decision makes it the primary one.
+    carried_document = {**document, "approval": carried(third, files)}
+    assert (await admit(gate, redis, files, carried_document)).approval == third
