@@ -8,6 +8,7 @@ from typing import Annotated, Any
 import msgspec
 
 from schemas._base import WireStruct
+from schemas.aip.approval import ApprovalDecision
 from schemas.ids import ActionId, CapabilityId, ShortText, UnixMs
 
 
@@ -33,7 +34,8 @@ class Trace(WireStruct, kw_only=True, frozen=True):
 
 
 class ApprovalRef(WireStruct, kw_only=True, frozen=True):
-    """A pointer to a durable approval decision; the pointer alone is never authority."""
+    """A pointer to a durable approval decision (a delegation request's); the pointer alone
+    is never authority."""
 
     decision_id: ShortText
 
@@ -72,7 +74,9 @@ class Action(WireStruct, kw_only=True, frozen=True):
     timeout_ms: Annotated[int, msgspec.Meta(ge=1, le=86_400_000)] | None = None
     deadline_unix_ms: UnixMs | None = None
     trace: Trace | None = None
-    approval: ApprovalRef | None = None
+    #: The AIP decision the publisher carries (`approved`): a claim the worker checks field
+    #: for field against the durable signed record (`worker.trust.approval_ledger`).
+    approval: ApprovalDecision | None = None
     delegation: DelegationRef | None = None
     # Opaque to this worker but preserved: they belong to the AIP runtime around it.
     conversation: JsonObject | None = None

@@ -1,11 +1,12 @@
 """Approval decisions and the authority memberships that may make them.
 
 An `ApprovalRecord` is the only thing that lets an approval-governed capability run: it lives
-in Redis at `aip:approvals:{act_…}`, written once per decision by an approver whose
-`AuthorityMembership` (from the approval authority file) covers the Action's tenant and
-capability, and signed with the key that membership names (the signature is stored beside
-the record, over its exact bytes). An Action's own `approval.decision_id` is just a pointer
-to such a record.
+in Redis at `aip:approvals:{act_…}` (one slot per approver), written once per decision by an
+approver whose `AuthorityMembership` (from the approval authority file) covers the Action's
+tenant and capability, and signed with the key that membership names (the signature is stored
+beside the record, over its exact bytes). An `ApprovalQuorum` of the authority file says how
+many distinct members must approve a capability. The AIP `ApprovalDecision` an Action carries
+is a claim checked against such records, never authority of its own.
 """
 
 from __future__ import annotations
@@ -65,6 +66,33 @@ class AuthorityMembership(WireStruct, frozen=True, kw_only=True):
     ] = msgspec.field(default_factory=list)
     expires_at_unix_ms: UnixMs | None = None
     revoked: bool = False
+
+
+#: The most approvers a quorum may require (bounds the per-Action record set).
+MAX_QUORUM = 16
+
+
+class ApprovalQuorum(WireStruct, frozen=True, kw_only=True):
+    """How many distinct authority members must approve Actions of a capability prefix.
+
+    The longest matching prefix decides; a capability no quorum names needs one approval.
+    One valid denial by any member ends the Action, whatever the quorum.
+    """
+
+    #: A capability id prefix (`*`: every capability).
+    capability_prefix: CapabilityPrefix
+    #: N: distinct members (by principal) whose live, signed approvals are required.
+    required: Annotated[int, msgspec.Meta(ge=1, le=MAX_QUORUM)]
+
+
+class AuthorityPolicy(WireStruct, frozen=True, kw_only=True):
+    """The object form of the approval authority file: the memberships and the quorums
+    (the array form holds memberships only, every quorum 1)."""
+
+    memberships: list[dict[str, object]]
+    quorums: Annotated[list[ApprovalQuorum], msgspec.Meta(max_length=MAX_CAPABILITY_PREFIXES)] = (
+        msgspec.field(default_factory=list)
+    )
 
 
 class PolicyDecision(WireStruct, frozen=True, kw_only=True):

@@ -104,3 +104,15 @@ class EscalationResolution(WireStruct, kw_only=True, frozen=True):
     resolved_at_unix_ms: UnixMs
     choice: ApprovalChoice | None = None
     resume_action_id: ActionId | None = None
+
+
+class ResumeClaim(WireStruct, kw_only=True, frozen=True):
+    """The resume an approval escalation's first approver opened, write-once in Redis
+    (never on a stream: its id stays unknown until the resume is published). Every member
+    of the quorum approves this same resume; a member who disagrees answers `deny`."""
+
+    escalation_id: EscalationId
+    resume_action_id: ActionId
+    choice: ApprovalChoice
+    resolve_all: bool
+    opened_by: ShortText

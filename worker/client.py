@@ -44,7 +44,8 @@ import nats.errors
 from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
-from schemas.action import Action, ApprovalRef, Identity, Mode, Trace
+from schemas.action import Action, Identity, Mode, Trace
+from schemas.aip.approval import ApprovalDecision
 from schemas.aip.manifest import ManifestRequest
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.channel import ChannelMessage
@@ -336,7 +337,7 @@ class AipClient:
         timeout_ms: int | None = None,
         deadline_unix_ms: int | None = None,
         trace_id: str | None = None,
-        approval_decision_id: str | None = None,
+        approval: ApprovalDecision | None = None,
         action_id: str | None = None,
     ) -> Action:
         """An Action for `operation`; without `mode`, the one the operation takes by default
@@ -359,9 +360,7 @@ class AipClient:
             timeout_ms=timeout_ms,
             deadline_unix_ms=deadline_unix_ms,
             trace=Trace(trace_id=trace_id) if trace_id else None,
-            approval=ApprovalRef(decision_id=approval_decision_id)
-            if approval_decision_id
-            else None,
+            approval=approval,
         )
 
     def aip_signer(self) -> AipSigner | None:

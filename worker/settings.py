@@ -177,7 +177,9 @@ class Settings(BaseSettings):
     trusted_identity_file: Path | None = None
     """Trusted identity directory (JSON); without it governed execution is refused."""
     approval_authority_file: Path | None = None
-    """Approval authority directory (JSON `AuthorityMembership` records)."""
+    """Approval authority directory (JSON): an array of `AuthorityMembership` records, or
+    `{"memberships": [...], "quorums": [{"capability_prefix", "required"}]}` to require N
+    distinct approvers for a capability prefix (docs/security.md "Quorums")."""
     channel_egress_file: Path | None = None
     """Channel egress rules (JSON): which results and escalations are sent into which
     persisted Hermes session (docs/channels.md). Trusted configuration, never payload."""

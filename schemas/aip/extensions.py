@@ -16,7 +16,7 @@ from typing import Annotated, Final
 import msgspec
 from msgspec import Meta
 
-from schemas.action import ApprovalRef, DelegationRef
+from schemas.action import DelegationRef
 from schemas.channel import (
     INGRESS_SESSION_PATTERN,
     MAX_INGRESS_CONTENT_BYTES,
@@ -69,13 +69,6 @@ class ActionExtension(_Extension, frozen=True):
     deadline_unix_ms: Annotated[
         UnixMs | None,
         Meta(description="Absolute deadline (Unix ms) after which the Action is not started."),
-    ] = None
-    approval: Annotated[
-        ApprovalRef | None,
-        Meta(
-            description="A pointer to the durable approval decision this Action runs under "
-            "(never authority by itself: the worker reads the record)."
-        ),
     ] = None
     delegation: Annotated[
         DelegationRef | None,
@@ -323,7 +316,6 @@ ALWAYS_CARRIED: Final = frozenset(
 #: Descriptions of the fields of the internal types the action extension reuses (they are
 #: `schemas/action.py`'s, which carry none): def name → field → description.
 REUSED_FIELD_DESCRIPTIONS: Final[dict[str, dict[str, str]]] = {
-    "ApprovalRef": {"decision_id": "The durable approval decision's id."},
     "DelegationRef": {
         "delegation_id": "The delegation's id.",
         "parent_action_id": "The Action that delegated (null or absent: not known here).",

@@ -44,7 +44,6 @@ import msgspec
 from redis.asyncio import Redis
 
 from schemas.action import Action
-from schemas.approval import ApprovalRecord
 from schemas.ids import new_action_id
 from tests.chaos.checker import PlannedAction
 from tests.chaos.deployment import DELEGATOR
@@ -54,7 +53,6 @@ from worker.client import AipClient
 from worker.fingerprints import approval_fingerprint
 from worker.gateway.service import namespaced_action_id
 from worker.store.approvals import ApprovalRecords
-from worker.store.keys import approvals_key
 from worker.testing.gateway import call_tool
 from worker.testing.identities import USER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL, SLOW_REPLY
@@ -212,11 +210,11 @@ class Workload:
     async def _forge_approval(self, source_id: str, resume: Action, signed: bool) -> None:
         client = Redis.from_url(self.stack.redis_url)
         try:
-            template = await client.hget(approvals_key(source_id), "record")
-            if template is None:
+            templates = await ApprovalRecords(client).read(source_id)
+            if not templates:
                 raise LookupError(f"no approval record of {source_id} to copy")
             record = msgspec.structs.replace(
-                msgspec.json.decode(template, type=ApprovalRecord),
+                templates[0],
                 decision_id="apr_" + new_action_id()[4:],
                 action_id=resume.id,
                 input_fingerprint=approval_fingerprint(resume),
@@ -227,7 +225,9 @@ class Workload:
             signature, signer = (
                 (sign_detached(raw, seed), public_key_of(seed)) if signed else ("", "")
             )
-            await ApprovalRecords(client).write(record, raw, signature, signer, read_revision=0)
+            await ApprovalRecords(client).write(
+                record, raw, signature, signer, read_revision=0, required=1
+            )
         finally:
             await client.aclose()
 

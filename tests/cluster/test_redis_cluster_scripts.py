@@ -23,7 +23,7 @@ from redis.exceptions import RedisClusterException, ResponseError
 from schemas.action import Action, Identity
 from schemas.approval import ApprovalDecision
 from schemas.ids import new_action_id
-from worker.store.approvals import read_record
+from worker.store.approvals import read_records
 from worker.store.connection import WriteConfirmation, open_redis
 from worker.store.idempotency_store import ClaimStatus, IdempotencyStore, OriginalStatus
 from worker.store.ingress_store import IngressStore
@@ -243,9 +243,9 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
         cluster_client, authority, action, APPROVER_UNTENANTED, "ok", ApprovalDecision.APPROVED,
         seed=trust.approver_seed(APPROVER_UNTENANTED),
     )  # fmt: skip
-    assert await cluster_client.hget(approvals_key(third), "decision") == b"approved"
-    record = await read_record(cluster_client, third)
-    assert record is not None
+    key = approvals_key(third)
+    assert await cluster_client.hget(key, f"decision:{APPROVER_UNTENANTED}") == b"approved"
+    [record] = await read_records(cluster_client, third)
     assert record.decision is ApprovalDecision.APPROVED
     assert capacity_key("h1") != approvals_key(third)
 

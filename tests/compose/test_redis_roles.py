@@ -83,14 +83,17 @@ async def test_the_worker_user_cannot_undo_a_decision_or_sweep_the_store(
     try:
         # A denial, as the approver's script stores it, and a resolved escalation.
         denial = approvals_key(DENIED_ID)
-        await admin.hset(denial, mapping={"decision": "denied", "record": "{}", "revision": 1})
+        slot = "decision:approver:demo"
+        await admin.hset(
+            denial, mapping={slot: "denied", "record:approver:demo": "{}", "revision": 1}
+        )
         resolution = escalation_resolution_key(ESCALATION_ID)
         await admin.set(resolution, b"{}")
         for attempt in (
             lambda: worker.delete(denial),
             lambda: worker.unlink(denial),
-            lambda: worker.hset(denial, "decision", "approved"),
-            lambda: worker.hdel(denial, "decision"),
+            lambda: worker.hset(denial, slot, "approved"),
+            lambda: worker.hdel(denial, slot),
             lambda: worker.expire(denial, 1),
             lambda: worker.rename(denial, denial + ":x"),
             lambda: worker.delete(resolution),
@@ -109,13 +112,13 @@ async def test_the_worker_user_cannot_undo_a_decision_or_sweep_the_store(
             with pytest.raises(NoPermissionError):
                 await attempt()
         # Both are still there, unchanged, and the worker still reads the denial.
-        assert await admin.hget(denial, "decision") == b"denied"
+        assert await admin.hget(denial, slot) == b"denied"
         assert await admin.get(resolution) == b"{}"
-        assert await worker.hget(denial, "decision") == b"denied"
+        assert await worker.hget(denial, slot) == b"denied"
         assert await worker.exists(resolution) == 1
         # Its approval reads are read-only scripts (EVALSHA_RO), which its rights allow.
         stored, now_ms = await ApprovalRecords(worker).read_at(new_action_id())
-        assert stored is None
+        assert stored == []
         assert abs(now_ms - time.time_ns() // 1_000_000) < 60_000
     finally:
         await worker.aclose()

@@ -145,7 +145,15 @@ def test_a_live_child_is_not_ready_yet() -> None:
         ("callback", {"url": "x"}),
         ("observability", {"x": 1}),
         ("compliance", {"x": 1}),
-        ("approval", {"decision_id": "apr_" + "1" * 32}),
+        (
+            "approval",
+            {
+                "approval_id": "appr_" + "1" * 32,
+                "decision": "approved",
+                "approver": {"id": "approver:x", "kind": "human"},
+                "decided_at": "2026-01-01T00:00:00Z",
+            },
+        ),
         ("transaction", {"x": 1}),
         ("delegation", {"delegation_id": "dlg-other", "chain": ["user:demo"]}),
     ],

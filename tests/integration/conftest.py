@@ -38,17 +38,24 @@ def authority() -> list[dict[str, Any]] | None:
 
 
 @pytest.fixture
+def quorums() -> list[dict[str, Any]] | None:
+    """The authority file's approval quorums (None: none, every capability needs one)."""
+    return None
+
+
+@pytest.fixture
 async def stack(
     tmp_path: Path,
     nats_server: ServiceHandle,
     redis_server: ServiceHandle,
     stack_env: dict[str, str],
     authority: list[dict[str, Any]] | None,
+    quorums: list[dict[str, Any]] | None,
     fake_config: FakeConfig | None,
 ) -> AsyncIterator[Stack]:
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
-    trust = write_trust_files(trust_dir, memberships=authority)
+    trust = write_trust_files(trust_dir, memberships=authority, quorums=quorums)
     async with fake_stack(
         tmp_path,
         nats_server.url,

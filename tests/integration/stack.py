@@ -42,6 +42,7 @@ from worker.testing.identities import (
     write_api_key_file,
 )
 from worker.testing.workers import WorkerProcess
+from worker.trust.approval_ledger import Recorded
 from worker.wire.actions import GATEWAY_SENDER
 from worker.wire.chunks import decode_chunk
 from worker.wire.results import decode_result
@@ -243,13 +244,20 @@ class Stack:
             await client.aclose()
         raise AssertionError(f"{action_id} was never bound to a run")
 
-    async def approve(self, action: Action, *, approver: str = APPROVER_UNTENANTED) -> None:
-        """Record an approval from the demo authority (the operator requires one), signed
-        with the approver's own key as `approve --key` does."""
+    async def approve(
+        self,
+        action: Action,
+        *,
+        approver: str = APPROVER_UNTENANTED,
+        deny: bool = False,
+    ) -> Recorded:
+        """Record an approval (a denial with `deny`) from the demo authority (the operator
+        requires one), signed with the approver's own key as `approve --key` does; with
+        where the quorum stands."""
         from redis.asyncio import Redis
 
         from schemas.approval import ApprovalDecision
-        from worker.trust.approval_ledger import approve
+        from worker.trust.approval_ledger import record_decision
         from worker.trust.authority import ApprovalAuthority
 
         client = Redis.from_url(self.redis_url)
@@ -257,13 +265,13 @@ class Stack:
             authority = ApprovalAuthority.load(
                 self.trust.authority_file, now_ms=time.time_ns() // 1_000_000
             )
-            await approve(
+            return await record_decision(
                 client,
                 authority,
                 action,
                 approver,
-                "approved by the test",
-                ApprovalDecision.APPROVED,
+                "denied by the test" if deny else "approved by the test",
+                ApprovalDecision.DENIED if deny else ApprovalDecision.APPROVED,
                 seed=self.trust.approver_seed(approver),
             )
         finally:

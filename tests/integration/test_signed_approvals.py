@@ -10,10 +10,10 @@ from __future__ import annotations
 import msgspec
 from redis.asyncio import Redis
 
-from schemas.approval import ApprovalRecord
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 from worker.fingerprints import approval_fingerprint
+from worker.store.approvals import read_records, slot_fields
 from worker.store.keys import approvals_key
 from worker.testing.identities import APPROVER_UNTENANTED
 
@@ -36,25 +36,15 @@ async def test_an_approval_written_to_redis_without_the_approvers_signature_runs
     action = stack.action("operator", {"objective": "approve me yourself"})
     client = Redis.from_url(stack.redis_url)
     try:
-        stored = await client.hget(approvals_key(template.id), "record")
-        assert stored is not None
-        genuine = msgspec.json.decode(stored, type=ApprovalRecord)
+        [genuine] = await read_records(client, template.id)
         forged = msgspec.structs.replace(
             genuine,
             decision_id="apr_" + "d" * 32,
             action_id=action.id,
             input_fingerprint=approval_fingerprint(action),
         )
-        await client.hset(
-            approvals_key(action.id),
-            mapping={
-                "decision_id": forged.decision_id,
-                "record": msgspec.json.encode(forged),
-                "decision": "approved",
-                "expires_at_ms": forged.expires_at_unix_ms,
-                "revision": 1,
-            },
-        )
+        fields = slot_fields(forged, msgspec.json.encode(forged), signature="", signer="")
+        await client.hset(approvals_key(action.id), mapping=fields)
     finally:
         await client.aclose()
     result = await (await stack.publish(action)).result(timeout_s=30)

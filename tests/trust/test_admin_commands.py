@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
 import msgspec
@@ -82,9 +83,19 @@ async def test_approve_records_the_decision_for_the_action_in_the_file(
         "--reason", "ticket OPS-7", "--ttl-minutes", "5", *flags,
     )  # fmt: skip
     assert await args.func(args) == 0
-    printed = msgspec.json.decode(capsys.readouterr().out, type=ApprovalRecord)
+    out, err = capsys.readouterr()
+    document = json.loads(out)
+    # One member of a quorum of one: how many of N exist, and the AIP decision to carry.
+    assert (document.pop("approvals"), document.pop("required")) == (1, 1)
+    assert "1 of 1 approvals recorded" in err
+    carried = document.pop("approval_decision")
+    printed = msgspec.convert(document, ApprovalRecord)
     assert printed.decision is ApprovalDecision.APPROVED
     assert printed.expires_at_unix_ms - printed.created_at_unix_ms == 5 * 60_000
+    assert carried["approval_id"] == "appr_" + action_id.removeprefix("act_")
+    assert (carried["decision"], carried["decision_id"]) == ("approved", printed.decision_id)
+    assert carried["approver"]["id"] == APPROVER_A
+    assert carried["evidence"][0]["hash"] == "sha256:" + printed.input_fingerprint
     show = parse("approval", "show", action_id, "--redis-url", redis_server.url)
     assert await show.func(show) == 0
     assert msgspec.json.decode(capsys.readouterr().out, type=ApprovalRecord) == printed

@@ -18,6 +18,7 @@ from schemas.errors import ErrorCode
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.fingerprints import approval_fingerprint
 from worker.settings import Settings
+from worker.store.approvals import slot_fields
 from worker.store.keys import approvals_key
 from worker.store.scripts import script_source
 from worker.store.stores import Stores
@@ -29,9 +30,11 @@ from worker.testing.identities import (
     TENANT_A,
     USER_B,
     TrustFiles,
+    authority_memberships,
     write_json,
+    write_trust_files,
 )
-from worker.trust.approval_ledger import approve
+from worker.trust.approval_ledger import approve, decision_view
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.gate import AdmitDecision, TrustGate
 from worker.trust.signing import generate_keypair, public_key_of, sign_detached, verify_detached
@@ -85,6 +88,24 @@ async def decide(
     )  # fmt: skip
 
 
+def carried(record: ApprovalRecord, files: TrustFiles) -> dict[str, Any]:
+    """The AIP ApprovalDecision `approve` prints for `record`, as a publisher carries it."""
+    signer = public_key_of(files.approver_seed(record.approver_principal_id))
+    view: dict[str, Any] = msgspec.to_builtins(decision_view(record, signer))
+    return view
+
+
+def forged_decision(decision_id: str, approver: str = APPROVER_A) -> dict[str, Any]:
+    """A schema-valid AIP ApprovalDecision written from the AIP rules, naming no record."""
+    return {
+        "approval_id": "appr_" + "0" * 32,
+        "decision": "approved",
+        "approver": {"id": approver, "kind": "human"},
+        "decided_at": "2026-01-01T00:00:00Z",
+        "decision_id": decision_id,
+    }
+
+
 async def test_an_approved_matching_record_admits_and_is_carried_for_audit(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
@@ -93,8 +114,16 @@ async def test_an_approved_matching_record_admits_and_is_carried_for_audit(
     decision = await admit(gate, redis, trust_files, document)
     assert decision.approval == record
     assert decision.receipt_details()["approval_decision_id"] == record.decision_id
-    with_pointer = {**document, "approval": {"decision_id": record.decision_id}}
-    assert (await admit(gate, redis, trust_files, with_pointer)).approval == record
+    with_decision = {**document, "approval": carried(record, trust_files)}
+    assert (await admit(gate, redis, trust_files, with_decision)).approval == record
+    # The required fields alone (AIP omits the rest) name the same record.
+    required = {
+        k: v for k, v in carried(record, trust_files).items()
+        if k in ("approval_id", "decision", "approver", "decided_at")
+    }  # fmt: skip
+    assert (await admit(gate, redis, trust_files, {**document, "approval": required})).approval == (
+        record
+    )
 
 
 async def test_the_record_holds_the_policy_evidence(
@@ -115,7 +144,7 @@ async def test_the_record_holds_the_policy_evidence(
     assert evidence.membership_tenant_id == TENANT_A
     assert evidence.authority_file_sha256 == authority.sha256
     assert record.revision == 1
-    stored = await redis.hget(approvals_key(action.id), "record")
+    stored = await redis.hget(approvals_key(action.id), f"record:{APPROVER_A}")
     assert stored is not None
     assert msgspec.json.decode(stored, type=ApprovalRecord) == record
     ttl_ms = await redis.pttl(approvals_key(action.id))
@@ -133,10 +162,13 @@ async def test_a_record_of_another_action_grants_nothing(
 ) -> None:
     approved = action_document()
     record = await decide(redis, authority, trust_files, approved)
-    borrower = {**action_document(), "approval": {"decision_id": record.decision_id}}
-    assert (await refused(gate, redis, trust_files, borrower)).code is UNAVAILABLE
-    await decide(redis, authority, trust_files, borrower)
-    assert (await refused(gate, redis, trust_files, borrower)).code is CONFLICT
+    borrower = {**action_document(), "approval": carried(record, trust_files)}
+    error = await refused(gate, redis, trust_files, borrower)
+    assert (error.code, "no decision is recorded" in error.message) == (CONFLICT, True)
+    await decide(redis, authority, trust_files, {**borrower, "approval": None})
+    error = await refused(gate, redis, trust_files, borrower)
+    assert error.code is CONFLICT
+    assert "names no live recorded decision" in error.message
 
 
 async def test_a_record_for_another_capability_grants_nothing(
@@ -196,11 +228,27 @@ async def test_a_live_approval_cannot_be_replaced_but_an_expired_one_can(
 async def test_a_forged_decision_id_grants_nothing(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:
-    forged = {**action_document(), "approval": {"decision_id": "apr_" + "0" * 32}}
-    assert (await refused(gate, redis, trust_files, forged)).code is UNAVAILABLE
-    await decide(redis, authority, trust_files, forged)
+    forged = {**action_document(), "approval": forged_decision("apr_" + "0" * 32)}
     error = await refused(gate, redis, trust_files, forged)
-    assert (error.code, "decision_id" in error.message) == (CONFLICT, True)
+    assert (error.code, "no decision is recorded" in error.message) == (CONFLICT, True)
+    record = await decide(redis, authority, trust_files, {**forged, "approval": None})
+    error = await refused(gate, redis, trust_files, forged)
+    assert (error.code, "names no live recorded decision" in error.message) == (CONFLICT, True)
+    # The genuine decision id with any field that is not the record's: refused, by name.
+    for name, value in (
+        ("approver", {"id": APPROVER_A, "kind": "agent"}),
+        ("reason", "approved by the payload"),
+        ("decided_at", "2030-01-01T00:00:00Z"),
+        ("approval_id", "appr_" + "1" * 32),
+    ):
+        altered = {**carried(record, trust_files), name: value}
+        error = await refused(gate, redis, trust_files, {**forged, "approval": altered})
+        assert (error.code, error.message) == (
+            CONFLICT, f"approval: the Action's approval.{name} is not the recorded decision's"
+        )  # fmt: skip
+    assert (await admit(
+        gate, redis, trust_files, {**forged, "approval": carried(record, trust_files)}
+    )).approval == record  # fmt: skip
 
 
 async def test_approval_claims_inside_the_payload_grant_nothing(
@@ -297,7 +345,9 @@ async def test_an_unreadable_record_is_unavailable_not_a_crash(
 ) -> None:
     document = action_document()
     action, _ = encode_action(document)
-    await redis.hset(approvals_key(action.id), mapping={"record": b'{"decision":"approved"}'})
+    await redis.hset(
+        approvals_key(action.id), mapping={f"record:{APPROVER_A}": b'{"decision":"approved"}'}
+    )
     assert (await refused(gate, redis, trust_files, document)).code is UNAVAILABLE
 
 
@@ -313,9 +363,14 @@ async def test_a_tampered_record_for_another_action_is_a_conflict(
     signed = await redis.hgetall(approvals_key(original_action.id))
     await redis.hset(
         approvals_key(target_action.id),
-        mapping={k: signed[k.encode()] for k in ("record", "signature", "signer")},
+        mapping={
+            f"{k}:{APPROVER_A}": signed[f"{k}:{APPROVER_A}".encode()]
+            for k in ("record", "signature", "signer")
+        },
     )
-    assert msgspec.json.decode(signed[b"record"], type=ApprovalRecord) == record
+    assert msgspec.json.decode(signed[f"record:{APPROVER_A}".encode()], type=ApprovalRecord) == (
+        record
+    )
     error = await refused(gate, redis, trust_files, target)
     assert (error.code, "another Action" in error.message) == (CONFLICT, True)
 
@@ -326,23 +381,44 @@ async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None
     script = redis.register_script(script_source("approval_write"))
     later = now_ms() + 60_000
 
-    async def write(decision_id: str, record: bytes, read_revision: int, expires: int) -> bytes:
+    async def write(
+        who: str, decision_id: str, record: bytes, read_revision: int, expires: int,
+        decision: str = "approved", required: int = 1,
+    ) -> tuple[bytes, int]:
         args: list[bytes | str | int] = [
-            decision_id, record, read_revision, "approved", expires, 1_000, "sig", "signer",
-        ]  # fmt: skip
+            who, decision_id, record, read_revision, decision, expires, 1_000, "sig", "signer",
+            required,
+        ]
         reply = await script(keys=[key], args=args)
-        return bytes(reply[0])
+        return bytes(reply[0]), int(reply[2])  # fmt: skip
 
     first = "apr_" + "a" * 32
-    assert await write(first, b'{"v":1}', 0, later) == b"written"
-    assert await write(first, b'{"v":1}', 0, later) == b"exists"
-    assert await write(first, b'{"v":2}', 1, later) == b"conflict"
-    assert await write("apr_" + "b" * 32, b'{"v":3}', 0, later) == b"stale"
-    assert await write("apr_" + "b" * 32, b'{"v":3}', 1, later) == b"conflict"
-    assert await redis.hget(key, "record") == b'{"v":1}'
+    assert await write("p:a", first, b'{"v":1}', 0, later) == (b"written", 1)
+    assert await write("p:a", first, b'{"v":1}', 0, later) == (b"exists", 1)
+    assert await write("p:a", first, b'{"v":2}', 1, later) == (b"conflict", 1)
+    assert await write("p:b", "apr_" + "b" * 32, b'{"v":3}', 0, later) == (b"stale", 1)
+    # Quorum 1 met: nothing more is written, not even a denial.
+    assert (await write("p:b", "apr_" + "b" * 32, b'{"v":3}', 1, later, "denied"))[0] == (
+        b"conflict"
+    )
+    assert await redis.hget(key, "record:p:a") == b'{"v":1}'
+    # Quorum 2: the same member again does not count twice; another member completes it.
+    assert (await write("p:a", "apr_" + "c" * 32, b'{"v":4}', 1, later, required=2))[0] == (
+        b"conflict"
+    )
+    assert await write("p:b", "apr_" + "d" * 32, b'{"v":5}', 1, later, required=2) == (
+        b"written", 2
+    )
     key = approvals_key(encode_action(action_document())[0].id)
-    assert await write("apr_" + "c" * 32, b'{"v":4}', 0, 1) == b"expired"
+    assert (await write("p:a", "apr_" + "e" * 32, b'{"v":6}', 0, 1))[0] == b"expired"
     assert await redis.exists(key) == 0
+    # A denial by any member is final, whatever the quorum.
+    assert (await write("p:a", "apr_" + "f" * 32, b'{"v":7}', 0, later, "denied", 2))[0] == (
+        b"written"
+    )
+    assert (await write("p:b", "apr_" + "9" * 32, b'{"v":8}', 1, later, required=2))[0] == (
+        b"conflict"
+    )
 
 
 async def test_large_inputs_are_snapshotted_within_bounds(
@@ -401,7 +477,9 @@ def test_authority_file_others_may_write_is_refused(trust_files: TrustFiles) -> 
 def test_fingerprint_binds_capability_input_principal_and_credential_revision() -> None:
     base = action_document(input={"b": 1, "a": [1, {"y": 2, "x": 1}]})
     reordered = {**base, "input": {"a": [1, {"x": 1, "y": 2}], "b": 1}}
-    other_envelope = {**base, "trace": {"trace_id": "t-2"}, "approval": {"decision_id": "x"}}
+    other_envelope = {
+        **base, "trace": {"trace_id": "t-2"}, "approval": forged_decision("apr_" + "2" * 32)
+    }
     fingerprints = {
         approval_fingerprint(encode_action(doc)[0]) for doc in (base, reordered, other_envelope)
     }
@@ -443,18 +521,8 @@ async def _store_raw(
     redis: Redis, action: Action, record: ApprovalRecord, *, signature: str, signer: str
 ) -> None:
     """Write a decision straight into Redis, as anyone with write access could."""
-    await redis.hset(
-        approvals_key(action.id),
-        mapping={
-            "decision_id": record.decision_id,
-            "record": msgspec.json.encode(record),
-            "decision": record.decision.value,
-            "expires_at_ms": record.expires_at_unix_ms,
-            "revision": record.revision,
-            "signature": signature,
-            "signer": signer,
-        },
-    )
+    fields = slot_fields(record, msgspec.json.encode(record), signature=signature, signer=signer)
+    await redis.hset(approvals_key(action.id), mapping=fields)
 
 
 async def test_a_record_written_to_redis_without_the_approvers_signature_is_refused(
@@ -499,8 +567,9 @@ async def test_a_signed_decision_from_the_members_key_is_accepted(
     stored = await redis.hgetall(approvals_key(action.id))
     member = authority.member(APPROVER_A, TENANT_A)
     assert member is not None
-    assert stored[b"signer"].decode() == member.public_key
-    verify_detached(stored[b"record"], stored[b"signature"].decode(), member.public_key)
+    slot = {k.decode().removesuffix(f":{APPROVER_A}"): v for k, v in stored.items()}
+    assert slot["signer"].decode() == member.public_key
+    verify_detached(slot["record"], slot["signature"].decode(), member.public_key)
     assert (await admit(gate, redis, trust_files, document)).approval == record
 
 
@@ -551,3 +620,37 @@ def test_memberships_need_a_valid_key_of_their_own(trust_files: TrustFiles) -> N
     write_json(trust_files.authority_file, memberships, mode=0o644)
     with pytest.raises(TrustConfigError, match="checksum"):
         ApprovalAuthority.load(trust_files.authority_file, now_ms=now_ms())
+
+
+async def test_a_quorum_admits_only_with_n_distinct_live_approvals_and_names_them_all(
+    tmp_path: Path, redis: Redis
+) -> None:
+    """Quorum 2 in tenant A (carol and erin): the gate counts distinct live approvals,
+    an expired one does not count, and the admitted receipt names every approver."""
+    erin = {"principal_id": "approver:erin", "revision": 1, "tenant_id": TENANT_A,
+            "capability_prefixes": ["cap:hermes_agent:"]}  # fmt: skip
+    files = write_trust_files(
+        tmp_path,
+        memberships=[*authority_memberships(), erin],
+        quorums=[{"capability_prefix": "cap:hermes_agent:", "required": 2}],
+    )
+    gate = TrustGate.from_settings(Settings(**files.settings_overrides()))
+    authority = ApprovalAuthority.load(files.authority_file, now_ms=now_ms())
+    document = action_document()
+    first = await decide(redis, authority, files, document, ttl_ms=300)
+    error = await refused(gate, redis, files, document)
+    assert (error.code, "1 of 2 approvals" in error.message) == (UNAVAILABLE, True)
+    await asyncio.sleep(0.35)  # carol's approval expires: she may approve again
+    second = await decide(redis, authority, files, document, approver="approver:erin")
+    error = await refused(gate, redis, files, document)
+    assert (error.code, "1 of 2 approvals" in error.message) == (UNAVAILABLE, True)
+    third = await decide(redis, authority, files, document)
+    assert third.decision_id != first.decision_id
+    admitted = await admit(gate, redis, files, document)
+    assert {r.decision_id for r in admitted.approvals} == {second.decision_id, third.decision_id}
+    assert admitted.approval == second  # the oldest live one, none being carried
+    names = str(admitted.receipt_details()["approver_principal_ids"]).split(",")
+    assert sorted(names) == [APPROVER_A, "approver:erin"]
+    # Carrying carol's decision makes it the primary one.
+    carried_document = {**document, "approval": carried(third, files)}
+    assert (await admit(gate, redis, files, carried_document)).approval == third

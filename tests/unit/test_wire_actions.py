@@ -14,7 +14,8 @@ import msgspec
 import nacl.signing
 import pytest
 
-from schemas.action import Action, ApprovalRef, DelegationRef, Identity, Mode, Trace
+from schemas.action import Action, DelegationRef, Identity, Mode, Trace
+from schemas.aip.approval import ApprovalDecision
 from schemas.errors import EnvelopeRejected, ErrorCode
 from tests.aip_actions import SENDER, action_envelope, canonical, did_of, sign
 from worker.aip.signing import AipSigner
@@ -24,6 +25,19 @@ SEED = bytes(range(32))
 KEY = nacl.signing.SigningKey(SEED)
 SIGNER = AipSigner.from_seed(SEED)
 ACTION_ID = "act_" + "ab" * 16
+#: An AIP ApprovalDecision as the rules write it (absent optionals omitted).
+APPROVAL: dict[str, Any] = {
+    "approval_id": "appr_" + "ab" * 16,
+    "decision": "approved",
+    "approver": {"id": "approver:carol", "kind": "human"},
+    "decided_at": "2026-12-06T01:59:00Z",
+    "reason": "ticket OPS-7",
+    "evidence": [
+        {"id": "input:apr_" + "1" * 32, "kind": "input_snapshot", "redacted": False,
+         "hash": "sha256:" + "f" * 64}
+    ],
+    "decision_id": "apr_" + "1" * 32,
+}  # fmt: skip
 
 
 def _action(**changes: Any) -> Action:
@@ -44,7 +58,7 @@ def _action(**changes: Any) -> Action:
         timeout_ms=30_000,
         deadline_unix_ms=1_796_522_500_000,
         trace=Trace(trace_id="trace-1", correlation_id="corr-1"),
-        approval=ApprovalRef(decision_id="apr_" + "1" * 32),
+        approval=msgspec.convert(APPROVAL, ApprovalDecision),
         delegation=DelegationRef(delegation_id="dlg-1", chain=["user:root", "user:alice"]),
         conversation={"id": "conv_" + "c" * 32, "channel": {"thread": "t"}, "status": "open"},
         memory={"notes": ["keep"]},
@@ -70,7 +84,6 @@ def test_every_field_lands_where_the_table_says_and_the_signature_is_aips() -> N
         "org.aip-hermes-worker": {
             "created_at_unix_ms": 1_796_522_400_123,
             "deadline_unix_ms": 1_796_522_500_000,
-            "approval": {"decision_id": "apr_" + "1" * 32},
             "delegation": {"delegation_id": "dlg-1", "chain": ["user:root", "user:alice"]},
         }
     }
@@ -104,6 +117,7 @@ def test_every_field_lands_where_the_table_says_and_the_signature_is_aips() -> N
             "callback": {"profile": "aip.native.nats.v1", "target": "reply.subject"},
             "compliance": {"regimes": ["gdpr"]},
             "transaction": {"mode": "dry_run"},
+            "approval": APPROVAL,
         }
     }
     # The signature, by the rules: Ed25519 over the canonical Envelope without it.
@@ -159,7 +173,7 @@ def test_an_aip_clients_envelope_takes_its_creation_time_from_sent_at() -> None:
     assert action.mode is Mode.ASYNC
 
 
-def test_an_approved_aip_decision_in_the_body_is_our_approval_pointer() -> None:
+def test_an_approved_aip_decision_in_the_body_is_the_actions_approval() -> None:
     envelope = action_envelope(principal="user:alice")
     approval = {
         "approval_id": "appr_" + "2" * 32,
@@ -170,11 +184,17 @@ def test_an_approved_aip_decision_in_the_body_is_our_approval_pointer() -> None:
     }
     envelope["body"]["action"]["approval"] = approval
     action, _ = decode_action(canonical(sign(envelope, KEY)))
-    assert action.approval == ApprovalRef(decision_id="apr_" + "3" * 32)
-    envelope["body"]["action"]["approval"] = {**approval, "decision": "denied"}
-    with pytest.raises(EnvelopeRejected) as caught:
-        decode_action(canonical(sign(envelope, KEY)))
-    assert caught.value.code is ErrorCode.SCHEMA_ENVELOPE_INVALID
+    assert action.approval is not None
+    assert msgspec.to_builtins(action.approval) == approval
+    for bad in (
+        {**approval, "decision": "denied"},  # AIP: only an approved decision rides an Action
+        {**approval, "decided_by": "me"},  # closed: an unknown field
+        {key: value for key, value in approval.items() if key != "approver"},
+    ):
+        envelope["body"]["action"]["approval"] = bad
+        with pytest.raises(EnvelopeRejected) as caught:
+            decode_action(canonical(sign(envelope, KEY)))
+        assert caught.value.code is ErrorCode.SCHEMA_ENVELOPE_INVALID
 
 
 @pytest.mark.parametrize(

@@ -1,12 +1,19 @@
 """`aip-hermes-worker escalations list | show | resolve`: a human answers an escalation.
 
-Resolving an **approval** escalation answers the paused run with one command: it builds the
-resume Action (`{"resume": {"source_action_id", "choice"}}`) under a fresh random id,
-records the approver's decision for it through the same code path as `approve` (authority
-file, no self-approval, write-once), records the resolution write-once (it names the resume
-id), and publishes the resume signed with `--sign-key`. Running it again after a crash
-reuses the resume id the recorded resolution names, so nothing is answered twice; a second
-person choosing differently is refused.
+Resolving an **approval** escalation answers the paused run: it builds the resume Action
+(`{"resume": {"source_action_id", "choice"}}`) under a fresh random id, opened write-once
+for the escalation (`ResumeClaim`) so every approver of a quorum decides on the same resume,
+records this approver's decision for it through the same code path as `approve` (authority
+file, no self-approval, the same member counts once), and, once N distinct members approved
+it (N: the authority file's quorum for the operator capability), records the resolution
+write-once (it names the resume id) and publishes the resume, carrying the completing
+approver's AIP `ApprovalDecision`, signed with `--sign-key`. Before the quorum is met it
+records only the decision and says how many of N exist. Running it again after a crash
+reuses the resume id the recorded resolution (or claim) names, so nothing is answered twice.
+A member choosing another approving answer than the opened one is refused; a member
+answering `deny` denies the opened resume (final: it never runs) and answers the run with a
+`deny` resume of its own, which one approval suffices for (`required_approvals`): the
+escalation is resolved as rejected.
 
 The id is random, not derived from the escalation id: an escalation is public to every
 reader of its stream, and a derivable id could be published first by anyone (its real
@@ -34,20 +41,23 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from redis.exceptions import RedisError
 
-from schemas.action import Action, ApprovalRef, Identity
-from schemas.approval import ApprovalDecision, ApprovalRecord
+from schemas.action import Action, Identity
+from schemas.aip.approval import ApprovalDecision as AipApprovalDecision
+from schemas.approval import ApprovalDecision
 from schemas.escalation import (
     Escalation,
     EscalationApproval,
     EscalationKind,
     EscalationResolution,
     ResolutionKind,
+    ResumeClaim,
     is_escalation_id,
 )
 from schemas.ids import capability_id, new_action_id
@@ -71,6 +81,7 @@ from worker.errors import ApprovalRefused, ConnectorError, ResolutionRefused, Tr
 from worker.escalation.ledger import (
     EscalationView,
     Unreadable,
+    claim_resume,
     read_escalations,
     read_resolution,
     read_resolutions,
@@ -79,10 +90,13 @@ from worker.escalation.ledger import (
 from worker.fingerprints import approval_fingerprint
 from worker.operator.binding import BindingState, decode_binding
 from worker.settings import Settings
-from worker.store.approvals import read_record
+from worker.store.approvals import ApprovalRecords
 from worker.store.clock import redis_now_ms
 from worker.store.keys import binding_key
 from worker.store.operator_store import OperatorStore
+from worker.trust.approval_ledger import Recorded, decision_view, required_approvals
+from worker.trust.authority import ApprovalAuthority
+from worker.trust.files import describe_principal
 from worker.trust.signing import TrustedGatewayKeys, read_seed_file
 
 EXIT_FAILED = Exit.FAILED
@@ -297,7 +311,7 @@ def build_resume(
     *,
     resume_id: str,
     resolve_all: bool,
-    decision_id: str | None = None,
+    decision: AipApprovalDecision | None = None,
     created_at_unix_ms: int = 0,
 ) -> Action:
     """The resume Action `resume_id` an approval escalation's answer becomes, as the
@@ -330,8 +344,18 @@ def build_resume(
         ),
         created_at_unix_ms=created_at_unix_ms,
         idempotency_key=resume_id,
-        approval=ApprovalRef(decision_id=decision_id) if decision_id else None,
+        approval=decision,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class QuorumPending:
+    """An approver's decision is recorded, but fewer than `required` distinct members have
+    approved the resume: nothing is resolved or published yet."""
+
+    escalation_id: str
+    approvals: int
+    required: int
 
 
 async def resolve_approval(
@@ -344,10 +368,10 @@ async def resolve_approval(
     reason: str,
     sign_key: Path,
     approver_seed: bytes,
-) -> EscalationResolution:
-    """Decide (signed with the approver's `approver_seed`, as `approve --key` does), record
-    and publish (signed with the gateway's `sign_key`) the resume Action that answers
-    `escalation`."""
+) -> EscalationResolution | QuorumPending:
+    """Decide (signed with the approver's `approver_seed`, as `approve --key` does) the
+    resume Action that answers `escalation`; once the quorum is met, record the resolution
+    and publish the resume (signed with the gateway's `sign_key`)."""
     from worker.bus.connections import connect_nats_for_command
     from worker.client import AipClient
     from worker.commands.trust_admin import approve_action
@@ -363,18 +387,32 @@ async def resolve_approval(
         earlier = await read_resolution(redis, escalation.escalation_id)
         if earlier is not None and (earlier.choice is not choice or not earlier.resume_action_id):
             raise ResolutionRefused(_already(earlier))
-        if earlier is None:
-            # The first decision answers what the run itself waits on; a repeat after a
-            # crash finds the run moved on already and only finishes the publishing.
+        if earlier is not None:
+            # A repeat after a crash: the run moved on already; finish the publishing.
+            resume_id = earlier.resume_action_id
+        else:
+            # The first decision answers what the run itself waits on.
             _check_pending(await pending_from_binding(redis, approval), escalation)
-        # A repeated `resolve` answers with the resume the resolution recorded; a first one
-        # with an id nobody could have known before it is published.
-        resume_id = earlier.resume_action_id if earlier is not None else new_action_id()
+            # The opened resume's id is one nobody could know before it is published.
+            claim = await claim_resume(
+                redis,
+                ResumeClaim(
+                    escalation_id=escalation.escalation_id,
+                    resume_action_id=new_action_id(),
+                    choice=choice,
+                    resolve_all=resolve_all,
+                    opened_by=as_principal,
+                ),
+            )
+            resume_id = await _resume_for(
+                settings, escalation, claim, choice, resolve_all, as_principal, reason,
+                approver_seed,
+            )  # fmt: skip
         assert resume_id is not None
         resume = build_resume(escalation, choice, resume_id=resume_id, resolve_all=resolve_all)
-        record = await _decided(redis, resume)
-        if record is None:
-            record = await approve_action(
+        recorded = await _decided(settings, redis, resume, as_principal)
+        if recorded is None:
+            recorded = await approve_action(
                 settings,
                 resume,
                 as_principal=as_principal,
@@ -382,15 +420,17 @@ async def resolve_approval(
                 decision=ApprovalDecision.APPROVED,
                 seed=approver_seed,
             )
-        resolution = await record_resolution(
+        if earlier is None and recorded.approvals < recorded.required:
+            return QuorumPending(escalation.escalation_id, recorded.approvals, recorded.required)
+        resolution = earlier or await record_resolution(
             redis,
             EscalationResolution(
                 escalation_id=escalation.escalation_id,
                 action_id=escalation.action_id,
                 endpoint_id=escalation.endpoint_id,
                 kind=ResolutionKind.ANSWERED,
-                resolved_by=record.approver_principal_id,
-                reason=record.reason,
+                resolved_by=recorded.record.approver_principal_id,
+                reason=recorded.record.reason,
                 resolved_at_unix_ms=await redis_now_ms(redis),
                 choice=choice,
                 resume_action_id=resume.id,
@@ -405,7 +445,7 @@ async def resolve_approval(
         choice,
         resume_id=resume.id,
         resolve_all=resolve_all,
-        decision_id=record.decision_id,
+        decision=recorded.view,
         created_at_unix_ms=resolution.resolved_at_unix_ms,
     )
     nc = await connect_nats_for_command(settings)
@@ -416,6 +456,47 @@ async def resolve_approval(
     finally:
         await nc.drain()
     return resolution
+
+
+async def _resume_for(
+    settings: Settings,
+    escalation: Escalation,
+    claim: ResumeClaim,
+    choice: ApprovalChoice,
+    resolve_all: bool,
+    as_principal: str,
+    reason: str,
+    approver_seed: bytes,
+) -> str:
+    """The resume id this approver decides on: the opened one for the same answer; for a
+    `deny` against an opened approving answer, a new one, after denying the opened resume
+    (a single denial ends the quorum: that resume can never run)."""
+    from worker.commands.trust_admin import approve_action
+
+    if claim.choice is choice:
+        if claim.resolve_all != resolve_all:
+            raise ResolutionRefused(
+                f"{escalation.escalation_id}: {describe_principal(claim.opened_by)} opened "
+                f"{choice.value!r} with resolve_all={claim.resolve_all}; answer the same"
+            )
+        return claim.resume_action_id
+    if choice is not ApprovalChoice.DENY:
+        raise ResolutionRefused(
+            f"{escalation.escalation_id}: {describe_principal(claim.opened_by)} opened "
+            f"{claim.choice.value!r}; approve that answer, or answer 'deny' to end it"
+        )
+    opened = build_resume(
+        escalation, claim.choice, resume_id=claim.resume_action_id, resolve_all=claim.resolve_all
+    )
+    await approve_action(
+        settings,
+        opened,
+        as_principal=as_principal,
+        reason=reason,
+        decision=ApprovalDecision.DENIED,
+        seed=approver_seed,
+    )
+    return new_action_id()
 
 
 def _check_pending(pending: dict[str, Any], escalation: Escalation) -> None:
@@ -432,22 +513,43 @@ def _check_pending(pending: dict[str, Any], escalation: Escalation) -> None:
         )
 
 
-async def _decided(redis: Any, resume: Action) -> ApprovalRecord | None:
-    """The decision already recorded for this resume (a repeated `resolve`), if any; a
-    decision for another choice, or a denial, means someone else answered first."""
-    record = await read_record(redis, resume.id)
-    if record is None:
+async def _decided(
+    settings: Settings, redis: Any, resume: Action, as_principal: str
+) -> Recorded | None:
+    """This approver's live decision already recorded for this resume (a repeated
+    `resolve`), with the quorum's count, if any; a denial by anyone, or a decision for
+    another choice, means it cannot be approved."""
+    if settings.approval_authority_file is None:
+        raise TrustConfigError(
+            "AIPD_APPROVAL_AUTHORITY_FILE (--approval-authority-file) is required to approve"
+        )
+    stored, now = await ApprovalRecords(redis).read_at(resume.id)
+    for decision in stored:
+        record = decision.record
+        if record.decision is not ApprovalDecision.APPROVED:
+            raise ResolutionRefused(
+                f"the resume {resume.id} was denied by {record.approver_principal_id}"
+            )
+        if record.input_fingerprint != approval_fingerprint(resume):
+            raise ResolutionRefused(
+                f"the resume {resume.id} was already decided with another choice by "
+                f"{record.approver_principal_id}"
+            )
+    live = [d for d in stored if d.record.expires_at_unix_ms > now]
+    own = [d for d in live if d.record.approver_principal_id == as_principal]
+    if not own:
         return None
-    if record.decision is not ApprovalDecision.APPROVED:
-        raise ResolutionRefused(
-            f"the resume {resume.id} was denied by {record.approver_principal_id}"
-        )
-    if record.input_fingerprint != approval_fingerprint(resume):
-        raise ResolutionRefused(
-            f"the resume {resume.id} was already decided with another choice by "
-            f"{record.approver_principal_id}"
-        )
-    return record
+    try:
+        authority = ApprovalAuthority.load(settings.approval_authority_file, now_ms=now)
+    except TrustConfigError as exc:
+        raise TrustConfigError(f"AIPD_APPROVAL_AUTHORITY_FILE: {exc}") from None
+    approvers = {d.record.approver_principal_id for d in live}
+    return Recorded(
+        own[0].record,
+        len(approvers),
+        required_approvals(authority, resume),
+        decision_view(own[0].record, own[0].signer),
+    )
 
 
 def _already(resolution: EscalationResolution) -> str:
@@ -583,6 +685,19 @@ async def cmd_resolve(args: argparse.Namespace) -> int:
         return _fail(EXIT_CONFIG, str(exc))
     except (RedisError, OSError) as exc:
         return _fail(EXIT_UNREACHABLE, approver_unreachable(exc))
+    except ConnectorError as exc:
+        return _fail(EXIT_UNREACHABLE, exc.message)
+    if isinstance(resolution, QuorumPending):
+        print(
+            f"{resolution.approvals} of {resolution.required} approvals recorded for "
+            f"{resolution.escalation_id}; the run resumes once the quorum is met",
+            file=sys.stderr,
+        )
+        print(msgspec.json.encode(
+            {"escalation_id": resolution.escalation_id, "approvals": resolution.approvals,
+             "required": resolution.required}
+        ).decode())  # fmt: skip
+        return 0
     print(msgspec.json.encode(resolution).decode())
     return 0
 

@@ -1,7 +1,11 @@
 """Operator commands of the trust layer: `keys generate` and `approve`.
 
 `approve --as X --key SEEDFILE` signs the decision with X's seed; the worker accepts it only
-if that signature verifies against X's membership (`public_key` in the authority file).
+if that signature verifies against X's membership (`public_key` in the authority file). It
+adds one member's decision and prints it with how many of the N approvals the capability's
+quorum requires now exist (`approvals`, `required`), and the AIP `ApprovalDecision` a
+publisher may carry in the Action (`approval_decision`); the Action runs once N distinct members
+approved, and one `--deny` ends it.
 
 `approve` takes the Action itself (`--action-file`, the JSON the publisher will send; `-`
 reads stdin) rather than a capability plus input: the fingerprint is then computed by the
@@ -34,9 +38,9 @@ from worker.commands.cli_settings import (
 from worker.commands.exit_codes import Exit
 from worker.errors import ApprovalRefused, ConnectorError, TrustConfigError
 from worker.settings import Settings
-from worker.store.approvals import read_record
+from worker.store.approvals import read_records
 from worker.store.clock import redis_now_ms
-from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, approve
+from worker.trust.approval_ledger import DEFAULT_APPROVAL_TTL_MS, Recorded, record_decision
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import generate_keypair, read_seed_file, write_seed_file
 from worker.wire.actions import decode_action
@@ -73,9 +77,9 @@ async def approve_action(
     decision: ApprovalDecision,
     seed: bytes,
     ttl_ms: int = DEFAULT_APPROVAL_TTL_MS,
-) -> ApprovalRecord:
+) -> Recorded:
     """Record a decision, signed with the approver's `seed`, with the authority file and
-    Redis named by `settings`."""
+    Redis named by `settings`; with the quorum's count after it."""
     if settings.approval_authority_file is None:
         raise TrustConfigError(
             "AIPD_APPROVAL_AUTHORITY_FILE (--approval-authority-file) is required to approve"
@@ -87,17 +91,17 @@ async def approve_action(
             authority = ApprovalAuthority.load(settings.approval_authority_file, now_ms=now)
         except TrustConfigError as exc:
             raise TrustConfigError(f"AIPD_APPROVAL_AUTHORITY_FILE: {exc}") from None
-        return await approve(
+        return await record_decision(
             redis, authority, action, as_principal, reason, decision, seed=seed, ttl_ms=ttl_ms
         )
     finally:
         await redis.aclose()
 
 
-async def show_approval(settings: Settings, action_id: str) -> ApprovalRecord | None:
+async def show_approval(settings: Settings, action_id: str) -> list[ApprovalRecord]:
     redis = open_approver_redis_for(settings)
     try:
-        return await read_record(redis, action_id)
+        return await read_records(redis, action_id)
     finally:
         await redis.aclose()
 
@@ -161,7 +165,7 @@ async def cmd_approve(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         return _fail(EXIT_CONFIG, f"--key: {exc}")
     try:
-        record = await approve_action(
+        recorded = await approve_action(
             settings,
             action,
             as_principal=args.as_principal,
@@ -176,23 +180,41 @@ async def cmd_approve(args: argparse.Namespace) -> int:
         return _fail(Exit.REFUSED, str(exc))
     except (RedisError, OSError) as exc:
         return _fail(EXIT_UNREACHABLE, approver_unreachable(exc))
-    print(msgspec.json.encode(record).decode())
+    print(msgspec.json.encode(_recorded_document(recorded)).decode())
+    if decision is ApprovalDecision.APPROVED:
+        print(
+            f"{recorded.approvals} of {recorded.required} approvals recorded for {action.id}"
+            + ("" if recorded.approvals >= recorded.required else "; the quorum is not met yet"),
+            file=sys.stderr,
+        )
+    else:
+        print(f"{action.id} is denied: it will not run", file=sys.stderr)
     return 0
+
+
+def _recorded_document(recorded: Recorded) -> dict[str, Any]:
+    """What `approve` prints: the record, the quorum count, and the AIP decision."""
+    document: dict[str, Any] = msgspec.to_builtins(recorded.record)
+    document["approvals"] = recorded.approvals
+    document["required"] = recorded.required
+    document["approval_decision"] = msgspec.to_builtins(recorded.view)
+    return document
 
 
 async def cmd_approval_show(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     try:
-        record = await show_approval(settings, args.action_id)
+        records = await show_approval(settings, args.action_id)
     except ConnectorError as exc:
         return _fail(
             EXIT_UNREACHABLE, f"{exc.message}; check AIPD_APPROVER_REDIS_URL or AIPD_REDIS_URL"
         )
     except ValueError as exc:
         return _fail(EXIT_CONFIG, str(exc))
-    if record is None:
+    if not records:
         return _fail(EXIT_FAILED, f"no decision is recorded for {args.action_id}")
-    print(msgspec.json.encode(record).decode())
+    for record in records:  # one per approver, oldest first
+        print(msgspec.json.encode(record).decode())
     return 0
 
 
@@ -250,7 +272,9 @@ def add_commands(subparsers: Any) -> None:
 
     approval = subparsers.add_parser("approval", help="inspect approval decisions")
     approval_sub = approval.add_subparsers(dest="approval_command", required=True)
-    show = approval_sub.add_parser("show", help="print an Action's recorded decision")
+    show = approval_sub.add_parser(
+        "show", help="print an Action's recorded decisions (one JSON line per approver)"
+    )
     show.add_argument("action_id", help="the Action whose decision to print")
     add_settings_flags(show, APPROVER_REDIS)
     show.set_defaults(func=cmd_approval_show)

@@ -31,7 +31,8 @@ def internal_action(request: DelegationRequest, endpoint_id: str) -> Action:
         idempotency_key=action_id,
         deadline_unix_ms=min(deadlines) if deadlines else None,
         trace=child.trace,
-        approval=request.approval,
+        # The request's own approval reference is checked for the child by the handler
+        # (`TrustGate.check_delegated_child`); this Action carries no decision of its own.
         delegation=DelegationRef(
             delegation_id=request.delegation_id,
             parent_action_id=child.delegation.parent_action_id if child.delegation else None,

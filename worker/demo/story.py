@@ -25,6 +25,7 @@ from schemas.action import Action, DelegationRef, Identity, Mode
 from schemas.approval import ApprovalDecision
 from schemas.chunk import ChunkKind, StreamChunk
 from schemas.delegation import DELEGATE_PREFIX, ChildAction, DelegationRequest
+from schemas.escalation import EscalationResolution
 from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.client import ActionHandle, AipClient
@@ -238,6 +239,7 @@ class Story:
             sign_key=self.env.trust.seed_file,
             approver_seed=self.env.trust.approver_seed(APPROVER_UNTENANTED),
         )
+        assert isinstance(resolution, EscalationResolution)  # the demo's quorum is one
         assert resolution.resume_action_id is not None
         self.console.published(resolution.resume_action_id, "operator")
         followed = self.follow(resolution.resume_action_id)

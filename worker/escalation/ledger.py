@@ -23,13 +23,13 @@ import msgspec
 from nats.js import JetStreamContext
 
 from schemas.errors import EnvelopeRejected
-from schemas.escalation import Escalation, EscalationResolution
+from schemas.escalation import Escalation, EscalationResolution, ResumeClaim
 from subjects.grammar import Subjects
 from worker.aip.canonical import loads
 from worker.aip.errors import MalformedJson
 from worker.bus.stream_reads import drain
 from worker.errors import UnverifiedResponse
-from worker.store.keys import escalation_resolution_key
+from worker.store.keys import escalation_resolution_key, escalation_resume_key
 from worker.trust.responses import read_resolution_copy, verify_escalation
 from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES
@@ -173,6 +173,20 @@ async def record_resolution(redis: Any, resolution: EscalationResolution) -> Esc
     if stored is None:  # expired between the two commands: it was resolved long ago
         raise RuntimeError("the stored resolution vanished; read it again")
     return stored
+
+
+async def claim_resume(redis: Any, claim: ResumeClaim) -> ResumeClaim:
+    """Open `claim` once for its escalation; returns what is stored (the first writer's,
+    on a race), so every approver of a quorum decides on the same resume."""
+    key = escalation_resume_key(claim.escalation_id)
+    written = await redis.set(key, msgspec.json.encode(claim), nx=True, px=RESOLUTION_TTL_MS)
+    if written:
+        return claim
+    raw = await redis.get(key)
+    if raw is None:  # expired between the two commands: it was opened long ago
+        raise RuntimeError("the stored resume claim vanished; run again")
+    data = raw if isinstance(raw, bytes) else str(raw).encode()
+    return msgspec.json.decode(data, type=ResumeClaim)
 
 
 async def read_resolution(redis: Any, escalation_id: str) -> EscalationResolution | None:

@@ -1,8 +1,9 @@
-"""The approval records in Redis: one hash per Action at `approvals_key(action_id)`.
+"""The approval records in Redis: one hash per Action at `approvals_key(action_id)`, one
+slot per approver in it (a quorum needs several distinct approvers' decisions).
 
 This module reads and writes them (`approval_read.lua`, `approval_write.lua`, each with its
-guarantee in its file); whether a record authorizes a run (its signature, its approver's
-membership, its expiry) is decided in `worker.trust.approval_ledger`.
+guarantee in its file); whether the records authorize a run (their signatures, their
+approvers' memberships, expiry, the quorum) is decided in `worker.trust.approval_ledger`.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ class DecisionWrite(StrEnum):
     WRITTEN = "written"
     #: The same decision was already recorded (a repeat after a lost reply).
     EXISTS = "exists"
-    #: Another decision stands (a denial, or a live approval).
+    #: Another decision stands: a denial, the approver's own live approval, or a met quorum.
     CONFLICT = "conflict"
     #: The record changed since the caller read its revision.
     STALE = "stale"
@@ -57,6 +58,16 @@ class StoredDecision:
     signer: str
 
 
+@dataclass(frozen=True, slots=True)
+class WriteOutcome:
+    """What `approval_write.lua` did: its status, the record it returned (the one written
+    or the one that blocks the write; None: none readable) and the live approvals after."""
+
+    status: DecisionWrite
+    stored: ApprovalRecord | None
+    live: int
+
+
 class ApprovalRecords:
     """The approval records of one Redis client: built once with the worker's stores
     (`worker.store.stores.Stores`), so the read script is hashed once per client, not per
@@ -72,23 +83,24 @@ class ApprovalRecords:
 
     async def read(
         self, action_id: str, *, budget_s: float = READ_BUDGET_S
-    ) -> ApprovalRecord | None:
-        """The stored decision for an Action, or None; raises ConnectorError when unreadable.
+    ) -> list[ApprovalRecord]:
+        """Every approver's stored decision on an Action (oldest first); raises
+        ConnectorError when unreadable.
 
         A transient failure (a Redis Cluster failover, a restart) is retried within
         `budget_s`: refusing the Action would settle it `failed` for an outage the lease
         store rides out.
         """
         stored = (await self.read_at(action_id, budget_s=budget_s))[0]
-        return stored.record if stored is not None else None
+        return [decision.record for decision in stored]
 
     async def read_at(
         self, action_id: str, *, budget_s: float = READ_BUDGET_S
-    ) -> tuple[StoredDecision | None, int]:
-        """The stored decision with its signature, and the Redis time of the same step (one
-        script, one round trip)."""
+    ) -> tuple[list[StoredDecision], int]:
+        """Every stored decision with its signature (oldest first), and the Redis time of
+        the same step (one script, one round trip)."""
         try:
-            raw, now, signature, signer = await self._read.reasked(
+            now, _revision, flat = await self._read.reasked(
                 [approvals_key(action_id)], budget_s=budget_s
             )
         except (StoreUnavailable, RedisError) as exc:
@@ -96,21 +108,24 @@ class ApprovalRecords:
                 ErrorCode.HOST_APPROVAL_AUTHORIZATION_UNAVAILABLE,
                 f"approval record could not be read: {exc}",
             ) from None
-        record = _decode_record(raw)
-        if record is None:
-            return None, int(now)
-        return (
-            StoredDecision(
-                record=record,
-                raw=_raw(raw),
-                signature=reply_text(signature),
-                signer=reply_text(signer),
-            ),
-            int(now),
-        )
+        decisions = []
+        for index in range(0, len(flat) - 2, 3):
+            raw, signature, signer = flat[index : index + 3]
+            record = _decode_record(raw)
+            if record is not None:
+                decisions.append(
+                    StoredDecision(
+                        record=record,
+                        raw=_raw(raw),
+                        signature=reply_text(signature),
+                        signer=reply_text(signer),
+                    )
+                )
+        decisions.sort(key=lambda d: (d.record.created_at_unix_ms, d.record.decision_id))
+        return decisions, int(now)
 
     async def revision(self, action_id: str) -> int:
-        """The revision of the Action's record (0: no decision yet), for `write`."""
+        """The revision of the Action's decisions (0: none yet), for `write`."""
         return int(reply_text(await self.redis.hget(approvals_key(action_id), "revision") or "0"))
 
     async def write(
@@ -121,13 +136,15 @@ class ApprovalRecords:
         signer: str,
         *,
         read_revision: int,
-    ) -> tuple[DecisionWrite, ApprovalRecord | None]:
-        """Store `record` (whose encoding is `signed`) with its approver's signature, if
-        the record is still at `read_revision`; with what was stored before (None: nothing,
-        or nothing readable)."""
-        status, stored = await self._write(
+        required: int,
+    ) -> WriteOutcome:
+        """Store `record` (whose encoding is `signed`) with its approver's signature in its
+        approver's slot, if the decisions are still at `read_revision` and no denial or met
+        quorum of `required` approvals stands."""
+        status, stored, live = await self._write(
             keys=[approvals_key(record.action_id)],
             args=[
+                record.approver_principal_id,
                 record.decision_id,
                 signed,
                 read_revision,
@@ -136,18 +153,37 @@ class ApprovalRecords:
                 RETAIN_AFTER_EXPIRY_MS,
                 signature,
                 signer,
+                required,
             ],
         )
         try:
             existing = _decode_record(stored)
         except ConnectorError:
             existing = None
-        return DecisionWrite(reply_text(status)), existing
+        return WriteOutcome(DecisionWrite(reply_text(status)), existing, int(live))
 
 
-async def read_record(
+def slot_fields(
+    record: ApprovalRecord, raw: bytes, *, signature: str, signer: str
+) -> dict[str, bytes | str | int]:
+    """The hash fields `approval_write.lua` writes for one approver's decision (the layout
+    the scripts share): for tests and tools that must write a slot as anyone with Redis
+    write access could, bypassing the script."""
+    who = record.approver_principal_id
+    return {
+        f"id:{who}": record.decision_id,
+        f"record:{who}": raw,
+        f"decision:{who}": record.decision.value,
+        f"expires:{who}": record.expires_at_unix_ms,
+        f"signature:{who}": signature,
+        f"signer:{who}": signer,
+        "revision": record.revision,
+    }
+
+
+async def read_records(
     redis: Any, action_id: str, *, budget_s: float = READ_BUDGET_S
-) -> ApprovalRecord | None:
+) -> list[ApprovalRecord]:
     """`ApprovalRecords.read` for a one-shot command that holds only a client."""
     return await ApprovalRecords(redis).read(action_id, budget_s=budget_s)
 

@@ -157,6 +157,16 @@ def escalation_resolution_key(escalation_id: str) -> str:
     return f"{ESCALATIONS_PREFIX}:{{{escalation_id}}}:resolution"
 
 
+def escalation_resume_key(escalation_id: str) -> str:
+    """The write-once resume an approval escalation's first approver opened (its id and
+    choice), which every member of a quorum then approves."""
+    from schemas.escalation import is_escalation_id
+
+    if not is_escalation_id(escalation_id):
+        raise ValueError("not an escalation id")
+    return f"{ESCALATIONS_PREFIX}:{{{escalation_id}}}:resume"
+
+
 def capacity_key(endpoint_id: str) -> str:
     """The per-endpoint run semaphore (a sorted set of holders scored by expiry)."""
     if not is_endpoint_id(endpoint_id):

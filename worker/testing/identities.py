@@ -132,8 +132,11 @@ class TrustFiles:
     def memberships(self) -> list[dict[str, Any]]:
         """The authority file's memberships as written (with their public keys), for a test
         that rewrites the file with one change."""
-        loaded: list[dict[str, Any]] = json.loads(self.authority_file.read_text("utf-8"))
-        return loaded
+        loaded: Any = json.loads(self.authority_file.read_text("utf-8"))
+        memberships: list[dict[str, Any]] = (
+            loaded["memberships"] if isinstance(loaded, dict) else loaded
+        )
+        return memberships
 
     def approver_seed(self, principal_id: str) -> bytes:
         """The seed `principal_id` signs its approval decisions with."""
@@ -176,8 +179,12 @@ def write_trust_files(
     identities: Sequence[Mapping[str, Any]] | None = None,
     memberships: Sequence[Mapping[str, Any]] | None = None,
     extra_public_keys: Sequence[str] = (),
+    quorums: Sequence[Mapping[str, Any]] | None = None,
 ) -> TrustFiles:
     """Create the files in `directory` (which must exist); returns where they are.
+
+    With `quorums` the authority file takes its object form
+    (`{"memberships": [...], "quorums": [...]}`), else the array of memberships.
 
     A membership without a `public_key` gets a fresh key pair of its principal (one per
     principal, shared by its memberships in several tenants), its seed in
@@ -211,7 +218,12 @@ def write_trust_files(
         directory / "identities.json",
         list(identities) if identities is not None else identity_entries(),
     )
-    authority_file = write_json(directory / "authority.json", chosen, mode=0o644)
+    authority: Any = (
+        chosen
+        if quorums is None
+        else {"memberships": chosen, "quorums": [dict(q) for q in quorums]}
+    )
+    authority_file = write_json(directory / "authority.json", authority, mode=0o644)
     worker = generate_keypair()
     worker_seed_file = directory / "worker.seed"
     write_seed_file(worker_seed_file, worker.seed)

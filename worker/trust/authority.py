@@ -1,8 +1,11 @@
 """The approval authority directory: who may approve which capabilities for which tenant.
 
 Loaded from `--approval-authority-file` (`AIPD_APPROVAL_AUTHORITY_FILE`): a JSON array of
-`AuthorityMembership` records, each naming the approver's public nkey (its decisions must
-carry that key's signature; two principals may not share a key), in a regular file under
+`AuthorityMembership` records, or an object `{"memberships": [...], "quorums": [...]}` whose
+`ApprovalQuorum` entries require N distinct approvers for a capability prefix (the longest
+matching prefix wins; none: one approval; a quorum no N members could ever meet stops
+startup). Each membership names the approver's public nkey (its decisions must carry that
+key's signature; two principals may not share a key). The file is a regular file under
 1 MiB that group and others cannot write. It is authorization policy, not a credential
 store, so it may be world-readable.
 Duplicate (same principal and tenant), revoked and zero-revision memberships stop the
@@ -18,10 +21,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from schemas.approval import AuthorityMembership
+import msgspec
+
+from schemas.approval import ApprovalQuorum, AuthorityMembership, AuthorityPolicy
 from worker.errors import NotAuthorized, TrustConfigError
-from worker.trust.files import describe_principal, has_expired, policy_records, read_policy_file
+from worker.trust.files import (
+    PolicyFile,
+    describe_principal,
+    has_expired,
+    read_policy_file,
+    typed_records,
+)
 from worker.trust.signing import decode_user_public_key
 
 _WHAT = "approval authority file"
@@ -36,6 +48,42 @@ class MembershipMatch:
     matched_prefix: str
 
 
+#: The quorum of a capability no `quorums` entry names: today's single approval.
+SINGLE = ApprovalQuorum(capability_prefix=UNRESTRICTED, required=1)
+
+
+def parse_policy(policy: PolicyFile, path: Path) -> tuple[Any, list[ApprovalQuorum]]:
+    """The raw membership array and the quorums of an authority file (either form)."""
+    try:
+        raw: Any = msgspec.json.decode(policy.data)
+    except msgspec.DecodeError as exc:
+        raise TrustConfigError(f"{_WHAT} {path}: not JSON ({exc})") from None
+    if not isinstance(raw, dict):
+        return raw, []
+    try:
+        parsed = msgspec.convert(raw, AuthorityPolicy, strict=True)
+    except msgspec.ValidationError as exc:
+        raise TrustConfigError(f"{_WHAT} {path}: {exc}") from None
+    seen: set[str] = set()
+    for index, quorum in enumerate(parsed.quorums):
+        if quorum.capability_prefix in seen:
+            raise TrustConfigError(
+                f"{_WHAT} {path}: quorum {index}: duplicate capability_prefix "
+                f"{quorum.capability_prefix!r}"
+            )
+        seen.add(quorum.capability_prefix)
+    return parsed.memberships, list(parsed.quorums)
+
+
+def _overlaps(membership_prefix: str, capability_prefix: str) -> bool:
+    """Whether a membership with this prefix may decide on some capability of the quorum's."""
+    return (
+        UNRESTRICTED in (membership_prefix, capability_prefix)
+        or capability_prefix.startswith(membership_prefix)
+        or membership_prefix.startswith(capability_prefix)
+    )
+
+
 class ApprovalAuthority:
     """Memberships by (principal, tenant), plus the file's digest for decision evidence."""
 
@@ -45,9 +93,12 @@ class ApprovalAuthority:
         sha256: str,
         *,
         expired: int = 0,
+        quorums: list[ApprovalQuorum] | None = None,
     ) -> None:
         self._memberships = memberships
         self.sha256 = sha256
+        # Longest prefix first, so the first match is the most specific.
+        self.quorums = sorted(quorums or [], key=lambda q: -len(q.capability_prefix))
         #: Memberships the file holds that had already expired at load, and were skipped.
         self.expired = expired
 
@@ -57,12 +108,13 @@ class ApprovalAuthority:
     @classmethod
     def load(cls, path: Path, *, now_ms: int) -> ApprovalAuthority:
         policy = read_policy_file(path, what=_WHAT)
+        raw, quorums = parse_policy(policy, path)
         found: dict[tuple[str, str | None], AuthorityMembership] = {}
         index_of: dict[tuple[str, str | None], int] = {}
         principal_of_key: dict[str, str] = {}
         expired = 0
-        for index, where, membership in policy_records(
-            policy, path, what=_WHAT, noun="membership", record_type=AuthorityMembership
+        for index, where, membership in typed_records(
+            raw, path, what=_WHAT, noun="membership", record_type=AuthorityMembership
         ):
             key = (membership.principal_id, membership.tenant_id)
             problem = _membership_problem(membership)
@@ -82,7 +134,28 @@ class ApprovalAuthority:
                 raise TrustConfigError(f"{where}: {problem}")
             index_of[key] = index
             found[key] = membership
-        return cls(found, policy.sha256, expired=expired)
+        for index, quorum in enumerate(quorums):
+            # Decisions are per tenant: N members of one tenant must be able to meet it.
+            per_tenant: dict[str | None, set[str]] = {}
+            for m in found.values():
+                if any(_overlaps(p, quorum.capability_prefix) for p in m.capability_prefixes):
+                    per_tenant.setdefault(m.tenant_id, set()).add(m.principal_id)
+            most = max((len(members) for members in per_tenant.values()), default=0)
+            if most < quorum.required:
+                raise TrustConfigError(
+                    f"{_WHAT} {path}: quorum {index} ({quorum.capability_prefix!r}) requires "
+                    f"{quorum.required} distinct approvers but only {most} member(s) of any "
+                    "one tenant may approve it: it could never be met"
+                )
+        return cls(found, policy.sha256, expired=expired, quorums=quorums)
+
+    def quorum_for(self, capability: str) -> ApprovalQuorum:
+        """The quorum that governs `capability`: the longest matching prefix's, else one."""
+        for quorum in self.quorums:
+            prefix = quorum.capability_prefix
+            if prefix == UNRESTRICTED or capability.startswith(prefix):
+                return quorum
+        return SINGLE
 
     def member(self, principal_id: str, tenant_id: str | None) -> AuthorityMembership | None:
         """The membership of `principal_id` for `tenant_id`, whatever it may decide."""

@@ -94,6 +94,13 @@ def policy_records(
         raw: Any = msgspec.json.decode(policy.data)
     except msgspec.DecodeError as exc:
         raise TrustConfigError(f"{what} {path}: not JSON ({exc})") from None
+    return typed_records(raw, path, what=what, noun=noun, record_type=record_type)
+
+
+def typed_records(
+    raw: Any, path: Path, *, what: str, noun: str, record_type: type[T]
+) -> Iterator[tuple[int, str, T]]:
+    """`policy_records` of an already decoded array (a file whose records sit under a key)."""
     if not isinstance(raw, list) or not raw:
         raise TrustConfigError(f"{what} {path}: must be a non-empty JSON array")
     for index, item in enumerate(raw):

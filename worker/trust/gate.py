@@ -17,8 +17,11 @@ Checks run in this order and stop at the first refusal (each raises `ConnectorEr
 5. for an operator resume, that its principal started the source run or is an authority
    member of the run's tenant (`connector_host.approval_authorization_conflict`,
    `worker.trust.resume_authority`);
-6. the durable approval record when the capability requires approval
-   (`connector_host.approval_authorization_unavailable|conflict`);
+6. the durable approval records when the capability requires approval: N distinct
+   members' live, signed approvals, N the authority file's quorum for the capability, no
+   denial, and a carried AIP `ApprovalDecision` equal to one of them
+   (`connector_host.approval_authorization_unavailable|conflict`,
+   `worker.trust.approval_ledger.check_approval`, the one place a quorum is counted);
 7. the trusted projection's header values (`connector.hermes_agent.configuration_or_input`).
 """
 
@@ -76,9 +79,12 @@ class AdmitDecision:
     #: The verified gateway key, or None for an unsigned envelope accepted in development.
     signer: str | None
     identity: TrustedIdentity
+    #: The approval the Action carried (else the oldest live one) when it needed approval.
     approval: ApprovalRecord | None
     #: The trusted projection for provider requests (see `worker.trust.projection`).
     headers: Mapping[str, str]
+    #: Every live approval of the met quorum (`approval` first).
+    approvals: tuple[ApprovalRecord, ...] = ()
 
     @property
     def principal_id(self) -> str:
@@ -99,6 +105,8 @@ class AdmitDecision:
             "approver_principal_id": (
                 self.approval.approver_principal_id if self.approval else None
             ),
+            "approver_principal_ids": ",".join(r.approver_principal_id for r in self.approvals)
+            or None,
         }
 
 
@@ -274,9 +282,9 @@ class TrustGate:
                 stores=stores,
                 clock=clock,
             )
-        approval = None
+        quorum = None
         if spec.approval_required:
-            approval = await check_approval(
+            quorum = await check_approval(
                 stores.approvals,
                 self.authority,
                 action,
@@ -287,8 +295,9 @@ class TrustGate:
         return AdmitDecision(
             signer=signer,
             identity=identity,
-            approval=approval,
+            approval=quorum.primary if quorum is not None else None,
             headers=trusted_projection(action, identity, deadline_unix_ms=deadline_unix_ms),
+            approvals=quorum.records if quorum is not None else (),
         )
 
     async def authorize_cancel(
@@ -340,20 +349,21 @@ class TrustGate:
         input, in the verified tenant, by an approver who is neither the child's principal
         nor the delegator; `decision_id` (the request's approval reference), when given,
         must name that record. Payload claims alone are never authority."""
-        record = await check_approval(
+        quorum = await check_approval(
             stores.approvals, self.authority, child, tenant_id=tenant_id, clock=stores.clock()
         )
-        if record.approver_principal_id == delegator_id:
+        if any(r.approver_principal_id == delegator_id for r in quorum.records):
             raise ConnectorError(
                 ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT,
                 "approval: the approver is the delegator of this child",
             )
-        if decision_id is not None and decision_id != record.decision_id:
+        named = [r for r in quorum.records if decision_id in (None, r.decision_id)]
+        if not named:
             raise ConnectorError(
                 ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT,
                 "approval: the delegation's decision_id is not the recorded decision",
             )
-        return record
+        return named[0]
 
 
 def _carries_signature(headers: Mapping[str, str]) -> bool:

@@ -14,10 +14,12 @@ The mapping (docs/publishing.md "Action" has the table):
 * `trace.trace_id` → `observability.trace_id`; `trace.correlation_id` ⇄ the Envelope's
   `correlation_id`; `memory` → `memory_context`; `conversation`, `federation`, `callback`,
   `observability`, `compliance`, `transaction` must be the AIP typed (closed) objects.
-* No AIP field yet: `created_at_unix_ms`, `deadline_unix_ms`, `approval` (`decision_id`) and
-  `delegation` travel in the Envelope's `extensions["org.aip-hermes-worker"]` under those
-  names. An Envelope without `created_at_unix_ms` (an AIP client knows nothing of it) is
-  taken as created at its `sent_at`.
+* `approval` is the AIP `ApprovalDecision` itself (`body.action.approval`, `approved`
+  only): a claim the worker checks against the durable signed record, never authority.
+* No AIP field yet: `created_at_unix_ms`, `deadline_unix_ms` and `delegation` travel in the
+  Envelope's `extensions["org.aip-hermes-worker"]` under those names. An Envelope without
+  `created_at_unix_ms` (an AIP client knows nothing of it) is taken as created at its
+  `sent_at`.
 
 Decoding also holds the result to the internal Action's own constraints (the id form
 `act_` + 32 hex, the capability grammar, `timeout_ms` ≤ 86 400 000, bounded text), and
@@ -56,7 +58,7 @@ GATEWAY_SENDER: Final[Mapping[str, str]] = {"id": "service:aip-gateway", "kind":
 _TYPES: Final = frozenset({MESSAGE_TYPE})
 
 #: Our Action facts with no AIP field: extension keys of the same names.
-EXTENSION_FIELDS: Final = ("created_at_unix_ms", "deadline_unix_ms", "approval", "delegation")
+EXTENSION_FIELDS: Final = ("created_at_unix_ms", "deadline_unix_ms", "delegation")
 #: Internal objects that must be AIP typed objects of the same name on the wire.
 _TYPED_OBJECTS: Final = ("conversation", "federation", "callback", "compliance", "transaction")
 
@@ -112,6 +114,8 @@ def aip_action_body(action: Action) -> dict[str, Any]:
         "memory_context": action.memory,
     }
     body.update({name: value for name, value in optional.items() if value is not None})
+    if action.approval is not None:
+        body["approval"] = msgspec.to_builtins(action.approval)
     for name in _TYPED_OBJECTS:
         value = getattr(action, name)
         if value is not None:
@@ -136,11 +140,9 @@ def _extension(action: Action) -> dict[str, Any]:
     extension: dict[str, Any] = {"created_at_unix_ms": action.created_at_unix_ms}
     if action.deadline_unix_ms is not None:
         extension["deadline_unix_ms"] = action.deadline_unix_ms
-    for name in ("approval", "delegation"):
-        value = getattr(action, name)
-        if value is not None:  # written as AIP writes objects: an absent member omitted
-            fields = msgspec.to_builtins(value).items()
-            extension[name] = {key: item for key, item in fields if item is not None}
+    if action.delegation is not None:  # written as AIP writes objects: an absent member omitted
+        fields = msgspec.to_builtins(action.delegation).items()
+        extension["delegation"] = {key: item for key, item in fields if item is not None}
     return extension
 
 
@@ -269,13 +271,13 @@ def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
     }
     if trace:
         fields["trace"] = trace
-    for name in ("deadline_unix_ms", "approval", "delegation"):
+    for name in ("deadline_unix_ms", "delegation"):
         if extension.get(name) is not None:
             fields[name] = extension[name]
-    if "approval" not in fields and typed.approval is not None:
-        if typed.approval.decision != "approved" or typed.approval.decision_id is None:
-            raise invalid("body.action.approval must be an approved decision with a decision_id")
-        fields["approval"] = {"decision_id": typed.approval.decision_id}
+    if typed.approval is not None:
+        if typed.approval.decision != "approved":
+            raise invalid("body.action.approval must be an approved decision (AIP §1.2)")
+        fields["approval"] = aip["approval"]
     sender = opened.sender
     fields["received"] = {
         "message_id": opened.message_id,

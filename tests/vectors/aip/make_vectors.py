@@ -306,13 +306,21 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 },
                 "observability": {"trace_id": "4bf92f3577b34da6a3ce929d0e0e4736"},
                 "memory_context": {"notes": "kept as given"},
+                # A full AIP ApprovalDecision (the worker checks it against its record).
+                "approval": {
+                    "approval_id": "appr_" + ACTION_ID.removeprefix("act_"),
+                    "decision": "approved",
+                    "approver": {"id": "approver:carol", "kind": "human"},
+                    "decided_at": "2026-11-30T23:59:00Z",
+                    "reason": "ticket OPS-7",
+                    "decision_id": "apr_" + "1" * 32,
+                },
             }
         },
         extensions={
             EXT: {
                 "created_at_unix_ms": T0_MS - 5,
                 "deadline_unix_ms": T0_MS + 120000,
-                "approval": {"decision_id": "dec_0001"},
             },
             "org.example.other": {"anything": [1, None]},
         },
