@@ -7,7 +7,7 @@ setting that means the same thing. This module is the one place that knows the p
 two rules around them:
 
 * **Conflicts stop start-up.** A name set under both spellings with different values is
-  refused (`ReferenceNameConflict`, naming both variables); one meaning, one value.
+  refused (`SettingsError`, naming both variables); one meaning, one value.
 * **Nothing is ignored quietly.** A reference name that has no counterpart here (the host
   binary's policy file and response-size triple) is refused with what to set instead: a
   deployment that believes a limit or a policy is in force, while it is not, fails quietly.
@@ -24,6 +24,8 @@ from typing import Any, Final
 
 from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource
+
+from worker.errors import SettingsError
 
 #: Reference name -> our field (its variable is `AIPD_` + the field in capitals).
 REFERENCE_NAMES: Final[Mapping[str, str]] = {
@@ -72,20 +74,16 @@ UNSUPPORTED: Final[Mapping[str, str]] = {
 _PAIR_SEPARATORS = re.compile(r"[;\n]")
 
 
-class ReferenceNameConflict(ValueError):
-    """A reference name that disagrees with its `AIPD_*` twin, or that has no counterpart."""
-
-
 def aipd_name(field: str) -> str:
     return "AIPD_" + field.upper()
 
 
 def reference_values(environ: Mapping[str, str]) -> dict[str, str]:
     """Our field -> value for every reference name set in `environ` (raises
-    ReferenceNameConflict for a conflict or an unsupported name, naming the variables)."""
+    SettingsError for a conflict or an unsupported name, naming the variables)."""
     for name, instead in UNSUPPORTED.items():
         if name in environ:
-            raise ReferenceNameConflict(f"{name} is not supported by aip-hermes-worker: {instead}")
+            raise SettingsError(f"{name} is not supported by aip-hermes-worker: {instead}")
     values: dict[str, str] = {}
     for name, field in REFERENCE_NAMES.items():
         if name not in environ:
@@ -95,7 +93,7 @@ def reference_values(environ: Mapping[str, str]) -> dict[str, str]:
             value = ",".join(p.strip() for p in _PAIR_SEPARATORS.split(value) if p.strip())
         ours = aipd_name(field)
         if ours in environ and environ[ours] != value:
-            raise ReferenceNameConflict(
+            raise SettingsError(
                 f"{name} and {ours} are both set, to different values: they are the same "
                 "setting (the reference connector's name and ours); set one of them"
             )

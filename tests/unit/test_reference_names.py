@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from worker.endpoints import EndpointDescriptor
-from worker.reference_names import REFERENCE_NAMES, ReferenceNameConflict, reference_values
+from worker.errors import SettingsError
+from worker.reference_names import REFERENCE_NAMES, reference_values
 from worker.settings import Settings
 
 #: The sixteen names of the reference's bundled server (§4.8), by their own spelling.
@@ -58,7 +59,7 @@ def test_reference_names_configure_the_worker(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_two_spellings_that_disagree_stop_start_up() -> None:
-    with pytest.raises(ReferenceNameConflict, match="AIP_HERMES_OPERATOR_MODEL and AIPD_"):
+    with pytest.raises(SettingsError, match="AIP_HERMES_OPERATOR_MODEL and AIPD_"):
         reference_values(
             {"AIP_HERMES_OPERATOR_MODEL": "a", "AIPD_HERMES_OPERATOR_MODEL": "b"}
         )
@@ -68,7 +69,7 @@ def test_two_spellings_that_disagree_stop_start_up() -> None:
     "name", ["AIP_HERMES_OPERATOR_POLICY_FILE", "AIP_HERMES_MAX_JSON_RESPONSE_BYTES"]
 )
 def test_a_reference_name_without_a_counterpart_is_refused_not_ignored(name: str) -> None:
-    with pytest.raises(ReferenceNameConflict, match=f"{name} is not supported"):
+    with pytest.raises(SettingsError, match=f"{name} is not supported"):
         reference_values({name: "1"})
 
 

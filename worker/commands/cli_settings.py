@@ -18,7 +18,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from worker.errors import SettingsError, TrustConfigError
-from worker.reference_names import ReferenceNameConflict
 from worker.settings import Settings
 from worker.trust.signing import TrustedGatewayKeys
 
@@ -113,8 +112,6 @@ def settings_from(args: argparse.Namespace, **defaults: Any) -> Settings:
             overrides[key.removeprefix("setting_")] = value
     try:
         return Settings(**overrides)
-    except ReferenceNameConflict as exc:
-        raise SettingsError(str(exc)) from None
     except ValidationError as exc:
         problems = "; ".join(
             f"{'.'.join(str(p) for p in err['loc']) or 'settings'}: {err['msg']}"
