@@ -210,3 +210,13 @@ def test_a_republished_chunk_behind_the_reader_is_not_a_fork() -> None:
     _feed(order, chain[:2])
     assert _feed(order, [chain[0], chain[1], chain[2]]) == [chain[2]]
     assert not order.forked
+
+
+def test_a_reader_from_a_later_seq_resolves_a_fork_the_same_way() -> None:
+    trunk = _branch(None, 0, 3, "w1", end=False)
+    w2 = _branch(trunk[-1], 3, 2, "w2", end=True)
+    late = _chunk(3, trunk[-1], by="w1-late")
+    order = ChunkSequencer(2, verify_terminal=True)
+    assert _feed(order, [*trunk, w2[0], late, w2[1]]) == [trunk[2], w2[0]]
+    assert _datas(order.vouch(_sha(w2[-1]), ACTION)) == [w2[1]]
+    assert order.dropped == 1

@@ -450,9 +450,12 @@ class ChunkSequencer:
             self._hold(SequencedChunk(data, sha, chunk))  # may be on the path, further back
             return []
         if seq < self.expected:
-            if self._released.get(seq) == sha:
-                return []  # a republish of a released chunk
-            self.forked = True  # a competitor of a released chunk (or one before the window)
+            if self._released.get(seq) == sha or seq < self.expected - RELEASED_WINDOW:
+                # A republish of a released chunk, or one too far back to compare: the walk
+                # back from the result never needs it (the released chunks are hash-linked,
+                # so a vouched chain that reaches the last one holds them all).
+                return []
+            self.forked = True  # a competitor of a released chunk
         self._hold(SequencedChunk(data, sha, chunk))
         return self._release()
 
