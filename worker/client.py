@@ -49,7 +49,7 @@ from schemas.aip.approval import ApprovalDecision
 from schemas.aip.manifest import ManifestRequest
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.channel import ChannelMessage
-from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
+from schemas.chunk import StreamChunk
 from schemas.codec import (
     DEFAULT_MAX_ENVELOPE_BYTES,
     decode_delegation,
@@ -67,7 +67,6 @@ from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
 from worker.operations.catalog import default_mode
 from worker.trust.responses import (
-    ChunkChain,
     ChunkSequencer,
     check_worker_signed,
     open_result,
@@ -129,21 +128,36 @@ class ActionHandle:
         self.duplicate = duplicate
 
     async def chunks(
-        self, *, from_seq: int = 0, idle_timeout_s: float | None = None
+        self,
+        *,
+        from_seq: int = 0,
+        idle_timeout_s: float | None = None,
+        verified_only: bool = False,
     ) -> AsyncIterator[StreamChunk]:
         """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk.
 
-        A chunk is yielded only after the one before it (`ChunkSequencer`: one read ahead of
-        a missing seq is held until it comes; two different chunks at one seq raise
-        `UnverifiedResponse`). With trusted worker keys, each chunk must name the hash of
-        the one before it, and the terminal chunk is yielded only after the signed result
-        confirmed the chain's end (the result follows it at once); a break raises
-        `UnverifiedResponse`.
+        A chunk is yielded only once its link is verified (`ChunkSequencer`): it names the
+        hash of the chunk yielded before it and no other chunk claims its seq. One read
+        ahead of a missing seq is held until it comes. At a fork (two chunks at one seq: a
+        superseded owner's late chunk beside its successor's after a takeover, or a
+        forgery) nothing more is yielded until the signed result names the chain's last
+        chunk; then the branch it vouches for is yielded and the others are dropped without
+        an error. With trusted worker keys the terminal chunk is yielded only after the
+        signed result named its hash. `UnverifiedResponse` when a chunk already yielded is
+        not on the vouched chain (its competitor was stored after this reader passed it),
+        or when more is held than `MAX_HELD_CHUNKS` / `MAX_HELD_BYTES` allow.
+
+        `verified_only` yields nothing before the signed result vouches for it, so no chunk
+        outside the Action's chain is ever yielded (at the cost of streaming: everything
+        comes at the end, within the same bounds).
         """
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
         stream = self.client.subjects.stream_name("chunks")
-        chain = ChunkChain() if self.client.trusted_worker_keys is not None else None
-        order = ChunkSequencer(from_seq)
+        order = ChunkSequencer(
+            from_seq,
+            hold_until_vouched=verified_only,
+            verify_terminal=self.client.trusted_worker_keys is not None,
+        )
         async with SubjectFollower(self.client.nc, stream, subject) as follower:
             while True:
                 msg = await follower.next(idle_timeout_s or 3600.0)
@@ -155,17 +169,14 @@ class ActionHandle:
                     raise UnverifiedResponse(
                         f"a chunk on the subject of {self.action_id} names {chunk.action_id}"
                     )
-                for released in order.add(data, chunk.seq):
-                    if released is not data:
-                        chunk = read_chunk(released)
-                    terminal = isinstance(chunk, DoneChunk | ErrorChunk)
-                    if chain is not None:
-                        chain.add(released, chunk)
-                        if terminal:
-                            chain.close(await self.result(timeout_s=idle_timeout_s or 60.0))
-                    yield chunk
-                    if terminal:
-                        return
+                released = order.add(data, chunk)
+                if order.needs_result:
+                    result = await self.result(timeout_s=idle_timeout_s or 60.0)
+                    released += order.vouch(result.last_chunk_sha256, self.action_id)
+                for item in released:
+                    yield item.chunk
+                if order.done:
+                    return
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
         """The settled ActionResult (waits for it; returns at once if it already exists).
@@ -301,8 +312,10 @@ class AipClient:
         result, opened = open_result(data, max_bytes=self.max_envelope_bytes)
         if self.trusted_worker_keys is None:
             return result
-        if opened.verified is None and result.error is not None and (
-            result.error.code is ErrorCode.HOST_RESPONSE_SIGNING
+        if (
+            opened.verified is None
+            and result.error is not None
+            and (result.error.code is ErrorCode.HOST_RESPONSE_SIGNING)
         ):
             raise CannotSign(
                 f"{result.action_id}: the worker could not sign its response "
@@ -746,5 +759,3 @@ def _gateway_signer(
         return verify_receipt(data, headers, trusted)[1]
     except UnverifiedResponse:
         return None
-
-

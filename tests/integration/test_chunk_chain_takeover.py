@@ -18,7 +18,6 @@ import secrets
 from collections.abc import AsyncIterator
 from typing import Any
 
-import msgspec
 import nats
 import pytest
 from nats.aio.client import Client
@@ -222,17 +221,19 @@ async def test_a_takeover_adopts_a_re_sent_chunk_stored_after_its_successors(
     assert chunk_view(stored[-1])["prev_sha256"] == _sha(stored[3])  # chunk 4
     order, chain = ChunkSequencer(), ChunkChain()
     for data in stored:
-        for released in order.add(data, chunk_view(data)["seq"]):
-            chain.add(released)
+        for released in order.add(data):
+            chain.add(released.data)
     assert (order.expected, chain.last_sha256) == (6, _sha(stored[-1]))
+    assert not order.forked
 
 
 async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
     nc: Client, leases: LeaseStore
 ) -> None:
     """The attack: a forgery linked to the real last chunk. The takeover links its chunk
-    to the real one; both stay on the stream (content-bound Msg-Ids), and a reader that
-    meets the forgery first is told at the fork instead of reading on."""
+    to the real one; both stay on the stream (content-bound Msg-Ids). A reader that met the
+    forgery alone at its seq (and released it) stops releasing at the fork, and is told
+    once the chain the result vouches for turns out to pass beside what it released."""
     publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     keys = ActionKeys.of(new_action_id())
     first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
@@ -254,11 +255,22 @@ async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
     assert chunk_view(continuation)["prev_sha256"] == _sha(real[-1])  # not the forgery's
     assert stored[-1][1]["Nats-Msg-Id"] == chunk_msg_id(keys.action_id, 3, _sha(continuation))
 
-    order = ChunkSequencer()
-    for data, _ in stored[:-1]:
-        order.add(data, chunk_view(data)["seq"])
-    with pytest.raises(UnverifiedResponse, match="claim seq 3: the chunk chain forks"):
-        order.add(continuation, 3)
+    order = ChunkSequencer(verify_terminal=True)
+    released = [item.data for data, _ in stored[:-1] for item in order.add(data)]
+    assert released == [*real, forged]  # alone at seq 3 when read, and linked on
+    assert order.add(continuation) == []
+    assert order.forked
+    end = second.closing(ChunkKind.DONE, {"status": "completed"})
+    order.add(second.encode(end))
+    assert order.needs_result
+    with pytest.raises(UnverifiedResponse, match="does not pass through the chunks read"):
+        order.vouch(_sha(second.encode(end)), keys.action_id)
+    strict = ChunkSequencer(hold_until_vouched=True, verify_terminal=True)
+    for data, _ in stored:
+        assert strict.add(data) == []
+    assert strict.add(second.encode(end)) == []
+    vouched = [item.data for item in strict.vouch(_sha(second.encode(end)), keys.action_id)]
+    assert vouched == [*real, continuation, second.encode(end)]  # never the forgery
 
 
 async def test_a_superseded_owner_cannot_record_the_head(nc: Client, leases: LeaseStore) -> None:
@@ -282,7 +294,9 @@ async def test_a_superseded_owner_s_late_chunk_stays_off_the_chain(
     """An owner whose chunk passed its local lease check before it lost the lease (a
     partition, docs/reliability.md bug 2) lands it after its successor's chunk at the same
     seq: both are stored and both carry a valid MAC. The next takeover stays on the chain
-    stored first (the successor's), and a reader of the whole stream meets the fork."""
+    stored first (the successor's). A reader of the whole stream holds both branches from
+    the fork and, once the signed result names the chain's end, releases the vouched one
+    and drops the late chunk without an error (docs/reliability.md bug 2, reader side)."""
     publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     keys = ActionKeys.of(new_action_id())
     first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
@@ -307,25 +321,18 @@ async def test_a_superseded_owner_s_late_chunk_stays_off_the_chain(
     await third.confirm()
     stored = [data for data, _ in await _stored(nc, keys.action_id)]
     assert chunk_view(stored[-1])["prev_sha256"] == _sha(stored[3])  # w2's chunk 3
-    order = ChunkSequencer()
-    for data in stored[:4]:
-        order.add(data, chunk_view(data)["seq"])
-    with pytest.raises(UnverifiedResponse, match="claim seq 3: the chunk chain forks"):
-        order.add(late, 3)
-
-
-def test_the_sequencer_holds_a_chunk_until_the_one_before_it_arrives() -> None:
-    def chunk(seq: int) -> bytes:
-        return msgspec.json.encode({"seq": seq, "v": seq})
-
-    order = ChunkSequencer()
-    assert order.add(chunk(0), 0) == [chunk(0)]
-    assert order.add(chunk(2), 2) == []  # 1's confirmation was lost: it is re-sent later
-    assert order.add(chunk(3), 3) == []
-    assert order.add(chunk(1), 1) == [chunk(1), chunk(2), chunk(3)]
-    assert order.add(chunk(3), 3) == []  # a republish of the same bytes
-    with pytest.raises(UnverifiedResponse):
-        order.add(msgspec.json.encode({"seq": 3, "v": "other"}), 3)
+    end = third.encode(third.closing(ChunkKind.DONE, {"status": "completed"}))
+    await nc.jetstream().publish(Subjects().chunks(ENDPOINT, keys.action_id), end)
+    stored = [data for data, _ in await _stored(nc, keys.action_id)]
+    order = ChunkSequencer(verify_terminal=True)
+    released = [item.data for data in stored for item in order.add(data)]
+    assert released == stored[:4]  # 0..2 and w2's 3; from the late 3 on, both are held
+    assert order.forked
+    assert order.needs_result
+    released += [item.data for item in order.vouch(_sha(end), keys.action_id)]
+    assert released == [*stored[:4], *stored[5:]]
+    assert late not in released
+    assert (order.done, order.dropped) == (True, 1)
 
 
 async def _kill_after_chunks(
@@ -348,12 +355,14 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
     """The attack against real processes: w1 is killed (-9) mid-stream, a NATS-only client
     appends a chunk linking to w1's last stored chunk, w2 takes over.
 
-    w2 links its first chunk to w1's real chunk, the chain the signed result names (walked
-    back from `last_chunk_sha256`) runs from seq 0 without the forgery, and the verifying
-    reader (`ActionHandle.chunks`) stops at the fork: it never reaches the terminal chunk,
-    so no chain with the forgery in it is ever verified. Chunks are yielded as their links
-    check out, before the signed result vouches for them (`ChunkChain`), so the forgery
-    itself may be yielded (unverified) just before the fork is raised."""
+    w2 links its first chunk to w1's real chunk, and the chain the signed result names
+    (walked back from `last_chunk_sha256`) runs from seq 0 without the forgery.
+
+    The streaming reader (`ActionHandle.chunks`) met the forgery alone at its seq, linked
+    to w1's last chunk, so it yielded it; from w2's chunk at that seq on it holds both
+    branches, and once the signed result vouches for w2's it raises (what it yielded cannot
+    be taken back) and never yields the terminal chunk. `chunks(verified_only=True)` yields
+    exactly the signed chain and never the forgery."""
     w1 = await stack.spawn("w1")
     action, _ = await stack.operator(f"{SLOW_REPLY} forge after me")
     await _kill_after_chunks(stack, w1, action.id, 3)
@@ -372,11 +381,12 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
         async for chunk in handle.chunks(idle_timeout_s=60):
             read.append(chunk)
 
-    with pytest.raises(UnverifiedResponse, match=f"claim seq {forged_seq}: the chunk chain forks"):
+    with pytest.raises(UnverifiedResponse, match="does not pass through the chunks read"):
         await asyncio.wait_for(follow(), 90)
     assert not any(isinstance(c, DoneChunk | ErrorChunk) for c in read)
     assert [c.seq for c in read] == list(range(len(read)))
-    assert len(read) <= forged_seq + 1  # nothing past the forgery's seq
+    assert len(read) == forged_seq + 1  # nothing past the forgery's seq
+    verified = [c async for c in handle.chunks(idle_timeout_s=60, verified_only=True)]
 
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
@@ -397,3 +407,5 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
     assert chunk_view(w2_first)["prev_sha256"] == _sha(real_last)
     # What the reader was given before the fork: w1's chunks, then (unverified) the forgery.
     assert read[:forged_seq] == [decode_chunk(d)[0] for d in chain[:forged_seq]]
+    assert read[forged_seq] == decode_chunk(forged)[0]
+    assert verified == [decode_chunk(d)[0] for d in chain]

@@ -138,10 +138,17 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
         headers={"Nats-Msg-Id": f"{action.id}:0"},
     )
     handle = await stack.publish(action)
-    with pytest.raises(UnverifiedResponse, match="claim seq 0: the chunk chain forks"):
+    # The streaming reader yielded the forgery (alone at seq 0 when read), then held both
+    # branches from the worker's chunk 0 on; the signed result vouches for the worker's.
+    with pytest.raises(UnverifiedResponse, match="does not pass through the chunks read"):
         async for _ in handle.chunks(idle_timeout_s=20):
             pass
     assert (await handle.result(timeout_s=20)).status is ResultStatus.COMPLETED
+    # The verified-only reader yields the signed chain and never the forgery.
+    verified = [c async for c in handle.chunks(idle_timeout_s=20, verified_only=True)]
+    assert forged not in verified
+    assert verified[0].seq == 0
+    assert [c.seq for c in verified] == list(range(len(verified)))
 
 
 async def test_a_worker_without_a_signing_key_refuses_unsigned_and_sends_nothing(

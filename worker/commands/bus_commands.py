@@ -275,6 +275,7 @@ async def _follow(
     envelope_sha256: str | None = None,
     dlq_from: int = 1,
     text: bool = False,
+    verified_only: bool = False,
 ) -> int:
     """Print the chunks, then the result; the exit status says how the Action ended. A
     wait that ends without a result says whether the Action was dead-lettered (REFUSED)
@@ -282,7 +283,7 @@ async def _follow(
     handle = client.handle(endpoint, action_id, envelope_sha256=envelope_sha256)
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in handle.chunks(from_seq=from_seq):
+            async for chunk in handle.chunks(from_seq=from_seq, verified_only=verified_only):
                 print(
                     chunk_text(chunk) if text else msgspec.json.encode(chunk).decode(), flush=True
                 )
@@ -352,6 +353,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
             args.from_seq,
             args.timeout,
             text=args.format == "text",
+            verified_only=args.verified_only,
         )
     finally:
         await nc.drain()
@@ -612,6 +614,12 @@ def add_commands(sub: Any) -> None:
         choices=("json", "text"),
         default="json",
         help="json: one raw JSON document per line; text: ISO 8601 UTC times, for people",
+    )
+    tail.add_argument(
+        "--verified-only",
+        action="store_true",
+        help="print no chunk before the signed result vouches for it (all at the end): "
+        "never one off the Action's chain, forged or a superseded worker's",
     )
     _verify_flag(tail)
     tail.set_defaults(func=cmd_tail)

@@ -44,7 +44,7 @@ import msgspec
 import nkeys
 
 from schemas.audit import Receipt
-from schemas.chunk import StreamChunk
+from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.dlq import dlq_material
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation, EscalationResolution
@@ -327,48 +327,237 @@ class ChunkChain:
             )
 
 
-#: Chunks a reader holds ahead of a missing one before it calls the stream broken.
+#: Chunks a reader holds (read ahead of a missing seq, or on the branches of a fork not yet
+#: resolved) before it gives up: a reader's memory stays bounded whatever is published.
 MAX_HELD_CHUNKS = 1024
+#: Bytes of the chunks held, the same way (a chunk Envelope may be up to the envelope cap).
+MAX_HELD_BYTES = 32 * 1024 * 1024
+#: Hashes of released chunks remembered, so a second copy of a released seq is recognised
+#: as a republish (same bytes) or as a competitor (other bytes) of what was released.
+RELEASED_WINDOW = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class SequencedChunk:
+    """One chunk as read: its exact bytes, their sha256 and its decoding."""
+
+    data: bytes
+    sha256: str
+    chunk: StreamChunk
+
+    @property
+    def terminal(self) -> bool:
+        return isinstance(self.chunk, DoneChunk | ErrorChunk)
 
 
 class ChunkSequencer:
-    """Puts one Action's chunks, as read from the subject, in seq order, each once.
+    """Puts one Action's chunks, as read from the subject, in seq order, each once, and
+    releases a chunk only when its link is verified.
 
-    A chunk is released only when the one before it was: a chunk read ahead of a missing
-    seq (a publication whose confirmation was lost is sent again later, so it is stored
-    after its successors) is held until the missing one arrives, instead of being passed on
-    with a gap. A second copy of a released seq with the same bytes is a republish and is
-    dropped; with other bytes it is a fork: two chunks claim the same place in the chain,
-    and at most one was published by the Action's owner (worker.execution.chunk_chain), so
-    the reader is told (`UnverifiedResponse`) rather than left to guess.
+    A chunk's link is verified when it names the hash of the chunk released before it (the
+    first one read from `from_seq` excepted; chunk 0 names none) and no other chunk claims
+    its seq, or, at a fork, when the signed result vouches for it (`vouch`: the chain walked
+    back from `last_chunk_sha256` reaches the last chunk released). A chunk read ahead of a
+    missing seq (a publication whose confirmation was lost is sent again later, stored after
+    its successors) waits for it. A second copy of a seq with the same bytes is a republish
+    and is dropped.
+
+    Two different chunks at one seq (or a chunk naming another predecessor than the one
+    released) make a fork: after a takeover a superseded owner's late chunks sit beside
+    its successor's (docs/reliability.md bug 2), and anyone with publish rights can append a
+    forgery. A reader cannot tell which is the Action's until the signed result names the
+    chain's last hash, so from the fork on nothing is released: every branch is held
+    (bounded: `MAX_HELD_CHUNKS`, `MAX_HELD_BYTES`), `needs_result` says so, and `vouch`
+    releases the branch the result names; the others are dropped without an error (a
+    genuine superseded branch and a forgery look alike, and neither is the Action's). Only
+    when chunks already released turn out not to be on the vouched chain (the competitor
+    was stored after the reader had passed its seq) is `UnverifiedResponse` raised: they
+    cannot be taken back.
+
+    `hold_until_vouched` releases nothing before the signed result (every chunk is held as
+    if at a fork), so no chunk outside the vouched chain is ever released; `verify_terminal`
+    holds the terminal chunk until the result vouches for it (a reader with trusted keys).
     """
 
-    def __init__(self, from_seq: int = 0) -> None:
+    def __init__(
+        self,
+        from_seq: int = 0,
+        *,
+        hold_until_vouched: bool = False,
+        verify_terminal: bool = False,
+        max_held: int = MAX_HELD_CHUNKS,
+        max_held_bytes: int = MAX_HELD_BYTES,
+    ) -> None:
+        self.from_seq = from_seq
+        #: The next seq to release.
         self.expected = from_seq
-        self._held: dict[int, bytes] = {}
-        #: sha256 of the last released chunk: what a second copy of its seq is compared to.
-        self._last_sha256: str | None = None
+        #: sha256 of the last released chunk (None before the first).
+        self.last_sha256: str | None = None
+        self._verify_terminal = verify_terminal
+        self._max_held, self._max_held_bytes = max_held, max_held_bytes
+        self._held: dict[str, SequencedChunk] = {}
+        self._at: dict[int, set[str]] = {}
+        self._held_bytes = 0
+        self._released: dict[int, str] = {}
+        #: A fork was seen: nothing more is released until the result vouches.
+        self.forked = hold_until_vouched
+        #: The head the signed result names, once known, and the hash its walk back lacks.
+        self._vouched: str | None = None
+        self._missing: str | None = None
+        self._action_id = ""
+        #: Chunks dropped as off the vouched chain (superseded or forged), for the caller.
+        self.dropped = 0
+        #: The terminal chunk was released: the chain is complete.
+        self.done = False
 
-    def add(self, data: bytes, seq: int) -> list[bytes]:
-        """The chunks `data` (at `seq`) releases, oldest first (often just itself)."""
+    @property
+    def held(self) -> int:
+        return len(self._held)
+
+    @property
+    def needs_result(self) -> bool:
+        """Nothing more can be released without the signed result: a fork waits for it, or
+        the next chunk is terminal and must be vouched for. Asked once a terminal chunk is
+        held (the result follows it at once)."""
+        if self._vouched is not None or self.done:
+            return False
+        if not any(held.terminal for held in self._held.values()):
+            return False
+        if self.forked:
+            return True
+        return self._verify_terminal and any(
+            self._held[sha].terminal for sha in self._at.get(self.expected, ())
+        )
+
+    def add(self, data: bytes, chunk: StreamChunk | None = None) -> list[SequencedChunk]:
+        """The chunks `data` (decoded: `chunk`) releases, oldest first (often just itself)."""
+        chunk = chunk if chunk is not None else read_chunk(data)
+        seq, sha = chunk.seq, sha256_hex(data)
+        if seq < self.from_seq or self.done or sha in self._held:
+            return []
+        if self._vouched is not None:
+            if sha == self._missing:
+                self._hold(SequencedChunk(data, sha, chunk))
+                return self._follow_vouched()
+            if seq < self.expected:
+                self.dropped += 1  # the chain is known, and this one is behind the reader
+                return []
+            self._hold(SequencedChunk(data, sha, chunk))  # may be on the path, further back
+            return []
         if seq < self.expected:
-            if seq == self.expected - 1 and sha256_hex(data) != self._last_sha256:
-                raise UnverifiedResponse(
-                    f"two different chunks claim seq {seq}: the chunk chain forks (one was forged)"
-                )
-            return []
-        if seq > self.expected:
-            if seq not in self._held and len(self._held) >= MAX_HELD_CHUNKS:
-                raise UnverifiedResponse(
-                    f"chunk {self.expected} is missing while {len(self._held)} later "
-                    "chunks wait for it"
-                )
-            self._held.setdefault(seq, data)
-            return []
-        released = [data]
-        self.expected = seq + 1
-        while self.expected in self._held:
-            released.append(self._held.pop(self.expected))
-            self.expected += 1
-        self._last_sha256 = sha256_hex(released[-1])
+            if self._released.get(seq) == sha or seq < self.expected - RELEASED_WINDOW:
+                # A republish of a released chunk, or one too far back to compare: the walk
+                # back from the result never needs it (the released chunks are hash-linked,
+                # so a vouched chain that reaches the last one holds them all).
+                return []
+            self.forked = True  # a competitor of a released chunk
+        self._hold(SequencedChunk(data, sha, chunk))
+        return self._release()
+
+    def vouch(self, last_chunk_sha256: str | None, action_id: str) -> list[SequencedChunk]:
+        """The signed result names `last_chunk_sha256` as the chain's last chunk: release
+        the chain that ends there, as far as it is read (the rest as it arrives)."""
+        if last_chunk_sha256 is None:
+            raise UnverifiedResponse(
+                f"the signed result of {action_id} names no last chunk: its chain cannot "
+                "be verified"
+            )
+        self._vouched, self._missing = last_chunk_sha256, last_chunk_sha256
+        self._action_id = action_id
+        return self._follow_vouched()
+
+    def _hold(self, item: SequencedChunk) -> None:
+        if len(self._held) >= self._max_held or (
+            self._held_bytes + len(item.data) > self._max_held_bytes
+        ):
+            raise UnverifiedResponse(
+                f"{len(self._held)} chunks of {item.chunk.action_id} are held ({self._held_bytes} "
+                f"bytes) waiting for chunk {self.expected} or for the signed result to "
+                "resolve a fork: the reader stops rather than grow without bound"
+            )
+        self._held[item.sha256] = item
+        self._at.setdefault(item.chunk.seq, set()).add(item.sha256)
+        self._held_bytes += len(item.data)
+
+    def _unhold(self, sha: str) -> SequencedChunk:
+        item = self._held.pop(sha)
+        shas = self._at[item.chunk.seq]
+        shas.discard(sha)
+        if not shas:
+            del self._at[item.chunk.seq]
+        self._held_bytes -= len(item.data)
+        return item
+
+    def _links(self, item: SequencedChunk) -> bool:
+        """Does `item` (at `expected`) continue what was released?"""
+        if self.last_sha256 is not None:
+            return item.chunk.prev_sha256 == self.last_sha256
+        return item.chunk.seq > 0 or item.chunk.prev_sha256 is None
+
+    def _mark_released(self, item: SequencedChunk) -> None:
+        self.expected = item.chunk.seq + 1
+        self.last_sha256 = item.sha256
+        self._released[item.chunk.seq] = item.sha256
+        self._released.pop(item.chunk.seq - RELEASED_WINDOW, None)
+        self.done = item.terminal
+
+    def _release(self) -> list[SequencedChunk]:
+        released: list[SequencedChunk] = []
+        while not self.forked and not self.done:
+            candidates = self._at.get(self.expected)
+            if not candidates:
+                break
+            if len(candidates) > 1:
+                self.forked = True
+                break
+            item = self._held[next(iter(candidates))]
+            if not self._links(item):
+                self.forked = True  # it continues another branch than the released one
+                break
+            if item.terminal and self._verify_terminal:
+                break
+            released.append(self._unhold(item.sha256))
+            self._mark_released(item)
         return released
+
+    def _follow_vouched(self) -> list[SequencedChunk]:
+        """Walk back from the vouched head through the held chunks to the last released
+        one; release that path once it is whole, drop every other held chunk."""
+        path: list[SequencedChunk] = []
+        sha: str | None = self._vouched
+        while True:
+            item = self._held.get(sha) if sha is not None else None
+            if item is None:
+                if sha is None or sha in self._released.values():
+                    self._off_chain()  # the chain names no predecessor, or joins too early
+                self._missing = sha  # not read yet: the walk goes on when it arrives
+                return []
+            if path and item.chunk.seq != path[-1].chunk.seq - 1:
+                self._off_chain()
+            path.append(item)
+            if item.chunk.seq <= self.expected:
+                if item.chunk.seq < self.expected or not self._links(item):
+                    self._off_chain()
+                break
+            sha = item.chunk.prev_sha256
+        path.reverse()
+        for item in path:
+            self._unhold(item.sha256)
+            self._mark_released(item)
+        if not self.done:
+            raise UnverifiedResponse(
+                f"the signed result of {self._action_id} names chunk {path[-1].chunk.seq}, "
+                "which is not a terminal chunk"
+            )
+        self.dropped += len(self._held)
+        self._held.clear()
+        self._at.clear()
+        self._held_bytes = 0
+        return path
+
+    def _off_chain(self) -> None:
+        raise UnverifiedResponse(
+            f"the chain the signed result of {self._action_id} vouches for does not pass "
+            f"through the chunks read up to seq {self.expected - 1}: a chunk read was not "
+            "the Action's (forged, or a superseded owner's), and it cannot be taken back"
+        )
