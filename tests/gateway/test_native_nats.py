@@ -25,6 +25,8 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from tests.aip_actions import canonical, did_of, key_of_nkey_seed, sign
+from worker.gateway.service import namespaced_action_id  # the bus id, to count results
+from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import MCP_ISSUER
 
 from .conftest import H1, GatewayStack
@@ -156,9 +158,8 @@ async def results_of(gs: GatewayStack, bus_action_id: str) -> int:
     return found
 
 
-@pytest.fixture
-async def native(
-    gstack: GatewayStack, tmp_path: Path
+async def serve_native(
+    gstack: GatewayStack, tmp_path: Path, *, request_timeout_ms: int = 25_000
 ) -> tuple[GatewayStack, nacl.signing.SigningKey, nacl.signing.SigningKey]:
     """The stack with a gateway serving the binding; the caller's key (bound to h1's
     principal, the identity the worker's directory knows) and the gateway's key."""
@@ -173,10 +174,17 @@ async def native(
         "g1",
         AIPD_AIP_TRUSTED_SIGNERS_FILE=str(signers),
         AIPD_AIP_TRUST_DOMAIN="example.com",
-        AIPD_AIP_REQUEST_TIMEOUT_MS="25000",
+        AIPD_AIP_REQUEST_TIMEOUT_MS=str(request_timeout_ms),
     )
     gateway = key_of_nkey_seed(gstack.stack.trust.seed_file.read_bytes())
     return gstack, caller, gateway
+
+
+@pytest.fixture
+async def native(
+    gstack: GatewayStack, tmp_path: Path
+) -> tuple[GatewayStack, nacl.signing.SigningKey, nacl.signing.SigningKey]:
+    return await serve_native(gstack, tmp_path)
 
 
 async def test_sync_async_manifest_heartbeat(
@@ -198,8 +206,6 @@ async def test_sync_async_manifest_heartbeat(
     answer = await ask(nc, request, bare=True)
     ack = check_answer(answer, request, gateway, "aip.core.v1.ack")
     assert ack == {"action_id": request["body"]["action"]["id"], "status": "queued"}
-    from worker.gateway.service import namespaced_action_id  # the bus id, to count results
-
     bus = namespaced_action_id(H1, None, request["body"]["action"]["id"])
     for _ in range(100):
         if await results_of(gs, bus):
@@ -295,3 +301,31 @@ async def test_refused_requests_answer_errors_and_enqueue_nothing(
     assert (await ask(nc, request))["message_type"] == "aip.core.v1.heartbeat_ack"
     log = "".join(proc.log_tail() for proc in gs.gateways)
     assert "has no reply subject: dropped" in log
+
+
+async def test_sync_past_the_request_timeout_is_accepted_then_read_by_a_retry(
+    gstack: GatewayStack, tmp_path: Path
+) -> None:
+    """A sync Action still running when the requester's timeout nears is answered `ack`
+    `accepted` (it is on its work queue), and the same Action sent again under a new
+    message id and correlation id gets its one result."""
+    gs, caller, gateway = await serve_native(gstack, tmp_path, request_timeout_ms=3_000)
+    assert gs.stack.fake is not None
+    gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=5.0))
+    first = action("sync")
+    request = sign(first, caller, CALLER)
+    answer = await ask(gs.stack.nc, request)
+    ack = check_answer(answer, request, gateway, "aip.core.v1.ack")
+    assert ack["action_id"] == first["body"]["action"]["id"]
+    assert ack["status"] == "accepted"
+    await asyncio.sleep(6.0)
+    again = copy.deepcopy(first)
+    again["message_id"] = "msg_" + secrets.token_hex(16)
+    again["correlation_id"] = "corr_" + secrets.token_hex(8)
+    again["sent_at"] = now()
+    request = sign(again, caller, CALLER)
+    answer = await ask(gs.stack.nc, request)
+    result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    assert result["action_id"] == first["body"]["action"]["id"]
+    assert result["status"] == "completed", result
+    assert await results_of(gs, namespaced_action_id(H1, None, result["action_id"])) == 1

@@ -477,9 +477,8 @@ class NativeNatsResponder:
             arguments["timeout_ms"] = action.timeout_ms
         if action.idempotency_key is not None:
             arguments["idempotency_key"] = action.idempotency_key
-        correlation = opened.envelope.get("correlation_id")
-        if isinstance(correlation, str):
-            arguments["trace"] = {"correlation_id": correlation}
+        # The request's correlation id stays with the answer, not the child: a retry under
+        # a new correlation id must find the same child, not an idempotency collision.
         principal = self._principal(binding)
         bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
         bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
