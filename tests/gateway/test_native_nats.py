@@ -71,6 +71,16 @@ def action(mode: str | None, *, timeout_ms: int = 20_000) -> dict[str, Any]:
     return frame("aip.core.v1.action", "action", body)
 
 
+def status_request(action_id: str) -> dict[str, Any]:
+    """An ActionStatusRequest as upstream serializes it: its flags always written (§1.7)."""
+    return {
+        "action_id": action_id,
+        "include_result": True,
+        "include_receipts": False,
+        "include_chunks": False,
+    }
+
+
 def subject(message_type: str) -> str:
     return f"{PREFIX}.{message_type.replace('.', '_')}"
 
@@ -108,7 +118,7 @@ def check_answer(
     """Signature, reply recipe, schema; the payload."""
     check_signed(answer, gateway_key.verify_key)
     assert answer["security"]["did"] == did_of(gateway_key)
-    assert answer["message_type"] == message_type
+    assert answer["message_type"] == message_type, answer["body"]
     assert answer["in_response_to"] == request["message_id"]
     assert answer["message_id"] != request["message_id"]
     assert answer["correlation_id"] == request["correlation_id"]
@@ -200,6 +210,35 @@ async def test_sync_async_manifest_heartbeat(
     assert result["action_id"] == request["body"]["action"]["id"]
     assert result["status"] == "completed", result
     assert "data" in result["output"] or result["output"]
+    done = request["body"]["action"]["id"]
+
+    # its status (with the result) and its result, read back by the requester's Action id
+    request = sign(
+        frame(
+            "aip.lifecycle.v1.action_status_request",
+            "action_status_request",
+            status_request(done),
+        ),
+        caller,
+        CALLER,
+    )
+    status = check_answer(
+        await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_status"
+    )
+    assert status["state"] == "completed"
+    assert status["result_status"] == "completed"
+    assert status["result"] == result
+    request = sign(
+        frame(
+            "aip.lifecycle.v1.action_result_request",
+            "action_result_request",
+            {"action_id": done, "include_receipt": False, "include_terminal_events": False},
+        ),
+        caller,
+        CALLER,
+    )
+    again = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
+    assert again == result
 
     # async → ack queued, and the Action runs once (one result on the bus)
     request = sign(action("async"), caller, CALLER)
@@ -268,8 +307,14 @@ async def test_refused_requests_answer_errors_and_enqueue_nothing(
     invalid = action("sync")
     invalid["body"]["action"]["mode"] = "sometimes"
     cases.append(("schema-invalid", sign(invalid, caller, CALLER), "schema.envelope.invalid"))
-    cancel = frame("aip.core.v1.cancel", "cancel", {"target": {"action": "act_" + "0" * 32}})
-    cases.append(("unserved type", sign(cancel, caller, CALLER), "capability.unsupported"))
+    ack = frame("aip.core.v1.ack", "ack", {"action_id": "act_" + "0" * 32, "status": "accepted"})
+    cases.append(("unserved type", sign(ack, caller, CALLER), "capability.unsupported"))
+    unknown = frame(
+        "aip.lifecycle.v1.action_status_request",
+        "action_status_request",
+        status_request("act_" + "0" * 32),
+    )
+    cases.append(("unknown action", sign(unknown, caller, CALLER), "action.not_found"))
 
     for name, request, code in cases:
         answer = await ask(nc, request)
@@ -329,3 +374,21 @@ async def test_sync_past_the_request_timeout_is_accepted_then_read_by_a_retry(
     assert result["action_id"] == first["body"]["action"]["id"]
     assert result["status"] == "completed", result
     assert await results_of(gs, namespaced_action_id(H1, None, result["action_id"])) == 1
+
+    # cancel of a running async Action → its terminal action_result, cancelled
+    gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=8.0))  # one request
+    running = action("async")
+    request = sign(running, caller, CALLER)
+    ack = check_answer(await ask(gs.stack.nc, request), request, gateway, "aip.core.v1.ack")
+    assert ack["status"] == "queued"
+    await asyncio.sleep(0.5)
+    cancel = frame(
+        "aip.core.v1.cancel",
+        "cancel",
+        {"target": {"action": running["body"]["action"]["id"]}, "reason": "changed mind"},
+    )
+    request = sign(cancel, caller, CALLER)
+    answer = await ask(gs.stack.nc, request)
+    cancelled = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    assert cancelled["action_id"] == running["body"]["action"]["id"]
+    assert cancelled["status"] == "cancelled", cancelled

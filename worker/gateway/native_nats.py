@@ -27,7 +27,12 @@ frame (`envelope.decode.invalid` / `schema.envelope.invalid`), signature
   Action id was already taken by the same contract).
 * `manifest_request`: the pool's manifest, from the workers' manifests.
 * `heartbeat`: `heartbeat_ack`.
-* anything else (streaming, cancel, lifecycle queries…): `capability.unsupported`.
+* `action_status_request`: `action_status`; `action_result_request`: the `action_result`
+  once the Action is terminal (within `wait_ms`), else its `action_status`; `cancel`: the
+  executor is asked to cancel and the answer is the terminal `action_result` (cancelled,
+  or how it had already ended), or the `action_status` when it has not settled yet. An id
+  the binding's principal does not own is `action.not_found`, like one that does not exist.
+* anything else (mode `streaming`, events, lists, delegation…): `capability.unsupported`.
 
 A request without a reply subject is dropped with a log line. Nothing a request carries can
 stop the responder: every failure becomes an answer.
@@ -49,7 +54,8 @@ from nats.aio.subscription import Subscription
 
 from schemas.aip.action import Action as AipAction
 from schemas.aip.action import Mode as AipMode
-from schemas.aip.control import Heartbeat
+from schemas.aip.control import Cancel, Heartbeat
+from schemas.aip.lifecycle import ActionResultRequest, ActionStatusRequest
 from schemas.aip.manifest import Manifest, ManifestRequest
 from schemas.errors import EnvelopeRejected, ErrorCategory, ErrorCode
 from worker.aip.canonical import canonical_bytes, loads
@@ -68,6 +74,7 @@ from worker.gateway.principals import Principal
 from worker.gateway.service import GatewayService, namespaced_action_id
 from worker.gateway.settings import PROTECTED_SCOPES, GatewaySettings
 from worker.tasks import stop_tasks
+from worker.wire.actions import timestamp_of_ms
 from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
     Opened,
@@ -88,7 +95,13 @@ HEARTBEAT: Final = "aip.core.v1.heartbeat"
 HEARTBEAT_ACK: Final = "aip.core.v1.heartbeat_ack"
 MANIFEST_REQUEST: Final = "aip.discovery.v1.manifest_request"
 MANIFEST_RESPONSE: Final = "aip.discovery.v1.manifest_response"
-SERVED: Final = frozenset({ACTION, HEARTBEAT, MANIFEST_REQUEST})
+CANCEL: Final = "aip.core.v1.cancel"
+STATUS_REQUEST: Final = "aip.lifecycle.v1.action_status_request"
+STATUS: Final = "aip.lifecycle.v1.action_status"
+RESULT_REQUEST: Final = "aip.lifecycle.v1.action_result_request"
+SERVED: Final = frozenset(
+    {ACTION, HEARTBEAT, MANIFEST_REQUEST, CANCEL, STATUS_REQUEST, RESULT_REQUEST}
+)
 #: Every message type the Envelope rules know: an unserved one is answered, not dropped.
 ANY_TYPE: Final = frozenset(BODY_KEYS)
 #: Kept of the requester's timeout for signing and sending the answer.
@@ -385,6 +398,10 @@ class NativeNatsResponder:
             return self._seal(HEARTBEAT_ACK, ack, frame)
         if isinstance(body, ManifestRequest):
             return self._seal(MANIFEST_RESPONSE, await self._manifest(body), frame)
+        if isinstance(body, ActionStatusRequest | ActionResultRequest):
+            return await self._lifecycle(body, binding, frame)
+        if isinstance(body, Cancel):
+            return await self._cancel(body, binding, frame)
         assert isinstance(body, AipAction)
         return await self._action(opened, body, binding, frame)
 
@@ -540,6 +557,94 @@ class NativeNatsResponder:
             retry_after_ms=1000,
             uncertain=True,
         )
+
+    # --- lifecycle queries and cancel --------------------------------------------------
+
+    async def _view(
+        self, principal: Principal, action_id: str, *, wait_ms: int = 0
+    ) -> dict[str, Any]:
+        """The record of the requester's Action (by its own id), once terminal or after
+        `wait_ms` (bounded by the request timeout); `action.not_found` for an id this
+        principal does not own, exactly as for one that does not exist."""
+        bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action_id)
+        bound_ms = min(wait_ms, self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS)
+        deadline = time.monotonic() + max(0, bound_ms) / 1000
+        while True:
+            try:
+                view = await self.service.result(principal, bus_id)
+            except ConnectorError as exc:
+                if exc.code is ErrorCode.CONFIGURATION_OR_INPUT:
+                    raise NativeRefusal(
+                        "action.not_found",
+                        f"no Action {action_id[:80]} of this principal",
+                        ErrorCategory.PERMANENT,
+                    ) from None
+                raise _refusal_of_connector(exc) from None
+            if view.get("result") is not None or time.monotonic() >= deadline:
+                return view
+            await asyncio.sleep(POLL_S)
+
+    def _status(
+        self, action_id: str, view: Mapping[str, Any], *, with_result: bool
+    ) -> dict[str, Any]:
+        """The AIP ActionStatus of a record view (our states are AIP state names)."""
+        status: dict[str, Any] = {
+            "action_id": action_id,
+            "state": view["state"],
+            "updated_at": timestamp_of_ms(int(view["updated_at_unix_ms"])),
+            "capability_id": view["capability"],
+        }
+        result = view.get("result")
+        if result is not None:
+            status["result_status"] = result["status"]
+            if with_result:
+                status["result"] = self._result(action_id, result)
+        return status
+
+    async def _lifecycle(
+        self,
+        request: ActionStatusRequest | ActionResultRequest,
+        binding: SignerBinding,
+        frame: dict[str, Any],
+    ) -> bytes:
+        """`action_status` for a status request; for a result request the `action_result`
+        once the Action is terminal, else its `action_status` (the registry's pairing)."""
+        view = await self._view(
+            self._principal(binding), request.action_id, wait_ms=request.wait_ms or 0
+        )
+        result = view.get("result")
+        if isinstance(request, ActionResultRequest) and result is not None:
+            return self._seal(RESULT, self._result(request.action_id, result), frame)
+        with_result = isinstance(request, ActionStatusRequest) and request.include_result is True
+        status = self._status(request.action_id, view, with_result=with_result)
+        return self._seal(STATUS, status, frame)
+
+    async def _cancel(
+        self, request: Cancel, binding: SignerBinding, frame: dict[str, Any]
+    ) -> bytes:
+        """The executor is asked to cancel; the answer is the Action's terminal
+        `action_result` (cancelled, or how it had already ended), or its `action_status`
+        (`running`, `cancel` recorded) when it has not settled within the cancel wait."""
+        action_id = request.target.action
+        if action_id is None:
+            raise NativeRefusal(
+                "capability.unsupported",
+                "only an Action can be cancelled here (target.action)",
+                ErrorCategory.PERMANENT,
+            )
+        principal = self._principal(binding)
+        view = await self._view(principal, action_id)
+        if view.get("result") is None:
+            bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action_id)
+            try:
+                await self.service.cancel(principal, bus_id, request.reason or "")
+            except ConnectorError as exc:
+                raise _refusal_of_connector(exc) from None
+            view = await self._view(principal, action_id, wait_ms=2_000)
+        result = view.get("result")
+        if result is not None:
+            return self._seal(RESULT, self._result(action_id, result), frame)
+        return self._seal(STATUS, self._status(action_id, view, with_result=False), frame)
 
     @staticmethod
     def _result(action_id: str, result: Mapping[str, Any]) -> dict[str, Any]:
