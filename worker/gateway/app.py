@@ -25,6 +25,8 @@ from worker.errors import TrustConfigError
 from worker.gateway.children import Children
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
+from worker.gateway.native_nats import NativeNatsResponder
+from worker.gateway.native_trust import MessageClaims, TrustedSigners
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
 from worker.gateway.principals import Principals
 from worker.gateway.records import RuntimeStoreReader, RuntimeStoreWriter
@@ -99,6 +101,7 @@ class Gateway:
         self.writer: RuntimeStoreWriter | None = None
         self._served: Served | None = None
         self._recovery: asyncio.Task[None] | None = None
+        self.native: NativeNatsResponder | None = None
         self.port: int | None = None
 
     @property
@@ -117,6 +120,11 @@ class Gateway:
         seed = read_seed_file(settings.gateway_signing_key_file)
         routes = RouteTable.from_setting(settings.subject_prefix, settings.capability_routes)
         worker_keys = _trusted_worker_keys(settings)
+        signers = (
+            TrustedSigners.load(settings.aip_trusted_signers_file)
+            if settings.aip_trusted_signers_file is not None
+            else None
+        )
         self.nc = nc = await connect_nats(settings)
         js = nc.jetstream()
         self.writer = writer = self._make_writer(js, self.subjects, seed)
@@ -139,6 +147,11 @@ class Gateway:
         )
         recovery = Recovery(settings, children, reader, routes, self.metrics)
         self._recovery = asyncio.get_running_loop().create_task(recovery.run())
+        if signers is not None:
+            self.native = NativeNatsResponder(
+                settings, nc, service, signers, await MessageClaims.open(js), children.signer
+            )
+            await self.native.start()
         await self._serve(http)
         log.info(
             "%s on %s (%d principals, routes %s)",
@@ -184,6 +197,9 @@ class Gateway:
         if self._recovery is not None:
             await stop_tasks([self._recovery], _SHUTDOWN_TIMEOUT_S)
             self._recovery = None
+        if self.native is not None:
+            await self.native.stop()
+            self.native = None
         served, self._served = self._served, None
         if served is not None:
             await served.stop(_SHUTDOWN_TIMEOUT_S)

@@ -111,6 +111,27 @@ class GatewaySettings(BaseSettings):
     gateway accepts them (above it a connect may be refused by the kernel)."""
     gateway_id: str = Field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
     """This gateway's name in its receipts (`worker_id`)."""
+    aip_trusted_signers_file: Path | None = None
+    """The native NATS binding `aip.native.nats.v1` (docs/aip.md, "Native NATS binding"):
+    one `did:key:z… PRINCIPAL_ID [kind=…] [revision=…] [issuer=…] [tenant=…]` per line,
+    owner-only like every trust file. Unset: the binding is not served."""
+    aip_trust_domain: Annotated[str, Field(min_length=1, max_length=128)] = "local"
+    """The binding's trust domain: `aip.v1.{trust_domain}.{service}.{version}.>` (each part
+    sanitised: `.`, space, `/` and `\\` become `_`)."""
+    aip_service: Annotated[str, Field(min_length=1, max_length=128)] = "aip-hermes-worker"
+    """The binding's service name (the requester's subject names it)."""
+    aip_version: Annotated[str, Field(min_length=1, max_length=32)] = "v1"
+    """The binding's service version."""
+    aip_queue_group: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,128}$")] = (
+        "aip-hermes-worker-native"
+    )
+    """The queue group every gateway subscribes in: one gateway answers each request."""
+    aip_request_timeout_ms: Annotated[int, Field(ge=2_000, le=3_600_000)] = 30_000
+    """The requesters' NATS request timeout (the reference's default): a sync Action's
+    answer is sent before it, non-terminal if the Action is still running."""
+    aip_max_in_flight: Annotated[int, Field(ge=1, le=100_000)] = 1_024
+    """Binding requests one gateway works on at once; the next is answered at once with a
+    retryable `connector_host.capacity` error."""
     log_format: Literal["json", "text"] = "json"
     """`json` lines for machines, `text` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
