@@ -65,6 +65,8 @@ succeed); U: uncertain (something may have happened although this was raised).
                                   envelope holds the id; refused like an unknown id, not U
         McpHttpRefused            an MCP server refused the session before any tool ran:
                                   not U; a RuntimeError too
+        NativeRefusal             a request on the native NATS binding is answered with an
+                                  `aip.core.v1.error`: R and U as the refusal says
       QualifyError                the qualification's root (`worker/qualify/`)
         QualifyFailed             a qualification item failed: the verdict, no retry
         QualifySkipped            a qualification item cannot run here: the verdict
@@ -80,7 +82,9 @@ dead-lettered envelope: not R, not U) and `InvalidEndpointId` (a start-up refusa
 
 from __future__ import annotations
 
-from schemas.errors import CODE_RULES, ErrorCode, ProtocolError
+from typing import Any
+
+from schemas.errors import CODE_RULES, ErrorCategory, ErrorCode, ProtocolError
 
 _MAX_MESSAGE = 512
 
@@ -346,6 +350,43 @@ class QueueEntryExists(WorkerError):
 class ActionIdTaken(GatewayError):
     """The child's first dispatch was acknowledged `duplicate`: another publisher's envelope
     holds the id on the actions stream, so nothing that runs under it is this child."""
+
+
+class NativeRefusal(GatewayError):
+    """A request the binding answers with an `aip.core.v1.error` Envelope: the reference
+    gateway's code (aip-1.0-wire.md §2.6), its category and whether a retry may help."""
+
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        category: ErrorCategory = ErrorCategory.AUTH,
+        *,
+        retryable: bool = False,
+        retry_after_ms: int | None = None,
+        uncertain: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.category = category
+        self.retryable = retryable
+        self.retry_after_ms = retry_after_ms
+        self.uncertain = uncertain
+
+    def to_aip(self) -> dict[str, Any]:
+        """The ProtocolError of the answer (AIP serialized form)."""
+        error: dict[str, Any] = {
+            "code": self.code,
+            "message": self.message[:1024],
+            "category": self.category.value,
+            "retryable": self.retryable,
+            "details": {"uncertain_outcome": self.uncertain},
+            "source": {"component": "aip-hermes-worker-gateway", "binding": "aip.native.nats.v1"},
+        }
+        if self.retry_after_ms is not None:
+            error["retry_after_ms"] = self.retry_after_ms
+        return error
 
 
 class McpHttpRefused(GatewayError, RuntimeError):

@@ -62,10 +62,9 @@ from worker.aip.canonical import canonical_bytes, loads
 from worker.aip.envelope import BODY_KEYS, now_timestamp
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
-from worker.errors import ConnectorError
+from worker.errors import ConnectorError, NativeRefusal
 from worker.gateway.native_trust import (
     MessageClaims,
-    NativeRefusal,
     SignerBinding,
     TrustedSigners,
     check_sent_at,

@@ -38,10 +38,9 @@ from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from schemas.action import Identity
-from schemas.errors import ErrorCategory
 from worker.aip.did_key import public_key_from_did
 from worker.aip.errors import AipWireError
-from worker.errors import TrustConfigError
+from worker.errors import NativeRefusal, TrustConfigError
 from worker.trust.files import read_policy_file
 from worker.trust.replay import DEFAULT_MAX_AGE_MS, DEFAULT_MAX_SKEW_MS
 
@@ -52,43 +51,6 @@ CLAIMS_BUCKET: Final = "AIP_NATIVE_MESSAGE_IDS"
 CLAIM_TTL_S: Final = (DEFAULT_MAX_AGE_MS + DEFAULT_MAX_SKEW_MS) / 1000 + 60
 _KIND_RE: Final = re.compile(r"^(human|agent|service|organization|system|device)\Z")
 _FIELD_RE: Final = re.compile(r"^(kind|revision|issuer|tenant)=(\S{1,512})\Z")
-
-
-class NativeRefusal(Exception):
-    """A request the binding answers with an `aip.core.v1.error` Envelope: the reference
-    gateway's code (aip-1.0-wire.md §2.6), its category and whether a retry may help."""
-
-    def __init__(
-        self,
-        code: str,
-        message: str,
-        category: ErrorCategory = ErrorCategory.AUTH,
-        *,
-        retryable: bool = False,
-        retry_after_ms: int | None = None,
-        uncertain: bool = False,
-    ) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-        self.category = category
-        self.retryable = retryable
-        self.retry_after_ms = retry_after_ms
-        self.uncertain = uncertain
-
-    def to_aip(self) -> dict[str, Any]:
-        """The ProtocolError of the answer (AIP serialized form)."""
-        error: dict[str, Any] = {
-            "code": self.code,
-            "message": self.message[:1024],
-            "category": self.category.value,
-            "retryable": self.retryable,
-            "details": {"uncertain_outcome": self.uncertain},
-            "source": {"component": "aip-hermes-worker-gateway", "binding": "aip.native.nats.v1"},
-        }
-        if self.retry_after_ms is not None:
-            error["retry_after_ms"] = self.retry_after_ms
-        return error
 
 
 @dataclass(frozen=True, slots=True)
