@@ -19,7 +19,6 @@ from typing import Any
 from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
 from schemas.channel import ChannelDelivery, ChannelMessage
-from schemas.delegation import DelegationRequest
 from schemas.ids import json_schema
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.operator import OperatorInputSchema, OperatorOutput
@@ -30,7 +29,6 @@ JSON_DIR = Path(__file__).parent / "json"
 EXPORTED: dict[str, Any] = {
     "OperatorInput": OperatorInputSchema,
     "OperatorOutput": OperatorOutput,
-    "DelegationRequest": DelegationRequest,
     "QueueRecord": QueueRecord,
     "LifecycleRecord": LifecycleRecord,
     "Receipt": Receipt,

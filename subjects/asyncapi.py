@@ -34,10 +34,14 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "delegations",
         "{prefix}.hermes.{endpoint}.delegations",
-        "DelegationRequest",
+        "aip.agent.v1.delegation_request",
         "DELEGATIONS",
-        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue); "
-        "Nats-Msg-Id {delegation action id}:{sha256 prefix of the payload}, as for Actions.",
+        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue), as "
+        "signed AIP `aip.agent.v1.delegation_request` Envelopes (signed by a trusted gateway "
+        "key, in `security`); Nats-Msg-Id {delegation action id}:{sha256 prefix of the "
+        "payload}, as for Actions. The outcome is the delegation Action's signed "
+        "`aip.core.v1.action_result`, whose `output.delegation_result` is the AIP "
+        "DelegationResult.",
         "publisher",
     ),
     (
@@ -172,6 +176,9 @@ _MSG_IDS: dict[str, str] = {
     "aip.core.v1.escalation": "{escalation_id} (one per Action and approval generation; the "
     "Envelope's bytes are a function of the escalation)",
     "aip.core.v1.escalation_resolution": "{escalation_id}:resolved",
+    "aip.agent.v1.delegation_request": "{delegation action id}:{first 32 hex digits of "
+    "the sha256 of the payload} (the delegation action id is `act_` + 32 hex digits derived "
+    "from the delegation_id, `worker.delegation.action_id`)",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
@@ -181,6 +188,8 @@ _SIGNATURES: dict[str, str] = {
     "aip.core.v1.escalation": "Signed by the worker's response key",
     "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
     "given to `escalations resolve --key`; Redis holds the write-once record)",
+    "aip.agent.v1.delegation_request": "Signed by the publisher (a trusted gateway key; "
+    "unsigned ones are taken only where AIPD_ALLOW_UNSIGNED_ENVELOPES is on, in development)",
 }
 
 
@@ -195,7 +204,7 @@ def _aip_message(message_type: str) -> dict[str, Any]:
             }
         },
     }
-    if message_type == "aip.core.v1.action":
+    if message_type in {"aip.core.v1.action", "aip.agent.v1.delegation_request"}:
         headers["properties"]["Nats-Msg-Id"]["description"] += (
             " Without it an Action is stored every time and deduplicated by its id in Redis"
             " alone; any other value is dead-lettered (`connector_host.replay`)."

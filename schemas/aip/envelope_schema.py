@@ -64,6 +64,10 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "request/reply) to cancel one Action, signed by the publisher (the gateway key) as the "
     "requester (`from`); answered by an `action_result` or an `error` Envelope signed by the "
     "worker's response key.",
+    "aip.agent.v1.delegation_request": "A request on `aip.hermes.{endpoint}.delegations` "
+    "that the Hermes operator of `agent:hermes_operator:{endpoint}` make one exact child "
+    "Action through `aip_call`; signed by the publisher (the gateway key). The requested "
+    "scope list is `metadata.scopes` (`scope` is that list joined by single spaces).",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
     "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
     "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "

@@ -206,6 +206,52 @@ class ResolutionExtension(_Extension, frozen=True):
     ]
 
 
+class ChildFacts(_Extension, frozen=True):
+    """The delegated child Action's facts with no AIP field (as `ActionExtension` carries
+    them for an Action of its own; its delegation contract is the DelegationRequest)."""
+
+    created_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="When the child Action was created (Unix ms); absent: `sent_at`."),
+    ] = None
+    deadline_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="The child's absolute deadline (Unix ms), when it has one."),
+    ] = None
+    approval: Annotated[
+        ApprovalRef | None,
+        Meta(description="A pointer to the durable approval the child runs under."),
+    ] = None
+
+
+class DelegationExtension(_Extension, frozen=True):
+    """What an `aip.agent.v1.delegation_request` Envelope carries beyond the AIP
+    DelegationRequest (the requested scopes are `metadata.scopes`, an AIP open slot)."""
+
+    created_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="When the delegation was requested (Unix ms); absent: the "
+            "Envelope's `sent_at` is taken."
+        ),
+    ] = None
+    deadline_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="Absolute deadline (Unix ms) after which the delegation is not started."),
+    ] = None
+    approval: Annotated[
+        ApprovalRef | None,
+        Meta(
+            description="A pointer to the durable approval decision of the exact child "
+            "(never authority by itself: the worker reads the record)."
+        ),
+    ] = None
+    child: Annotated[
+        ChildFacts | None,
+        Meta(description="The child Action's own facts with no AIP field."),
+    ] = None
+
+
 #: message_type → the extension object it carries.
 EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.action": ActionExtension,
@@ -215,6 +261,7 @@ EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.error": ErrorExtension,
     "aip.core.v1.escalation": EscalationExtension,
     "aip.core.v1.escalation_resolution": ResolutionExtension,
+    "aip.agent.v1.delegation_request": DelegationExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and

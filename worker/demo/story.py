@@ -348,7 +348,11 @@ class Story:
             identity=Identity(principal_id=delegate, principal_kind="agent"),
             created_at_unix_ms=now,
             idempotency_key="demo-" + secrets.token_hex(6),
-            delegation=DelegationRef(delegation_id=delegation_id, chain=[USER_UNTENANTED]),
+            delegation=DelegationRef(
+                delegation_id=delegation_id,
+                parent_action_id=new_action_id(),
+                chain=[USER_UNTENANTED],
+            ),
         )
         return DelegationRequest(
             delegation_id=delegation_id,
