@@ -18,6 +18,8 @@ from worker.delegation import delegation_action_id
 from worker.delegation.payload import aip_call_arguments
 from worker.store.clock import now_ms
 from worker.testing.runtime_faults import RuntimeFault
+from worker.wire.actions import GATEWAY_SENDER
+from worker.wire.delegations import encode_delegation
 
 from .conftest import DelegationStack
 
@@ -215,7 +217,8 @@ async def test_unsigned_and_malformed_requests_are_dead_lettered(dstack: Delegat
     js = dstack.stack.nc.jetstream()
     subject = dstack.stack.subjects.delegations("h1")
     request = dstack.request()
-    await js.publish(subject, msgspec.json.encode(request), headers={"Nats-Msg-Id": "unsigned"})
+    unsigned = encode_delegation(request, signer=None, sender=GATEWAY_SENDER)
+    await js.publish(subject, unsigned, headers={"Nats-Msg-Id": "unsigned"})
     await js.publish(subject, b'{"delegation_id": 1}', headers={"Nats-Msg-Id": "bad"})
     for _ in range(100):
         if len(await dstack.stack.dlq()) >= 2:
@@ -232,11 +235,8 @@ async def test_a_delegation_under_another_msg_id_is_refused_and_admitted_ones_sa
     await dstack.stack.spawn("w1")
     squatter = dstack.request()
     victim = dstack.request()
-    payload = msgspec.json.encode(squatter)
-    headers = {
-        "Nats-Msg-Id": delegation_action_id(victim.delegation_id),
-        **dstack.stack.trust.sign(payload),
-    }
+    payload = dstack.stack.client.seal_delegation(squatter)
+    headers = {"Nats-Msg-Id": delegation_action_id(victim.delegation_id)}
     await dstack.stack.nc.jetstream().publish(
         dstack.stack.subjects.delegations("h1"), payload, headers=headers
     )

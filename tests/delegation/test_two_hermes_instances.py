@@ -148,11 +148,11 @@ async def test_each_instance_runs_as_its_own_principal(two: TwoHermes) -> None:
 
 async def test_a_delegation_on_the_wrong_endpoint_subject_is_refused(two: TwoHermes) -> None:
     request = two.request("h2", "cap:hermes_agent:h2:models")
-    payload = msgspec.json.encode(request)
+    payload = two.stack.client.seal_delegation(request)
     from worker.delegation import delegation_action_id
 
     action_id = delegation_action_id(request.delegation_id)
-    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload), **two.stack.trust.sign(payload)}
+    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
     await two.stack.nc.jetstream().publish(
         two.stack.subjects.delegations("h1"), payload, headers=headers
     )
