@@ -772,6 +772,99 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     handoff, handoff_bytes = signed(handoff, RESOLVER_SEED)
+    # A delegation: the child is a full Action; the chain is DelegationEntry objects whose
+    # last hop is the delegation itself (delegator -> delegate); the scope list joined by
+    # spaces is `scope`, the list is `metadata.scopes`.
+    hop_at = "2026-11-30T23:59:59.995Z"
+    delegation = frame(
+        "aip.agent.v1.delegation_request",
+        0xD001,
+        PUBLISHER,
+        correlation_id=CORRELATION_ID,
+        to=WORKER,
+        body={
+            "delegation_request": {
+                "delegation_id": "dlg_0000000000000000000000000000d001",
+                "parent_action_id": ACTION_ID,
+                "child_action": {
+                    "id": "act_0000000000000000000000000000d002",
+                    "capability_id": "cap:support_sandbox:case.get",
+                    "input": {"case_id": "case-2030"},
+                    "mode": "async",
+                    "idempotency_key": "case-2030-read",
+                    "identity": {
+                        "tenant": {"id": "acme"},
+                        "service_account": {"id": WORKER["id"], "kind": "agent"},
+                    },
+                    "delegation_chain": [
+                        {
+                            "from": {"id": "user:root", "kind": "agent"},
+                            "to": {"id": "user:alice", "kind": "human"},
+                            "scope": "support.read support.notes",
+                            "delegated_at": hop_at,
+                        },
+                        {
+                            "from": {"id": "user:alice", "kind": "human"},
+                            "to": dict(WORKER),
+                            "scope": "support.read support.notes",
+                            "delegated_at": hop_at,
+                        },
+                    ],
+                },
+                "requested_by": {
+                    "id": "user:alice",
+                    "kind": "human",
+                    "auth_context": {
+                        "principal_kind": "user",
+                        "issuer": "https://idp.example.com",
+                        "credential_revision": 3,
+                        "tenant_id": "acme",
+                    },
+                },
+                "delegate": dict(WORKER),
+                "scope": "support.read support.notes",
+                "metadata": {"scopes": ["support.read", "support.notes"]},
+            }
+        },
+        extensions={
+            EXT: {
+                "created_at_unix_ms": T0_MS - 5,
+                "deadline_unix_ms": T0_MS + 120000,
+                "approval": {"decision_id": "dec_0002"},
+                "child": {"created_at_unix_ms": T0_MS - 5},
+            }
+        },
+    )
+    delegation, delegation_bytes = signed(delegation, ACTION_SEED)
+    small_delegation = frame(
+        "aip.agent.v1.delegation_request",
+        0xD003,
+        PUBLISHER,
+        body={
+            "delegation_request": {
+                "delegation_id": "dlg_0000000000000000000000000000d003",
+                "parent_action_id": MINIMAL_ACTION_ID,
+                "child_action": {
+                    "id": "act_0000000000000000000000000000d004",
+                    "capability_id": "cap:hermes_agent:h2:models",
+                    "input": {},
+                    "identity": {"service_account": {"id": WORKER["id"], "kind": "agent"}},
+                    "delegation_chain": [
+                        {
+                            "from": {"id": "service:billing", "kind": "service"},
+                            "to": dict(WORKER),
+                            "scope": "models.read",
+                            "delegated_at": SENT_AT,
+                        }
+                    ],
+                },
+                "requested_by": {"id": "service:billing", "kind": "service"},
+                "delegate": dict(WORKER),
+                "scope": "models.read",
+            }
+        },
+    )
+    small_delegation, small_delegation_bytes = signed(small_delegation, MINIMAL_ACTION_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -886,6 +979,22 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 WORKER_SEED,
                 decision,
                 decision_bytes,
+            ),
+        ],
+        "aip.agent.v1.delegation_request": [
+            entry(
+                "a delegation as the gateway publishes it: a two-hop chain, two scopes "
+                "(scope joined, metadata.scopes listed), our extension with the child's facts",
+                ACTION_SEED,
+                delegation,
+                delegation_bytes,
+            ),
+            entry(
+                "the smallest delegation our subject takes: one hop, one scope, no "
+                "extension (created at sent_at)",
+                MINIMAL_ACTION_SEED,
+                small_delegation,
+                small_delegation_bytes,
             ),
         ],
         "aip.core.v1.escalation_resolution": [
@@ -1195,6 +1304,47 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("resolved_by",), "ops:erin"),
             ),
         ],
+        "aip.agent.v1.delegation_request": [
+            ("unknown field at the top level", "check_envelope", top("delegator", "user:a")),
+            (
+                "unknown field in the body: our old name `scopes`",
+                "open_body",
+                put(("scopes",), ["support.read"]),
+            ),
+            (
+                "unknown field nested in the child Action: our old name `capability`",
+                "open_body",
+                put(("child_action", "capability"), "cap:support_sandbox:case.get"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("delegation")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.1")),
+            (
+                "null for an absent optional (callback): the signature breaks upstream",
+                "signed_form",
+                put(("callback",), None),
+            ),
+            (
+                "missing required field body.delegation_request.parent_action_id",
+                "open_body",
+                drop("parent_action_id"),
+            ),
+            (
+                "the delegate as our bare string, not a Principal",
+                "open_body",
+                put(("delegate",), "agent:hermes_operator:h1"),
+            ),
+            (
+                "the chain as our principal id strings, not DelegationEntry objects",
+                "open_body",
+                put(("child_action", "delegation_chain"), ["user:root", "user:alice"]),
+            ),
+            ("scope as a list (AIP takes one string)", "open_body", put(("scope",), ["a"])),
+            (
+                "wrong enum value: the delegate's kind `operator` (not a Principal kind)",
+                "open_body",
+                put(("delegate", "kind"), "operator"),
+            ),
+        ],
     }
 
 
@@ -1209,6 +1359,7 @@ _BASES = {
     "aip.core.v1.cancel": 0,
     "aip.core.v1.escalation": 0,
     "aip.core.v1.escalation_resolution": 0,
+    "aip.agent.v1.delegation_request": 0,
 }
 
 

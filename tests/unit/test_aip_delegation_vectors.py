@@ -1,0 +1,59 @@
+"""The delegation_request vectors (written by hand in tests/vectors/aip/make_vectors.py
+from the AIP rules) against the delegations subject's wire (`worker.wire.delegations`):
+each valid one decodes to the request its fields say, and sealing that request again
+with the vector's key gives the vector's body, extension and frame, so the encoder writes
+what the rules write; each invalid one is refused."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from schemas.errors import EnvelopeRejected
+from worker.aip import AipSigner
+from worker.wire.delegations import decode_delegation, encode_delegation
+
+ROOT = Path(__file__).parents[2]
+CASES = json.loads(
+    (ROOT / "tests" / "vectors" / "aip" / "message_envelopes.json").read_text("utf-8")
+)["message_types"]["aip.agent.v1.delegation_request"]
+
+
+def _bytes(envelope: dict[str, Any]) -> bytes:
+    return json.dumps(envelope, ensure_ascii=False).encode()
+
+
+@pytest.mark.parametrize("case", CASES["valid"], ids=lambda case: case["name"][:40])
+def test_a_valid_delegation_decodes_and_reseals_to_the_same_bytes(case: dict[str, Any]) -> None:
+    envelope = case["envelope"]
+    request, opened = decode_delegation(_bytes(envelope))
+    assert opened.verified is not None and opened.verified.did == case["did"]
+    body = envelope["body"]["delegation_request"]
+    assert request.delegation_id == body["delegation_id"]
+    assert request.delegate == body["delegate"]["id"]
+    assert request.action.id == body["child_action"]["id"]
+    assert request.chain == [hop["from"]["id"] for hop in body["child_action"]["delegation_chain"]]
+    assert " ".join(request.scopes) == body["scope"]
+    assert request.action.delegation is not None
+    assert request.action.delegation.parent_action_id == body["parent_action_id"]
+    if "extensions" not in envelope:
+        return  # created at sent_at: re-sealed it would name its creation in the extension
+    signer = AipSigner.from_seed(bytes([case["seed"]]) * 32)
+    sender = {key: value for key, value in envelope["from"].items() if key != "did"}
+    resealed = encode_delegation(
+        request, signer=signer, sender=sender, message_id=envelope["message_id"]
+    )
+    again = json.loads(resealed)
+    # What the rules wrote, field for field; `sent_at` is the request's creation when we
+    # seal (the vector's frame time is its own), so the signature differs with it.
+    for name in ("body", "extensions", "from", "to", "message_id", "message_type"):
+        assert again[name] == envelope[name], name
+
+
+@pytest.mark.parametrize("case", CASES["invalid"], ids=lambda case: case["name"][:40])
+def test_an_invalid_delegation_is_refused(case: dict[str, Any]) -> None:
+    with pytest.raises(EnvelopeRejected):
+        decode_delegation(_bytes(case["envelope"]))
