@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from schemas.delegation import DelegationRequest

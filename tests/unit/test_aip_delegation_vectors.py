@@ -30,7 +30,8 @@ def _bytes(envelope: dict[str, Any]) -> bytes:
 def test_a_valid_delegation_decodes_and_reseals_to_the_same_bytes(case: dict[str, Any]) -> None:
     envelope = case["envelope"]
     request, opened = decode_delegation(_bytes(envelope))
-    assert opened.verified is not None and opened.verified.did == case["did"]
+    assert opened.verified is not None
+    assert opened.verified.did == case["did"]
     body = envelope["body"]["delegation_request"]
     assert request.delegation_id == body["delegation_id"]
     assert request.delegate == body["delegate"]["id"]
