@@ -401,7 +401,8 @@ class AipClient:
 
         The returned handle follows the delegation's own Action id
         (`worker.delegation.delegation_action_id`): its chunks are the operator run's, its
-        result carries the verified child result in `output.child_result`.
+        result carries the AIP DelegationResult in `output.delegation_result` (the verified
+        child result is its `result`).
         """
         from worker.delegation.action_id import delegation_action_id
         from worker.delegation.router import delegate_endpoint

@@ -105,7 +105,7 @@ async def test_a_delegation_reaches_only_its_hermes_and_returns_the_downstream_r
     handle = await two.stack.client.delegate(request)
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
-    child = result.output["child_result"]
+    child = result.output["delegation_result"]["result"]
     assert child["action_id"] == request.action.id
     # The native result of the downstream call: h2's model list, executed by w-h2.
     downstream = await two.stack.client.handle("h2", request.action.id).result(timeout_s=5)

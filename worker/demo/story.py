@@ -330,7 +330,7 @@ class Story:
         result = await self.result_of(followed, self.pace.result_s)
         if result.status is not ResultStatus.COMPLETED:
             return result.status.value
-        child = (result.output or {}).get("child_result") or {}
+        child = ((result.output or {}).get("delegation_result") or {}).get("result") or {}
         runs = [c for c in echo.executed if c.id == request.action.id]
         if child.get("action_id") != request.action.id or len(runs) != 1:
             return f"completed, but the child ran {len(runs)} time(s)"

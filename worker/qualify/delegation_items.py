@@ -56,7 +56,8 @@ async def _delegated(
 
 def _child(result: ActionResult) -> dict[str, Any]:
     output = result.output if isinstance(result.output, dict) else {}
-    child = output.get("child_result")
+    delegation = output.get("delegation_result")
+    child = delegation.get("result") if isinstance(delegation, dict) else None
     return child if isinstance(child, dict) else {}
 
 

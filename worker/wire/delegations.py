@@ -36,8 +36,12 @@ import msgspec
 
 from schemas.aip.action import Action as AipAction
 from schemas.aip.delegation import DelegationRequest as AipDelegationRequest
+from schemas.aip.delegation import DelegationResult as AipDelegationResult
 from schemas.aip.extensions import ChildFacts, DelegationExtension
 from schemas.delegation import AGENT_KIND, DelegationRequest
+from schemas.errors import ProtocolError
+from schemas.lifecycle import ChildResult
+from schemas.result import ResultStatus
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
 from worker.wire.actions import (
@@ -57,6 +61,7 @@ from worker.wire.envelopes import (
     seal,
     sent_at_ms,
 )
+from worker.wire.results import error_to_aip, truncate_message
 
 MESSAGE_TYPE: Final = "aip.agent.v1.delegation_request"
 _TYPES: Final = frozenset({MESSAGE_TYPE})
@@ -324,10 +329,78 @@ def sign_delegation_envelope(
     return encode_delegation(request, signer=signer, sender=principal, message_id=opened.message_id)
 
 
+#: What a DelegationResult says of a delegation that ended (AIP's status vocabulary).
+_RESULT_STATUS: Final = {
+    ResultStatus.COMPLETED: "completed",
+    ResultStatus.FAILED: "failed",
+    ResultStatus.CANCELLED: "cancelled",
+    ResultStatus.REQUIRES_HUMAN: "requires_human",
+}
+
+
+def _child_error(error: dict[str, Any]) -> dict[str, Any]:
+    """The child's error (as its executor's result carried it) as an AIP ProtocolError."""
+    try:
+        return error_to_aip(msgspec.convert(error, ProtocolError, strict=False))
+    except msgspec.ValidationError:
+        return {
+            "code": str(error.get("code", "connector.error"))[:128],
+            "message": truncate_message(str(error.get("message", ""))),
+            "category": "connector",
+            "retryable": bool(error.get("retryable", False)),
+        }
+
+
+def child_action_result(child: ChildResult) -> dict[str, Any]:
+    """The child's settled result as an AIP ActionResult (serialized form)."""
+    result: dict[str, Any] = {"action_id": child.action_id, "status": child.status}
+    if child.output is not None:
+        result["output"] = child.output
+    if child.error is not None:
+        result["error"] = _child_error(child.error)
+    return result
+
+
+def delegation_result(
+    request: DelegationRequest,
+    status: ResultStatus,
+    child: ChildResult | None,
+    error: ProtocolError | None,
+) -> dict[str, Any]:
+    """What became of `request`, as the AIP DelegationResult (§1.12) the delegation's own
+    signed result carries in `output.delegation_result`: the child's verified result when
+    one was read (its status is the delegation's), else the delegation's own `error` (a
+    terminal DelegationResult has one or the other). A request without a parent id never
+    got here: it cannot be decoded."""
+    contract = request.action.delegation
+    parent = contract.parent_action_id if contract is not None else None
+    body: dict[str, Any] = {
+        "delegation_id": request.delegation_id,
+        "parent_action_id": parent or "",
+        "child_action_id": request.action.id,
+    }
+    if child is not None:
+        body["status"] = child.status
+        body["result"] = child_action_result(child)
+    else:
+        body["status"] = _RESULT_STATUS[status]
+        if error is None:
+            raise invalid("a DelegationResult without a child result needs an error")
+        body["error"] = error_to_aip(error)
+    try:
+        typed = msgspec.convert(body, AipDelegationResult, strict=True)
+    except msgspec.ValidationError as exc:
+        raise invalid(f"the DelegationResult: {exc}") from None
+    payload: dict[str, Any] = msgspec.to_builtins(typed)
+    return payload
+
+
 __all__ = [
     "MESSAGE_TYPE",
     "aip_delegation_body",
+    "child_action_result",
     "decode_delegation",
+    "delegation_result",
     "encode_delegation",
     "sign_delegation_envelope",
 ]
