@@ -11,13 +11,14 @@ required.
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
 
 from schemas.action import ApprovalRef, DelegationRef
 from schemas.ids import ActionId, EndpointId, UnixMs
+from schemas.lifecycle import AuthenticatedPrincipal
 
 #: Our namespace in `Envelope.extensions` (reverse-DNS of the project name).
 EXTENSION_KEY: Final = "org.aip-hermes-worker"
@@ -252,6 +253,74 @@ class DelegationExtension(_Extension, frozen=True):
     ] = None
 
 
+class RuntimeRecordExtension(_Extension, frozen=True):
+    """What an `aip.lifecycle.v1.action_status` Envelope on the runtime's stores carries
+    beyond the AIP ActionStatus: which store's record it is, and the internal authorization
+    context AIP has no field for (the gateway writes it, the delegation resolver checks it).
+    A queue record carries the child Action and the authorization keys; a lifecycle record
+    the settled result's capability and time."""
+
+    record: Annotated[
+        Literal["queue", "lifecycle"],
+        Meta(
+            description="`queue`: the child's queue entry (`aip.runtime.queue.{id}`); "
+            "`lifecycle`: its lifecycle record with the durable result "
+            "(`aip.runtime.lifecycle.{id}`)."
+        ),
+    ]
+    updated_at_unix_ms: Annotated[
+        UnixMs, Meta(description="When the record was written (Unix ms; also `updated_at`).")
+    ]
+    action: Annotated[
+        dict[str, Any] | None,
+        Meta(
+            description="Queue records: the child Action exactly as enqueued, as an AIP "
+            "Action object (`aip.core.v1.action`'s `body.action`, identity included)."
+        ),
+    ] = None
+    action_facts: Annotated[
+        ActionExtension | None,
+        Meta(
+            description="Queue records: the child's facts with no AIP field, as an Action "
+            "Envelope's extension carries them (its delegation contract included)."
+        ),
+    ] = None
+    owner_principal_id: Annotated[
+        str | None, Meta(description="Queue records: the principal that owns the entry.")
+    ] = None
+    actor_principal_id: Annotated[
+        str | None, Meta(description="Queue records: the actor the child executes under.")
+    ] = None
+    authenticated: Annotated[
+        AuthenticatedPrincipal | None,
+        Meta(
+            description="Queue records: who the MCP transport authenticated when the child "
+            "was created (never from a payload)."
+        ),
+    ] = None
+    tenant_partition: Annotated[
+        str | None, Meta(description="Queue records: the tenant partition of the entry.")
+    ] = None
+    enqueued_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="Queue records: when the runtime accepted the child (the "
+            "authentication must be valid then)."
+        ),
+    ] = None
+    capability: Annotated[
+        str | None,
+        Meta(description="Lifecycle records with a result: the child's capability id."),
+    ] = None
+    settled_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="Lifecycle records with a result: when the child settled (Unix "
+            "ms; also `completed_at`)."
+        ),
+    ] = None
+
+
 #: message_type → the extension object it carries.
 EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.action": ActionExtension,
@@ -262,6 +331,7 @@ EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.escalation": EscalationExtension,
     "aip.core.v1.escalation_resolution": ResolutionExtension,
     "aip.agent.v1.delegation_request": DelegationExtension,
+    "aip.lifecycle.v1.action_status": RuntimeRecordExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and
@@ -272,12 +342,24 @@ ALWAYS_CARRIED: Final = frozenset(
         "aip.core.v1.stream_chunk",
         "aip.core.v1.escalation",
         "aip.core.v1.escalation_resolution",
+        "aip.lifecycle.v1.action_status",
     }
 )
 
 #: Descriptions of the fields of the internal types the action extension reuses (they are
 #: `schemas/action.py`'s, which carry none): def name → field → description.
 REUSED_FIELD_DESCRIPTIONS: Final[dict[str, dict[str, str]]] = {
+    "AuthenticatedPrincipal": {
+        "principal_id": "The authenticated principal's id.",
+        "principal_kind": "Its kind word (`user`, `agent`, `service`, ...).",
+        "tenant_id": "Its tenant, when it has one.",
+        "authentication_issuer": "Who authenticated it.",
+        "credential_revision": "The credential revision it authenticated with.",
+        "scopes": "The scopes its token grants.",
+        "expires_at_unix_ms": "When the authentication expires (Unix ms).",
+        "tenant_expires_at_unix_ms": "When its tenant membership expires (Unix ms; "
+        "absent: it does not).",
+    },
     "ApprovalRef": {"decision_id": "The durable approval decision's id."},
     "DelegationRef": {
         "delegation_id": "The delegation's id.",

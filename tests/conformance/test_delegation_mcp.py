@@ -55,7 +55,7 @@ from worker.testing.real_hermes import RealHermes, ensure_hermes_venv
 from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.scenario import AIP_CALL_TOOL, delegated_final_text, reply_text
 from worker.testing.services import ServiceHandle
-from worker.trust.signing import TrustedGatewayKeys, verify_envelope
+from worker.trust.signing import TrustedGatewayKeys
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -340,7 +340,7 @@ async def test_the_aip_runtime_records_the_delegated_child_it_was_called_for(
     stores = JetStreamLifecycleStores(
         delegating.nc.jetstream(),
         Subjects(),
-        lambda data, headers: verify_envelope(data, headers, trusted),
+        trusted,
     )
     for _ in range(100):
         records = await stores.read(request.action.id)

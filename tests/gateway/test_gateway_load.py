@@ -41,6 +41,7 @@ from schemas.lifecycle import LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from subjects.provision import provision
+from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import Wakeups, pattern_of
 from worker.client import AipClient
 from worker.errors import ConnectorError
@@ -58,8 +59,10 @@ from worker.testing.gateway import principal_entry, write_principals_file
 from worker.testing.identities import write_trust_files
 from worker.testing.services import ServiceHandle
 from worker.trust.signing import read_seed_file
+from worker.wire.actions import GATEWAY_SENDER
 from worker.wire.chunks import encode_chunk
 from worker.wire.results import encode_result
+from worker.wire.runtime_records import encode_queue_record
 
 CAPABILITY = "cap:support_sandbox:load.echo"
 
@@ -299,7 +302,9 @@ async def _settled_history(h: Harness, count: int) -> None:
         await RuntimeStoreWriter._publish(
             h.writer,
             h.subjects.runtime_queue(record.action.id),
-            msgspec.json.encode(record),
+            encode_queue_record(
+                record, signer=AipSigner.from_nkey_seed(h.writer.seed), sender=GATEWAY_SENDER
+            ),
             msg_id=f"{record.action.id}:queue:completed",
         )
 
@@ -370,7 +375,9 @@ async def test_the_sweep_cleans_what_a_dead_gateway_left_in_the_index(harness: H
     await RuntimeStoreWriter._publish(
         h.writer,
         h.subjects.runtime_queue(done.action.id),
-        msgspec.json.encode(terminal),
+        encode_queue_record(
+            terminal, signer=AipSigner.from_nkey_seed(h.writer.seed), sender=GATEWAY_SENDER
+        ),
         msg_id=f"{done.action.id}:queue:failed",
     )
     never = h.child()

@@ -34,6 +34,7 @@ from worker.pipeline.outbox import OutboxOutput
 from worker.settings import Settings
 from worker.store.lease_store import ActionSubject
 from worker.store.stores import Stores
+from worker.trust.signing import TrustedGatewayKeys
 
 
 class Admitted(Protocol):
@@ -60,6 +61,11 @@ class Gate(Protocol):
     #: `authority`): reported by the worker as a metric.
     @property
     def expired_entries(self) -> Mapping[str, int]: ...
+
+    #: The trusted gateway keys (None: none configured), whose AIP signature makes a
+    #: runtime store record evidence (`worker.delegation.stores`).
+    @property
+    def gateway_keys(self) -> TrustedGatewayKeys | None: ...
 
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
         """The verified header signer of an envelope still signed by headers (a cancel, a
