@@ -20,7 +20,6 @@ from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.ids import json_schema
-from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.operator import OperatorInputSchema, OperatorOutput
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -29,8 +28,6 @@ JSON_DIR = Path(__file__).parent / "json"
 EXPORTED: dict[str, Any] = {
     "OperatorInput": OperatorInputSchema,
     "OperatorOutput": OperatorOutput,
-    "QueueRecord": QueueRecord,
-    "LifecycleRecord": LifecycleRecord,
     "Receipt": Receipt,
     "ChannelDelivery": ChannelDelivery,
     "ChannelMessage": ChannelMessage,

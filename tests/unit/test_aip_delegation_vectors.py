@@ -13,8 +13,15 @@ from typing import Any
 import pytest
 
 from schemas.errors import EnvelopeRejected
+from schemas.lifecycle import QueueRecord
 from worker.aip import AipSigner
 from worker.wire.delegations import decode_delegation, encode_delegation
+from worker.wire.runtime_records import (
+    decode_lifecycle_record,
+    decode_queue_record,
+    encode_lifecycle_record,
+    encode_queue_record,
+)
 
 ROOT = Path(__file__).parents[2]
 CASES = json.loads(
@@ -58,3 +65,45 @@ def test_a_valid_delegation_decodes_and_reseals_to_the_same_bytes(case: dict[str
 def test_an_invalid_delegation_is_refused(case: dict[str, Any]) -> None:
     with pytest.raises(EnvelopeRejected):
         decode_delegation(_bytes(case["envelope"]))
+
+
+RECORDS = json.loads(
+    (ROOT / "tests" / "vectors" / "aip" / "message_envelopes.json").read_text("utf-8")
+)["message_types"]["aip.lifecycle.v1.action_status"]
+
+
+def _decode_record(envelope: dict[str, Any]) -> Any:
+    ours = envelope.get("extensions", {}).get("org.aip-hermes-worker", {})
+    if ours.get("record") == "lifecycle":
+        return decode_lifecycle_record(_bytes(envelope))
+    return decode_queue_record(_bytes(envelope))
+
+
+@pytest.mark.parametrize("case", RECORDS["valid"], ids=lambda case: case["name"][:40])
+def test_a_valid_runtime_record_decodes_and_reseals_to_the_same_body(
+    case: dict[str, Any],
+) -> None:
+    envelope = case["envelope"]
+    record, opened = _decode_record(envelope)
+    assert opened.verified is not None
+    assert opened.verified.did == case["did"]
+    signer = AipSigner.from_seed(bytes([case["seed"]]) * 32)
+    sender = {key: value for key, value in envelope["from"].items() if key != "did"}
+    if isinstance(record, QueueRecord):
+        assert record.action.id == envelope["body"]["action_status"]["action_id"]
+        assert record.tenant_partition == "acme"
+        resealed = encode_queue_record(record, signer=signer, sender=sender)
+    else:
+        assert record.result is not None
+        assert record.result.error is not None
+        assert record.result.error["code"] == "connector.hermes_agent.operator_policy"
+        resealed = encode_lifecycle_record(record, signer=signer, sender=sender)
+    again = json.loads(resealed)
+    for name in ("body", "extensions", "from", "message_type", "sent_at"):
+        assert again[name] == envelope[name], name
+
+
+@pytest.mark.parametrize("case", RECORDS["invalid"], ids=lambda case: case["name"][:40])
+def test_an_invalid_runtime_record_is_refused(case: dict[str, Any]) -> None:
+    with pytest.raises(EnvelopeRejected):
+        _decode_record(case["envelope"])

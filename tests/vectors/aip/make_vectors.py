@@ -865,6 +865,97 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     small_delegation, small_delegation_bytes = signed(small_delegation, MINIMAL_ACTION_SEED)
+    # The runtime's store records of the delegated child, signed by the gateway key.
+    child_id = "act_0000000000000000000000000000d002"
+    queue_record = frame(
+        "aip.lifecycle.v1.action_status",
+        0xF001,
+        PUBLISHER,
+        body={
+            "action_status": {
+                "action_id": child_id,
+                "state": "queued",
+                "updated_at": SENT_AT,
+                "capability_id": "cap:support_sandbox:case.get",
+                "delegation_id": "dlg_0000000000000000000000000000d001",
+            }
+        },
+        extensions={
+            EXT: {
+                "record": "queue",
+                "updated_at_unix_ms": T0_MS,
+                "action": {
+                    "id": child_id,
+                    "capability_id": "cap:support_sandbox:case.get",
+                    "input": {"case_id": "case-2030"},
+                    "mode": "async",
+                    "identity": {
+                        "tenant": {"id": "acme"},
+                        "service_account": {"id": WORKER["id"], "kind": "agent"},
+                    },
+                },
+                "action_facts": {
+                    "created_at_unix_ms": T0_MS - 5,
+                    "delegation": {
+                        "delegation_id": "dlg_0000000000000000000000000000d001",
+                        "parent_action_id": ACTION_ID,
+                        "chain": ["user:root", "user:alice"],
+                    },
+                },
+                "owner_principal_id": WORKER["id"],
+                "actor_principal_id": WORKER["id"],
+                "authenticated": {
+                    "principal_id": WORKER["id"],
+                    "principal_kind": "agent",
+                    "tenant_id": "acme",
+                    "scopes": ["action:write"],
+                    "expires_at_unix_ms": T0_MS + 3600000,
+                },
+                "tenant_partition": "acme",
+                "enqueued_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    queue_record, queue_record_bytes = signed(queue_record, ACTION_SEED)
+    lifecycle_record = frame(
+        "aip.lifecycle.v1.action_status",
+        0xF002,
+        PUBLISHER,
+        body={
+            "action_status": {
+                "action_id": child_id,
+                "state": "failed",
+                "updated_at": SENT_AT,
+                "capability_id": "cap:support_sandbox:case.get",
+                "result_status": "failed",
+                "completed_at": SENT_AT,
+                "result": {
+                    "action_id": child_id,
+                    "status": "failed",
+                    "error": {
+                        "code": "connector.hermes_agent.operator_policy",
+                        "message": "refused by the sandbox",
+                        "category": "policy",
+                        "retryable": False,
+                        "details": {"uncertain_outcome": False},
+                        "source": {
+                            "component": "aip-hermes-worker",
+                            "connector": "hermes-agent",
+                        },
+                    },
+                },
+            }
+        },
+        extensions={
+            EXT: {
+                "record": "lifecycle",
+                "updated_at_unix_ms": T0_MS,
+                "capability": "cap:support_sandbox:case.get",
+                "settled_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    lifecycle_record, lifecycle_record_bytes = signed(lifecycle_record, ACTION_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -995,6 +1086,21 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 MINIMAL_ACTION_SEED,
                 small_delegation,
                 small_delegation_bytes,
+            ),
+        ],
+        "aip.lifecycle.v1.action_status": [
+            entry(
+                "a delegated child's queue entry: the child Action and the authorization "
+                "context in our extension",
+                ACTION_SEED,
+                queue_record,
+                queue_record_bytes,
+            ),
+            entry(
+                "its lifecycle record: the durable result, a failed ActionResult",
+                ACTION_SEED,
+                lifecycle_record,
+                lifecycle_record_bytes,
             ),
         ],
         "aip.core.v1.escalation_resolution": [
@@ -1345,6 +1451,36 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("delegate", "kind"), "operator"),
             ),
         ],
+        "aip.lifecycle.v1.action_status": [
+            ("unknown field at the top level", "check_envelope", top("record", "queue")),
+            (
+                "unknown field in the body: our old name `owner_principal_id`",
+                "open_body",
+                put(("owner_principal_id",), "agent:hermes_operator:h1"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("queue_record")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "2.0")),
+            (
+                "null for an absent optional (session_id): the signature breaks upstream",
+                "signed_form",
+                put(("session_id",), None),
+            ),
+            (
+                "missing required field body.action_status.updated_at",
+                "open_body",
+                drop("updated_at"),
+            ),
+            (
+                "wrong enum value: state `settled` (not an AIP state)",
+                "open_body",
+                put(("state",), "settled"),
+            ),
+            (
+                "updated_at as our Unix ms, not RFC 3339 text",
+                "open_body",
+                put(("updated_at",), 1796083200000),
+            ),
+        ],
     }
 
 
@@ -1360,6 +1496,7 @@ _BASES = {
     "aip.core.v1.escalation": 0,
     "aip.core.v1.escalation_resolution": 0,
     "aip.agent.v1.delegation_request": 0,
+    "aip.lifecycle.v1.action_status": 0,
 }
 
 
