@@ -68,8 +68,8 @@ class Gate(Protocol):
     def gateway_keys(self) -> TrustedGatewayKeys | None: ...
 
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
-        """The verified header signer of an envelope still signed by headers (a cancel, a
-        delegation); None when unsigned input is allowed in development."""
+        """The verified header signer of a payload still signed by headers; None when
+        unsigned input is allowed in development."""
         ...
 
     def verify_action_signer(self, verified: VerifiedEnvelope | None) -> str | None:
