@@ -91,7 +91,7 @@ def delegation_request(capability: str = CHILD_CAPABILITY) -> DelegationRequest:
         created_at_unix_ms=created,
         idempotency_key="idem-" + secrets.token_hex(6),
         timeout_ms=60_000,
-        conversation={"thread": "t-1"},
+        conversation={"id": "conv_" + "c" * 32, "channel": {"thread": "t-1"}, "status": "open"},
         memory={"notes": ["keep"]},
         delegation=DelegationRef(
             delegation_id=delegation_id, parent_action_id=new_action_id(), chain=[DELEGATOR]

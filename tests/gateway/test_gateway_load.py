@@ -120,7 +120,10 @@ class Harness:
             settled_by="load-test",
             fence=0,
             settled_at_unix_ms=now_ms(),
-            action_sha256=Children.envelope_sha256(child, self.route),
+            # What the gateway dispatched: the child's Action Envelope, signed by its key.
+            action_sha256=Children.envelope_sha256(
+                child, self.route, AipSigner.from_nkey_seed(self.writer.seed)
+            ),
             **fields,
         )
         await self.nc.jetstream().publish(
@@ -345,7 +348,7 @@ async def test_a_new_orphan_behind_a_long_history_is_recovered_in_the_next_sweep
     dispatched = await h.nc.jetstream().get_last_msg(
         h.sandbox.upper().replace(".", "_"), h.route.subjects.actions
     )
-    assert msgspec.json.decode(dispatched.data or b"")["id"] == orphan.action.id
+    assert msgspec.json.decode(dispatched.data or b"")["body"]["action"]["id"] == orphan.action.id
     # Its result settles it in the next sweep, and it leaves the index.
     await h.answer(orphan.action)
     assert await h.recovery.sweep() == 1
