@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 
 import msgspec
 
-from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.operator import OperatorInput
 
@@ -26,7 +25,6 @@ DEFAULT_MAX_ENVELOPE_BYTES = 1_048_576
 
 _encoder = msgspec.json.Encoder()
 _untyped_decoder = msgspec.json.Decoder()
-_delegation_decoder = msgspec.json.Decoder(DelegationRequest)
 
 
 def encode(value: Any) -> bytes:
@@ -85,18 +83,6 @@ def _refuse_duplicate_keys(data: bytes) -> None:
         raise EnvelopeRejected(
             ErrorCode.ENVELOPE_DECODE_INVALID, f"ambiguous JSON: {type(exc).__name__}"
         ) from None
-
-
-def decode_delegation(
-    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
-) -> DelegationRequest:
-    request = _decode(_delegation_decoder, data, max_bytes)
-    if request.action.received is not None:
-        # Where an Action arrived from is set by the Action decoder, never by a publisher.
-        raise EnvelopeRejected(
-            ErrorCode.SCHEMA_ENVELOPE_INVALID, "action.received is not a publisher's field"
-        )
-    return request
 
 
 def convert_input(value: dict[str, Any], typ: type[T]) -> T:

@@ -18,9 +18,7 @@ from typing import Any
 
 from schemas.aip.envelope_schema import PUBLISHED, envelope_schema
 from schemas.audit import Receipt
-from schemas.delegation import DelegationRequest
 from schemas.ids import json_schema
-from schemas.lifecycle import LifecycleRecord, QueueRecord
 from schemas.operator import OperatorInputSchema, OperatorOutput
 
 JSON_DIR = Path(__file__).parent / "json"
@@ -29,9 +27,6 @@ JSON_DIR = Path(__file__).parent / "json"
 EXPORTED: dict[str, Any] = {
     "OperatorInput": OperatorInputSchema,
     "OperatorOutput": OperatorOutput,
-    "DelegationRequest": DelegationRequest,
-    "QueueRecord": QueueRecord,
-    "LifecycleRecord": LifecycleRecord,
     "Receipt": Receipt,
 }
 

@@ -34,10 +34,14 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "delegations",
         "{prefix}.hermes.{endpoint}.delegations",
-        "DelegationRequest",
+        "aip.agent.v1.delegation_request",
         "DELEGATIONS",
-        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue); "
-        "Nats-Msg-Id {delegation action id}:{sha256 prefix of the payload}, as for Actions.",
+        "Delegation requests routed to agent:hermes_operator:{endpoint} (work queue), as "
+        "signed AIP `aip.agent.v1.delegation_request` Envelopes (signed by a trusted gateway "
+        "key, in `security`); Nats-Msg-Id {delegation action id}:{sha256 prefix of the "
+        "payload}, as for Actions. The outcome is the delegation Action's signed "
+        "`aip.core.v1.action_result`, whose `output.delegation_result` is the AIP "
+        "DelegationResult.",
         "publisher",
     ),
     (
@@ -133,19 +137,23 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "runtime_queue",
         "{prefix}.runtime.queue.{action_id}",
-        "QueueRecord",
+        "aip.lifecycle.v1.action_status",
         "RUNTIME:QUEUE",
         "The AIP runtime's Action queue entry of a delegated child (last message = current), "
-        "signed like an envelope; read by the delegated-result resolver.",
+        "as an AIP `aip.lifecycle.v1.action_status` Envelope signed by the gateway key "
+        "(extension `record: queue`: the child Action and the authorization context); read "
+        "by the delegated-result resolver.",
         "publisher",
     ),
     (
         "runtime_lifecycle",
         "{prefix}.runtime.lifecycle.{action_id}",
-        "LifecycleRecord",
+        "aip.lifecycle.v1.action_status",
         "RUNTIME:LIFECYCLE",
-        "The AIP runtime's lifecycle record and durable result of a delegated child, written "
-        "before the queue entry turns terminal; signed; read by the resolver.",
+        "The AIP runtime's lifecycle record and durable result (`result`, an ActionResult) of "
+        "a delegated child, as an AIP `aip.lifecycle.v1.action_status` Envelope signed by "
+        "the gateway key (extension `record: lifecycle`), written before the queue entry "
+        "turns terminal; read by the resolver.",
         "publisher",
     ),
     (
@@ -175,6 +183,11 @@ _MSG_IDS: dict[str, str] = {
     "aip.core.v1.escalation_resolution": "{escalation_id}:resolved",
     "aip.channel.v1.message_created": "{endpoint}:{Hermes message id} (also the body's "
     "`delivery.dedupe_id`)",
+    "aip.lifecycle.v1.action_status": "{action_id}:queue:create, {action_id}:queue:{state} "
+    "or {action_id}:lifecycle:{state} (one per child, store and state)",
+    "aip.agent.v1.delegation_request": "{delegation action id}:{first 32 hex digits of "
+    "the sha256 of the payload} (the delegation action id is `act_` + 32 hex digits derived "
+    "from the delegation_id, `worker.delegation.action_id`)",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
@@ -185,6 +198,11 @@ _SIGNATURES: dict[str, str] = {
     "aip.channel.v1.message_created": "Signed by the worker's response key (the follower's)",
     "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
     "given to `escalations resolve --key`; Redis holds the write-once record)",
+    "aip.lifecycle.v1.action_status": "Signed by the gateway key (the only writer); a "
+    "record no trusted gateway key signed is never evidence, whatever "
+    "AIPD_ALLOW_UNSIGNED_ENVELOPES says",
+    "aip.agent.v1.delegation_request": "Signed by the publisher (a trusted gateway key; "
+    "unsigned ones are taken only where AIPD_ALLOW_UNSIGNED_ENVELOPES is on, in development)",
 }
 
 
@@ -199,7 +217,7 @@ def _aip_message(message_type: str) -> dict[str, Any]:
             }
         },
     }
-    if message_type == "aip.core.v1.action":
+    if message_type in {"aip.core.v1.action", "aip.agent.v1.delegation_request"}:
         headers["properties"]["Nats-Msg-Id"]["description"] += (
             " Without it an Action is stored every time and deduplicated by its id in Redis"
             " alone; any other value is dead-lettered (`connector_host.replay`)."

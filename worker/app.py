@@ -251,7 +251,7 @@ class Worker:
         for endpoint in endpoints:
             self._pull(js, "actions", endpoint.id, self.slots, actions)
         if self.delegation is not None:
-            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.gate.verify_strict)
+            lifecycle = JetStreamLifecycleStores(js, self.subjects, self.gate.gateway_keys)
             delegations = Pipeline(
                 self.rt, DelegationIntake(self.rt, self.delegation.with_stores(lifecycle))
             )

@@ -50,11 +50,7 @@ from schemas.aip.manifest import ManifestRequest
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.channel import ChannelMessage
 from schemas.chunk import StreamChunk
-from schemas.codec import (
-    DEFAULT_MAX_ENVELOPE_BYTES,
-    decode_delegation,
-    encode,
-)
+from schemas.codec import DEFAULT_MAX_ENVELOPE_BYTES
 from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import capability_id, new_action_id
@@ -83,6 +79,7 @@ from worker.wire.cancels import (
     requester_principal,
 )
 from worker.wire.channels import decode_inbound
+from worker.wire.delegations import decode_delegation, encode_delegation
 from worker.wire.manifests import decode_manifest_response, encode_manifest_request
 
 #: How long a cancel waits for its Action to settle unless told otherwise, and how much
@@ -90,16 +87,6 @@ from worker.wire.manifests import decode_manifest_response, encode_manifest_requ
 CANCEL_WAIT_S = 20.0
 CANCEL_REPLY_MARGIN_S = 5.0
 _receipt_decoder = msgspec.json.Decoder(Receipt)
-
-
-def _signed_headers(payload: bytes, sign_key: Path | None) -> dict[str, str]:
-    """`Aip-Signer`/`Aip-Signature` of an envelope on a subject still signed by headers (a
-    delegation); Actions and cancels carry their AIP Envelope signature instead."""
-    if sign_key is None:
-        return {}
-    from worker.trust.signing import sign_envelope  # the gateway's signing helper
-
-    return sign_envelope(payload, sign_key.read_bytes().strip())
 
 
 class ActionHandle:
@@ -411,29 +398,41 @@ class AipClient:
         """Publish Action Envelope bytes already sealed (`seal_action`, or built elsewhere
         from the AIP rules) on the endpoint's actions subject, as they are."""
         return await self._publish_envelope(
-            self.subjects.actions(endpoint_id), endpoint_id, action_id, payload, header_signed=False
+            self.subjects.actions(endpoint_id), endpoint_id, action_id, payload
         )
 
     async def submit(self, **fields: Any) -> ActionHandle:
         return await self.publish(self.build_action(**fields))
 
     async def delegate(self, request: DelegationRequest) -> ActionHandle:
-        """Publish a DelegationRequest to the delegate's endpoint (signed when a key is set).
+        """Publish a DelegationRequest to the delegate's endpoint as a signed AIP
+        `aip.agent.v1.delegation_request` Envelope (`seal_delegation`; unsigned without a key).
 
         The returned handle follows the delegation's own Action id
         (`worker.delegation.delegation_action_id`): its chunks are the operator run's, its
-        result carries the verified child result in `output.child_result`.
+        result carries the AIP DelegationResult in `output.delegation_result` (the verified
+        child result is its `result`).
         """
         from worker.delegation.action_id import delegation_action_id
         from worker.delegation.router import delegate_endpoint
 
-        payload = encode(request)
-        decode_delegation(payload, max_bytes=self.max_envelope_bytes)
+        payload = self.seal_delegation(request)
         endpoint_id = delegate_endpoint(request)
         action_id = delegation_action_id(request.delegation_id)
         return await self._publish_envelope(
-            self.subjects.delegations(endpoint_id), endpoint_id, action_id, payload
+            self.subjects.delegations(endpoint_id),
+            endpoint_id,
+            action_id,
+            payload,
         )
+
+    def seal_delegation(self, request: DelegationRequest) -> bytes:
+        """The DelegationRequest Envelope of `request` as this client publishes it: signed
+        with its key (unsigned without one), from `sender`; EnvelopeRejected, before
+        anything is published, for a request the workers would refuse to decode."""
+        payload = encode_delegation(request, signer=self.aip_signer(), sender=self.sender)
+        decode_delegation(payload, max_bytes=self.max_envelope_bytes)
+        return payload
 
     async def _publish_envelope(
         self,
@@ -441,15 +440,11 @@ class AipClient:
         endpoint_id: str,
         action_id: str,
         payload: bytes,
-        *,
-        header_signed: bool = True,
     ) -> ActionHandle:
-        """Publish an envelope under its content-bound Msg-Id, inside a producer span whose
-        trace the workers continue (`worker.tracing`); `header_signed`: add the nkey header
-        signature (when a key is set) of a subject not yet on the AIP wire."""
+        """Publish an AIP Envelope (its signature inside it) under its content-bound
+        Msg-Id, inside a producer span whose trace the workers continue (`worker.tracing`)."""
         msg_id = envelope_msg_id(action_id, payload)
-        signature = _signed_headers(payload, self.sign_key) if header_signed else {}
-        headers = {"Nats-Msg-Id": msg_id, **signature}
+        headers = {"Nats-Msg-Id": msg_id}
         with tracing.producing(
             subject,
             headers,

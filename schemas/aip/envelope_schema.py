@@ -74,6 +74,16 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "`aip.hermes.{endpoint}.inbound.{session_id}` (channel ingress), once, in id order, "
     "signed by the worker's response key; the Hermes message's facts in `message`, how it "
     "was delivered in `delivery`.",
+    "aip.agent.v1.delegation_request": "A request on `aip.hermes.{endpoint}.delegations` "
+    "that the Hermes operator of `agent:hermes_operator:{endpoint}` make one exact child "
+    "Action through `aip_call`; signed by the publisher (the gateway key). The requested "
+    "scope list is `metadata.scopes` (`scope` is that list joined by single spaces).",
+    "aip.lifecycle.v1.action_status": "A record of the AIP runtime's stores a delegated "
+    "child is verified against, signed by the gateway key: its queue entry on "
+    "`aip.runtime.queue.{action_id}` (`extensions` `record: queue`: the child Action and "
+    "the authorization context) or its lifecycle record with the durable result on "
+    "`aip.runtime.lifecycle.{action_id}` (`record: lifecycle`, `result` an ActionResult). "
+    "The last message per subject is the current record.",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
     "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
     "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "

@@ -11,12 +11,12 @@ required.
 
 from __future__ import annotations
 
-from typing import Annotated, Final
+from typing import Annotated, Any, Final, Literal
 
 import msgspec
 from msgspec import Meta
 
-from schemas.action import DelegationRef
+from schemas.action import ApprovalRef, DelegationRef
 from schemas.channel import (
     INGRESS_SESSION_PATTERN,
     MAX_INGRESS_CONTENT_BYTES,
@@ -24,6 +24,7 @@ from schemas.channel import (
     ChannelSource,
 )
 from schemas.ids import ActionId, EndpointId, ShortText, UnixMs
+from schemas.lifecycle import AuthenticatedPrincipal
 
 #: Our namespace in `Envelope.extensions` (reverse-DNS of the project name).
 EXTENSION_KEY: Final = "org.aip-hermes-worker"
@@ -291,6 +292,116 @@ class HermesChannel(_Extension, frozen=True):
     ]
 
 
+class ChildFacts(_Extension, frozen=True):
+    """The delegated child Action's facts with no AIP field (as `ActionExtension` carries
+    them for an Action of its own; its delegation contract is the DelegationRequest)."""
+
+    created_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="When the child Action was created (Unix ms); absent: `sent_at`."),
+    ] = None
+    deadline_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="The child's absolute deadline (Unix ms), when it has one."),
+    ] = None
+
+
+class DelegationExtension(_Extension, frozen=True):
+    """What an `aip.agent.v1.delegation_request` Envelope carries beyond the AIP
+    DelegationRequest (the requested scopes are `metadata.scopes`, an AIP open slot)."""
+
+    created_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="When the delegation was requested (Unix ms); absent: the "
+            "Envelope's `sent_at` is taken."
+        ),
+    ] = None
+    deadline_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(description="Absolute deadline (Unix ms) after which the delegation is not started."),
+    ] = None
+    approval: Annotated[
+        ApprovalRef | None,
+        Meta(
+            description="A pointer to the durable approval decision of the exact child "
+            "(never authority by itself: the worker reads the record)."
+        ),
+    ] = None
+    child: Annotated[
+        ChildFacts | None,
+        Meta(description="The child Action's own facts with no AIP field."),
+    ] = None
+
+
+class RuntimeRecordExtension(_Extension, frozen=True):
+    """What an `aip.lifecycle.v1.action_status` Envelope on the runtime's stores carries
+    beyond the AIP ActionStatus: which store's record it is, and the internal authorization
+    context AIP has no field for (the gateway writes it, the delegation resolver checks it).
+    A queue record carries the child Action and the authorization keys; a lifecycle record
+    the settled result's capability and time."""
+
+    record: Annotated[
+        Literal["queue", "lifecycle"],
+        Meta(
+            description="`queue`: the child's queue entry (`aip.runtime.queue.{id}`); "
+            "`lifecycle`: its lifecycle record with the durable result "
+            "(`aip.runtime.lifecycle.{id}`)."
+        ),
+    ]
+    updated_at_unix_ms: Annotated[
+        UnixMs, Meta(description="When the record was written (Unix ms; also `updated_at`).")
+    ]
+    action: Annotated[
+        dict[str, Any] | None,
+        Meta(
+            description="Queue records: the child Action exactly as enqueued, as an AIP "
+            "Action object (`aip.core.v1.action`'s `body.action`, identity included)."
+        ),
+    ] = None
+    action_facts: Annotated[
+        ActionExtension | None,
+        Meta(
+            description="Queue records: the child's facts with no AIP field, as an Action "
+            "Envelope's extension carries them (its delegation contract included)."
+        ),
+    ] = None
+    owner_principal_id: Annotated[
+        str | None, Meta(description="Queue records: the principal that owns the entry.")
+    ] = None
+    actor_principal_id: Annotated[
+        str | None, Meta(description="Queue records: the actor the child executes under.")
+    ] = None
+    authenticated: Annotated[
+        AuthenticatedPrincipal | None,
+        Meta(
+            description="Queue records: who the MCP transport authenticated when the child "
+            "was created (never from a payload)."
+        ),
+    ] = None
+    tenant_partition: Annotated[
+        str | None, Meta(description="Queue records: the tenant partition of the entry.")
+    ] = None
+    enqueued_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="Queue records: when the runtime accepted the child (the "
+            "authentication must be valid then)."
+        ),
+    ] = None
+    capability: Annotated[
+        str | None,
+        Meta(description="Lifecycle records with a result: the child's capability id."),
+    ] = None
+    settled_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="Lifecycle records with a result: when the child settled (Unix "
+            "ms; also `completed_at`)."
+        ),
+    ] = None
+
+
 #: message_type → the extension object it carries.
 EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.action": ActionExtension,
@@ -300,6 +411,8 @@ EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.error": ErrorExtension,
     "aip.core.v1.escalation": EscalationExtension,
     "aip.core.v1.escalation_resolution": ResolutionExtension,
+    "aip.agent.v1.delegation_request": DelegationExtension,
+    "aip.lifecycle.v1.action_status": RuntimeRecordExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and
@@ -310,12 +423,25 @@ ALWAYS_CARRIED: Final = frozenset(
         "aip.core.v1.stream_chunk",
         "aip.core.v1.escalation",
         "aip.core.v1.escalation_resolution",
+        "aip.lifecycle.v1.action_status",
     }
 )
 
 #: Descriptions of the fields of the internal types the action extension reuses (they are
 #: `schemas/action.py`'s, which carry none): def name → field → description.
 REUSED_FIELD_DESCRIPTIONS: Final[dict[str, dict[str, str]]] = {
+    "AuthenticatedPrincipal": {
+        "principal_id": "The authenticated principal's id.",
+        "principal_kind": "Its kind word (`user`, `agent`, `service`, ...).",
+        "tenant_id": "Its tenant, when it has one.",
+        "authentication_issuer": "Who authenticated it.",
+        "credential_revision": "The credential revision it authenticated with.",
+        "scopes": "The scopes its token grants.",
+        "expires_at_unix_ms": "When the authentication expires (Unix ms).",
+        "tenant_expires_at_unix_ms": "When its tenant membership expires (Unix ms; "
+        "absent: it does not).",
+    },
+    "ApprovalRef": {"decision_id": "The durable approval decision's id."},
     "DelegationRef": {
         "delegation_id": "The delegation's id.",
         "parent_action_id": "The Action that delegated (null or absent: not known here).",

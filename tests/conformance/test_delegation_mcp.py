@@ -55,7 +55,7 @@ from worker.testing.real_hermes import RealHermes, ensure_hermes_venv
 from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.scenario import AIP_CALL_TOOL, delegated_final_text, reply_text
 from worker.testing.services import ServiceHandle
-from worker.trust.signing import TrustedGatewayKeys, verify_envelope
+from worker.trust.signing import TrustedGatewayKeys
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -91,7 +91,7 @@ def delegation_request(capability: str = CHILD_CAPABILITY) -> DelegationRequest:
         created_at_unix_ms=created,
         idempotency_key="idem-" + secrets.token_hex(6),
         timeout_ms=60_000,
-        conversation={"thread": "t-1"},
+        conversation={"id": "conv_" + "c" * 32, "channel": {"thread": "t-1"}, "status": "open"},
         memory={"notes": ["keep"]},
         delegation=DelegationRef(
             delegation_id=delegation_id, parent_action_id=new_action_id(), chain=[DELEGATOR]
@@ -340,7 +340,7 @@ async def test_the_aip_runtime_records_the_delegated_child_it_was_called_for(
     stores = JetStreamLifecycleStores(
         delegating.nc.jetstream(),
         Subjects(),
-        lambda data, headers: verify_envelope(data, headers, trusted),
+        trusted,
     )
     for _ in range(100):
         records = await stores.read(request.action.id)

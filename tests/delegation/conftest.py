@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 
-from schemas.codec import encode
 from schemas.delegation import DelegationRequest
 from tests.integration.stack import ENDPOINT, Stack, fake_stack
 from worker.client import ActionHandle
@@ -63,10 +62,9 @@ class DelegationStack:
             await self.approve_child(request)
         if dedupe:
             return await self.stack.client.delegate(request)
-        payload = encode(request)
-        headers = self.stack.trust.sign(payload)
+        payload = self.stack.client.seal_delegation(request)
         await self.stack.nc.jetstream().publish(
-            self.stack.subjects.delegations(ENDPOINT), payload, headers=headers
+            self.stack.subjects.delegations(ENDPOINT), payload
         )
         from worker.delegation import delegation_action_id
 

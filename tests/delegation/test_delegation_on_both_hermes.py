@@ -104,7 +104,7 @@ async def test_hermes_calls_aip_call_once_and_the_result_is_the_native_child(
     handle = await both.stack.client.delegate(request)
     result = await handle.result(timeout_s=90)
     assert result.status is ResultStatus.COMPLETED, result.error
-    child = result.output["child_result"]
+    child = result.output["delegation_result"]["result"]
     assert child["action_id"] == request.action.id
     expected = {"echo": request.action.input, "capability": request.action.capability}
     assert child["output"] == expected
@@ -127,7 +127,7 @@ async def test_a_child_hermes_only_talked_about_is_not_observed(both: Delegation
     assert result.error is not None
     assert result.error.code == "connector.hermes_agent.delegated_execution_not_observed"
     assert result.output["operator"]["status"] == "completed"
-    assert result.output["child_result"] is None
+    assert "result" not in result.output["delegation_result"]
     assert len(both.runtime.calls) == 1
 
 
@@ -143,7 +143,7 @@ async def test_an_off_contract_run_asking_approval_is_stopped_not_parked(
     assert result.error.code == "connector.hermes_agent.operator_policy", result.error
     assert "approval" in result.error.message
     assert result.output["operator"]["status"] == "cancelled"
-    assert result.output["child_result"] is None
+    assert "result" not in result.output["delegation_result"]
     assert both.runtime.calls == []
     chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
     assert any(c.provider_event == "approval.request" for c in chunks)

@@ -109,7 +109,7 @@ async def test_the_real_hermes_delegates_to_a_capability_a_worker_serves(
     assert result.status is ResultStatus.COMPLETED, result.error
     assert result.settled_by == "w-h1"
     # The delegation's result is the child's verified native result, executed by w-h2.
-    child = result.output["child_result"]
+    child = result.output["delegation_result"]["result"]
     assert child["action_id"] == request.action.id
     downstream = await stack.client.handle("h2", request.action.id).result(timeout_s=10)
     assert downstream.settled_by == "w-h2"

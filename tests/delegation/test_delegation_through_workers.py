@@ -18,6 +18,8 @@ from worker.delegation import delegation_action_id
 from worker.delegation.payload import aip_call_arguments
 from worker.store.clock import now_ms
 from worker.testing.runtime_faults import RuntimeFault
+from worker.wire.actions import GATEWAY_SENDER
+from worker.wire.delegations import encode_delegation
 
 from .conftest import DelegationStack
 
@@ -42,7 +44,7 @@ async def test_the_result_is_the_verified_native_child_result(dstack: Delegation
     output = result.output
     assert output["delegation_id"] == request.delegation_id
     assert output["child_action_id"] == request.action.id
-    child = output["child_result"]
+    child = output["delegation_result"]["result"]
     assert child["action_id"] == request.action.id
     echoed = {"echo": request.action.input, "capability": request.action.capability}
     assert child["output"] == echoed
@@ -86,7 +88,7 @@ async def test_a_broken_invariant_fails_closed_with_its_code(
     assert result.error is not None
     assert result.error.code == PREFIX + code, result.error
     assert result.error.retryable is False
-    assert result.output["child_result"] is None
+    assert "result" not in result.output["delegation_result"]
     assert dstack.fake.stats().count(POST_RUNS) == 1
 
 
@@ -154,7 +156,7 @@ async def test_a_killed_owner_is_replaced_without_a_second_start(
     posts = dstack.fake.stats().count(POST_RUNS)
     assert posts == 1
     assert result.status is ResultStatus.COMPLETED, result.error
-    assert result.output["child_result"]["action_id"] == request.action.id
+    assert result.output["delegation_result"]["result"]["action_id"] == request.action.id
     assert result.settled_by == "w2"
     if point == "after_post_run":
         # The run id was never bound: the run is unknown and never replayed, but the child
@@ -215,7 +217,8 @@ async def test_unsigned_and_malformed_requests_are_dead_lettered(dstack: Delegat
     js = dstack.stack.nc.jetstream()
     subject = dstack.stack.subjects.delegations("h1")
     request = dstack.request()
-    await js.publish(subject, msgspec.json.encode(request), headers={"Nats-Msg-Id": "unsigned"})
+    unsigned = encode_delegation(request, signer=None, sender=GATEWAY_SENDER)
+    await js.publish(subject, unsigned, headers={"Nats-Msg-Id": "unsigned"})
     await js.publish(subject, b'{"delegation_id": 1}', headers={"Nats-Msg-Id": "bad"})
     for _ in range(100):
         if len(await dstack.stack.dlq()) >= 2:
@@ -232,11 +235,8 @@ async def test_a_delegation_under_another_msg_id_is_refused_and_admitted_ones_sa
     await dstack.stack.spawn("w1")
     squatter = dstack.request()
     victim = dstack.request()
-    payload = msgspec.json.encode(squatter)
-    headers = {
-        "Nats-Msg-Id": delegation_action_id(victim.delegation_id),
-        **dstack.stack.trust.sign(payload),
-    }
+    payload = dstack.stack.client.seal_delegation(squatter)
+    headers = {"Nats-Msg-Id": delegation_action_id(victim.delegation_id)}
     await dstack.stack.nc.jetstream().publish(
         dstack.stack.subjects.delegations("h1"), payload, headers=headers
     )
@@ -296,7 +296,7 @@ async def test_a_delegation_cancelled_before_delivery_starts_nothing(
     assert reply.accepted
     result = await (await dstack.delegate(request)).result(timeout_s=30)
     assert result.status is ResultStatus.CANCELLED, result.error
-    assert result.output["child_result"] is None
+    assert "result" not in result.output["delegation_result"]
     assert dstack.fake.stats().count(POST_RUNS) == 0
     assert dstack.runtime.calls == []
 
@@ -319,7 +319,7 @@ async def test_a_redelivery_after_the_deadline_resolves_what_exists(
     await dstack.stack.spawn("w2")
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
-    assert result.output["child_result"]["action_id"] == request.action.id
+    assert result.output["delegation_result"]["result"]["action_id"] == request.action.id
     assert result.settled_by == "w2"
     assert dstack.fake.stats().count(POST_RUNS) == 1
     assert len(dstack.runtime.calls) == 1
@@ -351,7 +351,7 @@ async def test_a_tenanted_delegation_verifies_its_tenant_end_to_end(
     await dstack.approve_child(request, approver=APPROVER_A)
     result = await (await dstack.delegate(request, approve=False)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED, result.error
-    assert result.output["child_result"]["action_id"] == request.action.id
+    assert result.output["delegation_result"]["result"]["action_id"] == request.action.id
     # The same Hermes principal acting in another tenant's partition is refused.
     dstack.runtime.fault = RuntimeFault.TENANT_DRIFT
     drifted = dstack.request(tenant_id=TENANT_A, delegator=USER_A)

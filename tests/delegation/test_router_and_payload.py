@@ -8,7 +8,6 @@ from typing import Any
 import msgspec
 import pytest
 
-from schemas.codec import decode_delegation, encode
 from schemas.errors import EnvelopeRejected, ErrorCode
 from worker.delegation.action_id import delegation_action_id
 from worker.delegation.entry import internal_action
@@ -24,6 +23,8 @@ from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
 from worker.operator.policy import BUILTIN_INSTRUCTIONS, HermesOperatorPolicy
 from worker.secret_files import Secret
+from worker.wire.actions import GATEWAY_SENDER
+from worker.wire.delegations import decode_delegation, encode_delegation
 
 from .support import CHILD_CAPABILITY, DELEGATOR, enabled_policy, make_request
 
@@ -218,14 +219,26 @@ def test_the_delegation_action_id_is_stable_and_collides_on_reuse() -> None:
 
 def test_the_wire_type_is_strict() -> None:
     request = make_request()
-    assert decode_delegation(encode(request), max_bytes=1 << 20) == request
-    document = msgspec.to_builtins(request)
+    sealed = encode_delegation(request, signer=None, sender=GATEWAY_SENDER)
+    assert decode_delegation(sealed, max_bytes=1 << 20)[0] == request
+    envelope = json.loads(sealed)
+    body = envelope["body"]["delegation_request"]
+
+    def changed(**fields: Any) -> dict[str, Any]:
+        return {**envelope, "body": {"delegation_request": {**body, **fields}}}
+
+    child = body["child_action"]
     for broken in (
-        {**document, "scopes": []},
-        {**document, "chain": []},
-        {**document, "delegate": "user:alice"},
-        {**document, "unknown": 1},
-        {**document, "action": {**document["action"], "capability": "support:case.get"}},
+        changed(scope=""),
+        changed(child_action={**child, "delegation_chain": []}),
+        changed(delegate={"id": "user:alice", "kind": "agent"}),
+        changed(delegate={**body["delegate"], "kind": "human"}),
+        changed(unknown=1),
+        changed(child_action={**child, "capability_id": "support:case.get"}),
+        changed(child_action={**child, "id": body["parent_action_id"]}),
+        changed(metadata={"scopes": ["another"]}),
+        {**envelope, "message_type": "aip.core.v1.action"},
+        {**envelope, "extensions": {"org.aip-hermes-worker": {"received": {}}}},
     ):
         with pytest.raises(EnvelopeRejected):
             decode_delegation(json.dumps(broken).encode(), max_bytes=1 << 20)

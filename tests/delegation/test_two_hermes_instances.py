@@ -15,7 +15,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import msgspec
 import pytest
 
 from schemas.delegation import DelegationRequest
@@ -106,7 +105,7 @@ async def test_a_delegation_reaches_only_its_hermes_and_returns_the_downstream_r
     handle = await two.stack.client.delegate(request)
     result = await handle.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
-    child = result.output["child_result"]
+    child = result.output["delegation_result"]["result"]
     assert child["action_id"] == request.action.id
     # The native result of the downstream call: h2's model list, executed by w-h2.
     downstream = await two.stack.client.handle("h2", request.action.id).result(timeout_s=5)
@@ -148,11 +147,11 @@ async def test_each_instance_runs_as_its_own_principal(two: TwoHermes) -> None:
 
 async def test_a_delegation_on_the_wrong_endpoint_subject_is_refused(two: TwoHermes) -> None:
     request = two.request("h2", "cap:hermes_agent:h2:models")
-    payload = msgspec.json.encode(request)
+    payload = two.stack.client.seal_delegation(request)
     from worker.delegation import delegation_action_id
 
     action_id = delegation_action_id(request.delegation_id)
-    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload), **two.stack.trust.sign(payload)}
+    headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
     await two.stack.nc.jetstream().publish(
         two.stack.subjects.delegations("h1"), payload, headers=headers
     )

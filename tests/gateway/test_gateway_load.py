@@ -41,6 +41,7 @@ from schemas.lifecycle import LifecycleState, QueueRecord
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from subjects.provision import provision
+from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import Wakeups, pattern_of
 from worker.client import AipClient
 from worker.errors import ConnectorError
@@ -58,8 +59,10 @@ from worker.testing.gateway import principal_entry, write_principals_file
 from worker.testing.identities import write_trust_files
 from worker.testing.services import ServiceHandle
 from worker.trust.signing import read_seed_file
+from worker.wire.actions import GATEWAY_SENDER
 from worker.wire.chunks import encode_chunk
 from worker.wire.results import encode_result
+from worker.wire.runtime_records import encode_queue_record
 
 CAPABILITY = "cap:support_sandbox:load.echo"
 
@@ -117,7 +120,10 @@ class Harness:
             settled_by="load-test",
             fence=0,
             settled_at_unix_ms=now_ms(),
-            action_sha256=Children.envelope_sha256(child, self.route),
+            # What the gateway dispatched: the child's Action Envelope, signed by its key.
+            action_sha256=Children.envelope_sha256(
+                child, self.route, AipSigner.from_nkey_seed(self.writer.seed)
+            ),
             **fields,
         )
         await self.nc.jetstream().publish(
@@ -299,7 +305,9 @@ async def _settled_history(h: Harness, count: int) -> None:
         await RuntimeStoreWriter._publish(
             h.writer,
             h.subjects.runtime_queue(record.action.id),
-            msgspec.json.encode(record),
+            encode_queue_record(
+                record, signer=AipSigner.from_nkey_seed(h.writer.seed), sender=GATEWAY_SENDER
+            ),
             msg_id=f"{record.action.id}:queue:completed",
         )
 
@@ -340,7 +348,7 @@ async def test_a_new_orphan_behind_a_long_history_is_recovered_in_the_next_sweep
     dispatched = await h.nc.jetstream().get_last_msg(
         h.sandbox.upper().replace(".", "_"), h.route.subjects.actions
     )
-    assert msgspec.json.decode(dispatched.data or b"")["id"] == orphan.action.id
+    assert msgspec.json.decode(dispatched.data or b"")["body"]["action"]["id"] == orphan.action.id
     # Its result settles it in the next sweep, and it leaves the index.
     await h.answer(orphan.action)
     assert await h.recovery.sweep() == 1
@@ -370,7 +378,9 @@ async def test_the_sweep_cleans_what_a_dead_gateway_left_in_the_index(harness: H
     await RuntimeStoreWriter._publish(
         h.writer,
         h.subjects.runtime_queue(done.action.id),
-        msgspec.json.encode(terminal),
+        encode_queue_record(
+            terminal, signer=AipSigner.from_nkey_seed(h.writer.seed), sender=GATEWAY_SENDER
+        ),
         msg_id=f"{done.action.id}:queue:failed",
     )
     never = h.child()

@@ -24,7 +24,7 @@ from worker.errors import McpHttpRefused
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import ToolAnswer, call_tool, hermes_principal_id, list_tools
 from worker.testing.identities import TENANT_A, write_json
-from worker.trust.signing import TrustedGatewayKeys, verify_envelope
+from worker.trust.signing import TrustedGatewayKeys
 
 from .conftest import (
     EXPIRED_TOKEN,
@@ -74,7 +74,7 @@ async def records(gs: GatewayStack, action_id: str) -> StoreRecords:
     stores = JetStreamLifecycleStores(
         gs.stack.nc.jetstream(),
         gs.stack.subjects,
-        lambda data, headers: verify_envelope(data, headers, trusted),
+        trusted,
     )
     return await stores.read(action_id)
 
@@ -84,7 +84,7 @@ async def queue_history(gs: GatewayStack, action_id: str) -> list[str]:
     messages = await gs.stack.stream_messages(
         "runtime_queue", gs.stack.subjects.runtime_queue(action_id)
     )
-    return [msgspec.json.decode(m)["state"] for m in messages]
+    return [msgspec.json.decode(m)["body"]["action_status"]["state"] for m in messages]
 
 
 async def wait_terminal(gs: GatewayStack, action_id: str, timeout_s: float = 20.0) -> StoreRecords:

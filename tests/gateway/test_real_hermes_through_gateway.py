@@ -142,7 +142,7 @@ async def test_hermes_discovers_a_capability_and_calls_it_through_the_gateway(
     # ... and the child ran on h2 through its own worker, its native result coming back.
     assert real_stack.h2.stats().count("GET /v1/models") == 1
     records = await stack.stream_messages("runtime_queue", "aip.runtime.queue.*")
-    (queued,) = {msgspec.json.decode(m)["action"]["id"] for m in records}
+    (queued,) = {msgspec.json.decode(m)["body"]["action_status"]["action_id"] for m in records}
     child = await stack.client.handle("h2", queued).result(timeout_s=10)
     assert child.status is ResultStatus.COMPLETED
     assert child.settled_by == "w-h2"

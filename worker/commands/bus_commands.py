@@ -468,14 +468,13 @@ async def cmd_audit(args: argparse.Namespace) -> int:
 
 
 async def cmd_sign(args: argparse.Namespace) -> int:
-    """Sign a payload for publishers using the `nats` CLI: an Action Envelope is printed
-    signed, and so is a Cancel Envelope (their AIP signature is inside them); a delegation
-    gets the `Aip-Signer`/`Aip-Signature` header lines its subject still takes."""
-    from schemas.codec import decode_delegation
+    """Sign a payload for publishers using the `nats` CLI: an Action, Cancel or
+    DelegationRequest Envelope is printed signed (the AIP signature is inside it)."""
     from worker.aip.signing import AipSigner
-    from worker.trust.signing import read_seed_file, sign_envelope
+    from worker.trust.signing import read_seed_file
     from worker.wire.actions import sign_action_envelope
     from worker.wire.cancels import sign_cancel_envelope
+    from worker.wire.delegations import sign_delegation_envelope
 
     # A one-shot command: nothing else runs on the loop while the file is read.
     source = sys.stdin.buffer if args.payload == "-" else Path(args.payload).open("rb")  # noqa: ASYNC230, SIM115
@@ -490,9 +489,8 @@ async def cmd_sign(args: argparse.Namespace) -> int:
         signer = AipSigner.from_nkey_seed(read_seed_file(args.key))
         sys.stdout.buffer.write(sign_cancel_envelope(payload, signer=signer) + b"\n")
         return 0
-    decode_delegation(payload)
-    for name, value in sign_envelope(payload, read_seed_file(args.key)).items():
-        print(f"{name}:{value}")
+    signer = AipSigner.from_nkey_seed(read_seed_file(args.key))
+    sys.stdout.buffer.write(sign_delegation_envelope(payload, signer=signer) + b"\n")
     return 0
 
 
@@ -681,8 +679,7 @@ def add_commands(sub: Any) -> None:
 
     sign = sub.add_parser(
         "sign",
-        help="print an Action or Cancel Envelope signed, or the Aip-Signer/Aip-Signature "
-        "headers of a delegation payload",
+        help="print an Action, Cancel or DelegationRequest Envelope signed",
     )
     sign.add_argument("payload", help="the exact payload file to sign, or - for stdin")
     sign.add_argument("--key", type=Path, required=True, help="gateway nkey seed file")

@@ -1,6 +1,7 @@
 """First-class delegation: one exact native child Action, handed to Hermes, verified back.
 
-A `DelegationRequest` on `aip.hermes.{endpoint}.delegations` names the delegate
+A `DelegationRequest` (an AIP `aip.agent.v1.delegation_request` Envelope,
+`worker.wire.delegations`) on `aip.hermes.{endpoint}.delegations` names the delegate
 `agent:hermes_operator:{endpoint}` and carries the exact child Action. Under the fail-closed
 router policy (`router`), the worker starts one governed operator run whose only task is to
 call `aip_call` once with the child's exact arguments (`payload`), on the same fenced binding,

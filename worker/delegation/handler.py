@@ -3,8 +3,10 @@
 The same order as an Action, the same pipeline (`worker.pipeline.Pipeline`):
 
 1. decode strictly (over-size or invalid -> DLQ with the reason, `term()`);
-2. verify the gateway signature (bad or missing -> DLQ: an unauthenticated envelope is not
-   trusted even for its delegation id, so its receipt goes under the DLQ entry's id), and
+2. verify the AIP signature of the `aip.agent.v1.delegation_request` Envelope
+   (`worker.wire.delegations`; bad, missing or not a trusted gateway key -> DLQ: an
+   unauthenticated envelope is not trusted even for its delegation id, so its receipt goes
+   under the DLQ entry's id), and
    that a `Nats-Msg-Id`, when present, is the delegation's Action id bound to the request's
    bytes (`subjects.grammar.envelope_msg_id`; else DLQ);
 3. the steps, in the runbook's order: the endpoint is served and this worker can sign;
@@ -26,7 +28,6 @@ import logging
 from nats.aio.msg import Msg
 
 from schemas.audit import ReceiptEvent
-from schemas.codec import decode_delegation
 from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCode
 from subjects.grammar import envelope_msg_id
@@ -42,8 +43,8 @@ from worker.pipeline.steps import (
     live_deadline,
     received,
     require_signer,
-    verified_signer,
 )
+from worker.wire.delegations import decode_delegation
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +61,16 @@ class DelegationIntake:
         rt = self.rt
         headers = dict(msg.headers or {})
         try:
-            request = decode_delegation(msg.data, max_bytes=rt.settings.max_envelope_bytes)
+            request, opened = decode_delegation(
+                msg.data, max_bytes=rt.settings.max_envelope_bytes
+            )
         except EnvelopeRejected as exc:
             raise Rejected(exc.code, exc.reason) from None
         action = internal_action(request, endpoint_id)
-        signer = verified_signer(rt, msg, headers, action.id)
+        try:
+            signer = rt.gate.verify_action_signer(opened.verified)
+        except ConnectorError as exc:
+            raise Rejected(exc.code, exc.message, claimed_action_id=action.id) from None
         check_msg_id(headers, action.id, envelope_msg_id(action.id, msg.data))
         received(
             rt,

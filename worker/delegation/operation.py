@@ -23,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
-import msgspec
-
 from schemas.action import Action
 from schemas.delegation import DelegationRequest
 from schemas.errors import ErrorCode
@@ -51,6 +49,7 @@ from worker.operator.result import binding_output, outcome_of
 from worker.operator.session import OperatorSession
 from worker.store.clock import Clock
 from worker.store.keys import ActionKeys
+from worker.wire.delegations import delegation_result
 
 if TYPE_CHECKING:
     from worker.store.stores import Stores
@@ -76,23 +75,46 @@ DELEGATION_SPEC = OperationSpec(
 
 
 def delegated_output(
-    request: DelegationRequest, binding: OperatorBinding, child: ChildResult | None
+    request: DelegationRequest,
+    binding: OperatorBinding,
+    child: ChildResult | None,
+    *,
+    status: ResultStatus,
+    error: ConnectorError | None,
+    endpoint_id: str,
 ) -> dict[str, Any]:
+    """The delegation's output: the AIP DelegationResult (`worker.wire.delegations`), and
+    the operator run's evidence (Hermes' own text is never the business result)."""
+    failure = None
+    if child is None:
+        failure = (
+            error
+            if error is not None
+            else ConnectorError(
+                ErrorCode.DELEGATED_RESULT_NOT_READY, "the delegation ended without a child result"
+            )
+        ).to_protocol(endpoint_id=endpoint_id, read_only=False)
     return {
         "delegation_id": request.delegation_id,
         "child_action_id": request.action.id,
         "child_capability": request.action.capability,
-        "child_result": None if child is None else msgspec.to_builtins(child),
+        "delegation_result": delegation_result(request, status, child, failure),
         "operator": binding_output(binding),
     }
 
 
-def _child_outcome(
-    request: DelegationRequest, binding: OperatorBinding, child: ChildResult
+def _outcome(
+    request: DelegationRequest,
+    binding: OperatorBinding,
+    child: ChildResult | None,
+    status: ResultStatus,
+    error: ConnectorError | None,
+    endpoint_id: str,
 ) -> Outcome:
-    # The child's own status is the business status; its own error (a foreign code) stays
-    # verbatim in `child_result.error`.
-    return Outcome(ResultStatus(child.status), delegated_output(request, binding, child))
+    output = delegated_output(
+        request, binding, child, status=status, error=error, endpoint_id=endpoint_id
+    )
+    return Outcome(status, output, error)
 
 
 class DelegatedOperation:
@@ -126,9 +148,7 @@ class DelegatedOperation:
                 "no AIP runtime queue and lifecycle stores are wired into this worker",
             )
         await self.stores.check_available()
-        return DelegatedResolver(
-            self.stores, clock, poll_s=self.policy.poll_interval_ms / 1000
-        )
+        return DelegatedResolver(self.stores, clock, poll_s=self.policy.poll_interval_ms / 1000)
 
     async def execute(self, ctx: ExecutionContext, params: Any) -> Outcome:
         self.policy.validate()
@@ -166,26 +186,25 @@ class DelegatedOperation:
         # A run may have happened when one was bound, or when its start is unknown.
         may_have_run = binding.run_id is not None or binding.status is S.OUTCOME_UNKNOWN
         child: ChildResult | None = None
+        endpoint_id = session.ctx.endpoint.id
         if completed or (binding.terminal and may_have_run):
             try:
                 child = await resolver.resolve(
                     request, tenant_id, session.remaining_s, unseen_is_final=completed
                 )
             except ConnectorError as exc:
-                return Outcome(ResultStatus.FAILED, delegated_output(request, binding, None), exc)
+                return _outcome(request, binding, None, ResultStatus.FAILED, exc, endpoint_id)
         if child is not None:
-            return _child_outcome(request, binding, child)
-        output = delegated_output(request, binding, None)
+            # The child's own status is the business status; its own error (a foreign
+            # code) stays in `delegation_result.result.error`.
+            return _outcome(request, binding, child, ResultStatus(child.status), None, endpoint_id)
         # Durable, so any owner concludes the same: the run asked for a provider approval.
         if binding.status is S.CANCELLED and binding.approval_generation > 0:
-            return Outcome(
-                ResultStatus.FAILED,
-                output,
-                ConnectorError(
-                    ErrorCode.OPERATOR_POLICY,
-                    "the delegated run asked for a provider approval, i.e. tried a "
-                    "state-changing tool the delegation forbids; it was stopped",
-                ),
+            refusal = ConnectorError(
+                ErrorCode.OPERATOR_POLICY,
+                "the delegated run asked for a provider approval, i.e. tried a "
+                "state-changing tool the delegation forbids; it was stopped",
             )
+            return _outcome(request, binding, None, ResultStatus.FAILED, refusal, endpoint_id)
         operator = outcome_of(binding)
-        return Outcome(operator.status, output, operator.error)
+        return _outcome(request, binding, None, operator.status, operator.error, endpoint_id)

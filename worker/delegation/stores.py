@@ -1,7 +1,9 @@
 """Read the AIP runtime's Action queue and lifecycle records from JetStream.
 
-The records are evidence, so each one must carry a valid signature of a trusted
-gateway/runtime key (the same key file as envelopes) and decode strictly. A missing stream
+Each record is an `aip.lifecycle.v1.action_status` Envelope (`worker.wire.runtime_records`).
+The records are evidence, so each one must carry a valid AIP signature of a trusted
+gateway/runtime key (the same key file as envelopes, whatever AIPD_ALLOW_UNSIGNED_ENVELOPES
+says) and decode strictly. A missing stream
 means this deployment has no authoritative resolver at all
 (`delegated_result_resolver_missing`); a missing record only means "not there yet".
 """
@@ -9,18 +11,18 @@ means this deployment has no authoritative resolver at all
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
-import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.lifecycle import LifecycleRecord, QueueRecord
 from subjects.grammar import Subjects
 from worker.errors import ConnectorError, RuntimeRecordsUnreadable
+from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.runtime_records import decode_lifecycle_record, decode_queue_record
 
 log = logging.getLogger(__name__)
 
@@ -48,14 +50,14 @@ class LifecycleStores(Protocol):
         ...
 
 
-SignatureCheck = Callable[[bytes, Mapping[str, str]], object]
-
-
 class JetStreamLifecycleStores:
-    def __init__(self, js: JetStreamContext, subjects: Subjects, verify: SignatureCheck) -> None:
+    def __init__(
+        self, js: JetStreamContext, subjects: Subjects, trusted: TrustedGatewayKeys | None
+    ) -> None:
         self.js = js
         self.subjects = subjects
-        self.verify = verify
+        #: The keys whose records are evidence (None: none is).
+        self.trusted = trusted
 
     async def read(self, action_id: str) -> StoreRecords:
         s = self.subjects
@@ -88,9 +90,7 @@ class JetStreamLifecycleStores:
         except Exception as exc:
             log.info("runtime store %s unreadable: %s", stream, exc)
             raise RuntimeRecordsUnreadable(str(exc)) from None
-        data = msg.data or b""
-        headers: Mapping[str, str] = msg.headers or {}
-        return decode_record(data, headers, typ, self.verify, what=stream)
+        return decode_record(msg.data or b"", typ, self.trusted, what=stream)
 
 
 def _missing(stream: str) -> ConnectorError:
@@ -101,21 +101,22 @@ def _missing(stream: str) -> ConnectorError:
     )
 
 
-def decode_record(
-    data: bytes, headers: Mapping[str, str], typ: type[T], verify: SignatureCheck, *, what: str
-) -> T:
+def decode_record(data: bytes, typ: type[T], trusted: TrustedGatewayKeys | None, *, what: str) -> T:
     """A signed, strictly decoded store record; anything else is a result-integrity failure."""
     integrity = ErrorCode.DELEGATED_RESULT_INTEGRITY
     if len(data) > MAX_RECORD_BYTES:
         raise ConnectorError(integrity, f"a {what} record is over {MAX_RECORD_BYTES} bytes")
+    decode = decode_queue_record if typ is QueueRecord else decode_lifecycle_record
     try:
-        verify(data, headers)
-    except ConnectorError:
-        raise ConnectorError(
-            integrity, f"a {what} record is not signed by a trusted runtime key"
-        ) from None
-    try:
-        record: Any = msgspec.json.decode(data, type=typ)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ConnectorError(integrity, f"a {what} record does not parse: {exc}") from None
-    return record  # type: ignore[no-any-return]
+        record, opened = decode(data, max_bytes=MAX_RECORD_BYTES)
+    except EnvelopeRejected as exc:
+        if exc.code is ErrorCode.HOST_AUTHENTICATION:
+            raise ConnectorError(
+                integrity, f"a {what} record is not signed by a trusted runtime key"
+            ) from None
+        raise ConnectorError(integrity, f"a {what} record does not parse: {exc.reason}") from None
+    verified = opened.verified
+    if verified is None or trusted is None or trusted.signer_of(verified.public_key) is None:
+        raise ConnectorError(integrity, f"a {what} record is not signed by a trusted runtime key")
+    assert isinstance(record, typ)
+    return record

@@ -332,7 +332,7 @@ class Story:
         result = await self.result_of(followed, self.pace.result_s)
         if result.status is not ResultStatus.COMPLETED:
             return result.status.value
-        child = (result.output or {}).get("child_result") or {}
+        child = ((result.output or {}).get("delegation_result") or {}).get("result") or {}
         runs = [c for c in echo.executed if c.id == request.action.id]
         if child.get("action_id") != request.action.id or len(runs) != 1:
             return f"completed, but the child ran {len(runs)} time(s)"
@@ -350,7 +350,11 @@ class Story:
             identity=Identity(principal_id=delegate, principal_kind="agent"),
             created_at_unix_ms=now,
             idempotency_key="demo-" + secrets.token_hex(6),
-            delegation=DelegationRef(delegation_id=delegation_id, chain=[USER_UNTENANTED]),
+            delegation=DelegationRef(
+                delegation_id=delegation_id,
+                parent_action_id=new_action_id(),
+                chain=[USER_UNTENANTED],
+            ),
         )
         return DelegationRequest(
             delegation_id=delegation_id,

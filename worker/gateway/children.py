@@ -33,7 +33,6 @@ from nats.aio.client import Client as NATS
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action
-from schemas.codec import encode
 from schemas.delegation import ChildAction
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.lifecycle import ChildResult, LifecycleRecord, LifecycleState, QueueRecord
@@ -47,7 +46,7 @@ from worker.gateway.observe import GatewayMetrics
 from worker.gateway.records import RuntimeStoreWriter
 from worker.gateway.routes import Route
 from worker.trust.responses import check_worker_signed, sha256_hex, verify_result
-from worker.trust.signing import TrustedGatewayKeys, sign_envelope
+from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.actions import GATEWAY_SENDER, aip_principal_kind, encode_action
 from worker.wire.cancels import (
     CancelOutcome,
@@ -170,8 +169,6 @@ class Children:
         payload = self.envelope(record.action, route, self.signer)
         msg_id = envelope_msg_id(record.action.id, payload)
         headers = {"Nats-Msg-Id": msg_id}
-        if route.endpoint_id is None:  # another executor's subject: still header-signed
-            headers.update(sign_envelope(payload, self.seed))
         subject = route.subjects.actions
         with tracing.producing(
             subject,
@@ -211,12 +208,12 @@ class Children:
 
     @staticmethod
     def envelope(child: ChildAction, route: Route, signer: AipSigner | None = None) -> bytes:
-        """The child as its executor decodes it: a Hermes worker takes a plain `Action` in
-        an AIP Action Envelope signed by the gateway (`signer`), whose `message_id` and
-        `sent_at` come from the child's id and creation time (`encode_action`), so the
-        bytes are a pure function of the recorded child and the gateway key: a recovery
-        re-send is the same message. Another executor's route takes the ChildAction as
-        JSON, signed by headers.
+        """The child as every executor decodes it (a Hermes worker or another route's
+        executor alike): an AIP Action Envelope signed by the gateway (`signer`), whose
+        `message_id` and `sent_at` come from the child's id and creation time
+        (`encode_action`), so the bytes are a pure function of the recorded child and the
+        gateway key: a recovery re-send is the same message. A Hermes route's child must
+        also be a Hermes `Action` (an endpoint's capability).
 
         `delegation` is never sent: a caller of `aip_call` could write any chain there, and
         a worker would project it to Hermes as `X-AIP-Delegation-Chain` (and an operator
@@ -224,13 +221,10 @@ class Children:
         the queue record keeps the field for the delegation resolver to compare.
         """
         child = replace(child, delegation=None)
+        action: Action = child
         if route.endpoint_id is not None:
-            return encode_action(
-                msgspec.convert(msgspec.to_builtins(child), Action),
-                signer=signer,
-                sender=GATEWAY_SENDER,
-            )
-        return encode(child)
+            action = msgspec.convert(msgspec.to_builtins(child), Action)
+        return encode_action(action, signer=signer, sender=GATEWAY_SENDER)
 
     @classmethod
     def envelope_sha256(

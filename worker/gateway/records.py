@@ -1,7 +1,9 @@
 """Write and read the runtime's queue and lifecycle records (`aip.runtime.{queue,lifecycle}.*`).
 
-The gateway is the only writer of these streams. Every record is signed with the gateway key
-(workers trust it through `AIPD_TRUSTED_GATEWAY_KEYS_FILE`) and carries a `Nats-Msg-Id` per
+The gateway is the only writer of these streams. Every record is an AIP
+`aip.lifecycle.v1.action_status` Envelope (`worker.wire.runtime_records`) signed with the
+gateway key (workers trust it through `AIPD_TRUSTED_GATEWAY_KEYS_FILE`) and carries a
+`Nats-Msg-Id` per
 (child, store, state), so two gateways finishing the same child write each state once. The
 first queue entry of a child is written with `Nats-Expected-Last-Subject-Sequence: 0`: of
 two gateways racing on one `action_id`, exactly one creates it; the other reads the winner's.
@@ -12,11 +14,9 @@ treated as not its own and never acted on.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
@@ -24,10 +24,13 @@ from schemas.lifecycle import LifecycleRecord, QueueRecord
 from subjects.grammar import Subjects
 from subjects.streams import StreamPolicy, runtime_store_configs
 from worker import tracing
+from worker.aip.signing import AipSigner
 from worker.delegation.stores import StoreRecords, decode_record
 from worker.errors import QueueEntryExists
 from worker.gateway.open_children import OpenChildren
-from worker.trust.signing import TrustedGatewayKeys, sign_envelope, verify_envelope
+from worker.trust.signing import TrustedGatewayKeys
+from worker.wire.actions import GATEWAY_SENDER
+from worker.wire.runtime_records import encode_lifecycle_record, encode_queue_record
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +55,10 @@ class RuntimeStoreWriter:
 
     def __post_init__(self) -> None:
         self.open_children = OpenChildren(self.js, self.subjects, self.seed)
+        self._signer = AipSigner.from_nkey_seed(self.seed)
+
+    def _signer_now(self) -> AipSigner | None:
+        return self._signer if self.sign else None
 
     async def provision(self, policy: StreamPolicy | None = None) -> None:
         """Create both streams if they are missing; existing ones are left as they are.
@@ -75,7 +82,7 @@ class RuntimeStoreWriter:
         try:
             await self._publish(
                 self.subjects.runtime_queue(record.action.id),
-                msgspec.json.encode(record),
+                encode_queue_record(record, signer=self._signer_now(), sender=GATEWAY_SENDER),
                 msg_id=f"{record.action.id}:queue:create",
                 extra=headers,
             )
@@ -89,7 +96,7 @@ class RuntimeStoreWriter:
         takes the child out of the open index after it is written."""
         await self._publish(
             self.subjects.runtime_queue(record.action.id),
-            msgspec.json.encode(record),
+            encode_queue_record(record, signer=self._signer_now(), sender=GATEWAY_SENDER),
             msg_id=f"{record.action.id}:queue:{record.state.value}",
         )
         if record.state.terminal:
@@ -99,7 +106,7 @@ class RuntimeStoreWriter:
         """The child's lifecycle state and, when terminal, its durable result."""
         await self._publish(
             self.subjects.runtime_lifecycle(record.action_id),
-            msgspec.json.encode(record),
+            encode_lifecycle_record(record, signer=self._signer_now(), sender=GATEWAY_SENDER),
             msg_id=f"{record.action_id}:lifecycle:{record.state.value}",
         )
 
@@ -107,8 +114,6 @@ class RuntimeStoreWriter:
         self, subject: str, payload: bytes, *, msg_id: str, extra: dict[str, str] | None = None
     ) -> None:
         headers = {"Nats-Msg-Id": msg_id, **(extra or {})}
-        if self.sign:
-            headers.update(sign_envelope(payload, self.seed))
         tracing.inject(headers)
         await self.js.publish(subject, payload, headers=headers)
 
@@ -130,15 +135,12 @@ class RuntimeStoreReader:
     async def queue(self, action_id: str) -> QueueRecord | None:
         return await self._last("queue", self.subjects.runtime_queue(action_id), QueueRecord)
 
-    def decode_queue(self, data: bytes, headers: Mapping[str, str]) -> QueueRecord:
-        return decode_record(data, headers, QueueRecord, self._verify, what="queue")
-
-    def _verify(self, data: bytes, headers: Mapping[str, str]) -> object:
-        return verify_envelope(data, headers, self.trusted)
+    def decode_queue(self, data: bytes) -> QueueRecord:
+        return decode_record(data, QueueRecord, self.trusted, what="queue")
 
     async def _last(self, kind: str, subject: str, typ: type[T]) -> T | None:
         try:
             msg = await self.js.get_last_msg(self.subjects.runtime_stream_name(kind), subject)
         except NotFoundError:
             return None
-        return decode_record(msg.data or b"", msg.headers or {}, typ, self._verify, what=kind)
+        return decode_record(msg.data or b"", typ, self.trusted, what=kind)

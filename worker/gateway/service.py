@@ -41,6 +41,7 @@ from worker.gateway.settings import GatewaySettings
 from worker.operations.catalog import default_mode
 from worker.tasks import stop_tasks
 from worker.trust.tenancy import binding_admits
+from worker.wire.actions import aip_action_body
 from worker.wire.manifests import bound_tenant_of, endpoint_of, extension_of_manifest
 
 log = logging.getLogger(__name__)
@@ -238,9 +239,17 @@ class GatewayService:
         document = {"id": action_id, "identity": msgspec.to_builtins(principal.identity())}
         document.update(fields)
         try:
-            return msgspec.convert(document, ChildAction)
+            child = msgspec.convert(document, ChildAction)
         except msgspec.ValidationError as exc:
             raise _invalid(f"invalid Action contract: {exc}") from None
+        try:
+            # Every route takes the child as an AIP Action Envelope, and the queue record
+            # keeps it as an AIP Action: its typed objects (conversation, callback, ...)
+            # must be AIP's.
+            aip_action_body(child)
+        except EnvelopeRejected as exc:
+            raise _invalid(f"invalid Action contract: {exc.reason}") from None
+        return child
 
     async def call(self, principal: Principal, arguments: dict[str, Any]) -> dict[str, Any]:
         """Enqueue, dispatch and (sync) wait for one child Action; a sync call counts

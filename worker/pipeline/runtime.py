@@ -34,6 +34,7 @@ from worker.pipeline.outbox import OutboxOutput
 from worker.settings import Settings
 from worker.store.lease_store import ActionSubject
 from worker.store.stores import Stores
+from worker.trust.signing import TrustedGatewayKeys
 
 
 class Admitted(Protocol):
@@ -61,9 +62,14 @@ class Gate(Protocol):
     @property
     def expired_entries(self) -> Mapping[str, int]: ...
 
+    #: The trusted gateway keys (None: none configured), whose AIP signature makes a
+    #: runtime store record evidence (`worker.delegation.stores`).
+    @property
+    def gateway_keys(self) -> TrustedGatewayKeys | None: ...
+
     def verify_signature(self, payload: bytes, headers: Mapping[str, str]) -> str | None:
-        """The verified header signer of an envelope still signed by headers (a cancel, a
-        delegation); None when unsigned input is allowed in development."""
+        """The verified header signer of a payload still signed by headers; None when
+        unsigned input is allowed in development."""
         ...
 
     def verify_action_signer(self, verified: VerifiedEnvelope | None) -> str | None:

@@ -14,7 +14,6 @@ import asyncio
 from typing import Any
 
 from schemas.audit import ReceiptEvent
-from schemas.codec import encode
 from schemas.delegation import DELEGATE_PREFIX, DelegationRequest
 from schemas.errors import ErrorCode
 from schemas.ids import capability_id
@@ -57,7 +56,8 @@ async def _delegated(
 
 def _child(result: ActionResult) -> dict[str, Any]:
     output = result.output if isinstance(result.output, dict) else {}
-    child = output.get("child_result")
+    delegation = output.get("delegation_result")
+    child = delegation.get("result") if isinstance(delegation, dict) else None
     return child if isinstance(child, dict) else {}
 
 
@@ -98,12 +98,8 @@ async def routed_to_each_instance(ctx: Context, evidence: Evidence) -> str:
     stray = d.delegation(second, capability_id(first, CHILD_OPERATION), {})
     action_id = delegation_action_id(stray.delegation_id)
     evidence.action(action_id)
-    payload = encode(stray)
+    payload = d.client.seal_delegation(stray)
     headers = {"Nats-Msg-Id": envelope_msg_id(action_id, payload)}
-    if d.qualify.gateway_signing_key_file is not None:
-        from worker.trust.signing import read_seed_file, sign_envelope
-
-        headers.update(sign_envelope(payload, read_seed_file(d.qualify.gateway_signing_key_file)))
     await d.nc.jetstream().publish(d.client.subjects.delegations(first), payload, headers=headers)
     refused = await d.client.handle(first, action_id).result(timeout_s=d.qualify.qualify_timeout_s)
     code = refused.error.code if refused.error else None

@@ -6,25 +6,38 @@ and follows `{subject_prefix}.results.{id}`. This service is that executor — a
 stream over `{subject_prefix}.>`, one push subscription, and for every child one
 `ActionResult` with `{"echo": input, "capability": capability}`, published with
 `Nats-Msg-Id` `{id}:result` (so a re-sent child still has exactly one result).
+
+It speaks the wire a Hermes worker speaks: the child arrives as the gateway's signed
+`aip.core.v1.action` Envelope (`worker.wire.actions`; an unsigned one, or one whose
+signature does not verify, is terminated unanswered) and the answer is an
+`aip.core.v1.action_result` Envelope signed with the executor's own key
+(`worker.wire.results`; `signer`, a fresh key unless one is given: trust it through the
+gateway's `AIPD_TRUSTED_WORKER_KEYS_FILE` where that is set).
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import time
 from typing import Any
 
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js.api import StreamConfig
 
 from schemas.delegation import ChildAction
+from schemas.errors import EnvelopeRejected
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import EndpointSubjects, result_msg_id
 from worker import tracing
+from worker.aip.signing import AipSigner
+from worker.wire.actions import decode_child_action
 from worker.wire.results import encode_result
+
+log = logging.getLogger(__name__)
 
 SANDBOX_PREFIX = "cap:support_sandbox:"
 SANDBOX_SUBJECT_PREFIX = "aip.sandbox"
@@ -37,8 +50,16 @@ def echo_output(child: ChildAction) -> dict[str, Any]:
 
 
 class EchoCapability:
-    def __init__(self, nc: NATS, subject_prefix: str = SANDBOX_SUBJECT_PREFIX) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        subject_prefix: str = SANDBOX_SUBJECT_PREFIX,
+        *,
+        signer: AipSigner | None = None,
+    ) -> None:
         self.nc = nc
+        #: The key its result Envelopes are signed with.
+        self.signer = signer or AipSigner.from_seed(os.urandom(32))
         self.subject_prefix = subject_prefix
         self.subjects = EndpointSubjects(subject_prefix)
         #: Every child executed, in order (a re-sent child dropped by JetStream is not here).
@@ -56,9 +77,7 @@ class EchoCapability:
         await js.add_stream(
             StreamConfig(name=name, subjects=[f"{self.subject_prefix}.>"], duplicate_window=120)
         )
-        self._sub = await js.subscribe(
-            self.subjects.actions, cb=self._execute, manual_ack=True
-        )
+        self._sub = await js.subscribe(self.subjects.actions, cb=self._execute, manual_ack=True)
 
     async def stop(self) -> None:
         if self._sub is not None:
@@ -71,8 +90,13 @@ class EchoCapability:
 
     async def _answer(self, msg: Msg) -> None:
         try:
-            child = msgspec.json.decode(msg.data, type=ChildAction)
-        except msgspec.DecodeError:
+            child, opened = decode_child_action(msg.data)
+        except EnvelopeRejected as exc:
+            log.warning("echo capability: refused a child: %s", exc.reason)
+            await msg.term()
+            return
+        if opened.verified is None:
+            log.warning("echo capability: refused an unsigned child %s", child.id)
             await msg.term()
             return
         self.executed.append(child)
@@ -89,7 +113,7 @@ class EchoCapability:
         )
         await self.nc.jetstream().publish(
             self.subjects.results(child.id),
-            encode_result(result, action=None, signer=None, endpoint_id="sandbox"),
+            encode_result(result, action=child, signer=self.signer, endpoint_id="sandbox"),
             headers={"Nats-Msg-Id": result_msg_id(child.id)},
         )
         await msg.ack()

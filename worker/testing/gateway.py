@@ -113,7 +113,8 @@ def gateway_env(
 
     Without `AIPD_TRUSTED_WORKER_KEYS_FILE` in `extra` the development flag that lets a
     gateway start without worker keys is set: the stand-in capabilities of these tests
-    (worker/testing/echo_capability.py) answer unsigned."""
+    (worker/testing/echo_capability.py) sign with a key of their own that no keys file
+    lists."""
     keyed = "AIPD_TRUSTED_WORKER_KEYS_FILE" in extra
     dev = {} if keyed else {"AIPD_ALLOW_UNSIGNED_RESPONSES": "true"}
     return {
@@ -233,7 +234,8 @@ async def gateway_runtime(
             gateway_redispatch_after_ms=1_000,
             gateway_settle_grace_ms=settle_grace_ms,
             gateway_id="gw-test",
-            # The echo capability answers unsigned (development flag, unless keys are given).
+            # The echo capability signs with its own key, listed in no keys file (development
+            # flag, unless keys are given).
             allow_unsigned_responses="trusted_worker_keys_file" not in extra_settings,
             **extra_settings,
         )

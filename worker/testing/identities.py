@@ -109,7 +109,7 @@ class TrustFiles:
 
     def sign(self, payload: bytes) -> dict[str, str]:
         """`Aip-Signer`/`Aip-Signature` headers for a payload of a subject still signed by
-        headers (a cancel, a delegation)."""
+        headers."""
         return sign_envelope(payload, self.seed)
 
     @property

@@ -24,6 +24,7 @@ from msgspec.structs import replace
 from schemas.delegation import ACTION_WRITE_SCOPE, ChildAction
 from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleRecord, LifecycleState, QueueRecord
+from worker.aip.signing import AipSigner
 from worker.gateway.records import RuntimeStoreWriter
 
 
@@ -97,11 +98,9 @@ class FaultyStoreWriter(RuntimeStoreWriter):
             record = replace(record, action_id=self._replacement(record.action_id))
         await super().write_lifecycle(record)
 
-    async def _publish(
-        self, subject: str, payload: bytes, *, msg_id: str, extra: dict[str, str] | None = None
-    ) -> None:
+    def _signer_now(self) -> AipSigner | None:
         self.sign = self.fault is not RuntimeFault.UNSIGNED
-        await super()._publish(subject, payload, msg_id=msg_id, extra=extra)
+        return super()._signer_now()
 
     def _replacement(self, action_id: str) -> str:
         return self._replaced.setdefault(action_id, new_action_id())

@@ -1,10 +1,10 @@
 """Trusted signing keys, and the nkey header signature of the subjects not yet on the AIP
 wire.
 
-NATS does not tell a subscriber who published. An Action (`aip.hermes.{endpoint}.actions`)
-carries its own AIP Envelope signature (`worker.wire.actions`, checked by
-`TrustGate.verify_action_signer` against `TrustedGatewayKeys.signer_of`). The other
-subjects (cancel, delegations, records, …) are still signed by headers: an envelope is
+NATS does not tell a subscriber who published. An Action, a Cancel, a DelegationRequest and
+a runtime store record carry their own AIP Envelope signature (`worker.wire.*`, checked
+against `TrustedGatewayKeys.signer_of`). What is still signed by headers (receipts, DLQ
+entries, the gateway's open-children index, …) is checked here: an envelope is
 trusted only when header `Aip-Signer` names a key in the trusted gateway key file and header
 `Aip-Signature` is that key's signature (base64url, no padding) over the payload as
 received. Every failure is the same code, `connector_host.authentication`, with a message

@@ -30,13 +30,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import msgspec
 
 from schemas.action import Action, Mode
 from schemas.aip.action import Action as AipAction
 from schemas.aip.action import Mode as AipMode
+from schemas.delegation import ChildAction
 from worker.aip.canonical import canonical_bytes, loads
 from worker.aip.envelope import PRINCIPAL_KINDS, format_timestamp
 from worker.aip.errors import AipWireError
@@ -49,6 +50,8 @@ from worker.wire.envelopes import (
     open_payload,
     seal,
 )
+
+A = TypeVar("A", bound=Action)
 
 MESSAGE_TYPE: Final = "aip.core.v1.action"
 #: The `from` Principal of an Action a gateway key signs, unless the publisher names
@@ -68,7 +71,6 @@ _MODE_FROM_AIP: Final = {
     AipMode.ASYNC: Mode.ASYNC,
     AipMode.STREAMING: Mode.STREAM,
 }
-
 
 
 def aip_principal_kind(kind: str) -> str:
@@ -232,10 +234,17 @@ def _identity(context: Any) -> dict[str, Any]:
     return identity
 
 
-def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
-    """The internal Action's fields (builtins, not yet validated) of a decoded AIP Action."""
+def internal_fields(
+    typed: AipAction,
+    *,
+    extension: Mapping[str, Any],
+    sent_at: str,
+    correlation_id: Any,
+) -> dict[str, Any]:
+    """The internal Action's fields (builtins, not yet validated) of a decoded AIP Action,
+    given our extension facts of it and its Envelope's `sent_at` and `correlation_id`: the
+    one mapping of an Action, also for the child inside a DelegationRequest."""
     aip: dict[str, Any] = msgspec.to_builtins(typed)
-    extension = opened.extension
     unknown = sorted(set(extension) - set(EXTENSION_FIELDS))
     if unknown:
         raise invalid(f"unknown Action extension keys: {', '.join(unknown)[:200]}")
@@ -244,9 +253,7 @@ def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
         "capability": aip["capability_id"],
         "input": aip["input"],
         "identity": _identity(aip.get("identity")),
-        "created_at_unix_ms": extension.get(
-            "created_at_unix_ms", _sent_at_ms(opened.envelope["sent_at"])
-        ),
+        "created_at_unix_ms": extension.get("created_at_unix_ms", _sent_at_ms(sent_at)),
         "mode": _MODE_FROM_AIP[typed.mode or AipMode.ASYNC].value,
     }
     for ours, theirs in (
@@ -263,10 +270,7 @@ def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
         fields["observability"] = observability
     trace = {
         name: value
-        for name, value in (
-            ("trace_id", trace_id),
-            ("correlation_id", opened.envelope.get("correlation_id")),
-        )
+        for name, value in (("trace_id", trace_id), ("correlation_id", correlation_id))
         if value is not None
     }
     if trace:
@@ -278,6 +282,17 @@ def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
         if typed.approval.decision != "approved":
             raise invalid("body.action.approval must be an approved decision (AIP §1.2)")
         fields["approval"] = aip["approval"]
+    return fields
+
+
+def _internal(opened: Opened, typed: AipAction) -> dict[str, Any]:
+    """The internal Action's fields of an opened Action Envelope, with where it arrived."""
+    fields = internal_fields(
+        typed,
+        extension=opened.extension,
+        sent_at=opened.envelope["sent_at"],
+        correlation_id=opened.envelope.get("correlation_id"),
+    )
     sender = opened.sender
     fields["received"] = {
         "message_id": opened.message_id,
@@ -295,19 +310,29 @@ def decode_action(
     EnvelopeRejected: `envelope.decode.invalid` for bytes that are not one JSON object,
     `schema.envelope.invalid` for a frame, body or Action the AIP rules or ours refuse,
     `connector_host.authentication` for a signature that is present and does not verify."""
+    return _decode(data, max_bytes, Action)
+
+
+def decode_child_action(
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> tuple[ChildAction, Opened]:
+    """As `decode_action`, for an executor of any AIP capability (a gateway route that is
+    not a Hermes endpoint's): the Action may name any `cap:…` id."""
+    return _decode(data, max_bytes, ChildAction)
+
+
+def _decode(data: bytes, max_bytes: int, into: type[A]) -> tuple[A, Opened]:
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
     typed = open_payload(opened, MESSAGE_TYPE)
     assert isinstance(typed, AipAction)
     try:
-        action = msgspec.convert(_internal(opened, typed), Action, strict=True)
+        action = msgspec.convert(_internal(opened, typed), into, strict=True)
     except msgspec.ValidationError as exc:
         raise invalid(f"the Action: {exc}") from None
     return action, opened
 
 
-def decode_action_content(
-    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
-) -> Action:
+def decode_action_content(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> Action:
     """The Action an Envelope carries, its signature set aside unchecked: for an operator
     who re-publishes a dead-lettered Action under their own signature (`dlq replay`) and
     so vouches for its content themself. Everything else is checked as `decode_action`
@@ -373,7 +398,9 @@ __all__ = [
     "claimed_action_id",
     "decode_action",
     "decode_action_content",
+    "decode_child_action",
     "encode_action",
+    "internal_fields",
     "sign_action_envelope",
     "timestamp_of_ms",
 ]

@@ -795,6 +795,190 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     handoff, handoff_bytes = signed(handoff, RESOLVER_SEED)
+    # A delegation: the child is a full Action; the chain is DelegationEntry objects whose
+    # last hop is the delegation itself (delegator -> delegate); the scope list joined by
+    # spaces is `scope`, the list is `metadata.scopes`.
+    hop_at = "2026-11-30T23:59:59.995Z"
+    delegation = frame(
+        "aip.agent.v1.delegation_request",
+        0xD001,
+        PUBLISHER,
+        correlation_id=CORRELATION_ID,
+        to=WORKER,
+        body={
+            "delegation_request": {
+                "delegation_id": "dlg_0000000000000000000000000000d001",
+                "parent_action_id": ACTION_ID,
+                "child_action": {
+                    "id": "act_0000000000000000000000000000d002",
+                    "capability_id": "cap:support_sandbox:case.get",
+                    "input": {"case_id": "case-2030"},
+                    "mode": "async",
+                    "idempotency_key": "case-2030-read",
+                    "identity": {
+                        "tenant": {"id": "acme"},
+                        "service_account": {"id": WORKER["id"], "kind": "agent"},
+                    },
+                    "delegation_chain": [
+                        {
+                            "from": {"id": "user:root", "kind": "agent"},
+                            "to": {"id": "user:alice", "kind": "human"},
+                            "scope": "support.read support.notes",
+                            "delegated_at": hop_at,
+                        },
+                        {
+                            "from": {"id": "user:alice", "kind": "human"},
+                            "to": dict(WORKER),
+                            "scope": "support.read support.notes",
+                            "delegated_at": hop_at,
+                        },
+                    ],
+                },
+                "requested_by": {
+                    "id": "user:alice",
+                    "kind": "human",
+                    "auth_context": {
+                        "principal_kind": "user",
+                        "issuer": "https://idp.example.com",
+                        "credential_revision": 3,
+                        "tenant_id": "acme",
+                    },
+                },
+                "delegate": dict(WORKER),
+                "scope": "support.read support.notes",
+                "metadata": {"scopes": ["support.read", "support.notes"]},
+            }
+        },
+        extensions={
+            EXT: {
+                "created_at_unix_ms": T0_MS - 5,
+                "deadline_unix_ms": T0_MS + 120000,
+                "approval": {"decision_id": "dec_0002"},
+                "child": {"created_at_unix_ms": T0_MS - 5},
+            }
+        },
+    )
+    delegation, delegation_bytes = signed(delegation, ACTION_SEED)
+    small_delegation = frame(
+        "aip.agent.v1.delegation_request",
+        0xD003,
+        PUBLISHER,
+        body={
+            "delegation_request": {
+                "delegation_id": "dlg_0000000000000000000000000000d003",
+                "parent_action_id": MINIMAL_ACTION_ID,
+                "child_action": {
+                    "id": "act_0000000000000000000000000000d004",
+                    "capability_id": "cap:hermes_agent:h2:models",
+                    "input": {},
+                    "identity": {"service_account": {"id": WORKER["id"], "kind": "agent"}},
+                    "delegation_chain": [
+                        {
+                            "from": {"id": "service:billing", "kind": "service"},
+                            "to": dict(WORKER),
+                            "scope": "models.read",
+                            "delegated_at": SENT_AT,
+                        }
+                    ],
+                },
+                "requested_by": {"id": "service:billing", "kind": "service"},
+                "delegate": dict(WORKER),
+                "scope": "models.read",
+            }
+        },
+    )
+    small_delegation, small_delegation_bytes = signed(small_delegation, MINIMAL_ACTION_SEED)
+    # The runtime's store records of the delegated child, signed by the gateway key.
+    child_id = "act_0000000000000000000000000000d002"
+    queue_record = frame(
+        "aip.lifecycle.v1.action_status",
+        0xF001,
+        PUBLISHER,
+        body={
+            "action_status": {
+                "action_id": child_id,
+                "state": "queued",
+                "updated_at": SENT_AT,
+                "capability_id": "cap:support_sandbox:case.get",
+                "delegation_id": "dlg_0000000000000000000000000000d001",
+            }
+        },
+        extensions={
+            EXT: {
+                "record": "queue",
+                "updated_at_unix_ms": T0_MS,
+                "action": {
+                    "id": child_id,
+                    "capability_id": "cap:support_sandbox:case.get",
+                    "input": {"case_id": "case-2030"},
+                    "mode": "async",
+                    "identity": {
+                        "tenant": {"id": "acme"},
+                        "service_account": {"id": WORKER["id"], "kind": "agent"},
+                    },
+                },
+                "action_facts": {
+                    "created_at_unix_ms": T0_MS - 5,
+                    "delegation": {
+                        "delegation_id": "dlg_0000000000000000000000000000d001",
+                        "parent_action_id": ACTION_ID,
+                        "chain": ["user:root", "user:alice"],
+                    },
+                },
+                "owner_principal_id": WORKER["id"],
+                "actor_principal_id": WORKER["id"],
+                "authenticated": {
+                    "principal_id": WORKER["id"],
+                    "principal_kind": "agent",
+                    "tenant_id": "acme",
+                    "scopes": ["action:write"],
+                    "expires_at_unix_ms": T0_MS + 3600000,
+                },
+                "tenant_partition": "acme",
+                "enqueued_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    queue_record, queue_record_bytes = signed(queue_record, ACTION_SEED)
+    lifecycle_record = frame(
+        "aip.lifecycle.v1.action_status",
+        0xF002,
+        PUBLISHER,
+        body={
+            "action_status": {
+                "action_id": child_id,
+                "state": "failed",
+                "updated_at": SENT_AT,
+                "capability_id": "cap:support_sandbox:case.get",
+                "result_status": "failed",
+                "completed_at": SENT_AT,
+                "result": {
+                    "action_id": child_id,
+                    "status": "failed",
+                    "error": {
+                        "code": "connector.hermes_agent.operator_policy",
+                        "message": "refused by the sandbox",
+                        "category": "policy",
+                        "retryable": False,
+                        "details": {"uncertain_outcome": False},
+                        "source": {
+                            "component": "aip-hermes-worker",
+                            "connector": "hermes-agent",
+                        },
+                    },
+                },
+            }
+        },
+        extensions={
+            EXT: {
+                "record": "lifecycle",
+                "updated_at_unix_ms": T0_MS,
+                "capability": "cap:support_sandbox:case.get",
+                "settled_at_unix_ms": T0_MS,
+            }
+        },
+    )
+    lifecycle_record, lifecycle_record_bytes = signed(lifecycle_record, ACTION_SEED)
 
     # Channel egress: the delivery's session_chat Action, queued and signed by a worker
     # (docs/publishing.md "Channels on the wire"); the text is what the rule made of the
@@ -1024,6 +1208,37 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 WORKER_SEED,
                 decision,
                 decision_bytes,
+            ),
+        ],
+        "aip.agent.v1.delegation_request": [
+            entry(
+                "a delegation as the gateway publishes it: a two-hop chain, two scopes "
+                "(scope joined, metadata.scopes listed), our extension with the child's facts",
+                ACTION_SEED,
+                delegation,
+                delegation_bytes,
+            ),
+            entry(
+                "the smallest delegation our subject takes: one hop, one scope, no "
+                "extension (created at sent_at)",
+                MINIMAL_ACTION_SEED,
+                small_delegation,
+                small_delegation_bytes,
+            ),
+        ],
+        "aip.lifecycle.v1.action_status": [
+            entry(
+                "a delegated child's queue entry: the child Action and the authorization "
+                "context in our extension",
+                ACTION_SEED,
+                queue_record,
+                queue_record_bytes,
+            ),
+            entry(
+                "its lifecycle record: the durable result, a failed ActionResult",
+                ACTION_SEED,
+                lifecycle_record,
+                lifecycle_record_bytes,
             ),
         ],
         "aip.core.v1.escalation_resolution": [
@@ -1368,6 +1583,77 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("resolved_by",), "ops:erin"),
             ),
         ],
+        "aip.agent.v1.delegation_request": [
+            ("unknown field at the top level", "check_envelope", top("delegator", "user:a")),
+            (
+                "unknown field in the body: our old name `scopes`",
+                "open_body",
+                put(("scopes",), ["support.read"]),
+            ),
+            (
+                "unknown field nested in the child Action: our old name `capability`",
+                "open_body",
+                put(("child_action", "capability"), "cap:support_sandbox:case.get"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("delegation")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.1")),
+            (
+                "null for an absent optional (callback): the signature breaks upstream",
+                "signed_form",
+                put(("callback",), None),
+            ),
+            (
+                "missing required field body.delegation_request.parent_action_id",
+                "open_body",
+                drop("parent_action_id"),
+            ),
+            (
+                "the delegate as our bare string, not a Principal",
+                "open_body",
+                put(("delegate",), "agent:hermes_operator:h1"),
+            ),
+            (
+                "the chain as our principal id strings, not DelegationEntry objects",
+                "open_body",
+                put(("child_action", "delegation_chain"), ["user:root", "user:alice"]),
+            ),
+            ("scope as a list (AIP takes one string)", "open_body", put(("scope",), ["a"])),
+            (
+                "wrong enum value: the delegate's kind `operator` (not a Principal kind)",
+                "open_body",
+                put(("delegate", "kind"), "operator"),
+            ),
+        ],
+        "aip.lifecycle.v1.action_status": [
+            ("unknown field at the top level", "check_envelope", top("record", "queue")),
+            (
+                "unknown field in the body: our old name `owner_principal_id`",
+                "open_body",
+                put(("owner_principal_id",), "agent:hermes_operator:h1"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("queue_record")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "2.0")),
+            (
+                "null for an absent optional (session_id): the signature breaks upstream",
+                "signed_form",
+                put(("session_id",), None),
+            ),
+            (
+                "missing required field body.action_status.updated_at",
+                "open_body",
+                drop("updated_at"),
+            ),
+            (
+                "wrong enum value: state `settled` (not an AIP state)",
+                "open_body",
+                put(("state",), "settled"),
+            ),
+            (
+                "updated_at as our Unix ms, not RFC 3339 text",
+                "open_body",
+                put(("updated_at",), 1796083200000),
+            ),
+        ],
     }
 
 
@@ -1383,6 +1669,8 @@ _BASES = {
     "aip.core.v1.escalation": 0,
     "aip.core.v1.escalation_resolution": 0,
     "aip.channel.v1.message_created": 0,
+    "aip.agent.v1.delegation_request": 0,
+    "aip.lifecycle.v1.action_status": 0,
 }
 
 
