@@ -76,9 +76,12 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "dlq",
         "{prefix}.hermes.{endpoint}.dlq",
-        "RejectedEnvelope",
+        "aip.lifecycle.v1.action_status",
         "DLQ",
-        "Rejected envelopes byte for byte; the reason is in the Aip-Dlq-* headers.",
+        "Each refused message as an AIP `aip.lifecycle.v1.action_status` Envelope in state "
+        "`dead_lettered`, signed by the worker's response key; why, where from, the refused "
+        "bytes' size and sha256 and their first AIPD_DLQ_KEEP_BYTES are in "
+        "`extensions[\"org.aip-hermes-worker\"].dead_letter`.",
         "worker",
     ),
     (
@@ -172,6 +175,7 @@ _MSG_IDS: dict[str, str] = {
     "aip.core.v1.escalation": "{escalation_id} (one per Action and approval generation; the "
     "Envelope's bytes are a function of the escalation)",
     "aip.core.v1.escalation_resolution": "{escalation_id}:resolved",
+    "aip.lifecycle.v1.action_status": "{dlq_id} (the DLQ entry's own id)",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
@@ -181,6 +185,7 @@ _SIGNATURES: dict[str, str] = {
     "aip.core.v1.escalation": "Signed by the worker's response key",
     "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
     "given to `escalations resolve --key`; Redis holds the write-once record)",
+    "aip.lifecycle.v1.action_status": "Signed by the worker's response key",
 }
 
 
@@ -262,11 +267,6 @@ def document(prefix: str = "aip") -> dict[str, Any]:
         schemas[name] = json.loads(render(name))
     for message_type in AIP_EXPORTED:
         schemas[message_type] = json.loads(render_envelope(message_type))
-    schemas["RejectedEnvelope"] = {
-        "description": "The rejected payload, unchanged (any bytes).",
-        "type": "string",
-        "contentEncoding": "binary",
-    }
     for channel_id, address, message, stream, description, sender in _CHANNELS:
         params = {
             p: {"description": f"the {p.replace('_', ' ')}"}
@@ -295,9 +295,7 @@ def document(prefix: str = "aip") -> dict[str, Any]:
             continue
         messages[message] = {
             "name": message,
-            "contentType": "application/json"
-            if message != "RejectedEnvelope"
-            else "application/octet-stream",
+            "contentType": "application/json",
             "payload": {"$ref": f"#/components/schemas/{message}"},
         }
     return {

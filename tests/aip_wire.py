@@ -69,3 +69,58 @@ def result_view(data: bytes) -> dict[str, Any]:
         "in_response_to": env.get("in_response_to"),
         "signer_did": security.get("did") if "signature" in security else None,
     }
+
+
+def dead_letter_envelope(
+    *,
+    dlq_id: str,
+    endpoint_id: str,
+    kept: bytes,
+    seed: int | None,
+    action_id: str | None = None,
+    code: str = "schema.envelope.invalid",
+    category: str = "permanent",
+) -> bytes:
+    """A DLQ entry built from the rules alone (docs/publishing.md "The dead-letter queue"):
+    an `aip.lifecycle.v1.action_status` Envelope in state `dead_lettered` from the
+    endpoint's worker, our facts in the extension, signed by the key of `seed` (PyNaCl over
+    the canonical JSON; None: unsigned)."""
+    import base64
+    import hashlib
+
+    from tests.vectors.aip.make_vectors import canonical, signed
+
+    envelope: dict[str, Any] = {
+        "aip_version": "1.0",
+        "message_type": "aip.lifecycle.v1.action_status",
+        "message_id": "msg_" + dlq_id.removeprefix("dlq_"),
+        "sent_at": "2026-01-01T00:00:00Z",
+        "from": {"id": f"agent:hermes_operator:{endpoint_id}", "kind": "agent"},
+        "body": {
+            "action_status": {
+                "action_id": action_id or dlq_id,
+                "state": "dead_lettered",
+                "updated_at": "2026-01-01T00:00:00Z",
+            }
+        },
+        "extensions": {
+            OURS: {
+                "dead_letter": {
+                    "dlq_id": dlq_id,
+                    "endpoint_id": endpoint_id,
+                    "code": code,
+                    "category": category,
+                    "reason": "built by hand",
+                    "subject": f"aip.hermes.{endpoint_id}.actions",
+                    "stream_seq": 1,
+                    "worker_id": "w-forger",
+                    "size": len(kept),
+                    "sha256": hashlib.sha256(kept).hexdigest(),
+                    "kept": base64.b64encode(kept).decode(),
+                }
+            }
+        },
+    }
+    if seed is None:
+        return canonical(envelope)
+    return canonical(signed(envelope, seed)[0])

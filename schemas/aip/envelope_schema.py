@@ -64,6 +64,10 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "request/reply) to cancel one Action, signed by the publisher (the gateway key) as the "
     "requester (`from`); answered by an `action_result` or an `error` Envelope signed by the "
     "worker's response key.",
+    "aip.lifecycle.v1.action_status": "A DLQ entry on `aip.hermes.{endpoint}.dlq`: an "
+    "ActionStatus in state `dead_lettered`, signed by the worker's response key; the refused "
+    "message (its size, sha256, first bytes) and why are in "
+    "`extensions[\"org.aip-hermes-worker\"].dead_letter`.",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
     "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
     "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "

@@ -17,7 +17,9 @@ import msgspec
 from msgspec import Meta
 
 from schemas.action import ApprovalRef, DelegationRef
-from schemas.ids import ActionId, EndpointId, UnixMs
+from schemas.aip.result import ErrorCategory
+from schemas.errors import ErrorCode
+from schemas.ids import DLQ_ID_PATTERN, ActionId, EndpointId, UnixMs
 
 #: Our namespace in `Envelope.extensions` (reverse-DNS of the project name).
 EXTENSION_KEY: Final = "org.aip-hermes-worker"
@@ -206,6 +208,62 @@ class ResolutionExtension(_Extension, frozen=True):
     ]
 
 
+class DeadLetterFacts(_Extension, frozen=True):
+    """One refused message kept on `aip.hermes.{endpoint}.dlq`: why, where it came from,
+    and its bytes (at most `AIPD_DLQ_KEEP_BYTES` of them), under the worker's signature."""
+
+    dlq_id: Annotated[
+        str,
+        Meta(
+            pattern=DLQ_ID_PATTERN,
+            description="The entry's own id (`dlq_` + 32 hex), also its `Nats-Msg-Id`; the "
+            "receipts about a message that was never authenticated are filed under it.",
+        ),
+    ]
+    endpoint_id: Annotated[EndpointId, Meta(description="The endpoint whose worker refused it.")]
+    code: Annotated[ErrorCode, Meta(description="The refusal's error code.")]
+    category: Annotated[ErrorCategory, Meta(description="The code's error category.")]
+    reason: Annotated[
+        str,
+        Meta(
+            max_length=300,
+            description="Why it was refused, for people: printable ASCII, at most 300 "
+            "characters, never a secret.",
+        ),
+    ]
+    subject: Annotated[str, Meta(description="The subject the refused message arrived on.")]
+    stream_seq: Annotated[
+        int,
+        Meta(
+            ge=-1,
+            description="Its sequence in the source stream (or the channel's message id); "
+            "-1 when it has none.",
+        ),
+    ]
+    worker_id: Annotated[str, Meta(description="The worker that refused it.")]
+    size: Annotated[int, Meta(ge=0, description="The refused message's size in bytes.")]
+    sha256: Annotated[
+        Sha256Hex,
+        Meta(description="sha256 (hex) of the whole refused message, also of a truncated one."),
+    ]
+    kept: Annotated[
+        bytes,
+        Meta(
+            description="The refused message's first bytes (all of them when `size` is "
+            "their length), standard base64 with padding: what `dlq replay` republishes."
+        ),
+    ]
+
+
+class StatusExtension(_Extension, frozen=True):
+    """What an `aip.lifecycle.v1.action_status` Envelope carries beyond the AIP ActionStatus."""
+
+    dead_letter: Annotated[
+        DeadLetterFacts | None,
+        Meta(description="On a DLQ entry (state `dead_lettered`): the refused message."),
+    ] = None
+
+
 #: message_type → the extension object it carries.
 EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.action": ActionExtension,
@@ -215,6 +273,7 @@ EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.error": ErrorExtension,
     "aip.core.v1.escalation": EscalationExtension,
     "aip.core.v1.escalation_resolution": ResolutionExtension,
+    "aip.lifecycle.v1.action_status": StatusExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and
@@ -225,6 +284,7 @@ ALWAYS_CARRIED: Final = frozenset(
         "aip.core.v1.stream_chunk",
         "aip.core.v1.escalation",
         "aip.core.v1.escalation_resolution",
+        "aip.lifecycle.v1.action_status",
     }
 )
 

@@ -6,8 +6,8 @@ acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a repu
 crash or a retry is dropped by the server inside the duplicate window. Chunks and results are
 AIP Envelopes made by `worker.wire.chunks` / `worker.wire.results` (a result already signed
 inside, `security.signature`), escalations and their resolutions by `worker.wire.escalations`
-(signed inside); DLQ entries, receipts, channel deliveries and
-ingress messages are signed with the worker's key in headers when it has one
+(signed inside), DLQ entries by `worker.wire.dead_letters` (signed inside); receipts,
+channel deliveries and ingress messages are signed with the worker's key in headers when it has one
 (`worker.trust.responses`): each reader believes only what a trusted worker signed.
 """
 
@@ -23,11 +23,11 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from schemas.aip.extensions import DeadLetterFacts
 from schemas.audit import Receipt
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.chunk import StreamChunk
 from schemas.codec import encode
-from schemas.dlq import dlq_material
 from schemas.escalation import Escalation, EscalationResolution
 from subjects.grammar import (
     Subjects,
@@ -40,6 +40,7 @@ from worker.aip.signing import AipSigner
 from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
 from worker.wire.chunks import encode_chunk
+from worker.wire.dead_letters import encode_dead_letter
 from worker.wire.escalations import encode_escalation, encode_resolution
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
@@ -296,16 +297,16 @@ class BusPublisher:
             escalation_resolution_msg_id(resolution.escalation_id),
         )
 
-    async def dead_letter(
-        self, endpoint_id: str, payload: bytes, headers: Mapping[str, str], msg_id: str
-    ) -> PubAck:
-        """A DLQ entry, signed over its reason headers and body; `StreamFull` when the DLQ
-        refuses it (waiting would not help)."""
-        all_headers = dict(headers)
-        if self.signer is not None:
-            all_headers.update(self.signer.headers(dlq_material(payload, headers)))
+    async def dead_letter(self, facts: DeadLetterFacts, *, action_id: str | None) -> PubAck:
+        """A DLQ entry: an `action_status` Envelope (`dead_lettered`) signed by this worker's
+        key (`worker.wire.dead_letters`), `Nats-Msg-Id` its entry id; `StreamFull` when the
+        DLQ refuses it (waiting would not help)."""
+        signer = self.signer.aip if self.signer is not None else None
         return await self._publish(
-            self.subjects.dlq(endpoint_id), payload, msg_id, all_headers, give_up_when_full=True
+            self.subjects.dlq(facts.endpoint_id),
+            encode_dead_letter(facts, action_id=action_id, signer=signer),
+            facts.dlq_id,
+            give_up_when_full=True,
         )
 
     async def receipt(

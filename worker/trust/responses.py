@@ -8,7 +8,9 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
 * every ActionResult, as an AIP `action_result` Envelope with an AIP signature
   (`security.signature`, the same key as a `did:key`: `worker.wire.results`), whose
   `last_chunk_sha256` is the hash of the Action's last chunk;
-* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
+* every DLQ entry, as an AIP `action_status` Envelope (`dead_lettered`) with an AIP
+  signature (`worker.wire.dead_letters`), covering the reason, the refused bytes kept and
+  their size and sha256;
 * every Escalation, as an AIP `escalation` Envelope with an AIP signature
   (`worker.wire.escalations`), so a reader (`escalations list | show | resolve`, the
   `escalations_open` gauge) ignores one that anyone with publish rights on the escalations
@@ -44,7 +46,6 @@ import nkeys
 
 from schemas.audit import Receipt
 from schemas.chunk import StreamChunk
-from schemas.dlq import dlq_material
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation, EscalationResolution
 from schemas.result import ActionResult
@@ -66,6 +67,7 @@ from worker.trust.signing import (
     verify_envelope,
 )
 from worker.wire.chunks import decode_chunk
+from worker.wire.dead_letters import DeadLetter, decode_dead_letter
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened
 from worker.wire.escalations import decode_escalation, decode_resolution
 from worker.wire.results import decode_result
@@ -87,8 +89,8 @@ def sha256_hex(data: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ResponseSigner:
-    """This worker's signing key: `headers` signs one payload the nkey way (DLQ entries,
-    escalations, receipts, channel messages), `aip` signs AIP Envelopes (results)."""
+    """This worker's signing key: `headers` signs one payload the nkey way (receipts,
+    channel messages), `aip` signs AIP Envelopes (results, escalations, DLQ entries)."""
 
     _pair: nkeys.KeyPair = field(repr=False)
     public_key: str
@@ -236,12 +238,23 @@ def verify_result(
     return result
 
 
-def verify_dlq_entry(
-    body: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
-) -> str:
-    """The worker key that signed this DLQ entry (reason headers and rejected bytes)."""
-    all_headers = headers or {}
-    return _verify(dlq_material(body, all_headers), all_headers, trusted)
+def verify_dead_letter(
+    data: bytes,
+    trusted: TrustedGatewayKeys | None,
+    *,
+    max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+) -> tuple[DeadLetter, str | None]:
+    """The DLQ entry in the Envelope `data` and the trusted worker key that signed it
+    (`trusted` None: any well-formed entry, signed or not, with no signer named).
+    UnverifiedResponse for anything else: not one of our DLQ entries, a signature that does
+    not verify, an unsigned entry, or one another key signed."""
+    try:
+        entry, opened = decode_dead_letter(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"DLQ entry: {exc.reason}") from None
+    if trusted is None:
+        return entry, None
+    return entry, check_worker_signed(opened, trusted, what="DLQ entry")
 
 
 def verify_escalation(
