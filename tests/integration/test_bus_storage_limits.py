@@ -44,7 +44,8 @@ async def test_a_large_junk_payload_is_kept_truncated_with_its_size_and_sha256(
     assert headers["sha256"] == hashlib.sha256(junk).hexdigest()
     assert headers["code"] == "envelope.decode.invalid"
     info = await stack.nc.jetstream().stream_info(stack.subjects.stream_name("dlq"))
-    assert info.state.bytes < 5 * KIB
+    # 4 KiB kept, as base64 (x 4/3) inside the signed Envelope with its facts.
+    assert info.state.bytes < 7 * KIB
 
 
 async def test_a_junk_flood_stays_within_every_byte_limit_and_a_legitimate_action_runs(
