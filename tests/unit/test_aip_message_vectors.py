@@ -323,3 +323,42 @@ def test_the_cancel_vectors_decode_and_their_answers_follow_the_reply_recipe() -
         "connector_host.not_ready",
     )
     assert pending.error.retryable is True
+
+
+def test_the_dlq_vectors_decode_and_a_contradicting_entry_is_refused() -> None:
+    """A DLQ entry names the refused bytes by size and sha256 and keeps their first bytes:
+    the reader takes the vectors (one whole, one truncated) and refuses an entry whose kept
+    bytes contradict its sha256, whose state is not `dead_lettered`, or whose message_id is
+    not the entry id's."""
+    from worker.wire.dead_letters import decode_dead_letter
+
+    cases = VECTORS["aip.lifecycle.v1.action_status"]["valid"]
+    whole, _ = decode_dead_letter(_rules_canonical(cases[0]["envelope"]))
+    facts = cases[0]["envelope"]["extensions"][EXTENSION_KEY]["dead_letter"]
+    assert whole.action_id is None and whole.whole
+    assert whole.facts.kept == base64.b64decode(facts["kept"])
+    assert hashlib.sha256(whole.facts.kept).hexdigest() == facts["sha256"]
+    truncated, opened = decode_dead_letter(_rules_canonical(cases[1]["envelope"]))
+    assert truncated.action_id == cases[1]["envelope"]["body"]["action_status"]["action_id"]
+    assert not truncated.whole and len(truncated.facts.kept) == 4096
+    assert opened.verified is not None and opened.verified.did == cases[1]["did"]
+
+    def broken(mutate: Any) -> bytes:
+        envelope = json.loads(json.dumps(cases[0]["envelope"]))
+        envelope.pop("security")
+        mutate(envelope)
+        return _rules_canonical(envelope)
+
+    def kept(data: bytes) -> Any:
+        return lambda e: e["extensions"][EXTENSION_KEY]["dead_letter"].__setitem__(
+            "kept", base64.b64encode(data).decode()
+        )
+
+    for mutate in (
+        kept(b"x" * facts["size"]),  # whole, but not the bytes the sha256 names
+        kept(b"x" * (facts["size"] + 1)),  # more bytes than the message had
+        lambda e: e["body"]["action_status"].__setitem__("state", "failed"),
+        lambda e: e.__setitem__("message_id", "msg_" + "0" * 32),
+    ):
+        with pytest.raises(EnvelopeRejected):
+            decode_dead_letter(broken(mutate))

@@ -772,6 +772,70 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     handoff, handoff_bytes = signed(handoff, RESOLVER_SEED)
+    refused = b'{"not": "an action"}'
+    dead_letter = frame(
+        "aip.lifecycle.v1.action_status",
+        0xD001,
+        WORKER,
+        message_id="msg_" + "d1" * 16,
+        body={
+            "action_status": {
+                "action_id": "dlq_" + "d1" * 16,
+                "state": "dead_lettered",
+                "updated_at": SENT_AT,
+            }
+        },
+        extensions={
+            EXT: {
+                "dead_letter": {
+                    "dlq_id": "dlq_" + "d1" * 16,
+                    "endpoint_id": "h1",
+                    "code": "schema.envelope.invalid",
+                    "category": "permanent",
+                    "reason": "missing required field `aip_version`",
+                    "subject": "aip.hermes.h1.actions",
+                    "stream_seq": 41,
+                    "worker_id": "w1",
+                    "size": len(refused),
+                    "sha256": sha256_hex(refused),
+                    "kept": base64.b64encode(refused).decode(),
+                }
+            }
+        },
+    )
+    dead_letter, dead_letter_bytes = signed(dead_letter, WORKER_SEED)
+    truncated = b"\xff" + bytes(range(256)) * 20
+    authenticated = frame(
+        "aip.lifecycle.v1.action_status",
+        0xD002,
+        WORKER,
+        message_id="msg_" + "d2" * 16,
+        body={
+            "action_status": {
+                "action_id": ACTION_ID,
+                "state": "dead_lettered",
+                "updated_at": SENT_AT,
+            }
+        },
+        extensions={
+            EXT: {
+                "dead_letter": {
+                    "dlq_id": "dlq_" + "d2" * 16,
+                    "endpoint_id": "h1",
+                    "code": "connector_host.replay",
+                    "category": "permanent",
+                    "reason": "Nats-Msg-Id is not the Action's",
+                    "subject": "aip.hermes.h1.actions",
+                    "stream_seq": 42,
+                    "worker_id": "w1",
+                    "size": len(truncated),
+                    "sha256": sha256_hex(truncated),
+                    "kept": base64.b64encode(truncated[:4096]).decode(),
+                }
+            }
+        },
+    )
+    authenticated, authenticated_bytes = signed(authenticated, WORKER_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -886,6 +950,22 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 WORKER_SEED,
                 decision,
                 decision_bytes,
+            ),
+        ],
+        "aip.lifecycle.v1.action_status": [
+            entry(
+                "a DLQ entry of a message never authenticated: filed under its dlq_ id, the "
+                "whole refused bytes kept (base64), signed by the worker",
+                WORKER_SEED,
+                dead_letter,
+                dead_letter_bytes,
+            ),
+            entry(
+                "a DLQ entry of an authenticated Action (its id), the refused bytes "
+                "truncated to their first 4096 (size and sha256 of all of them)",
+                WORKER_SEED,
+                authenticated,
+                authenticated_bytes,
             ),
         ],
         "aip.core.v1.escalation_resolution": [
@@ -1195,6 +1275,31 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("resolved_by",), "ops:erin"),
             ),
         ],
+        "aip.lifecycle.v1.action_status": [
+            ("unknown field at the top level", "check_envelope", top("dlq_id", "dlq_1")),
+            (
+                "unknown field in the body: the reason code belongs in our extension",
+                "open_body",
+                put(("code",), "schema.envelope.invalid"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("dead_letter")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "2.0")),
+            (
+                "null for an absent optional (capability_id): the signature breaks upstream",
+                "signed_form",
+                put(("capability_id",), None),
+            ),
+            (
+                "missing required field body.action_status.updated_at",
+                "open_body",
+                drop("updated_at"),
+            ),
+            (
+                "wrong enum value: state `dlq` (AIP says `dead_lettered`)",
+                "open_body",
+                put(("state",), "dlq"),
+            ),
+        ],
     }
 
 
@@ -1209,6 +1314,7 @@ _BASES = {
     "aip.core.v1.cancel": 0,
     "aip.core.v1.escalation": 0,
     "aip.core.v1.escalation_resolution": 0,
+    "aip.lifecycle.v1.action_status": 0,
 }
 
 
