@@ -335,13 +335,16 @@ def test_the_dlq_vectors_decode_and_a_contradicting_entry_is_refused() -> None:
     cases = VECTORS["aip.lifecycle.v1.action_status"]["valid"]
     whole, _ = decode_dead_letter(_rules_canonical(cases[0]["envelope"]))
     facts = cases[0]["envelope"]["extensions"][EXTENSION_KEY]["dead_letter"]
-    assert whole.action_id is None and whole.whole
+    assert whole.action_id is None
+    assert whole.whole
     assert whole.facts.kept == base64.b64decode(facts["kept"])
     assert hashlib.sha256(whole.facts.kept).hexdigest() == facts["sha256"]
     truncated, opened = decode_dead_letter(_rules_canonical(cases[1]["envelope"]))
     assert truncated.action_id == cases[1]["envelope"]["body"]["action_status"]["action_id"]
-    assert not truncated.whole and len(truncated.facts.kept) == 4096
-    assert opened.verified is not None and opened.verified.did == cases[1]["did"]
+    assert not truncated.whole
+    assert len(truncated.facts.kept) == 4096
+    assert opened.verified is not None
+    assert opened.verified.did == cases[1]["did"]
 
     def broken(mutate: Any) -> bytes:
         envelope = json.loads(json.dumps(cases[0]["envelope"]))
