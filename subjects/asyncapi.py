@@ -87,9 +87,11 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "audit",
         "{prefix}.hermes.{endpoint}.audit.{action_id}",
-        "Receipt",
+        "aip.audit.v1.receipt_chain",
         "AUDIT",
-        "Redacted decision receipts of one Action (Nats-Msg-Id = receipt_id).",
+        "Redacted decision receipts of one Action, each an AIP Receipt in its own "
+        "`aip.audit.v1.receipt_chain` Envelope, hash-chained (`previous_hash`); the Envelope "
+        "that ends a segment is AIP-signed (Nats-Msg-Id = receipt_id).",
         "worker",
     ),
     (
@@ -176,6 +178,7 @@ _MSG_IDS: dict[str, str] = {
     "Envelope's bytes are a function of the escalation)",
     "aip.core.v1.escalation_resolution": "{escalation_id}:resolved",
     "aip.lifecycle.v1.action_status": "{dlq_id} (the DLQ entry's own id)",
+    "aip.audit.v1.receipt_chain": "{receipt_id} (our receipt's id; its `data.receipt_id`)",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
@@ -186,6 +189,8 @@ _SIGNATURES: dict[str, str] = {
     "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
     "given to `escalations resolve --key`; Redis holds the write-once record)",
     "aip.lifecycle.v1.action_status": "Signed by the worker's response key",
+    "aip.audit.v1.receipt_chain": "Unsigned, or signed when it ends a segment (the worker's "
+    "response key; a gateway's or person's key for their own receipts)",
 }
 
 

@@ -124,3 +124,82 @@ def dead_letter_envelope(
     if seed is None:
         return canonical(envelope)
     return canonical(signed(envelope, seed)[0])
+
+
+#: Our events with an AIP receipt type of their own (docs/publishing.md "Audit receipts").
+RECEIPT_TYPES = {
+    "received": "request_received",
+    "admitted": "action_accepted",
+    "provider_request": "tool_executed",
+    "tool_call": "tool_executed",
+    "settled": "result_returned",
+}
+
+
+def _timestamp(unix_ms: int) -> str:
+    from datetime import UTC, datetime
+
+    moment = datetime.fromtimestamp(unix_ms / 1000, UTC)
+    text = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    millis = unix_ms % 1000
+    return text + (f".{millis:03d}".rstrip("0") if millis else "") + "Z"
+
+
+def aip_receipt(fields: dict[str, Any]) -> dict[str, Any]:
+    """Our receipt's fields (`receipt_id`, `event`, … and `prev_sha256`) as the AIP Receipt
+    the rules make of them: id, type, actor, time, data, previous_hash, and the hash over
+    the canonical JSON of the rest (aip-1.0-wire.md §1.15, §2.7)."""
+    import hashlib
+
+    from tests.vectors.aip.make_vectors import canonical
+
+    data = {k: v for k, v in fields.items() if k != "prev_sha256" and v is not None}
+    data.setdefault("fence", 0)
+    data.setdefault("details", {})
+    out: dict[str, Any] = {
+        "id": "rcpt_" + hashlib.sha256(fields["receipt_id"].encode()).hexdigest()[:32],
+        "receipt_type": RECEIPT_TYPES.get(fields["event"], "policy_decision"),
+        "actor": {"id": fields["worker_id"], "kind": "service"},
+        "occurred_at": _timestamp(fields["ts_unix_ms"]),
+        "data": data,
+    }
+    if fields.get("prev_sha256") is not None:
+        out["previous_hash"] = fields["prev_sha256"]
+    out["hash"] = hashlib.sha256(canonical(out)).hexdigest()
+    return out
+
+
+def receipt_envelope(fields: dict[str, Any], *, seed: int | None) -> bytes:
+    """One receipt's `aip.audit.v1.receipt_chain` Envelope built from the rules alone,
+    signed by the key of `seed` with PyNaCl (None: unsigned)."""
+    import hashlib
+
+    from tests.vectors.aip.make_vectors import canonical, signed
+
+    linked = aip_receipt(fields)
+    envelope: dict[str, Any] = {
+        "aip_version": "1.0",
+        "message_type": "aip.audit.v1.receipt_chain",
+        "message_id": "msg_" + linked["id"].removeprefix("rcpt_"),
+        "sent_at": linked["occurred_at"],
+        "from": dict(linked["actor"]),
+        "body": {
+            "receipt_chain": {
+                "chain_id": fields["action_id"],
+                "receipts": [linked],
+                "root_hash": hashlib.sha256(linked["hash"].encode()).hexdigest(),
+            }
+        },
+    }
+    if seed is None:
+        return canonical(envelope)
+    return canonical(signed(envelope, seed)[0])
+
+
+def receipt_fields(data: bytes) -> dict[str, Any]:
+    """Our receipt's fields read back from its Envelope by hand (`prev_sha256` = the AIP
+    receipt's `previous_hash`)."""
+    env = envelope(data)
+    assert env["message_type"] == "aip.audit.v1.receipt_chain", env["message_type"]
+    (linked,) = env["body"]["receipt_chain"]["receipts"]
+    return {**linked["data"], "prev_sha256": linked.get("previous_hash")}

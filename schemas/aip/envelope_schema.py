@@ -64,6 +64,12 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "request/reply) to cancel one Action, signed by the publisher (the gateway key) as the "
     "requester (`from`); answered by an `action_result` or an `error` Envelope signed by the "
     "worker's response key.",
+    "aip.audit.v1.receipt_chain": "One audit receipt on "
+    "`aip.hermes.{endpoint}.audit.{action_id}`: a chain of one AIP Receipt (`chain_id` the "
+    "Action id, `root_hash` the sha256 of the receipt's `hash`), our receipt's fields in its "
+    "`data`; each names the `hash` of the one before it (`previous_hash`) and the Envelope "
+    "that ends a segment is signed by the worker's response key (or a gateway's or "
+    "person's key for their own receipts).",
     "aip.lifecycle.v1.action_status": "A DLQ entry on `aip.hermes.{endpoint}.dlq`: an "
     "ActionStatus in state `dead_lettered`, signed by the worker's response key; the refused "
     "message (its size, sha256, first bytes) and why are in "

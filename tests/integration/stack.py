@@ -29,6 +29,7 @@ from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import receipt_fields
 from worker.aip.canonical import canonical_bytes
 from worker.aip.signing import sign_envelope as aip_sign_envelope
 from worker.client import ActionHandle, AipClient
@@ -156,8 +157,10 @@ class Stack:
         ]
 
     async def receipts(self, action_id: str) -> list[Receipt]:
+        """The Action's receipts as stored, read by hand from their `receipt_chain`
+        Envelopes (not verified: `AipClient.audit_chain` verifies)."""
         found = [
-            msgspec.json.decode(m, type=Receipt)
+            msgspec.convert(receipt_fields(m), Receipt)
             for m in await self.stream_messages("audit", self.subjects.audit(ENDPOINT, action_id))
         ]
         return [r for r in found if r.action_id == action_id]

@@ -365,3 +365,32 @@ def test_the_dlq_vectors_decode_and_a_contradicting_entry_is_refused() -> None:
     ):
         with pytest.raises(EnvelopeRejected):
             decode_dead_letter(broken(mutate))
+
+
+def test_the_receipt_vectors_decode_as_a_linked_segment_and_a_bent_one_is_refused() -> None:
+    """The two receipt Envelopes are one segment: the signed one names the unsigned one's
+    hash, and the reader recomputes every hash (a receipt whose data changed after its hash
+    was taken, or whose root_hash is not its hash's, is refused)."""
+    from worker.wire.receipts import decode_receipt
+
+    opening, closing = (c["envelope"] for c in VECTORS["aip.audit.v1.receipt_chain"]["valid"])
+    first, first_hash, unsigned = decode_receipt(_rules_canonical(opening))
+    last, _, signed = decode_receipt(_rules_canonical(closing))
+    assert unsigned.verified is None
+    assert signed.verified is not None
+    assert last.prev_sha256 == first_hash
+    assert (first.event.value, last.event.value) == ("received", "settled")
+
+    def bent(mutate: Any) -> bytes:
+        envelope = json.loads(json.dumps(opening))
+        mutate(envelope["body"]["receipt_chain"])
+        return _rules_canonical(envelope)
+
+    for mutate in (
+        lambda chain: chain["receipts"][0]["data"].__setitem__("fence", 5),
+        lambda chain: chain.__setitem__("root_hash", "0" * 64),
+        lambda chain: chain.__setitem__("chain_id", "act_" + "f" * 32),
+        lambda chain: chain["receipts"][0].__setitem__("receipt_type", "policy_decision"),
+    ):
+        with pytest.raises(EnvelopeRejected):
+            decode_receipt(bent(mutate))

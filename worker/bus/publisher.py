@@ -42,6 +42,7 @@ from worker.errors import PublishFailed, StreamFull
 from worker.wire.chunks import encode_chunk
 from worker.wire.dead_letters import encode_dead_letter
 from worker.wire.escalations import encode_escalation, encode_resolution
+from worker.wire.receipts import encode_receipt
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
     from worker.bus.acked_publish import AckedPublisher
@@ -309,25 +310,22 @@ class BusPublisher:
             give_up_when_full=True,
         )
 
-    async def receipt(
-        self, receipt: Receipt, payload: bytes | None = None, *, sign: bool = True
-    ) -> None:
+    async def receipt(self, receipt: Receipt, payload: bytes | None = None) -> None:
         """Best effort, never blocks the delivery: a lost receipt must not stall real work.
 
         Sent as a plain NATS publish to the audit stream's subject (JetStream stores it all
         the same, deduplicated by its `Nats-Msg-Id`) rather than with `publish_async`: no
         caller ever waited for a receipt's acknowledgement, so asking the server for one
         (a reply inbox, a future and a JSON PubAck per receipt) bought nothing. `payload` is
-        the receipt as already encoded (the audit log hashes it to link the next one);
-        `sign` signs its exact bytes, what the last receipt of a segment gets
-        (`worker.bus.audit`), so `audit` can exclude a receipt another role appended.
+        the receipt's `receipt_chain` Envelope as `worker.bus.audit` sealed it (signed when
+        it ends a segment, so `audit` can exclude a receipt another role appended); None
+        sends it unsigned (`worker.wire.receipts`).
         """
         try:
             subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
-            payload = encode(receipt) if payload is None else payload
+            if payload is None:
+                payload = encode_receipt(receipt, signer=None)[0]
             headers = {MSG_ID: receipt.receipt_id}
-            if sign and self.signer is not None:
-                headers.update(self.signer.headers(payload))
             tracing.inject(headers)
             nc = self.nc
             if nc is not None:

@@ -15,8 +15,9 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
   (`worker.wire.escalations`), so a reader (`escalations list | show | resolve`, the
   `escalations_open` gauge) ignores one that anyone with publish rights on the escalations
   subject forged;
-* audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
-  segment's last is signed), so `audit` excludes a receipt another role appended.
+* audit Receipts, as AIP Receipts in `receipt_chain` Envelopes (`worker.wire.receipts`), in
+  segments (`worker.bus.audit`: each names the AIP hash of the one before, the segment's
+  last Envelope is AIP-signed), so `audit` excludes a receipt another role appended.
 * every ChannelDelivery and every ingress ChannelMessage (docs/channels.md), so the egress
   intake and the ingress cursor believe only what a trusted worker produced
   (`worker_trust`, `verify_worker_signed`).
@@ -41,7 +42,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import nkeys
 
 from schemas.audit import Receipt
@@ -70,11 +70,10 @@ from worker.wire.chunks import decode_chunk
 from worker.wire.dead_letters import DeadLetter, decode_dead_letter
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened
 from worker.wire.escalations import decode_escalation, decode_resolution
+from worker.wire.receipts import decode_receipt
 from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
-
-_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 _UNSIGNED_WARNING = (
     "AIPD_ALLOW_UNSIGNED_RESPONSES is on and no AIPD_WORKER_SIGNING_KEY_FILE is set: results "
@@ -89,8 +88,8 @@ def sha256_hex(data: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ResponseSigner:
-    """This worker's signing key: `headers` signs one payload the nkey way (receipts,
-    channel messages), `aip` signs AIP Envelopes (results, escalations, DLQ entries)."""
+    """This worker's signing key: `headers` signs one payload the nkey way (channel
+    messages), `aip` signs AIP Envelopes (results, escalations, DLQ entries, receipts)."""
 
     _pair: nkeys.KeyPair = field(repr=False)
     public_key: str
@@ -292,12 +291,23 @@ def read_resolution_copy(
     return resolution
 
 
-def verify_receipt(
-    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
-) -> tuple[Receipt, str]:
-    """The receipt in `payload` and the trusted key that signed exactly these bytes."""
-    signer = _verify(payload, headers or {}, trusted)
-    return _receipt_decoder.decode(payload), signer
+def read_receipt(
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> tuple[Receipt, str, Opened]:
+    """`worker.wire.receipts.decode_receipt` (the receipt, its AIP hash, its Envelope, whose
+    signature, when it has one, verified), every refusal an UnverifiedResponse: what is on
+    an audit subject and is not one of our receipts is something no trusted process filed."""
+    try:
+        return decode_receipt(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"receipt: {exc.reason}") from None
+
+
+def verify_receipt(data: bytes, trusted: TrustedGatewayKeys) -> tuple[Receipt, str]:
+    """The receipt in the Envelope `data` and the trusted key that signed it;
+    UnverifiedResponse when it is not a receipt, unsigned, or signed by another key."""
+    receipt, _, opened = read_receipt(data)
+    return receipt, check_worker_signed(opened, trusted, what="receipt")
 
 
 def read_chunk(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> StreamChunk:

@@ -250,6 +250,56 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: Our events with an AIP receipt type of their own; every other is `policy_decision`.
+RECEIPT_TYPES = {
+    "received": "request_received",
+    "admitted": "action_accepted",
+    "provider_request": "tool_executed",
+    "tool_call": "tool_executed",
+    "settled": "result_returned",
+}
+
+
+def rfc3339_ms(unix_ms: int) -> str:
+    """Unix ms as RFC 3339 UTC, fraction digits only when non-zero, trailing zeros cut."""
+    import datetime as dt
+
+    text = dt.datetime.fromtimestamp(unix_ms // 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    millis = unix_ms % 1000
+    return text + (f".{millis:03d}".rstrip("0") if millis else "") + "Z"
+
+
+def receipt_chain_envelope(fields: dict[str, Any], previous_hash: str | None) -> dict[str, Any]:
+    """One of our receipts as the audit subject carries it (docs/publishing.md "Audit
+    receipts"): an AIP Receipt whose `data` is our fields (null trace_id left out), `hash`
+    = sha256 of its canonical JSON without `hash`, in a chain of one (`root_hash` = sha256
+    of that hash), from the process that filed it."""
+    receipt: dict[str, Any] = {
+        "id": "rcpt_" + sha256_hex(fields["receipt_id"].encode())[:32],
+        "receipt_type": RECEIPT_TYPES.get(fields["event"], "policy_decision"),
+        "actor": {"id": fields["worker_id"], "kind": "service"},
+        "occurred_at": rfc3339_ms(fields["ts_unix_ms"]),
+        "data": dict(fields),
+    }
+    if previous_hash is not None:
+        receipt["previous_hash"] = previous_hash
+    receipt["hash"] = sha256_hex(canonical(receipt))
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.audit.v1.receipt_chain",
+        "message_id": "msg_" + receipt["id"].removeprefix("rcpt_"),
+        "sent_at": receipt["occurred_at"],
+        "from": dict(receipt["actor"]),
+        "body": {
+            "receipt_chain": {
+                "chain_id": fields["action_id"],
+                "receipts": [receipt],
+                "root_hash": sha256_hex(receipt["hash"].encode()),
+            }
+        },
+    }
+
+
 def frame(message_type: str, number: int, sender: dict[str, Any], **more: Any) -> dict[str, Any]:
     return {
         "aip_version": "1.0",
@@ -836,6 +886,34 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     authenticated, authenticated_bytes = signed(authenticated, WORKER_SEED)
+    received = receipt_chain_envelope(
+        {
+            "receipt_id": f"{ACTION_ID}:received:0:w1:0",
+            "event": "received",
+            "action_id": ACTION_ID,
+            "endpoint_id": "h1",
+            "worker_id": "w1",
+            "fence": 0,
+            "ts_unix_ms": T0_MS,
+            "details": {"capability": "cap:hermes_agent:h1:chat", "bytes": 512},
+        },
+        None,
+    )
+    settled = receipt_chain_envelope(
+        {
+            "receipt_id": f"{ACTION_ID}:settled:1:w1:7",
+            "event": "settled",
+            "action_id": ACTION_ID,
+            "endpoint_id": "h1",
+            "worker_id": "w1",
+            "fence": 1,
+            "trace_id": "0af7651916cd43dd8448eb211c80319c",
+            "ts_unix_ms": T0_MS + 1250,
+            "details": {"status": "completed", "duration_ms": 1250.5, "note": None},
+        },
+        received["body"]["receipt_chain"]["receipts"][0]["hash"],
+    )
+    settled, settled_bytes = signed(settled, WORKER_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -950,6 +1028,22 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 WORKER_SEED,
                 decision,
                 decision_bytes,
+            ),
+        ],
+        "aip.audit.v1.receipt_chain": [
+            entry(
+                "an unsigned receipt opening a segment: request_received, no previous_hash, "
+                "root_hash = sha256 of its hash",
+                None,
+                received,
+                None,
+            ),
+            entry(
+                "the signed receipt ending the segment: result_returned, previous_hash = "
+                "the hash of the receipt before, a float and a null in the free data",
+                WORKER_SEED,
+                settled,
+                settled_bytes,
             ),
         ],
         "aip.lifecycle.v1.action_status": [
@@ -1275,6 +1369,32 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("resolved_by",), "ops:erin"),
             ),
         ],
+        "aip.audit.v1.receipt_chain": [
+            ("unknown field at the top level", "check_envelope", top("receipt_id", "r1")),
+            (
+                "unknown field in the body: our old name `event` on the chain",
+                "open_body",
+                put(("event",), "settled"),
+            ),
+            (
+                "unknown field nested in a receipt: our old `prev_sha256`",
+                "open_body",
+                put(("receipts", 0, "prev_sha256"), "0" * 64),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("receipt")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1")),
+            (
+                "null for an absent optional (root_hash): the signature breaks upstream",
+                "signed_form",
+                put(("root_hash",), None),
+            ),
+            ("missing required field body.receipt_chain.chain_id", "open_body", drop("chain_id")),
+            (
+                "wrong enum value: receipt_type `settled` (ours; AIP says `result_returned`)",
+                "open_body",
+                put(("receipts", 0, "receipt_type"), "settled"),
+            ),
+        ],
         "aip.lifecycle.v1.action_status": [
             ("unknown field at the top level", "check_envelope", top("dlq_id", "dlq_1")),
             (
@@ -1315,6 +1435,7 @@ _BASES = {
     "aip.core.v1.escalation": 0,
     "aip.core.v1.escalation_resolution": 0,
     "aip.lifecycle.v1.action_status": 0,
+    "aip.audit.v1.receipt_chain": 1,
 }
 
 
