@@ -6,8 +6,9 @@ acked only after it is durable. Every message carries a `Nats-Msg-Id`, so a repu
 crash or a retry is dropped by the server inside the duplicate window. Chunks and results are
 AIP Envelopes made by `worker.wire.chunks` / `worker.wire.results` (a result already signed
 inside, `security.signature`), escalations and their resolutions by `worker.wire.escalations`
-(signed inside), DLQ entries by `worker.wire.dead_letters` (signed inside); receipts,
-channel deliveries and ingress messages are signed with the worker's key in headers when it has one
+(signed inside), DLQ entries by `worker.wire.dead_letters` (signed inside), receipts by
+`worker.wire.receipts` (a segment's last one signed inside, `worker.bus.audit`); channel
+deliveries and ingress messages are signed with the worker's key in headers when it has one
 (`worker.trust.responses`): each reader believes only what a trusted worker signed.
 """
 
