@@ -4,11 +4,13 @@ Receipts let an operator reconstruct what happened to an Action without trusting
 process. They are redacted by construction: `details` holds only scalars chosen by the
 emitting code (input appears only as a fingerprint, never a body, header value or key).
 
-A worker signs receipts in segments (worker/bus/audit.py): the receipts one process sends
-about one Action back to back each name the hash of the one before (`prev_sha256`), and the
-segment's last receipt is signed (`Aip-Signer` / `Aip-Signature` over its exact bytes), so
-one Ed25519 signature vouches for the whole segment. `audit` believes a receipt that a
-trusted worker signed or that a signed receipt links back to.
+On the wire (`worker/wire/receipts.py`) each receipt is an AIP Receipt in an
+`aip.audit.v1.receipt_chain` Envelope, these fields its `data`. A worker signs receipts in
+segments (worker/bus/audit.py): the receipts one process sends about one Action back to
+back each name the AIP hash of the one before (`prev_sha256`, the Receipt's
+`previous_hash`), and the Envelope of the segment's last receipt is AIP-signed, so one
+Ed25519 signature vouches for the whole segment. `audit` believes a receipt that a trusted
+worker signed or that a signed receipt links back to.
 """
 
 from __future__ import annotations
@@ -76,6 +78,6 @@ class Receipt(WireStruct, kw_only=True, frozen=True):
     trace_id: str | None = None
     ts_unix_ms: UnixMs
     details: dict[str, DetailValue] = msgspec.field(default_factory=dict)
-    #: The sha256 (hex) of the exact bytes of the receipt this worker published just before
-    #: this one about the same Action, in the same signed segment; None opens a segment.
+    #: The AIP `hash` of the receipt this worker published just before this one about the
+    #: same Action, in the same signed segment (its `previous_hash`); None opens a segment.
     prev_sha256: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{64}\Z")] | None = None

@@ -20,7 +20,7 @@ ENDPOINT_ID_PATTERN = r"^[a-z0-9][a-z0-9_-]{0,62}\Z"
 OPERATION_PATTERN = r"^[a-z][a-z0-9_]{0,62}\Z"
 CAPABILITY_PATTERN = r"^cap:hermes_agent:[a-z0-9][a-z0-9_-]{0,62}:[a-z][a-z0-9_]{0,62}\Z"
 RUN_ID_PATTERN = r"^run_[0-9a-f]{32}\Z"
-#: A DLQ entry's own id (`Aip-Dlq-Id`): the receipts of an envelope that was not
+#: A DLQ entry's own id (its `dead_letter.dlq_id`): the receipts of an envelope that was not
 #: authenticated go under it, never under the Action id the envelope claims.
 DLQ_ID_PATTERN = r"^dlq_[0-9a-f]{32}\Z"
 

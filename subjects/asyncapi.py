@@ -80,17 +80,22 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
     (
         "dlq",
         "{prefix}.hermes.{endpoint}.dlq",
-        "RejectedEnvelope",
+        "aip.lifecycle.v1.action_status",
         "DLQ",
-        "Rejected envelopes byte for byte; the reason is in the Aip-Dlq-* headers.",
+        "Each refused message as an AIP `aip.lifecycle.v1.action_status` Envelope in state "
+        "`dead_lettered`, signed by the worker's response key; why, where from, the refused "
+        "bytes' size and sha256 and their first AIPD_DLQ_KEEP_BYTES are in "
+        "`extensions[\"org.aip-hermes-worker\"].dead_letter`.",
         "worker",
     ),
     (
         "audit",
         "{prefix}.hermes.{endpoint}.audit.{action_id}",
-        "Receipt",
+        "aip.audit.v1.receipt_chain",
         "AUDIT",
-        "Redacted decision receipts of one Action (Nats-Msg-Id = receipt_id).",
+        "Redacted decision receipts of one Action, each an AIP Receipt in its own "
+        "`aip.audit.v1.receipt_chain` Envelope, hash-chained (`previous_hash`); the Envelope "
+        "that ends a segment is AIP-signed (Nats-Msg-Id = receipt_id).",
         "worker",
     ),
     (
@@ -184,10 +189,12 @@ _MSG_IDS: dict[str, str] = {
     "aip.channel.v1.message_created": "{endpoint}:{Hermes message id} (also the body's "
     "`delivery.dedupe_id`)",
     "aip.lifecycle.v1.action_status": "{action_id}:queue:create, {action_id}:queue:{state} "
-    "or {action_id}:lifecycle:{state} (one per child, store and state)",
+    "or {action_id}:lifecycle:{state} (one per child, store and state); a DLQ entry: "
+    "{dlq_id} (the entry's own id)",
     "aip.agent.v1.delegation_request": "{delegation action id}:{first 32 hex digits of "
     "the sha256 of the payload} (the delegation action id is `act_` + 32 hex digits derived "
     "from the delegation_id, `worker.delegation.action_id`)",
+    "aip.audit.v1.receipt_chain": "{receipt_id} (our receipt's id; its `data.receipt_id`)",
 }
 _SIGNATURES: dict[str, str] = {
     "aip.core.v1.action": "Signed by the publisher (a trusted gateway key; unsigned ones "
@@ -198,11 +205,13 @@ _SIGNATURES: dict[str, str] = {
     "aip.channel.v1.message_created": "Signed by the worker's response key (the follower's)",
     "aip.core.v1.escalation_resolution": "Signed by the person who resolved it (the key "
     "given to `escalations resolve --key`; Redis holds the write-once record)",
-    "aip.lifecycle.v1.action_status": "Signed by the gateway key (the only writer); a "
-    "record no trusted gateway key signed is never evidence, whatever "
-    "AIPD_ALLOW_UNSIGNED_ENVELOPES says",
+    "aip.lifecycle.v1.action_status": "Runtime records: signed by the gateway key (the only "
+    "writer); a record no trusted gateway key signed is never evidence, whatever "
+    "AIPD_ALLOW_UNSIGNED_ENVELOPES says. DLQ entries: signed by the worker's response key",
     "aip.agent.v1.delegation_request": "Signed by the publisher (a trusted gateway key; "
     "unsigned ones are taken only where AIPD_ALLOW_UNSIGNED_ENVELOPES is on, in development)",
+    "aip.audit.v1.receipt_chain": "Unsigned, or signed when it ends a segment (the worker's "
+    "response key; a gateway's or person's key for their own receipts)",
 }
 
 
@@ -316,11 +325,6 @@ def document(prefix: str = "aip") -> dict[str, Any]:
         schemas[name] = json.loads(render(name))
     for message_type in AIP_EXPORTED:
         schemas[message_type] = json.loads(render_envelope(message_type))
-    schemas["RejectedEnvelope"] = {
-        "description": "The rejected payload, unchanged (any bytes).",
-        "type": "string",
-        "contentEncoding": "binary",
-    }
     for channel_id, address, message, stream, description, sender in _CHANNELS:
         params = {
             p: {"description": f"the {p.replace('_', ' ')}"}
@@ -352,9 +356,7 @@ def document(prefix: str = "aip") -> dict[str, Any]:
             continue
         messages[message] = {
             "name": message,
-            "contentType": "application/json"
-            if message != "RejectedEnvelope"
-            else "application/octet-stream",
+            "contentType": "application/json",
             "payload": {"$ref": f"#/components/schemas/{message}"},
         }
     return {

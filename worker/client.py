@@ -29,7 +29,6 @@ the client raises (`UnverifiedResponse`, `CannotSign`) can be imported from this
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -38,7 +37,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import msgspec
 import nats
 import nats.errors
 from nats.aio.client import Client as NATS
@@ -67,8 +65,8 @@ from worker.trust.responses import (
     check_worker_signed,
     open_result,
     read_chunk,
+    read_receipt,
     sha256_hex,
-    verify_receipt,
 )
 from worker.trust.signing import TrustedGatewayKeys
 from worker.wire.actions import GATEWAY_SENDER, decode_action, encode_action
@@ -80,13 +78,13 @@ from worker.wire.cancels import (
 )
 from worker.wire.channels import decode_inbound
 from worker.wire.delegations import decode_delegation, encode_delegation
+from worker.wire.envelopes import Opened
 from worker.wire.manifests import decode_manifest_response, encode_manifest_request
 
 #: How long a cancel waits for its Action to settle unless told otherwise, and how much
 #: longer than that the request waits for the worker's answer.
 CANCEL_WAIT_S = 20.0
 CANCEL_REPLY_MARGIN_S = 5.0
-_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 
 class ActionHandle:
@@ -552,8 +550,8 @@ class AipClient:
         found: list[tuple[int, Receipt]] = []
         for seq, data, _ in await self._audit_messages(endpoint_id, action_id):
             try:
-                found.append((seq, _receipt_decoder.decode(data)))
-            except msgspec.DecodeError:
+                found.append((seq, read_receipt(data)[0]))
+            except UnverifiedResponse:
                 continue
         return sorted(found, key=lambda entry: entry[1].ts_unix_ms)
 
@@ -566,8 +564,9 @@ class AipClient:
     ) -> AuditChain:
         """One Action's receipt chain as trusted workers signed it, and what was set aside.
 
+        Each message is a `receipt_chain` Envelope of one AIP Receipt (`worker.wire.receipts`).
         With trusted worker keys, a receipt is in the chain when a trusted worker signed its
-        exact bytes, or when a receipt in the chain names its sha256 as `prev_sha256` (a
+        Envelope, or when a receipt in the chain names its AIP `hash` as `previous_hash` (a
         worker signs the last receipt of each segment, `worker.bus.audit`) from the same
         worker about the same Action; it must name this Action and its id must not have been
         seen before (a copy). A gateway's `tool_call` receipt may instead be signed by a key
@@ -578,22 +577,26 @@ class AipClient:
         (`chain.verified` is False) and only malformed messages are set aside.
         """
         chain = AuditChain(verified=self.trusted_worker_keys is not None)
-        decoded: list[tuple[int, bytes, Mapping[str, str] | None, Receipt]] = []
-        for seq, data, headers in await self._audit_messages(endpoint_id, action_id):
+        decoded: list[tuple[int, str, Opened, Receipt]] = []
+        for seq, data, _ in await self._audit_messages(endpoint_id, action_id):
             try:
-                decoded.append((seq, data, headers, _receipt_decoder.decode(data)))
-            except msgspec.DecodeError as exc:
+                receipt, digest, opened = read_receipt(data)
+            except UnverifiedResponse as exc:
                 chain.malformed.append(SetAside(seq, f"not a receipt: {str(exc)[:200]}"))
+                continue
+            decoded.append((seq, digest, opened, receipt))
         if self.trusted_worker_keys is None:
             chain.entries = [AuditEntry(seq, receipt, None) for seq, _, _, receipt in decoded]
             chain.entries.sort(key=lambda entry: entry.receipt.ts_unix_ms)
             return chain
-        by_hash = {hashlib.sha256(data).hexdigest(): n for n, (_, data, _, _) in enumerate(decoded)}
+        by_hash = {digest: n for n, (_, digest, _, _) in enumerate(decoded)}
         signers: dict[int, str] = {}
         refusals: dict[int, str] = {}
-        for n, (_, data, headers, _) in enumerate(decoded):
+        for n, (_, _, opened, _) in enumerate(decoded):
             try:
-                signers[n] = verify_receipt(data, headers, self.trusted_worker_keys)[1]
+                signers[n] = check_worker_signed(
+                    opened, self.trusted_worker_keys, what="receipt"
+                )
             except UnverifiedResponse as exc:
                 refusals[n] = str(exc)
         # Each receipt a worker signed vouches for the segment it ends: walk its links back.
@@ -611,8 +614,8 @@ class AipClient:
                 link = linked.prev_sha256
         for n in refusals:
             if n not in signers:
-                _, data, headers, receipt = decoded[n]
-                gateway = _gateway_signer(receipt, data, headers, trusted_gateway_keys)
+                _, _, opened, receipt = decoded[n]
+                gateway = _gateway_signer(receipt, opened, trusted_gateway_keys)
                 if gateway is not None:
                     signers[n] = gateway
         seen: set[str] = set()
@@ -740,10 +743,7 @@ GATEWAY_RECEIPTS = frozenset(
 
 
 def _gateway_signer(
-    receipt: Receipt,
-    data: bytes,
-    headers: Mapping[str, str] | None,
-    trusted: TrustedGatewayKeys | None,
+    receipt: Receipt, opened: Opened, trusted: TrustedGatewayKeys | None
 ) -> str | None:
     """The trusted gateway key that signed a gateway's own receipt (`tool_call`, or a
     publisher's `dlq_replayed` / `dlq_discarded`), if any: a gateway key never vouches for
@@ -751,6 +751,6 @@ def _gateway_signer(
     if trusted is None or receipt.event not in GATEWAY_RECEIPTS:
         return None
     try:
-        return verify_receipt(data, headers, trusted)[1]
+        return check_worker_signed(opened, trusted, what="receipt")
     except UnverifiedResponse:
         return None

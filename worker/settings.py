@@ -267,8 +267,8 @@ class Settings(BaseSettings):
     stream_runtime_max_bytes: Annotated[int, Field(ge=65_536)] = 134_217_728
     """Byte limit of each AIP runtime stream `provision --runtime-stores` creates."""
     dlq_keep_bytes: Annotated[int, Field(ge=256, le=65_536)] = 4_096
-    """Bytes of a refused payload kept in its DLQ entry; the rest is summarized by the
-    `Aip-Dlq-Size` and `Aip-Dlq-Sha256` headers."""
+    """Bytes of a refused payload kept in its DLQ entry; the whole is summarized by the
+    entry's `size` and `sha256` (docs/publishing.md "The dead-letter queue")."""
     dlq_rate_per_s: Annotated[float, Field(gt=0, le=100_000)] = 10.0
     """DLQ entries this worker writes per second per source subject (token bucket); refusals
     over the rate are terminated and counted in `dlq_dropped_total{reason="rate"}`."""

@@ -78,12 +78,21 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "that the Hermes operator of `agent:hermes_operator:{endpoint}` make one exact child "
     "Action through `aip_call`; signed by the publisher (the gateway key). The requested "
     "scope list is `metadata.scopes` (`scope` is that list joined by single spaces).",
-    "aip.lifecycle.v1.action_status": "A record of the AIP runtime's stores a delegated "
-    "child is verified against, signed by the gateway key: its queue entry on "
-    "`aip.runtime.queue.{action_id}` (`extensions` `record: queue`: the child Action and "
-    "the authorization context) or its lifecycle record with the durable result on "
-    "`aip.runtime.lifecycle.{action_id}` (`record: lifecycle`, `result` an ActionResult). "
-    "The last message per subject is the current record.",
+    "aip.audit.v1.receipt_chain": "One audit receipt on "
+    "`aip.hermes.{endpoint}.audit.{action_id}`: a chain of one AIP Receipt (`chain_id` the "
+    "Action id, `root_hash` the sha256 of the receipt's `hash`), our receipt's fields in its "
+    "`data`; each names the `hash` of the one before it (`previous_hash`) and the Envelope "
+    "that ends a segment is signed by the worker's response key (or a gateway's or "
+    "person's key for their own receipts).",
+    "aip.lifecycle.v1.action_status": "An ActionStatus a consumer acts on, of two kinds. "
+    "A record of the AIP runtime's stores a delegated child is verified against, signed by "
+    "the gateway key: its queue entry on `aip.runtime.queue.{action_id}` (`extensions` "
+    "`record: queue`: the child Action and the authorization context) or its lifecycle record "
+    "with the durable result on `aip.runtime.lifecycle.{action_id}` (`record: lifecycle`, "
+    "`result` an ActionResult); the last message per subject is the current record. Or a DLQ "
+    "entry on `aip.hermes.{endpoint}.dlq`: state `dead_lettered`, signed by the worker's "
+    "response key; the refused message (its size, sha256, first bytes) and why are in "
+    "`extensions[\"org.aip-hermes-worker\"].dead_letter`.",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
     "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
     "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "

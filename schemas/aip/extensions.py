@@ -17,13 +17,15 @@ import msgspec
 from msgspec import Meta
 
 from schemas.action import ApprovalRef, DelegationRef
+from schemas.aip.result import ErrorCategory
 from schemas.channel import (
     INGRESS_SESSION_PATTERN,
     MAX_INGRESS_CONTENT_BYTES,
     ChannelRole,
     ChannelSource,
 )
-from schemas.ids import ActionId, EndpointId, ShortText, UnixMs
+from schemas.errors import ErrorCode
+from schemas.ids import DLQ_ID_PATTERN, ActionId, EndpointId, ShortText, UnixMs
 from schemas.lifecycle import AuthenticatedPrincipal
 
 #: Our namespace in `Envelope.extensions` (reverse-DNS of the project name).
@@ -334,24 +336,75 @@ class DelegationExtension(_Extension, frozen=True):
     ] = None
 
 
-class RuntimeRecordExtension(_Extension, frozen=True):
-    """What an `aip.lifecycle.v1.action_status` Envelope on the runtime's stores carries
-    beyond the AIP ActionStatus: which store's record it is, and the internal authorization
-    context AIP has no field for (the gateway writes it, the delegation resolver checks it).
-    A queue record carries the child Action and the authorization keys; a lifecycle record
-    the settled result's capability and time."""
+class DeadLetterFacts(_Extension, frozen=True):
+    """One refused message kept on `aip.hermes.{endpoint}.dlq`: why, where it came from,
+    and its bytes (at most `AIPD_DLQ_KEEP_BYTES` of them), under the worker's signature."""
 
-    record: Annotated[
-        Literal["queue", "lifecycle"],
+    dlq_id: Annotated[
+        str,
         Meta(
-            description="`queue`: the child's queue entry (`aip.runtime.queue.{id}`); "
-            "`lifecycle`: its lifecycle record with the durable result "
-            "(`aip.runtime.lifecycle.{id}`)."
+            pattern=DLQ_ID_PATTERN,
+            description="The entry's own id (`dlq_` + 32 hex), also its `Nats-Msg-Id`; the "
+            "receipts about a message that was never authenticated are filed under it.",
         ),
     ]
-    updated_at_unix_ms: Annotated[
-        UnixMs, Meta(description="When the record was written (Unix ms; also `updated_at`).")
+    endpoint_id: Annotated[EndpointId, Meta(description="The endpoint whose worker refused it.")]
+    code: Annotated[ErrorCode, Meta(description="The refusal's error code.")]
+    category: Annotated[ErrorCategory, Meta(description="The code's error category.")]
+    reason: Annotated[
+        str,
+        Meta(
+            max_length=300,
+            description="Why it was refused, for people: printable ASCII, at most 300 "
+            "characters, never a secret.",
+        ),
     ]
+    subject: Annotated[str, Meta(description="The subject the refused message arrived on.")]
+    stream_seq: Annotated[
+        int,
+        Meta(
+            ge=-1,
+            description="Its sequence in the source stream (or the channel's message id); "
+            "-1 when it has none.",
+        ),
+    ]
+    worker_id: Annotated[str, Meta(description="The worker that refused it.")]
+    size: Annotated[int, Meta(ge=0, description="The refused message's size in bytes.")]
+    sha256: Annotated[
+        Sha256Hex,
+        Meta(description="sha256 (hex) of the whole refused message, also of a truncated one."),
+    ]
+    kept: Annotated[
+        bytes,
+        Meta(
+            description="The refused message's first bytes (all of them when `size` is "
+            "their length), standard base64 with padding: what `dlq replay` republishes."
+        ),
+    ]
+
+
+class StatusExtension(_Extension, frozen=True):
+    """What an `aip.lifecycle.v1.action_status` Envelope carries beyond the AIP ActionStatus.
+    Two writers use the type: the gateway's runtime records (`record`: which store, and the
+    internal authorization context AIP has no field for; the delegation resolver checks it)
+    and the workers' DLQ entries (`dead_letter`). Each reader requires its own part
+    (`worker/wire/runtime_records.py`, `worker/wire/dead_letters.py`)."""
+
+    record: Annotated[
+        Literal["queue", "lifecycle"] | None,
+        Meta(
+            description="Runtime records: `queue`, the child's queue entry "
+            "(`aip.runtime.queue.{id}`); `lifecycle`, its lifecycle record with the durable "
+            "result (`aip.runtime.lifecycle.{id}`). Absent on a DLQ entry."
+        ),
+    ] = None
+    updated_at_unix_ms: Annotated[
+        UnixMs | None,
+        Meta(
+            description="Runtime records: when the record was written (Unix ms; also "
+            "`updated_at`)."
+        ),
+    ] = None
     action: Annotated[
         dict[str, Any] | None,
         Meta(
@@ -400,6 +453,10 @@ class RuntimeRecordExtension(_Extension, frozen=True):
             "ms; also `completed_at`)."
         ),
     ] = None
+    dead_letter: Annotated[
+        DeadLetterFacts | None,
+        Meta(description="On a DLQ entry (state `dead_lettered`): the refused message."),
+    ] = None
 
 
 #: message_type → the extension object it carries.
@@ -412,7 +469,7 @@ EXTENSIONS: Final[dict[str, type[_Extension]]] = {
     "aip.core.v1.escalation": EscalationExtension,
     "aip.core.v1.escalation_resolution": ResolutionExtension,
     "aip.agent.v1.delegation_request": DelegationExtension,
-    "aip.lifecycle.v1.action_status": RuntimeRecordExtension,
+    "aip.lifecycle.v1.action_status": StatusExtension,
 }
 
 #: The message types whose Envelope always carries our extension (a worker writes them, and

@@ -2,11 +2,11 @@
 
     .venv/bin/python -m tests.bench.receipt_signing [--receipts 20000] [--per-action 8]
 
-A micro-benchmark, not a test: it measures the work signed receipts add to the worker
-(`ResponseSigner.headers` over an encoded receipt: an Ed25519 signature and a base64url
-encoding; and the link `worker.bus.audit` adds to each receipt of a segment: a struct copy
-with `prev_sha256` and a sha256 of the encoded bytes) against the encoding a receipt always
-had, on receipts shaped like the ones `AuditLog.emit` builds, and prints the cost per Action
+A micro-benchmark, not a test: it measures the work signed receipts add to the worker (the
+AIP-signed `receipt_chain` Envelope of a receipt, `worker.wire.receipts.encode_receipt` with
+a signer, against the same Envelope unsigned; and the link `worker.bus.audit` adds to each
+receipt of a segment: a struct copy with `prev_sha256`) against the unsigned Envelope
+every receipt is sent in, on receipts shaped like `AuditLog.emit`'s, and prints the cost per Action
 next to the worker's 1.38 ms of CPU per operator Action, both for a signature on every
 receipt and for the segments the worker signs (`--signatures-per-action`: measured with
 real workers as 1.0, one at a time and 50 operator Actions at once, 8 receipts each).
@@ -16,7 +16,6 @@ docs/security.md cites the figures. It also reports what `audit` pays to verify 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,9 +24,9 @@ from pathlib import Path
 import msgspec
 
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.codec import encode
 from worker.trust.responses import ResponseSigner, verify_receipt
 from worker.trust.signing import TrustedGatewayKeys, generate_keypair, write_seed_file
+from worker.wire.receipts import encode_receipt
 
 #: The worker's CPU per operator Action in BENCHMARKS.md's figure 1.
 CPU_PER_ACTION_MS = 1.38
@@ -78,28 +77,32 @@ def main() -> None:
         write_seed_file(seed_file, pair.seed)
         signer = ResponseSigner.load(seed_file)
     trusted = TrustedGatewayKeys.of([signer.public_key])
-    encoded = [encode(r) for r in sample]
-    signed = [(data, signer.headers(data)) for data in encoded]
+    encoded = [encode_receipt(r, signer=None)[0] for r in sample]
+    signed = [encode_receipt(r, signer=signer.aip)[0] for r in sample]
 
-    encode_us = cpu_us_each(lambda: [encode(r) for r in sample], len(sample))
-    sign_us = cpu_us_each(lambda: [signer.headers(d) for d in encoded], len(sample))
-    link = "0" * 64
-    link_us = cpu_us_each(
-        lambda: [
-            hashlib.sha256(encode(msgspec.structs.replace(r, prev_sha256=link))).hexdigest()
-            for r in sample
-        ],
-        len(sample),
-    ) - encode_us
-    verify_us = cpu_us_each(
-        lambda: [verify_receipt(d, h, trusted) for d, h in signed], len(sample)
+    encode_us = cpu_us_each(lambda: [encode_receipt(r, signer=None) for r in sample], len(sample))
+    sign_us = (
+        cpu_us_each(lambda: [encode_receipt(r, signer=signer.aip) for r in sample], len(sample))
+        - encode_us
     )
+    link = "0" * 64
+    link_us = (
+        cpu_us_each(
+            lambda: [
+                encode_receipt(msgspec.structs.replace(r, prev_sha256=link), signer=None)
+                for r in sample
+            ],
+            len(sample),
+        )
+        - encode_us
+    )
+    verify_us = cpu_us_each(lambda: [verify_receipt(d, trusted) for d in signed], len(sample))
     every_us = sign_us * args.per_action
     segments_us = sign_us * args.signatures_per_action + link_us * args.per_action
     print(f"receipts measured: {len(sample)}, {len(encoded[0])} bytes each")
-    print(f"encode (always paid):             {encode_us:7.2f} us per receipt")
-    print(f"sign (one Ed25519 signature):     {sign_us:7.2f} us per signed receipt")
-    print(f"link (prev_sha256 copy + sha256): {link_us:7.2f} us per receipt")
+    print(f"Envelope, unsigned (always paid): {encode_us:7.2f} us per receipt")
+    print(f"sign (seal + Ed25519 signature):  {sign_us:7.2f} us per signed receipt")
+    print(f"link (previous_hash copy):        {link_us:7.2f} us per receipt")
     print(f"verify (paid by `audit`):         {verify_us:7.2f} us per signed receipt")
     for what, added in (
         (f"every receipt signed ({args.per_action}/Action)", every_us),

@@ -25,6 +25,7 @@ import nats.js.errors
 
 from schemas.audit import Receipt
 from schemas.ids import new_action_id
+from tests.aip_wire import receipt_fields
 from tests.chaos.checker import (
     APPROVAL,
     CHAT,
@@ -389,8 +390,10 @@ async def collect(d: Deployment, workload: Workload, history: History) -> Eviden
     receipts: dict[str, list[Receipt]] = {}
     for _action_id, raws in (await stream_by_action(d, "audit")).items():
         for raw in raws:
-            with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
-                receipt = msgspec.json.decode(raw, type=Receipt)
+            with contextlib.suppress(
+                msgspec.ValidationError, ValueError, KeyError, TypeError, AssertionError
+            ):
+                receipt = msgspec.convert(receipt_fields(raw), Receipt)
                 receipts.setdefault(receipt.action_id, []).append(receipt)
     leases = {a: await d.stack.lease(a) for a in workload.planned}
     runs = await bound_runs(d, [a for a, p in workload.planned.items() if "objective" in p.kind])

@@ -224,7 +224,7 @@ async def test_unsigned_and_malformed_requests_are_dead_lettered(dstack: Delegat
         if len(await dstack.stack.dlq()) >= 2:
             break
         await asyncio.sleep(0.1)
-    codes = sorted(headers.get("Aip-Dlq-Code", "") for _, headers in await dstack.stack.dlq())
+    codes = sorted(headers.get("code", "") for _, headers in await dstack.stack.dlq())
     assert codes == ["connector_host.authentication", "schema.envelope.invalid"], codes
     assert dstack.fake.stats().count(POST_RUNS) == 0
 
@@ -245,7 +245,7 @@ async def test_a_delegation_under_another_msg_id_is_refused_and_admitted_ones_sa
             break
         await asyncio.sleep(0.1)
     [(_, dead)] = await dstack.stack.dlq()
-    assert dead["Aip-Dlq-Code"] == "connector_host.replay"
+    assert dead["code"] == "connector_host.replay"
     assert dstack.fake.stats().count(POST_RUNS) == 0
     # The victim itself: its content-bound `Nats-Msg-Id` is not the squatted one, so the
     # server stores it and it runs (issue 27: nobody pre-empts an id without its bytes).
@@ -279,7 +279,7 @@ async def test_reusing_a_delegation_id_with_another_child_collides(
             break
         await asyncio.sleep(0.1)
     (_, headers), = await dstack.stack.dlq()
-    assert headers["Aip-Dlq-Code"] == PREFIX + "operator_policy"
+    assert headers["code"] == PREFIX + "operator_policy"
     assert dstack.fake.stats().count(POST_RUNS) == 1
     assert await settled_count(dstack, delegation_action_id(request.delegation_id)) == 1
 

@@ -17,7 +17,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 
 from schemas.action import Action
@@ -27,6 +26,7 @@ from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import receipt_fields
 from worker.client import AipClient, UnverifiedResponse
 from worker.testing._procs import free_port
 from worker.testing.gateway import call_tool, principal_entry, write_principals_file
@@ -403,4 +403,4 @@ async def test_a_tenant_mismatched_route_is_refused_before_enqueue(gs_up: Gatewa
     assert await queue_entries(gs) == []
     assert models_reads(gs) == 0
     received = await gs.stack.stream_messages("audit", "aip.hermes.ha.audit.*")
-    assert [r for r in received if msgspec.json.decode(r)["event"] != "tool_call"] == []
+    assert [r for r in received if receipt_fields(r)["event"] != "tool_call"] == []

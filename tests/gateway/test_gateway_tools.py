@@ -19,6 +19,7 @@ from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleState
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import receipt_fields
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
 from worker.errors import McpHttpRefused
 from worker.testing.fake_hermes.faults import RouteDelay
@@ -366,7 +367,7 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
     assert (await records(gs, bus_id(arguments))).queue is None
     assert models_reads(gs) == 0
     receipts = await gs.stack.stream_messages("audit", "aip.hermes.*.audit.*")
-    decisions = [msgspec.json.decode(r)["details"].get("decision") for r in receipts]
+    decisions = [receipt_fields(r)["details"].get("decision") for r in receipts]
     assert code in decisions
 
 

@@ -24,6 +24,7 @@ from schemas.result import ResultStatus
 from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import receipt_fields
 from tests.integration.stack import Stack
 from worker.client import AipClient
 from worker.testing._procs import free_port
@@ -159,7 +160,7 @@ async def test_hermes_discovers_a_capability_and_calls_it_through_the_gateway(
     child_chain = await stack.client.receipts("h2", queued)
     assert {"received", "settled", "tool_call"} <= {r.event.value for r in child_chain}
     audit = await stack.stream_messages("audit", "aip.hermes._gateway.audit.*")
-    tools = {msgspec.json.decode(m)["details"]["tool"] for m in audit}
+    tools = {receipt_fields(m)["details"]["tool"] for m in audit}
     assert "aip_capabilities" in tools
 
 

@@ -7,6 +7,7 @@ Everything is real except Hermes (the project's fake, over real HTTP): workers a
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import secrets
@@ -28,6 +29,7 @@ from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
+from tests.aip_wire import receipt_fields
 from worker.aip.canonical import canonical_bytes
 from worker.aip.signing import sign_envelope as aip_sign_envelope
 from worker.client import ActionHandle, AipClient
@@ -156,14 +158,28 @@ class Stack:
         ]
 
     async def receipts(self, action_id: str) -> list[Receipt]:
+        """The Action's receipts as stored, read by hand from their `receipt_chain`
+        Envelopes (not verified: `AipClient.audit_chain` verifies)."""
         found = [
-            msgspec.json.decode(m, type=Receipt)
+            msgspec.convert(receipt_fields(m), Receipt)
             for m in await self.stream_messages("audit", self.subjects.audit(ENDPOINT, action_id))
         ]
         return [r for r in found if r.action_id == action_id]
 
-    async def dlq(self) -> list[tuple[bytes, dict[str, str]]]:
-        return await self.stream_messages_with_headers("dlq", self.subjects.dlq(ENDPOINT))
+    async def dlq(self) -> list[tuple[bytes, dict[str, Any]]]:
+        """Each DLQ entry as `(the refused bytes kept, its facts)`, read by hand from the
+        `action_status` Envelope (plain `json`, docs/publishing.md "The dead-letter queue"):
+        the facts are `extensions["org.aip-hermes-worker"].dead_letter` without `kept`, plus
+        the body's `action_id` and `state`."""
+        out: list[tuple[bytes, dict[str, Any]]] = []
+        for data in await self.stream_messages("dlq", self.subjects.dlq(ENDPOINT)):
+            envelope = json.loads(data)
+            status = envelope["body"]["action_status"]
+            facts = dict(envelope["extensions"]["org.aip-hermes-worker"]["dead_letter"])
+            kept = base64.b64decode(facts.pop("kept"), validate=True)
+            facts.update(action_id=status["action_id"], state=status["state"])
+            out.append((kept, facts))
+        return out
 
     async def stream_messages(self, kind: str, subject: str) -> list[bytes]:
         return [data for data, _ in await self.stream_messages_with_headers(kind, subject)]

@@ -12,7 +12,6 @@ import asyncio
 import json
 
 from schemas.audit import ReceiptEvent
-from schemas.dlq import DLQ_CODE, DLQ_ID
 from schemas.ids import is_dlq_id
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
@@ -72,8 +71,8 @@ async def test_unauthenticated_envelopes_reusing_an_action_id_never_touch_its_ch
     await asyncio.sleep(1.0)
     assert await stack.receipts(victim.id) == chain_before
     dead = await stack.dlq()
-    assert [h[DLQ_CODE] for _, h in dead] == ["connector_host.authentication"] * 2
-    dlq_ids = [h[DLQ_ID] for _, h in dead]
+    assert [h["code"] for _, h in dead] == ["connector_host.authentication"] * 2
+    dlq_ids = [h["dlq_id"] for _, h in dead]
     assert all(is_dlq_id(d) for d in dlq_ids)
     assert len(set(dlq_ids)) == 2
     for dlq_id in dlq_ids:

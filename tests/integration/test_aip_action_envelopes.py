@@ -16,7 +16,6 @@ from typing import Any
 
 import nacl.signing
 
-from schemas.dlq import DLQ_CODE, DLQ_REASON
 from schemas.result import ResultStatus
 from tests.aip_actions import SENDER, action_envelope, action_of, canonical, did_of, sign
 from tests.aip_actions import key_of_nkey_seed as gateway_key_of
@@ -108,7 +107,7 @@ async def test_each_bad_action_envelope_is_one_dlq_entry_with_its_aip_code(stack
     entries = {body: headers for body, headers in dead}
     for what, payload, code in cases:
         headers = entries[payload]
-        assert headers[DLQ_CODE] == code, f"{what}: {headers[DLQ_CODE]} {headers[DLQ_REASON]}"
+        assert headers["code"] == code, f"{what}: {headers['code']} {headers['reason']}"
     for what, payload, _ in cases:
         try:
             action_id = json.loads(payload)["body"].get("action", {}).get("id")

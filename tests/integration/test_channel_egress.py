@@ -152,7 +152,7 @@ async def test_a_result_is_delivered_once_under_duplicate_deliveries(stack: Stac
     assert source.id in text
     assert stack.fake.api_key not in text
     assert len(await stack.results(delivered_id)) == 1
-    dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+    dead = [headers.get("code") for _, headers in await stack.dlq()]
     assert dead == ["connector.hermes_agent.configuration_or_input"]
 
 
@@ -337,7 +337,7 @@ async def test_a_forged_delivery_puts_no_text_into_the_session(
     assert chats(stack) == 0
     assert not any(ATTACK in m["content"] for m in await session_messages(stack))
     assert not await stack.results(delivery_id(RULE, source_id))
-    dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+    dead = [headers.get("code") for _, headers in await stack.dlq()]
     assert dead == [code]
 
 
@@ -359,7 +359,7 @@ async def test_a_source_of_another_tenant_than_the_target_endpoint_is_never_deli
     await _egress_drained(stack)
     assert chats(stack) == 0
     assert not await stack.results(delivery.delivery_id)
-    dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+    dead = [headers.get("code") for _, headers in await stack.dlq()]
     assert dead == ["connector.hermes_agent.tenant_mismatch"]
 
 
@@ -501,7 +501,7 @@ async def test_a_delivery_another_worker_signed_runs_only_when_its_key_is_truste
         assert chats(stack) == 1
     else:
         assert chats(stack) == 0
-        dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+        dead = [headers.get("code") for _, headers in await stack.dlq()]
         assert dead == ["connector_host.response_signing"]
 
 
@@ -538,7 +538,7 @@ async def test_nothing_is_delivered_into_an_endpoint_whose_tenant_binding_expire
     await stack.settled_and_acked(timeout_s=30)
     await _egress_drained(stack)
     assert chats(stack) == 0
-    dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+    dead = [headers.get("code") for _, headers in await stack.dlq()]
     assert dead == ["connector.hermes_agent.tenant_mismatch"]
 
 

@@ -190,7 +190,7 @@ async def test_hostile_content_is_bounded_or_refused_and_nothing_after_it_is_los
     assert tool.content == '{"unterminated": '  # passed as text, never parsed
     assert last.content == "still here"
     dead = [
-        (headers["Aip-Dlq-Code"], headers["Aip-Dlq-Reason"]) for _, headers in await stack.dlq()
+        (headers["code"], headers["reason"]) for _, headers in await stack.dlq()
     ]
     assert len(dead) == 2, dead
     assert {code for code, _ in dead} == {"schema.envelope.invalid"}

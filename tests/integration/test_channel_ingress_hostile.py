@@ -51,9 +51,8 @@ async def test_id_less_floods_are_rate_limited_and_cut_on_the_dlq(stack: Stack) 
     assert 1 <= len(dead) <= BURST + RATE_PER_S * elapsed + 1, len(dead)
     for body, headers in dead:
         assert len(body) <= KEEP_BYTES
-        assert int(headers["Aip-Dlq-Size"]) > 192_000
-        assert int(headers["Aip-Dlq-Kept"]) == len(body)
-        assert "id" in headers["Aip-Dlq-Reason"]
+        assert int(headers["size"]) > 192_000
+        assert "id" in headers["reason"]
     assert info.state.bytes < 64 * 1024, info.state.bytes
     # Nothing after the flood is lost: the next good message still goes through.
     turn(stack, "after the flood")

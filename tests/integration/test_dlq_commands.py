@@ -15,8 +15,8 @@ import os
 import sys
 
 from schemas.audit import ReceiptEvent
-from schemas.dlq import DLQ_CODE, DLQ_ID
 from schemas.result import ResultStatus
+from tests.aip_wire import dead_letter_envelope
 from tests.integration.stack import ENDPOINT, Stack
 
 MODELS = "GET /v1/models"
@@ -47,8 +47,8 @@ async def _dead_letter(stack: Stack) -> tuple[str, str]:
         entries = await stack.dlq()
         if len(entries) > before:
             _, headers = entries[-1]
-            assert headers[DLQ_CODE] == "connector_host.replay", headers
-            return action.id, headers[DLQ_ID]
+            assert headers["code"] == "connector_host.replay", headers
+            return action.id, headers["dlq_id"]
         await asyncio.sleep(0.1)
     raise AssertionError("the Action was not dead-lettered")
 
@@ -183,13 +183,18 @@ async def test_discard_removes_the_entry_with_a_receipt(stack: Stack) -> None:
 
 
 async def test_an_entry_not_signed_by_a_trusted_worker_is_never_shown(stack: Stack) -> None:
-    await stack.nc.jetstream().publish(
-        stack.subjects.dlq(ENDPOINT), b"{}", headers={DLQ_ID: "dlq_" + "7" * 32}
+    """Junk, and a well-formed entry signed by a key no trust file names (built from the
+    AIP rules by hand), are each reported and skipped; neither can be replayed."""
+    forged = dead_letter_envelope(
+        dlq_id="dlq_" + "7" * 32, endpoint_id=ENDPOINT, kept=b'{"id": "act_x"}', seed=99
     )
+    for data in (b"{}", forged):
+        await stack.nc.jetstream().publish(stack.subjects.dlq(ENDPOINT), data)
     code, out, err = await cli(stack, "dlq", "list", "--endpoint", ENDPOINT, "--json")
     assert code == 0, err
     assert out == ""
-    assert "not signed by a trusted worker" in err
+    assert err.count("not an entry a trusted worker signed") == 2, err
+    assert "is not a trusted worker key" in err
     code, _, err = await cli(
         stack, "dlq", "replay", "dlq_" + "7" * 32, "--endpoint", ENDPOINT, "--as", "a",
         "--reason", "b",

@@ -10,7 +10,6 @@ from typing import Any
 
 import msgspec
 
-from schemas.dlq import DLQ_CODE, DLQ_REASON, DLQ_SUBJECT
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 
@@ -44,7 +43,7 @@ async def test_invalid_envelopes_are_dead_lettered_with_reason_and_serving_conti
     dead = await stack.dlq()
     # Small refusals are kept whole; a larger one keeps its first 4 KiB (issue 19).
     assert [body for body, _ in dead] == [unknown_field, wrong_type, over_size[:4096], not_json]
-    codes = [headers[DLQ_CODE] for _, headers in dead]
+    codes = [headers["code"] for _, headers in dead]
     # Bytes over the limit are refused before they are parsed (`envelope.decode.invalid`).
     assert codes == [
         "schema.envelope.invalid",
@@ -52,11 +51,11 @@ async def test_invalid_envelopes_are_dead_lettered_with_reason_and_serving_conti
         "envelope.decode.invalid",
         "envelope.decode.invalid",
     ]
-    reasons = [headers[DLQ_REASON] for _, headers in dead]
+    reasons = [headers["reason"] for _, headers in dead]
     assert "surprise" in reasons[0]
     assert "created_at_unix_ms" in reasons[1]
     assert "limit" in reasons[2]
-    assert all(h[DLQ_SUBJECT] == "aip.hermes.h1.actions" for _, h in dead)
+    assert all(h["subject"] == "aip.hermes.h1.actions" for _, h in dead)
     assert stack.fake.stats().count("GET /v1/models") == 1
 
 
@@ -75,7 +74,7 @@ async def test_unsigned_and_forged_envelopes_never_reach_hermes_nor_touch_the_ac
         headers={"Nats-Msg-Id": "forged"},
     )
     await stack.settled_and_acked()
-    codes = [h[DLQ_CODE] for _, h in await stack.dlq()]
+    codes = [h["code"] for _, h in await stack.dlq()]
     assert codes == ["connector_host.authentication", "connector_host.authentication"]
     assert await stack.results(victim.id) == []
     assert stack.fake.stats().count("GET /v1/models") == 0

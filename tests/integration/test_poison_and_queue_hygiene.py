@@ -22,7 +22,6 @@ from nats.js.api import RetentionPolicy, StorageType, StreamConfig
 from nats.js.errors import NoStreamResponseError
 
 from schemas.audit import ReceiptEvent
-from schemas.dlq import DLQ_CODE, DLQ_REASON
 from schemas.errors import EnvelopeRejected
 from schemas.result import ResultStatus
 from subjects.grammar import Subjects, envelope_msg_id
@@ -70,8 +69,8 @@ async def test_a_newline_id_and_a_repeated_key_are_dead_lettered_once_and_work_g
     assert info.num_redelivered == 0
     dead = await stack.dlq()
     assert [body for body, _ in dead] == [newline_payload, repeated_payload]
-    assert [h[DLQ_CODE] for _, h in dead] == ["schema.envelope.invalid", "envelope.decode.invalid"]
-    assert "repeats a key" in dead[1][1][DLQ_REASON]
+    assert [h["code"] for _, h in dead] == ["schema.envelope.invalid", "envelope.decode.invalid"]
+    assert "repeats a key" in dead[1][1]["reason"]
     assert stack.fake.stats().count(MODELS) == 2
     for action in (before, after):  # receipts of other Actions kept flowing
         events = [r.event for r in await stack.receipts(action.id)]
@@ -100,8 +99,8 @@ async def test_an_unexpected_failure_before_the_lease_is_dead_lettered_once(
     assert info.num_redelivered == 0
     [(body, headers)] = await stack.dlq()
     assert body == stack.trust.seal_action(poison)
-    assert headers[DLQ_CODE] == "connector_host.execution"
-    assert "FaultRaised" in headers[DLQ_REASON]
+    assert headers["code"] == "connector_host.execution"
+    assert "FaultRaised" in headers["reason"]
     assert worker.log_text().count("failed before its lease") == 1
     assert stack.fake.stats().count(MODELS) == 1
     assert await stack.results(poison.id) == []
@@ -167,8 +166,8 @@ async def test_an_action_squatting_another_actions_id_cannot_pre_empt_it(
     assert (await handle.result(timeout_s=20)).status is ResultStatus.COMPLETED
     await stack.settled_and_acked()
     [(_, headers)] = await stack.dlq()
-    assert headers[DLQ_CODE] == "connector_host.replay"
-    assert victim.id in headers[DLQ_REASON]
+    assert headers["code"] == "connector_host.replay"
+    assert victim.id in headers["reason"]
     chain = [r.event for r in await stack.receipts(squatter.id)]
     assert chain == [ReceiptEvent.DEAD_LETTERED]
     assert len(await stack.results(victim.id)) == 1

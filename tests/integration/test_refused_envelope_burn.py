@@ -21,7 +21,7 @@ from tests.integration.stack import ENDPOINT, Stack
 from worker.trust.responses import sha256_hex
 
 POST_RUNS = "POST /v1/runs"
-DLQ_CODE = "Aip-Dlq-Code"
+DLQ_CODE = "code"
 
 
 def _runs(stack: Stack) -> int:
@@ -65,7 +65,7 @@ async def test_a_refused_forgery_first_leaves_the_id_to_the_genuine_action(
             break
         await asyncio.sleep(0.1)
     [(_, headers)] = await stack.dlq()
-    assert headers[DLQ_CODE] == "connector.hermes_agent.operator_policy"
+    assert headers["code"] == "connector.hermes_agent.operator_policy"
     assert _runs(stack) == 1
     statuses = sorted(r.status.value for r in await stack.results(genuine.id))
     assert statuses == ["completed", "failed"]
@@ -90,7 +90,7 @@ async def test_a_forgery_without_a_valid_signature_first_does_not_drop_the_genui
     assert result.status is ResultStatus.COMPLETED, result.error
     await stack.settled_and_acked()
     [(_, headers)] = await stack.dlq()
-    assert headers[DLQ_CODE] == "connector_host.authentication"
+    assert headers["code"] == "connector_host.authentication"
     assert _runs(stack) == 1
     assert [r.status for r in await stack.results(genuine.id)] == [ResultStatus.COMPLETED]
 
@@ -111,6 +111,6 @@ async def test_a_refusal_of_an_id_already_claimed_still_meets_its_state(stack: S
             break
         await asyncio.sleep(0.1)
     [(_, headers)] = await stack.dlq()
-    assert headers[DLQ_CODE] == "connector.hermes_agent.operator_policy"
+    assert headers["code"] == "connector.hermes_agent.operator_policy"
     assert [r.status for r in await stack.results(genuine.id)] == [ResultStatus.COMPLETED]
     assert _runs(stack) == 1

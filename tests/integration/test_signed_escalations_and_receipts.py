@@ -15,7 +15,6 @@ worker processes, NATS, Redis, the fake Hermes and the real `aip-hermes-worker` 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 import secrets
 
@@ -23,9 +22,9 @@ import msgspec
 from redis.asyncio import Redis
 
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.codec import encode
 from schemas.escalation import Escalation, EscalationResolution, ResolutionKind
 from schemas.result import ResultStatus
+from tests.aip_wire import aip_receipt, receipt_envelope
 from tests.integration.stack import ENDPOINT, Stack
 from tests.integration.test_escalations import APPROVAL_POST, cli, escalations, resolve
 from tests.integration.test_escalations_open import _scrape, open_count, value
@@ -38,7 +37,7 @@ from worker.store.operator_store import OperatorStore
 from worker.testing.identities import APPROVER_UNTENANTED
 from worker.testing.scenario import NEEDS_APPROVAL
 from worker.testing.services import free_port
-from worker.trust.signing import generate_keypair, sign_envelope
+from worker.trust.signing import generate_keypair
 from worker.wire.escalations import encode_escalation, encode_resolution
 
 HARMLESS = "ls -la (harmless)"
@@ -240,23 +239,20 @@ async def test_a_forged_receipt_is_excluded_from_audit_and_reported(stack: Stack
         ts_unix_ms=real[-1].ts_unix_ms + 1,
         details={"status": "completed", "note": "nothing to see"},
     )
-    payload = encode(forged)
+    payload = receipt_envelope(msgspec.to_builtins(forged), seed=None)
     await stack.nc.jetstream().publish(
         stack.subjects.audit(ENDPOINT, action_id),
         payload,
         headers={"Nats-Msg-Id": forged.receipt_id},
     )
     seq = await _last_audit_seq(stack)
-    # A genuine receipt's bytes with the real signature replaced by another key's.
+    # A genuine receipt signed by a key no trust file names (an AIP signature, built by hand).
     copied = msgspec.structs.replace(real[0], receipt_id=real[0].receipt_id + ":copy")
-    copied_payload = encode(copied)
+    copied_payload = receipt_envelope(msgspec.to_builtins(copied), seed=99)
     await stack.nc.jetstream().publish(
         stack.subjects.audit(ENDPOINT, action_id),
         copied_payload,
-        headers={
-            "Nats-Msg-Id": copied.receipt_id,
-            **sign_envelope(copied_payload, generate_keypair().seed),
-        },
+        headers={"Nats-Msg-Id": copied.receipt_id},
     )
 
     code, out, err = await cli(stack, "audit", action_id, "--endpoint", ENDPOINT, "--json")
@@ -272,11 +268,11 @@ async def test_a_forged_receipt_is_excluded_from_audit_and_reported(stack: Stack
     linked = msgspec.structs.replace(
         forged,
         receipt_id=forged.receipt_id + ":linked",
-        prev_sha256=hashlib.sha256(encode(real[-1])).hexdigest(),
+        prev_sha256=aip_receipt(msgspec.to_builtins(real[-1]))["hash"],
     )
     await stack.nc.jetstream().publish(
         stack.subjects.audit(ENDPOINT, action_id),
-        encode(linked),
+        receipt_envelope(msgspec.to_builtins(linked), seed=None),
         headers={"Nats-Msg-Id": linked.receipt_id},
     )
     code, out, err = await cli(stack, "audit", action_id, "--endpoint", ENDPOINT, "--json")

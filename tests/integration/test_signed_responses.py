@@ -28,7 +28,7 @@ from worker.errors import CannotSign, UnverifiedResponse
 from worker.store.clock import now_ms
 from worker.testing.fake_hermes import RouteDelay
 from worker.testing.scenario import SLOW_REPLY
-from worker.trust.responses import ResponseSigner, verify_dlq_entry
+from worker.trust.responses import ResponseSigner, verify_dead_letter
 from worker.trust.signing import (
     TrustedGatewayKeys,
     generate_keypair,
@@ -82,11 +82,14 @@ async def test_results_chunks_and_dlq_entries_carry_the_workers_signature(stack:
     assert not any(name.lower().startswith("aip-sign") for name in headers)
     await stack.publish_raw(b'{"not": "an action"}')
     for _ in range(100):
-        if entries := await stack.dlq():
+        if await stack.dlq():
             break
         await asyncio.sleep(0.1)
-    ((body, dlq_headers),) = entries
-    assert verify_dlq_entry(body, dlq_headers, _worker_keys(stack)) == worker_key
+    (data,) = await stack.stream_messages("dlq", stack.subjects.dlq(ENDPOINT))
+    entry, dlq_signer = verify_dead_letter(data, _worker_keys(stack))
+    assert dlq_signer == worker_key
+    assert entry.facts.kept == b'{"not": "an action"}'
+    assert entry.action_id is None  # never authenticated: filed under its own dlq_ id
 
 
 @pytest.mark.parametrize("forger", ["unsigned", "untrusted_key"])

@@ -7,13 +7,14 @@ tests/integration/test_signed_responses.py.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from schemas.chunk import ChunkKind, make_chunk
-from schemas.dlq import DLQ_CODE, DLQ_REASON
+from schemas.errors import ErrorCode
 from schemas.result import ActionResult, ResultStatus
 from worker.errors import ResponseSigningConfigError, UnverifiedResponse
 from worker.testing.identities import TrustFiles
@@ -22,7 +23,7 @@ from worker.trust.responses import (
     ResponseSigner,
     sha256_hex,
     signer_from_settings,
-    verify_dlq_entry,
+    verify_dead_letter,
     verify_result,
 )
 from worker.trust.signing import (
@@ -33,6 +34,7 @@ from worker.trust.signing import (
     write_seed_file,
 )
 from worker.wire.chunks import encode_chunk
+from worker.wire.dead_letters import dead_letter_facts, encode_dead_letter
 from worker.wire.results import encode_result
 
 ACTION = "act_" + "1" * 32
@@ -175,16 +177,25 @@ def test_a_gap_in_seq_breaks_the_chain() -> None:
 
 def test_a_dlq_entry_is_signed_over_its_reason_and_its_bytes(trust_files: TrustFiles) -> None:
     signer = ResponseSigner.load(trust_files.worker_seed_file)
-    body = b'{"not": "an action"}'
-    headers = {DLQ_CODE: "schema.envelope.invalid", DLQ_REASON: "missing id"}
-    from schemas.dlq import dlq_material
-
-    headers.update(signer.headers(dlq_material(body, headers)))
-    assert verify_dlq_entry(body, headers, _keys(trust_files)) == signer.public_key
-    with pytest.raises(UnverifiedResponse):
-        verify_dlq_entry(body, {**headers, DLQ_REASON: "something else"}, _keys(trust_files))
-    with pytest.raises(UnverifiedResponse):
-        verify_dlq_entry(body + b" ", headers, _keys(trust_files))
+    facts = dead_letter_facts(
+        dlq_id="dlq_" + "1" * 32, endpoint_id="h1", code=ErrorCode.SCHEMA_ENVELOPE_INVALID,
+        reason="missing id", subject="aip.hermes.h1.actions", stream_seq=3, worker_id="w1",
+        payload=b'{"not": "an action"}', keep_bytes=4096,
+    )
+    data = encode_dead_letter(facts, action_id=None, signer=signer.aip)
+    entry, key = verify_dead_letter(data, _keys(trust_files))
+    assert key == signer.public_key
+    assert (entry.facts, entry.action_id) == (facts, None)
+    envelope = json.loads(data)
+    ours = envelope["extensions"]["org.aip-hermes-worker"]["dead_letter"]
+    for tampered in ({**ours, "reason": "something else"}, {**ours, "kept": "e30="}):
+        envelope["extensions"]["org.aip-hermes-worker"]["dead_letter"] = tampered
+        with pytest.raises(UnverifiedResponse):
+            verify_dead_letter(json.dumps(envelope).encode(), _keys(trust_files))
+    unsigned = encode_dead_letter(facts, action_id=None, signer=None)
+    with pytest.raises(UnverifiedResponse, match="unsigned"):
+        verify_dead_letter(unsigned, _keys(trust_files))
+    assert verify_dead_letter(unsigned, None)[1] is None
 
 
 @pytest.mark.parametrize("problem", ["missing", "group_readable", "not_a_seed", "empty"])

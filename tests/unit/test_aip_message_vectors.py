@@ -323,3 +323,78 @@ def test_the_cancel_vectors_decode_and_their_answers_follow_the_reply_recipe() -
         "connector_host.not_ready",
     )
     assert pending.error.retryable is True
+
+
+def test_the_dlq_vectors_decode_and_a_contradicting_entry_is_refused() -> None:
+    """A DLQ entry names the refused bytes by size and sha256 and keeps their first bytes:
+    the reader takes the vectors (one whole, one truncated) and refuses an entry whose kept
+    bytes contradict its sha256, whose state is not `dead_lettered`, or whose message_id is
+    not the entry id's."""
+    from worker.wire.dead_letters import decode_dead_letter
+
+    cases = [
+        case
+        for case in VECTORS["aip.lifecycle.v1.action_status"]["valid"]
+        if "dead_letter" in case["envelope"]["extensions"][EXTENSION_KEY]
+    ]
+    whole, _ = decode_dead_letter(_rules_canonical(cases[0]["envelope"]))
+    facts = cases[0]["envelope"]["extensions"][EXTENSION_KEY]["dead_letter"]
+    assert whole.action_id is None
+    assert whole.whole
+    assert whole.facts.kept == base64.b64decode(facts["kept"])
+    assert hashlib.sha256(whole.facts.kept).hexdigest() == facts["sha256"]
+    truncated, opened = decode_dead_letter(_rules_canonical(cases[1]["envelope"]))
+    assert truncated.action_id == cases[1]["envelope"]["body"]["action_status"]["action_id"]
+    assert not truncated.whole
+    assert len(truncated.facts.kept) == 4096
+    assert opened.verified is not None
+    assert opened.verified.did == cases[1]["did"]
+
+    def broken(mutate: Any) -> bytes:
+        envelope = json.loads(json.dumps(cases[0]["envelope"]))
+        envelope.pop("security")
+        mutate(envelope)
+        return _rules_canonical(envelope)
+
+    def kept(data: bytes) -> Any:
+        return lambda e: e["extensions"][EXTENSION_KEY]["dead_letter"].__setitem__(
+            "kept", base64.b64encode(data).decode()
+        )
+
+    for mutate in (
+        kept(b"x" * facts["size"]),  # whole, but not the bytes the sha256 names
+        kept(b"x" * (facts["size"] + 1)),  # more bytes than the message had
+        lambda e: e["body"]["action_status"].__setitem__("state", "failed"),
+        lambda e: e.__setitem__("message_id", "msg_" + "0" * 32),
+    ):
+        with pytest.raises(EnvelopeRejected):
+            decode_dead_letter(broken(mutate))
+
+
+def test_the_receipt_vectors_decode_as_a_linked_segment_and_a_bent_one_is_refused() -> None:
+    """The two receipt Envelopes are one segment: the signed one names the unsigned one's
+    hash, and the reader recomputes every hash (a receipt whose data changed after its hash
+    was taken, or whose root_hash is not its hash's, is refused)."""
+    from worker.wire.receipts import decode_receipt
+
+    opening, closing = (c["envelope"] for c in VECTORS["aip.audit.v1.receipt_chain"]["valid"])
+    first, first_hash, unsigned = decode_receipt(_rules_canonical(opening))
+    last, _, signed = decode_receipt(_rules_canonical(closing))
+    assert unsigned.verified is None
+    assert signed.verified is not None
+    assert last.prev_sha256 == first_hash
+    assert (first.event.value, last.event.value) == ("received", "settled")
+
+    def bent(mutate: Any) -> bytes:
+        envelope = json.loads(json.dumps(opening))
+        mutate(envelope["body"]["receipt_chain"])
+        return _rules_canonical(envelope)
+
+    for mutate in (
+        lambda chain: chain["receipts"][0]["data"].__setitem__("fence", 5),
+        lambda chain: chain.__setitem__("root_hash", "0" * 64),
+        lambda chain: chain.__setitem__("chain_id", "act_" + "f" * 32),
+        lambda chain: chain["receipts"][0].__setitem__("receipt_type", "policy_decision"),
+    ):
+        with pytest.raises(EnvelopeRejected):
+            decode_receipt(bent(mutate))

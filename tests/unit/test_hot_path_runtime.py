@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -17,6 +17,7 @@ from schemas.audit import Receipt, ReceiptEvent
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects, chunk_msg_id
+from tests.aip_wire import aip_receipt, receipt_fields
 from worker.bus.audit import SEAL_AFTER_S, AuditLog
 from worker.bus.publisher import MSG_ID, BusPublisher
 from worker.execution.chunk_stream import CONFIRM_BATCH, MAX_UNCONFIRMED, ChunkStream
@@ -110,13 +111,12 @@ class _RecordingPublisher:
         #: What a signing publisher sent: the exact bytes, and whether they were signed.
         self.payloads: list[tuple[bytes, bool]] = []
 
-    async def receipt(
-        self, receipt: Any, payload: bytes | None = None, *, sign: bool = True
-    ) -> None:
+    async def receipt(self, receipt: Any, payload: bytes | None = None) -> None:
         await asyncio.sleep(0)
         self.sent.append(receipt.receipt_id)
         if payload is not None:
-            self.payloads.append((payload, sign))
+            signed = "signature" in json.loads(payload).get("security", {})
+            self.payloads.append((payload, signed))
 
 
 async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> None:
@@ -138,9 +138,10 @@ async def test_receipts_go_out_in_emission_order_and_drain_waits_for_them() -> N
 async def test_receipts_emitted_together_share_one_signature_and_link_back(
     tmp_path: Path,
 ) -> None:
-    """A segment: every receipt is sent at once, naming the hash of the one before it; a
-    signed `segment_sealed` receipt names the last one once no next one came for
-    SEAL_AFTER_S (or at `seal`); a later receipt opens a new segment."""
+    """A segment: every receipt is sent at once, naming the AIP hash of the one before it
+    (`previous_hash`, recomputed here from the rules); a signed `segment_sealed` receipt
+    names the last one once no next one came for SEAL_AFTER_S (or at `seal`); a later
+    receipt opens a new segment."""
     seed_file = tmp_path / "worker.seed"
     write_seed_file(seed_file, generate_keypair().seed)
     publisher = _RecordingPublisher(ResponseSigner.load(seed_file))
@@ -154,7 +155,10 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     await asyncio.sleep(SEAL_AFTER_S * 3)
     audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
     await audit.drain()
-    sent = [(msgspec.json.decode(p, type=Receipt), p, signed) for p, signed in publisher.payloads]
+    sent = [
+        (msgspec.convert(receipt_fields(p), Receipt), receipt_fields(p), signed)
+        for p, signed in publisher.payloads
+    ]
     assert [(r.event, signed) for r, _, signed in sent] == [
         (ReceiptEvent.RECEIVED, False),
         (ReceiptEvent.ADMITTED, False),
@@ -165,9 +169,9 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     ]
     assert sent[0][0].prev_sha256 is None
     for before, after in itertools.pairwise(sent[:4]):
-        assert after[0].prev_sha256 == hashlib.sha256(before[1]).hexdigest()
+        assert after[0].prev_sha256 == aip_receipt(before[1])["hash"]
     assert sent[4][0].prev_sha256 is None  # emitted after the seal: a segment of its own
-    assert sent[5][0].prev_sha256 == hashlib.sha256(sent[4][1]).hexdigest()
+    assert sent[5][0].prev_sha256 == aip_receipt(sent[4][1])["hash"]
 
     # Before a result is published its segment is sealed at once, not SEAL_AFTER_S later.
     publisher.payloads.clear()

@@ -1,9 +1,11 @@
 """Audit receipts: one redacted record per decision a worker takes about an Action.
 
-Receipts are signed in segments, because an Ed25519 signature per receipt (~22 µs, and an
-operator Action leaves ~8 receipts) would cost the hot path ~13 % of its 1.38 ms of CPU per
-Action (`python -m tests.bench.receipt_signing`). Every receipt is sent at once, naming the
-sha256 of the one this process sent before it about the same Action (`prev_sha256`); a
+Each receipt travels as an AIP Receipt in an `aip.audit.v1.receipt_chain` Envelope
+(`worker.wire.receipts`). Receipts are signed in segments, because an Ed25519 signature per
+receipt (~22 µs, and an operator Action leaves ~8 receipts) would cost the hot path ~13 % of
+its 1.38 ms of CPU per Action (`python -m tests.bench.receipt_signing`). Every receipt is
+sent at once, naming the AIP `hash` of the one this process sent before it about the same
+Action (`previous_hash`, our `prev_sha256`); a
 segment -- the receipts sent within `SEAL_AFTER_S` of each other -- is closed by a signed
 `segment_sealed` receipt naming its last one, once no next one came for `SEAL_AFTER_S` or
 before the Action's result is published (`seal`); a receipt that ends a segment
@@ -12,13 +14,13 @@ believes a receipt that a trusted worker signed or that a signed receipt links b
 Nothing is held back, so a process killed mid-run leaves every receipt it emitted on the
 stream (the receipt chain of a killed run still tells its story); only the seal of its last
 segment is missing, so `audit` reports that segment's receipts as not verified, never as
-believed.
+believed. A segment's signed Envelope vouches for every receipt it links back to because a
+receipt's hash covers its `previous_hash` (aip-1.0-wire.md §2.7).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import itertools
 import logging
 import time
@@ -30,9 +32,9 @@ from dataclasses import dataclass, field
 import msgspec
 
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
-from schemas.codec import encode
 from worker.bus.publisher import BusPublisher
 from worker.hermes.exchange import Exchange
+from worker.wire.receipts import encode_receipt
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +63,8 @@ ENDS_SEGMENT = frozenset(
 
 @dataclass(slots=True)
 class _Held:
-    """An Action's open segment: its last receipt (already sent, unsigned; its hash is the
-    next one's link) and when the segment is sealed."""
+    """An Action's open segment: its last receipt (already sent, unsigned), its AIP `hash`
+    (the next one's `previous_hash`), and when the segment is sealed."""
 
     receipt: Receipt
     sha256: str
@@ -139,7 +141,7 @@ class AuditLog:
                     if not self._closing and oldest.due > now:
                         break
                     del held[action_id]
-                    outbox.append(self._seal_of(oldest))
+                    outbox.append(self._seal_of(oldest, publisher))
                 if outbox:
                     await _send_all(publisher, outbox)
                     continue  # more may have been queued while these went out
@@ -181,14 +183,16 @@ class AuditLog:
                 # Linked before it is sent: a receipt lost then breaks the chain visibly
                 # (audit reports the receipts before it unverified) instead of silently.
                 receipt = msgspec.structs.replace(receipt, prev_sha256=before.sha256)
-            payload = encode(receipt)
             ends = receipt.event in ENDS_SEGMENT
+            payload, digest = encode_receipt(
+                receipt, signer=publisher.signer.aip if ends else None
+            )
             outbox.append((receipt, payload, ends))
             if not ends:
-                held[receipt.action_id] = _Held(receipt, hashlib.sha256(payload).hexdigest(), due)
+                held[receipt.action_id] = _Held(receipt, digest, due)
         return outbox
 
-    def _seal_of(self, segment: _Held) -> _Outgoing:
+    def _seal_of(self, segment: _Held, publisher: BusPublisher) -> _Outgoing:
         """The signed receipt that closes `segment`, naming its last receipt."""
         last = segment.receipt
         seal = Receipt(
@@ -205,7 +209,8 @@ class AuditLog:
             ts_unix_ms=time.time_ns() // 1_000_000,
             prev_sha256=segment.sha256,
         )
-        return seal, encode(seal), True
+        signer = publisher.signer.aip if publisher.signer is not None else None
+        return seal, encode_receipt(seal, signer=signer)[0], True
 
     async def seal(self, action_id: str) -> None:
         """Seal the Action's open segment now: called before the Action's result is
@@ -218,7 +223,7 @@ class AuditLog:
         outbox = self._take_queue(publisher, due)
         last = self._held.pop(action_id, None)
         if last is not None:
-            outbox.append(self._seal_of(last))
+            outbox.append(self._seal_of(last, publisher))
         await _send_all(publisher, outbox)
 
     async def drain(self, timeout_s: float = 2.0) -> None:
@@ -233,13 +238,14 @@ class AuditLog:
             await asyncio.wait([sender], timeout=timeout_s)
 
 
-#: A receipt to send: the receipt, its encoded bytes (None: encode it), and whether signed.
+#: A receipt to send: the receipt, its Envelope's bytes (None: encode it unsigned), and
+#: whether they are signed.
 _Outgoing = tuple[Receipt, bytes | None, bool]
 
 
 async def _send_all(publisher: BusPublisher, outbox: list[_Outgoing]) -> None:
-    for receipt, payload, sign in outbox:
-        await _guarded(publisher.receipt(receipt, payload, sign=sign), receipt)
+    for receipt, payload, _signed in outbox:
+        await _guarded(publisher.receipt(receipt, payload), receipt)
 
 
 async def _guarded(sending: Awaitable[None], receipt: Receipt) -> None:

@@ -1,7 +1,9 @@
 """What a refused envelope leaves on the DLQ, and how much of the DLQ a flood can take.
 
-A refused payload is evidence for a person, not work to replay, and whoever may publish on
-an actions subject chooses both its size and how many there are. So an entry keeps at most
+An entry is a signed AIP `action_status` Envelope in state `dead_lettered`
+(`worker.wire.dead_letters`). A refused payload is evidence for a person, not work to
+replay, and whoever may publish on an actions subject chooses both its size and how many
+there are. So an entry keeps at most
 `AIPD_DLQ_KEEP_BYTES` of the payload plus its size and sha256 (7.8 MB of junk costs 4 KiB),
 and the entries written per source subject pass a token bucket: a refusal over the rate is
 terminated like any other but not written, only counted (`dlq_dropped_total{reason="rate"}`).
@@ -12,27 +14,16 @@ flood can never turn into a redelivery loop.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from collections.abc import Callable
 from enum import StrEnum
 
-from schemas.dlq import (
-    DLQ_CODE,
-    DLQ_ID,
-    DLQ_KEPT,
-    DLQ_REASON,
-    DLQ_SHA256,
-    DLQ_SIZE,
-    DLQ_STREAM_SEQ,
-    DLQ_SUBJECT,
-    DLQ_WORKER,
-)
 from schemas.errors import ErrorCode
 from worker.bus.publisher import BusPublisher
 from worker.errors import StreamFull
 from worker.metrics import Metrics
+from worker.wire.dead_letters import dead_letter_facts
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +32,7 @@ log = logging.getLogger(__name__)
 MAX_BUCKETS = 1_024
 #: At most one "not kept" log line per source subject in this many seconds (with a count).
 DROP_LOG_INTERVAL_S = 10.0
-#: Longest reason kept in `Aip-Dlq-Reason`.
+#: Longest reason an entry keeps.
 MAX_REASON_CHARS = 300
 
 
@@ -114,8 +105,11 @@ class DeadLetters:
         payload: bytes,
         code: ErrorCode,
         reason: str,
+        action_id: str | None = None,
     ) -> Kept:
         """Keep one refusal on `endpoint_id`'s DLQ, unless over the rate or the DLQ is full.
+        `action_id` only for an Action the worker authenticated (the entry is then filed as
+        that Action's status); an unauthenticated one's entry names only its own id.
 
         Raises `PublishFailed` only when JetStream did not answer at all (the caller's
         delivery is then redelivered later, as for any other failing dependency).
@@ -123,20 +117,19 @@ class DeadLetters:
         if not self._bucket(subject).take():
             self._not_kept(endpoint_id, subject, Kept.RATE)
             return Kept.RATE
-        body = payload[: self.keep_bytes]
-        headers = {
-            DLQ_ID: dlq_id,
-            DLQ_CODE: code.value,
-            DLQ_REASON: header_safe(reason),
-            DLQ_SUBJECT: subject,
-            DLQ_STREAM_SEQ: str(stream_seq),
-            DLQ_WORKER: self.worker_id,
-            DLQ_SIZE: str(len(payload)),
-            DLQ_SHA256: hashlib.sha256(payload).hexdigest(),
-            DLQ_KEPT: str(len(body)),
-        }
+        facts = dead_letter_facts(
+            dlq_id=dlq_id,
+            endpoint_id=endpoint_id,
+            code=code,
+            reason=header_safe(reason),
+            subject=subject,
+            stream_seq=stream_seq,
+            worker_id=self.worker_id,
+            payload=payload,
+            keep_bytes=self.keep_bytes,
+        )
         try:
-            await self.publisher.dead_letter(endpoint_id, body, headers, dlq_id)
+            await self.publisher.dead_letter(facts, action_id=action_id)
         except StreamFull:
             self._not_kept(endpoint_id, subject, Kept.FULL)
             return Kept.FULL

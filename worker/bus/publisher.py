@@ -7,8 +7,9 @@ crash or a retry is dropped by the server inside the duplicate window. Chunks an
 AIP Envelopes made by `worker.wire.chunks` / `worker.wire.results` (a result already signed
 inside, `security.signature`), escalations and their resolutions by `worker.wire.escalations`
 (signed inside), channel deliveries and ingress messages by `worker.wire.channels` (signed
-inside); DLQ entries and receipts are signed with the worker's key in headers when it has
-one (`worker.trust.responses`): each reader believes only what a trusted worker signed.
+inside), DLQ entries by `worker.wire.dead_letters` (signed inside), receipts by
+`worker.wire.receipts` (a segment's last one signed inside, `worker.bus.audit`): each reader
+believes only what a trusted worker signed.
 """
 
 from __future__ import annotations
@@ -23,11 +24,10 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
+from schemas.aip.extensions import DeadLetterFacts
 from schemas.audit import Receipt
 from schemas.channel import ChannelDelivery, ChannelMessage
 from schemas.chunk import StreamChunk
-from schemas.codec import encode
-from schemas.dlq import dlq_material
 from schemas.escalation import Escalation, EscalationResolution
 from subjects.grammar import (
     Subjects,
@@ -41,7 +41,9 @@ from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
 from worker.wire.channels import encode_delivery, encode_inbound, inbound_dedupe_id
 from worker.wire.chunks import encode_chunk
+from worker.wire.dead_letters import encode_dead_letter
 from worker.wire.escalations import encode_escalation, encode_resolution
+from worker.wire.receipts import encode_receipt
 
 if TYPE_CHECKING:  # the trust package imports the runtime's modules, which import this one
     from worker.bus.acked_publish import AckedPublisher
@@ -300,37 +302,34 @@ class BusPublisher:
             escalation_resolution_msg_id(resolution.escalation_id),
         )
 
-    async def dead_letter(
-        self, endpoint_id: str, payload: bytes, headers: Mapping[str, str], msg_id: str
-    ) -> PubAck:
-        """A DLQ entry, signed over its reason headers and body; `StreamFull` when the DLQ
-        refuses it (waiting would not help)."""
-        all_headers = dict(headers)
-        if self.signer is not None:
-            all_headers.update(self.signer.headers(dlq_material(payload, headers)))
+    async def dead_letter(self, facts: DeadLetterFacts, *, action_id: str | None) -> PubAck:
+        """A DLQ entry: an `action_status` Envelope (`dead_lettered`) signed by this worker's
+        key (`worker.wire.dead_letters`), `Nats-Msg-Id` its entry id; `StreamFull` when the
+        DLQ refuses it (waiting would not help)."""
+        signer = self.signer.aip if self.signer is not None else None
         return await self._publish(
-            self.subjects.dlq(endpoint_id), payload, msg_id, all_headers, give_up_when_full=True
+            self.subjects.dlq(facts.endpoint_id),
+            encode_dead_letter(facts, action_id=action_id, signer=signer),
+            facts.dlq_id,
+            give_up_when_full=True,
         )
 
-    async def receipt(
-        self, receipt: Receipt, payload: bytes | None = None, *, sign: bool = True
-    ) -> None:
+    async def receipt(self, receipt: Receipt, payload: bytes | None = None) -> None:
         """Best effort, never blocks the delivery: a lost receipt must not stall real work.
 
         Sent as a plain NATS publish to the audit stream's subject (JetStream stores it all
         the same, deduplicated by its `Nats-Msg-Id`) rather than with `publish_async`: no
         caller ever waited for a receipt's acknowledgement, so asking the server for one
         (a reply inbox, a future and a JSON PubAck per receipt) bought nothing. `payload` is
-        the receipt as already encoded (the audit log hashes it to link the next one);
-        `sign` signs its exact bytes, what the last receipt of a segment gets
-        (`worker.bus.audit`), so `audit` can exclude a receipt another role appended.
+        the receipt's `receipt_chain` Envelope as `worker.bus.audit` sealed it (signed when
+        it ends a segment, so `audit` can exclude a receipt another role appended); None
+        sends it unsigned (`worker.wire.receipts`).
         """
         try:
             subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
-            payload = encode(receipt) if payload is None else payload
+            if payload is None:
+                payload = encode_receipt(receipt, signer=None)[0]
             headers = {MSG_ID: receipt.receipt_id}
-            if sign and self.signer is not None:
-                headers.update(self.signer.headers(payload))
             tracing.inject(headers)
             nc = self.nc
             if nc is not None:

@@ -663,7 +663,7 @@ def add_commands(sub: Any) -> None:
 
     audit = sub.add_parser("audit", help="print an Action's audit receipt chain in order")
     _bus_flags(audit)
-    audit.add_argument("action_id", help="an Action id, or a DLQ entry's Aip-Dlq-Id (dlq_…)")
+    audit.add_argument("action_id", help="an Action id, or a DLQ entry's own id (dlq_…)")
     _endpoint_flag(audit)
     audit.add_argument(
         "--json", action="store_true", help="one raw JSON receipt per line (Unix ms times)"

@@ -1,10 +1,12 @@
 """`aip-hermes-worker dlq list | show | replay | discard`: a person reads and answers the DLQ.
 
 The DLQ (`aip.hermes.{endpoint}.dlq`, stream `AIP_HERMES_DLQ`) keeps each envelope a worker
-refused before any state, with why (`schemas/dlq.py`). These commands read it with message
-gets (`worker/bus/stream_reads.py`, no consumer) and believe only entries a trusted worker
-signed (`AIPD_TRUSTED_WORKER_KEYS_FILE`): anyone who may publish on the DLQ subject could
-otherwise plant an "entry" for a person to replay.
+refused before any state, with why (a signed `action_status` Envelope in state
+`dead_lettered`: `worker/wire/dead_letters.py`). These commands read it with message gets
+(`worker/bus/stream_reads.py`, no consumer) and believe only entries a trusted worker signed
+(`AIPD_TRUSTED_WORKER_KEYS_FILE`): anyone who may publish on the DLQ subject could otherwise
+plant an "entry" for a person to replay. A message that is not an entry is reported and
+skipped, never fatal.
 
 `replay` publishes the dead-lettered Action again once its cause is fixed (a trust file, a
 publisher's `Nats-Msg-Id`, a worker bug). Not byte for byte, and not under its old id:
@@ -49,33 +51,24 @@ from nats.js.errors import APIError
 
 from schemas.action import Action
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.codec import encode
-from schemas.dlq import (
-    DLQ_CODE,
-    DLQ_ID,
-    DLQ_KEPT,
-    DLQ_REASON,
-    DLQ_SHA256,
-    DLQ_SIZE,
-    DLQ_STREAM_SEQ,
-    DLQ_SUBJECT,
-    DLQ_WORKER,
-)
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_dlq_id, new_action_id
 from subjects.grammar import Subjects
 from worker import tracing
+from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import drain
 from worker.commands.cli_settings import add_settings_flags, believed_worker_keys, settings_from
 from worker.errors import DlqRefused, TrustConfigError, UnverifiedResponse
 from worker.settings import Settings
-from worker.trust.responses import verify_dlq_entry, verify_receipt
+from worker.trust.responses import verify_dead_letter, verify_receipt
 from worker.trust.signing import (
     SIGNER_HEADER,
     TrustedGatewayKeys,
     read_seed_file,
     sign_envelope,
 )
+from worker.wire.dead_letters import DeadLetter
+from worker.wire.receipts import encode_receipt
 
 EXIT_FAILED = 1
 EXIT_CONFIG = 2
@@ -91,36 +84,48 @@ COLLISIONS = frozenset(
 
 @dataclass(frozen=True, slots=True)
 class Entry:
-    """One DLQ entry as stored: its stream sequence, headers and the kept bytes."""
+    """One DLQ entry as stored: its stream sequence and the decoded entry
+    (`worker.wire.dead_letters`: the refused bytes kept, why, and by whom)."""
 
     seq: int
-    headers: dict[str, str]
-    body: bytes
+    entry: DeadLetter
     stored_at: dt.datetime | None
     #: The trusted worker key that signed it (None: unsigned entries allowed).
     signer: str | None
 
     @property
     def dlq_id(self) -> str:
-        return self.headers.get(DLQ_ID, "")
+        return self.entry.dlq_id
+
+    @property
+    def code(self) -> str:
+        return self.entry.facts.code.value
+
+    @property
+    def body(self) -> bytes:
+        """The refused message's bytes as kept (all of them when `whole`)."""
+        return self.entry.facts.kept
 
     @property
     def whole(self) -> bool:
-        return self.headers.get(DLQ_KEPT) == self.headers.get(DLQ_SIZE)
+        return self.entry.whole
 
     def document(self, *, with_body: bool) -> dict[str, Any]:
+        facts = self.entry.facts
         doc: dict[str, Any] = {
             "dlq_id": self.dlq_id,
             "dlq_seq": self.seq,
             "stored_at": self.stored_at.isoformat() if self.stored_at else None,
-            "code": self.headers.get(DLQ_CODE),
-            "reason": self.headers.get(DLQ_REASON),
-            "subject": self.headers.get(DLQ_SUBJECT),
-            "source_seq": _int(self.headers.get(DLQ_STREAM_SEQ)),
-            "worker": self.headers.get(DLQ_WORKER),
-            "size": _int(self.headers.get(DLQ_SIZE)),
-            "kept": _int(self.headers.get(DLQ_KEPT)),
-            "sha256": self.headers.get(DLQ_SHA256),
+            "action_id": self.entry.action_id,
+            "code": facts.code.value,
+            "category": facts.category.value,
+            "reason": facts.reason,
+            "subject": facts.subject,
+            "source_seq": facts.stream_seq,
+            "worker": facts.worker_id,
+            "size": facts.size,
+            "kept": len(facts.kept),
+            "sha256": facts.sha256,
             "signed_by": self.signer,
         }
         if with_body:
@@ -129,10 +134,6 @@ class Entry:
             except msgspec.DecodeError:
                 doc["envelope_bytes"] = self.body.decode("utf-8", "backslashreplace")
         return doc
-
-
-def _int(text: str | None) -> int | None:
-    return int(text) if text is not None and text.isdigit() else None
 
 
 def _fail(code: int, message: str) -> int:
@@ -147,26 +148,23 @@ def _trusted(settings: Settings) -> TrustedGatewayKeys | None:
 async def read_entries(
     js: JetStreamContext, subjects: Subjects, endpoint_id: str, trusted: TrustedGatewayKeys | None
 ) -> list[Entry]:
-    """Every entry on the endpoint's DLQ a trusted worker signed, oldest first; each other
-    message is reported on stderr by its sequence and never shown as an entry."""
+    """Every entry on the endpoint's DLQ a trusted worker signed (`trusted` None: every
+    well-formed one), oldest first; each other message (not a DLQ entry, or not signed by
+    a trusted worker) is reported on stderr by its sequence and never shown as an entry."""
     entries = []
     stream = subjects.stream_name("dlq")
     for msg in await drain(js, stream, subjects.dlq(endpoint_id)):
-        headers = {str(k): str(v) for k, v in (msg.headers or {}).items()}
-        body = msg.data or b""
-        signer: str | None = None
-        if trusted is not None:
-            try:
-                signer = verify_dlq_entry(body, headers, trusted)
-            except UnverifiedResponse as exc:
-                print(
-                    f"warning: ignored DLQ message seq {msg.seq}: not signed by a trusted "
-                    f"worker ({exc})",
-                    file=sys.stderr,
-                )
-                continue
+        try:
+            entry, signer = verify_dead_letter(msg.data or b"", trusted)
+        except UnverifiedResponse as exc:
+            print(
+                f"warning: ignored DLQ message seq {msg.seq}: not an entry a trusted worker "
+                f"signed ({exc})",
+                file=sys.stderr,
+            )
+            continue
         assert msg.seq is not None
-        entries.append(Entry(msg.seq, headers, body, msg.time, signer))
+        entries.append(Entry(msg.seq, entry, msg.time, signer))
     return entries
 
 
@@ -189,21 +187,21 @@ def replayable(entry: Entry, subjects: Subjects, endpoint_id: str, max_bytes: in
     replay is signed by the operator's key, who vouches for the content it re-publishes."""
     from worker.wire.actions import decode_action_content
 
-    code = entry.headers.get(DLQ_CODE, "")
+    code = entry.code
     if code in COLLISIONS:
         raise DlqRefused(
             f"{entry.dlq_id} is an idempotency collision ({code}): the original result of "
             "its Action id stands; publish a new Action for new work (or discard this entry)"
         )
-    if entry.headers.get(DLQ_SUBJECT) != subjects.actions(endpoint_id):
+    if entry.entry.facts.subject != subjects.actions(endpoint_id):
         raise DlqRefused(
-            f"{entry.dlq_id} came from {entry.headers.get(DLQ_SUBJECT)}, not from "
+            f"{entry.dlq_id} came from {entry.entry.facts.subject}, not from "
             f"{subjects.actions(endpoint_id)}: only Actions are replayed"
         )
     if not entry.whole:
         raise DlqRefused(
-            f"{entry.dlq_id} kept only the first {entry.headers.get(DLQ_KEPT)} of "
-            f"{entry.headers.get(DLQ_SIZE)} bytes (AIPD_DLQ_KEEP_BYTES): it cannot be replayed"
+            f"{entry.dlq_id} kept only the first {len(entry.body)} of "
+            f"{entry.entry.facts.size} bytes (AIPD_DLQ_KEEP_BYTES): it cannot be replayed"
         )
     try:
         action = decode_action_content(entry.body, max_bytes=max_bytes)
@@ -235,13 +233,12 @@ def earlier_replay(
     chain: list[tuple[bytes, dict[str, str]]], ours: TrustedGatewayKeys
 ) -> str | None:
     """The Action id an earlier `replay` of this entry filed, signed by this same key;
-    receipts signed by anyone else are ignored (they could name an id of their choosing)."""
-    for data, headers in chain:
-        if ours.get(headers.get(SIGNER_HEADER, "")) is None:
-            continue
+    receipts signed by anyone else, and what is no receipt, are ignored (they could name an
+    id of their choosing)."""
+    for data, _ in chain:
         try:
-            receipt, _ = verify_receipt(data, headers, ours)
-        except (UnverifiedResponse, msgspec.DecodeError):
+            receipt, _ = verify_receipt(data, ours)
+        except UnverifiedResponse:
             continue
         replayed = receipt.details.get("replay_action_id")
         if receipt.event is ReceiptEvent.DLQ_REPLAYED and isinstance(replayed, str):
@@ -269,10 +266,9 @@ async def file_receipt(
         ts_unix_ms=now_ms,
         details=dict(details),
     )
-    data = encode(receipt)
+    signer = AipSigner.from_nkey_seed(seed.strip()) if seed is not None else None
+    data = encode_receipt(receipt, signer=signer)[0]
     headers = {"Nats-Msg-Id": receipt.receipt_id}
-    if seed is not None:
-        headers.update(sign_envelope(data, seed))
     tracing.inject(headers)
     await js.publish(subjects.audit(endpoint_id, dlq_id), data, headers=headers)
     return receipt
@@ -373,7 +369,7 @@ async def cmd_replay(args: argparse.Namespace) -> int:
             await file_receipt(
                 js, subjects, args.endpoint, entry.dlq_id, ReceiptEvent.DLQ_REPLAYED, seed,
                 replay_action_id=replay_id, original_action_id=original.id,
-                code=entry.headers.get(DLQ_CODE), by=args.as_principal, reason=args.reason,
+                code=entry.code, by=args.as_principal, reason=args.reason,
             )
         action = msgspec.structs.replace(
             original, id=replay_id, created_at_unix_ms=time.time_ns() // 1_000_000
@@ -405,7 +401,7 @@ async def cmd_discard(args: argparse.Namespace) -> int:
         entry = await _find(js, settings, args.endpoint, args.dlq_id)
         await file_receipt(
             js, subjects, args.endpoint, entry.dlq_id, ReceiptEvent.DLQ_DISCARDED, seed,
-            code=entry.headers.get(DLQ_CODE), by=args.as_principal, reason=args.reason,
+            code=entry.code, by=args.as_principal, reason=args.reason,
         )
         await _delete(js, settings, entry)
     finally:
@@ -459,9 +455,9 @@ def add_commands(subparsers: Any) -> None:
     listing.set_defaults(func=_guarded(cmd_list))
 
     show = sub.add_parser(
-        "show", help="one entry as JSON: its reason headers, the envelope, whether it replays"
+        "show", help="one entry as JSON: why it was refused, the envelope, whether it replays"
     )
-    show.add_argument("dlq_id", type=_dlq_id, help="the entry's id (Aip-Dlq-Id, dlq_…)")
+    show.add_argument("dlq_id", type=_dlq_id, help="the entry's id (dlq_…)")
     common(show)
     show.set_defaults(func=_guarded(cmd_show))
 
@@ -472,7 +468,7 @@ def add_commands(subparsers: Any) -> None:
         ("discard", cmd_discard, "remove the entry without replaying it (receipted)"),
     ):
         parser = sub.add_parser(name, help=helptext)
-        parser.add_argument("dlq_id", type=_dlq_id, help="the entry's id (Aip-Dlq-Id, dlq_…)")
+        parser.add_argument("dlq_id", type=_dlq_id, help="the entry's id (dlq_…)")
         parser.add_argument("--as", dest="as_principal", required=True,
                             help="who decides (recorded in the receipt)")
         parser.add_argument("--reason", required=True, help="why (recorded in the receipt)")

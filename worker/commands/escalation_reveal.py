@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from schemas.audit import Receipt, ReceiptEvent
-from schemas.codec import encode
 from schemas.escalation import Escalation
 from subjects.grammar import Subjects
 from worker import tracing
+from worker.aip.signing import AipSigner
 from worker.errors import NotAuthorized, ResolutionRefused, TrustConfigError
 from worker.operator.binding import decode_binding
 from worker.operator.sealed_command import open_sealed
@@ -36,6 +36,7 @@ from worker.store.keys import binding_key
 from worker.store.operator_store import OperatorStore
 from worker.trust.authority import ApprovalAuthority
 from worker.trust.signing import SIGNER_HEADER, read_seed_file, sign_envelope
+from worker.wire.receipts import encode_receipt
 
 #: Who files the receipt (`Receipt.worker_id`).
 RECEIPT_AUTHOR = "escalations-reveal"
@@ -140,7 +141,7 @@ async def _file_receipt(
             **details,
         },
     )
-    data = encode(receipt)
-    headers = {"Nats-Msg-Id": receipt.receipt_id, **sign_envelope(data, seed)}
+    data = encode_receipt(receipt, signer=AipSigner.from_nkey_seed(seed.strip()))[0]
+    headers = {"Nats-Msg-Id": receipt.receipt_id}
     tracing.inject(headers)
     await js.publish(subjects.audit(escalation.endpoint_id, source), data, headers=headers)

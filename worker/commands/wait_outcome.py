@@ -4,10 +4,11 @@ A dead-lettered Action never gets a result, so "no result within N s" alone leav
 publisher guessing between a slow worker, no worker, and a refusal that will never be
 answered. `dead_letter_of` reads the endpoint's DLQ subject (message gets only, as every
 reader outside the workers does: worker/bus/stream_reads.py) for an entry of this Action:
-by the sha256 of the exact envelope published when it is known (`Aip-Dlq-Sha256`, which a
-truncated body keeps too), otherwise by the `id` in the kept body. With trusted worker keys
-an entry only counts when a trusted worker signed it: anyone with publish rights on the
-DLQ subject could otherwise make a running Action look refused.
+by the sha256 of the exact envelope published when it is known (the entry's `sha256`, which
+a truncated entry keeps too), otherwise by the entry's `action_id` (an authenticated
+Action's) or the `id` in the kept bytes. With trusted worker keys an entry only counts when
+a trusted worker signed it: anyone with publish rights on the DLQ subject could otherwise
+make a running Action look refused; a message that is not an entry is skipped.
 """
 
 from __future__ import annotations
@@ -18,11 +19,10 @@ from dataclasses import dataclass
 from nats.errors import Error as NatsError
 from nats.js import JetStreamContext
 
-from schemas.dlq import DLQ_CODE, DLQ_ID, DLQ_REASON, DLQ_SHA256, DLQ_WORKER
 from subjects.grammar import Subjects
 from worker.bus.stream_reads import next_stored
 from worker.errors import UnverifiedResponse
-from worker.trust.responses import verify_dlq_entry
+from worker.trust.responses import verify_dead_letter
 from worker.trust.signing import TrustedGatewayKeys
 
 #: At most this many DLQ entries are read for one answer (the stream is bounded by
@@ -78,25 +78,23 @@ async def dead_letter_of(
         if msg is None:
             return None
         seq = int(msg.seq or seq) + 1
-        headers = dict(msg.headers or {})
-        body = msg.data or b""
+        try:
+            entry, _ = verify_dead_letter(msg.data or b"", trusted)
+        except UnverifiedResponse:
+            continue
+        facts = entry.facts
         if envelope_sha256 is not None:
-            if headers.get(DLQ_SHA256) != envelope_sha256:
+            if facts.sha256 != envelope_sha256:
                 continue
-        else:
-            found = _ID_RE.search(body)
+        elif entry.action_id != action_id:
+            found = _ID_RE.search(facts.kept)
             if found is None or found.group(1).decode() != action_id:
                 continue
-        if trusted is not None:
-            try:
-                verify_dlq_entry(body, headers, trusted)
-            except UnverifiedResponse:
-                continue
         return DeadLetter(
-            dlq_id=headers.get(DLQ_ID, "?"),
-            code=headers.get(DLQ_CODE, "?"),
-            reason=headers.get(DLQ_REASON, ""),
-            worker=headers.get(DLQ_WORKER, "?"),
+            dlq_id=facts.dlq_id,
+            code=facts.code.value,
+            reason=facts.reason,
+            worker=facts.worker_id,
         )
     return None
 

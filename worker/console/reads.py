@@ -40,6 +40,7 @@ from worker.errors import UnverifiedResponse
 from worker.escalation.ledger import EscalationView, Unreadable, read_escalations, read_resolutions
 from worker.store.clock import now_ms
 from worker.store.lease_store import LeaseStore
+from worker.trust.responses import read_receipt
 from worker.trust.signing import TrustedGatewayKeys
 
 T = TypeVar("T")
@@ -54,7 +55,6 @@ WAITING = "waiting"
 #: How long the workers page collects `$SRV.STATS` answers.
 WORKERS_WAIT_S = 0.5
 
-_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,8 +211,8 @@ class ConsoleReader:
         if msg is None:
             return None
         try:
-            return _receipt_decoder.decode(msg.data or b"")
-        except msgspec.DecodeError:
+            return read_receipt(msg.data or b"")[0]
+        except UnverifiedResponse:
             return None
 
     async def _lease(self, action_id: str) -> dict[str, str]:

@@ -23,11 +23,11 @@ from prometheus_client import (
 )
 
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
-from schemas.codec import encode
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from worker import tracing
-from worker.trust.signing import sign_envelope
+from worker.aip.signing import AipSigner
+from worker.wire.receipts import encode_receipt
 
 log = logging.getLogger(__name__)
 
@@ -123,10 +123,9 @@ class ToolReceipts:
                 **details,
             },
         )
-        data = encode(receipt)
+        signer = AipSigner.from_nkey_seed(self.seed.strip()) if self.seed is not None else None
+        data = encode_receipt(receipt, signer=signer)[0]
         headers = {"Nats-Msg-Id": receipt.receipt_id}
-        if self.seed is not None:
-            headers.update(sign_envelope(data, self.seed))
         tracing.inject(headers)
         try:
             await self.nc.publish(

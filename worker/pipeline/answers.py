@@ -67,9 +67,10 @@ class Answers:
         then `term()` it; over the DLQ rate or with the DLQ full it is only counted.
 
         An envelope that failed authentication may name any id (`claimed_action_id`), a
-        victim's too: its receipt goes under the DLQ entry's own id (`Aip-Dlq-Id`), so
-        nothing unauthenticated ever appends to an Action's chain. A refusal that was not
-        kept gets no receipt either: a flood must not fill the audit stream instead.
+        victim's too: its receipt and its entry's `action_id` are the DLQ entry's own id
+        (`dlq_…`), so nothing unauthenticated ever appends to an Action's chain. A refusal
+        that was not kept gets no receipt either: a flood must not fill the audit stream
+        instead.
         """
         rt = self.rt
         code, action_id, claimed = rejected.code, rejected.action_id, rejected.claimed_action_id
@@ -83,6 +84,7 @@ class Answers:
             payload=msg.data,
             code=code,
             reason=rejected.reason,
+            action_id=action_id,
         )
         if kept is Kept.WRITTEN:
             if action_id is not None:

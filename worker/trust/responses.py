@@ -8,13 +8,16 @@ nkey (`AIPD_WORKER_SIGNING_KEY_FILE`) and signs, the same way a gateway signs an
 * every ActionResult, as an AIP `action_result` Envelope with an AIP signature
   (`security.signature`, the same key as a `did:key`: `worker.wire.results`), whose
   `last_chunk_sha256` is the hash of the Action's last chunk;
-* every DLQ entry, over its reason headers and the rejected bytes (`schemas.dlq.dlq_material`);
+* every DLQ entry, as an AIP `action_status` Envelope (`dead_lettered`) with an AIP
+  signature (`worker.wire.dead_letters`), covering the reason, the refused bytes kept and
+  their size and sha256;
 * every Escalation, as an AIP `escalation` Envelope with an AIP signature
   (`worker.wire.escalations`), so a reader (`escalations list | show | resolve`, the
   `escalations_open` gauge) ignores one that anyone with publish rights on the escalations
   subject forged;
-* audit Receipts, in segments (`worker.bus.audit`: each links to the one before, the
-  segment's last is signed), so `audit` excludes a receipt another role appended.
+* audit Receipts, as AIP Receipts in `receipt_chain` Envelopes (`worker.wire.receipts`), in
+  segments (`worker.bus.audit`: each names the AIP hash of the one before, the segment's
+  last Envelope is AIP-signed), so `audit` excludes a receipt another role appended.
 * every ChannelDelivery (as its `session_chat` AIP Action) and every ingress message (as an
   AIP `message_created` Envelope), with an AIP signature (`worker.wire.channels`), so the
   egress intake, the ingress cursor and `session_messages` believe only what a trusted
@@ -40,12 +43,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import nkeys
 
 from schemas.audit import Receipt
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
-from schemas.dlq import dlq_material
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.escalation import Escalation, EscalationResolution
 from schemas.result import ActionResult
@@ -67,13 +68,13 @@ from worker.trust.signing import (
     verify_envelope,
 )
 from worker.wire.chunks import decode_chunk
+from worker.wire.dead_letters import DeadLetter, decode_dead_letter
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened
 from worker.wire.escalations import decode_escalation, decode_resolution
+from worker.wire.receipts import decode_receipt
 from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
-
-_receipt_decoder = msgspec.json.Decoder(Receipt)
 
 _UNSIGNED_WARNING = (
     "AIPD_ALLOW_UNSIGNED_RESPONSES is on and no AIPD_WORKER_SIGNING_KEY_FILE is set: results "
@@ -88,9 +89,9 @@ def sha256_hex(data: bytes) -> str:
 
 @dataclass(frozen=True, slots=True)
 class ResponseSigner:
-    """This worker's signing key: `headers` signs one payload the nkey way (DLQ entries,
-    receipts), `aip` signs AIP Envelopes (results, escalations, manifests, channel
-    messages and deliveries)."""
+    """This worker's signing key: `headers` signs one payload the nkey way, `aip` signs AIP
+    Envelopes (results, escalations, manifests, channel messages and deliveries, DLQ
+    entries, receipts)."""
 
     _pair: nkeys.KeyPair = field(repr=False)
     public_key: str
@@ -231,12 +232,23 @@ def verify_result(
     return result
 
 
-def verify_dlq_entry(
-    body: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
-) -> str:
-    """The worker key that signed this DLQ entry (reason headers and rejected bytes)."""
-    all_headers = headers or {}
-    return _verify(dlq_material(body, all_headers), all_headers, trusted)
+def verify_dead_letter(
+    data: bytes,
+    trusted: TrustedGatewayKeys | None,
+    *,
+    max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES,
+) -> tuple[DeadLetter, str | None]:
+    """The DLQ entry in the Envelope `data` and the trusted worker key that signed it
+    (`trusted` None: any well-formed entry, signed or not, with no signer named).
+    UnverifiedResponse for anything else: not one of our DLQ entries, a signature that does
+    not verify, an unsigned entry, or one another key signed."""
+    try:
+        entry, opened = decode_dead_letter(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"DLQ entry: {exc.reason}") from None
+    if trusted is None:
+        return entry, None
+    return entry, check_worker_signed(opened, trusted, what="DLQ entry")
 
 
 def verify_escalation(
@@ -274,12 +286,23 @@ def read_resolution_copy(
     return resolution
 
 
-def verify_receipt(
-    payload: bytes, headers: Mapping[str, str] | None, trusted: TrustedGatewayKeys
-) -> tuple[Receipt, str]:
-    """The receipt in `payload` and the trusted key that signed exactly these bytes."""
-    signer = _verify(payload, headers or {}, trusted)
-    return _receipt_decoder.decode(payload), signer
+def read_receipt(
+    data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
+) -> tuple[Receipt, str, Opened]:
+    """`worker.wire.receipts.decode_receipt` (the receipt, its AIP hash, its Envelope, whose
+    signature, when it has one, verified), every refusal an UnverifiedResponse: what is on
+    an audit subject and is not one of our receipts is something no trusted process filed."""
+    try:
+        return decode_receipt(data, max_bytes=max_bytes)
+    except EnvelopeRejected as exc:
+        raise UnverifiedResponse(f"receipt: {exc.reason}") from None
+
+
+def verify_receipt(data: bytes, trusted: TrustedGatewayKeys) -> tuple[Receipt, str]:
+    """The receipt in the Envelope `data` and the trusted key that signed it;
+    UnverifiedResponse when it is not a receipt, unsigned, or signed by another key."""
+    receipt, _, opened = read_receipt(data)
+    return receipt, check_worker_signed(opened, trusted, what="receipt")
 
 
 def read_chunk(data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES) -> StreamChunk:

@@ -27,7 +27,7 @@ from typing import Any, Final
 import msgspec
 
 from schemas.aip.action import Action as AipAction
-from schemas.aip.extensions import ActionExtension, RuntimeRecordExtension
+from schemas.aip.extensions import ActionExtension, StatusExtension
 from schemas.aip.lifecycle import ActionStatus
 from schemas.aip.result import ActionResult as AipActionResult
 from schemas.lifecycle import ChildResult, LifecycleRecord, QueueRecord
@@ -143,11 +143,13 @@ def encode_lifecycle_record(
 
 def _open(
     data: bytes, max_bytes: int, record: str
-) -> tuple[ActionStatus, RuntimeRecordExtension, Opened]:
+) -> tuple[ActionStatus, StatusExtension, Opened]:
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
     typed = open_payload(opened, MESSAGE_TYPE)
     assert isinstance(typed, ActionStatus)
-    extension = extension_as(opened, RuntimeRecordExtension)
+    extension = extension_as(opened, StatusExtension)
+    if extension.record is None or extension.updated_at_unix_ms is None:
+        raise invalid("an ActionStatus that is not a runtime record (no record, updated_at)")
     if extension.record != record:
         raise invalid(f"a {extension.record} record where a {record} record belongs")
     if timestamp_of_ms(extension.updated_at_unix_ms) != typed.updated_at:
@@ -197,7 +199,7 @@ def decode_queue_record(
     return record, opened
 
 
-def _child_result(status: ActionStatus, extension: RuntimeRecordExtension) -> ChildResult | None:
+def _child_result(status: ActionStatus, extension: StatusExtension) -> ChildResult | None:
     result: AipActionResult | None = status.result
     if result is None:
         return None

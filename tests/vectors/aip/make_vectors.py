@@ -265,6 +265,56 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+#: Our events with an AIP receipt type of their own; every other is `policy_decision`.
+RECEIPT_TYPES = {
+    "received": "request_received",
+    "admitted": "action_accepted",
+    "provider_request": "tool_executed",
+    "tool_call": "tool_executed",
+    "settled": "result_returned",
+}
+
+
+def rfc3339_ms(unix_ms: int) -> str:
+    """Unix ms as RFC 3339 UTC, fraction digits only when non-zero, trailing zeros cut."""
+    import datetime as dt
+
+    text = dt.datetime.fromtimestamp(unix_ms // 1000, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S")
+    millis = unix_ms % 1000
+    return text + (f".{millis:03d}".rstrip("0") if millis else "") + "Z"
+
+
+def receipt_chain_envelope(fields: dict[str, Any], previous_hash: str | None) -> dict[str, Any]:
+    """One of our receipts as the audit subject carries it (docs/publishing.md "Audit
+    receipts"): an AIP Receipt whose `data` is our fields (null trace_id left out), `hash`
+    = sha256 of its canonical JSON without `hash`, in a chain of one (`root_hash` = sha256
+    of that hash), from the process that filed it."""
+    receipt: dict[str, Any] = {
+        "id": "rcpt_" + sha256_hex(fields["receipt_id"].encode())[:32],
+        "receipt_type": RECEIPT_TYPES.get(fields["event"], "policy_decision"),
+        "actor": {"id": fields["worker_id"], "kind": "service"},
+        "occurred_at": rfc3339_ms(fields["ts_unix_ms"]),
+        "data": dict(fields),
+    }
+    if previous_hash is not None:
+        receipt["previous_hash"] = previous_hash
+    receipt["hash"] = sha256_hex(canonical(receipt))
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.audit.v1.receipt_chain",
+        "message_id": "msg_" + receipt["id"].removeprefix("rcpt_"),
+        "sent_at": receipt["occurred_at"],
+        "from": dict(receipt["actor"]),
+        "body": {
+            "receipt_chain": {
+                "chain_id": fields["action_id"],
+                "receipts": [receipt],
+                "root_hash": sha256_hex(receipt["hash"].encode()),
+            }
+        },
+    }
+
+
 def frame(message_type: str, number: int, sender: dict[str, Any], **more: Any) -> dict[str, Any]:
     return {
         "aip_version": "1.0",
@@ -1073,6 +1123,99 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         tool_call_id="call_1",
     )
 
+    refused = b'{"not": "an action"}'
+    dead_letter = frame(
+        "aip.lifecycle.v1.action_status",
+        0xD001,
+        WORKER,
+        message_id="msg_" + "d1" * 16,
+        body={
+            "action_status": {
+                "action_id": "dlq_" + "d1" * 16,
+                "state": "dead_lettered",
+                "updated_at": SENT_AT,
+            }
+        },
+        extensions={
+            EXT: {
+                "dead_letter": {
+                    "dlq_id": "dlq_" + "d1" * 16,
+                    "endpoint_id": "h1",
+                    "code": "schema.envelope.invalid",
+                    "category": "permanent",
+                    "reason": "missing required field `aip_version`",
+                    "subject": "aip.hermes.h1.actions",
+                    "stream_seq": 41,
+                    "worker_id": "w1",
+                    "size": len(refused),
+                    "sha256": sha256_hex(refused),
+                    "kept": base64.b64encode(refused).decode(),
+                }
+            }
+        },
+    )
+    dead_letter, dead_letter_bytes = signed(dead_letter, WORKER_SEED)
+    truncated = b"\xff" + bytes(range(256)) * 20
+    authenticated = frame(
+        "aip.lifecycle.v1.action_status",
+        0xD002,
+        WORKER,
+        message_id="msg_" + "d2" * 16,
+        body={
+            "action_status": {
+                "action_id": ACTION_ID,
+                "state": "dead_lettered",
+                "updated_at": SENT_AT,
+            }
+        },
+        extensions={
+            EXT: {
+                "dead_letter": {
+                    "dlq_id": "dlq_" + "d2" * 16,
+                    "endpoint_id": "h1",
+                    "code": "connector_host.replay",
+                    "category": "permanent",
+                    "reason": "Nats-Msg-Id is not the Action's",
+                    "subject": "aip.hermes.h1.actions",
+                    "stream_seq": 42,
+                    "worker_id": "w1",
+                    "size": len(truncated),
+                    "sha256": sha256_hex(truncated),
+                    "kept": base64.b64encode(truncated[:4096]).decode(),
+                }
+            }
+        },
+    )
+    authenticated, authenticated_bytes = signed(authenticated, WORKER_SEED)
+    received = receipt_chain_envelope(
+        {
+            "receipt_id": f"{ACTION_ID}:received:0:w1:0",
+            "event": "received",
+            "action_id": ACTION_ID,
+            "endpoint_id": "h1",
+            "worker_id": "w1",
+            "fence": 0,
+            "ts_unix_ms": T0_MS,
+            "details": {"capability": "cap:hermes_agent:h1:chat", "bytes": 512},
+        },
+        None,
+    )
+    settled = receipt_chain_envelope(
+        {
+            "receipt_id": f"{ACTION_ID}:settled:1:w1:7",
+            "event": "settled",
+            "action_id": ACTION_ID,
+            "endpoint_id": "h1",
+            "worker_id": "w1",
+            "fence": 1,
+            "trace_id": "0af7651916cd43dd8448eb211c80319c",
+            "ts_unix_ms": T0_MS + 1250,
+            "details": {"status": "completed", "duration_ms": 1250.5, "note": None},
+        },
+        received["body"]["receipt_chain"]["receipts"][0]["hash"],
+    )
+    settled, settled_bytes = signed(settled, WORKER_SEED)
+
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
     ) -> dict[str, Any]:
@@ -1239,6 +1382,36 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 ACTION_SEED,
                 lifecycle_record,
                 lifecycle_record_bytes,
+            ),
+            entry(
+                "a DLQ entry of a message never authenticated: filed under its dlq_ id, the "
+                "whole refused bytes kept (base64), signed by the worker",
+                WORKER_SEED,
+                dead_letter,
+                dead_letter_bytes,
+            ),
+            entry(
+                "a DLQ entry of an authenticated Action (its id), the refused bytes "
+                "truncated to their first 4096 (size and sha256 of all of them)",
+                WORKER_SEED,
+                authenticated,
+                authenticated_bytes,
+            ),
+        ],
+        "aip.audit.v1.receipt_chain": [
+            entry(
+                "an unsigned receipt opening a segment: request_received, no previous_hash, "
+                "root_hash = sha256 of its hash",
+                None,
+                received,
+                None,
+            ),
+            entry(
+                "the signed receipt ending the segment: result_returned, previous_hash = "
+                "the hash of the receipt before, a float and a null in the free data",
+                WORKER_SEED,
+                settled,
+                settled_bytes,
             ),
         ],
         "aip.core.v1.escalation_resolution": [
@@ -1624,6 +1797,32 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("delegate", "kind"), "operator"),
             ),
         ],
+        "aip.audit.v1.receipt_chain": [
+            ("unknown field at the top level", "check_envelope", top("receipt_id", "r1")),
+            (
+                "unknown field in the body: our old name `event` on the chain",
+                "open_body",
+                put(("event",), "settled"),
+            ),
+            (
+                "unknown field nested in a receipt: our old `prev_sha256`",
+                "open_body",
+                put(("receipts", 0, "prev_sha256"), "0" * 64),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("receipt")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1")),
+            (
+                "null for an absent optional (root_hash): the signature breaks upstream",
+                "signed_form",
+                put(("root_hash",), None),
+            ),
+            ("missing required field body.receipt_chain.chain_id", "open_body", drop("chain_id")),
+            (
+                "wrong enum value: receipt_type `settled` (ours; AIP says `result_returned`)",
+                "open_body",
+                put(("receipts", 0, "receipt_type"), "settled"),
+            ),
+        ],
         "aip.lifecycle.v1.action_status": [
             ("unknown field at the top level", "check_envelope", top("record", "queue")),
             (
@@ -1671,6 +1870,7 @@ _BASES = {
     "aip.channel.v1.message_created": 0,
     "aip.agent.v1.delegation_request": 0,
     "aip.lifecycle.v1.action_status": 0,
+    "aip.audit.v1.receipt_chain": 1,
 }
 
 
