@@ -18,8 +18,9 @@ The published shape is the one a signer must send, so it is closed and written o
   that type.
 - **Our subject's Action.** The Action is held to what the actions subject's reader
   requires beyond AIP (the internal `schemas.action.Action`'s constraints): an `identity`
-  (whose Action it is), an `act_` + 32 hex id, a `cap:hermes_agent:{endpoint}:{operation}`
-  capability id, and a `timeout_ms` within the internal bound.
+  (whose Action it is), an `act_` + 32 hex id, an AIP capability id (a Hermes endpoint's
+  workers take only `cap:hermes_agent:{endpoint}:{operation}`, a gateway route's executor
+  any `cap:…`), and a `timeout_ms` within the internal bound.
 
 Our extension object follows our internal types: it lives in a free slot that every
 verifier signs as given, so a `null` there is harmless and allowed where the writer may
@@ -44,6 +45,7 @@ from schemas.aip.extensions import (
 )
 from schemas.aip.json_schema import json_schema as aip_json_schema
 from schemas.aip.messages import BODY_KEYS, PAYLOAD_TYPES
+from schemas.delegation import ANY_CAPABILITY_PATTERN
 from schemas.ids import json_schema as wire_json_schema
 
 #: The message types this project puts on its subjects, with what each one is for.
@@ -242,7 +244,10 @@ def _our_action_rules(definition: dict[str, Any]) -> None:
     internal = wire_json_schema(InternalAction)["$defs"]["Action"]["properties"]
     properties = definition["properties"]
     properties["id"]["pattern"] = internal["id"]["pattern"]
-    properties["capability_id"]["pattern"] = internal["capability"]["pattern"]
+    # Any AIP capability id: the same Envelope reaches a gateway route's executor (any
+    # `cap:…`); a Hermes endpoint's workers take only `cap:hermes_agent:{endpoint}:{op}`
+    # and dead-letter any other (`schemas.ids.CAPABILITY_PATTERN`, checked on decode).
+    properties["capability_id"]["pattern"] = ANY_CAPABILITY_PATTERN.replace("\\Z", "$")
     (bounded,) = [option for option in internal["timeout_ms"]["anyOf"] if "maximum" in option]
     properties["timeout_ms"]["maximum"] = bounded["maximum"]
     definition["required"] = [*definition["required"], "identity"]
@@ -252,7 +257,9 @@ def _our_action_rules(definition: dict[str, Any]) -> None:
     ]
     definition["description"] += (
         " On the actions subject it needs an `identity` (exactly one of `human_actor` and "
-        "`service_account`), an `act_` + 32 hex id and an endpoint-qualified capability id."
+        "`service_account`), an `act_` + 32 hex id and a capability id (a Hermes endpoint's "
+        "workers take only `cap:hermes_agent:{endpoint}:{operation}`; a gateway route's "
+        "executor any `cap:…`)."
     )
 
 

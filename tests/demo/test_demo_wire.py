@@ -33,6 +33,10 @@ pytestmark = pytest.mark.demo
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 #: NATS' own subjects: the JetStream API and its acks, service discovery, the system account.
 SERVER_SUBJECTS = ("$JS.", "$SRV.", "$SYS.", "$KV.", "$O.")
+#: Not yet AIP (issue #25, open): the gateway's internal index of open children, a
+#: gateway-signed JSON map per shard that no AIP reader consumes (AIP's nearest shape is an
+#: ActionList). Named here so that nothing else can slip through unlisted.
+NOT_YET_AIP = re.compile(rf"^{DEFAULT_PREFIX}\.runtime\.open\.[^.]+$")
 #: What one story must show at least, by message type (a capture that saw nothing proves
 #: nothing).
 EXPECTED_TYPES = (
@@ -40,6 +44,11 @@ EXPECTED_TYPES = (
     "aip.core.v1.stream_chunk",
     "aip.core.v1.action_result",
     "aip.core.v1.escalation",
+    "aip.core.v1.escalation_resolution",
+    "aip.core.v1.cancel",
+    "aip.agent.v1.delegation_request",
+    "aip.lifecycle.v1.action_status",
+    "aip.audit.v1.receipt_chain",
 )
 
 
@@ -82,7 +91,7 @@ def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str
     problems: list[str] = []
     seen: Counter[str] = Counter()
     for subject, data in messages:
-        if subject.startswith(SERVER_SUBJECTS) or not data:
+        if subject.startswith(SERVER_SUBJECTS) or not data or NOT_YET_AIP.match(subject):
             continue
         try:
             doc = json.loads(data)
@@ -141,4 +150,4 @@ async def test_every_message_of_the_demo_story_is_a_schema_valid_aip_envelope(
     problems, seen = _problems(capture.messages)
     assert not problems, _summary(problems, len(capture.messages))
     for message_type in EXPECTED_TYPES:
-        assert seen[message_type] > 0, dict(seen)
+        assert seen[message_type] > 0, (message_type, dict(seen))
