@@ -38,6 +38,9 @@ TENANT_A_TOKEN = "tok-tenant-a-" + "f" * 27
 READ_ONLY_TOKEN = "tok-read-" + "d" * 30
 #: Expired a minute ago.
 EXPIRED_TOKEN = "tok-expired-" + "e" * 28
+#: A principal that is no delegate (an MCP agent of its own, not a Hermes operator).
+AGENT_TOKEN = "tok-agent-" + "9" * 30
+AGENT = "agent:support-bot"
 H1 = hermes_principal_id("h1")
 
 
@@ -113,6 +116,7 @@ async def gstack(
             principal_entry(TENANT_A_TOKEN, hermes_principal_id("ha"), tenant_id=TENANT_A),
             principal_entry(READ_ONLY_TOKEN, H1, scopes=["capability:read"]),
             principal_entry(EXPIRED_TOKEN, H1, valid_for_ms=-60_000),
+            principal_entry(AGENT_TOKEN, AGENT),
         ],
     )
     async with fake_stack(

@@ -35,7 +35,7 @@ from worker.trust.responses import ResponseSigner
 from worker.wire.chunks import encode_chunk
 from worker.wire.results import encode_result
 
-from .conftest import H1, H1_TOKEN, OTHER_TENANT_TOKEN, GatewayStack
+from .conftest import AGENT_TOKEN, H1, H1_TOKEN, OTHER_TENANT_TOKEN, GatewayStack
 from .test_gateway_tools import NOT_FOUND, aip_call, contract, models_reads, records
 
 H9_MODELS = "cap:hermes_agent:h9:models"
@@ -179,6 +179,24 @@ async def test_a_protocol_id_whose_result_is_on_the_bus_is_refused_like_an_unkno
     events = {r.event.value for r in await gs.stack.client.receipts("h1", victim.id)}
     assert "settled" in events
     assert "tool_call" not in events
+
+
+async def test_only_a_delegate_principal_makes_a_delegated_child(gs_up: GatewayStack) -> None:
+    """A delegated child keeps the id its DelegationRequest assigned, so a principal that is
+    no delegate naming `delegation` could take that id before the delegate's run calls it
+    (the resolver then refuses the entry and the delegation fails). Such a call is refused
+    before anything is enqueued, whatever the id's state (no oracle); the delegate's own
+    call with the same contract is taken."""
+    gs = gs_up
+    child_id = new_action_id()
+    arguments = contract(action_id=child_id, input={}, delegation=FORGED_DELEGATION)
+    refused = await aip_call(gs, AGENT_TOKEN, arguments)
+    assert refused.is_error, refused.document
+    assert "delegate principal" in refused.document["error"]["message"]
+    assert await queue_entries(gs) == []
+    taken = await aip_call(gs, H1_TOKEN, {**arguments, "mode": "async"})
+    assert not taken.is_error, taken.document
+    assert taken.document["action_id"] == child_id
 
 
 async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(

@@ -22,7 +22,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, Mode
-from schemas.delegation import ChildAction
+from schemas.delegation import DELEGATE_PREFIX, ChildAction
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_action_id, new_action_id
 from schemas.lifecycle import ChildResult, LifecycleState, QueueRecord
@@ -228,6 +228,15 @@ class GatewayService:
             # A delegated child keeps its protocol-assigned id: the delegation resolver reads
             # the runtime's stores under exactly that id. Its `delegation` never reaches the
             # executor (Children.envelope), and the id is refused when anything else holds it.
+            # Only a delegate (a Hermes operator principal, the one a DelegationRequest names)
+            # makes one: any other principal naming a delegation could burn the child's id
+            # before the delegate's run calls it (the resolver would then refuse the entry).
+            if not principal.principal_id.startswith(DELEGATE_PREFIX):
+                raise _invalid(
+                    "`delegation` is accepted only from a delegate principal "
+                    f"({DELEGATE_PREFIX}{{endpoint}}): it marks the child of a signed "
+                    "DelegationRequest"
+                )
             action_id = supplied
         else:
             action_id = namespaced_action_id(principal.principal_id, principal.tenant_id, supplied)
