@@ -150,9 +150,12 @@ async def test_hermes_discovers_a_capability_and_calls_it_through_the_gateway(
     assert child.output["data"][0]["id"] == "hermes-agent"
     assert '\\"hermes-agent\\"' in final or "hermes-agent" in final
     last = msgspec.json.decode(records[-1])
-    assert last["state"] == "completed"
-    assert last["owner_principal_id"] == H1
-    assert last["action"]["identity"]["principal_id"] == H1
+    assert last["body"]["action_status"]["state"] == "completed"
+    ours = last["extensions"]["org.aip-hermes-worker"]
+    assert ours["owner_principal_id"] == H1
+    identity = ours["action"]["identity"]
+    actor = identity.get("human_actor") or identity["service_account"]
+    assert actor["id"] == H1
     # Receipts of both Actions are retained: the operator's on h1, the child's on h2 (the
     # worker's and the gateway's aip_call), and the gateway's aip_capabilities receipt.
     operator = {r.event.value for r in await stack.client.receipts("h1", handle.action_id)}

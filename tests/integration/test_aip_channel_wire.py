@@ -253,6 +253,6 @@ async def test_a_queued_delivery_is_a_signed_session_chat_action_and_unsigned_on
     assert chats(stack) == 1
     assert not any(ATTACK in m["content"] for m in await session_messages(stack))
     assert not await stack.results(forged_id)
-    dead = [headers.get("Aip-Dlq-Code") for _, headers in await stack.dlq()]
+    dead = [facts.get("code") for _, facts in await stack.dlq()]
     assert dead == ["connector_host.response_signing"] * 3
 

@@ -90,7 +90,13 @@ async def connect_nats(
         else:
             nats_at.lost(type(exc).__name__)
 
+    #: The connection, once made: a disconnect while it is closing or draining is our own
+    #: shutdown, not a lost NATS (nats-py marks it before it calls the callbacks).
+    made: list[NATS] = []
+
     async def on_disconnect() -> None:
+        if made and (made[0].is_closed or made[0].is_draining):
+            return
         nats_at.lost("disconnected", what="reconnecting")
 
     async def on_reconnect() -> None:
@@ -113,7 +119,9 @@ async def connect_nats(
         "pending_size": 64 * 1024 * 1024,
     }
     options.update(credential_options(settings))
-    return await nats.connect(**options)
+    nc = await nats.connect(**options)
+    made.append(nc)
+    return nc
 
 
 async def connect_nats_for_command(settings: Settings) -> NATS:
