@@ -98,15 +98,21 @@ def canonical_bytes(value: Any) -> bytes:
     up, NaN...) by the exact printer, which also says what is wrong. The two agree
     (tests/unit/test_aip_canonical.py)."""
     if _plain(value, 0):
-        try:
-            return _sorted_encoder.encode(value)
-        except UnicodeEncodeError:
-            raise NotCanonicalizable(
-                "a string holds a lone surrogate (not valid Unicode)"
-            ) from None
+        return plain_bytes(value)
     text = canonical_text(value)
     try:
         return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise NotCanonicalizable("a string holds a lone surrogate (not valid Unicode)") from None
+
+
+def plain_bytes(value: Any) -> bytes:
+    """The canonical bytes of a value made only of plain JSON (`plain_scalar` leaves, str
+    keys), printed by msgspec with sorted keys, without walking it first: for a caller that
+    built the value and knows it is plain (`worker.wire.receipts`); `canonical_bytes`
+    checks. NotCanonicalizable for a lone surrogate."""
+    try:
+        return _sorted_encoder.encode(value)
     except UnicodeEncodeError:
         raise NotCanonicalizable("a string holds a lone surrogate (not valid Unicode)") from None
 
@@ -134,6 +140,13 @@ def _plain(value: Any, depth: int) -> bool:
         if depth >= MAX_DEPTH:
             return False
         return all(type(item) is str or _plain(item, depth + 1) for item in value)
+    return plain_scalar(value)
+
+
+def plain_scalar(value: Any) -> bool:
+    """Whether `value` is one JSON scalar msgspec prints exactly as serde_json does: a str,
+    a bool, null, an in-range int, or a finite float below 1e16 in magnitude."""
+    kind = type(value)
     if kind is str or kind is bool or value is None:
         return True
     if kind is int:

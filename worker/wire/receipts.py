@@ -28,8 +28,9 @@ import msgspec
 
 from schemas.aip.audit import ReceiptChain
 from schemas.audit import Receipt, ReceiptEvent
-from worker.aip.canonical import canonical_bytes
+from worker.aip.canonical import canonical_bytes, plain_bytes, plain_scalar
 from worker.aip.envelope import AIP_VERSION
+from worker.aip.errors import NotCanonicalizable
 from worker.aip.signing import AipSigner
 from worker.wire.actions import timestamp_of_ms
 from worker.wire.envelopes import (
@@ -84,30 +85,16 @@ def hash_of(receipt: dict[str, Any]) -> str:
     return hashlib.sha256(_canonical(without, receipt.get("data"))).hexdigest()
 
 
-#: Sorted-key msgspec output is AIP's canonical form for plain values (worker.aip.canonical).
-_SORTED: Final = msgspec.json.Encoder(order="sorted")
-_I64: Final = 1 << 63
-
-
-def _plain_scalar(value: Any) -> bool:
-    kind = type(value)
-    if kind is str or kind is bool or value is None:
-        return True
-    if kind is int:
-        return bool(-_I64 <= value < _I64)
-    return kind is float and abs(value) < 1e16  # False for NaN and infinities too
-
-
 def _canonical(value: dict[str, Any], data: Any) -> bytes:
     """`canonical_bytes(value)` for a receipt or its Envelope, which this module builds
     from strings and bounded integers except for the receipt's `details`: when those are
-    plain scalars, sorted msgspec output is already canonical, and the generic walk over
-    the whole value (most of a receipt's framing cost) is skipped."""
+    plain scalars, the value is plain JSON and the generic walk over the whole value (most
+    of a receipt's framing cost) is skipped (`plain_bytes`)."""
     details = data.get("details") if isinstance(data, dict) else None
-    if isinstance(details, dict) and all(_plain_scalar(v) for v in details.values()):
+    if isinstance(details, dict) and all(plain_scalar(v) for v in details.values()):
         try:
-            return _SORTED.encode(value)
-        except UnicodeEncodeError:
+            return plain_bytes(value)
+        except NotCanonicalizable:
             pass  # a lone surrogate: the exact printer says so
     return canonical_bytes(value)
 
