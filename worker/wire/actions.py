@@ -49,6 +49,7 @@ from worker.wire.envelopes import (
     open_envelope,
     open_payload,
     seal,
+    timestamp_ms,
 )
 
 A = TypeVar("A", bound=Action)
@@ -193,12 +194,6 @@ def timestamp_of_ms(unix_ms: int) -> str:
     return format_timestamp(moment)
 
 
-def _sent_at_ms(sent_at: str) -> int:
-    """Unix ms of an RFC 3339 `sent_at` (already checked by the Envelope rules)."""
-    parsed = datetime.fromisoformat(sent_at.replace("Z", "+00:00"))
-    return int(parsed.timestamp() * 1000)
-
-
 def _identity(context: Any) -> dict[str, Any]:
     """Our Identity's fields from the AIP IdentityContext (as builtins)."""
     if not isinstance(context, dict):
@@ -253,7 +248,7 @@ def internal_fields(
         "capability": aip["capability_id"],
         "input": aip["input"],
         "identity": _identity(aip.get("identity")),
-        "created_at_unix_ms": extension.get("created_at_unix_ms", _sent_at_ms(sent_at)),
+        "created_at_unix_ms": extension.get("created_at_unix_ms", timestamp_ms(sent_at)),
         "mode": _MODE_FROM_AIP[typed.mode or AipMode.ASYNC].value,
     }
     for ours, theirs in (

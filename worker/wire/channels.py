@@ -27,7 +27,6 @@ writes for some record: an egress Action must be, byte for byte in its body, the
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import msgspec
@@ -56,6 +55,7 @@ from worker.wire.envelopes import (
     open_envelope,
     open_payload,
     seal,
+    unix_ms_of,
 )
 from worker.wire.results import worker_principal
 
@@ -196,7 +196,7 @@ def decode_inbound(
         content = part.data
     else:
         raise invalid("channel_message: the part is neither a text nor a tool_result part")
-    sent_at_ms = _ms_of(str(opened.envelope["sent_at"]))
+    sent_at_ms = unix_ms_of(str(opened.envelope["sent_at"]))
     if sent_at_ms is None:
         raise invalid("channel_message: sent_at is not a time this reader can read")
     try:
@@ -229,17 +229,6 @@ def decode_inbound(
     if opened.message_id != inbound_message_id(endpoint_id, message.message_id):
         raise invalid("channel_message: message_id is not derived from the Hermes id")
     return message, opened
-
-
-def _ms_of(timestamp: str) -> int | None:
-    """Unix ms of an RFC 3339 time (None: one Python cannot read, e.g. 9 fraction digits)."""
-    try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        return None
-    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
 
 
 # --- egress: the delivery's session_chat Action -----------------------------------------------

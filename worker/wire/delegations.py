@@ -61,6 +61,7 @@ from worker.wire.envelopes import (
     open_payload,
     seal,
     sent_at_ms,
+    without_none,
 )
 from worker.wire.results import error_to_aip, truncate_message
 
@@ -70,11 +71,6 @@ _TYPES: Final = frozenset({MESSAGE_TYPE})
 SCOPE_SEPARATOR: Final = " "
 #: The kind a chain hop before the delegator is written with (we keep only its id).
 HOP_KIND: Final = AGENT_KIND
-
-
-def _without_none(value: Any) -> dict[str, Any]:
-    """A struct as AIP writes objects: an absent member omitted."""
-    return {key: item for key, item in msgspec.to_builtins(value).items() if item is not None}
 
 
 def _requested_by(request: DelegationRequest) -> dict[str, Any]:
@@ -157,7 +153,7 @@ def _extension(request: DelegationRequest) -> dict[str, Any]:
     if request.deadline_unix_ms is not None:
         extension["deadline_unix_ms"] = request.deadline_unix_ms
     if request.approval is not None:
-        extension["approval"] = _without_none(request.approval)
+        extension["approval"] = without_none(request.approval)
     return extension
 
 
@@ -285,7 +281,7 @@ def _internal(opened: Opened, typed: AipDelegationRequest) -> dict[str, Any]:
     if extension.deadline_unix_ms is not None:
         fields["deadline_unix_ms"] = extension.deadline_unix_ms
     if extension.approval is not None:
-        fields["approval"] = _without_none(extension.approval)
+        fields["approval"] = without_none(extension.approval)
     return fields
 
 

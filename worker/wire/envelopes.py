@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final, TypeVar
 
 import msgspec
@@ -97,8 +97,29 @@ class ReplyRecipe:
 def sent_at_ms(opened: Opened) -> int:
     """Unix ms of an opened Envelope's `sent_at` (RFC 3339, already checked by the Envelope
     rules): when its sender says it was sent, which a replay check compares with now."""
-    sent_at = str(opened.envelope["sent_at"]).replace("Z", "+00:00")
-    return int(datetime.fromisoformat(sent_at).timestamp() * 1000)
+    return timestamp_ms(str(opened.envelope["sent_at"]))
+
+
+def timestamp_ms(timestamp: str) -> int:
+    """Unix ms of an RFC 3339 time the Envelope rules already checked (`sent_at`)."""
+    return int(datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp() * 1000)
+
+
+def unix_ms_of(timestamp: str) -> int | None:
+    """Unix ms of an RFC 3339 time a payload carries, exactly (None: one Python cannot
+    read, e.g. 9 fraction digits, or one without a zone)."""
+    try:
+        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    if moment.tzinfo is None:
+        return None
+    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
+
+
+def without_none(value: Any) -> dict[str, Any]:
+    """A struct as AIP writes objects: an absent member omitted."""
+    return {key: item for key, item in msgspec.to_builtins(value).items() if item is not None}
 
 
 def extension_of(envelope: Mapping[str, Any]) -> dict[str, Any]:

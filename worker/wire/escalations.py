@@ -29,7 +29,6 @@ The Envelope bytes are a function of the escalation (or resolution) alone (messa
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 import msgspec
@@ -55,6 +54,7 @@ from worker.wire.envelopes import (
     open_envelope,
     open_payload,
     seal,
+    unix_ms_of,
 )
 from worker.wire.results import worker_principal
 
@@ -331,20 +331,9 @@ def decode_resolution(
         )
     if _status(resolution) != body.status:
         raise invalid(f"escalation_resolution: status {body.status} contradicts its result")
-    if _ms_of(body.resolved_at) != resolution.resolved_at_unix_ms:
+    if unix_ms_of(body.resolved_at) != resolution.resolved_at_unix_ms:
         raise invalid("escalation_resolution: resolved_at differs from resolved_at_unix_ms")
     return resolution, opened
-
-
-def _ms_of(timestamp: str) -> int | None:
-    """Unix ms of an RFC 3339 time (None: one Python cannot read, e.g. 9 fraction digits)."""
-    try:
-        moment = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
-    except ValueError:
-        return None
-    if moment.tzinfo is None:
-        return None
-    return (moment - datetime(1970, 1, 1, tzinfo=UTC)) // timedelta(milliseconds=1)
 
 
 

@@ -43,15 +43,12 @@ from worker.wire.envelopes import (
     open_envelope,
     open_payload,
     seal,
+    without_none,
 )
 from worker.wire.results import error_from_aip
 
 MESSAGE_TYPE: Final = "aip.lifecycle.v1.action_status"
 _TYPES: Final = frozenset({MESSAGE_TYPE})
-
-
-def _without_none(value: Any) -> dict[str, Any]:
-    return {key: item for key, item in msgspec.to_builtins(value).items() if item is not None}
 
 
 def _seal(
@@ -103,13 +100,13 @@ def encode_queue_record(
         "updated_at_unix_ms": record.updated_at_unix_ms,
         "action": aip_action_body(child),
         "action_facts": {
-            name: (_without_none(value) if isinstance(value, msgspec.Struct) else value)
+            name: (without_none(value) if isinstance(value, msgspec.Struct) else value)
             for name, value in msgspec.structs.asdict(facts).items()
             if value is not None
         },
         "owner_principal_id": record.owner_principal_id,
         "actor_principal_id": record.actor_principal_id,
-        "authenticated": _without_none(record.authenticated),
+        "authenticated": without_none(record.authenticated),
         "enqueued_at_unix_ms": record.enqueued_at_unix_ms,
     }
     if record.tenant_partition is not None:
@@ -178,7 +175,7 @@ def decode_queue_record(
         raise invalid("the record's action_id or capability_id is not its Action's")
     child = internal_fields(
         aip_action,
-        extension=_without_none(facts),
+        extension=without_none(facts),
         sent_at=status.updated_at,
         correlation_id=status.correlation_id,
     )
