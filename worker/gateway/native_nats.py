@@ -4,109 +4,35 @@ runtime, or any AIP client, sends signed Envelopes to this pool as core NATS req
 One queue-group subscription on `aip.v1.{trust_domain}.{service}.{version}.>` (each part
 sanitised as the reference does: `.`, space, `/` and `\\` become `_`), shared by every
 gateway. A request is a TransportMessage `{"envelope": …, "metadata": {…}}` or a bare
-Envelope; the answer is exactly one TransportMessage with `AIP-*` headers, signed with the
-gateway key in its `did:key` form and correlated by the reply recipe (§2.6: fresh
-`message_id` and `sent_at`, `session_id` and `correlation_id` copied, `in_response_to` the
-request's `message_id`, `to` its `from`).
+Envelope; the answer is exactly one TransportMessage with `AIP-*` headers. What is checked
+and answered is worker/gateway/aip_answers.py's; this module is the subscription, the bound
+on requests in flight, and the reply.
 
-The order of checks, each refusal an `aip.core.v1.error` Envelope with the reference's code:
-frame (`envelope.decode.invalid` / `schema.envelope.invalid`), signature
-(`auth.signature.invalid`), signer and sender (`auth.unverified_actor`,
-`auth.claim_mismatch`: worker/gateway/native_trust.py), `sent_at` and the message id claim
-(`replay.message_id`), then the body. What each body gets:
-
-* `action` (mode `sync` or absent): our Action goes through `GatewayService.call` — queue
-  entry, then the signed Action on the endpoint's `…actions` JetStream subject — and the
-  answer is the `action_result` once it settles. The wait is bounded by the Action's
-  `timeout_ms` and the requester's timeout (`AIPD_AIP_REQUEST_TIMEOUT_MS`, less a margin);
-  past it the answer is the non-terminal `ack` `accepted` when the Action is on JetStream
-  (send the same Action id again, a new `message_id`, to read its result), or a retryable
-  `connector_host.not_ready` error with `uncertain_outcome` when it could not be confirmed
-  on JetStream in time.
-* `action` mode `async`: `ack` `queued` once the Action is on JetStream (`cached` when the
-  Action id was already taken by the same contract).
-* `manifest_request`: the pool's manifest, from the workers' manifests.
-* `heartbeat`: `heartbeat_ack`.
-* `action_status_request`: `action_status`; `action_result_request`: the `action_result`
-  once the Action is terminal (within `wait_ms`), else its `action_status`; `cancel`: the
-  executor is asked to cancel and the answer is the terminal `action_result` (cancelled,
-  or how it had already ended), or the `action_status` when it has not settled yet. An id
-  the binding's principal does not own is `action.not_found`, like one that does not exist.
-* anything else (mode `streaming`, events, lists, delegation…): `capability.unsupported`.
-
-A request without a reply subject is dropped with a log line. Nothing a request carries can
-stop the responder: every failure becomes an answer.
+A request without a reply subject is dropped with a log line.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import time
-from collections.abc import Mapping
 from typing import Any, Final
 
-import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-from schemas.aip.action import Action as AipAction
-from schemas.aip.action import Mode as AipMode
-from schemas.aip.control import Cancel, Heartbeat
-from schemas.aip.lifecycle import ActionResultRequest, ActionStatusRequest
-from schemas.aip.manifest import Manifest, ManifestRequest
-from schemas.errors import EnvelopeRejected, ErrorCategory, ErrorCode
-from worker.aip.canonical import canonical_bytes, loads
-from worker.aip.envelope import BODY_KEYS, now_timestamp
-from worker.aip.errors import AipWireError
+from schemas.errors import ErrorCategory, ErrorCode
+from worker.aip.canonical import loads
 from worker.aip.signing import AipSigner
-from worker.errors import ConnectorError, NativeRefusal
-from worker.gateway.native_trust import (
-    MessageClaims,
-    SignerBinding,
-    TrustedSigners,
-    check_sent_at,
-)
-from worker.gateway.principals import Principal
-from worker.gateway.service import GatewayService, namespaced_action_id
-from worker.gateway.settings import PROTECTED_SCOPES, GatewaySettings
+from worker.errors import NativeRefusal
+from worker.gateway.aip_answers import ACTION, AipAnswers, answer_headers
+from worker.gateway.native_trust import MessageClaims, TrustedSigners
+from worker.gateway.service import GatewayService
+from worker.gateway.settings import GatewaySettings
 from worker.tasks import stop_tasks
-from worker.wire.actions import timestamp_of_ms
-from worker.wire.envelopes import (
-    DEFAULT_MAX_ENVELOPE_BYTES,
-    Opened,
-    open_envelope,
-    open_payload,
-    seal,
-    sent_at_ms,
-)
-from worker.wire.manifests import MANIFEST_VERSION, NATIVE_NATS_PROFILE, select
 
 log = logging.getLogger(__name__)
 
-ACTION: Final = "aip.core.v1.action"
-ACK: Final = "aip.core.v1.ack"
-RESULT: Final = "aip.core.v1.action_result"
-ERROR: Final = "aip.core.v1.error"
-HEARTBEAT: Final = "aip.core.v1.heartbeat"
-HEARTBEAT_ACK: Final = "aip.core.v1.heartbeat_ack"
-MANIFEST_REQUEST: Final = "aip.discovery.v1.manifest_request"
-MANIFEST_RESPONSE: Final = "aip.discovery.v1.manifest_response"
-CANCEL: Final = "aip.core.v1.cancel"
-STATUS_REQUEST: Final = "aip.lifecycle.v1.action_status_request"
-STATUS: Final = "aip.lifecycle.v1.action_status"
-RESULT_REQUEST: Final = "aip.lifecycle.v1.action_result_request"
-SERVED: Final = frozenset(
-    {ACTION, HEARTBEAT, MANIFEST_REQUEST, CANCEL, STATUS_REQUEST, RESULT_REQUEST}
-)
-#: Every message type the Envelope rules know: an unserved one is answered, not dropped.
-ANY_TYPE: Final = frozenset(BODY_KEYS)
-#: Kept of the requester's timeout for signing and sending the answer.
-ANSWER_MARGIN_MS: Final = 500
-#: How often a sync request whose child outlived the service's wait polls its record.
-POLL_S: Final = 0.2
 _SANITISED: Final = str.maketrans({".": "_", " ": "_", "/": "_", "\\": "_"})
 
 
@@ -125,106 +51,8 @@ def request_subject(trust_domain: str, service: str, version: str, message_type:
     return f"{service_subject(trust_domain, service, version)}.{sanitise(message_type)}"
 
 
-def _headers(envelope: Mapping[str, Any]) -> dict[str, str]:
-    headers = {
-        "AIP-Version": str(envelope["aip_version"]),
-        "AIP-Message-Type": str(envelope["message_type"]),
-        "AIP-Message-Id": str(envelope["message_id"]),
-    }
-    for header, field in (
-        ("AIP-Session-Id", "session_id"),
-        ("AIP-Correlation-Id", "correlation_id"),
-    ):
-        if isinstance(envelope.get(field), str):
-            headers[header] = envelope[field]
-    return headers
-
-
-def _request_envelope(msg: Msg) -> bytes:
-    """The Envelope's canonical bytes from a TransportMessage or a bare Envelope;
-    EnvelopeRejected for anything else, or headers that contradict the Envelope."""
-    data = msg.data or b""
-    if len(data) > DEFAULT_MAX_ENVELOPE_BYTES:
-        raise EnvelopeRejected(
-            ErrorCode.ENVELOPE_DECODE_INVALID,
-            f"request is {len(data)} bytes, over {DEFAULT_MAX_ENVELOPE_BYTES}",
-        )
-    try:
-        document = loads(data)
-    except AipWireError as exc:
-        raise EnvelopeRejected(ErrorCode.ENVELOPE_DECODE_INVALID, str(exc)) from None
-    if not isinstance(document, dict):
-        raise EnvelopeRejected(ErrorCode.ENVELOPE_DECODE_INVALID, "not a JSON object")
-    envelope: Any = document
-    if "envelope" in document and "aip_version" not in document:
-        unknown = set(document) - {"envelope", "metadata"}
-        metadata = document.get("metadata")
-        if unknown or not (
-            metadata is None
-            or (isinstance(metadata, dict) and all(isinstance(v, str) for v in metadata.values()))
-        ):
-            raise EnvelopeRejected(
-                ErrorCode.SCHEMA_ENVELOPE_INVALID,
-                "a TransportMessage is {envelope, metadata: {string: string}}",
-            )
-        envelope = document["envelope"]
-    if not isinstance(envelope, dict):
-        raise EnvelopeRejected(ErrorCode.SCHEMA_ENVELOPE_INVALID, "envelope is not an object")
-    for header, field in (("AIP-Message-Type", "message_type"), ("AIP-Message-Id", "message_id")):
-        said = (msg.headers or {}).get(header)
-        if said is not None and said != envelope.get(field):
-            raise EnvelopeRejected(
-                ErrorCode.SCHEMA_ENVELOPE_INVALID, f"header {header} is not the Envelope's {field}"
-            )
-    try:
-        return canonical_bytes(envelope)
-    except AipWireError as exc:
-        raise EnvelopeRejected(ErrorCode.ENVELOPE_DECODE_INVALID, str(exc)) from None
-
-
-def _claimed_frame(msg: Msg) -> dict[str, Any]:
-    """What an answer to an unreadable request can still name: its `message_id`,
-    `correlation_id` and `session_id` when they are strings (never believed, only echoed)."""
-    try:
-        document = loads(msg.data or b"")
-    except AipWireError:
-        return {}
-    if isinstance(document, dict) and isinstance(document.get("envelope"), dict):
-        document = document["envelope"]
-    if not isinstance(document, dict):
-        return {}
-    frame = {}
-    for ours, theirs in (
-        ("in_response_to", "message_id"),
-        ("correlation_id", "correlation_id"),
-        ("session_id", "session_id"),
-    ):
-        value = document.get(theirs)
-        if isinstance(value, str) and 0 < len(value) <= 256:
-            frame[ours] = value
-    return frame
-
-
-def _refusal_of(exc: EnvelopeRejected) -> NativeRefusal:
-    if exc.code is ErrorCode.HOST_AUTHENTICATION:
-        return NativeRefusal("auth.signature.invalid", exc.reason)
-    return NativeRefusal(exc.code.value, exc.reason, ErrorCategory.PERMANENT)
-
-
-def _refusal_of_connector(exc: ConnectorError) -> NativeRefusal:
-    """A refusal of `GatewayService.call` in the answer's terms (its own code kept)."""
-    error = exc.to_protocol(endpoint_id=None, read_only=False)
-    return NativeRefusal(
-        error.code.value,
-        error.message,
-        error.category,
-        retryable=error.retryable,
-        uncertain=error.uncertain_outcome,
-    )
-
-
 class NativeNatsResponder:
-    """The binding's subscription and the answer to each request."""
+    """The binding's subscription and the reply to each request."""
 
     def __init__(
         self,
@@ -237,14 +65,17 @@ class NativeNatsResponder:
     ) -> None:
         self.settings = settings
         self.nc = nc
-        self.service = service
         self.signers = signers
-        self.claims = claims
-        self.signer = signer
-        #: The Principal this gateway answers as (`from`, with its did).
-        self.principal = {"id": f"service:{settings.aip_service}", "kind": "service"}
         self.subject = service_subject(
             settings.aip_trust_domain, settings.aip_service, settings.aip_version
+        )
+        self.answers = AipAnswers(
+            settings,
+            service,
+            signers,
+            claims,
+            signer,
+            native_action_subject=f"{self.subject}.{sanitise(ACTION)}",
         )
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -269,6 +100,7 @@ class NativeNatsResponder:
             except Exception as exc:  # a closed connection: nothing more arrives anyway
                 log.info("native binding unsubscribe: %s", type(exc).__name__)
         await stop_tasks(list(self._tasks), 5.0)
+        await self.answers.stop()
 
     async def _received(self, msg: Msg) -> None:
         """Each request in its own task (a sync Action waits), at most
@@ -282,7 +114,7 @@ class NativeNatsResponder:
         if self._slots.locked():
             await self._answer(
                 msg,
-                self._error(
+                self.answers.refusal(
                     NativeRefusal(
                         ErrorCode.HOST_CAPACITY.value,
                         "the gateway is answering as many requests as it may",
@@ -290,7 +122,7 @@ class NativeNatsResponder:
                         retryable=True,
                         retry_after_ms=1000,
                     ),
-                    _claimed_frame(msg),
+                    msg.data or b"",
                 ),
             )
             return
@@ -301,364 +133,12 @@ class NativeNatsResponder:
         task.add_done_callback(lambda _: self._slots.release())
 
     async def _handle(self, msg: Msg) -> None:
-        try:
-            answer = await self._answer_for(msg)
-        except asyncio.CancelledError:
-            raise
-        except Exception:  # never let a request stop the binding: answer it
-            log.exception("aip.native.nats.v1 request failed unexpectedly")
-            answer = self._error(
-                NativeRefusal(
-                    ErrorCode.HOST_EXECUTION.value,
-                    "the gateway failed to answer this request",
-                    ErrorCategory.TEMPORARY,
-                    retryable=True,
-                    uncertain=True,
-                ),
-                _claimed_frame(msg),
-            )
-        await self._answer(msg, answer)
+        await self._answer(msg, await self.answers.answer(msg.data or b"", msg.headers))
 
     async def _answer(self, msg: Msg, envelope: bytes) -> None:
         document = loads(envelope)
         payload = b'{"envelope":' + envelope + b"}"
         try:
-            await self.nc.publish(msg.reply, payload, headers=_headers(document))
+            await self.nc.publish(msg.reply, payload, headers=answer_headers(document))
         except Exception as exc:  # the requester is gone or NATS is down: nothing to do
             log.warning("aip.native.nats.v1 answer not sent: %s", type(exc).__name__)
-
-    # --- building answers ---------------------------------------------------------------
-
-    def _seal(
-        self, message_type: str, payload: Mapping[str, Any], frame: Mapping[str, Any]
-    ) -> bytes:
-        return seal(
-            message_type,
-            payload,
-            sender=self.principal,
-            signer=self.signer,
-            sent_at=now_timestamp(),
-            **frame,
-        )
-
-    def _error(self, refusal: NativeRefusal, frame: Mapping[str, Any]) -> bytes:
-        return self._seal(ERROR, {"error": refusal.to_aip()}, frame)
-
-    @staticmethod
-    def _reply_frame(opened: Opened) -> dict[str, Any]:
-        """The reply recipe (§2.6)."""
-        envelope = opened.envelope
-        frame: dict[str, Any] = {"in_response_to": opened.message_id}
-        sender = opened.sender
-        if sender is not None:
-            frame["to"] = dict(sender)
-        for field in ("correlation_id", "session_id"):
-            if isinstance(envelope.get(field), str):
-                frame[field] = envelope[field]
-        return frame
-
-    # --- the checks, then the body ------------------------------------------------------
-
-    async def _answer_for(self, msg: Msg) -> bytes:
-        try:
-            opened = open_envelope(_request_envelope(msg), message_types=ANY_TYPE)
-        except EnvelopeRejected as exc:
-            return self._error(_refusal_of(exc), _claimed_frame(msg))
-        frame = self._reply_frame(opened)
-        try:
-            binding = await self._admit(opened)
-            return await self._body(opened, binding, frame)
-        except NativeRefusal as refusal:
-            return self._error(refusal, frame)
-        except EnvelopeRejected as exc:
-            return self._error(_refusal_of(exc), frame)
-
-    async def _admit(self, opened: Opened) -> SignerBinding:
-        """Signature, signer, sender, freshness, then the one claim of the message id."""
-        if opened.verified is None:
-            raise NativeRefusal("auth.signature.invalid", "the Envelope is not signed")
-        binding = self.signers.sender_of(opened.verified.did, opened.sender)
-        check_sent_at(sent_at_ms(opened))
-        await self.claims.claim(binding.did, opened.message_id)
-        return binding
-
-    async def _body(self, opened: Opened, binding: SignerBinding, frame: dict[str, Any]) -> bytes:
-        message_type = opened.message_type
-        if message_type not in SERVED:
-            raise NativeRefusal(
-                "capability.unsupported",
-                f"{message_type} is not served by this binding (served: "
-                f"{', '.join(sorted(SERVED))})",
-                ErrorCategory.PERMANENT,
-            )
-        body = open_payload(opened, message_type)
-        if isinstance(body, Heartbeat):
-            ack = {"sequence": body.sequence, "received_at": now_timestamp()}
-            return self._seal(HEARTBEAT_ACK, ack, frame)
-        if isinstance(body, ManifestRequest):
-            return self._seal(MANIFEST_RESPONSE, await self._manifest(body), frame)
-        if isinstance(body, ActionStatusRequest | ActionResultRequest):
-            return await self._lifecycle(body, binding, frame)
-        if isinstance(body, Cancel):
-            return await self._cancel(body, binding, frame)
-        assert isinstance(body, AipAction)
-        return await self._action(opened, body, binding, frame)
-
-    async def _manifest(self, request: ManifestRequest) -> dict[str, Any]:
-        """One manifest for the pool: every endpoint's capabilities the route table serves,
-        in the frame of the first endpoint's manifest, naming this gateway as the agent
-        and this binding's subject; `select` applies the request's filter."""
-        manifests = sorted(
-            await self.service.discovery.manifests(),
-            key=lambda m: json.dumps(m.get("agent"), sort_keys=True, default=str),
-        )
-        if not manifests:
-            raise NativeRefusal(
-                ErrorCode.HOST_NOT_READY.value,
-                "no worker answered a manifest request",
-                ErrorCategory.TEMPORARY,
-                retryable=True,
-                retry_after_ms=1000,
-            )
-        merged = dict(manifests[0])
-        capabilities: dict[str, Any] = {}
-        bound: list[Any] = []
-        for manifest in manifests:
-            for entry in manifest.get("capabilities") or []:
-                capability = entry.get("id") if isinstance(entry, dict) else None
-                if isinstance(capability, str) and self.service.routes.resolve(capability):
-                    capabilities.setdefault(capability, entry)
-            compatibility = manifest.get("compatibility")
-            if isinstance(compatibility, dict):
-                bound.extend(compatibility.get("tenant_bound_endpoints") or [])
-        merged["capabilities"] = list(capabilities.values())
-        # One endpoint's own facts (worker version, binding expiry) do not describe the pool.
-        merged.pop("extensions", None)
-        merged["manifest_version"] = MANIFEST_VERSION
-        merged["agent"] = {**self.principal, "did": self.signer.did}
-        compatibility = dict(merged.get("compatibility") or {})
-        compatibility["native_nats"] = {"subject": f"{self.subject}.{sanitise(ACTION)}"}
-        if bound:
-            compatibility["tenant_bound_endpoints"] = bound
-        else:
-            compatibility.pop("tenant_bound_endpoints", None)
-        merged["compatibility"] = compatibility
-        profiles = list(merged.get("profiles") or [])
-        if NATIVE_NATS_PROFILE not in profiles:
-            merged["profiles"] = [NATIVE_NATS_PROFILE, *profiles]
-        try:
-            manifest = msgspec.convert(merged, Manifest, strict=True)
-        except msgspec.ValidationError as exc:
-            raise NativeRefusal(
-                ErrorCode.HOST_EXECUTION.value,
-                f"the workers' manifests do not merge into one manifest: {exc}",
-                ErrorCategory.TEMPORARY,
-                retryable=True,
-            ) from None
-        built: dict[str, Any] = msgspec.to_builtins(select(manifest, request))
-        return built
-
-    # --- action ---------------------------------------------------------------------------
-
-    def _principal(self, binding: SignerBinding) -> Principal:
-        """The caller as the gateway's tools know one: the binding, with every tool scope
-        and no allowlist (which capabilities it may reach is the route table's)."""
-        return Principal(
-            principal_id=binding.principal_id,
-            principal_kind=binding.principal_kind,
-            tenant_id=binding.tenant_id,
-            authentication_issuer=binding.issuer,
-            revision=binding.revision,
-            scopes=frozenset(PROTECTED_SCOPES),
-            expires_at_unix_ms=2**53,
-        )
-
-    async def _action(
-        self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
-    ) -> bytes:
-        mode = action.mode or AipMode.SYNC
-        if mode is AipMode.STREAMING:
-            raise NativeRefusal(
-                "capability.unsupported",
-                "mode streaming is not served by the native NATS binding yet; use sync or async",
-                ErrorCategory.PERMANENT,
-            )
-        arguments: dict[str, Any] = {
-            "action_id": action.id,
-            "capability": action.capability_id,
-            "input": action.input,
-            "mode": "sync" if mode is AipMode.SYNC else "async",
-        }
-        if action.timeout_ms is not None:
-            arguments["timeout_ms"] = action.timeout_ms
-        if action.idempotency_key is not None:
-            arguments["idempotency_key"] = action.idempotency_key
-        # The request's correlation id stays with the answer, not the child: a retry under
-        # a new correlation id must find the same child, not an idempotency collision.
-        principal = self._principal(binding)
-        bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
-        bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
-        if action.timeout_ms is not None:
-            bound_ms = min(bound_ms, action.timeout_ms)
-        deadline = time.monotonic() + max(0, bound_ms) / 1000
-        call = asyncio.get_running_loop().create_task(self.service.call(principal, arguments))
-        # The call goes on when the answer must leave (its record and follower finish it).
-        self._tasks.add(call)
-        call.add_done_callback(self._tasks.discard)
-        try:
-            view = await asyncio.wait_for(
-                asyncio.shield(call), max(0.0, deadline - time.monotonic())
-            )
-        except TimeoutError:
-            return await self._not_yet(principal, action.id, bus_id, frame)
-        except ConnectorError as exc:
-            raise _refusal_of_connector(exc) from None
-        if mode is AipMode.ASYNC:
-            status = "cached" if view.get("duplicate") else "queued"
-            return self._seal(ACK, {"action_id": action.id, "status": status}, frame)
-        while view.get("result") is None and time.monotonic() < deadline:
-            await asyncio.sleep(POLL_S)
-            try:
-                view = await self.service.result(principal, bus_id)
-            except ConnectorError as exc:
-                raise _refusal_of_connector(exc) from None
-        if view.get("result") is None:
-            return await self._not_yet(principal, action.id, bus_id, frame)
-        return self._seal(RESULT, self._result(action.id, view["result"]), frame)
-
-    async def _not_yet(
-        self, principal: Principal, action_id: str, bus_id: str, frame: dict[str, Any]
-    ) -> bytes:
-        """The answer when the wait ran out: `ack` `accepted` if the Action's record says it
-        was sent, else a retryable error whose outcome is uncertain."""
-        try:
-            view = await self.service.status(principal, bus_id)
-        except ConnectorError:
-            view = {}
-        if view.get("state") not in (None, "queued"):
-            return self._seal(
-                ACK,
-                {
-                    "action_id": action_id,
-                    "status": "accepted",
-                    "reason": "still running past the request's timeout: send the same Action "
-                    "id again (new message_id) to read its result",
-                    "retry_after_ms": 1000,
-                },
-                frame,
-            )
-        raise NativeRefusal(
-            ErrorCode.HOST_NOT_READY.value,
-            "the Action was not confirmed on its work queue in time; send the same Action id "
-            "again (new message_id)",
-            ErrorCategory.TEMPORARY,
-            retryable=True,
-            retry_after_ms=1000,
-            uncertain=True,
-        )
-
-    # --- lifecycle queries and cancel --------------------------------------------------
-
-    async def _view(
-        self, principal: Principal, action_id: str, *, wait_ms: int = 0
-    ) -> dict[str, Any]:
-        """The record of the requester's Action (by its own id), once terminal or after
-        `wait_ms` (bounded by the request timeout); `action.not_found` for an id this
-        principal does not own, exactly as for one that does not exist."""
-        bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action_id)
-        bound_ms = min(wait_ms, self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS)
-        deadline = time.monotonic() + max(0, bound_ms) / 1000
-        while True:
-            try:
-                view = await self.service.result(principal, bus_id)
-            except ConnectorError as exc:
-                if exc.code is ErrorCode.CONFIGURATION_OR_INPUT:
-                    raise NativeRefusal(
-                        "action.not_found",
-                        f"no Action {action_id[:80]} of this principal",
-                        ErrorCategory.PERMANENT,
-                    ) from None
-                raise _refusal_of_connector(exc) from None
-            if view.get("result") is not None or time.monotonic() >= deadline:
-                return view
-            await asyncio.sleep(POLL_S)
-
-    def _status(
-        self, action_id: str, view: Mapping[str, Any], *, with_result: bool
-    ) -> dict[str, Any]:
-        """The AIP ActionStatus of a record view (our states are AIP state names)."""
-        status: dict[str, Any] = {
-            "action_id": action_id,
-            "state": view["state"],
-            "updated_at": timestamp_of_ms(int(view["updated_at_unix_ms"])),
-            "capability_id": view["capability"],
-        }
-        result = view.get("result")
-        if result is not None:
-            status["result_status"] = result["status"]
-            if with_result:
-                status["result"] = self._result(action_id, result)
-        return status
-
-    async def _lifecycle(
-        self,
-        request: ActionStatusRequest | ActionResultRequest,
-        binding: SignerBinding,
-        frame: dict[str, Any],
-    ) -> bytes:
-        """`action_status` for a status request; for a result request the `action_result`
-        once the Action is terminal, else its `action_status` (the registry's pairing)."""
-        view = await self._view(
-            self._principal(binding), request.action_id, wait_ms=request.wait_ms or 0
-        )
-        result = view.get("result")
-        if isinstance(request, ActionResultRequest) and result is not None:
-            return self._seal(RESULT, self._result(request.action_id, result), frame)
-        with_result = isinstance(request, ActionStatusRequest) and request.include_result is True
-        status = self._status(request.action_id, view, with_result=with_result)
-        return self._seal(STATUS, status, frame)
-
-    async def _cancel(
-        self, request: Cancel, binding: SignerBinding, frame: dict[str, Any]
-    ) -> bytes:
-        """The executor is asked to cancel; the answer is the Action's terminal
-        `action_result` (cancelled, or how it had already ended), or its `action_status`
-        (`running`, `cancel` recorded) when it has not settled within the cancel wait."""
-        action_id = request.target.action
-        if action_id is None:
-            raise NativeRefusal(
-                "capability.unsupported",
-                "only an Action can be cancelled here (target.action)",
-                ErrorCategory.PERMANENT,
-            )
-        principal = self._principal(binding)
-        view = await self._view(principal, action_id)
-        if view.get("result") is None:
-            bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action_id)
-            try:
-                await self.service.cancel(principal, bus_id, request.reason or "")
-            except ConnectorError as exc:
-                raise _refusal_of_connector(exc) from None
-            view = await self._view(principal, action_id, wait_ms=2_000)
-        result = view.get("result")
-        if result is not None:
-            return self._seal(RESULT, self._result(action_id, result), frame)
-        return self._seal(STATUS, self._status(action_id, view, with_result=False), frame)
-
-    @staticmethod
-    def _result(action_id: str, result: Mapping[str, Any]) -> dict[str, Any]:
-        """The AIP ActionResult of a settled child, named by the requester's Action id."""
-        payload: dict[str, Any] = {"action_id": action_id, "status": result["status"]}
-        if result.get("output") is not None:
-            payload["output"] = result["output"]
-        error = result.get("error")
-        if isinstance(error, Mapping):
-            aip_error: dict[str, Any] = {
-                "code": str(error.get("code", ErrorCode.ERROR.value)),
-                "message": str(error.get("message", ""))[:1024],
-                "category": str(error.get("category", "connector")),
-                "retryable": bool(error.get("retryable", False)),
-                "details": {"uncertain_outcome": bool(error.get("uncertain_outcome", False))},
-            }
-            payload["error"] = aip_error
-        return payload
