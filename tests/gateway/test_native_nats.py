@@ -169,15 +169,21 @@ async def results_of(gs: GatewayStack, bus_action_id: str) -> int:
 
 
 async def serve_native(
-    gstack: GatewayStack, tmp_path: Path, *, request_timeout_ms: int = 25_000
+    gstack: GatewayStack,
+    tmp_path: Path,
+    *,
+    request_timeout_ms: int = 25_000,
+    more_signers: list[str] | None = None,
 ) -> tuple[GatewayStack, nacl.signing.SigningKey, nacl.signing.SigningKey]:
     """The stack with a gateway serving the binding; the caller's key (bound to h1's
-    principal, the identity the worker's directory knows) and the gateway's key."""
+    principal, the identity the worker's directory knows) and the gateway's key.
+    `more_signers`: further lines of the trusted signers file."""
     caller = nacl.signing.SigningKey.generate()
     signers = tmp_path / "aip-signers.txt"
     signers.write_text(
         "# the GetAIP runtime that routes to this pool\n"
         f"{did_of(caller)} {H1} kind=agent revision=1 issuer={MCP_ISSUER}\n"
+        + "".join(f"{line}\n" for line in more_signers or [])
     )
     signers.chmod(0o600)
     await gstack.start_gateway(

@@ -22,14 +22,34 @@ frame (`envelope.decode.invalid` / `schema.envelope.invalid`), signature
   on JetStream in time.
 * `action` mode `async`: `ack` `queued` once the Action is on JetStream (`cached` when the
   Action id was already taken by the same contract).
+* `action` mode `streaming`: the Action must carry a `callback` whose profile this binding
+  serves (a sink per profile, worker/gateway/chunk_sinks.py; the NATS binding serves
+  `aip.native.nats.v1`), else `action.invalid_input` before anything is enqueued. It runs as
+  our `stream` mode and is waited for like a sync one; once it settled, its chunks go to
+  the callback, each a `stream_chunk` Envelope signed by the gateway key and correlated by
+  the reply recipe, `sequence` from 0 in order, ending with its `done` (or `error`) chunk,
+  and the answer is the final `action_result`. Only the chain the signed result vouches
+  for is sent (worker/gateway/chunk_reads.py's walk back from `last_chunk_sha256`: the
+  run that settled it, never a superseded run's or a forger's chunks), so the chunks
+  arrive when the Action has ended, not as they are made. Past the wait, the same
+  `ack` `accepted` as sync (the same Action id sent again streams and answers then).
 * `manifest_request`: the pool's manifest, from the workers' manifests.
 * `heartbeat`: `heartbeat_ack`.
 * `action_status_request`: `action_status`; `action_result_request`: the `action_result`
   once the Action is terminal (within `wait_ms`), else its `action_status`; `cancel`: the
   executor is asked to cancel and the answer is the terminal `action_result` (cancelled,
-  or how it had already ended), or the `action_status` when it has not settled yet. An id
-  the binding's principal does not own is `action.not_found`, like one that does not exist.
-* anything else (mode `streaming`, events, lists, delegation…): `capability.unsupported`.
+  or how it had already ended), or the `action_status` when it has not settled yet.
+* `action_events_request`: `action_events`, the Action's chunks as Events (kind
+  `stream_chunk.{kind}`, `data` the StreamChunk's fields and whether the chain was verified
+  against the signed result), paged by `cursor` (a sequence number) and `limit`, filtered by
+  `kinds`, the StreamChunks too with `include_chunks`; `follow` waits within the request's
+  timeout for a first event when there is none yet and the Action runs; `terminal` says
+  whether it ended (no `cursor` once the last page of an ended Action was given).
+* An Action id the binding's principal does not own is `action.not_found` in every
+  lifecycle query, like one that does not exist.
+* anything else (`action_list_request`: our records keep the bus id, a hash of the
+  requester's id, so a list could not name the requester's own ids; delegation…):
+  `capability.unsupported`.
 
 Nothing a request carries can make `AipAnswers.answer` raise: every failure is an answer.
 """
@@ -48,7 +68,7 @@ import msgspec
 from schemas.aip.action import Action as AipAction
 from schemas.aip.action import Mode as AipMode
 from schemas.aip.control import Cancel, Heartbeat
-from schemas.aip.lifecycle import ActionResultRequest, ActionStatusRequest
+from schemas.aip.lifecycle import ActionEventsRequest, ActionResultRequest, ActionStatusRequest
 from schemas.aip.manifest import Manifest, ManifestRequest
 from schemas.errors import EnvelopeRejected, ErrorCategory, ErrorCode
 from worker.aip.canonical import canonical_bytes, loads
@@ -56,6 +76,9 @@ from worker.aip.envelope import BODY_KEYS, now_timestamp
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
 from worker.errors import ConnectorError, NativeRefusal
+from worker.gateway.chunk_reads import Link
+from worker.gateway.chunk_sinks import CALLBACK_REFUSED, ChunkSink, SinkFactory
+from worker.gateway.chunk_sinks import answer_headers as answer_headers
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -91,8 +114,19 @@ CANCEL: Final = "aip.core.v1.cancel"
 STATUS_REQUEST: Final = "aip.lifecycle.v1.action_status_request"
 STATUS: Final = "aip.lifecycle.v1.action_status"
 RESULT_REQUEST: Final = "aip.lifecycle.v1.action_result_request"
+EVENTS_REQUEST: Final = "aip.lifecycle.v1.action_events_request"
+EVENTS: Final = "aip.lifecycle.v1.action_events"
+STREAM_CHUNK: Final = "aip.core.v1.stream_chunk"
 SERVED: Final = frozenset(
-    {ACTION, HEARTBEAT, MANIFEST_REQUEST, CANCEL, STATUS_REQUEST, RESULT_REQUEST}
+    {
+        ACTION,
+        HEARTBEAT,
+        MANIFEST_REQUEST,
+        CANCEL,
+        STATUS_REQUEST,
+        RESULT_REQUEST,
+        EVENTS_REQUEST,
+    }
 )
 #: Every message type the Envelope rules know: an unserved one is answered, not dropped.
 ANY_TYPE: Final = frozenset(BODY_KEYS)
@@ -100,22 +134,8 @@ ANY_TYPE: Final = frozenset(BODY_KEYS)
 ANSWER_MARGIN_MS: Final = 500
 #: How often a sync request whose child outlived the service's wait polls its record.
 POLL_S: Final = 0.2
-
-
-def answer_headers(envelope: Mapping[str, Any]) -> dict[str, str]:
-    """The `AIP-*` headers of an answer (both bindings send them)."""
-    headers = {
-        "AIP-Version": str(envelope["aip_version"]),
-        "AIP-Message-Type": str(envelope["message_type"]),
-        "AIP-Message-Id": str(envelope["message_id"]),
-    }
-    for header, field in (
-        ("AIP-Session-Id", "session_id"),
-        ("AIP-Correlation-Id", "correlation_id"),
-    ):
-        if isinstance(envelope.get(field), str):
-            headers[header] = envelope[field]
-    return headers
+#: Events of an `action_events` page when the request names no `limit`.
+EVENTS_PAGE: Final = 100
 
 
 def request_envelope(data: bytes, headers: Mapping[str, str] | None) -> bytes:
@@ -188,6 +208,55 @@ def _refusal_of(exc: EnvelopeRejected) -> NativeRefusal:
     return NativeRefusal(exc.code.value, exc.reason, ErrorCategory.PERMANENT)
 
 
+def _chunk_body(action_id: str, link: Link) -> dict[str, Any]:
+    """The AIP StreamChunk of a chain link, named by the requester's Action id (the bus's
+    chunk as published: `sequence` from 0, `kind`, `data`, `part`)."""
+    return {**link.body, "action_id": action_id}
+
+
+def _cursor_of(cursor: str | None) -> int:
+    """The sequence an `action_events` cursor names (ours: a decimal sequence number)."""
+    if cursor is None:
+        return 0
+    if not (cursor.isascii() and cursor.isdigit() and len(cursor) <= 19):
+        raise NativeRefusal(
+            "action.invalid_input",
+            "cursor is not one this binding gave (a sequence number)",
+            ErrorCategory.PERMANENT,
+        )
+    return int(cursor)
+
+
+def _page(
+    links: list[Link], cursor: int, limit: int, kinds: frozenset[str] | None
+) -> tuple[list[Link], int]:
+    """Up to `limit` links from sequence `cursor` whose event kind `kinds` admits, and the
+    sequence the next page starts at (past every link looked at, wanted or not)."""
+    page: list[Link] = []
+    following = cursor
+    for link in links:
+        if link.seq < cursor:
+            continue
+        if len(page) == limit:
+            break
+        following = link.seq + 1
+        if kinds is None or f"stream_chunk.{link.body['kind']}" in kinds:
+            page.append(link)
+    return page, following
+
+
+def _refusal_of_lookup(exc: ConnectorError, action_id: str) -> NativeRefusal:
+    """A refusal of a lookup by Action id: `action.not_found` for an id this principal does
+    not own, exactly as for one that does not exist."""
+    if exc.code is ErrorCode.CONFIGURATION_OR_INPUT:
+        return NativeRefusal(
+            "action.not_found",
+            f"no Action {action_id[:80]} of this principal",
+            ErrorCategory.PERMANENT,
+        )
+    return _refusal_of_connector(exc)
+
+
 def _refusal_of_connector(exc: ConnectorError) -> NativeRefusal:
     """A refusal of `GatewayService.call` in the answer's terms (its own code kept)."""
     error = exc.to_protocol(endpoint_id=None, read_only=False)
@@ -212,6 +281,7 @@ class AipAnswers:
         signer: AipSigner,
         *,
         native_action_subject: str,
+        sinks: Mapping[str, SinkFactory] | None = None,
     ) -> None:
         self.settings = settings
         self.service = service
@@ -220,6 +290,8 @@ class AipAnswers:
         self.signer = signer
         #: Where the native binding takes Actions (the manifest names it).
         self.native_action_subject = native_action_subject
+        #: Callback profile → where a streaming Action's chunks go (worker/gateway/chunk_sinks.py).
+        self.sinks: dict[str, SinkFactory] = dict(sinks or {})
         #: The Principal this gateway answers as (`from`, with its did).
         self.principal = {"id": f"service:{settings.aip_service}", "kind": "service"}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -328,6 +400,8 @@ class AipAnswers:
             return await self._lifecycle(body, binding, frame)
         if isinstance(body, Cancel):
             return await self._cancel(body, binding, frame)
+        if isinstance(body, ActionEventsRequest):
+            return await self._events(body, binding, frame)
         assert isinstance(body, AipAction)
         return await self._action(opened, body, binding, frame)
 
@@ -404,17 +478,12 @@ class AipAnswers:
         self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
     ) -> bytes:
         mode = action.mode or AipMode.SYNC
-        if mode is AipMode.STREAMING:
-            raise NativeRefusal(
-                "capability.unsupported",
-                "mode streaming is not served by the native NATS binding yet; use sync or async",
-                ErrorCategory.PERMANENT,
-            )
+        sink = self._sink(action) if mode is AipMode.STREAMING else None
         arguments: dict[str, Any] = {
             "action_id": action.id,
             "capability": action.capability_id,
             "input": action.input,
-            "mode": "sync" if mode is AipMode.SYNC else "async",
+            "mode": {AipMode.SYNC: "sync", AipMode.ASYNC: "async"}.get(mode, "stream"),
         }
         if action.timeout_ms is not None:
             arguments["timeout_ms"] = action.timeout_ms
@@ -451,7 +520,70 @@ class AipAnswers:
                 raise _refusal_of_connector(exc) from None
         if view.get("result") is None:
             return await self._not_yet(principal, action.id, bus_id, frame)
+        if sink is not None:
+            await self._stream(principal, action.id, bus_id, sink, frame)
         return self._seal(RESULT, self._result(action.id, view["result"]), frame)
+
+    def _sink(self, action: AipAction) -> ChunkSink:
+        """Where a streaming Action's chunks go: its callback, through the sink of its
+        profile; refused before anything is enqueued when there is none this binding
+        serves, or the target is one it will not deliver to."""
+        callback = action.callback
+        if callback is None:
+            raise NativeRefusal(
+                CALLBACK_REFUSED,
+                "a streaming Action needs a callback for its chunks (served profiles: "
+                f"{', '.join(sorted(self.sinks)) or 'none'})",
+                ErrorCategory.PERMANENT,
+            )
+        factory = self.sinks.get(callback.profile)
+        if factory is None:
+            raise NativeRefusal(
+                CALLBACK_REFUSED,
+                f"callback profile {callback.profile[:100]!r} is not served here (served: "
+                f"{', '.join(sorted(self.sinks)) or 'none'})",
+                ErrorCategory.PERMANENT,
+            )
+        return factory(callback)
+
+    async def _stream(
+        self,
+        principal: Principal,
+        action_id: str,
+        bus_id: str,
+        sink: ChunkSink,
+        frame: dict[str, Any],
+    ) -> None:
+        """Send the settled Action's chunks to its callback, each a signed `stream_chunk`
+        Envelope correlated like the answer, in sequence order: only the chain its signed
+        result vouches for (the run that settled it; a superseded run's or a forger's chunks
+        are never sent). Delivery is at most once: a chunk the sink could not take ends the
+        stream with a log line, and the answer is still the final `action_result` (the
+        chunks stay readable by `action_events_request`)."""
+        try:
+            read = await self.service.own_chain(principal, bus_id)
+        except ConnectorError as exc:
+            raise _refusal_of_connector(exc) from None
+        if not read.verified:
+            log.warning(
+                "the chunks of %s could not be verified against its result: none streamed",
+                bus_id,
+                extra={"action_id": bus_id},
+            )
+            return
+        for link in read.links:
+            envelope = self._seal(STREAM_CHUNK, _chunk_body(action_id, link), frame)
+            try:
+                await sink.send(envelope)
+            except Exception as exc:  # the callback's side: the answer still goes
+                log.warning(
+                    "chunk %d of %s not delivered to its callback (%s): stream cut",
+                    link.seq,
+                    bus_id,
+                    type(exc).__name__,
+                    extra={"action_id": bus_id},
+                )
+                return
 
     async def _not_yet(
         self, principal: Principal, action_id: str, bus_id: str, frame: dict[str, Any]
@@ -499,13 +631,7 @@ class AipAnswers:
             try:
                 view = await self.service.result(principal, bus_id)
             except ConnectorError as exc:
-                if exc.code is ErrorCode.CONFIGURATION_OR_INPUT:
-                    raise NativeRefusal(
-                        "action.not_found",
-                        f"no Action {action_id[:80]} of this principal",
-                        ErrorCategory.PERMANENT,
-                    ) from None
-                raise _refusal_of_connector(exc) from None
+                raise _refusal_of_lookup(exc, action_id) from None
             if view.get("result") is not None or time.monotonic() >= deadline:
                 return view
             await asyncio.sleep(POLL_S)
@@ -571,6 +697,61 @@ class AipAnswers:
         if result is not None:
             return self._seal(RESULT, self._result(action_id, result), frame)
         return self._seal(STATUS, self._status(action_id, view, with_result=False), frame)
+
+    async def _events(
+        self, request: ActionEventsRequest, binding: SignerBinding, frame: dict[str, Any]
+    ) -> bytes:
+        """One page of the Action's events: each chunk of its chain from `cursor` (a
+        sequence number, as a decimal string) whose kind `kinds` names, an Event of kind
+        `stream_chunk.{kind}`; the StreamChunks too with `include_chunks`. `follow` waits,
+        within the request's timeout, for an event when the page would be empty and the
+        Action has not ended. While it runs the chain is followed forward (each event's
+        `data.verified` false: not yet checked against a signed result); once it settled,
+        exactly the chain its signed result vouches for."""
+        cursor = _cursor_of(request.cursor)
+        limit = request.limit or EVENTS_PAGE
+        kinds = frozenset(request.kinds) if request.kinds else None
+        principal = self._principal(binding)
+        bus_id = namespaced_action_id(
+            principal.principal_id, principal.tenant_id, request.action_id
+        )
+        bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
+        deadline = time.monotonic() + (max(0, bound_ms) / 1000 if request.follow else 0)
+        while True:
+            try:
+                read = await self.service.own_chain(principal, bus_id)
+            except ConnectorError as exc:
+                raise _refusal_of_lookup(exc, request.action_id) from None
+            terminal = read.record.state.terminal
+            page, following = _page(read.links, cursor, limit, kinds)
+            if page or terminal or time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(POLL_S)
+        answer: dict[str, Any] = {
+            "action_id": request.action_id,
+            "events": [self._event(request.action_id, link, read.verified) for link in page],
+            "terminal": terminal,
+        }
+        if request.include_chunks is True and page:
+            answer["chunks"] = [_chunk_body(request.action_id, link) for link in page]
+        at_end = not read.links or following > read.links[-1].seq
+        if not (terminal and at_end):
+            answer["cursor"] = str(following)
+        return self._seal(EVENTS, answer, frame)
+
+    @staticmethod
+    def _event(action_id: str, link: Link, verified: bool) -> dict[str, Any]:
+        """A chunk as an AIP Event: its id derived from the chunk's hash (the same on
+        every read), its time the chunk's, its StreamChunk fields in `data`."""
+        body = _chunk_body(action_id, link)
+        del body["action_id"]
+        return {
+            "id": "evt_" + link.sha256[:32],
+            "kind": f"stream_chunk.{link.body['kind']}",
+            "occurred_at": timestamp_of_ms(int(link.document["ts_unix_ms"])),
+            "action_id": action_id,
+            "data": {**body, "verified": verified},
+        }
 
     @staticmethod
     def _result(action_id: str, result: Mapping[str, Any]) -> dict[str, Any]:

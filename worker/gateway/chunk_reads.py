@@ -37,14 +37,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Link:
-    """One decodable chunk of the child as stored: its hash, its fields and its JSON (the
-    chunk's own form, as an event of `aip_action_events`)."""
+    """One decodable chunk of the child as stored: its hash, its fields, its JSON (the
+    chunk's own form, as an event of `aip_action_events`) and its AIP StreamChunk body as
+    published (what the AIP bindings pass on, worker/gateway/aip_stream.py)."""
 
     sha256: str
     seq: int
     prev_sha256: str | None
     terminal: bool
     document: dict[str, Any]
+    body: dict[str, Any]
 
 
 @dataclass
@@ -59,7 +61,7 @@ class ChunkReader:
     def add(self, data: bytes) -> Link | None:
         """Keep `data` if it is a chunk of this child (None, counted, if not)."""
         try:
-            chunk, _ = decode_chunk(data)
+            chunk, opened = decode_chunk(data)
         except EnvelopeRejected:
             self.skipped += 1
             return None
@@ -73,6 +75,7 @@ class ChunkReader:
             prev_sha256=chunk.prev_sha256,
             terminal=isinstance(chunk, DoneChunk | ErrorChunk),
             document=document,
+            body=opened.payload,
         )
         self.links.append(link)
         return link

@@ -6,7 +6,8 @@ sanitised as the reference does: `.`, space, `/` and `\\` become `_`), shared by
 gateway. A request is a TransportMessage `{"envelope": …, "metadata": {…}}` or a bare
 Envelope; the answer is exactly one TransportMessage with `AIP-*` headers. What is checked
 and answered is worker/gateway/aip_answers.py's; this module is the subscription, the bound
-on requests in flight, and the reply.
+on requests in flight, the reply, and the `aip.native.nats.v1` callback a streaming
+Action's chunks are published to (worker/gateway/chunk_sinks.py).
 
 A request without a reply subject is dropped with a log line.
 """
@@ -22,14 +23,15 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
 from schemas.errors import ErrorCategory, ErrorCode
-from worker.aip.canonical import loads
 from worker.aip.signing import AipSigner
 from worker.errors import NativeRefusal
-from worker.gateway.aip_answers import ACTION, AipAnswers, answer_headers
+from worker.gateway.aip_answers import ACTION, AipAnswers
+from worker.gateway.chunk_sinks import NatsCallbackSinks, transport_message
 from worker.gateway.native_trust import MessageClaims, TrustedSigners
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
 from worker.tasks import stop_tasks
+from worker.wire.manifests import NATIVE_NATS_PROFILE
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +78,14 @@ class NativeNatsResponder:
             claims,
             signer,
             native_action_subject=f"{self.subject}.{sanitise(ACTION)}",
+            sinks={
+                NATIVE_NATS_PROFILE: NatsCallbackSinks(
+                    nc,
+                    bus_prefix=settings.subject_prefix,
+                    route_prefixes=service.routes.describe().values(),
+                    binding_subject=self.subject,
+                )
+            },
         )
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -136,9 +146,8 @@ class NativeNatsResponder:
         await self._answer(msg, await self.answers.answer(msg.data or b"", msg.headers))
 
     async def _answer(self, msg: Msg, envelope: bytes) -> None:
-        document = loads(envelope)
-        payload = b'{"envelope":' + envelope + b"}"
+        payload, headers = transport_message(envelope)
         try:
-            await self.nc.publish(msg.reply, payload, headers=answer_headers(document))
+            await self.nc.publish(msg.reply, payload, headers=headers)
         except Exception as exc:  # the requester is gone or NATS is down: nothing to do
             log.warning("aip.native.nats.v1 answer not sent: %s", type(exc).__name__)

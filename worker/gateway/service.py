@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -63,6 +64,17 @@ EVENTS_IDLE_S = 0.3
 FORBIDDEN_FIELDS = ("identity", "id")
 #: Domain separation of the namespaced Action ids (`namespaced_action_id`).
 NAMESPACE_LABEL = "aip-hermes-worker/gateway-action-id/v1"
+
+
+@dataclass(frozen=True, slots=True)
+class ChainRead:
+    """One read of a child's chunks: its record, the links of its chain in seq order, and
+    whether the chain was checked against the child's signed result (`verified`: exactly
+    the chunks of the run that settled it, ending with its terminal chunk)."""
+
+    record: QueueRecord
+    links: list[Link]
+    verified: bool
 
 
 def _invalid(message: str) -> ConnectorError:
@@ -479,6 +491,29 @@ class GatewayService:
         record = await self._own_record(principal, action_id)
         if cursor < 0 or not 1 <= limit <= MAX_EVENTS_PER_CALL:
             raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_EVENTS_PER_CALL}")
+        read = await self.read_chain(record)
+        events = [link.document for link in read.links if link.seq >= cursor][:limit]
+        if events:
+            cursor = int(events[-1]["seq"]) + 1
+        done = bool(events) and events[-1].get("kind") in ("done", "error")
+        return {
+            "action_id": action_id,
+            "capability": record.action.capability,
+            "events": events,
+            "next_cursor": cursor,
+            "done": done,
+            "verified": read.verified,
+        }
+
+    async def own_chain(self, principal: Principal, action_id: str) -> ChainRead:
+        """`read_chain` of one of the principal's own children (`_not_found` otherwise)."""
+        return await self.read_chain(await self._own_record(principal, action_id))
+
+    async def read_chain(self, record: QueueRecord) -> ChainRead:
+        """What the child's chunk subject holds along its hash chain, read once from chunk 0
+        (the chain is judged from there): walked back from the signed result when it is on
+        the bus (`verified`), else followed forward."""
+        action_id = record.action.id
         route = self._route_of(record)
         reader = ChunkReader(action_id)
         subject = route.subjects.chunks(action_id)
@@ -487,8 +522,7 @@ class GatewayService:
         except NotFoundError:
             stream = None
         if stream is not None:
-            # Message gets, never a consumer (worker/bus/stream_reads.py). Every call reads
-            # from the subject's first chunk: the chain is judged from chunk 0.
+            # Message gets, never a consumer (worker/bus/stream_reads.py).
             # Once a terminal chunk is read, only what is stored already is read on (a forged
             # terminal must not hide the real one from the walk back from the result).
             async with SubjectFollower(self.nc, stream, subject) as follower:
@@ -501,10 +535,6 @@ class GatewayService:
                     if link is not None and link.terminal:
                         wait = 0.0
         chain, verified = await self._chain(reader, route, record)
-        events = [link.document for link in chain if link.seq >= cursor][:limit]
-        if events:
-            cursor = int(events[-1]["seq"]) + 1
-        done = bool(events) and events[-1].get("kind") in ("done", "error")
         if reader.skipped:
             log.info(
                 "%d messages on %s are not chunks of %s and were skipped",
@@ -513,14 +543,7 @@ class GatewayService:
                 action_id,
                 extra={"action_id": action_id},
             )
-        return {
-            "action_id": action_id,
-            "capability": record.action.capability,
-            "events": events,
-            "next_cursor": cursor,
-            "done": done,
-            "verified": verified,
-        }
+        return ChainRead(record=record, links=chain, verified=verified)
 
     async def _chain(
         self, reader: ChunkReader, route: Route, record: QueueRecord

@@ -1,0 +1,240 @@
+"""The native NATS binding's streaming Actions and events pages, by an independent client.
+
+Real NATS and Redis, a worker serving h1 over the fake Hermes, a gateway serving the binding.
+The client builds each request by the AIP rules alone (tests/aip_actions.py), listens on its
+own callback subject, and checks every chunk Envelope it receives there by hand: PyNaCl over
+the canonical bytes by the gateway key, the reply recipe's correlation, jsonschema against
+schemas/json/aip.core.v1.stream_chunk.json, sequence from 0 in order, the terminal `done`
+last, then the final `action_result` as the answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import nacl.signing
+import pytest
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from tests.aip_actions import did_of, sign
+from worker.testing.fake_hermes.faults import RouteDelay
+
+from .conftest import H1, GatewayStack
+from .test_native_nats import (
+    CALLER,
+    SCHEMAS,
+    action,
+    actions_last_seq,
+    ask,
+    check_answer,
+    check_signed,
+    error_code,
+    frame,
+    serve_native,
+)
+
+pytestmark = pytest.mark.asyncio
+
+CHAT_STREAM = "cap:hermes_agent:h1:chat_stream"
+NATS_PROFILE = "aip.native.nats.v1"
+
+
+def streaming(callback: dict[str, Any] | None) -> dict[str, Any]:
+    request = action("streaming")
+    body = request["body"]["action"]
+    body["capability_id"] = CHAT_STREAM
+    body["input"] = {"messages": [{"role": "user", "content": "stream me a reply"}]}
+    body["idempotency_key"] = "idem-" + secrets.token_hex(8)  # chat_stream requires one
+    if callback is not None:
+        body["callback"] = callback
+    return request
+
+
+def chunk_schema() -> dict[str, Any]:
+    """The published chunk Envelope schema, less the requirement of our extension (the
+    workers' bus chunks carry it; the gateway's callback chunk is the plain AIP one)."""
+    schema: dict[str, Any] = json.loads((SCHEMAS / "aip.core.v1.stream_chunk.json").read_text())
+    schema["required"] = [name for name in schema["required"] if name != "extensions"]
+    return schema
+
+
+def events_request(action_id: str, **fields: Any) -> dict[str, Any]:
+    return frame(
+        "aip.lifecycle.v1.action_events_request",
+        "action_events_request",
+        {"action_id": action_id, "include_chunks": False, "follow": False, **fields},
+    )
+
+
+async def test_streaming_chunks_go_to_the_callback_then_the_result(
+    gstack: GatewayStack, tmp_path: Path
+) -> None:
+    gs, caller, gateway = await serve_native(gstack, tmp_path)
+    nc: NATS = gs.stack.nc
+    target = f"client.callbacks.{secrets.token_hex(6)}"
+    received: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        received.append(msg)
+
+    sub = await nc.subscribe(target, cb=keep)
+    request = sign(streaming({"profile": NATS_PROFILE, "target": target}), caller, CALLER)
+    answer = await ask(nc, request)
+    result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    action_id = request["body"]["action"]["id"]
+    assert result["action_id"] == action_id
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)  # published before the answer, on the same connection
+    await sub.unsubscribe()
+
+    schema = chunk_schema()
+    chunks = []
+    for msg in received:
+        envelope = json.loads(msg.data)["envelope"]
+        headers = msg.headers or {}
+        assert headers["AIP-Message-Type"] == "aip.core.v1.stream_chunk"
+        assert headers["AIP-Message-Id"] == envelope["message_id"]
+        assert headers["AIP-Correlation-Id"] == request["correlation_id"]
+        check_signed(envelope, gateway.verify_key)
+        assert envelope["security"]["did"] == did_of(gateway)
+        assert envelope["in_response_to"] == request["message_id"]
+        assert envelope["correlation_id"] == request["correlation_id"]
+        assert envelope["session_id"] == request["session_id"]
+        assert envelope["to"]["id"] == H1
+        jsonschema.validate(envelope, schema)
+        chunks.append(envelope["body"]["stream_chunk"])
+    assert len(chunks) >= 3, chunks  # deltas, then the terminal chunk
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert {c["action_id"] for c in chunks} == {action_id}
+    assert chunks[-1]["kind"] == "done"
+    assert all(c["kind"] not in ("done", "error") for c in chunks[:-1])
+    deltas = [c["data"]["hermes_sse"] for c in chunks if c["kind"] == "data"]
+    assert deltas
+    assert all(d["event"] == "message" and d["data"]["choices"] for d in deltas)
+    assert len({json.loads(m.data)["envelope"]["message_id"] for m in received}) == len(chunks)
+
+    # the same chunks as an events page (with the StreamChunks), every one verified
+    request = sign(events_request(action_id, include_chunks=True), caller, CALLER)
+    page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
+    assert page["terminal"] is True
+    assert "cursor" not in page
+    assert page["chunks"] == chunks
+    assert [e["data"]["sequence"] for e in page["events"]] == list(range(len(chunks)))
+    assert all(e["data"]["verified"] is True for e in page["events"])
+    assert page["events"][-1]["kind"] == "stream_chunk.done"
+
+    # refused before anything runs: no callback, a profile not served, targets not allowed
+    before = await actions_last_seq(gs)
+    cases = [
+        ("no callback", None),
+        ("profile not served", {"profile": "aip.native.http.v1", "target": "https://x/cb"}),
+        ("wildcard", {"profile": NATS_PROFILE, "target": "client.>"}),
+        ("a host", {"profile": NATS_PROFILE, "target": "nats://elsewhere:4222/a/b"}),
+        ("system subject", {"profile": NATS_PROFILE, "target": "$JS.API.STREAM.LIST"}),
+        ("the bus", {"profile": NATS_PROFILE, "target": "aip.hermes.h1.actions"}),
+        (
+            "the binding's requests",
+            {"profile": NATS_PROFILE, "target": "aip.v1.example_com.aip-hermes-worker.v1.x"},
+        ),
+    ]
+    for name, callback in cases:
+        request = sign(streaming(callback), caller, CALLER)
+        answer = await ask(nc, request)
+        assert error_code(answer) == "action.invalid_input", (name, answer["body"])
+        check_signed(answer, gateway.verify_key)
+        assert answer["in_response_to"] == request["message_id"]
+    assert await actions_last_seq(gs) == before  # nothing enqueued
+
+
+async def test_events_pages_kinds_and_another_principals_action(
+    gstack: GatewayStack, tmp_path: Path
+) -> None:
+    other = nacl.signing.SigningKey.generate()
+    other_caller = {"id": "agent:other", "kind": "agent"}
+    gs, caller, gateway = await serve_native(
+        gstack, tmp_path, more_signers=[f"{did_of(other)} agent:other kind=agent revision=1"]
+    )
+    nc = gs.stack.nc
+    request = sign(action("sync"), caller, CALLER)
+    done = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
+    assert done["status"] == "completed"
+    action_id = done["action_id"]
+
+    # page by page, one event each: every chunk once, in order, the cursor moving on
+    seen: list[dict[str, Any]] = []
+    cursor: str | None = None
+    for _ in range(10):
+        fields: dict[str, Any] = {"limit": 1}
+        if cursor is not None:
+            fields["cursor"] = cursor
+        request = sign(events_request(action_id, **fields), caller, CALLER)
+        page = check_answer(
+            await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events"
+        )
+        assert page["action_id"] == action_id
+        assert page["terminal"] is True
+        assert "chunks" not in page  # include_chunks false
+        seen += page["events"]
+        cursor = page.get("cursor")
+        if cursor is None:
+            break
+        assert len(page["events"]) == 1
+    assert cursor is None
+    assert [e["data"]["sequence"] for e in seen] == list(range(len(seen)))
+    assert len(seen) >= 2  # a non-streaming call's output chunk, then done
+    assert seen[-1]["kind"] == "stream_chunk.done"
+    for event in seen:
+        assert event["id"].startswith("evt_")
+        assert event["action_id"] == action_id
+        assert event["kind"] == f"stream_chunk.{event['data']['kind']}"
+        assert event["occurred_at"].endswith("Z")
+    assert len({e["id"] for e in seen}) == len(seen)
+
+    # kinds filter: only the done event, and the cursor past everything looked at
+    request = sign(events_request(action_id, kinds=["stream_chunk.done"]), caller, CALLER)
+    page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
+    assert [e["kind"] for e in page["events"]] == ["stream_chunk.done"]
+    assert page["events"][0] == seen[-1]
+    assert "cursor" not in page
+    request = sign(
+        events_request(action_id, kinds=["stream_chunk.progress"], limit=5), caller, CALLER
+    )
+    page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
+    assert page["events"] == []
+    assert page["terminal"] is True
+
+    # a cursor this binding never gave
+    request = sign(events_request(action_id, cursor="later"), caller, CALLER)
+    assert error_code(await ask(nc, request)) == "action.invalid_input"
+
+    # another principal's Action (the same id, signed by another bound key) is not found,
+    # nor is an id nobody used; the list request is not served
+    for probe, signer, sender in (
+        (action_id, other, other_caller),
+        ("act_" + "0" * 32, caller, CALLER),
+    ):
+        request = sign(events_request(probe), signer, sender)
+        answer = await ask(nc, request)
+        assert error_code(answer) == "action.not_found", answer["body"]
+    listing = frame("aip.lifecycle.v1.action_list_request", "action_list_request", {"limit": 10})
+    assert error_code(await ask(nc, sign(listing, caller, CALLER))) == "capability.unsupported"
+
+    # follow: an empty page of a running Action waits for its first event
+    assert gs.stack.fake is not None
+    gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=1.5))
+    request = sign(action("async"), caller, CALLER)
+    ack = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.ack")
+    action_id = ack["action_id"]
+    request = sign(events_request(action_id, follow=True), caller, CALLER)
+    page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
+    assert page["events"], page  # waited for the run instead of answering an empty page
+    assert page["events"][0]["data"]["sequence"] == 0
+    # the Action's own first events, whatever moment the page was taken at
+    assert page["events"][0]["action_id"] == action_id
