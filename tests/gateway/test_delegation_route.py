@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import secrets
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,8 @@ from tests.delegation.support import downstream_bus, downstream_env
 from tests.integration.stack import Stack
 from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
-from worker.testing.gateway import gateway_runtime
+from worker.testing.gateway import GatewayRuntime, gateway_runtime
+from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.services import ServiceHandle
 
 from .test_native_nats import SCHEMAS, check_signed, error_code
@@ -56,6 +58,7 @@ class Route:
     fake: FakeHermes | None
     runtime: nacl.signing.SigningKey
     gateway: nacl.signing.SigningKey
+    gateway_runtime: GatewayRuntime | None = None
 
     @property
     def nc(self) -> NATS:
@@ -109,23 +112,40 @@ def signers_file(tmp_path: Path, runtime: nacl.signing.SigningKey) -> Path:
     return path
 
 
-@pytest.fixture
-async def route(
-    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+@contextlib.asynccontextmanager
+async def open_route(
+    tmp_path: Path, nats_url: str, redis_url: str, **gateway_settings: Any
 ) -> AsyncIterator[Route]:
     runtime = nacl.signing.SigningKey.generate()
     async with delegation_stack(
         tmp_path,
-        nats_server.url,
-        redis_server.url,
+        nats_url,
+        redis_url,
         # The runtime asks for no approval record of ours: the child's prefix is exempt.
         worker_env={"AIPD_HERMES_OPERATOR_DELEGATION_APPROVAL_EXEMPT_PREFIXES": CHILD_PREFIX},
         aip_trusted_signers_file=signers_file(tmp_path, runtime),
         aip_delegation_subject=SUBJECT,
+        **gateway_settings,
     ) as ds:
         await ds.stack.spawn("w1")
         gateway = key_of_nkey_seed(ds.stack.trust.seed_file.read_bytes())
-        yield Route(ds.stack, ds.fake, runtime, gateway)
+        yield Route(ds.stack, ds.fake, runtime, gateway, ds.runtime)
+
+
+@pytest.fixture
+async def route(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[Route]:
+    async with open_route(tmp_path, nats_server.url, redis_server.url) as opened:
+        yield opened
+
+
+def asked_again(request: dict[str, Any], runtime: nacl.signing.SigningKey) -> dict[str, Any]:
+    """The same delegation under a new message id (and a new correlation id)."""
+    again = {k: v for k, v in request.items() if k not in ("security", "from")}
+    again["message_id"] = "msg_" + secrets.token_hex(16)
+    again["correlation_id"] = "corr_" + secrets.token_hex(16)
+    return sign(again, runtime, RUNTIME)
 
 
 async def test_a_delegation_through_the_route_answers_the_childs_verified_result(
@@ -149,11 +169,7 @@ async def test_a_delegation_through_the_route_answers_the_childs_verified_result
     assert route.fake.stats().count(POST_RUNS) == 1
 
     # The same delegation asked again (a new message id): its stored result, no new run.
-    again = dict(request)
-    again.pop("security")
-    again.pop("from")
-    again["message_id"] = "msg_" + "e" * 32
-    again = sign(again, route.runtime, RUNTIME)
+    again = asked_again(request, route.runtime)
     stored = await route.delegations_stored()
     assert route.result(await route.ask(again), again) == result
     assert await route.delegations_stored() == stored
@@ -203,6 +219,44 @@ async def test_refusals_are_signed_errors_and_enqueue_nothing(route: Route) -> N
     assert await route.delegations_stored() == before
     assert route.fake is not None
     assert route.fake.stats().count(POST_RUNS) == 0
+
+
+async def test_past_the_timeout_accepted_then_the_same_delegation_reads_its_result(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> None:
+    async with open_route(
+        tmp_path, nats_server.url, redis_server.url, aip_delegation_timeout_ms=2_000
+    ) as route:
+        assert route.gateway_runtime is not None
+        assert route.fake is not None
+        # The child's records stay `running`: the delegation cannot end yet.
+        route.gateway_runtime.fault = RuntimeFault.NEVER_SETTLES
+        request = sign(delegation_request_envelope(), route.runtime, RUNTIME)
+        pending = route.result(await route.ask(request), request)
+        assert pending["status"] == "accepted"
+        assert "result" not in pending
+        assert "error" not in pending
+        stored = await route.delegations_stored()
+        # The records settle (the recovery sweep writes them); asking again with the same
+        # body, later and under new ids, publishes nothing new and ends with the result.
+        route.gateway_runtime.fault = RuntimeFault.NONE
+        for _ in range(30):
+            again = asked_again(request, route.runtime)
+            answer = route.result(await route.ask(again), again)
+            if answer["status"] != "accepted":
+                break
+            await asyncio.sleep(0.5)
+        assert answer["status"] == "completed", answer
+        child = request["body"]["delegation_request"]["child_action"]
+        assert answer["result"]["action_id"] == child["id"]
+        assert route.fake.stats().count(POST_RUNS) == 1
+        # Every later ask published the first request's bytes: deduplicated by JetStream.
+        assert await route.delegations_stored() == stored
+        # Another body under the same delegation_id is refused.
+        other = json.loads(json.dumps(request))
+        other["body"]["delegation_request"]["child_action"]["input"] = {"case_id": "other"}
+        other = asked_again(other, route.runtime)
+        assert error_code(await route.ask(other)) == "action.invalid_input"
 
 
 # --- the real Hermes --------------------------------------------------------------------

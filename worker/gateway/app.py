@@ -23,7 +23,7 @@ from subjects.grammar import Subjects
 from worker.dependencies import GATEWAY_PORT_SETTINGS
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
-from worker.gateway.delegation_route import DelegationRouteResponder
+from worker.gateway.delegation_route import DelegationRouteResponder, FirstSight
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
 from worker.gateway.native_nats import NativeNatsResponder
@@ -166,6 +166,7 @@ class Gateway:
                 await MessageClaims.open(js),
                 children.signer,
                 worker_keys=worker_keys,
+                first=await FirstSight.open(js),
             )
             await self.delegation_route.start()
         await self._serve(http)

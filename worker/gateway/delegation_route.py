@@ -12,12 +12,16 @@ The gateway answers on `AIPD_AIP_DELEGATION_SUBJECT`, in the native binding's qu
    `requested_by` outside the signer's tenant (`auth.tenant_mismatch`), a delegate whose
    endpoint no stream serves (`delegation.target_mismatch`), a child capability no route
    serves (`capability.unsupported`);
-3. the delegation's result already on the bus (a second request for the same
-   `delegation_id`) is the answer; otherwise the request is signed again with the gateway
-   key (the key workers trust for every Action) and published on
-   `aip.hermes.{endpoint}.delegations`, where the worker's delegation intake runs it
-   (worker/delegation/: router policy, identity, approval, the Hermes operator run calling
-   `aip_call` once, the verified child result);
+3. the request is signed again with the gateway key (the key workers trust for every
+   Action) and published on `aip.hermes.{endpoint}.delegations`, where the worker's
+   delegation intake runs it (worker/delegation/: router policy, identity, approval, the
+   Hermes operator run calling `aip_call` once, the verified child result). The first
+   request of a `delegation_id` is recorded (`FirstSight`, KV bucket
+   `AIP_DELEGATION_ROUTE`): asking again with the same body (a new `message_id`, after an
+   `accepted` answer) publishes those same bytes again, which JetStream deduplicates and a
+   worker recognises as the same delegation, and reads its result (already on the bus:
+   answered at once); a different body under a used `delegation_id` is refused
+   (`action.invalid_input`) before anything is published;
 4. the answer is the DelegationResult the worker settled (`output.delegation_result`), or
    one built from its error when it refused the delegation, signed by the gateway and
    correlated by the reply recipe (§2.6), so getaip-server's peer checks hold with
@@ -33,6 +37,7 @@ The Envelope's `callback` is not used: the answer travels on the request's reply
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from typing import Any, Final
@@ -41,12 +46,16 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import NotFoundError
+from nats.js.api import KeyValueConfig, StorageType
+from nats.js.client import JetStreamContext
+from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.kv import KeyValue
 
 from schemas.aip.delegation import DelegationResult as AipDelegationResult
 from schemas.delegation import DelegationRequest
 from schemas.errors import EnvelopeRejected, ErrorCategory, ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
+from worker.aip.canonical import canonical_bytes
 from worker.aip.signing import AipSigner
 from worker.client import AipClient, UnverifiedResponse
 from worker.delegation.action_id import delegation_action_id
@@ -58,16 +67,76 @@ from worker.gateway.native_trust import MessageClaims, SignerBinding, TrustedSig
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
 from worker.trust.signing import TrustedGatewayKeys
-from worker.wire.delegations import MESSAGE_TYPE, delegation_of, delegation_result
+from worker.wire.delegations import (
+    MESSAGE_TYPE,
+    decode_delegation,
+    delegation_of,
+    delegation_result,
+)
 from worker.wire.envelopes import Opened
 
 log = logging.getLogger(__name__)
 
 RESULT: Final = "aip.agent.v1.delegation_result"
+FIRST_SIGHT_BUCKET: Final = "AIP_DELEGATION_ROUTE"
+#: As long as a worker keeps a delegation's result (AIPD_RESULT_TTL_MS' default).
+FIRST_SIGHT_TTL_S: Final = 86_400
 
 
 def _refused(code: str, message: str) -> NativeRefusal:
     return NativeRefusal(code, message, ErrorCategory.PERMANENT)
+
+
+class FirstSight:
+    """The first request of each delegation, durably, in a JetStream key-value bucket: the
+    Envelope the gateway published for it (a pure function of the request and the gateway
+    key, `encode_delegation`) and the digest of the body it was asked with. A later ask
+    reuses that request, so its bytes, `Nats-Msg-Id` and operator fingerprint are the
+    first's, whatever its own `sent_at` or correlation id."""
+
+    def __init__(self, kv: KeyValue) -> None:
+        self.kv = kv
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> FirstSight:
+        try:
+            kv = await js.key_value(FIRST_SIGHT_BUCKET)
+        except BucketNotFoundError:
+            kv = await js.create_key_value(
+                KeyValueConfig(
+                    bucket=FIRST_SIGHT_BUCKET,
+                    history=1,
+                    ttl=FIRST_SIGHT_TTL_S,
+                    storage=StorageType.FILE,
+                    replicas=replicas,
+                    description="delegation route: the first request of each delegation_id",
+                )
+            )
+        return cls(kv)
+
+    async def first(
+        self, request: DelegationRequest, opened: Opened, client: AipClient
+    ) -> DelegationRequest:
+        """The request to publish for `request`: itself when its delegation is new, else
+        the first one (NativeRefusal `action.invalid_input` when the bodies differ)."""
+        key = delegation_action_id(request.delegation_id)
+        digest = hashlib.sha256(canonical_bytes(opened.payload)).hexdigest()
+        sealed = client.seal_delegation(request)
+        record = msgspec.json.encode({"body_sha256": digest, "envelope": sealed.decode()})
+        try:
+            await self.kv.create(key, record)
+            return request
+        except KeyWrongLastSequenceError:
+            entry = await self.kv.get(key)
+        first = msgspec.json.decode(entry.value or b"{}")
+        if first.get("body_sha256") != digest:
+            raise _refused(
+                "action.invalid_input",
+                f"delegation {request.delegation_id[:80]!r} was first asked with another "
+                "request: use a new delegation_id",
+            )
+        previous, _ = decode_delegation(str(first["envelope"]).encode())
+        return previous
 
 
 class DelegationRoute:
@@ -79,10 +148,12 @@ class DelegationRoute:
         answers: AipAnswers,
         service: GatewayService,
         client: AipClient,
+        first: FirstSight,
     ) -> None:
         self.settings = settings
         self.answers = answers
         self.service = service
+        self.first = first
         #: Publishes the request on the delegations subject (signed with the gateway key)
         #: and reads the delegation's result (verified against the trusted worker keys).
         self.client = client
@@ -96,6 +167,7 @@ class DelegationRoute:
             )
         request = delegation_of(opened)
         endpoint_id = await self._check(request, binding)
+        request = await self.first.first(request, opened, self.client)
         action_id = delegation_action_id(request.delegation_id)
         stored = await self._stored(endpoint_id, action_id)
         if stored is not None:
@@ -217,6 +289,7 @@ class DelegationRouteResponder(NativeNatsResponder):
         signer: AipSigner,
         *,
         worker_keys: TrustedGatewayKeys | None,
+        first: FirstSight,
     ) -> None:
         super().__init__(settings, nc, service, signers, claims, signer)
         assert settings.aip_delegation_subject is not None
@@ -227,7 +300,7 @@ class DelegationRouteResponder(NativeNatsResponder):
             sign_key=settings.gateway_signing_key_file,
             trusted_worker_keys=worker_keys,
         )
-        self.route = DelegationRoute(settings, self.answers, service, client)
+        self.route = DelegationRoute(settings, self.answers, service, client, first)
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(
