@@ -31,11 +31,10 @@ from nats.aio.client import Client as NATS
 
 from tests.aip_actions import delegation_request_envelope, did_of, key_of_nkey_seed, sign
 from tests.delegation.conftest import CHILD_PREFIX, delegation_stack
-from tests.delegation.support import downstream_bus, downstream_env
+from tests.delegation.support import real_hermes_to_a_worker
 from tests.integration.stack import Stack
-from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
-from worker.testing.gateway import GatewayRuntime, gateway_runtime
+from worker.testing.gateway import GatewayRuntime
 from worker.testing.runtime_faults import RuntimeFault
 from worker.testing.services import ServiceHandle
 
@@ -269,70 +268,27 @@ async def test_a_real_hermes_run_delegated_through_the_route(
     """The real Hermes 0.19.0 is h1's operator: it calls `aip_call` once for the child
     `cap:hermes_agent:h2:models`, which a second worker executes against its own (fake)
     Hermes; the route answers with that child's verified result."""
-    from worker.testing.real_hermes import RealHermes
-
     runtime = nacl.signing.SigningKey.generate()
     child_capability = "cap:hermes_agent:h2:models"
-    trust, api_key, key_file, nc, principals = await downstream_bus(
-        tmp_path, nats_server.url, ("h1", "h2"), ack_wait_s=15.0
-    )
-    async with contextlib.AsyncExitStack() as exits:
-        runtime_gw = await exits.enter_async_context(
-            gateway_runtime(
-                nats_server.url,
-                tmp_path,
-                trust.seed_file,
-                principals,
-                trusted_worker_keys_file=trust.worker_keys_file,
-                aip_trusted_signers_file=signers_file(tmp_path, runtime),
-                aip_delegation_subject=SUBJECT,
-                aip_delegation_timeout_ms=110_000,
-            )
+    async with real_hermes_to_a_worker(
+        tmp_path,
+        nats_server.url,
+        redis_server.url,
+        child_capability,
+        aip_trusted_signers_file=signers_file(tmp_path, runtime),
+        aip_delegation_subject=SUBJECT,
+        aip_delegation_timeout_ms=110_000,
+    ) as (stack, downstream, gateway_rt):
+        gateway = key_of_nkey_seed(stack.trust.seed_file.read_bytes())
+        route = Route(stack, None, runtime, gateway)
+        request = sign(
+            delegation_request_envelope(capability=child_capability, input={}), runtime, RUNTIME
         )
-        downstream = await exits.enter_async_context(FakeHermes(api_key=api_key))
-        real = await exits.enter_async_context(
-            RealHermes(
-                tmp_path / "hermes",
-                api_key=api_key,
-                mcp_servers={"aip": (runtime_gw.url, runtime_gw.tokens["h1"])},
-            )
-        )
-        stack = Stack(
-            root=tmp_path,
-            nats_url=nats_server.url,
-            redis_url=redis_server.url,
-            fake=None,
-            trust=trust,
-            nc=nc,
-            client=AipClient(nc, sign_key=trust.seed_file),
-            env=downstream_env(
-                nats_server.url,
-                redis_server.url,
-                key_file,
-                trust,
-                child_capability,
-                lease_ttl_ms=15_000,
-                poll_interval_ms=100,
-            ),
-        )
-        try:
-            await stack.spawn("w-h1", AIPD_HERMES_ENDPOINTS=f"h1={real.url}")
-            await stack.spawn("w-h2", AIPD_HERMES_ENDPOINTS=f"h2={downstream.url}")
-            gateway = key_of_nkey_seed(trust.seed_file.read_bytes())
-            route = Route(stack, None, runtime, gateway)
-            request = sign(
-                delegation_request_envelope(capability=child_capability, input={}),
-                runtime,
-                RUNTIME,
-            )
-            result = route.result(await route.ask(request, timeout_s=120), request)
-            assert result["status"] == "completed", result
-            child_id = request["body"]["delegation_request"]["child_action"]["id"]
-            executed = await stack.client.handle("h2", child_id).result(timeout_s=10)
-            assert executed.settled_by == "w-h2"
-            assert result["result"]["output"] == executed.output
-            assert downstream.stats().count("GET /v1/models") == 1
-            assert [call["action_id"] for call in runtime_gw.calls] == [child_id]
-        finally:
-            stack.stop_workers()
-            await nc.close()
+        result = route.result(await route.ask(request, timeout_s=120), request)
+        assert result["status"] == "completed", result
+        child_id = request["body"]["delegation_request"]["child_action"]["id"]
+        executed = await stack.client.handle("h2", child_id).result(timeout_s=10)
+        assert executed.settled_by == "w-h2"
+        assert result["result"]["output"] == executed.output
+        assert downstream.stats().count("GET /v1/models") == 1
+        assert [call["action_id"] for call in gateway_rt.calls] == [child_id]

@@ -46,9 +46,8 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.api import KeyValueConfig, StorageType
 from nats.js.client import JetStreamContext
-from nats.js.errors import BucketNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from schemas.aip.delegation import DelegationResult as AipDelegationResult
@@ -63,7 +62,12 @@ from worker.delegation.router import delegate_endpoint
 from worker.errors import NativeRefusal
 from worker.gateway.aip_answers import ANSWER_MARGIN_MS, AipAnswers
 from worker.gateway.native_nats import NativeNatsResponder
-from worker.gateway.native_trust import MessageClaims, SignerBinding, TrustedSigners
+from worker.gateway.native_trust import (
+    MessageClaims,
+    SignerBinding,
+    TrustedSigners,
+    open_bucket,
+)
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
 from worker.trust.signing import TrustedGatewayKeys
@@ -99,20 +103,10 @@ class FirstSight:
 
     @classmethod
     async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> FirstSight:
-        try:
-            kv = await js.key_value(FIRST_SIGHT_BUCKET)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(
-                KeyValueConfig(
-                    bucket=FIRST_SIGHT_BUCKET,
-                    history=1,
-                    ttl=FIRST_SIGHT_TTL_S,
-                    storage=StorageType.FILE,
-                    replicas=replicas,
-                    description="delegation route: the first request of each delegation_id",
-                )
-            )
-        return cls(kv)
+        description = "delegation route: the first request of each delegation_id"
+        return cls(
+            await open_bucket(js, FIRST_SIGHT_BUCKET, FIRST_SIGHT_TTL_S, description, replicas)
+        )
 
     async def first(
         self, request: DelegationRequest, opened: Opened, client: AipClient
