@@ -132,3 +132,59 @@ def action_of(envelope: dict[str, Any]) -> dict[str, Any]:
     """The Envelope's `body.action`."""
     action: dict[str, Any] = envelope["body"]["action"]
     return action
+
+
+def delegation_request_envelope(
+    *,
+    endpoint: str = "h1",
+    capability: str = "cap:support_sandbox:case.get",
+    input: Any = None,
+    requested_by: str = "user:demo",
+    issuer: str = "https://idp.example.test",
+    revision: int = 3,
+    scope: str = "support.read",
+) -> dict[str, Any]:
+    """An unsigned `aip.agent.v1.delegation_request` Envelope (§1.1, §1.12) as a GetAIP
+    runtime's delegation route sends it (§3.4): `correlation_id` set, `to` the delegate, the
+    child Action issued to the delegate (`agent:hermes_operator:{endpoint}`) with its one
+    DelegationEntry (requester → delegate). `sign` it with the runtime's key and principal."""
+    delegate = {"id": f"agent:hermes_operator:{endpoint}", "kind": "agent"}
+    child_id = "act_" + secrets.token_hex(16)
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    human = {"id": requested_by, "kind": "human"}
+    return {
+        "aip_version": "1.0",
+        "message_type": "aip.agent.v1.delegation_request",
+        "message_id": "msg_" + secrets.token_hex(16),
+        "sent_at": now,
+        "correlation_id": "corr_" + secrets.token_hex(16),
+        "to": dict(delegate),
+        "body": {
+            "delegation_request": {
+                "delegation_id": "dlg_" + secrets.token_hex(16),
+                "parent_action_id": "act_" + secrets.token_hex(16),
+                "child_action": {
+                    "id": child_id,
+                    "capability_id": capability,
+                    "input": {"case_id": "case-2030"} if input is None else input,
+                    "mode": "async",
+                    "idempotency_key": child_id,
+                    "timeout_ms": 60_000,
+                    "identity": {"service_account": dict(delegate)},
+                    "delegation_chain": [
+                        {"from": human, "to": dict(delegate), "scope": scope, "delegated_at": now}
+                    ],
+                },
+                "requested_by": {
+                    **human,
+                    "auth_context": {
+                        "principal_kind": "user",
+                        "issuer": issuer,
+                        "credential_revision": revision,
+                    },
+                },
+                "delegate": dict(delegate),
+                "scope": scope,
+            }
+        },
+    }

@@ -80,6 +80,11 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "that the Hermes operator of `agent:hermes_operator:{endpoint}` make one exact child "
     "Action through `aip_call`; signed by the publisher (the gateway key). The requested "
     "scope list is `metadata.scopes` (`scope` is that list joined by single spaces).",
+    "aip.agent.v1.delegation_result": "The answer of the gateway's delegation route "
+    "(`AIPD_AIP_DELEGATION_SUBJECT`, core NATS request/reply) to a signed "
+    "`delegation_request`: what became of the delegation, signed by the gateway key, "
+    "`in_response_to` the request's `message_id`; `accepted` (no `result`) when it was "
+    "still running at the route's timeout.",
     "aip.audit.v1.receipt_chain": "One audit receipt on "
     "`aip.hermes.{endpoint}.audit.{action_id}`: a chain of one AIP Receipt (`chain_id` the "
     "Action id, `root_hash` the sha256 of the receipt's `hash`), our receipt's fields in its "

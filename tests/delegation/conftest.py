@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -63,9 +65,7 @@ class DelegationStack:
         if dedupe:
             return await self.stack.client.delegate(request)
         payload = self.stack.client.seal_delegation(request)
-        await self.stack.nc.jetstream().publish(
-            self.stack.subjects.delegations(ENDPOINT), payload
-        )
+        await self.stack.nc.jetstream().publish(self.stack.subjects.delegations(ENDPOINT), payload)
         from worker.delegation import delegation_action_id
 
         return self.stack.client.handle(ENDPOINT, delegation_action_id(request.delegation_id))
@@ -75,6 +75,21 @@ class DelegationStack:
 async def dstack(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> AsyncIterator[DelegationStack]:
+    async with delegation_stack(tmp_path, nats_server.url, redis_server.url) as stack:
+        yield stack
+
+
+@contextlib.asynccontextmanager
+async def delegation_stack(
+    tmp_path: Path,
+    nats_url: str,
+    redis_url: str,
+    *,
+    worker_env: dict[str, str] | None = None,
+    **gateway_settings: Any,
+) -> AsyncIterator[DelegationStack]:
+    """The `dstack` deployment; `worker_env` adds to the workers' environment and
+    `gateway_settings` to the gateway's `GatewaySettings` (the delegation route's tests)."""
     trust_dir = tmp_path / "trust"
     trust_dir.mkdir()
     memberships = authority_memberships()
@@ -83,11 +98,11 @@ async def dstack(
     trust = write_trust_files(trust_dir, memberships=memberships)
     async with fake_stack(
         tmp_path,
-        nats_server.url,
-        redis_server.url,
+        nats_url,
+        redis_url,
         trust,
         lease_ttl_ms=LEASE_TTL_MS,
-        **DELEGATION_ENV,
+        **{**DELEGATION_ENV, **(worker_env or {})},
     ) as stack:
         from worker.testing.identities import TENANT_A
 
@@ -96,7 +111,7 @@ async def dstack(
             f"{ENDPOINT}@{TENANT_A}": (hermes_principal_id(ENDPOINT), TENANT_A),
         }
         async with gateway_runtime(
-            stack.nats_url, tmp_path, trust.seed_file, principals
+            stack.nats_url, tmp_path, trust.seed_file, principals, **gateway_settings
         ) as runtime:
             assert stack.fake is not None
             stack.fake.mcp_tools["aip_call"] = runtime.tool_for(ENDPOINT)

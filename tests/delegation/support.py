@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -17,8 +18,11 @@ from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
 from subjects.provision import StreamPolicy, provision
+from tests.integration.stack import Stack
+from worker.client import AipClient
 from worker.operator.policy import HermesOperatorPolicy
-from worker.testing.gateway import hermes_principal_id
+from worker.testing.fake_hermes import FakeHermes
+from worker.testing.gateway import GatewayRuntime, gateway_runtime, hermes_principal_id
 from worker.testing.gateway import hermes_trust as hermes_trust
 from worker.testing.identities import TrustFiles, write_api_key_file
 
@@ -144,3 +148,64 @@ async def downstream_bus(
         endpoint_id: (hermes_principal_id(endpoint_id), None) for endpoint_id in endpoints
     }
     return DownstreamBus(trust, api_key, key_file, nc, principals)
+
+
+@contextlib.asynccontextmanager
+async def real_hermes_to_a_worker(
+    tmp_path: Path, nats_url: str, redis_url: str, child_prefix: str, **gateway_settings: Any
+) -> AsyncIterator[tuple[Stack, FakeHermes, GatewayRuntime]]:
+    """The real Hermes 0.19.0 as h1's operator (its `mcp_servers.aip` the gateway, with its
+    own token), worker w-h1 driving it and w-h2 serving h2 over a fake Hermes, children of
+    `child_prefix` allowed and exempt from approval; the gateway in-process with
+    `gateway_settings` and the child results counted only as signed by a trusted worker.
+    Yields the stack, h2's fake Hermes and the gateway."""
+    from worker.testing.real_hermes import RealHermes
+
+    trust, api_key, key_file, nc, principals = await downstream_bus(
+        tmp_path, nats_url, ("h1", "h2"), ack_wait_s=15.0
+    )
+    async with contextlib.AsyncExitStack() as exits:
+        runtime = await exits.enter_async_context(
+            gateway_runtime(
+                nats_url,
+                tmp_path,
+                trust.seed_file,
+                principals,
+                trusted_worker_keys_file=trust.worker_keys_file,
+                **gateway_settings,
+            )
+        )
+        downstream = await exits.enter_async_context(FakeHermes(api_key=api_key))
+        # Hermes lists MCP tools when it starts: the gateway is already serving.
+        real = await exits.enter_async_context(
+            RealHermes(
+                tmp_path / "hermes",
+                api_key=api_key,
+                mcp_servers={"aip": (runtime.url, runtime.tokens["h1"])},
+            )
+        )
+        stack = Stack(
+            root=tmp_path,
+            nats_url=nats_url,
+            redis_url=redis_url,
+            fake=None,
+            trust=trust,
+            nc=nc,
+            client=AipClient(nc, sign_key=trust.seed_file),
+            env=downstream_env(
+                nats_url,
+                redis_url,
+                key_file,
+                trust,
+                child_prefix,
+                lease_ttl_ms=15_000,
+                poll_interval_ms=100,
+            ),
+        )
+        try:
+            await stack.spawn("w-h1", AIPD_HERMES_ENDPOINTS=f"h1={real.url}")
+            await stack.spawn("w-h2", AIPD_HERMES_ENDPOINTS=f"h2={downstream.url}")
+            yield stack, downstream, runtime
+        finally:
+            stack.stop_workers()
+            await nc.close()

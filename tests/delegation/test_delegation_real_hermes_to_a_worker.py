@@ -10,7 +10,6 @@ the receipts of both Actions must be retained.
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,19 +18,14 @@ import pytest
 
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
-from worker.client import AipClient
 from worker.testing.fake_hermes import FakeHermes
-from worker.testing.gateway import (
-    GatewayRuntime,
-    gateway_runtime,
-)
+from worker.testing.gateway import GatewayRuntime
 from worker.testing.services import ServiceHandle
 
-from .support import downstream_bus, downstream_env, make_request
+from .support import make_request, real_hermes_to_a_worker
 
 pytestmark = pytest.mark.real_hermes
 
-ENDPOINTS = ("h1", "h2")
 CHILD = "cap:hermes_agent:h2:models"
 
 
@@ -46,57 +40,12 @@ class RealToWorker:
 async def real_to_worker(
     tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
 ) -> AsyncIterator[RealToWorker]:
-    from worker.testing.real_hermes import RealHermes
-
-    trust, api_key, key_file, nc, principals = await downstream_bus(
-        tmp_path, nats_server.url, ENDPOINTS, ack_wait_s=15.0
-    )
-    async with contextlib.AsyncExitStack() as exits:
-        runtime = await exits.enter_async_context(
-            gateway_runtime(
-                nats_server.url,
-                tmp_path,
-                trust.seed_file,
-                principals,
-                # The child's result counts only as signed by a trusted worker (w-h2).
-                trusted_worker_keys_file=trust.worker_keys_file,
-            )
-        )
-        downstream = await exits.enter_async_context(FakeHermes(api_key=api_key))
-        # Hermes lists MCP tools when it starts: the gateway is already serving.
-        real = await exits.enter_async_context(
-            RealHermes(
-                tmp_path / "hermes",
-                api_key=api_key,
-                mcp_servers={"aip": (runtime.url, runtime.tokens["h1"])},
-            )
-        )
-        stack = Stack(
-            root=tmp_path,
-            nats_url=nats_server.url,
-            redis_url=redis_server.url,
-            fake=None,
-            trust=trust,
-            nc=nc,
-            client=AipClient(nc, sign_key=trust.seed_file),
-            env=downstream_env(
-                nats_server.url,
-                redis_server.url,
-                key_file,
-                trust,
-                CHILD,
-                lease_ttl_ms=15_000,
-                poll_interval_ms=100,
-            ),
-        )
-        try:
-            # One worker per endpoint: w-h1 drives the real Hermes, w-h2 serves the child.
-            await stack.spawn("w-h1", AIPD_HERMES_ENDPOINTS=f"h1={real.url}")
-            await stack.spawn("w-h2", AIPD_HERMES_ENDPOINTS=f"h2={downstream.url}")
-            yield RealToWorker(stack, downstream, runtime)
-        finally:
-            stack.stop_workers()
-            await nc.close()
+    async with real_hermes_to_a_worker(tmp_path, nats_server.url, redis_server.url, CHILD) as (
+        stack,
+        downstream,
+        runtime,
+    ):
+        yield RealToWorker(stack, downstream, runtime)
 
 
 async def test_the_real_hermes_delegates_to_a_capability_a_worker_serves(

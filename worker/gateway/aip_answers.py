@@ -60,7 +60,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
@@ -136,6 +136,9 @@ ANSWER_MARGIN_MS: Final = 500
 POLL_S: Final = 0.2
 #: Events of an `action_events` page when the request names no `limit`.
 EVENTS_PAGE: Final = 100
+
+#: What answers a request's body once its frame, signature, signer and claim passed.
+BodyAnswer = Callable[[Opened, SignerBinding, dict[str, Any]], Awaitable[bytes]]
 
 
 def request_envelope(data: bytes, headers: Mapping[str, str] | None) -> bytes:
@@ -314,6 +317,13 @@ class AipAnswers:
             **frame,
         )
 
+    def sealed(
+        self, message_type: str, payload: Mapping[str, Any], frame: Mapping[str, Any]
+    ) -> bytes:
+        """An answer signed and correlated as this module's own (for another binding's
+        body, e.g. worker/gateway/delegation_route.py)."""
+        return self._seal(message_type, payload, frame)
+
     def _error(self, refusal: NativeRefusal, frame: Mapping[str, Any]) -> bytes:
         return self._seal(ERROR, {"error": refusal.to_aip()}, frame)
 
@@ -336,8 +346,15 @@ class AipAnswers:
         """The one signed answer to a request's bytes (a TransportMessage or a bare
         Envelope, with the binding's `AIP-*` headers when it has them); never raises for
         anything the request holds."""
+        return await self.answer_by(self._body, data, headers)
+
+    async def answer_by(
+        self, body: BodyAnswer, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> bytes:
+        """`answer` with another body after the same checks (a binding serving other
+        message types on a subject of its own: the delegation route)."""
         try:
-            return await self._answer(data, headers)
+            return await self._answer(data, headers, body)
         except asyncio.CancelledError:
             raise
         except Exception:  # never let a request stop the binding: answer it
@@ -358,7 +375,9 @@ class AipAnswers:
         it echoes what the request claims as its ids, without believing them."""
         return self._error(refusal, claimed_frame(data))
 
-    async def _answer(self, data: bytes, headers: Mapping[str, str] | None) -> bytes:
+    async def _answer(
+        self, data: bytes, headers: Mapping[str, str] | None, body: BodyAnswer
+    ) -> bytes:
         try:
             opened = open_envelope(request_envelope(data, headers), message_types=ANY_TYPE)
         except EnvelopeRejected as exc:
@@ -366,7 +385,7 @@ class AipAnswers:
         frame = self._reply_frame(opened)
         try:
             binding = await self._admit(opened)
-            return await self._body(opened, binding, frame)
+            return await body(opened, binding, frame)
         except NativeRefusal as refusal:
             return self._error(refusal, frame)
         except EnvelopeRejected as exc:

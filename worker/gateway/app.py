@@ -23,6 +23,7 @@ from subjects.grammar import Subjects
 from worker.dependencies import GATEWAY_PORT_SETTINGS
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
+from worker.gateway.delegation_route import DelegationRouteResponder, FirstSight
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
 from worker.gateway.native_nats import NativeNatsResponder
@@ -102,6 +103,7 @@ class Gateway:
         self._served: Served | None = None
         self._recovery: asyncio.Task[None] | None = None
         self.native: NativeNatsResponder | None = None
+        self.delegation_route: DelegationRouteResponder | None = None
         self.port: int | None = None
 
     @property
@@ -125,14 +127,17 @@ class Gateway:
             if settings.aip_trusted_signers_file is not None
             else None
         )
+        if settings.aip_delegation_subject is not None and signers is None:
+            raise TrustConfigError(
+                "AIPD_AIP_DELEGATION_SUBJECT is set without AIPD_AIP_TRUSTED_SIGNERS_FILE: the "
+                "delegation route answers only the signers that file trusts"
+            )
         self.nc = nc = await connect_nats(settings)
         js = nc.jetstream()
         self.writer = writer = self._make_writer(js, self.subjects, seed)
         await writer.provision()
         reader = RuntimeStoreReader(js, self.subjects, _own_key(seed))
-        children = Children(
-            nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics
-        )
+        children = Children(nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics)
         self.service = service = GatewayService(
             settings, nc, routes, reader, children, Discovery(nc, worker_keys)
         )
@@ -152,6 +157,18 @@ class Gateway:
                 settings, nc, service, signers, await MessageClaims.open(js), children.signer
             )
             await self.native.start()
+        if signers is not None and settings.aip_delegation_subject is not None:
+            self.delegation_route = DelegationRouteResponder(
+                settings,
+                nc,
+                service,
+                signers,
+                await MessageClaims.open(js),
+                children.signer,
+                worker_keys=worker_keys,
+                first=await FirstSight.open(js),
+            )
+            await self.delegation_route.start()
         await self._serve(http)
         log.info(
             "%s on %s (%d principals, routes %s)",
@@ -197,9 +214,10 @@ class Gateway:
         if self._recovery is not None:
             await stop_tasks([self._recovery], _SHUTDOWN_TIMEOUT_S)
             self._recovery = None
-        if self.native is not None:
-            await self.native.stop()
-            self.native = None
+        for responder in (self.native, self.delegation_route):
+            if responder is not None:
+                await responder.stop()
+        self.native = self.delegation_route = None
         served, self._served = self._served, None
         if served is not None:
             await served.stop(_SHUTDOWN_TIMEOUT_S)

@@ -178,6 +178,27 @@ def check_sent_at(sent_at_ms: int, now_ms: int | None = None) -> None:
         )
 
 
+async def open_bucket(
+    js: JetStreamContext, bucket: str, ttl_s: float, description: str, replicas: int = 1
+) -> KeyValue:
+    """A gateway's key-value bucket (history 1, file storage, entries kept `ttl_s`), created
+    on first start when it is missing: every `create` in it wins for exactly one writer
+    across all gateways, and survives their restarts."""
+    try:
+        return await js.key_value(bucket)
+    except BucketNotFoundError:
+        return await js.create_key_value(
+            KeyValueConfig(
+                bucket=bucket,
+                history=1,
+                ttl=ttl_s,
+                storage=StorageType.FILE,
+                replicas=replicas,
+                description=description,
+            )
+        )
+
+
 class MessageClaims:
     """Each request `message_id` claimed once, durably, in a JetStream key-value bucket."""
 
@@ -186,20 +207,8 @@ class MessageClaims:
 
     @classmethod
     async def open(cls, js: JetStreamContext, *, replicas: int = 1) -> MessageClaims:
-        try:
-            kv = await js.key_value(CLAIMS_BUCKET)
-        except BucketNotFoundError:
-            kv = await js.create_key_value(
-                KeyValueConfig(
-                    bucket=CLAIMS_BUCKET,
-                    history=1,
-                    ttl=CLAIM_TTL_S,
-                    storage=StorageType.FILE,
-                    replicas=replicas,
-                    description="aip.native.nats.v1 request message ids (replay guard)",
-                )
-            )
-        return cls(kv)
+        description = "aip.native.nats.v1 request message ids (replay guard)"
+        return cls(await open_bucket(js, CLAIMS_BUCKET, CLAIM_TTL_S, description, replicas))
 
     async def claim(self, signer_did: str, message_id: str) -> None:
         """Claim `message_id` (NativeRefusal `replay.message_id` if anyone claimed it

@@ -132,6 +132,18 @@ class GatewaySettings(BaseSettings):
     aip_max_in_flight: Annotated[int, Field(ge=1, le=100_000)] = 1_024
     """Binding requests one gateway works on at once; the next is answered at once with a
     retryable `connector_host.capacity` error."""
+    aip_delegation_subject: Annotated[
+        str | None, Field(default=None, pattern=r"^[A-Za-z0-9_$:-]+(\.[A-Za-z0-9_$:-]+)*$")
+    ] = None
+    """The delegation route (docs/aip.md, "Delegation route"): the exact core NATS subject
+    a GetAIP runtime's `--delegation-nats-route` sends signed `aip.agent.v1.delegation_request`
+    Envelopes to (no wildcard), answered with a signed `delegation_result`. Needs
+    `aip_trusted_signers_file` (the same signers and checks as the native binding). Unset:
+    not served."""
+    aip_delegation_timeout_ms: Annotated[int, Field(ge=2_000, le=3_600_000)] = 30_000
+    """The route's `TIMEOUT_MS` on the runtime's side (the reference's default): the answer
+    leaves before it, the non-terminal `accepted` DelegationResult when the delegation is
+    still running (ask again with the same `delegation_id` to read its result)."""
     log_format: Literal["json", "text"] = "json"
     """`json` lines for machines, `text` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"

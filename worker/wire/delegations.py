@@ -296,13 +296,20 @@ def decode_delegation(
     `schema.envelope.invalid` for a frame, body or request the AIP rules or ours refuse,
     `connector_host.authentication` for a signature that is present and does not verify."""
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
+    return delegation_of(opened), opened
+
+
+def delegation_of(opened: Opened) -> DelegationRequest:
+    """The internal DelegationRequest of an opened `aip.agent.v1.delegation_request`
+    Envelope (whoever opened it: the delegations subject's intake, or the gateway's
+    delegation route, which opens every request itself); EnvelopeRejected
+    (`schema.envelope.invalid`) for a body the AIP rules or ours refuse."""
     typed = open_payload(opened, MESSAGE_TYPE)
     assert isinstance(typed, AipDelegationRequest)
     try:
-        request = msgspec.convert(_internal(opened, typed), DelegationRequest, strict=True)
+        return msgspec.convert(_internal(opened, typed), DelegationRequest, strict=True)
     except msgspec.ValidationError as exc:
         raise invalid(f"the DelegationRequest: {exc}") from None
-    return request, opened
 
 
 def sign_delegation_envelope(
@@ -393,6 +400,7 @@ __all__ = [
     "aip_delegation_body",
     "child_action_result",
     "decode_delegation",
+    "delegation_of",
     "delegation_result",
     "encode_delegation",
     "sign_delegation_envelope",

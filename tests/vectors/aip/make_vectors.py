@@ -938,6 +938,49 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         },
     )
     small_delegation, small_delegation_bytes = signed(small_delegation, MINIMAL_ACTION_SEED)
+    # The delegation route's answers (docs/aip.md "Delegation route"), signed by the gateway
+    # key: the reply recipe (in_response_to, correlation_id, to = the requester), the ids of
+    # the request, and the child's ActionResult once the delegation ended.
+    runtime = {"id": "service:getaip-server", "kind": "service"}
+    delegation_done = frame(
+        "aip.agent.v1.delegation_result",
+        0xD005,
+        PUBLISHER,
+        correlation_id=CORRELATION_ID,
+        in_response_to="msg_000000000000000000000000000000d1",
+        to=dict(runtime),
+        body={
+            "delegation_result": {
+                "delegation_id": "dlg_0000000000000000000000000000d001",
+                "parent_action_id": ACTION_ID,
+                "child_action_id": "act_0000000000000000000000000000d002",
+                "status": "completed",
+                "result": {
+                    "action_id": "act_0000000000000000000000000000d002",
+                    "status": "completed",
+                    "output": {"case_id": "case-2030", "state": "open"},
+                },
+            }
+        },
+    )
+    delegation_done, delegation_done_bytes = signed(delegation_done, ACTION_SEED)
+    delegation_accepted = frame(
+        "aip.agent.v1.delegation_result",
+        0xD006,
+        PUBLISHER,
+        correlation_id=CORRELATION_ID,
+        in_response_to="msg_000000000000000000000000000000d2",
+        to=dict(runtime),
+        body={
+            "delegation_result": {
+                "delegation_id": "dlg_0000000000000000000000000000d003",
+                "parent_action_id": MINIMAL_ACTION_ID,
+                "child_action_id": "act_0000000000000000000000000000d004",
+                "status": "accepted",
+            }
+        },
+    )
+    delegation_accepted, delegation_accepted_bytes = signed(delegation_accepted, ACTION_SEED)
     # The runtime's store records of the delegated child, signed by the gateway key.
     child_id = "act_0000000000000000000000000000d002"
     queue_record = frame(
@@ -1369,6 +1412,21 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 small_delegation_bytes,
             ),
         ],
+        "aip.agent.v1.delegation_result": [
+            entry(
+                "the delegation route's answer once the delegation ended: the request's "
+                "ids, the child's ActionResult",
+                ACTION_SEED,
+                delegation_done,
+                delegation_done_bytes,
+            ),
+            entry(
+                "the delegation route's answer at its timeout: accepted, no result yet",
+                ACTION_SEED,
+                delegation_accepted,
+                delegation_accepted_bytes,
+            ),
+        ],
         "aip.lifecycle.v1.action_status": [
             entry(
                 "a delegated child's queue entry: the child Action and the authorization "
@@ -1797,6 +1855,31 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("delegate", "kind"), "operator"),
             ),
         ],
+        "aip.agent.v1.delegation_result": [
+            ("unknown field at the top level", "check_envelope", top("delegation", "x")),
+            (
+                "wrong enum value: status `done` (AIP says `completed`)",
+                "open_body",
+                put(("status",), "done"),
+            ),
+            (
+                "missing required field body.delegation_result.child_action_id",
+                "open_body",
+                drop("child_action_id"),
+            ),
+            (
+                "null for an absent optional (error): the signature breaks upstream",
+                "signed_form",
+                put(("error",), None),
+            ),
+            (
+                "unknown field nested in the child result: our `settled_by`",
+                "open_body",
+                put(("result", "settled_by"), "w1"),
+            ),
+            ("wrong body key for the message type", "check_envelope", rekey("result")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "1.1")),
+        ],
         "aip.audit.v1.receipt_chain": [
             ("unknown field at the top level", "check_envelope", top("receipt_id", "r1")),
             (
@@ -1869,6 +1952,7 @@ _BASES = {
     "aip.core.v1.escalation_resolution": 0,
     "aip.channel.v1.message_created": 0,
     "aip.agent.v1.delegation_request": 0,
+    "aip.agent.v1.delegation_result": 0,
     "aip.lifecycle.v1.action_status": 0,
     "aip.audit.v1.receipt_chain": 1,
 }
