@@ -393,3 +393,21 @@ def test_every_arrival_order_ends_with_exactly_the_vouched_chain(fork: Fork, str
                 raise AssertionError(
                     f"{fork} strict={strict} at_need={at_need}, arrival {arrival}: {exc}"
                 ) from exc
+
+
+def test_tail_prints_a_retraction_as_one_json_line_of_kind_retracted() -> None:
+    """What `tail` prints (json format) for a retraction, read back as plain JSON, and its
+    text format."""
+    import msgspec
+
+    from worker.commands.bus_commands import retraction_text
+
+    retraction = ChunkRetraction(action_id=ACTION, from_seq=3, to_seq=4, sha256=("ab", "cd"))
+    assert json.loads(msgspec.json.encode(retraction)) == {
+        "kind": "retracted",
+        "action_id": ACTION,
+        "from_seq": 3,
+        "to_seq": 4,
+        "sha256": ["ab", "cd"],
+    }
+    assert retraction_text(retraction).startswith("retracted #3..#4: not on the chain")
