@@ -4,6 +4,8 @@
         handle = await client.submit(endpoint_id="hermes-1", operation="models", input={},
                                      principal_id="user:alice", tenant_id="acme")
         async for chunk in handle.chunks():
+            if isinstance(chunk, ChunkRetraction):  # forget seqs from_seq..to_seq shown
+                continue
             print(chunk.seq, chunk.kind)
         result = await handle.result(timeout_s=30)
 
@@ -23,7 +25,8 @@ the results subject published it) and waits for the real one; `chunks()` checks 
 chunk's link to the one before it and, at the terminal chunk, that the signed result ends
 the chain. A failed check raises `UnverifiedResponse` (`connector_host.response_signing`):
 read the Action's durable state instead. Without keys nothing is verified. Both exceptions
-the client raises (`UnverifiedResponse`, `CannotSign`) can be imported from this module.
+the client raises (`UnverifiedResponse`, `CannotSign`) and the `ChunkRetraction` that
+`chunks()` may yield can be imported from this module.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
 from worker.errors import UnverifiedResponse as UnverifiedResponse
 from worker.operations.catalog import default_mode
+from worker.trust.responses import ChunkRetraction as ChunkRetraction
 from worker.trust.responses import (
     ChunkSequencer,
     check_worker_signed,
@@ -118,7 +122,7 @@ class ActionHandle:
         from_seq: int = 0,
         idle_timeout_s: float | None = None,
         verified_only: bool = False,
-    ) -> AsyncIterator[StreamChunk]:
+    ) -> AsyncIterator[StreamChunk | ChunkRetraction]:
         """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk.
 
         A chunk is yielded only once its link is verified (`ChunkSequencer`): it names the
@@ -128,13 +132,19 @@ class ActionHandle:
         forgery) nothing more is yielded until the signed result names the chain's last
         chunk; then the branch it vouches for is yielded and the others are dropped without
         an error. With trusted worker keys the terminal chunk is yielded only after the
-        signed result named its hash. `UnverifiedResponse` when a chunk already yielded is
-        not on the vouched chain (its competitor was stored after this reader passed it),
-        or when more is held than `MAX_HELD_CHUNKS` / `MAX_HELD_BYTES` allow.
+        signed result named its hash.
+
+        A chunk yielded while it was alone at its seq may turn out not to be on the vouched
+        chain (its competitor was stored after this reader passed it): a `ChunkRetraction`
+        is then yielded, naming the seqs to forget, and the vouched chain follows from the
+        first of them. A consumer that drops what a retraction names ends with exactly the
+        Action's chain, whatever the arrival order. `UnverifiedResponse` when the vouched
+        chain is malformed, or when more is held than `MAX_HELD_CHUNKS` / `MAX_HELD_BYTES`
+        allow.
 
         `verified_only` yields nothing before the signed result vouches for it, so no chunk
-        outside the Action's chain is ever yielded (at the cost of streaming: everything
-        comes at the end, within the same bounds).
+        outside the Action's chain and no retraction is ever yielded (at the cost of
+        streaming: everything comes at the end, within the same bounds).
         """
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
         stream = self.client.subjects.stream_name("chunks")
@@ -159,7 +169,7 @@ class ActionHandle:
                     result = await self.result(timeout_s=idle_timeout_s or 60.0)
                     released += order.vouch(result.last_chunk_sha256, self.action_id)
                 for item in released:
-                    yield item.chunk
+                    yield item if isinstance(item, ChunkRetraction) else item.chunk
                 if order.done:
                     return
 

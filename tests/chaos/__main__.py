@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + args.minutes * 60
     seed = args.seed
     total_faults: Counter[str] = Counter()
-    operations = violations = known = campaigns = 0
+    operations = violations = known = campaigns = late = retracted = 0
     schedule_s = args.schedule_s if args.schedule_s is not None else SCHEDULE_S[args.hermes]
     while time.monotonic() < deadline:
         try:
@@ -90,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         total_faults.update(report.injected)
         violations += len(report.unknown)
         known += len(report.violations) - len(report.unknown)
+        late, retracted = late + report.late_chunks, retracted + report.retracted
         if report.violations:
             print(report.explain(), flush=True)
         else:
@@ -106,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
         f"total: {campaigns} campaigns ({args.hermes} Hermes) from seed {args.seed}, "
         f"{operations} operations, "
         f"{sum(total_faults.values())} faults ({kinds}), {violations} violations"
-        f" (+{known} of known bugs)",
+        f" (+{known} of known bugs); {late} late chunks kept from the consumer by the reader"
+        f" ({retracted} retracted after being streamed)",
         flush=True,
     )
     return 1 if violations else 0

@@ -36,6 +36,7 @@ from tests.chaos.checker import (
     Violation,
     check,
     decoded_result,
+    late_chunks,
 )
 from tests.chaos.deployment import ENDPOINT, REAL_WORKERS, WORKERS, Deployment
 from tests.chaos.history import Event, History
@@ -75,6 +76,11 @@ class Report:
     hermes: str = "fake"
     #: Requests that reached Hermes, by route template (the log the checker read).
     hermes_requests: dict[str, int] = field(default_factory=dict)
+    #: Superseded owners' late chunks on the chunk streams (bug 2's worker side), which
+    #: the reader keeps from a consumer, and how many of them a streaming reader passed on
+    #: and then retracted (`checker.late_chunks`).
+    late_chunks: int = 0
+    retracted: int = 0
 
     @property
     def unknown(self) -> list[Violation]:
@@ -95,7 +101,15 @@ class Report:
             f"{sum(self.injected.values())} faults ({kinds}); outcomes: {outcomes}; "
             f"{len(self.unknown)} violations"
             f"{f' (+{known} of a known bug)' if known else ''}"
-            f"; {self.wall_s:.0f}s"
+            f"{self._late()}; {self.wall_s:.0f}s"
+        )
+
+    def _late(self) -> str:
+        if not self.late_chunks:
+            return ""
+        return (
+            f"; {self.late_chunks} late chunks of superseded owners on the streams, kept from "
+            f"the consumer by the reader ({self.retracted} retracted after being streamed)"
         )
 
     def traffic(self) -> str:
@@ -210,6 +224,7 @@ async def run_campaign(
         await quiesce(deployment, workload.acked, history)
         evidence = await collect(deployment, workload, history)
         violations = check(evidence)
+        late, retracted = late_chunks(evidence)
         outcomes: Counter[str] = Counter()
         for copies in evidence.results.values():
             for raw in set(copies):
@@ -238,6 +253,8 @@ async def run_campaign(
             kinds=kinds,
             hermes=hermes,
             hermes_requests=dict(Counter(r.route for r in evidence.requests)),
+            late_chunks=late,
+            retracted=retracted,
         )
         if violations or keep:
             history.dump(base / "history.jsonl")

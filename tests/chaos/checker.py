@@ -40,9 +40,14 @@ The rules (docs/reliability.md lists them with the guarantee each one tests):
   acknowledgement), which the trusted worker keys verify.
 * `chunks`: the chain the result vouches for (walked back from the terminal chunk its
   `last_chunk_sha256` names, through `prev_sha256`) is on the stream, gap-free from seq 0,
-  with exactly one terminal chunk, its last. Any other chunk on the subject is a violation,
-  except a non-terminal chunk whose `AIP-Chunk-Mac` verifies under the chain key of a fence
-  the settle superseded: that is the known bug 2 (`KNOWN_STALE_CHUNKS`), counted apart.
+  with exactly one terminal chunk, its last; and a consumer reading the stream through the
+  project's reader (`ActionHandle.chunks`' `ChunkSequencer`, in stream order, as a live
+  reader meets it) gets exactly that chain, without an error: with `verified_only`, and
+  streaming once it applies the reader's retractions. Any other chunk on the subject is a
+  violation, except a non-terminal chunk whose `AIP-Chunk-Mac` verifies under the chain key
+  of a fence the settle superseded: a superseded owner's late chunk (docs/reliability.md bug
+  2), which the reader keeps from the consumer; those are counted (`late_chunks`), not
+  violations.
 * `durable`: every result the client saw during the campaign is still on the stream after
   the faults healed (nothing acknowledged by JetStream was lost).
 """
@@ -61,7 +66,9 @@ from schemas.errors import EnvelopeRejected
 from schemas.result import ActionResult, ResultStatus
 from tests.aip_wire import chunk_view
 from tests.chaos.history import History
+from worker.errors import UnverifiedResponse
 from worker.execution.chunk_chain import mac_is_valid
+from worker.trust.responses import ChunkRetraction, ChunkSequencer
 from worker.wire.results import decode_result
 
 START = "POST /v1/runs"
@@ -91,24 +98,14 @@ REFUSED_BY_HERMES: dict[str, frozenset[str]] = {
 REFUSED_BY_HERMES["approval_objective"] = REFUSED_BY_HERMES["objective"]
 
 
-#: A product bug the campaign found and that is not fixed yet (docs/reliability.md, "Bugs
-#: found"): its violations are reported, counted and kept apart, so the suite's campaign
-#: still fails on anything else. Exactly this shape is known (`chunks`): the chain the
-#: signed result names is gap-free from seq 0 with one terminal chunk, its last, and every
-#: other chunk on the subject is a non-terminal one whose chain MAC verifies under the key
-#: of a fence below the result's, i.e. a superseded owner's chunk that landed late.
-KNOWN_STALE_CHUNKS = (
-    "known bug: chunks a superseded owner published land after the takeover, beside the "
-    "chain the result names (docs/reliability.md, bug 2)"
-)
-
-
 @dataclass(frozen=True, slots=True)
 class Violation:
     rule: str
     action_id: str | None
     message: str
-    #: Set when the violation is a known, reported product bug (see KNOWN_STALE_CHUNKS).
+    #: Set when the violation is a known, reported product bug that is not fixed yet
+    #: (docs/reliability.md, "Bugs found"): reported and counted apart, so the campaign
+    #: still fails on anything else. No rule marks one today.
     known: str | None = None
 
     def __str__(self) -> str:
@@ -504,12 +501,20 @@ def chunks(ev: Evidence) -> list[Violation]:
             if broken is not None:
                 out.append(Violation("chunks", action_id, broken))
                 continue
-            in_chain = {sha256(raws[i]) for i in chain}
-            extras = [i for i, raw in enumerate(raws) if sha256(raw) not in in_chain]
-            macs = ev.chunk_macs.get(action_id, [])
-            lease = ev.leases.get(action_id) or {}
-            stale = [i for i in extras if _stale(raws[i], _at(macs, i), lease, result.fence)]
-            others = [i for i in extras if i not in stale]
+            named = [raws[i] for i in chain]
+            for verified_only in (True, False):
+                seen = read_through(raws, action_id, result.last_chunk_sha256, verified_only)
+                if seen.refused is not None or seen.kept != named:
+                    got = seen.refused or f"seqs {[chunk_view(d)['seq'] for d in seen.kept]}"
+                    out.append(
+                        Violation(
+                            "chunks",
+                            action_id,
+                            f"the project's reader ({seen.mode}) does not give the consumer "
+                            f"the chain the result names ({len(named)} chunks): {got}",
+                        )
+                    )
+            others = [i for i in _extras(raws, chain) if i not in _late(ev, action_id, result)]
             if others:
                 seqs = [chunk_view(raws[i])["seq"] for i in others]
                 out.append(
@@ -520,18 +525,75 @@ def chunks(ev: Evidence) -> list[Violation]:
                         "a valid chain MAC of a superseded fence (forged, or its own fork)",
                     )
                 )
-            if stale:
-                seqs = [chunk_view(raws[i])["seq"] for i in stale]
-                out.append(
-                    Violation(
-                        "chunks",
-                        action_id,
-                        f"a superseded owner's chunks at seqs {seqs} stored beside the chain "
-                        f"the result names (fence {result.fence})",
-                        known=KNOWN_STALE_CHUNKS,
-                    )
-                )
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderView:
+    """What a consumer of `ActionHandle.chunks` ends with (retractions applied), in which
+    mode, how many chunks it was shown and then told to forget, and why the reader
+    refused, if it did."""
+
+    mode: str
+    kept: list[bytes]
+    retracted: int
+    refused: str | None
+
+
+def read_through(
+    raws: list[bytes], action_id: str, last_sha256: str | None, verified_only: bool
+) -> ReaderView:
+    """Read `raws` (stream order) the way `ActionHandle.chunks` does with trusted worker
+    keys: each chunk through one `ChunkSequencer`, the signed result's
+    `last_chunk_sha256` given to it when it needs it; a retraction drops what it names."""
+    mode = "verified_only" if verified_only else "streaming"
+    reader = ChunkSequencer(hold_until_vouched=verified_only, verify_terminal=True)
+    kept: list[bytes] = []
+    try:
+        for raw in raws:
+            items = reader.add(raw)
+            if reader.needs_result:
+                items += reader.vouch(last_sha256, action_id)
+            for item in items:
+                if isinstance(item, ChunkRetraction):
+                    del kept[item.from_seq :]
+                else:
+                    kept.append(item.data)
+            if reader.done:
+                return ReaderView(mode, kept, reader.retracted, None)
+    except UnverifiedResponse as exc:
+        return ReaderView(mode, kept, reader.retracted, f"it refused the stream: {exc}")
+    return ReaderView(mode, kept, reader.retracted, "it never reached a terminal chunk")
+
+
+def late_chunks(ev: Evidence) -> tuple[int, int]:
+    """Superseded owners' late chunks on the chunk streams (bug 2's worker side: they land
+    beside the chain the result names), and how many of them a streaming reader passed on
+    and then retracted, over every settled Action."""
+    late = retracted = 0
+    for action_id, copies in ev.results.items():
+        raws = ev.chunks.get(action_id, [])
+        for result in filter(None, map(decoded_result, set(copies))):
+            _, broken = named_chain(raws, result.last_chunk_sha256)
+            if broken is None and action_id in ev.acked:
+                late += len(_late(ev, action_id, result))
+                seen = read_through(raws, action_id, result.last_chunk_sha256, False)
+                retracted += seen.retracted
+    return late, retracted
+
+
+def _extras(raws: list[bytes], chain: list[int]) -> list[int]:
+    in_chain = {sha256(raws[i]) for i in chain}
+    return [i for i, raw in enumerate(raws) if sha256(raw) not in in_chain]
+
+
+def _late(ev: Evidence, action_id: str, result: ActionResult) -> set[int]:
+    """Indexes of the chunks outside the named chain that a superseded owner made."""
+    raws = ev.chunks.get(action_id, [])
+    chain, _ = named_chain(raws, result.last_chunk_sha256)
+    macs = ev.chunk_macs.get(action_id, [])
+    lease = ev.leases.get(action_id) or {}
+    return {i for i in _extras(raws, chain) if _stale(raws[i], _at(macs, i), lease, result.fence)}
 
 
 def named_chain(raws: list[bytes], last_sha256: str | None) -> tuple[list[int], str | None]:
@@ -583,7 +645,6 @@ def _stale(raw: bytes, mac: str | None, lease: dict[str, str], settled_fence: in
         if name.startswith(CHAIN_KEY) and name.removeprefix(CHAIN_KEY).isdigit()
     }
     return mac_is_valid(mac, sha256(raw), keys, settled_fence)
-
 
 
 def durable(ev: Evidence) -> list[Violation]:

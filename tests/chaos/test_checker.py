@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.errors import ErrorCategory, ErrorCode, ProtocolError
 from schemas.result import ActionResult, ResultStatus
 from tests.aip_wire import result_view
+from tests.chaos import checker
 from tests.chaos.campaign import Report
 from tests.chaos.checker import (
     APPROVAL,
@@ -20,10 +23,14 @@ from tests.chaos.checker import (
     PlannedAction,
     Request,
     check,
+    late_chunks,
+    read_through,
     sha256,
 )
 from tests.chaos.history import History
+from worker.errors import UnverifiedResponse
 from worker.execution.chunk_chain import chain_mac
+from worker.trust.responses import ChunkRetraction, ChunkSequencer, Sequenced
 from worker.wire.results import encode_result
 
 A = "act_" + "a" * 32
@@ -195,36 +202,80 @@ def test_chunk_gaps_and_terminal_chunks() -> None:
     assert rules(ev) == ["chunks"]
 
 
-def test_a_superseded_owners_late_chunks_beside_the_named_chain_are_the_known_bug() -> None:
-    ev = clean()
-    key = "ab" * 32
+def _late(ev: Evidence, key: str) -> list[bytes]:
+    """w1 (fence 1) published seq 1 and 2 before it was cut off; they land after w2
+    (fence 2) continued from the recorded head (seq 0). Each carries fence 1's chain MAC."""
     ev.leases[A]["chain_key.1"] = key
-    # w1 (fence 1) published seq 1 and 2 before it was cut off; they land after w2 (fence 2)
-    # continued from the recorded head (seq 0) and settled.
-    late = [
+    return [
         chunk(A, 1, "data", prev=ev.chunks[A][0]).replace(
             b'"hermes_worker": null', b'"hermes_worker": "w1"'
         ),
         chunk(A, 2, "data", prev=b"w1's seq 1"),
     ]
+
+
+def test_a_superseded_owners_late_chunks_are_kept_from_the_consumer_and_counted() -> None:
+    """The late chunks beside the named chain: the project's reader gives the consumer the
+    named chain (verified-only, and streaming), so no violation; they are counted."""
+    ev = clean()
+    key = "ab" * 32
+    late = _late(ev, key)
     ev.chunks[A] += late
     ev.chunk_macs[A] = [None, None, None] + [chain_mac(key, 1, sha256(c)) for c in late]
-    violations = check(ev)
-    assert [v.rule for v in violations] == ["chunks"]
-    assert violations[0].known is not None
-    assert "seqs [1, 2]" in violations[0].message
-    # A MAC that does not verify under fence 1's key: forged, not the known bug.
+    assert check(ev) == []
+    assert late_chunks(ev) == (2, 0)  # stored after the chain ended: never streamed
+    # A MAC that does not verify under fence 1's key: forged, a violation.
     ev.chunk_macs[A][-1] = chain_mac("cd" * 32, 1, sha256(late[1]))
-    assert [v.known is None for v in check(ev)] == [True, False]
+    assert "seqs [2]" in " ".join(map(str, check(ev)))
     # A MAC of the settling fence itself: the owner forked its own chain.
     ev.leases[A]["chain_key.2"] = key
     ev.chunk_macs[A][-1] = chain_mac(key, 2, sha256(late[1]))
-    assert [v.known is None for v in check(ev)] == [True, False]
+    assert [v.rule for v in check(ev)] == ["chunks"]
     # A superseded owner's terminal chunk: it never settled, so it never had one to send.
     stray = chunk(A, 3, "done", prev=late[1])
     ev.chunks[A][-1] = stray
     ev.chunk_macs[A][-1] = chain_mac(key, 1, sha256(stray))
-    assert [v.known is None for v in check(ev)] == [True, False]
+    assert [v.rule for v in check(ev)] == ["chunks"]
+
+
+def test_a_late_chunk_streamed_before_its_competitor_is_retracted_for_the_consumer() -> None:
+    """w1's late seq 1 is stored before w2's seq 1: a streaming reader passes it on, then
+    retracts it once the result names w2's chain. The consumer ends with the named chain."""
+    ev = clean()
+    key = "ab" * 32
+    late = _late(ev, key)[0]
+    ev.chunks[A].insert(1, late)
+    ev.chunk_macs[A] = [None, chain_mac(key, 1, sha256(late)), None, None]
+    assert check(ev) == []
+    assert late_chunks(ev) == (1, 1)
+    streamed = read_through(ev.chunks[A], A, sha256(ev.chunks[A][-1]), False)
+    assert (streamed.kept, streamed.retracted) == ([ev.chunks[A][0], *ev.chunks[A][2:]], 1)
+
+
+def test_a_reader_that_raises_at_a_retraction_is_a_violation(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The planted bug: the reader before this branch, which raised when the result
+    disowned a chunk it had streamed. The checker reads through the project's reader, so
+    it fails the campaign (only the streaming read: the verified-only one never retracts)."""
+
+    class Raising(ChunkSequencer):
+        def vouch(self, last_chunk_sha256: str | None, action_id: str) -> list[Sequenced]:
+            released = super().vouch(last_chunk_sha256, action_id)
+            if any(isinstance(item, ChunkRetraction) for item in released):
+                raise UnverifiedResponse("a chunk read was not the Action's")
+            return released
+
+    monkeypatch.setattr(checker, "ChunkSequencer", Raising)
+    ev = clean()
+    key = "ab" * 32
+    late = _late(ev, key)[0]
+    ev.chunks[A].insert(1, late)
+    ev.chunk_macs[A] = [None, chain_mac(key, 1, sha256(late)), None, None]
+    violations = check(ev)
+    assert [v.rule for v in violations] == ["chunks"]
+    assert "reader (streaming)" in violations[0].message
+    assert "refused the stream" in violations[0].message
 
 
 def test_the_named_chain_must_be_whole() -> None:

@@ -33,7 +33,6 @@ from tests.aip_wire import chunk_view
 from tests.integration.stack import Stack
 from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
 from worker.bus.stream_reads import drain
-from worker.errors import UnverifiedResponse
 from worker.execution.chunk_chain import chain_mac, mac_is_valid, new_chain_key
 from worker.execution.chunk_stream import CONFIRM_BATCH, ChunkStream
 from worker.execution.leases import HeldLease, LeaseLost
@@ -43,7 +42,7 @@ from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.testing.scenario import SLOW_REPLY
 from worker.testing.services import ServiceHandle
 from worker.testing.workers import WorkerProcess
-from worker.trust.responses import ChunkChain, ChunkSequencer
+from worker.trust.responses import ChunkChain, ChunkRetraction, ChunkSequencer, Sequenced
 from worker.wire.chunks import decode_chunk
 
 ENDPOINT = "h1"
@@ -222,7 +221,7 @@ async def test_a_takeover_adopts_a_re_sent_chunk_stored_after_its_successors(
     order, chain = ChunkSequencer(), ChunkChain()
     for data in stored:
         for released in order.add(data):
-            chain.add(released.data)
+            chain.add(_data(released))
     assert (order.expected, chain.last_sha256) == (6, _sha(stored[-1]))
     assert not order.forked
 
@@ -232,8 +231,9 @@ async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
 ) -> None:
     """The attack: a forgery linked to the real last chunk. The takeover links its chunk
     to the real one; both stay on the stream (content-bound Msg-Ids). A reader that met the
-    forgery alone at its seq (and released it) stops releasing at the fork, and is told
-    once the chain the result vouches for turns out to pass beside what it released."""
+    forgery alone at its seq (and released it) stops releasing at the fork, and once the
+    chain the result vouches for turns out to pass beside what it released, retracts the
+    forgery and releases the real chain from its seq."""
     publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     keys = ActionKeys.of(new_action_id())
     first = await _open(publisher, await _lease(leases, keys, "w1#a"), leases)
@@ -256,21 +256,24 @@ async def test_a_chunk_forged_after_the_last_real_one_is_never_continued(
     assert stored[-1][1]["Nats-Msg-Id"] == chunk_msg_id(keys.action_id, 3, _sha(continuation))
 
     order = ChunkSequencer(verify_terminal=True)
-    released = [item.data for data, _ in stored[:-1] for item in order.add(data)]
+    released = [_data(item) for data, _ in stored[:-1] for item in order.add(data)]
     assert released == [*real, forged]  # alone at seq 3 when read, and linked on
     assert order.add(continuation) == []
     assert order.forked
-    end = second.closing(ChunkKind.DONE, {"status": "completed"})
-    order.add(second.encode(end))
+    end = second.encode(second.closing(ChunkKind.DONE, {"status": "completed"}))
+    order.add(end)
     assert order.needs_result
-    with pytest.raises(UnverifiedResponse, match="does not pass through the chunks read"):
-        order.vouch(_sha(second.encode(end)), keys.action_id)
+    retraction, *vouched = order.vouch(_sha(end), keys.action_id)
+    assert retraction == ChunkRetraction(
+        action_id=keys.action_id, from_seq=3, to_seq=3, sha256=(_sha(forged),)
+    )
+    assert [_data(item) for item in vouched] == [continuation, end]
     strict = ChunkSequencer(hold_until_vouched=True, verify_terminal=True)
     for data, _ in stored:
         assert strict.add(data) == []
-    assert strict.add(second.encode(end)) == []
-    vouched = [item.data for item in strict.vouch(_sha(second.encode(end)), keys.action_id)]
-    assert vouched == [*real, continuation, second.encode(end)]  # never the forgery
+    assert strict.add(end) == []
+    verified = [_data(item) for item in strict.vouch(_sha(end), keys.action_id)]
+    assert verified == [*real, continuation, end]  # never the forgery, never a retraction
 
 
 async def test_a_superseded_owner_cannot_record_the_head(nc: Client, leases: LeaseStore) -> None:
@@ -325,14 +328,20 @@ async def test_a_superseded_owner_s_late_chunk_stays_off_the_chain(
     await nc.jetstream().publish(Subjects().chunks(ENDPOINT, keys.action_id), end)
     stored = [data for data, _ in await _stored(nc, keys.action_id)]
     order = ChunkSequencer(verify_terminal=True)
-    released = [item.data for data in stored for item in order.add(data)]
+    released = [_data(item) for data in stored for item in order.add(data)]
     assert released == stored[:4]  # 0..2 and w2's 3; from the late 3 on, both are held
     assert order.forked
     assert order.needs_result
-    released += [item.data for item in order.vouch(_sha(end), keys.action_id)]
+    released += [_data(item) for item in order.vouch(_sha(end), keys.action_id)]
     assert released == [*stored[:4], *stored[5:]]
     assert late not in released
     assert (order.done, order.dropped) == (True, 1)
+
+
+def _data(item: Sequenced) -> bytes:
+    """A released chunk's bytes (a retraction here would be a failure of the test)."""
+    assert not isinstance(item, ChunkRetraction), item
+    return item.data
 
 
 async def _kill_after_chunks(
@@ -360,9 +369,10 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
 
     The streaming reader (`ActionHandle.chunks`) met the forgery alone at its seq, linked
     to w1's last chunk, so it yielded it; from w2's chunk at that seq on it holds both
-    branches, and once the signed result vouches for w2's it raises (what it yielded cannot
-    be taken back) and never yields the terminal chunk. `chunks(verified_only=True)` yields
-    exactly the signed chain and never the forgery."""
+    branches, and once the signed result vouches for w2's it yields a `ChunkRetraction` of
+    the forgery's seq, then w2's chain from there: what the consumer keeps is the signed
+    chain. `chunks(verified_only=True)` yields exactly the signed chain and never the
+    forgery."""
     w1 = await stack.spawn("w1")
     action, _ = await stack.operator(f"{SLOW_REPLY} forge after me")
     await _kill_after_chunks(stack, w1, action.id, 3)
@@ -375,17 +385,23 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
     await stack.spawn("w2")
 
     handle = stack.client.handle(ENDPOINT, action.id)
-    read: list[StreamChunk] = []
+    read: list[StreamChunk | ChunkRetraction] = []
 
     async def follow() -> None:
         async for chunk in handle.chunks(idle_timeout_s=60):
             read.append(chunk)
 
-    with pytest.raises(UnverifiedResponse, match="does not pass through the chunks read"):
-        await asyncio.wait_for(follow(), 90)
-    assert not any(isinstance(c, DoneChunk | ErrorChunk) for c in read)
-    assert [c.seq for c in read] == list(range(len(read)))
-    assert len(read) == forged_seq + 1  # nothing past the forgery's seq
+    await asyncio.wait_for(follow(), 90)
+    assert isinstance(read[-1], DoneChunk | ErrorChunk)
+    retractions = [n for n, c in enumerate(read) if isinstance(c, ChunkRetraction)]
+    assert len(retractions) == 1
+    retraction = read[retractions[0]]
+    assert isinstance(retraction, ChunkRetraction)
+    assert (retraction.from_seq, retraction.to_seq) == (forged_seq, forged_seq)
+    assert retraction.sha256 == (_sha(forged),)
+    shown = [c for c in read[: retractions[0]] if not isinstance(c, ChunkRetraction)]
+    assert [c.seq for c in shown] == list(range(forged_seq + 1))  # nothing past the forgery
+    kept = shown[:forged_seq] + [c for c in read[retractions[0] + 1 :]]
     verified = [c async for c in handle.chunks(idle_timeout_s=60, verified_only=True)]
 
     result = await handle.result(timeout_s=60)
@@ -406,6 +422,7 @@ async def test_a_forgery_after_a_killed_worker_s_last_chunk_is_outside_the_signe
     assert w2_first != forged
     assert chunk_view(w2_first)["prev_sha256"] == _sha(real_last)
     # What the reader was given before the fork: w1's chunks, then (unverified) the forgery.
-    assert read[:forged_seq] == [decode_chunk(d)[0] for d in chain[:forged_seq]]
-    assert read[forged_seq] == decode_chunk(forged)[0]
+    assert shown[:forged_seq] == [decode_chunk(d)[0] for d in chain[:forged_seq]]
+    assert shown[forged_seq] == decode_chunk(forged)[0]
+    assert kept == [decode_chunk(d)[0] for d in chain]  # the retraction applied
     assert verified == [decode_chunk(d)[0] for d in chain]

@@ -12,6 +12,7 @@ worker with another key continues the chain.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ from schemas.errors import ErrorCode
 from schemas.result import ActionResult, ResultStatus
 from tests.aip_wire import result_view
 from tests.integration.stack import ENDPOINT, Stack
-from worker.client import AipClient
+from worker.client import AipClient, ChunkRetraction
 from worker.errors import CannotSign, UnverifiedResponse
 from worker.store.clock import now_ms
 from worker.testing.fake_hermes import RouteDelay
@@ -135,23 +136,30 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
         ts_unix_ms=now_ms(),
         payload={"data": [{"id": "forged-model"}]},
     )
+    forged_bytes = encode_chunk(forged)
     await stack.nc.jetstream().publish(
         stack.subjects.chunks(ENDPOINT, action.id),
-        encode_chunk(forged),
+        forged_bytes,
         headers={"Nats-Msg-Id": f"{action.id}:0"},
     )
     handle = await stack.publish(action)
     # The streaming reader yielded the forgery (alone at seq 0 when read), then held both
-    # branches from the worker's chunk 0 on; the signed result vouches for the worker's.
-    with pytest.raises(UnverifiedResponse, match="does not pass through the chunks read"):
-        async for _ in handle.chunks(idle_timeout_s=20):
-            pass
+    # branches from the worker's chunk 0 on; the signed result vouches for the worker's, so
+    # the reader retracts seq 0 and yields the worker's chain from there.
+    streamed = [c async for c in handle.chunks(idle_timeout_s=20)]
+    assert streamed[0] == forged
+    retraction = streamed[1]
+    assert isinstance(retraction, ChunkRetraction)
+    assert (retraction.from_seq, retraction.to_seq) == (0, 0)
+    assert retraction.sha256 == (hashlib.sha256(forged_bytes).hexdigest(),)
     assert (await handle.result(timeout_s=20)).status is ResultStatus.COMPLETED
-    # The verified-only reader yields the signed chain and never the forgery.
+    # The verified-only reader yields the signed chain, never the forgery nor a retraction.
     verified = [c async for c in handle.chunks(idle_timeout_s=20, verified_only=True)]
     assert forged not in verified
-    assert verified[0].seq == 0
-    assert [c.seq for c in verified] == list(range(len(verified)))
+    assert verified == streamed[2:]
+    assert [c.seq for c in verified if not isinstance(c, ChunkRetraction)] == list(
+        range(len(verified))
+    )
 
 
 async def test_a_worker_without_a_signing_key_refuses_unsigned_and_sends_nothing(

@@ -35,6 +35,7 @@ from worker.commands.wait_outcome import (
 )
 from worker.errors import SettingsError
 from worker.settings import Settings
+from worker.trust.responses import ChunkRetraction
 
 if TYPE_CHECKING:
     from worker.client import AipClient
@@ -284,9 +285,11 @@ async def _follow(
     try:
         async with asyncio.timeout(timeout_s):
             async for chunk in handle.chunks(from_seq=from_seq, verified_only=verified_only):
-                print(
-                    chunk_text(chunk) if text else msgspec.json.encode(chunk).decode(), flush=True
-                )
+                if isinstance(chunk, ChunkRetraction):
+                    line = retraction_text(chunk) if text else msgspec.json.encode(chunk).decode()
+                else:
+                    line = chunk_text(chunk) if text else msgspec.json.encode(chunk).decode()
+                print(line, flush=True)
             result = await handle.result(timeout_s=timeout_s)
     except TimeoutError:
         return await _no_result(client, endpoint, action_id, timeout_s, envelope_sha256, dlq_from)
@@ -328,6 +331,18 @@ def chunk_text(chunk: StreamChunk) -> str:
     """One chunk for people: time, seq, kind, then its payload as compact JSON."""
     payload = "" if chunk.payload is None else msgspec.json.encode(chunk.payload).decode()
     return f"{iso_utc(chunk.ts_unix_ms)} #{chunk.seq:<4} {chunk.kind.value:<16} {payload}"
+
+
+def retraction_text(retraction: ChunkRetraction) -> str:
+    """A retraction for people: which seqs printed above were not the Action's, and that its
+    own chunks follow from the first of them."""
+    span = f"#{retraction.from_seq}" + (
+        f"..#{retraction.to_seq}" if retraction.to_seq != retraction.from_seq else ""
+    )
+    return (
+        f"retracted {span}: not on the chain the signed result vouches for (a superseded "
+        f"worker's late chunks, or forged); the Action's chunks follow from #{retraction.from_seq}"
+    )
 
 
 def _result_text(result: ActionResult) -> str:

@@ -40,7 +40,7 @@ from schemas.chunk import DoneChunk, ErrorChunk
 from subjects.grammar import Subjects
 from worker.bus.connections import connect_nats as connect
 from worker.bus.connections import open_redis_for
-from worker.commands.bus_commands import chunk_text
+from worker.commands.bus_commands import chunk_text, retraction_text
 from worker.commands.cli_settings import believed_worker_keys
 from worker.console import pages
 from worker.console.reads import ConsoleReader, RunFilter
@@ -52,6 +52,7 @@ from worker.http_serving import Served
 from worker.settings import Settings
 from worker.store.clock import now_ms
 from worker.tasks import stop_tasks
+from worker.trust.responses import ChunkRetraction
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +81,8 @@ _HEADERS = {
 }
 
 #: The run page's one script: follow the chunk stream (server-sent events) until the
-#: terminal chunk, then reload once to show the result. Chunks are written as text only.
+#: terminal chunk, then reload once to show the result. Chunks, and a retraction of chunks
+#: shown that were not the run's, are written as text only.
 FOLLOW_JS = """(function () {
   var box = document.getElementById('chunks');
   if (!box) { return; }
@@ -91,6 +93,7 @@ FOLLOW_JS = """(function () {
     source.close(); state.textContent = 'ended';
     if (box.dataset.settled !== 'yes') { location.reload(); }
   });
+  source.addEventListener('retracted', function (e) { box.textContent += e.data + '\\n'; });
   source.addEventListener('refused', function (e) { source.close(); state.textContent = e.data; });
 })();
 """
@@ -257,7 +260,8 @@ class ConsoleHttp:
 
     async def chunks(self, request: Request) -> Response:
         """The run's chunks as server-sent events (`chunk`, then `end` after the terminal
-        one; `refused` when the stream does not verify or stays silent)."""
+        one; `retracted` when chunks shown turn out not to be the run's, its own following;
+        `refused` when the stream does not verify or stays silent)."""
         p = request.path_params
         detail = await self.reader.run(_viewer(request), p["endpoint"], p["action_id"])
         if detail is None:
@@ -267,6 +271,9 @@ class ConsoleHttp:
         async def events() -> AsyncIterator[str]:
             try:
                 async for chunk in handle.chunks(idle_timeout_s=FOLLOW_IDLE_S):
+                    if isinstance(chunk, ChunkRetraction):
+                        yield f"event: retracted\ndata: {retraction_text(chunk)}\n\n"
+                        continue
                     line = chunk_text(chunk).replace("\r", " ").replace("\n", " ")
                     yield f"event: chunk\ndata: {line}\n\n"
                     if isinstance(chunk, DoneChunk | ErrorChunk):

@@ -28,7 +28,7 @@ from schemas.delegation import DELEGATE_PREFIX, ChildAction, DelegationRequest
 from schemas.escalation import EscalationResolution
 from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
-from worker.client import ActionHandle, AipClient
+from worker.client import ActionHandle, AipClient, ChunkRetraction
 from worker.demo.console import Console, StepReport
 from worker.demo.environment import DELEGATED_PREFIX, ENDPOINT, DemoEnvironment, DemoError
 from worker.store.keys import ActionKeys
@@ -421,6 +421,12 @@ class Story:
 
     async def _follow(self, followed: Followed) -> None:
         async for chunk in followed.handle.chunks():
+            if isinstance(chunk, ChunkRetraction):  # shown, but not the Action's: forget them
+                followed.chunks = [c for c in followed.chunks if c.seq < chunk.from_seq]
+                self.console.line(
+                    f"      #{chunk.from_seq}..#{chunk.to_seq} retracted: not the Action's chain"
+                )
+                continue
             followed.chunks.append(chunk)
             self.console.chunk(chunk)
             if chunk.__struct_config__.tag in (ChunkKind.DATA, ChunkKind.TOOL, ChunkKind.PROGRESS):

@@ -27,7 +27,7 @@ from schemas.delegation import ChildAction, DelegationRequest
 from schemas.ids import new_action_id
 from schemas.result import ActionResult
 from worker.bus.stream_reads import drain
-from worker.client import ActionHandle, AipClient
+from worker.client import ActionHandle, AipClient, ChunkRetraction
 from worker.endpoints import Endpoint, resolve_endpoints
 from worker.errors import ConnectorError, QualifyNotConfigured
 from worker.hermes.http_client import HermesClient
@@ -258,7 +258,10 @@ class Deployment:
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(10.0):
                 async for chunk in handle.chunks(idle_timeout_s=5.0):
-                    found.append(chunk)
+                    if isinstance(chunk, ChunkRetraction):  # not the Action's: forget them
+                        found = [c for c in found if c.seq < chunk.from_seq]
+                    else:
+                        found.append(chunk)
         return found
 
     async def delegate(self, request: DelegationRequest) -> ActionHandle:

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import nkeys
 
 from schemas.audit import Receipt
@@ -373,6 +374,27 @@ class SequencedChunk:
         return isinstance(self.chunk, DoneChunk | ErrorChunk)
 
 
+class ChunkRetraction(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="retracted"):
+    """Chunks a streaming reader already passed on, seqs `from_seq`..`to_seq`, are not on
+    the chain the signed result vouches for: a superseded owner's late chunks, or a forgery,
+    each alone at its seq when read (its competitor was stored after the reader passed it).
+
+    A reader cannot take back what it passed on, and raising would leave the consumer with
+    neither the Action's chunks nor a way to correct what it showed. So it says which seqs
+    to forget (`sha256`: their hashes, in seq order), and the vouched chain follows from
+    `from_seq` on. It is not an AIP message: it never leaves the reader (the CLI's `tail`
+    prints it as a JSON line of `kind` `retracted`, beside the chunks)."""
+
+    action_id: str
+    from_seq: int
+    to_seq: int
+    sha256: tuple[str, ...]
+
+
+#: What a `ChunkSequencer` passes on: a chunk, or a retraction of chunks it passed on.
+Sequenced = SequencedChunk | ChunkRetraction
+
+
 class ChunkSequencer:
     """Puts one Action's chunks, as read from the subject, in seq order, each once, and
     releases a chunk only when its link is verified.
@@ -380,7 +402,7 @@ class ChunkSequencer:
     A chunk's link is verified when it names the hash of the chunk released before it (the
     first one read from `from_seq` excepted; chunk 0 names none) and no other chunk claims
     its seq, or, at a fork, when the signed result vouches for it (`vouch`: the chain walked
-    back from `last_chunk_sha256` reaches the last chunk released). A chunk read ahead of a
+    back from `last_chunk_sha256` joins the chunks released). A chunk read ahead of a
     missing seq (a publication whose confirmation was lost is sent again later, stored after
     its successors) waits for it. A second copy of a seq with the same bytes is a republish
     and is dropped.
@@ -392,14 +414,19 @@ class ChunkSequencer:
     chain's last hash, so from the fork on nothing is released: every branch is held
     (bounded: `MAX_HELD_CHUNKS`, `MAX_HELD_BYTES`), `needs_result` says so, and `vouch`
     releases the branch the result names; the others are dropped without an error (a
-    genuine superseded branch and a forgery look alike, and neither is the Action's). Only
-    when chunks already released turn out not to be on the vouched chain (the competitor
-    was stored after the reader had passed its seq) is `UnverifiedResponse` raised: they
-    cannot be taken back.
+    genuine superseded branch and a forgery look alike, and neither is the Action's).
 
-    `hold_until_vouched` releases nothing before the signed result (every chunk is held as
-    if at a fork), so no chunk outside the vouched chain is ever released; `verify_terminal`
-    holds the terminal chunk until the result vouches for it (a reader with trusted keys).
+    When chunks already released turn out not to be on the vouched chain (a late chunk was
+    alone at its seq when read, and its competitor was stored after the reader passed it),
+    a `ChunkRetraction` of those seqs is released first, then the vouched chain from the
+    seq where it leaves what was released: whatever the arrival order, a consumer that
+    applies retractions ends with exactly the vouched chain. `hold_until_vouched` releases
+    nothing before the signed result (every chunk is held as if at a fork), so it never
+    releases a chunk off the vouched chain and never a retraction; `verify_terminal` holds
+    the terminal chunk until the result vouches for it (a reader with trusted keys).
+    `UnverifiedResponse` remains for what no arrival order of genuine chunks produces: a
+    vouched chain that is malformed (not ending in a terminal chunk, seqs that do not
+    follow) or that leaves the released chunks further back than the reader remembers.
     """
 
     def __init__(
@@ -430,6 +457,8 @@ class ChunkSequencer:
         self._action_id = ""
         #: Chunks dropped as off the vouched chain (superseded or forged), for the caller.
         self.dropped = 0
+        #: Chunks released and then retracted (`ChunkRetraction`), for the caller.
+        self.retracted = 0
         #: The terminal chunk was released: the chain is complete.
         self.done = False
 
@@ -452,34 +481,31 @@ class ChunkSequencer:
             self._held[sha].terminal for sha in self._at.get(self.expected, ())
         )
 
-    def add(self, data: bytes, chunk: StreamChunk | None = None) -> list[SequencedChunk]:
-        """The chunks `data` (decoded: `chunk`) releases, oldest first (often just itself)."""
+    def add(self, data: bytes, chunk: StreamChunk | None = None) -> list[Sequenced]:
+        """What `data` (decoded: `chunk`) releases, oldest first (often just itself)."""
         chunk = chunk if chunk is not None else read_chunk(data)
         seq, sha = chunk.seq, sha256_hex(data)
         if seq < self.from_seq or self.done or sha in self._held:
-            return []
-        if self._vouched is not None:
-            if sha == self._missing:
-                self._hold(SequencedChunk(data, sha, chunk))
-                return self._follow_vouched()
-            if seq < self.expected:
-                self.dropped += 1  # the chain is known, and this one is behind the reader
-                return []
-            self._hold(SequencedChunk(data, sha, chunk))  # may be on the path, further back
             return []
         if seq < self.expected:
             if self._released.get(seq) == sha or seq < self.expected - RELEASED_WINDOW:
                 # A republish of a released chunk, or one too far back to compare: the walk
                 # back from the result never needs it (the released chunks are hash-linked,
-                # so a vouched chain that reaches the last one holds them all).
+                # so a vouched chain that joins them at a remembered seq holds the rest).
                 return []
             self.forked = True  # a competitor of a released chunk
         self._hold(SequencedChunk(data, sha, chunk))
-        return self._release()
+        if self._vouched is not None:
+            # The chain is known: what is held waits for the walk back to reach it (it may be
+            # on the path, even behind the reader when released chunks are retracted).
+            return self._follow_vouched() if sha == self._missing else []
+        released: list[Sequenced] = [*self._release()]
+        return released
 
-    def vouch(self, last_chunk_sha256: str | None, action_id: str) -> list[SequencedChunk]:
+    def vouch(self, last_chunk_sha256: str | None, action_id: str) -> list[Sequenced]:
         """The signed result names `last_chunk_sha256` as the chain's last chunk: release
-        the chain that ends there, as far as it is read (the rest as it arrives)."""
+        the chain that ends there, as far as it is read (the rest as it arrives), after a
+        retraction of the released chunks it does not pass through."""
         if last_chunk_sha256 is None:
             raise UnverifiedResponse(
                 f"the signed result of {action_id} names no last chunk: its chain cannot "
@@ -517,6 +543,19 @@ class ChunkSequencer:
             return item.chunk.prev_sha256 == self.last_sha256
         return item.chunk.seq > 0 or item.chunk.prev_sha256 is None
 
+    def _joins(self, item: SequencedChunk) -> bool:
+        """Does `item` (on the vouched path) continue the released chunks at its seq: it
+        names the chunk released just before it, or it is the first seq this reader reads?"""
+        seq = item.chunk.seq
+        if seq == self.from_seq:
+            if seq == 0 and item.chunk.prev_sha256 is not None:
+                self._off_chain("its chunk 0 names a predecessor")
+            return True
+        if seq <= self.expected and seq - 1 < self.expected - RELEASED_WINDOW:
+            self._off_chain(f"it leaves the chunks read at seq {seq}, too far back to compare")
+        prev = item.chunk.prev_sha256
+        return prev is not None and self._released.get(seq - 1) == prev
+
     def _mark_released(self, item: SequencedChunk) -> None:
         self.expected = item.chunk.seq + 1
         self.last_sha256 = item.sha256
@@ -543,27 +582,41 @@ class ChunkSequencer:
             self._mark_released(item)
         return released
 
-    def _follow_vouched(self) -> list[SequencedChunk]:
-        """Walk back from the vouched head through the held chunks to the last released
-        one; release that path once it is whole, drop every other held chunk."""
+    def _follow_vouched(self) -> list[Sequenced]:
+        """Walk back from the vouched head through the held chunks until the path joins the
+        released chunks; retract the released ones after the join, release the path once it
+        is whole, drop every other held chunk."""
         path: list[SequencedChunk] = []
         sha: str | None = self._vouched
         while True:
             item = self._held.get(sha) if sha is not None else None
             if item is None:
-                if sha is None or sha in self._released.values():
-                    self._off_chain()  # the chain names no predecessor, or joins too early
+                if sha is None:
+                    self._off_chain(f"its chunk {path[-1].chunk.seq} names no predecessor")
+                if sha in self._released.values():
+                    self._off_chain("it joins the chunks read at another seq than its own")
                 self._missing = sha  # not read yet: the walk goes on when it arrives
                 return []
             if path and item.chunk.seq != path[-1].chunk.seq - 1:
-                self._off_chain()
+                self._off_chain(f"chunk {item.chunk.seq} precedes {path[-1].chunk.seq}")
             path.append(item)
-            if item.chunk.seq <= self.expected:
-                if item.chunk.seq < self.expected or not self._links(item):
-                    self._off_chain()
+            if self._joins(item):
                 break
+            if item.chunk.seq <= self.from_seq:
+                self._off_chain("it runs back past the first seq read")
             sha = item.chunk.prev_sha256
         path.reverse()
+        out: list[Sequenced] = []
+        join = path[0].chunk.seq
+        if join < self.expected:
+            shas = tuple(self._released.pop(seq) for seq in range(join, self.expected))
+            out.append(
+                ChunkRetraction(
+                    action_id=self._action_id, from_seq=join, to_seq=self.expected - 1, sha256=shas
+                )
+            )
+            self.retracted += len(shas)
+            self.expected, self.last_sha256 = join, self._released.get(join - 1)
         for item in path:
             self._unhold(item.sha256)
             self._mark_released(item)
@@ -576,11 +629,10 @@ class ChunkSequencer:
         self._held.clear()
         self._at.clear()
         self._held_bytes = 0
-        return path
+        return [*out, *path]
 
-    def _off_chain(self) -> None:
+    def _off_chain(self, why: str) -> None:
         raise UnverifiedResponse(
-            f"the chain the signed result of {self._action_id} vouches for does not pass "
-            f"through the chunks read up to seq {self.expected - 1}: a chunk read was not "
-            "the Action's (forged, or a superseded owner's), and it cannot be taken back"
+            f"the chain the signed result of {self._action_id} vouches for is not one a "
+            f"worker published: {why}"
         )
