@@ -15,9 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
 import shutil
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +24,7 @@ import nats
 from nats.aio.client import Client as NATS
 
 from schemas.ids import new_action_id
-from tests.aip_actions import did_of, sign
+from tests.aip_actions import did_of, request_envelope, sign
 from tests.compose.test_compose_files import (
     AIP_CLIENT_INBOX,
     COMPOSE,
@@ -57,17 +55,6 @@ __all__ = ["compose_nats", "roles"]  # fixtures, imported so pytest finds them h
 TOKEN = "compose-gateway-test-token-" + "0" * 16
 #: The native binding's request subjects with the compose values (trust domain `local`).
 NATIVE = "aip.v1.local.aip-hermes-worker.v1"
-
-
-def _envelope(message_type: str, body: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "aip_version": "1.0",
-        "message_type": message_type,
-        "message_id": "msg_" + secrets.token_hex(16),
-        "sent_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "correlation_id": "corr_" + secrets.token_hex(8),
-        "body": {message_type.rsplit(".", 1)[1]: body},
-    }
 
 
 async def _native(client: NATS, envelope: dict[str, Any]) -> dict[str, Any]:
@@ -167,11 +154,13 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
                 }
                 sender = {"id": principal, "kind": "agent"}
                 native = await _native(
-                    client, sign(_envelope("aip.core.v1.action", body), caller, sender)
+                    client, sign(request_envelope("aip.core.v1.action", body), caller, sender)
                 )
                 assert native["message_type"] == "aip.core.v1.action_result", native["body"]
                 assert native["body"]["action_result"]["status"] == "completed"
-                beat = sign(_envelope("aip.core.v1.heartbeat", {"sequence": 1}), caller, sender)
+                beat = sign(
+                    request_envelope("aip.core.v1.heartbeat", {"sequence": 1}), caller, sender
+                )
                 assert (await _native(client, beat))["message_type"] == "aip.core.v1.heartbeat_ack"
                 replay = await _native(client, beat)  # the KV read of a taken key, allowed
                 assert replay["body"]["error"]["error"]["code"] == "replay.message_id"
