@@ -128,6 +128,20 @@ def cancel_envelope(
     return envelope
 
 
+def request_envelope(message_type: str, body: dict[str, Any]) -> dict[str, Any]:
+    """An unsigned Envelope of `message_type` (§1.1) whose body is `body` under the type's
+    last segment (`aip.core.v1.heartbeat` → `body.heartbeat`), with a fresh `message_id`,
+    `sent_at` and `correlation_id`: a native binding request before `sign`."""
+    return {
+        "aip_version": "1.0",
+        "message_type": message_type,
+        "message_id": "msg_" + secrets.token_hex(16),
+        "sent_at": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "correlation_id": "corr_" + secrets.token_hex(8),
+        "body": {message_type.rsplit(".", 1)[1]: body},
+    }
+
+
 def action_of(envelope: dict[str, Any]) -> dict[str, Any]:
     """The Envelope's `body.action`."""
     action: dict[str, Any] = envelope["body"]["action"]

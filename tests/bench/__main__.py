@@ -4,6 +4,8 @@
     .venv/bin/python -m tests.bench --figures 1,3 --runs 1 --actions 300   # a quick look
     .venv/bin/python -m tests.bench --figures 1 --runs 1 --systems ours,raw --otel
                                                        # tracing's cost (`ours-otel`)
+    .venv/bin/python -m tests.bench native             # the native AIP binding's cost
+                                                       # (tests/bench/native.py)
 
 Figures 1-3 are repeated `--runs` times, systems interleaved inside each round so a noisy
 minute hurts every system alike; the tables show medians. Figures 4 and 5 are driven by
@@ -110,6 +112,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["native"]:  # its own command: the native binding's figure
+        from tests.bench import native
+
+        native.main(sys.argv[2:])
+        return
     parser = argparse.ArgumentParser(prog="python -m tests.bench", description=__doc__)
     parser.add_argument("--figures", default="1,2,3,4,5")
     parser.add_argument("--runs", type=int, default=3, help="repetitions of figures 1-3")

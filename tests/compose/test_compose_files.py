@@ -31,6 +31,7 @@ import yaml
 from nats.aio.client import Client as NATS
 
 from subjects.grammar import Subjects
+from tests.aip_actions import did_of, key_of_nkey_seed
 from tests.compose.deployment import compose_command
 from worker.bus.server_requirements import MINIMUM_NATS_SERVER
 from worker.settings import Settings
@@ -212,9 +213,16 @@ def test_worker_replicas_health_checks_and_drain_time() -> None:
 
 def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> None:
     nats_conf = (COMPOSE / "nats" / "nats.conf").read_text(encoding="utf-8")
-    for seed in ("nats_worker.nk", "nats_gateway.nk", "nats_admin.nk"):
+    for seed in ("nats_worker.nk", "nats_gateway.nk", "nats_admin.nk", "nats_aip_client.nk"):
         public = _public_key(seed)
         assert f"nkey: {public}" in nats_conf, seed
+    # The native binding's demo signer: its did:key, bound to a principal the workers know.
+    signers = (COMPOSE / "config" / "aip-signers.txt").read_text(encoding="utf-8")
+    demo_did = did_of(key_of_nkey_seed(_secret("aip_demo_signer.nk").encode()))
+    (line,) = [line for line in signers.splitlines() if line and not line.startswith("#")]
+    assert line.split()[0] == demo_did
+    identities = json.loads((COMPOSE / "config" / "identities.json").read_text("utf-8"))
+    assert line.split()[1] in {entry["principal_id"] for entry in identities}
     signer = _public_key("gateway_signing.nk")
     assert signer in (COMPOSE / "config" / "gateway-keys.txt").read_text(encoding="utf-8")
     authority_file = COMPOSE / "config" / "authority.json"
@@ -248,13 +256,24 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
 #: durable consumer like the work subjects) and raise escalations; the gateway's
 #: credentials publish escalation resolutions (`escalations resolve`).
 WORKER_PUBLISHES = {
-    "chunks", "results", "dlq", "audit", "cancel_notice", "escalations", "egress",
+    "chunks",
+    "results",
+    "dlq",
+    "audit",
+    "cancel_notice",
+    "escalations",
+    "egress",
 }
 WORKER_SUBSCRIBES = {"cancel", "manifest", "cancel_notice"}
 WORK_SUBJECTS = {"actions", "delegations"}
 #: The gateway also files its own receipts (one per MCP tool call) on the audit subjects.
 GATEWAY_PUBLISHES = {
-    "actions", "delegations", "cancel", "manifest", "audit", "escalation_resolutions",
+    "actions",
+    "delegations",
+    "cancel",
+    "manifest",
+    "audit",
+    "escalation_resolutions",
 }
 
 
@@ -327,6 +346,10 @@ INBOX_PREFIXES = {
     "nats_worker.nk": "_INBOX_worker_hermes-1",
 }
 
+#: The inbox prefix of the native binding's demo client (nats_aip_client.nk): no compose
+#: service runs as it; an AIP client (a GetAIP runtime) connects with it.
+AIP_CLIENT_INBOX = "_INBOX_aip_client"
+
 
 def test_every_role_has_an_inbox_prefix_of_its_own() -> None:
     """Each service connects with the prefix its NATS user alone may subscribe to, and no
@@ -344,6 +367,13 @@ def test_every_role_has_an_inbox_prefix_of_its_own() -> None:
     assert '"_INBOX.>"' not in conf
     for prefix in INBOX_PREFIXES.values():
         assert conf.count(f'"{prefix}.>"') == 1, prefix
+    # The AIP client's inbox: its own subscribe grant, and the gateway's publish grant for
+    # the chunks of the client's streaming Actions (callbacks under that prefix).
+    assert conf.count(f'"{AIP_CLIENT_INBOX}.>"') == 2
+    gateway_role = conf[conf.index("GATEWAY_PERMISSIONS") : conf.index("AIP_CLIENT_PERMISSIONS")]
+    subscribe = gateway_role[gateway_role.index("subscribe:") :]
+    assert f'"{AIP_CLIENT_INBOX}.>"' in gateway_role[: gateway_role.index("subscribe:")]
+    assert f'"{AIP_CLIENT_INBOX}.>"' not in subscribe
 
 
 class _Client:
@@ -358,8 +388,11 @@ class _Client:
             self.errors.append(str(exc).lower())
 
         self.nc = await nats.connect(
-            url, nkeys_seed=str(COMPOSE / "secrets" / seed), error_cb=on_error,
-            allow_reconnect=False, inbox_prefix=INBOX_PREFIXES[seed],
+            url,
+            nkeys_seed=str(COMPOSE / "secrets" / seed),
+            error_cb=on_error,
+            allow_reconnect=False,
+            inbox_prefix=INBOX_PREFIXES[seed],
         )
 
     async def refused(self, subject: str, action: str) -> bool:
@@ -420,6 +453,24 @@ async def test_only_the_gateway_writes_the_runtime_records_the_resolver_trusts(
     for subject in (subjects.runtime_queue(ACTION_ID), subjects.runtime_lifecycle(ACTION_ID)):
         assert await users["worker"].refused(subject, "publish"), f"worker publish {subject}"
         assert not await users["gateway"].refused(subject, "publish"), f"gateway {subject}"
+
+
+async def test_the_gateway_takes_native_requests_only_in_its_queue_group(
+    users: dict[str, _Client],
+) -> None:
+    """A gateway user subscribing to the native binding's subjects outside the queue group
+    would see every request every gateway serves; the server refuses it."""
+    gateway = users["gateway"]
+    assert gateway.nc is not None
+    native = "aip.v1.local.aip-hermes-worker.v1.>"
+    assert await gateway.refused(native, "subscribe")
+    before = len(gateway.errors)
+    sub = await gateway.nc.subscribe(native, queue="aip-hermes-worker-native")
+    await gateway.nc.flush(timeout=2)
+    await asyncio.sleep(0.05)
+    await sub.unsubscribe()
+    assert gateway.errors[before:] == []
+    assert await users["worker"].refused(native, "publish")  # no one else's requests
 
 
 async def test_the_admin_provisions_and_the_worker_uses_jetstream(compose_nats: str) -> None:
@@ -510,16 +561,25 @@ def _pings(port: int) -> bool:
 
 def test_redis_runs_with_the_durability_settings(compose_redis: int) -> None:
     admin = redis.Redis(
-        port=compose_redis, username="admin", password=_secret("redis_admin_password"),
+        port=compose_redis,
+        username="admin",
+        password=_secret("redis_admin_password"),
         decode_responses=True,
     )
     try:
-        config = {**admin.config_get("appendonly"), **admin.config_get("appendfsync"),
-                  **admin.config_get("maxmemory-policy"), **admin.config_get("save")}
+        config = {
+            **admin.config_get("appendonly"),
+            **admin.config_get("appendfsync"),
+            **admin.config_get("maxmemory-policy"),
+            **admin.config_get("save"),
+        }
     finally:
         admin.close()
     assert config == {
-        "appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction", "save": "",
+        "appendonly": "yes",
+        "appendfsync": "always",
+        "maxmemory-policy": "noeviction",
+        "save": "",
     }
 
 
@@ -547,7 +607,7 @@ async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_re
         keys = ActionKeys.of(ACTION_ID)
         grant = await store.acquire(keys, "w1#1", 5_000, "f" * 64)
         assert grant.status is AcquireStatus.ACQUIRED
-        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b"{}")
         # Approvals are the approver user's to write (tests/compose/test_redis_roles.py).
         with pytest.raises(redis.exceptions.NoPermissionError):
             await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
@@ -573,7 +633,7 @@ async def test_what_the_worker_wrote_survives_a_restart_of_the_compose_redis(
     try:
         store = LeaseStore(client)
         grant = await store.acquire(keys, "w1#1", 60_000, "f" * 64)
-        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b"{}")
     finally:
         await client.aclose()
         started.close()  # SIGTERM: Redis fsyncs the AOF and exits

@@ -1,25 +1,43 @@
 """The gateway process runs with nothing but the compose gateway credential.
 
 The compose NATS roles (compose/nats/nats.conf, run for real by `compose_nats`): the admin
-provisions every stream including the runtime's; then `python -m worker gateway` holding only
+provisions every stream including the runtime's, and the native binding's message-id bucket
+(as `provision --runtime-stores` does); then `python -m worker gateway` holding only
 `nats_gateway.nk` serves a real `aip_call` that a worker holding only `nats_worker.nk`
-executes: the records are written, the result followed, the events read, the receipts filed,
-and neither process hits a permission violation.
+executes: the records are written, the result followed, the events read, the receipts filed.
+The same gateway serves the native AIP binding to a client holding only
+`nats_aip_client.nk`: a sync Action's result, and a replayed message id refused. Neither
+process hits a permission violation.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import shutil
 from pathlib import Path
+from typing import Any
+
+import nacl.signing
+import nats
+from nats.aio.client import Client as NATS
 
 from schemas.ids import new_action_id
-from tests.compose.test_compose_files import COMPOSE, ENDPOINT, INBOX_PREFIXES, compose_nats
+from tests.aip_actions import did_of, request_envelope, sign
+from tests.compose.test_compose_files import (
+    AIP_CLIENT_INBOX,
+    COMPOSE,
+    ENDPOINT,
+    INBOX_PREFIXES,
+    compose_nats,
+)
 from tests.compose.test_role_attacks import User, roles
+from worker.gateway.native_trust import MessageClaims
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.gateway import (
+    MCP_ISSUER,
     call_tool,
     directory_entry,
     gateway_env,
@@ -35,6 +53,15 @@ from worker.testing.workers import WorkerProcess
 __all__ = ["compose_nats", "roles"]  # fixtures, imported so pytest finds them here
 
 TOKEN = "compose-gateway-test-token-" + "0" * 16
+#: The native binding's request subjects with the compose values (trust domain `local`).
+NATIVE = "aip.v1.local.aip-hermes-worker.v1"
+
+
+async def _native(client: NATS, envelope: dict[str, Any]) -> dict[str, Any]:
+    subject = f"{NATIVE}.{envelope['message_type'].replace('.', '_')}"
+    msg = await client.request(subject, json.dumps({"envelope": envelope}).encode(), timeout=30)
+    answer: dict[str, Any] = json.loads(msg.data)["envelope"]
+    return answer
 
 
 def _seed(tmp_path: Path, name: str) -> Path:
@@ -57,6 +84,12 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
     trust = write_trust_files(trust_dir, identities=identities)
     principals = write_principals_file(trust_dir, [principal_entry(TOKEN, principal)])
     api_key, key_file = write_api_key_file(tmp_path)
+    caller = nacl.signing.SigningKey.generate()
+    signers = tmp_path / "aip-signers.txt"
+    signers.write_text(f"{did_of(caller)} {principal} kind=agent revision=1 issuer={MCP_ISSUER}\n")
+    # What `provision --runtime-stores` adds for the binding, as the admin: the gateway
+    # role may not create it.
+    await MessageClaims.open(roles["admin"].nc.jetstream())
     port = free_port()
     gateway = gateway_process(
         "g-compose",
@@ -65,6 +98,7 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             AIPD_NATS_NKEY_SEED_FILE=str(_seed(tmp_path, "nats_gateway.nk")),
             AIPD_NATS_INBOX_PREFIX=INBOX_PREFIXES["nats_gateway.nk"],
             AIPD_TRUSTED_WORKER_KEYS_FILE=str(trust.worker_keys_file),  # as compose does
+            AIPD_AIP_TRUSTED_SIGNERS_FILE=str(signers),
         ),
         tmp_path,
     )  # fmt: skip
@@ -105,6 +139,33 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             assert events.document["done"] is True
             listed = await call_tool(mcp, TOKEN, "aip_capabilities")
             assert not listed.is_error, listed.document
+
+            client = await nats.connect(
+                url, nkeys_seed=str(COMPOSE / "secrets" / "nats_aip_client.nk"),
+                inbox_prefix=AIP_CLIENT_INBOX, allow_reconnect=False,
+            )  # fmt: skip
+            try:
+                body = {
+                    "id": new_action_id(),
+                    "capability_id": f"cap:hermes_agent:{ENDPOINT}:models",
+                    "input": {},
+                    "mode": "sync",
+                    "timeout_ms": 20_000,
+                }
+                sender = {"id": principal, "kind": "agent"}
+                native = await _native(
+                    client, sign(request_envelope("aip.core.v1.action", body), caller, sender)
+                )
+                assert native["message_type"] == "aip.core.v1.action_result", native["body"]
+                assert native["body"]["action_result"]["status"] == "completed"
+                beat = sign(
+                    request_envelope("aip.core.v1.heartbeat", {"sequence": 1}), caller, sender
+                )
+                assert (await _native(client, beat))["message_type"] == "aip.core.v1.heartbeat_ack"
+                replay = await _native(client, beat)  # the KV read of a taken key, allowed
+                assert replay["body"]["error"]["error"]["code"] == "replay.message_id"
+            finally:
+                await client.close()
         finally:
             await asyncio.to_thread(gateway.terminate, 20.0)
             await asyncio.to_thread(worker.terminate, 20.0)

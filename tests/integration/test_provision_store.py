@@ -133,3 +133,20 @@ def test_the_minimum_excludes_the_releases_that_lose_streams(
     version: tuple[int, int, int], accepted: bool
 ) -> None:
     assert (version_problem(_Version(*version)) is None) is accepted
+
+
+async def test_runtime_stores_include_the_native_bindings_message_id_bucket(
+    limited_server: NatsServer,
+) -> None:
+    """`--runtime-stores` also creates the native binding's replay guard, which a gateway
+    role without stream creation (compose) cannot create itself; a second run keeps it."""
+    url = limited_server.url
+    old = await _server_version(url) < MINIMUM_NATS_SERVER
+    allow_old = ("--allow-nats-below-minimum",) if old else ()
+    for _ in range(2):
+        done = _provision(url, "--runtime-stores", *allow_old, **SMALL)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "AIP_NATIVE_MESSAGE_IDS: key-value bucket present" in done.stdout
+    names = await _stream_names(url)
+    assert "KV_AIP_NATIVE_MESSAGE_IDS" in names
+    assert "AIP_RUNTIME_QUEUE" in names

@@ -136,6 +136,7 @@ async def cmd_provision(args: argparse.Namespace) -> int:
     endpoint_ids = [d.id for d in endpoint_descriptors(settings)]
     subjects, policy = Subjects(settings.subject_prefix), stream_policy(settings)
     nc = await connect_nats_for_command(settings)
+    bucket: str | None = None
     try:
         # Refused before anything is created (docs/operations.md, "Full disk"). The store
         # is asked first: a NATS without JetStream is then named as such (exit 3), not as a
@@ -156,10 +157,19 @@ async def cmd_provision(args: argparse.Namespace) -> int:
         report = await provision(
             nc.jetstream(), subjects, endpoint_ids, policy, runtime_stores=args.runtime_stores
         )
+        if args.runtime_stores:
+            # The native binding's replay guard: a bucket the gateway writes but, under
+            # least-privilege roles, may not create (compose/nats/nats.conf).
+            from worker.gateway.native_trust import CLAIMS_BUCKET, MessageClaims
+
+            await MessageClaims.open(nc.jetstream(), replicas=policy.replicas)
+            bucket = f"{CLAIMS_BUCKET}: key-value bucket present"
     finally:
         await nc.close()
     for item in report:
         print(item.describe())
+    if bucket is not None:
+        print(bucket)
     return Exit.FAILED if any(item.change is Change.CONFLICT for item in report) else Exit.OK
 
 
@@ -290,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     prov.add_argument(
         "--runtime-stores",
         action="store_true",
-        help="also create the AIP runtime's queue and lifecycle streams (delegation results)",
+        help="also create the AIP runtime's queue and lifecycle streams (delegation results) "
+        "and the native binding's message-id bucket",
     )
     prov.add_argument(
         "--allow-nats-below-minimum",
