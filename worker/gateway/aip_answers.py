@@ -212,6 +212,7 @@ class AipAnswers:
         signer: AipSigner,
         *,
         native_action_subject: str,
+        binding: str = NATIVE_NATS_PROFILE,
     ) -> None:
         self.settings = settings
         self.service = service
@@ -220,6 +221,8 @@ class AipAnswers:
         self.signer = signer
         #: Where the native binding takes Actions (the manifest names it).
         self.native_action_subject = native_action_subject
+        #: The binding profile answering (errors' `source.binding`, the manifest's profiles).
+        self.binding = binding
         #: The Principal this gateway answers as (`from`, with its did).
         self.principal = {"id": f"service:{settings.aip_service}", "kind": "service"}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -243,7 +246,20 @@ class AipAnswers:
         )
 
     def _error(self, refusal: NativeRefusal, frame: Mapping[str, Any]) -> bytes:
-        return self._seal(ERROR, {"error": refusal.to_aip()}, frame)
+        error = self.translate(refusal).to_aip()
+        error["source"]["binding"] = self.binding
+        return self._seal(ERROR, {"error": error}, frame)
+
+    # --- hooks of a binding with checks of its own (worker/gateway/connector_host.py) -----
+
+    def translate(self, refusal: NativeRefusal) -> NativeRefusal:
+        """The refusal as this binding words it (the NATS binding: as is)."""
+        return refusal
+
+    async def admitted(self, opened: Opened, binding: SignerBinding) -> None:
+        """The binding's own checks of a request whose signer and sender are trusted, before
+        its freshness and message id claim; raise NativeRefusal to refuse it (the NATS
+        binding has none)."""
 
     @staticmethod
     def _reply_frame(opened: Opened) -> dict[str, Any]:
@@ -305,6 +321,7 @@ class AipAnswers:
         if opened.verified is None:
             raise NativeRefusal("auth.signature.invalid", "the Envelope is not signed")
         binding = self.signers.sender_of(opened.verified.did, opened.sender)
+        await self.admitted(opened, binding)
         check_sent_at(sent_at_ms(opened))
         await self.claims.claim(binding.did, opened.message_id)
         return binding
@@ -371,8 +388,10 @@ class AipAnswers:
             compatibility.pop("tenant_bound_endpoints", None)
         merged["compatibility"] = compatibility
         profiles = list(merged.get("profiles") or [])
-        if NATIVE_NATS_PROFILE not in profiles:
-            merged["profiles"] = [NATIVE_NATS_PROFILE, *profiles]
+        for profile in dict.fromkeys((self.binding, NATIVE_NATS_PROFILE)):
+            if profile not in profiles:
+                profiles.insert(0, profile)
+        merged["profiles"] = profiles
         try:
             manifest = msgspec.convert(merged, Manifest, strict=True)
         except msgspec.ValidationError as exc:
@@ -400,6 +419,21 @@ class AipAnswers:
             expires_at_unix_ms=2**53,
         )
 
+    @staticmethod
+    def _arguments(action: AipAction, mode: str) -> dict[str, Any]:
+        """The `GatewayService.call` contract of an AIP Action, run in our `mode`."""
+        arguments: dict[str, Any] = {
+            "action_id": action.id,
+            "capability": action.capability_id,
+            "input": action.input,
+            "mode": mode,
+        }
+        if action.timeout_ms is not None:
+            arguments["timeout_ms"] = action.timeout_ms
+        if action.idempotency_key is not None:
+            arguments["idempotency_key"] = action.idempotency_key
+        return arguments
+
     async def _action(
         self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
     ) -> bytes:
@@ -410,16 +444,7 @@ class AipAnswers:
                 "mode streaming is not served by the native NATS binding yet; use sync or async",
                 ErrorCategory.PERMANENT,
             )
-        arguments: dict[str, Any] = {
-            "action_id": action.id,
-            "capability": action.capability_id,
-            "input": action.input,
-            "mode": "sync" if mode is AipMode.SYNC else "async",
-        }
-        if action.timeout_ms is not None:
-            arguments["timeout_ms"] = action.timeout_ms
-        if action.idempotency_key is not None:
-            arguments["idempotency_key"] = action.idempotency_key
+        arguments = self._arguments(action, "sync" if mode is AipMode.SYNC else "async")
         # The request's correlation id stays with the answer, not the child: a retry under
         # a new correlation id must find the same child, not an idempotency collision.
         principal = self._principal(binding)

@@ -23,6 +23,7 @@ from subjects.grammar import Subjects
 from worker.dependencies import GATEWAY_PORT_SETTINGS
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
+from worker.gateway.connector_host import ConnectorHost
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
 from worker.gateway.native_nats import NativeNatsResponder
@@ -102,6 +103,7 @@ class Gateway:
         self._served: Served | None = None
         self._recovery: asyncio.Task[None] | None = None
         self.native: NativeNatsResponder | None = None
+        self.host: ConnectorHost | None = None
         self.port: int | None = None
 
     @property
@@ -130,12 +132,17 @@ class Gateway:
         self.writer = writer = self._make_writer(js, self.subjects, seed)
         await writer.provision()
         reader = RuntimeStoreReader(js, self.subjects, _own_key(seed))
-        children = Children(
-            nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics
-        )
+        children = Children(nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics)
         self.service = service = GatewayService(
             settings, nc, routes, reader, children, Discovery(nc, worker_keys)
         )
+        claims = await MessageClaims.open(js) if signers is not None else None
+        if signers is not None and claims is not None and settings.aip_host_instance_id:
+            # One claims bucket for both bindings: a message id is heard once, whichever
+            # binding carried it.
+            self.host = ConnectorHost(
+                settings, service, signers, claims, children.signer, healthy=lambda: nc.is_connected
+            )
         http = GatewayHttp(
             settings,
             principals,
@@ -144,15 +151,18 @@ class Gateway:
             self.metrics,
             ToolReceipts(nc, self.subjects, settings.gateway_id, seed=seed),
             self.ready,
+            self.host,
         )
         recovery = Recovery(settings, children, reader, routes, self.metrics)
         self._recovery = asyncio.get_running_loop().create_task(recovery.run())
-        if signers is not None:
+        if signers is not None and claims is not None:
             self.native = NativeNatsResponder(
-                settings, nc, service, signers, await MessageClaims.open(js), children.signer
+                settings, nc, service, signers, claims, children.signer
             )
             await self.native.start()
         await self._serve(http)
+        if self.host is not None:
+            self.host.start()
         log.info(
             "%s on %s (%d principals, routes %s)",
             READY_MARK,
@@ -194,6 +204,10 @@ class Gateway:
         return {"ready": all(checks.values()), "checks": checks}
 
     async def stop(self) -> None:
+        if self.host is not None:
+            # Draining first, while the port still answers: new Actions are refused
+            # `connector_host.not_ready` and the running ones end (docs/aip.md).
+            await self.host.drain()
         if self._recovery is not None:
             await stop_tasks([self._recovery], _SHUTDOWN_TIMEOUT_S)
             self._recovery = None
@@ -203,6 +217,9 @@ class Gateway:
         served, self._served = self._served, None
         if served is not None:
             await served.stop(_SHUTDOWN_TIMEOUT_S)
+        if self.host is not None:
+            await self.host.stop()
+            self.host = None
         if self.service is not None:
             await self.service.stop()
         if self.nc is not None:
