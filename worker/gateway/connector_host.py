@@ -89,6 +89,9 @@ MAX_REQUEST_BYTES: Final = 4 * 1024 * 1024
 #: The reference's retry hints.
 NOT_READY_RETRY_MS: Final = 10_000
 CAPACITY_RETRY_MS: Final = 100
+#: How long the pool's manifest (and so the digest a route must pin) is reused; the
+#: reference host's heartbeat interval.
+MANIFEST_MAX_AGE_S: Final = 10.0
 #: How often a streaming Action's chunks are read again while it runs.
 STREAM_POLL_S: Final = 0.2
 
@@ -195,21 +198,23 @@ class HostAnswers(AipAnswers):
         self.idle = asyncio.Event()
         self.idle.set()
         self._manifest_cache: tuple[float, dict[str, Any], str] | None = None
+        self._manifest_lock = asyncio.Lock()
 
     # --- the manifest and its digest -----------------------------------------------------
 
     async def manifest(self) -> tuple[dict[str, Any], str]:
-        """The pool's manifest as this host serves it, and its digest (read again once a
-        heartbeat interval old, so a route's pinned digest is judged against what the
-        central was last told)."""
-        cached = self._manifest_cache
-        max_age = self.settings.aip_host_heartbeat_interval_ms / 1000
-        if cached is not None and time.monotonic() - cached[0] < max_age:
-            return cached[1], cached[2]
-        manifest = await self._manifest(ManifestRequest())
-        digest = manifest_digest(manifest)
-        self._manifest_cache = (time.monotonic(), manifest, digest)
-        return manifest, digest
+        """The pool's manifest as this host serves it, and its digest: read from the workers
+        at most every `MANIFEST_MAX_AGE_S` (a read collects every worker's answer, which
+        takes a while, and the manifest changes only when the pool is redeployed), by one
+        request at a time."""
+        async with self._manifest_lock:
+            cached = self._manifest_cache
+            if cached is not None and time.monotonic() - cached[0] < MANIFEST_MAX_AGE_S:
+                return cached[1], cached[2]
+            manifest = await self._manifest(ManifestRequest())
+            digest = manifest_digest(manifest)
+            self._manifest_cache = (time.monotonic(), manifest, digest)
+            return manifest, digest
 
     async def manifest_facts(self) -> tuple[str, int]:
         """The digest and capability count the registration reports."""
