@@ -233,7 +233,6 @@ async def hop(gstack: GatewayStack, tmp_path: Path) -> AsyncIterator[Hop]:
         AIPD_AIP_HOST_REVOKED_CREDENTIAL_REVISIONS="cred-0",
         AIPD_AIP_HOST_MAX_IN_FLIGHT="1",
         AIPD_AIP_HOST_HEARTBEAT_INTERVAL_MS="500",
-        AIPD_AIP_HOST_LEASE_TTL_MS="5000",
         AIPD_AIP_CENTRAL_URL=central.url,
         AIPD_AIP_CENTRAL_DID=did_of(central.key),
     )
