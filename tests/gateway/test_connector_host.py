@@ -254,6 +254,8 @@ async def test_sync_async_lifecycle_stream_manifest_and_registration(hop: Hop) -
     # Registration, then heartbeats, seen by the central (signed by the gateway's did).
     assert central.operations[0] == "register"
     assert "heartbeat" in central.operations
+    ready = await hop.client.get(f"{hop.gs.base_url}/ready")
+    assert (ready.status_code, ready.json()["checks"]["connector_host"]) == (200, True)
 
     # GET /aip/v1/manifest: the bare Manifest, naming this binding.
     manifest = (await hop.client.get(f"{hop.gs.base_url}/aip/v1/manifest")).json()
@@ -543,6 +545,10 @@ async def test_full_then_draining_host_refuses_new_actions(hop: Hop) -> None:
     error = answer["body"]["error"]["error"]
     assert (error["retryable"], error["retry_after_ms"]) == (True, 10_000)
     assert "draining" in error["message"]
+
+    ready = await hop.client.get(f"{hop.gs.base_url}/ready")
+    assert ready.status_code == 503
+    assert ready.json()["checks"]["connector_host"] is False
 
     status, answer = await running
     result = check_answer(answer, first, gateway, "aip.core.v1.action_result")

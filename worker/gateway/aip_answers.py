@@ -419,6 +419,14 @@ class AipAnswers:
             expires_at_unix_ms=2**53,
         )
 
+    def _deadline(self, action: AipAction) -> float:
+        """When the answer to an Action must leave (monotonic): within the Action's
+        `timeout_ms` and the requester's timeout, less the margin for the answer."""
+        bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
+        if action.timeout_ms is not None:
+            bound_ms = min(bound_ms, action.timeout_ms)
+        return time.monotonic() + max(0, bound_ms) / 1000
+
     @staticmethod
     def _arguments(action: AipAction, mode: str) -> dict[str, Any]:
         """The `GatewayService.call` contract of an AIP Action, run in our `mode`."""
@@ -449,10 +457,7 @@ class AipAnswers:
         # a new correlation id must find the same child, not an idempotency collision.
         principal = self._principal(binding)
         bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
-        bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
-        if action.timeout_ms is not None:
-            bound_ms = min(bound_ms, action.timeout_ms)
-        deadline = time.monotonic() + max(0, bound_ms) / 1000
+        deadline = self._deadline(action)
         call = asyncio.get_running_loop().create_task(self.service.call(principal, arguments))
         # The call goes on when the answer must leave (its record and follower finish it).
         self._tasks.add(call)

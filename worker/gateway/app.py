@@ -186,7 +186,8 @@ class Gateway:
         self.port = served.port
 
     async def ready(self) -> dict[str, Any]:
-        """`/ready`: NATS connected and both runtime stores present."""
+        """`/ready`: NATS connected, both runtime stores present, and a connector host (when
+        served) not draining and leased."""
         nc = self.nc
         connected = nc is not None and nc.is_connected
         stores = False
@@ -201,6 +202,8 @@ class Gateway:
             except (NotFoundError, TimeoutError, Exception):
                 stores = False
         checks = {"nats_connected": connected, "runtime_stores": stores}
+        if self.host is not None:
+            checks["connector_host"] = self.host.ready()
         return {"ready": all(checks.values()), "checks": checks}
 
     async def stop(self) -> None:

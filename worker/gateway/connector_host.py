@@ -61,6 +61,7 @@ from worker.gateway.aip_answers import (
     RESULT_REQUEST,
     STATUS_REQUEST,
     AipAnswers,
+    _refusal_of_connector,
     answer_headers,
 )
 from worker.gateway.connector_control import (
@@ -71,7 +72,7 @@ from worker.gateway.connector_control import (
 )
 from worker.gateway.connector_stream import ChunkStream
 from worker.gateway.http_limits import bounded_body, send_response
-from worker.gateway.native_nats import sanitise, service_subject
+from worker.gateway.native_nats import request_subject
 from worker.gateway.native_trust import MessageClaims, SignerBinding, TrustedSigners
 from worker.gateway.service import GatewayService, namespaced_action_id
 from worker.gateway.settings import GatewaySettings
@@ -176,16 +177,15 @@ class HostAnswers(AipAnswers):
         healthy: Callable[[], bool],
         client: httpx.AsyncClient,
     ) -> None:
-        subject = service_subject(
-            settings.aip_trust_domain, settings.aip_service, settings.aip_version
-        )
         super().__init__(
             settings,
             service,
             signers,
             claims,
             signer,
-            native_action_subject=f"{subject}.{sanitise(ACTION)}",
+            native_action_subject=request_subject(
+                settings.aip_trust_domain, settings.aip_service, settings.aip_version, ACTION
+            ),
             binding=HTTP_PROFILE,
         )
         self.healthy = healthy
@@ -429,21 +429,11 @@ class HostAnswers(AipAnswers):
         assert isinstance(callback.metadata, dict)
         principal = self._principal(binding)
         bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
-        bound_ms = self.settings.aip_request_timeout_ms - 500
-        if action.timeout_ms is not None:
-            bound_ms = min(bound_ms, action.timeout_ms)
-        deadline = time.monotonic() + max(0, bound_ms) / 1000
+        deadline = self._deadline(action)
         try:
             await self.service.call(principal, self._arguments(action, "stream"))
         except ConnectorError as exc:
-            error = exc.to_protocol(endpoint_id=None, read_only=False)
-            raise NativeRefusal(
-                error.code.value,
-                error.message,
-                error.category,
-                retryable=error.retryable,
-                uncertain=error.uncertain_outcome,
-            ) from None
+            raise _refusal_of_connector(exc) from None
         stream = ChunkStream(
             self.client,
             self.signer,
@@ -518,6 +508,11 @@ class ConnectorHost:
             self.answers.replica_id,
             self.settings.aip_central_url or "none",
         )
+
+    def ready(self) -> bool:
+        """For `/ready`: not draining, and holding a live lease when a central is set."""
+        control = self.answers.control
+        return not self.answers.draining and (control is None or control.lease_valid())
 
     async def drain(self) -> None:
         """Refuse new Actions, tell the central, let the running ones end (at most the

@@ -210,12 +210,13 @@ class GatewaySettings(BaseSettings):
     @model_validator(mode="after")
     def _connector_host(self) -> GatewaySettings:
         """The connector host's settings belong together (refused at start, naming them)."""
-        if self.aip_host_instance_id is not None:
-            if self.aip_trusted_signers_file is None or self.aip_host_tenant_id is None:
-                raise ValueError(
-                    "AIPD_AIP_HOST_INSTANCE_ID needs AIPD_AIP_TRUSTED_SIGNERS_FILE (the "
-                    "central's did) and AIPD_AIP_HOST_TENANT_ID"
-                )
+        if self.aip_host_instance_id is not None and (
+            self.aip_trusted_signers_file is None or self.aip_host_tenant_id is None
+        ):
+            raise ValueError(
+                "AIPD_AIP_HOST_INSTANCE_ID needs AIPD_AIP_TRUSTED_SIGNERS_FILE (the "
+                "central's did) and AIPD_AIP_HOST_TENANT_ID"
+            )
         if self.aip_central_url is not None:
             if self.aip_host_instance_id is None:
                 raise ValueError("AIPD_AIP_CENTRAL_URL needs AIPD_AIP_HOST_INSTANCE_ID")
