@@ -32,6 +32,9 @@ import pytest
 from aiohttp import web
 
 from tests.aip_actions import canonical, did_of, key_of_nkey_seed, sign
+from worker.aip.signing import AipSigner
+from worker.gateway.connector_control import ConnectorControl, ControlFailed
+from worker.gateway.settings import GatewaySettings
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import MCP_ISSUER
@@ -72,6 +75,8 @@ class Central:
     chunks: list[dict[str, Any]] = field(default_factory=list)
     idempotency_keys: list[str] = field(default_factory=list)
     url: str = ""
+    #: How the control answers misbehave (unit tests of the host's checks of them).
+    fault: str | None = None
 
     async def control(self, request: web.Request) -> web.Response:
         signed = await request.json()
@@ -86,14 +91,24 @@ class Central:
                 "status": "lease",
                 "lease": {"sequence": len(self.operations), "expires_at": now(30)},
             }
+        if self.fault == "rejected":
+            outcome = {
+                "status": "rejected",
+                "code": "connector_control.rejected",
+                "message": "replica not provisioned",
+                "retryable": False,
+            }
         response = {
-            "request_id": body["request_id"],
-            "issued_at": now(),
-            "expires_at": now(20),
+            "request_id": "msg_" + "0" * 32
+            if self.fault == "other request"
+            else body["request_id"],
+            "issued_at": now(-120 if self.fault == "stale" else 0),
+            "expires_at": now(-100 if self.fault == "stale" else 20),
             "signer_did": did_of(self.key),
             "outcome": outcome,
         }
-        signature = base64.b64encode(self.key.sign(canonical(response)).signature).decode()
+        signer = nacl.signing.SigningKey.generate() if self.fault == "forged" else self.key
+        signature = base64.b64encode(signer.sign(canonical(response)).signature).decode()
         return web.json_response({"response": response, "signature": signature})
 
     async def callback(self, request: web.Request) -> web.Response:
@@ -202,20 +217,25 @@ def error_of(status: int, answer: dict[str, Any], gateway: nacl.signing.SigningK
     return str(error["code"])
 
 
-@pytest.fixture
-async def hop(gstack: GatewayStack, tmp_path: Path) -> AsyncIterator[Hop]:
-    """A central stand-in, and a gateway serving the host that registered with it."""
-    gateway = key_of_nkey_seed(gstack.stack.trust.seed_file.read_bytes())
-    central = Central(gateway.verify_key)
+async def serve_central(central: Central) -> web.AppRunner:
+    """The central's two paths on a free loopback port (`central.url`)."""
     app = web.Application()
     app.router.add_post("/aip/v1/connector-control", central.control)
     app.router.add_post("/aip/v1/connector-callbacks", central.callback)
     runner = web.AppRunner(app)
     await runner.setup()
     port = free_port()
-    site = web.TCPSite(runner, "127.0.0.1", port)
-    await site.start()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
     central.url = f"http://127.0.0.1:{port}"
+    return runner
+
+
+@pytest.fixture
+async def hop(gstack: GatewayStack, tmp_path: Path) -> AsyncIterator[Hop]:
+    """A central stand-in, and a gateway serving the host that registered with it."""
+    gateway = key_of_nkey_seed(gstack.stack.trust.seed_file.read_bytes())
+    central = Central(gateway.verify_key)
+    runner = await serve_central(central)
     central_key = nacl.signing.SigningKey.generate()
     signers = tmp_path / "aip-signers.txt"
     signers.write_text(f"{did_of(central_key)} {H1} kind=agent revision=1 issuer={MCP_ISSUER}\n")
@@ -557,3 +577,88 @@ async def test_full_then_draining_host_refuses_new_actions(hop: Hop) -> None:
     assert await asyncio.to_thread(proc.wait_exit, 15) is not None
     assert hop.central.operations[-2:] == ["drain", "offline"]
     assert hop.central.operations[0] == "register"
+
+
+def host_settings(tmp_path: Path, **values: Any) -> GatewaySettings:
+    """Gateway settings of a connector host (the files are named, never read here)."""
+    base: dict[str, Any] = {
+        "mcp_principals_file": tmp_path / "principals.json",
+        "gateway_signing_key_file": tmp_path / "gateway.seed",
+        "aip_trusted_signers_file": tmp_path / "signers.txt",
+        "aip_host_instance_id": INSTANCE,
+        "aip_host_tenant_id": TENANT,
+        "aip_host_replica_id": REPLICA,
+        "aip_host_public_url": "http://127.0.0.1:9/aip/v1/messages",
+        "aip_central_url": "http://127.0.0.1:9",
+        "aip_central_did": "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK",
+    }
+    return GatewaySettings(**{**base, **values})
+
+
+@pytest.mark.parametrize(
+    ("fault", "why"),
+    [
+        (None, None),
+        ("forged", "not a signed answer"),
+        ("other request", "another request"),
+        ("stale", "outside its window"),
+        ("rejected", "connector_control.rejected"),
+    ],
+)
+async def test_a_lease_counts_only_when_the_central_signed_it_for_this_request(
+    tmp_path: Path, fault: str | None, why: str | None
+) -> None:
+    """Register against a central stand-in: a lease only from a signed, fresh answer to this
+    very request; anything else leaves the host unleased (and so refusing Actions)."""
+    seed = secrets.token_bytes(32)
+    host_key = nacl.signing.SigningKey(seed)
+    central = Central(host_key.verify_key, fault=fault)
+    runner = await serve_central(central)
+    try:
+        settings = host_settings(
+            tmp_path, aip_central_url=central.url, aip_central_did=did_of(central.key)
+        )
+
+        async def facts() -> tuple[str, int]:
+            return "sha256:" + "a" * 64, 35
+
+        control = ConnectorControl(
+            settings,
+            AipSigner.from_seed(seed),
+            dict(HOST),
+            in_flight=lambda: 0,
+            manifest_facts=facts,
+            healthy=lambda: True,
+        )
+        try:
+            if why is None:
+                await control.register()
+                await control.heartbeat()
+                assert control.lease_valid()
+                assert central.operations == ["register", "heartbeat"]
+            else:
+                with pytest.raises(ControlFailed, match=why):
+                    await control.register()
+                assert not control.lease_valid()
+        finally:
+            await control.close()
+    finally:
+        await runner.cleanup()
+
+
+@pytest.mark.parametrize(
+    ("values", "named"),
+    [
+        ({"aip_host_tenant_id": None}, "AIPD_AIP_HOST_TENANT_ID"),
+        ({"aip_trusted_signers_file": None}, "AIPD_AIP_TRUSTED_SIGNERS_FILE"),
+        ({"aip_central_did": None}, "AIPD_AIP_CENTRAL_DID"),
+        ({"aip_central_url": "http://central.example"}, "AIPD_AIP_CENTRAL_URL must be https"),
+        ({"aip_host_public_url": "https://h.example/aip"}, "must end in /aip/v1/messages"),
+    ],
+)
+async def test_a_host_misconfiguration_refuses_the_start_naming_the_variable(
+    tmp_path: Path, values: dict[str, Any], named: str
+) -> None:
+    host_settings(tmp_path)  # the base is valid
+    with pytest.raises(ValueError, match=named):
+        host_settings(tmp_path, **values)
