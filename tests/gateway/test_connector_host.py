@@ -447,6 +447,16 @@ async def test_refusals_answer_the_reference_codes_and_statuses_and_enqueue_noth
         wrong = action(digest)
         wrong["security"]["connector_route"][name] = change
         cases.append((f"route {name}", sign(wrong, central_key, CENTRAL), 403, ROUTE_MISMATCH))
+    other_tenant = action(digest)
+    other_tenant["body"]["action"]["identity"] = {"tenant": {"id": "tenant-b"}}
+    cases.append(
+        (
+            "identity of another tenant",
+            sign(other_tenant, central_key, CENTRAL),
+            403,
+            ROUTE_MISMATCH,
+        )
+    )
     unrouted = action(digest)
     del unrouted["security"]
     cases.append(("no route", sign(unrouted, central_key, CENTRAL), 403, ROUTE_MISMATCH))

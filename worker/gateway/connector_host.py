@@ -301,6 +301,11 @@ class HostAnswers(AipAnswers):
             raise _mismatch("the pinned route's action_id is not the Action's id")
         if route.get("capability_id") != action.capability_id:
             raise _mismatch("the pinned route's capability_id is not the Action's")
+        # The central put the verified tenant there; a claim of another is refused (the
+        # identity the Action runs as is still the signer binding's, never the wire's).
+        tenant = action.identity.tenant if action.identity is not None else None
+        if tenant is not None and tenant.id != route.get("tenant_id"):
+            raise _mismatch("the Action's identity.tenant is not the pinned route's tenant")
         callback = action.callback
         if action.mode is not AipMode.STREAMING:
             if callback is not None:
