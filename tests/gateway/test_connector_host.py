@@ -613,6 +613,7 @@ def host_settings(tmp_path: Path, **values: Any) -> GatewaySettings:
         ("other request", "another request"),
         ("stale", "outside its window"),
         ("rejected", "connector_control.rejected"),
+        ("no manifest", "manifest is not readable"),
     ],
 )
 async def test_a_lease_counts_only_when_the_central_signed_it_for_this_request(
@@ -630,6 +631,8 @@ async def test_a_lease_counts_only_when_the_central_signed_it_for_this_request(
         )
 
         async def facts() -> tuple[str, int]:
+            if fault == "no manifest":
+                raise RuntimeError("no worker answered a manifest request")
             return "sha256:" + "a" * 64, 35
 
         control = ConnectorControl(

@@ -120,6 +120,8 @@ class ConnectorControl:
                     await self.heartbeat()
             except ControlFailed as exc:
                 log.warning("connector-control: %s", exc)
+            except Exception:  # the loop outlives any one failure: the next beat retries
+                log.exception("connector-control failed unexpectedly")
             await asyncio.sleep(interval)
 
     async def stop_heartbeats(self) -> None:
@@ -136,7 +138,10 @@ class ConnectorControl:
     # --- the four operations --------------------------------------------------------------
 
     async def register(self) -> None:
-        digest, count = await self._manifest_facts()
+        try:
+            digest, count = await self._manifest_facts()
+        except Exception as exc:  # no worker answered yet: register on a later beat
+            raise ControlFailed(f"register: the pool's manifest is not readable ({exc})") from None
         settings = self.settings
         now = datetime.now(UTC)
         replica = {
