@@ -23,7 +23,7 @@ from subjects.grammar import Subjects
 from worker.dependencies import GATEWAY_PORT_SETTINGS
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
-from worker.gateway.connector_host import ConnectorHost
+from worker.gateway.connector_host import ConnectorHost, HostAnswers
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
 from worker.gateway.native_nats import NativeNatsResponder
@@ -141,7 +141,14 @@ class Gateway:
             # One claims bucket for both bindings: a message id is heard once, whichever
             # binding carried it.
             self.host = ConnectorHost(
-                settings, service, signers, claims, children.signer, healthy=lambda: nc.is_connected
+                HostAnswers(
+                    settings,
+                    service,
+                    signers,
+                    claims,
+                    children.signer,
+                    healthy=lambda: nc.is_connected,
+                )
             )
         http = GatewayHttp(
             settings,

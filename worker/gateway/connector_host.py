@@ -175,7 +175,6 @@ class HostAnswers(AipAnswers):
         signer: AipSigner,
         *,
         healthy: Callable[[], bool],
-        client: httpx.AsyncClient,
     ) -> None:
         super().__init__(
             settings,
@@ -189,7 +188,8 @@ class HostAnswers(AipAnswers):
             binding=HTTP_PROFILE,
         )
         self.healthy = healthy
-        self.client = client
+        #: Where streamed chunks are POSTed from (connector_stream.py).
+        self.client = httpx.AsyncClient(follow_redirects=False)
         self.replica_id = settings.aip_host_replica_id or settings.gateway_id
         self.control: ConnectorControl | None = None
         self.draining = False
@@ -478,29 +478,17 @@ class HostAnswers(AipAnswers):
 class ConnectorHost:
     """The two HTTP paths, and the host's life: lease with the central, drain, stop."""
 
-    def __init__(
-        self,
-        settings: GatewaySettings,
-        service: GatewayService,
-        signers: TrustedSigners,
-        claims: MessageClaims,
-        signer: AipSigner,
-        *,
-        healthy: Callable[[], bool],
-    ) -> None:
-        self.settings = settings
-        self._client = httpx.AsyncClient(follow_redirects=False)
-        self.answers = HostAnswers(
-            settings, service, signers, claims, signer, healthy=healthy, client=self._client
-        )
+    def __init__(self, answers: HostAnswers) -> None:
+        self.settings = settings = answers.settings
+        self.answers = answers
         if settings.aip_central_url is not None:
-            self.answers.control = ConnectorControl(
+            answers.control = ConnectorControl(
                 settings,
-                signer,
-                self.answers.principal,
-                in_flight=lambda: self.answers.in_flight,
-                manifest_facts=self.answers.manifest_facts,
-                healthy=healthy,
+                answers.signer,
+                answers.principal,
+                in_flight=lambda: answers.in_flight,
+                manifest_facts=answers.manifest_facts,
+                healthy=answers.healthy,
             )
 
     def start(self) -> None:
@@ -545,7 +533,7 @@ class ConnectorHost:
         if self.answers.control is not None:
             await self.answers.control.close()
         await self.answers.stop()
-        await self._client.aclose()
+        await self.answers.client.aclose()
 
     # --- HTTP -----------------------------------------------------------------------------
 
