@@ -421,9 +421,9 @@ class HostAnswers(AipAnswers):
     ) -> bytes:
         if action.mode is not AipMode.STREAMING:
             return await super()._action(opened, action, binding, frame)
-        return await self._stream(opened, action, binding, frame)
+        return await self._stream_to_central(opened, action, binding, frame)
 
-    async def _stream(
+    async def _stream_to_central(
         self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
     ) -> bytes:
         """Enqueue as a streaming child, forward each chunk to the central callback as it
