@@ -95,13 +95,15 @@ def sign(
     key: nacl.signing.SigningKey,
     sender: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """§2.2: `from` (`sender`, default `SENDER`) and `security.did` name the key; the
-    signature (standard base64, padded) is over the canonical Envelope without
-    `security.signature`."""
+    """§2.2: `from` (`sender`, default `SENDER`) and `security.did` name the key (any other
+    `security` key of `envelope` is kept); the signature (standard base64, padded) is over
+    the canonical Envelope without `security.signature`."""
     signed = copy.deepcopy(envelope)
     did = did_of(key)
     signed["from"] = {**(sender or SENDER), "did": did}
-    signed["security"] = {"did": did}
+    # Other `security` keys (a pinned `connector_route`, …) stay, and are signed.
+    security = {k: v for k, v in (envelope.get("security") or {}).items() if k != "signature"}
+    signed["security"] = {**security, "did": did}
     signature = key.sign(canonical(signed)).signature
     signed["security"]["signature"] = base64.b64encode(signature).decode()
     return signed

@@ -285,6 +285,7 @@ class AipAnswers:
         *,
         native_action_subject: str,
         sinks: Mapping[str, SinkFactory] | None = None,
+        binding: str = NATIVE_NATS_PROFILE,
     ) -> None:
         self.settings = settings
         self.service = service
@@ -295,6 +296,8 @@ class AipAnswers:
         self.native_action_subject = native_action_subject
         #: Callback profile → where a streaming Action's chunks go (worker/gateway/chunk_sinks.py).
         self.sinks: dict[str, SinkFactory] = dict(sinks or {})
+        #: The binding profile answering (errors' `source.binding`, the manifest's profiles).
+        self.binding = binding
         #: The Principal this gateway answers as (`from`, with its did).
         self.principal = {"id": f"service:{settings.aip_service}", "kind": "service"}
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -325,7 +328,20 @@ class AipAnswers:
         return self._seal(message_type, payload, frame)
 
     def _error(self, refusal: NativeRefusal, frame: Mapping[str, Any]) -> bytes:
-        return self._seal(ERROR, {"error": refusal.to_aip()}, frame)
+        error = self.translate(refusal).to_aip()
+        error["source"]["binding"] = self.binding
+        return self._seal(ERROR, {"error": error}, frame)
+
+    # --- hooks of a binding with checks of its own (worker/gateway/connector_host.py) -----
+
+    def translate(self, refusal: NativeRefusal) -> NativeRefusal:
+        """The refusal as this binding words it (the NATS binding: as is)."""
+        return refusal
+
+    async def admitted(self, opened: Opened, binding: SignerBinding) -> None:
+        """The binding's own checks of a request whose signer and sender are trusted, before
+        its freshness and message id claim; raise NativeRefusal to refuse it (the NATS
+        binding has none)."""
 
     @staticmethod
     def _reply_frame(opened: Opened) -> dict[str, Any]:
@@ -396,6 +412,7 @@ class AipAnswers:
         if opened.verified is None:
             raise NativeRefusal("auth.signature.invalid", "the Envelope is not signed")
         binding = self.signers.sender_of(opened.verified.did, opened.sender)
+        await self.admitted(opened, binding)
         check_sent_at(sent_at_ms(opened))
         await self.claims.claim(binding.did, opened.message_id)
         return binding
@@ -464,8 +481,10 @@ class AipAnswers:
             compatibility.pop("tenant_bound_endpoints", None)
         merged["compatibility"] = compatibility
         profiles = list(merged.get("profiles") or [])
-        if NATIVE_NATS_PROFILE not in profiles:
-            merged["profiles"] = [NATIVE_NATS_PROFILE, *profiles]
+        for profile in dict.fromkeys((self.binding, NATIVE_NATS_PROFILE)):
+            if profile not in profiles:
+                profiles.insert(0, profile)
+        merged["profiles"] = profiles
         try:
             manifest = msgspec.convert(merged, Manifest, strict=True)
         except msgspec.ValidationError as exc:
@@ -493,29 +512,42 @@ class AipAnswers:
             expires_at_unix_ms=2**53,
         )
 
-    async def _action(
-        self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
-    ) -> bytes:
-        mode = action.mode or AipMode.SYNC
-        sink = self._sink(action) if mode is AipMode.STREAMING else None
+    def _deadline(self, action: AipAction) -> float:
+        """When the answer to an Action must leave (monotonic): within the Action's
+        `timeout_ms` and the requester's timeout, less the margin for the answer."""
+        bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
+        if action.timeout_ms is not None:
+            bound_ms = min(bound_ms, action.timeout_ms)
+        return time.monotonic() + max(0, bound_ms) / 1000
+
+    @staticmethod
+    def _arguments(action: AipAction, mode: str) -> dict[str, Any]:
+        """The `GatewayService.call` contract of an AIP Action, run in our `mode`."""
         arguments: dict[str, Any] = {
             "action_id": action.id,
             "capability": action.capability_id,
             "input": action.input,
-            "mode": {AipMode.SYNC: "sync", AipMode.ASYNC: "async"}.get(mode, "stream"),
+            "mode": mode,
         }
         if action.timeout_ms is not None:
             arguments["timeout_ms"] = action.timeout_ms
         if action.idempotency_key is not None:
             arguments["idempotency_key"] = action.idempotency_key
+        return arguments
+
+    async def _action(
+        self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
+    ) -> bytes:
+        mode = action.mode or AipMode.SYNC
+        sink = self._sink(action) if mode is AipMode.STREAMING else None
+        arguments = self._arguments(
+            action, {AipMode.SYNC: "sync", AipMode.ASYNC: "async"}.get(mode, "stream")
+        )
         # The request's correlation id stays with the answer, not the child: a retry under
         # a new correlation id must find the same child, not an idempotency collision.
         principal = self._principal(binding)
         bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
-        bound_ms = self.settings.aip_request_timeout_ms - ANSWER_MARGIN_MS
-        if action.timeout_ms is not None:
-            bound_ms = min(bound_ms, action.timeout_ms)
-        deadline = time.monotonic() + max(0, bound_ms) / 1000
+        deadline = self._deadline(action)
         call = asyncio.get_running_loop().create_task(self.service.call(principal, arguments))
         # The call goes on when the answer must leave (its record and follower finish it).
         self._tasks.add(call)

@@ -23,6 +23,7 @@ from subjects.grammar import Subjects
 from worker.dependencies import GATEWAY_PORT_SETTINGS
 from worker.errors import TrustConfigError
 from worker.gateway.children import Children
+from worker.gateway.connector_host import ConnectorHost, HostAnswers
 from worker.gateway.delegation_route import DelegationRouteResponder, FirstSight
 from worker.gateway.discovery import Discovery
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
@@ -104,6 +105,7 @@ class Gateway:
         self._recovery: asyncio.Task[None] | None = None
         self.native: NativeNatsResponder | None = None
         self.delegation_route: DelegationRouteResponder | None = None
+        self.host: ConnectorHost | None = None
         self.port: int | None = None
 
     @property
@@ -141,6 +143,20 @@ class Gateway:
         self.service = service = GatewayService(
             settings, nc, routes, reader, children, Discovery(nc, worker_keys)
         )
+        claims = await MessageClaims.open(js) if signers is not None else None
+        if signers is not None and claims is not None and settings.aip_host_instance_id:
+            # One claims bucket for both bindings: a message id is heard once, whichever
+            # binding carried it.
+            self.host = ConnectorHost(
+                HostAnswers(
+                    settings,
+                    service,
+                    signers,
+                    claims,
+                    children.signer,
+                    healthy=lambda: nc.is_connected,
+                )
+            )
         http = GatewayHttp(
             settings,
             principals,
@@ -149,12 +165,13 @@ class Gateway:
             self.metrics,
             ToolReceipts(nc, self.subjects, settings.gateway_id, seed=seed),
             self.ready,
+            self.host,
         )
         recovery = Recovery(settings, children, reader, routes, self.metrics)
         self._recovery = asyncio.get_running_loop().create_task(recovery.run())
-        if signers is not None:
+        if signers is not None and claims is not None:
             self.native = NativeNatsResponder(
-                settings, nc, service, signers, await MessageClaims.open(js), children.signer
+                settings, nc, service, signers, claims, children.signer
             )
             await self.native.start()
         if signers is not None and settings.aip_delegation_subject is not None:
@@ -163,13 +180,15 @@ class Gateway:
                 nc,
                 service,
                 signers,
-                await MessageClaims.open(js),
+                claims if claims is not None else await MessageClaims.open(js),
                 children.signer,
                 worker_keys=worker_keys,
                 first=await FirstSight.open(js),
             )
             await self.delegation_route.start()
         await self._serve(http)
+        if self.host is not None:
+            self.host.start()
         log.info(
             "%s on %s (%d principals, routes %s)",
             READY_MARK,
@@ -193,7 +212,8 @@ class Gateway:
         self.port = served.port
 
     async def ready(self) -> dict[str, Any]:
-        """`/ready`: NATS connected and both runtime stores present."""
+        """`/ready`: NATS connected, both runtime stores present, and a connector host (when
+        served) not draining and leased."""
         nc = self.nc
         connected = nc is not None and nc.is_connected
         stores = False
@@ -208,9 +228,15 @@ class Gateway:
             except (NotFoundError, TimeoutError, Exception):
                 stores = False
         checks = {"nats_connected": connected, "runtime_stores": stores}
+        if self.host is not None:
+            checks["connector_host"] = self.host.ready()
         return {"ready": all(checks.values()), "checks": checks}
 
     async def stop(self) -> None:
+        if self.host is not None:
+            # Draining first, while the port still answers: new Actions are refused
+            # `connector_host.not_ready` and the running ones end (docs/aip.md).
+            await self.host.drain()
         if self._recovery is not None:
             await stop_tasks([self._recovery], _SHUTDOWN_TIMEOUT_S)
             self._recovery = None
@@ -221,6 +247,9 @@ class Gateway:
         served, self._served = self._served, None
         if served is not None:
             await served.stop(_SHUTDOWN_TIMEOUT_S)
+        if self.host is not None:
+            await self.host.stop()
+            self.host = None
         if self.service is not None:
             await self.service.stop()
         if self.nc is not None:

@@ -28,6 +28,8 @@ from schemas.ids import is_action_id
 from worker import tracing
 from worker.errors import ConnectorError
 from worker.gateway.children import now_ms
+from worker.gateway.connector_host import PATHS as HOST_PATHS
+from worker.gateway.connector_host import ConnectorHost
 from worker.gateway.http_limits import (
     InFlight,
     bounded_body,
@@ -145,8 +147,12 @@ class GatewayHttp:
         metrics: GatewayMetrics,
         receipts: ToolReceipts,
         ready: Ready,
+        host: ConnectorHost | None = None,
     ) -> None:
         self.settings = settings
+        #: The connector host over native HTTP, when configured: its two paths are signed
+        #: Envelopes, authenticated by their signature, never by a bearer token.
+        self.host = host
         self.principals = principals
         self.routes = routes
         self.service = service
@@ -349,6 +355,9 @@ class GatewayHttp:
                 if path in ("/health", "/ready", "/metrics"):
                     await self._plain(path, send)
                     return
+                if self.host is not None and path in HOST_PATHS:
+                    await self.host.serve(scope, receive, send)
+                    return
                 principal = self.principals.authenticate(bearer(scope), now_ms=now_ms())
                 if principal is None:
                     self.metrics.unauthenticated.inc()
@@ -402,4 +411,3 @@ async def _refuse(send: Send, status: int, error: str, description: str) -> None
     body = json.dumps({"error": error, "error_description": description}).encode()
     authenticate = (b"www-authenticate", f'Bearer error="{error}"'.encode())
     await send_response(send, status, body, extra_headers=(authenticate,))
-

@@ -12,7 +12,7 @@ import socket
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 #: The scope each tool needs (the protected-resource scopes of the AIP MCP server).
@@ -25,6 +25,16 @@ PROTECTED_SCOPES = (CAPABILITY_READ, ACTION_WRITE, ACTION_READ, ACTION_CANCEL)
 
 def _split(value: str) -> tuple[str, ...]:
     return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
+def _secure_or_loopback(url: str) -> bool:
+    """HTTPS, or plain HTTP to a loopback host (the reference's rule for the hop)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    if parts.scheme == "https" and parts.hostname:
+        return True
+    return parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost", "::1")
 
 
 class GatewaySettings(BaseSettings):
@@ -144,6 +154,48 @@ class GatewaySettings(BaseSettings):
     """The route's `TIMEOUT_MS` on the runtime's side (the reference's default): the answer
     leaves before it, the non-terminal `accepted` DelegationResult when the delegation is
     still running (ask again with the same `delegation_id` to read its result)."""
+    aip_host_instance_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The connector host over native HTTP (docs/aip.md, "Connector host over native
+    HTTP"): the connector instance id this pool serves for a GetAIP central. Set: `POST
+    /aip/v1/messages` and `GET /aip/v1/manifest` are served on the gateway's port (needs
+    `aip_trusted_signers_file` naming the central's signing did, and `aip_host_tenant_id`).
+    Unset: neither path exists."""
+    aip_host_tenant_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The tenant the connector instance belongs to: a pinned route whose `tenant_id`
+    (`security.connector_route`) names another is refused."""
+    aip_host_replica_id: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """This replica's id in the central registry (default: `gateway_id`)."""
+    aip_host_version_id: Annotated[str, Field(min_length=1, max_length=256)] = "aip-hermes-worker"
+    """The connector version id the central admitted for this pool."""
+    aip_host_public_url: str | None = None
+    """The URL the central reaches this host at, ending in `/aip/v1/messages` (HTTPS unless
+    on loopback); registered with the central. Required with `aip_central_url`."""
+    aip_host_max_in_flight: Annotated[int, Field(ge=1, le=100_000)] = 32
+    """Actions the host runs at once; the next is refused `connector_host.capacity` (HTTP
+    429, retry after 100 ms) before anything is enqueued."""
+    aip_host_credential_revision: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    """The credential revision new routes pin (`connector_route.credential_revision_ref`).
+    With the two lists below, the reference host's rule: a revoked revision is refused; a
+    pinned revision must be this one or an accepted previous one; a route pinning none is
+    accepted only while neither this nor the accepted list is set."""
+    aip_host_accepted_credential_revisions: str = ""
+    """Older pinned credential revisions still accepted (comma-separated)."""
+    aip_host_revoked_credential_revisions: str = ""
+    """Credential revisions refused even if pinned (comma-separated)."""
+    aip_central_url: str | None = None
+    """The GetAIP central's base URL (`https://central.example`): the host registers,
+    heartbeats and drains at `{url}/aip/v1/connector-control`, and a streaming Action's
+    callback must be `{url}/aip/v1/connector-callbacks`. Unset: no registration, no lease
+    (the host serves as long as it is not draining), and streaming Actions are refused."""
+    aip_central_did: str | None = None
+    """The `did:key` the central signs its connector-control answers with (required with
+    `aip_central_url`)."""
+    aip_host_heartbeat_interval_ms: Annotated[int, Field(ge=100, le=150_000)] = 10_000
+    """How often the host heartbeats; at most half the lease the central grants (its
+    reference default: 30 s), since without a live lease the host refuses Actions
+    (`connector_host.not_ready`, HTTP 503)."""
+    aip_host_drain_timeout_ms: Annotated[int, Field(ge=1, le=300_000)] = 30_000
+    """On stop, how long the draining host waits for its Actions before it goes offline."""
     log_format: Literal["json", "text"] = "json"
     """`json` lines for machines, `text` for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -156,10 +208,43 @@ class GatewaySettings(BaseSettings):
 
         return inbox_prefix(value)
 
-    @field_validator("mcp_transport_scopes", "mcp_supported_scopes", "mcp_allowed_hosts")
+    @field_validator(
+        "mcp_transport_scopes",
+        "mcp_supported_scopes",
+        "mcp_allowed_hosts",
+        "aip_host_accepted_credential_revisions",
+        "aip_host_revoked_credential_revisions",
+    )
     @classmethod
     def _comma_list(cls, value: str) -> str:
         return ",".join(_split(value))
+
+    @model_validator(mode="after")
+    def _connector_host(self) -> GatewaySettings:
+        """The connector host's settings belong together (refused at start, naming them)."""
+        if self.aip_host_instance_id is not None and (
+            self.aip_trusted_signers_file is None or self.aip_host_tenant_id is None
+        ):
+            raise ValueError(
+                "AIPD_AIP_HOST_INSTANCE_ID needs AIPD_AIP_TRUSTED_SIGNERS_FILE (the "
+                "central's did) and AIPD_AIP_HOST_TENANT_ID"
+            )
+        if self.aip_central_url is not None:
+            if self.aip_host_instance_id is None:
+                raise ValueError("AIPD_AIP_CENTRAL_URL needs AIPD_AIP_HOST_INSTANCE_ID")
+            if self.aip_central_did is None or self.aip_host_public_url is None:
+                raise ValueError(
+                    "AIPD_AIP_CENTRAL_URL needs AIPD_AIP_CENTRAL_DID and AIPD_AIP_HOST_PUBLIC_URL"
+                )
+            for name, url in (
+                ("AIPD_AIP_CENTRAL_URL", self.aip_central_url),
+                ("AIPD_AIP_HOST_PUBLIC_URL", self.aip_host_public_url),
+            ):
+                if not _secure_or_loopback(url):
+                    raise ValueError(f"{name} must be https:// (http:// only on loopback)")
+            if not self.aip_host_public_url.rstrip("/").endswith("/aip/v1/messages"):
+                raise ValueError("AIPD_AIP_HOST_PUBLIC_URL must end in /aip/v1/messages")
+        return self
 
     @property
     def allowed_hosts(self) -> tuple[str, ...]:
@@ -172,3 +257,11 @@ class GatewaySettings(BaseSettings):
     @property
     def supported_scopes(self) -> tuple[str, ...]:
         return _split(self.mcp_supported_scopes)
+
+    @property
+    def accepted_credential_revisions(self) -> frozenset[str]:
+        return frozenset(_split(self.aip_host_accepted_credential_revisions))
+
+    @property
+    def revoked_credential_revisions(self) -> frozenset[str]:
+        return frozenset(_split(self.aip_host_revoked_credential_revisions))

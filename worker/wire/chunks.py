@@ -87,20 +87,27 @@ def _data(chunk: StreamChunk, operator: bool) -> dict[str, Any]:
     return {WORKER_KEY: payload}
 
 
+def chunk_body(chunk: StreamChunk, *, operator: bool = False) -> dict[str, Any]:
+    """The AIP StreamChunk of `chunk` (the `stream_chunk` body): also what the connector
+    host forwards to a central callback (worker/gateway/connector_stream.py)."""
+    payload: dict[str, Any] = {
+        "action_id": chunk.action_id,
+        "sequence": chunk.seq,
+        "kind": chunk.kind.value,
+        "data": _data(chunk, operator),
+    }
+    if chunk.kind is ChunkKind.DATA and isinstance(chunk.payload, dict):
+        delta = chunk.payload.get("delta")
+        if isinstance(delta, str) and delta:
+            payload["part"] = {"type": "text", "text": delta}
+    return payload
+
+
 def encode_chunk(chunk: StreamChunk, *, operator: bool = False) -> bytes:
     """The wire bytes of `chunk`: an unsigned `stream_chunk` Envelope from the worker of
     its endpoint (`operator`: a chunk of the operator capability)."""
     kind = chunk.kind
-    payload: dict[str, Any] = {
-        "action_id": chunk.action_id,
-        "sequence": chunk.seq,
-        "kind": kind.value,
-        "data": _data(chunk, operator),
-    }
-    if kind is ChunkKind.DATA and isinstance(chunk.payload, dict):
-        delta = chunk.payload.get("delta")
-        if isinstance(delta, str) and delta:
-            payload["part"] = {"type": "text", "text": delta}
+    payload = chunk_body(chunk, operator=operator)
     extension: dict[str, Any] = {"endpoint_id": chunk.endpoint_id, "ts_unix_ms": chunk.ts_unix_ms}
     if chunk.prev_sha256 is not None:
         extension["prev_sha256"] = chunk.prev_sha256
@@ -158,7 +165,6 @@ def decode_chunk(
         ),
         opened,
     )
-
 
 
 __all__ = [
