@@ -218,7 +218,17 @@ def main() -> None:
             running.add_signal_handler(sig, loop.stopping.set)
         await loop.run()
 
-    uvloop.run(serve())
+    # `AIPD_BENCH_PROFILE=out.prof` (read by tests.bench.our_worker too) profiles this loop
+    # into `out.prof.raw`, so one run gives both sides of the CPU-per-Action comparison.
+    profile_to = os.environ.get("AIPD_BENCH_PROFILE")
+    if not profile_to:
+        uvloop.run(serve())
+        return
+    import cProfile
+
+    profiler = cProfile.Profile()
+    profiler.runcall(uvloop.run, serve())
+    profiler.dump_stats(f"{profile_to}.raw")
 
 
 if __name__ == "__main__":

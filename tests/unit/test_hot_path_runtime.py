@@ -173,12 +173,28 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     assert sent[4][0].prev_sha256 is None  # emitted after the seal: a segment of its own
     assert sent[5][0].prev_sha256 == aip_receipt(sent[4][1])["hash"]
 
-    # Before a result is published its segment is sealed at once, not SEAL_AFTER_S later.
+    # Before a result is published its segment is sealed at once, not SEAL_AFTER_S later:
+    # the last receipt still queued is itself sent signed (no `segment_sealed` after it),
+    # and it links back to the one before it.
     publisher.payloads.clear()
     audit.emit(ReceiptEvent.RUN_BOUND, action_id=action_id, endpoint_id="h1")
     audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
     await audit.seal(action_id)
-    assert [signed for _, signed in publisher.payloads] == [False, False, True]
+    sealed = [(receipt_fields(p), signed) for p, signed in publisher.payloads]
+    assert [(f["event"], signed) for f, signed in sealed] == [
+        ("run_bound", False),
+        ("settled", True),
+    ]
+    assert msgspec.convert(sealed[1][0], Receipt).prev_sha256 == aip_receipt(sealed[0][0])["hash"]
+    # A segment already sent when its result is due is closed by a signed `segment_sealed`.
+    publisher.payloads.clear()
+    audit.emit(ReceiptEvent.RUN_BOUND, action_id=action_id, endpoint_id="h1")
+    await asyncio.sleep(0.01)
+    await audit.seal(action_id)
+    assert [(receipt_fields(p)["event"], signed) for p, signed in publisher.payloads] == [
+        ("run_bound", False),
+        ("segment_sealed", True),
+    ]
     # A receipt that ends a segment (a lease released or lost) is sent signed at once.
     publisher.payloads.clear()
     audit.emit(ReceiptEvent.LEASE_ACQUIRED, action_id=action_id, endpoint_id="h1")

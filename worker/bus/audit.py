@@ -8,7 +8,8 @@ sent at once, naming the AIP `hash` of the one this process sent before it about
 Action (`previous_hash`, our `prev_sha256`); a
 segment -- the receipts sent within `SEAL_AFTER_S` of each other -- is closed by a signed
 `segment_sealed` receipt naming its last one, once no next one came for `SEAL_AFTER_S` or
-before the Action's result is published (`seal`); a receipt that ends a segment
+before the Action's result is published (`seal`, which instead sends the Action's last
+still-queued receipt signed, when there is one); a receipt that ends a segment
 (`ENDS_SEGMENT`: a lease released or lost, a refusal) is itself sent signed. `audit`
 believes a receipt that a trusted worker signed or that a signed receipt links back to.
 Nothing is held back, so a process killed mid-run leaves every receipt it emitted on the
@@ -167,26 +168,30 @@ class AuditLog:
         if self._sender is None and self.publisher is not None:
             self._sender = asyncio.get_running_loop().create_task(self._send(self.publisher))
 
-    def _take_queue(self, publisher: BusPublisher, due: float) -> list[_Outgoing]:
+    def _take_queue(
+        self, publisher: BusPublisher, due: float, *, closing: str | None = None
+    ) -> list[_Outgoing]:
         """Link every queued receipt to the last one sent for the same Action and return it
         to be sent now (signed when it ends its segment); the Action's segment stays open
-        until `due` (no await here, so the sender and `seal` never link a receipt twice)."""
+        until `due` (no await here, so the sender and `seal` never link a receipt twice).
+        The last queued receipt of the Action `closing` ends its segment (`seal`)."""
         outbox: list[_Outgoing] = []
         queue, held = self._queue, self._held
+        last_of_closing = None
+        if closing is not None:
+            last_of_closing = next((r for r in reversed(queue) if r.action_id == closing), None)
         while queue:
             receipt = queue.popleft()
             if publisher.signer is None:  # nothing is signed, so nothing is linked
                 outbox.append((receipt, None, False))
                 continue
+            ends = receipt.event in ENDS_SEGMENT or receipt is last_of_closing
             before = held.pop(receipt.action_id, None)
             if before is not None:
                 # Linked before it is sent: a receipt lost then breaks the chain visibly
                 # (audit reports the receipts before it unverified) instead of silently.
                 receipt = msgspec.structs.replace(receipt, prev_sha256=before.sha256)
-            ends = receipt.event in ENDS_SEGMENT
-            payload, digest = encode_receipt(
-                receipt, signer=publisher.signer.aip if ends else None
-            )
+            payload, digest = encode_receipt(receipt, signer=publisher.signer.aip if ends else None)
             outbox.append((receipt, payload, ends))
             if not ends:
                 held[receipt.action_id] = _Held(receipt, digest, due)
@@ -215,12 +220,18 @@ class AuditLog:
     async def seal(self, action_id: str) -> None:
         """Seal the Action's open segment now: called before the Action's result is
         published, so whoever reads the result finds its receipts (the ones emitted before
-        it) on the stream and verifiable. Never raises."""
+        it) on the stream and verifiable. Never raises.
+
+        When a receipt of the Action is still queued (usually its `settled`, emitted just
+        before the result), the last one is sent signed and ends the segment itself: the
+        same one signature, one Envelope and one publish fewer per Action than an unsigned
+        receipt followed by a `segment_sealed` one. Otherwise the open segment, already
+        sent, is closed by a `segment_sealed` receipt naming its last receipt."""
         publisher = self.publisher
         if publisher is None or publisher.signer is None:
             return
         due = asyncio.get_running_loop().time() + SEAL_AFTER_S
-        outbox = self._take_queue(publisher, due)
+        outbox = self._take_queue(publisher, due, closing=action_id)
         last = self._held.pop(action_id, None)
         if last is not None:
             outbox.append(self._seal_of(last, publisher))

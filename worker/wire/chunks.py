@@ -26,7 +26,6 @@ re-send, the chain head's record) gives the same bytes, and the same hash.
 from __future__ import annotations
 
 import hashlib
-from datetime import UTC, datetime
 from typing import Any, Final
 
 import msgspec
@@ -34,7 +33,7 @@ import msgspec
 from schemas.aip.extensions import ChunkExtension
 from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from worker.aip.envelope import format_timestamp
+from worker.wire.actions import timestamp_of_ms
 from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
     Opened,
@@ -69,10 +68,6 @@ def chunk_message_id(chunk: StreamChunk, kind: ChunkKind | None = None) -> str:
     value = (value & ~(0xF << 76)) | (0x7 << 76)
     value = (value & ~(0x3 << 62)) | (0x2 << 62)
     return f"msg_{value:032x}"
-
-
-def _sent_at(ts_unix_ms: int) -> str:
-    return format_timestamp(datetime.fromtimestamp(ts_unix_ms / 1000, UTC))
 
 
 def _data(chunk: StreamChunk, operator: bool) -> dict[str, Any]:
@@ -122,7 +117,7 @@ def encode_chunk(chunk: StreamChunk, *, operator: bool = False) -> bytes:
         signer=None,
         extension=extension,
         message_id=chunk_message_id(chunk, kind),
-        sent_at=_sent_at(chunk.ts_unix_ms),
+        sent_at=timestamp_of_ms(chunk.ts_unix_ms),  # per-second cached, one per chunk
     )
 
 

@@ -62,10 +62,22 @@ def actor_of(receipt: Receipt) -> dict[str, str]:
 
 def aip_receipt(receipt: Receipt) -> dict[str, Any]:
     """`receipt` as an AIP Receipt in upstream's serialized form, `hash` included."""
-    data = msgspec.to_builtins(receipt)
+    out = _members(receipt, _data_of(receipt))
+    out["hash"] = hash_of(out)
+    return out
+
+
+def _data_of(receipt: Receipt) -> dict[str, Any]:
+    """The AIP Receipt's `data`: our receipt's fields, without the link and an absent trace."""
+    data: dict[str, Any] = msgspec.to_builtins(receipt)
     data.pop("prev_sha256", None)
     if data.get("trace_id") is None:
         data.pop("trace_id", None)
+    return data
+
+
+def _members(receipt: Receipt, data: Any) -> dict[str, Any]:
+    """The AIP Receipt's members but `hash`, with `data` as given (a dict, or its bytes)."""
     out: dict[str, Any] = {
         "id": "rcpt_" + hashlib.sha256(receipt.receipt_id.encode()).hexdigest()[:32],
         "receipt_type": RECEIPT_TYPES.get(receipt.event, OTHER_TYPE),
@@ -75,7 +87,6 @@ def aip_receipt(receipt: Receipt) -> dict[str, Any]:
     }
     if receipt.prev_sha256 is not None:
         out["previous_hash"] = receipt.prev_sha256
-    out["hash"] = hash_of(out)
     return out
 
 
@@ -101,18 +112,28 @@ def _canonical(value: dict[str, Any], data: Any) -> bytes:
 
 def encode_receipt(receipt: Receipt, *, signer: AipSigner | None) -> tuple[bytes, str]:
     """The wire bytes of one receipt's Envelope, signed by `signer` when given, and the
-    receipt's AIP `hash` (what the next receipt of its segment names as `previous_hash`)."""
-    linked = aip_receipt(receipt)
+    receipt's AIP `hash` (what the next receipt of its segment names as `previous_hash`).
+
+    The receipt's `data` (the only member that is not a short string) is canonicalised
+    once and spliced, as `msgspec.Raw`, into the receipt for its hash, into the receipt
+    with its hash, and into the Envelope (twice when signed: the bytes signed, then the
+    bytes sent). Canonical JSON of an object is its sorted members' canonical JSON joined,
+    so the bytes are the ones `canonical_bytes` of the whole would print; each re-encoding
+    of `data` this saves was about a fifth of a receipt's CPU."""
+    data = _data_of(receipt)
+    members = _members(receipt, msgspec.Raw(_canonical(data, data)))
+    digest = hashlib.sha256(plain_bytes(members)).hexdigest()
+    members["hash"] = digest
     payload = {
         "chain_id": receipt.action_id,
-        "receipts": [linked],
-        "root_hash": hashlib.sha256(linked["hash"].encode()).hexdigest(),
+        "receipts": [msgspec.Raw(plain_bytes(members))],
+        "root_hash": hashlib.sha256(digest.encode()).hexdigest(),
     }
     envelope: dict[str, Any] = {
         "aip_version": AIP_VERSION,
         "message_type": CHAIN_TYPE,
-        "message_id": "msg_" + linked["id"].removeprefix("rcpt_"),
-        "sent_at": linked["occurred_at"],
+        "message_id": "msg_" + members["id"].removeprefix("rcpt_"),
+        "sent_at": members["occurred_at"],
         "from": actor_of(receipt),
         "body": {"receipt_chain": payload},
     }
@@ -122,8 +143,8 @@ def encode_receipt(receipt: Receipt, *, signer: AipSigner | None) -> tuple[bytes
         # canonical JSON of the rest.
         envelope["from"]["did"] = signer.did
         envelope["security"] = {"did": signer.did}
-        envelope["security"]["signature"] = signer.sign(_canonical(envelope, linked["data"]))
-    return _canonical(envelope, linked["data"]), linked["hash"]
+        envelope["security"]["signature"] = signer.sign(plain_bytes(envelope))
+    return plain_bytes(envelope), digest
 
 
 def decode_receipt(
