@@ -67,6 +67,8 @@ succeed); U: uncertain (something may have happened although this was raised).
                                   not U; a RuntimeError too
         NativeRefusal             a request on the native NATS binding is answered with an
                                   `aip.core.v1.error`: R and U as the refusal says
+        ControlFailed             a connector-control call to the GetAIP central got no
+                                  usable answer: the host holds no lease and retries
       QualifyError                the qualification's root (`worker/qualify/`)
         QualifyFailed             a qualification item failed: the verdict, no retry
         QualifySkipped            a qualification item cannot run here: the verdict
@@ -350,6 +352,12 @@ class QueueEntryExists(WorkerError):
 class ActionIdTaken(GatewayError):
     """The child's first dispatch was acknowledged `duplicate`: another publisher's envelope
     holds the id on the actions stream, so nothing that runs under it is this child."""
+
+
+class ControlFailed(GatewayError):
+    """A connector-control call (register, heartbeat, drain, offline) got no usable answer:
+    unreachable, unsigned or rejected. The host holds no lease until a later call succeeds
+    (worker/gateway/connector_control.py)."""
 
 
 class NativeRefusal(GatewayError):

@@ -33,7 +33,8 @@ from aiohttp import web
 
 from tests.aip_actions import canonical, did_of, key_of_nkey_seed, sign
 from worker.aip.signing import AipSigner
-from worker.gateway.connector_control import ConnectorControl, ControlFailed
+from worker.errors import ControlFailed
+from worker.gateway.connector_control import ConnectorControl
 from worker.gateway.settings import GatewaySettings
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes.faults import RouteDelay

@@ -35,6 +35,7 @@ from worker.aip.canonical import loads
 from worker.aip.envelope import format_timestamp
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner, sign_value, verify_value
+from worker.errors import ControlFailed
 from worker.gateway.settings import GatewaySettings
 from worker.wire.envelopes import new_message_id, timestamp_ms
 
@@ -49,10 +50,6 @@ CONTROL_SKEW_MS: Final = 5_000
 #: The reference's bound on one control request or response.
 MAX_CONTROL_BYTES: Final = 64 * 1024
 REQUEST_TIMEOUT_S: Final = 5.0
-
-
-class ControlFailed(Exception):
-    """A control call that got no usable answer (unreachable, unsigned, rejected)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,7 +53,7 @@ from schemas.chunk import StreamChunk
 from schemas.errors import ErrorCategory, ErrorCode
 from worker.aip.canonical import canonical_bytes
 from worker.aip.signing import AipSigner
-from worker.errors import ConnectorError, NativeRefusal
+from worker.errors import ConnectorError, ControlFailed, NativeRefusal
 from worker.gateway.aip_answers import (
     ACTION,
     CANCEL,
@@ -68,7 +68,6 @@ from worker.gateway.connector_control import (
     CALLBACKS_PATH,
     HTTP_PROFILE,
     ConnectorControl,
-    ControlFailed,
 )
 from worker.gateway.connector_stream import ChunkStream
 from worker.gateway.http_limits import bounded_body, send_response
