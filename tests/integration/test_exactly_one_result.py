@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
+
 from schemas.audit import ReceiptEvent
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
@@ -21,6 +23,7 @@ MODELS = "GET /v1/models"
 
 
 @on_processes_and_containers
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["duplicate_suppressed"])
 async def test_duplicate_deliveries_execute_once_and_both_are_acked(stack: Stack) -> None:
     stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=1.5, times=1))
     await stack.spawn("w1")
@@ -59,6 +62,7 @@ async def test_replay_after_the_duplicate_window_returns_the_stored_result_once(
 
 
 @on_processes_and_containers
+@pytest.mark.aip_family("restart_reconnect", assertions=["state_recovered"])
 async def test_killed_holder_is_replaced_after_its_lease_expires_with_one_result(
     stack: Stack,
 ) -> None:

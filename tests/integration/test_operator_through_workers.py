@@ -21,6 +21,7 @@ POST_RUNS = "POST /v1/runs"
 
 
 @on_processes_and_containers
+@pytest.mark.aip_family("streaming_backpressure", assertions=["ordered_chunks"])
 async def test_objective_streams_deltas_and_settles_the_operator_output(stack: Stack) -> None:
     await stack.spawn("w1")
     action, handle = await stack.operator("summarize the case")
@@ -113,6 +114,7 @@ async def test_paused_owner_is_taken_over_by_polling_and_never_settles(stack: St
     assert [c.seq for c in chunks] == list(range(len(chunks)))
 
 
+@pytest.mark.aip_family("restart_reconnect", assertions=["duplicate_effect_prevented"])
 async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay(
     stack: Stack,
 ) -> None:
@@ -130,6 +132,7 @@ async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay
     assert stack.fake.stats().count(POST_RUNS) == 1
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["resume_once"])
 async def test_approval_pauses_then_one_resume_command_completes_the_same_run(
     stack: Stack,
 ) -> None:
@@ -163,6 +166,7 @@ async def test_cancel_during_a_run_is_cancelled_on_provider_evidence(stack: Stac
     assert stack.fake.stats().count("POST /v1/runs/{run_id}/stop") == 1
 
 
+@pytest.mark.aip_family("cancellation_races", assertions=["before_dispatch_cancelled"])
 async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "never start"})
