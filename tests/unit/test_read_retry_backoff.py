@@ -5,6 +5,7 @@ is not hammered, and the last failure leaves unchanged when the retries are spen
 
 from __future__ import annotations
 
+import itertools
 import time
 
 import pytest
@@ -28,7 +29,7 @@ async def test_a_read_retry_waits_a_growing_jittered_backoff() -> None:
 
     assert raised.value.remote_status == 503
     assert len(attempts) == 1 + policy.retries
-    gaps = [later - earlier for earlier, later in zip(attempts, attempts[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(attempts)]
     # Retry i sleeps at least half its ceiling, min(max, base * 2**i): 10, 20, 40 ms.
     for index, gap in enumerate(gaps):
         assert gap >= policy.base_delay_s * 2**index / 2 * 0.9, (index, gaps)
