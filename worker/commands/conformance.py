@@ -35,9 +35,14 @@ def add_commands(subparsers: Any) -> None:
         "conformance",
         help="run the family-tagged tests and write the AIP conformance report",
     )
-    conformance.add_argument("--out", type=Path, required=True, metavar="DIR")
     conformance.add_argument(
-        "--provider", choices=("deterministic", "live"), default="deterministic"
+        "--out", type=Path, required=True, metavar="DIR", help="write DIR/conformance.json"
+    )
+    conformance.add_argument(
+        "--provider",
+        choices=("deterministic", "live"),
+        default="deterministic",
+        help="the fake Hermes 0.19.0 only, or also the real hermes-agent 0.19.0 variants",
     )
     conformance.add_argument(
         "--processes", type=int, default=2, metavar="N", help="pytest-xdist workers (0: none)"
