@@ -10,6 +10,7 @@ Each test runs real worker subprocesses against real NATS and Redis; the lease T
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -24,11 +25,14 @@ MODELS = "GET /v1/models"
 
 @on_processes_and_containers
 @pytest.mark.aip_family("idempotency_duplicates", assertions=["duplicate_suppressed"])
-async def test_duplicate_deliveries_execute_once_and_both_are_acked(stack: Stack) -> None:
+async def test_duplicate_deliveries_execute_once_and_both_are_acked(
+    stack: Stack, record_property: Callable[[str, object], None]
+) -> None:
     stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=1.5, times=1))
     await stack.spawn("w1")
     await stack.spawn("w2")
     action = stack.action("models")
+    record_property("aip_artifact", action.id)
     first = await stack.publish(action)
     await stack.publish(action, dedupe=False)  # no Msg-Id: the stream keeps both
     await stack.publish(action)  # same Msg-Id: dropped by the server

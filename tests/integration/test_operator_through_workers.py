@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -134,15 +135,17 @@ async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay
 
 @pytest.mark.aip_family("approval_lifecycle", assertions=["resume_once"])
 async def test_approval_pauses_then_one_resume_command_completes_the_same_run(
-    stack: Stack,
+    stack: Stack, record_property: Callable[[str, object], None]
 ) -> None:
     await stack.spawn("w1")
     source, handle = await stack.operator(f"{NEEDS_APPROVAL} tidy the files")
+    record_property("aip_artifact", source.id)
     paused = await handle.result(timeout_s=30)
     assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
     chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
     assert any(isinstance(c, PendingApprovalChunk) for c in chunks)
     resume, resumed = await stack.resume(source.id, "once")
+    record_property("aip_artifact", resume.id)
     result = await resumed.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
     assert result.output["source_action_id"] == source.id
