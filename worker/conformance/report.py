@@ -200,7 +200,9 @@ def build_report(
 ) -> dict[str, Any]:
     """The whole report: admission first, then the twelve families in the kit's order."""
     families = {f: _Family(f) for f in FAMILIES}
-    for node in outcomes:
+    # Sorted: xdist reports nodes in finishing order, and a retained report should not
+    # change with it.
+    for node in sorted(outcomes, key=lambda n: n.nodeid):
         for family in {t.family for t in node.tags}:
             families[family].nodes.append(node)
     admission = {
