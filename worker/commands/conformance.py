@@ -146,6 +146,11 @@ async def cmd_conformance(args: argparse.Namespace) -> int:
         outcomes=outcomes,
     )
     report["pytest_exit_status"] = status
+    # Worker and Hermes start-up bounds are wall-clock: a report is read with its machine.
+    report["machine"] = {
+        "cpus": os.cpu_count(),
+        "load_average_1m_at_end": round(os.getloadavg()[0], 1),
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     target = args.out / "conformance.json"
     target.write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n")
