@@ -63,8 +63,15 @@ def binding_cancel_hook() -> BindingCancelHook | None:
 
 
 def add_extra_commands(sub: Any) -> None:
-    """Subcommands owned by other packages (trust, operator, escalation, demo, qualify)."""
-    from worker.commands import demo_command, escalation_admin, operator_admin, trust_admin
+    """Subcommands owned by other packages (trust, operator, escalation, demo, qualify,
+    conformance)."""
+    from worker.commands import (
+        conformance,
+        demo_command,
+        escalation_admin,
+        operator_admin,
+        trust_admin,
+    )
     from worker.qualify import command as qualify_command
 
     trust_admin.add_commands(sub)
@@ -72,3 +79,4 @@ def add_extra_commands(sub: Any) -> None:
     escalation_admin.add_commands(sub)
     demo_command.add_commands(sub)
     qualify_command.add_commands(sub)
+    conformance.add_commands(sub)

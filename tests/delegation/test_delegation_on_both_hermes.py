@@ -97,6 +97,7 @@ async def both(
             await nc.close()
 
 
+@pytest.mark.aip_family("streaming_backpressure", assertions=["ordered_chunks"])
 async def test_hermes_calls_aip_call_once_and_the_result_is_the_native_child(
     both: DelegationStack,
 ) -> None:
@@ -120,6 +121,7 @@ async def test_hermes_calls_aip_call_once_and_the_result_is_the_native_child(
         assert both.stack.fake.stats().count(POST_RUNS) == 1
 
 
+@pytest.mark.aip_family("schema_enforcement", assertions=["invalid_output_rejected"])
 async def test_a_child_hermes_only_talked_about_is_not_observed(both: DelegationStack) -> None:
     both.runtime.fault = RuntimeFault.NOT_CREATED
     result = await (await both.stack.client.delegate(both.request())).result(timeout_s=90)

@@ -127,6 +127,7 @@ async def test_path_values_are_quoted_so_input_cannot_add_segments(
     assert [seen.path for seen in server.seen] == ["/api/sessions/a%2F..%2Fjobs"]
 
 
+@pytest.mark.aip_family("schema_enforcement", assertions=["invalid_output_rejected"])
 async def test_a_2xx_body_that_is_not_json_is_a_transport_failure(
     client: HermesClient, server: ScriptedServer
 ) -> None:
@@ -261,6 +262,8 @@ async def _failures(client: HermesClient, server: ScriptedServer) -> list[Connec
     return failures
 
 
+@pytest.mark.aip_family("identity_credentials", assertions=["credential_handle_opaque"])
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["error_secrets_redacted"])
 async def test_the_key_never_appears_in_errors_tracebacks_reprs_or_logs(
     client: HermesClient, server: ScriptedServer, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from schemas.audit import ReceiptEvent
 from schemas.ids import is_dlq_id
 from schemas.result import ResultStatus
@@ -18,6 +20,7 @@ from tests.integration.stack import ENDPOINT, Stack
 from worker.testing.identities import APPROVER_UNTENANTED, REVISION, USER_UNTENANTED
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["evidence_persisted"])
 async def test_an_admitted_receipt_names_principal_tenant_approver_and_decision(
     stack: Stack,
 ) -> None:

@@ -17,6 +17,7 @@ import copy
 from typing import Any
 
 import nacl.signing
+import pytest
 
 from schemas.result import ResultStatus
 from tests.aip_actions import (
@@ -78,6 +79,7 @@ async def _running(stack: Stack) -> None:
     await asyncio.sleep(0.3)
 
 
+@pytest.mark.aip_family("cancellation_races", assertions=["in_flight_cancelled"])
 async def test_a_signed_cancel_envelope_cancels_a_running_objective_and_is_answered_with_its_result(
     stack: Stack,
 ) -> None:
@@ -109,6 +111,7 @@ async def test_a_signed_cancel_envelope_cancels_a_running_objective_and_is_answe
     assert extension(answer)["cancel"]["accepted"] is False
 
 
+@pytest.mark.aip_family("cancellation_races", assertions=["late_cancel_preserved_terminal"])
 async def test_a_cancel_of_a_finished_action_returns_its_terminal_result(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("models")

@@ -20,6 +20,7 @@ import json
 from pathlib import Path
 
 import jsonschema
+import pytest
 
 from tests.aip_wire import aip_receipt
 from tests.integration.stack import ENDPOINT, Stack
@@ -30,6 +31,7 @@ SCHEMA = (
 )
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["receipts_emitted"])
 async def test_a_live_actions_receipts_are_hash_chained_aip_receipts_signed_per_segment(
     stack: Stack,
 ) -> None:

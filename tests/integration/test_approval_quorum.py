@@ -66,6 +66,7 @@ def _refused(result: ActionResult, code: str) -> str:
     return result.error.message
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["quorum_enforced"])
 async def test_one_approval_of_a_quorum_of_two_sends_nothing(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "one approver is not enough"})
@@ -76,6 +77,7 @@ async def test_one_approval_of_a_quorum_of_two_sends_nothing(stack: Stack) -> No
     assert _count(stack, POST_RUNS) == 0
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["quorum_enforced"])
 async def test_two_distinct_members_run_it_once_carrying_an_aip_decision(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "two approvers agree"})
@@ -96,6 +98,7 @@ async def test_two_distinct_members_run_it_once_carrying_an_aip_decision(stack: 
     assert len(await stack.results(action.id)) == 1
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["quorum_enforced"])
 async def test_the_same_member_twice_is_not_a_quorum(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "one approver, twice"})

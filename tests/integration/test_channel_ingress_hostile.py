@@ -13,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from schemas.channel import ChannelRole
 from tests.integration.stack import ENDPOINT, Stack
 
@@ -60,6 +62,7 @@ async def test_id_less_floods_are_rate_limited_and_cut_on_the_dlq(stack: Stack) 
     print(f"id-less flood: {len(dead)} DLQ entries, {info.state.bytes} bytes in {elapsed:.0f} s")
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["sensitive_fields_redacted"])
 async def test_credentials_in_tool_output_are_redacted_before_they_reach_the_bus(
     stack: Stack,
 ) -> None:

@@ -138,6 +138,7 @@ async def _expire() -> None:
     await asyncio.sleep(TTL_MS / 1000 + 0.2)
 
 
+@pytest.mark.aip_family("restart_reconnect", assertions=["reconnect_cursor_resumed"])
 async def test_a_takeover_continues_after_the_chunks_the_owner_published(
     nc: Client, leases: LeaseStore
 ) -> None:

@@ -137,6 +137,7 @@ async def test_sigterm_past_the_grace_releases_the_lease_for_another_worker(
     assert (result.status, result.settled_by, result.fence) == (ResultStatus.COMPLETED, "w2", 2)
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["raw_secret_absent"])
 async def test_logs_are_json_lines_with_action_context_and_no_secret(stack: Stack) -> None:
     worker = await stack.spawn("w1")
     action = stack.action("models", trace_id="trace-1234")
@@ -153,6 +154,7 @@ async def test_logs_are_json_lines_with_action_context_and_no_secret(stack: Stac
 
 
 @pytest.mark.chaos
+@pytest.mark.aip_family("restart_reconnect", assertions=["reconnect_cursor_resumed"])
 async def test_chunks_follow_resumes_after_a_nats_restart_without_gaps_or_duplicates(
     stack: Stack, nats_server: ServiceHandle
 ) -> None:

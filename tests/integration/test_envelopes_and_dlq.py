@@ -9,6 +9,7 @@ import json
 from typing import Any
 
 import msgspec
+import pytest
 
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
@@ -59,6 +60,7 @@ async def test_invalid_envelopes_are_dead_lettered_with_reason_and_serving_conti
     assert stack.fake.stats().count("GET /v1/models") == 1
 
 
+@pytest.mark.aip_family("identity_credentials", assertions=["transport_actor_bound"])
 async def test_unsigned_and_forged_envelopes_never_reach_hermes_nor_touch_the_action_id(
     stack: Stack,
 ) -> None:

@@ -10,6 +10,9 @@ Each test runs real worker subprocesses against real NATS and Redis; the lease T
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
+
+import pytest
 
 from schemas.audit import ReceiptEvent
 from schemas.result import ResultStatus
@@ -21,11 +24,15 @@ MODELS = "GET /v1/models"
 
 
 @on_processes_and_containers
-async def test_duplicate_deliveries_execute_once_and_both_are_acked(stack: Stack) -> None:
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["duplicate_suppressed"])
+async def test_duplicate_deliveries_execute_once_and_both_are_acked(
+    stack: Stack, record_property: Callable[[str, object], None]
+) -> None:
     stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=1.5, times=1))
     await stack.spawn("w1")
     await stack.spawn("w2")
     action = stack.action("models")
+    record_property("aip_artifact", action.id)
     first = await stack.publish(action)
     await stack.publish(action, dedupe=False)  # no Msg-Id: the stream keeps both
     await stack.publish(action)  # same Msg-Id: dropped by the server
@@ -59,6 +66,7 @@ async def test_replay_after_the_duplicate_window_returns_the_stored_result_once(
 
 
 @on_processes_and_containers
+@pytest.mark.aip_family("restart_reconnect", assertions=["state_recovered"])
 async def test_killed_holder_is_replaced_after_its_lease_expires_with_one_result(
     stack: Stack,
 ) -> None:

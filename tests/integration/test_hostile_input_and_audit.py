@@ -13,6 +13,8 @@ import json
 import random
 from typing import Any
 
+import pytest
+
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
 from worker.aip.errors import AipWireError
@@ -114,6 +116,7 @@ async def test_hostile_envelopes_are_refused_or_dead_lettered_and_never_reach_he
     assert stack.workers[0].alive
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["audit_correlated"])
 async def test_the_receipt_chain_of_a_killed_run_tells_the_true_story(stack: Stack) -> None:
     stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=60, times=1))
     w1 = await stack.spawn("w1")
@@ -144,6 +147,7 @@ async def test_the_receipt_chain_of_a_killed_run_tells_the_true_story(stack: Sta
     assert str(takeover.details["previous_owner"]).startswith("w1#")
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["receipts_emitted"])
 async def test_an_operator_run_leaves_claim_request_bind_and_settle_receipts(
     stack: Stack,
 ) -> None:
@@ -162,6 +166,7 @@ async def test_an_operator_run_leaves_claim_request_bind_and_settle_receipts(
     ]
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["raw_secret_absent"])
 async def test_receipts_carry_no_secret_and_no_raw_input(stack: Stack) -> None:
     await stack.spawn("w1")
     action, handle = await stack.operator(f"{SECRET_INPUT} please")

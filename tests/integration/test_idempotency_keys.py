@@ -73,6 +73,7 @@ async def test_a_retry_under_a_new_id_returns_the_original_result_without_a_requ
     assert chunks[0].payload["original_action_id"] == first.action_id
 
 
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["collision_rejected"])
 async def test_the_same_key_with_another_input_is_a_collision_and_sends_nothing(
     stack: Stack,
 ) -> None:
@@ -89,6 +90,7 @@ async def test_the_same_key_with_another_input_is_a_collision_and_sends_nothing(
     assert posts(stack) == 1
 
 
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["duplicate_suppressed"])
 async def test_concurrent_holders_of_one_key_start_one_run_and_share_its_result(
     stack: Stack,
 ) -> None:

@@ -74,6 +74,7 @@ async def test_the_spec_objective_example_completes_end_to_end(route_stack: Stac
 
 
 @pytest.mark.parametrize("shape", sorted(REFUSED))
+@pytest.mark.aip_family("schema_enforcement", assertions=["invalid_input_rejected"])
 async def test_a_shape_the_spec_refuses_fails_typed_and_sends_nothing(
     stack: Stack, shape: str
 ) -> None:

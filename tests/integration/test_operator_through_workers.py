@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 
 import msgspec
 import pytest
@@ -21,6 +22,7 @@ POST_RUNS = "POST /v1/runs"
 
 
 @on_processes_and_containers
+@pytest.mark.aip_family("streaming_backpressure", assertions=["ordered_chunks"])
 async def test_objective_streams_deltas_and_settles_the_operator_output(stack: Stack) -> None:
     await stack.spawn("w1")
     action, handle = await stack.operator("summarize the case")
@@ -113,6 +115,7 @@ async def test_paused_owner_is_taken_over_by_polling_and_never_settles(stack: St
     assert [c.seq for c in chunks] == list(range(len(chunks)))
 
 
+@pytest.mark.aip_family("restart_reconnect", assertions=["duplicate_effect_prevented"])
 async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay(
     stack: Stack,
 ) -> None:
@@ -130,16 +133,19 @@ async def test_hermes_restart_during_a_bound_run_is_outcome_unknown_not_a_replay
     assert stack.fake.stats().count(POST_RUNS) == 1
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["resume_once"])
 async def test_approval_pauses_then_one_resume_command_completes_the_same_run(
-    stack: Stack,
+    stack: Stack, record_property: Callable[[str, object], None]
 ) -> None:
     await stack.spawn("w1")
     source, handle = await stack.operator(f"{NEEDS_APPROVAL} tidy the files")
+    record_property("aip_artifact", source.id)
     paused = await handle.result(timeout_s=30)
     assert paused.status is ResultStatus.REQUIRES_HUMAN, paused.error
     chunks = [c async for c in handle.chunks(idle_timeout_s=10)]
     assert any(isinstance(c, PendingApprovalChunk) for c in chunks)
     resume, resumed = await stack.resume(source.id, "once")
+    record_property("aip_artifact", resume.id)
     result = await resumed.result(timeout_s=60)
     assert result.status is ResultStatus.COMPLETED, result.error
     assert result.output["source_action_id"] == source.id
@@ -163,6 +169,7 @@ async def test_cancel_during_a_run_is_cancelled_on_provider_evidence(stack: Stac
     assert stack.fake.stats().count("POST /v1/runs/{run_id}/stop") == 1
 
 
+@pytest.mark.aip_family("cancellation_races", assertions=["before_dispatch_cancelled"])
 async def test_cancel_before_the_action_is_delivered_starts_nothing(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "never start"})

@@ -8,6 +8,7 @@ asked to start anything.
 from __future__ import annotations
 
 import msgspec
+import pytest
 from redis.asyncio import Redis
 
 from schemas.result import ResultStatus
@@ -26,6 +27,7 @@ def _runs(stack: Stack) -> int:
     return stack.fake.stats().count(POST_RUNS)
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["authority_verified"])
 async def test_an_approval_written_to_redis_without_the_approvers_signature_runs_nothing(
     stack: Stack,
 ) -> None:

@@ -120,6 +120,7 @@ def resume(stack: Stack, source: Action, principal: str, tenant: str | None, cho
     )
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["authority_verified"])
 async def test_a_tenant_b_principal_cannot_resume_a_tenant_a_run(stack: Stack) -> None:
     await stack.spawn("w1", **SHARED)
     source = await waiting_run(stack, USER_A, TENANT_A, APPROVER_A)
@@ -216,6 +217,7 @@ async def test_a_resume_id_burned_first_does_not_stop_the_real_answer(stack: Sta
     assert stack.fake.stats().count(APPROVAL_POST) == 1
 
 
+@pytest.mark.aip_family("identity_credentials", assertions=["tenant_isolated"])
 async def test_tenant_b_sees_none_of_tenant_a_on_a_shared_endpoint(stack: Stack) -> None:
     await stack.spawn("w1", **SHARED)
     assert stack.fake is not None
@@ -304,6 +306,7 @@ async def test_tenant_b_sees_none_of_tenant_a_on_a_shared_endpoint(stack: Stack)
     assert own_response.status is ResultStatus.COMPLETED, own_response.error
 
 
+@pytest.mark.aip_family("identity_credentials", assertions=["tenant_isolated"])
 async def test_a_tenant_action_on_an_unbound_unshared_endpoint_is_refused(stack: Stack) -> None:
     await stack.spawn("w1")  # h1 is bound to no tenant and not configured shared
     assert stack.fake is not None

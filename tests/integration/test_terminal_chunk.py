@@ -68,6 +68,7 @@ async def assert_one_closed_stream(stack: Stack, action_id: str) -> ActionResult
     ["after_settle", "after_escalation", "after_terminal_chunk", "after_result_publish",
      "before_ack"],
 )
+@pytest.mark.aip_family("streaming_backpressure", assertions=["terminal_chunk_unique"])
 async def test_a_kill_between_settle_and_ack_leaves_one_terminal_chunk(
     stack: Stack, point: str
 ) -> None:
@@ -87,6 +88,7 @@ async def test_a_kill_between_settle_and_ack_leaves_one_terminal_chunk(
     assert stack.fake.stats().count(MODELS) == 1
 
 
+@pytest.mark.aip_family("streaming_backpressure", assertions=["terminal_chunk_unique"])
 async def test_a_terminal_chunk_already_stored_is_not_published_again(stack: Stack) -> None:
     """The crash left the terminal chunk on the stream but not the result (the chunk is
     sent first): the next owner publishes the result only."""

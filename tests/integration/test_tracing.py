@@ -58,6 +58,7 @@ def published(client_spans: InMemorySpanExporter) -> ReceivedSpan:
     return received(publish)
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["audit_correlated"])
 async def test_a_streamed_operator_run_is_one_connected_trace(
     stack: Stack, receiver: OtlpReceiver, client_spans: InMemorySpanExporter
 ) -> None:

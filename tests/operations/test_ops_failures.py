@@ -53,6 +53,8 @@ async def test_a_read_rides_out_one_temporary_failure(invoke: Invoke, fake) -> N
     assert fake.stats().count("GET /v1/models") == 2
 
 
+@pytest.mark.aip_family("retry_exhaustion", assertions=["retryable_error_preserved"])
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["protocol_fields_preserved"])
 async def test_a_read_gives_up_after_the_policy_and_stays_retryable(invoke: Invoke, fake) -> None:  # type: ignore[no-untyped-def]
     fake.faults.add(RouteError(route="GET /v1/skills", status=500, times=None))
     result = await invoke("skills", {})
@@ -69,6 +71,7 @@ async def test_a_rejected_read_is_not_retried(invoke: Invoke, fake) -> None:  # 
 
 
 @pytest.mark.parametrize("status", [500, 503])
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["uncertain_outcome_reconciled"])
 async def test_unsafe_temporary_failure_is_uncertain_and_never_retried(
     invoke: Invoke,
     fake,
@@ -99,6 +102,7 @@ async def test_an_unsafe_call_hermes_refused_with_429_is_certain_and_retryable(
     assert fake.stats().count("POST /v1/chat/completions") == 2
 
 
+@pytest.mark.aip_family("retry_exhaustion", assertions=["retryable_error_preserved"])
 async def test_hermes_own_run_cap_refusal_of_a_start_is_certain_and_retryable(
     invoke: Invoke,
 ) -> None:
@@ -206,6 +210,7 @@ async def test_a_cut_event_stream_is_incomplete_not_success(invoke: Invoke, fake
     assert len(result.ctx.chunks) == 1
 
 
+@pytest.mark.aip_family("streaming_backpressure", assertions=["bounded_backpressure"])
 async def test_the_event_limit_truncates_the_stream(
     invoke: Invoke,
     fake,

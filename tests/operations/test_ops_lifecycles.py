@@ -45,6 +45,7 @@ async def test_health_needs_no_key_but_protected_reads_do(
     assert models.error_code() == ErrorCode.MISSING_CREDENTIAL
 
 
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["protocol_fields_preserved"])
 async def test_a_wrong_key_is_an_authentication_failure(
     invoke: Invoke, hermes: HermesServer
 ) -> None:
@@ -98,6 +99,7 @@ async def test_session_lifecycle(invoke: Invoke) -> None:
     assert gone.protocol_error().remote_status == 404
 
 
+@pytest.mark.aip_family("streaming_backpressure", assertions=["ordered_chunks"])
 async def test_run_start_then_events_follow_it_to_completion(invoke: Invoke) -> None:
     started = await invoke("run_start", {"input": "hello run"})
     assert started.status is ResultStatus.COMPLETED
@@ -131,6 +133,7 @@ async def test_a_failed_run_fails_the_events_action_with_stream_failed(invoke: I
     assert events.ctx.chunks[-1].provider_event == "run.failed"
 
 
+@pytest.mark.aip_family("cancellation_races", assertions=["in_flight_cancelled"])
 async def test_a_stopped_run_ends_the_events_action_cancelled(invoke: Invoke) -> None:
     run_id = (await invoke("run_start", {"input": f"go {SLOW_REPLY}"})).output["run_id"]
     follower = asyncio.create_task(invoke("run_events", {"run_id": run_id}))

@@ -226,6 +226,7 @@ VALID = "run_" + "a" * 32
         ("health", {"anything": 1}),
     ],
 )
+@pytest.mark.aip_family("schema_enforcement", assertions=["invalid_input_rejected"])
 def test_invalid_input_is_rejected_before_any_request(
     registry: Registry, name: str, value: dict[str, Any]
 ) -> None:

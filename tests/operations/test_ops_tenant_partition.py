@@ -121,6 +121,7 @@ async def test_sessions_are_minted_inside_the_partition_and_refused_outside(call
     assert untenanted.output["session"]["id"].startswith(partition_prefix(None))
 
 
+@pytest.mark.aip_family("identity_credentials", assertions=["tenant_isolated"])
 async def test_another_partitions_run_is_read_first_and_never_stopped(
     call: Call, hermes: HermesServer
 ) -> None:

@@ -34,6 +34,8 @@ PROJECTION = {
     ],
 )
 @pytest.mark.asyncio(loop_scope="session")
+@pytest.mark.aip_family("identity_credentials", assertions=["transport_actor_bound"])
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["delivery_id_stable"])
 async def test_requests_carry_exactly_the_trusted_projection(
     invoke: Invoke, hermes: HermesServer, name: str, input_value: dict, route: str
 ) -> None:

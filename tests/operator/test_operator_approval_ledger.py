@@ -48,6 +48,7 @@ async def _parked(h: Harness) -> str:
 
 
 @BOTH_HERMES
+@pytest.mark.aip_family("audit_redaction", assertions=["sensitive_fields_redacted"])
 async def test_approval_request_returns_requires_human_with_a_redacted_prompt(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -95,6 +96,7 @@ async def test_resume_continues_the_same_run_to_completion(
 
 
 @BOTH_HERMES
+@pytest.mark.aip_family("approval_lifecycle", assertions=["resume_once"])
 async def test_exact_resume_replay_sends_one_provider_command(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -222,6 +224,7 @@ async def test_second_resume_for_an_answered_generation_sends_nothing(
     assert fake.stats().count(APPROVAL) == 0
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["resume_once"])
 async def test_two_resumes_read_before_either_claims_and_one_decision_is_sent(
     harness: Harness, fake: FakeHermes, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -86,6 +86,7 @@ async def test_terminal_binding_is_write_once_in_redis(harness: Harness) -> None
     assert (await harness.require_binding(action.id)).status is S.COMPLETED
 
 
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["collision_rejected"])
 async def test_changed_input_reuse_is_an_idempotency_collision(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -141,6 +142,7 @@ async def test_fenced_out_writer_cannot_change_the_binding(
     assert fake.stats().count("POST /v1/runs") == 1
 
 
+@pytest.mark.aip_family("idempotency_duplicates", assertions=["delivery_id_stable"])
 async def test_result_output_is_the_source_binding_shape(harness: Harness) -> None:
     action = harness.action(objective("shape"))
     outcome, _ = await harness.run(action)
@@ -166,6 +168,7 @@ async def test_result_output_is_the_source_binding_shape(harness: Harness) -> No
     assert isinstance(outcome.output["provider"]["output"], str)
 
 
+@pytest.mark.aip_family("audit_redaction", assertions=["sensitive_fields_redacted"])
 async def test_binding_show_redacts_provider_output(harness: Harness, redis: Redis) -> None:
     action = harness.action(objective("secret-ish"))
     outcome, _ = await harness.run(action)
@@ -179,6 +182,7 @@ async def test_binding_show_redacts_provider_output(harness: Harness, redis: Red
     assert await operator_admin.show_binding(redis, "act_" + "9" * 32) is None
 
 
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["uncertain_outcome_reconciled"])
 async def test_reconcile_records_one_decision_and_starts_nothing(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any
 
+import pytest
 from operator_support import BOTH_HERMES, Harness, endpoint_for, error_code, objective
 from redis.asyncio import Redis
 from scripted_hermes import ScriptedHermes
@@ -56,6 +57,7 @@ async def _cancel(redis: Redis, ctx: RecordingContext) -> str | None:
 
 
 @BOTH_HERMES
+@pytest.mark.aip_family("cancellation_races", assertions=["before_dispatch_cancelled"])
 async def test_cancel_before_run_id_starts_nothing(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:
@@ -96,6 +98,7 @@ async def test_cancel_while_the_start_is_in_flight_binds_then_stops(
 
 
 @BOTH_HERMES
+@pytest.mark.aip_family("cancellation_races", assertions=["in_flight_cancelled"])
 async def test_cancel_during_a_run_is_cancelled_only_on_provider_evidence(
     harness: Harness, fake: FakeHermes, redis: Redis
 ) -> None:
@@ -113,6 +116,7 @@ async def test_cancel_during_a_run_is_cancelled_only_on_provider_evidence(
     assert (await harness.require_binding(ctx.action.id)).status is BindingState.CANCELLED
 
 
+@pytest.mark.aip_family("cancellation_races", assertions=["late_cancel_preserved_terminal"])
 async def test_completion_racing_a_cancel_stays_authoritative(
     harness: Harness, redis: Redis
 ) -> None:

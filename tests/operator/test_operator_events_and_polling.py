@@ -67,6 +67,7 @@ def test_only_the_seven_provider_statuses_and_interrupted_are_recognized() -> No
     assert parse_status("stopping") is ProviderStatus.STOPPING
 
 
+@pytest.mark.aip_family("streaming_backpressure", assertions=["ordered_chunks"])
 async def test_stream_events_become_typed_chunks_in_sequence(
     harness: Harness, fake: FakeHermes
 ) -> None:
@@ -163,6 +164,7 @@ async def test_replayed_invocation_returns_the_stored_result_without_contacting_
     assert fake.stats().routes == before
 
 
+@pytest.mark.aip_family("restart_reconnect", assertions=["reconnect_cursor_resumed"])
 async def test_takeover_polls_and_continues_the_chunk_sequence(
     harness: Harness, fake: FakeHermes
 ) -> None:

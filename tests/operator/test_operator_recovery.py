@@ -53,6 +53,7 @@ async def test_an_unclaimed_binding_ends_failed_with_the_refusal_and_nothing_is_
     assert (await harness.require_binding(action.id)).status is BindingState.FAILED
 
 
+@pytest.mark.aip_family("restart_reconnect", assertions=["state_recovered"])
 async def test_a_bound_run_is_observed_to_its_end(harness: Harness, fake: FakeHermes) -> None:
     action = harness.action(objective("bound, then the owner died"))
     first = await harness.lease(action)

@@ -54,6 +54,7 @@ async def test_fifty_concurrent_executions_start_exactly_one_run(
     assert len({o.output["run_id"] for o in outcomes}) == 1
 
 
+@pytest.mark.aip_family("restart_reconnect", assertions=["duplicate_effect_prevented"])
 async def test_lost_unbound_start_is_outcome_unknown(harness: Harness, fake: FakeHermes) -> None:
     """The claim holder dies inside `POST /v1/runs`; its replacement never sends again."""
     fake.faults.add(StartHang(create_run=True))

@@ -236,6 +236,7 @@ def _sealed_error(error: ProtocolError) -> dict[str, Any]:
     return dict(json.loads(data)["body"]["action_result"]["error"])
 
 
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["protocol_fields_preserved"])
 def test_our_error_is_written_as_aip_s_protocol_error() -> None:
     error = ProtocolError(
         code=ErrorCode.TRANSPORT,

@@ -106,6 +106,7 @@ def forged_decision(decision_id: str, approver: str = APPROVER_A) -> dict[str, A
     }
 
 
+@pytest.mark.aip_family("approval_lifecycle", assertions=["evidence_persisted"])
 async def test_an_approved_matching_record_admits_and_is_carried_for_audit(
     gate: TrustGate, redis: Redis, trust_files: TrustFiles, authority: ApprovalAuthority
 ) -> None:

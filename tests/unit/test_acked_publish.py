@@ -70,6 +70,7 @@ async def test_no_stream_and_a_full_stream_raise_nats_pys_errors(nc: Client) -> 
     assert acks.pending == 0
 
 
+@pytest.mark.aip_family("streaming_backpressure", assertions=["bounded_backpressure"])
 async def test_a_cancelled_wait_gives_its_slot_back_and_a_full_set_stalls(nc: Client) -> None:
     # A plain subscriber is a responder that never answers: the acknowledgement never comes.
     silent = f"silent.{new_action_id()}"

@@ -111,6 +111,7 @@ def test_an_unsafe_key_file_is_refused_at_startup(tmp_path: Path) -> None:
     assert "k" * 32 not in done.stderr
 
 
+@pytest.mark.aip_family("identity_credentials", assertions=["credential_handle_opaque"])
 def test_no_flag_accepts_an_api_key_value() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["run", "--hermes-api-key", "secret"])

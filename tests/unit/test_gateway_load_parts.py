@@ -100,6 +100,7 @@ def test_the_chain_backward_from_the_result_drops_a_fork_that_won_the_race() -> 
     assert gap.backward(hashlib.sha256(real[2]).hexdigest()) is None
 
 
+@pytest.mark.aip_family("errors_uncertain_outcomes", assertions=["error_secrets_redacted"])
 def test_credentials_are_redacted_in_json_and_in_free_text() -> None:
     assert scrub({"api_key": "k", "nested": [{"Password": "p", "ok": 1}]}) == {
         "api_key": "[redacted]",
