@@ -36,6 +36,8 @@ POINTS = (
     "after_post_run",
     "after_bind",
     "mid_stream",
+    # A resume's approval was sent (Hermes answered it), before the answer is recorded.
+    "after_post_approval",
     "before_resolve",
     "after_execute",
     "after_settle",

@@ -6,8 +6,9 @@ through the command ledger and keeps observing. The operation fences its own uns
 (`self_fenced`: the start claim) and reconciles cancellation itself (`handles_cancel`).
 
 What the runtime asks of it (worker/operations/base.py): a resume's keys are its source
-Action's (`keys`), an objective has begun once its binding exists (`began`), and an Action
-id reused with another request is an `operator_policy` refusal (`collision_code`).
+Action's (`keys`), an objective has begun once its binding exists and a resume once its
+command is in the source's ledger (`began`), and an Action id reused with another request
+is an `operator_policy` refusal (`collision_code`).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from worker.operator.binding import (
     BindingState,
     OperatorBinding,
     collision_error,
+    decode_binding,
     new_binding,
     session_id_for,
 )
@@ -62,11 +64,23 @@ OPERATOR_SPEC = spec(
 
 
 async def binding_exists(stores: Stores, keys: ActionKeys) -> bool:
-    """True when the Action's own binding exists: an earlier delivery got past admission
-    and began the work. A resume's keys are its source's, so it is never recovered so."""
-    if keys.is_resume:
-        return False
-    return (await stores.operator.read(keys.binding)).doc is not None
+    """True when an earlier delivery got past admission and began this Action's work: an
+    objective's own binding exists, or a resume's command is in its source binding's ledger.
+
+    A resume's keys are its source's, whose binding always exists, so for a resume only its
+    own command counts: recorded `claimed` before the approval is sent, it is the record that
+    the decision may have reached Hermes. A redelivery refused after that (its deadline
+    passed while the claim holder was cut off) must settle the command's outcome, never a
+    certain refusal (docs/reliability.md, "Bugs found"). A binding that does not parse
+    counts as begun: the leased path reports it as a first delivery would.
+    """
+    doc = (await stores.operator.read(keys.binding)).doc
+    if doc is None or not keys.is_resume:
+        return doc is not None
+    try:
+        return decode_binding(doc).command_for(keys.action_id) is not None
+    except ConnectorError:
+        return True
 
 
 class OperatorOperation:
@@ -112,9 +126,7 @@ class OperatorOperation:
         branch = params.branch()
         if isinstance(branch, OperatorObjective):
             return await self._objective(ctx, store, branch, forbid_start)
-        if forbid_start is not None:
-            raise forbid_start  # the runtime recovers objectives only
-        return await self._resume(ctx, store, branch)
+        return await self._resume(ctx, store, branch, forbid_start)
 
     async def _objective(
         self,
@@ -135,7 +147,11 @@ class OperatorOperation:
         )
 
     async def _resume(
-        self, ctx: ExecutionContext, store: OperatorStore, resume: OperatorResume
+        self,
+        ctx: ExecutionContext,
+        store: OperatorStore,
+        resume: OperatorResume,
+        forbid_claim: ConnectorError | None = None,
     ) -> Outcome:
         source = resume.source_action_id
         if source == ctx.action.id or ctx.keys.slot_action_id != source:
@@ -144,7 +160,7 @@ class OperatorOperation:
                 "a resume needs a new Action id, keyed under its source Action",
             )
         session = OperatorSession(ctx, self.policy, store, source_action_id=source)
-        end = await ResumeLedger(session, resume).run()
+        end = await ResumeLedger(session, resume, forbid_claim=forbid_claim).run()
         if end.cancelled:
             return Outcome(
                 ResultStatus.CANCELLED,

@@ -20,6 +20,12 @@ offer is refused before anything is recorded or sent (`approval_choice_not_offer
 
 After a decision is applied the resume keeps observing the run by polling (the source's
 single-use event stream is gone) until a terminal state or the next approval.
+
+A redelivery that admission refused (its deadline passed, say) after an earlier delivery
+recorded this resume's command is recovered, not refused (`Operation.began`,
+`forbid_claim`): the command is settled as it stands, a claim whose holder is gone as
+`approval_outcome_unknown`, since its approval may have reached Hermes. It never claims or
+sends anything.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from typing import Any
 from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorResume
+from worker import faults
 from worker.bus.audit import receipt
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
@@ -72,9 +79,20 @@ class ResumeEnd:
 class ResumeLedger:
     """One resume Action against its source binding."""
 
-    def __init__(self, session: OperatorSession, resume: OperatorResume) -> None:
+    def __init__(
+        self,
+        session: OperatorSession,
+        resume: OperatorResume,
+        *,
+        forbid_claim: ConnectorError | None = None,
+    ) -> None:
         self.s = session
         self.resume = resume
+        #: Why no decision may be claimed or sent (a redelivery admission refused, recovering
+        #: the command an earlier delivery recorded, `Recovering`): the recorded command is
+        #: settled as it stands (applied, rejected, or unknown once its claim holder is
+        #: gone), and without one the refusal itself is the answer.
+        self.forbid_claim = forbid_claim
         ctx = session.ctx
         self.resume_id = ctx.action.id
         self.fingerprint = operator_fingerprint(ctx.endpoint.id, ctx.action)
@@ -90,6 +108,8 @@ class ResumeLedger:
         while True:
             command = binding.command_for(self.resume_id)
             if command is None:
+                if self.forbid_claim is not None:
+                    raise self.forbid_claim  # nothing of this resume was recorded or sent
                 if binding.terminal:
                     return ResumeEnd(binding)  # nothing left to decide: the source outcome
                 if self.s.ctx.cancel_requested.is_set():
@@ -220,6 +240,7 @@ class ResumeLedger:
             self._request_budget_s(),
             request_id=command.request_id,
         )
+        faults.hit("after_post_approval", self.resume_id)
         receipt(
             ReceiptEvent.APPROVAL_COMMAND,
             run_id=run_id,
