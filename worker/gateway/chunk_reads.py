@@ -45,6 +45,8 @@ class Link:
     prev_sha256: str | None
     terminal: bool
     document: dict[str, Any]
+    #: The AIP StreamChunk the Envelope carries (what `include_chunks` passes).
+    chunk: dict[str, Any]
 
 
 @dataclass
@@ -59,7 +61,7 @@ class ChunkReader:
     def add(self, data: bytes) -> Link | None:
         """Keep `data` if it is a chunk of this child (None, counted, if not)."""
         try:
-            chunk, _ = decode_chunk(data)
+            chunk, opened = decode_chunk(data)
         except EnvelopeRejected:
             self.skipped += 1
             return None
@@ -73,6 +75,7 @@ class ChunkReader:
             prev_sha256=chunk.prev_sha256,
             terminal=isinstance(chunk, DoneChunk | ErrorChunk),
             document=document,
+            chunk=dict(next(iter(opened.envelope["body"].values()))),
         )
         self.links.append(link)
         return link

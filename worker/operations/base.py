@@ -68,7 +68,6 @@ class OperationSpec:
         return (Mode.SYNC, Mode.ASYNC)
 
 
-
 @dataclass(slots=True)
 class Outcome:
     """What an execution ended with; the runtime turns it into the settled ActionResult."""
@@ -226,4 +225,3 @@ class Registry:
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
-

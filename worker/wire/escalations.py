@@ -336,7 +336,6 @@ def decode_resolution(
     return resolution, opened
 
 
-
 __all__ = [
     "ESCALATION_TYPE",
     "RESOLUTION_TYPE",

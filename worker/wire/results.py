@@ -212,7 +212,6 @@ def decode_result(
     return result, opened
 
 
-
 __all__ = [
     "ERROR_SOURCE",
     "MESSAGE_MAX_BYTES",
