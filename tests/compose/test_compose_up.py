@@ -30,15 +30,17 @@ import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.action import Action
+from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from tests.compose.deployment import COMPOSE, Deployment, compose_command
 from worker.bus.stream_reads import drain
 from worker.client import AipClient
+from worker.gateway.service import namespaced_action_id
 from worker.store.keys import ActionKeys
 from worker.testing._procs import free_ports
 from worker.testing.fake_hermes import FakeHermesControl, RouteDelay
-from worker.testing.gateway import call_tool
+from worker.testing.gateway import call_tool, hermes_principal_id
 from worker.testing.pytest_plugin import require_engine, service_unavailable
 from worker.testing.scenario import AIP_DISCOVER_CALL
 from worker.wire.results import decode_result
@@ -203,12 +205,19 @@ async def _serve_lose_a_worker_restart_redis(
     # worker, once, and answers with its native result.
     token = (COMPOSE / "secrets" / "mcp_token_hermes-1").read_text().strip()
     reads = await _child_reads(control)
-    arguments = {"capability": CHILD, "input": {}, "mode": "sync", "timeout_ms": 60_000}
-    answer = await call_tool(deployment.mcp_url, token, "aip_call", {"arguments": arguments})
+    arguments = {
+        "action_id": new_action_id(),
+        "capability_id": CHILD,
+        "input": {},
+        "mode": "sync",
+        "timeout_ms": 60_000,
+    }
+    answer = await call_tool(deployment.mcp_url, token, "aip_call", arguments)
     assert not answer.is_error, answer.document
-    assert answer.document["state"] == "completed", answer.document
-    assert answer.document["result"]["status"] == "completed", answer.document
-    child = await gateway.handle(ENDPOINT, answer.document["action_id"]).result(timeout_s=10)
+    assert answer.aip["status"] == "completed", answer.aip
+    # On the bus the child's id is the caller's, namespaced to its principal.
+    child_id = namespaced_action_id(hermes_principal_id(ENDPOINT), None, arguments["action_id"])
+    child = await gateway.handle(ENDPOINT, child_id).result(timeout_s=10)
     assert child.status is ResultStatus.COMPLETED
     assert any(child.settled_by.startswith(deployment.hostname(c)) for c in workers)
     assert await _child_reads(control) == reads + 1
@@ -226,7 +235,7 @@ async def _serve_lose_a_worker_restart_redis(
     # The child is the hermes-1 principal's: only its owner may read its result.
     owned = await call_tool(deployment.mcp_url, token, "aip_action_result", {"action_id": found[0]})
     assert not owned.is_error, owned.document
-    assert owned.document["result"]["status"] == "completed", owned.document
+    assert owned.body["status"] == "completed", owned.document
     assert await _child_reads(control) == reads + 2
 
     # 4. The worker holding a slow Action is killed; another one finishes it, once.

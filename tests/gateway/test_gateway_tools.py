@@ -22,6 +22,7 @@ from subjects.streams import StreamPolicy
 from tests.aip_wire import receipt_fields
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
 from worker.errors import McpHttpRefused
+from worker.gateway.facade import EXTENSION_KEY
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import ToolAnswer, call_tool, hermes_principal_id, list_tools
 from worker.testing.identities import TENANT_A, write_json
@@ -63,6 +64,11 @@ def contract(**changes: Any) -> dict[str, Any]:
     }
     fields.update(changes)
     return fields
+
+
+def delegated(delegation: dict[str, Any]) -> dict[str, Any]:
+    """The `aip_call` arguments marking a delegated child (our extension, not AIP's)."""
+    return {"extensions": {EXTENSION_KEY: {"delegation": delegation}}}
 
 
 async def aip_call(gs: GatewayStack, token: str, arguments: dict[str, Any]) -> ToolAnswer:
@@ -256,7 +262,8 @@ async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in
     assert {"received", "settled"} <= {r.event.value for r in receipts}
     # The gateway signs its receipts: `audit` (trusting its key) keeps them in the chain.
     chain = await gs.stack.client.audit_chain(
-        "h1", child_id,
+        "h1",
+        child_id,
         trusted_gateway_keys=TrustedGatewayKeys.load(gs.stack.trust.gateway_keys_file),
     )
     assert chain.unverified == []

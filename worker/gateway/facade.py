@@ -172,6 +172,11 @@ INPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
     },
 }
 
+#: One validator per tool, built once (a sync burst decodes thousands of calls).
+_VALIDATORS: Final = {
+    name: jsonschema.Draft202012Validator(schema) for name, schema in INPUT_SCHEMAS.items()
+}
+
 DESCRIPTIONS: Final = {
     "aip_capabilities": (
         "List the AIP capabilities this deployment serves you, one page at a time (`cursor` "
@@ -215,8 +220,7 @@ def check_arguments(tool: str, arguments: object) -> dict[str, Any]:
     naming the first offending field otherwise."""
     if not isinstance(arguments, dict):
         raise invalid(f"{tool} takes a JSON object of arguments")
-    validator = jsonschema.Draft202012Validator(INPUT_SCHEMAS[tool])
-    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    error = jsonschema.exceptions.best_match(_VALIDATORS[tool].iter_errors(arguments))
     if error is not None:
         where = "/".join(str(part) for part in error.absolute_path) or "arguments"
         raise invalid(f"{tool}: {where}: {error.message[:300]}")
@@ -297,6 +301,14 @@ def action_status(
 def read_answer(message_type: str, body_key: str, body: Mapping[str, Any]) -> dict[str, Any]:
     """A read tool's `structuredContent`, as the reference facade wraps a read body."""
     return {"message_type": message_type, "body": {body_key: dict(body)}}
+
+
+def summary_text(structured: Mapping[str, Any]) -> str:
+    """The text content beside a read's `structuredContent`, as the reference writes it:
+    the object is the structured content (Hermes hands both to the model, so repeating the
+    object as text would double what it reads)."""
+    message_type = structured.get("message_type")
+    return f"AIP {message_type}" if isinstance(message_type, str) else "AIP tool result"
 
 
 def event_of(

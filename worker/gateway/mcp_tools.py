@@ -9,7 +9,6 @@ receipts see (`Outcome.bus_action_id`).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ from worker.gateway.facade import (
     check_arguments,
     invalid,
     read_answer,
+    summary_text,
 )
 from worker.gateway.principals import Principal
 from worker.gateway.service import CAPABILITIES_PAGE, GatewayService, not_found
@@ -49,7 +49,7 @@ class Outcome:
     ) -> Outcome:
         return cls(
             structured=structured,
-            text=json.dumps(structured, ensure_ascii=False),
+            text=summary_text(structured),
             bus_action_id=bus_action_id,
             capability=capability,
         )
@@ -178,7 +178,7 @@ class FacadeTools:
         return Outcome(
             structured=structured,
             meta=meta,
-            text=json.dumps(structured, ensure_ascii=False),
+            text=summary_text(structured),
             bus_action_id=view["action_id"],
             capability=view["capability"],
         )
