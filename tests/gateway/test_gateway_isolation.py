@@ -96,7 +96,7 @@ def signed_h9_result(
     return encode_result(
         ActionResult(
             action_id=action_id,
-            capability_id=H9_MODELS,
+            capability=H9_MODELS,
             endpoint_id="h9",
             status=ResultStatus.COMPLETED,
             output=dict(output),

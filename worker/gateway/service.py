@@ -283,7 +283,7 @@ class GatewayService:
         extension = extension_fields(arguments)
         supplied = fields.pop("action_id", None)
         caller_id = supplied if isinstance(supplied, str) else new_action_id()
-        if extension.get("delegation") is not None:
+        if supplied is not None and extension.get("delegation") is not None:
             # A delegated child keeps its protocol-assigned id: the delegation resolver reads
             # the runtime's stores under exactly that id. Its `delegation` never reaches the
             # executor (Children.envelope), and the id is refused when anything else holds it.
@@ -296,8 +296,6 @@ class GatewayService:
                     f"({DELEGATE_PREFIX}{{endpoint}}): it marks the child of a signed "
                     "DelegationRequest"
                 )
-            if supplied is None:
-                raise _invalid("a delegated child names its action_id")
             action_id = caller_id
         else:
             action_id = namespaced_action_id(principal.principal_id, principal.tenant_id, caller_id)
