@@ -318,9 +318,9 @@ async def test_a_delegated_run_calls_aip_call_once_with_the_exact_arguments(
         }
         assert offered == {AIP_CALL_TOOL}
     assert_one_aip_call_then_prose(events)
-    # What the tool returned is this child's result (the reference facade answers a settled
-    # aip_call with the Action's output).
-    assert CHILD_CAPABILITY in tool_text(events)
+    # What the tool returned is the reference facade's answer about this child: the child
+    # is asynchronous, so `{action_id, ack}` naming it.
+    assert f'"action_id": "{request.action.id}", "ack"' in tool_text(events)
     status = await status_of(delegating_client, run_id)
     assert status["status"] == "completed"
     assert status["output"] == events[-1]["output"]
