@@ -161,9 +161,10 @@ def read_call(body: _JSON) -> ChatCall:
 def mcp_tool_outcome(content: str) -> tuple[str, bool]:
     """The text and failure flag of an MCP tool result as Hermes 0.19 hands it to the model.
 
-    Hermes encodes the tool's text as `{"result": text}` and a failure as `{"error": message}`
-    (tools/mcp_tool.py), then, from 32 characters on, fences it as untrusted data
-    (agent/tool_dispatch_helpers.py). Unwrapping both lets the final prose match the fake
+    Hermes encodes the tool's text as `{"result": text}` (with `"structuredContent"` beside it
+    when the tool answered structured content: that object is returned, as JSON) and a
+    failure as `{"error": message}` (tools/mcp_tool.py), then, from 32 characters on, fences
+    it as untrusted data (agent/tool_dispatch_helpers.py). Unwrapping both lets the final prose match the fake
     Hermes, which passes the tool's text on as it is.
     """
     fenced = _UNTRUSTED_RESULT.fullmatch(content)
@@ -176,6 +177,11 @@ def mcp_tool_outcome(content: str) -> tuple[str, bool]:
     if isinstance(document, dict):
         if "error" in document:
             return str(document["error"]), True
+        # A structured answer (the AIP facade's reads) is what the model reads of it:
+        # `{"result": text, "structuredContent": object}`, or `{"result": object}`.
+        structured = document.get("structuredContent", document.get("result"))
+        if isinstance(structured, dict):
+            return json.dumps(structured, ensure_ascii=False), False
         if isinstance(document.get("result"), str):
             return document["result"], False
     return content, False
