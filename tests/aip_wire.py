@@ -32,7 +32,7 @@ def chunk_view(data: bytes) -> dict[str, Any]:
     assert env["message_type"] == "aip.core.v1.stream_chunk", env["message_type"]
     body = env["body"]["stream_chunk"]
     ext = extension(env)
-    ((form, value),) = body["data"].items()
+    (form, value), = body["data"].items()
     if form == "hermes_sse":
         provider_event, payload = value["event"], value.get("data")
     else:

@@ -156,9 +156,7 @@ class Worker:
         if not await health.wait_ready(settings.redis_startup_wait_s, what=where):
             log.error(
                 "redis at %s did not answer within %.0f s (%s); exiting without fetching",
-                where,
-                settings.redis_startup_wait_s,
-                health.reason,
+                where, settings.redis_startup_wait_s, health.reason,
             )
             raise ConnectionError(f"redis at {where} did not answer ({health.reason})")
         self.nc = await connect_nats(settings, errors=self.errors)
@@ -176,12 +174,8 @@ class Worker:
         audit = AuditLog(publisher, settings.worker_id)
         publisher.before_result = audit.seal  # a result's receipts are on the bus before it
         keeper: LeaseKeeper[Execution] = LeaseKeeper(
-            stores.leases,
-            audit,
-            lease_ttl_ms=settings.lease_ttl_ms,
-            metrics=self.metrics,
-            health=health,
-            errors=self.errors,
+            stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
+            health=health, errors=self.errors,
         )
         self.rt = Runtime(
             settings=settings,
@@ -201,15 +195,12 @@ class Worker:
             keeper=keeper,
             registry=self.registry,
             endpoints={
-                e.id: EndpointRuntime(
+                e.id: EndpointRuntime(e, HermesClient(
                     e,
-                    HermesClient(
-                        e,
-                        transport=settings.hermes_http_transport,
-                        metrics=self.metrics,
-                        on_exchange=provider_receipt,
-                    ),
-                )
+                    transport=settings.hermes_http_transport,
+                    metrics=self.metrics,
+                    on_exchange=provider_receipt,
+                ))
                 for e in endpoints
             },
             gate=self.gate,
@@ -348,7 +339,9 @@ class Worker:
 
         assert self.rt is not None
         assert self.settings.channel_ingress_file is not None
-        targets = load_ingress_rules(self.settings.channel_ingress_file, [e.id for e in endpoints])
+        targets = load_ingress_rules(
+            self.settings.channel_ingress_file, [e.id for e in endpoints]
+        )
         self.followers = await start_followers(
             targets,
             self.rt.endpoints,
@@ -480,9 +473,7 @@ class Worker:
                 "drain: %d run(s) still going after AIPD_SHUTDOWN_GRACE_S=%.0f s (%s): "
                 "cancelling them and releasing their leases unsettled (another worker takes "
                 "them over)",
-                len(running),
-                self.settings.shutdown_grace_s,
-                _runs(running),
+                len(running), self.settings.shutdown_grace_s, _runs(running),
             )
             self.rt.shutting_down = True
             for execution in list(self.rt.keeper.executions.values()):
@@ -521,9 +512,7 @@ class Worker:
         log.info(
             "drain: fetching stopped; waiting up to %.0f s (AIPD_SHUTDOWN_GRACE_S) for %d "
             "run(s) to finish: %s",
-            self.settings.shutdown_grace_s,
-            len(running),
-            _runs(running),
+            self.settings.shutdown_grace_s, len(running), _runs(running),
         )
 
     async def run_until_signalled(self) -> None:

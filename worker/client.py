@@ -594,7 +594,9 @@ class AipClient:
         refusals: dict[int, str] = {}
         for n, (_, _, opened, _) in enumerate(decoded):
             try:
-                signers[n] = check_worker_signed(opened, self.trusted_worker_keys, what="receipt")
+                signers[n] = check_worker_signed(
+                    opened, self.trusted_worker_keys, what="receipt"
+                )
             except UnverifiedResponse as exc:
                 refusals[n] = str(exc)
         # Each receipt a worker signed vouches for the segment it ends: walk its links back.

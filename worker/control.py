@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-
 #: Answers after which a durable, authorized intent exists (the holder must re-read it).
 async def gather_replies(nc: NATS, verb: str, *, wait_s: float) -> list[bytes]:
     """`$SRV.{verb}.aip-hermes-worker` asked once, and every answer that arrives within

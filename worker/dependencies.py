@@ -74,16 +74,9 @@ class Dependency:
         hint = (REFUSED_HINT if refused else UNREACHABLE_HINT).get(self.name, "")
         verb = "refused this worker" if refused else "is unreachable"
         return self.errors.report(
-            self.name,
-            cause,
-            self.log,
+            self.name, cause, self.log,
             "%s at %s %s (%s)%s; %s",
-            self.name,
-            self.url,
-            verb,
-            cause,
-            f": {what}" if what else "",
-            hint,
+            self.name, self.url, verb, cause, f": {what}" if what else "", hint,
         )
 
     def back(self, what: str = "") -> None:
@@ -92,13 +85,8 @@ class Dependency:
             return
         self.lost_since_back = False
         self._recoveries.report(
-            self.name,
-            "back",
-            self.log,
-            "%s at %s answers again%s",
-            self.name,
-            self.url,
-            f"; {what}" if what else "",
+            self.name, "back", self.log,
+            "%s at %s answers again%s", self.name, self.url, f"; {what}" if what else "",
             level=logging.INFO,
         )
 
@@ -122,7 +110,8 @@ def port_in_use(exc: OSError, *, host: str, port: int, settings: str) -> OSError
         )
     if exc.errno == errno.EADDRNOTAVAIL:
         return SettingsError(
-            f"cannot listen on {host}:{port}, an address this host does not have: check {settings}"
+            f"cannot listen on {host}:{port}, an address this host does not have: "
+            f"check {settings}"
         )
     return exc
 

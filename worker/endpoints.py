@@ -158,7 +158,8 @@ def endpoint_key_files(settings: Settings) -> dict[str, Path]:
             raise ValueError(f"AIPD_HERMES_API_KEY_FILES: {exc}") from None
         if endpoint_id not in known:
             raise ValueError(
-                f"AIPD_HERMES_API_KEY_FILES names endpoint {endpoint_id!r}, which is not configured"
+                f"AIPD_HERMES_API_KEY_FILES names endpoint {endpoint_id!r}, "
+                "which is not configured"
             )
         if endpoint_id in found:
             raise ValueError(f"endpoint {endpoint_id!r} has two API key files")
@@ -192,11 +193,8 @@ def api_key_files(settings: Settings) -> dict[str, KeyFile]:
     own = endpoint_key_files(settings)
     keyless = [d.id for d in descriptors if d.id not in own]
     shared_from = (
-        "AIPD_HERMES_API_KEY_FILE"
-        if settings.hermes_api_key_file is not None
-        else "AIPD_HERMES_API_KEY"
-        if settings.hermes_api_key
-        else None
+        "AIPD_HERMES_API_KEY_FILE" if settings.hermes_api_key_file is not None
+        else "AIPD_HERMES_API_KEY" if settings.hermes_api_key else None
     )
     if shared_from is not None and len(keyless) > 1 and not settings.hermes_share_api_key:
         raise ValueError(

@@ -112,10 +112,7 @@ def hermes_models_check(client: HermesClient, *, timeout_s: float = HERMES_TIMEO
 
     async def check() -> bool:
         await client.request_json(
-            "GET",
-            "/v1/models",
-            protected=True,
-            total_timeout_s=timeout_s,
+            "GET", "/v1/models", protected=True, total_timeout_s=timeout_s,
             headers={PROBE_HEADER: "ready"},
         )
         return True
@@ -249,9 +246,8 @@ class HealthServer:
         self._runner = runner
         # The bound address tells the real port when 0 was asked for.
         self.port = int(runner.addresses[0][1])
-        log.info(
-            "health and metrics on http://%s:%d (/health /ready /metrics)", self.host, self.port
-        )
+        log.info("health and metrics on http://%s:%d (/health /ready /metrics)",
+                 self.host, self.port)
 
     @property
     def url(self) -> str:

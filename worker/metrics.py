@@ -118,154 +118,116 @@ class Metrics:
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         info = Gauge(
-            f"{PREFIX}_info",
-            "Constant 1, labelled with this worker's id and version",
-            ["worker_id", "version"],
-            registry=r,
+            f"{PREFIX}_info", "Constant 1, labelled with this worker's id and version",
+            ["worker_id", "version"], registry=r,
         )
         info.labels(worker_id, __version__).set(1)
         self._deliveries = Counter(
-            f"{PREFIX}_deliveries",
-            "Action deliveries by endpoint and how they were answered",
-            ["endpoint", "outcome"],
-            registry=r,
+            f"{PREFIX}_deliveries", "Action deliveries by endpoint and how they were answered",
+            ["endpoint", "outcome"], registry=r,
         )
         self._actions = Counter(
-            f"{PREFIX}_actions",
-            "Actions settled by this worker, by capability, status and code",
-            ["capability", "status", "code"],
-            registry=r,
+            f"{PREFIX}_actions", "Actions settled by this worker, by capability, status and code",
+            ["capability", "status", "code"], registry=r,
         )
         self._in_flight = Gauge(
-            f"{PREFIX}_in_flight",
-            "Leased Actions executing on this worker now",
-            ["endpoint"],
-            registry=r,
+            f"{PREFIX}_in_flight", "Leased Actions executing on this worker now",
+            ["endpoint"], registry=r,
         )
         self._takeovers = Counter(
-            f"{PREFIX}_lease_takeovers",
-            "Leases acquired from an owner whose lease had expired",
-            ["endpoint"],
-            registry=r,
+            f"{PREFIX}_lease_takeovers", "Leases acquired from an owner whose lease had expired",
+            ["endpoint"], registry=r,
         )
         self._lost = Counter(
-            f"{PREFIX}_leases_lost",
-            "Executions stopped because their lease was lost",
-            ["endpoint"],
-            registry=r,
+            f"{PREFIX}_leases_lost", "Executions stopped because their lease was lost",
+            ["endpoint"], registry=r,
         )
         self._fenced = Counter(
-            f"{PREFIX}_fence_rejections",
-            "Fenced writes refused because a newer owner exists",
-            ["endpoint", "step"],
-            registry=r,
+            f"{PREFIX}_fence_rejections", "Fenced writes refused because a newer owner exists",
+            ["endpoint", "step"], registry=r,
         )
         self._dlq = Counter(
-            f"{PREFIX}_dlq_entries",
-            "Envelopes dead-lettered, by endpoint and error code",
-            ["endpoint", "code"],
-            registry=r,
+            f"{PREFIX}_dlq_entries", "Envelopes dead-lettered, by endpoint and error code",
+            ["endpoint", "code"], registry=r,
         )
         self._dlq_dropped = Counter(
             f"{PREFIX}_dlq_dropped",
             "Refused envelopes terminated without a DLQ entry: over the per-subject rate "
             "('rate') or refused by a full DLQ stream ('full')",
-            ["endpoint", "reason"],
-            registry=r,
+            ["endpoint", "reason"], registry=r,
         )
         self._provider_seconds = Histogram(
             f"{PREFIX}_provider_request_seconds",
             "Hermes exchange duration (to the end of the body or stream), by route template",
-            ["endpoint", "method", "route"],
-            buckets=PROVIDER_BUCKETS,
-            registry=r,
+            ["endpoint", "method", "route"], buckets=PROVIDER_BUCKETS, registry=r,
         )
         self._provider_status = Counter(
             f"{PREFIX}_provider_responses",
             "Hermes answers by route template and HTTP status ('transport' when none came)",
-            ["endpoint", "method", "route", "status"],
-            registry=r,
+            ["endpoint", "method", "route", "status"], registry=r,
         )
         self._chunks = Counter(
-            f"{PREFIX}_chunks_published",
-            "StreamChunks published, by endpoint and kind",
-            ["endpoint", "kind"],
-            registry=r,
+            f"{PREFIX}_chunks_published", "StreamChunks published, by endpoint and kind",
+            ["endpoint", "kind"], registry=r,
         )
         self._unknown = Counter(
             f"{PREFIX}_outcome_unknown",
             "Actions settled with uncertain_outcome (sent, result unknown, never replayed)",
-            ["capability"],
-            registry=r,
+            ["capability"], registry=r,
         )
         self._escalations = Counter(
             f"{PREFIX}_escalations_raised",
             "Escalations this worker's fenced settles raised, by endpoint and kind",
-            ["endpoint", "kind"],
-            registry=r,
+            ["endpoint", "kind"], registry=r,
         )
         self._escalations_open = Gauge(
             f"{PREFIX}_escalations_open",
             "Escalations on the stream without a resolution, by endpoint and kind, counted "
             "from NATS and Redis when scraped (every worker of an endpoint reports the same)",
-            ["endpoint", "kind"],
-            registry=r,
+            ["endpoint", "kind"], registry=r,
         )
         self._queue_pending = Gauge(
             f"{PREFIX}_queue_pending",
             "Messages on an endpoint's work queue not yet delivered to any worker (the "
             "consumer's num_pending, read when scraped; every worker reports the same)",
-            ["endpoint", "queue"],
-            registry=r,
+            ["endpoint", "queue"], registry=r,
         )
         self._queue_in_flight = Gauge(
             f"{PREFIX}_queue_in_flight",
             "Messages delivered from an endpoint's work queue and not yet acknowledged, pool-"
             "wide (the consumer's num_ack_pending, read when scraped; every worker reports "
             "the same)",
-            ["endpoint", "queue"],
-            registry=r,
+            ["endpoint", "queue"], registry=r,
         )
         self._channel = Counter(
             f"{PREFIX}_channel_deliveries",
             "Channel deliveries this worker started (results or escalations into a session)",
-            ["endpoint", "source"],
-            registry=r,
+            ["endpoint", "source"], registry=r,
         )
         self._ingress = Counter(
             f"{PREFIX}_channel_ingress_messages",
             "Session messages taken by channel ingress: published, or refused (dead-lettered)",
-            ["endpoint", "outcome"],
-            registry=r,
+            ["endpoint", "outcome"], registry=r,
         )
         self._ingress_lag = Gauge(
             f"{PREFIX}_channel_ingress_lag_seconds",
             "Age of the oldest session message not yet published at the last poll (0: caught up)",
-            ["endpoint", "session"],
-            registry=r,
+            ["endpoint", "session"], registry=r,
         )
         self._heartbeats = Counter(
-            f"{PREFIX}_heartbeat_round_trips",
-            "Lease renewal round trips by result",
-            ["result"],
-            registry=r,
+            f"{PREFIX}_heartbeat_round_trips", "Lease renewal round trips by result",
+            ["result"], registry=r,
         )
         self.heartbeat_seconds = Histogram(
-            f"{PREFIX}_heartbeat_seconds",
-            "Duration of one pipelined renewal of every lease",
-            buckets=HEARTBEAT_BUCKETS,
-            registry=r,
+            f"{PREFIX}_heartbeat_seconds", "Duration of one pipelined renewal of every lease",
+            buckets=HEARTBEAT_BUCKETS, registry=r,
         )
         self.leases_held = Gauge(
-            f"{PREFIX}_leases_held",
-            "Leases the heartbeat renewed on its last tick",
-            registry=r,
+            f"{PREFIX}_leases_held", "Leases the heartbeat renewed on its last tick", registry=r,
         )
         self._errors = Counter(
-            f"{PREFIX}_errors",
-            "Repeated failures by where and cause (logged once per interval)",
-            ["where", "cause"],
-            registry=r,
+            f"{PREFIX}_errors", "Repeated failures by where and cause (logged once per interval)",
+            ["where", "cause"], registry=r,
         )
         self.store_accepting = Gauge(
             f"{PREFIX}_store_accepting",
@@ -273,17 +235,14 @@ class Metrics:
             registry=r,
         )
         self._ready = Gauge(
-            f"{PREFIX}_ready",
-            "1 when the named readiness check passed at its last evaluation",
-            ["check"],
-            registry=r,
+            f"{PREFIX}_ready", "1 when the named readiness check passed at its last evaluation",
+            ["check"], registry=r,
         )
         self._trust_expired = Gauge(
             f"{PREFIX}_trust_entries_expired",
             "Entries of a trust file ('identity', 'authority') skipped at start-up because "
             "they had expired (renew or remove them)",
-            ["file"],
-            registry=r,
+            ["file"], registry=r,
         )
         self._f_deliveries = _Family(self._deliveries.labels)
         self._f_actions = _Family(self._actions.labels)

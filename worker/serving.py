@@ -61,35 +61,20 @@ def settings_blockers(settings: Settings) -> list[Blocker]:
     """What the settings leave missing; none of these is re-read, so fixing one is a restart."""
     found: list[Blocker] = []
     if settings.worker_signing_key_file is None and not settings.allow_unsigned_responses:
-        found.append(
-            Blocker(
-                None,
-                (
-                    "cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE is not set "
-                    "(every Action would be refused with connector_host.response_signing)"
-                ),
-            )
-        )
+        found.append(Blocker(None, (
+            "cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE is not set "
+            "(every Action would be refused with connector_host.response_signing)"
+        )))
     if settings.trusted_gateway_keys_file is None and not settings.allow_unsigned_envelopes:
-        found.append(
-            Blocker(
-                None,
-                (
-                    "cannot verify envelopes: AIPD_TRUSTED_GATEWAY_KEYS_FILE is not set "
-                    "(every Action would be dead-lettered, connector_host.authentication)"
-                ),
-            )
-        )
+        found.append(Blocker(None, (
+            "cannot verify envelopes: AIPD_TRUSTED_GATEWAY_KEYS_FILE is not set "
+            "(every Action would be dead-lettered, connector_host.authentication)"
+        )))
     if settings.trusted_identity_file is None:
-        found.append(
-            Blocker(
-                None,
-                (
-                    "cannot check identities: AIPD_TRUSTED_IDENTITY_FILE is not set "
-                    "(every Action would be refused, connector_host.authentication)"
-                ),
-            )
-        )
+        found.append(Blocker(None, (
+            "cannot check identities: AIPD_TRUSTED_IDENTITY_FILE is not set "
+            "(every Action would be refused, connector_host.authentication)"
+        )))
     return found
 
 
@@ -109,13 +94,10 @@ async def probe_key(client: HermesClient) -> KeyProbe:
     """Whether the endpoint's Hermes accepts its key, and if not, what to fix."""
     endpoint = client.endpoint
     if endpoint.api_key is None:
-        return KeyProbe(
-            (
-                f"endpoint {endpoint.id} has no API key (AIPD_HERMES_API_KEY_FILE, "
-                "AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE)"
-            ),
-            blocks=True,
-        )
+        return KeyProbe((
+            f"endpoint {endpoint.id} has no API key (AIPD_HERMES_API_KEY_FILE, "
+            "AIPD_HERMES_API_KEY_FILES or api_key_file in AIPD_HERMES_ENDPOINTS_FILE)"
+        ), blocks=True)
     unreachable = (
         f"endpoint {endpoint.id}: Hermes at {endpoint.url} did not answer the key probe "
         "(check the endpoint's url in AIPD_HERMES_URL / AIPD_HERMES_ENDPOINTS_FILE)"
@@ -123,23 +105,17 @@ async def probe_key(client: HermesClient) -> KeyProbe:
     try:
         async with asyncio.timeout(PROBE_TIMEOUT_S):
             await client.request_json(
-                "GET",
-                "/v1/models",
-                protected=True,
-                total_timeout_s=PROBE_TIMEOUT_S,
+                "GET", "/v1/models", protected=True, total_timeout_s=PROBE_TIMEOUT_S,
                 headers={PROBE_HEADER: "key"},
             )
     except ConnectorError as exc:
         if exc.remote_status in (401, 403):
-            return KeyProbe(
-                (
-                    f"endpoint {endpoint.id}: Hermes at {endpoint.url} refused the API key "
-                    f"({exc.remote_status}); check the key file for this endpoint "
-                    "(AIPD_HERMES_API_KEY_FILE / AIPD_HERMES_API_KEY_FILES) against Hermes' "
-                    "API_SERVER_KEY"
-                ),
-                blocks=True,
-            )
+            return KeyProbe((
+                f"endpoint {endpoint.id}: Hermes at {endpoint.url} refused the API key "
+                f"({exc.remote_status}); check the key file for this endpoint "
+                "(AIPD_HERMES_API_KEY_FILE / AIPD_HERMES_API_KEY_FILES) against Hermes' "
+                "API_SERVER_KEY"
+            ), blocks=True)
         return KeyProbe(f"{unreachable} ({exc.code.value})")
     except TimeoutError:
         return KeyProbe(f"{unreachable} in {PROBE_TIMEOUT_S:.0f} s")
@@ -219,12 +195,9 @@ class ServingGate:
                 self._probed[endpoint_id] = probe
                 if probe.reason is not None:
                     self.errors.report(
-                        f"serving {endpoint_id}",
-                        probe.reason,
-                        log,
+                        f"serving {endpoint_id}", probe.reason, log,
                         "not serving %s: %s" if probe.blocks else "serving %s in an outage: %s",
-                        endpoint_id,
-                        probe.reason,
+                        endpoint_id, probe.reason,
                     )
                 elif before is None or before.reason is not None:
                     log.info("endpoint %s: Hermes accepts the API key", endpoint_id)

@@ -35,23 +35,17 @@ def _machine() -> str:
 
     # The ceilings page's serialization case: how fast this CPU is compared with the machine
     # the peer figures were measured on (912k encodes/s there).
-    sample = {
-        "id": 1,
-        "items": [{"sku": f"sku-{i}", "qty": i, "price": 9.99} for i in range(8)],
-        "address": {"street": "Main St 1", "city": "Town", "zip": "12345"},
-        "attrs": {f"k{i}": f"value-{i}" for i in range(8)},
-        "note": "x" * 300,
-    }
+    sample = {"id": 1, "items": [{"sku": f"sku-{i}", "qty": i, "price": 9.99} for i in range(8)],
+              "address": {"street": "Main St 1", "city": "Town", "zip": "12345"},
+              "attrs": {f"k{i}": f"value-{i}" for i in range(8)}, "note": "x" * 300}
     began = time.perf_counter()
     for _ in range(100_000):
         msgspec.json.encode(sample)
     rate = 100_000 / (time.perf_counter() - began)
     load = os.getloadavg()
-    return (
-        f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, msgspec encode "
-        f"{rate / 1000:.0f}k/s (ceilings machine: 912k/s), load average at start "
-        f"{load[0]:.2f}"
-    )
+    return (f"{os.cpu_count()} cores, Python {sys.version.split()[0]}, msgspec encode "
+            f"{rate / 1000:.0f}k/s (ceilings machine: 912k/s), load average at start "
+            f"{load[0]:.2f}")
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -76,58 +70,39 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         result = await throughput.measure(
                             bench, system, workers, args.actions, otel=otel
                         )
-                        print(
-                            f"  round {round_ + 1} {system} x{workers}: "
-                            f"{result.actions_per_s:,.0f} Actions/s",
-                            flush=True,
-                        )
+                        print(f"  round {round_ + 1} {system} x{workers}: "
+                              f"{result.actions_per_s:,.0f} Actions/s", flush=True)
                         results.append(result)
             out["throughput"] = results
             print("\n## Figures 1-2: throughput\n" + report.throughput_table(results))
-            print(
-                "\nRedis commands our worker sends per Action (1 process):\n"
-                + report.breakdown_table(results)
-                + "\n",
-                flush=True,
-            )
+            print("\nRedis commands our worker sends per Action (1 process):\n"
+                  + report.breakdown_table(results) + "\n", flush=True)
         if 3 in figures:
             rates, latencies = [], []
             for _ in range(args.runs):
                 ours, sample = await relay.ours_max_rate(bench, args.flood)
-                rates += [
-                    ours,
-                    await relay.raw_publish_rate(bench, sample, args.flood),
-                    await relay.raw_relay_rate(bench, args.flood),
-                ]
+                rates += [ours, await relay.raw_publish_rate(bench, sample, args.flood),
+                          await relay.raw_relay_rate(bench, args.flood)]
                 for rate in relay.OFFERED_RATES:
-                    latencies += [
-                        await relay.ours_latency(bench, rate),
-                        await relay.raw_relay_latency(bench, rate),
-                    ]
+                    latencies += [await relay.ours_latency(bench, rate),
+                                  await relay.raw_relay_latency(bench, rate)]
             out["relay"] = {"rates": rates, "latencies": latencies}
-            print(
-                "\n## Figure 3: chunk relay\n" + report.relay_tables(rates, latencies) + "\n",
-                flush=True,
-            )
+            print("\n## Figure 3: chunk relay\n" + report.relay_tables(rates, latencies) + "\n",
+                  flush=True)
         if 4 in figures:
-            held = [
-                await inflight.measure(bench, args.inflight, args.inflight_event_every)
-                for _ in range(args.slow_runs)
-            ]
+            held = [await inflight.measure(bench, args.inflight, args.inflight_event_every)
+                    for _ in range(args.slow_runs)]
             out["inflight"] = held
-            print(
-                "\n## Figure 4: in-flight scale\n" + report.inflight_table(held) + "\n", flush=True
-            )
+            print("\n## Figure 4: in-flight scale\n" + report.inflight_table(held) + "\n",
+                  flush=True)
         if 5 in figures:
             recovered = []
             for _ in range(args.slow_runs):
                 for system in throughput.SYSTEMS:
                     recovered.append(await recovery.measure(bench, system))
             out["recovery"] = recovered
-            print(
-                "\n## Figure 5: recovery after kill -9\n" + report.recovery_table(recovered) + "\n",
-                flush=True,
-            )
+            print("\n## Figure 5: recovery after kill -9\n" + report.recovery_table(recovered)
+                  + "\n", flush=True)
     finally:
         await sinks.aclose()
         bench.close()
@@ -140,32 +115,17 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="repetitions of figures 1-3")
     parser.add_argument("--slow-runs", type=int, default=1, help="repetitions of figures 4-5")
     parser.add_argument("--actions", type=int, default=1000, help="Actions per throughput run")
-    parser.add_argument(
-        "--systems",
-        default=",".join(throughput.SYSTEMS),
-        help="the systems of figures 1-2 (a peer's extra may be missing)",
-    )
-    parser.add_argument(
-        "--otel",
-        action="store_true",
-        help="figure 1 also runs our worker with OpenTelemetry tracing on "
-        "(`ours-otel`, spans sent to a sink in the bench process)",
-    )
+    parser.add_argument("--systems", default=",".join(throughput.SYSTEMS),
+                        help="the systems of figures 1-2 (a peer's extra may be missing)")
+    parser.add_argument("--otel", action="store_true",
+                        help="figure 1 also runs our worker with OpenTelemetry tracing on "
+                             "(`ours-otel`, spans sent to a sink in the bench process)")
     parser.add_argument("--flood", type=int, default=10_000, help="events of the relay run")
-    parser.add_argument(
-        "--inflight",
-        type=int,
-        default=inflight.RUNS,
-        help="runs figure 4 holds in one worker (at most 10,000)",
-    )
-    parser.add_argument(
-        "--inflight-event-every",
-        type=float,
-        default=None,
-        metavar="S",
-        help="seconds between two events of one held run (default: the "
-        "runs together send 1,000 events/s, at most one per 2 s each)",
-    )
+    parser.add_argument("--inflight", type=int, default=inflight.RUNS,
+                        help="runs figure 4 holds in one worker (at most 10,000)")
+    parser.add_argument("--inflight-event-every", type=float, default=None, metavar="S",
+                        help="seconds between two events of one held run (default: the "
+                             "runs together send 1,000 events/s, at most one per 2 s each)")
     args = parser.parse_args()
     counting.install()
     began = time.monotonic()

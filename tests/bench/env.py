@@ -169,15 +169,8 @@ class Bench:
         trust = write_trust_files(trust_dir)
         fake = Proc(
             "fake-hermes",
-            [
-                sys.executable,
-                "-m",
-                "tests.bench.fake_server",
-                "--port",
-                "0",
-                "--api-key-file",
-                str(key_file),
-            ],
+            [sys.executable, "-m", "tests.bench.fake_server", "--port", "0",
+             "--api-key-file", str(key_file)],
             env={},
             log_dir=root,
         ).start()
@@ -237,9 +230,7 @@ class Bench:
                 with contextlib.suppress(NotFoundError):
                     await js.delete_stream(stream.config.name)
             await provision(
-                js,
-                self.subjects,
-                list(endpoints),
+                js, self.subjects, list(endpoints),
                 StreamPolicy(ack_wait_s=ack_wait_s, max_ack_pending=100_000),
             )
         finally:

@@ -87,32 +87,19 @@ async def measure(bench: Bench, runs: int = RUNS, every_s: float | None = None) 
     endpoints = endpoint_ids(runs)
     await bench.wipe(ack_wait_s=LEASE_TTL_MS / 1000, endpoints=endpoints)
     every_s = event_every_s(runs) if every_s is None else every_s
-    pacer = bench.spawn(
-        "pacer-slow",
-        [
-            sys.executable,
-            "-m",
-            "tests.bench.pacer",
-            "--rate",
-            str(1 / every_s),
-            "--count",
-            str(max(1, round(RUN_S / every_s))),
-        ],
-        {},
-    )
+    pacer = bench.spawn("pacer-slow", [
+        sys.executable, "-m", "tests.bench.pacer", "--rate", str(1 / every_s),
+        "--count", str(max(1, round(RUN_S / every_s)))], {})
     pacer.wait_for_log("listening on", 20.0)
     url = pacer.log_text().split("listening on", 1)[1].split()[0]
     # Runs dealt out as evenly as the endpoints allow (each gets at most PER_ENDPOINT).
     share, extra = divmod(runs, len(endpoints))
-    batches = {
-        e: build_envelopes(bench, share + (i < extra), endpoint=e) for i, e in enumerate(endpoints)
-    }
+    batches = {e: build_envelopes(bench, share + (i < extra), endpoint=e)
+               for i, e in enumerate(endpoints)}
     for envelopes in batches.values():
         await approve_all(bench, envelopes)
     worker = start_workers(
-        bench,
-        "ours",
-        1,
+        bench, "ours", 1,
         AIPD_HERMES_ENDPOINTS=",".join(f"{e}={url}" for e in endpoints),
         AIPD_HERMES_SHARE_API_KEY="true",  # every endpoint is the one pacer server
         AIPD_CONCURRENCY=str(min(MAX_SLOTS, runs + 100)),
@@ -133,11 +120,9 @@ async def measure(bench: Bench, runs: int = RUNS, every_s: float | None = None) 
             started = await asyncio.to_thread(_pacer_started, url)
             if time.monotonic() - shown_at >= 5.0:  # the ramp's shape, for the log
                 now, cpu = time.monotonic(), worker.cpu_s()
-                print(
-                    f"  ramp: {started:,} started after {now - began:.1f} s, worker CPU "
-                    f"{(cpu - cpu_at) / (now - shown_at):.0%}, RSS {worker.rss_mb():.0f} MB",
-                    flush=True,
-                )
+                print(f"  ramp: {started:,} started after {now - began:.1f} s, worker CPU "
+                      f"{(cpu - cpu_at) / (now - shown_at):.0%}, RSS {worker.rss_mb():.0f} MB",
+                      flush=True)
                 shown_at, cpu_at = now, cpu
         ramp_s = time.monotonic() - began
         peak = worker.rss_mb()

@@ -65,25 +65,17 @@ class Pacer:
                 frames = []
                 now = time.time()
                 for _ in range(due - sent):
-                    event = {
-                        "event": "message.delta",
-                        "run_id": run_id,
-                        "timestamp": now,
-                        "delta": ".",
-                    }
+                    event = {"event": "message.delta", "run_id": run_id, "timestamp": now,
+                             "delta": "."}
                     frames.append(b"data: " + json.dumps(event).encode() + b"\n\n")
                 await response.write(b"".join(frames))
                 sent = due
             next_at = begin + sent / self.rate
             await asyncio.sleep(max(FLUSH_EVERY_S, next_at - loop.time()))
         self.runs[run_id] = "completed"
-        done = {
-            "event": "run.completed",
-            "run_id": run_id,
-            "timestamp": time.time(),
-            "output": "done",
-            "usage": {"input_tokens": 1, "output_tokens": 1, "total_tokens": 2},
-        }
+        done = {"event": "run.completed", "run_id": run_id, "timestamp": time.time(),
+                "output": "done", "usage": {"input_tokens": 1, "output_tokens": 1,
+                                            "total_tokens": 2}}
         await response.write(b"data: " + json.dumps(done).encode() + b"\n\n")
         await response.write(b": stream closed\n\n")
         await response.write_eof()

@@ -50,10 +50,8 @@ class Recovery:
 
 def _timers(system: str) -> dict[str, str]:
     if system == "ours":
-        return {
-            "AIPD_LEASE_TTL_MS": str(int(TIMER_S * 1000)),
-            "AIPD_HERMES_OPERATOR_MAX_EVENTS": "100000",
-        }
+        return {"AIPD_LEASE_TTL_MS": str(int(TIMER_S * 1000)),
+                "AIPD_HERMES_OPERATOR_MAX_EVENTS": "100000"}
     if system == "arq":
         return {"BENCH_ARQ_JOB_TIMEOUT_S": str(ARQ_JOB_TIMEOUT_S)}
     if system == "raw":
@@ -70,9 +68,8 @@ async def _wait_starts(bench: Bench, count: int, timeout_s: float) -> None:
 
 
 async def measure(bench: Bench, system: str) -> Recovery:
-    envelopes = await prepare(
-        bench, system, IN_FLIGHT_RUNS, ack_wait_s=TIMER_S, objective=SLOW_OBJECTIVE
-    )
+    envelopes = await prepare(bench, system, IN_FLIGHT_RUNS, ack_wait_s=TIMER_S,
+                              objective=SLOW_OBJECTIVE)
     ids = [e.action_id for e in envelopes]
     async with FakeHermesControl(bench.fake_url) as control:
         await control.add_faults(EventsSlow(delay_s=FRAME_DELAY_S, times=None))
@@ -141,9 +138,8 @@ async def _watch(
             for action_id in ids:
                 if action_id in evidence:
                     continue
-                seen = [
-                    at for at, _ in completions.chunks.get(action_id, []) if at > killed_at + grace
-                ]
+                seen = [at for at, _ in completions.chunks.get(action_id, [])
+                        if at > killed_at + grace]
                 result = completions.results.get(action_id)
                 if result is not None and result > killed_at + grace:
                     seen.append(result)

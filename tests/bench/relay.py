@@ -172,13 +172,8 @@ async def raw_publish_rate(bench: Bench, sample: bytes, events: int = FLOOD_EVEN
     await bench.wipe()
     payload_file = bench.root / "chunk-sample.json"
     payload_file.write_bytes(sample)
-    return await _raw(
-        bench,
-        "publish",
-        events,
-        ["--payload-file", str(payload_file), "--count", str(events)],
-        bench.fake_url,
-    )
+    return await _raw(bench, "publish", events, [
+        "--payload-file", str(payload_file), "--count", str(events)], bench.fake_url)
 
 
 async def raw_relay_rate(bench: Bench, events: int = FLOOD_EVENTS) -> RelayRate:
@@ -193,25 +188,10 @@ async def _raw(bench: Bench, mode: str, events: int, extra: list[str], url: str)
     consumer = ChunkConsumer()
     try:
         await consumer.start(nc)
-        proc = bench.spawn(
-            f"raw-{mode}",
-            [
-                sys.executable,
-                "-m",
-                "tests.bench.raw_relay",
-                mode,
-                "--nats-url",
-                bench.nats_url,
-                "--action-id",
-                new_action_id(),
-                "--hermes-url",
-                url,
-                "--api-key-file",
-                str(bench.key_file),
-                *extra,
-            ],
-            {},
-        )
+        proc = bench.spawn(f"raw-{mode}", [
+            sys.executable, "-m", "tests.bench.raw_relay", mode, "--nats-url", bench.nats_url,
+            "--action-id", new_action_id(), "--hermes-url", url,
+            "--api-key-file", str(bench.key_file), *extra], {})
         await asyncio.to_thread(proc.wait_for_log, f"raw {mode} done", 120.0)
         cpu = proc.cpu_s()
         await consumer.wait_count(events, 30)
@@ -225,11 +205,8 @@ async def _raw(bench: Bench, mode: str, events: int, extra: list[str], url: str)
 
 
 def _pacer(bench: Bench, rate: float, count: int) -> tuple[Proc, str]:
-    proc = bench.spawn(
-        "pacer",
-        [sys.executable, "-m", "tests.bench.pacer", "--rate", str(rate), "--count", str(count)],
-        {},
-    )
+    proc = bench.spawn("pacer", [sys.executable, "-m", "tests.bench.pacer", "--rate", str(rate),
+                                 "--count", str(count)], {})
     proc.wait_for_log("listening on", 20.0)
     return proc, proc.log_text().split("listening on", 1)[1].split()[0]
 
@@ -247,13 +224,8 @@ async def ours_latency(bench: Bench, rate: float) -> RelayLatency:
     count = int(rate * LATENCY_SECONDS)
     envelopes = await prepare(bench, "ours", 1)
     _, url = _pacer(bench, rate, count)
-    start_workers(
-        bench,
-        "ours",
-        1,
-        AIPD_HERMES_OPERATOR_MAX_EVENTS="100000",
-        AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}={url}",
-    )
+    start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS="100000",
+                  AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}={url}")
     nc = await nats.connect(bench.nats_url)
     consumer = ChunkConsumer(parse_timestamps=True)
     try:
@@ -275,22 +247,9 @@ async def raw_relay_latency(bench: Bench, rate: float) -> RelayLatency:
     consumer = ChunkConsumer(parse_timestamps=True)
     try:
         await consumer.start(nc)
-        bench.spawn(
-            "raw-relay",
-            [
-                sys.executable,
-                "-m",
-                "tests.bench.raw_relay",
-                "relay",
-                "--nats-url",
-                bench.nats_url,
-                "--action-id",
-                new_action_id(),
-                "--hermes-url",
-                url,
-            ],
-            {},
-        )
+        bench.spawn("raw-relay", [
+            sys.executable, "-m", "tests.bench.raw_relay", "relay", "--nats-url",
+            bench.nats_url, "--action-id", new_action_id(), "--hermes-url", url], {})
         await consumer.wait_count(count, 60 + LATENCY_SECONDS * 4)
     finally:
         await consumer.stop()

@@ -20,10 +20,8 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
             return f"{value:,.2f}" if abs(value) < 100 else f"{value:,.0f}"
         return str(value)
 
-    lines = [
-        "| " + " | ".join(headers) + " |",
-        "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|",
-    ]
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "|".join("---:" if i else "---" for i in range(len(headers))) + "|"]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in rows]
     return "\n".join(lines)
 
@@ -49,36 +47,18 @@ def throughput_table(results: Sequence[Throughput]) -> str:
         peer = max(
             med("arq", workers, "actions_per_s"), med("faststream", workers, "actions_per_s")
         )
-        rows.append(
-            [
-                system,
-                workers,
-                len(samples),
-                rate,
-                rate / raw,
-                rate / peer,
-                median_of(samples, "cpu_ms_per_action"),
-                median_of(samples, "redis_sent_per_action"),
-                median_of(samples, "redis_executed_per_action"),
-                median_of(samples, "http_per_action"),
-                f"{median_of(samples, 'nats_cpu'):.2f}/{median_of(samples, 'redis_cpu'):.2f}/"
-                f"{median_of(samples, 'fake_cpu'):.2f}",
-            ]
-        )
+        rows.append([
+            system, workers, len(samples), rate, rate / raw, rate / peer,
+            median_of(samples, "cpu_ms_per_action"),
+            median_of(samples, "redis_sent_per_action"),
+            median_of(samples, "redis_executed_per_action"),
+            median_of(samples, "http_per_action"),
+            f"{median_of(samples, 'nats_cpu'):.2f}/{median_of(samples, 'redis_cpu'):.2f}/"
+            f"{median_of(samples, 'fake_cpu'):.2f}",
+        ])
     return table(
-        [
-            "system",
-            "procs",
-            "runs",
-            "Actions/s",
-            "x raw",
-            "x best peer",
-            "CPU ms/Action",
-            "Redis sent/Action",
-            "Redis executed/Action",
-            "HTTP/Action",
-            "cores nats/redis/fake",
-        ],
+        ["system", "procs", "runs", "Actions/s", "x raw", "x best peer", "CPU ms/Action",
+         "Redis sent/Action", "Redis executed/Action", "HTTP/Action", "cores nats/redis/fake"],
         rows,
     )
 
@@ -87,14 +67,11 @@ def breakdown_table(results: Sequence[Throughput], system: str = "ours") -> str:
     ours = [r for r in results if r.system == system and r.workers == 1]
     if not ours:
         return ""
-    names = sorted(
-        {n for r in ours for n in r.sent_breakdown},
-        key=lambda n: -statistics.median(r.sent_breakdown.get(n, 0.0) for r in ours),
-    )
-    return table(
-        ["command sent", "per Action (median)"],
-        [[n, statistics.median(r.sent_breakdown.get(n, 0.0) for r in ours)] for n in names],
-    )
+    names = sorted({n for r in ours for n in r.sent_breakdown},
+                   key=lambda n: -statistics.median(r.sent_breakdown.get(n, 0.0) for r in ours))
+    return table(["command sent", "per Action (median)"],
+                 [[n, statistics.median(r.sent_breakdown.get(n, 0.0) for r in ours)]
+                  for n in names])
 
 
 def relay_tables(rates: Sequence[RelayRate], latencies: Sequence[RelayLatency]) -> str:
@@ -103,30 +80,16 @@ def relay_tables(rates: Sequence[RelayRate], latencies: Sequence[RelayLatency]) 
         by_system.setdefault(rate.system, []).append(rate)
     raw = by_system.get("raw publish")
     raw_rate = median_of(raw, "chunks_per_s") if raw else float("nan")
-    rate_rows = [
-        [
-            system,
-            len(s),
-            median_of(s, "chunks_per_s"),
-            median_of(s, "chunks_per_s") / raw_rate,
-            median_of(s, "cpu_us_per_chunk"),
-        ]
-        for system, s in by_system.items()
-    ]
+    rate_rows = [[system, len(s), median_of(s, "chunks_per_s"),
+                  median_of(s, "chunks_per_s") / raw_rate, median_of(s, "cpu_us_per_chunk")]
+                 for system, s in by_system.items()]
     by_case: dict[tuple[str, float], list[RelayLatency]] = {}
     for latency in latencies:
         by_case.setdefault((latency.system, latency.offered_per_s), []).append(latency)
-    latency_rows = [
-        [
-            system,
-            offered,
-            len(s),
-            median_of(s, "achieved_per_s"),
-            median_of(s, "p50_ms"),
-            median_of(s, "p99_ms"),
-        ]
-        for (system, offered), s in sorted(by_case.items(), key=lambda kv: (-kv[0][1], kv[0][0]))
-    ]
+    latency_rows = [[system, offered, len(s), median_of(s, "achieved_per_s"),
+                     median_of(s, "p50_ms"), median_of(s, "p99_ms")]
+                    for (system, offered), s in sorted(
+                        by_case.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
     return (
         table(["relay", "runs", "chunks/s", "x raw publish", "CPU us/chunk"], rate_rows)
         + "\n\n"
@@ -135,38 +98,12 @@ def relay_tables(rates: Sequence[RelayRate], latencies: Sequence[RelayLatency]) 
 
 
 def inflight_table(results: Sequence[InFlight]) -> str:
-    rows = [
-        [
-            r.runs,
-            r.events_per_s,
-            r.started,
-            r.ramp_s,
-            r.peak_rss_mb,
-            r.rss_kib_per_run,
-            r.ticks,
-            r.round_trips_per_tick,
-            r.renewals_per_tick,
-            r.leases_lost,
-            r.ackwait_expiries,
-        ]
-        for r in results
-    ]
-    return table(
-        [
-            "runs",
-            "events/s",
-            "started",
-            "ramp s",
-            "peak RSS MB",
-            "KiB/run",
-            "heartbeat ticks",
-            "round trips/tick",
-            "renewals/tick",
-            "leases lost",
-            "AckWait expiries",
-        ],
-        rows,
-    )
+    rows = [[r.runs, r.events_per_s, r.started, r.ramp_s, r.peak_rss_mb, r.rss_kib_per_run,
+             r.ticks, r.round_trips_per_tick, r.renewals_per_tick, r.leases_lost,
+             r.ackwait_expiries] for r in results]
+    return table(["runs", "events/s", "started", "ramp s", "peak RSS MB", "KiB/run",
+                  "heartbeat ticks", "round trips/tick", "renewals/tick", "leases lost",
+                  "AckWait expiries"], rows)
 
 
 def recovery_table(results: Sequence[Recovery]) -> str:
@@ -174,29 +111,8 @@ def recovery_table(results: Sequence[Recovery]) -> str:
     for result in results:
         groups.setdefault(result.system, []).append(result)
     pick: Callable[[list[Recovery], str], float] = median_of
-    rows = [
-        [
-            system,
-            len(s),
-            pick(s, "in_flight"),
-            pick(s, "reowned"),
-            pick(s, "p50_s"),
-            pick(s, "max_s"),
-            s[0].timer_s,
-            pick(s, "duplicate_starts"),
-        ]
-        for system, s in groups.items()
-    ]
-    return table(
-        [
-            "system",
-            "runs",
-            "in flight",
-            "re-owned",
-            "p50 s",
-            "max s",
-            "timer s",
-            "duplicate POST /v1/runs",
-        ],
-        rows,
-    )
+    rows = [[system, len(s), pick(s, "in_flight"), pick(s, "reowned"), pick(s, "p50_s"),
+             pick(s, "max_s"), s[0].timer_s, pick(s, "duplicate_starts")]
+            for system, s in groups.items()]
+    return table(["system", "runs", "in flight", "re-owned", "p50 s", "max s", "timer s",
+                  "duplicate POST /v1/runs"], rows)

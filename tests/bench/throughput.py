@@ -95,41 +95,17 @@ def start_workers(
             env |= bench.worker_env(**(settings | extra))
             argv = [sys.executable, "-m", "tests.bench.our_worker"]
         elif system == "raw":
-            argv = [
-                sys.executable,
-                "-m",
-                "tests.bench.raw_loop",
-                "--nats-url",
-                bench.nats_url,
-                "--redis-url",
-                bench.redis_url,
-                "--hermes-url",
-                bench.fake_url,
-                "--api-key-file",
-                str(bench.key_file),
-                "--worker-id",
-                name,
-                *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items()),
-            ]
+            argv = [sys.executable, "-m", "tests.bench.raw_loop", "--nats-url", bench.nats_url,
+                    "--redis-url", bench.redis_url, "--hermes-url", bench.fake_url,
+                    "--api-key-file", str(bench.key_file), "--worker-id", name,
+                    *(f"--{k.replace('_', '-')}={v}" for k, v in extra.items())]
         elif system == "faststream":
-            argv = [
-                sys.executable,
-                "-m",
-                "tests.bench.peer_faststream",
-                "--nats-url",
-                bench.nats_url,
-                "--hermes-url",
-                bench.fake_url,
-                "--api-key-file",
-                str(bench.key_file),
-            ]
+            argv = [sys.executable, "-m", "tests.bench.peer_faststream", "--nats-url",
+                    bench.nats_url, "--hermes-url", bench.fake_url,
+                    "--api-key-file", str(bench.key_file)]
         elif system == "arq":
-            env |= {
-                "BENCH_REDIS_URL": bench.redis_url,
-                "BENCH_HERMES_URL": bench.fake_url,
-                "BENCH_HERMES_KEY": bench.api_key,
-                **extra,
-            }
+            env |= {"BENCH_REDIS_URL": bench.redis_url, "BENCH_HERMES_URL": bench.fake_url,
+                    "BENCH_HERMES_KEY": bench.api_key, **extra}
             argv = [sys.executable, "-m", "tests.bench.peer_arq"]
         else:
             raise ValueError(f"unknown system {system!r}")
@@ -139,19 +115,16 @@ def start_workers(
     return procs
 
 
-async def prepare(
-    bench: Bench, system: str, count: int, *, ack_wait_s: float = 30.0, objective: str | None = None
-) -> list[Envelope]:
+async def prepare(bench: Bench, system: str, count: int, *, ack_wait_s: float = 30.0,
+                  objective: str | None = None) -> list[Envelope]:
     """Wipe the servers and build (and, for us, approve) the Actions of one measurement."""
     await bench.wipe(ack_wait_s=ack_wait_s)
     if system in ("raw", "faststream"):
         await provision_peer_stream(
             bench, "bench_raw" if system == "raw" else "bench_fs", ack_wait_s=ack_wait_s
         )
-    envelopes = (
-        build_envelopes(bench, count)
-        if objective is None
-        else build_envelopes(bench, count, objective)
+    envelopes = build_envelopes(bench, count) if objective is None else build_envelopes(
+        bench, count, objective
     )
     if system in OURS:
         await approve_all(bench, envelopes)

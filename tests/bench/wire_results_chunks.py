@@ -72,9 +72,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--number", type=int, default=2000)
     args = parser.parse_args()
-    chunk_wire, result_wire = (
-        encode_chunk(CHUNK),
-        encode_result(RESULT, action=None, signer=SIGNER, endpoint_id="hermes-1"),
+    chunk_wire, result_wire = encode_chunk(CHUNK), encode_result(
+        RESULT, action=None, signer=SIGNER, endpoint_id="hermes-1"
     )
     cases = {
         "chunk: msgspec encode (the old wire)": lambda: encode(CHUNK),
@@ -85,8 +84,8 @@ def main() -> None:
         "chunk: signed Envelope (signing every chunk)": _signed_chunk,
         "chunk: decode_chunk": lambda: decode_chunk(chunk_wire),
         "result: msgspec encode (the old body)": lambda: encode(RESULT),
-        "result: msgspec encode + nkey header signature (the old wire)": lambda: sign_envelope(
-            encode(RESULT), OLD_SEED
+        "result: msgspec encode + nkey header signature (the old wire)": lambda: (
+            sign_envelope(encode(RESULT), OLD_SEED)
         ),
         "result: encode_result, signed Envelope (the wire)": lambda: encode_result(
             RESULT, action=None, signer=SIGNER, endpoint_id="hermes-1"

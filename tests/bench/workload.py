@@ -90,20 +90,17 @@ async def approve_all(bench: Bench, envelopes: Iterable[Envelope], concurrency: 
     """Record an approval for every Action, as the authority's approver would."""
     r = bench.redis()
     try:
-        authority = ApprovalAuthority.load(bench.trust.authority_file, now_ms=await redis_now_ms(r))
+        authority = ApprovalAuthority.load(
+            bench.trust.authority_file, now_ms=await redis_now_ms(r)
+        )
         gate = asyncio.Semaphore(concurrency)
 
         async def one(envelope: Envelope) -> None:
             action, _ = decode_action(envelope.payload)
             async with gate:
                 await approve(
-                    r,
-                    authority,
-                    action,
-                    APPROVER_UNTENANTED,
-                    "benchmark",
-                    ApprovalDecision.APPROVED,
-                    ttl_ms=3_600_000,
+                    r, authority, action, APPROVER_UNTENANTED, "benchmark",
+                    ApprovalDecision.APPROVED, ttl_ms=3_600_000,
                     seed=bench.trust.approver_seed(APPROVER_UNTENANTED),
                 )
 
@@ -125,25 +122,14 @@ async def provision_peer_stream(bench: Bench, durable: str, *, ack_wait_s: float
     nc = await nats.connect(bench.nats_url)
     try:
         js = nc.jetstream()
-        await js.add_stream(
-            StreamConfig(
-                name=PEER_STREAM,
-                subjects=[PEER_SUBJECT],
-                retention=RetentionPolicy.WORK_QUEUE,
-                storage=StorageType.FILE,
-                duplicate_window=120.0,
-            )
-        )
-        await js.add_consumer(
-            PEER_STREAM,
-            ConsumerConfig(
-                durable_name=durable,
-                ack_policy=AckPolicy.EXPLICIT,
-                ack_wait=ack_wait_s,
-                max_ack_pending=100_000,
-                max_deliver=-1,
-            ),
-        )
+        await js.add_stream(StreamConfig(
+            name=PEER_STREAM, subjects=[PEER_SUBJECT], retention=RetentionPolicy.WORK_QUEUE,
+            storage=StorageType.FILE, duplicate_window=120.0,
+        ))
+        await js.add_consumer(PEER_STREAM, ConsumerConfig(
+            durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=ack_wait_s,
+            max_ack_pending=100_000, max_deliver=-1,
+        ))
     finally:
         await nc.close()
 

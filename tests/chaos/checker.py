@@ -585,6 +585,7 @@ def _stale(raw: bytes, mac: str | None, lease: dict[str, str], settled_fence: in
     return mac_is_valid(mac, sha256(raw), keys, settled_fence)
 
 
+
 def durable(ev: Evidence) -> list[Violation]:
     out: list[Violation] = []
     for event in ev.history.events:

@@ -183,7 +183,10 @@ async def run_with_node_loss(
     settle_timeout_s: float = 150.0,
 ) -> LossReport:
     """Publish `actions` slow operator Actions, disrupt once runs are in flight, measure."""
-    batch = [stack.action("operator", {"objective": f"{SLOW_REPLY} {n}"}) for n in range(actions)]
+    batch = [
+        stack.action("operator", {"objective": f"{SLOW_REPLY} {n}"})
+        for n in range(actions)
+    ]
     for action in batch:
         await stack.approve(action)
     for action in batch:

@@ -192,7 +192,7 @@ async def test_every_script_runs_on_one_slot_across_all_masters(
     [renewal] = await leases.renew_many([(resume_keys, "w2#r", grant.fence)], 5_000, budget_s=5)
     assert renewal.cancel_requested
     settled = await leases.settle(
-        resume_keys, "w2#r", grant.fence, b'{"status":"cancelled"}', b"{}"
+        resume_keys, "w2#r", grant.fence, b'{"status":"cancelled"}', b'{}'
     )
     assert settled.status is SettleStatus.SETTLED
 

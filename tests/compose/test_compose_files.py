@@ -248,24 +248,13 @@ def test_config_keys_and_password_hashes_match_the_secrets(tmp_path: Path) -> No
 #: durable consumer like the work subjects) and raise escalations; the gateway's
 #: credentials publish escalation resolutions (`escalations resolve`).
 WORKER_PUBLISHES = {
-    "chunks",
-    "results",
-    "dlq",
-    "audit",
-    "cancel_notice",
-    "escalations",
-    "egress",
+    "chunks", "results", "dlq", "audit", "cancel_notice", "escalations", "egress",
 }
 WORKER_SUBSCRIBES = {"cancel", "manifest", "cancel_notice"}
 WORK_SUBJECTS = {"actions", "delegations"}
 #: The gateway also files its own receipts (one per MCP tool call) on the audit subjects.
 GATEWAY_PUBLISHES = {
-    "actions",
-    "delegations",
-    "cancel",
-    "manifest",
-    "audit",
-    "escalation_resolutions",
+    "actions", "delegations", "cancel", "manifest", "audit", "escalation_resolutions",
 }
 
 
@@ -369,11 +358,8 @@ class _Client:
             self.errors.append(str(exc).lower())
 
         self.nc = await nats.connect(
-            url,
-            nkeys_seed=str(COMPOSE / "secrets" / seed),
-            error_cb=on_error,
-            allow_reconnect=False,
-            inbox_prefix=INBOX_PREFIXES[seed],
+            url, nkeys_seed=str(COMPOSE / "secrets" / seed), error_cb=on_error,
+            allow_reconnect=False, inbox_prefix=INBOX_PREFIXES[seed],
         )
 
     async def refused(self, subject: str, action: str) -> bool:
@@ -524,25 +510,16 @@ def _pings(port: int) -> bool:
 
 def test_redis_runs_with_the_durability_settings(compose_redis: int) -> None:
     admin = redis.Redis(
-        port=compose_redis,
-        username="admin",
-        password=_secret("redis_admin_password"),
+        port=compose_redis, username="admin", password=_secret("redis_admin_password"),
         decode_responses=True,
     )
     try:
-        config = {
-            **admin.config_get("appendonly"),
-            **admin.config_get("appendfsync"),
-            **admin.config_get("maxmemory-policy"),
-            **admin.config_get("save"),
-        }
+        config = {**admin.config_get("appendonly"), **admin.config_get("appendfsync"),
+                  **admin.config_get("maxmemory-policy"), **admin.config_get("save")}
     finally:
         admin.close()
     assert config == {
-        "appendonly": "yes",
-        "appendfsync": "always",
-        "maxmemory-policy": "noeviction",
-        "save": "",
+        "appendonly": "yes", "appendfsync": "always", "maxmemory-policy": "noeviction", "save": "",
     }
 
 
@@ -570,7 +547,7 @@ async def test_the_worker_acl_runs_the_lease_scripts_and_nothing_else(compose_re
         keys = ActionKeys.of(ACTION_ID)
         grant = await store.acquire(keys, "w1#1", 5_000, "f" * 64)
         assert grant.status is AcquireStatus.ACQUIRED
-        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b"{}")
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
         # Approvals are the approver user's to write (tests/compose/test_redis_roles.py).
         with pytest.raises(redis.exceptions.NoPermissionError):
             await client.set("aip:approvals:{" + ACTION_ID + "}", "x")
@@ -596,7 +573,7 @@ async def test_what_the_worker_wrote_survives_a_restart_of_the_compose_redis(
     try:
         store = LeaseStore(client)
         grant = await store.acquire(keys, "w1#1", 60_000, "f" * 64)
-        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b"{}")
+        assert await store.settle(keys, "w1#1", grant.fence, b'{"ok":true}', b'{}')
     finally:
         await client.aclose()
         started.close()  # SIGTERM: Redis fsyncs the AOF and exits

@@ -158,10 +158,8 @@ async def test_no_role_but_admin_can_turn_its_publishes_into_results(
 async def test_no_role_but_admin_can_delete_a_receipt_or_a_work_consumer(
     roles: dict[str, User],
 ) -> None:
-    ack = (
-        await roles["worker"]
-        .nc.jetstream()
-        .publish(SUBJECTS.audit(ENDPOINT, ACTION_ID), b'{"event":"received"}')
+    ack = await roles["worker"].nc.jetstream().publish(
+        SUBJECTS.audit(ENDPOINT, ACTION_ID), b'{"event":"received"}'
     )
     for name in ("gateway", "worker"):
         user = roles[name]

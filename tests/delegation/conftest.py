@@ -63,7 +63,9 @@ class DelegationStack:
         if dedupe:
             return await self.stack.client.delegate(request)
         payload = self.stack.client.seal_delegation(request)
-        await self.stack.nc.jetstream().publish(self.stack.subjects.delegations(ENDPOINT), payload)
+        await self.stack.nc.jetstream().publish(
+            self.stack.subjects.delegations(ENDPOINT), payload
+        )
         from worker.delegation import delegation_action_id
 
         return self.stack.client.handle(ENDPOINT, delegation_action_id(request.delegation_id))

@@ -278,7 +278,7 @@ async def test_reusing_a_delegation_id_with_another_child_collides(
         if await dstack.stack.dlq():
             break
         await asyncio.sleep(0.1)
-    ((_, headers),) = await dstack.stack.dlq()
+    (_, headers), = await dstack.stack.dlq()
     assert headers["code"] == PREFIX + "operator_policy"
     assert dstack.fake.stats().count(POST_RUNS) == 1
     assert await settled_count(dstack, delegation_action_id(request.delegation_id)) == 1

@@ -54,11 +54,7 @@ def test_short_demo_reaches_every_expected_state_within_a_minute() -> None:
     started = time.monotonic()
     done = subprocess.run(
         [sys.executable, "-m", "worker", "demo", "--short"],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=BUDGET_S * 2,
+        cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=BUDGET_S * 2,
     )
     elapsed = time.monotonic() - started
     output = done.stdout
@@ -81,11 +77,7 @@ def test_short_demo_reaches_every_expected_state_within_a_minute() -> None:
 def test_interrupted_demo_stops_every_process_it_started() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "worker", "demo"],
-        cwd=ROOT,
-        env=_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert proc.stdout is not None
     output: list[str] = []

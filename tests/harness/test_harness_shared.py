@@ -134,7 +134,9 @@ def test_chaos(nats_server, redis_server):
 
 
 @pytest.mark.parametrize("kind", ["nats", "redis"])
-def test_a_client_left_connected_retires_the_server(pytester: pytest.Pytester, kind: str) -> None:
+def test_a_client_left_connected_retires_the_server(
+    pytester: pytest.Pytester, kind: str
+) -> None:
     pytester.makepyfile(
         _HELPERS
         + f"""

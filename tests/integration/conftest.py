@@ -95,7 +95,9 @@ async def route_stack(
         fake=hermes if request.param == "fake" else None,
         trust=trust,
         nc=nc,
-        client=AipClient(nc, sign_key=trust.seed_file, trusted_worker_keys=trust.worker_keys_file),
+        client=AipClient(
+            nc, sign_key=trust.seed_file, trusted_worker_keys=trust.worker_keys_file
+        ),
         env={
             "AIPD_NATS_URL": nats_server.url,
             "AIPD_REDIS_URL": redis_server.url,

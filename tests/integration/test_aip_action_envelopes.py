@@ -37,7 +37,6 @@ def _envelope(operation: str = "models", input: Any = None) -> dict[str, Any]:
         revision=REVISION,
     )  # fmt: skip
 
-
 def _bad_envelopes(stack: Stack) -> list[tuple[str, bytes, str]]:
     """(what, bytes, the AIP code its DLQ entry must carry)."""
     gateway = _gateway_key(stack)

@@ -114,7 +114,9 @@ async def test_a_cancel_of_a_finished_action_returns_its_terminal_result(stack: 
     action = stack.action("models")
     result = await (await stack.publish(action)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED
-    cancel = sign(cancel_envelope(action.id, wait_ms=0), key_of_nkey_seed(stack.trust.seed), OWNER)
+    cancel = sign(
+        cancel_envelope(action.id, wait_ms=0), key_of_nkey_seed(stack.trust.seed), OWNER
+    )
     answer = await _ask(stack, canonical(cancel))
     assert answer["message_type"] == "aip.core.v1.action_result", answer
     _answers(answer, cancel)
@@ -131,7 +133,9 @@ async def test_a_signed_cancel_sent_again_is_refused_as_a_replay(stack: Stack) -
     action = stack.action("models")
     result = await (await stack.publish(action)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED
-    cancel = sign(cancel_envelope(action.id, wait_ms=0), key_of_nkey_seed(stack.trust.seed), OWNER)
+    cancel = sign(
+        cancel_envelope(action.id, wait_ms=0), key_of_nkey_seed(stack.trust.seed), OWNER
+    )
     first = await _ask(stack, canonical(cancel))
     assert first["message_type"] == "aip.core.v1.action_result", first
     again = await _ask(stack, canonical(cancel))

@@ -162,7 +162,9 @@ async def test_followed_messages_are_signed_message_created_envelopes_and_forger
         (m.message_id, m.content)
         async for m in stack.client.session_messages(ENDPOINT, SESSION, idle_timeout_s=1.0)
     ]
-    assert read == [(m["id"], m["content"]) for m in hermes] + [(10**9, "written from the rules")]
+    assert read == [(m["id"], m["content"]) for m in hermes] + [
+        (10**9, "written from the rules")
+    ]
 
     # The follower is not frozen by any of them (the cursor is bounded by what Hermes
     # returned, and moves only on a trusted worker's Envelope): the next turn is published.
@@ -235,7 +237,9 @@ async def test_a_queued_delivery_is_a_signed_session_chat_action_and_unsigned_on
     forged["message_id"] = "msg_" + forged_id.removeprefix("act_")
     forged["body"]["action"].update(id=forged_id, idempotency_key=forged_id)
     forged["body"]["action"]["input"]["message"] = ATTACK
-    forged["extensions"][OURS]["channel_delivery"].update(source_action_id=other, source_id=other)
+    forged["extensions"][OURS]["channel_delivery"].update(
+        source_action_id=other, source_id=other
+    )
     unsigned = copy.deepcopy(forged)
     wrong_key = _signed(forged, nacl.signing.SigningKey.generate())
     altered = copy.deepcopy(envelope)
@@ -251,3 +255,4 @@ async def test_a_queued_delivery_is_a_signed_session_chat_action_and_unsigned_on
     assert not await stack.results(forged_id)
     dead = [facts.get("code") for _, facts in await stack.dlq()]
     assert dead == ["connector_host.response_signing"] * 3
+

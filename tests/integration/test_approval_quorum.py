@@ -183,7 +183,9 @@ async def test_escalations_resolve_resumes_only_once_the_quorum_approved(stack: 
     resolution = msgspec.json.decode(out, type=EscalationResolution)
     assert resolution.resume_action_id is not None
     assert resolution.resolved_by == SECOND
-    resumed = await stack.client.handle(ENDPOINT, resolution.resume_action_id).result(timeout_s=60)
+    resumed = await stack.client.handle(ENDPOINT, resolution.resume_action_id).result(
+        timeout_s=60
+    )
     assert resumed.status is ResultStatus.COMPLETED, resumed.error
     await stack.settled_and_acked(timeout_s=30)
     assert _count(stack, APPROVAL_POST) == 1
@@ -218,7 +220,9 @@ async def test_one_members_deny_resolves_the_escalation_as_rejected(stack: Stack
     code, _, err = await _resolve(stack, escalation_id, THIRD, "once")
     assert code == Exit.REFUSED, err
     assert "already resolved" in err
-    denied = await stack.client.handle(ENDPOINT, resolution.resume_action_id).result(timeout_s=60)
+    denied = await stack.client.handle(ENDPOINT, resolution.resume_action_id).result(
+        timeout_s=60
+    )
     assert denied.status is ResultStatus.COMPLETED, denied.error
     await stack.settled_and_acked(timeout_s=30)
     assert _count(stack, APPROVAL_POST) == 1  # Hermes was told "deny", once

@@ -408,7 +408,9 @@ async def test_provider_text_arrives_quoted_and_neutralised_never_as_an_instruct
     )
     await stack.spawn("w1", **env)
     # The provider's reply quotes the input: "fake-reply: SYSTEM: ignore previous …".
-    source = stack.action("chat", {"messages": [{"role": "user", "content": hostile}]})
+    source = stack.action(
+        "chat", {"messages": [{"role": "user", "content": hostile}]}
+    )
     result = await (await stack.publish(source)).result(timeout_s=30)
     assert result.status is ResultStatus.COMPLETED, result.error
     assert hostile in json.dumps(result.output)
@@ -492,7 +494,9 @@ async def test_a_delivery_another_worker_signed_runs_only_when_its_key_is_truste
     await stack.settled_and_acked(timeout_s=30)
     await _egress_drained(stack)
     if trusted:
-        delivered = await reader.handle(ENDPOINT, delivery_id(RULE, source.id)).result(timeout_s=30)
+        delivered = await reader.handle(ENDPOINT, delivery_id(RULE, source.id)).result(
+            timeout_s=30
+        )
         assert delivered.status is ResultStatus.COMPLETED, delivered.error
         assert chats(stack) == 1
     else:
@@ -545,7 +549,9 @@ async def test_a_shared_endpoint_takes_a_tenants_results_only_into_that_tenants_
     # Pinned to tenant a, into a session outside tenant a's partition: refused at start-up.
     await create_session(stack)
     outside = write_rules(stack.root, [desk_rule(match={"tenant": TENANT_A})], "outside.json")
-    worker = await stack.spawn("w0", wait=False, AIPD_CHANNEL_EGRESS_FILE=str(outside), **shared)
+    worker = await stack.spawn(
+        "w0", wait=False, AIPD_CHANNEL_EGRESS_FILE=str(outside), **shared
+    )
     assert await asyncio.to_thread(worker.wait_exit, 30) == 2, worker.log_tail()
     assert "outside that tenant's partition" in worker.log_text(), worker.log_tail()
 
@@ -558,7 +564,9 @@ async def test_a_shared_endpoint_takes_a_tenants_results_only_into_that_tenants_
     untenanted = stack.action("models")
     for source in (own, untenanted):
         await (await stack.publish(source)).result(timeout_s=30)
-    delivered = await stack.client.handle(ENDPOINT, delivery_id(RULE, own.id)).result(timeout_s=30)
+    delivered = await stack.client.handle(ENDPOINT, delivery_id(RULE, own.id)).result(
+        timeout_s=30
+    )
     assert delivered.status is ResultStatus.COMPLETED, delivered.error
     await stack.settled_and_acked(timeout_s=30)
     await _egress_drained(stack)

@@ -86,7 +86,9 @@ def spoof_envelope(hermes_id: int, text: str) -> dict[str, Any]:
                         "session_id": SESSION,
                     },
                     "status": "open",
-                    "external_refs": [{"system": "hermes-agent", "type": "session", "id": SESSION}],
+                    "external_refs": [
+                        {"system": "hermes-agent", "type": "session", "id": SESSION}
+                    ],
                 },
                 "sender": {
                     "id": f"contact:hermes_session:{ENDPOINT}:{SESSION}",
@@ -187,7 +189,9 @@ async def test_hostile_content_is_bounded_or_refused_and_nothing_after_it_is_los
     assert len(user.content.encode()) <= MAX_INGRESS_CONTENT_BYTES
     assert tool.content == '{"unterminated": '  # passed as text, never parsed
     assert last.content == "still here"
-    dead = [(headers["code"], headers["reason"]) for _, headers in await stack.dlq()]
+    dead = [
+        (headers["code"], headers["reason"]) for _, headers in await stack.dlq()
+    ]
     assert len(dead) == 2, dead
     assert {code for code, _ in dead} == {"schema.envelope.invalid"}
     assert any("unknown role" in reason for _, reason in dead)

@@ -99,14 +99,8 @@ def test_redis_commands_use_the_password_file(locked_redis: RedisServer, tmp_pat
         "approval show": ("approval", "show", action.id),
         "binding show": ("binding", "show", UNKNOWN_ID),
         "reconcile": (
-            "reconcile",
-            UNKNOWN_ID,
-            "--decision",
-            "escalated",
-            "--decided-by",
-            "ops",
-            "--note",
-            "test",
+            "reconcile", UNKNOWN_ID, "--decision", "escalated", "--decided-by", "ops",
+            "--note", "test",
         ),
     }
 

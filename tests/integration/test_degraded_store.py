@@ -294,7 +294,9 @@ async def _leased(
     return found == count if exactly else found >= count
 
 
-async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0) -> None:
+async def _until(
+    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await check():

@@ -25,13 +25,9 @@ MODELS = "GET /v1/models"
 async def cli(stack: Stack, *args: str) -> tuple[int, str, str]:
     """`python -m worker ARGS` with the workers' settings and the gateway's key."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        *args,
+        sys.executable, "-m", "worker", *args,
         env={
-            **os.environ,
-            **stack.env,
+            **os.environ, **stack.env,
             "AIPD_GATEWAY_SIGNING_KEY_FILE": str(stack.trust.seed_file),
         },
         stdout=asyncio.subprocess.PIPE,
@@ -78,16 +74,8 @@ async def test_replay_runs_the_action_exactly_once_and_removes_the_entry(stack: 
     assert shown["replay"] == "replayable"
 
     code, out, err = await cli(
-        stack,
-        "dlq",
-        "replay",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "ops:alice",
-        "--reason",
-        "publisher fixed its Nats-Msg-Id",
+        stack, "dlq", "replay", dlq_id, "--endpoint", ENDPOINT,
+        "--as", "ops:alice", "--reason", "publisher fixed its Nats-Msg-Id",
     )
     assert code == 0, err
     replay_id = out.strip()
@@ -99,16 +87,8 @@ async def test_replay_runs_the_action_exactly_once_and_removes_the_entry(stack: 
 
     # Run again (as after a crash, or by a second person): nothing is left to replay.
     code, _, err = await cli(
-        stack,
-        "dlq",
-        "replay",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "ops:bob",
-        "--reason",
-        "again",
+        stack, "dlq", "replay", dlq_id, "--endpoint", ENDPOINT, "--as", "ops:bob",
+        "--reason", "again",
     )
     assert code == 1
     assert f"no DLQ entry {dlq_id}" in err
@@ -116,19 +96,15 @@ async def test_replay_runs_the_action_exactly_once_and_removes_the_entry(stack: 
     assert stack.fake.stats().count(MODELS) == 1
     assert len(await stack.results(replay_id)) == 1
 
-    [replayed] = [r for r in await stack.receipts(dlq_id) if r.event is ReceiptEvent.DLQ_REPLAYED]
+    [replayed] = [
+        r for r in await stack.receipts(dlq_id) if r.event is ReceiptEvent.DLQ_REPLAYED
+    ]
     assert replayed.details["replay_action_id"] == replay_id
     assert replayed.details["original_action_id"] == original_id
     assert replayed.details["by"] == "ops:alice"
     code, out, err = await cli(
-        stack,
-        "audit",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--json",
-        "--trusted-gateway-keys",
-        str(stack.trust.gateway_keys_file),
+        stack, "audit", dlq_id, "--endpoint", ENDPOINT, "--json",
+        "--trusted-gateway-keys", str(stack.trust.gateway_keys_file),
     )
     assert code == 0, err
     assert "dlq_replayed" in out, (out, err)
@@ -147,29 +123,13 @@ async def test_a_replay_interrupted_after_its_receipt_reuses_the_recorded_id(
     _, dlq_id = await _dead_letter(stack)
     planted = "act_" + "5" * 32
     await file_receipt(
-        stack.nc.jetstream(),
-        stack.subjects,
-        ENDPOINT,
-        dlq_id,
-        ReceiptEvent.DLQ_REPLAYED,
-        read_seed_file(stack.trust.seed_file),
-        replay_action_id=planted,
-        original_action_id="x",
-        code="c",
-        by="ops:alice",
-        reason="first try",
+        stack.nc.jetstream(), stack.subjects, ENDPOINT, dlq_id, ReceiptEvent.DLQ_REPLAYED,
+        read_seed_file(stack.trust.seed_file), replay_action_id=planted,
+        original_action_id="x", code="c", by="ops:alice", reason="first try",
     )
     code, out, err = await cli(
-        stack,
-        "dlq",
-        "replay",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "ops:alice",
-        "--reason",
-        "second try",
+        stack, "dlq", "replay", dlq_id, "--endpoint", ENDPOINT, "--as", "ops:alice",
+        "--reason", "second try",
     )
     assert code == 0, err
     assert out.strip() == planted
@@ -187,29 +147,13 @@ async def test_a_receipt_signed_by_another_key_is_not_believed(stack: Stack) -> 
     squatted = "act_" + "6" * 32
     other_seed = generate_keypair().seed
     await file_receipt(
-        stack.nc.jetstream(),
-        stack.subjects,
-        ENDPOINT,
-        dlq_id,
-        ReceiptEvent.DLQ_REPLAYED,
-        other_seed,
-        replay_action_id=squatted,
-        original_action_id="x",
-        code="c",
-        by="mallory",
-        reason="squat",
+        stack.nc.jetstream(), stack.subjects, ENDPOINT, dlq_id, ReceiptEvent.DLQ_REPLAYED,
+        other_seed, replay_action_id=squatted, original_action_id="x", code="c",
+        by="mallory", reason="squat",
     )
     code, out, err = await cli(
-        stack,
-        "dlq",
-        "replay",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "ops:alice",
-        "--reason",
-        "fixed",
+        stack, "dlq", "replay", dlq_id, "--endpoint", ENDPOINT, "--as", "ops:alice",
+        "--reason", "fixed",
     )
     assert code == 0, err
     assert out.strip() != squatted
@@ -220,20 +164,14 @@ async def test_discard_removes_the_entry_with_a_receipt(stack: Stack) -> None:
     await stack.spawn("w1")
     _, dlq_id = await _dead_letter(stack)
     code, _, err = await cli(
-        stack,
-        "dlq",
-        "discard",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "ops:alice",
-        "--reason",
-        "junk from a test publisher",
+        stack, "dlq", "discard", dlq_id, "--endpoint", ENDPOINT,
+        "--as", "ops:alice", "--reason", "junk from a test publisher",
     )
     assert code == 0, err
     assert await stack.dlq() == []
-    [discarded] = [r for r in await stack.receipts(dlq_id) if r.event is ReceiptEvent.DLQ_DISCARDED]
+    [discarded] = [
+        r for r in await stack.receipts(dlq_id) if r.event is ReceiptEvent.DLQ_DISCARDED
+    ]
     assert discarded.details["reason"] == "junk from a test publisher"
     code, _, err = await cli(
         stack, "dlq", "discard", dlq_id, "--endpoint", ENDPOINT, "--as", "a", "--reason", "b"
@@ -258,16 +196,8 @@ async def test_an_entry_not_signed_by_a_trusted_worker_is_never_shown(stack: Sta
     assert err.count("not an entry a trusted worker signed") == 2, err
     assert "is not a trusted worker key" in err
     code, _, err = await cli(
-        stack,
-        "dlq",
-        "replay",
-        "dlq_" + "7" * 32,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "a",
-        "--reason",
-        "b",
+        stack, "dlq", "replay", "dlq_" + "7" * 32, "--endpoint", ENDPOINT, "--as", "a",
+        "--reason", "b",
     )
     assert code == 1
     assert "no DLQ entry" in err
@@ -277,25 +207,11 @@ async def test_configuration_mistakes_exit_2_with_one_line(stack: Stack, tmp_pat
     """No gateway key to sign the replay, no trusted worker keys: exit 2, one line."""
     dlq_id = "dlq_" + "8" * 32
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        "dlq",
-        "replay",
-        dlq_id,
-        "--endpoint",
-        ENDPOINT,
-        "--as",
-        "a",
-        "--reason",
-        "b",
-        env={
-            k: v
-            for k, v in {**os.environ, **stack.env}.items()
-            if k != "AIPD_GATEWAY_SIGNING_KEY_FILE"
-        },
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "worker", "dlq", "replay", dlq_id, "--endpoint", ENDPOINT,
+        "--as", "a", "--reason", "b",
+        env={k: v for k, v in {**os.environ, **stack.env}.items()
+             if k != "AIPD_GATEWAY_SIGNING_KEY_FILE"},
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2, err
@@ -303,20 +219,11 @@ async def test_configuration_mistakes_exit_2_with_one_line(stack: Stack, tmp_pat
         "error: a replay is signed with the gateway's key: pass --sign-key or set "
         "AIPD_GATEWAY_SIGNING_KEY_FILE"
     )
-    env = {
-        k: v for k, v in {**os.environ, **stack.env}.items() if k != "AIPD_TRUSTED_WORKER_KEYS_FILE"
-    }
+    env = {k: v for k, v in {**os.environ, **stack.env}.items()
+           if k != "AIPD_TRUSTED_WORKER_KEYS_FILE"}
     proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "worker",
-        "dlq",
-        "list",
-        "--endpoint",
-        ENDPOINT,
-        env=env,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        sys.executable, "-m", "worker", "dlq", "list", "--endpoint", ENDPOINT, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
     )
     _, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 2, err

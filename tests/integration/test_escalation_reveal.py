@@ -65,14 +65,8 @@ async def test_reveal_is_for_members_only_and_receipted(stack: Stack) -> None:
     ]
 
     code, out, err = await cli(
-        stack,
-        *show,
-        "--as",
-        APPROVER_UNTENANTED,
-        "--key",
-        member_key,
-        "--reason",
-        "deciding on the prompt",
+        stack, *show, "--as", APPROVER_UNTENANTED, "--key", member_key,
+        "--reason", "deciding on the prompt",
     )
     assert code == 0, err
     document = json.loads(out)

@@ -237,7 +237,9 @@ async def test_an_outcome_unknown_is_escalated_and_acknowledged_once(stack: Stac
     )
     assert code == 0, err
     assert msgspec.json.decode(out, type=EscalationResolution).resolved_by == "ops:erin"
-    code, _, err = await resolve(stack, escalation.escalation_id, "--as", "ops:frank", "--key", key)
+    code, _, err = await resolve(
+        stack, escalation.escalation_id, "--as", "ops:frank", "--key", key
+    )
     assert code == Exit.REFUSED, err
     assert "ops:erin" in err, err
     # The stream's copy: a handoff_completed resolution signed with the key given.

@@ -128,7 +128,9 @@ async def test_the_receipt_chain_of_a_killed_run_tells_the_true_story(stack: Sta
     receipts = await stack.client.receipts("h1", action.id)
     # The signed seals that close each segment are bookkeeping, not part of the story.
     story = [
-        (r.worker_id, r.event.value, r.fence) for r in receipts if r.event.value != "segment_sealed"
+        (r.worker_id, r.event.value, r.fence)
+        for r in receipts
+        if r.event.value != "segment_sealed"
     ]
     assert story[0][:2] == ("w1", "received")
     assert ("w1", "lease_acquired", 1) in story

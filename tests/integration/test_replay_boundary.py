@@ -177,7 +177,9 @@ async def test_an_envelope_dated_in_the_future_is_refused(stack: Stack) -> None:
     await stack.spawn("w1")
     action = stack.action("operator", {"objective": "from the future"})
     # Beyond the default 30 s skew allowance, on any sane clock.
-    action = msgspec.structs.replace(action, created_at_unix_ms=action.created_at_unix_ms + 120_000)
+    action = msgspec.structs.replace(
+        action, created_at_unix_ms=action.created_at_unix_ms + 120_000
+    )
     await stack.approve(action)
     handle = await stack.publish(action)
     result = await handle.result(timeout_s=30)

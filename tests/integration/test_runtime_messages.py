@@ -108,9 +108,7 @@ async def test_redis_url_in_the_worker_log_has_no_password(
     """A Redis that refuses connections is named by its URL, never with its password."""
     dead = free_port()
     worker = await stack.spawn(
-        "w1",
-        wait=False,
-        AIPD_REDIS_URL=f"redis://user:s3cret-pw@127.0.0.1:{dead}/0",
+        "w1", wait=False, AIPD_REDIS_URL=f"redis://user:s3cret-pw@127.0.0.1:{dead}/0",
         AIPD_REDIS_STARTUP_WAIT_S="2",
     )
     assert await asyncio.to_thread(worker.wait_exit, 30) == 3, worker.log_tail()
@@ -210,31 +208,21 @@ async def test_nats_refusing_the_worker_names_the_credential_settings(
     port = free_port()
     with (tmp_path / "auth-nats.log").open("wb") as log:
         proc = subprocess.Popen(
-            [
-                binary,
-                "-js",
-                "-a",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "-sd",
-                str(tmp_path / "js"),
-                "--user",
-                "someone",
-                "--pass",
-                "not-the-worker",
-            ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js"),
+             "--user", "someone", "--pass", "not-the-worker"],
+            stdout=log, stderr=subprocess.STDOUT,
         )
     try:
-        worker = await stack.spawn("w1", wait=False, AIPD_NATS_URL=f"nats://127.0.0.1:{port}")
-        await _until(lambda: "refused this worker" in worker.log_text(), worker.log_tail(), 60.0)
+        worker = await stack.spawn(
+            "w1", wait=False, AIPD_NATS_URL=f"nats://127.0.0.1:{port}"
+        )
+        await _until(
+            lambda: "refused this worker" in worker.log_text(), worker.log_tail(), 60.0
+        )
         # nats-py tries again every 0.5 s: six more attempts, none of them a new line.
         await asyncio.sleep(3.0)
         lines = [
-            str(r["msg"])
-            for r in _records(worker.log_text())
+            str(r["msg"]) for r in _records(worker.log_text())
             if str(r["msg"]).startswith("nats at ")
         ]
         assert lines, worker.log_tail()

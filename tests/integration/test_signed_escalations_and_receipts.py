@@ -199,7 +199,9 @@ async def test_show_displays_what_the_runs_binding_waits_on_not_the_escalation_t
     assert json.dumps(binding.pending_approval["description"])[1:-1] in err, err
     resolution = msgspec.json.decode(out, type=EscalationResolution)
     assert resolution.resume_action_id is not None
-    resumed = await stack.client.handle(ENDPOINT, resolution.resume_action_id).result(timeout_s=60)
+    resumed = await stack.client.handle(ENDPOINT, resolution.resume_action_id).result(
+        timeout_s=60
+    )
     assert resumed.status is ResultStatus.COMPLETED, resumed.error
 
 

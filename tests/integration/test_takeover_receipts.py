@@ -45,8 +45,7 @@ async def test_a_taken_over_run_is_receipted_on_state_changes_not_per_poll(stack
     polls = stack.fake.stats().count(STATUS)
     receipts = await stack.receipts(action.id)
     status_receipts = [
-        r
-        for r in receipts
+        r for r in receipts
         if r.event is ReceiptEvent.PROVIDER_REQUEST and r.details.get("route") == STATUS_ROUTE
     ]
     states = [r.details.get("run_status") for r in status_receipts if r.worker_id == "w2"]

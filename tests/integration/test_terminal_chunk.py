@@ -56,20 +56,17 @@ async def assert_one_closed_stream(stack: Stack, action_id: str) -> ActionResult
     assert len(_terminals(chunks)) == 1
     assert _terminals(chunks)[0] is chunks[-1]
     assert result.last_chunk_sha256 == hashlib.sha256(raw[-1]).hexdigest()
-    seen = [c async for c in stack.client.handle(ENDPOINT, action_id).chunks(idle_timeout_s=10)]
+    seen = [
+        c async for c in stack.client.handle(ENDPOINT, action_id).chunks(idle_timeout_s=10)
+    ]
     assert seen[-1].seq == chunks[-1].seq
     return result
 
 
 @pytest.mark.parametrize(
     "point",
-    [
-        "after_settle",
-        "after_escalation",
-        "after_terminal_chunk",
-        "after_result_publish",
-        "before_ack",
-    ],
+    ["after_settle", "after_escalation", "after_terminal_chunk", "after_result_publish",
+     "before_ack"],
 )
 async def test_a_kill_between_settle_and_ack_leaves_one_terminal_chunk(
     stack: Stack, point: str

@@ -136,10 +136,8 @@ async def test_a_runs_tool_call_is_an_execute_tool_span_under_its_agent_span(
     assert result.status is ResultStatus.COMPLETED, result.error
     trace_id = published(client_spans).trace_id
     spans = await receiver.wait_for(
-        lambda got: (
-            any(s.name == "invoke_agent hermes" for s in got)
-            and any(s.name == PROCESS_ACTIONS for s in got)
-        )
+        lambda got: any(s.name == "invoke_agent hermes" for s in got)
+        and any(s.name == PROCESS_ACTIONS for s in got)
     )
     ours = [s for s in spans if s.trace_id == trace_id]
     agent = one(ours, "invoke_agent hermes")

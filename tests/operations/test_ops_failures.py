@@ -83,8 +83,7 @@ async def test_unsafe_temporary_failure_is_uncertain_and_never_retried(
 
 
 async def test_an_unsafe_call_hermes_refused_with_429_is_certain_and_retryable(
-    invoke: Invoke,
-    fake,  # type: ignore[no-untyped-def]
+    invoke: Invoke, fake  # type: ignore[no-untyped-def]
 ) -> None:
     # Hermes checks its run cap before it creates anything: nothing happened, so the
     # runtime may send it again (the worker itself still makes one attempt).
@@ -139,8 +138,7 @@ async def test_hermes_own_run_cap_refusal_of_a_start_is_certain_and_retryable(
 
 
 async def test_a_draining_gateway_refusal_is_certain_any_other_503_is_not(
-    invoke: Invoke,
-    fake,  # type: ignore[no-untyped-def]
+    invoke: Invoke, fake  # type: ignore[no-untyped-def]
 ) -> None:
     fake.faults.add(RouteDraining(route="POST /v1/runs"))
     drained = await invoke("run_start", {"input": "drained"})

@@ -74,7 +74,9 @@ class Call:
         self.stores = stores
         self.last: Action | None = None
 
-    async def __call__(self, tenant: str | None, operation: str, /, **input_value: Any) -> Outcome:
+    async def __call__(
+        self, tenant: str | None, operation: str, /, **input_value: Any
+    ) -> Outcome:
         op = self.registry.get(operation)
         assert op is not None, operation
         action = self.last = action_of(tenant, operation, input_value)

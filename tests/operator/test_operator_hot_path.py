@@ -50,7 +50,9 @@ async def test_a_hinted_create_adopts_a_binding_that_exists_after_all(harness: H
     later = BindingHandle(
         harness.store, ctx.keys, ctx.owner, ctx.fence, created_at_hint_ms=stored.created_at + 5
     )
-    adopted = await later.create(lambda now: new_binding(action, ctx.endpoint.id, fingerprint, now))
+    adopted = await later.create(
+        lambda now: new_binding(action, ctx.endpoint.id, fingerprint, now)
+    )
     assert adopted == stored
     assert await harness.require_binding(action.id) == stored
 

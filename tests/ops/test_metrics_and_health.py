@@ -179,11 +179,10 @@ class FakeProbe:
         ({"redis_ok": False}, "redis"),
         ({"redis_delay_s": 1.5}, "redis"),
         ({"hermes_ok": False}, "hermes"),
-        ({"reasons": ["cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE is not set"]}, "serving"),
-        (
-            {"publish_reason": "JetStream publication failing: the store refused a write"},
-            "jetstream_publish",
-        ),
+        ({"reasons": ["cannot sign results: AIPD_WORKER_SIGNING_KEY_FILE is not set"]},
+         "serving"),
+        ({"publish_reason": "JetStream publication failing: the store refused a write"},
+         "jetstream_publish"),
     ],
 )
 async def test_ready_is_false_when_any_one_dependency_fails(

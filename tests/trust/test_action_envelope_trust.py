@@ -156,3 +156,5 @@ def test_header_verification_of_a_did_listed_key(tmp_path: Path) -> None:
     key = key_of_nkey_seed(pair.seed)
     trusted = TrustedGatewayKeys.load(_keys_file(tmp_path, did_of(key)))
     assert verify_envelope(b"x", sign_envelope(b"x", pair.seed), trusted) == pair.public_key
+
+

@@ -382,24 +382,11 @@ async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None
     later = now_ms() + 60_000
 
     async def write(
-        who: str,
-        decision_id: str,
-        record: bytes,
-        read_revision: int,
-        expires: int,
-        decision: str = "approved",
-        required: int = 1,
+        who: str, decision_id: str, record: bytes, read_revision: int, expires: int,
+        decision: str = "approved", required: int = 1,
     ) -> tuple[bytes, int]:
         args: list[bytes | str | int] = [
-            who,
-            decision_id,
-            record,
-            read_revision,
-            decision,
-            expires,
-            1_000,
-            "sig",
-            "signer",
+            who, decision_id, record, read_revision, decision, expires, 1_000, "sig", "signer",
             required,
         ]
         reply = await script(keys=[key], args=args)
@@ -420,8 +407,7 @@ async def test_the_write_script_is_write_once_per_decision(redis: Redis) -> None
         b"conflict"
     )
     assert await write("p:b", "apr_" + "d" * 32, b'{"v":5}', 1, later, required=2) == (
-        b"written",
-        2,
+        b"written", 2
     )
     key = approvals_key(encode_action(action_document())[0].id)
     assert (await write("p:a", "apr_" + "e" * 32, b'{"v":6}', 0, 1))[0] == b"expired"
@@ -492,9 +478,7 @@ def test_fingerprint_binds_capability_input_principal_and_credential_revision() 
     base = action_document(input={"b": 1, "a": [1, {"y": 2, "x": 1}]})
     reordered = {**base, "input": {"a": [1, {"x": 1, "y": 2}], "b": 1}}
     other_envelope = {
-        **base,
-        "trace": {"trace_id": "t-2"},
-        "approval": forged_decision("apr_" + "2" * 32),
+        **base, "trace": {"trace_id": "t-2"}, "approval": forged_decision("apr_" + "2" * 32)
     }
     fingerprints = {
         approval_fingerprint(encode_action(doc)[0]) for doc in (base, reordered, other_envelope)
@@ -596,7 +580,9 @@ async def test_a_member_signing_for_another_member_is_refused(
     action, _ = encode_action(document)
     # `approve` itself refuses a key that is not the named approver's.
     with pytest.raises(ApprovalRefused, match="is not the approval key of"):
-        await decide(redis, authority, trust_files, document, signer=APPROVER_UNTENANTED)
+        await decide(
+            redis, authority, trust_files, document, signer=APPROVER_UNTENANTED
+        )
     assert await redis.exists(approvals_key(action.id)) == 0
     # Written around `approve`: a real member (approver:demo) signs a decision in the name
     # of approver:carol, with its own key and naming itself, or naming carol's key.

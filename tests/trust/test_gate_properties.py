@@ -297,7 +297,9 @@ def test_signed_actions_with_arbitrary_claims_end_in_a_backed_decision_or_typed_
     files, gate = world
     case = {**case, **identity}
     outcome = asyncio.run(
-        _admit(redis_server.url, gate, files, {**case, "binding": binding, "governed": governed})
+        _admit(
+            redis_server.url, gate, files, {**case, "binding": binding, "governed": governed}
+        )
     )
     if outcome is None or isinstance(outcome, ConnectorError):
         event("schema-invalid" if outcome is None else f"refused: {outcome.code.value}")

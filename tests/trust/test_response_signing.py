@@ -178,15 +178,9 @@ def test_a_gap_in_seq_breaks_the_chain() -> None:
 def test_a_dlq_entry_is_signed_over_its_reason_and_its_bytes(trust_files: TrustFiles) -> None:
     signer = ResponseSigner.load(trust_files.worker_seed_file)
     facts = dead_letter_facts(
-        dlq_id="dlq_" + "1" * 32,
-        endpoint_id="h1",
-        code=ErrorCode.SCHEMA_ENVELOPE_INVALID,
-        reason="missing id",
-        subject="aip.hermes.h1.actions",
-        stream_seq=3,
-        worker_id="w1",
-        payload=b'{"not": "an action"}',
-        keep_bytes=4096,
+        dlq_id="dlq_" + "1" * 32, endpoint_id="h1", code=ErrorCode.SCHEMA_ENVELOPE_INVALID,
+        reason="missing id", subject="aip.hermes.h1.actions", stream_seq=3, worker_id="w1",
+        payload=b'{"not": "an action"}', keep_bytes=4096,
     )
     data = encode_dead_letter(facts, action_id=None, signer=signer.aip)
     entry, key = verify_dead_letter(data, _keys(trust_files))

@@ -44,7 +44,9 @@ async def test_admission_reuses_the_runtimes_verification(
     assert len(calls) == 1
 
 
-async def test_without_the_flag_admission_still_verifies(gate: TrustGate, redis: Redis) -> None:
+async def test_without_the_flag_admission_still_verifies(
+    gate: TrustGate, redis: Redis
+) -> None:
     _, payload = encode_action(
         action_document(endpoint=TARGET.id, principal=USER_UNTENANTED, tenant=None)
     )  # unsigned

@@ -47,7 +47,9 @@ async def _stream(nc: Client, name: str, **config: object) -> str:
 async def test_acknowledgements_reach_their_publish_and_duplicates_are_named(nc: Client) -> None:
     subject = await _stream(nc, "plain")
     acks = AckedPublisher(nc)
-    futures = [await acks.publish(subject, b"%d" % n, {MSG_ID: f"m{n}"}, 1.0) for n in range(50)]
+    futures = [
+        await acks.publish(subject, b"%d" % n, {MSG_ID: f"m{n}"}, 1.0) for n in range(50)
+    ]
     replies = await asyncio.gather(*futures)
     assert [r.seq for r in replies] == list(range(1, 51))
     again = await (await acks.publish(subject, b"0", {MSG_ID: "m0"}, 1.0))
@@ -91,12 +93,8 @@ async def test_a_chunk_stream_on_it_stores_every_chunk_in_order(nats_server: Ser
         publisher = BusPublisher(nc.jetstream(), Subjects(), acks=AckedPublisher(nc))
         action_id = new_action_id()
         grant = LeaseGrant(
-            status=AcquireStatus.ACQUIRED,
-            fence=1,
-            other_owner="",
-            expires_at_ms=0,
-            attempted_fence=0,
-            cancel_requested=False,
+            status=AcquireStatus.ACQUIRED, fence=1, other_owner="", expires_at_ms=0,
+            attempted_fence=0, cancel_requested=False,
         )
         lease = HeldLease(ActionKeys.of(action_id), "owner-1", grant, ttl_ms=30_000)
         stream = ChunkStream(publisher, lease, action_id=action_id, endpoint_id=ENDPOINT)

@@ -21,3 +21,4 @@ def test_a_missing_bench_module_is_named_with_its_install_command(
     assert OPTIONAL["psutil"] in message
     assert OPTIONAL["arq"] in message
     assert isinstance(caught.value, ModuleNotFoundError)
+

@@ -44,8 +44,9 @@ def _egress() -> dict[str, Any]:
     (egress,) = [
         case["envelope"]
         for case in VECTORS["aip.core.v1.action"]["valid"]
-        if "channel_delivery"
-        in case["envelope"].get("extensions", {}).get("org.aip-hermes-worker", {})
+        if "channel_delivery" in case["envelope"].get("extensions", {}).get(
+            "org.aip-hermes-worker", {}
+        )
     ]
     return dict(egress)
 
@@ -122,10 +123,7 @@ def test_a_delivery_is_refused_on_the_actions_subject_and_an_action_on_the_egres
     [
         ("other system message", lambda a: a["input"].update(system_message="obey")),
         ("another input key", lambda a: a["input"].update(extra=1)),
-        (
-            "a person's identity",
-            lambda a: a.update(identity={"human_actor": {"id": "u", "kind": "human"}}),
-        ),  # noqa: E501
+        ("a person's identity", lambda a: a.update(identity={"human_actor": {"id": "u", "kind": "human"}})),  # noqa: E501
         ("another operation", lambda a: a.update(capability_id="cap:hermes_agent:h1:chat")),
         ("a streaming mode", lambda a: a.update(mode="streaming")),
     ],

@@ -48,12 +48,8 @@ async def nc(nats_server: ServiceHandle) -> AsyncIterator[Client]:
 
 def _lease(action_id: str, *, fence: int, ttl_ms: int = 30_000) -> HeldLease:
     grant = LeaseGrant(
-        status=AcquireStatus.ACQUIRED,
-        fence=fence,
-        other_owner="",
-        expires_at_ms=0,
-        attempted_fence=0,
-        cancel_requested=False,
+        status=AcquireStatus.ACQUIRED, fence=fence, other_owner="", expires_at_ms=0,
+        attempted_fence=0, cancel_requested=False,
     )
     return HeldLease(ActionKeys.of(action_id), f"owner-{fence}", grant, ttl_ms=ttl_ms)
 
@@ -97,7 +93,9 @@ async def test_a_lease_not_renewed_in_time_publishes_nothing(nc: Client) -> None
     publisher = BusPublisher(nc.jetstream(), Subjects(), nc=nc)
     action_id = new_action_id()
     lease = _lease(action_id, fence=1, ttl_ms=1_000)
-    stream = await ChunkStream.open(publisher, lease, action_id=action_id, endpoint_id=ENDPOINT)
+    stream = await ChunkStream.open(
+        publisher, lease, action_id=action_id, endpoint_id=ENDPOINT
+    )
     lease.renewed_at = time.monotonic() - 0.9  # a pause past 80 % of the TTL
     with pytest.raises(LeaseLost):
         await stream.emit(ChunkKind.DATA, {"n": 0})

@@ -114,6 +114,7 @@ def test_every_emitted_code_has_a_runbook_row() -> None:
     assert sorted(EMITTED - rows) == []
 
 
+
 ROOT = Path(__file__).parents[2]
 #: Where ErrorCode is defined: a reference there is the definition, not an emission.
 DEFINITION = ROOT / "schemas" / "errors.py"

@@ -57,9 +57,7 @@ def test_a_busy_port_names_its_setting() -> None:
     import errno
 
     refused = port_in_use(
-        OSError(errno.EADDRINUSE, "in use"),
-        host="10.0.0.1",
-        port=9464,
+        OSError(errno.EADDRINUSE, "in use"), host="10.0.0.1", port=9464,
         settings="AIPD_METRICS_PORT",
     )
     assert isinstance(refused, SettingsError)

@@ -28,9 +28,7 @@ def test_settle_startup_freezes_survivors_and_lengthens_the_schedule(restored_gc
     assert gc.get_freeze_count() > 0
     assert gc.is_tracked(survivor)
     assert gc.get_threshold() == (
-        gc_policy.YOUNG_THRESHOLD,
-        gc_policy.MIDDLE_THRESHOLD,
-        gc_policy.OLD_THRESHOLD,
+        gc_policy.YOUNG_THRESHOLD, gc_policy.MIDDLE_THRESHOLD, gc_policy.OLD_THRESHOLD
     )
 
 

@@ -50,9 +50,8 @@ async def test_concurrent_first_calls_load_each_script_once(redis: Any) -> None:
 
     redis.script_load = counted
     keys = [ActionKeys.of(new_action_id()) for _ in range(20)]
-    grants = await asyncio.gather(
-        *(store.acquire(k, f"w#{i}", 5_000, "fp") for i, k in enumerate(keys))
-    )
+    grants = await asyncio.gather(*(store.acquire(k, f"w#{i}", 5_000, "fp")
+                                    for i, k in enumerate(keys)))
     assert {g.status for g in grants} == {AcquireStatus.ACQUIRED}
     assert all(g.now_ms > 0 for g in grants)
     assert len(loads) == len(set(loads)) == len(store.scripts._scripts)
@@ -83,11 +82,7 @@ class _FakeJs:
 
 def _chunk(action_id: str, seq: int) -> StreamChunk:
     return make_chunk(
-        ChunkKind.DATA,
-        action_id=action_id,
-        endpoint_id="h1",
-        seq=seq,
-        ts_unix_ms=1,
+        ChunkKind.DATA, action_id=action_id, endpoint_id="h1", seq=seq, ts_unix_ms=1,
         payload={"delta": str(seq)},
     )
 
@@ -194,12 +189,8 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
 
 def _held_lease(action_id: str) -> HeldLease:
     grant = LeaseGrant(
-        status=AcquireStatus.ACQUIRED,
-        fence=1,
-        other_owner="",
-        expires_at_ms=0,
-        attempted_fence=0,
-        cancel_requested=False,
+        status=AcquireStatus.ACQUIRED, fence=1, other_owner="", expires_at_ms=0,
+        attempted_fence=0, cancel_requested=False,
     )
     return HeldLease(ActionKeys.of(action_id), "owner-1", grant, ttl_ms=30_000)
 

@@ -52,7 +52,9 @@ def _config(name: str) -> dict[str, str]:
     return data
 
 
-@pytest.mark.parametrize("doc", BASE + HPA, ids=lambda d: f"{d['kind']}/{d['metadata']['name']}")
+@pytest.mark.parametrize(
+    "doc", BASE + HPA, ids=lambda d: f"{d['kind']}/{d['metadata']['name']}"
+)
 def test_every_builtin_object_is_valid_for_the_pinned_kubernetes(doc: dict[str, Any]) -> None:
     kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
 
@@ -142,9 +144,8 @@ def test_the_scaled_object_follows_the_work_consumer_provision_creates() -> None
 def test_the_hpa_aims_at_the_worker_concurrency() -> None:
     [hpa] = HPA
     [metric] = hpa["spec"]["metrics"]
-    assert (
-        metric["external"]["target"]["averageValue"]
-        == _config("aip-worker-env")["AIPD_CONCURRENCY"]
-    )
+    assert metric["external"]["target"]["averageValue"] == _config("aip-worker-env")[
+        "AIPD_CONCURRENCY"
+    ]
     assert hpa["spec"]["scaleTargetRef"]["name"] == "aip-worker"
     assert hpa["spec"]["minReplicas"] >= 1

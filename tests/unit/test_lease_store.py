@@ -63,9 +63,7 @@ async def test_results_are_write_once_and_replays_see_them(store: LeaseStore) ->
     await store.settle(keys, "w1#a", grant.fence, b"first", b"first-terminal")
     repeat = await store.settle(keys, "w1#a", grant.fence, b"second", b"second-terminal")
     assert (repeat.status, repeat.stored, repeat.terminal) == (
-        SettleStatus.EXISTS,
-        b"first",
-        b"first-terminal",
+        SettleStatus.EXISTS, b"first", b"first-terminal"
     )
     replay = await store.acquire(keys, "w3#c", 5000, "fp")
     assert replay.status is AcquireStatus.SETTLED

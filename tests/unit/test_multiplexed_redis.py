@@ -88,7 +88,7 @@ async def test_only_a_single_server_client_from_open_redis_multiplexes(
         keys = ActionKeys.of(new_action_id())
         grant = await store.acquire(keys, "w1#a", 5_000, "fp")
         assert (grant.status, grant.fence) == (AcquireStatus.ACQUIRED, 1)
-        settled = await store.settle(keys, "w1#a", grant.fence, b'{"ok":true}', b"{}")
+        settled = await store.settle(keys, "w1#a", grant.fence, b'{"ok":true}', b'{}')
         assert (settled.status, settled.stored) == (SettleStatus.SETTLED, b'{"ok":true}')
     finally:
         await client.aclose()
@@ -103,7 +103,9 @@ async def test_a_killed_server_fails_waiting_calls_and_a_restart_is_reconnected(
     assert shared is not None
     try:
         assert await shared.execute("PING") == b"PONG"
-        waiting = asyncio.ensure_future(shared.execute("EVAL", BUSY, 0, 1_000_000))
+        waiting = asyncio.ensure_future(
+            shared.execute("EVAL", BUSY, 0, 1_000_000)
+        )
         await asyncio.sleep(0.1)
         redis_server.kill()
         with pytest.raises(RedisConnectionError) as lost:

@@ -21,19 +21,9 @@ BUNDLED = (
     *(
         "AIP_HERMES_OPERATOR_" + suffix
         for suffix in (
-            "DELEGATION_ENABLED",
-            "MODEL",
-            "INSTRUCTIONS",
-            "INSTRUCTIONS_FILE",
-            "TIMEOUT_MS",
-            "POLL_MS",
-            "MAX_EVENTS",
-            "MAX_INPUT_BYTES",
-            "MAX_DELEGATION_DEPTH",
-            "CLAIM_TTL_MS",
-            "CANCEL_GRACE_MS",
-            "CAPABILITY_PREFIXES",
-            "APPROVAL_EXEMPT_CAPABILITY_PREFIXES",
+            "DELEGATION_ENABLED", "MODEL", "INSTRUCTIONS", "INSTRUCTIONS_FILE", "TIMEOUT_MS",
+            "POLL_MS", "MAX_EVENTS", "MAX_INPUT_BYTES", "MAX_DELEGATION_DEPTH", "CLAIM_TTL_MS",
+            "CANCEL_GRACE_MS", "CAPABILITY_PREFIXES", "APPROVAL_EXEMPT_CAPABILITY_PREFIXES",
             "SCOPE_PREFIXES",
         )
     ),
@@ -70,7 +60,9 @@ def test_reference_names_configure_the_worker(monkeypatch: pytest.MonkeyPatch) -
 
 def test_two_spellings_that_disagree_stop_start_up() -> None:
     with pytest.raises(SettingsError, match="AIP_HERMES_OPERATOR_MODEL and AIPD_"):
-        reference_values({"AIP_HERMES_OPERATOR_MODEL": "a", "AIPD_HERMES_OPERATOR_MODEL": "b"})
+        reference_values(
+            {"AIP_HERMES_OPERATOR_MODEL": "a", "AIPD_HERMES_OPERATOR_MODEL": "b"}
+        )
 
 
 @pytest.mark.parametrize(
@@ -103,10 +95,7 @@ def test_run_names_the_conflict_in_one_line_and_exits_with_the_configuration_cod
     env |= {"AIP_HERMES_OPERATOR_MODEL": "a", "AIPD_HERMES_OPERATOR_MODEL": "b"}
     done = subprocess.run(
         [sys.executable, "-m", "worker", "run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
+        env=env, capture_output=True, text=True, timeout=60,
     )
     assert done.returncode == 2, done.stderr
     assert "Traceback" not in done.stderr

@@ -128,7 +128,9 @@ async def test_an_acl_user_refused_info_keeps_the_gate_open_without_the_memory_c
     await admin.execute_command(
         "ACL", "SETUSER", "noinfo", "on", ">pw-noinfo", "~*", "resetchannels", "+@all", "-info"
     )
-    client = redis.asyncio.Redis.from_url(redis_server.url, username="noinfo", password="pw-noinfo")
+    client = redis.asyncio.Redis.from_url(
+        redis_server.url, username="noinfo", password="pw-noinfo"
+    )
     metrics = Metrics(worker_id="w")
     errors = RepeatedErrors(on_count=metrics.error)
     health = StoreHealth(client, metrics=metrics, errors=errors)

@@ -238,7 +238,9 @@ def test_an_action_that_cannot_travel_is_refused_before_it_is_signed(
         (lambda e: e.update(message_type="aip.core.v1.cancel"), "schema"),
     ],
 )
-def test_an_envelope_our_action_cannot_hold_is_refused_with_its_code(edit: Any, code: str) -> None:
+def test_an_envelope_our_action_cannot_hold_is_refused_with_its_code(
+    edit: Any, code: str
+) -> None:
     envelope = json.loads(encode_action(_action(), signer=None, sender=SENDER))
     edit(envelope)
     with pytest.raises(EnvelopeRejected) as caught:

@@ -184,7 +184,9 @@ class AuditLog:
                 # (audit reports the receipts before it unverified) instead of silently.
                 receipt = msgspec.structs.replace(receipt, prev_sha256=before.sha256)
             ends = receipt.event in ENDS_SEGMENT
-            payload, digest = encode_receipt(receipt, signer=publisher.signer.aip if ends else None)
+            payload, digest = encode_receipt(
+                receipt, signer=publisher.signer.aip if ends else None
+            )
             outbox.append((receipt, payload, ends))
             if not ends:
                 held[receipt.action_id] = _Held(receipt, digest, due)

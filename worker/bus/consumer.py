@@ -130,13 +130,8 @@ class PullLoop:
             except Exception as exc:
                 self.bound = False
                 self.errors.report(
-                    f"bind {self.durable}",
-                    type(exc).__name__,
-                    log,
-                    "cannot bind %s/%s: %s",
-                    self.stream,
-                    self.durable,
-                    exc,
+                    f"bind {self.durable}", type(exc).__name__, log,
+                    "cannot bind %s/%s: %s", self.stream, self.durable, exc,
                 )
                 await self._pause(backoff)
                 backoff = min(backoff * 2, 2.0)
@@ -155,12 +150,8 @@ class PullLoop:
         while not self.stopping.is_set():
             free = await self.slots.wait_free()
             if self.serving is not None and not self.serving.servable(self.endpoint_id):
-                log.warning(
-                    "unbinding %s/%s: this worker cannot serve %s now (see /ready)",
-                    self.stream,
-                    self.durable,
-                    self.endpoint_id,
-                )
+                log.warning("unbinding %s/%s: this worker cannot serve %s now (see /ready)",
+                            self.stream, self.durable, self.endpoint_id)
                 return
             if self.gate is not None and not self.gate.accepting:
                 await self._until_stopping_or(self.gate.wait_accepting())
@@ -173,12 +164,8 @@ class PullLoop:
                 continue
             except Exception as exc:
                 self.errors.report(
-                    f"fetch {self.durable}",
-                    type(exc).__name__,
-                    log,
-                    "fetch from %s failed (%s); binding again",
-                    self.durable,
-                    exc,
+                    f"fetch {self.durable}", type(exc).__name__, log,
+                    "fetch from %s failed (%s); binding again", self.durable, exc,
                 )
                 await self._pause(0.2)
                 return

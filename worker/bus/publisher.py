@@ -146,7 +146,9 @@ class BusPublisher:
         (the hot path); else nats-py's `js.publish_async`, for a publisher that sends few."""
         if self.acks is not None:
             return await self.acks.publish(subject, payload, headers, wait_stall)
-        return await self.js.publish_async(subject, payload, headers=headers, wait_stall=wait_stall)
+        return await self.js.publish_async(
+            subject, payload, headers=headers, wait_stall=wait_stall
+        )
 
     async def chunk(
         self,

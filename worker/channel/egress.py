@@ -66,7 +66,6 @@ from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
 
-
 def delivery_id(rule_id: str, source_id: str) -> str:
     """The delivery Action's id: one per rule and source, so a redelivery is idempotent."""
     return "act_" + hashlib.sha256(f"channel:{rule_id}:{source_id}".encode()).hexdigest()[:32]

@@ -95,7 +95,9 @@ def _framed(header: list[str], quoted: list[str], max_bytes: int) -> str:
     head = "\n".join([header[0], NOTICE, *header[1:], BEGIN_QUOTED]) + "\n"
     tail = END_QUOTED
     body = "\n".join(
-        QUOTE + neutralise(line) for text in quoted for line in (text.splitlines() or [""])
+        QUOTE + neutralise(line)
+        for text in quoted
+        for line in (text.splitlines() or [""])
     )
     room = max_bytes - len(head.encode()) - len(tail.encode()) - 1
     if room <= len(QUOTE) + len(_TRUNCATED.encode()):

@@ -138,8 +138,7 @@ def _read(path: Path, what: str, typ: type[T]) -> list[T]:
         raise ChannelConfigError(f"{what}: larger than {MAX_FILE_BYTES} bytes")
     try:
         rules: list[T] = msgspec.json.decode(
-            path.read_bytes(),
-            type=Annotated[list[typ], msgspec.Meta(max_length=MAX_RULES)],  # type: ignore[valid-type]
+            path.read_bytes(), type=Annotated[list[typ], msgspec.Meta(max_length=MAX_RULES)]  # type: ignore[valid-type]
         )
     except (msgspec.ValidationError, msgspec.DecodeError) as exc:
         raise ChannelConfigError(f"{what}: {exc}") from None

@@ -77,7 +77,9 @@ EXIT_UNREACHABLE = 3
 #: Who files the DLQ commands' receipts (`Receipt.worker_id`).
 RECEIPT_AUTHOR = "dlq-admin"
 #: Codes whose envelope cannot run under any id: the original result stands.
-COLLISIONS = frozenset({ErrorCode.OPERATOR_POLICY.value, ErrorCode.CONFIGURATION_OR_INPUT.value})
+COLLISIONS = frozenset(
+    {ErrorCode.OPERATOR_POLICY.value, ErrorCode.CONFIGURATION_OR_INPUT.value}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +168,9 @@ async def read_entries(
     return entries
 
 
-async def _find(js: JetStreamContext, settings: Settings, endpoint_id: str, dlq_id: str) -> Entry:
+async def _find(
+    js: JetStreamContext, settings: Settings, endpoint_id: str, dlq_id: str
+) -> Entry:
     subjects = Subjects(settings.subject_prefix)
     for entry in await read_entries(js, subjects, endpoint_id, _trusted(settings)):
         if entry.dlq_id == dlq_id:
@@ -215,9 +219,9 @@ def replayable(entry: Entry, subjects: Subjects, endpoint_id: str, max_bytes: in
     return action
 
 
-async def _chain(
-    js: JetStreamContext, subjects: Subjects, endpoint_id: str, dlq_id: str
-) -> list[tuple[bytes, dict[str, str]]]:
+async def _chain(js: JetStreamContext, subjects: Subjects, endpoint_id: str, dlq_id: str) -> list[
+    tuple[bytes, dict[str, str]]
+]:
     stream = subjects.stream_name("audit")
     return [
         (m.data or b"", {str(k): str(v) for k, v in (m.headers or {}).items()})
@@ -325,11 +329,8 @@ async def cmd_list(args: argparse.Namespace) -> int:
         when = entry.stored_at.strftime("%Y-%m-%d %H:%M:%S") if entry.stored_at else "?"
         print(f"{entry.dlq_id} {when} {doc['code']:<40} {doc['size']:>8} B  {doc['reason']}")
     if not args.json:
-        print(
-            f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} on the DLQ of "
-            f"{args.endpoint}",
-            file=sys.stderr,
-        )
+        print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'} on the DLQ of "
+              f"{args.endpoint}", file=sys.stderr)
     return 0
 
 
@@ -366,17 +367,9 @@ async def cmd_replay(args: argparse.Namespace) -> int:
         replay_id = earlier or new_action_id()
         if earlier is None:
             await file_receipt(
-                js,
-                subjects,
-                args.endpoint,
-                entry.dlq_id,
-                ReceiptEvent.DLQ_REPLAYED,
-                seed,
-                replay_action_id=replay_id,
-                original_action_id=original.id,
-                code=entry.code,
-                by=args.as_principal,
-                reason=args.reason,
+                js, subjects, args.endpoint, entry.dlq_id, ReceiptEvent.DLQ_REPLAYED, seed,
+                replay_action_id=replay_id, original_action_id=original.id,
+                code=entry.code, by=args.as_principal, reason=args.reason,
             )
         action = msgspec.structs.replace(
             original, id=replay_id, created_at_unix_ms=time.time_ns() // 1_000_000
@@ -407,15 +400,8 @@ async def cmd_discard(args: argparse.Namespace) -> int:
         js = nc.jetstream()
         entry = await _find(js, settings, args.endpoint, args.dlq_id)
         await file_receipt(
-            js,
-            subjects,
-            args.endpoint,
-            entry.dlq_id,
-            ReceiptEvent.DLQ_DISCARDED,
-            seed,
-            code=entry.code,
-            by=args.as_principal,
-            reason=args.reason,
+            js, subjects, args.endpoint, entry.dlq_id, ReceiptEvent.DLQ_DISCARDED, seed,
+            code=entry.code, by=args.as_principal, reason=args.reason,
         )
         await _delete(js, settings, entry)
     finally:
@@ -476,24 +462,18 @@ def add_commands(subparsers: Any) -> None:
     show.set_defaults(func=_guarded(cmd_show))
 
     for name, func, helptext in (
-        (
-            "replay",
-            cmd_replay,
-            "publish the entry's Action again under a new id, signed, receipted, exactly once; "
-            "then remove the entry",
-        ),
+        ("replay", cmd_replay,
+         "publish the entry's Action again under a new id, signed, receipted, exactly once; "
+         "then remove the entry"),
         ("discard", cmd_discard, "remove the entry without replaying it (receipted)"),
     ):
         parser = sub.add_parser(name, help=helptext)
         parser.add_argument("dlq_id", type=_dlq_id, help="the entry's id (dlq_…)")
-        parser.add_argument(
-            "--as", dest="as_principal", required=True, help="who decides (recorded in the receipt)"
-        )
+        parser.add_argument("--as", dest="as_principal", required=True,
+                            help="who decides (recorded in the receipt)")
         parser.add_argument("--reason", required=True, help="why (recorded in the receipt)")
         parser.add_argument(
-            "--sign-key",
-            type=Path,
-            default=Path(gateway_key) if gateway_key else None,
+            "--sign-key", type=Path, default=Path(gateway_key) if gateway_key else None,
             help="gateway nkey seed file that signs the replayed Action and the receipt "
             "(env AIPD_GATEWAY_SIGNING_KEY_FILE)"
             + ("" if name == "replay" else "; optional: an unsigned receipt is not verified"),

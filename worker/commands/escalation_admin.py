@@ -283,12 +283,8 @@ async def cmd_show(args: argparse.Namespace) -> int:
                 return _fail(EXIT_CONFIG, "--reveal needs --as (the member) and --key (its seed)")
             try:
                 document["revealed"] = await reveal(
-                    settings,
-                    redis,
-                    view.escalation,
-                    as_principal=args.as_principal,
-                    key_file=args.key,
-                    reason=args.reason,
+                    settings, redis, view.escalation, as_principal=args.as_principal,
+                    key_file=args.key, reason=args.reason,
                 )
             except ResolutionRefused as exc:
                 # Refused like a resolution the approver may not make: not "no such record".
@@ -727,8 +723,7 @@ def add_commands(subparsers: Any) -> None:
         "--json", action="store_true", help="the raw document (no *_utc companions of times)"
     )
     show.add_argument(
-        "--reveal",
-        action="store_true",
+        "--reveal", action="store_true",
         help="also show the command behind an approval escalation (authority members only, "
         "with --as and --key; receipted in the source Action's audit chain)",
     )

@@ -111,13 +111,8 @@ async def reveal(
     nc = await connect_nats_for_command(settings)
     try:
         await _file_receipt(
-            nc.jetstream(),
-            Subjects(settings.subject_prefix),
-            escalation,
-            seed,
-            by=as_principal,
-            public_key=public_key,
-            reason=reason,
+            nc.jetstream(), Subjects(settings.subject_prefix), escalation, seed,
+            by=as_principal, public_key=public_key, reason=reason,
         )
     finally:
         await nc.close()

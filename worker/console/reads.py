@@ -56,6 +56,7 @@ WAITING = "waiting"
 WORKERS_WAIT_S = 0.5
 
 
+
 @dataclass(frozen=True, slots=True)
 class RunFilter:
     """The runs page's filters (None / empty: any)."""

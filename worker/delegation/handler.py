@@ -61,7 +61,9 @@ class DelegationIntake:
         rt = self.rt
         headers = dict(msg.headers or {})
         try:
-            request, opened = decode_delegation(msg.data, max_bytes=rt.settings.max_envelope_bytes)
+            request, opened = decode_delegation(
+                msg.data, max_bytes=rt.settings.max_envelope_bytes
+            )
         except EnvelopeRejected as exc:
             raise Rejected(exc.code, exc.reason) from None
         action = internal_action(request, endpoint_id)

@@ -106,7 +106,9 @@ class Console:
 
     def outcome(self, report: StepReport) -> None:
         mark = "✔" if report.reached else "✘"
-        self.line(f"  {mark} {report.got} (expected {report.expected}) in {report.seconds:.2f} s")
+        self.line(
+            f"  {mark} {report.got} (expected {report.expected}) in {report.seconds:.2f} s"
+        )
 
     def summary(self, reports: list[StepReport]) -> bool:
         """Print the table and the verdict line; True when every step reached its state."""

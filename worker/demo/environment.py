@@ -97,9 +97,8 @@ class DemoEnvironment:
         cls, *, hermes_url: str | None = None, hermes_key_file: Path | None = None
     ) -> DemoEnvironment:
         root = Path(tempfile.mkdtemp(prefix="aip-hermes-demo-"))
-        return cls(
-            root=root, hermes_url=hermes_url, hermes_key_file=hermes_key_file, _owns_root=True
-        )
+        return cls(root=root, hermes_url=hermes_url, hermes_key_file=hermes_key_file,
+                   _owns_root=True)
 
     # --- start ---------------------------------------------------------------------------
 
@@ -186,16 +185,8 @@ class DemoEnvironment:
             mcp = ["--mcp-url", self.gateway_url, "--mcp-token-file", str(self._mcp_token_file)]
         with (self.root / "fake-hermes.log").open("ab") as log:
             self._fake_proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "worker.testing.fake_hermes",
-                    "--port",
-                    "0",
-                    "--api-key-file",
-                    str(key_file),
-                    *mcp,
-                ],
+                [sys.executable, "-m", "worker.testing.fake_hermes", "--port", "0",
+                 "--api-key-file", str(key_file), *mcp],
                 stdout=subprocess.PIPE,
                 stderr=log,
                 start_new_session=True,
@@ -212,8 +203,7 @@ class DemoEnvironment:
         memberships = authority_memberships()
         for membership in memberships:
             membership["capability_prefixes"] = [
-                *membership["capability_prefixes"],
-                DELEGATED_PREFIX,
+                *membership["capability_prefixes"], DELEGATED_PREFIX
             ]
         self.trust = write_trust_files(directory, memberships=memberships)
         return self.trust
@@ -224,9 +214,7 @@ class DemoEnvironment:
         nc = await nats.connect(self.nats.url)
         try:
             report = await provision(
-                nc.jetstream(),
-                self.subjects,
-                [ENDPOINT],
+                nc.jetstream(), self.subjects, [ENDPOINT],
                 StreamPolicy(ack_wait_s=LEASE_TTL_MS / 1000),
             )
         finally:
@@ -270,18 +258,12 @@ class DemoEnvironment:
             raise DemoError(f"cannot create the demo session: HTTP {answer.status_code}")
         rules = self.root / "channel-egress.json"
         rules.write_text(
-            json.dumps(
-                [
-                    {
-                        "id": "demo-desk",
-                        "match": {
-                            "capability_prefix": f"cap:hermes_agent:{ENDPOINT}:models",
-                            "sources": ["result"],
-                        },
-                        "session_id": DESK_SESSION,
-                    }
-                ]
-            ),
+            json.dumps([{
+                "id": "demo-desk",
+                "match": {"capability_prefix": f"cap:hermes_agent:{ENDPOINT}:models",
+                          "sources": ["result"]},
+                "session_id": DESK_SESSION,
+            }]),
             encoding="utf-8",
         )
         rules.chmod(0o600)

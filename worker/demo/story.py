@@ -269,8 +269,7 @@ class Story:
         ) as http:
             answer = await http.get(f"/api/sessions/{DESK_SESSION}/messages")
         users = [
-            m
-            for m in answer.json().get("data", [])
+            m for m in answer.json().get("data", [])
             if m.get("role") == "user" and source in str(m.get("content"))
         ]
         self.console.note(f"the session holds {len(users)} user message(s) naming {source}")
@@ -282,9 +281,7 @@ class Story:
         )
         await self.wait_output(followed)
         reply = await self.client.cancel(
-            ENDPOINT,
-            followed.handle.action_id,
-            reason="the demo changed its mind",
+            ENDPOINT, followed.handle.action_id, reason="the demo changed its mind",
             requested_by=USER_UNTENANTED,
         )
         self.console.note(f"cancel requested: accepted={reply.accepted} state={reply.state}")
@@ -402,12 +399,8 @@ class Story:
     async def publish_approved(self, action: Action) -> Followed:
         """Record the demo approver's decision on exactly this Action, then publish it."""
         record = await approve(
-            self.redis,
-            self.authority,
-            action,
-            APPROVER_UNTENANTED,
-            "approved by the demo's approval authority",
-            ApprovalDecision.APPROVED,
+            self.redis, self.authority, action, APPROVER_UNTENANTED,
+            "approved by the demo's approval authority", ApprovalDecision.APPROVED,
             seed=self.approver_seed(),
         )
         self.console.note(f"approval {record.decision_id} recorded by {APPROVER_UNTENANTED}")

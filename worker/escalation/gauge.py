@@ -53,6 +53,7 @@ EXISTS_BATCH = 1_000
 WHERE = "escalations_open"
 
 
+
 @dataclass(slots=True)
 class _Open:
     seq: int
@@ -99,10 +100,7 @@ class EndpointEscalations:
         if last > self.read_to:
             start = max(self.read_to + 1, first)
             for seq, data in await read_subject_from(
-                self.js,
-                self.subject,
-                stream=self.stream,
-                start_seq=start,
+                self.js, self.subject, stream=self.stream, start_seq=start,
                 limit=MAX_READ_PER_REFRESH,
             ):
                 self._take(seq, data)

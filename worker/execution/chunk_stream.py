@@ -163,16 +163,11 @@ class ChunkStream:
         if lease.is_takeover and leases is not None:
             record = await leases.chunk_chain(lease.keys)
             start = await continue_chain(
-                publisher,
-                record,
-                endpoint_id=endpoint_id,
-                action_id=action_id,
+                publisher, record, endpoint_id=endpoint_id, action_id=action_id,
                 fence=lease.fence,
             )
             first_seq, prev_sha256, stream_seq = (
-                start.next_seq,
-                start.prev_sha256,
-                start.stream_seq,
+                start.next_seq, start.prev_sha256, start.stream_seq
             )
         return cls(
             publisher,
@@ -343,7 +338,9 @@ class ChunkStream:
 
     def _close_batch(self) -> None:
         """End the batch span, counting what it published; the next chunk opens another."""
-        tracing.end(self._batch, attributes={"messaging.batch.message_count": self._since_collect})
+        tracing.end(
+            self._batch, attributes={"messaging.batch.message_count": self._since_collect}
+        )
         self._batch, self._batch_trace = None, _UNTRACED
         self._since_collect = 0
 

@@ -130,7 +130,9 @@ class Gateway:
         self.writer = writer = self._make_writer(js, self.subjects, seed)
         await writer.provision()
         reader = RuntimeStoreReader(js, self.subjects, _own_key(seed))
-        children = Children(nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics)
+        children = Children(
+            nc, writer, seed, trusted_worker_keys=worker_keys, metrics=self.metrics
+        )
         self.service = service = GatewayService(
             settings, nc, routes, reader, children, Discovery(nc, worker_keys)
         )

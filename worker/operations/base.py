@@ -68,6 +68,7 @@ class OperationSpec:
         return (Mode.SYNC, Mode.ASYNC)
 
 
+
 @dataclass(slots=True)
 class Outcome:
     """What an execution ended with; the runtime turns it into the settled ActionResult."""
@@ -225,3 +226,4 @@ class Registry:
 
     def get(self, name: str) -> Operation | None:
         return self.operations.get(name)
+

@@ -337,7 +337,8 @@ class Observer:
 
     def _flush_due(self) -> bool:
         return (
-            self._dirty and asyncio.get_running_loop().time() - self._flushed_at >= FLUSH_INTERVAL_S
+            self._dirty
+            and asyncio.get_running_loop().time() - self._flushed_at >= FLUSH_INTERVAL_S
         )
 
     async def _flush(self, *, coalesce: bool = False) -> None:
@@ -368,15 +369,10 @@ class Observer:
         if sealer is None or not isinstance(command, str) or not command:
             return None
         action = self.s.ctx.action
-        return (
-            sealer.seal(
-                command,
-                tenant_id=action.identity.tenant_id,
-                capability=action.capability,
-                now_ms=int(time.time() * 1000),
-            )
-            or None
-        )
+        return sealer.seal(
+            command, tenant_id=action.identity.tenant_id, capability=action.capability,
+            now_ms=int(time.time() * 1000),
+        ) or None
 
     async def record_approval(
         self,

@@ -217,10 +217,7 @@ async def read_status(
             status = error.remote_status
             state = error.code.value
     polled(
-        STATUS_ROUTE,
-        method="GET",
-        status=status,
-        state=state,
+        STATUS_ROUTE, method="GET", status=status, state=state,
         duration_ms=(time.monotonic() - started) * 1000,
     )
     return outcome

@@ -85,7 +85,9 @@ def run_start_key(endpoint_id: str, action_id: str, fingerprint: str) -> str:
     idempotency key is not used: AIP scopes it to the capability, so two Actions may share
     it, and Hermes would answer the second with the first one's run."""
     digest = hashlib.sha256(
-        b"\0".join((RUN_KEY_DOMAIN, endpoint_id.encode(), action_id.encode(), fingerprint.encode()))
+        b"\0".join(
+            (RUN_KEY_DOMAIN, endpoint_id.encode(), action_id.encode(), fingerprint.encode())
+        )
     ).hexdigest()
     return RUN_KEY_PREFIX + digest
 
@@ -249,7 +251,6 @@ class StartFence:
                     ErrorCode.HOST_CAPACITY,
                 )
             )
-
         def claim(b: OperatorBinding, now: int) -> OperatorBinding | None:
             if b.status is not S.STARTING or b.start_claim is not None:
                 return None

@@ -155,7 +155,9 @@ class Answers:
             rt.publisher, rt.stores.leases, delivery.keys,
             fence=grant.fence, action_id=action.id, endpoint_id=endpoint_id,
         )  # fmt: skip
-        chunk = encode_chunk(refusal_chunk(action.id, endpoint_id, error, settled_at, start=start))
+        chunk = encode_chunk(
+            refusal_chunk(action.id, endpoint_id, error, settled_at, start=start)
+        )
         # Settled as a plain refusal (nothing attempted): another request under the id may
         # still take it (a forgery refused first does not burn an approved id, issue 24);
         # an uncertain one, after an earlier attempt, stands for good.
@@ -255,15 +257,15 @@ class Answers:
         if stored.status is SettleStatus.EXISTS:
             assert stored.stored is not None
             await self.outbox.republish(
-                [delivery.msg],
-                action,
-                endpoint_id,
+                [delivery.msg], action, endpoint_id,
                 Settled(stored.stored, stored.terminal, stored.owed),
             )
             return False
         # Like every Action, one answered without running ends its chunk stream before its
         # result, so a consumer following the chunks learns the outcome too.
-        await self.outbox.publish([delivery.msg], action, endpoint_id, Settled(result_bytes, chunk))
+        await self.outbox.publish(
+            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk)
+        )
         return True
 
     async def without_lease(self, delivery: Delivery, grant: LeaseGrant) -> bool:
@@ -284,7 +286,8 @@ class Answers:
                 endpoint_id,
                 Rejected(
                     code,
-                    "idempotency collision: this Action id was first used with a different request",
+                    "idempotency collision: this Action id was first used with a different "
+                    "request",
                     action_id=action.id,
                 ),
             )

@@ -73,12 +73,8 @@ class Leased:
         faults.hit("after_lease", action.id)
         lease = HeldLease(delivery.keys, owner, grant, ttl_ms=rt.settings.lease_ttl_ms)
         chunks = await ChunkStream.open(
-            rt.publisher,
-            lease,
-            action_id=action.id,
-            endpoint_id=endpoint_id,
-            metrics=rt.metrics,
-            leases=rt.stores.leases,
+            rt.publisher, lease, action_id=action.id, endpoint_id=endpoint_id,
+            metrics=rt.metrics, leases=rt.stores.leases,
             operator=operation.spec.name == "operator",
         )
         execution = Execution(
@@ -168,7 +164,9 @@ class Leased:
                 return Outcome(ResultStatus.FAILED, error=attempted_before())
             await execution.mark_unsafe_attempt()
         faults.hit("before_execute", execution.action.id)
-        execution.task = asyncio.get_running_loop().create_task(self._bounded(execution, params))
+        execution.task = asyncio.get_running_loop().create_task(
+            self._bounded(execution, params)
+        )
         lease = execution.lease
         try:
             outcome: Outcome = await execution.task

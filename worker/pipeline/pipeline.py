@@ -71,13 +71,8 @@ class Pipeline:
             # whose store answers take the message.
             cause = "not accepting" if isinstance(exc, StoreNotAccepting) else "unavailable"
             rt.errors.report(
-                "delivery.store",
-                cause,
-                log,
-                "redis %s on %s (%s); redelivering later",
-                cause,
-                endpoint_id,
-                exc,
+                "delivery.store", cause, log,
+                "redis %s on %s (%s); redelivering later", cause, endpoint_id, exc,
                 extra={"endpoint": endpoint_id},
             )
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.DEFERRED)
@@ -88,13 +83,9 @@ class Pipeline:
             # full store): the result waits in Redis, and the redelivery republishes it
             # (worker/pipeline/outbox.py). A known dependency failure: no traceback.
             rt.errors.report(
-                "delivery.bus",
-                type(exc).__name__,
-                log,
+                "delivery.bus", type(exc).__name__, log,
                 "jetstream did not store a publication on %s (%s); redelivering later",
-                endpoint_id,
-                exc,
-                extra={"endpoint": endpoint_id},
+                endpoint_id, exc, extra={"endpoint": endpoint_id},
             )
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.DEFERRED)
             await self.answers.nak(msg)
@@ -103,14 +94,9 @@ class Pipeline:
             rt.metrics.delivery(endpoint_id, DeliveryOutcome.ERROR)
             if not self.acquire.reached(msg) and not is_dependency_failure(exc):
                 rt.errors.report(
-                    "delivery.before_lease",
-                    type(exc).__name__,
-                    log,
-                    "delivery failed before its lease on %s; dead-lettering it",
-                    endpoint_id,
-                    level=logging.ERROR,
-                    exc_info=True,
-                    extra={"endpoint": endpoint_id},
+                    "delivery.before_lease", type(exc).__name__, log,
+                    "delivery failed before its lease on %s; dead-lettering it", endpoint_id,
+                    level=logging.ERROR, exc_info=True, extra={"endpoint": endpoint_id},
                 )
                 try:
                     await self.answers.dead_letter(
@@ -128,14 +114,9 @@ class Pipeline:
                 # Logged once per exception class per interval: a failing dependency fails
                 # every delivery alike (37 MB of tracebacks per worker in 100 s, before).
                 rt.errors.report(
-                    "delivery",
-                    type(exc).__name__,
-                    log,
-                    "delivery failed unexpectedly on %s; redelivering later",
-                    endpoint_id,
-                    level=logging.ERROR,
-                    exc_info=True,
-                    extra={"endpoint": endpoint_id},
+                    "delivery", type(exc).__name__, log,
+                    "delivery failed unexpectedly on %s; redelivering later", endpoint_id,
+                    level=logging.ERROR, exc_info=True, extra={"endpoint": endpoint_id},
                 )
             await self.answers.nak(msg)
         finally:

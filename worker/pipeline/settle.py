@@ -113,9 +113,7 @@ class Settle:
             rt.keeper.lose(execution, "another owner settled this Action first", cancel=False)
             assert stored.stored is not None
             await outbox.republish(
-                execution.messages,
-                action,
-                endpoint_id,
+                execution.messages, action, endpoint_id,
                 Settled(stored.stored, stored.terminal, stored.owed),
             )
             return
@@ -135,9 +133,7 @@ class Settle:
             extra=execution.log_fields(),
         )
         rt.metrics.settled(
-            action.capability,
-            outcome.status.value,
-            error.code.value if error else None,
+            action.capability, outcome.status.value, error.code.value if error else None,
             uncertain=bool(error and error.uncertain_outcome),
         )
         faults.hit("after_settle", action.id)

@@ -98,11 +98,8 @@ class StoreHealth:
         """Redis refused a write for lack of memory, or is within the reserve of maxmemory."""
         if self.has_room:
             self.errors.report(
-                "store.gate",
-                "near maxmemory",
-                log,
-                "redis is near maxmemory (%s); no new leases until memory is freed",
-                cause,
+                "store.gate", "near maxmemory", log,
+                "redis is near maxmemory (%s); no new leases until memory is freed", cause,
             )
         self.has_room = False
         self._update(cause)
@@ -152,9 +149,7 @@ class StoreHealth:
         except NoPermissionError:
             self.memory_check = False
             self.errors.report(
-                "store.check",
-                "info refused",
-                log,
+                "store.check", "info refused", log,
                 "redis refuses INFO to this worker's ACL user: the maxmemory reserve check "
                 "is off, so new leases are not stopped before Redis is full (grant +info)",
             )
@@ -174,9 +169,7 @@ class StoreHealth:
         if ok:
             if not self.has_room:
                 self._recoveries.report(
-                    "store",
-                    "room",
-                    log,
+                    "store", "room", log,
                     "redis memory is below the reserve again; new leases resume",
                     level=logging.INFO,
                 )
@@ -203,10 +196,7 @@ class StoreHealth:
                 log.warning(
                     "waiting for redis at %s (%s); no Action is fetched until it answers "
                     "(giving up after %.0f s); %s",
-                    what,
-                    self.reason,
-                    timeout_s,
-                    UNREACHABLE_HINT["redis"],
+                    what, self.reason, timeout_s, UNREACHABLE_HINT["redis"],
                 )
                 told_at = now
             await asyncio.sleep(min(self.check_interval_s, max(0.0, deadline - now)))

@@ -113,13 +113,9 @@ def require_engine() -> None:
             "and `tools/containers up` had started it",
             pytrace=False,
         )
-    why = (
-        expected.removeprefix("unavailable: ")
-        if expected.startswith("unavailable")
-        else (
-            "no Docker engine answers (`./dev test --containers` starts one where the machine "
-            "allows it)"
-        )
+    why = expected.removeprefix("unavailable: ") if expected.startswith("unavailable") else (
+        "no Docker engine answers (`./dev test --containers` starts one where the machine "
+        "allows it)"
     )
     pytest.skip(f"container test: {why}")
 

@@ -367,7 +367,9 @@ def _check_binding(record: ApprovalRecord, action: Action, tenant_id: str | None
         raise _conflict("the approver is the Action's own principal")
 
 
-def _check_carried(carried: AipApprovalDecision, live: list[StoredDecision]) -> StoredDecision:
+def _check_carried(
+    carried: AipApprovalDecision, live: list[StoredDecision]
+) -> StoredDecision:
     """The live approval an Action's carried `ApprovalDecision` names (by `decision_id`,
     else by approver), which it must equal field for field: the record is the authority, so
     a carried decision that says anything else is refused, never believed."""
@@ -456,7 +458,9 @@ async def check_approval(
         live.append(decision)
     required = required_approvals(authority, action)
     if not live:
-        raise _unavailable(f"{stored[-1].record.decision_id} has expired; a new decision is needed")
+        raise _unavailable(
+            f"{stored[-1].record.decision_id} has expired; a new decision is needed"
+        )
     if len(live) < required:
         raise _unavailable(
             f"{len(live)} of {required} approvals by distinct members are recorded for "

@@ -190,6 +190,7 @@ class ApprovalAuthority:
                 return MembershipMatch(membership, prefix)
         raise NotAuthorized(f"{who} may not approve capability {capability!r}")
 
+
     def deciders(
         self, *, tenant_id: str | None, capability: str, now_ms: int
     ) -> list[AuthorityMembership]:
@@ -201,9 +202,7 @@ class ApprovalAuthority:
                 continue
             try:
                 self.authorize(
-                    principal_id=principal_id,
-                    tenant_id=tenant,
-                    capability=capability,
+                    principal_id=principal_id, tenant_id=tenant, capability=capability,
                     now_ms=now_ms,
                 )
             except NotAuthorized:

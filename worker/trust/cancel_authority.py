@@ -53,7 +53,9 @@ class CancelAuthority:
             )
         return entry
 
-    async def check(self, requester: TrustedIdentity, subject: ActionSubject, clock: Clock) -> None:
+    async def check(
+        self, requester: TrustedIdentity, subject: ActionSubject, clock: Clock
+    ) -> None:
         """Raise ConnectorError unless `requester` may cancel the Action of `subject`."""
         if requester.principal_id == subject.principal_id:
             return

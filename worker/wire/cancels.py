@@ -65,6 +65,7 @@ MAX_REQUESTER_CHARS: Final = 512
 _PRINCIPAL_KINDS_BY_PREFIX: Final = {"user": "human", "agent": "agent", "service": "service"}
 
 
+
 def requester_principal(principal_id: str, kind: str | None = None) -> dict[str, str]:
     """The `from` Principal a gateway signs a Cancel as, for the requester `principal_id`.
     Without a `kind`, it is read from the id's prefix (`user:` human, `agent:` agent,
@@ -382,7 +383,9 @@ def decode_cancel_reply(
         return (
             CancelOutcome(
                 action_id=result.action_id,
-                accepted=(facts.accepted if facts else result.status is ResultStatus.CANCELLED),
+                accepted=(
+                    facts.accepted if facts else result.status is ResultStatus.CANCELLED
+                ),
                 state=facts.state if facts else "settled",
                 result=result,
             ),

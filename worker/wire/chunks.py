@@ -160,6 +160,7 @@ def decode_chunk(
     )
 
 
+
 __all__ = [
     "CHUNK_TYPE",
     "OPERATOR_KEY",

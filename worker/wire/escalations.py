@@ -336,6 +336,7 @@ def decode_resolution(
     return resolution, opened
 
 
+
 __all__ = [
     "ESCALATION_TYPE",
     "RESOLUTION_TYPE",

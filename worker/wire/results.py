@@ -212,6 +212,7 @@ def decode_result(
     return result, opened
 
 
+
 __all__ = [
     "ERROR_SOURCE",
     "MESSAGE_MAX_BYTES",

@@ -138,7 +138,9 @@ def encode_lifecycle_record(
     return _seal(body, extension, signer=signer, sender=sender)
 
 
-def _open(data: bytes, max_bytes: int, record: str) -> tuple[ActionStatus, StatusExtension, Opened]:
+def _open(
+    data: bytes, max_bytes: int, record: str
+) -> tuple[ActionStatus, StatusExtension, Opened]:
     opened = open_envelope(data, message_types=_TYPES, max_bytes=max_bytes)
     typed = open_payload(opened, MESSAGE_TYPE)
     assert isinstance(typed, ActionStatus)

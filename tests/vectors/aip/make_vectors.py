@@ -1081,7 +1081,8 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
             body={
                 "channel_message": {
                     "conversation": {
-                        "id": "conv_" + sha256_hex(f"hermes-agent:h1:{INBOX}".encode())[:32],
+                        "id": "conv_"
+                        + sha256_hex(f"hermes-agent:h1:{INBOX}".encode())[:32],
                         "channel": {
                             "system": "hermes-agent",
                             "endpoint_id": "h1",

@@ -360,7 +360,9 @@ class RunRegistry:
                 if run.status is RunStatus.STOPPING:
                     return
 
-    async def _play_delegated(self, run: Run, tool: mcp.McpTool, arguments: dict[str, Any]) -> None:
+    async def _play_delegated(
+        self, run: Run, tool: mcp.McpTool, arguments: dict[str, Any]
+    ) -> None:
         """One `aip_call` with the exact arguments, then prose, then `run.completed`."""
         loop = asyncio.get_running_loop()
         started = loop.time()
