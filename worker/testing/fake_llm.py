@@ -164,8 +164,8 @@ def mcp_tool_outcome(content: str) -> tuple[str, bool]:
     Hermes encodes the tool's text as `{"result": text}` (with `"structuredContent"` beside it
     when the tool answered structured content: that object is returned, as JSON) and a
     failure as `{"error": message}` (tools/mcp_tool.py), then, from 32 characters on, fences
-    it as untrusted data (agent/tool_dispatch_helpers.py). Unwrapping both lets the final prose match the fake
-    Hermes, which passes the tool's text on as it is.
+    it as untrusted data (agent/tool_dispatch_helpers.py). Unwrapping both lets the final
+    prose match the fake Hermes, which passes the tool's text on as it is.
     """
     fenced = _UNTRUSTED_RESULT.fullmatch(content)
     if fenced is not None:
