@@ -87,11 +87,22 @@ _ACTION_PROPERTIES: Final[dict[str, Any]] = {
     "transaction": _OBJECT,
 }
 
-INPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
-    "aip_capabilities": {
+
+def _closed(properties: dict[str, Any], *required: str) -> dict[str, Any]:
+    """A closed object schema: every field it takes is listed."""
+    schema: dict[str, Any] = {
         "type": "object",
         "additionalProperties": False,
-        "properties": {
+        "properties": properties,
+    }
+    if required:
+        schema["required"] = list(required)
+    return schema
+
+
+INPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
+    "aip_capabilities": _closed(
+        {
             "capability_id": {"type": "string"},
             "profile": {"type": "string"},
             "query": {"type": "string"},
@@ -100,35 +111,20 @@ INPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
             "include_bindings": {"type": "boolean", "default": True},
             "cursor": {"type": "string", "pattern": "^[0-9]{1,9}$"},
             "limit": {"type": "integer", "minimum": 1, "maximum": 1000},
-        },
-    },
-    "aip_call": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["capability_id"],
-        "properties": {
+        }
+    ),
+    "aip_call": _closed(
+        {
             **_ACTION_PROPERTIES,
-            "context": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {
-                    name: schema
-                    for name, schema in _ACTION_PROPERTIES.items()
-                    if name != "capability_id"
-                },
-            },
-            "extensions": {
-                "type": "object",
-                "additionalProperties": False,
-                "properties": {EXTENSION_KEY: _OBJECT},
-            },
+            "context": _closed(
+                {k: v for k, v in _ACTION_PROPERTIES.items() if k != "capability_id"}
+            ),
+            "extensions": _closed({EXTENSION_KEY: _OBJECT}),
         },
-    },
-    "aip_action_status": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["action_id"],
-        "properties": {
+        "capability_id",
+    ),
+    "aip_action_status": _closed(
+        {
             "action_id": _ACTION_ID,
             "tenant_id": _TENANT,
             "include_result": _FLAG,
@@ -136,24 +132,20 @@ INPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
             "include_chunks": _FLAG,
             "wait_ms": _WAIT,
         },
-    },
-    "aip_action_result": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["action_id"],
-        "properties": {
+        "action_id",
+    ),
+    "aip_action_result": _closed(
+        {
             "action_id": _ACTION_ID,
             "tenant_id": _TENANT,
             "wait_ms": _WAIT,
             "include_receipt": _FLAG,
             "include_terminal_events": _FLAG,
         },
-    },
-    "aip_action_events": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["action_id"],
-        "properties": {
+        "action_id",
+    ),
+    "aip_action_events": _closed(
+        {
             "action_id": _ACTION_ID,
             "tenant_id": _TENANT,
             "cursor": {"type": "string", "pattern": "^[0-9]{1,12}$"},
@@ -163,13 +155,11 @@ INPUT_SCHEMAS: Final[dict[str, dict[str, Any]]] = {
             "include_chunks": _FLAG,
             "follow": _FLAG,
         },
-    },
-    "aip_action_cancel": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["action_id"],
-        "properties": {"action_id": _ACTION_ID, "reason": {"type": "string"}},
-    },
+        "action_id",
+    ),
+    "aip_action_cancel": _closed(
+        {"action_id": _ACTION_ID, "reason": {"type": "string"}}, "action_id"
+    ),
 }
 
 #: One validator per tool, built once (a sync burst decodes thousands of calls).
