@@ -314,7 +314,7 @@ class Workload:
         mode = self.rng.choice(["sync", "async"])
         contract = {
             "action_id": supplied,
-            "capability": DELEGATED_CAPABILITY,
+            "capability_id": DELEGATED_CAPABILITY,
             "input": {},
             "mode": mode,
             "timeout_ms": ACTION_TIMEOUT_MS,
@@ -325,9 +325,7 @@ class Workload:
             self.history.add("invoke", "delegate", child, mode=mode)
             try:
                 answer = await asyncio.wait_for(
-                    call_tool(
-                        self.gateway_url, self.gateway_token, "aip_call", {"arguments": contract}
-                    ),
+                    call_tool(self.gateway_url, self.gateway_token, "aip_call", contract),
                     CALL_TIMEOUT_S,
                 )
             except Exception as exc:  # the call may or may not have reached the gateway
@@ -345,9 +343,10 @@ class Workload:
                 "ok",
                 "delegate",
                 child,
-                child=document.get("action_id"),
-                state=document.get("state"),
-                duplicate=document.get("duplicate"),
+                # The answer names the caller's id; the child on the bus is its namespaced id.
+                child=child if answer.aip.get("action_id", supplied) == supplied else None,
+                state=answer.aip.get("status") or (document.get("ack") or {}).get("status"),
+                duplicate=answer.aip.get("duplicate", False),
             )
 
     async def _duplicate(self) -> None:

@@ -19,26 +19,28 @@ It needs a Docker engine (see `require_engine` for when it skips or fails).
 from __future__ import annotations
 
 import asyncio
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import msgspec
 import nats
 import pytest
 from nats.aio.client import Client as NATS
 
 from schemas.action import Action
+from schemas.ids import new_action_id
 from schemas.result import ActionResult, ResultStatus
 from subjects.grammar import Subjects
 from tests.compose.deployment import COMPOSE, Deployment, compose_command
 from worker.bus.stream_reads import drain
 from worker.client import AipClient
+from worker.gateway.service import namespaced_action_id
 from worker.store.keys import ActionKeys
 from worker.testing._procs import free_ports
 from worker.testing.fake_hermes import FakeHermesControl, RouteDelay
-from worker.testing.gateway import call_tool
+from worker.testing.gateway import call_tool, hermes_principal_id
 from worker.testing.pytest_plugin import require_engine, service_unavailable
 from worker.testing.scenario import AIP_DISCOVER_CALL
 from worker.wire.results import decode_result
@@ -203,12 +205,19 @@ async def _serve_lose_a_worker_restart_redis(
     # worker, once, and answers with its native result.
     token = (COMPOSE / "secrets" / "mcp_token_hermes-1").read_text().strip()
     reads = await _child_reads(control)
-    arguments = {"capability": CHILD, "input": {}, "mode": "sync", "timeout_ms": 60_000}
-    answer = await call_tool(deployment.mcp_url, token, "aip_call", {"arguments": arguments})
+    arguments = {
+        "action_id": new_action_id(),
+        "capability_id": CHILD,
+        "input": {},
+        "mode": "sync",
+        "timeout_ms": 60_000,
+    }
+    answer = await call_tool(deployment.mcp_url, token, "aip_call", arguments)
     assert not answer.is_error, answer.document
-    assert answer.document["state"] == "completed", answer.document
-    assert answer.document["result"]["status"] == "completed", answer.document
-    child = await gateway.handle(ENDPOINT, answer.document["action_id"]).result(timeout_s=10)
+    assert answer.aip["status"] == "completed", answer.aip
+    # On the bus the child's id is the caller's, namespaced to its principal.
+    child_id = namespaced_action_id(hermes_principal_id(ENDPOINT), None, arguments["action_id"])
+    child = await gateway.handle(ENDPOINT, child_id).result(timeout_s=10)
     assert child.status is ResultStatus.COMPLETED
     assert any(child.settled_by.startswith(deployment.hostname(c)) for c in workers)
     assert await _child_reads(control) == reads + 1
@@ -221,12 +230,16 @@ async def _serve_lose_a_worker_restart_redis(
     assert run["status"] == "completed", run
     called = f"I called {CHILD} through aip_call"
     assert called in run["output"], f"{run['output']}\nhermes log:\n{deployment.logs('hermes')}"
-    found = re.search(r"act_[0-9a-f]{32}", run["output"])
-    assert found is not None, run["output"]
+    # The child the run made: the last queue entry (its id on the bus). The reference facade
+    # answers a settled aip_call with the output, so the model's prose names no id.
+    last = await gateway.nc.jetstream().get_last_msg(
+        Subjects().runtime_stream_name("queue"), "aip.runtime.queue.>"
+    )
+    found = msgspec.json.decode(last.data or b"")["body"]["action_status"]["action_id"]
     # The child is the hermes-1 principal's: only its owner may read its result.
-    owned = await call_tool(deployment.mcp_url, token, "aip_action_result", {"action_id": found[0]})
+    owned = await call_tool(deployment.mcp_url, token, "aip_action_result", {"action_id": found})
     assert not owned.is_error, owned.document
-    assert owned.document["result"]["status"] == "completed", owned.document
+    assert owned.body["status"] == "completed", owned.document
     assert await _child_reads(control) == reads + 2
 
     # 4. The worker holding a slow Action is killed; another one finishes it, once.

@@ -125,18 +125,18 @@ async def test_the_gateway_serves_aip_call_with_only_its_role(
             child_id = new_action_id()
             arguments = {
                 "action_id": child_id,
-                "capability": f"cap:hermes_agent:{ENDPOINT}:models",
+                "capability_id": f"cap:hermes_agent:{ENDPOINT}:models",
                 "input": {},
                 "mode": "sync",
                 "timeout_ms": 20_000,
             }
-            answer = await call_tool(mcp, TOKEN, "aip_call", {"arguments": arguments})
+            answer = await call_tool(mcp, TOKEN, "aip_call", arguments)
             assert not answer.is_error, answer.document
-            assert answer.document["state"] == "completed"
-            assert answer.document["result"]["output"]["data"][0]["id"] == "hermes-agent"
-            child_id = answer.document["action_id"]  # the supplied id, namespaced
+            assert answer.aip["status"] == "completed"
+            assert answer.document["data"][0]["id"] == "hermes-agent"
+            # The caller reads its Action by its own id (namespaced on the bus).
             events = await call_tool(mcp, TOKEN, "aip_action_events", {"action_id": child_id})
-            assert events.document["done"] is True
+            assert events.body["terminal"] is True
             listed = await call_tool(mcp, TOKEN, "aip_capabilities")
             assert not listed.is_error, listed.document
 

@@ -318,8 +318,9 @@ async def test_a_delegated_run_calls_aip_call_once_with_the_exact_arguments(
         }
         assert offered == {AIP_CALL_TOOL}
     assert_one_aip_call_then_prose(events)
-    # What the tool returned is the gateway's answer about this child.
-    assert request.action.id in tool_text(events)
+    # What the tool returned is the reference facade's answer about this child: the child
+    # is asynchronous, so `{action_id, ack}` naming it.
+    assert f'"action_id": "{request.action.id}", "ack"' in tool_text(events)
     status = await status_of(delegating_client, run_id)
     assert status["status"] == "completed"
     assert status["output"] == events[-1]["output"]

@@ -151,17 +151,32 @@ def test_child_tenant_follows_the_endpoint_binding_or_the_verified_tenant() -> N
         assert caught.value.code is ErrorCode.TENANT_MISMATCH
 
 
-def test_aip_call_arguments_are_the_exact_child_without_identity() -> None:
+def test_aip_call_arguments_are_the_exact_child_in_the_reference_shape() -> None:
+    """The reference `aip_call` takes the AIP Action's fields at the top level (upstream
+    aip-mcp-server): `action_id`, `capability_id`, `input`, `mode` (`streaming` spelt as AIP
+    spells it); our facts with no AIP field ride in our extension key."""
     request = make_request()
-    arguments = aip_call_arguments(request.action)
-    expected = msgspec.to_builtins(request.action)
-    expected.pop("identity")
-    expected["action_id"] = expected.pop("id")
-    assert arguments == expected
+    child = request.action
+    arguments = aip_call_arguments(child)
+    reference = {
+        "capability_id", "input", "action_id", "mode", "idempotency_key", "timeout_ms",
+        "conversation", "memory_context", "delegation_chain", "federation", "callback",
+        "observability", "compliance", "approval", "transaction", "context",
+    }  # fmt: skip
+    assert set(arguments) - {"extensions"} <= reference
+    assert arguments["action_id"] == child.id
+    assert arguments["capability_id"] == CHILD_CAPABILITY
+    assert arguments["input"] == child.input
+    assert (
+        arguments["mode"]
+        == {"sync": "sync", "async": "async", "stream": "streaming"}[child.mode.value]
+    )
     assert "identity" not in arguments
     assert "id" not in arguments
-    assert arguments["action_id"] == request.action.id
-    assert arguments["capability"] == CHILD_CAPABILITY
+    ours = arguments["extensions"]["org.aip-hermes-worker"]
+    assert ours["created_at_unix_ms"] == child.created_at_unix_ms
+    assert child.delegation is not None
+    assert ours["delegation"]["delegation_id"] == child.delegation.delegation_id
 
 
 def test_the_model_facing_payload_holds_the_arguments_and_governed_instructions() -> None:

@@ -20,6 +20,7 @@ from subjects.streams import StreamPolicy
 from worker.testing.gateway import call_tool
 
 from .conftest import H1_TOKEN, GatewayStack
+from .test_gateway_tools import endpoint_of
 
 MODELS = "cap:hermes_agent:h1:models"
 #: The issue's case: four endpoints (h1 from the stack's worker, these from a second one).
@@ -29,7 +30,7 @@ MORE_ENDPOINTS = ("h2", "h3", "h4")
 async def _pages(gs: GatewayStack, **arguments: Any) -> tuple[list[dict[str, Any]], int, int]:
     """Every page: the entries, the number of pages and the largest answer's bytes."""
     entries: list[dict[str, Any]] = []
-    cursor: int | None = 0
+    cursor: str | None = "0"
     pages = 0
     largest = 0
     while cursor is not None:
@@ -63,14 +64,14 @@ async def test_capabilities_are_paged_and_schemas_come_only_when_asked(
     assert [e["id"] for e in entries] == [e["id"] for e in everything]
     assert pages == -(-len(everything) // 10)
     assert all("input_schema" not in e and "contract" not in e for e in entries)
-    assert all(e["endpoint_id"] == "h1" and "risk" in e and e["bindings"] for e in entries)
+    assert all(endpoint_of(e) == "h1" and "risk" in e and e["bindings"] for e in entries)
     lean_bytes = sum(
         len(json.dumps(e)) for e in entries
     )  # what a caller reading every page gets, schemas left out
     assert largest < 16_384, largest
     # One capability's schema, asked for by name.
     one = await call_tool(
-        gs.url, H1_TOKEN, "aip_capabilities", {"prefix": MODELS, "include_schemas": True}
+        gs.url, H1_TOKEN, "aip_capabilities", {"capability_id": MODELS, "include_schemas": True}
     )
     assert [e["id"] for e in one.document["capabilities"]] == [MODELS]
     assert "input_schema" in one.document["capabilities"][0]
@@ -111,7 +112,7 @@ async def test_four_endpoints_list_in_small_default_pages(gstack: GatewayStack) 
         whole = await call_tool(
             gs.url, H1_TOKEN, "aip_capabilities", {"limit": 200, "include_schemas": True}
         )
-        endpoints = {e["endpoint_id"] for e in whole.document["capabilities"]}
+        endpoints = {endpoint_of(e) for e in whole.document["capabilities"]}
         if endpoints == {"h1", *MORE_ENDPOINTS} or time.monotonic() > deadline:
             break
         await asyncio.sleep(0.5)
@@ -120,7 +121,7 @@ async def test_four_endpoints_list_in_small_default_pages(gstack: GatewayStack) 
     full_bytes = len(json.dumps(whole.document))
     first = await call_tool(gs.url, H1_TOKEN, "aip_capabilities", {})
     assert len(first.document["capabilities"]) == 20
-    assert first.document["next_cursor"] == 20
+    assert first.document["next_cursor"] == "20"
     default_bytes = len(json.dumps(first.document))
     entries, pages, largest = await _pages(gs)
     assert len(entries) == len(whole.document["capabilities"])

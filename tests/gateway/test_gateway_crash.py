@@ -40,7 +40,7 @@ async def call_dying_gateway(url: str, arguments: dict[str, object]) -> None:
     """The caller of a gateway that dies under it sees a broken call (and nothing else)."""
     with contextlib.suppress(Exception, BaseExceptionGroup):
         async with asyncio.timeout(10):
-            await call_tool(url, H1_TOKEN, "aip_call", {"arguments": arguments})
+            await call_tool(url, H1_TOKEN, "aip_call", arguments)
 
 
 @pytest.mark.chaos
@@ -78,12 +78,13 @@ async def test_a_gateway_killed_mid_call_is_finished_by_the_other(
     assert await queue_history(gs, child_id) == ["queued", "running", "completed"]
     assert "dispatched again" in survivor.log_text()
     # The caller (Hermes, reconnecting to any gateway) reads the same child's result.
-    answer = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": child_id})
-    assert answer.document["result"]["status"] == "completed"
+    own = {"action_id": arguments["action_id"]}
+    answer = await call_tool(gs.url, H1_TOKEN, "aip_action_result", own)
+    assert answer.body["status"] == "completed"
     # Asking again with the same contract returns that child, never a new one.
     again = await aip_call(gs, H1_TOKEN, arguments)
-    assert again.document["action_id"] == child_id
-    assert again.document["duplicate"] is True
+    assert again.aip["action_id"] == arguments["action_id"]
+    assert again.aip["duplicate"] is True
     assert models_reads(gs) == 1
 
 
@@ -124,7 +125,7 @@ async def test_a_nats_restart_while_following_loses_nothing(
     arguments = contract(mode="async")
     child_id = bus_id(arguments)
     answer = await aip_call(gs, H1_TOKEN, arguments)
-    assert answer.document["state"] == "running", answer.document
+    assert answer.document["ack"]["status"] == "accepted", answer.document
     await asyncio.to_thread(nats_server.kill)
     await asyncio.to_thread(nats_server.restart)
     found = await wait_terminal(gs, child_id, timeout_s=40)
@@ -136,5 +137,7 @@ async def test_a_nats_restart_while_following_loses_nothing(
     assert models_reads(gs) == 1
     assert len(await results_of(gs, child_id)) == 1
     # The gateway serves again after the restart.
-    ready = await call_tool(gs.url, H1_TOKEN, "aip_action_status", {"action_id": child_id})
-    assert ready.document["state"] == "completed"
+    ready = await call_tool(
+        gs.url, H1_TOKEN, "aip_action_status", {"action_id": arguments["action_id"]}
+    )
+    assert ready.body["state"] == "completed"

@@ -288,12 +288,10 @@ async def test_under_the_wall_every_connection_is_served_and_excess_calls_get_50
             "params": {
                 "name": "aip_call",
                 "arguments": {
-                    "arguments": {
-                        "capability": "cap:support_sandbox:held",
-                        "input": {},
-                        "mode": "sync",
-                        "timeout_ms": 3_000,
-                    }
+                    "capability_id": "cap:support_sandbox:held",
+                    "input": {},
+                    "mode": "sync",
+                    "timeout_ms": 3_000,
                 },
             },
         }

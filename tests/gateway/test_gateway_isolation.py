@@ -36,7 +36,15 @@ from worker.wire.chunks import encode_chunk
 from worker.wire.results import encode_result
 
 from .conftest import AGENT_TOKEN, H1, H1_TOKEN, OTHER_TENANT_TOKEN, GatewayStack
-from .test_gateway_tools import NOT_FOUND, aip_call, contract, models_reads, records
+from .test_gateway_tools import (
+    NOT_FOUND,
+    aip_call,
+    bus_id,
+    contract,
+    delegated,
+    models_reads,
+    records,
+)
 
 H9_MODELS = "cap:hermes_agent:h9:models"
 #: A forged delegation block: a chain no signed DelegationRequest ever carried.
@@ -134,22 +142,29 @@ async def test_aip_call_with_another_principals_action_id_gets_a_child_of_its_ow
     arguments = contract(action_id=victim.id, input={})
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert not answer.is_error, answer.document
-    own_id = answer.document["action_id"]
+    own_id = bus_id(arguments)
     assert own_id != victim.id
-    assert answer.document["result"]["action_id"] == own_id
-    assert victim.id not in json.dumps(answer.document)
+    own = await records(gs, own_id)
+    assert own.queue is not None
+    assert own.queue.owner_principal_id == H1
+    assert own.lifecycle is not None
+    assert own.lifecycle.result is not None
+    assert answer.document == own.lifecycle.result.output
     # Nothing of the caller's exists under the victim's id, and the victim's one result
     # is still the only one there.
     assert (await records(gs, victim.id)).queue is None
     assert [r.settled_at_unix_ms for r in await gs.stack.results(victim.id)] == [
         settled.settled_at_unix_ms
     ]
+    # The caller's id names the caller's own child: its result, never the victim's.
     later = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": victim.id})
-    assert later.error_code == NOT_FOUND
+    assert later.body["output"] == own.lifecycle.result.output
+    assert settled.settled_at_unix_ms != own.lifecycle.result.settled_at_unix_ms
     # The same caller naming the same id again gets its own child back (idempotency).
     again = await aip_call(gs, H1_TOKEN, arguments)
-    assert again.document["action_id"] == own_id
-    assert again.document["duplicate"] is True
+    assert again.aip["action_id"] == victim.id
+    assert again.aip["duplicate"] is True
+    assert (await records(gs, own_id)).queue == own.queue
 
 
 async def test_a_protocol_id_whose_result_is_on_the_bus_is_refused_like_an_unknown_id(
@@ -163,7 +178,7 @@ async def test_a_protocol_id_whose_result_is_on_the_bus_is_refused_like_an_unkno
     reads = models_reads(gs)
 
     answer = await aip_call(
-        gs, H1_TOKEN, contract(action_id=victim.id, input={}, delegation=FORGED_DELEGATION)
+        gs, H1_TOKEN, contract(action_id=victim.id, input={}, **delegated(FORGED_DELEGATION))
     )
     assert answer.is_error, answer.document
     assert answer.error_code == NOT_FOUND
@@ -189,7 +204,7 @@ async def test_only_a_delegate_principal_makes_a_delegated_child(gs_up: GatewayS
     call with the same contract is taken."""
     gs = gs_up
     child_id = new_action_id()
-    arguments = contract(action_id=child_id, input={}, delegation=FORGED_DELEGATION)
+    arguments = contract(action_id=child_id, input={}, **delegated(FORGED_DELEGATION))
     refused = await aip_call(gs, AGENT_TOKEN, arguments)
     assert refused.is_error, refused.document
     assert "delegate principal" in refused.document["error"]["message"]
@@ -197,6 +212,8 @@ async def test_only_a_delegate_principal_makes_a_delegated_child(gs_up: GatewayS
     taken = await aip_call(gs, H1_TOKEN, {**arguments, "mode": "async"})
     assert not taken.is_error, taken.document
     assert taken.document["action_id"] == child_id
+    # A delegated child keeps its protocol-assigned id on the bus.
+    assert (await records(gs, child_id)).queue is not None
 
 
 async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(
@@ -216,14 +233,14 @@ async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(
         H1_TOKEN,
         contract(
             action_id=victim.id,
-            capability=H9_MODELS,
+            capability_id=H9_MODELS,
             input={},
             mode="async",
-            delegation=FORGED_DELEGATION,
+            **delegated(FORGED_DELEGATION),
         ),
     )
     assert not answer.is_error, answer.document
-    assert answer.document["state"] == "running"
+    assert answer.document["ack"]["status"] == "accepted"
     stream = await gs.stack.nc.jetstream().stream_info(gs.stack.subjects.stream_name("actions"))
     assert stream.state.messages == 2  # both envelopes stored: no dedupe slot was squatted
 
@@ -232,7 +249,8 @@ async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(
     await asyncio.sleep(1.5)  # a follower or recovery sweep would have seen it by now
     stored = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": victim.id})
     assert "victim-only" not in json.dumps(stored.document)
-    assert stored.document["result"] is None or stored.document["result"]["status"] != "completed"
+    assert stored.document["message_type"] == "aip.lifecycle.v1.action_status"
+    assert stored.body["state"] != "completed"
 
 
 async def test_a_protocol_id_whose_chunks_are_streaming_is_refused_before_enqueue(
@@ -258,10 +276,10 @@ async def test_a_protocol_id_whose_chunks_are_streaming_is_refused_before_enqueu
     )
     arguments = contract(
         action_id=victim.id,
-        capability=H9_MODELS,
+        capability_id=H9_MODELS,
         input={},
         mode="async",
-        delegation=FORGED_DELEGATION,
+        **delegated(FORGED_DELEGATION),
     )
     answer = await aip_call(gs, H1_TOKEN, arguments)
     events = await call_tool(gs.url, H1_TOKEN, "aip_action_events", {"action_id": victim.id})
@@ -347,9 +365,7 @@ async def test_a_principals_allowlists_are_checked_before_enqueue_and_shape_the_
 
     listed = await call_tool(url, tokens["models_only"], "aip_capabilities")
     assert not listed.is_error, listed.document
-    assert {c["id"] for c in listed.document["capabilities"]} == {
-        "cap:hermes_agent:h1:models"
-    }
+    assert {c["id"] for c in listed.document["capabilities"]} == {"cap:hermes_agent:h1:models"}
     other_endpoint = await call_tool(url, tokens["h2_only"], "aip_capabilities")
     assert other_endpoint.document["capabilities"] == []
 
@@ -358,9 +374,9 @@ async def test_a_principals_allowlists_are_checked_before_enqueue_and_shape_the_
             url,
             tokens["models_only"],
             "aip_call",
-            {"arguments": contract(capability="cap:hermes_agent:h1:health")},
+            contract(capability_id="cap:hermes_agent:h1:health"),
         ),
-        await call_tool(url, tokens["h2_only"], "aip_call", {"arguments": contract()}),
+        await call_tool(url, tokens["h2_only"], "aip_call", contract()),
     ]
     for answer in refused:
         assert answer.is_error, answer.document
@@ -370,9 +386,9 @@ async def test_a_principals_allowlists_are_checked_before_enqueue_and_shape_the_
     assert await queue_entries(gs) == []
     assert models_reads(gs) == 0
     # What the allowlist names still runs.
-    allowed = await call_tool(url, tokens["models_only"], "aip_call", {"arguments": contract()})
+    allowed = await call_tool(url, tokens["models_only"], "aip_call", contract())
     assert not allowed.is_error, allowed.document
-    assert allowed.document["result"]["status"] == "completed"
+    assert allowed.aip["status"] == "completed"
 
 
 async def test_a_caller_supplied_delegation_chain_never_reaches_hermes(
@@ -381,12 +397,12 @@ async def test_a_caller_supplied_delegation_chain_never_reaches_hermes(
     gs = gs_up
     assert gs.stack.fake is not None
     for arguments in (
-        contract(delegation=FORGED_DELEGATION),
-        {k: v for k, v in contract(delegation=FORGED_DELEGATION).items() if k != "action_id"},
+        contract(**delegated(FORGED_DELEGATION)),
+        {k: v for k, v in contract(**delegated(FORGED_DELEGATION)).items() if k != "action_id"},
     ):
         answer = await aip_call(gs, H1_TOKEN, arguments)
         assert not answer.is_error, answer.document
-        assert answer.document["result"]["status"] == "completed"
+        assert answer.aip["status"] == "completed"
     sent = [r for r in gs.stack.fake.requests() if r.route == "GET /v1/models"]
     assert len(sent) == 2
     for request in sent:
@@ -413,7 +429,7 @@ async def test_a_tenant_mismatched_route_is_refused_before_enqueue(gs_up: Gatewa
         "w-ha", AIPD_HERMES_ENDPOINTS="", AIPD_HERMES_ENDPOINTS_FILE=str(endpoints)
     )
     for token in (OTHER_TENANT_TOKEN, H1_TOKEN):  # tenant B, and no tenant at all
-        answer = await aip_call(gs, token, contract(capability="cap:hermes_agent:ha:models"))
+        answer = await aip_call(gs, token, contract(capability_id="cap:hermes_agent:ha:models"))
         assert answer.is_error, answer.document
         assert answer.error_code == "connector.hermes_agent.tenant_mismatch"
         error = answer.document["error"]

@@ -92,8 +92,8 @@ class Harness:
         )
 
     def child(self, principal: Principal | None = None, **fields: Any) -> ChildAction:
-        arguments = {"capability": CAPABILITY, "input": {"n": secrets.token_hex(4)}, **fields}
-        return self.service.decode_contract(principal or self.principal(), arguments)
+        arguments = {"capability_id": CAPABILITY, "input": {"n": secrets.token_hex(4)}, **fields}
+        return self.service.decode_contract(principal or self.principal(), arguments)[0]
 
     def record(self, child: ChildAction, *, age_ms: int = 0) -> QueueRecord:
         principal = self.principal()
@@ -257,7 +257,7 @@ async def test_a_principal_past_its_follow_cap_is_refused_before_anything_is_enq
     h = harness  # the cap is 3 (AIPD_GATEWAY_MAX_FOLLOWS_PER_PRINCIPAL)
     busy = h.principal("hermes:busy")
     other = h.principal("hermes:other")
-    arguments = {"capability": CAPABILITY, "input": {}, "mode": "sync", "timeout_ms": 60_000}
+    arguments = {"capability_id": CAPABILITY, "input": {}, "mode": "sync", "timeout_ms": 60_000}
     held = [asyncio.create_task(h.service.call(busy, dict(arguments))) for _ in range(3)]
     while h.service.follows.held(busy) < 3:
         await asyncio.sleep(0.01)
@@ -431,16 +431,18 @@ async def test_events_skip_a_non_json_message_and_pass_no_forged_chunk(
     # The executor's signed result names the real chain's last chunk.
     await h.answer(child, last_chunk_sha256=hashlib.sha256(real[-1]).hexdigest())
 
-    answer = await h.service.events(principal, child.id)
-    texts = [(e.get("payload") or {}).get("text") for e in answer["events"]]
-    assert texts == ["one", "two", None]
-    assert answer["verified"] is True
-    assert answer["done"] is True
-    assert answer["next_cursor"] == 3
+    answer, _ = await h.service.events(principal, child.id)
+    chain = [hashlib.sha256(data).hexdigest() for data in real]
+    assert [e["data"]["sha256"] for e in answer["events"]] == chain
+    assert [e["kind"] for e in answer["events"]] == ["data", "data", "done"]
+    assert all(e["data"]["verified"] is True for e in answer["events"])
+    assert answer["terminal"] is True
+    assert answer["cursor"] == "3"
     # Paging goes on from the cursor along the same chain.
-    page = await h.service.events(principal, child.id, cursor=1, limit=1)
-    assert [e["seq"] for e in page["events"]] == [1]
-    assert page["events"][0]["payload"] == {"text": "two"}
+    page, _ = await h.service.events(principal, child.id, cursor=1, limit=1, include_chunks=True)
+    assert [e["data"]["sequence"] for e in page["events"]] == [1]
+    assert [e["data"]["sha256"] for e in page["events"]] == chain[1:2]
+    assert "two" in json.dumps(page["chunks"])
 
 
 async def test_events_before_the_result_follow_the_chain_forward_unverified(
@@ -464,17 +466,18 @@ async def test_events_before_the_result_follow_the_chain_forward_unverified(
     )  # fmt: skip
     await js.publish(subject, unlinked)
     await js.publish(subject, real[1])
-    answer = await h.service.events(principal, child.id)
-    assert [e["payload"]["text"] for e in answer["events"]] == ["one", "two"]
-    assert answer["verified"] is False
-    assert answer["done"] is False
+    answer, _ = await h.service.events(principal, child.id)
+    chain = [hashlib.sha256(data).hexdigest() for data in real[:2]]
+    assert [e["data"]["sha256"] for e in answer["events"]] == chain
+    assert all(e["data"]["verified"] is False for e in answer["events"])
+    assert answer["terminal"] is False
 
 
 async def test_a_contract_without_a_mode_gets_the_capabilitys_default(harness: Harness) -> None:
     """As AipClient.build_action: a streaming twin takes only `stream`, so a call naming no
     mode asks for it; anything else defaults to `async`; a named mode is kept."""
-    twin = harness.child(capability="cap:hermes_agent:h1:chat_stream")
+    twin = harness.child(capability_id="cap:hermes_agent:h1:chat_stream")
     assert twin.mode.value == "stream"
-    assert harness.child(capability="cap:hermes_agent:h1:chat").mode.value == "async"
-    named = harness.child(capability="cap:hermes_agent:h1:chat", mode="sync")
+    assert harness.child(capability_id="cap:hermes_agent:h1:chat").mode.value == "async"
+    named = harness.child(capability_id="cap:hermes_agent:h1:chat", mode="sync")
     assert named.mode.value == "sync"

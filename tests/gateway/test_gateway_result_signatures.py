@@ -31,7 +31,7 @@ from worker.trust.signing import generate_keypair
 from worker.wire.results import encode_result
 
 from .conftest import H1_TOKEN, GatewayStack
-from .test_gateway_tools import aip_call, contract, records, wait_terminal
+from .test_gateway_tools import aip_call, bus_id, contract, records, wait_terminal
 
 H9_MODELS = "cap:hermes_agent:h9:models"
 REFUSED = "aip_gateway_unverified_results_total"
@@ -90,14 +90,14 @@ async def publish_result(gs: GatewayStack, action_id: str, payload: bytes) -> No
 async def h9_child(gs: GatewayStack, timeout_ms: int) -> tuple[str, str]:
     """An async `aip_call` of a child nobody executes: its id, and the sha256 of the
     envelope the gateway dispatched (the last one on h9's work queue, which nobody reads)."""
-    arguments = contract(capability=H9_MODELS, mode="async", timeout_ms=timeout_ms)
+    arguments = contract(capability_id=H9_MODELS, mode="async", timeout_ms=timeout_ms)
     answer = await aip_call(gs, H1_TOKEN, arguments)
-    assert answer.document["state"] == "running", answer.document
+    assert answer.document["ack"]["status"] == "accepted", answer.document
     js = gs.stack.nc.jetstream()
     dispatched = await js.get_last_msg(
         gs.stack.subjects.stream_name("actions"), gs.stack.subjects.actions("h9")
     )
-    return str(answer.document["action_id"]), sha256_hex(dispatched.data or b"")
+    return bus_id(arguments), sha256_hex(dispatched.data or b"")
 
 
 async def recorded(gs: GatewayStack, action_id: str, timeout_s: float = 20.0) -> ChildResult:
@@ -120,14 +120,13 @@ async def refused_count(gs: GatewayStack) -> float:
 async def result_answer(gs: GatewayStack, action_id: str) -> dict[str, Any]:
     answer = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": action_id})
     assert not answer.is_error, answer.document
-    return answer.document
+    return answer.body
 
 
 async def test_a_workers_signed_result_is_recorded_as_the_childs(verifying: GatewayStack) -> None:
     answer = await aip_call(verifying, H1_TOKEN, contract())
     assert not answer.is_error, answer.document
-    assert answer.document["state"] == "completed"
-    assert answer.document["result"]["status"] == "completed"
+    assert answer.aip["status"] == "completed"
     assert await refused_count(verifying) == 0
 
 
@@ -155,7 +154,7 @@ async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
         assert time.monotonic() < deadline, await refused_count(gs)
         await asyncio.sleep(0.1)
     await asyncio.sleep(0.5)
-    assert (await result_answer(gs, child_id))["result"] is None
+    assert (await result_answer(gs, child_id))["state"] == "running"
     found = await records(gs, child_id)
     assert found.queue is not None
     assert found.queue.state is LifecycleState.RUNNING
@@ -163,7 +162,7 @@ async def test_forged_results_are_refused_and_the_signed_one_is_recorded(
 
     await publish_result(gs, child_id, result_for(child_id, envelope, signer=signer, models=["m1"]))
     assert (await recorded(gs, child_id)).output == {"models": ["m1"]}
-    assert (await result_answer(gs, child_id))["result"]["output"] == {"models": ["m1"]}
+    assert (await result_answer(gs, child_id))["output"] == {"models": ["m1"]}
     assert await refused_count(gs) == 4
 
 

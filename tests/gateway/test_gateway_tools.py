@@ -22,6 +22,7 @@ from subjects.streams import StreamPolicy
 from tests.aip_wire import receipt_fields
 from worker.delegation.stores import JetStreamLifecycleStores, StoreRecords
 from worker.errors import McpHttpRefused
+from worker.gateway.facade import EXTENSION_KEY
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import ToolAnswer, call_tool, hermes_principal_id, list_tools
 from worker.testing.identities import TENANT_A, write_json
@@ -55,7 +56,7 @@ NOT_FOUND = "connector.hermes_agent.configuration_or_input"
 def contract(**changes: Any) -> dict[str, Any]:
     fields: dict[str, Any] = {
         "action_id": new_action_id(),
-        "capability": MODELS,
+        "capability_id": MODELS,
         "input": {},
         "mode": "sync",
         "timeout_ms": 20_000,
@@ -65,8 +66,13 @@ def contract(**changes: Any) -> dict[str, Any]:
     return fields
 
 
+def delegated(delegation: dict[str, Any]) -> dict[str, Any]:
+    """The `aip_call` arguments marking a delegated child (our extension, not AIP's)."""
+    return {"extensions": {EXTENSION_KEY: {"delegation": delegation}}}
+
+
 async def aip_call(gs: GatewayStack, token: str, arguments: dict[str, Any]) -> ToolAnswer:
-    return await call_tool(gs.url, token, "aip_call", {"arguments": arguments})
+    return await call_tool(gs.url, token, "aip_call", arguments)
 
 
 async def records(gs: GatewayStack, action_id: str) -> StoreRecords:
@@ -97,6 +103,11 @@ async def wait_terminal(gs: GatewayStack, action_id: str, timeout_s: float = 20.
         if time.monotonic() > deadline:
             raise AssertionError(f"{action_id} never terminal: {found}")
         await asyncio.sleep(0.1)
+
+
+def endpoint_of(capability: dict[str, Any]) -> str:
+    """The endpoint of an endpoint-qualified Hermes capability id."""
+    return str(capability["id"]).split(":")[2]
 
 
 def models_reads(gs: GatewayStack) -> int:
@@ -158,8 +169,7 @@ async def test_capabilities_lists_what_the_workers_serve_and_the_routes_admit(
     assert not answer.is_error, answer.document
     ids = {c["id"] for c in answer.document["capabilities"]}
     assert MODELS in ids
-    assert all(c["endpoint_id"] == "h1" for c in answer.document["capabilities"])
-    assert "cap:hermes_agent:{endpoint}:" in answer.document["routes"]
+    assert {endpoint_of(c) for c in answer.document["capabilities"]} == {"h1"}
 
 
 async def test_capabilities_of_an_endpoint_bound_to_a_tenant_are_listed_to_that_tenant_only(
@@ -184,12 +194,12 @@ async def test_capabilities_of_an_endpoint_bound_to_a_tenant_are_listed_to_that_
     async def endpoints_listed(token: str) -> set[str]:
         answer = await call_tool(gs.url, token, "aip_capabilities", {"limit": 200})
         assert not answer.is_error, answer.document
-        return {c["endpoint_id"] for c in answer.document["capabilities"]}
+        return {endpoint_of(c) for c in answer.document["capabilities"]}
 
     tenant_a = await endpoints_listed(TENANT_A_TOKEN)
     assert tenant_a == {"h1", "ha"}
     listed = await call_tool(gs.url, TENANT_A_TOKEN, "aip_capabilities", {"limit": 200})
-    bound = [c for c in listed.document["capabilities"] if c["endpoint_id"] == "ha"]
+    bound = [c for c in listed.document["capabilities"] if endpoint_of(c) == "ha"]
     assert "cap:hermes_agent:ha:models" in {c["id"] for c in bound}
     # Tenant B, and a principal without a tenant, are refused by `ha`: never offered it.
     assert await endpoints_listed(OTHER_TENANT_TOKEN) == {"h1"}
@@ -204,10 +214,10 @@ async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in
     child_id = bus_id(arguments)
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert not answer.is_error, answer.document
-    assert answer.document["action_id"] == child_id
-    assert answer.document["state"] == "completed"
-    result = answer.document["result"]
-    assert result["status"] == "completed"
+    # The caller names its Action by its own id; the bus id is namespaced to the caller.
+    assert answer.aip["action_id"] == arguments["action_id"]
+    assert answer.aip["status"] == "completed"
+    result = {"status": "completed", "output": answer.document}
     assert result["output"]["data"][0]["id"] == "hermes-agent"
     # The records a worker's resolver reads: signed by a key the workers trust.
     found = await records(gs, child_id)
@@ -225,23 +235,20 @@ async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in
     assert native.settled_by == "w1"
     assert models_reads(gs) == 1
     # status, result, events of the caller's own Action.
-    status = await call_tool(gs.url, H1_TOKEN, "aip_action_status", {"action_id": child_id})
-    assert status.document["state"] == "completed"
-    stored = await call_tool(gs.url, H1_TOKEN, "aip_action_result", {"action_id": child_id})
-    assert stored.document["result"] == result
-    events = await call_tool(gs.url, H1_TOKEN, "aip_action_events", {"action_id": child_id})
+    own = {"action_id": arguments["action_id"]}
+    status = await call_tool(gs.url, H1_TOKEN, "aip_action_status", own)
+    assert status.body["state"] == "completed"
+    stored = await call_tool(gs.url, H1_TOKEN, "aip_action_result", own)
+    assert stored.body == {**own, **result}
+    events = await call_tool(gs.url, H1_TOKEN, "aip_action_events", own)
     assert not events.is_error, events.document
-    assert events.document["done"] is True
-    assert [e["seq"] for e in events.document["events"]] == list(
-        range(len(events.document["events"]))
-    )
+    assert events.body["terminal"] is True
+    sequences = [e["data"]["sequence"] for e in events.body["events"]]
+    assert sequences == list(range(len(sequences)))
     later = await call_tool(
-        gs.url,
-        H1_TOKEN,
-        "aip_action_events",
-        {"action_id": child_id, "cursor": events.document["next_cursor"]},
+        gs.url, H1_TOKEN, "aip_action_events", {**own, "cursor": events.body["cursor"]}
     )
-    assert later.document["events"] == []
+    assert later.body["events"] == []
     # Receipts: the gateway's tool calls beside the worker's own, on the child's chain.
     receipts = await gs.stack.client.receipts("h1", child_id)
     tools = [r.details.get("tool") for r in receipts if r.event.value == "tool_call"]
@@ -255,7 +262,8 @@ async def test_a_sync_call_runs_the_child_on_the_bus_and_settles_both_records_in
     assert {"received", "settled"} <= {r.event.value for r in receipts}
     # The gateway signs its receipts: `audit` (trusting its key) keeps them in the chain.
     chain = await gs.stack.client.audit_chain(
-        "h1", child_id,
+        "h1",
+        child_id,
         trusted_gateway_keys=TrustedGatewayKeys.load(gs.stack.trust.gateway_keys_file),
     )
     assert chain.unverified == []
@@ -267,13 +275,13 @@ async def test_an_async_call_answers_at_once_and_the_result_follows(gs_up: Gatew
     arguments = contract(mode="async")
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert not answer.is_error, answer.document
-    assert answer.document["state"] in ("queued", "running")
-    assert answer.document["result"] is None
+    assert answer.document["action_id"] == arguments["action_id"]
+    assert answer.document["ack"]["status"] in ("queued", "accepted")
     await wait_terminal(gs, bus_id(arguments))
     stored = await call_tool(
-        gs.url, H1_TOKEN, "aip_action_result", {"action_id": bus_id(arguments)}
+        gs.url, H1_TOKEN, "aip_action_result", {"action_id": arguments["action_id"]}
     )
-    assert stored.document["result"]["status"] == "completed"
+    assert stored.body["status"] == "completed"
 
 
 async def test_without_an_action_id_the_gateway_assigns_one(gs_up: GatewayStack) -> None:
@@ -281,8 +289,13 @@ async def test_without_an_action_id_the_gateway_assigns_one(gs_up: GatewayStack)
     del arguments["action_id"]
     answer = await aip_call(gs_up, H1_TOKEN, arguments)
     assert not answer.is_error, answer.document
-    assert answer.document["action_id"].startswith("act_")
-    assert answer.document["state"] == "completed"
+    assert answer.aip["action_id"].startswith("act_")
+    assert answer.aip["status"] == "completed"
+    # The id it assigned is the caller's to use with the other tools.
+    status = await call_tool(
+        gs_up.url, H1_TOKEN, "aip_action_status", {"action_id": answer.aip["action_id"]}
+    )
+    assert status.body["state"] == "completed"
 
 
 async def test_the_same_action_id_and_contract_returns_the_same_child_without_a_second_run(
@@ -293,9 +306,9 @@ async def test_the_same_action_id_and_contract_returns_the_same_child_without_a_
     first = await aip_call(gs, H1_TOKEN, arguments)
     again = await aip_call(gs, H1_TOKEN, arguments)
     assert not again.is_error, again.document
-    assert again.document["action_id"] == first.document["action_id"]
-    assert again.document["duplicate"] is True
-    assert again.document["result"] == first.document["result"]
+    assert again.aip["action_id"] == first.aip["action_id"] == arguments["action_id"]
+    assert again.aip["duplicate"] is True
+    assert again.document == first.document
     assert models_reads(gs) == 1
     assert await queue_history(gs, bus_id(arguments)) == ["queued", "running", "completed"]
 
@@ -317,8 +330,9 @@ async def test_the_same_action_id_with_another_contract_is_a_collision(
     # principal, so it neither collides with nor learns anything about the first.
     other = await aip_call(gs, OTHER_TOKEN, arguments)
     assert not other.is_error, other.document
-    assert other.document["action_id"] == bus_id(arguments, hermes_principal_id("h2"))
-    assert other.document["action_id"] != bus_id(arguments)
+    theirs = bus_id(arguments, hermes_principal_id("h2"))
+    assert theirs != bus_id(arguments)
+    assert (await records(gs, theirs)).queue is not None
     assert models_reads(gs) == 2
 
 
@@ -349,12 +363,12 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
     elif case == "oversized":
         arguments["input"] = {"blob": "x" * 4096}
     elif case == "unrouted":
-        arguments["capability"] = "cap:billing:invoice.pay"
+        arguments["capability_id"] = "cap:billing:invoice.pay"
     elif case == "unserved_endpoint":
         # Routed by the built-in Hermes route, but no worker pool provisioned endpoint h8.
-        arguments["capability"] = "cap:hermes_agent:h8:models"
+        arguments["capability_id"] = "cap:hermes_agent:h8:models"
     elif case == "bad_operation":
-        arguments["capability"] = "cap:hermes_agent:h1:Not-An-Operation"
+        arguments["capability_id"] = "cap:hermes_agent:h1:Not-An-Operation"
     elif case == "not_an_aip_conversation":
         # The child travels as an AIP Action Envelope: `conversation` is AIP's, closed.
         arguments["conversation"] = {"thread": "t-1"}
@@ -407,8 +421,10 @@ async def test_cancel_reaches_the_executor_of_a_running_child(gs_up: GatewayStac
     )
     assert not answer.is_error, answer.document
     # The executor answers the AIP Cancel with the child's result once it is cancelled.
-    assert answer.document["accepted"] is True
-    assert answer.document["executor_status"] == "cancelled"
+    assert answer.aip["cancel"]["accepted"] is True
+    assert answer.aip["cancel"]["executor_status"] == "cancelled"
+    if answer.document["message_type"] == "aip.core.v1.action_result":
+        assert answer.body["status"] == "cancelled"
     found = await wait_terminal(gs, child_id)
     assert found.queue is not None
     assert found.queue.state is LifecycleState.CANCELLED
@@ -424,13 +440,12 @@ async def test_a_worker_that_never_answers_is_bounded_by_the_childs_timeout(
     await provision(
         gs.stack.nc.jetstream(), gs.stack.subjects, ["h9"], StreamPolicy(ack_wait_s=3.0)
     )
-    arguments = contract(capability="cap:hermes_agent:h9:models", timeout_ms=1_500)
+    arguments = contract(capability_id="cap:hermes_agent:h9:models", timeout_ms=1_500)
     started = time.monotonic()
     answer = await aip_call(gs, H1_TOKEN, arguments)
     assert time.monotonic() - started < 10
     assert not answer.is_error, answer.document
-    assert answer.document["state"] == "running"
-    assert answer.document["result"] is None
+    assert answer.document["ack"]["status"] == "accepted"
     # Past the timeout plus the settle grace, the sweep settles it failed, uncertain.
     found = await wait_terminal(gs, bus_id(arguments), timeout_s=15)
     assert found.lifecycle is not None

@@ -188,7 +188,7 @@ async def test_a_default_capabilities_page_reaches_the_model_whole(real_stack: R
     assert not failed
     document = json.loads(text)  # whole: it parses, all 20 entries and the cursor are there
     assert len(document["capabilities"]) == 20
-    assert document["next_cursor"] == 20
+    assert document["next_cursor"] == "20"
     # Four endpoints with every schema: past the budget of the fake model's 131,072-token
     # context (78,643 characters), so the model sees a preview (the 1.9 KB) and a
     # note that the rest was persisted, or here, in a sandbox it cannot write, dropped.

@@ -1,9 +1,10 @@
 """What Hermes receives for a delegation: the exact `aip_call` arguments and nothing to rewrite.
 
-Spec "Route first-class delegation": the child Action is serialized as `aip_call_arguments`
-with `id` renamed to `action_id` and `identity` removed (the authenticated MCP transport
-supplies identity); the instructions require Hermes to call `aip_call` exactly once with
-those arguments and forbid any other state-changing tool. The deployment's own system
+Spec "Route first-class delegation": the child Action is serialized as `aip_call_arguments`,
+the AIP Action with `id` renamed to `action_id` and `identity` removed (the authenticated MCP
+transport supplies identity), as the reference `aip_call` takes it; the instructions require
+Hermes to call `aip_call` exactly once with those arguments and forbid any other
+state-changing tool. The deployment's own system
 instructions come first; the delegation rules are appended, never replaced by input.
 """
 
@@ -11,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import msgspec
-
 from schemas.delegation import ChildAction, DelegationRequest
+from worker.gateway.facade import EXTENSION_KEY
 from worker.operator.policy import HermesOperatorPolicy
 from worker.operator.start import run_body
+from worker.wire.actions import action_extension, aip_action_body
 
 PAYLOAD_KIND = "aip_delegated_call"
 
@@ -33,11 +34,13 @@ This run is a first-class AIP delegation. The user message is a JSON object of k
 
 
 def aip_call_arguments(child: ChildAction) -> dict[str, Any]:
-    """The child Action as `aip_call` takes it: `id` -> `action_id`, no `identity`."""
-    document: dict[str, Any] = msgspec.to_builtins(child)
-    document.pop("identity", None)
-    arguments = {"action_id": document.pop("id")}
-    arguments.update(document)
+    """The child Action as the reference `aip_call` takes it: the AIP Action's fields at the
+    top level, `id` -> `action_id`, no `identity`, and our facts with no AIP field
+    (`created_at_unix_ms`, `delegation`, …) under `extensions["org.aip-hermes-worker"]`."""
+    body = aip_action_body(child)
+    body.pop("identity", None)
+    arguments = {"action_id": body.pop("id"), **body}
+    arguments["extensions"] = {EXTENSION_KEY: action_extension(child)}
     return arguments
 
 

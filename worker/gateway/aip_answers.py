@@ -79,6 +79,7 @@ from worker.errors import ConnectorError, NativeRefusal
 from worker.gateway.chunk_reads import Link
 from worker.gateway.chunk_sinks import CALLBACK_REFUSED, ChunkSink, SinkFactory
 from worker.gateway.chunk_sinks import answer_headers as answer_headers
+from worker.gateway.facade import action_result, action_status
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -525,7 +526,7 @@ class AipAnswers:
         """The `GatewayService.call` contract of an AIP Action, run in our `mode`."""
         arguments: dict[str, Any] = {
             "action_id": action.id,
-            "capability": action.capability_id,
+            "capability_id": action.capability_id,
             "input": action.input,
             "mode": mode,
         }
@@ -687,22 +688,9 @@ class AipAnswers:
                 return view
             await asyncio.sleep(POLL_S)
 
-    def _status(
-        self, action_id: str, view: Mapping[str, Any], *, with_result: bool
-    ) -> dict[str, Any]:
-        """The AIP ActionStatus of a record view (our states are AIP state names)."""
-        status: dict[str, Any] = {
-            "action_id": action_id,
-            "state": view["state"],
-            "updated_at": timestamp_of_ms(int(view["updated_at_unix_ms"])),
-            "capability_id": view["capability"],
-        }
-        result = view.get("result")
-        if result is not None:
-            status["result_status"] = result["status"]
-            if with_result:
-                status["result"] = self._result(action_id, result)
-        return status
+    @staticmethod
+    def _status(action_id: str, view: Mapping[str, Any], *, with_result: bool) -> dict[str, Any]:
+        return action_status(action_id, view, with_result=with_result)
 
     async def _lifecycle(
         self,
@@ -807,17 +795,4 @@ class AipAnswers:
     @staticmethod
     def _result(action_id: str, result: Mapping[str, Any]) -> dict[str, Any]:
         """The AIP ActionResult of a settled child, named by the requester's Action id."""
-        payload: dict[str, Any] = {"action_id": action_id, "status": result["status"]}
-        if result.get("output") is not None:
-            payload["output"] = result["output"]
-        error = result.get("error")
-        if isinstance(error, Mapping):
-            aip_error: dict[str, Any] = {
-                "code": str(error.get("code", ErrorCode.ERROR.value)),
-                "message": str(error.get("message", ""))[:1024],
-                "category": str(error.get("category", "connector")),
-                "retryable": bool(error.get("retryable", False)),
-                "details": {"uncertain_outcome": bool(error.get("uncertain_outcome", False))},
-            }
-            payload["error"] = aip_error
-        return payload
+        return action_result(action_id, result)

@@ -451,20 +451,22 @@ class HostAnswers(AipAnswers):
         cursor = 0
         while time.monotonic() < deadline:
             try:
-                page = await self.service.events(principal, bus_id, cursor, 100)
+                read = await self.service.own_chain(principal, bus_id)
             except ConnectorError as exc:
                 log.warning("stream of %s unreadable: %s", action.id[:80], exc.code.value)
                 break
-            for document in page["events"]:
+            for link in read.links:
+                if link.seq < cursor:
+                    continue
+                cursor = link.seq + 1
                 try:
-                    chunk = msgspec.convert(document, StreamChunk)
+                    chunk = msgspec.convert(link.document, StreamChunk)
                 except msgspec.ValidationError:
                     continue
                 body = chunk_body(chunk, operator=operator)
                 body["action_id"] = action.id
                 await stream.send(body)
-            cursor = int(page["next_cursor"])
-            if page["done"]:
+            if any(link.terminal for link in read.links):
                 break
             await asyncio.sleep(STREAM_POLL_S)
         remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))

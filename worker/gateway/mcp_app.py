@@ -18,9 +18,10 @@ import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
-from mcp.server.fastmcp import Context, FastMCP
+import msgspec
+from mcp.server.fastmcp import FastMCP
 from mcp.server.transport_security import TransportSecuritySettings
-from mcp.types import CallToolResult, TextContent
+from mcp.types import CallToolResult, TextContent, Tool, ToolAnnotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from schemas.errors import ErrorCode
@@ -30,6 +31,7 @@ from worker.errors import ConnectorError
 from worker.gateway.children import now_ms
 from worker.gateway.connector_host import PATHS as HOST_PATHS
 from worker.gateway.connector_host import ConnectorHost
+from worker.gateway.facade import DESCRIPTIONS, INPUT_SCHEMAS, META_KEY, invalid
 from worker.gateway.http_limits import (
     InFlight,
     bounded_body,
@@ -37,10 +39,11 @@ from worker.gateway.http_limits import (
     lowercase_authority,
     send_response,
 )
+from worker.gateway.mcp_tools import FacadeTools, Outcome
 from worker.gateway.observe import GatewayMetrics, ToolReceipts
 from worker.gateway.principals import Principal, Principals, bearer
 from worker.gateway.routes import RouteTable
-from worker.gateway.service import CAPABILITIES_PAGE, GatewayService
+from worker.gateway.service import GatewayService
 from worker.gateway.settings import (
     ACTION_CANCEL,
     ACTION_READ,
@@ -66,39 +69,25 @@ TOOL_SCOPES: Final = {
     "aip_action_events": ACTION_READ,
     "aip_action_cancel": ACTION_CANCEL,
 }
-DESCRIPTIONS: Final = {
-    "aip_capabilities": (
-        "List the AIP capabilities this deployment serves and routes, one page at a time "
-        "(`cursor`, `limit`; the answer's `next_cursor` is null on the last page). Only "
-        "capability ids starting with `prefix`. Input schemas are left out unless "
-        "`include_schemas` is true: ask for them with a `prefix` naming the capability."
-    ),
-    "aip_call": (
-        "Create and run one AIP Action as the calling agent. `arguments` is the Action "
-        "contract (capability, input, optional action_id, mode, timeout_ms, ...), without "
-        "identity: the caller's identity comes from its credential. A supplied action_id "
-        "is namespaced to the caller: use the action_id of the answer with the other tools. "
-        "mode `sync` waits for the result; otherwise the call returns the Action id and "
-        "state at once."
-    ),
-    "aip_action_status": "The state of an Action this caller created.",
-    "aip_action_result": "The native result of an Action this caller created, once it ended.",
-    "aip_action_events": (
-        "The stream chunks of an Action this caller created, from `cursor` (a chunk seq); "
-        "answer includes `next_cursor`, and `verified` once the chunks were checked "
-        "against the Action's signed result."
-    ),
-    "aip_action_cancel": "Ask the executor to cancel an Action this caller created.",
-}
-
 Ready = Callable[[], Awaitable[dict[str, Any]]]
 
 
-def _error_text(error: ConnectorError) -> str:
-    import msgspec
+def _error_result(error: ConnectorError) -> CallToolResult:
+    """A refusal as a tool error: `{"error": ProtocolError}` as text, and the error under
+    `_meta["org.getaip/aip"]` as the reference carries an Action's error."""
+    protocol = msgspec.to_builtins(error.to_protocol(endpoint_id=None, read_only=False))
+    return CallToolResult(
+        content=[TextContent(type="text", text=json.dumps({"error": protocol}))],
+        isError=True,
+        _meta={META_KEY: {"error": protocol}},
+    )
 
-    protocol = error.to_protocol(endpoint_id=None, read_only=False)
-    return json.dumps({"error": msgspec.to_builtins(protocol)})
+
+def _capability_of(tool: str, arguments: object) -> object:
+    """The capability a refused `aip_call` named, for its receipt (anything else: none)."""
+    if tool != "aip_call" or not isinstance(arguments, dict):
+        return None
+    return arguments.get("capability_id")
 
 
 def _transport_security(allowed_hosts: tuple[str, ...]) -> TransportSecuritySettings:
@@ -159,108 +148,46 @@ class GatewayHttp:
         self.metrics = metrics
         self.receipts = receipts
         self.ready = ready
+        self.tools = FacadeTools(service)
         self.mcp = _new_fastmcp(settings.allowed_hosts)
         self._register_tools()
 
     # --- tools ------------------------------------------------------------------------
 
     def _register_tools(self) -> None:
-        service = self.service
-
-        # Each tool is named like its function (FastMCP titles the input schema after it);
-        # the context parameter must be annotated with the bare class for FastMCP to find it.
-        async def aip_capabilities(
-            ctx: Context,  # type: ignore[type-arg]
-            cursor: int = 0,
-            limit: int = CAPABILITIES_PAGE,
-            include_schemas: bool = False,
-            prefix: str = "",
-        ) -> CallToolResult:
-            return await self._run(
-                "aip_capabilities",
-                ctx,
-                lambda p: service.capabilities(p, cursor, limit, include_schemas, prefix),
+        """The six tools with the reference facade's input schemas (worker/gateway/facade.py),
+        served by the SDK's low-level handlers: the schema a client lists is the one the
+        arguments are checked against, and every argument reaches the check (a decorated
+        Python signature would drop unknown fields and answer type errors in its own words)."""
+        server = self.mcp._mcp_server
+        tools = [
+            Tool(
+                name=name,
+                title=name.replace("_", "."),
+                description=DESCRIPTIONS[name],
+                inputSchema=INPUT_SCHEMAS[name],
+                annotations=ToolAnnotations(
+                    readOnlyHint=name not in ("aip_call", "aip_action_cancel"),
+                    openWorldHint=False,
+                ),
             )
+            for name in TOOL_SCOPES
+        ]
 
-        async def aip_call(arguments: dict[str, Any], ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
-            # No action_id for the receipt until the answer names the child: a supplied id is
-            # not the child's (it is namespaced), and a refused call must not append to the
-            # audit chain of whatever Action that id names.
-            return await self._run(
-                "aip_call",
-                ctx,
-                lambda p: service.call(p, arguments),
-                capability=arguments.get("capability"),
-            )
+        async def list_tools() -> list[Tool]:
+            return tools
 
-        async def aip_action_status(action_id: str, ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
-            return await self._run(
-                "aip_action_status",
-                ctx,
-                lambda p: service.status(p, action_id),
-                action_id=action_id,
-            )
+        async def call_tool(name: str, arguments: dict[str, Any]) -> CallToolResult:
+            return await self._run(name, server.request_context.request, arguments)
 
-        async def aip_action_result(action_id: str, ctx: Context) -> CallToolResult:  # type: ignore[type-arg]
-            return await self._run(
-                "aip_action_result",
-                ctx,
-                lambda p: service.result(p, action_id),
-                action_id=action_id,
-            )
+        server.list_tools()(list_tools)  # type: ignore[no-untyped-call]
+        server.call_tool(validate_input=False)(call_tool)
 
-        async def aip_action_events(
-            action_id: str,
-            ctx: Context,  # type: ignore[type-arg]
-            cursor: int = 0,
-            limit: int = 100,
-        ) -> CallToolResult:
-            return await self._run(
-                "aip_action_events",
-                ctx,
-                lambda p: service.events(p, action_id, cursor, limit),
-                action_id=action_id,
-            )
-
-        async def aip_action_cancel(
-            action_id: str,
-            ctx: Context,  # type: ignore[type-arg]
-            reason: str = "",
-        ) -> CallToolResult:
-            return await self._run(
-                "aip_action_cancel",
-                ctx,
-                lambda p: service.cancel(p, action_id, reason),
-                action_id=action_id,
-            )
-
-        for fn in (
-            aip_capabilities,
-            aip_call,
-            aip_action_status,
-            aip_action_result,
-            aip_action_events,
-            aip_action_cancel,
-        ):
-            self.mcp.add_tool(
-                fn, name=fn.__name__, description=DESCRIPTIONS[fn.__name__], structured_output=False
-            )
-
-    def _principal_of(self, ctx: Context) -> Principal | None:  # type: ignore[type-arg]
-        request = ctx.request_context.request
+    def _principal_of(self, request: Any) -> Principal | None:
         token = bearer(request.scope) if request is not None else None
         return self.principals.authenticate(token, now_ms=now_ms())
 
-    async def _run(
-        self,
-        tool: str,
-        ctx: Context,  # type: ignore[type-arg]
-        body: Callable[[Principal], Awaitable[dict[str, Any]]],
-        *,
-        action_id: object = None,
-        capability: object = None,
-    ) -> CallToolResult:
-        request = ctx.request_context.request
+    async def _run(self, tool: str, request: Any, arguments: dict[str, Any]) -> CallToolResult:
         with tracing.span(
             f"execute_tool {tool}",
             kind="server",
@@ -268,25 +195,18 @@ class GatewayHttp:
             # The caller's trace (a Hermes run that propagates W3C trace context).
             carrier=tracing.trace_context(request.headers) if request is not None else {},
         ):
-            return await self._tool(tool, ctx, body, action_id=action_id, capability=capability)
+            return await self._tool(tool, request, arguments)
 
-    async def _tool(
-        self,
-        tool: str,
-        ctx: Context,  # type: ignore[type-arg]
-        body: Callable[[Principal], Awaitable[dict[str, Any]]],
-        *,
-        action_id: object,
-        capability: object,
-    ) -> CallToolResult:
-        principal = self._principal_of(ctx)
+    async def _tool(self, tool: str, request: Any, arguments: dict[str, Any]) -> CallToolResult:
+        if tool not in TOOL_SCOPES:
+            error = invalid(f"no tool {tool[:100]!r} here (tools: {', '.join(TOOL_SCOPES)})")
+            return _error_result(error)
+        principal = self._principal_of(request)
         if principal is None:  # expired since the 401 gate, or no token reached the tool
             error = ConnectorError(ErrorCode.HOST_AUTHENTICATION, "the bearer token is not valid")
-            return CallToolResult(
-                content=[TextContent(type="text", text=_error_text(error))], isError=True
-            )
+            return _error_result(error)
         scope = TOOL_SCOPES[tool]
-        document: dict[str, Any] | None = None
+        outcome: Outcome | None = None
         refusal: ConnectorError | None = None
         if scope not in self.settings.supported_scopes:
             refusal = ConnectorError(
@@ -298,7 +218,7 @@ class GatewayHttp:
             )
         else:
             try:
-                document = await body(principal)
+                outcome = await self.tools.run(tool, principal, arguments)
             except ConnectorError as exc:
                 refusal = exc
             except Exception as exc:
@@ -308,13 +228,23 @@ class GatewayHttp:
                 )
         decision = "allowed" if refusal is None else refusal.code.value
         self.metrics.tool_call(tool, "allowed" if refusal is None else "refused")
-        await self._receipt(tool, principal, decision, document, action_id, capability)
-        if refusal is not None:
-            return CallToolResult(
-                content=[TextContent(type="text", text=_error_text(refusal))], isError=True
-            )
+        # No action_id for the receipt of a refused call: a supplied id is not the child's
+        # (it is namespaced), and a refusal must not append to the chain of whatever Action
+        # that id names.
+        await self._receipt(
+            tool,
+            principal,
+            decision,
+            outcome.bus_action_id if outcome is not None else None,
+            outcome.capability if outcome is not None else _capability_of(tool, arguments),
+        )
+        if refusal is not None or outcome is None:
+            return _error_result(refusal or invalid("no answer"))
         return CallToolResult(
-            content=[TextContent(type="text", text=json.dumps(document))], isError=False
+            content=[TextContent(type="text", text=outcome.text)],
+            structuredContent=outcome.structured,
+            isError=outcome.is_error,
+            _meta=outcome.meta,
         )
 
     async def _receipt(
@@ -322,13 +252,9 @@ class GatewayHttp:
         tool: str,
         principal: Principal,
         decision: str,
-        document: dict[str, Any] | None,
-        action_id: object,
+        action_id: str | None,
         capability: object,
     ) -> None:
-        if document is not None:
-            action_id = document.get("action_id", action_id)
-            capability = document.get("capability", capability)
         child = action_id if isinstance(action_id, str) and is_action_id(action_id) else None
         route = self.routes.resolve(capability) if isinstance(capability, str) else None
         await self.receipts.emit(

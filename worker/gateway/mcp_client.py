@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import httpx
 
 from worker import tracing
 from worker.errors import McpHttpRefused
+from worker.gateway.facade import META_KEY
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -30,15 +31,28 @@ CALL_TIMEOUT_S = 60.0
 
 @dataclass(frozen=True, slots=True)
 class ToolAnswer:
-    """One tool result: the JSON document of its text, and whether it is an error."""
+    """One tool result: its `structuredContent` (else the JSON document of its text),
+    whether it is an error, and the AIP facts of its `_meta["org.getaip/aip"]` (an
+    `aip_call`'s `action_id` and error)."""
 
     is_error: bool
     document: dict[str, Any]
+    aip: dict[str, Any] = field(default_factory=dict)
 
     @property
     def error_code(self) -> str | None:
-        error = self.document.get("error")
+        error = self.aip.get("error", self.document.get("error"))
         return error.get("code") if isinstance(error, dict) else None
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The AIP object of a read tool's answer (`{message_type, body: {key: object}}`)."""
+        body = self.document.get("body")
+        if isinstance(body, dict) and len(body) == 1:
+            (value,) = body.values()
+            if isinstance(value, dict):
+                return value
+        return {}
 
 
 def _first_status(group: BaseExceptionGroup[Any]) -> int | None:
@@ -93,14 +107,17 @@ async def call_tool(
         return await session.call_tool(tool, dict(arguments or {}))
 
     result = await exchange(url, token, call)
-    text = tool_text(result)
-    try:
-        document = json.loads(text)
-    except ValueError:
-        document = {"text": text}
+    document: Any = result.structuredContent
+    if document is None:
+        text = tool_text(result)
+        try:
+            document = json.loads(text)
+        except ValueError:
+            document = {"text": text}
     if not isinstance(document, dict):
         document = {"value": document}
-    return ToolAnswer(bool(result.isError), document)
+    meta = (result.meta or {}).get(META_KEY)
+    return ToolAnswer(bool(result.isError), document, meta if isinstance(meta, dict) else {})
 
 
 def tool_text(result: Any) -> str:

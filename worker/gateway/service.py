@@ -23,6 +23,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from nats.js.errors import NotFoundError
 
 from schemas.action import Action, Mode
+from schemas.aip.action import Action as AipAction
 from schemas.delegation import DELEGATE_PREFIX, ChildAction
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_action_id, new_action_id
@@ -34,6 +35,12 @@ from worker.errors import ActionIdTaken, ConnectorError, QueueEntryExists, Unver
 from worker.gateway.children import Children, child_result, now_ms
 from worker.gateway.chunk_reads import ChunkReader, Link
 from worker.gateway.discovery import Discovery
+from worker.gateway.facade import (
+    action_fields,
+    check_arguments,
+    event_of,
+    extension_fields,
+)
 from worker.gateway.follow_limits import FollowLimits
 from worker.gateway.principals import Principal
 from worker.gateway.records import RuntimeStoreReader
@@ -42,26 +49,40 @@ from worker.gateway.settings import GatewaySettings
 from worker.operations.catalog import default_mode
 from worker.tasks import stop_tasks
 from worker.trust.tenancy import binding_admits
-from worker.wire.actions import aip_action_body
-from worker.wire.manifests import bound_tenant_of, endpoint_of, extension_of_manifest
+from worker.wire.actions import (
+    aip_action_body,
+    identity_context,
+    internal_fields,
+    timestamp_of_ms,
+)
+from worker.wire.manifests import (
+    MANIFEST_VERSION,
+    bound_tenant_of,
+    endpoint_of,
+    extension_of_manifest,
+)
 
 log = logging.getLogger(__name__)
 
 #: The most chunks one `aip_action_events` call returns.
-MAX_EVENTS_PER_CALL = 500
+MAX_EVENTS_PER_CALL = 1000
 #: How long the cancel tool waits for the executor to settle the cancelled child.
 CANCEL_WAIT_S = 10.0
 #: The most messages one `aip_action_events` call reads from a chunk subject.
 MAX_CHUNKS_READ = 20_000
 #: `aip_capabilities` entries per page, by default and at most.
 CAPABILITIES_PAGE = 20
-MAX_CAPABILITIES_PAGE = 200
-#: Capability entry fields only `include_schemas` returns (the bulk of a manifest).
-SCHEMA_FIELDS = ("input_schema", "output_schema", "contract")
+MAX_CAPABILITIES_PAGE = 1000
 #: How long an events read waits for the next chunk before answering with what it has.
 EVENTS_IDLE_S = 0.3
 #: What `aip_call` may not carry: identity is the credential's, `id` is spelt `action_id`.
 FORBIDDEN_FIELDS = ("identity", "id")
+#: The AIP mode of each internal mode (a capability's default when `aip_call` names none).
+AIP_MODE_OF = {Mode.SYNC: "sync", Mode.ASYNC: "async", Mode.STREAM: "streaming"}
+#: How often a read with `wait_ms` polls the record.
+WAIT_POLL_S = 0.2
+#: How long an `aip_action_events` call with `follow` waits for a new chunk.
+FOLLOW_WAIT_S = 10.0
 #: Domain separation of the namespaced Action ids (`namespaced_action_id`).
 NAMESPACE_LABEL = "aip-hermes-worker/gateway-action-id/v1"
 
@@ -81,7 +102,7 @@ def _invalid(message: str) -> ConnectorError:
     return ConnectorError(ErrorCode.SCHEMA_ENVELOPE_INVALID, message)
 
 
-def _not_found(action_id: str) -> ConnectorError:
+def not_found(action_id: str) -> ConnectorError:
     return ConnectorError(
         ErrorCode.CONFIGURATION_OR_INPUT, f"no Action {action_id} of this principal"
     )
@@ -119,6 +140,24 @@ def _view(record: QueueRecord) -> dict[str, Any]:
         "enqueued_at_unix_ms": record.enqueued_at_unix_ms,
         "updated_at_unix_ms": record.updated_at_unix_ms,
     }
+
+
+def _matches(
+    entry: dict[str, Any], capability_id: str | None, profile: str | None, query: str | None
+) -> bool:
+    """Whether a manifest's Capability passes the `aip_capabilities` filters."""
+    if capability_id is not None and entry.get("id") != capability_id:
+        return False
+    if profile is not None:
+        bindings = entry.get("bindings")
+        if not isinstance(bindings, list) or not any(
+            isinstance(b, dict) and b.get("profile") == profile for b in bindings
+        ):
+            return False
+    if query is not None:
+        text = " ".join(str(entry.get(name) or "") for name in ("id", "name", "description"))
+        return query in text.lower()
+    return True
 
 
 def _serves_tenant(manifest: dict[str, Any], tenant_id: str | None, now: int) -> bool:
@@ -169,74 +208,94 @@ class GatewayService:
     async def capabilities(
         self,
         principal: Principal,
+        *,
         cursor: int = 0,
         limit: int = CAPABILITIES_PAGE,
+        capability_id: str | None = None,
+        profile: str | None = None,
+        query: str | None = None,
         include_schemas: bool = False,
-        prefix: str = "",
+        include_contracts: bool = False,
+        include_bindings: bool = True,
     ) -> dict[str, Any]:
-        """What the bus serves to this principal's tenant, the route table admits and the
-        principal's allowlists let it call, from the workers' manifests: one page of at
-        most `limit` entries from `cursor` (an index into the list ordered by endpoint and
-        capability; `next_cursor` is null on the last page), of capability ids starting
-        with `prefix`. Input schemas (and operation contracts) are left out unless
-        `include_schemas`: with them four endpoints were 112 KB, which a real Hermes cut
-        to 1.9 KB before the model saw it (issue 27)."""
+        """The reference `aip_capabilities` page of what the bus serves to this principal's
+        tenant, the route table admits and the principal's allowlists let it call, from the
+        workers' manifests: at most `limit` AIP Capabilities from `cursor` (an index into
+        the list ordered by endpoint and id; `next_cursor` is null on the last page),
+        filtered by exact `capability_id`, binding `profile` and `query` (case-insensitive
+        text of the id, name or description). Schemas and contracts are left out unless
+        asked for: with them four endpoints were 112 KB, which a real Hermes cut to 1.9 KB
+        before the model saw it (issue 27)."""
         if cursor < 0 or not 1 <= limit <= MAX_CAPABILITIES_PAGE:
             raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_CAPABILITIES_PAGE}")
-        if not isinstance(prefix, str) or len(prefix) > 512:
-            raise _invalid("prefix must be a string of at most 512 characters")
-        listed = []
+        wanted = query.lower() if query else None
+        listed: list[tuple[str, str, dict[str, Any]]] = []
+        profiles: set[str] = set()
         now = now_ms()
         for manifest in await self.discovery.manifests():
             if not _serves_tenant(manifest, principal.tenant_id, now):
                 continue
+            served = False
             for entry in manifest.get("capabilities", []):
                 capability = entry.get("id") if isinstance(entry, dict) else None
-                if not isinstance(capability, str) or not capability.startswith(prefix):
+                if not isinstance(capability, str):
                     continue
                 route = self.routes.resolve(capability)
-                if route is not None and principal.may_call(capability, route.endpoint_id):
-                    shown = {"endpoint_id": endpoint_of(entry), **entry}
-                    if not include_schemas:
-                        for name in SCHEMA_FIELDS:
-                            shown.pop(name, None)
-                    listed.append(shown)
-        listed.sort(key=lambda e: (str(e.get("endpoint_id")), str(e.get("id"))))
-        page = listed[cursor : cursor + limit]
-        routes = {
-            route_prefix: subject
-            for route_prefix, subject in self.routes.describe().items()
-            if principal.may_route(route_prefix)
-        }
+                if route is None or not principal.may_call(capability, route.endpoint_id):
+                    continue
+                served = True
+                if not _matches(entry, capability_id, profile, wanted):
+                    continue
+                shown = dict(entry)
+                for name, included in (
+                    ("input_schema", include_schemas),
+                    ("output_schema", include_schemas),
+                    ("contract", include_contracts),
+                    ("bindings", include_bindings),
+                ):
+                    if not included:
+                        shown.pop(name, None)
+                listed.append((str(endpoint_of(entry)), capability, shown))
+            if served:
+                profiles.update(p for p in manifest.get("profiles") or [] if isinstance(p, str))
+        listed.sort(key=lambda item: (item[0], item[1]))
+        page = [shown for _, _, shown in listed[cursor : cursor + limit]]
         following = cursor + len(page)
         return {
-            "capabilities": page,
-            "routes": routes,
+            "manifest_version": MANIFEST_VERSION,
+            "agent": {"id": f"service:{self.settings.aip_service}", "kind": "service"},
+            "profiles": sorted(profiles),
             "total": len(listed),
-            "next_cursor": following if following < len(listed) else None,
-            "schemas_included": include_schemas,
+            "capabilities": page,
+            "next_cursor": str(following) if following < len(listed) else None,
         }
 
     # --- aip_call -----------------------------------------------------------------------
 
-    def decode_contract(self, principal: Principal, arguments: dict[str, Any]) -> ChildAction:
-        """The child Action of `arguments`: strict, bounded, identity from the credential."""
+    def decode_contract(
+        self, principal: Principal, arguments: dict[str, Any]
+    ) -> tuple[ChildAction, str]:
+        """The child Action of reference-shaped `aip_call` arguments (worker/gateway/facade.py)
+        and the caller's id of it: strict, bounded, identity from the credential. The bus id
+        is the caller's id namespaced to the principal (`namespaced_action_id`), except for
+        a delegated child, which keeps its protocol-assigned id."""
         size = len(json.dumps(arguments, separators=(",", ":"), ensure_ascii=False).encode())
         if size > self.settings.gateway_max_input_bytes:
             raise _invalid(
                 f"the contract is {size} bytes, over {self.settings.gateway_max_input_bytes}"
             )
+        context = arguments.get("context") if isinstance(arguments, dict) else None
         for name in FORBIDDEN_FIELDS:
-            if name in arguments:
+            if isinstance(arguments, dict) and (
+                name in arguments or (isinstance(context, dict) and name in context)
+            ):
                 why = "comes from the credential" if name == "identity" else "is spelt action_id"
                 raise _invalid(f"field {name!r} is not accepted: it {why}")
-        fields = dict(arguments)
+        fields = action_fields(check_arguments("aip_call", arguments))
+        extension = extension_fields(arguments)
         supplied = fields.pop("action_id", None)
-        if supplied is None:
-            action_id = new_action_id()
-        elif not isinstance(supplied, str) or not is_action_id(supplied):
-            raise _invalid("action_id must be act_ followed by 32 hex digits")
-        elif fields.get("delegation") is not None:
+        caller_id = supplied if isinstance(supplied, str) else new_action_id()
+        if supplied is not None and extension.get("delegation") is not None:
             # A delegated child keeps its protocol-assigned id: the delegation resolver reads
             # the runtime's stores under exactly that id. Its `delegation` never reaches the
             # executor (Children.envelope), and the id is refused when anything else holds it.
@@ -249,40 +308,52 @@ class GatewayService:
                     f"({DELEGATE_PREFIX}{{endpoint}}): it marks the child of a signed "
                     "DelegationRequest"
                 )
-            action_id = supplied
+            action_id = caller_id
         else:
-            action_id = namespaced_action_id(principal.principal_id, principal.tenant_id, supplied)
-        fields.setdefault("created_at_unix_ms", now_ms())
-        capability = fields.get("capability")
-        if "mode" not in fields and isinstance(capability, str):
+            action_id = namespaced_action_id(principal.principal_id, principal.tenant_id, caller_id)
+        if "mode" not in fields:
             # As AipClient.build_action: a streaming twin (`chat_stream`) takes only `stream`.
-            fields["mode"] = default_mode(capability.rsplit(":", 1)[-1]).value
-        document = {"id": action_id, "identity": msgspec.to_builtins(principal.identity())}
-        document.update(fields)
+            internal_mode = default_mode(fields["capability_id"].rsplit(":", 1)[-1])
+            fields["mode"] = AIP_MODE_OF[internal_mode]
+        identity = principal.identity()
+        body = {"id": action_id, "input": {}, **fields, "identity": identity_context(identity)}
         try:
+            # The one mapping of an AIP Action onto ours (worker/wire/actions.py), as a worker
+            # decodes an Action Envelope: the same child whichever binding carried it.
+            typed = msgspec.convert(body, AipAction, strict=True)
+            document = internal_fields(
+                typed,
+                extension=extension,
+                sent_at=timestamp_of_ms(now_ms()),
+                correlation_id=None,
+            )
+            document["identity"] = msgspec.to_builtins(identity)
             child = msgspec.convert(document, ChildAction)
-        except msgspec.ValidationError as exc:
-            raise _invalid(f"invalid Action contract: {exc}") from None
-        try:
             # Every route takes the child as an AIP Action Envelope, and the queue record
             # keeps it as an AIP Action: its typed objects (conversation, callback, ...)
             # must be AIP's.
             aip_action_body(child)
+        except msgspec.ValidationError as exc:
+            raise _invalid(f"invalid Action contract: {exc}") from None
         except EnvelopeRejected as exc:
             raise _invalid(f"invalid Action contract: {exc.reason}") from None
-        return child
+        return child, caller_id
 
     async def call(self, principal: Principal, arguments: dict[str, Any]) -> dict[str, Any]:
         """Enqueue, dispatch and (sync) wait for one child Action; a sync call counts
         against the principal's follow cap from before anything is enqueued."""
-        child = self.decode_contract(principal, arguments)
+        child, caller_id = self.decode_contract(principal, arguments)
+        supplied_created = "created_at_unix_ms" in extension_fields(arguments)
         if child.mode is Mode.SYNC:
             with self.follows.hold(principal):
-                return await self._call(principal, child, arguments)
-        return await self._call(principal, child, arguments)
+                view = await self._call(principal, child, supplied_created)
+        else:
+            view = await self._call(principal, child, supplied_created)
+        view["aip_action_id"] = caller_id
+        return view
 
     async def _call(
-        self, principal: Principal, child: ChildAction, arguments: dict[str, Any]
+        self, principal: Principal, child: ChildAction, supplied_created: bool
     ) -> dict[str, Any]:
         route = self.routes.resolve(child.capability)
         if route is None:
@@ -311,12 +382,11 @@ class GatewayService:
             except EnvelopeRejected as exc:
                 raise _invalid(f"invalid Action contract: {exc.reason}") from None
             await self._check_tenant(principal, route)
-        supplied_created = "created_at_unix_ms" in arguments
         existing = await self.reader.queue(child.id)
         if existing is None:
             if await self.children.on_bus(route, child.id):
                 # Another Action's result holds the id: nothing there is this child's.
-                raise _not_found(child.id)
+                raise not_found(child.id)
             now = now_ms()
             record = QueueRecord(
                 action=child,
@@ -333,14 +403,14 @@ class GatewayService:
             except QueueEntryExists:
                 existing = await self.reader.queue(child.id)
                 if existing is None:  # created and gone again: not ours to guess about
-                    raise _not_found(child.id) from None
+                    raise not_found(child.id) from None
             else:
                 faults.hit("gateway_after_enqueue", child.id)
                 try:
                     record = await self.children.dispatch(record, route, first=True)
                 except ActionIdTaken:
                     await self._settle_taken(record, route)
-                    raise _not_found(child.id) from None
+                    raise not_found(child.id) from None
                 return await self._after_dispatch(record, route, principal)
         self._same_contract(principal, child, existing, supplied_created=supplied_created)
         view = _view(existing)
@@ -390,7 +460,7 @@ class GatewayService:
         supplied_created: bool,
     ) -> None:
         if not self._owns(principal, existing):
-            raise _not_found(child.id)  # exactly like an unknown id: no oracle
+            raise not_found(child.id)  # exactly like an unknown id: no oracle
         stored = existing.action
         if not supplied_created:
             child = replace(child, created_at_unix_ms=stored.created_at_unix_ms)
@@ -463,47 +533,113 @@ class GatewayService:
         )
 
     async def _own_record(self, principal: Principal, action_id: str) -> QueueRecord:
+        """The record of the principal's Action the caller names `action_id`: the id
+        namespaced to the principal (what `aip_call` made of it), else the id itself (a
+        delegated child keeps its own). Anything not owned is answered like an unknown id."""
         if not isinstance(action_id, str) or not is_action_id(action_id):
             raise _invalid("action_id must be act_ followed by 32 hex digits")
-        record = await self.reader.queue(action_id)
-        if record is None or not self._owns(principal, record):
-            raise _not_found(action_id)
-        return record
+        namespaced = namespaced_action_id(principal.principal_id, principal.tenant_id, action_id)
+        for candidate in (namespaced, action_id):
+            record = await self.reader.queue(candidate)
+            if record is not None and self._owns(principal, record):
+                return record
+        raise not_found(action_id)
 
     async def status(self, principal: Principal, action_id: str) -> dict[str, Any]:
         return _view(await self._own_record(principal, action_id))
 
-    async def result(self, principal: Principal, action_id: str) -> dict[str, Any]:
-        """The durable native result once the child is terminal (`result` null before)."""
+    async def result(
+        self, principal: Principal, action_id: str, wait_ms: int = 0
+    ) -> dict[str, Any]:
+        """The durable native result once the child is terminal (`result` null before),
+        waiting up to `wait_ms` for it; a wait counts against the principal's follow cap."""
+        if wait_ms <= 0:
+            return await self._settled(principal, action_id)
+        deadline = asyncio.get_running_loop().time() + wait_ms / 1000
+        with self.follows.hold(principal):
+            while True:
+                view = await self._settled(principal, action_id)
+                if view["result"] is not None or asyncio.get_running_loop().time() >= deadline:
+                    return view
+                await asyncio.sleep(WAIT_POLL_S)
+
+    async def _settled(self, principal: Principal, action_id: str) -> dict[str, Any]:
         record = await self._own_record(principal, action_id)
-        lifecycle = (await self.reader.read(action_id)).lifecycle
+        lifecycle = (await self.reader.read(record.action.id)).lifecycle
         view = _view(record)
         ready = record.state.terminal and lifecycle is not None and lifecycle.result is not None
         view["result"] = msgspec.to_builtins(lifecycle.result) if ready and lifecycle else None
         return view
 
     async def events(
-        self, principal: Principal, action_id: str, cursor: int = 0, limit: int = 100
-    ) -> dict[str, Any]:
-        """The child's chunks with `seq >= cursor` along its hash chain, and the cursor to
-        ask from next (worker/gateway/chunk_reads.py: `verified` once the chain was checked
-        against the child's signed result; undecodable and unlinked messages skipped)."""
+        self,
+        principal: Principal,
+        action_id: str,
+        cursor: int = 0,
+        limit: int = 100,
+        *,
+        kinds: frozenset[str] = frozenset(),
+        include_chunks: bool = False,
+        follow: bool = False,
+    ) -> tuple[dict[str, Any], QueueRecord]:
+        """The AIP ActionEvents page of the child from chunk `cursor` along its hash chain
+        (worker/gateway/chunk_reads.py; each event says whether the chain was checked
+        against the child's signed result), and its record. With `follow`, an empty page
+        of a running child is read again until a chunk arrives or `FOLLOW_WAIT_S` passes,
+        counted against the principal's follow cap."""
         record = await self._own_record(principal, action_id)
         if cursor < 0 or not 1 <= limit <= MAX_EVENTS_PER_CALL:
             raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_EVENTS_PER_CALL}")
+        if not follow:
+            page = await self._events_page(record, action_id, cursor, limit, kinds, include_chunks)
+            return page, record
+        deadline = asyncio.get_running_loop().time() + FOLLOW_WAIT_S
+        with self.follows.hold(principal):
+            while True:
+                page = await self._events_page(
+                    record, action_id, cursor, limit, kinds, include_chunks
+                )
+                if (
+                    page["events"]
+                    or page["terminal"]
+                    or asyncio.get_running_loop().time() >= deadline
+                ):
+                    return page, record
+                await asyncio.sleep(WAIT_POLL_S)
+
+    async def _events_page(
+        self,
+        record: QueueRecord,
+        caller_id: str,
+        cursor: int,
+        limit: int,
+        kinds: frozenset[str],
+        include_chunks: bool,
+    ) -> dict[str, Any]:
         read = await self.read_chain(record)
-        events = [link.document for link in read.links if link.seq >= cursor][:limit]
-        if events:
-            cursor = int(events[-1]["seq"]) + 1
-        done = bool(events) and events[-1].get("kind") in ("done", "error")
-        return {
-            "action_id": action_id,
-            "capability": record.action.capability,
+        events: list[dict[str, Any]] = []
+        chunks: list[dict[str, Any]] = []
+        following = cursor
+        for link in read.links:
+            if link.seq < cursor:
+                continue
+            if len(events) >= limit:
+                break
+            following = link.seq + 1
+            if kinds and link.document.get("kind") not in kinds:
+                continue
+            events.append(event_of(caller_id, link.document, link.sha256, read.verified))
+            if include_chunks:
+                chunks.append({**link.body, "action_id": caller_id})
+        page: dict[str, Any] = {
+            "action_id": caller_id,
             "events": events,
-            "next_cursor": cursor,
-            "done": done,
-            "verified": read.verified,
+            "cursor": str(following),
+            "terminal": record.state.terminal or any(link.terminal for link in read.links),
         }
+        if chunks:
+            page["chunks"] = chunks
+        return page
 
     async def own_chain(self, principal: Principal, action_id: str) -> ChainRead:
         """`read_chain` of one of the principal's own children (`_not_found` otherwise)."""
@@ -513,10 +649,10 @@ class GatewayService:
         """What the child's chunk subject holds along its hash chain, read once from chunk 0
         (the chain is judged from there): walked back from the signed result when it is on
         the bus (`verified`), else followed forward."""
-        action_id = record.action.id
+        bus_id = record.action.id
         route = self._route_of(record)
-        reader = ChunkReader(action_id)
-        subject = route.subjects.chunks(action_id)
+        reader = ChunkReader(bus_id)
+        subject = route.subjects.chunks(bus_id)
         try:
             stream: str | None = await self.nc.jetstream().find_stream_name_by_subject(subject)
         except NotFoundError:
@@ -540,8 +676,8 @@ class GatewayService:
                 "%d messages on %s are not chunks of %s and were skipped",
                 reader.skipped,
                 subject,
-                action_id,
-                extra={"action_id": action_id},
+                bus_id,
+                extra={"action_id": bus_id},
             )
         return ChainRead(record=record, links=chain, verified=verified)
 

@@ -124,8 +124,8 @@ async def tool_use_through_gateway(ctx: Context, evidence: Evidence) -> str:
     d = ctx.deployment
     wanted = capability_id(second, CHILD_OPERATION)
     try:
-        # Paged (docs/gateway.md): ask for the capabilities under the wanted one's prefix.
-        listed = await call_tool(url, token, "aip_capabilities", {"prefix": wanted})
+        # Paged (docs/gateway.md): ask for the wanted capability by its id.
+        listed = await call_tool(url, token, "aip_capabilities", {"capability_id": wanted})
     except McpHttpRefused as exc:
         expect(False, f"the gateway refused the driver's token (HTTP {exc.status})")
         raise

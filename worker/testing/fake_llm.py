@@ -15,10 +15,10 @@ run events here as on the project's fake Hermes:
   at once (a 5xx would be retried with back-off for minutes);
 - a delegated input (JSON of kind DELEGATED_KIND, what `worker.delegation` sends) when the
   request offers AIP_CALL_TOOL (Hermes reached the AIP MCP server): one call of that tool
-  with `{"arguments": <aip_call_arguments>}`, unchanged, then `delegated_final_text` of its
+  with `<aip_call_arguments>` as its arguments, unchanged, then `delegated_final_text` of its
   result. Without the tool it is a plain input, as on a Hermes without the MCP server.
 - AIP_DISCOVER_CALL=<capability> when the request offers both `aip_capabilities` and
-  `aip_call`: a call of the first (`prefix`: the capability), then (when it listed the
+  `aip_call`: a call of the first (`capability_id`: the capability), then (when it listed the
   capability) a sync `aip_call` on
   it, then `discover_call_final_text`.
 - AIP_LIST when the request offers `aip_capabilities`: one call of it per AIP_LIST_CALLS
@@ -161,10 +161,11 @@ def read_call(body: _JSON) -> ChatCall:
 def mcp_tool_outcome(content: str) -> tuple[str, bool]:
     """The text and failure flag of an MCP tool result as Hermes 0.19 hands it to the model.
 
-    Hermes encodes the tool's text as `{"result": text}` and a failure as `{"error": message}`
-    (tools/mcp_tool.py), then, from 32 characters on, fences it as untrusted data
-    (agent/tool_dispatch_helpers.py). Unwrapping both lets the final prose match the fake
-    Hermes, which passes the tool's text on as it is.
+    Hermes encodes the tool's text as `{"result": text}` (with `"structuredContent"` beside it
+    when the tool answered structured content: that object is returned, as JSON) and a
+    failure as `{"error": message}` (tools/mcp_tool.py), then, from 32 characters on, fences
+    it as untrusted data (agent/tool_dispatch_helpers.py). Unwrapping both lets the final
+    prose match the fake Hermes, which passes the tool's text on as it is.
     """
     fenced = _UNTRUSTED_RESULT.fullmatch(content)
     if fenced is not None:
@@ -176,6 +177,11 @@ def mcp_tool_outcome(content: str) -> tuple[str, bool]:
     if isinstance(document, dict):
         if "error" in document:
             return str(document["error"]), True
+        # A structured answer (the AIP facade's reads) is what the model reads of it:
+        # `{"result": text, "structuredContent": object}`, or `{"result": object}`.
+        structured = document.get("structuredContent", document.get("result"))
+        if isinstance(structured, dict):
+            return json.dumps(structured, ensure_ascii=False), False
         if isinstance(document.get("result"), str):
             return document["result"], False
     return content, False
@@ -191,12 +197,14 @@ def answer_for(call: ChatCall) -> _Answer:
     if not call.stream and not call.has_tools:
         return _Text((AUX_ANSWER,))
     delegated = delegated_arguments(call.user_text)
-    if delegated is not None and AIP_CALL_TOOL in call.tool_names and (
-        OFF_CONTRACT not in call.user_text
+    if (
+        delegated is not None
+        and AIP_CALL_TOOL in call.tool_names
+        and (OFF_CONTRACT not in call.user_text)
     ):
         if not call.tool_results:
-            # The MCP tool's own parameter is `arguments`: the contract goes inside it, as is.
-            return _ToolCall(AIP_CALL_TOOL, {"arguments": delegated})
+            # The contract's fields are the tool's arguments, as is (the reference facade).
+            return _ToolCall(AIP_CALL_TOOL, delegated)
         text, failed = mcp_tool_outcome(call.tool_results[-1])
         return _Text(tuple(word_deltas(delegated_final_text(text, failed))))
     if AIP_LIST in call.user_text and AIP_CAPABILITIES_TOOL in call.tool_names:
@@ -225,12 +233,17 @@ def _discover_then_call(call: ChatCall, capability: str) -> _Answer:
     """aip_capabilities; then aip_call on `capability` if it was listed; then the report."""
     if not call.tool_results:
         # The listing is paged: look the capability up by its id, as its description says.
-        return _ToolCall(AIP_CAPABILITIES_TOOL, {"prefix": capability})
+        return _ToolCall(AIP_CAPABILITIES_TOOL, {"capability_id": capability})
     listed_text, _ = mcp_tool_outcome(call.tool_results[0])
     listed = f'"{capability}"' in listed_text
     if len(call.tool_results) == 1 and listed:
-        arguments = {"capability": capability, "input": {}, "mode": "sync", "timeout_ms": 60_000}
-        return _ToolCall(AIP_CALL_TOOL, {"arguments": arguments})
+        arguments = {
+            "capability_id": capability,
+            "input": {},
+            "mode": "sync",
+            "timeout_ms": 60_000,
+        }
+        return _ToolCall(AIP_CALL_TOOL, arguments)
     text, _ = mcp_tool_outcome(call.tool_results[-1])
     final = discover_call_final_text(capability, listed, text if listed else "")
     return _Text(tuple(word_deltas(final)))

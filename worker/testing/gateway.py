@@ -9,7 +9,7 @@ a deployment would configure for it and calls it the way Hermes does, through th
 ```python
 principals = write_principals_file(tmp, [principal_entry(TOKEN, hermes_principal_id("h1"))])
 proc = gateway_process(tmp, env=gateway_env(nats_url, principals, trust.seed_file, port))
-answer = await call_tool(url, TOKEN, "aip_call", {"arguments": {...}})
+answer = await call_tool(url, TOKEN, "aip_call", {"capability_id": ..., "input": {...}})
 ```
 """
 

@@ -230,6 +230,8 @@ def hermes_config(
                 "headers": {"Authorization": f"Bearer {token}"},
                 "timeout": mcp_timeout_s,
                 "connect_timeout": mcp_connect_timeout_s,
+                # The spec's profile: AIP tools never run concurrently.
+                "supports_parallel_tool_calls": False,
                 "tools": {"include": list(mcp_tools), "resources": False, "prompts": False},
             }
             for name, (url, token) in mcp_servers.items()

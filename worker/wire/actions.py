@@ -35,7 +35,7 @@ from typing import Any, Final, TypeVar
 
 import msgspec
 
-from schemas.action import Action, Mode
+from schemas.action import Action, Identity, Mode
 from schemas.aip.action import Action as AipAction
 from schemas.aip.action import Mode as AipMode
 from schemas.delegation import ChildAction
@@ -83,7 +83,11 @@ def aip_principal_kind(kind: str) -> str:
 
 
 def _identity_context(action: Action) -> dict[str, Any]:
-    identity = action.identity
+    return identity_context(action.identity)
+
+
+def identity_context(identity: Identity) -> dict[str, Any]:
+    """The AIP IdentityContext of our Identity (the mapping in this module's docstring)."""
     kind = aip_principal_kind(identity.principal_kind)
     auth_context: dict[str, Any] = {}
     if identity.authentication_issuer is not None:
@@ -140,7 +144,8 @@ def aip_action_body(action: Action) -> dict[str, Any]:
     return payload
 
 
-def _extension(action: Action) -> dict[str, Any]:
+def action_extension(action: Action) -> dict[str, Any]:
+    """Our facts of `action` with no AIP field, as the Envelope extension carries them."""
     extension: dict[str, Any] = {"created_at_unix_ms": action.created_at_unix_ms}
     if action.deadline_unix_ms is not None:
         extension["deadline_unix_ms"] = action.deadline_unix_ms
@@ -176,7 +181,7 @@ def encode_action(
             sender=sender,
             signer=signer,
             correlation_id=correlation_id,
-            extension=_extension(action),
+            extension=action_extension(action),
             message_id=message_id or f"msg_{action.id.removeprefix('act_')}",
             sent_at=sent_at or timestamp_of_ms(action.created_at_unix_ms),
         )
@@ -402,6 +407,7 @@ __all__ = [
     "EXTENSION_FIELDS",
     "GATEWAY_SENDER",
     "MESSAGE_TYPE",
+    "action_extension",
     "aip_action_body",
     "aip_principal_kind",
     "claimed_action_id",
@@ -409,6 +415,7 @@ __all__ = [
     "decode_action_content",
     "decode_child_action",
     "encode_action",
+    "identity_context",
     "internal_fields",
     "sign_action_envelope",
     "timestamp_of_ms",

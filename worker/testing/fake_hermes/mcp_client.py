@@ -3,8 +3,8 @@
 In-process tests register a Python callable in `fake.mcp_tools`; a fake Hermes started as
 `python -m worker.testing.fake_hermes --mcp-url URL --mcp-token-file FILE` (the demo's) has
 no such callable, so it calls `aip_call` on an MCP server the way the real Hermes does: a
-bearer-authenticated Streamable HTTP session, `tools/call aip_call {"arguments": …}`, the
-text content as the result, `isError` as a tool failure.
+bearer-authenticated Streamable HTTP session, `tools/call aip_call` with the Action's fields
+as its arguments, the text content as the result, `isError` as a tool failure.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def remote_aip_call(url: str, token: str) -> McpTool:
 
     async def aip_call(arguments: dict[str, Any]) -> str:
         async def call(session: Any) -> Any:
-            return await session.call_tool(AIP_CALL, {"arguments": arguments})
+            return await session.call_tool(AIP_CALL, arguments)
 
         try:
             result = await exchange(url, token, call)
