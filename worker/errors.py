@@ -73,6 +73,8 @@ succeed); U: uncertain (something may have happened although this was raised).
         QualifyFailed             a qualification item failed: the verdict, no retry
         QualifySkipped            a qualification item cannot run here: the verdict
         QualifyNotConfigured      a setting the item needs is missing: it skips
+        UnknownFamily             a conformance tag names a family or assertion id the kit
+                                  does not have: the tagged test fails; a ValueError too
 
 The demo's exceptions are under `DemoError` (`worker/demo/`), the test harness's under
 `HarnessError` (`worker/testing/_errors.py`), each in its own package.
@@ -113,6 +115,12 @@ class GatewayError(Exception):
 
 class QualifyError(Exception):
     """The root of the qualification's verdicts (`worker.qualify`)."""
+
+
+class UnknownFamily(QualifyError, ValueError):
+    """A conformance tag names a family or an assertion id the kit does not have
+    (worker/conformance/families.py): a typo would otherwise leave a required assertion
+    silently unproven."""
 
 
 # --- an Action's failure -------------------------------------------------------------------

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Final
 
+from worker.errors import UnknownFamily
+
 #: The upstream commit the names, rules and detail formats were taken from.
 UPSTREAM_COMMIT: Final = "82c335499d0b40e17973ce92bf3a112fc5737080"
 ADMISSION_CHECK: Final = "connector.atomic_manifest_admission"
@@ -85,11 +87,6 @@ ALWAYS: Final = frozenset(
         "restart_reconnect",
     }
 )
-
-
-class UnknownFamily(ValueError):
-    """A tag names a family or an assertion id the kit does not have (a typo would otherwise
-    leave a required assertion silently unproven)."""
 
 
 def check_tag(family: str, assertions: tuple[str, ...]) -> None:

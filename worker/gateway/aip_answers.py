@@ -542,7 +542,7 @@ class AipAnswers:
         mode = action.mode or AipMode.SYNC
         sink = self._sink(action) if mode is AipMode.STREAMING else None
         arguments = self._arguments(
-            action, {AipMode.SYNC: "sync", AipMode.ASYNC: "async"}.get(mode, "stream")
+            action, {AipMode.SYNC: "sync", AipMode.ASYNC: "async"}.get(mode, "streaming")
         )
         # The request's correlation id stays with the answer, not the child: a retry under
         # a new correlation id must find the same child, not an idempotency collision.

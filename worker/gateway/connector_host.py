@@ -435,7 +435,7 @@ class HostAnswers(AipAnswers):
         bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
         deadline = self._deadline(action)
         try:
-            await self.service.call(principal, self._arguments(action, "stream"))
+            await self.service.call(principal, self._arguments(action, "streaming"))
         except ConnectorError as exc:
             raise _refusal_of_connector(exc) from None
         stream = ChunkStream(

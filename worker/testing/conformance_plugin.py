@@ -22,7 +22,8 @@ from typing import Any
 
 import pytest
 
-from worker.conformance.families import UnknownFamily, check_tag
+from worker.conformance.families import check_tag
+from worker.errors import UnknownFamily
 
 MARKER = "aip_family"
 ARTIFACT_PROPERTY = "aip_artifact"
