@@ -81,6 +81,11 @@ from worker.wire.delegations import decode_delegation, encode_delegation
 from worker.wire.envelopes import Opened
 from worker.wire.manifests import decode_manifest_response, encode_manifest_request
 
+#: While no chunk comes, the first look at the results subject (for the result of an
+#: Action without a chunk stream) is after this long, the next ones twice as late, up to
+#: `RESULT_LOOK_S` apart.
+RESULT_LOOK_FIRST_S = 0.1
+RESULT_LOOK_S = 1.0
 #: How long a cancel waits for its Action to settle unless told otherwise, and how much
 #: longer than that the request waits for the worker's answer.
 CANCEL_WAIT_S = 20.0
@@ -135,6 +140,12 @@ class ActionHandle:
         `verified_only` yields nothing before the signed result vouches for it, so no chunk
         outside the Action's chain is ever yielded (at the cost of streaming: everything
         comes at the end, within the same bounds).
+
+        An Action of a non-streaming capability has no chunks (as upstream): while no chunk
+        comes, the results subject is looked at (`RESULT_LOOK_S` at the longest between two
+        looks), and the iterator ends, having yielded nothing, once the Action's believed
+        result names no last chunk. Had it yielded a chunk by then, that chunk was not the
+        Action's: `UnverifiedResponse`.
         """
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
         stream = self.client.subjects.stream_name("chunks")
@@ -143,11 +154,27 @@ class ActionHandle:
             hold_until_vouched=verified_only,
             verify_terminal=self.client.trusted_worker_keys is not None,
         )
-        async with SubjectFollower(self.client.nc, stream, subject) as follower:
+        idle_s = idle_timeout_s or 3600.0
+        loop = asyncio.get_running_loop()
+        async with (
+            SubjectFollower(self.client.nc, stream, subject) as follower,
+            SubjectFollower(
+                self.client.nc,
+                self.client.subjects.stream_name("results"),
+                self.client.subjects.results(self.endpoint_id, self.action_id),
+            ) as results,
+        ):
+            look_s, quiet_until = RESULT_LOOK_FIRST_S, loop.time() + idle_s
             while True:
-                msg = await follower.next(idle_timeout_s or 3600.0)
+                msg = await follower.next(min(look_s, max(quiet_until - loop.time(), 0.0)))
                 if msg is None:
-                    raise nats.errors.TimeoutError
+                    if await self._ended_unstreamed(results, order):
+                        return
+                    if loop.time() >= quiet_until:
+                        raise nats.errors.TimeoutError
+                    look_s = min(look_s * 2, RESULT_LOOK_S)
+                    continue
+                quiet_until = loop.time() + idle_s
                 data = msg.data or b""
                 chunk = read_chunk(data)
                 if chunk.action_id != self.action_id:
@@ -162,6 +189,29 @@ class ActionHandle:
                     yield item.chunk
                 if order.done:
                     return
+
+    async def _ended_unstreamed(self, results: SubjectFollower, order: ChunkSequencer) -> bool:
+        """True when a result stored on the Action's subject is believed (`believe`) and
+        names no last chunk: the Action ended without a chunk stream (chunks held unreleased
+        are dropped: not the Action's). Results that are not believed are passed over;
+        `UnverifiedResponse` when chunks were already yielded as this Action's (`order`),
+        which such a result says it never had."""
+        while (msg := await results.next(0)) is not None:
+            try:
+                result = self.believe(msg.data or b"")
+            except CannotSign:
+                raise
+            except UnverifiedResponse:
+                continue
+            if result.last_chunk_sha256 is not None:
+                return False
+            if order.expected > order.from_seq:
+                raise UnverifiedResponse(
+                    f"the signed result of {self.action_id} names no chunk, but chunks were "
+                    "read on its subject: they are not the Action's"
+                )
+            return True
+        return False
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
         """The settled ActionResult (waits for it; returns at once if it already exists).

@@ -15,6 +15,7 @@ import asyncio
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -63,9 +64,14 @@ def _forged_result(action_id: str, signer: ResponseSigner | None = None) -> byte
     )
 
 
+def _turn() -> dict[str, Any]:
+    """A `chat_stream` turn: a streaming capability, so its Action has a chunk chain."""
+    return {"messages": [{"role": "user", "content": "stream a short answer"}]}
+
+
 async def test_results_chunks_and_dlq_entries_carry_the_workers_signature(stack: Stack) -> None:
     await stack.spawn("w1")
-    handle = await stack.publish(stack.action("models"))
+    handle = await stack.publish(stack.action("chat_stream", _turn()))
     chunks = [chunk async for chunk in handle.chunks(idle_timeout_s=20)]  # chain verified
     assert isinstance(chunks[-1], DoneChunk)
     assert chunks[0].prev_sha256 is None
@@ -122,9 +128,38 @@ async def test_a_forged_result_published_first_is_not_returned(stack: Stack, for
     assert stored == result
 
 
+async def test_a_non_streaming_action_has_no_chunks_and_a_chunk_forged_for_it_is_refused(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    assert [chunk async for chunk in handle.chunks(idle_timeout_s=20)] == []
+    assert (await handle.result(timeout_s=20)).last_chunk_sha256 is None
+    # A chunk someone published on a non-streaming Action's subject: yielded while the
+    # result is not there yet, then refused once the signed result says it has no chunk.
+    action = stack.action("models")
+    forged = make_chunk(
+        ChunkKind.DATA,
+        action_id=action.id,
+        endpoint_id=ENDPOINT,
+        seq=0,
+        ts_unix_ms=now_ms(),
+        payload={"data": [{"id": "forged-model"}]},
+    )
+    await stack.nc.jetstream().publish(
+        stack.subjects.chunks(ENDPOINT, action.id), encode_chunk(forged)
+    )
+    handle = await stack.publish(action)
+    with pytest.raises(UnverifiedResponse, match="names no chunk"):
+        async for _ in handle.chunks(idle_timeout_s=20):
+            pass
+    # The verified-only reader never yields it: the result vouches for no chunk.
+    assert [c async for c in handle.chunks(idle_timeout_s=20, verified_only=True)] == []
+
+
 async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> None:
     await stack.spawn("w1")
-    action = stack.action("models")
+    action = stack.action("chat_stream", _turn())
     # Published before the worker's own chunk 0, under the seq-only Msg-Id chunks used to
     # have: with content-bound ids both are stored, and the reader meets two chunks at seq 0.
     forged = make_chunk(

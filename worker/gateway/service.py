@@ -475,7 +475,10 @@ class GatewayService:
     ) -> dict[str, Any]:
         """The child's chunks with `seq >= cursor` along its hash chain, and the cursor to
         ask from next (worker/gateway/chunk_reads.py: `verified` once the chain was checked
-        against the child's signed result; undecodable and unlinked messages skipped)."""
+        against the child's signed result; undecodable and unlinked messages skipped).
+
+        A child of a non-streaming capability has no chunks: once its signed result is on
+        the bus and names no last chunk, the answer is no events, `done` and `verified`."""
         record = await self._own_record(principal, action_id)
         if cursor < 0 or not 1 <= limit <= MAX_EVENTS_PER_CALL:
             raise _invalid(f"cursor must be >= 0 and limit 1..{MAX_EVENTS_PER_CALL}")
@@ -492,7 +495,9 @@ class GatewayService:
             # Once a terminal chunk is read, only what is stored already is read on (a forged
             # terminal must not hide the real one from the walk back from the result).
             async with SubjectFollower(self.nc, stream, subject) as follower:
-                wait = EVENTS_IDLE_S
+                # A terminal child's chunks are all stored (they go out before its
+                # result): nothing to wait for.
+                wait = 0.0 if record.state.terminal else EVENTS_IDLE_S
                 for _ in range(MAX_CHUNKS_READ):
                     msg = await follower.next(wait)
                     if msg is None:
@@ -500,11 +505,11 @@ class GatewayService:
                     link = reader.add(msg.data or b"")
                     if link is not None and link.terminal:
                         wait = 0.0
-        chain, verified = await self._chain(reader, route, record)
+        chain, verified, unstreamed = await self._chain(reader, route, record)
         events = [link.document for link in chain if link.seq >= cursor][:limit]
         if events:
             cursor = int(events[-1]["seq"]) + 1
-        done = bool(events) and events[-1].get("kind") in ("done", "error")
+        done = unstreamed or (bool(events) and events[-1].get("kind") in ("done", "error"))
         if reader.skipped:
             log.info(
                 "%d messages on %s are not chunks of %s and were skipped",
@@ -524,18 +529,25 @@ class GatewayService:
 
     async def _chain(
         self, reader: ChunkReader, route: Route, record: QueueRecord
-    ) -> tuple[list[Link], bool]:
+    ) -> tuple[list[Link], bool, bool]:
         """The child's chain: walked back from its result's last chunk hash when its
-        (verified) result is on the bus and names one, else followed forward."""
+        (verified) result is on the bus and names one, else followed forward; and whether
+        the child ended without a chunk stream (its verified result names no last chunk:
+        a non-streaming capability, whatever its subject holds is not the child's)."""
         forward = reader.forward()
-        if not any(link.terminal for link in reader.links):
-            return forward, False  # still running: nothing to check the chain against yet
+        terminal_read = any(link.terminal for link in reader.links)
+        if not terminal_read and not record.state.terminal:
+            return forward, False, False  # still running: nothing to check the chain against
         result = await self.children.stored_result(route, record.action)
-        if not isinstance(result, ActionResult) or result.last_chunk_sha256 is None:
-            return forward, False
+        if not isinstance(result, ActionResult):
+            return forward, False, False
+        if result.last_chunk_sha256 is None:
+            return [], True, True
+        if not terminal_read:
+            return forward, False, False
         authentic = reader.backward(result.last_chunk_sha256)
         # Not all of the chain is stored (aged out): pass nothing rather than guess.
-        return (authentic, True) if authentic is not None else ([], False)
+        return (authentic, True, False) if authentic is not None else ([], False, False)
 
     async def cancel(
         self, principal: Principal, action_id: str, reason: str = ""
