@@ -85,10 +85,9 @@ def _ours(subject: str) -> bool:
     return subject.startswith(DEFAULT_PREFIX + ".")
 
 
-def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str]]:
-    validators = _validators()
-    problems: list[str] = []
-    seen: Counter[str] = Counter()
+def _documents(messages: list[tuple[str, bytes]]) -> list[tuple[str, bytes, Any]]:
+    """Each message that is not the server's, with its JSON document (None: not JSON)."""
+    found: list[tuple[str, bytes, Any]] = []
     for subject, data in messages:
         if subject.startswith(SERVER_SUBJECTS) or not data:
             continue
@@ -96,6 +95,15 @@ def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str
             doc = json.loads(data)
         except ValueError:
             doc = None
+        found.append((subject, data, doc))
+    return found
+
+
+def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str]]:
+    validators = _validators()
+    problems: list[str] = []
+    seen: Counter[str] = Counter()
+    for subject, data, doc in _documents(messages):
         envelope = isinstance(doc, dict) and "aip_version" in doc
         if not envelope:
             if _ours(subject):
@@ -123,13 +131,7 @@ def _unstreamed_chunks(messages: list[tuple[str, bytes]]) -> list[str]:
     `streaming`), a chunk's Action from `body.stream_chunk.action_id`."""
     capability_of: dict[str, str] = {}
     chunked: list[tuple[str, str]] = []
-    for subject, data in messages:
-        if subject.startswith(SERVER_SUBJECTS) or not data:
-            continue
-        try:
-            doc = json.loads(data)
-        except ValueError:
-            continue
+    for subject, _, doc in _documents(messages):
         body = doc.get("body") if isinstance(doc, dict) else None
         if not isinstance(body, dict):
             continue

@@ -128,6 +128,24 @@ async def test_a_forged_result_published_first_is_not_returned(stack: Stack, for
     assert stored == result
 
 
+async def _forge_chunk_0(stack: Stack, action_id: str, msg_id: str | None = None) -> Any:
+    """Publish a forged data chunk 0 on `action_id`'s chunk subject; returns the chunk."""
+    forged = make_chunk(
+        ChunkKind.DATA,
+        action_id=action_id,
+        endpoint_id=ENDPOINT,
+        seq=0,
+        ts_unix_ms=now_ms(),
+        payload={"data": [{"id": "forged-model"}]},
+    )
+    await stack.nc.jetstream().publish(
+        stack.subjects.chunks(ENDPOINT, action_id),
+        encode_chunk(forged),
+        headers={"Nats-Msg-Id": msg_id} if msg_id is not None else None,
+    )
+    return forged
+
+
 async def test_a_non_streaming_action_has_no_chunks_and_a_chunk_forged_for_it_is_refused(
     stack: Stack,
 ) -> None:
@@ -138,17 +156,7 @@ async def test_a_non_streaming_action_has_no_chunks_and_a_chunk_forged_for_it_is
     # A chunk someone published on a non-streaming Action's subject: yielded while the
     # result is not there yet, then refused once the signed result says it has no chunk.
     action = stack.action("models")
-    forged = make_chunk(
-        ChunkKind.DATA,
-        action_id=action.id,
-        endpoint_id=ENDPOINT,
-        seq=0,
-        ts_unix_ms=now_ms(),
-        payload={"data": [{"id": "forged-model"}]},
-    )
-    await stack.nc.jetstream().publish(
-        stack.subjects.chunks(ENDPOINT, action.id), encode_chunk(forged)
-    )
+    await _forge_chunk_0(stack, action.id)
     handle = await stack.publish(action)
     with pytest.raises(UnverifiedResponse, match="names no chunk"):
         async for _ in handle.chunks(idle_timeout_s=20):
@@ -162,19 +170,7 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
     action = stack.action("chat_stream", _turn())
     # Published before the worker's own chunk 0, under the seq-only Msg-Id chunks used to
     # have: with content-bound ids both are stored, and the reader meets two chunks at seq 0.
-    forged = make_chunk(
-        ChunkKind.DATA,
-        action_id=action.id,
-        endpoint_id=ENDPOINT,
-        seq=0,
-        ts_unix_ms=now_ms(),
-        payload={"data": [{"id": "forged-model"}]},
-    )
-    await stack.nc.jetstream().publish(
-        stack.subjects.chunks(ENDPOINT, action.id),
-        encode_chunk(forged),
-        headers={"Nats-Msg-Id": f"{action.id}:0"},
-    )
+    forged = await _forge_chunk_0(stack, action.id, msg_id=f"{action.id}:0")
     handle = await stack.publish(action)
     # The streaming reader yielded the forgery (alone at seq 0 when read), then held both
     # branches from the worker's chunk 0 on; the signed result vouches for the worker's.
