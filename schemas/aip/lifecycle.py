@@ -85,9 +85,7 @@ class ActionList(AipStruct, frozen=True):
     """A list of ActionStatus views (`aip.lifecycle.v1.action_list`)."""
 
     actions: Annotated[list[ActionStatus], Meta(description="The Actions listed.")]
-    total_size: Annotated[
-        int, Meta(ge=0, description="How many Actions match, before pagination.")
-    ]
+    total_size: Annotated[int, Meta(ge=0, description="How many Actions match, before pagination.")]
     cursor: Annotated[str | None, Meta(description="Cursor of the next page.")] = None
 
 

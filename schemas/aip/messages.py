@@ -23,8 +23,8 @@ from schemas.aip.delegation import DelegationRequest, DelegationResult
 from schemas.aip.escalation import Escalation, EscalationResolution
 from schemas.aip.lifecycle import (
     ActionEvents,
-    ActionList,
     ActionEventsRequest,
+    ActionList,
     ActionResultRequest,
     ActionStatus,
     ActionStatusRequest,

@@ -162,7 +162,6 @@ def decode_chunk(
     )
 
 
-
 __all__ = [
     "CHUNK_TYPE",
     "OPERATOR_KEY",
