@@ -26,6 +26,7 @@ from nats.aio.msg import Msg
 
 import worker.demo as demo
 from subjects.grammar import DEFAULT_PREFIX
+from worker.delegation.action_id import delegation_action_id
 from worker.demo.console import Console
 from worker.demo.environment import DemoEnvironment
 from worker.operations.catalog import STREAMING
@@ -126,7 +127,9 @@ def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str
 
 def _unstreamed_chunks(messages: list[tuple[str, bytes]]) -> list[str]:
     """The chunks of Actions whose capability does not stream, read by hand: an Action's
-    capability from its Envelope (`body.action.capability_id`), whether it streams from the
+    capability from its Envelope (`body.action.capability_id`, a delegation's
+    `child_action`; a delegation itself runs as the operator under the id
+    `delegation_action_id` derives), whether it streams from the
     capability table (`STREAMING`: those the manifest publishes with expected completion
     `streaming`), a chunk's Action from `body.stream_chunk.action_id`."""
     capability_of: dict[str, str] = {}
@@ -135,9 +138,15 @@ def _unstreamed_chunks(messages: list[tuple[str, bytes]]) -> list[str]:
         body = doc.get("body") if isinstance(doc, dict) else None
         if not isinstance(body, dict):
             continue
-        if isinstance(body.get("action"), dict):
-            action = body["action"]
-            capability_of[str(action.get("id"))] = str(action.get("capability_id"))
+        delegation = body.get("delegation_request")
+        if isinstance(delegation, dict):
+            # Executed by the operator under an id derived from the delegation's.
+            delegated = delegation_action_id(str(delegation.get("delegation_id")))
+            capability_of[delegated] = "cap:hermes_agent:*:operator"
+            delegation = delegation.get("child_action")
+        for action in (body.get("action"), delegation):
+            if isinstance(action, dict):
+                capability_of[str(action.get("id"))] = str(action.get("capability_id"))
         if isinstance(body.get("stream_chunk"), dict):
             chunked.append((subject, str(body["stream_chunk"].get("action_id"))))
     found = []
