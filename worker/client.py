@@ -62,6 +62,7 @@ from worker.errors import UnverifiedResponse as UnverifiedResponse
 from worker.operations.catalog import default_mode
 from worker.trust.responses import (
     ChunkSequencer,
+    SequencedChunk,
     check_worker_signed,
     open_result,
     read_chunk,
@@ -90,6 +91,28 @@ RESULT_LOOK_S = 1.0
 #: longer than that the request waits for the worker's answer.
 CANCEL_WAIT_S = 20.0
 CANCEL_REPLY_MARGIN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BelievedResult:
+    """An Action's result as believed (`ActionHandle.believe`): the exact
+    `aip.core.v1.action_result` Envelope bytes as published, and their decoding in the
+    project's own form (`schemas/result.py`)."""
+
+    result: ActionResult
+    data: bytes
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        """The whole AIP Envelope, as published."""
+        document: dict[str, Any] = json.loads(self.data)
+        return document
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The AIP ActionResult (`body.action_result`), as published."""
+        body: dict[str, Any] = self.envelope["body"]["action_result"]
+        return body
 
 
 class ActionHandle:
@@ -124,7 +147,23 @@ class ActionHandle:
         idle_timeout_s: float | None = None,
         verified_only: bool = False,
     ) -> AsyncIterator[StreamChunk]:
-        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk.
+        """The chunks `chunk_envelopes` releases, in the project's own form
+        (`schemas/chunk.py`)."""
+        async for item in self.chunk_envelopes(
+            from_seq=from_seq, idle_timeout_s=idle_timeout_s, verified_only=verified_only
+        ):
+            yield item.chunk
+
+    async def chunk_envelopes(
+        self,
+        *,
+        from_seq: int = 0,
+        idle_timeout_s: float | None = None,
+        verified_only: bool = False,
+    ) -> AsyncIterator[SequencedChunk]:
+        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk: each
+        as its exact `stream_chunk` Envelope bytes as published (`.data`, what an AIP reader
+        reads) with their decoding (`.chunk`).
 
         A chunk is yielded only once its link is verified (`ChunkSequencer`): it names the
         hash of the chunk yielded before it and no other chunk claims its seq. One read
@@ -186,7 +225,7 @@ class ActionHandle:
                     result = await self.result(timeout_s=idle_timeout_s or 60.0)
                     released += order.vouch(result.last_chunk_sha256, self.action_id)
                 for item in released:
-                    yield item.chunk
+                    yield item
                 if order.done:
                     return
 
@@ -214,7 +253,12 @@ class ActionHandle:
         return False
 
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
-        """The settled ActionResult (waits for it; returns at once if it already exists).
+        """The settled result in the project's own form (`result_envelope`'s `.result`)."""
+        return (await self.result_envelope(timeout_s=timeout_s)).result
+
+    async def result_envelope(self, *, timeout_s: float = 60.0) -> BelievedResult:
+        """The settled result: its exact `action_result` Envelope bytes as published, with
+        their decoding (waits for it; returns at once if it already exists).
 
         With trusted worker keys, a result that does not verify is skipped and the wait goes
         on; when the time is up after only such results, their refusal is raised. A result
@@ -233,8 +277,9 @@ class ActionHandle:
                     if refused is not None:
                         raise refused
                     raise nats.errors.TimeoutError
+                data = msg.data or b""
                 try:
-                    return self.believe(msg.data or b"")
+                    return BelievedResult(self.believe(data), data)
                 except CannotSign:
                     raise
                 except UnverifiedResponse as exc:
@@ -524,6 +569,15 @@ class AipClient:
         """The result already on the results stream, without waiting (verified like
         `result()`: when the last one is not a trusted worker's or not this Action's, the
         earlier ones are read)."""
+        found = await self.stored_result_envelope(
+            endpoint_id, action_id, envelope_sha256=envelope_sha256
+        )
+        return found.result if found is not None else None
+
+    async def stored_result_envelope(
+        self, endpoint_id: str, action_id: str, *, envelope_sha256: str | None = None
+    ) -> BelievedResult | None:
+        """`stored_result` with the result's exact Envelope bytes (`BelievedResult`)."""
         handle = self.handle(endpoint_id, action_id, envelope_sha256=envelope_sha256)
         try:
             msg = await self.nc.jetstream().get_last_msg(
@@ -532,12 +586,13 @@ class AipClient:
             )
         except NotFoundError:
             return None
+        data = msg.data or b""
         try:
-            return handle.believe(msg.data or b"")
+            return BelievedResult(handle.believe(data), data)
         except CannotSign:
             raise
         except UnverifiedResponse:
-            return await handle.result(timeout_s=2.0)
+            return await handle.result_envelope(timeout_s=2.0)
 
     async def cancel(
         self,
