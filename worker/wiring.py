@@ -63,10 +63,8 @@ def binding_cancel_hook() -> BindingCancelHook | None:
 
 
 def add_extra_commands(sub: Any) -> None:
-    """Subcommands owned by other packages (trust, operator, escalation, demo, qualify,
-    conformance)."""
+    """Subcommands owned by other packages (trust, operator, escalation, demo, qualify)."""
     from worker.commands import (
-        conformance,
         demo_command,
         escalation_admin,
         operator_admin,
@@ -79,4 +77,3 @@ def add_extra_commands(sub: Any) -> None:
     escalation_admin.add_commands(sub)
     demo_command.add_commands(sub)
     qualify_command.add_commands(sub)
-    conformance.add_commands(sub)

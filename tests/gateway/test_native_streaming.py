@@ -45,12 +45,19 @@ CHAT_STREAM = "cap:hermes_agent:h1:chat_stream"
 NATS_PROFILE = "aip.native.nats.v1"
 
 
-def streaming(callback: dict[str, Any] | None) -> dict[str, Any]:
-    request = action("streaming")
+def chat(mode: str) -> dict[str, Any]:
+    """A `chat_stream` Action (a streaming capability: only those publish chunks)."""
+    request = action(mode)
     body = request["body"]["action"]
     body["capability_id"] = CHAT_STREAM
     body["input"] = {"messages": [{"role": "user", "content": "stream me a reply"}]}
     body["idempotency_key"] = "idem-" + secrets.token_hex(8)  # chat_stream requires one
+    return request
+
+
+def streaming(callback: dict[str, Any] | None) -> dict[str, Any]:
+    request = chat("streaming")
+    body = request["body"]["action"]
     if callback is not None:
         body["callback"] = callback
     return request
@@ -162,9 +169,11 @@ async def test_events_pages_kinds_and_another_principals_action(
         gstack, tmp_path, more_signers=[f"{did_of(other)} agent:other kind=agent revision=1"]
     )
     nc = gs.stack.nc
-    request = sign(action("sync"), caller, CALLER)
+    # chat_stream runs only streaming; its chunks go to a callback nobody reads here
+    sink = {"profile": NATS_PROFILE, "target": "getaip.sink." + secrets.token_hex(4)}
+    request = sign(streaming(sink), caller, CALLER)
     done = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
-    assert done["status"] == "completed"
+    assert done["status"] == "completed", done
     action_id = done["action_id"]
 
     # page by page, one event each: every chunk once, in order, the cursor moving on
@@ -188,7 +197,7 @@ async def test_events_pages_kinds_and_another_principals_action(
         assert len(page["events"]) == 1
     assert cursor is None
     assert [e["data"]["sequence"] for e in seen] == list(range(len(seen)))
-    assert len(seen) >= 2  # a non-streaming call's output chunk, then done
+    assert len(seen) >= 2  # the reply's chunks, then done
     assert seen[-1]["kind"] == "stream_chunk.done"
     for event in seen:
         assert event["id"].startswith("evt_")
@@ -204,7 +213,7 @@ async def test_events_pages_kinds_and_another_principals_action(
     assert page["events"][0] == seen[-1]
     assert "cursor" not in page
     request = sign(
-        events_request(action_id, kinds=["stream_chunk.progress"], limit=5), caller, CALLER
+        events_request(action_id, kinds=["stream_chunk.error"], limit=5), caller, CALLER
     )
     page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
     assert page["events"] == []
@@ -228,13 +237,19 @@ async def test_events_pages_kinds_and_another_principals_action(
 
     # follow: an empty page of a running Action waits for its first event
     assert gs.stack.fake is not None
-    gs.stack.fake.faults.add(RouteDelay(route="GET /v1/models", delay_s=1.5))
-    request = sign(action("async"), caller, CALLER)
-    ack = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.ack")
-    action_id = ack["action_id"]
+    gs.stack.fake.faults.add(RouteDelay(route="POST /v1/chat/completions", delay_s=1.5))
+    request = sign(streaming(sink), caller, CALLER)
+    running = asyncio.ensure_future(ask(nc, request))  # answers once the run settled
+    action_id = request["body"]["action"]["id"]
+    for _ in range(50):  # until the gateway holds the child (bounded)
+        probe = sign(events_request(action_id), caller, CALLER)
+        if (await ask(nc, probe))["message_type"] != "aip.core.v1.error":
+            break
+        await asyncio.sleep(0.1)
     request = sign(events_request(action_id, follow=True), caller, CALLER)
     page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
     assert page["events"], page  # waited for the run instead of answering an empty page
     assert page["events"][0]["data"]["sequence"] == 0
     # the Action's own first events, whatever moment the page was taken at
     assert page["events"][0]["action_id"] == action_id
+    assert (await running)["body"]["action_result"]["status"] == "completed"

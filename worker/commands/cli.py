@@ -335,7 +335,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_extra_commands(sub)
 
-    from worker.commands import completion
+    # Here, not in add_extra_commands: the conformance command reads the manifest from
+    # worker.wiring's registry, and wiring importing it back would close a circle.
+    from worker.commands import completion, conformance
+
+    conformance.add_commands(sub)
 
     completion.add_commands(sub, parser)  # last: its script lists every command above
     return parser

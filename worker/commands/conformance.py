@@ -30,7 +30,7 @@ CONFORMANCE_ENDPOINT = "conformance"
 
 
 def add_commands(subparsers: Any) -> None:
-    """Register `conformance` (called from `worker.wiring.add_extra_commands`)."""
+    """Register `conformance` (called from `worker.commands.cli.build_parser`)."""
     conformance = subparsers.add_parser(
         "conformance",
         help="run the family-tagged tests and write the AIP conformance report",
