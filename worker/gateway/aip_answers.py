@@ -76,10 +76,9 @@ from worker.aip.envelope import BODY_KEYS, now_timestamp
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
 from worker.errors import ConnectorError, NativeRefusal
-from worker.gateway.chunk_reads import Link
 from worker.gateway.chunk_sinks import CALLBACK_REFUSED, ChunkSink, SinkFactory
 from worker.gateway.chunk_sinks import answer_headers as answer_headers
-from worker.gateway.facade import action_result, action_status
+from worker.gateway.facade import action_result, action_status, chunk_of, events_page
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -90,7 +89,6 @@ from worker.gateway.principals import Principal
 from worker.gateway.service import GatewayService, namespaced_action_id
 from worker.gateway.settings import PROTECTED_SCOPES, GatewaySettings
 from worker.tasks import stop_tasks
-from worker.wire.actions import timestamp_of_ms
 from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
     Opened,
@@ -212,12 +210,6 @@ def _refusal_of(exc: EnvelopeRejected) -> NativeRefusal:
     return NativeRefusal(exc.code.value, exc.reason, ErrorCategory.PERMANENT)
 
 
-def _chunk_body(action_id: str, link: Link) -> dict[str, Any]:
-    """The AIP StreamChunk of a chain link, named by the requester's Action id (the bus's
-    chunk as published: `sequence` from 0, `kind`, `data`, `part`)."""
-    return {**link.body, "action_id": action_id}
-
-
 def _cursor_of(cursor: str | None) -> int:
     """The sequence an `action_events` cursor names (ours: a decimal sequence number)."""
     if cursor is None:
@@ -229,24 +221,6 @@ def _cursor_of(cursor: str | None) -> int:
             ErrorCategory.PERMANENT,
         )
     return int(cursor)
-
-
-def _page(
-    links: list[Link], cursor: int, limit: int, kinds: frozenset[str] | None
-) -> tuple[list[Link], int]:
-    """Up to `limit` links from sequence `cursor` whose event kind `kinds` admits, and the
-    sequence the next page starts at (past every link looked at, wanted or not)."""
-    page: list[Link] = []
-    following = cursor
-    for link in links:
-        if link.seq < cursor:
-            continue
-        if len(page) == limit:
-            break
-        following = link.seq + 1
-        if kinds is None or f"stream_chunk.{link.body['kind']}" in kinds:
-            page.append(link)
-    return page, following
 
 
 def _refusal_of_lookup(exc: ConnectorError, action_id: str) -> NativeRefusal:
@@ -624,7 +598,7 @@ class AipAnswers:
             )
             return
         for link in read.links:
-            envelope = self._seal(STREAM_CHUNK, _chunk_body(action_id, link), frame)
+            envelope = self._seal(STREAM_CHUNK, chunk_of(action_id, link), frame)
             try:
                 await sink.send(envelope)
             except Exception as exc:  # the callback's side: the answer still goes
@@ -748,8 +722,7 @@ class AipAnswers:
         `data.verified` false: not yet checked against a signed result); once it settled,
         exactly the chain its signed result vouches for."""
         cursor = _cursor_of(request.cursor)
-        limit = request.limit or EVENTS_PAGE
-        kinds = frozenset(request.kinds) if request.kinds else None
+        kinds = frozenset(request.kinds or ())
         principal = self._principal(binding)
         bus_id = namespaced_action_id(
             principal.principal_id, principal.tenant_id, request.action_id
@@ -761,36 +734,19 @@ class AipAnswers:
                 read = await self.service.own_chain(principal, bus_id)
             except ConnectorError as exc:
                 raise _refusal_of_lookup(exc, request.action_id) from None
-            terminal = read.record.state.terminal
-            page, following = _page(read.links, cursor, limit, kinds)
-            if page or terminal or time.monotonic() >= deadline:
-                break
+            page = events_page(
+                request.action_id,
+                read.links,
+                cursor=cursor,
+                limit=request.limit or EVENTS_PAGE,
+                kinds=kinds,
+                verified=read.verified,
+                terminal=read.record.state.terminal,
+                include_chunks=request.include_chunks is True,
+            )
+            if page["events"] or page["terminal"] or time.monotonic() >= deadline:
+                return self._seal(EVENTS, page, frame)
             await asyncio.sleep(POLL_S)
-        answer: dict[str, Any] = {
-            "action_id": request.action_id,
-            "events": [self._event(request.action_id, link, read.verified) for link in page],
-            "terminal": terminal,
-        }
-        if request.include_chunks is True and page:
-            answer["chunks"] = [_chunk_body(request.action_id, link) for link in page]
-        at_end = not read.links or following > read.links[-1].seq
-        if not (terminal and at_end):
-            answer["cursor"] = str(following)
-        return self._seal(EVENTS, answer, frame)
-
-    @staticmethod
-    def _event(action_id: str, link: Link, verified: bool) -> dict[str, Any]:
-        """A chunk as an AIP Event: its id derived from the chunk's hash (the same on
-        every read), its time the chunk's, its StreamChunk fields in `data`."""
-        body = _chunk_body(action_id, link)
-        del body["action_id"]
-        return {
-            "id": "evt_" + link.sha256[:32],
-            "kind": f"stream_chunk.{link.body['kind']}",
-            "occurred_at": timestamp_of_ms(int(link.document["ts_unix_ms"])),
-            "action_id": action_id,
-            "data": {**body, "verified": verified},
-        }
 
     @staticmethod
     def _result(action_id: str, result: Mapping[str, Any]) -> dict[str, Any]:

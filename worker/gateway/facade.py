@@ -27,6 +27,7 @@ import jsonschema
 
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
+from worker.gateway.chunk_reads import Link
 from worker.wire.actions import timestamp_of_ms
 
 #: The `_meta` key of AIP facts on an MCP result (upstream `aip_extension_meta`).
@@ -301,25 +302,69 @@ def summary_text(structured: Mapping[str, Any]) -> str:
     return f"AIP {message_type}" if isinstance(message_type, str) else "AIP tool result"
 
 
-def event_of(
-    action_id: str, link_document: Mapping[str, Any], sha256: str, verified: bool
-) -> dict[str, Any]:
-    """The AIP Event of one chunk of the Action's chain: kind the chunk's kind, its hash
-    facts (and whether the chain was checked against the signed result) in `data`."""
-    data: dict[str, Any] = {
-        "sequence": link_document["seq"],
-        "sha256": sha256,
-        "verified": verified,
-    }
-    if link_document.get("prev_sha256") is not None:
-        data["prev_sha256"] = link_document["prev_sha256"]
+def chunk_of(action_id: str, link: Link) -> dict[str, Any]:
+    """The AIP StreamChunk of a chain link, named by the requester's Action id (the bus's
+    chunk as published: `sequence` from 0, `kind`, `data`, `part`)."""
+    return {**link.body, "action_id": action_id}
+
+
+def chunk_event(action_id: str, link: Link, verified: bool) -> dict[str, Any]:
+    """The AIP Event of one chunk of the Action's chain, the same on every read: id from
+    the chunk's hash, kind `stream_chunk.{kind}`, time the chunk's; `data` the StreamChunk's
+    fields, its hash and its predecessor's, and whether the chain was checked against the
+    Action's signed result."""
+    data = {key: value for key, value in link.body.items() if key != "action_id"}
+    data["sha256"] = link.sha256
+    if link.prev_sha256 is not None:
+        data["prev_sha256"] = link.prev_sha256
+    data["verified"] = verified
     return {
-        "id": f"evt_{sha256[:32]}",
-        "kind": str(link_document["kind"]),
-        "occurred_at": timestamp_of_ms(int(link_document["ts_unix_ms"])),
+        "id": f"evt_{link.sha256[:32]}",
+        "kind": f"stream_chunk.{link.body['kind']}",
+        "occurred_at": timestamp_of_ms(int(link.document["ts_unix_ms"])),
         "action_id": action_id,
         "data": data,
     }
+
+
+def events_page(
+    action_id: str,
+    links: Sequence[Link],
+    *,
+    cursor: int,
+    limit: int,
+    kinds: frozenset[str],
+    verified: bool,
+    terminal: bool,
+    include_chunks: bool,
+) -> dict[str, Any]:
+    """One AIP ActionEvents page, for every way in (MCP `aip_action_events`, the bindings'
+    `action_events_request`): up to `limit` chunks from sequence `cursor` whose event kind
+    `kinds` names (all when empty), as Events (and StreamChunks with `include_chunks`).
+    `cursor` is where the next page starts (past every chunk looked at, wanted or not),
+    absent once an ended Action's last page was given."""
+    events: list[dict[str, Any]] = []
+    chunks: list[dict[str, Any]] = []
+    following = cursor
+    for link in links:
+        if link.seq < cursor:
+            continue
+        if len(events) == limit:
+            break
+        following = link.seq + 1
+        event = chunk_event(action_id, link, verified)
+        if kinds and event["kind"] not in kinds:
+            continue
+        events.append(event)
+        if include_chunks:
+            chunks.append(chunk_of(action_id, link))
+    page: dict[str, Any] = {"action_id": action_id, "events": events, "terminal": terminal}
+    if chunks:
+        page["chunks"] = chunks
+    at_end = not links or following > links[-1].seq
+    if not (terminal and at_end):
+        page["cursor"] = str(following)
+    return page
 
 
 def call_answer(

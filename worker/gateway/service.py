@@ -38,7 +38,7 @@ from worker.gateway.discovery import Discovery
 from worker.gateway.facade import (
     action_fields,
     check_arguments,
-    event_of,
+    events_page,
     extension_fields,
 )
 from worker.gateway.follow_limits import FollowLimits
@@ -617,31 +617,18 @@ class GatewayService:
         include_chunks: bool,
     ) -> dict[str, Any]:
         read = await self.read_chain(record)
-        events: list[dict[str, Any]] = []
-        chunks: list[dict[str, Any]] = []
-        following = cursor
-        for link in read.links:
-            if link.seq < cursor:
-                continue
-            if len(events) >= limit:
-                break
-            following = link.seq + 1
-            if kinds and link.document.get("kind") not in kinds:
-                continue
-            events.append(event_of(caller_id, link.document, link.sha256, read.verified))
-            if include_chunks:
-                chunks.append({**link.body, "action_id": caller_id})
-        page: dict[str, Any] = {
-            "action_id": caller_id,
-            "events": events,
-            "cursor": str(following),
-            "terminal": record.state.terminal
+        return events_page(
+            caller_id,
+            read.links,
+            cursor=cursor,
+            limit=limit,
+            kinds=kinds,
+            verified=read.verified,
+            terminal=record.state.terminal
             or read.verified
             or any(link.terminal for link in read.links),
-        }
-        if chunks:
-            page["chunks"] = chunks
-        return page
+            include_chunks=include_chunks,
+        )
 
     async def own_chain(self, principal: Principal, action_id: str) -> ChainRead:
         """`read_chain` of one of the principal's own children (`_not_found` otherwise)."""
