@@ -24,7 +24,6 @@ from schemas.aip.escalation import Escalation, EscalationResolution
 from schemas.aip.lifecycle import (
     ActionEvents,
     ActionEventsRequest,
-    ActionList,
     ActionResultRequest,
     ActionStatus,
     ActionStatusRequest,
@@ -113,7 +112,6 @@ PAYLOAD_TYPES: Final[Mapping[str, type[AipStruct]]] = {
     "aip.lifecycle.v1.action_status_request": ActionStatusRequest,
     "aip.lifecycle.v1.action_status": ActionStatus,
     "aip.lifecycle.v1.action_result_request": ActionResultRequest,
-    "aip.lifecycle.v1.action_list": ActionList,
     "aip.lifecycle.v1.action_events_request": ActionEventsRequest,
     "aip.lifecycle.v1.action_events": ActionEvents,
     "aip.policy.v1.approval_request": ApprovalRequest,

@@ -30,8 +30,7 @@ async def test_discovery_reads_complete_with_the_provider_document(
     result = await invoke(name, {})
     assert result.status is ResultStatus.COMPLETED
     assert isinstance(result.output, dict)
-    # A non-streaming capability publishes no chunk: the result is its whole answer.
-    assert result.ctx.kinds() == []
+    assert result.ctx.kinds() == [ChunkKind.DATA]
 
 
 async def test_health_needs_no_key_but_protected_reads_do(
