@@ -44,6 +44,9 @@ class Kept(StrEnum):
     RATE = "rate"
     #: The DLQ stream refused it (at its limit): terminated, not written.
     FULL = "full"
+    #: Its entry is on the DLQ already (the same message refused on an earlier delivery,
+    #: which JetStream's dedupe by entry id did not store twice): nothing new to count.
+    ALREADY = "already"
 
 
 class TokenBucket:
@@ -129,11 +132,13 @@ class DeadLetters:
             keep_bytes=self.keep_bytes,
         )
         try:
-            await self.publisher.dead_letter(facts, action_id=action_id)
+            ack = await self.publisher.dead_letter(facts, action_id=action_id)
         except StreamFull:
             self._not_kept(endpoint_id, subject, Kept.FULL)
             return Kept.FULL
-        return Kept.WRITTEN
+        # A redelivery of a message refused before (its AckWait ran out while the first
+        # refusal was written) names the same entry id: counted once, as the DLQ holds it.
+        return Kept.ALREADY if ack.duplicate else Kept.WRITTEN
 
     def _bucket(self, subject: str) -> TokenBucket:
         bucket = self._buckets.get(subject)
