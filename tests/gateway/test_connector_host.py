@@ -208,6 +208,52 @@ def action(
     return routed("aip.core.v1.action", "action", body, pinned)
 
 
+POLICY = "sha256:" + "ab" * 32
+POLICY_B = "sha256:" + "cd" * 32
+TENANT_B = {"tenant": {"id": "tenant-b"}}
+
+
+def approved_action(digest: str, *, approval_id: str | None = None) -> dict[str, Any]:
+    """A read the central approved: the Action's `approval` (an ApprovalDecision) and, in
+    its route, the central runtime's ApprovalRecord holding that decision (§3.6)."""
+    envelope = action(digest)
+    body = envelope["body"]["action"]
+    approval = {
+        "approval_id": approval_id or "appr_" + secrets.token_hex(16),
+        "decision": "approved",
+        "approver": {"id": "user:boss", "kind": "human"},
+        "decided_at": now(),
+        "policy_hash": POLICY,
+    }
+    body["approval"] = approval
+    envelope["security"]["connector_route"]["approval_authorization"] = {
+        "request": {
+            "id": approval["approval_id"],
+            "action_id": body["id"],
+            "capability_id": body["capability_id"],
+            "requester": CENTRAL,
+            "subject": CENTRAL,
+            "approver_selector": {"type": "principal", "id": "user:boss"},
+            "reason": "a governed read",
+            "identity": {"tenant": {"id": TENANT}},
+            "policy_hash": POLICY,
+        },
+        "status": "approved",
+        "decision": dict(approval),
+        "decisions": [
+            {
+                "decision": dict(approval),
+                "authority": {"principal_id": "user:boss", "tenant_id": TENANT, "revision": 1},
+                "evidence_hash": hashlib.sha256(b"evidence").hexdigest(),
+                "recorded_at": now(),
+            }
+        ],
+        "created_at": now(),
+        "updated_at": now(),
+    }
+    return envelope
+
+
 def error_of(status: int, answer: dict[str, Any], gateway: nacl.signing.SigningKey) -> str:
     """The code of a signed, schema-valid error answer (its status checked by the caller)."""
     assert answer["message_type"] == "aip.core.v1.error", (status, answer["body"])
@@ -496,21 +542,39 @@ async def test_refusals_answer_the_reference_codes_and_statuses_and_enqueue_noth
                 "connector_host.credential_revision_denied",
             )
         )
-    approved = action(digest)
-    approved["body"]["action"]["approval"] = {
-        "approval_id": "appr_" + secrets.token_hex(16),
-        "decision": "approved",
-        "approver": {"id": "user:boss", "kind": "human"},
-        "decided_at": now(),
-    }
-    cases.append(
-        (
-            "approval without authorization",
-            sign(approved, central_key, CENTRAL),
-            403,
-            "connector_host.approval_authorization_conflict",
-        )
+    # The central's approval record (the reference runtime's ApprovalRecord) rides in the
+    # route; every disagreement with the Action is a route mismatch (§3.6).
+    approved = approved_action(digest)
+    del approved["security"]["connector_route"]["approval_authorization"]
+    cases.append(("approval without authorization", sign(approved, central_key, CENTRAL), 403,
+                  ROUTE_MISMATCH))  # fmt: skip
+    unused = approved_action(digest)
+    del unused["body"]["action"]["approval"]
+    cases.append(("authorization without approval", sign(unused, central_key, CENTRAL), 403,
+                  ROUTE_MISMATCH))  # fmt: skip
+    for what, spoil in (
+        ("malformed", lambda record: record.pop("request")),
+        ("pending", lambda record: record.update(status="pending")),
+        ("another action", lambda record: record["request"].update(action_id="act_" + "4" * 32)),
+        ("another tenant", lambda record: record["request"].update(identity=TENANT_B)),
+        ("another policy", lambda record: record["request"].update(policy_hash=POLICY_B)),
+        ("no decisions", lambda record: record.update(decisions=[])),
+        ("a denial", lambda record: record["decisions"][0]["decision"].update(decision="denied")),
+    ):
+        spoiled = approved_action(digest)
+        spoil(spoiled["security"]["connector_route"]["approval_authorization"])
+        cases.append((f"authorization {what}", sign(spoiled, central_key, CENTRAL), 403,
+                      ROUTE_MISMATCH))  # fmt: skip
+    cancel_approved = routed(
+        "aip.core.v1.cancel",
+        "cancel",
+        {"target": {"action": "act_" + "3" * 32}},
+        route("act_" + "3" * 32, MODELS, digest)
+        | {"approval_authorization": approved_action(digest)["security"]["connector_route"][
+            "approval_authorization"]},
     )
+    cases.append(("authorization on a cancel", sign(cancel_approved, central_key, CENTRAL), 403,
+                  ROUTE_MISMATCH))  # fmt: skip
     cancel_other = routed(
         "aip.core.v1.cancel",
         "cancel",
@@ -540,12 +604,36 @@ async def test_refusals_answer_the_reference_codes_and_statuses_and_enqueue_noth
     status, answer = await hop.post(sign(replayed, central_key, CENTRAL))
     assert (status, error_of(status, answer, gateway)) == (409, "connector_host.replay")
 
+    assert await actions_last_seq(hop.gs) == before  # no refusal enqueued anything
+
+    # A well-formed approval record passes the host and is imported; the same record again
+    # (a retry with a new message id) is accepted, another record for that approval id is
+    # a conflict, and nothing is enqueued for it.
+    first = approved_action(digest)
+    record = first["security"]["connector_route"]["approval_authorization"]
+    status, answer = await hop.post(sign(first, central_key, CENTRAL))
+    assert (status, answer["message_type"]) == (200, "aip.core.v1.action_result"), answer
+    assert answer["body"]["action_result"]["status"] == "completed"  # a read: no quorum due
+    retry = json.loads(json.dumps(first))
+    retry["message_id"] = "msg_" + secrets.token_hex(16)
+    status, answer = await hop.post(sign(retry, central_key, CENTRAL))
+    assert (status, answer["message_type"]) == (200, "aip.core.v1.action_result"), answer
+    assert answer["body"]["action_result"]["status"] == "completed"
+    after_import = await actions_last_seq(hop.gs)
+    rival = approved_action(digest, approval_id=record["request"]["id"])
+    status, answer = await hop.post(sign(rival, central_key, CENTRAL))
+    assert (status, error_of(status, answer, gateway)) == (
+        403,
+        "connector_host.approval_authorization_conflict",
+    )
+    assert await actions_last_seq(hop.gs) == after_import
+
     # Not JSON at all: 400, still a signed error Envelope.
     raw = await hop.client.post(hop.messages, content=b"{not json")
     assert raw.status_code == 400
     assert error_of(400, raw.json(), gateway) == "envelope.decode.invalid"
 
-    assert await actions_last_seq(hop.gs) == before  # nothing enqueued
+    assert await actions_last_seq(hop.gs) == after_import  # nothing more enqueued
 
 
 async def test_full_then_draining_host_refuses_new_actions(hop: Hop) -> None:

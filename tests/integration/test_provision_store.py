@@ -147,6 +147,8 @@ async def test_runtime_stores_include_the_native_bindings_message_id_bucket(
         done = _provision(url, "--runtime-stores", *allow_old, **SMALL)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "AIP_NATIVE_MESSAGE_IDS: key-value bucket present" in done.stdout
+        assert "AIP_HOST_APPROVALS: key-value bucket present" in done.stdout
     names = await _stream_names(url)
     assert "KV_AIP_NATIVE_MESSAGE_IDS" in names
+    assert "KV_AIP_HOST_APPROVALS" in names
     assert "AIP_RUNTIME_QUEUE" in names

@@ -160,10 +160,18 @@ async def cmd_provision(args: argparse.Namespace) -> int:
         if args.runtime_stores:
             # The native binding's replay guard: a bucket the gateway writes but, under
             # least-privilege roles, may not create (compose/nats/nats.conf).
+            # And the connector host's journal of the central's approval records.
+            from worker.gateway import host_approvals
             from worker.gateway.native_trust import CLAIMS_BUCKET, MessageClaims
 
             await MessageClaims.open(nc.jetstream(), replicas=policy.replicas)
-            bucket = f"{CLAIMS_BUCKET}: key-value bucket present"
+            await host_approvals.HostApprovalImports.open(
+                nc.jetstream(), replicas=policy.replicas
+            )
+            bucket = (
+                f"{CLAIMS_BUCKET}: key-value bucket present\n"
+                f"{host_approvals.BUCKET}: key-value bucket present"
+            )
     finally:
         await nc.close()
     for item in report:

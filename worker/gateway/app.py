@@ -26,6 +26,7 @@ from worker.gateway.children import Children
 from worker.gateway.connector_host import ConnectorHost, HostAnswers
 from worker.gateway.delegation_route import DelegationRouteResponder, FirstSight
 from worker.gateway.discovery import Discovery
+from worker.gateway.host_approvals import HostApprovalImports
 from worker.gateway.mcp_app import MCP_PATH, GatewayHttp
 from worker.gateway.native_nats import NativeNatsResponder
 from worker.gateway.native_trust import MessageClaims, TrustedSigners
@@ -154,6 +155,7 @@ class Gateway:
                     signers,
                     claims,
                     children.signer,
+                    approvals=await HostApprovalImports.open(js),
                     healthy=lambda: nc.is_connected,
                 )
             )

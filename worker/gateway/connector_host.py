@@ -12,13 +12,15 @@ order, each refusal an `aip.core.v1.error` Envelope with the reference code and 
 3. recipient (`to` is this host) and the pinned route `security.connector_route` (tenant,
    instance, replica, version, manifest digest; for an Action its id and capability, for a
    cancel or lifecycle query its Action id); a streaming Action must name exactly the
-   central callback, any other Action none (`connector_host.route_mismatch`, 403);
+   central callback, any other Action none; the central's approval record when the Action
+   carries an approval, and only then (worker/gateway/host_approvals.py)
+   (`connector_host.route_mismatch`, 403);
 4. Actions only: readiness (not draining, a live lease when a central is configured, NATS
    connected: `connector_host.not_ready`, 503), then capacity (`connector_host.capacity`,
    429);
 5. Actions only: the pinned credential revision (`connector_host.credential_revision_denied`,
-   403), then the approval authorization (`connector_host.approval_authorization_conflict`,
-   403);
+   403), then the import of the central's approval record
+   (`connector_host.approval_authorization_conflict`, 403, or `..._unavailable`, 503);
 6. `sent_at` and the one claim of the message id (`connector_host.replay`, 409), then the
    body, answered as aip_answers.py answers it; a streaming Action's chunks go to the
    central callback (worker/gateway/connector_stream.py) and its answer is the
@@ -70,6 +72,7 @@ from worker.gateway.connector_control import (
     ConnectorControl,
 )
 from worker.gateway.connector_stream import ChunkStream
+from worker.gateway.host_approvals import HostApprovalImports, check_route_authorization
 from worker.gateway.http_limits import bounded_body, send_response
 from worker.gateway.native_nats import request_subject
 from worker.gateway.native_trust import MessageClaims, SignerBinding, TrustedSigners
@@ -173,6 +176,7 @@ class HostAnswers(AipAnswers):
         claims: MessageClaims,
         signer: AipSigner,
         *,
+        approvals: HostApprovalImports,
         healthy: Callable[[], bool],
     ) -> None:
         super().__init__(
@@ -187,6 +191,8 @@ class HostAnswers(AipAnswers):
             binding=HTTP_PROFILE,
         )
         self.healthy = healthy
+        #: The central's approval records this host imported (host_approvals.py).
+        self.approvals = approvals
         #: Where streamed chunks are POSTed from (connector_stream.py).
         self.client = httpx.AsyncClient(follow_redirects=False)
         self.replica_id = settings.aip_host_replica_id or settings.gateway_id
@@ -253,11 +259,14 @@ class HostAnswers(AipAnswers):
         body = open_payload(opened, message_type)
         if isinstance(body, AipAction):
             self._check_action_route(body, route)
+            record = check_route_authorization(body, route, self.settings.aip_host_tenant_id)
             self._check_ready()
             self._take_slot()
             self._check_credential_revision(route)
-            self._check_approval(body, route)
+            if record is not None:
+                await self.approvals.record(record)
             return
+        check_route_authorization(body, route, self.settings.aip_host_tenant_id)
         if isinstance(body, Cancel):
             target = body.target.action
         else:
@@ -384,32 +393,6 @@ class HostAnswers(AipAnswers):
             raise NativeRefusal(
                 ErrorCode.HOST_CREDENTIAL_REVISION_DENIED.value,
                 "the pinned credential revision is not authorised by this host",
-                ErrorCategory.AUTH,
-            )
-
-    @staticmethod
-    def _check_approval(action: AipAction, route: Mapping[str, Any]) -> None:
-        """An Action carrying an approval must come with an `approved` authorization for
-        exactly this approval, Action, capability and tenant, with a policy hash; an
-        authorization without an approval is a conflict too."""
-        authorization = route.get("approval_authorization")
-        approval = action.approval
-        if approval is None and authorization is None:
-            return
-        if (
-            approval is None
-            or not isinstance(authorization, Mapping)
-            or authorization.get("decision") != "approved"
-            or approval.decision != "approved"
-            or authorization.get("approval_id") != approval.approval_id
-            or authorization.get("action_id") != action.id
-            or authorization.get("capability_id") != action.capability_id
-            or authorization.get("tenant_id") != route.get("tenant_id")
-            or not isinstance(authorization.get("policy_hash"), str)
-        ):
-            raise NativeRefusal(
-                ErrorCode.HOST_APPROVAL_AUTHORIZATION_CONFLICT.value,
-                "the approval authorization does not match the Action",
                 ErrorCategory.AUTH,
             )
 
