@@ -4,7 +4,7 @@
     .venv/bin/python -m tests.bench --figures 1,3 --runs 1 --actions 300   # a quick look
     .venv/bin/python -m tests.bench --figures 1 --runs 1 --systems ours,raw --otel
                                                        # tracing's cost (`ours-otel`)
-    .venv/bin/python -m tests.bench native             # the native AIP binding's cost
+    .venv/bin/python -m tests.bench native             # the native AIP bindings' cost
                                                        # (tests/bench/native.py)
 
 Figures 1-3 are repeated `--runs` times, systems interleaved inside each round so a noisy

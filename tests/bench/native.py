@@ -1,6 +1,6 @@
-"""The native NATS binding's cost (not a test): what a sync Action pays for going through
-`aip.native.nats.v1` (docs/aip.md) instead of straight onto JetStream, and how many requests
-per second one gateway answers.
+"""The native bindings' cost (not a test): what a sync Action pays for going through
+`aip.native.nats.v1` or the connector host over `aip.native.http.v1` (docs/aip.md) instead
+of straight onto JetStream, and how many requests per second one gateway answers on each.
 
     .venv/bin/python -m tests.bench native [--actions 200] [--requests 2000] [--concurrency 64]
 
@@ -12,17 +12,20 @@ process and one gateway process, as the gateway tests deploy them (tests/gateway
   published on the endpoint's JetStream subject and its result awaited on the results
   stream (`AipClient`'s handle); *native*, a signed `aip.core.v1.action` Envelope sent as a
   core NATS request to the gateway, which enqueues, dispatches, follows and answers with
-  the signed `action_result`. The figure is native minus direct, at p50 and p99.
+  the signed `action_result`; *http*, the same Action as a GetAIP central sends it to the
+  connector host (`POST /aip/v1/messages`, addressed to the host, with its pinned
+  `security.connector_route`). The figures are each binding minus direct, at p50 and p99.
 * **Requests/s.** `--requests` signed requests with `--concurrency` outstanding at a time:
   heartbeats (the binding's own cost: decode, signature, message-id claim, signed answer)
   and sync Actions (the binding plus a worker run), next to the same number of Actions
-  published straight on JetStream at the same concurrency.
+  published straight on JetStream at the same concurrency; the same through the host.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import os
 import secrets
@@ -33,6 +36,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import nacl.signing
 
 from schemas.action import Mode
@@ -60,6 +64,8 @@ H1 = hermes_principal_id("h1")
 CALLER = {"id": H1, "kind": "agent"}
 PREFIX = "aip.v1.local.aip-hermes-worker.v1"
 MODELS = "cap:hermes_agent:h1:models"
+HOST = {"id": "service:aip-hermes-worker", "kind": "service"}
+TENANT, INSTANCE, REPLICA, VERSION = "tenant-bench", "inst-bench", "replica-bench", "v-bench"
 
 
 def _action() -> dict[str, Any]:
@@ -101,6 +107,63 @@ class Native:
             raise RuntimeError(f"expected {expect}, got {answer['message_type']}: {answer}")
         if expect == "aip.core.v1.action_result":
             assert answer["body"]["action_result"]["status"] == "completed", answer
+
+    async def sync_action(self) -> None:
+        await self.request(_action(), "aip.core.v1.action_result")
+
+    async def heartbeat(self) -> None:
+        await self.request(
+            request_envelope("aip.core.v1.heartbeat", {"sequence": 1}), "aip.core.v1.heartbeat_ack"
+        )
+
+
+class Host:
+    """A GetAIP central of the connector host: signs with the trusted caller key, addresses
+    the host and pins the route the host checks (tenant, instance, replica, version, the
+    manifest's digest, the Action's id and capability)."""
+
+    def __init__(self, base_url: str, key: nacl.signing.SigningKey, concurrency: int) -> None:
+        self.key = key
+        self.messages = f"{base_url}/aip/v1/messages"
+        self.manifest = f"{base_url}/aip/v1/manifest"
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        self.client = httpx.AsyncClient(limits=limits, timeout=30)
+        self.digest = ""
+
+    async def open(self) -> None:
+        from tests.aip_actions import canonical
+
+        answer = await self.client.get(self.manifest)
+        answer.raise_for_status()
+        self.digest = "sha256:" + hashlib.sha256(canonical(answer.json())).hexdigest()
+
+    async def request(self, envelope: dict[str, Any], expect: str) -> None:
+        envelope["to"] = HOST
+        body = envelope["body"]
+        if "action" in body:
+            envelope["security"] = {
+                "connector_route": {
+                    "action_id": body["action"]["id"],
+                    "capability_id": body["action"]["capability_id"],
+                    "tenant_id": TENANT,
+                    "instance_id": INSTANCE,
+                    "replica_id": REPLICA,
+                    "version_id": VERSION,
+                    "manifest_digest": self.digest,
+                    "original_mode": "sync",
+                }
+            }
+        signed = sign(envelope, self.key, CALLER)
+        answer = await self.client.post(
+            self.messages,
+            content=json.dumps(signed).encode(),
+            headers={"content-type": "application/aip+json"},
+        )
+        document = answer.json()
+        if answer.status_code != 200 or document["message_type"] != expect:
+            raise RuntimeError(f"expected {expect}, got {answer.status_code}: {document}")
+        if expect == "aip.core.v1.action_result":
+            assert document["body"]["action_result"]["status"] == "completed", document
 
     async def sync_action(self) -> None:
         await self.request(_action(), "aip.core.v1.action_result")
@@ -166,25 +229,45 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
                 AIPD_AIP_TRUSTED_SIGNERS_FILE=str(signers),
                 AIPD_AIP_MAX_IN_FLIGHT="4096",
                 AIPD_TRUSTED_WORKER_KEYS_FILE=str(trust.worker_keys_file),
+                AIPD_AIP_HOST_INSTANCE_ID=INSTANCE,
+                AIPD_AIP_HOST_TENANT_ID=TENANT,
+                AIPD_AIP_HOST_REPLICA_ID=REPLICA,
+                AIPD_AIP_HOST_VERSION_ID=VERSION,
+                AIPD_AIP_HOST_MAX_IN_FLIGHT="4096",
             )
+            port = int(env["AIPD_GATEWAY_PORT"])
             gateway = gateway_process("g1", env, root)
             await asyncio.to_thread(gateway.start, wait_ready_s=60.0)
             native = Native(stack, caller)
-            for _ in range(10):  # warm both paths (connections, first claim, first dispatch)
+            host = Host(f"http://127.0.0.1:{port}", caller, args.concurrency)
+            await host.open()
+            for _ in range(10):  # warm every path (connections, first claim, first dispatch)
                 await direct(stack)
                 await native.sync_action()
-            direct_ms: list[float] = []
-            native_ms: list[float] = []
+                await host.sync_action()
+            latencies: dict[str, list[float]] = {"direct": [], "native": [], "http": []}
             for _ in range(args.actions):
-                direct_ms.append(await timed(lambda: direct(stack)))
-                native_ms.append(await timed(native.sync_action))
+                latencies["direct"].append(await timed(lambda: direct(stack)))
+                latencies["native"].append(await timed(native.sync_action))
+                latencies["http"].append(await timed(host.sync_action))
             cpu = psutil.Process(gateway.pid)
-            began_cpu = _cpu_s(cpu)
-            heartbeats = await rate(native.heartbeat, args.requests, args.concurrency)
-            heartbeat_cpu_ms = (_cpu_s(cpu) - began_cpu) * 1000 / args.requests
-            began_cpu = _cpu_s(cpu)
-            actions = await rate(native.sync_action, args.requests // 4, args.concurrency)
-            action_cpu_ms = (_cpu_s(cpu) - began_cpu) * 1000 / (args.requests // 4)
+            rates: dict[str, float] = {}
+            for name, binding in (("native", native), ("http", host)):
+                began_cpu = _cpu_s(cpu)
+                rates[f"{name}_heartbeats"] = await rate(
+                    binding.heartbeat, args.requests, args.concurrency
+                )
+                rates[f"{name}_heartbeat_cpu_ms"] = (
+                    (_cpu_s(cpu) - began_cpu) * 1000 / args.requests
+                )
+                began_cpu = _cpu_s(cpu)
+                rates[f"{name}_actions"] = await rate(
+                    binding.sync_action, args.requests // 4, args.concurrency
+                )
+                rates[f"{name}_action_cpu_ms"] = (
+                    (_cpu_s(cpu) - began_cpu) * 1000 / (args.requests // 4)
+                )
+            await host.client.aclose()
             direct_rate = await rate(lambda: direct(stack), args.requests // 4, args.concurrency)
     finally:
         if gateway is not None and gateway.alive:
@@ -194,41 +277,54 @@ async def measure(args: argparse.Namespace, root: Path) -> dict[str, Any]:
     out: dict[str, Any] = {
         "actions": args.actions,
         "load_average": os.getloadavg()[0],
-        "heartbeats_per_s": heartbeats,
-        "sync_actions_per_s": actions,
         "direct_actions_per_s": direct_rate,
-        "gateway_cpu_ms_per_heartbeat": heartbeat_cpu_ms,
-        "gateway_cpu_ms_per_sync_action": action_cpu_ms,
     }
-    for name, values in (("direct", direct_ms), ("native", native_ms)):
+    for name in ("native", "http"):
+        out[f"{name}_heartbeats_per_s"] = rates[f"{name}_heartbeats"]
+        out[f"{name}_sync_actions_per_s"] = rates[f"{name}_actions"]
+        out[f"{name}_gateway_cpu_ms_per_heartbeat"] = rates[f"{name}_heartbeat_cpu_ms"]
+        out[f"{name}_gateway_cpu_ms_per_sync_action"] = rates[f"{name}_action_cpu_ms"]
+    for name, values in latencies.items():
         out[f"{name}_p50_ms"] = statistics.median(values)
         out[f"{name}_p99_ms"] = percentile(values, 0.99)
-    out["added_p50_ms"] = out["native_p50_ms"] - out["direct_p50_ms"]
-    out["added_p99_ms"] = out["native_p99_ms"] - out["direct_p99_ms"]
+    for name in ("native", "http"):
+        out[f"{name}_added_p50_ms"] = out[f"{name}_p50_ms"] - out["direct_p50_ms"]
+        out[f"{name}_added_p99_ms"] = out[f"{name}_p99_ms"] - out["direct_p99_ms"]
     return out
 
 
 def table(out: dict[str, Any]) -> str:
-    return "\n".join(
-        [
-            "| path | p50 ms | p99 ms |",
-            "|---|---:|---:|",
-            f"| direct JetStream publish → result | {out['direct_p50_ms']:.1f} | "
-            f"{out['direct_p99_ms']:.1f} |",
-            f"| native binding request → action_result | {out['native_p50_ms']:.1f} | "
-            f"{out['native_p99_ms']:.1f} |",
-            f"| **added by the binding** | **{out['added_p50_ms']:.1f}** | "
-            f"**{out['added_p99_ms']:.1f}** |",
-            "",
-            f"requests/s through the binding (concurrency {out['concurrency']}): heartbeats "
-            f"{out['heartbeats_per_s']:,.0f}/s, sync Actions {out['sync_actions_per_s']:,.0f}/s "
-            f"(the same Actions published straight on JetStream: "
-            f"{out['direct_actions_per_s']:,.0f}/s)",
-            f"gateway CPU per request (user + system, from the kernel): heartbeat "
-            f"{out['gateway_cpu_ms_per_heartbeat']:.1f} ms, sync Action "
-            f"{out['gateway_cpu_ms_per_sync_action']:.1f} ms",
-        ]
+    rows = [
+        "| path | p50 ms | p99 ms | added p50 ms | added p99 ms |",
+        "|---|---:|---:|---:|---:|",
+        f"| direct JetStream publish → result | {out['direct_p50_ms']:.1f} | "
+        f"{out['direct_p99_ms']:.1f} | | |",
+    ]
+    names = {"native": "NATS binding request", "http": "connector host POST"}
+    for name, label in names.items():
+        rows.append(
+            f"| {label} → action_result | {out[f'{name}_p50_ms']:.1f} | "
+            f"{out[f'{name}_p99_ms']:.1f} | **{out[f'{name}_added_p50_ms']:.1f}** | "
+            f"**{out[f'{name}_added_p99_ms']:.1f}** |"
+        )
+    rows += [
+        "",
+        f"| binding (concurrency {out['concurrency']}) | heartbeats/s | sync Actions/s | "
+        "gateway CPU ms/heartbeat | gateway CPU ms/sync Action |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, label in names.items():
+        rows.append(
+            f"| {label} | {out[f'{name}_heartbeats_per_s']:,.0f} | "
+            f"{out[f'{name}_sync_actions_per_s']:,.0f} | "
+            f"{out[f'{name}_gateway_cpu_ms_per_heartbeat']:.2f} | "
+            f"{out[f'{name}_gateway_cpu_ms_per_sync_action']:.2f} |"
+        )
+    rows.append(
+        f"| the same Actions published straight on JetStream | | "
+        f"{out['direct_actions_per_s']:,.0f} | | |"
     )
+    return "\n".join(rows)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,7 +335,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     load = os.getloadavg()[0]
     root = Path(tempfile.mkdtemp(prefix="aip-bench-native-"))
-    print(f"# native binding bench in {root}, {os.cpu_count()} cores, load average {load:.2f}")
+    print(f"# native bindings bench in {root}, {os.cpu_count()} cores, load average {load:.2f}")
     out = asyncio.run(measure(args, root))
     out["concurrency"] = args.concurrency
     out["load_average_at_start"] = load
