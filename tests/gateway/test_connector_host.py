@@ -627,7 +627,8 @@ async def test_a_long_stream_is_forwarded_whole_in_order_once_and_a_forged_link_
     """The host forwards live (chunk follower, `Release.LIVE`): FLOOD and more chunks of one
     Action reach the central once each, in sequence order, the chain unbroken; then a chunk
     naming the child with a wrong previous hash, published while it streams, is never
-    forwarded and is reported as a typed chain break of this binding."""
+    forwarded and is reported as a typed chain break of this binding; one that links is
+    forwarded (it cannot be told apart live) and then reported, and nothing follows it."""
     central, key, gateway = hop.central, hop.central_key, hop.gateway
     digest = await hop.digest()
     run_id = await flooded_run(hop.gs)
@@ -661,7 +662,7 @@ async def test_a_long_stream_is_forwarded_whole_in_order_once_and_a_forged_link_
         central,
     )
     request = sign(request, key, CENTRAL)
-    forger = Forger(hop.gs.stack.nc, request["body"]["action"]["id"])
+    forger = Forger(hop.gs, request["body"]["action"]["id"])
     await forger.start()
     posting = asyncio.ensure_future(hop.post(request))
     forged_seq = await forger.forge()
@@ -679,6 +680,40 @@ async def test_a_long_stream_is_forwarded_whole_in_order_once_and_a_forged_link_
     assert FORGED not in json.dumps(bodies)
     assert bodies[-1]["kind"] == "done"
     assert await chain_breaks(hop.gs, "aip.native.http.v1") == {"off_chain": 1.0}
+
+    # A forgery that links to the real chain, stored before the real next chunk: alone at
+    # its seq when read, it is forwarded live; the real one makes a fork, and once the
+    # signed result shows the forgery off its chain the forwarding stops there (the central
+    # cannot be told to forget a chunk), reported `not_vouched`; the answer still comes.
+    request = streamed(
+        action(
+            digest,
+            mode="streaming",
+            capability=CHAT_STREAM,
+            input={"messages": [{"role": "user", "content": SLOW_REPLY}]},
+        ),
+        central,
+    )
+    request = sign(request, key, CENTRAL)
+    forger = Forger(hop.gs, request["body"]["action"]["id"], linked=True)
+    await forger.start()
+    posting = asyncio.ensure_future(hop.post(request))
+    forged_seq = await forger.forge()
+    status, answer = await posting
+    assert status == 200, answer["body"]
+    result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    bodies = [
+        c["body"]["stream_chunk"]
+        for c in central.chunks
+        if c["body"]["stream_chunk"]["action_id"] == result["action_id"]
+    ]
+    assert [b["sequence"] for b in bodies] == list(range(forged_seq + 1))
+    assert FORGED in json.dumps(bodies[-1])
+    assert await chain_breaks(hop.gs, "aip.native.http.v1") == {
+        "off_chain": 1.0,
+        "not_vouched": 1.0,
+    }
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ by the fake Hermes) and a forged chunk on the child's chunk subject test the chu
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
 import time
@@ -76,29 +77,38 @@ async def flooded_run(gs: GatewayStack) -> str:
 
 class Forger:
     """Watches one child's chunk subject and, once a real chunk at `after` or later is
-    there, publishes a chunk of the child at the next seq naming a wrong previous hash:
-    decodable, naming the child, breaking the chain. Published with no `Nats-Msg-Id`, so
-    it is stored beside the real chunk of that seq, never instead of it."""
+    there, publishes a chunk of the child at the next seq: naming a wrong previous hash
+    (`linked` false: provably off the chain), or the real chunk's own hash (`linked`: a
+    forgery that links, stored before the real next chunk because the worker is paused
+    meanwhile). Published with no `Nats-Msg-Id`, so it is stored beside the real chunk of
+    that seq, never instead of it."""
 
-    def __init__(self, nc: NATS, action_id: str, *, after: int = 2) -> None:
-        self.nc = nc
+    def __init__(
+        self, gs: GatewayStack, action_id: str, *, after: int = 2, linked: bool = False
+    ) -> None:
+        self.gs = gs
+        self.nc = gs.stack.nc
         self.bus_id = namespaced_action_id(H1, None, action_id)
         self.subject = f"aip.hermes.h1.chunks.{self.bus_id}"
         self.after = after
-        self.reached: asyncio.Queue[int] = asyncio.Queue()
+        self.linked = linked
+        self.reached: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
         self._sub: Subscription | None = None
 
     async def start(self) -> None:
         async def seen(msg: Msg) -> None:
-            self.reached.put_nowait(int(json.loads(msg.data)["body"]["stream_chunk"]["sequence"]))
+            chunk = json.loads(msg.data)["body"]["stream_chunk"]
+            self.reached.put_nowait((int(chunk["sequence"]), msg.data))
 
         self._sub = await self.nc.subscribe(self.subject, cb=seen)
         await self.nc.flush()
 
     async def forge(self) -> int:
         """Wait for the real chunk, publish the forgery; its seq."""
-        while (seq := await asyncio.wait_for(self.reached.get(), 20)) < self.after:
-            pass
+        while True:
+            seq, data = await asyncio.wait_for(self.reached.get(), 20)
+            if seq >= self.after:
+                break
         assert self._sub is not None
         await self._sub.unsubscribe()
         forged = make_chunk(
@@ -108,9 +118,14 @@ class Forger:
             seq=seq + 1,
             ts_unix_ms=int(time.time() * 1000),
             payload={"delta": FORGED},
-            prev_sha256="0" * 64,
+            prev_sha256=hashlib.sha256(data).hexdigest() if self.linked else "0" * 64,
         )
-        await self.nc.jetstream().publish(self.subject, encode_chunk(forged))
+        (worker,) = self.gs.stack.workers
+        worker.pause()  # its next chunk is stored after the forgery
+        try:
+            await self.nc.jetstream().publish(self.subject, encode_chunk(forged))
+        finally:
+            worker.resume()
         return seq + 1
 
 
@@ -384,7 +399,8 @@ async def test_a_forged_chunk_on_the_chunk_subject_never_reaches_the_callback(
 ) -> None:
     """A chunk naming the child with a wrong previous hash, published while it streams:
     counted as a chain break of this binding and never sent; the callback gets exactly the
-    executor's chain, and the events page passes only that chain, verified."""
+    executor's chain, and the events page passes only that chain, verified. A forgery
+    that links to the real chain and is stored first is never sent either."""
     gs, caller, gateway = await serve_native(gstack, tmp_path)
     nc = gs.stack.nc
     target = f"client.callbacks.{secrets.token_hex(6)}"
@@ -398,7 +414,7 @@ async def test_a_forged_chunk_on_the_chunk_subject_never_reaches_the_callback(
     request["body"]["action"]["input"] = {"messages": [{"role": "user", "content": SLOW_REPLY}]}
     request = sign(request, caller, CALLER)
     action_id = request["body"]["action"]["id"]
-    forger = Forger(nc, action_id)
+    forger = Forger(gs, action_id)
     await forger.start()
     answering = asyncio.ensure_future(ask(nc, request))
     forged_seq = await forger.forge()
@@ -419,3 +435,26 @@ async def test_a_forged_chunk_on_the_chunk_subject_never_reaches_the_callback(
     page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
     assert page["chunks"] == chunks
     assert all(e["data"]["verified"] is True for e in page["events"])
+
+    # A forgery that links to the real chain and is stored before the real next chunk:
+    # the chain forward from chunk 0 runs through it, only the result tells; never sent.
+    received.clear()
+    sub = await nc.subscribe(target, cb=keep)
+    request = streaming({"profile": NATS_PROFILE, "target": target})
+    request["body"]["action"]["input"] = {"messages": [{"role": "user", "content": SLOW_REPLY}]}
+    request = sign(request, caller, CALLER)
+    forger = Forger(gs, request["body"]["action"]["id"], linked=True)
+    await forger.start()
+    answering = asyncio.ensure_future(ask(nc, request))
+    forged_seq = await forger.forge()
+    result = check_answer(await answering, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    await sub.unsubscribe()
+    chunks = callback_chunks(received)
+    assert len(chunks) > forged_seq + 1
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert FORGED not in json.dumps(chunks)
+    assert chunks[-1]["kind"] == "done"
+    assert await chain_breaks(gs, NATS_PROFILE) == {"off_chain": 2.0}
