@@ -39,6 +39,7 @@ from worker.gateway.settings import GatewaySettings
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import MCP_ISSUER
+from worker.testing.scenario import SLOW_REPLY
 
 from .conftest import H1, GatewayStack
 from .test_native_nats import (
@@ -50,6 +51,7 @@ from .test_native_nats import (
     now,
     status_request,
 )
+from .test_native_streaming import FLOOD, FORGED, RUN_EVENTS, Forger, chain_breaks, flooded_run
 
 pytestmark = pytest.mark.asyncio
 
@@ -252,6 +254,19 @@ def approved_action(digest: str, *, approval_id: str | None = None) -> dict[str,
         "updated_at": now(),
     }
     return envelope
+
+
+def streamed(request: dict[str, Any], central: Central) -> dict[str, Any]:
+    """`request` (a streaming Action) with exactly the central callback (§3.6)."""
+    request["body"]["action"]["callback"] = {
+        "profile": "aip.native.http.v1",
+        "target": f"{central.url}/aip/v1/connector-callbacks",
+        "metadata": {
+            "connector_callback": request["security"]["connector_route"],
+            "connector_callback_recipient": RECIPIENT,
+        },
+    }
+    return request
 
 
 def error_of(status: int, answer: dict[str, Any], gateway: nacl.signing.SigningKey) -> str:
@@ -692,6 +707,101 @@ def host_settings(tmp_path: Path, **values: Any) -> GatewaySettings:
         "aip_central_did": "did:key:z6MkhaXgBZDvotDkL5257faiztiGiC2QtKLGpbnnEGta2doK",
     }
     return GatewaySettings(**{**base, **values})
+
+
+async def test_a_long_stream_is_forwarded_whole_in_order_once_and_a_forged_link_never(
+    hop: Hop,
+) -> None:
+    """The host forwards live (chunk follower, `Release.LIVE`): FLOOD and more chunks of one
+    Action reach the central once each, in sequence order, the chain unbroken; then a chunk
+    naming the child with a wrong previous hash, published while it streams, is never
+    forwarded and is reported as a typed chain break of this binding; one that links is
+    forwarded (it cannot be told apart live) and then reported, and nothing follows it."""
+    central, key, gateway = hop.central, hop.central_key, hop.gateway
+    digest = await hop.digest()
+    run_id = await flooded_run(hop.gs)
+    request = streamed(
+        action(digest, mode="streaming", capability=RUN_EVENTS, input={"run_id": run_id}),
+        central,
+    )
+    request = sign(request, key, CENTRAL)
+    status, answer = await hop.post(request)
+    assert status == 200, answer["body"]
+    result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    chunks = [
+        c for c in central.chunks if c["body"]["stream_chunk"]["action_id"] == result["action_id"]
+    ]
+    bodies = [c["body"]["stream_chunk"] for c in chunks]
+    assert len(bodies) > FLOOD, len(bodies)
+    assert [b["sequence"] for b in bodies] == list(range(len(bodies)))
+    assert len({c["message_id"] for c in chunks}) == len(chunks)
+    assert bodies[-1]["kind"] == "done"
+    assert sum(b["kind"] == "data" for b in bodies) >= FLOOD
+    assert await chain_breaks(hop.gs, "aip.native.http.v1") == {}
+
+    request = streamed(
+        action(
+            digest,
+            mode="streaming",
+            capability=CHAT_STREAM,
+            input={"messages": [{"role": "user", "content": SLOW_REPLY}]},
+        ),
+        central,
+    )
+    request = sign(request, key, CENTRAL)
+    forger = Forger(hop.gs, request["body"]["action"]["id"])
+    await forger.start()
+    posting = asyncio.ensure_future(hop.post(request))
+    forged_seq = await forger.forge()
+    status, answer = await posting
+    assert status == 200, answer["body"]
+    result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    bodies = [
+        c["body"]["stream_chunk"]
+        for c in central.chunks
+        if c["body"]["stream_chunk"]["action_id"] == result["action_id"]
+    ]
+    assert len(bodies) > forged_seq
+    assert [b["sequence"] for b in bodies] == list(range(len(bodies)))
+    assert FORGED not in json.dumps(bodies)
+    assert bodies[-1]["kind"] == "done"
+    assert await chain_breaks(hop.gs, "aip.native.http.v1") == {"off_chain": 1.0}
+
+    # A forgery that links to the real chain, stored before the real next chunk: alone at
+    # its seq when read, it is forwarded live; the real one makes a fork, and once the
+    # signed result shows the forgery off its chain the forwarding stops there (the central
+    # cannot be told to forget a chunk), reported `not_vouched`; the answer still comes.
+    request = streamed(
+        action(
+            digest,
+            mode="streaming",
+            capability=CHAT_STREAM,
+            input={"messages": [{"role": "user", "content": SLOW_REPLY}]},
+        ),
+        central,
+    )
+    request = sign(request, key, CENTRAL)
+    forger = Forger(hop.gs, request["body"]["action"]["id"], linked=True)
+    await forger.start()
+    posting = asyncio.ensure_future(hop.post(request))
+    forged_seq = await forger.forge()
+    status, answer = await posting
+    assert status == 200, answer["body"]
+    result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    bodies = [
+        c["body"]["stream_chunk"]
+        for c in central.chunks
+        if c["body"]["stream_chunk"]["action_id"] == result["action_id"]
+    ]
+    assert [b["sequence"] for b in bodies] == list(range(forged_seq + 1))
+    assert FORGED in json.dumps(bodies[-1])
+    assert await chain_breaks(hop.gs, "aip.native.http.v1") == {
+        "off_chain": 1.0,
+        "not_vouched": 1.0,
+    }
 
 
 @pytest.mark.parametrize(

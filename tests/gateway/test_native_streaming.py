@@ -5,25 +5,36 @@ The client builds each request by the AIP rules alone (tests/aip_actions.py), li
 own callback subject, and checks every chunk Envelope it receives there by hand: PyNaCl over
 the canonical bytes by the gateway key, the reply recipe's correlation, jsonschema against
 schemas/json/aip.core.v1.stream_chunk.json, sequence from 0 in order, the terminal `done`
-last, then the final `action_result` as the answer.
+last, then the final `action_result` as the answer. A long stream (a run's events flooded
+by the fake Hermes) and a forged chunk on the child's chunk subject test the chunk follower
+(worker/gateway/chunk_follower.py) under this binding's release policy.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import jsonschema
 import nacl.signing
 import pytest
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
+from schemas.chunk import ChunkKind, make_chunk
+from schemas.result import ResultStatus
 from tests.aip_actions import did_of, sign
-from worker.testing.fake_hermes.faults import RouteDelay
+from worker.gateway.service import namespaced_action_id
+from worker.testing.fake_hermes.faults import EventsFlood, RouteDelay
+from worker.testing.scenario import SLOW_REPLY
+from worker.wire.chunks import encode_chunk
 
 from .conftest import H1, GatewayStack
 from .test_native_nats import (
@@ -42,7 +53,94 @@ from .test_native_nats import (
 pytestmark = pytest.mark.asyncio
 
 CHAT_STREAM = "cap:hermes_agent:h1:chat_stream"
+RUN_EVENTS = "cap:hermes_agent:h1:run_events"
 NATS_PROFILE = "aip.native.nats.v1"
+#: One-character deltas the fake Hermes puts before a flooded run's own events.
+FLOOD = 250
+#: What the forged chunk says (no real chunk says it).
+FORGED = "FORGED-BY-THE-TEST"
+
+
+async def flooded_run(gs: GatewayStack) -> str:
+    """A run of h1 (started and approved on the bus by an untenanted user, like the
+    binding's principal) whose event stream, when read, starts with FLOOD extra deltas."""
+    stack = gs.stack
+    start = stack.action("run_start", {"input": "a long stream"})
+    await stack.approve(start)
+    result = await (await stack.publish(start)).result(timeout_s=20)
+    assert result.status is ResultStatus.COMPLETED, result
+    run_id = str(result.output["run_id"])
+    assert stack.fake is not None
+    stack.fake.faults.add(EventsFlood(run_id=run_id, count=FLOOD))
+    return run_id
+
+
+class Forger:
+    """Watches one child's chunk subject and, once a real chunk at `after` or later is
+    there, publishes a chunk of the child at the next seq: naming a wrong previous hash
+    (`linked` false: provably off the chain), or the real chunk's own hash (`linked`: a
+    forgery that links, stored before the real next chunk because the worker is paused
+    meanwhile). Published with no `Nats-Msg-Id`, so it is stored beside the real chunk of
+    that seq, never instead of it."""
+
+    def __init__(
+        self, gs: GatewayStack, action_id: str, *, after: int = 2, linked: bool = False
+    ) -> None:
+        self.gs = gs
+        self.nc = gs.stack.nc
+        self.bus_id = namespaced_action_id(H1, None, action_id)
+        self.subject = f"aip.hermes.h1.chunks.{self.bus_id}"
+        self.after = after
+        self.linked = linked
+        self.reached: asyncio.Queue[tuple[int, bytes]] = asyncio.Queue()
+        self._sub: Subscription | None = None
+
+    async def start(self) -> None:
+        async def seen(msg: Msg) -> None:
+            chunk = json.loads(msg.data)["body"]["stream_chunk"]
+            self.reached.put_nowait((int(chunk["sequence"]), msg.data))
+
+        self._sub = await self.nc.subscribe(self.subject, cb=seen)
+        await self.nc.flush()
+
+    async def forge(self) -> int:
+        """Wait for the real chunk, publish the forgery; its seq."""
+        while True:
+            seq, data = await asyncio.wait_for(self.reached.get(), 20)
+            if seq >= self.after:
+                break
+        assert self._sub is not None
+        await self._sub.unsubscribe()
+        forged = make_chunk(
+            ChunkKind.DATA,
+            action_id=self.bus_id,
+            endpoint_id="h1",
+            seq=seq + 1,
+            ts_unix_ms=int(time.time() * 1000),
+            payload={"delta": FORGED},
+            prev_sha256=hashlib.sha256(data).hexdigest() if self.linked else "0" * 64,
+        )
+        (worker,) = self.gs.stack.workers
+        worker.pause()  # its next chunk is stored after the forgery
+        try:
+            await self.nc.jetstream().publish(self.subject, encode_chunk(forged))
+        finally:
+            worker.resume()
+        return seq + 1
+
+
+async def chain_breaks(gs: GatewayStack, binding: str) -> dict[str, float]:
+    """`aip_gateway_chunk_chain_breaks_total` of `binding` on the gateway, by reason."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{gs.base_url}/metrics")).text
+    found: dict[str, float] = {}
+    prefix = "aip_gateway_chunk_chain_breaks_total{"
+    for line in text.splitlines():
+        if line.startswith(prefix) and f'binding="{binding}"' in line:
+            labels, value = line[len(prefix) :].rsplit("} ", 1)
+            reason = labels.split('reason="', 1)[1].split('"', 1)[0]
+            found[reason] = float(value)
+    return found
 
 
 def chat(mode: str) -> dict[str, Any]:
@@ -212,9 +310,7 @@ async def test_events_pages_kinds_and_another_principals_action(
     assert [e["kind"] for e in page["events"]] == ["stream_chunk.done"]
     assert page["events"][0] == seen[-1]
     assert "cursor" not in page
-    request = sign(
-        events_request(action_id, kinds=["stream_chunk.error"], limit=5), caller, CALLER
-    )
+    request = sign(events_request(action_id, kinds=["stream_chunk.error"], limit=5), caller, CALLER)
     page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
     assert page["events"] == []
     assert page["terminal"] is True
@@ -253,3 +349,112 @@ async def test_events_pages_kinds_and_another_principals_action(
     # the Action's own first events, whatever moment the page was taken at
     assert page["events"][0]["action_id"] == action_id
     assert (await running)["body"]["action_result"]["status"] == "completed"
+
+
+def callback_chunks(received: list[Msg]) -> list[dict[str, Any]]:
+    return [json.loads(msg.data)["envelope"]["body"]["stream_chunk"] for msg in received]
+
+
+async def test_a_long_stream_reaches_the_callback_whole_in_order_once(
+    gstack: GatewayStack, tmp_path: Path
+) -> None:
+    """FLOOD and more chunks of one Action, read incrementally by the follower: every one
+    at the callback exactly once, in sequence order, after the signed result vouched for
+    them, then the action_result; no chunk counted as a chain break."""
+    gs, caller, gateway = await serve_native(gstack, tmp_path)
+    nc = gs.stack.nc
+    run_id = await flooded_run(gs)
+    target = f"client.callbacks.{secrets.token_hex(6)}"
+    received: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        received.append(msg)
+
+    sub = await nc.subscribe(target, cb=keep)
+    request = chat("streaming")
+    body = request["body"]["action"]
+    body.update(capability_id=RUN_EVENTS, input={"run_id": run_id})
+    body.pop("idempotency_key")
+    body["callback"] = {"profile": NATS_PROFILE, "target": target}
+    request = sign(request, caller, CALLER)
+    result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    await sub.unsubscribe()
+
+    chunks = callback_chunks(received)
+    assert len(chunks) > FLOOD, len(chunks)
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert {c["action_id"] for c in chunks} == {result["action_id"]}
+    ids = [json.loads(m.data)["envelope"]["message_id"] for m in received]
+    assert len(set(ids)) == len(ids)
+    assert chunks[-1]["kind"] == "done"
+    assert sum(c["kind"] == "data" for c in chunks) >= FLOOD
+    assert await chain_breaks(gs, NATS_PROFILE) == {}
+
+
+async def test_a_forged_chunk_on_the_chunk_subject_never_reaches_the_callback(
+    gstack: GatewayStack, tmp_path: Path
+) -> None:
+    """A chunk naming the child with a wrong previous hash, published while it streams:
+    counted as a chain break of this binding and never sent; the callback gets exactly the
+    executor's chain, and the events page passes only that chain, verified. A forgery
+    that links to the real chain and is stored first is never sent either."""
+    gs, caller, gateway = await serve_native(gstack, tmp_path)
+    nc = gs.stack.nc
+    target = f"client.callbacks.{secrets.token_hex(6)}"
+    received: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        received.append(msg)
+
+    sub = await nc.subscribe(target, cb=keep)
+    request = streaming({"profile": NATS_PROFILE, "target": target})
+    request["body"]["action"]["input"] = {"messages": [{"role": "user", "content": SLOW_REPLY}]}
+    request = sign(request, caller, CALLER)
+    action_id = request["body"]["action"]["id"]
+    forger = Forger(gs, action_id)
+    await forger.start()
+    answering = asyncio.ensure_future(ask(nc, request))
+    forged_seq = await forger.forge()
+    result = check_answer(await answering, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    await sub.unsubscribe()
+
+    chunks = callback_chunks(received)
+    assert len(chunks) > forged_seq
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert FORGED not in json.dumps(chunks)
+    assert chunks[-1]["kind"] == "done"
+    assert await chain_breaks(gs, NATS_PROFILE) == {"off_chain": 1.0}
+
+    request = sign(events_request(action_id, include_chunks=True), caller, CALLER)
+    page = check_answer(await ask(nc, request), request, gateway, "aip.lifecycle.v1.action_events")
+    assert page["chunks"] == chunks
+    assert all(e["data"]["verified"] is True for e in page["events"])
+
+    # A forgery that links to the real chain and is stored before the real next chunk:
+    # the chain forward from chunk 0 runs through it, only the result tells; never sent.
+    received.clear()
+    sub = await nc.subscribe(target, cb=keep)
+    request = streaming({"profile": NATS_PROFILE, "target": target})
+    request["body"]["action"]["input"] = {"messages": [{"role": "user", "content": SLOW_REPLY}]}
+    request = sign(request, caller, CALLER)
+    forger = Forger(gs, request["body"]["action"]["id"], linked=True)
+    await forger.start()
+    answering = asyncio.ensure_future(ask(nc, request))
+    forged_seq = await forger.forge()
+    result = check_answer(await answering, request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    await sub.unsubscribe()
+    chunks = callback_chunks(received)
+    assert len(chunks) > forged_seq + 1
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert FORGED not in json.dumps(chunks)
+    assert chunks[-1]["kind"] == "done"
+    assert await chain_breaks(gs, NATS_PROFILE) == {"off_chain": 2.0}

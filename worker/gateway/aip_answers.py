@@ -25,14 +25,16 @@ frame (`envelope.decode.invalid` / `schema.envelope.invalid`), signature
 * `action` mode `streaming`: the Action must carry a `callback` whose profile this binding
   serves (a sink per profile, worker/gateway/chunk_sinks.py; the NATS binding serves
   `aip.native.nats.v1`), else `action.invalid_input` before anything is enqueued. It runs as
-  our `stream` mode and is waited for like a sync one; once it settled, its chunks go to
-  the callback, each a `stream_chunk` Envelope signed by the gateway key and correlated by
-  the reply recipe, `sequence` from 0 in order, ending with its `done` (or `error`) chunk,
-  and the answer is the final `action_result`. Only the chain the signed result vouches
-  for is sent (worker/gateway/chunk_reads.py's walk back from `last_chunk_sha256`: the
-  run that settled it, never a superseded run's or a forger's chunks), so the chunks
-  arrive when the Action has ended, not as they are made. Past the wait, the same
-  `ack` `accepted` as sync (the same Action id sent again streams and answers then).
+  our `stream` mode, its chunks followed by the chunk follower (worker/gateway/
+  chunk_follower.py) under the binding's release policy (`chunk_release`), and is waited for
+  like a sync one; its chunks go to the callback, each a `stream_chunk` Envelope signed by
+  the gateway key and correlated by the reply recipe, `sequence` from 0 in order, ending
+  with its `done` (or `error`) chunk, and the answer is the final `action_result`. This
+  binding releases them only once the signed result vouches for the chain
+  (`Release.VOUCHED`: the run that settled it, never a superseded run's or a forger's
+  chunks), so they arrive when the Action has ended, not as they are made. Past the wait,
+  the same `ack` `accepted` as sync (the same Action id sent again streams and answers
+  then).
 * `manifest_request`: the pool's manifest, from the workers' manifests.
 * `heartbeat`: `heartbeat_ack`.
 * `action_status_request`: `action_status`; `action_result_request`: the `action_result`
@@ -76,9 +78,10 @@ from worker.aip.envelope import BODY_KEYS, now_timestamp
 from worker.aip.errors import AipWireError
 from worker.aip.signing import AipSigner
 from worker.errors import ConnectorError, NativeRefusal
-from worker.gateway.chunk_sinks import CALLBACK_REFUSED, ChunkSink, SinkFactory
+from worker.gateway.chunk_follower import ChunkFollower, ChunkSink, Release
+from worker.gateway.chunk_sinks import CALLBACK_REFUSED, SinkFactory
 from worker.gateway.chunk_sinks import answer_headers as answer_headers
-from worker.gateway.facade import action_result, action_status, chunk_of, events_page
+from worker.gateway.facade import action_result, action_status, events_page
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -249,6 +252,9 @@ def _refusal_of_connector(exc: ConnectorError) -> NativeRefusal:
 
 class AipAnswers:
     """The checks and the answer of every request, whatever binding carried it."""
+
+    #: When a streaming Action's chunks go to its callback (worker/gateway/chunk_follower.py).
+    chunk_release = Release.VOUCHED
 
     def __init__(
         self,
@@ -514,7 +520,7 @@ class AipAnswers:
         self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
     ) -> bytes:
         mode = action.mode or AipMode.SYNC
-        sink = self._sink(action) if mode is AipMode.STREAMING else None
+        sink = self._sink(action, frame) if mode is AipMode.STREAMING else None
         arguments = self._arguments(
             action, {AipMode.SYNC: "sync", AipMode.ASYNC: "async"}.get(mode, "streaming")
         )
@@ -538,6 +544,8 @@ class AipAnswers:
         if mode is AipMode.ASYNC:
             status = "cached" if view.get("duplicate") else "queued"
             return self._seal(ACK, {"action_id": action.id, "status": status}, frame)
+        if sink is not None:
+            await self._follow_chunks(principal, action.id, bus_id, sink, deadline)
         while view.get("result") is None and time.monotonic() < deadline:
             await asyncio.sleep(POLL_S)
             try:
@@ -546,13 +554,12 @@ class AipAnswers:
                 raise _refusal_of_connector(exc) from None
         if view.get("result") is None:
             return await self._not_yet(principal, action.id, bus_id, frame)
-        if sink is not None:
-            await self._stream(principal, action.id, bus_id, sink, frame)
         return self._seal(RESULT, self._result(action.id, view["result"]), frame)
 
-    def _sink(self, action: AipAction) -> ChunkSink:
+    def _sink(self, action: AipAction, frame: dict[str, Any]) -> ChunkSink:
         """Where a streaming Action's chunks go: its callback, through the sink of its
-        profile; refused before anything is enqueued when there is none this binding
+        profile, each chunk a `stream_chunk` Envelope signed and correlated like the
+        answer; refused before anything is enqueued when there is none this binding
         serves, or the target is one it will not deliver to."""
         callback = action.callback
         if callback is None:
@@ -570,46 +577,38 @@ class AipAnswers:
                 f"{', '.join(sorted(self.sinks)) or 'none'})",
                 ErrorCategory.PERMANENT,
             )
-        return factory(callback)
+        return factory(callback, lambda chunk: self._seal(STREAM_CHUNK, chunk, frame))
 
-    async def _stream(
+    async def _follow_chunks(
         self,
         principal: Principal,
         action_id: str,
         bus_id: str,
         sink: ChunkSink,
-        frame: dict[str, Any],
+        deadline: float,
     ) -> None:
-        """Send the settled Action's chunks to its callback, each a signed `stream_chunk`
-        Envelope correlated like the answer, in sequence order: only the chain its signed
-        result vouches for (the run that settled it; a superseded run's or a forger's chunks
-        are never sent). Delivery is at most once: a chunk the sink could not take ends the
-        stream with a log line, and the answer is still the final `action_result` (the
-        chunks stay readable by `action_events_request`)."""
+        """Pass the streaming child's chunks to `sink` under this binding's release policy,
+        until its signed result vouches for them or the answer must leave. Delivery is at
+        most once: a chunk the sink could not take ends the stream with a log line, and the
+        answer is still the final `action_result` (the chunks stay readable by
+        `action_events_request`)."""
         try:
-            read = await self.service.own_chain(principal, bus_id)
+            record, route = await self.service.own_child(principal, bus_id)
         except ConnectorError as exc:
             raise _refusal_of_connector(exc) from None
-        if not read.verified:
-            log.warning(
-                "the chunks of %s could not be verified against its result: none streamed",
-                bus_id,
-                extra={"action_id": bus_id},
-            )
-            return
-        for link in read.links:
-            envelope = self._seal(STREAM_CHUNK, chunk_of(action_id, link), frame)
-            try:
-                await sink.send(envelope)
-            except Exception as exc:  # the callback's side: the answer still goes
-                log.warning(
-                    "chunk %d of %s not delivered to its callback (%s): stream cut",
-                    link.seq,
-                    bus_id,
-                    type(exc).__name__,
-                    extra={"action_id": bus_id},
-                )
-                return
+        children = self.service.children
+        await ChunkFollower(
+            self.service.nc,
+            children,
+            route,
+            record.action,
+            caller_id=action_id,
+            sink=sink,
+            release=self.chunk_release,
+            deadline=deadline,
+            binding=self.binding,
+            metrics=children.metrics,
+        ).run()
 
     async def _not_yet(
         self, principal: Principal, action_id: str, bus_id: str, frame: dict[str, Any]

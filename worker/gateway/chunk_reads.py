@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 class Link:
     """One decodable chunk of the child as stored: its hash, its fields, its JSON (the
     chunk's own form, as an event of `aip_action_events`) and its AIP StreamChunk body as
-    published (what the AIP bindings pass on, worker/gateway/aip_stream.py)."""
+    published (what an events page passes on, worker/gateway/facade.py)."""
 
     sha256: str
     seq: int

@@ -4,11 +4,13 @@ one delivery per callback profile.
 A binding answers a streaming Action with its final `action_result`; the chunks travel
 beside that answer, each a signed `aip.core.v1.stream_chunk` Envelope, to the Action's
 callback. Which callback profiles are served is the binding's choice, so the delivery is a
-small interface: a `SinkFactory` per profile turns the Action's `Callback` into a
-`ChunkSink` (or refuses the target before anything runs), and the sink sends Envelope bytes.
-worker/gateway/aip_answers.py picks the factory by `callback.profile`; the native NATS
-binding registers `aip.native.nats.v1` (`NatsCallbackSinks`), another binding adds its own
-(an HTTP host's `aip.native.http.v1`) the same way.
+small interface: a `SinkFactory` per profile turns the Action's `Callback` and the binding's
+`Sealer` (how one StreamChunk body becomes its signed, correlated Envelope) into a
+`ChunkSink` (worker/gateway/chunk_follower.py, which decides what is released and when), or
+refuses the target before anything runs. worker/gateway/aip_answers.py picks the factory by
+`callback.profile`; the native NATS binding registers `aip.native.nats.v1`
+(`NatsCallbackSinks`). The connector host's sink to the central callback is
+worker/gateway/connector_stream.py.
 
 `aip.native.nats.v1` delivery (§3.5): the Envelope published as a TransportMessage
 `{"envelope": …}` with the `AIP-*` headers on the target subject, over the gateway's own
@@ -25,7 +27,7 @@ subject helper).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from typing import Final, Protocol
+from typing import Any, Final
 
 from nats.aio.client import Client as NATS
 
@@ -33,6 +35,7 @@ from schemas.aip.action import Callback
 from schemas.errors import ErrorCategory
 from worker.aip.canonical import loads
 from worker.errors import NativeRefusal
+from worker.gateway.chunk_follower import ChunkSink
 
 #: The code a callback the binding will not deliver to is refused with (an invalid Action
 #: for this gateway: §2.6's `action.invalid_input`, permanent).
@@ -44,16 +47,11 @@ AIP_BINDING_ROOT: Final = "aip.v1"
 MAX_SUBJECT_CHARS: Final = 512
 
 
-class ChunkSink(Protocol):
-    """Sends one signed Envelope (canonical bytes) to a streaming Action's callback; raises
-    when it could not (the answer then says the stream was cut)."""
-
-    async def send(self, envelope: bytes) -> None: ...
-
-
+#: One StreamChunk body as the binding's signed `stream_chunk` Envelope (canonical bytes).
+Sealer = Callable[[Mapping[str, Any]], bytes]
 #: Turns an Action's callback into its sink, or raises `NativeRefusal` for a target the
 #: binding will not deliver to (before the Action is enqueued).
-SinkFactory = Callable[[Callback], ChunkSink]
+SinkFactory = Callable[[Callback, Sealer], ChunkSink]
 
 
 def refused(reason: str) -> NativeRefusal:
@@ -85,14 +83,16 @@ def transport_message(envelope: bytes) -> tuple[bytes, dict[str, str]]:
 
 
 class NatsSubjectSink:
-    """Publishes each Envelope on one subject of the gateway's NATS connection."""
+    """Publishes each chunk, sealed by the binding, on one subject of the gateway's NATS
+    connection."""
 
-    def __init__(self, nc: NATS, subject: str) -> None:
+    def __init__(self, nc: NATS, subject: str, seal: Sealer) -> None:
         self.nc = nc
         self.subject = subject
+        self.seal = seal
 
-    async def send(self, envelope: bytes) -> None:
-        payload, headers = transport_message(envelope)
+    async def send(self, chunk: Mapping[str, Any]) -> None:
+        payload, headers = transport_message(self.seal(chunk))
         await self.nc.publish(self.subject, payload, headers=headers)
 
 
@@ -159,5 +159,5 @@ class NatsCallbackSinks:
             raise refused("callback.target may not be one of the bus's own subjects")
         return subject
 
-    def __call__(self, callback: Callback) -> ChunkSink:
-        return NatsSubjectSink(self.nc, self.subject_of(callback.target))
+    def __call__(self, callback: Callback, seal: Sealer) -> ChunkSink:
+        return NatsSubjectSink(self.nc, self.subject_of(callback.target), seal)

@@ -22,9 +22,9 @@ order, each refusal an `aip.core.v1.error` Envelope with the reference code and 
    403), then the import of the central's approval record
    (`connector_host.approval_authorization_conflict`, 403, or `..._unavailable`, 503);
 6. `sent_at` and the one claim of the message id (`connector_host.replay`, 409), then the
-   body, answered as aip_answers.py answers it; a streaming Action's chunks go to the
-   central callback (worker/gateway/connector_stream.py) and its answer is the
-   `action_result`.
+   body, answered as aip_answers.py answers it; a streaming Action's chunks are forwarded
+   live to the central callback (worker/gateway/chunk_follower.py `Release.LIVE`, through
+   worker/gateway/connector_stream.py) and its answer is the `action_result`.
 
 The registration, heartbeat and drain lease with the central is
 worker/gateway/connector_control.py's. Nothing a request carries can make the host raise.
@@ -51,21 +51,19 @@ from schemas.aip.action import Mode as AipMode
 from schemas.aip.control import Cancel
 from schemas.aip.lifecycle import ActionResultRequest, ActionStatusRequest
 from schemas.aip.manifest import ManifestRequest
-from schemas.chunk import StreamChunk
 from schemas.errors import ErrorCategory, ErrorCode
 from worker.aip.canonical import canonical_bytes
 from worker.aip.signing import AipSigner
-from worker.errors import ConnectorError, ControlFailed, NativeRefusal
+from worker.errors import ControlFailed, NativeRefusal
 from worker.gateway.aip_answers import (
     ACTION,
     CANCEL,
-    RESULT,
     RESULT_REQUEST,
     STATUS_REQUEST,
     AipAnswers,
-    _refusal_of_connector,
     answer_headers,
 )
+from worker.gateway.chunk_follower import ChunkSink, Release
 from worker.gateway.connector_control import (
     CALLBACKS_PATH,
     HTTP_PROFILE,
@@ -76,9 +74,8 @@ from worker.gateway.host_approvals import HostApprovalImports, check_route_autho
 from worker.gateway.http_limits import bounded_body, send_response
 from worker.gateway.native_nats import request_subject
 from worker.gateway.native_trust import MessageClaims, SignerBinding, TrustedSigners
-from worker.gateway.service import GatewayService, namespaced_action_id
+from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
-from worker.wire.chunks import chunk_body
 from worker.wire.envelopes import Opened, open_payload
 
 log = logging.getLogger(__name__)
@@ -95,8 +92,6 @@ CAPACITY_RETRY_MS: Final = 100
 #: How long the pool's manifest (and so the digest a route must pin) is reused; the
 #: reference host's heartbeat interval.
 MANIFEST_MAX_AGE_S: Final = 10.0
-#: How often a streaming Action's chunks are read again while it runs.
-STREAM_POLL_S: Final = 0.2
 
 ROUTE_MISMATCH: Final = ErrorCode.HOST_ROUTE_MISMATCH.value
 #: The signer/sender refusals of aip_answers.py, as the reference host words them.
@@ -167,6 +162,10 @@ def manifest_digest(manifest: Mapping[str, Any]) -> str:
 
 class HostAnswers(AipAnswers):
     """aip_answers.py's checks and answers, with the host's own checks and wording."""
+
+    #: Chunks go to the central while the Action runs, as the reference host sends them
+    #: and the central expects them (docs/aip.md, "What each binding guarantees of chunks").
+    chunk_release = Release.LIVE
 
     def __init__(
         self,
@@ -398,65 +397,21 @@ class HostAnswers(AipAnswers):
 
     # --- streaming ------------------------------------------------------------------------
 
-    async def _action(
-        self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
-    ) -> bytes:
-        if action.mode is not AipMode.STREAMING:
-            return await super()._action(opened, action, binding, frame)
-        return await self._stream_to_central(opened, action, binding, frame)
-
-    async def _stream_to_central(
-        self, opened: Opened, action: AipAction, binding: SignerBinding, frame: dict[str, Any]
-    ) -> bytes:
-        """Enqueue as a streaming child, forward each chunk to the central callback as it
-        comes, and answer the `action_result` (or `ack accepted` past the request's
-        timeout, like a sync Action)."""
+    def _sink(self, action: AipAction, frame: dict[str, Any]) -> ChunkSink:
+        """The central callback the Action was admitted with (`_check_action_route`), as
+        the sink its chunks are forwarded to live (`release`)."""
         callback = action.callback
-        assert callback is not None  # admitted: the central callback
-        assert isinstance(callback.metadata, dict)
-        principal = self._principal(binding)
-        bus_id = namespaced_action_id(principal.principal_id, principal.tenant_id, action.id)
-        deadline = self._deadline(action)
-        try:
-            await self.service.call(principal, self._arguments(action, "streaming"))
-        except ConnectorError as exc:
-            raise _refusal_of_connector(exc) from None
-        stream = ChunkStream(
+        if callback is None or not isinstance(callback.metadata, dict):
+            raise _mismatch("a streaming Action's callback is not the central callback")
+        return ChunkStream(
             self.client,
             self.signer,
             self.principal,
             target=callback.target,
             recipient=callback.metadata["connector_callback_recipient"],
             route=callback.metadata["connector_callback"],
-            correlation_id=opened.envelope.get("correlation_id"),
+            correlation_id=frame.get("correlation_id"),
         )
-        operator = action.capability_id.endswith(":operator")
-        cursor = 0
-        while time.monotonic() < deadline:
-            try:
-                read = await self.service.own_chain(principal, bus_id)
-            except ConnectorError as exc:
-                log.warning("stream of %s unreadable: %s", action.id[:80], exc.code.value)
-                break
-            for link in read.links:
-                if link.seq < cursor:
-                    continue
-                cursor = link.seq + 1
-                try:
-                    chunk = msgspec.convert(link.document, StreamChunk)
-                except msgspec.ValidationError:
-                    continue
-                body = chunk_body(chunk, operator=operator)
-                body["action_id"] = action.id
-                await stream.send(body)
-            if any(link.terminal for link in read.links):
-                break
-            await asyncio.sleep(STREAM_POLL_S)
-        remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
-        view = await self._view(principal, action.id, wait_ms=remaining_ms)
-        if view.get("result") is None:
-            return await self._not_yet(principal, action.id, bus_id, frame)
-        return self._seal(RESULT, self._result(action.id, view["result"]), frame)
 
 
 class ConnectorHost:

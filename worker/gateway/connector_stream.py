@@ -1,25 +1,26 @@
-"""A streaming Action's chunks, from the connector host to the GetAIP central
-(aip-1.0-wire.md §3.6, "Stream chunks").
+"""The connector host's chunk sink: a streaming Action's chunks, to the GetAIP central
+(aip-1.0-wire.md §3.6, "Stream chunks"). Which chunks go, and when, is the chunk
+follower's (worker/gateway/chunk_follower.py, `Release.LIVE`); this module delivers one.
 
 Each chunk of the child is POSTed to the Action's central callback
 (`{AIPD_AIP_CENTRAL_URL}/aip/v1/connector-callbacks`) as one Envelope signed by the gateway
 key: `message_type` `aip.core.v1.stream_chunk`, `to` the callback's
 `connector_callback_recipient`, `security.connector_callback` the pinned route, and the
-body the AIP StreamChunk (worker/wire/chunks.py `chunk_body`) named by the requester's
-Action id. The `Idempotency-Key` header is the Envelope's `message_id`, derived from the
-Action and the sequence, so a resent chunk is the same message to the central.
+body the AIP StreamChunk as the worker published it (worker/wire/chunks.py `chunk_body`)
+named by the requester's Action id. The `Idempotency-Key` header is the Envelope's
+`message_id`, derived from the Action and the sequence, so a resent chunk is the same
+message to the central.
 
 Why chunks are resent and then given up: the central acknowledges each one (an
-`event_stream`); a chunk it never acknowledged is tried `ATTEMPTS` times, after which the
-stream to it is marked broken, no later chunk is sent (a gap would mislead), and the
-Action's final `action_result` (the answer to the hop) still carries the outcome.
+`event_stream`); a chunk it never acknowledged is tried `ATTEMPTS` times, after which
+`send` raises `NotDelivered`: the follower sends no later chunk (a gap would mislead), and
+the Action's final `action_result` (the answer to the hop) still carries the outcome.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import logging
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -28,8 +29,7 @@ import httpx
 from worker.aip.canonical import canonical_bytes
 from worker.aip.envelope import now_timestamp
 from worker.aip.signing import AipSigner, sign_envelope
-
-log = logging.getLogger(__name__)
+from worker.gateway.chunk_follower import NotDelivered
 
 CHUNK: Final = "aip.core.v1.stream_chunk"
 CONTENT_TYPE: Final = "application/aip+json"
@@ -45,7 +45,7 @@ def chunk_message_id(action_id: str, sequence: int) -> str:
 
 
 class ChunkStream:
-    """The chunks of one Action to its central callback, in order."""
+    """Delivers the chunks of one Action to its central callback (a `ChunkSink`)."""
 
     def __init__(
         self,
@@ -66,7 +66,6 @@ class ChunkStream:
         self.route = route
         self.correlation_id = correlation_id
         self.sent = 0
-        self.broken = False
 
     def envelope(self, chunk: Mapping[str, Any]) -> bytes:
         """The signed Envelope of one AIP StreamChunk body."""
@@ -83,10 +82,9 @@ class ChunkStream:
             envelope["correlation_id"] = self.correlation_id
         return canonical_bytes(sign_envelope(envelope, self.signer, self.sender))
 
-    async def send(self, chunk: Mapping[str, Any]) -> bool:
-        """Deliver one chunk; False once the stream is broken (nothing more is sent)."""
-        if self.broken:
-            return False
+    async def send(self, chunk: Mapping[str, Any]) -> None:
+        """Deliver one chunk, tried `ATTEMPTS` times; `NotDelivered` when the central never
+        acknowledged it."""
         data = self.envelope(chunk)
         key = chunk_message_id(str(chunk["action_id"]), int(chunk["sequence"]))
         headers = {
@@ -104,16 +102,8 @@ class ChunkStream:
             else:
                 if 200 <= answer.status_code < 300:
                     self.sent += 1
-                    return True
+                    return
                 problem = f"HTTP {answer.status_code}"
             if attempt + 1 < ATTEMPTS:
                 await asyncio.sleep(RETRY_S * (attempt + 1))
-        log.warning(
-            "stream chunk %s of %s not accepted by the central callback (%s): the stream "
-            "to it stops here, the action_result still answers the hop",
-            chunk.get("sequence"),
-            str(chunk.get("action_id"))[:80],
-            problem,
-        )
-        self.broken = True
-        return False
+        raise NotDelivered(f"the central callback did not accept it ({problem})")

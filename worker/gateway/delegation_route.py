@@ -40,11 +40,11 @@ import asyncio
 import hashlib
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any, Final
 
 import msgspec
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.client import JetStreamContext
 from nats.js.errors import KeyWrongLastSequenceError, NotFoundError
@@ -60,8 +60,8 @@ from worker.client import AipClient, UnverifiedResponse
 from worker.delegation.action_id import delegation_action_id
 from worker.delegation.router import delegate_endpoint
 from worker.errors import NativeRefusal
-from worker.gateway.aip_answers import ANSWER_MARGIN_MS, AipAnswers
-from worker.gateway.native_nats import NativeNatsResponder
+from worker.gateway.aip_answers import ACTION, ANSWER_MARGIN_MS, AipAnswers
+from worker.gateway.native_nats import NatsResponder, request_subject
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -269,9 +269,10 @@ class DelegationRoute:
         return self.answers.sealed(RESULT, body, frame)
 
 
-class DelegationRouteResponder(NativeNatsResponder):
-    """The native binding's transport (queue group, in-flight bound, one reply) on the
-    route's one subject, answering with `DelegationRoute`."""
+class DelegationRouteResponder:
+    """The route's one subject, served by the native binding's transport (queue group,
+    in-flight bound, one reply: `NatsResponder`), each request answered by
+    `DelegationRoute` after `AipAnswers`' checks."""
 
     def __init__(
         self,
@@ -285,28 +286,35 @@ class DelegationRouteResponder(NativeNatsResponder):
         worker_keys: TrustedGatewayKeys | None,
         first: FirstSight,
     ) -> None:
-        super().__init__(settings, nc, service, signers, claims, signer)
         assert settings.aip_delegation_subject is not None
         self.subject = settings.aip_delegation_subject
+        self.answers = answers = AipAnswers(
+            settings,
+            service,
+            signers,
+            claims,
+            signer,
+            native_action_subject=request_subject(
+                settings.aip_trust_domain, settings.aip_service, settings.aip_version, ACTION
+            ),
+        )
         client = AipClient(
             nc,
             prefix=settings.subject_prefix,
             sign_key=settings.gateway_signing_key_file,
             trusted_worker_keys=worker_keys,
         )
-        self.route = DelegationRoute(settings, self.answers, service, client, first)
+        self.route = route = DelegationRoute(settings, answers, service, client, first)
+
+        async def handle(data: bytes, headers: Mapping[str, str] | None) -> bytes:
+            return await answers.answer_by(route.answer, data, headers)
+
+        self.responder = NatsResponder(
+            settings, nc, self.subject, answers, handle, name="delegation route"
+        )
 
     async def start(self) -> None:
-        self._sub = await self.nc.subscribe(
-            self.subject, queue=self.settings.aip_queue_group, cb=self._received
-        )
-        log.info(
-            "delegation route serving %s (queue group %s, %d trusted signers)",
-            self.subject,
-            self.settings.aip_queue_group,
-            len(self.signers),
-        )
+        await self.responder.start()
 
-    async def _handle(self, msg: Msg) -> None:
-        answer = await self.answers.answer_by(self.route.answer, msg.data or b"", msg.headers)
-        await self._answer(msg, answer)
+    async def stop(self) -> None:
+        await self.responder.stop()

@@ -5,9 +5,11 @@ One queue-group subscription on `aip.v1.{trust_domain}.{service}.{version}.>` (e
 sanitised as the reference does: `.`, space, `/` and `\\` become `_`), shared by every
 gateway. A request is a TransportMessage `{"envelope": …, "metadata": {…}}` or a bare
 Envelope; the answer is exactly one TransportMessage with `AIP-*` headers. What is checked
-and answered is worker/gateway/aip_answers.py's; this module is the subscription, the bound
-on requests in flight, the reply, and the `aip.native.nats.v1` callback a streaming
-Action's chunks are published to (worker/gateway/chunk_sinks.py).
+and answered is worker/gateway/aip_answers.py's; this module is the transport
+(`NatsResponder`: the subscription, the bound on requests in flight, the reply), which the
+delegation route (worker/gateway/delegation_route.py) serves its own subject with too, and
+the binding (`NativeNatsResponder`), whose streaming Actions' chunks are published to their
+`aip.native.nats.v1` callback (worker/gateway/chunk_sinks.py).
 
 A request without a reply subject is dropped with a log line.
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 from nats.aio.client import Client as NATS
@@ -53,53 +56,48 @@ def request_subject(trust_domain: str, service: str, version: str, message_type:
     return f"{service_subject(trust_domain, service, version)}.{sanitise(message_type)}"
 
 
-class NativeNatsResponder:
-    """The binding's subscription and the reply to each request."""
+#: Answers one request's bytes (and its headers) with one signed Envelope; never raises.
+Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[bytes]]
+
+
+class NatsResponder:
+    """The transport of a request/reply binding on one subject: a queue-group subscription,
+    at most `AIPD_AIP_MAX_IN_FLIGHT` requests answered at once (past that one is answered
+    `connector_host.capacity`, retryable, at once), and exactly one reply per request.
+    What a request is answered with is `handle`'s; `answers` words the capacity refusal."""
 
     def __init__(
         self,
         settings: GatewaySettings,
         nc: NATS,
-        service: GatewayService,
-        signers: TrustedSigners,
-        claims: MessageClaims,
-        signer: AipSigner,
+        subject: str,
+        answers: AipAnswers,
+        handle: Handler,
+        *,
+        name: str,
     ) -> None:
         self.settings = settings
         self.nc = nc
-        self.signers = signers
-        self.subject = service_subject(
-            settings.aip_trust_domain, settings.aip_service, settings.aip_version
-        )
-        self.answers = AipAnswers(
-            settings,
-            service,
-            signers,
-            claims,
-            signer,
-            native_action_subject=f"{self.subject}.{sanitise(ACTION)}",
-            sinks={
-                NATIVE_NATS_PROFILE: NatsCallbackSinks(
-                    nc,
-                    bus_prefix=settings.subject_prefix,
-                    route_prefixes=service.routes.describe().values(),
-                    binding_subject=self.subject,
-                )
-            },
-        )
+        #: The subject (or wildcard pattern) subscribed.
+        self.subject = subject
+        self.answers = answers
+        self.handle = handle
+        #: What the log lines call this responder.
+        self.name = name
         self._sub: Subscription | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._slots = asyncio.Semaphore(settings.aip_max_in_flight)
 
     async def start(self) -> None:
         self._sub = await self.nc.subscribe(
-            f"{self.subject}.>", queue=self.settings.aip_queue_group, cb=self._received
+            self.subject, queue=self.settings.aip_queue_group, cb=self._received
         )
         log.info(
-            "aip.native.nats.v1 serving %s.> (queue group %s, %d trusted signers)",
+            "%s serving %s (queue group %s, %d trusted signers)",
+            self.name,
             self.subject,
             self.settings.aip_queue_group,
-            len(self.signers),
+            len(self.answers.signers),
         )
 
     async def stop(self) -> None:
@@ -108,7 +106,7 @@ class NativeNatsResponder:
             try:
                 await sub.unsubscribe()
             except Exception as exc:  # a closed connection: nothing more arrives anyway
-                log.info("native binding unsubscribe: %s", type(exc).__name__)
+                log.info("%s unsubscribe: %s", self.name, type(exc).__name__)
         await stop_tasks(list(self._tasks), 5.0)
         await self.answers.stop()
 
@@ -117,8 +115,7 @@ class NativeNatsResponder:
         `AIPD_AIP_MAX_IN_FLIGHT` at once; past that one is answered retryable at once."""
         if not msg.reply:
             log.warning(
-                "aip.native.nats.v1 request on %s has no reply subject: dropped",
-                msg.subject[:200],
+                "%s request on %s has no reply subject: dropped", self.name, msg.subject[:200]
             )
             return
         if self._slots.locked():
@@ -143,11 +140,54 @@ class NativeNatsResponder:
         task.add_done_callback(lambda _: self._slots.release())
 
     async def _handle(self, msg: Msg) -> None:
-        await self._answer(msg, await self.answers.answer(msg.data or b"", msg.headers))
+        await self._answer(msg, await self.handle(msg.data or b"", msg.headers))
 
     async def _answer(self, msg: Msg, envelope: bytes) -> None:
         payload, headers = transport_message(envelope)
         try:
             await self.nc.publish(msg.reply, payload, headers=headers)
         except Exception as exc:  # the requester is gone or NATS is down: nothing to do
-            log.warning("aip.native.nats.v1 answer not sent: %s", type(exc).__name__)
+            log.warning("%s answer not sent: %s", self.name, type(exc).__name__)
+
+
+class NativeNatsResponder:
+    """The binding: `AipAnswers` with the `aip.native.nats.v1` callback sink, answering on
+    every subject under `aip.v1.{td}.{service}.{version}`."""
+
+    def __init__(
+        self,
+        settings: GatewaySettings,
+        nc: NATS,
+        service: GatewayService,
+        signers: TrustedSigners,
+        claims: MessageClaims,
+        signer: AipSigner,
+    ) -> None:
+        self.subject = subject = service_subject(
+            settings.aip_trust_domain, settings.aip_service, settings.aip_version
+        )
+        self.answers = answers = AipAnswers(
+            settings,
+            service,
+            signers,
+            claims,
+            signer,
+            native_action_subject=f"{subject}.{sanitise(ACTION)}",
+            sinks={
+                NATIVE_NATS_PROFILE: NatsCallbackSinks(
+                    nc,
+                    bus_prefix=settings.subject_prefix,
+                    route_prefixes=service.routes.describe().values(),
+                    binding_subject=subject,
+                )
+            },
+        )
+        self.responder = NatsResponder(
+            settings, nc, f"{subject}.>", answers, answers.answer, name=NATIVE_NATS_PROFILE
+        )
+
+    async def start(self) -> None:
+        await self.responder.start()
+
+    async def stop(self) -> None:
+        await self.responder.stop()

@@ -62,6 +62,13 @@ class GatewayMetrics:
             "Child results refused because no trusted worker key signed them",
             registry=self.registry,
         )
+        self.chain_breaks = Counter(
+            f"{PREFIX}_chunk_chain_breaks_total",
+            "Messages on a streaming child's chunk subject not passed on as its chunks "
+            "(worker/gateway/chunk_follower.py), by binding and reason",
+            ["binding", "reason"],
+            registry=self.registry,
+        )
         self.ready = Gauge(
             f"{PREFIX}_ready", "1 when the last /ready check passed", registry=self.registry
         )
@@ -71,6 +78,9 @@ class GatewayMetrics:
 
     def unverified_result(self) -> None:
         self.unverified_results.inc()
+
+    def chain_break(self, binding: str, reason: str, count: int = 1) -> None:
+        self.chain_breaks.labels(binding, reason).inc(count)
 
     def recovered(self, step: str) -> None:
         self.recoveries.labels(step).inc()

@@ -630,6 +630,12 @@ class GatewayService:
             include_chunks=include_chunks,
         )
 
+    async def own_child(self, principal: Principal, action_id: str) -> tuple[QueueRecord, Route]:
+        """The record and route of one of the principal's own children (`_not_found`
+        otherwise): what a chunk follower (worker/gateway/chunk_follower.py) follows."""
+        record = await self._own_record(principal, action_id)
+        return record, self._route_of(record)
+
     async def own_chain(self, principal: Principal, action_id: str) -> ChainRead:
         """`read_chain` of one of the principal's own children (`_not_found` otherwise)."""
         return await self.read_chain(await self._own_record(principal, action_id))
