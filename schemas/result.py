@@ -9,6 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from schemas._base import WireStruct
+from schemas.aip.extensions import RetryExhausted
 from schemas.errors import ProtocolError
 from schemas.ids import ActionId, UnixMs
 
@@ -47,3 +48,7 @@ class ActionResult(WireStruct, kw_only=True, frozen=True):
     #: that ran. Status, output and error are that Action's; nothing was sent to Hermes for
     #: this one (docs/guarantees.md "Idempotency keys").
     original_action_id: ActionId | None = None
+    #: Set only on a failed result whose worker retry policy was spent (every attempt it
+    #: allowed failed retryably, `worker/operations/retry.py`): the attempts and the policy.
+    #: The Outbox dead-letters such an Action with them (`worker/pipeline/exhausted.py`).
+    retry_exhausted: RetryExhausted | None = None

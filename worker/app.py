@@ -42,6 +42,7 @@ from worker.hermes.http_client import HermesClient
 from worker.logs import RepeatedErrors
 from worker.metrics import Metrics
 from worker.operations.base import Registry
+from worker.pipeline.exhausted import ExhaustionOutput
 from worker.pipeline.pipeline import Pipeline
 from worker.pipeline.runtime import EndpointRuntime, Gate, Runtime
 from worker.pipeline.steps import ActionIntake
@@ -215,6 +216,9 @@ class Worker:
                 approval_ttl_ms=settings.hermes_operator_timeout_ms,
                 risk_of=self._capability_risk,
             )
+        )
+        self.rt.outputs.append(
+            ExhaustionOutput(publisher, audit, self.metrics, keep_bytes=settings.dlq_keep_bytes)
         )
         self.serving = ServingGate(
             settings_blockers(settings),

@@ -88,6 +88,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from schemas.aip.extensions import RetryExhausted
 from schemas.errors import CODE_RULES, ErrorCategory, ErrorCode, ProtocolError
 
 _MAX_MESSAGE = 512
@@ -144,6 +145,10 @@ class ConnectorError(WorkerError):
         self.remote_status = remote_status
         self._retryable = retryable
         self._uncertain = uncertain_outcome
+        #: Set by the read retry policy when this is the last of the attempts it allowed
+        #: (`worker/operations/retry.py`): the settled result carries it, and the Action is
+        #: dead-lettered with it (`worker/pipeline/exhausted.py`).
+        self.retry_exhausted: RetryExhausted | None = None
 
     def to_protocol(self, *, endpoint_id: str | None, read_only: bool) -> ProtocolError:
         rule = CODE_RULES[self.code]

@@ -42,6 +42,7 @@ POINTS = (
     "after_execute",
     "after_settle",
     "after_escalation",
+    "after_exhaustion_dead_letter",
     "after_channel_publish",
     "after_ingress_publish",
     "after_terminal_chunk",

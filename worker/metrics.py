@@ -276,6 +276,14 @@ class Metrics:
         self._f_dlq.get(endpoint, code).inc()
         self.delivery(endpoint, DeliveryOutcome.DEAD_LETTERED)
 
+    def exhausted_dead_lettered(self, endpoint: str, code: str, *, kept: bool) -> None:
+        """An Action whose retry policy was spent got its DLQ entry (`kept`), or a full DLQ
+        stream refused it (`full`). Its delivery was counted when it settled."""
+        if kept:
+            self._f_dlq.get(endpoint, code).inc()
+        else:
+            self._f_dlq_dropped.get(endpoint, "full").inc()
+
     def dlq_dropped(self, endpoint: str, reason: str) -> None:
         """A refused envelope was terminated without a DLQ entry (`rate` or `full`); it
         still counts as a dead-lettered delivery, since it was refused the same way."""

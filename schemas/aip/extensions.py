@@ -108,6 +108,31 @@ class CancelFacts(_Extension, frozen=True):
     ]
 
 
+class RetryPolicyFacts(_Extension, frozen=True):
+    """The retry policy a worker applied to an Action, in the reference runtime's terms
+    (`ActionStatus.retry.policy`): attempts include the first; backoff grows by
+    `backoff_multiplier` from `initial_backoff_ms` up to `max_backoff_ms`, each delay drawn
+    between half of it and all of it (jitter)."""
+
+    max_attempts: Annotated[int, Meta(ge=1, description="Attempts allowed, the first included.")]
+    initial_backoff_ms: Annotated[int, Meta(ge=0, description="The first retry's backoff (ms).")]
+    max_backoff_ms: Annotated[int, Meta(ge=0, description="The longest backoff (ms).")]
+    backoff_multiplier: Annotated[
+        int, Meta(ge=1, description="What each further backoff is multiplied by.")
+    ]
+
+
+class RetryExhausted(_Extension, frozen=True):
+    """A failed result whose worker retry policy was spent: every attempt it allowed was
+    made and failed retryably (`worker/operations/retry.py`). The worker's DLQ entry for the
+    Action (`ActionStatus.retry`) is made from these facts, so a republish makes the same."""
+
+    attempts: Annotated[
+        int, Meta(ge=1, description="Requests sent to Hermes for the Action, the first included.")
+    ]
+    policy: Annotated[RetryPolicyFacts, Meta(description="The policy that was spent.")]
+
+
 class ResultExtension(_Extension, frozen=True):
     """What an `aip.core.v1.action_result` Envelope carries beyond the AIP ActionResult: the
     fenced settle that wrote it and the bytes it answers."""
@@ -139,6 +164,14 @@ class ResultExtension(_Extension, frozen=True):
         Meta(
             description="Set when this is another Action's result, returned for the same "
             "idempotency key: the id of the Action that ran."
+        ),
+    ] = None
+    retry_exhausted: Annotated[
+        RetryExhausted | None,
+        Meta(
+            description="Only on a failed result whose worker retry policy was spent (a read "
+            "that kept failing retryably): the attempts made and the policy. The Action also "
+            "has a DLQ entry (state `dead_lettered`) saying the same."
         ),
     ] = None
     cancel: Annotated[

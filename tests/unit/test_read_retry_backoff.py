@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import itertools
 import time
+from typing import Any
 
 import pytest
 
+from schemas.aip.extensions import RetryPolicyFacts
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
-from worker.operations.retry import ReadRetryPolicy, retry_read
+from worker.operations.retry import NO_RETRY, ReadRetryPolicy, retry_read
 
 
 @pytest.mark.aip_family("retry_exhaustion", assertions=["backoff_observed"])
@@ -46,3 +48,33 @@ async def test_a_definitive_failure_is_not_retried_and_does_not_wait() -> None:
     with pytest.raises(ConnectorError):
         await retry_read(ReadRetryPolicy(retries=3, base_delay_s=0.5), lambda: 30.0, attempt)
     assert len(attempts) == 1
+
+
+async def test_only_a_spent_policy_names_its_attempts_on_the_error() -> None:
+    """`retry_exhausted` (what the result keeps and the DLQ entry is made of) is set when
+    every attempt the policy allows failed retryably; a definitive answer, a stop for the
+    deadline and a policy without retries (unsafe operations) leave it unset."""
+
+    def failing(code: ErrorCode) -> Any:
+        async def attempt() -> None:
+            raise ConnectorError(code, "failed")
+
+        return attempt
+
+    fast = ReadRetryPolicy(retries=2, base_delay_s=0.001, max_delay_s=0.002)
+    with pytest.raises(ConnectorError) as spent:
+        await retry_read(fast, lambda: 30.0, failing(ErrorCode.TRANSPORT))
+    assert spent.value.retry_exhausted is not None
+    assert spent.value.retry_exhausted.attempts == 3
+    assert spent.value.retry_exhausted.policy == RetryPolicyFacts(
+        max_attempts=3, initial_backoff_ms=1, max_backoff_ms=2, backoff_multiplier=2
+    )
+
+    for policy, remaining, code in (
+        (fast, 30.0, ErrorCode.REMOTE_REJECTED),  # definitive
+        (ReadRetryPolicy(retries=2, base_delay_s=1.0), 0.5, ErrorCode.REMOTE_TEMPORARY),
+        (NO_RETRY, 30.0, ErrorCode.REMOTE_TEMPORARY),
+    ):
+        with pytest.raises(ConnectorError) as raised:
+            await retry_read(policy, itertools.repeat(remaining).__next__, failing(code))
+        assert raised.value.retry_exhausted is None, (policy, code)

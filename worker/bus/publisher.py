@@ -18,7 +18,7 @@ import asyncio
 import hashlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -302,14 +302,21 @@ class BusPublisher:
             escalation_resolution_msg_id(resolution.escalation_id),
         )
 
-    async def dead_letter(self, facts: DeadLetterFacts, *, action_id: str | None) -> PubAck:
+    async def dead_letter(
+        self,
+        facts: DeadLetterFacts,
+        *,
+        action_id: str | None,
+        status: Mapping[str, Any] | None = None,
+    ) -> PubAck:
         """A DLQ entry: an `action_status` Envelope (`dead_lettered`) signed by this worker's
-        key (`worker.wire.dead_letters`), `Nats-Msg-Id` its entry id; `StreamFull` when the
-        DLQ refuses it (waiting would not help)."""
+        key (`worker.wire.dead_letters`; `status`: its further ActionStatus fields),
+        `Nats-Msg-Id` its entry id; `StreamFull` when the DLQ refuses it (waiting would not
+        help)."""
         signer = self.signer.aip if self.signer is not None else None
         return await self._publish(
             self.subjects.dlq(facts.endpoint_id),
-            encode_dead_letter(facts, action_id=action_id, signer=signer),
+            encode_dead_letter(facts, action_id=action_id, signer=signer, status=status),
             facts.dlq_id,
             give_up_when_full=True,
         )

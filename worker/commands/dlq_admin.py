@@ -128,6 +128,9 @@ class Entry:
             "sha256": facts.sha256,
             "signed_by": self.signer,
         }
+        if self.entry.retry is not None:
+            # An Action whose retry policy was spent (`worker/pipeline/exhausted.py`).
+            doc["retry"] = self.entry.retry
         if with_body:
             try:
                 doc["envelope"] = msgspec.json.decode(self.body)

@@ -8,7 +8,8 @@ by the sha256 of the exact envelope published when it is known (the entry's `sha
 a truncated entry keeps too), otherwise by the entry's `action_id` (an authenticated
 Action's) or the `id` in the kept bytes. With trusted worker keys an entry only counts when
 a trusted worker signed it: anyone with publish rights on the DLQ subject could otherwise
-make a running Action look refused; a message that is not an entry is skipped.
+make a running Action look refused; a message that is not an entry is skipped, and so is
+the entry of an Action whose retry policy was spent (`retry`), which has a result.
 """
 
 from __future__ import annotations
@@ -82,6 +83,8 @@ async def dead_letter_of(
             entry, _ = verify_dead_letter(msg.data or b"", trusted)
         except UnverifiedResponse:
             continue
+        if entry.retry is not None:
+            continue  # a spent retry policy: that Action has its failed result too
         facts = entry.facts
         if envelope_sha256 is not None:
             if facts.sha256 != envelope_sha256:

@@ -3,7 +3,14 @@
 Only read-only operations use it (docs/architecture.md §7,
 troubleshooting "Decide whether to retry"):
 a temporary (429/5xx) or transport failure is retried a few times with jittered exponential
-backoff, never past the Action's deadline. Unsafe operations are never retried here: their
+backoff, never past the Action's deadline. When every attempt the policy allows has failed
+retryably, the error it gives up with names the attempts and the policy (`retry_exhausted`):
+the failed result keeps them and the Action is dead-lettered once
+(`worker/pipeline/exhausted.py`). A stop for the deadline is not exhaustion (the caller's
+deadline is its own answer), nor is a definitive answer, nor a policy without retries
+(`AIPD_HERMES_READ_RETRY_ATTEMPTS=0`, and every unsafe operation).
+
+Unsafe operations are never retried here: their
 5xx/transport failures leave as `uncertain_outcome: true, retryable: false`, and a refusal
 Hermes made before starting anything (429, 503 `gateway_draining`) as certain and
 `retryable: true`, for the runtime's own retry policy to decide.
@@ -17,6 +24,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
+from schemas.aip.extensions import RetryExhausted, RetryPolicyFacts
 from schemas.errors import ErrorCode
 from worker.errors import ConnectorError
 
@@ -41,6 +49,15 @@ class ReadRetryPolicy:
         ceiling = min(self.max_delay_s, self.base_delay_s * (2**retry_index))
         return random.uniform(ceiling / 2, ceiling)
 
+    def facts(self) -> RetryPolicyFacts:
+        """This policy in the reference runtime's terms (`ActionStatus.retry.policy`)."""
+        return RetryPolicyFacts(
+            max_attempts=1 + self.retries,
+            initial_backoff_ms=round(self.base_delay_s * 1000),
+            max_backoff_ms=round(self.max_delay_s * 1000),
+            backoff_multiplier=2,
+        )
+
 
 NO_RETRY = ReadRetryPolicy(retries=0)
 
@@ -56,7 +73,13 @@ async def retry_read(
         try:
             return await attempt()
         except ConnectorError as exc:
-            if exc.code not in RETRYABLE_READ_CODES or retry_index >= policy.retries:
+            if exc.code not in RETRYABLE_READ_CODES:
+                raise
+            if retry_index >= policy.retries:
+                if policy.retries > 0:
+                    exc.retry_exhausted = RetryExhausted(
+                        attempts=retry_index + 1, policy=policy.facts()
+                    )
                 raise
             delay = policy.delay_s(retry_index)
             if remaining_s() - delay < MIN_ATTEMPT_S:

@@ -74,6 +74,9 @@ class Owed:
     #: first publication only).
     republished: bool
     escalation: Escalation | None = None
+    #: The delivery's first message: the Action Envelope as it was stored on the actions
+    #: stream (what a DLQ entry keeps).
+    message: Msg | None = None
 
 
 class OutboxOutput(Protocol):
@@ -145,7 +148,10 @@ class Outbox:
         result, ack. The outputs read the result decoded from the stored Envelope, as a
         republish does: what they make of it (a channel delivery's text, an escalation)
         is the same either way (the Envelope's canonical JSON orders an output's keys)."""
-        await self._outputs(action, decoded_result(settled.result), republished=False)
+        first = msgs[0] if msgs else None
+        await self._outputs(
+            action, decoded_result(settled.result), republished=False, message=first
+        )
         await self._terminal_and_result(endpoint_id, action.id, settled)
         faults.hit("before_ack", action.id)
         await self.ack_all(msgs)
@@ -161,7 +167,10 @@ class Outbox:
         time, so a copy the first publication already stored is a server-side duplicate.
         """
         if not await self.result_on_stream(endpoint_id, action.id, settled.result):
-            await self._outputs(action, decoded_result(settled.result), republished=True)
+            first = msgs[0] if msgs else None
+            await self._outputs(
+                action, decoded_result(settled.result), republished=True, message=first
+            )
             await self._terminal_and_result(
                 endpoint_id, action.id, await self._missing(endpoint_id, action.id, settled)
             )
@@ -169,12 +178,17 @@ class Outbox:
         await self.ack_all(msgs)
 
     async def _outputs(
-        self, action: Action, result: ActionResult | None, *, republished: bool
+        self,
+        action: Action,
+        result: ActionResult | None,
+        *,
+        republished: bool,
+        message: Msg | None = None,
     ) -> None:
         if result is None:
             log.warning("stored result of %s does not decode; outputs skipped", action.id)
             return
-        owed = Owed(action=action, result=result, republished=republished)
+        owed = Owed(action=action, result=result, republished=republished, message=message)
         for output in self.outputs:
             await output.publish(owed)
             faults.hit(output.fault_point, action.id)

@@ -67,6 +67,7 @@ class Settle:
             settled_at_unix_ms=now_ms(),
             last_chunk_sha256=sha256_hex(terminal_bytes),
             action_sha256=sha256_hex(execution.messages[0].data),
+            retry_exhausted=outcome.error.retry_exhausted if outcome.error is not None else None,
         )
         # Sealed (and signed) once, here: Redis keeps the Envelope, and every publication
         # of this result, a republish after a crash too, sends these very bytes.
@@ -87,6 +88,7 @@ class Settle:
                 output=None,
                 error=error,
                 last_chunk_sha256=sha256_hex(terminal_bytes),
+                retry_exhausted=None,
             )
             payload = encode_result(
                 result, action=action, signer=aip_signer, endpoint_id=endpoint_id

@@ -12,7 +12,13 @@ and nothing else a DLQ entry needs, so:
   refused bytes' size and sha256, and their first `AIPD_DLQ_KEEP_BYTES` (base64, what `dlq
   replay` republishes) are `extensions["org.aip-hermes-worker"].dead_letter`. ActionStatus
   types an error only inside `result`, and a dead-lettered Action has no result: a reader
-  would take one there for the Action's outcome.
+  would take one there for the Action's outcome;
+- an Action whose worker retry policy was spent (`worker/pipeline/exhausted.py`) is no
+  refused message: its entry also has `capability_id`, `result_status: failed` and the
+  reference runtime's `ActionStatus.retry` (`attempts`, `policy`, `last_error` as an AIP
+  ProtocolError, `dead_letter_reason`), and its facts keep the Action's own Envelope (what
+  `dlq replay` republishes under a new id). Its one failed result is on the results
+  subject as for any failure.
 
 The worker signs the Envelope with its response key (AIP signature), so the kept bytes, the
 reason and the hash are vouched for together; `message_id` is `msg_` + the entry id's hex.
@@ -21,8 +27,9 @@ reason and the hash are vouched for together; `message_id` is `msg_` + the entry
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 import msgspec
 
@@ -57,6 +64,8 @@ class DeadLetter:
     action_id: str | None
     recorded_at: str
     facts: DeadLetterFacts
+    #: `ActionStatus.retry` of an entry for a spent retry policy (None: a refused message).
+    retry: dict[str, Any] | None = None
 
     @property
     def dlq_id(self) -> str:
@@ -97,13 +106,19 @@ def dead_letter_facts(
 
 
 def encode_dead_letter(
-    facts: DeadLetterFacts, *, action_id: str | None, signer: AipSigner | None
+    facts: DeadLetterFacts,
+    *,
+    action_id: str | None,
+    signer: AipSigner | None,
+    status: Mapping[str, Any] | None = None,
 ) -> bytes:
     """The wire bytes of one DLQ entry: an `action_status` Envelope (state `dead_lettered`)
-    from the refusing worker, signed by `signer` (None: unsigned, development only)."""
+    from the refusing worker, signed by `signer` (None: unsigned, development only).
+    `status`: further ActionStatus fields (an exhausted retry policy's `retry`, …)."""
     return seal(
         STATUS_TYPE,
         {
+            **(status or {}),
             "action_id": action_id if action_id is not None else facts.dlq_id,
             "state": ActionState.DEAD_LETTERED.value,
             "updated_at": now_timestamp(),
@@ -142,7 +157,11 @@ def decode_dead_letter(
         raise invalid("action_status: not from the endpoint's worker")
     claimed = body.action_id
     action_id = None if claimed == facts.dlq_id or is_dlq_id(claimed) else claimed
-    return DeadLetter(action_id=action_id, recorded_at=body.updated_at, facts=facts), opened
+    retry = body.retry if isinstance(body.retry, dict) else None
+    return (
+        DeadLetter(action_id=action_id, recorded_at=body.updated_at, facts=facts, retry=retry),
+        opened,
+    )
 
 
 __all__ = [

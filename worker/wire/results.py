@@ -156,6 +156,8 @@ def encode_result(
         ).items()
         if value is not None
     }
+    if result.retry_exhausted is not None:
+        extension["retry_exhausted"] = msgspec.to_builtins(result.retry_exhausted)
     if cancel is not None:
         extension["cancel"] = msgspec.to_builtins(cancel)
     if reply is None:
