@@ -69,6 +69,8 @@ succeed); U: uncertain (something may have happened although this was raised).
                                   `aip.core.v1.error`: R and U as the refusal says
         ControlFailed             a connector-control call to the GetAIP central got no
                                   usable answer: the host holds no lease and retries
+        NotDelivered              a chunk sink could not deliver a chunk: the follow sends
+                                  no later chunk (a gap would mislead); not R, not U
       QualifyError                the qualification's root (`worker/qualify/`)
         QualifyFailed             a qualification item failed: the verdict, no retry
         QualifySkipped            a qualification item cannot run here: the verdict
@@ -371,6 +373,11 @@ class ControlFailed(GatewayError):
     """A connector-control call (register, heartbeat, drain, offline) got no usable answer:
     unreachable, unsigned or rejected. The host holds no lease until a later call succeeds
     (worker/gateway/connector_control.py)."""
+
+
+class NotDelivered(GatewayError):
+    """A chunk sink could not deliver a chunk (worker/gateway/chunk_follower.py): the
+    stream to that sink ends there; the Action's result is answered as usual."""
 
 
 class NativeRefusal(GatewayError):

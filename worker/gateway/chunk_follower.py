@@ -111,10 +111,6 @@ class BreakReason(StrEnum):
     OVER_BOUND = "over_bound"
 
 
-class NotDelivered(Exception):
-    """A sink could not deliver a chunk (the stream to it ends there)."""
-
-
 class ChunkSink(Protocol):
     """Delivers one AIP StreamChunk body (named by the requester's Action id), in sequence
     order; raises (`NotDelivered`, or the transport's error) when it could not."""

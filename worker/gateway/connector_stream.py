@@ -29,7 +29,7 @@ import httpx
 from worker.aip.canonical import canonical_bytes
 from worker.aip.envelope import now_timestamp
 from worker.aip.signing import AipSigner, sign_envelope
-from worker.gateway.chunk_follower import NotDelivered
+from worker.errors import NotDelivered
 
 CHUNK: Final = "aip.core.v1.stream_chunk"
 CONTENT_TYPE: Final = "application/aip+json"
