@@ -7,9 +7,12 @@ them (plain `json`, PyNaCl, the did:key rules: shared/reference/aip-1.0-wire.md 
   its nkey seed with `nkeys` and base58btc by hand);
 - it answers the Action Envelope it was sent in (`in_response_to` = that Envelope's
   `message_id`, `to` = its `from`);
-- the chunks are unsigned `aip.core.v1.stream_chunk` Envelopes, `sequence` 0, 1, 2 … with
-  `data` in one of the documented forms, each naming the sha256 of the exact bytes of the
-  one before, and the signed result names the last one's.
+- a non-streaming capability (`models`) publishes no chunk, as upstream: its signed result
+  is the whole answer (the provider's document in `output`) and names no last chunk;
+- a streaming capability's (`chat_stream`) chunks are unsigned `aip.core.v1.stream_chunk`
+  Envelopes, `sequence` 0, 1, 2 … with `data` in one of the documented forms, each naming
+  the sha256 of the exact bytes of the one before, and the signed result names the last
+  one's.
 """
 
 from __future__ import annotations
@@ -42,7 +45,9 @@ def _worker_did(stack: Stack) -> tuple[str, nacl.signing.VerifyKey]:
     return "did:key:z" + b58(b"\xed\x01" + raw), nacl.signing.VerifyKey(raw)
 
 
-async def _published(stack: Stack, operation: str) -> tuple[str, bytes, bytes, list[bytes]]:
+async def _published(
+    stack: Stack, operation: str, input: dict[str, Any] | None = None
+) -> tuple[str, bytes, bytes, list[bytes]]:
     """Publish one Action to a live worker: its id, the bytes as published on the actions
     subject, its one result and its chunks, as stored."""
     seen: asyncio.Queue[bytes] = asyncio.Queue()
@@ -52,7 +57,7 @@ async def _published(stack: Stack, operation: str) -> tuple[str, bytes, bytes, l
 
     sub = await stack.nc.subscribe(stack.subjects.actions(ENDPOINT), cb=keep)
     try:
-        action = stack.action(operation)
+        action = stack.action(operation, input)
         handle = await stack.publish(action)
         await handle.result(timeout_s=30)
         published = await asyncio.wait_for(seen.get(), 5)
@@ -63,7 +68,7 @@ async def _published(stack: Stack, operation: str) -> tuple[str, bytes, bytes, l
     return action.id, published, result, chunks
 
 
-async def test_a_live_result_is_a_signed_action_result_envelope_naming_its_chunk_chain(
+async def test_a_live_result_is_a_signed_action_result_envelope_and_the_whole_answer(
     stack: Stack,
 ) -> None:
     await stack.spawn("w1")
@@ -88,9 +93,25 @@ async def test_a_live_result_is_a_signed_action_result_envelope_naming_its_chunk
     ours = envelope["extensions"][OURS]
     assert (ours["endpoint_id"], ours["settled_by"]) == (ENDPOINT, "w1")
     assert ours["capability"] == f"cap:hermes_agent:{ENDPOINT}:models"
+    # Not a streaming capability: no chunk, the provider's document is the output, and the
+    # result names no last chunk.
+    assert chunks == []
+    assert isinstance(body["output"], dict)
+    assert body["output"].get("data")
+    assert "last_chunk_sha256" not in ours
 
+
+async def test_a_streaming_capability_s_chunks_are_a_chain_its_signed_result_ends(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    turn = {"messages": [{"role": "user", "content": "stream a short answer"}]}
+    action_id, _, data, chunks = await _published(stack, "chat_stream", turn)
+    envelope = json.loads(data)
+    assert envelope["body"]["action_result"]["status"] == "completed"
+    ours = envelope["extensions"][OURS]
     # The chunks: unsigned stream_chunk Envelopes, chained by their exact bytes.
-    assert chunks, "every Action ends its chunk stream"
+    assert chunks, "a streaming capability's Action ends its chunk stream"
     previous: bytes | None = None
     for sequence, chunk_data in enumerate(chunks):
         chunk = json.loads(chunk_data)

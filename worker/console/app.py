@@ -260,8 +260,9 @@ class ConsoleHttp:
 
     async def chunks(self, request: Request) -> Response:
         """The run's chunks as server-sent events (`chunk`, then `end` after the terminal
-        one; `retracted` when chunks shown turn out not to be the run's, its own following;
-        `refused` when the stream does not verify or stays silent)."""
+        one, or at once for a run of a non-streaming capability, which has none; `retracted`
+        when chunks shown turn out not to be the run's, its own following; `refused` when
+        the stream does not verify or stays silent)."""
         p = request.path_params
         detail = await self.reader.run(_viewer(request), p["endpoint"], p["action_id"])
         if detail is None:
@@ -277,8 +278,8 @@ class ConsoleHttp:
                     line = chunk_text(chunk).replace("\r", " ").replace("\n", " ")
                     yield f"event: chunk\ndata: {line}\n\n"
                     if isinstance(chunk, DoneChunk | ErrorChunk):
-                        yield "event: end\ndata: ended\n\n"
-                        return
+                        break
+                yield "event: end\ndata: ended\n\n"
             except UnverifiedResponse as exc:
                 yield f"event: refused\ndata: not verified: {str(exc)[:200]}\n\n"
             except nats.errors.TimeoutError:

@@ -466,8 +466,8 @@ class HostAnswers(AipAnswers):
                 body = chunk_body(chunk, operator=operator)
                 body["action_id"] = action.id
                 await stream.send(body)
-            if any(link.terminal for link in read.links):
-                break
+            if read.verified or any(link.terminal for link in read.links):
+                break  # settled: its chain (none, for a non-streaming capability) is read
             await asyncio.sleep(STREAM_POLL_S)
         remaining_ms = max(0, int((deadline - time.monotonic()) * 1000))
         view = await self._view(principal, action.id, wait_ms=remaining_ms)

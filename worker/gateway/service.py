@@ -651,7 +651,9 @@ class GatewayService:
             # Once a terminal chunk is read, only what is stored already is read on (a forged
             # terminal must not hide the real one from the walk back from the result).
             async with SubjectFollower(self.nc, stream, subject) as follower:
-                wait = EVENTS_IDLE_S
+                # A terminal child's chunks are all stored (they go out before its
+                # result): nothing to wait for.
+                wait = 0.0 if record.state.terminal else EVENTS_IDLE_S
                 for _ in range(MAX_CHUNKS_READ):
                     msg = await follower.next(wait)
                     if msg is None:
@@ -674,12 +676,20 @@ class GatewayService:
         self, reader: ChunkReader, route: Route, record: QueueRecord
     ) -> tuple[list[Link], bool]:
         """The child's chain: walked back from its result's last chunk hash when its
-        (verified) result is on the bus and names one, else followed forward."""
+        (verified) result is on the bus and names one, else followed forward. A child that
+        ended without a chunk stream (its verified result names no last chunk: a
+        non-streaming capability) has the empty chain, verified: whatever its subject holds
+        is not the child's."""
         forward = reader.forward()
-        if not any(link.terminal for link in reader.links):
+        terminal_read = any(link.terminal for link in reader.links)
+        if not terminal_read and not record.state.terminal:
             return forward, False  # still running: nothing to check the chain against yet
         result = await self.children.stored_result(route, record.action)
-        if not isinstance(result, ActionResult) or result.last_chunk_sha256 is None:
+        if not isinstance(result, ActionResult):
+            return forward, False
+        if result.last_chunk_sha256 is None:
+            return [], True
+        if not terminal_read:
             return forward, False
         authentic = reader.backward(result.last_chunk_sha256)
         # Not all of the chain is stored (aged out): pass nothing rather than guess.

@@ -14,7 +14,9 @@ The body is AIP's StreamChunk: `sequence` is our `seq`, `kind` the same values, 
 - `{"hermes_operator": payload}` for the operator's chunks (upstream's form, §4.9), the
   provider event, when there is one, in the extension's `provider_event`;
 - `{"hermes_worker": payload}` for a chunk the worker makes itself (the terminal chunk
-  made from a result, a refusal's, an idempotent replay's, a non-streaming call's output).
+  made from a result, a refusal's, an idempotent replay's).
+
+Only a streaming capability's Action has chunks (`worker.pipeline.settle`).
 
 A `data` chunk whose payload carries a text `delta` also carries it as a text `part`.
 
