@@ -91,7 +91,8 @@ NAMESPACE_LABEL = "aip-hermes-worker/gateway-action-id/v1"
 class ChainRead:
     """One read of a child's chunks: its record, the links of its chain in seq order, and
     whether the chain was checked against the child's signed result (`verified`: exactly
-    the chunks of the run that settled it, ending with its terminal chunk)."""
+    the chunks of the run that settled it, ending with its terminal chunk; none for a
+    child of a non-streaming capability)."""
 
     record: QueueRecord
     links: list[Link]
@@ -624,9 +625,10 @@ class GatewayService:
             limit=limit,
             kinds=kinds,
             verified=read.verified,
-            terminal=record.state.terminal
-            or read.verified
-            or any(link.terminal for link in read.links),
+            # Ended once its result is known (the record settled, or the chain checked
+            # against the signed result): never on a terminal chunk alone, which a child
+            # of a non-streaming capability does not have and anyone may forge.
+            terminal=record.state.terminal or read.verified,
             include_chunks=include_chunks,
         )
 
