@@ -1,13 +1,28 @@
 """The publisher's side: build, sign and publish an Action, then follow its chunks and result.
 
     async with AipClient.connect("nats://127.0.0.1:4222") as client:
-        handle = await client.submit(endpoint_id="hermes-1", operation="models", input={},
+        handle = await client.submit(endpoint_id="hermes-1", operation="chat_stream",
+                                     input={"messages": [...]},
                                      principal_id="user:alice", tenant_id="acme")
-        async for chunk in handle.chunks():
-            if isinstance(chunk, ChunkRetraction):  # forget seqs from_seq..to_seq shown
+        print(handle.ack.status)  # AIP Ack: queued
+        async for item in handle.chunk_envelopes():
+            if isinstance(item, ChunkRetraction):  # forget seqs from_seq..to_seq shown
                 continue
-            print(chunk.seq, chunk.kind)
-        result = await handle.result(timeout_s=30)
+            print(item.aip.sequence, item.aip.kind)  # AIP StreamChunk
+        believed = await handle.result_envelope(timeout_s=30)
+        print(believed.aip.status, believed.aip.output)  # AIP ActionResult: it ended
+
+What it hands out in AIP's shapes, from the verified Envelopes: `ActionHandle.ack` (Ack),
+`chunk_envelopes()` (each chunk's exact bytes, `.aip` its StreamChunk) and
+`result_envelope()` / `AipClient.stored_result_envelope()` (the result's exact bytes,
+`.aip` its ActionResult). `chunks()`, `result()` and `stored_result()` give the same
+messages in the project's own form (`schemas/chunk.py`, `schemas/result.py`: `seq`,
+`settled_by`, `fence`, …), for tools that need the settle facts.
+
+Only an Action of a streaming capability has chunks (as upstream AIP); any other one's
+result is its whole answer. Its result, not a terminal chunk, says an Action ended: the
+chunk iterators end after the terminal chunk of a streaming Action, and on the result of
+one without a chunk stream, having yielded nothing.
 
 `publish` refuses (`EnvelopeRejected`, before signing) an envelope the workers would
 dead-letter: the same strict decoding, so an id such as `act_<32 hex>\\n` never leaves the
@@ -48,6 +63,9 @@ from nats.js.errors import NotFoundError
 from schemas.action import Action, Identity, Mode, Trace
 from schemas.aip.approval import ApprovalDecision
 from schemas.aip.manifest import ManifestRequest
+from schemas.aip.result import ActionResult as AipActionResult
+from schemas.aip.stream import Ack as AipAck
+from schemas.aip.stream import AckStatus
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.channel import ChannelMessage
 from schemas.chunk import StreamChunk
@@ -85,6 +103,7 @@ from worker.wire.channels import decode_inbound
 from worker.wire.delegations import decode_delegation, encode_delegation
 from worker.wire.envelopes import Opened
 from worker.wire.manifests import decode_manifest_response, encode_manifest_request
+from worker.wire.results import aip_result_of
 
 #: While no chunk comes, the first look at the results subject (for the result of an
 #: Action without a chunk stream) is after this long, the next ones twice as late, up to
@@ -118,6 +137,13 @@ class BelievedResult:
         body: dict[str, Any] = self.envelope["body"]["action_result"]
         return body
 
+    @property
+    def aip(self) -> AipActionResult:
+        """The AIP 1.0 ActionResult (`body.action_result`) as its typed AIP struct
+        (`schemas/aip/result.py`): `action_id`, `status`, `output`, `error`, as any AIP
+        reader gets them; the project's settle facts stay in `result`."""
+        return aip_result_of(self.data)
+
 
 class ActionHandle:
     """A published Action: follow its chunks and wait for its one result."""
@@ -143,6 +169,15 @@ class ActionHandle:
         #: a retry of your own publish; for an id you never published, someone else took it
         #: (publish the Action again under a new id).
         self.duplicate = duplicate
+
+    @property
+    def ack(self) -> AipAck:
+        """The publish's answer as AIP's Ack (`schemas/aip/stream.py`), as the gateway's
+        AIP binding answers an `async` Action: `queued` once JetStream stored the Envelope,
+        `cached` when it held these exact bytes already (`duplicate`). Meaningful for a
+        handle `publish` returned; the Action's outcome is its result, never the Ack."""
+        status = AckStatus.CACHED if self.duplicate else AckStatus.QUEUED
+        return AipAck(action_id=self.action_id, status=status)
 
     async def chunks(
         self,

@@ -12,7 +12,9 @@ them (plain `json`, PyNaCl, the did:key rules: shared/reference/aip-1.0-wire.md 
 - a streaming capability's (`chat_stream`) chunks are unsigned `aip.core.v1.stream_chunk`
   Envelopes, `sequence` 0, 1, 2 … with `data` in one of the documented forms, each naming
   the sha256 of the exact bytes of the one before, and the signed result names the last
-  one's.
+  one's;
+- the client (`AipClient`) hands out exactly those shapes: the Ack of a publish, each
+  chunk's StreamChunk and the result's ActionResult, equal to the bodies read by hand.
 """
 
 from __future__ import annotations
@@ -23,11 +25,17 @@ import hashlib
 import json
 from typing import Any
 
+import msgspec
 import nacl.signing
 import nkeys
 
+from schemas.aip.result import ActionResult as AipActionResult
+from schemas.aip.stream import Ack, AckStatus
+from schemas.aip.stream import StreamChunk as AipStreamChunk
+
 from tests.integration.stack import ENDPOINT, Stack
 from tests.vectors.aip.make_vectors import b58
+from worker.client import ActionHandle
 
 OURS = "org.aip-hermes-worker"
 CHUNK_BODY_FIELDS = {"action_id", "sequence", "kind", "data", "part"}
@@ -138,3 +146,39 @@ async def test_a_live_result_answers_the_action_envelope_it_was_sent_in(stack: S
     result_envelope = json.loads(data)
     assert result_envelope["in_response_to"] == action_envelope["message_id"]
     assert result_envelope["to"] == action_envelope["from"]
+
+
+async def test_the_client_hands_out_aip_s_ack_stream_chunks_and_action_result(
+    stack: Stack,
+) -> None:
+    """`handle.ack` is AIP's Ack; each `chunk_envelopes()` item's `.aip` is the StreamChunk
+    its Envelope bytes carry and `result_envelope().aip` the ActionResult, equal to the
+    bodies read here with plain `json` from what the streams hold."""
+    await stack.spawn("w1")
+    turn = {"messages": [{"role": "user", "content": "stream a short answer"}]}
+    action = stack.action("chat_stream", turn)
+    handle = await stack.client.publish(action)
+    assert handle.ack == Ack(action_id=action.id, status=AckStatus.QUEUED)
+    assert ActionHandle(stack.client, ENDPOINT, action.id, duplicate=True).ack.status == "cached"
+    items = [item async for item in handle.chunk_envelopes(idle_timeout_s=20)]
+    stored = await stack.stream_messages("chunks", stack.subjects.chunks(ENDPOINT, action.id))
+    assert [item.data for item in items] == stored
+    for item in items:
+        assert isinstance(item.aip, AipStreamChunk)
+        assert msgspec.to_builtins(item.aip) == json.loads(item.data)["body"]["stream_chunk"]
+    assert [item.aip.sequence for item in items] == list(range(len(items)))
+    assert items[-1].aip.kind == "done"
+    ended = await handle.result_envelope(timeout_s=20)
+    (result,) = await stack.stream_messages("results", stack.subjects.results(ENDPOINT, action.id))
+    assert ended.data == result
+    assert isinstance(ended.aip, AipActionResult)
+    assert msgspec.to_builtins(ended.aip) == json.loads(result)["body"]["action_result"]
+    assert ended.body == json.loads(result)["body"]["action_result"]
+    assert (ended.aip.action_id, ended.aip.status) == (action.id, "completed")
+    # A non-streaming capability: no chunk at all, the ActionResult alone says it ended.
+    read = await stack.client.publish(stack.action("models"))
+    assert [item async for item in read.chunk_envelopes(idle_timeout_s=20)] == []
+    stored_read = await stack.client.stored_result_envelope(ENDPOINT, read.action_id)
+    assert stored_read is not None
+    assert stored_read.aip.status == "completed"
+    assert stored_read.aip.output == json.loads(stored_read.data)["body"]["action_result"]["output"]
