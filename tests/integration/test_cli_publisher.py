@@ -474,10 +474,16 @@ async def test_tail_text_and_audit_show_iso_utc_times_and_json_keeps_them_raw(
     )
     assert code == Exit.OK, err
     lines = out.strip().splitlines()
-    assert all(ISO_UTC.match(line) for line in lines[:-1]), out
-    assert " result completed (settled by " in lines[-2], out
+    # `models` does not stream (as upstream AIP): no chunk line, the result and its output.
+    assert len(lines) == 2, out
+    assert " result completed (settled by " in lines[0], out
     assert lines[-1].startswith("output: "), out
-    assert ISO_UTC.match(lines[-2])
+    assert ISO_UTC.match(lines[0])
+    code, out, err = await cli(stack, "tail", handle.action_id, "--endpoint", ENDPOINT, *keys)
+    assert code == Exit.OK, err
+    [line] = out.splitlines()  # the AIP ActionResult alone
+    assert json.loads(line)["status"] == "completed"
+    assert set(json.loads(line)) <= {"action_id", "status", "output", "error"}
 
     code, out, err = await cli(stack, "audit", handle.action_id, "--endpoint", ENDPOINT, *keys)
     assert code == Exit.OK, err

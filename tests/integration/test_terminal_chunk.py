@@ -11,7 +11,9 @@ sent everything again without looking would store a second terminal chunk (or re
 instead of being dropped by the server.
 
 Only a streaming capability has a chunk stream (a non-streaming one's result is its whole
-answer, as upstream), so the Actions here are `chat_stream` turns.
+answer, as upstream), so the Actions here are `chat_stream` turns; the last test kills a
+worker of a non-streaming one (`models`) at the same points: its result alone is
+republished, and no chunk ever reaches its subject.
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ async def assert_one_closed_stream(stack: Stack, action_id: str) -> ActionResult
     assert result.last_chunk_sha256 == hashlib.sha256(raw[-1]).hexdigest()
     seen = [c async for c in stack.client.handle(ENDPOINT, action_id).chunks(idle_timeout_s=10)]
     assert seen[-1].seq == chunks[-1].seq
+    return result
+
+
+async def assert_one_result_without_chunks(stack: Stack, action_id: str) -> ActionResult:
+    """A non-streaming capability's Action (as upstream AIP): exactly one result, naming no
+    last chunk; its chunk subject empty; and the client's chunk iterator ends on that result
+    at once, having yielded nothing."""
+    [result] = await stack.results(action_id)
+    assert result.last_chunk_sha256 is None
+    assert await stack.stream_messages("chunks", stack.subjects.chunks(ENDPOINT, action_id)) == []
+    started = time.monotonic()
+    seen = [c async for c in stack.client.handle(ENDPOINT, action_id).chunks(idle_timeout_s=10)]
+    assert seen == []
+    assert time.monotonic() - started < 5, "the iterator ended on the result, not on silence"
     return result
 
 
@@ -176,3 +192,28 @@ async def test_a_refusal_after_an_earlier_delivery_streamed_continues_its_chain(
     await assert_one_closed_stream(stack, action.id)
     seqs = [c.seq for c in await stack.chunks(action.id)]
     assert seqs == list(range(len(streamed) + 1))
+
+
+@pytest.mark.parametrize("point", ["after_settle", "after_result_publish", "before_ack"])
+async def test_a_kill_between_settle_and_ack_of_a_non_streaming_action_republishes_no_chunk(
+    stack: Stack, point: str
+) -> None:
+    """The settle of a non-streaming Action stores no terminal chunk: the next owner
+    republishes the stored result only (once), and the chunk subject stays empty."""
+    await _short_duplicate_window(stack)
+    action = stack.action("models")
+    w1 = await stack.spawn("w1", fault_points=f"{point}=exit@{action.id}")
+    await stack.publish(action)
+    assert await asyncio.to_thread(w1.wait_exit, 30) == 137, w1.log_tail()
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        assert await redis.get(ActionKeys.of(action.id).terminal) is None
+    finally:
+        await redis.aclose()
+    await asyncio.sleep(1.2)  # past the duplicate window: only looking first avoids copies
+    await stack.spawn("w2")
+    result = await stack.client.handle(ENDPOINT, action.id).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED
+    assert (result.settled_by, result.fence) == ("w1", 1)
+    await stack.settled_and_acked(timeout_s=30)
+    await assert_one_result_without_chunks(stack, action.id)
