@@ -211,7 +211,10 @@ async def test_reference_shaped_calls_answer_aip_objects(gs_up: GatewayStack) ->
     for chunk in page.get("chunks", []):
         valid(chunk_of, chunk)
     only_done = await call_tool(
-        gs.url, H1_TOKEN, "aip_action_events", {"action_id": action_id, "kinds": ["stream_chunk.done"]}
+        gs.url,
+        H1_TOKEN,
+        "aip_action_events",
+        {"action_id": action_id, "kinds": ["stream_chunk.done"]},
     )
     assert [e["kind"] for e in only_done.body["events"]] == ["stream_chunk.done"]
 

@@ -32,7 +32,6 @@ import nkeys
 from schemas.aip.result import ActionResult as AipActionResult
 from schemas.aip.stream import Ack, AckStatus
 from schemas.aip.stream import StreamChunk as AipStreamChunk
-
 from tests.integration.stack import ENDPOINT, Stack
 from tests.vectors.aip.make_vectors import b58
 from worker.client import ActionHandle

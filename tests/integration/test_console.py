@@ -199,7 +199,7 @@ async def test_a_non_streaming_run_has_no_chunk_event_and_ends_on_its_result(
     action_id = await _completed(stack, USER_UNTENANTED, None)
     assert await stack.chunks(action_id) == []
     started = time.monotonic()
-    status, body, headers = await console.get(f"/runs/{ENDPOINT}/{action_id}/chunks", ALL)
+    status, body, _ = await console.get(f"/runs/{ENDPOINT}/{action_id}/chunks", ALL)
     assert status == 200
     assert time.monotonic() - started < 10, "ended on the result, not on a silence timeout"
     assert re.findall(r"^event: (\w+)$", body, re.M) == ["end"], body

@@ -371,14 +371,13 @@ async def test_a_running_worker_reports_its_work_and_loses_readiness_without_red
         deadline = time.monotonic() + 5
         while True:
             _, text = await _get(http, base + "/metrics")
-            if value(text, f"{p}_deliveries_total", endpoint=ENDPOINT, outcome="executed") == 2 and (
-                value(text, f"{p}_in_flight", endpoint=ENDPOINT) == 0
-            ):
+            executed = value(text, f"{p}_deliveries_total", endpoint=ENDPOINT, outcome="executed")
+            if executed == 2 and value(text, f"{p}_in_flight", endpoint=ENDPOINT) == 0:
                 break
             assert time.monotonic() < deadline, text
             await asyncio.sleep(0.1)
         assert value(text, published, endpoint=ENDPOINT, kind="done") == 1
-        assert value(text, published, endpoint=ENDPOINT, kind="data") >= 2
+        assert value(text, published, endpoint=ENDPOINT, kind="data") >= 1
         assert value(text, published, endpoint=ENDPOINT, kind="error") == 0
 
         await asyncio.to_thread(redis_server.stop)
