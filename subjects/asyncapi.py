@@ -162,6 +162,19 @@ _CHANNELS: tuple[tuple[str, str, str, str | None, str, str], ...] = (
         "publisher",
     ),
     (
+        "runtime_open",
+        "{prefix}.runtime.open.{shard}",
+        "aip.lifecycle.v1.action_list",
+        "RUNTIME:OPEN",
+        "One shard (the first hex digit of a child's id) of the gateway's index of open "
+        "delegated children (last message = current), as an AIP "
+        "`aip.lifecycle.v1.action_list` Envelope signed by the gateway key: an ActionStatus "
+        "per open child, `updated_at` when it was added; changed by compare-and-set "
+        "(Nats-Expected-Last-Subject-Sequence, no Nats-Msg-Id) and read by the gateways' "
+        "recovery sweep.",
+        "publisher",
+    ),
+    (
         "manifest",
         "{prefix}.hermes.{endpoint}.manifest",
         "aip.discovery.v1.manifest_response",
@@ -328,7 +341,7 @@ def document(prefix: str = "aip") -> dict[str, Any]:
     for channel_id, address, message, stream, description, sender in _CHANNELS:
         params = {
             p: {"description": f"the {p.replace('_', ' ')}"}
-            for p in ("endpoint", "action_id", "session_id")
+            for p in ("endpoint", "action_id", "session_id", "shard")
             if "{" + p + "}" in address
         }
         channel: dict[str, Any] = {

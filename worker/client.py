@@ -1,13 +1,28 @@
 """The publisher's side: build, sign and publish an Action, then follow its chunks and result.
 
     async with AipClient.connect("nats://127.0.0.1:4222") as client:
-        handle = await client.submit(endpoint_id="hermes-1", operation="models", input={},
+        handle = await client.submit(endpoint_id="hermes-1", operation="chat_stream",
+                                     input={"messages": [...]},
                                      principal_id="user:alice", tenant_id="acme")
-        async for chunk in handle.chunks():
-            if isinstance(chunk, ChunkRetraction):  # forget seqs from_seq..to_seq shown
+        print(handle.ack.status)  # AIP Ack: queued
+        async for item in handle.chunk_envelopes():
+            if isinstance(item, ChunkRetraction):  # forget seqs from_seq..to_seq shown
                 continue
-            print(chunk.seq, chunk.kind)
-        result = await handle.result(timeout_s=30)
+            print(item.aip.sequence, item.aip.kind)  # AIP StreamChunk
+        believed = await handle.result_envelope(timeout_s=30)
+        print(believed.aip.status, believed.aip.output)  # AIP ActionResult: it ended
+
+What it hands out in AIP's shapes, from the verified Envelopes: `ActionHandle.ack` (Ack),
+`chunk_envelopes()` (each chunk's exact bytes, `.aip` its StreamChunk) and
+`result_envelope()` / `AipClient.stored_result_envelope()` (the result's exact bytes,
+`.aip` its ActionResult). `chunks()`, `result()` and `stored_result()` give the same
+messages in the project's own form (`schemas/chunk.py`, `schemas/result.py`: `seq`,
+`settled_by`, `fence`, …), for tools that need the settle facts.
+
+Only an Action of a streaming capability has chunks (as upstream AIP); any other one's
+result is its whole answer. Its result, not a terminal chunk, says an Action ended: the
+chunk iterators end after the terminal chunk of a streaming Action, and on the result of
+one without a chunk stream, having yielded nothing.
 
 `publish` refuses (`EnvelopeRejected`, before signing) an envelope the workers would
 dead-letter: the same strict decoding, so an id such as `act_<32 hex>\\n` never leaves the
@@ -48,6 +63,9 @@ from nats.js.errors import NotFoundError
 from schemas.action import Action, Identity, Mode, Trace
 from schemas.aip.approval import ApprovalDecision
 from schemas.aip.manifest import ManifestRequest
+from schemas.aip.result import ActionResult as AipActionResult
+from schemas.aip.stream import Ack as AipAck
+from schemas.aip.stream import AckStatus
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.channel import ChannelMessage
 from schemas.chunk import StreamChunk
@@ -66,6 +84,7 @@ from worker.operations.catalog import default_mode
 from worker.trust.responses import ChunkRetraction as ChunkRetraction
 from worker.trust.responses import (
     ChunkSequencer,
+    SequencedChunk,
     check_worker_signed,
     open_result,
     read_chunk,
@@ -84,11 +103,46 @@ from worker.wire.channels import decode_inbound
 from worker.wire.delegations import decode_delegation, encode_delegation
 from worker.wire.envelopes import Opened
 from worker.wire.manifests import decode_manifest_response, encode_manifest_request
+from worker.wire.results import aip_result_of
 
+#: While no chunk comes, the first look at the results subject (for the result of an
+#: Action without a chunk stream) is after this long, the next ones twice as late, up to
+#: `RESULT_LOOK_S` apart.
+RESULT_LOOK_FIRST_S = 0.1
+RESULT_LOOK_S = 1.0
 #: How long a cancel waits for its Action to settle unless told otherwise, and how much
 #: longer than that the request waits for the worker's answer.
 CANCEL_WAIT_S = 20.0
 CANCEL_REPLY_MARGIN_S = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class BelievedResult:
+    """An Action's result as believed (`ActionHandle.believe`): the exact
+    `aip.core.v1.action_result` Envelope bytes as published, and their decoding in the
+    project's own form (`schemas/result.py`)."""
+
+    result: ActionResult
+    data: bytes
+
+    @property
+    def envelope(self) -> dict[str, Any]:
+        """The whole AIP Envelope, as published."""
+        document: dict[str, Any] = json.loads(self.data)
+        return document
+
+    @property
+    def body(self) -> dict[str, Any]:
+        """The AIP ActionResult (`body.action_result`), as published."""
+        body: dict[str, Any] = self.envelope["body"]["action_result"]
+        return body
+
+    @property
+    def aip(self) -> AipActionResult:
+        """The AIP 1.0 ActionResult (`body.action_result`) as its typed AIP struct
+        (`schemas/aip/result.py`): `action_id`, `status`, `output`, `error`, as any AIP
+        reader gets them; the project's settle facts stay in `result`."""
+        return aip_result_of(self.data)
 
 
 class ActionHandle:
@@ -116,6 +170,15 @@ class ActionHandle:
         #: (publish the Action again under a new id).
         self.duplicate = duplicate
 
+    @property
+    def ack(self) -> AipAck:
+        """The publish's answer as AIP's Ack (`schemas/aip/stream.py`), as the gateway's
+        AIP binding answers an `async` Action: `queued` once JetStream stored the Envelope,
+        `cached` when it held these exact bytes already (`duplicate`). Meaningful for a
+        handle `publish` returned; the Action's outcome is its result, never the Ack."""
+        status = AckStatus.CACHED if self.duplicate else AckStatus.QUEUED
+        return AipAck(action_id=self.action_id, status=status)
+
     async def chunks(
         self,
         *,
@@ -123,7 +186,23 @@ class ActionHandle:
         idle_timeout_s: float | None = None,
         verified_only: bool = False,
     ) -> AsyncIterator[StreamChunk | ChunkRetraction]:
-        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk.
+        """The chunks `chunk_envelopes` releases, in the project's own form
+        (`schemas/chunk.py`), and its retractions."""
+        async for item in self.chunk_envelopes(
+            from_seq=from_seq, idle_timeout_s=idle_timeout_s, verified_only=verified_only
+        ):
+            yield item if isinstance(item, ChunkRetraction) else item.chunk
+
+    async def chunk_envelopes(
+        self,
+        *,
+        from_seq: int = 0,
+        idle_timeout_s: float | None = None,
+        verified_only: bool = False,
+    ) -> AsyncIterator[SequencedChunk | ChunkRetraction]:
+        """Every chunk with seq ≥ from_seq once, in order, until the terminal chunk: each
+        as its exact `stream_chunk` Envelope bytes as published (`.data`, what an AIP reader
+        reads) with their decoding (`.chunk`).
 
         A chunk is yielded only once its link is verified (`ChunkSequencer`): it names the
         hash of the chunk yielded before it and no other chunk claims its seq. One read
@@ -145,6 +224,12 @@ class ActionHandle:
         `verified_only` yields nothing before the signed result vouches for it, so no chunk
         outside the Action's chain and no retraction is ever yielded (at the cost of
         streaming: everything comes at the end, within the same bounds).
+
+        An Action of a non-streaming capability has no chunks (as upstream): while no chunk
+        comes, the results subject is looked at (`RESULT_LOOK_S` at the longest between two
+        looks), and the iterator ends, having yielded nothing, once the Action's believed
+        result names no last chunk. Had it yielded a chunk by then, that chunk was not the
+        Action's: `UnverifiedResponse`.
         """
         subject = self.client.subjects.chunks(self.endpoint_id, self.action_id)
         stream = self.client.subjects.stream_name("chunks")
@@ -153,11 +238,27 @@ class ActionHandle:
             hold_until_vouched=verified_only,
             verify_terminal=self.client.trusted_worker_keys is not None,
         )
-        async with SubjectFollower(self.client.nc, stream, subject) as follower:
+        idle_s = idle_timeout_s or 3600.0
+        loop = asyncio.get_running_loop()
+        async with (
+            SubjectFollower(self.client.nc, stream, subject) as follower,
+            SubjectFollower(
+                self.client.nc,
+                self.client.subjects.stream_name("results"),
+                self.client.subjects.results(self.endpoint_id, self.action_id),
+            ) as results,
+        ):
+            look_s, quiet_until = RESULT_LOOK_FIRST_S, loop.time() + idle_s
             while True:
-                msg = await follower.next(idle_timeout_s or 3600.0)
+                msg = await follower.next(min(look_s, max(quiet_until - loop.time(), 0.0)))
                 if msg is None:
-                    raise nats.errors.TimeoutError
+                    if await self._ended_unstreamed(results, order):
+                        return
+                    if loop.time() >= quiet_until:
+                        raise nats.errors.TimeoutError
+                    look_s = min(look_s * 2, RESULT_LOOK_S)
+                    continue
+                quiet_until = loop.time() + idle_s
                 data = msg.data or b""
                 chunk = read_chunk(data)
                 if chunk.action_id != self.action_id:
@@ -169,12 +270,40 @@ class ActionHandle:
                     result = await self.result(timeout_s=idle_timeout_s or 60.0)
                     released += order.vouch(result.last_chunk_sha256, self.action_id)
                 for item in released:
-                    yield item if isinstance(item, ChunkRetraction) else item.chunk
+                    yield item
                 if order.done:
                     return
 
+    async def _ended_unstreamed(self, results: SubjectFollower, order: ChunkSequencer) -> bool:
+        """True when a result stored on the Action's subject is believed (`believe`) and
+        names no last chunk: the Action ended without a chunk stream (chunks held unreleased
+        are dropped: not the Action's). Results that are not believed are passed over;
+        `UnverifiedResponse` when chunks were already yielded as this Action's (`order`),
+        which such a result says it never had."""
+        while (msg := await results.next(0)) is not None:
+            try:
+                result = self.believe(msg.data or b"")
+            except CannotSign:
+                raise
+            except UnverifiedResponse:
+                continue
+            if result.last_chunk_sha256 is not None:
+                return False
+            if order.expected > order.from_seq:
+                raise UnverifiedResponse(
+                    f"the signed result of {self.action_id} names no chunk, but chunks were "
+                    "read on its subject: they are not the Action's"
+                )
+            return True
+        return False
+
     async def result(self, *, timeout_s: float = 60.0) -> ActionResult:
-        """The settled ActionResult (waits for it; returns at once if it already exists).
+        """The settled result in the project's own form (`result_envelope`'s `.result`)."""
+        return (await self.result_envelope(timeout_s=timeout_s)).result
+
+    async def result_envelope(self, *, timeout_s: float = 60.0) -> BelievedResult:
+        """The settled result: its exact `action_result` Envelope bytes as published, with
+        their decoding (waits for it; returns at once if it already exists).
 
         With trusted worker keys, a result that does not verify is skipped and the wait goes
         on; when the time is up after only such results, their refusal is raised. A result
@@ -193,8 +322,9 @@ class ActionHandle:
                     if refused is not None:
                         raise refused
                     raise nats.errors.TimeoutError
+                data = msg.data or b""
                 try:
-                    return self.believe(msg.data or b"")
+                    return BelievedResult(self.believe(data), data)
                 except CannotSign:
                     raise
                 except UnverifiedResponse as exc:
@@ -484,6 +614,15 @@ class AipClient:
         """The result already on the results stream, without waiting (verified like
         `result()`: when the last one is not a trusted worker's or not this Action's, the
         earlier ones are read)."""
+        found = await self.stored_result_envelope(
+            endpoint_id, action_id, envelope_sha256=envelope_sha256
+        )
+        return found.result if found is not None else None
+
+    async def stored_result_envelope(
+        self, endpoint_id: str, action_id: str, *, envelope_sha256: str | None = None
+    ) -> BelievedResult | None:
+        """`stored_result` with the result's exact Envelope bytes (`BelievedResult`)."""
         handle = self.handle(endpoint_id, action_id, envelope_sha256=envelope_sha256)
         try:
             msg = await self.nc.jetstream().get_last_msg(
@@ -492,12 +631,13 @@ class AipClient:
             )
         except NotFoundError:
             return None
+        data = msg.data or b""
         try:
-            return handle.believe(msg.data or b"")
+            return BelievedResult(handle.believe(data), data)
         except CannotSign:
             raise
         except UnverifiedResponse:
-            return await handle.result(timeout_s=2.0)
+            return await handle.result_envelope(timeout_s=2.0)
 
     async def cancel(
         self,

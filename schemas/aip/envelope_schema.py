@@ -100,6 +100,11 @@ PUBLISHED: Final[Mapping[str, str]] = {
     "entry on `aip.hermes.{endpoint}.dlq`: state `dead_lettered`, signed by the worker's "
     "response key; the refused message (its size, sha256, first bytes) and why are in "
     "`extensions[\"org.aip-hermes-worker\"].dead_letter`.",
+    "aip.lifecycle.v1.action_list": "One shard of the gateway's index of open delegated "
+    "children on `aip.runtime.open.{shard}` (the first hex digit of the child's id; the last "
+    "message per subject is the shard): an ActionStatus per open child, state `accepted` and "
+    "`updated_at` the time it was added, the whole shard one page (`total_size` its length); "
+    "signed by the gateway key.",
     "aip.discovery.v1.manifest_request": "A request on `aip.hermes.{endpoint}.manifest` for "
     "the endpoint's manifest, optionally filtered (`filter.capability_ids`, `risk`, ...).",
     "aip.discovery.v1.manifest_response": "The endpoint's AIP manifest answered on "

@@ -81,6 +81,14 @@ class ActionStatus(AipStruct, frozen=True):
     )
 
 
+class ActionList(AipStruct, frozen=True):
+    """A list of ActionStatus views (`aip.lifecycle.v1.action_list`)."""
+
+    actions: Annotated[list[ActionStatus], Meta(description="The Actions listed.")]
+    total_size: Annotated[int, Meta(ge=0, description="How many Actions match, before pagination.")]
+    cursor: Annotated[str | None, Meta(description="Cursor of the next page.")] = None
+
+
 class ActionResultRequest(AipStruct, frozen=True):
     """An Action's result."""
 

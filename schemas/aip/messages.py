@@ -24,6 +24,7 @@ from schemas.aip.escalation import Escalation, EscalationResolution
 from schemas.aip.lifecycle import (
     ActionEvents,
     ActionEventsRequest,
+    ActionList,
     ActionResultRequest,
     ActionStatus,
     ActionStatusRequest,
@@ -112,6 +113,7 @@ PAYLOAD_TYPES: Final[Mapping[str, type[AipStruct]]] = {
     "aip.lifecycle.v1.action_status_request": ActionStatusRequest,
     "aip.lifecycle.v1.action_status": ActionStatus,
     "aip.lifecycle.v1.action_result_request": ActionResultRequest,
+    "aip.lifecycle.v1.action_list": ActionList,
     "aip.lifecycle.v1.action_events_request": ActionEventsRequest,
     "aip.lifecycle.v1.action_events": ActionEvents,
     "aip.policy.v1.approval_request": ApprovalRequest,

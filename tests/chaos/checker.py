@@ -38,16 +38,18 @@ The rules (docs/reliability.md lists them with the guarantee each one tests):
   exactly one child Action: every answer names the child's namespaced id, and that child
   has exactly one result (`one_result`, the gateway's answer counting as the
   acknowledgement), which the trusted worker keys verify.
-* `chunks`: the chain the result vouches for (walked back from the terminal chunk its
-  `last_chunk_sha256` names, through `prev_sha256`) is on the stream, gap-free from seq 0,
-  with exactly one terminal chunk, its last; and a consumer reading the stream through the
-  project's reader (`ActionHandle.chunks`' `ChunkSequencer`, in stream order, as a live
-  reader meets it) gets exactly that chain, without an error: with `verified_only`, and
-  streaming once it applies the reader's retractions. Any other chunk on the subject is a
-  violation, except a non-terminal chunk whose `AIP-Chunk-Mac` verifies under the chain key
-  of a fence the settle superseded: a superseded owner's late chunk (docs/reliability.md bug
-  2), which the reader keeps from the consumer; those are counted (`late_chunks`), not
-  violations.
+* `chunks`: an Action of a non-streaming capability (`models`, the delegated read) has no
+  chunk at all: its result names none and its chunk subject holds none. For a streaming
+  one (an objective, a resume, a chat turn), the chain the result vouches for (walked back
+  from the terminal chunk its `last_chunk_sha256` names, through `prev_sha256`) is on the
+  stream, gap-free from seq 0, with exactly one terminal chunk, its last; and a consumer
+  reading the stream through the project's reader (`ActionHandle.chunks`'
+  `ChunkSequencer`, in stream order, as a live reader meets it) gets exactly that chain,
+  without an error: with `verified_only`, and streaming once it applies the reader's
+  retractions. Any other chunk on the subject is a violation, except a non-terminal chunk
+  whose `AIP-Chunk-Mac` verifies under the chain key of a fence the settle superseded: a
+  superseded owner's late chunk (docs/reliability.md bug 2), which the reader keeps from
+  the consumer; those are counted (`late_chunks`), not violations.
 * `durable`: every result the client saw during the campaign is still on the stream after
   the faults healed (nothing acknowledged by JetStream was lost).
 """
@@ -68,6 +70,7 @@ from tests.aip_wire import chunk_view
 from tests.chaos.history import History
 from worker.errors import UnverifiedResponse
 from worker.execution.chunk_chain import mac_is_valid
+from worker.operations.catalog import STREAMING
 from worker.trust.responses import ChunkRetraction, ChunkSequencer
 from worker.wire.results import decode_result
 
@@ -125,13 +128,23 @@ class Request:
 
 @dataclass
 class PlannedAction:
-    """What the workload published: its kind, and for a resume the objective it answers."""
+    """What the workload published: its kind and operation, and for a resume the objective
+    it answers."""
 
     action_id: str
     #: read | objective | approval_objective | resume | forged_resume | chat | delegation
     #: (a delegation's id is its child's bus id)
     kind: str
     source_id: str | None = None
+    #: The capability's operation (`models`, `operator`, `chat_stream`, …): whether the
+    #: Action has a chunk stream at all (`streaming`).
+    operation: str = field(kw_only=True)
+
+    @property
+    def streaming(self) -> bool:
+        """Only a streaming capability's Action publishes chunks (as upstream AIP): any
+        other one's signed result is its whole answer and names no chunk."""
+        return self.operation in STREAMING
 
 
 @dataclass
@@ -496,6 +509,10 @@ def chunks(ev: Evidence) -> list[Violation]:
         if action_id not in ev.acked:
             continue
         raws = ev.chunks.get(action_id, [])
+        planned = ev.actions.get(action_id)
+        if planned is not None and not planned.streaming:
+            out += unstreamed(action_id, raws, copies)
+            continue
         for result in filter(None, map(decoded_result, set(copies))):
             chain, broken = named_chain(raws, result.last_chunk_sha256)
             if broken is not None:
@@ -525,6 +542,34 @@ def chunks(ev: Evidence) -> list[Violation]:
                         "a valid chain MAC of a superseded fence (forged, or its own fork)",
                     )
                 )
+    return out
+
+
+def unstreamed(action_id: str, raws: list[bytes], copies: list[bytes]) -> list[Violation]:
+    """A non-streaming capability's Action (`PlannedAction.streaming` false): no chunk on
+    its subject, whoever made it (no owner at any fence has a stream to publish), and no
+    result that names a last chunk (a consumer would wait for a chunk that never comes)."""
+    out: list[Violation] = []
+    if raws:
+        seqs = [chunk_view(raw)["seq"] for raw in raws]
+        out.append(
+            Violation(
+                "chunks",
+                action_id,
+                f"chunks at seqs {seqs} on the subject of a non-streaming Action "
+                "(it has no chunk stream)",
+            )
+        )
+    for result in filter(None, map(decoded_result, set(copies))):
+        if result.last_chunk_sha256 is not None:
+            out.append(
+                Violation(
+                    "chunks",
+                    action_id,
+                    "the result of a non-streaming Action names a last chunk "
+                    f"({result.last_chunk_sha256[:12]}…): it has no chunk stream",
+                )
+            )
     return out
 
 
@@ -572,6 +617,9 @@ def late_chunks(ev: Evidence) -> tuple[int, int]:
     and then retracted, over every settled Action."""
     late = retracted = 0
     for action_id, copies in ev.results.items():
+        planned = ev.actions.get(action_id)
+        if planned is not None and not planned.streaming:
+            continue  # no chunk stream: any chunk there is a violation (`unstreamed`)
         raws = ev.chunks.get(action_id, [])
         for result in filter(None, map(decoded_result, set(copies))):
             _, broken = named_chain(raws, result.last_chunk_sha256)

@@ -69,24 +69,27 @@ def chain(action_id: str, kinds: list[str]) -> list[bytes]:
 
 def result(
     action_id: str,
-    terminal: bytes,
+    terminal: bytes | None,
     *,
     worker: str = "w1",
     fence: int = 1,
     status: ResultStatus = ResultStatus.COMPLETED,
     error: ProtocolError | None = None,
+    operation: str = "operator",
 ) -> bytes:
+    """A result naming `terminal` as its last chunk (None: it names none, as the result of
+    a non-streaming capability does)."""
     return encode_result(
         ActionResult(
             action_id=action_id,
-            capability="cap:hermes_agent:h1:operator",
+            capability=f"cap:hermes_agent:h1:{operation}",
             endpoint_id="h1",
             status=status,
             error=error,
             settled_by=worker,
             fence=fence,
             settled_at_unix_ms=1,
-            last_chunk_sha256=sha256(terminal),
+            last_chunk_sha256=sha256(terminal) if terminal is not None else None,
         ),
         action=None,
         signer=None,
@@ -117,7 +120,7 @@ def clean() -> Evidence:
     chunks = chain(A, ["data", "data", "done"])
     history = History()
     ev = Evidence(
-        actions={A: PlannedAction(A, "objective")},
+        actions={A: PlannedAction(A, "objective", operation="operator")},
         acked={A},
         results={A: [result(A, chunks[-1], worker="w2", fence=2)]},
         chunks={A: chunks},
@@ -149,7 +152,7 @@ def test_a_second_start_for_one_objective() -> None:
 
 def test_a_second_unsafe_chat_request() -> None:
     ev = clean()
-    ev.actions[B] = PlannedAction(B, "chat")
+    ev.actions[B] = PlannedAction(B, "chat", operation="chat_stream")
     ev.requests += [Request(CHAT, None, {"messages": [{"content": f"chaos chat {B}"}]}, 0.0)] * 2
     assert rules(ev) == ["unsafe_once"]
 
@@ -162,7 +165,7 @@ def test_two_approvals_sent_to_one_run() -> None:
 
 def test_an_acknowledged_action_without_a_result_is_lost() -> None:
     ev = clean()
-    ev.actions[B] = PlannedAction(B, "read")
+    ev.actions[B] = PlannedAction(B, "read", operation="models")
     ev.acked.add(B)
     violations = check(ev)
     assert [(v.rule, v.action_id) for v in violations] == [("one_result", B)]
@@ -292,6 +295,60 @@ def test_the_named_chain_must_be_whole() -> None:
     assert "second terminal chunk" in check(ev)[0].message
 
 
+def _read(ev: Evidence, kind: str = "read") -> None:
+    """B: a `models` read (a non-streaming capability) settled with no chunk stream."""
+    ev.actions[B] = PlannedAction(B, kind, operation="models")
+    ev.acked.add(B)
+    ev.results[B] = [result(B, None, operation="models")]
+
+
+def test_a_non_streaming_action_has_no_chunk_and_its_result_names_none() -> None:
+    """As upstream AIP: a non-streaming capability's result is its whole answer. No chunk
+    on its subject and a result naming none is clean; a chunk there, or a result naming a
+    last chunk, is a violation (the planted ones are caught)."""
+    for kind in ("read", "delegation"):
+        ev = clean()
+        _read(ev, kind)
+        if kind == "delegation":
+            ev.history.add("ok", "delegate", B, child=B)
+        assert check(ev) == []
+        assert late_chunks(ev) == (0, 0)
+        # A chunk stream published for it anyway, closed by a terminal chunk its result
+        # names: both are violations.
+        ev.chunks[B] = chain(B, ["data", "done"])
+        ev.results[B] = [result(B, ev.chunks[B][-1], operation="models")]
+        messages = [v.message for v in check(ev)]
+        assert [v.rule for v in check(ev)] == ["chunks", "chunks"]
+        assert "chunks at seqs [0, 1] on the subject of a non-streaming Action" in messages[0]
+        assert "names a last chunk" in messages[1]
+        # Only a stray chunk (the result names none): still a violation.
+        ev.results[B] = [result(B, None, operation="models")]
+        assert [v.message[:15] for v in check(ev)] == ["chunks at seqs "]
+        # Only a result naming a chunk that is not there.
+        ev.chunks[B] = []
+        ev.results[B] = [result(B, b"no such chunk", operation="models")]
+        assert [v.rule for v in check(ev)] == ["chunks"]
+
+
+def test_a_streaming_action_whose_result_names_no_chunk_is_a_violation() -> None:
+    """The strict check stays for streaming Actions: an objective (or a chat turn) whose
+    result names no terminal chunk, with or without chunks on its subject, breaks it."""
+    ev = clean()
+    ev.results[A] = [result(A, None, worker="w2", fence=2)]
+    ev.history.events.clear()
+    violations = check(ev)
+    assert [v.rule for v in violations] == ["chunks"]
+    assert "does not hold (3 held)" in violations[0].message
+    ev.chunks[A] = []
+    assert "does not hold (0 held)" in check(ev)[0].message
+    ev = clean()
+    ev.actions[B] = PlannedAction(B, "chat", operation="chat_stream")
+    ev.acked.add(B)
+    ev.requests.append(Request(CHAT, None, {"messages": [{"content": f"chaos chat {B}"}]}, 0.0))
+    ev.results[B] = [result(B, None, operation="chat_stream")]
+    assert [(v.rule, v.action_id) for v in check(ev)] == [("chunks", B)]
+
+
 def test_a_certain_failure_after_a_start_reached_hermes_is_dishonest() -> None:
     ev = clean()
     terminal = ev.chunks[A][-1]
@@ -347,7 +404,7 @@ def test_fences_that_go_down_on_the_audit_stream() -> None:
 def test_a_forged_approval_that_reaches_hermes_or_completes_a_resume() -> None:
     ev = clean()
     forged = "act_" + "f" * 32
-    ev.actions[forged] = PlannedAction(forged, "forged_resume", source_id=A)
+    ev.actions[forged] = PlannedAction(forged, "forged_resume", source_id=A, operation="operator")
     ev.runs[A] = "run_a"
     assert check(ev) == []
     ev.requests.append(Request(APPROVAL, "run_a", {"choice": "once"}, 0.0))
@@ -357,8 +414,8 @@ def test_a_forged_approval_that_reaches_hermes_or_completes_a_resume() -> None:
     assert rules(ev) == ["signed_only"]
     # A genuine resume of the same prompt may send the approval.
     ev = clean()
-    ev.actions[forged] = PlannedAction(forged, "forged_resume", source_id=A)
-    ev.actions[B] = PlannedAction(B, "resume", source_id=A)
+    ev.actions[forged] = PlannedAction(forged, "forged_resume", source_id=A, operation="operator")
+    ev.actions[B] = PlannedAction(B, "resume", source_id=A, operation="operator")
     ev.runs[A] = "run_a"
     ev.requests.append(Request(APPROVAL, "run_a", {"choice": "once"}, 0.0))
     assert check(ev) == []
@@ -384,7 +441,7 @@ def test_a_forged_cancel_that_stops_the_run_or_cancels_the_action() -> None:
 def test_a_certain_failure_after_a_chat_turn_reached_hermes_is_dishonest() -> None:
     ev = clean()
     chunks = chain(B, ["data", "error"])
-    ev.actions[B] = PlannedAction(B, "chat")
+    ev.actions[B] = PlannedAction(B, "chat", operation="chat_stream")
     ev.acked.add(B)
     ev.chunks[B] = chunks
     ev.requests.append(Request(CHAT, None, {"messages": [{"content": f"chaos chat {B}"}]}, 0.0))
@@ -409,7 +466,7 @@ def test_an_approval_sent_while_every_resume_of_its_prompt_failed_certain() -> N
     ev = clean()
     resumes = ["act_" + "1" * 32, "act_" + "2" * 32]
     for resume in resumes:
-        ev.actions[resume] = PlannedAction(resume, "resume", source_id=A)
+        ev.actions[resume] = PlannedAction(resume, "resume", source_id=A, operation="operator")
         ev.chunks[resume] = chain(resume, ["error"])
     ev.runs[A] = "run_a"
     ev.requests.append(Request(APPROVAL, "run_a", {"choice": "once"}, 0.0))
@@ -453,17 +510,17 @@ def test_the_reproduce_line_names_the_schedule_length_and_the_kinds() -> None:
 
 def test_a_delegation_with_two_children_or_an_unverified_child_result() -> None:
     ev = clean()
-    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.actions[B] = PlannedAction(B, "delegation", operation="models")
     ev.history.add("ok", "delegate", B, child=B)
     assert check(ev) == []
     ev.history.add("ok", "delegate", B, child=A)  # a retried call got another child
     assert rules(ev) == ["delegation"]
     ev = clean()
-    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.actions[B] = PlannedAction(B, "delegation", operation="models")
     ev.unverified[B] = "not signed by a trusted worker"
     assert rules(ev) == ["delegation"]
     # Acknowledged by the gateway's answer, and no child result: lost.
     ev = clean()
-    ev.actions[B] = PlannedAction(B, "delegation")
+    ev.actions[B] = PlannedAction(B, "delegation", operation="models")
     ev.acked.add(B)
     assert rules(ev) == ["one_result"]

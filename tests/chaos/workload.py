@@ -320,7 +320,9 @@ class Workload:
             "timeout_ms": ACTION_TIMEOUT_MS,
             "idempotency_key": "idem-" + supplied[4:24],
         }
-        self.planned[child] = PlannedAction(child, "delegation")
+        self.planned[child] = PlannedAction(
+            child, "delegation", operation=DELEGATED_CAPABILITY.rsplit(":", 1)[-1]
+        )
         for _ in range(2 if self.rng.random() < 0.3 else 1):
             self.history.add("invoke", "delegate", child, mode=mode)
             try:
@@ -375,7 +377,9 @@ class Workload:
         return True
 
     async def _publish(self, action: Action, kind: str, source_id: str | None = None) -> bool:
-        self.planned[action.id] = PlannedAction(action.id, kind, source_id)
+        self.planned[action.id] = PlannedAction(
+            action.id, kind, source_id, operation=action.capability.rsplit(":", 1)[-1]
+        )
         self.history.add("invoke", "publish", action.id, kind=kind)
         try:
             await asyncio.wait_for(self.stack.publish(action), PUBLISH_TIMEOUT_S)

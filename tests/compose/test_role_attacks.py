@@ -458,21 +458,33 @@ async def test_a_worker_with_the_worker_credential_completes_a_gateway_action(
         )
         await asyncio.to_thread(worker.start, wait_ready_s=20.0)
         try:
+            identity: dict[str, Any] = {
+                "principal_id": USER_UNTENANTED,
+                "principal_kind": PRINCIPAL_KIND,
+                "authentication_issuer": ISSUER,
+                "credential_revision": REVISION,
+            }
             action = client.build_action(
-                endpoint_id=ENDPOINT,
-                operation="models",
-                input={},
-                principal_id=USER_UNTENANTED,
-                principal_kind=PRINCIPAL_KIND,
-                authentication_issuer=ISSUER,
-                credential_revision=REVISION,
+                endpoint_id=ENDPOINT, operation="models", input={}, **identity
             )
             handle = await client.publish(action)
             result = await handle.result(timeout_s=30)
-            # The chunks too, by message gets: the gateway user may create no consumer.
-            kinds = [chunk.kind.value async for chunk in handle.chunks(idle_timeout_s=10)]
-            assert kinds[-1] == "done", kinds
+            # `models` does not stream (as upstream AIP): the chunk follower, reading by
+            # message gets (the gateway user may create no consumer), ends on its result
+            # with nothing yielded.
+            assert [chunk async for chunk in handle.chunks(idle_timeout_s=10)] == []
+            assert result.last_chunk_sha256 is None
             assert result.status.value == "completed", result.error
+            # A streaming capability's chunks, read by message gets the same way.
+            turn = {"messages": [{"role": "user", "content": "a short streamed answer"}]}
+            streamed = await client.publish(
+                client.build_action(
+                    endpoint_id=ENDPOINT, operation="chat_stream", input=turn, **identity
+                )
+            )
+            kinds = [chunk.kind.value async for chunk in streamed.chunks(idle_timeout_s=10)]
+            assert kinds[-1] == "done", kinds
+            assert (await streamed.result(timeout_s=30)).status.value == "completed"
             assert result.settled_by == "w-compose"
             receipts = await client.receipts(ENDPOINT, action.id)
             assert "settled" in [r.event.value for r in receipts]

@@ -5,8 +5,9 @@ subscription on `>` sees every message any process publishes there, JetStream's 
 pull consumers included. Each message on the project's subjects (and each reply that is an
 Envelope) is checked against the exported JSON Schema of its `message_type` with the
 `jsonschema` library, a validator this project did not write. Signatures and chains are the
-business of the per-family wire tests; this test answers one question: is there any message
-on our subjects that an AIP reader could not parse?
+business of the per-family wire tests; this test answers two questions: is there any message
+on our subjects that an AIP reader could not parse, and is there a chunk of an Action whose
+capability does not stream (upstream publishes none: the result is the whole answer)?
 """
 
 from __future__ import annotations
@@ -25,18 +26,16 @@ from nats.aio.msg import Msg
 
 import worker.demo as demo
 from subjects.grammar import DEFAULT_PREFIX
+from worker.delegation.action_id import delegation_action_id
 from worker.demo.console import Console
 from worker.demo.environment import DemoEnvironment
+from worker.operations.catalog import STREAMING
 
 pytestmark = pytest.mark.demo
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 #: NATS' own subjects: the JetStream API and its acks, service discovery, the system account.
 SERVER_SUBJECTS = ("$JS.", "$SRV.", "$SYS.", "$KV.", "$O.")
-#: Not yet AIP (issue #25, open): the gateway's internal index of open children, a
-#: gateway-signed JSON map per shard that no AIP reader consumes (AIP's nearest shape is an
-#: ActionList). Named here so that nothing else can slip through unlisted.
-NOT_YET_AIP = re.compile(rf"^{DEFAULT_PREFIX}\.runtime\.open\.[^.]+$")
 #: What one story must show at least, by message type (a capture that saw nothing proves
 #: nothing).
 EXPECTED_TYPES = (
@@ -48,6 +47,7 @@ EXPECTED_TYPES = (
     "aip.core.v1.cancel",
     "aip.agent.v1.delegation_request",
     "aip.lifecycle.v1.action_status",
+    "aip.lifecycle.v1.action_list",
     "aip.audit.v1.receipt_chain",
 )
 
@@ -86,17 +86,25 @@ def _ours(subject: str) -> bool:
     return subject.startswith(DEFAULT_PREFIX + ".")
 
 
-def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str]]:
-    validators = _validators()
-    problems: list[str] = []
-    seen: Counter[str] = Counter()
+def _documents(messages: list[tuple[str, bytes]]) -> list[tuple[str, bytes, Any]]:
+    """Each message that is not the server's, with its JSON document (None: not JSON)."""
+    found: list[tuple[str, bytes, Any]] = []
     for subject, data in messages:
-        if subject.startswith(SERVER_SUBJECTS) or not data or NOT_YET_AIP.match(subject):
+        if subject.startswith(SERVER_SUBJECTS) or not data:
             continue
         try:
             doc = json.loads(data)
         except ValueError:
             doc = None
+        found.append((subject, data, doc))
+    return found
+
+
+def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str]]:
+    validators = _validators()
+    problems: list[str] = []
+    seen: Counter[str] = Counter()
+    for subject, data, doc in _documents(messages):
         envelope = isinstance(doc, dict) and "aip_version" in doc
         if not envelope:
             if _ours(subject):
@@ -115,6 +123,42 @@ def _problems(messages: list[tuple[str, bytes]]) -> tuple[list[str], Counter[str
             continue
         seen[message_type] += 1
     return problems, seen
+
+
+def _unstreamed_chunks(messages: list[tuple[str, bytes]]) -> list[str]:
+    """The chunks of Actions whose capability does not stream, read by hand: an Action's
+    capability from its Envelope (`body.action.capability_id`, a delegation's
+    `child_action`; a delegation itself runs as the operator under the id
+    `delegation_action_id` derives), whether it streams from the
+    capability table (`STREAMING`: those the manifest publishes with expected completion
+    `streaming`), a chunk's Action from `body.stream_chunk.action_id`."""
+    capability_of: dict[str, str] = {}
+    chunked: list[tuple[str, str]] = []
+    for subject, _, doc in _documents(messages):
+        body = doc.get("body") if isinstance(doc, dict) else None
+        if not isinstance(body, dict):
+            continue
+        delegation = body.get("delegation_request")
+        if isinstance(delegation, dict):
+            # Executed by the operator under an id derived from the delegation's.
+            delegated = delegation_action_id(str(delegation.get("delegation_id")))
+            capability_of[delegated] = "cap:hermes_agent:*:operator"
+            delegation = delegation.get("child_action")
+        for action in (body.get("action"), delegation):
+            if isinstance(action, dict):
+                capability_of[str(action.get("id"))] = str(action.get("capability_id"))
+        if isinstance(body.get("stream_chunk"), dict):
+            chunked.append((subject, str(body["stream_chunk"].get("action_id"))))
+    found = []
+    for subject, action_id in chunked:
+        capability = capability_of.get(action_id)
+        if capability is None:
+            found.append(f"{subject}: a chunk of an Action never seen")
+        elif capability.startswith("cap:hermes_agent:") and (
+            capability.rsplit(":", 1)[-1] not in STREAMING
+        ):
+            found.append(f"{subject}: a chunk of {capability}, which does not stream")
+    return found
 
 
 def _summary(problems: list[str], total: int) -> str:
@@ -151,3 +195,5 @@ async def test_every_message_of_the_demo_story_is_a_schema_valid_aip_envelope(
     assert not problems, _summary(problems, len(capture.messages))
     for message_type in EXPECTED_TYPES:
         assert seen[message_type] > 0, (message_type, dict(seen))
+    unstreamed = _unstreamed_chunks(capture.messages)
+    assert not unstreamed, unstreamed[:10]

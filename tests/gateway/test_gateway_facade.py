@@ -24,6 +24,7 @@ from worker.testing.gateway import call_tool
 from .conftest import H1_TOKEN, GatewayStack
 
 MODELS = "cap:hermes_agent:h1:models"
+CHAT_STREAM = "cap:hermes_agent:h1:chat_stream"
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
 
@@ -203,18 +204,53 @@ async def test_reference_shaped_calls_answer_aip_objects(gs_up: GatewayStack) ->
     assert page["action_id"] == action_id
     assert page["terminal"] is True
     assert "cursor" not in page  # the ended Action's last page was given
+    # `models` does not stream (as upstream AIP): no event and no chunk; its result ended it.
+    assert page["events"] == []
+    assert "chunks" not in page
+
+    # The events' shapes and the kinds filter, on a streaming capability's Action.
+    streamed_id = new_action_id()
+    streamed = await call_tool(
+        gs.url,
+        H1_TOKEN,
+        "aip_call",
+        {
+            "capability_id": CHAT_STREAM,
+            "input": {"messages": [{"role": "user", "content": "stream me a reply"}]},
+            "action_id": streamed_id,
+            "mode": "streaming",
+            "idempotency_key": "idem-" + streamed_id[4:24],
+            "context": {"timeout_ms": 20_000},
+        },
+    )
+    assert not streamed.is_error, streamed.document
+    ended = await call_tool(
+        gs.url, H1_TOKEN, "aip_action_result", {"action_id": streamed_id, "wait_ms": 20_000}
+    )
+    assert ended.document["body"]["action_result"]["status"] == "completed", ended.document
+    events = await call_tool(
+        gs.url,
+        H1_TOKEN,
+        "aip_action_events",
+        {"action_id": streamed_id, "cursor": "0", "limit": 1000, "include_chunks": True},
+    )
+    page = events.document["body"]["action_events"]
+    assert page["terminal"] is True
+    assert "cursor" not in page
+    assert len(page["events"]) >= 2, page  # the reply's chunks, then done
     for event in page["events"]:
         assert re.fullmatch(r"evt_[0-9a-f]{32}", event["id"]), event
         assert event["kind"] == f"stream_chunk.{event['data']['kind']}"
         assert RFC3339.match(event["occurred_at"]), event
-        assert event["action_id"] == action_id
-    for chunk in page.get("chunks", []):
+        assert event["action_id"] == streamed_id
+    assert len(page["chunks"]) == len(page["events"])
+    for chunk in page["chunks"]:
         valid(chunk_of, chunk)
     only_done = await call_tool(
         gs.url,
         H1_TOKEN,
         "aip_action_events",
-        {"action_id": action_id, "kinds": ["stream_chunk.done"]},
+        {"action_id": streamed_id, "kinds": ["stream_chunk.done"]},
     )
     assert [e["kind"] for e in only_done.body["events"]] == ["stream_chunk.done"]
 

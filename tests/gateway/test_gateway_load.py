@@ -475,6 +475,13 @@ async def test_events_before_the_result_follow_the_chain_forward_unverified(
     assert [e["data"]["sha256"] for e in answer["events"]] == chain
     assert all(e["data"]["verified"] is False for e in answer["events"])
     assert answer["terminal"] is False
+    # Its terminal chunk alone does not end it (anyone may publish one, and a child of a
+    # non-streaming capability has none): only its result does, and there is none yet.
+    await js.publish(subject, real[2])
+    answer, _ = await h.service.events(principal, child.id)
+    assert [e["kind"] for e in answer["events"]][-1] == "stream_chunk.done"
+    assert answer["terminal"] is False
+    assert "cursor" in answer
 
 
 async def test_a_contract_without_a_mode_gets_the_capabilitys_default(harness: Harness) -> None:

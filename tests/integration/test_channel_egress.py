@@ -22,7 +22,6 @@ import msgspec
 import pytest
 
 from schemas.channel import ChannelDelivery, ChannelSource
-from schemas.chunk import DataChunk
 from schemas.ids import new_action_id
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
@@ -126,8 +125,13 @@ async def test_a_result_is_delivered_once_under_duplicate_deliveries(stack: Stac
     delivered = await stack.client.handle(ENDPOINT, delivered_id).result(timeout_s=30)
     assert delivered.status is ResultStatus.COMPLETED, delivered.error
     assert delivered.capability == f"cap:hermes_agent:{ENDPOINT}:session_chat"
-    chunks = await stack.chunks(delivered_id)
-    assert any(isinstance(c, DataChunk) for c in chunks)  # the session's reply
+    # session_chat does not stream (as upstream AIP): the session's reply is the delivery's
+    # result alone, with no chunk on its subject (nor on the `models` source's).
+    assert delivered.output["message"]["role"] == "assistant", delivered.output
+    assert delivered.output["message"]["content"], delivered.output
+    assert delivered.last_chunk_sha256 is None
+    assert await stack.chunks(delivered_id) == []
+    assert await stack.chunks(source.id) == []
 
     # Every kind of duplicate: the source again, the delivery message again (both past the
     # server's duplicate window, i.e. without Nats-Msg-Id).

@@ -8,7 +8,6 @@ from typing import Any
 
 import httpx
 
-from schemas.chunk import DataChunk
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from tests.integration.test_channel_egress import RULE, SESSION, desk_rule, write_rules
@@ -38,8 +37,10 @@ async def test_a_result_is_delivered_into_the_session_and_read_back(route_stack:
         assert delivered.status is ResultStatus.COMPLETED, delivered.error
         reply = delivered.output["message"]["content"]
         assert reply
-        chunks = await stack.chunks(delivered_id)
-        assert [c.payload for c in chunks if isinstance(c, DataChunk)] == [delivered.output]
+        # session_chat does not stream (as upstream AIP): the reply is the delivery's
+        # result alone, and its chunk subject stays empty.
+        assert delivered.last_chunk_sha256 is None
+        assert await stack.chunks(delivered_id) == []
 
         listed = await hermes.get(f"/api/sessions/{SESSION}/messages")
         assert listed.status_code == 200, listed.text

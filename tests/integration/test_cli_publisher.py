@@ -27,7 +27,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from schemas.result import ActionResult, ResultStatus
+from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
 from worker.commands.exit_codes import Exit
 from worker.testing.identities import (
@@ -101,8 +101,8 @@ async def test_submit_signs_with_the_gateway_key_setting_and_exits_0_on_complete
     )  # fmt: skip
     assert code == Exit.OK, err
     action_id, *_, last = out.strip().splitlines()
-    result = msgspec.json.decode(last, type=ActionResult)
-    assert (result.action_id, result.status) == (action_id, ResultStatus.COMPLETED)
+    result = json.loads(last)  # AIP's ActionResult
+    assert (result["action_id"], result["status"]) == (action_id, "completed")
     assert "Traceback" not in err
 
 
@@ -183,8 +183,8 @@ async def test_governed_publishing_writes_approves_and_runs_one_action_once(
     )  # fmt: skip
     assert code == Exit.OK, err
     assert out.splitlines()[0] == action_id
-    result = msgspec.json.decode(out.strip().splitlines()[-1], type=ActionResult)
-    assert result.status is ResultStatus.COMPLETED, result.error
+    result = json.loads(out.strip().splitlines()[-1])  # AIP's ActionResult
+    assert result["status"] == "completed", result.get("error")
     assert stack.fake is not None
     assert stack.fake.stats().count(POST_RUNS) == 1
 
@@ -210,8 +210,8 @@ async def test_an_unapproved_governed_action_is_not_reported_completed(stack: St
         "--input", json.dumps({"objective": "list the files"}), *identity_flags(),
         "--wait", "30", "--trusted-worker-keys", str(stack.trust.worker_keys_file),
     )  # fmt: skip
-    result = msgspec.json.decode(out.strip().splitlines()[-1], type=ActionResult)
-    assert result.status is ResultStatus.FAILED
+    result = json.loads(out.strip().splitlines()[-1])  # AIP's ActionResult
+    assert result["status"] == "failed"
     assert code == Exit.FAILED, err
 
 
@@ -474,10 +474,16 @@ async def test_tail_text_and_audit_show_iso_utc_times_and_json_keeps_them_raw(
     )
     assert code == Exit.OK, err
     lines = out.strip().splitlines()
-    assert all(ISO_UTC.match(line) for line in lines[:-1]), out
-    assert " result completed (settled by " in lines[-2], out
+    # `models` does not stream (as upstream AIP): no chunk line, the result and its output.
+    assert len(lines) == 2, out
+    assert " result completed (settled by " in lines[0], out
     assert lines[-1].startswith("output: "), out
-    assert ISO_UTC.match(lines[-2])
+    assert ISO_UTC.match(lines[0])
+    code, out, err = await cli(stack, "tail", handle.action_id, "--endpoint", ENDPOINT, *keys)
+    assert code == Exit.OK, err
+    [line] = out.splitlines()  # the AIP ActionResult alone
+    assert json.loads(line)["status"] == "completed"
+    assert set(json.loads(line)) <= {"action_id", "status", "output", "error"}
 
     code, out, err = await cli(stack, "audit", handle.action_id, "--endpoint", ENDPOINT, *keys)
     assert code == Exit.OK, err
@@ -489,3 +495,44 @@ async def test_tail_text_and_audit_show_iso_utc_times_and_json_keeps_them_raw(
     assert code == Exit.OK, err
     assert all(isinstance(json.loads(line)["ts_unix_ms"], int) for line in out.splitlines())
     assert result.status is ResultStatus.COMPLETED
+
+
+async def test_tail_and_result_print_aip_shapes_and_envelopes_with_envelope(
+    stack: Stack,
+) -> None:
+    """`tail`/`result` JSON lines are AIP's StreamChunk and ActionResult (#25 item 7), read
+    here with plain `json`; `--envelope` prints the Envelopes as published, whose bodies
+    are those lines."""
+    await stack.spawn("w1")
+    turn = {"messages": [{"role": "user", "content": "stream a short answer"}]}
+    handle = await stack.publish(stack.action("chat_stream", turn))
+    await handle.result(timeout_s=30)
+    keys = ("--trusted-worker-keys", str(stack.trust.worker_keys_file))
+    tail = ("tail", handle.action_id, "--endpoint", ENDPOINT, *keys)
+    code, out, err = await cli(stack, *tail)
+    assert code == Exit.OK, err
+    *chunks, result = [json.loads(line) for line in out.splitlines()]
+    assert chunks, out
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert all(set(c) <= {"action_id", "sequence", "kind", "data", "part"} for c in chunks)
+    assert chunks[-1]["kind"] == "done"
+    assert set(result) <= {"action_id", "status", "output", "error"}
+    assert (result["action_id"], result["status"]) == (handle.action_id, "completed")
+    code, out, err = await cli(stack, *tail, "--envelope")
+    assert code == Exit.OK, err
+    envelopes = [json.loads(line) for line in out.splitlines()]
+    assert [e["message_type"] for e in envelopes] == [
+        *["aip.core.v1.stream_chunk"] * len(chunks),
+        "aip.core.v1.action_result",
+    ]
+    assert [e["body"]["stream_chunk"] for e in envelopes[:-1]] == chunks
+    assert envelopes[-1]["body"]["action_result"] == result
+    assert "signature" in envelopes[-1]["security"]
+    code, out, err = await cli(stack, "result", handle.action_id, "--endpoint", ENDPOINT, *keys)
+    assert code == Exit.OK, err
+    assert json.loads(out) == result
+    code, out, err = await cli(
+        stack, "result", handle.action_id, "--endpoint", ENDPOINT, "--envelope", *keys
+    )
+    assert code == Exit.OK, err
+    assert json.loads(out) == envelopes[-1]

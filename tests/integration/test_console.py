@@ -166,18 +166,47 @@ async def test_a_token_sees_only_its_tenants_runs_and_the_filters_narrow_them(
     assert len(ISO.findall(page)) >= 5
 
 
-async def test_a_runs_chunks_stream_as_server_sent_events_until_the_terminal_one(
+async def test_a_runs_chunks_stream_as_server_sent_events_until_its_result(
     stack: Stack, console: ConsoleProcess
 ) -> None:
-    action_id = await _completed(stack, USER_UNTENANTED, None)
-    status, body, headers = await console.get(f"/runs/{ENDPOINT}/{action_id}/chunks", ALL)
+    """A streaming run (`chat_stream`): each chunk as an event, the terminal one last, then
+    `end` carrying the result's status: the result, not the terminal chunk, ends it."""
+    turn = {"messages": [{"role": "user", "content": "stream a short answer"}]}
+    action = stack.action("chat_stream", turn)
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    status, body, headers = await console.get(f"/runs/{ENDPOINT}/{action.id}/chunks", ALL)
     assert status == 200
     assert headers["Content-Type"].startswith("text/event-stream")
     events = re.findall(r"^event: (\w+)$", body, re.M)
     assert events[-1] == "end", body
-    assert "chunk" in events, body
+    assert events.count("chunk") >= 2, body
+    assert set(events) == {"chunk", "end"}, body
     assert re.search(r"^data: " + ISO.pattern + r" #0 ", body, re.M), body
-    assert "done" in body
+    chunk_lines = re.findall(r"^event: chunk\ndata: (.*)$", body, re.M)
+    assert " done " in chunk_lines[-1], body  # the terminal chunk comes last
+    assert body.rstrip().endswith("event: end\ndata: completed"), body
+    _, page, _ = await console.get(f"/runs/{ENDPOINT}/{action.id}", ALL)
+    assert "does not stream" not in page
+
+
+async def test_a_non_streaming_run_has_no_chunk_event_and_ends_on_its_result(
+    stack: Stack, console: ConsoleProcess
+) -> None:
+    """A `models` run (a non-streaming capability, as in AIP): its chunk subject stays empty,
+    and the event stream is `end` alone, with the result's status, sent once the result is
+    out (it does not wait for a terminal chunk that never comes)."""
+    action_id = await _completed(stack, USER_UNTENANTED, None)
+    assert await stack.chunks(action_id) == []
+    started = time.monotonic()
+    status, body, _ = await console.get(f"/runs/{ENDPOINT}/{action_id}/chunks", ALL)
+    assert status == 200
+    assert time.monotonic() - started < 10, "ended on the result, not on a silence timeout"
+    assert re.findall(r"^event: (\w+)$", body, re.M) == ["end"], body
+    assert "data: completed" in body, body
+    status, page, _ = await console.get(f"/runs/{ENDPOINT}/{action_id}", ALL)
+    assert status == 200
+    assert "This capability does not stream" in page
 
 
 async def test_an_escalation_shows_what_waits_for_whom_and_its_command_until_resolved(

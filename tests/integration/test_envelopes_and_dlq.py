@@ -96,8 +96,9 @@ async def test_refused_identity_settles_one_failed_result_without_a_provider_req
     assert result.error.code == "connector_host.authentication"
     assert result.error.retryable is False
     assert stack.fake.stats().count("GET /v1/models") == 0
-    chunks = await stack.chunks(stranger.id)
-    assert [(c.seq, c.kind.value) for c in chunks] == [(0, "error")]
+    # A non-streaming capability: the refusal is its result alone, with no chunk.
+    assert await stack.chunks(stranger.id) == []
+    assert result.last_chunk_sha256 is None
 
 
 async def test_an_unsafe_action_without_idempotency_key_is_refused_before_hermes(

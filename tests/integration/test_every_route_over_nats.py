@@ -3,8 +3,9 @@ against the fake Hermes and the real hermes-agent 0.19.0 alike (issue: the whole
 
 The tour is the qualification driver's item 1 (`worker.qualify.tour`): each call is a signed
 Action, approval-requiring capabilities get a durable approval first, every Action must end
-with a gap-free chunk sequence, a terminal chunk and exactly one completed ActionResult, and
-every operation of the worker's manifest must be reached.
+with exactly one completed ActionResult (a streaming capability's after a gap-free chunk
+sequence and a terminal chunk, any other's with no chunk, as upstream), and every operation
+of the worker's manifest must be reached.
 """
 
 from __future__ import annotations

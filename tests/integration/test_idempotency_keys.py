@@ -68,9 +68,9 @@ async def test_a_retry_under_a_new_id_returns_the_original_result_without_a_requ
     same_answer(replayed, first)
     assert posts(stack) == 1
     assert len(await stack.results(retry.id)) == 1
-    chunks = await stack.chunks(retry.id)
-    assert [(c.seq, c.kind.value) for c in chunks] == [(0, "done")]
-    assert chunks[0].payload["original_action_id"] == first.action_id
+    # `chat` does not stream: the replay is its result alone, with no chunk.
+    assert await stack.chunks(retry.id) == []
+    assert replayed.last_chunk_sha256 is None
 
 
 @pytest.mark.aip_family("idempotency_duplicates", assertions=["collision_rejected"])

@@ -23,7 +23,7 @@ import pytest
 
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
-from tests.integration.test_terminal_chunk import assert_one_closed_stream
+from tests.integration.test_terminal_chunk import assert_one_result_without_chunks
 from worker.testing.identities import USER_UNTENANTED, identity_entries, write_json
 
 POST_SESSIONS = "POST /api/sessions"
@@ -56,7 +56,9 @@ async def _uncertain(stack: Stack, action_id: str) -> str:
     assert result.error.uncertain_outcome is True
     assert result.error.retryable is False
     await stack.settled_and_acked(timeout_s=30)
-    await assert_one_closed_stream(stack, action_id)
+    # session_create does not stream (as upstream AIP): the refusal is its result alone,
+    # with no chunk on its subject.
+    await assert_one_result_without_chunks(stack, action_id)
     assert stack.fake is not None
     assert stack.fake.stats().count(POST_SESSIONS) == 0
     return result.error.message

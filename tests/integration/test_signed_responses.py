@@ -16,6 +16,7 @@ import hashlib
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -64,9 +65,14 @@ def _forged_result(action_id: str, signer: ResponseSigner | None = None) -> byte
     )
 
 
+def _turn() -> dict[str, Any]:
+    """A `chat_stream` turn: a streaming capability, so its Action has a chunk chain."""
+    return {"messages": [{"role": "user", "content": "stream a short answer"}]}
+
+
 async def test_results_chunks_and_dlq_entries_carry_the_workers_signature(stack: Stack) -> None:
     await stack.spawn("w1")
-    handle = await stack.publish(stack.action("models"))
+    handle = await stack.publish(stack.action("chat_stream", _turn()))
     chunks = [chunk async for chunk in handle.chunks(idle_timeout_s=20)]  # chain verified
     assert isinstance(chunks[-1], DoneChunk)
     assert chunks[0].prev_sha256 is None
@@ -123,14 +129,11 @@ async def test_a_forged_result_published_first_is_not_returned(stack: Stack, for
     assert stored == result
 
 
-async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> None:
-    await stack.spawn("w1")
-    action = stack.action("models")
-    # Published before the worker's own chunk 0, under the seq-only Msg-Id chunks used to
-    # have: with content-bound ids both are stored, and the reader meets two chunks at seq 0.
+async def _forge_chunk_0(stack: Stack, action_id: str, msg_id: str | None = None) -> Any:
+    """Publish a forged data chunk 0 on `action_id`'s chunk subject; returns the chunk."""
     forged = make_chunk(
         ChunkKind.DATA,
-        action_id=action.id,
+        action_id=action_id,
         endpoint_id=ENDPOINT,
         seq=0,
         ts_unix_ms=now_ms(),
@@ -138,10 +141,38 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
     )
     forged_bytes = encode_chunk(forged)
     await stack.nc.jetstream().publish(
-        stack.subjects.chunks(ENDPOINT, action.id),
+        stack.subjects.chunks(ENDPOINT, action_id),
         forged_bytes,
-        headers={"Nats-Msg-Id": f"{action.id}:0"},
+        headers={"Nats-Msg-Id": msg_id} if msg_id is not None else None,
     )
+    return forged
+
+
+async def test_a_non_streaming_action_has_no_chunks_and_a_chunk_forged_for_it_is_refused(
+    stack: Stack,
+) -> None:
+    await stack.spawn("w1")
+    handle = await stack.publish(stack.action("models"))
+    assert [chunk async for chunk in handle.chunks(idle_timeout_s=20)] == []
+    assert (await handle.result(timeout_s=20)).last_chunk_sha256 is None
+    # A chunk someone published on a non-streaming Action's subject: yielded while the
+    # result is not there yet, then refused once the signed result says it has no chunk.
+    action = stack.action("models")
+    await _forge_chunk_0(stack, action.id)
+    handle = await stack.publish(action)
+    with pytest.raises(UnverifiedResponse, match="names no chunk"):
+        async for _ in handle.chunks(idle_timeout_s=20):
+            pass
+    # The verified-only reader never yields it: the result vouches for no chunk.
+    assert [c async for c in handle.chunks(idle_timeout_s=20, verified_only=True)] == []
+
+
+async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> None:
+    await stack.spawn("w1")
+    action = stack.action("chat_stream", _turn())
+    # Published before the worker's own chunk 0, under the seq-only Msg-Id chunks used to
+    # have: with content-bound ids both are stored, and the reader meets two chunks at seq 0.
+    forged = await _forge_chunk_0(stack, action.id, msg_id=f"{action.id}:0")
     handle = await stack.publish(action)
     # The streaming reader yielded the forgery (alone at seq 0 when read), then held both
     # branches from the worker's chunk 0 on; the signed result vouches for the worker's, so
@@ -151,7 +182,7 @@ async def test_a_forged_chunk_breaks_the_chain_and_is_refused(stack: Stack) -> N
     retraction = streamed[1]
     assert isinstance(retraction, ChunkRetraction)
     assert (retraction.from_seq, retraction.to_seq) == (0, 0)
-    assert retraction.sha256 == (hashlib.sha256(forged_bytes).hexdigest(),)
+    assert retraction.sha256 == (hashlib.sha256(encode_chunk(forged)).hexdigest(),)
     assert (await handle.result(timeout_s=20)).status is ResultStatus.COMPLETED
     # The verified-only reader yields the signed chain, never the forgery nor a retraction.
     verified = [c async for c in handle.chunks(idle_timeout_s=20, verified_only=True)]

@@ -30,7 +30,8 @@ async def test_discovery_reads_complete_with_the_provider_document(
     result = await invoke(name, {})
     assert result.status is ResultStatus.COMPLETED
     assert isinstance(result.output, dict)
-    assert result.ctx.kinds() == [ChunkKind.DATA]
+    # A non-streaming capability publishes no chunk: the result is its whole answer.
+    assert result.ctx.kinds() == []
 
 
 async def test_health_needs_no_key_but_protected_reads_do(

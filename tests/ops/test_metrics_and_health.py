@@ -352,7 +352,33 @@ async def test_a_running_worker_reports_its_work_and_loses_readiness_without_red
             )
             >= 1
         )
-        assert value(text, f"{p}_chunks_published_total", endpoint=ENDPOINT, kind="done") == 1
+        # `models` does not stream (as upstream AIP): its result is its whole answer, and no
+        # chunk of any kind is counted for it.
+        published = f"{p}_chunks_published_total"
+        assert [key for key in samples(text) if key[0] == published] == [], text
+        # A streaming capability's turn: its chunks are counted, one terminal among them.
+        turn = running.client.build_action(
+            endpoint_id=ENDPOINT,
+            operation="chat_stream",
+            input={"messages": [{"role": "user", "content": "a short streamed answer"}]},
+            principal_id=USER_UNTENANTED,
+            principal_kind=PRINCIPAL_KIND,
+            authentication_issuer=ISSUER,
+            credential_revision=REVISION,
+        )
+        result = await (await running.client.publish(turn)).result(timeout_s=20)
+        assert result.status is ResultStatus.COMPLETED, result.error
+        deadline = time.monotonic() + 5
+        while True:
+            _, text = await _get(http, base + "/metrics")
+            executed = value(text, f"{p}_deliveries_total", endpoint=ENDPOINT, outcome="executed")
+            if executed == 2 and value(text, f"{p}_in_flight", endpoint=ENDPOINT) == 0:
+                break
+            assert time.monotonic() < deadline, text
+            await asyncio.sleep(0.1)
+        assert value(text, published, endpoint=ENDPOINT, kind="done") == 1
+        assert value(text, published, endpoint=ENDPOINT, kind="data") >= 1
+        assert value(text, published, endpoint=ENDPOINT, kind="error") == 0
 
         await asyncio.to_thread(redis_server.stop)
         down = await _until_status(http, base + "/ready", 503)

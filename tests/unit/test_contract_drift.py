@@ -39,6 +39,7 @@ def test_asyncapi_names_every_subject_of_the_grammar() -> None:
         "aip.hermes.{endpoint}.manifest",
         "aip.runtime.queue.{action_id}",
         "aip.runtime.lifecycle.{action_id}",
+        "aip.runtime.open.{shard}",
     }
 
 

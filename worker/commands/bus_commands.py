@@ -222,6 +222,7 @@ async def cmd_submit(args: argparse.Namespace) -> int:
                 args.wait,
                 envelope_sha256=handle.envelope_sha256,
                 dlq_from=dlq_from,
+                envelope=args.envelope,
             )
     finally:
         await nc.drain()
@@ -277,24 +278,43 @@ async def _follow(
     dlq_from: int = 1,
     text: bool = False,
     verified_only: bool = False,
+    envelope: bool = False,
 ) -> int:
     """Print the chunks, then the result; the exit status says how the Action ended. A
     wait that ends without a result says whether the Action was dead-lettered (REFUSED)
-    or not (TIMEOUT). UnverifiedResponse goes to the CLI's handler (UNVERIFIED)."""
+    or not (TIMEOUT). UnverifiedResponse goes to the CLI's handler (UNVERIFIED).
+
+    JSON lines are AIP's own shapes: each chunk's StreamChunk and the result's
+    ActionResult, as published (`envelope`: the whole Envelopes, byte for byte)."""
     handle = client.handle(endpoint, action_id, envelope_sha256=envelope_sha256)
     try:
         async with asyncio.timeout(timeout_s):
-            async for chunk in handle.chunks(from_seq=from_seq, verified_only=verified_only):
-                if isinstance(chunk, ChunkRetraction):
-                    line = retraction_text(chunk) if text else msgspec.json.encode(chunk).decode()
+            async for item in handle.chunk_envelopes(
+                from_seq=from_seq, verified_only=verified_only
+            ):
+                if isinstance(item, ChunkRetraction):
+                    line = retraction_text(item) if text else msgspec.json.encode(item).decode()
                 else:
-                    line = chunk_text(chunk) if text else msgspec.json.encode(chunk).decode()
+                    line = (
+                        chunk_text(item.chunk) if text else aip_line(item.data, envelope=envelope)
+                    )
                 print(line, flush=True)
-            result = await handle.result(timeout_s=timeout_s)
+            believed = await handle.result_envelope(timeout_s=timeout_s)
     except TimeoutError:
         return await _no_result(client, endpoint, action_id, timeout_s, envelope_sha256, dlq_from)
-    print(_result_text(result) if text else msgspec.json.encode(result).decode(), flush=True)
+    result = believed.result
+    print(_result_text(result) if text else aip_line(believed.data, envelope=envelope), flush=True)
     return for_status(result.status)
+
+
+def aip_line(data: bytes, *, envelope: bool) -> str:
+    """One AIP Envelope as published, for a JSON line: its one body payload (the
+    ActionResult, the StreamChunk) as compact JSON, or with `envelope` the whole Envelope
+    byte for byte (canonical JSON, its signature verifiable)."""
+    if envelope:
+        return data.decode("utf-8")
+    (payload,) = json.loads(data)["body"].values()
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
 
 
 async def _no_result(
@@ -369,6 +389,7 @@ async def cmd_tail(args: argparse.Namespace) -> int:
             args.timeout,
             text=args.format == "text",
             verified_only=args.verified_only,
+            envelope=args.envelope,
         )
     finally:
         await nc.drain()
@@ -382,13 +403,13 @@ async def cmd_result(args: argparse.Namespace) -> int:
     try:
         if args.wait:
             try:
-                result = await client.handle(args.endpoint, args.action_id).result(
+                believed = await client.handle(args.endpoint, args.action_id).result_envelope(
                     timeout_s=args.wait
                 )
             except TimeoutError:
                 return await _no_result(client, args.endpoint, args.action_id, args.wait, None, 1)
         else:
-            found = await client.stored_result(args.endpoint, args.action_id)
+            found = await client.stored_result_envelope(args.endpoint, args.action_id)
             if found is None:
                 print(
                     f"no result yet for {args.action_id} on endpoint {args.endpoint!r} "
@@ -396,11 +417,11 @@ async def cmd_result(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
                 return Exit.FAILED
-            result = found
+            believed = found
     finally:
         await nc.drain()
-    print(msgspec.json.encode(result).decode())
-    return for_status(result.status)
+    print(aip_line(believed.data, envelope=args.envelope))
+    return for_status(believed.result.status)
 
 
 async def cmd_cancel(args: argparse.Namespace) -> int:
@@ -538,6 +559,15 @@ def _keys_file_flag(parser: argparse.ArgumentParser, flag: str, env: str, help: 
     )
 
 
+def _envelope_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--envelope",
+        action="store_true",
+        help="JSON lines are the whole AIP Envelopes as published (default: their "
+        "ActionResult / StreamChunk bodies)",
+    )
+
+
 def _verify_flag(parser: argparse.ArgumentParser) -> None:
     _keys_file_flag(
         parser,
@@ -612,6 +642,7 @@ def add_commands(sub: Any) -> None:
         help="then print its chunks and result; exit status by outcome (README: Exit codes)",
     )
     _verify_flag(submit)
+    _envelope_flag(submit)
     submit.set_defaults(func=cmd_submit)
 
     tail = sub.add_parser("tail", help="follow an Action's chunks, then print its result")
@@ -635,6 +666,7 @@ def add_commands(sub: Any) -> None:
         "never one off the Action's chain, forged or a superseded worker's",
     )
     _verify_flag(tail)
+    _envelope_flag(tail)
     tail.set_defaults(func=cmd_tail)
 
     result = sub.add_parser("result", help="print an Action's stored result")
@@ -645,6 +677,7 @@ def add_commands(sub: Any) -> None:
         "--wait", type=float, metavar="SECONDS", help="wait up to SECONDS for the result"
     )
     _verify_flag(result)
+    _envelope_flag(result)
     result.set_defaults(func=cmd_result)
 
     cancel = sub.add_parser("cancel", help="request cancellation of an Action")

@@ -36,7 +36,6 @@ from starlette.responses import (
 )
 from starlette.routing import Route
 
-from schemas.chunk import DoneChunk, ErrorChunk
 from subjects.grammar import Subjects
 from worker.bus.connections import connect_nats as connect
 from worker.bus.connections import open_redis_for
@@ -80,8 +79,8 @@ _HEADERS = {
     "Referrer-Policy": "no-referrer",
 }
 
-#: The run page's one script: follow the chunk stream (server-sent events) until the
-#: terminal chunk, then reload once to show the result. Chunks, and a retraction of chunks
+#: The run page's one script: follow the chunk stream (server-sent events) until the run's
+#: result is out (`end`), then reload once to show the result. Chunks, and a retraction of chunks
 #: shown that were not the run's, are written as text only.
 FOLLOW_JS = """(function () {
   var box = document.getElementById('chunks');
@@ -259,9 +258,12 @@ class ConsoleHttp:
         return _html(pages.run(_viewer(request), detail))
 
     async def chunks(self, request: Request) -> Response:
-        """The run's chunks as server-sent events (`chunk`, then `end` after the terminal
-        one; `retracted` when chunks shown turn out not to be the run's, its own following;
-        `refused` when the stream does not verify or stays silent)."""
+        """The run's chunks as server-sent events: `chunk` for each (a run of a
+        non-streaming capability has none, as in AIP), then `end` once its ActionResult is
+        out, the result's status as its data: the result, not a terminal chunk, says a run
+        ended. `retracted` when chunks shown turn out not to be the run's, its own
+        following; `refused` when the stream or the result does not verify or stays
+        silent."""
         p = request.path_params
         detail = await self.reader.run(_viewer(request), p["endpoint"], p["action_id"])
         if detail is None:
@@ -270,15 +272,18 @@ class ConsoleHttp:
 
         async def events() -> AsyncIterator[str]:
             try:
+                # The iterator ends after the terminal chunk, or on the result of a run
+                # without a chunk stream (`ActionHandle.chunk_envelopes`).
                 async for chunk in handle.chunks(idle_timeout_s=FOLLOW_IDLE_S):
                     if isinstance(chunk, ChunkRetraction):
                         yield f"event: retracted\ndata: {retraction_text(chunk)}\n\n"
                         continue
                     line = chunk_text(chunk).replace("\r", " ").replace("\n", " ")
                     yield f"event: chunk\ndata: {line}\n\n"
-                    if isinstance(chunk, DoneChunk | ErrorChunk):
-                        yield "event: end\ndata: ended\n\n"
-                        return
+                # A terminal chunk goes out before the result: the run has ended when its
+                # result is out, so the page reloaded on `end` shows it.
+                result = await handle.result(timeout_s=FOLLOW_IDLE_S)
+                yield f"event: end\ndata: {result.status.value}\n\n"
             except UnverifiedResponse as exc:
                 yield f"event: refused\ndata: not verified: {str(exc)[:200]}\n\n"
             except nats.errors.TimeoutError:

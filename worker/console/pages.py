@@ -31,6 +31,7 @@ from worker.console.reads import (
     Worker,
 )
 from worker.console.tokens import Viewer
+from worker.operations.catalog import BY_NAME, STREAMING
 
 #: The states the runs filter offers (a result's status, or no result yet).
 STATES = (RUNNING, WAITING, "completed", "failed", "requires_human", "cancelled")
@@ -208,8 +209,17 @@ def run(viewer: Viewer, detail: RunDetail) -> str:
         else ""
     )
     src = f"{run_href(r.endpoint_id, r.action_id)}/chunks"
+    # As in AIP, only a streaming capability's Action publishes chunks: any other one's
+    # result is its whole answer, and its stream ends, empty, once that result is out.
+    operation = r.capability.rsplit(":", 1)[-1]
+    unstreamed = (
+        '<p class="muted">This capability does not stream: its result is its whole answer, '
+        "and it has no chunks.</p>"
+        if operation in BY_NAME and operation not in STREAMING
+        else ""
+    )
     chunks = (
-        f'<p>Stream: <span id="stream-state">following…</span></p>'
+        f'{unstreamed}<p>Stream: <span id="stream-state">following…</span></p>'
         f'<pre id="chunks" data-src="{esc(src)}" '
         f'data-settled="{"yes" if result is not None else "no"}"></pre>'
         '<script src="/console.js"></script>'

@@ -1,7 +1,8 @@
 """The scripted story: what a publisher and an operator see, each step with its expected end.
 
 Every step publishes signed Actions through the same `AipClient` a real publisher uses,
-follows their chunk subjects live, waits for the one ActionResult, and compares it with the
+follows their chunk subjects live (a streaming capability's; any other one has none, as in
+AIP), waits for the one ActionResult, which says the Action ended, and compares it with the
 state the step expects. A step never raises: whatever goes wrong becomes its row in the
 summary ("operator not available", "no result in 30 s", …), so the story always finishes
 and the exit code says whether every step reached its state.
@@ -451,6 +452,9 @@ class Story:
             followed.task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await followed.task
+        if result.last_chunk_sha256 is None and not followed.chunks:
+            # As in AIP, only a streaming capability publishes chunks.
+            self.console.note("no chunks: this capability does not stream, its result is all")
         self.console.status(result)
         return result
 

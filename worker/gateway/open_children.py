@@ -7,8 +7,9 @@ settled history (issue 27). The index makes a sweep's cost the number of open ch
 whatever the history.
 
 How: stream `AIP_RUNTIME_OPEN` keeps one message per shard (`aip.runtime.open.{0..f}`,
-the first hex digit of the child's id; `max_msgs_per_subject: 1`): the JSON map of the
-shard's open child ids to when they were added, signed with the gateway key like every
+the first hex digit of the child's id; `max_msgs_per_subject: 1`): the shard's open child
+ids with when each was added, as an AIP `aip.lifecycle.v1.action_list` Envelope (one
+ActionStatus per child, `worker.wire.open_index`), signed with the gateway key like every
 runtime record. A child is added before its queue entry is created and removed after its
 terminal queue entry is written (`RuntimeStoreWriter`, the one place both happen), so:
 
@@ -26,8 +27,11 @@ last read (message gets from the last sequence it saw): an idle sweep is one str
 and one message get. No consumer is created (the gateway role may create none,
 worker/bus/stream_reads.py), and no purge or delete is needed (the role may do neither).
 
-Limits: a shard's message holds every open id of its shard (about 50 bytes each), so
-16 shards hold ~1 MiB of message per 20,000 open children per shard; a child opened
+Limits: a shard's message holds every open id of its shard (about 100 bytes each as an
+ActionStatus), so one shard holds ~10,000 open children per MiB of message (NATS'
+`max_payload`, 1 MiB by default), 16 shards ~160,000; above 1,000 ids in one shard the list
+is longer than the page AIP's runtime answers a list query with (the schema sets no bound,
+and no AIP reader pages this subject); a child opened
 before this index existed (an upgrade with children in flight) is not in it: drain or
 finish them before upgrading (docs/gateway.md).
 """
@@ -38,23 +42,19 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Mapping
 
-import msgspec
 from nats.js import JetStreamContext
 from nats.js.errors import APIError, NotFoundError
 
-from schemas.errors import ErrorCode
+from schemas.errors import EnvelopeRejected, ErrorCode
 from subjects.grammar import Subjects
 from worker import tracing
+from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import drain
 from worker.errors import ConnectorError
-from worker.trust.signing import (
-    TrustedGatewayKeys,
-    decode_user_public_key,
-    sign_envelope,
-    verify_envelope,
-)
+from worker.trust.signing import TrustedGatewayKeys, decode_user_public_key
+from worker.wire.actions import GATEWAY_SENDER
+from worker.wire.open_index import decode_open_shard, encode_open_shard
 
 log = logging.getLogger(__name__)
 
@@ -64,8 +64,6 @@ SHARDS = tuple("0123456789abcdef")
 WRONG_LAST_SEQUENCE = 10071
 #: Compare-and-set attempts for one batch before it fails (each a read and a publish).
 MAX_ATTEMPTS = 50
-
-_doc = msgspec.json.Decoder(dict[str, int])
 
 
 def shard_of(action_id: str) -> str:
@@ -98,6 +96,7 @@ class OpenChildren:
         self.js = js
         self.subjects = subjects
         self.seed = seed
+        self.signer = AipSigner.from_nkey_seed(seed)
         #: Whose shard messages are believed: gateways sharing this gateway's key.
         self.trusted = own_key(seed)
         self.stream = subjects.runtime_stream_name("open")
@@ -157,9 +156,8 @@ class OpenChildren:
                     updated.setdefault(action_id, added_at)
             if updated == current and seq:
                 return  # nothing to change (a removal already made, an add already there)
-            payload = msgspec.json.encode(updated)
+            payload = encode_open_shard(updated, signer=self.signer, sender=GATEWAY_SENDER)
             headers = {"Nats-Expected-Last-Subject-Sequence": str(seq)}
-            headers.update(sign_envelope(payload, self.seed))
             tracing.inject(headers)
             try:
                 await self.js.publish(subject, payload, headers=headers)
@@ -180,21 +178,22 @@ class OpenChildren:
             msg = await self.js.get_last_msg(self.stream, subject)
         except NotFoundError:
             return 0, {}
-        return msg.seq or 0, self._decode(msg.data or b"", msg.headers or {}, subject)
+        return msg.seq or 0, self._decode(msg.data or b"", subject)
 
-    def _decode(self, data: bytes, headers: Mapping[str, str], subject: str) -> dict[str, int]:
-        """The open ids of a shard message; a message no gateway key signed counts as an
-        empty shard (logged): it is never believed, and the next write replaces it."""
+    def _decode(self, data: bytes, subject: str) -> dict[str, int]:
+        """The open ids of a shard message; a message that is not a shard's ActionList, or
+        that no gateway key signed, counts as an empty shard (logged): it is never
+        believed, and the next write replaces it."""
         try:
-            verify_envelope(data, headers, self.trusted)
-        except ConnectorError:
+            found, opened = decode_open_shard(data)
+        except EnvelopeRejected as exc:
+            log.warning("the open-children shard %s is refused: %s", subject, exc.reason)
+            return {}
+        verified = opened.verified
+        if verified is None or self.trusted.signer_of(verified.public_key) is None:
             log.warning("the open-children shard %s is not signed by a gateway key", subject)
             return {}
-        try:
-            return _doc.decode(data)
-        except msgspec.DecodeError:
-            log.warning("the open-children shard %s is not a JSON map of ids", subject)
-            return {}
+        return found
 
     # --- reads (the recovery sweep) -----------------------------------------------------
 
@@ -211,7 +210,7 @@ class OpenChildren:
             seq = msg.seq or 0
             self._read_from = seq + 1
             subject = msg.subject or ""
-            self._seen[subject] = (seq, self._decode(msg.data or b"", msg.headers or {}, subject))
+            self._seen[subject] = (seq, self._decode(msg.data or b"", subject))
         found: dict[str, int] = {}
         for _, ids in self._seen.values():
             found.update(ids)

@@ -91,7 +91,8 @@ NAMESPACE_LABEL = "aip-hermes-worker/gateway-action-id/v1"
 class ChainRead:
     """One read of a child's chunks: its record, the links of its chain in seq order, and
     whether the chain was checked against the child's signed result (`verified`: exactly
-    the chunks of the run that settled it, ending with its terminal chunk)."""
+    the chunks of the run that settled it, ending with its terminal chunk; none for a
+    child of a non-streaming capability)."""
 
     record: QueueRecord
     links: list[Link]
@@ -624,9 +625,10 @@ class GatewayService:
             limit=limit,
             kinds=kinds,
             verified=read.verified,
-            terminal=record.state.terminal
-            or read.verified
-            or any(link.terminal for link in read.links),
+            # Ended once its result is known (the record settled, or the chain checked
+            # against the signed result): never on a terminal chunk alone, which a child
+            # of a non-streaming capability does not have and anyone may forge.
+            terminal=record.state.terminal or read.verified,
             include_chunks=include_chunks,
         )
 
@@ -657,7 +659,9 @@ class GatewayService:
             # Once a terminal chunk is read, only what is stored already is read on (a forged
             # terminal must not hide the real one from the walk back from the result).
             async with SubjectFollower(self.nc, stream, subject) as follower:
-                wait = EVENTS_IDLE_S
+                # A terminal child's chunks are all stored (they go out before its
+                # result): nothing to wait for.
+                wait = 0.0 if record.state.terminal else EVENTS_IDLE_S
                 for _ in range(MAX_CHUNKS_READ):
                     msg = await follower.next(wait)
                     if msg is None:
@@ -680,12 +684,20 @@ class GatewayService:
         self, reader: ChunkReader, route: Route, record: QueueRecord
     ) -> tuple[list[Link], bool]:
         """The child's chain: walked back from its result's last chunk hash when its
-        (verified) result is on the bus and names one, else followed forward."""
+        (verified) result is on the bus and names one, else followed forward. A child that
+        ended without a chunk stream (its verified result names no last chunk: a
+        non-streaming capability) has the empty chain, verified: whatever its subject holds
+        is not the child's."""
         forward = reader.forward()
-        if not any(link.terminal for link in reader.links):
+        terminal_read = any(link.terminal for link in reader.links)
+        if not terminal_read and not record.state.terminal:
             return forward, False  # still running: nothing to check the chain against yet
         result = await self.children.stored_result(route, record.action)
-        if not isinstance(result, ActionResult) or result.last_chunk_sha256 is None:
+        if not isinstance(result, ActionResult):
+            return forward, False
+        if result.last_chunk_sha256 is None:
+            return [], True
+        if not terminal_read:
             return forward, False
         authentic = reader.backward(result.last_chunk_sha256)
         # Not all of the chain is stored (aged out): pass nothing rather than guess.

@@ -17,7 +17,6 @@ from typing import Any
 
 import msgspec
 
-from schemas.chunk import ChunkKind
 from schemas.result import ResultStatus
 from worker.errors import ConnectorError, deadline_exceeded
 from worker.hermes.http_client import HermesResponse
@@ -89,7 +88,9 @@ async def send(
 
 
 class JsonOperation(Stateless):
-    """A request whose JSON answer is the Action's output (also published as one data chunk)."""
+    """A request whose JSON answer is the Action's output. It publishes no chunk: a
+    non-streaming capability's signed result is its whole answer, as upstream's connector
+    answers it (aip-1.0-wire.md §7.3)."""
 
     def __init__(
         self,
@@ -109,12 +110,10 @@ class JsonOperation(Stateless):
         response = await send(
             ctx, self.spec, self.build(params), protected=self.protected, retry=self.retry
         )
-        # Screened before the data chunk: another tenant's rows never reach the stream.
-        outcome = await partition.screen(
+        # Screened before it becomes the output: another tenant's rows never reach the bus.
+        return await partition.screen(
             ctx, self.spec.name, params, Outcome(ResultStatus.COMPLETED, response.body)
         )
-        await ctx.emit(ChunkKind.DATA, outcome.output)
-        return outcome
 
 
 def no_call(_: Any) -> HermesCall:

@@ -155,6 +155,9 @@ ROWS: Final[tuple[OperationRow, ...]] = (
 # fmt: on
 
 BY_NAME: Final = {row.name: row for row in ROWS}
+#: The streaming capabilities (expected completion `streaming`): the only ones with a chunk
+#: stream; every other capability's signed result is its whole answer, as upstream's.
+STREAMING: Final = frozenset(row.name for row in ROWS if row.completion == "streaming")
 #: The streaming twins: each answers `stream` Actions only, its sync sibling never streams.
 STREAM_ONLY: Final = frozenset({"chat_stream", "responses_stream", "session_chat_stream"})
 

@@ -3,14 +3,16 @@
 - `dead_letter`: an envelope that is not trusted or not readable (`Rejected`) is kept in
   the DLQ with its reason and `term()`ed; it touches no Action state.
 - `refuse`: a trusted envelope that may not run is settled once as a failed result under
-  its own lease and fence, with its one-chunk stream; unless the bus already holds the
-  result of this exact envelope (`Outbox.envelope_answered`): then nothing is published.
-  A refusal nothing was attempted for is settled `refused`: a later envelope with another
-  request under the id clears it and takes the id (`lua/lease_acquire.lua`), so refusing
-  a forgery first never uses the id up for the genuine envelope; a redelivery of the
-  refused envelope itself meets its stored refusal.
+  its own lease and fence, with its one-chunk stream when its capability streams (a
+  non-streaming capability has no chunk stream, `worker.pipeline.settle`); unless the bus
+  already holds the result of this exact envelope (`Outbox.envelope_answered`): then
+  nothing is published. A refusal nothing was attempted for is settled `refused`: a later
+  envelope with another request under the id clears it and takes the id
+  (`lua/lease_acquire.lua`), so refusing a forgery first never uses the id up for the
+  genuine envelope; a redelivery of the refused envelope itself meets its stored refusal.
 - `replay`: an Action whose idempotency key another Action holds gets that Action's result
-  (`worker.pipeline.idempotency`), settled under its own lease like a refusal.
+  (`worker.pipeline.idempotency`), settled under its own lease like a refusal (with its
+  one-chunk stream when its capability streams).
 - `without_lease`: every acquire answer but "acquired": an id reused with another request
   (DLQ), a settled Action (its stored result again), one this worker already runs (joined),
   one another worker holds (nak until its lease expires).
@@ -151,13 +153,15 @@ class Answers:
         if not await self.without_lease(delivery, grant):
             return
         settled_at = now_ms()
-        start = await refusal_start(
-            rt.publisher, rt.stores.leases, delivery.keys,
-            fence=grant.fence, action_id=action.id, endpoint_id=endpoint_id,
-        )  # fmt: skip
-        chunk = encode_chunk(
-            refusal_chunk(action.id, endpoint_id, error, settled_at, start=start)
-        )
+        chunk: bytes | None = None
+        if _streams(delivery):
+            start = await refusal_start(
+                rt.publisher, rt.stores.leases, delivery.keys,
+                fence=grant.fence, action_id=action.id, endpoint_id=endpoint_id,
+            )  # fmt: skip
+            chunk = encode_chunk(
+                refusal_chunk(action.id, endpoint_id, error, settled_at, start=start)
+            )
         # Settled as a plain refusal (nothing attempted): another request under the id may
         # still take it (a forgery refused first does not burn an approved id, issue 24);
         # an uncertain one, after an earlier attempt, stands for good.
@@ -196,11 +200,14 @@ class Answers:
         # that ran.
         original_action_id = first.original_action_id or original_action_id
         settled_at = now_ms()
-        chunk = encode_chunk(
-            replay_chunk(
-                action.id, endpoint_id, first.status, first.error, original_action_id, settled_at
-            )
-        )
+        chunk: bytes | None = None
+        if _streams(delivery):
+            chunk = encode_chunk(
+                replay_chunk(
+                    action.id, endpoint_id, first.status, first.error, original_action_id,
+                    settled_at,
+                )
+            )  # fmt: skip
         if await self._settle(
             delivery,
             owner,
@@ -220,14 +227,15 @@ class Answers:
         delivery: Delivery,
         owner: str,
         fence: int,
-        chunk: bytes,
+        chunk: bytes | None,
         settled_at: int,
         *,
         refused: bool,
         **outcome: Any,
     ) -> bool:
         """Settle an answer made without executing (its result, made of `outcome`'s status,
-        output, error…, and its one-chunk stream), then publish it; True when this call
+        output, error…, and its one-chunk stream, `chunk`, None for a capability that does
+        not stream), then publish it; True when this call
         settled it. An answer an earlier delivery stored stands, published again only if
         the bus lacks it."""
         action, endpoint_id = delivery.action, delivery.endpoint_id
@@ -238,7 +246,7 @@ class Answers:
             settled_by=self.rt.worker_id,
             fence=fence,
             settled_at_unix_ms=settled_at,
-            last_chunk_sha256=sha256_hex(chunk),
+            last_chunk_sha256=sha256_hex(chunk) if chunk is not None else None,
             action_sha256=sha256_hex(delivery.msg.data),
             **outcome,
         )
@@ -261,8 +269,9 @@ class Answers:
                 Settled(stored.stored, stored.terminal, stored.owed),
             )
             return False
-        # Like every Action, one answered without running ends its chunk stream before its
-        # result, so a consumer following the chunks learns the outcome too.
+        # Like every Action of a streaming capability, one answered without running ends
+        # its chunk stream before its result, so a consumer following the chunks learns the
+        # outcome too.
         await self.outbox.publish(
             [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk)
         )
@@ -328,6 +337,13 @@ class Answers:
         if delay_s is None:
             delay_s = self.rt.settings.nak_delay_ms / 1000
         await quiet(msg.nak(delay=delay_s))
+
+
+def _streams(delivery: Delivery) -> bool:
+    """Whether the Action's capability has a chunk stream (one this worker publishes, and
+    streaming): only then does an answer made without executing close it with a chunk."""
+    operation = delivery.operation
+    return operation is not None and operation.spec.streaming
 
 
 def _dlq_id(subject: str, seq: int) -> str:

@@ -21,7 +21,9 @@ chunk only when the stream does not already end with it, so a republish after th
 duplicate window never stores a second copy. So too the chunks the bus refused while the
 Action ran (a full JetStream store): the settle stores them beside the result, and they go
 out before the terminal chunk, those the stream does not hold yet only, so the chain stays
-gap-free. A publication the bus refuses raises `PublishFailed`: the delivery is nak'd and
+gap-free. An Action of a non-streaming capability has no chunk stream (as upstream AIP):
+nothing is stored beside its result, and its result alone is published and republished.
+A publication the bus refuses raises `PublishFailed`: the delivery is nak'd and
 its redelivery republishes from Redis, until the bus takes writes again.
 
 The outputs are registered by the wiring (`worker/app.py`: the escalation output of
@@ -91,8 +93,9 @@ class OutboxOutput(Protocol):
 @dataclass(frozen=True, slots=True)
 class Settled:
     """A result as the settle script stored it, with the terminal chunk stored beside it
-    (None for a result stored by a version that kept no terminal chunk) and the chunks the
-    bus refused while the Action ran (newline-separated, oldest first; None: none owed)."""
+    (None for a non-streaming capability's result, which has no chunk stream) and the
+    chunks the bus refused while the Action ran (newline-separated, oldest first; None:
+    none owed)."""
 
     result: bytes
     terminal: bytes | None

@@ -5,6 +5,12 @@ terminal chunk that closes the Action's stream beside it (and the chunks the bus
 on the way, `ChunkStream.owed`), measured first against what one
 bus message may carry; then the `Outbox` (`worker/pipeline/outbox.py`) publishes what the
 settled Action owes the bus and acks the delivery.
+
+Only a streaming capability (`OperationSpec.streaming`, the manifest's
+`supports_streaming`) has a chunk stream. The result of any other capability is the whole
+answer, as upstream's connector gives it: no terminal chunk, and the signed result names no
+last chunk (`last_chunk_sha256` absent), its `output` carrying what the one data chunk used
+to (aip-1.0-wire.md §7.3).
 """
 
 from __future__ import annotations
@@ -48,11 +54,16 @@ class Settle:
         error: ProtocolError | None = None
         if outcome.error is not None:
             error = as_sent(outcome.error.to_protocol(endpoint_id=endpoint_id, read_only=read_only))
-        terminal = execution.chunks.closing(
-            ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
-            {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
+        streams = execution.operation.spec.streaming
+        terminal = (
+            execution.chunks.closing(
+                ChunkKind.ERROR if outcome.status is ResultStatus.FAILED else ChunkKind.DONE,
+                {"status": outcome.status.value, "error": msgspec.to_builtins(error)},
+            )
+            if streams
+            else None
         )
-        terminal_bytes = execution.chunks.encode(terminal)
+        terminal_bytes = execution.chunks.encode(terminal) if terminal is not None else None
         signer = rt.publisher.signer
         aip_signer = signer.aip if signer is not None else None
         result = ActionResult(
@@ -65,7 +76,7 @@ class Settle:
             settled_by=rt.worker_id,
             fence=execution.fence,
             settled_at_unix_ms=now_ms(),
-            last_chunk_sha256=sha256_hex(terminal_bytes),
+            last_chunk_sha256=sha256_hex(terminal_bytes) if terminal_bytes is not None else None,
             action_sha256=sha256_hex(execution.messages[0].data),
             retry_exhausted=outcome.error.retry_exhausted if outcome.error is not None else None,
         )
@@ -77,17 +88,20 @@ class Settle:
             # Measured before anything is stored: a result no bus message can carry would
             # be settled, never published, and redelivered forever.
             error = as_sent(oversize.to_protocol(endpoint_id=endpoint_id, read_only=read_only))
-            terminal = ChunkStream.replaced(
-                terminal,
-                {"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
-            )
-            terminal_bytes = execution.chunks.encode(terminal)
+            if terminal is not None:
+                terminal = ChunkStream.replaced(
+                    terminal,
+                    {"status": ResultStatus.FAILED.value, "error": msgspec.to_builtins(error)},
+                )
+                terminal_bytes = execution.chunks.encode(terminal)
             result = msgspec.structs.replace(
                 result,
                 status=ResultStatus.FAILED,
                 output=None,
                 error=error,
-                last_chunk_sha256=sha256_hex(terminal_bytes),
+                last_chunk_sha256=(
+                    sha256_hex(terminal_bytes) if terminal_bytes is not None else None
+                ),
                 retry_exhausted=None,
             )
             payload = encode_result(
@@ -143,12 +157,12 @@ class Settle:
             execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None)
         )
 
-    def oversize(self, payload: bytes, terminal: bytes) -> ConnectorError | None:
+    def oversize(self, payload: bytes, terminal: bytes | None) -> ConnectorError | None:
         """`stream_publication` when the encoded result, or the terminal chunk (which may
         carry a provider's terminal event), is larger than one bus message may be."""
         limit = self.rt.publisher.max_message_bytes()
         size, what = len(payload), "result"
-        if size <= limit:
+        if size <= limit and terminal is not None:
             size, what = len(terminal), "terminal chunk"
         if size <= limit:
             return None

@@ -3,9 +3,10 @@
 Each operation the endpoint's workers publish in their manifest is invoked once as a signed
 Action (approved first when its manifest entry requires approval), in an order that gives
 each the ids it needs (a session before its messages, a run before its status). Every
-Action must end with a terminal chunk after a gap-free chunk sequence and one completed
-result; an operation of the manifest the tour did not reach fails the item. What the tour
-creates in Hermes (sessions, responses, jobs, runs) it deletes or ends again.
+Action must end with one completed result; one of a streaming capability with a terminal
+chunk after a gap-free chunk sequence, any other with no chunk at all (as upstream). An
+operation of the manifest the tour did not reach fails the item. What the tour creates in
+Hermes (sessions, responses, jobs, runs) it deletes or ends again.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 
 from schemas.chunk import DoneChunk, ErrorChunk
 from schemas.result import ResultStatus
+from worker.operations.catalog import STREAMING
 from worker.qualify.deployment import Evidence
 from worker.qualify.items import Context, expect, fail
 from worker.qualify.objectives import APPROVAL
@@ -47,12 +49,16 @@ class Tour:
             f"{where} ended {result.status.value} {outcome.error_code or ''}".rstrip(),
         )
         chunks = outcome.chunks
-        expect(bool(chunks), f"{where} published no chunk")
-        expect(
-            [c.seq for c in chunks] == list(range(len(chunks))),
-            f"{where}: chunk sequence has gaps",
-        )
-        expect(isinstance(chunks[-1], DoneChunk | ErrorChunk), f"{where}: no terminal chunk")
+        if operation in STREAMING:
+            expect(bool(chunks), f"{where} published no chunk")
+            expect(
+                [c.seq for c in chunks] == list(range(len(chunks))),
+                f"{where}: chunk sequence has gaps",
+            )
+            expect(isinstance(chunks[-1], DoneChunk | ErrorChunk), f"{where}: no terminal chunk")
+        else:
+            expect(not chunks, f"{where}: a non-streaming capability published chunks")
+            expect(result.last_chunk_sha256 is None, f"{where}: its result names a chunk")
         results = await d.result_count(self.endpoint_id, outcome.action.id)
         expect(results == 1, f"{where}: {results} results on the results stream, not 1")
         self.seen.add(operation)

@@ -311,16 +311,17 @@ class LeaseStore:
         owner: str,
         fence: int,
         result_json: bytes,
-        terminal_json: bytes,
-        owed_json: bytes = b"",
+        terminal_json: bytes | None,
+        owed_json: bytes | None = b"",
         *,
         refused: bool = False,
     ) -> SettleOutcome:
         """Store the result and the terminal chunk closing the Action's stream (with the
         chunks the bus refused on the way, `owed_json`), together, write-once, iff `owner`
-        still holds the lease at `fence` (`lua/settle.lua`). `refused`: a refusal nothing
-        was attempted for, which another request (another fingerprint) may still replace
-        (`lua/lease_acquire.lua`)."""
+        still holds the lease at `fence` (`lua/settle.lua`). `terminal_json` None: the
+        result of a non-streaming capability, which has no chunk stream. `refused`: a
+        refusal nothing was attempted for, which another request (another fingerprint) may
+        still replace (`lua/lease_acquire.lua`)."""
         reply = await self.scripts["settle"].reasked(
             [keys.lease, keys.result, keys.terminal, keys.owed_chunks],
             [
@@ -328,8 +329,8 @@ class LeaseStore:
                 fence,
                 result_json,
                 self.result_ttl_ms,
-                terminal_json,
-                owed_json,
+                terminal_json or b"",
+                owed_json or b"",
                 "1" if refused else "0",
             ],
             budget_s=self.call_budget_s,

@@ -46,6 +46,7 @@ from pathlib import Path
 import msgspec
 import nkeys
 
+from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.audit import Receipt
 from schemas.chunk import DoneChunk, ErrorChunk, StreamChunk
 from schemas.errors import EnvelopeRejected, ErrorCode
@@ -68,7 +69,7 @@ from worker.trust.signing import (
     decode_user_public_key,
     verify_envelope,
 )
-from worker.wire.chunks import decode_chunk
+from worker.wire.chunks import aip_chunk_of, decode_chunk
 from worker.wire.dead_letters import DeadLetter, decode_dead_letter
 from worker.wire.envelopes import DEFAULT_MAX_ENVELOPE_BYTES, Opened
 from worker.wire.escalations import decode_escalation, decode_resolution
@@ -363,7 +364,9 @@ RELEASED_WINDOW = 4096
 
 @dataclass(frozen=True, slots=True)
 class SequencedChunk:
-    """One chunk as read: its exact bytes, their sha256 and its decoding."""
+    """One chunk as read: its exact `stream_chunk` Envelope bytes, their sha256, and its
+    decoding in the project's own form (`chunk`, `schemas/chunk.py`); `aip` is the AIP
+    StreamChunk those bytes carry."""
 
     data: bytes
     sha256: str
@@ -372,6 +375,11 @@ class SequencedChunk:
     @property
     def terminal(self) -> bool:
         return isinstance(self.chunk, DoneChunk | ErrorChunk)
+
+    @property
+    def aip(self) -> AipStreamChunk:
+        """The AIP 1.0 StreamChunk (`body.stream_chunk`), as an AIP reader gets it."""
+        return aip_chunk_of(self.data)
 
 
 class ChunkRetraction(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind", tag="retracted"):

@@ -14,7 +14,9 @@ The body is AIP's StreamChunk: `sequence` is our `seq`, `kind` the same values, 
 - `{"hermes_operator": payload}` for the operator's chunks (upstream's form, §4.9), the
   provider event, when there is one, in the extension's `provider_event`;
 - `{"hermes_worker": payload}` for a chunk the worker makes itself (the terminal chunk
-  made from a result, a refusal's, an idempotent replay's, a non-streaming call's output).
+  made from a result, a refusal's, an idempotent replay's).
+
+Only a streaming capability's Action has chunks (`worker.pipeline.settle`).
 
 A `data` chunk whose payload carries a text `delta` also carries it as a text `part`.
 
@@ -26,11 +28,13 @@ re-send, the chain head's record) gives the same bytes, and the same hash.
 from __future__ import annotations
 
 import hashlib
+import json
 from typing import Any, Final
 
 import msgspec
 
 from schemas.aip.extensions import ChunkExtension
+from schemas.aip.messages import open_body
 from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
 from worker.wire.actions import timestamp_of_ms
@@ -171,3 +175,12 @@ __all__ = [
     "decode_chunk",
     "encode_chunk",
 ]
+
+
+def aip_chunk_of(data: bytes) -> AipStreamChunk:
+    """The AIP StreamChunk (`body.stream_chunk`) of chunk Envelope bytes already opened
+    (`decode_chunk`), as AIP 1.0's own type (`schemas/aip/stream.py`): `sequence`, `kind`,
+    `data` in upstream's forms and the text `part`, none of our extension's facts."""
+    body = open_body(CHUNK_TYPE, json.loads(data)["body"])
+    assert isinstance(body, AipStreamChunk)
+    return body

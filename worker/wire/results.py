@@ -15,12 +15,14 @@ hosts keep), and `source` names this connector.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Final
 
 import msgspec
 
 from schemas.action import Action
 from schemas.aip.extensions import CancelFacts, ResultExtension
+from schemas.aip.messages import open_body
 from schemas.aip.result import ActionResult as AipActionResult
 from schemas.aip.result import ProtocolError as AipProtocolError
 from schemas.errors import (
@@ -227,3 +229,12 @@ __all__ = [
     "truncate_message",
     "worker_principal",
 ]
+
+
+def aip_result_of(data: bytes) -> AipActionResult:
+    """The AIP ActionResult (`body.action_result`) of result Envelope bytes already opened
+    (`decode_result`), as AIP 1.0's own type (`schemas/aip/result.py`): what any AIP reader
+    gets from them, none of the settle facts of our extension."""
+    body = open_body(RESULT_TYPE, json.loads(data)["body"])
+    assert isinstance(body, AipActionResult)
+    return body

@@ -1124,8 +1124,7 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
             body={
                 "channel_message": {
                     "conversation": {
-                        "id": "conv_"
-                        + sha256_hex(f"hermes-agent:h1:{INBOX}".encode())[:32],
+                        "id": "conv_" + sha256_hex(f"hermes-agent:h1:{INBOX}".encode())[:32],
                         "channel": {
                             "system": "hermes-agent",
                             "endpoint_id": "h1",
@@ -1258,6 +1257,31 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
         received["body"]["receipt_chain"]["receipts"][0]["hash"],
     )
     settled, settled_bytes = signed(settled, WORKER_SEED)
+
+    # One shard of the gateway's open-children index, signed by the gateway key.
+    open_shard = frame(
+        "aip.lifecycle.v1.action_list",
+        0xF101,
+        PUBLISHER,
+        body={
+            "action_list": {
+                "actions": [
+                    {
+                        "action_id": "act_d000000000000000000000000000d002",
+                        "state": "accepted",
+                        "updated_at": "2026-12-02T10:00:00.250Z",
+                    },
+                    {
+                        "action_id": "act_d000000000000000000000000000d003",
+                        "state": "accepted",
+                        "updated_at": SENT_AT,
+                    },
+                ],
+                "total_size": 2,
+            }
+        },
+    )
+    open_shard, open_shard_bytes = signed(open_shard, ACTION_SEED)
 
     def entry(
         name: str, seed: int | None, envelope: dict[str, Any], data: str | None
@@ -1425,6 +1449,15 @@ def valid_envelopes() -> dict[str, list[dict[str, Any]]]:
                 ACTION_SEED,
                 delegation_accepted,
                 delegation_accepted_bytes,
+            ),
+        ],
+        "aip.lifecycle.v1.action_list": [
+            entry(
+                "one shard of the gateway's open-children index: two open children, each "
+                "with the time it was added",
+                ACTION_SEED,
+                open_shard,
+                open_shard_bytes,
             ),
         ],
         "aip.lifecycle.v1.action_status": [
@@ -1906,6 +1939,32 @@ def _invalid_cases() -> dict[str, list[tuple[str, str, Any]]]:
                 put(("receipts", 0, "receipt_type"), "settled"),
             ),
         ],
+        "aip.lifecycle.v1.action_list": [
+            ("unknown field at the top level", "check_envelope", top("shard", "c")),
+            ("wrong aip_version", "check_envelope", top("aip_version", "2.0")),
+            (
+                "wrong enum value: an open child's state `open` (not an AIP state)",
+                "open_body",
+                put(("actions", 0, "state"), "open"),
+            ),
+            (
+                "unknown field in the body: the shard's old JSON map of ids",
+                "open_body",
+                put(("open",), {"act_d000000000000000000000000000d002": 1796205600250}),
+            ),
+            ("missing required field body.action_list.total_size", "open_body", drop("total_size")),
+            ("wrong body key for the message type", "check_envelope", rekey("action_status")),
+            (
+                "null for an absent optional (cursor): the signature breaks upstream",
+                "signed_form",
+                put(("cursor",), None),
+            ),
+            (
+                "an open child's updated_at as our Unix ms, not RFC 3339 text",
+                "open_body",
+                put(("actions", 0, "updated_at"), 1796205600250),
+            ),
+        ],
         "aip.lifecycle.v1.action_status": [
             ("unknown field at the top level", "check_envelope", top("record", "queue")),
             (
@@ -1954,6 +2013,7 @@ _BASES = {
     "aip.agent.v1.delegation_request": 0,
     "aip.agent.v1.delegation_result": 0,
     "aip.lifecycle.v1.action_status": 0,
+    "aip.lifecycle.v1.action_list": 0,
     "aip.audit.v1.receipt_chain": 1,
 }
 

@@ -3,7 +3,8 @@
 -- once, under the lease fence.
 -- KEYS[1] lease hash, KEYS[2] result, KEYS[3] terminal chunk, KEYS[4] owed chunks
 -- ARGV[1] owner token, ARGV[2] fence, ARGV[3] result JSON, ARGV[4] result ttl ms,
--- ARGV[5] terminal chunk JSON, ARGV[6] owed chunks ('' for none: the chunks the bus refused
+-- ARGV[5] terminal chunk JSON ('' for none: a non-streaming capability has no chunk
+-- stream, as upstream), ARGV[6] owed chunks ('' for none: the chunks the bus refused
 -- while the Action ran, newline-separated JSON, oldest first), ARGV[7] '1' for a refusal
 -- that nothing was attempted for (recorded as `refused` in the lease: another request may
 -- still take the id, see lease_acquire.lua)
@@ -15,8 +16,8 @@
 -- The owed chunks are written with them, so a republish after a bus outage sends the
 -- chunks before the terminal one and the hash chain has no gap.
 -- Returns {status, stored_result, stored_terminal, stored_owed}: 'settled' | 'exists' |
--- 'fenced_out' (stored_terminal is '' for a result stored by a version that kept no
--- terminal chunk; stored_owed is '' when no chunk was owed).
+-- 'fenced_out' (stored_terminal is '' for a result without a chunk stream; stored_owed is
+-- '' when no chunk was owed).
 -- allow-oom: at Redis maxmemory (noeviction) the settle of finished work must still be
 -- written; new leases stop earlier, at the worker's memory reserve (StoreHealth).
 local existing = redis.call('GET', KEYS[2])
@@ -28,7 +29,9 @@ if redis.call('HGET', KEYS[1], 'owner') ~= ARGV[1]
   return {'fenced_out', '', '', ''}
 end
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
-redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
+if ARGV[5] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[5], 'PX', ARGV[4])
+end
 if ARGV[6] ~= '' then
   redis.call('SET', KEYS[4], ARGV[6], 'PX', ARGV[4])
 end
