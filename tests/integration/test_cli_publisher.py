@@ -399,7 +399,11 @@ async def test_cancel_of_a_finished_action_prints_its_terminal_result(stack: Sta
         "settled",
         action.id,
     ), err
-    assert answer["result"]["status"] == result.status.value == "completed"
+    # The answer is AIP's: the ActionResult body as the worker signed it.
+    assert set(answer["answer"]) == {"action_result"}
+    aip_result = answer["answer"]["action_result"]
+    assert (aip_result["action_id"], aip_result["status"]) == (action.id, "completed")
+    assert result.status.value == "completed"
     assert code == Exit.FAILED  # nothing was cancelled: the Action had ended
 
 

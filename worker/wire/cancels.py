@@ -352,18 +352,26 @@ class CancelOutcome:
     state: str
     result: ActionResult | None = None
     error: ProtocolError | None = None
+    #: The answer's AIP body as it arrived: `{"action_result": …}` (an AIP ActionResult)
+    #: or `{"error": …}` (an AIP ErrorBody); what any AIP reader of the answer gets.
+    answer: dict[str, Any] | None = None
 
     def to_builtins(self) -> dict[str, Any]:
+        """What `aip-hermes-worker cancel` prints: the worker's findings and the answer's
+        AIP body (`answer`), never the project's own result form."""
         out: dict[str, Any] = {
             "action_id": self.action_id,
             "accepted": self.accepted,
             "state": self.state,
         }
-        if self.result is not None:
-            out["result"] = msgspec.to_builtins(self.result)
-        if self.error is not None:
-            out["error"] = msgspec.to_builtins(self.error)
+        if self.answer is not None:
+            out["answer"] = self.answer
         return out
+
+
+def _answer_body(opened: Opened) -> dict[str, Any] | None:
+    body = opened.envelope.get("body")
+    return dict(body) if isinstance(body, dict) else None
 
 
 def decode_cancel_reply(
@@ -388,6 +396,7 @@ def decode_cancel_reply(
                 ),
                 state=facts.state if facts else "settled",
                 result=result,
+                answer=_answer_body(opened),
             ),
             opened,
         )
@@ -401,6 +410,7 @@ def decode_cancel_reply(
             accepted=facts.accepted if facts is not None else False,
             state=facts.state if facts is not None else "unknown",
             error=error_from_aip(body.error),
+            answer=_answer_body(opened),
         ),
         opened,
     )
