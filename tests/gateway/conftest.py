@@ -4,6 +4,7 @@ and `python -m worker gateway` processes with a principals file of several token
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +59,9 @@ class GatewayStack:
     env: dict[str, str]
     port: int
     gateways: list[WorkerProcess] = field(default_factory=list)
+    #: Stream name -> its last sequence when the test started (a stack shared by a module's
+    #: tests: each reads only what it caused).
+    marks: dict[str, int] = field(default_factory=dict)
 
     @property
     def url(self) -> str:
@@ -94,11 +98,11 @@ class GatewayStack:
                 proc.terminate(10)
 
 
-@pytest.fixture
-async def gstack(
-    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
-) -> AsyncIterator[GatewayStack]:
-    trust_dir = tmp_path / "trust"
+@contextlib.asynccontextmanager
+async def gateway_stack(root: Path, nats_url: str, redis_url: str) -> AsyncIterator[GatewayStack]:
+    """The deployment under `root` on the given servers: trust and principals files, the fake
+    Hermes, worker `w1` serving h1 (shared by every tenant), and no gateway yet."""
+    trust_dir = root / "trust"
     trust_dir.mkdir()
     # The gateway's principals are directory identities too: their children run as them.
     identities = [
@@ -119,12 +123,10 @@ async def gstack(
             principal_entry(AGENT_TOKEN, AGENT),
         ],
     )
-    async with fake_stack(
-        tmp_path, nats_server.url, redis_server.url, trust, lease_ttl_ms=3000
-    ) as stack:
+    async with fake_stack(root, nats_url, redis_url, trust, lease_ttl_ms=3000) as stack:
         port = free_port()
         env = gateway_env(
-            nats_server.url,
+            nats_url,
             principals,
             trust.seed_file,
             port,
@@ -138,6 +140,14 @@ async def gstack(
             yield gs
         finally:
             gs.stop()
+
+
+@pytest.fixture
+async def gstack(
+    tmp_path: Path, nats_server: ServiceHandle, redis_server: ServiceHandle
+) -> AsyncIterator[GatewayStack]:
+    async with gateway_stack(tmp_path, nats_server.url, redis_server.url) as gs:
+        yield gs
 
 
 @pytest.fixture
