@@ -1,5 +1,14 @@
 """A deployment around the real gateway: NATS, Redis, a worker serving `h1` (fake Hermes),
-and `python -m worker gateway` processes with a principals file of several tokens."""
+and `python -m worker gateway` processes with a principals file of several tokens.
+
+`gs_up` starts one for the test. A module whose tests neither kill, pause nor reconfigure the
+deployment's processes shares one instead (`gs_shared`): its start-up (two Python processes,
+the suite's main CPU cost) is paid once per module and xdist process, not once per test.
+Isolation stays real: every Action id is the test's own, the fake Hermes' counts and faults
+are reset before each test, the runtime queue and audit streams are read from where they
+stood when the test began (`stored_in_this_test`), and workers and gateways a test starts
+are stopped after it.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +19,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import nats
 import pytest
+import pytest_asyncio
 
+from subjects.grammar import Subjects
 from tests.integration.stack import Stack, fake_stack
 from worker.gateway.service import namespaced_action_id
 from worker.testing._procs import free_port
@@ -97,6 +109,44 @@ class GatewayStack:
             if proc.alive:
                 proc.terminate(10)
 
+    async def stored_in_this_test(self, stream: str, subject: str) -> list[bytes]:
+        """The messages on `subject` that `stream` stored since the test began (`gs_shared`
+        marks where each of `MARKED_STREAMS` stood)."""
+        return [data for _, data in await self._stored_since(stream, subject, new_only=False)]
+
+    async def enqueued_in_this_test(self) -> list[bytes]:
+        """The runtime queue's entries of children this test created: entries stored since
+        it began for an Action id the queue had not seen before (a shared gateway's sweep
+        still settles an earlier test's child meanwhile)."""
+        found = await self._stored_since(QUEUE_STREAM, "aip.runtime.queue.*", new_only=True)
+        return [data for _, data in found]
+
+    async def _stored_since(
+        self, stream: str, subject: str, *, new_only: bool
+    ) -> list[tuple[str, bytes]]:
+        sub = await self.stack.nc.jetstream().subscribe(subject, ordered_consumer=True)
+        earlier: set[str] = set()
+        out: list[tuple[str, bytes]] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=0.5)
+                except nats.errors.TimeoutError:
+                    break
+                if msg.metadata.sequence.stream <= self.marks[stream]:
+                    earlier.add(msg.subject)
+                else:
+                    out.append((msg.subject, msg.data))
+        finally:
+            await sub.unsubscribe()
+        return [(s, data) for s, data in out if not (new_only and s in earlier)]
+
+
+QUEUE_STREAM = Subjects().runtime_stream_name("queue")
+AUDIT_STREAM = Subjects().stream_name("audit")
+#: The streams whose position `gs_shared` marks before each test.
+MARKED_STREAMS = (QUEUE_STREAM, AUDIT_STREAM)
+
 
 @contextlib.asynccontextmanager
 async def gateway_stack(root: Path, nats_url: str, redis_url: str) -> AsyncIterator[GatewayStack]:
@@ -155,3 +205,39 @@ async def gs_up(gstack: GatewayStack) -> GatewayStack:
     """The stack with one gateway process running (small input bound for the size test)."""
     await gstack.start_gateway("g1", AIPD_GATEWAY_MAX_INPUT_BYTES="2048")
     return gstack
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def module_gs(
+    tmp_path_factory: pytest.TempPathFactory,
+    module_nats_server: ServiceHandle,
+    module_redis_server: ServiceHandle,
+) -> AsyncIterator[GatewayStack]:
+    """`gs_up`'s deployment on servers of its own, for a whole module (`gs_shared`)."""
+    root = tmp_path_factory.mktemp("gateway-module")
+    async with gateway_stack(root, module_nats_server.url, module_redis_server.url) as gs:
+        await gs.start_gateway("g1", AIPD_GATEWAY_MAX_INPUT_BYTES="2048")
+        yield gs
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gs_shared(module_gs: GatewayStack) -> AsyncIterator[GatewayStack]:
+    """The module's deployment for one test (module docstring). A module opts in by running
+    its tests on the session's loop (`pytest.mark.asyncio(loop_scope="session")`) and
+    defining its `gs_up` as this fixture."""
+    gs = module_gs
+    assert gs.stack.fake is not None
+    live = [*gs.stack.workers, *gs.gateways]
+    assert all(p.alive for p in live), "a process of the module's deployment died"
+    gs.stack.fake.reset()
+    js = gs.stack.nc.jetstream()
+    for stream in MARKED_STREAMS:
+        gs.marks[stream] = (await js.stream_info(stream)).state.last_seq
+    workers, gateways = len(gs.stack.workers), len(gs.gateways)
+    try:
+        yield gs
+    finally:
+        for proc in [*gs.stack.workers[workers:], *gs.gateways[gateways:]]:
+            proc.terminate(10)
+        del gs.stack.workers[workers:]
+        del gs.gateways[gateways:]

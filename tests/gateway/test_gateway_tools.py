@@ -4,11 +4,8 @@ Real NATS and Redis, a worker process serving endpoint h1 over the fake Hermes, 
 `python -m worker gateway`; the client is the official `mcp` SDK's Streamable HTTP client,
 as in Hermes. A child is a real Action (`cap:hermes_agent:h1:models`) the worker executes.
 
-The module's tests share one such deployment (`module_gs`: its servers, worker and gateway
-start once per module, not per test); `gs_up` gives each test the deployment as if fresh for
-what it checks: every Action id is the test's own, the fake Hermes' counts and faults are
-reset, the runtime queue and audit streams are read from where they stood when the test began,
-and a worker the test started is stopped after it.
+The module's tests share one such deployment (conftest's `gs_shared`: servers, worker and
+gateway start once per module, not per test), each test seeing it as fresh for what it checks.
 """
 
 from __future__ import annotations
@@ -16,18 +13,15 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import msgspec
-import nats
 import pytest
 import pytest_asyncio
 
 from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleState
-from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.aip_wire import receipt_fields
@@ -37,10 +31,10 @@ from worker.gateway.facade import EXTENSION_KEY
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import ToolAnswer, call_tool, hermes_principal_id, list_tools
 from worker.testing.identities import TENANT_A, write_json
-from worker.testing.services import ServiceHandle
 from worker.trust.signing import TrustedGatewayKeys
 
 from .conftest import (
+    AUDIT_STREAM,
     EXPIRED_TOKEN,
     H1,
     H1_TOKEN,
@@ -50,7 +44,6 @@ from .conftest import (
     TENANT_A_TOKEN,
     GatewayStack,
     bus_id,
-    gateway_stack,
 )
 
 # The module's deployment lives across its tests, so they run on the session's event loop.
@@ -69,60 +62,10 @@ SCHEMA_INVALID = "schema.envelope.invalid"
 NOT_FOUND = "connector.hermes_agent.configuration_or_input"
 
 
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def module_gs(
-    tmp_path_factory: pytest.TempPathFactory,
-    module_nats_server: ServiceHandle,
-    module_redis_server: ServiceHandle,
-) -> AsyncIterator[GatewayStack]:
-    """NATS, Redis, worker w1 over the fake Hermes and gateway g1 (small input bound for the
-    size test), for the whole module."""
-    root = tmp_path_factory.mktemp("gateway-tools")
-    async with gateway_stack(root, module_nats_server.url, module_redis_server.url) as gs:
-        await gs.start_gateway("g1", AIPD_GATEWAY_MAX_INPUT_BYTES="2048")
-        yield gs
-
-
 @pytest_asyncio.fixture(loop_scope="session")
-async def gs_up(module_gs: GatewayStack) -> AsyncIterator[GatewayStack]:
-    """The module's deployment for one test (module docstring): both processes still up, the
-    fake's counts and faults reset, the streams' positions marked; workers the test started
-    are stopped after it."""
-    gs = module_gs
-    assert gs.stack.fake is not None
-    assert all(p.alive for p in [*gs.stack.workers, *gs.gateways]), "a process of the module died"
-    gs.stack.fake.reset()
-    js = gs.stack.nc.jetstream()
-    for stream in STREAMS:
-        gs.marks[stream] = (await js.stream_info(stream)).state.last_seq
-    workers = len(gs.stack.workers)
-    try:
-        yield gs
-    finally:
-        for worker in gs.stack.workers[workers:]:
-            worker.terminate(10)
-        del gs.stack.workers[workers:]
-
-
-QUEUE_STREAM = Subjects().runtime_stream_name("queue")
-AUDIT_STREAM = Subjects().stream_name("audit")
-STREAMS = (QUEUE_STREAM, AUDIT_STREAM)
-
-
-async def stored_in_this_test(gs: GatewayStack, stream: str, subject: str) -> list[bytes]:
-    """The messages on `subject` that `stream` stored since the test began (`gs_up`)."""
-    sub = await gs.stack.nc.jetstream().subscribe(subject, ordered_consumer=True)
-    out: list[bytes] = []
-    try:
-        while True:
-            try:
-                msg = await sub.next_msg(timeout=0.5)
-            except nats.errors.TimeoutError:
-                return out
-            if msg.metadata.sequence.stream > gs.marks[stream]:
-                out.append(msg.data)
-    finally:
-        await sub.unsubscribe()
+async def gs_up(gs_shared: GatewayStack) -> GatewayStack:
+    """This module's tests share the module's deployment (conftest `gs_shared`)."""
+    return gs_shared
 
 
 def contract(**changes: Any) -> dict[str, Any]:
@@ -204,7 +147,7 @@ async def test_a_missing_unknown_or_expired_token_is_401_before_any_tool(
     assert plain.status_code == 401
     assert plain.headers["www-authenticate"].startswith("Bearer")
     # Nothing was enqueued by any of them.
-    assert await stored_in_this_test(gs, QUEUE_STREAM, "aip.runtime.queue.*") == []
+    assert await gs.enqueued_in_this_test() == []
 
 
 async def test_exactly_the_six_tools_are_served(gs_up: GatewayStack) -> None:
@@ -453,7 +396,7 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
     assert error["uncertain_outcome"] is False
     assert (await records(gs, bus_id(arguments))).queue is None
     assert models_reads(gs) == 0
-    receipts = await stored_in_this_test(gs, AUDIT_STREAM, "aip.hermes.*.audit.*")
+    receipts = await gs.stored_in_this_test(AUDIT_STREAM, "aip.hermes.*.audit.*")
     decisions = [receipt_fields(r)["details"].get("decision") for r in receipts]
     assert code in decisions
 
