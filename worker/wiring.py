@@ -8,20 +8,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from worker.control import BindingCancelHook
-from worker.operations.base import Registry
-from worker.operations.catalog import BY_NAME as CATALOG
-from worker.operations.registry import default_registry
-from worker.pipeline.runtime import Gate
-from worker.settings import Settings
-
+# The runtime's modules are imported by the functions that build from them: the CLI imports
+# this module for `add_extra_commands`, and a command such as `submit` or `approve` must not
+# pay for loading the whole worker.
 if TYPE_CHECKING:
+    from worker.control import BindingCancelHook
     from worker.delegation import DelegatedOperation
+    from worker.operations.base import Registry
+    from worker.pipeline.runtime import Gate
+    from worker.settings import Settings
 
 
 def build_registry(settings: Settings) -> Registry:
     """Every Hermes route, plus the governed operator under the deployment's policy: exactly
     the catalog's 35 capabilities (worker/operations/catalog.py)."""
+    from worker.operations.catalog import BY_NAME as CATALOG
+    from worker.operations.registry import default_registry
     from worker.operator import HermesOperatorPolicy, operator_operation
 
     registry = default_registry(settings)

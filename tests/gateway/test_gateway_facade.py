@@ -4,7 +4,8 @@ shared/reference/aip-1.0-wire.md §6.1; issue #26 item 4).
 The reference argument names and types are stated here by hand, not imported from the
 project; the answers are checked against the exported AIP JSON Schemas (`schemas/json/`)
 with jsonschema, or by hand where AIP exports no schema (ActionEvents). Real NATS, Redis,
-worker and gateway processes (the `gs_up` stack), the official MCP client.
+worker and gateway processes (the `gs_up` stack, shared by the module's tests: conftest's
+`gs_shared`), the official MCP client.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 
 import jsonschema
 import pytest
+import pytest_asyncio
 
 from schemas.ids import new_action_id
 from worker.gateway.mcp_client import exchange
@@ -23,10 +25,19 @@ from worker.testing.gateway import call_tool
 
 from .conftest import H1_TOKEN, GatewayStack
 
+# The module's deployment lives across its tests, so they run on the session's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 MODELS = "cap:hermes_agent:h1:models"
 CHAT_STREAM = "cap:hermes_agent:h1:chat_stream"
 SCHEMAS = Path(__file__).resolve().parents[2] / "schemas" / "json"
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?(Z|[+-]\d\d:\d\d)$")
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gs_up(gs_shared: GatewayStack) -> GatewayStack:
+    """This module's tests share the module's deployment (conftest `gs_shared`)."""
+    return gs_shared
+
 
 #: The reference tools' arguments (name -> JSON type), and which are required.
 REFERENCE: dict[str, tuple[dict[str, str | None], set[str]]] = {
@@ -319,6 +330,6 @@ async def test_bad_arguments_are_clear_tool_errors_and_the_gateway_goes_on(
     assert unknown.is_error
     assert "aip_delegate" in unknown.document["error"]["message"]
     # Nothing was enqueued, and the gateway still serves.
-    assert await gs_up.stack.stream_messages("runtime_queue", "aip.runtime.queue.*") == []
+    assert await gs_up.enqueued_in_this_test() == []
     listed = await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities", {"capability_id": MODELS})
     assert [c["id"] for c in listed.document["capabilities"]] == [MODELS]

@@ -6,6 +6,9 @@ victim's Actions are published straight to the bus, as any publisher's are; the 
 is an MCP principal who knows the victim's Action id (ids are shown in channel messages).
 Endpoint h9 has a work queue but no worker, so what appears on its results subject is only
 what the test publishes there (a trusted worker's signature made with the stack's key).
+
+The module's tests share one deployment (conftest's `gs_shared`), each test seeing it as fresh
+for what it checks.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_asyncio
 
 from schemas.action import Action
 from schemas.chunk import ChunkKind, make_chunk
@@ -35,7 +39,14 @@ from worker.trust.responses import ResponseSigner
 from worker.wire.chunks import encode_chunk
 from worker.wire.results import encode_result
 
-from .conftest import AGENT_TOKEN, H1, H1_TOKEN, OTHER_TENANT_TOKEN, GatewayStack
+from .conftest import (
+    AGENT_TOKEN,
+    AUDIT_STREAM,
+    H1,
+    H1_TOKEN,
+    OTHER_TENANT_TOKEN,
+    GatewayStack,
+)
 from .test_gateway_tools import (
     NOT_FOUND,
     aip_call,
@@ -46,6 +57,9 @@ from .test_gateway_tools import (
     records,
 )
 
+# The module's deployment lives across its tests, so they run on the session's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
 H9_MODELS = "cap:hermes_agent:h9:models"
 #: A forged delegation block: a chain no signed DelegationRequest ever carried.
 FORGED_DELEGATION = {"delegation_id": "dlg-forged", "chain": ["user:root", "agent:admin"]}
@@ -55,8 +69,15 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@pytest_asyncio.fixture(loop_scope="session")
+async def gs_up(gs_shared: GatewayStack) -> GatewayStack:
+    """This module's tests share the module's deployment (conftest `gs_shared`)."""
+    return gs_shared
+
+
 async def queue_entries(gs: GatewayStack) -> list[bytes]:
-    return await gs.stack.stream_messages("runtime_queue", "aip.runtime.queue.*")
+    """What the test enqueued on the runtime queue."""
+    return await gs.enqueued_in_this_test()
 
 
 async def unknown_id_message(gs: GatewayStack, token: str) -> tuple[str, str]:
@@ -117,7 +138,7 @@ async def publish_worker_signed(gs: GatewayStack, action_id: str, payload: bytes
     await gs.stack.nc.jetstream().publish(gs.stack.subjects.results("h9", action_id), payload)
 
 
-@pytest.fixture
+@pytest_asyncio.fixture(loop_scope="session")
 async def with_h9(gs_up: GatewayStack) -> GatewayStack:
     await provision(
         gs_up.stack.nc.jetstream(), gs_up.stack.subjects, ["h9"], StreamPolicy(ack_wait_s=3.0)
@@ -225,6 +246,8 @@ async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(
     victim's answer: the victim's genuine signed result names the victim's envelope, not
     the caller's, and is not recorded as the caller's."""
     gs = with_h9
+    actions = gs.stack.subjects.stream_name("actions")
+    before = (await gs.stack.nc.jetstream().stream_info(actions)).state.last_seq
     victim, payload = h9_action(gs)
     await publish_h9(gs, payload, victim.id)
 
@@ -241,8 +264,9 @@ async def test_an_id_held_on_the_work_queue_lends_the_caller_no_result(
     )
     assert not answer.is_error, answer.document
     assert answer.document["ack"]["status"] == "accepted"
-    stream = await gs.stack.nc.jetstream().stream_info(gs.stack.subjects.stream_name("actions"))
-    assert stream.state.messages == 2  # both envelopes stored: no dedupe slot was squatted
+    stream = await gs.stack.nc.jetstream().stream_info(actions)
+    # Both envelopes stored: no dedupe slot was squatted.
+    assert stream.state.last_seq == before + 2
 
     genuine = signed_h9_result(gs, victim.id, sha256_hex(payload), secret="victim-only")
     await publish_worker_signed(gs, victim.id, genuine)
@@ -436,5 +460,5 @@ async def test_a_tenant_mismatched_route_is_refused_before_enqueue(gs_up: Gatewa
         assert (error["retryable"], error["uncertain_outcome"]) == (False, False)
     assert await queue_entries(gs) == []
     assert models_reads(gs) == 0
-    received = await gs.stack.stream_messages("audit", "aip.hermes.ha.audit.*")
+    received = await gs.stored_in_this_test(AUDIT_STREAM, "aip.hermes.ha.audit.*")
     assert [r for r in received if receipt_fields(r)["event"] != "tool_call"] == []

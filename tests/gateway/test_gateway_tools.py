@@ -3,17 +3,22 @@
 Real NATS and Redis, a worker process serving endpoint h1 over the fake Hermes, and
 `python -m worker gateway`; the client is the official `mcp` SDK's Streamable HTTP client,
 as in Hermes. A child is a real Action (`cap:hermes_agent:h1:models`) the worker executes.
+
+The module's tests share one such deployment (conftest's `gs_shared`: servers, worker and
+gateway start once per module, not per test), each test seeing it as fresh for what it checks.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from typing import Any
 
 import httpx
 import msgspec
 import pytest
+import pytest_asyncio
 
 from schemas.ids import new_action_id
 from schemas.lifecycle import LifecycleState
@@ -29,6 +34,7 @@ from worker.testing.identities import TENANT_A, write_json
 from worker.trust.signing import TrustedGatewayKeys
 
 from .conftest import (
+    AUDIT_STREAM,
     EXPIRED_TOKEN,
     H1,
     H1_TOKEN,
@@ -39,6 +45,9 @@ from .conftest import (
     GatewayStack,
     bus_id,
 )
+
+# The module's deployment lives across its tests, so they run on the session's event loop.
+pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 MODELS = "cap:hermes_agent:h1:models"
 SIX_TOOLS = [
@@ -51,6 +60,12 @@ SIX_TOOLS = [
 ]
 SCHEMA_INVALID = "schema.envelope.invalid"
 NOT_FOUND = "connector.hermes_agent.configuration_or_input"
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def gs_up(gs_shared: GatewayStack) -> GatewayStack:
+    """This module's tests share the module's deployment (conftest `gs_shared`)."""
+    return gs_shared
 
 
 def contract(**changes: Any) -> dict[str, Any]:
@@ -132,7 +147,7 @@ async def test_a_missing_unknown_or_expired_token_is_401_before_any_tool(
     assert plain.status_code == 401
     assert plain.headers["www-authenticate"].startswith("Bearer")
     # Nothing was enqueued by any of them.
-    assert await gs.stack.stream_messages("runtime_queue", "aip.runtime.queue.*") == []
+    assert await gs.enqueued_in_this_test() == []
 
 
 async def test_exactly_the_six_tools_are_served(gs_up: GatewayStack) -> None:
@@ -379,7 +394,7 @@ async def test_bad_input_is_refused_with_a_typed_error_and_nothing_is_sent(
     assert error["uncertain_outcome"] is False
     assert (await records(gs, bus_id(arguments))).queue is None
     assert models_reads(gs) == 0
-    receipts = await gs.stack.stream_messages("audit", "aip.hermes.*.audit.*")
+    receipts = await gs.stored_in_this_test(AUDIT_STREAM, "aip.hermes.*.audit.*")
     decisions = [receipt_fields(r)["details"].get("decision") for r in receipts]
     assert code in decisions
 
@@ -455,16 +470,28 @@ async def test_a_worker_that_never_answers_is_bounded_by_the_childs_timeout(
     assert error["uncertain_outcome"] is True
 
 
+def sample(metrics: str, series: str) -> float:
+    """The value of one series in a Prometheus exposition (0 when it is not there yet)."""
+    found = re.search(rf"^{re.escape(series)} (\S+)$", metrics, re.MULTILINE)
+    return float(found.group(1)) if found else 0.0
+
+
 async def test_health_ready_and_metrics(gs_up: GatewayStack) -> None:
+    allowed = 'aip_gateway_tool_calls_total{decision="allowed",tool="aip_capabilities"}'
+    refused = 'aip_gateway_tool_calls_total{decision="refused",tool="aip_action_status"}'
     async with httpx.AsyncClient(base_url=gs_up.base_url) as http:
         assert (await http.get("/health")).json() == {"alive": True}
         ready = await http.get("/ready")
         assert ready.status_code == 200, ready.text
         assert ready.json()["checks"] == {"nats_connected": True, "runtime_stores": True}
+        before = (await http.get("/metrics")).text
         await call_tool(gs_up.url, H1_TOKEN, "aip_capabilities")
         await call_tool(
             gs_up.url, READ_ONLY_TOKEN, "aip_action_status", {"action_id": new_action_id()}
         )
         metrics = (await http.get("/metrics")).text
-    assert 'aip_gateway_tool_calls_total{decision="allowed",tool="aip_capabilities"}' in metrics
-    assert 'aip_gateway_tool_calls_total{decision="refused",tool="aip_action_status"}' in metrics
+    # The gateway counted this test's two calls (it served the module's earlier tests too).
+    assert allowed in metrics
+    assert refused in metrics
+    assert sample(metrics, allowed) == sample(before, allowed) + 1
+    assert sample(metrics, refused) == sample(before, refused) + 1

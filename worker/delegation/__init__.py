@@ -10,7 +10,21 @@ result is the child's *native* result read from the AIP runtime's Action queue a
 stores and verified field by field (`resolver`); Hermes' own final text is never the result.
 """
 
-from worker.delegation.action_id import delegation_action_id
-from worker.delegation.operation import DELEGATION_SPEC, DelegatedOperation
+from typing import TYPE_CHECKING
+
+from worker.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from worker.delegation.action_id import delegation_action_id
+    from worker.delegation.operation import DELEGATION_SPEC, DelegatedOperation
 
 __all__ = ["DELEGATION_SPEC", "DelegatedOperation", "delegation_action_id"]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "delegation_action_id": "worker.delegation.action_id",
+        "DELEGATION_SPEC": "worker.delegation.operation",
+        "DelegatedOperation": "worker.delegation.operation",
+    },
+)

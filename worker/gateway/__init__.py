@@ -20,7 +20,21 @@ delegation resolver reads. One job per module:
 See docs/gateway.md.
 """
 
-from worker.gateway.app import READY_MARK, Gateway
-from worker.gateway.settings import GatewaySettings
+from typing import TYPE_CHECKING
+
+from worker.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from worker.gateway.app import READY_MARK, Gateway
+    from worker.gateway.settings import GatewaySettings
 
 __all__ = ["READY_MARK", "Gateway", "GatewaySettings"]
+
+__getattr__ = lazy_exports(
+    __name__,
+    {
+        "READY_MARK": "worker.gateway.app",
+        "Gateway": "worker.gateway.app",
+        "GatewaySettings": "worker.gateway.settings",
+    },
+)

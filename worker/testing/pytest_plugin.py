@@ -310,6 +310,12 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[ServiceHandle]:
     yield from _serve(request, REDIS)
 
 
+@pytest.fixture(scope="module")
+def module_redis_server() -> Iterator[ServiceHandle]:
+    """One AOF-always Redis for a whole module (for module-scoped deployments built on it)."""
+    yield from _single(REDIS, None)
+
+
 @pytest.fixture(scope="session")
 def shared_servers() -> Iterator[dict[str, SharedServer]]:
     """This process's shared NATS and Redis, each started by the first test that needs it."""
