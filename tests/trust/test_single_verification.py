@@ -28,13 +28,13 @@ async def test_admission_reuses_the_runtimes_verification(
         action_document(endpoint=TARGET.id, principal=USER_UNTENANTED, tenant=None), trust_files
     )
     calls: list[Any] = []
-    real = envelopes.verify_envelope
+    real = envelopes.verify_checked  # what open_envelope verifies with
 
     def counting(data: Any, **kwargs: Any) -> Any:
         calls.append(data)
         return real(data, **kwargs)
 
-    monkeypatch.setattr(envelopes, "verify_envelope", counting)
+    monkeypatch.setattr(envelopes, "verify_checked", counting)
     action, opened = decode_action(payload)
     signer = gate.verify_action_signer(opened.verified)
     decision = await gate.admit_verified(

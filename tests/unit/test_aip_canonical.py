@@ -241,3 +241,43 @@ def test_every_double_prints_shortest_round_trip_like_msgspecs_ryu(bits: int) ->
     assert json.loads(text) == value
     # msgspec carries its own ryu port; it differs only in writing `e21` for `e+21`.
     assert text.replace("e+", "e") == msgspec.json.encode(value).decode()
+
+
+@settings(max_examples=300)
+@given(json_values)
+def test_canonical_bytes_are_read_as_the_exact_reader_reads_them(value: Any) -> None:
+    # Bytes read msgspec's way (`loads` of canonical bytes) and the exact reader's way (a
+    # str always takes it): the same values, to the type and the sign of a zero.
+    data = canonical_bytes(value)
+    assert repr(loads(data)) == repr(loads(data.decode()))
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[18446744073709551615]",  # u64 max: an integer
+        b"[18446744073709551616]",  # one more: serde_json's f64
+        b"[-9223372036854775809]",
+        b'{"a":-0.0,"b":-0}',
+        b"[1e+16,1.5e-7,100.0,1e2]",
+        b'{"b":1,"a":2}',  # unsorted
+        b'{"a":1,"a":1}',  # repeated
+        b'{"a": 1}',  # whitespace
+        b'"\\u00e9\\/"',
+        b'["\\ud83d\\ude00"]',
+        b"[" * MAX_DEPTH + b"]" * MAX_DEPTH,
+    ],
+)
+def test_non_canonical_or_borderline_bytes_read_as_the_exact_reader_reads_them(
+    data: bytes,
+) -> None:
+    try:
+        exact: Any = repr(loads(data.decode()))
+    except MalformedJson as exc:
+        exact = MalformedJson(str(exc))
+    try:
+        read: Any = repr(loads(data))
+    except MalformedJson as exc:
+        read = MalformedJson(str(exc))
+    assert type(read) is type(exact)
+    assert str(read) == str(exact)

@@ -123,6 +123,12 @@ _sorted_encoder = msgspec.json.Encoder(order="sorted")
 _PLAIN_FLOAT_LIMIT: Final = 1e16
 
 
+def is_plain(value: Any) -> bool:
+    """Whether `value` is made only of plain JSON (`plain_bytes` prints it canonically): for
+    a caller that builds a document around a free value and checks only that value."""
+    return _plain(value, 0)
+
+
 def _plain(value: Any, depth: int) -> bool:
     """Whether `value` is made only of exact JSON types that msgspec prints as serde_json
     does: str keys, in-range ints, finite floats below 1e16 in magnitude, not too deep."""
@@ -262,7 +268,15 @@ _decoder = json.JSONDecoder(
 
 
 def loads(data: bytes | str) -> Any:
-    """Decode received JSON strictly, with serde_json's number semantics; MalformedJson."""
+    """Decode received JSON strictly, with serde_json's number semantics; MalformedJson.
+
+    Bytes already in canonical form (what every AIP signer here and upstream sends) are
+    read by msgspec (`_canonical_loads`), several times faster; anything else by the exact
+    reader below."""
+    if type(data) is bytes:
+        value = _canonical_loads(data)
+        if value is not _NOT_CANONICAL:
+            return value
     if isinstance(data, bytes | bytearray | memoryview):
         try:
             text = bytes(data).decode("utf-8")
@@ -293,6 +307,40 @@ def loads(data: bytes | str) -> Any:
 
 
 _SURROGATE_ESCAPE: Final = re.compile(r"\\u[dD][89a-fA-F]")
+
+_NOT_CANONICAL: Final = object()
+_plain_decoder = msgspec.json.Decoder()
+#: An integer of 19 digits or more may lie beyond i64/u64, which msgspec keeps as an int
+#: and serde_json reads as an f64: such a document takes the exact reader. Found as a run
+#: of 19 zeros once every digit is a zero and nothing else is (a regular expression took
+#: ten times as long).
+_DIGITS_AS_ZERO: Final = bytes(0x30 if 0x30 <= byte <= 0x39 else 0x78 for byte in range(256))
+_LONG_DIGITS: Final = b"0" * 19
+
+
+def _canonical_loads(data: bytes) -> Any:
+    """`data` decoded by msgspec when it is exactly the canonical JSON of what msgspec read
+    (the printer, `plain_bytes`, gives it back byte for byte); else `_NOT_CANONICAL`.
+
+    On canonical bytes the two readers cannot differ: a repeated key, `-0`, a number not
+    in shortest form, an escape that could be a lone surrogate, insignificant whitespace
+    or unsorted keys would each print differently from the text read, so such text goes
+    to the exact reader, which also names the problem. What printing back cannot see is
+    checked apart: integers beyond i64/u64 (`_LONG_DIGITS`) and the depth limit."""
+    if _LONG_DIGITS in data.translate(_DIGITS_AS_ZERO):
+        return _NOT_CANONICAL
+    try:
+        value = _plain_decoder.decode(data)
+        if _sorted_encoder.encode(value) != data:
+            return _NOT_CANONICAL
+    except (msgspec.MsgspecError, ValueError, TypeError, RecursionError):
+        return _NOT_CANONICAL  # the exact reader decides, and says why
+    if data.count(b"{") + data.count(b"[") >= MAX_DEPTH:
+        try:
+            _check_depth(value, 0)
+        except MalformedJson:
+            return _NOT_CANONICAL  # the exact reader refuses it too, and says why
+    return value
 
 
 def _check_depth(value: Any, depth: int) -> None:

@@ -27,7 +27,13 @@ from typing import Any, Final
 import nacl.exceptions
 import nacl.signing
 
-from worker.aip.canonical import canonical_bytes, loads, require_portable
+from worker.aip.canonical import (
+    canonical_bytes,
+    is_plain,
+    loads,
+    plain_bytes,
+    require_portable,
+)
 from worker.aip.did_key import (
     PublicKey,
     parse_public_key,
@@ -128,6 +134,19 @@ def sign_envelope(
     not. `require_portable_numbers` also refuses numbers the reference verifier would read
     back changed (`canonical.portability_problems`).
     """
+    return _signed(
+        envelope, signer, principal, require_portable_numbers=require_portable_numbers
+    )[0]
+
+
+def _signed(
+    envelope: Mapping[str, Any],
+    signer: AipSigner,
+    principal: Mapping[str, Any],
+    *,
+    require_portable_numbers: bool,
+) -> tuple[dict[str, Any], bool]:
+    """`sign_envelope`'s signed copy, and whether it is plain JSON (`is_plain`)."""
     claimed = principal.get("did")
     if claimed is not None and claimed != signer.did:
         raise SignerMismatch("the principal's did is not the signer's did:key")
@@ -152,8 +171,21 @@ def sign_envelope(
         raise MalformedEnvelope("sent_at must be an RFC 3339 UTC timestamp ending in Z")
     if require_portable_numbers:
         require_portable(signed)
-    security["signature"] = signer.sign(canonical_bytes(signed))
-    return signed
+    plain = is_plain(signed)
+    security["signature"] = signer.sign(plain_bytes(signed) if plain else canonical_bytes(signed))
+    return signed, plain
+
+
+def signed_bytes(
+    envelope: Mapping[str, Any],
+    signer: AipSigner,
+    principal: Mapping[str, Any],
+) -> bytes:
+    """The wire bytes (canonical JSON) of `sign_envelope(envelope, signer, principal)`,
+    the document walked once for what plain JSON cannot print: the signature the second
+    printing adds is a plain string, so what was plain before it stays plain."""
+    signed, plain = _signed(envelope, signer, principal, require_portable_numbers=False)
+    return plain_bytes(signed) if plain else canonical_bytes(signed)
 
 
 def encode_envelope(envelope: Mapping[str, Any]) -> bytes:
@@ -170,6 +202,15 @@ def verify_envelope(
     PublicKey) pins the signer. Raises the typed errors of `worker.aip.errors`."""
     envelope: Any = dict(data) if isinstance(data, Mapping) else loads(data)
     check_envelope(envelope)
+    return verify_checked(envelope, expected=expected)
+
+
+def verify_checked(
+    envelope: dict[str, Any], *, expected: PublicKey | str | None = None
+) -> VerifiedEnvelope:
+    """`verify_envelope` of an Envelope the caller decoded and held to the Envelope rules
+    (`check_envelope`) itself, as `worker.wire.envelopes.open_envelope` does: the rules
+    are not checked a second time. The VerifiedEnvelope holds `envelope` itself."""
     security = envelope.get("security")
     if not isinstance(security, Mapping):
         raise MissingSignature("the Envelope has no security object")
@@ -225,7 +266,9 @@ __all__ = [
     "encode_envelope",
     "sign_envelope",
     "sign_value",
+    "signed_bytes",
     "signing_bytes",
+    "verify_checked",
     "verify_envelope",
     "verify_value",
 ]

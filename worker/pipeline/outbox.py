@@ -100,6 +100,9 @@ class Settled:
     result: bytes
     terminal: bytes | None
     owed: bytes | None = None
+    #: The chunk `terminal` encodes, when the caller holds it (the settle that made it):
+    #: its subject and Msg-Id are read from it instead of decoding the bytes again.
+    terminal_chunk: StreamChunk | None = None
 
     def owed_chunks(self) -> list[bytes]:
         return self.owed.split(b"\n") if self.owed else []
@@ -208,7 +211,9 @@ class Outbox:
             if chunk is not None:
                 pending.append((chunk, data, await self.publisher.chunk(chunk, data)))
         terminal = settled.terminal
-        chunk = _chunk_of(terminal) if terminal is not None else None
+        chunk = settled.terminal_chunk
+        if chunk is None and terminal is not None:
+            chunk = _chunk_of(terminal)
         if terminal is not None and chunk is not None:
             # Decoded for its subject and Msg-Id only: the stored bytes are what is sent.
             pending.append((chunk, terminal, await self.publisher.chunk(chunk, terminal)))

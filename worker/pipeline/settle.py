@@ -154,7 +154,10 @@ class Settle:
         )
         faults.hit("after_settle", action.id)
         await outbox.publish(
-            execution.messages, action, endpoint_id, Settled(payload, terminal_bytes, owed or None)
+            execution.messages,
+            action,
+            endpoint_id,
+            Settled(payload, terminal_bytes, owed or None, terminal_chunk=terminal),
         )
 
     def oversize(self, payload: bytes, terminal: bytes | None) -> ConnectorError | None:

@@ -1,0 +1,123 @@
+"""A chunk's Envelope framed by `encode_chunk` itself is byte for byte the one `seal` frames.
+
+`worker.wire.chunks.encode_chunk` builds its frame without `seal` (a chunk per provider
+event; `seal`'s general checks and copies were most of a chunk's framing CPU). These tests
+hold the two to the same bytes over generated chunks, payloads that are not plain JSON
+included, and the chunk's message id to the UUIDv7 layout written out in integer
+arithmetic, as it was first written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from worker.aip.canonical import loads
+from worker.aip.errors import NotCanonicalizable
+from worker.wire.actions import timestamp_of_ms
+from worker.wire.chunks import (
+    CHUNK_TYPE,
+    chunk_body,
+    chunk_message_id,
+    decode_chunk,
+    encode_chunk,
+)
+from worker.wire.envelopes import seal
+from worker.wire.results import worker_principal
+
+
+def sealed(chunk: StreamChunk, *, operator: bool) -> bytes:
+    """The chunk's Envelope as `seal` frames it (checked, canonicalised by the full walk)."""
+    extension: dict[str, Any] = {"endpoint_id": chunk.endpoint_id, "ts_unix_ms": chunk.ts_unix_ms}
+    if chunk.prev_sha256 is not None:
+        extension["prev_sha256"] = chunk.prev_sha256
+    if chunk.run_id is not None:
+        extension["run_id"] = chunk.run_id
+    if operator and chunk.provider_event is not None:
+        extension["provider_event"] = chunk.provider_event
+    return seal(
+        CHUNK_TYPE,
+        chunk_body(chunk, operator=operator),
+        sender=worker_principal(chunk.endpoint_id),
+        signer=None,
+        extension=extension,
+        message_id=reference_message_id(chunk),
+        sent_at=timestamp_of_ms(chunk.ts_unix_ms),
+    )
+
+
+def reference_message_id(chunk: StreamChunk) -> str:
+    place = f"{chunk.action_id}:{chunk.seq}:{chunk.prev_sha256 or ''}:{chunk.kind.value}"
+    rand = int.from_bytes(hashlib.sha256(place.encode()).digest()[:10], "big")
+    value = (chunk.ts_unix_ms & (2**48 - 1)) << 80 | rand
+    value = (value & ~(0xF << 76)) | (0x7 << 76)
+    value = (value & ~(0x3 << 62)) | (0x2 << 62)
+    return f"msg_{value:032x}"
+
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=8),
+    lambda children: (
+        st.lists(children, max_size=3) | st.dictionaries(st.text(max_size=5), children, max_size=3)
+    ),
+    max_leaves=12,
+)
+payloads = (
+    json_values
+    | st.fixed_dictionaries({"delta": st.text(max_size=8)}, optional={"x": json_values})
+    | st.tuples(st.integers(), st.floats(allow_nan=False, allow_infinity=False))  # not plain
+)
+
+
+@st.composite
+def chunks(draw: st.DrawFn) -> StreamChunk:
+    return make_chunk(
+        draw(st.sampled_from(list(ChunkKind))),
+        action_id="act_" + draw(st.text("0123456789abcdef", min_size=32, max_size=32)),
+        endpoint_id=draw(st.sampled_from(["h1", "edge-2", "a_b"])),
+        seq=draw(st.integers(min_value=0, max_value=2**40)),
+        ts_unix_ms=draw(st.integers(min_value=0, max_value=253_402_300_799_999)),
+        payload=draw(payloads),
+        provider_event=draw(st.none() | st.sampled_from(["message.delta", "run.completed"])),
+        run_id=draw(st.none() | st.just("run_1")),
+        prev_sha256=draw(st.none() | st.just("ab" * 32)),
+    )
+
+
+@settings(max_examples=400)
+@given(chunks(), st.booleans())
+def test_encode_chunk_prints_what_seal_prints(chunk: StreamChunk, operator: bool) -> None:
+    data = encode_chunk(chunk, operator=operator)
+    assert data == sealed(chunk, operator=operator)
+    assert decode_chunk(data)[0].seq == chunk.seq
+
+
+@settings(max_examples=300)
+@given(chunks())
+def test_message_id_keeps_the_uuidv7_layout(chunk: StreamChunk) -> None:
+    assert chunk_message_id(chunk) == reference_message_id(chunk)
+    assert loads(encode_chunk(chunk))["message_id"] == reference_message_id(chunk)
+
+
+def test_a_payload_without_canonical_form_is_refused_as_seal_refuses_it() -> None:
+    chunk = make_chunk(
+        ChunkKind.DATA,
+        action_id="act_" + "0" * 32,
+        endpoint_id="h1",
+        seq=0,
+        ts_unix_ms=1,
+        payload={"delta": "\ud800"},
+    )
+    with pytest.raises(NotCanonicalizable):
+        sealed(chunk, operator=False)
+    with pytest.raises(NotCanonicalizable):
+        encode_chunk(chunk)
