@@ -10,7 +10,7 @@ import pytest
 
 from tests.aip_actions import did_of
 from worker.errors import NativeRefusal, TrustConfigError
-from worker.gateway.native_nats import request_subject, service_subject
+from worker.gateway.native_subjects import request_subject, service_subject
 from worker.gateway.native_trust import TrustedSigners, check_sent_at
 
 DID = did_of(nacl.signing.SigningKey(b"\x07" * 32))

@@ -82,6 +82,7 @@ from worker.gateway.chunk_follower import ChunkFollower, ChunkSink, Release
 from worker.gateway.chunk_sinks import CALLBACK_REFUSED, SinkFactory
 from worker.gateway.chunk_sinks import answer_headers as answer_headers
 from worker.gateway.facade import action_result, action_status, events_page
+from worker.gateway.native_subjects import request_subject
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -264,7 +265,6 @@ class AipAnswers:
         claims: MessageClaims,
         signer: AipSigner,
         *,
-        native_action_subject: str,
         sinks: Mapping[str, SinkFactory] | None = None,
         binding: str = NATIVE_NATS_PROFILE,
     ) -> None:
@@ -274,7 +274,9 @@ class AipAnswers:
         self.claims = claims
         self.signer = signer
         #: Where the native binding takes Actions (the manifest names it).
-        self.native_action_subject = native_action_subject
+        self.native_action_subject = request_subject(
+            settings.aip_trust_domain, settings.aip_service, settings.aip_version, ACTION
+        )
         #: Callback profile → where a streaming Action's chunks go (worker/gateway/chunk_sinks.py).
         self.sinks: dict[str, SinkFactory] = dict(sinks or {})
         #: The binding profile answering (errors' `source.binding`, the manifest's profiles).

@@ -72,7 +72,6 @@ from worker.gateway.connector_control import (
 from worker.gateway.connector_stream import ChunkStream
 from worker.gateway.host_approvals import HostApprovalImports, check_route_authorization
 from worker.gateway.http_limits import bounded_body, send_response
-from worker.gateway.native_nats import request_subject
 from worker.gateway.native_trust import MessageClaims, SignerBinding, TrustedSigners
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
@@ -184,9 +183,6 @@ class HostAnswers(AipAnswers):
             signers,
             claims,
             signer,
-            native_action_subject=request_subject(
-                settings.aip_trust_domain, settings.aip_service, settings.aip_version, ACTION
-            ),
             binding=HTTP_PROFILE,
         )
         self.healthy = healthy

@@ -60,8 +60,8 @@ from worker.client import AipClient, UnverifiedResponse
 from worker.delegation.action_id import delegation_action_id
 from worker.delegation.router import delegate_endpoint
 from worker.errors import NativeRefusal
-from worker.gateway.aip_answers import ACTION, ANSWER_MARGIN_MS, AipAnswers
-from worker.gateway.native_nats import NatsResponder, request_subject
+from worker.gateway.aip_answers import ANSWER_MARGIN_MS, AipAnswers
+from worker.gateway.native_nats import NatsResponder
 from worker.gateway.native_trust import (
     MessageClaims,
     SignerBinding,
@@ -294,9 +294,6 @@ class DelegationRouteResponder:
             signers,
             claims,
             signer,
-            native_action_subject=request_subject(
-                settings.aip_trust_domain, settings.aip_service, settings.aip_version, ACTION
-            ),
         )
         client = AipClient(
             nc,

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -28,8 +28,9 @@ from nats.aio.subscription import Subscription
 from schemas.errors import ErrorCategory, ErrorCode
 from worker.aip.signing import AipSigner
 from worker.errors import NativeRefusal
-from worker.gateway.aip_answers import ACTION, AipAnswers
+from worker.gateway.aip_answers import AipAnswers
 from worker.gateway.chunk_sinks import NatsCallbackSinks, transport_message
+from worker.gateway.native_subjects import service_subject
 from worker.gateway.native_trust import MessageClaims, TrustedSigners
 from worker.gateway.service import GatewayService
 from worker.gateway.settings import GatewaySettings
@@ -37,24 +38,6 @@ from worker.tasks import stop_tasks
 from worker.wire.manifests import NATIVE_NATS_PROFILE
 
 log = logging.getLogger(__name__)
-
-_SANITISED: Final = str.maketrans({".": "_", " ": "_", "/": "_", "\\": "_"})
-
-
-def sanitise(part: str) -> str:
-    """One variable part of a binding subject, as the reference writes it (§3.1)."""
-    return part.translate(_SANITISED)
-
-
-def service_subject(trust_domain: str, service: str, version: str) -> str:
-    """`aip.v1.{td}.{service}.{version}`: the binding's subject prefix."""
-    return ".".join(("aip", "v1", *(sanitise(p) for p in (trust_domain, service, version))))
-
-
-def request_subject(trust_domain: str, service: str, version: str, message_type: str) -> str:
-    """Where a requester sends one message type (the reference's `subject_for`)."""
-    return f"{service_subject(trust_domain, service, version)}.{sanitise(message_type)}"
-
 
 #: Answers one request's bytes (and its headers) with one signed Envelope; never raises.
 Handler = Callable[[bytes, Mapping[str, str] | None], Awaitable[bytes]]
@@ -172,7 +155,6 @@ class NativeNatsResponder:
             signers,
             claims,
             signer,
-            native_action_subject=f"{subject}.{sanitise(ACTION)}",
             sinks={
                 NATIVE_NATS_PROFILE: NatsCallbackSinks(
                     nc,
