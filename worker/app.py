@@ -234,6 +234,38 @@ class Worker:
         # Hermes refuses never takes a first Action.
         await self.serving.probe_all()
         actions = Pipeline(self.rt, ActionIntake(self.rt))
+        rt = self.rt
+        # Before the first pull loop: its "bound to consumer" line tells a supervisor the
+        # worker is up, and a scrape right after it must find the metrics port open. With
+        # no loop bound yet, /readyz answers not ready (consumers_bound is empty).
+        self.escalations_open = self._open_escalations(js, endpoints)
+        self.queue_depth = QueueDepthGauge(
+            js,
+            self.subjects,
+            [
+                (endpoint.id, kind)
+                for kind in (("actions", "delegations") if self.delegation else ("actions",))
+                for endpoint in endpoints
+            ],
+            self.metrics,
+            self.errors,
+            min_interval_s=settings.queue_depth_refresh_ms / 1000,
+        )
+        probe = CallbackProbe(
+            nats=lambda: bool(self.nc is not None and self.nc.is_connected),
+            consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
+            redis=redis_ping_check(stores.client),
+            hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
+            serving=self._serving_reasons,
+            publishing=rt.publisher.health.reason,
+        )
+        self.health = await start_health_server(
+            probe,
+            self.metrics,
+            host=settings.metrics_host,
+            port=settings.metrics_port,
+            before_scrape=before_every_scrape([self.escalations_open, self.queue_depth]),
+        )
         if self.settle_gc:
             # Wired, and nothing consumed yet. Before the first pull loop on purpose: its
             # "bound to consumer" line is what readiness waits for, and the collection
@@ -263,35 +295,6 @@ class Worker:
                 # Their own slots: a delegation waits for its child, which may be an Action
                 # this very pool must execute; shared slots could starve it.
                 self._pull(js, "delegations", endpoint.id, self.delegation_slots, delegations)
-        rt = self.rt
-        self.escalations_open = self._open_escalations(js, endpoints)
-        self.queue_depth = QueueDepthGauge(
-            js,
-            self.subjects,
-            [
-                (endpoint.id, kind)
-                for kind in (("actions", "delegations") if self.delegation else ("actions",))
-                for endpoint in endpoints
-            ],
-            self.metrics,
-            self.errors,
-            min_interval_s=settings.queue_depth_refresh_ms / 1000,
-        )
-        probe = CallbackProbe(
-            nats=lambda: bool(self.nc is not None and self.nc.is_connected),
-            consumers=lambda: {pull.durable: pull.bound for pull in self.loops},
-            redis=redis_ping_check(stores.client),
-            hermes={eid: hermes_models_check(ep.hermes) for eid, ep in rt.endpoints.items()},
-            serving=self._serving_reasons,
-            publishing=rt.publisher.health.reason,
-        )
-        self.health = await start_health_server(
-            probe,
-            self.metrics,
-            host=settings.metrics_host,
-            port=settings.metrics_port,
-            before_scrape=before_every_scrape([self.escalations_open, self.queue_depth]),
-        )
         log.info(
             "worker %s serving %s (concurrency %d, lease ttl %d ms)",
             settings.worker_id,
