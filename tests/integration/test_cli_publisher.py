@@ -106,6 +106,23 @@ async def test_submit_signs_with_the_gateway_key_setting_and_exits_0_on_complete
     assert "Traceback" not in err
 
 
+async def test_submit_ack_prints_aips_ack_body(stack: Stack) -> None:
+    """`submit --ack` prints AIP's Ack (ack.schema.json: `action_id` and `status` required,
+    status one of accepted/rejected/queued/streaming/cached, no other field here), checked
+    against those rules, not against the project's codec."""
+    code, out, err = await cli(
+        stack, "submit", "--endpoint", ENDPOINT, "--operation", "models", *identity_flags(),
+        "--ack",
+    )  # fmt: skip
+    assert code == Exit.OK, err
+    [line] = out.strip().splitlines()
+    ack = json.loads(line)
+    assert set(ack) == {"action_id", "status"}
+    assert re.fullmatch(r"act_[0-9a-f]{32}", ack["action_id"])
+    assert ack["status"] == "queued"  # stored on the actions stream, not yet run
+    assert await stored_actions(stack) == 1
+
+
 async def test_submit_without_a_key_refuses_in_one_line_and_publishes_nothing(
     stack: Stack,
 ) -> None:

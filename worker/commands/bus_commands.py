@@ -205,7 +205,11 @@ async def cmd_submit(args: argparse.Namespace) -> int:
     try:
         dlq_from = await dlq_position(nc.jetstream(), client.subjects) if args.wait else 1
         handle = await client.publish(action)
-        print(handle.action_id, flush=True)
+        if args.ack:
+            # AIP's Ack body, as the native binding answers an `async` Action.
+            print(msgspec.json.encode(handle.ack).decode(), flush=True)
+        else:
+            print(handle.action_id, flush=True)
         if handle.duplicate:
             print(
                 f"warning: the stream already held these exact envelope bytes for {action.id} "
@@ -635,6 +639,13 @@ def add_commands(sub: Any) -> None:
         "publishing nothing (for `approve --action-file FILE`, then `submit --action-file FILE`)",
     )
     _sign_key_flag(submit, "the Action")
+    submit.add_argument(
+        "--ack",
+        action="store_true",
+        help="print the publish's answer as AIP's Ack body (one JSON line: action_id, status "
+        "queued, or cached when the stream already held these exact envelope bytes) instead "
+        "of the bare Action id",
+    )
     submit.add_argument(
         "--wait",
         type=float,
