@@ -76,6 +76,7 @@ from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult
 from subjects.grammar import Subjects, envelope_msg_id
 from worker import tracing
+from worker.aip import canonical
 from worker.aip.signing import AipSigner
 from worker.bus.stream_reads import SubjectFollower, drain
 from worker.errors import CannotSign as CannotSign
@@ -128,7 +129,7 @@ class BelievedResult:
     @property
     def envelope(self) -> dict[str, Any]:
         """The whole AIP Envelope, as published."""
-        document: dict[str, Any] = json.loads(self.data)
+        document: dict[str, Any] = canonical.loads(self.data)
         return document
 
     @property

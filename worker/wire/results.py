@@ -15,7 +15,6 @@ hosts keep), and `source` names this connector.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Final
 
 import msgspec
@@ -31,6 +30,7 @@ from schemas.errors import (
     ProtocolError,
 )
 from schemas.result import ActionResult
+from worker.aip import canonical
 from worker.aip.signing import AipSigner
 from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
@@ -235,6 +235,6 @@ def aip_result_of(data: bytes) -> AipActionResult:
     """The AIP ActionResult (`body.action_result`) of result Envelope bytes already opened
     (`decode_result`), as AIP 1.0's own type (`schemas/aip/result.py`): what any AIP reader
     gets from them, none of the settle facts of our extension."""
-    body = open_body(RESULT_TYPE, json.loads(data)["body"])
+    body = open_body(RESULT_TYPE, canonical.loads(data)["body"])
     assert isinstance(body, AipActionResult)
     return body
