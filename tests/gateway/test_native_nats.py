@@ -185,10 +185,11 @@ async def serve_native(
     *,
     request_timeout_ms: int = 25_000,
     more_signers: list[str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[GatewayStack, nacl.signing.SigningKey, nacl.signing.SigningKey]:
     """The stack with a gateway serving the binding; the caller's key (bound to h1's
     principal, the identity the worker's directory knows) and the gateway's key.
-    `more_signers`: further lines of the trusted signers file."""
+    `more_signers`: further lines of the trusted signers file; `env`: more gateway settings."""
     caller = nacl.signing.SigningKey.generate()
     signers = tmp_path / "aip-signers.txt"
     signers.write_text(
@@ -202,6 +203,7 @@ async def serve_native(
         AIPD_AIP_TRUSTED_SIGNERS_FILE=str(signers),
         AIPD_AIP_TRUST_DOMAIN="example.com",
         AIPD_AIP_REQUEST_TIMEOUT_MS=str(request_timeout_ms),
+        **(env or {}),
     )
     gateway = key_of_nkey_seed(gstack.stack.trust.seed_file.read_bytes())
     return gstack, caller, gateway

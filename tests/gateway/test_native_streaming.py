@@ -394,6 +394,53 @@ async def test_a_long_stream_reaches_the_callback_whole_in_order_once(
     assert await chain_breaks(gs, NATS_PROFILE) == {}
 
 
+async def test_the_gateway_bounds_held_chunks_over_all_its_streams(
+    gstack: GatewayStack, tmp_path: Path
+) -> None:
+    """The native binding holds a stream's chunks until the signed result vouches for them.
+    With the process-wide bound (AIPD_GATEWAY_MAX_HELD_CHUNK_BYTES) below what a flooded
+    run's chunks take, that stream's release ends `over_bound`: nothing reaches its
+    callback, its answer is still the completed action_result. What it held is given back:
+    a short stream right after is passed on whole."""
+    gs, caller, gateway = await serve_native(
+        gstack, tmp_path, env={"AIPD_GATEWAY_MAX_HELD_CHUNK_BYTES": str(64 * 1024)}
+    )
+    nc = gs.stack.nc
+    run_id = await flooded_run(gs)  # FLOOD chunk Envelopes of ~600 bytes: over 64 KiB
+    target = f"client.callbacks.{secrets.token_hex(6)}"
+    received: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        received.append(msg)
+
+    sub = await nc.subscribe(target, cb=keep)
+    request = chat("streaming")
+    body = request["body"]["action"]
+    body.update(capability_id=RUN_EVENTS, input={"run_id": run_id})
+    body.pop("idempotency_key")
+    body["callback"] = {"profile": NATS_PROFILE, "target": target}
+    request = sign(request, caller, CALLER)
+    result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    assert callback_chunks(received) == []
+    assert (await chain_breaks(gs, NATS_PROFILE)).get("over_bound") == 1.0
+
+    received.clear()
+    request = sign(streaming({"profile": NATS_PROFILE, "target": target}), caller, CALLER)
+    result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    await sub.unsubscribe()
+    chunks = callback_chunks(received)
+    assert chunks
+    assert chunks[-1]["kind"] == "done"
+    assert [c["sequence"] for c in chunks] == list(range(len(chunks)))
+    assert (await chain_breaks(gs, NATS_PROFILE)).get("over_bound") == 1.0
+
+
 async def test_a_forged_chunk_on_the_chunk_subject_never_reaches_the_callback(
     gstack: GatewayStack, tmp_path: Path
 ) -> None:

@@ -610,6 +610,7 @@ class AipAnswers:
             deadline=deadline,
             binding=self.binding,
             metrics=children.metrics,
+            budget=self.service.held_chunks,
         ).run()
 
     async def _not_yet(

@@ -8,7 +8,9 @@ chain link by link with the project's one chain checker, `ChunkSequencer`
 (worker/trust/responses.py: each chunk released once, in seq order, only when it names the
 hash of the one released before it and no other chunk claims its seq; a chunk read ahead of
 a missing seq waits for it; at a fork nothing more is released until the signed result
-names the chain's last chunk; memory bounded by `MAX_HELD_CHUNKS` / `MAX_HELD_BYTES`). A
+names the chain's last chunk; memory bounded by `MAX_HELD_CHUNKS` / `MAX_HELD_BYTES` per
+follow, and over all the follows of the process by `HeldChunkBudget`,
+worker/gateway/held_chunks.py). A
 message that does not decode as a chunk of this child is skipped.
 
 It ends on the child's signed result (`Children.stored_result`: a trusted worker key, this
@@ -60,6 +62,7 @@ from schemas.result import ActionResult
 from worker.bus.stream_reads import SubjectFollower
 from worker.errors import UnverifiedResponse
 from worker.gateway.children import Children
+from worker.gateway.held_chunks import HeldChunkBudget
 from worker.gateway.observe import GatewayMetrics
 from worker.gateway.routes import Route
 from worker.trust.responses import ChunkRetraction, ChunkSequencer, Sequenced, SequencedChunk
@@ -153,6 +156,7 @@ class ChunkFollower:
         deadline: float,
         binding: str,
         metrics: GatewayMetrics | None = None,
+        budget: HeldChunkBudget | None = None,
     ) -> None:
         self.nc = nc
         self.children = children
@@ -166,6 +170,9 @@ class ChunkFollower:
         self.deadline = deadline
         self.binding = binding
         self.metrics = metrics
+        #: The process-wide bound on held chunk bytes, and what this follow has charged.
+        self.budget = budget
+        self._charged = 0
         self.subject = route.subjects.chunks(child.id)
         self.outcome = Followed()
         self.order = ChunkSequencer(
@@ -179,12 +186,17 @@ class ChunkFollower:
         self._ended = False
 
     async def run(self) -> Followed:
-        stream = await self._stream()
-        if stream is not None:
-            async with SubjectFollower(self.nc, stream, self.subject, poll_s=POLL_S) as chunks:
-                await self._follow(chunks)
-        else:  # no stream binds the subject: no chunk can exist, the result still ends it
-            await self._await_result()
+        try:
+            stream = await self._stream()
+            if stream is not None:
+                async with SubjectFollower(self.nc, stream, self.subject, poll_s=POLL_S) as chunks:
+                    await self._follow(chunks)
+            else:  # no stream binds the subject: no chunk can exist, the result still ends it
+                await self._await_result()
+        finally:
+            if self.budget is not None:
+                self.budget.give(self._charged)
+                self._charged = 0
         if self.outcome.settled and self.order.held and not self.order.done:
             self._break(BreakReason.UNRESOLVED, self.order.held)
         if self.order.dropped:
@@ -254,7 +266,29 @@ class ChunkFollower:
         except UnverifiedResponse as exc:  # more held than the bounds allow
             self._stop(BreakReason.OVER_BOUND, str(exc))
             return
+        if not self._charge():
+            return
         await self._pass_on(released)
+
+    def _charge(self) -> bool:
+        """Bring what this follow charged to the process budget to what it holds now;
+        False (the release ended, `over_bound`) when the budget cannot take more."""
+        if self.budget is None:
+            return True
+        held = self.order.held_bytes
+        if held > self._charged:
+            if not self.budget.take(held - self._charged):
+                self._stop(
+                    BreakReason.OVER_BOUND,
+                    f"the gateway already holds {self.budget.held_bytes} bytes of chunks "
+                    "over all its streams (AIPD_GATEWAY_MAX_HELD_CHUNK_BYTES "
+                    f"{self.budget.max_bytes})",
+                )
+                return False
+        else:
+            self.budget.give(self._charged - held)
+        self._charged = held
+        return True
 
     async def _look_for_result(self) -> None:
         """Read the child's signed result; once there, the chain it names is what is
@@ -279,6 +313,7 @@ class ChunkFollower:
         except UnverifiedResponse as exc:  # a malformed chain: nothing more is believable
             self._stop(BreakReason.NOT_VOUCHED, str(exc))
             return
+        self._charge()  # a vouch only releases or drops: what is held shrinks
         await self._pass_on(released)
 
     async def _pass_on(self, released: list[Sequenced]) -> None:

@@ -42,6 +42,7 @@ from worker.gateway.facade import (
     extension_fields,
 )
 from worker.gateway.follow_limits import FollowLimits
+from worker.gateway.held_chunks import HeldChunkBudget
 from worker.gateway.principals import Principal
 from worker.gateway.records import RuntimeStoreReader
 from worker.gateway.routes import Route, RouteTable
@@ -203,6 +204,8 @@ class GatewayService:
         self.discovery = discovery
         self._following: set[asyncio.Task[None]] = set()
         self.follows = FollowLimits(settings.gateway_max_follows_per_principal)
+        #: What the chunk followers of every binding of this process hold, together.
+        self.held_chunks = HeldChunkBudget(settings.gateway_max_held_chunk_bytes)
 
     # --- aip_capabilities ---------------------------------------------------------------
 

@@ -105,6 +105,13 @@ class GatewaySettings(BaseSettings):
     """Sync `aip_call`s one principal may have waiting at once (and asynchronous children it
     has followed in this process); one more is refused with `connector_host.capacity`
     (retryable) before anything is enqueued."""
+    gateway_max_held_chunk_bytes: Annotated[int, Field(ge=65_536, le=68_719_476_736)] = (
+        268_435_456
+    )
+    """Bytes of streamed chunks this gateway holds at once over all the streaming Actions it
+    passes on (held until their link is verified or their signed result vouches for them);
+    each follow is also bounded on its own (64 MiB). A follow that would pass this bound
+    stops passing chunks on (`over_bound`, logged and counted); its answer still goes."""
     gateway_max_body_bytes: Annotated[int, Field(ge=4_096, le=16_777_216)] = 2_097_152
     """Bound on one HTTP request body to `/mcp`, enforced before the MCP SDK reads it: a
     larger `Content-Length` is answered 413 at once, and a chunked body is cut off (413)

@@ -475,6 +475,11 @@ class ChunkSequencer:
         return len(self._held)
 
     @property
+    def held_bytes(self) -> int:
+        """Bytes of the chunks held now (what a process-wide budget charges)."""
+        return self._held_bytes
+
+    @property
     def needs_result(self) -> bool:
         """Nothing more can be released without the signed result: a fork waits for it, or
         the next chunk is terminal and must be vouched for. Asked once a terminal chunk is
