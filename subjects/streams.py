@@ -39,6 +39,11 @@ class StreamPolicy:
 
     replicas: int = 1
     duplicate_window_s: float = 120.0
+    #: The DLQ's own duplicate window, a day: an entry written again from a stored result
+    #: (worker/pipeline/exhausted.py: a redelivery republishes what a settle owed) may come
+    #: long after the first, when the result's publication failed for minutes (a full
+    #: results stream); entries are rare, so remembering their ids for a day costs little.
+    dlq_duplicate_window_s: float = DAY_S
     chunks_max_age_s: float = DAY_S
     results_max_age_s: float = DAY_S
     dlq_max_age_s: float = 30 * DAY_S
@@ -105,6 +110,7 @@ def stream_configs(
         max_bytes: int,
         max_msgs: int = -1,
         discard: DiscardPolicy = DiscardPolicy.OLD,
+        duplicate_window_s: float = policy.duplicate_window_s,
     ) -> StreamConfig:
         return StreamConfig(
             name=subjects.stream_name(kind),
@@ -112,7 +118,7 @@ def stream_configs(
             retention=RetentionPolicy.LIMITS,
             storage=StorageType.FILE,
             num_replicas=policy.replicas,
-            duplicate_window=policy.duplicate_window_s,
+            duplicate_window=duplicate_window_s,
             max_age=max_age_s,
             max_bytes=max_bytes,
             max_msgs=max_msgs,
@@ -139,7 +145,7 @@ def stream_configs(
         # kept (the worker counts them), so a flood cannot push the first entries out.
         limits(
             "dlq", subjects.all_dlq(), p.dlq_max_age_s, p.dlq_max_bytes, p.dlq_max_msgs,
-            DiscardPolicy.NEW,
+            DiscardPolicy.NEW, max(p.dlq_duplicate_window_s, p.duplicate_window_s),
         ),
         limits("audit", subjects.all_audit(), p.audit_max_age_s, p.audit_max_bytes),
         limits(

@@ -262,6 +262,11 @@ class Settings(BaseSettings):
     in `dlq_dropped_total{reason="full"}`."""
     stream_dlq_max_msgs: Annotated[int, Field(ge=1)] = 100_000
     """Message limit of the DLQ (new entries are not kept once reached)."""
+    stream_dlq_duplicate_window_s: Annotated[float, Field(ge=1, le=604_800)] = 86_400.0
+    """JetStream duplicate window of the DLQ (at least `duplicate_window_s`): an Action's
+    retry-exhausted entry, written again when a redelivery republishes its stored result,
+    is kept once even when that comes long after the first (a results stream full for
+    minutes)."""
     stream_audit_max_bytes: Annotated[int, Field(ge=65_536)] = 2_147_483_648
     """Byte limit of the audit stream; when full the oldest receipts are dropped first."""
     stream_runtime_max_bytes: Annotated[int, Field(ge=65_536)] = 134_217_728

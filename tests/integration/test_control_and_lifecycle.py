@@ -33,13 +33,14 @@ async def test_provision_twice_changes_nothing(nats_server: ServiceHandle) -> No
         assert len(first) == 9 + 2 * 3
         assert {item.change for item in second} == {Change.UNCHANGED}
         third = await provision(js, Subjects(), ["h1"], StreamPolicy(duplicate_window_s=60))
+        # Every stream but the DLQ, which keeps its own day-long window (its entries are
+        # written again from stored results, maybe long after the first).
         assert {i.name for i in third if i.change is Change.UPDATED} == {
             "AIP_HERMES_ACTIONS",
             "AIP_HERMES_DELEGATIONS",
             "AIP_HERMES_EGRESS",
             "AIP_HERMES_CHUNKS",
             "AIP_HERMES_RESULTS",
-            "AIP_HERMES_DLQ",
             "AIP_HERMES_AUDIT",
             "AIP_HERMES_ESCALATIONS",
             "AIP_HERMES_INBOUND",

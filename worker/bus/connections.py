@@ -44,6 +44,7 @@ def stream_policy(settings: Settings) -> StreamPolicy:
         results_max_bytes=settings.stream_results_max_bytes,
         dlq_max_bytes=settings.stream_dlq_max_bytes,
         dlq_max_msgs=settings.stream_dlq_max_msgs,
+        dlq_duplicate_window_s=settings.stream_dlq_duplicate_window_s,
         audit_max_bytes=settings.stream_audit_max_bytes,
         runtime_max_bytes=settings.stream_runtime_max_bytes,
     )

@@ -15,7 +15,9 @@ Exactly one entry, never lost: registered by the wiring (`worker/app.py`) as an 
 `worker/pipeline/outbox.py`, it is made from the stored result (its `retry_exhausted`
 facts, signed with it), so a redelivery that republishes the result after a crash makes
 the same entry, under the same id: `dlq_` + the first 32 hex of the sha256 of
-`{results subject}:retry_exhausted`, also its `Nats-Msg-Id`, which JetStream stores once.
+`{results subject}:retry_exhausted`, also its `Nats-Msg-Id`, which JetStream stores once
+(the DLQ's duplicate window is a day, `AIPD_STREAM_DLQ_DUPLICATE_WINDOW_S`, so a result
+whose publication kept failing for minutes still makes one entry).
 Nothing is written for a definitive failure, a deadline stop, or an unsafe operation: those
 are never retried by the worker, so no policy was spent.
 
