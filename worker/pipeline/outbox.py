@@ -318,6 +318,6 @@ class Outbox:
     async def ack_all(self, msgs: list[Msg]) -> None:
         for msg in msgs:
             try:
-                await msg.ack_sync(timeout=5.0)
+                await self.publisher.ack_confirmed(msg, 5.0)
             except Exception:
                 log.info("ack not confirmed; a redelivery will republish the stored result")
