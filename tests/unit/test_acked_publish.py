@@ -114,3 +114,59 @@ async def test_a_chunk_stream_on_it_stores_every_chunk_in_order(nats_server: Ser
         assert seqs == list(range(300))
     finally:
         await nc.drain()
+
+
+async def test_an_awaited_publish_answers_as_js_publish_and_times_out_as_it(nc: Client) -> None:
+    subject = await _stream(nc, "awaited")
+    acks = AckedPublisher(nc)
+    first = await acks.publish_awaited(subject, b"1", {MSG_ID: "r1"}, 1.0)
+    again = await acks.publish_awaited(subject, b"1", {MSG_ID: "r1"}, 1.0)
+    assert (first.seq, first.duplicate, again.seq, again.duplicate) == (1, None, 1, True)
+    with pytest.raises(NoStreamResponseError):
+        await acks.publish_awaited(f"nobody.{new_action_id()}", b"x", {}, 1.0)
+    silent = f"silent.{new_action_id()}"
+    listener = await nc.subscribe(silent)
+    with pytest.raises(nats.errors.TimeoutError):
+        await acks.publish_awaited(silent, b"x", {}, 0.1)
+    await listener.unsubscribe()
+
+
+async def test_an_awaited_publish_takes_no_slot_of_the_unconfirmed_ones(nc: Client) -> None:
+    subject = await _stream(nc, "unslotted")
+    silent = f"silent.{new_action_id()}"
+    listener = await nc.subscribe(silent)
+    acks = AckedPublisher(nc, max_pending=1)
+    held = await acks.publish(silent, b"x", {}, 0.1)  # the one slot, never answered
+    with pytest.raises(TooManyStalledMsgsError):
+        await acks.publish(silent, b"y", {}, 0.1)
+    ack = await acks.publish_awaited(subject, b"r", {MSG_ID: "r"}, 1.0)
+    assert (ack.seq, acks.pending) == (1, 1)
+    held.cancel()
+    await listener.unsubscribe()
+
+
+async def test_a_confirmed_ack_removes_the_message_and_a_second_is_refused(
+    nats_server: ServiceHandle,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        subject = await _stream(nc, "acking")
+        await js.publish(subject, b"work")
+        sub = await js.pull_subscribe(subject, durable="acking")
+        (msg,) = await sub.fetch(1, timeout=2.0)
+        acks = AckedPublisher(nc)
+        await acks.ack_confirmed(msg, 2.0)
+        with pytest.raises(nats.errors.MsgAlreadyAckdError):
+            await acks.ack_confirmed(msg, 2.0)
+        info = await sub.consumer_info()
+        assert (info.num_ack_pending, info.num_pending, info.num_redelivered) == (0, 0, 0)
+        assert info.ack_floor.stream_seq == 1  # the server processed the ack it answered
+        silent = f"silent.{new_action_id()}"
+        listener = await nc.subscribe(silent)
+        pretend = nats.aio.msg.Msg(nc, subject="x", reply=silent)
+        with pytest.raises(nats.errors.TimeoutError):  # a reply subject nobody answers
+            await acks.ack_confirmed(pretend, 0.1)
+        await listener.unsubscribe()
+    finally:
+        await nc.drain()

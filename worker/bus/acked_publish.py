@@ -12,6 +12,11 @@ The answers are nats-py's own: a `PubAck`, `NoStreamResponseError` when no strea
 stream's `err_code` included), so `BusPublisher` treats both paths alike. At most
 `max_pending` publishes wait for acknowledgements; past that a publish waits for a slot up
 to `wait_stall_s`, then raises `TooManyStalledMsgsError`, as nats-py does.
+
+The awaited publishes of an Action (its result) and the confirmed ack of its delivery
+(`ack_sync`) take the same subscription (`publish_awaited`, `ack_confirmed`): nats-py's
+request makes each a NUID and random token, an `asyncio.wait_for` and, for a publish, a
+`json` parse of the PubAck; the same answers, with the same errors, cost about half here.
 """
 
 from __future__ import annotations
@@ -24,12 +29,18 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.errors import Error as NatsError
+from nats.errors import MsgAlreadyAckdError, NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError, TooManyStalledMsgsError
 
 #: nats-py's default bound on publishes waiting for an acknowledgement.
 DEFAULT_MAX_PENDING = 4000
 _NO_RESPONDERS = "503"
+#: The reply tokens of confirmed acks and of awaited publishes start with these (a
+#: `publish`'s are digits only).
+_ACK_MARK = "a"
+_AWAITED_MARK = "r"
 
 
 class _Answer(msgspec.Struct):
@@ -64,6 +75,10 @@ class AckedPublisher:
         self._slots = asyncio.Semaphore(max_pending)
         self._tokens = itertools.count()
         self._waiting: dict[str, asyncio.Future[PubAck]] = {}
+        #: Awaited publishes (`publish_awaited`) and confirmed acks (`ack_confirmed`)
+        #: waiting for the server's answer.
+        self._awaited: dict[str, asyncio.Future[PubAck]] = {}
+        self._acks: dict[str, asyncio.Future[None]] = {}
         self._prefix: str | None = None
         self._starting: asyncio.Lock | None = None
 
@@ -98,6 +113,50 @@ class AckedPublisher:
             raise
         return future
 
+    async def publish_awaited(
+        self, subject: str, payload: bytes, headers: dict[str, str], timeout_s: float
+    ) -> PubAck:
+        """A publish whose acknowledgement is awaited for up to `timeout_s`: what nats-py's
+        `js.publish` answers, `nats.errors.TimeoutError` when none came. It takes none of
+        `publish`'s slots (as `js.publish` took none): its caller's own wait bounds it, so a
+        result never waits behind a flood of chunks still unconfirmed."""
+        prefix = self._prefix or await self._start()
+        token = _AWAITED_MARK + str(next(self._tokens))
+        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        self._awaited[token] = future
+        try:
+            await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
+            async with asyncio.timeout(timeout_s):
+                return await future
+        except TimeoutError:
+            raise NatsTimeoutError from None
+        finally:
+            self._awaited.pop(token, None)
+            future.cancel()  # a no-op once answered
+
+    async def ack_confirmed(self, msg: Msg, timeout_s: float) -> None:
+        """`msg.ack_sync(timeout_s)`: the ack, and the server's answer that it processed it
+        (`nats.errors.TimeoutError` without one, `NoRespondersError` when nobody listens on
+        the reply subject, `MsgAlreadyAckdError` for a message already answered)."""
+        if msg._ackd:  # as nats-py's `_check_reply`
+            raise MsgAlreadyAckdError(msg)
+        if not msg.reply:
+            raise NatsError("no reply subject available")
+        prefix = self._prefix or await self._start()
+        token = _ACK_MARK + str(next(self._tokens))
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._acks[token] = future
+        try:
+            await self.nc.publish(msg.reply, b"", reply=prefix + token)
+            async with asyncio.timeout(timeout_s):
+                await future
+        except TimeoutError:
+            raise NatsTimeoutError from None
+        finally:
+            self._acks.pop(token, None)
+            future.cancel()
+        msg._ackd = True
+
     def _forget(self, token: str) -> None:
         if self._waiting.pop(token, None) is not None:
             self._slots.release()
@@ -115,7 +174,17 @@ class AckedPublisher:
 
     async def _on_answer(self, msg: Msg) -> None:
         assert self._prefix is not None
-        future = self._waiting.get(msg.subject[len(self._prefix) :])
+        token = msg.subject[len(self._prefix) :]
+        if token.startswith(_ACK_MARK):
+            acked = self._acks.get(token)
+            if acked is not None and not acked.done():
+                if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+                    acked.set_exception(NoRespondersError())
+                else:
+                    acked.set_result(None)
+            return
+        waiting = self._awaited if token.startswith(_AWAITED_MARK) else self._waiting
+        future = waiting.get(token)
         if future is None or future.done():
             return
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import PubAck
 
@@ -321,6 +322,14 @@ class BusPublisher:
             give_up_when_full=True,
         )
 
+    async def ack_confirmed(self, msg: Msg, timeout_s: float) -> None:
+        """`msg.ack_sync`: the ack and the server's answer, on the worker's own reply
+        subscription when it has one (`worker.bus.acked_publish`)."""
+        if self.acks is not None:
+            await self.acks.ack_confirmed(msg, timeout_s)
+        else:
+            await msg.ack_sync(timeout=timeout_s)
+
     async def receipt(self, receipt: Receipt, payload: bytes | None = None) -> None:
         """Best effort, never blocks the delivery: a lost receipt must not stall real work.
 
@@ -362,11 +371,17 @@ class BusPublisher:
         tracing.inject(all_headers)  # after any signature: none covers these headers
         delay = 0.05
         deadline = asyncio.get_running_loop().time() + self.confirm_timeout_s * 3
+        acks = self.acks
         while True:
             try:
-                ack = await self.js.publish(
-                    subject, payload, timeout=self.confirm_timeout_s, headers=all_headers
-                )
+                if acks is not None:  # the worker's own reply subscription: same answers
+                    ack = await acks.publish_awaited(
+                        subject, payload, all_headers, self.confirm_timeout_s
+                    )
+                else:
+                    ack = await self.js.publish(
+                        subject, payload, timeout=self.confirm_timeout_s, headers=all_headers
+                    )
             except Exception as exc:
                 if not refused_by_stream(exc):
                     self.health.failed(exc)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
+from schemas.result import ResultStatus
 from worker.bus.publisher import BusPublisher
 from worker.escalation.build import escalation_for
 from worker.metrics import Metrics
@@ -41,6 +42,8 @@ class EscalationOutput:
         self.approval_ttl_ms = approval_ttl_ms
 
     async def publish(self, owed: Owed) -> None:
+        if not owed.failed and owed.status is not ResultStatus.REQUIRES_HUMAN:
+            return  # what `rule_for` needs before any rule: no escalation, nothing decoded
         result, action = owed.result, owed.action
         escalation = escalation_for(result, action, approval_ttl_ms=self.approval_ttl_ms)
         if escalation is None:

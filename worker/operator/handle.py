@@ -86,12 +86,17 @@ class BindingHandle:
     def cancel_flag(self) -> bool:
         return self.view is not None and (self.view.cancel_flag or self.binding.cancel_requested)
 
-    def _adopt(self, stored: StoredBinding) -> View:
-        if stored.doc is None:
+    def _adopt(
+        self, stored: StoredBinding, sent: tuple[bytes, OperatorBinding] | None = None
+    ) -> View:
+        """The stored binding as this handle's view. `sent` is the doc this handle just
+        wrote and the binding it encodes: when the store answers with those very bytes (a
+        write that took), that binding is adopted without decoding them again."""
+        doc = stored.doc
+        if doc is None:
             raise ConnectorError(ErrorCode.OPERATOR_STATE, "operator binding vanished")
-        self.view = View(
-            decode_binding(stored.doc), stored.revision, stored.now_ms, stored.cancel_requested
-        )
+        binding = sent[1] if sent is not None and doc == sent[0] else decode_binding(doc)
+        self.view = View(binding, stored.revision, stored.now_ms, stored.cancel_requested)
         return self.view
 
     async def read(self) -> OperatorBinding | None:
@@ -141,15 +146,16 @@ class BindingHandle:
             created_at = stored.now_ms
         self.view = None
         fresh = make(created_at)
+        doc = encode_binding(fresh)
         try:
             reply = await self.store.create(
-                self.keys, self.owner, self.fence, encode_binding(fresh), fresh.status.value
+                self.keys, self.owner, self.fence, doc, fresh.status.value
             )
         except StoreUnavailable as exc:
             raise state_error(exc) from None
         if reply.status is WriteStatus.FENCED_OUT:
             raise LeaseLost("lease lost before the operator binding was created")
-        return self._adopt(reply.stored).binding
+        return self._adopt(reply.stored, (doc, fresh)).binding
 
     async def update(self, change: Change) -> OperatorBinding:
         """Apply `change` by compare-and-set; returns the binding stored afterwards, after
@@ -184,13 +190,14 @@ class BindingHandle:
                 revision=view.revision + 1,
                 cancel_requested=proposed.cancel_requested or view.cancel_flag,
             )
+            doc = encode_binding(proposed)
             try:
                 reply = await self.store.write(
                     self.keys,
                     self.owner,
                     self.fence,
                     view.revision,
-                    encode_binding(proposed),
+                    doc,
                     proposed.status.value,
                 )
             except StoreUnavailable as exc:
@@ -199,7 +206,7 @@ class BindingHandle:
                 raise LeaseLost("lease lost: the operator binding was not changed")
             if reply.status is WriteStatus.MISSING:
                 raise ConnectorError(ErrorCode.OPERATOR_STATE, "operator binding vanished")
-            self._adopt(reply.stored)
+            self._adopt(reply.stored, (doc, proposed))
             if reply.status is WriteStatus.WRITTEN:
                 return self.binding
         raise ConnectorError(

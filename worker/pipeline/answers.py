@@ -273,7 +273,12 @@ class Answers:
         # its chunk stream before its result, so a consumer following the chunks learns the
         # outcome too.
         await self.outbox.publish(
-            [delivery.msg], action, endpoint_id, Settled(result_bytes, chunk)
+            [delivery.msg],
+            action,
+            endpoint_id,
+            Settled(result_bytes, chunk),
+            status=result.status,
+            failed=result.error is not None,
         )
         return True
 

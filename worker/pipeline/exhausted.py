@@ -75,6 +75,8 @@ class ExhaustionOutput:
         self.keep_bytes = keep_bytes
 
     async def publish(self, owed: Owed) -> None:
+        if not owed.failed or owed.status is not ResultStatus.FAILED:
+            return  # no error, or not failed: no retry policy was spent (nothing decoded)
         result = owed.result
         spent, error = result.retry_exhausted, result.error
         if (

@@ -158,6 +158,8 @@ class Settle:
             action,
             endpoint_id,
             Settled(payload, terminal_bytes, owed or None, terminal_chunk=terminal),
+            status=result.status,
+            failed=result.error is not None,
         )
 
     def oversize(self, payload: bytes, terminal: bytes | None) -> ConnectorError | None:
