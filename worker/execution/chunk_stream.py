@@ -59,7 +59,7 @@ from worker.metrics import Metrics
 from worker.store.clock import now_ms
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import ChunkHead, LeaseStore
-from worker.wire.chunks import encode_chunk
+from worker.wire.chunks import ChunkFramer
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +113,8 @@ class ChunkStream:
         self.metrics = metrics
         #: Built (and the id checked) once, not for each of thousands of chunks.
         self._subject = publisher.subjects.chunks(endpoint_id, action_id)
+        #: The chunks' wire bytes, with what every chunk of the Action shares printed once.
+        self._framer = ChunkFramer(action_id, endpoint_id, operator=operator)
         self._seq = first_seq
         #: Hash of the last chunk published for this Action (by this worker, or by the one
         #: before a takeover, read back from the stream): the next chunk names it.
@@ -185,7 +187,7 @@ class ChunkStream:
     def encode(self, chunk: StreamChunk) -> bytes:
         """The wire bytes of one of this stream's chunks (`worker.wire.chunks`): the same
         chunk always gives the same bytes, so a re-send or a record hashes alike."""
-        return encode_chunk(chunk, operator=self.operator)
+        return self._framer.encode(chunk)
 
     def _mac(self, data: bytes, sha256: str | None = None) -> str | None:
         """The chain MAC of a chunk's bytes under this delivery's key (None without one)."""
@@ -240,14 +242,23 @@ class ChunkStream:
         A terminal kind is held for after the settle; only the first counts, so a second
         `done`/`error` never leaves a gap in the sequence."""
         self.lease.check()
-        if kind in TERMINAL_KINDS:
+        if kind is ChunkKind.DONE or kind is ChunkKind.ERROR:  # TERMINAL_KINDS, unhashed
             if self._terminal is None:
                 self._terminal = self._make(
                     kind, payload, provider_event=provider_event, run_id=run_id
                 )
             return self._terminal.seq
         chunk = self._make(kind, payload, provider_event=provider_event, run_id=run_id)
-        data = self.encode(chunk)
+        # Framed from the facts just given (the chunk's `kind` property rebuilds the enum).
+        data = self._framer.frame(
+            kind,
+            seq=chunk.seq,
+            ts_unix_ms=chunk.ts_unix_ms,
+            payload=payload,
+            provider_event=provider_event,
+            run_id=run_id,
+            prev_sha256=chunk.prev_sha256,
+        )
         sha = self._prev_sha256 = hashlib.sha256(data).hexdigest()
         if self._owed:
             # Held: an earlier chunk is waiting for the bus, and nothing may overtake it.
@@ -287,7 +298,7 @@ class ChunkStream:
                     # PRUNE_EVERY.
                     self._prune_at = max(PRUNE_EVERY, 2 * len(self._pending))
         if self.metrics is not None:
-            self.metrics.chunk_published(self.endpoint_id, kind.value)
+            self.metrics.chunk_published(self.endpoint_id, kind._value_)
         if self._since_collect >= CONFIRM_BATCH:
             await self._collect()
         return chunk.seq
