@@ -38,6 +38,7 @@ made here:
 from __future__ import annotations
 
 import asyncio
+import bisect
 import hashlib
 import logging
 from collections.abc import Mapping
@@ -85,6 +86,10 @@ PRUNE_EVERY = 8
 #: and the Action fails `stream_publication`, the specification's answer. 4 MiB holds a
 #: long streamed turn (about 10,000 token chunks) through an outage.
 OWED_MAX_BYTES = 4 * 1024 * 1024
+
+
+def _seq(sent: tuple[StreamChunk, asyncio.Future[PubAck]]) -> int:
+    return sent[0].seq
 
 
 class ChunkStream:
@@ -282,15 +287,7 @@ class ChunkStream:
                 self._pending.append((chunk, future))
                 self._since_collect += 1
                 if len(self._pending) >= self._prune_at:
-                    # Confirmed already: nothing left to wait for or re-send. The rest keep
-                    # their order, so a failed one is still re-sent in seq order later.
-                    kept = [p for p in self._pending if not confirmed(p[1])]
-                    first_open = kept[0][0].seq if kept else self._seq
-                    for sent in reversed(self._pending):
-                        if sent[0].seq < first_open and confirmed(sent[1]):
-                            self._frontier = sent  # it and every chunk before it: stored
-                            break
-                    self._pending = kept
+                    self._prune()
                     # The next scan waits until the list has doubled: when confirmations lag
                     # (a flood), a scan every PRUNE_EVERY chunks over hundreds of unconfirmed
                     # ones was 7% of the relay's CPU; this way each chunk is looked at a
@@ -302,6 +299,20 @@ class ChunkStream:
         if self._since_collect >= CONFIRM_BATCH:
             await self._collect()
         return chunk.seq
+
+    def _prune(self) -> None:
+        """Let go of the chunks confirmed already: nothing left to wait for or re-send. The
+        rest keep their order, so a failed one is still re-sent in seq order later. The
+        chunk just before the first unconfirmed one (the list is in seq order, and every
+        chunk before that one is confirmed) is stored with every chunk before it: the new
+        frontier, found by bisection (a walk back from the newest chunk to it was ~2% of
+        the relay's samples when confirmations lag)."""
+        pending = self._pending
+        kept = [p for p in pending if not confirmed(p[1])]
+        first_open = bisect.bisect_left(pending, kept[0][0].seq, key=_seq) if kept else len(pending)
+        if first_open:
+            self._frontier = pending[first_open - 1]
+        self._pending = kept
 
     async def _collect(self) -> None:
         """Settle the oldest chunks whose confirmations have arrived, without waiting for
