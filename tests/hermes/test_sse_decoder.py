@@ -7,11 +7,11 @@ import json
 from collections.abc import AsyncIterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from worker.errors import SSEDecodeError, SSEError, SSEIdle, SSELimitReached
-from worker.hermes.sse import SSEDecoder, SSELimits, aiter_events, parse_event
+from worker.hermes.sse import RawEvent, SSEDecoder, SSELimits, aiter_events, parse_event
 
 RUN_STREAM = (
     b'data: {"event": "message.delta", "run_id": "run_1", "delta": "Hel"}\n\n'
@@ -264,3 +264,40 @@ def test_chunking_never_changes_what_is_decoded(data: bytes, step: int) -> None:
             return type(exc)
 
     assert run(step) == run(None)
+
+
+class _LineByLine(SSEDecoder):
+    one_step = False
+
+
+@settings(max_examples=400, suppress_health_check=[HealthCheck.too_slow])
+@given(data=_stream, flips=st.lists(st.tuples(st.integers(0, 10_000), st.integers(0, 255)),
+                                    max_size=2), frame_limit=st.sampled_from([64, 100, 4096]),
+       step=st.sampled_from([1, 7, 64, 999]))
+@example(data=b"data: {}\n\n\r\n", flips=[], frame_limit=64, step=64)  # idle bytes after
+@example(data=b"data: {}\n\n\n\n", flips=[], frame_limit=64, step=64)
+@example(data=b"event: x\ndata:{}\n\n", flips=[], frame_limit=64, step=64)
+@example(data=b"data: " + b"x" * 57 + b"\n\n", flips=[], frame_limit=64, step=999)  # at bound
+@example(data=b"data: " + b"x" * 58 + b"\n\n", flips=[], frame_limit=64, step=999)  # past it
+def test_the_one_step_data_frame_path_decodes_as_the_line_path(
+    data: bytes, flips: list[tuple[int, int]], frame_limit: int, step: int
+) -> None:
+    """A `data:` line and its blank line found whole in one chunk are dispatched in one
+    step; the line-by-line path decodes the same bytes, chunked alike, to the same events,
+    the same failure, and the same frame, event and idle counts left behind."""
+    data = _mutate(data, flips)
+    limits = SSELimits(max_frame_bytes=frame_limit, max_events=EVENT_LIMIT, max_idle_bytes=200)
+
+    def run(decoder: SSEDecoder) -> tuple[object, ...]:
+        events: list[RawEvent] = []
+        try:
+            for i in range(0, len(data), step):
+                events += decoder.feed(data[i : i + step])
+                if decoder.failure is not None:
+                    raise decoder.failure
+        except SSEError as exc:
+            return events, type(exc), decoder.events  # a failed decoder takes nothing more
+        return (events, None, decoder.events, decoder._idle_bytes, decoder._frame_bytes,
+                bytes(decoder._line), decoder._data, decoder._pending_cr)
+
+    assert run(SSEDecoder(limits)) == run(_LineByLine(limits))

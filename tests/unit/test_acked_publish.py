@@ -87,6 +87,32 @@ async def test_a_cancelled_wait_gives_its_slot_back_and_a_full_set_stalls(nc: Cl
     await listener.unsubscribe()
 
 
+async def test_a_freed_slot_goes_to_the_oldest_stalled_publish(nc: Client) -> None:
+    silent = f"silent.{new_action_id()}"
+    listener = await nc.subscribe(silent)
+    acks = AckedPublisher(nc, max_pending=1)
+    first = await acks.publish(silent, b"x", {}, 0.1)
+    loop = asyncio.get_running_loop()
+    older = loop.create_task(acks.publish(silent, b"y", {}, 5.0))
+    await asyncio.sleep(0.01)
+    newer = loop.create_task(acks.publish(silent, b"z", {}, 5.0))
+    await asyncio.sleep(0.01)
+    assert not older.done()
+    assert not newer.done()
+    first.cancel()  # its slot passes to the older stalled publish, not to a new count
+    second = await asyncio.wait_for(older, 1.0)
+    await asyncio.sleep(0.01)
+    assert not newer.done()
+    assert acks.pending == 1
+    second.cancel()
+    third = await asyncio.wait_for(newer, 1.0)
+    assert acks.pending == 1
+    third.cancel()
+    assert acks.pending == 0
+    (await acks.publish(silent, b"w", {}, 0.1)).cancel()  # one slot, free again
+    await listener.unsubscribe()
+
+
 async def test_a_chunk_stream_on_it_stores_every_chunk_in_order(nats_server: ServiceHandle) -> None:
     nc = await nats.connect(nats_server.url)
     try:

@@ -15,6 +15,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import nats
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.js.api import PubAck
 
@@ -25,7 +27,7 @@ from subjects.grammar import Subjects
 from subjects.provision import provision
 from subjects.streams import StreamPolicy
 from tests.aip_wire import chunk_view
-from worker.bus.publisher import BusPublisher
+from worker.bus.publisher import BusPublisher, confirmed
 from worker.errors import protocol_error
 from worker.execution.chunk_stream import PRUNE_EVERY, ChunkStream, refusal_chunk
 from worker.execution.leases import HeldLease, LeaseLost
@@ -233,3 +235,51 @@ def test_a_chunk_encodes_to_the_same_bytes_every_time_and_back_from_its_decoding
     data = encode_chunk(chunk)
     assert encode_chunk(chunk) == data
     assert encode_chunk(decode_chunk(data)[0]) == data
+
+
+def _reference_prune(
+    pending: list[tuple[StreamChunk, asyncio.Future[PubAck]]], next_seq: int
+) -> tuple[list[tuple[StreamChunk, asyncio.Future[PubAck]]], object]:
+    """The prune as it was first written: filter, then walk back from the newest chunk to
+    the frontier (the newest confirmed one before the first unconfirmed)."""
+    kept = [p for p in pending if not confirmed(p[1])]
+    first_open = kept[0][0].seq if kept else next_seq
+    frontier = None
+    for sent in reversed(pending):
+        if sent[0].seq < first_open and confirmed(sent[1]):
+            frontier = sent
+            break
+    return kept, frontier
+
+
+@settings(max_examples=300)
+@given(st.lists(st.sampled_from(["acked", "waiting", "failed", "cancelled"]), max_size=40))
+async def test_the_prune_keeps_what_the_first_prune_kept(states: list[str]) -> None:
+    """`ChunkStream._prune` (one walk to the first unconfirmed chunk, then a filter) keeps
+    the same chunks and finds the same frontier as the filter-and-walk-back it replaced."""
+    loop = asyncio.get_running_loop()
+    action_id = new_action_id()
+    stream = ChunkStream(
+        BusPublisher(None, Subjects()),  # type: ignore[arg-type]  # publishes nothing here
+        _lease(action_id, fence=1), action_id=action_id, endpoint_id=ENDPOINT,
+    )
+    pending = []
+    for seq, state in enumerate(states):
+        future: asyncio.Future[PubAck] = loop.create_future()
+        if state == "acked":
+            future.set_result(PubAck(stream="S", seq=seq + 1))
+        elif state == "failed":
+            future.set_exception(RuntimeError("refused"))
+        elif state == "cancelled":
+            future.cancel()
+        chunk = make_chunk(ChunkKind.DATA, action_id=action_id, endpoint_id=ENDPOINT, seq=seq,
+                           ts_unix_ms=1)
+        pending.append((chunk, future))
+    stream._pending, stream._seq = list(pending), len(states)
+    kept, frontier = _reference_prune(pending, len(states))
+    stream._prune()
+    assert stream._pending == kept
+    assert stream._frontier is frontier
+    for _, future in pending:
+        if future.done() and not future.cancelled():
+            future.exception()  # retrieved: no "never retrieved" warning

@@ -22,6 +22,7 @@ from worker.aip.errors import NotCanonicalizable
 from worker.wire.actions import timestamp_of_ms
 from worker.wire.chunks import (
     CHUNK_TYPE,
+    ChunkFramer,
     chunk_body,
     chunk_message_id,
     decode_chunk,
@@ -121,3 +122,71 @@ def test_a_payload_without_canonical_form_is_refused_as_seal_refuses_it() -> Non
         sealed(chunk, operator=False)
     with pytest.raises(NotCanonicalizable):
         encode_chunk(chunk)
+
+
+def framed(chunk: StreamChunk, *, operator: bool) -> bytes:
+    """The chunk as a `ChunkFramer` of its Action frames it (the chunk stream's path)."""
+    framer = ChunkFramer(chunk.action_id, chunk.endpoint_id, operator=operator)
+    return framer.frame(
+        chunk.kind,
+        seq=chunk.seq,
+        ts_unix_ms=chunk.ts_unix_ms,
+        payload=chunk.payload,
+        provider_event=chunk.provider_event,
+        run_id=chunk.run_id,
+        prev_sha256=chunk.prev_sha256,
+    )
+
+
+@settings(max_examples=500)
+@given(chunks(), st.booleans())
+def test_the_framer_prints_what_encode_chunk_prints(chunk: StreamChunk, operator: bool) -> None:
+    try:
+        expected = encode_chunk(chunk, operator=operator)
+    except NotCanonicalizable:
+        with pytest.raises(NotCanonicalizable):
+            framed(chunk, operator=operator)
+        return
+    assert framed(chunk, operator=operator) == expected
+    framer = ChunkFramer(chunk.action_id, chunk.endpoint_id, operator=operator)
+    assert framer.encode(chunk) == expected
+
+
+def test_one_framer_over_a_stream_keeps_each_chunks_own_bytes() -> None:
+    """The framer's per-millisecond cache and hash prefix carry nothing from one chunk to
+    the next: a stream of chunks in the same and in later milliseconds, of every kind and
+    form, each framed as `encode_chunk` frames it alone; a chunk of another Action, a
+    payload that is not plain JSON and an id that is not a str go through `encode_chunk`."""
+    action_id = "act_" + "1" * 32
+    for operator in (False, True):
+        framer = ChunkFramer(action_id, "h1", operator=operator)
+        prev: str | None = None
+        for seq in range(60):
+            chunk = make_chunk(
+                list(ChunkKind)[seq % len(ChunkKind)],
+                action_id=action_id,
+                endpoint_id="h1",
+                seq=seq,
+                ts_unix_ms=1_796_565_774_000 + seq // 7,
+                payload=[
+                    {"delta": "é\n\"" * (seq % 3), "event": "message.delta", "t": seq / 7},
+                    None,
+                    {"n": 2**70},
+                    (1, 2.5),
+                    "text",
+                ][seq % 5],
+                provider_event=[None, "message.delta", "tool.started"][seq % 3],
+                run_id=None if seq % 4 else "run_1",
+                prev_sha256=prev,
+            )
+            data = encode_chunk(chunk, operator=operator)
+            assert framer.encode(chunk) == data
+            prev = hashlib.sha256(data).hexdigest()
+        other = make_chunk(ChunkKind.DATA, action_id="act_" + "2" * 32, endpoint_id="h1",
+                           seq=0, ts_unix_ms=1, payload={"delta": "x"})
+        assert framer.encode(other) == encode_chunk(other, operator=operator)
+    odd = ChunkFramer(action_id, "h1")
+    assert odd.frame(ChunkKind.DATA, seq=1, ts_unix_ms=5, run_id=7) == encode_chunk(  # type: ignore[arg-type]
+        make_chunk(ChunkKind.DATA, action_id=action_id, endpoint_id="h1", seq=1, ts_unix_ms=5,
+                   run_id=7)  # type: ignore[arg-type]
+    )

@@ -118,6 +118,10 @@ def plain_bytes(value: Any) -> bytes:
 
 
 _sorted_encoder = msgspec.json.Encoder(order="sorted")
+#: The encoder `plain_bytes` prints with, for a caller that prints many plain values in a
+#: row and turns a lone surrogate's UnicodeEncodeError into NotCanonicalizable itself
+#: (`worker.wire.chunks.ChunkFramer`).
+PLAIN_ENCODER: Final = _sorted_encoder
 #: msgspec (a ryu port) prints plain JSON exactly as serde_json does, except a positive
 #: float exponent (`1e21` for `1e+21`), which appears exactly when |x| >= 1e16.
 _PLAIN_FLOAT_LIMIT: Final = 1e16

@@ -5,7 +5,10 @@ Why: a chunk is a JetStream publish confirmed later (`BusPublisher.confirm`). na
 semaphore wait through `asyncio.wait_for`, and parses the acknowledgement with `json` into
 a dataclass: ~19.5 µs of CPU per chunk on the benchmark machine. Here the token is a
 counter under one inbox prefix, a free slot is taken without a timer, and the
-acknowledgement is decoded by msgspec: ~9 µs (BENCHMARKS.md, figures 1 and 3).
+acknowledgement is decoded by msgspec: ~9 µs (BENCHMARKS.md, figures 1 and 3). The
+future of a publish (`_AckFuture`) gives its slot back itself, when its acknowledgement is
+set or when its waiter cancels it, instead of through a done callback: a callback per
+chunk was a scheduled loop handle, a closure and a method call for each one (~3 µs).
 
 The answers are nats-py's own: a `PubAck`, `NoStreamResponseError` when no stream listens
 (the server's 503 status), or the `APIError` subclass JetStream's error names (a full
@@ -22,6 +25,7 @@ request makes each a NUID and random token, an `asyncio.wait_for` and, for a pub
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 from typing import Any
 
@@ -67,20 +71,46 @@ def _api_error(error: dict[str, Any]) -> Exception:
     return made if isinstance(made, Exception) else APIError(description=str(error))
 
 
+class _AckFuture(asyncio.Future[PubAck]):
+    """The future of one publish: cancelling it (the waiter gave up) frees its slot; an
+    acknowledgement frees it in `AckedPublisher._on_answer` before setting the result."""
+
+    __slots__ = ("_publisher", "_token")
+    # No __init__ of its own (a Python-level call per chunk): `AckedPublisher.publish` sets
+    # both slots right after making it.
+    _publisher: AckedPublisher
+    _token: str
+
+    def cancel(self, msg: Any | None = None) -> bool:
+        if not super().cancel(msg):
+            return False
+        self._publisher._forget(self._token)
+        return True
+
+
 class AckedPublisher:
     """Publishes to JetStream on one connection; each returns a future of its `PubAck`."""
 
     def __init__(self, nc: NATS, *, max_pending: int = DEFAULT_MAX_PENDING) -> None:
         self.nc = nc
-        self._slots = asyncio.Semaphore(max_pending)
+        #: Slots free for a publish: `max_pending` less the publishes waiting for their
+        #: acknowledgement and the slots handed to stalled publishes. A counter, not an
+        #: `asyncio.Semaphore`: its `locked()` and `acquire()` walk the waiters (an `any()`
+        #: generator) on every call, twice per chunk.
+        self._free = max_pending
+        #: Publishes waiting for a slot, oldest first; a freed slot goes to the first one
+        #: still waiting.
+        self._stalled: collections.deque[asyncio.Future[None]] = collections.deque()
         self._tokens = itertools.count()
-        self._waiting: dict[str, asyncio.Future[PubAck]] = {}
+        self._waiting: dict[str, _AckFuture] = {}
         #: Awaited publishes (`publish_awaited`) and confirmed acks (`ack_confirmed`)
         #: waiting for the server's answer.
         self._awaited: dict[str, asyncio.Future[PubAck]] = {}
         self._acks: dict[str, asyncio.Future[None]] = {}
         self._prefix: str | None = None
         self._starting: asyncio.Lock | None = None
+        #: The event loop the futures belong to (the first publish's).
+        self.loop: asyncio.AbstractEventLoop | None = None
 
     @property
     def pending(self) -> int:
@@ -93,19 +123,14 @@ class AckedPublisher:
         """Send now; the returned future completes with the acknowledgement (or its error).
         Cancelling the future gives its slot back; a late acknowledgement is dropped."""
         prefix = self._prefix or await self._start()
-        slots = self._slots
-        if slots.locked():
-            try:
-                async with asyncio.timeout(wait_stall_s):
-                    await slots.acquire()
-            except TimeoutError:
-                raise TooManyStalledMsgsError from None
+        if self._free > 0 and not self._stalled:
+            self._free -= 1  # a free slot: taken without suspending
         else:
-            await slots.acquire()  # a free slot: returns without suspending
+            await self._stall(wait_stall_s)
         token = str(next(self._tokens))
-        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
+        future = _AckFuture(loop=self.loop)
+        future._publisher, future._token = self, token
         self._waiting[token] = future
-        future.add_done_callback(lambda _: self._forget(token))
         try:
             await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
         except BaseException:
@@ -157,9 +182,37 @@ class AckedPublisher:
             future.cancel()
         msg._ackd = True
 
+    async def _stall(self, wait_stall_s: float) -> None:
+        """Wait up to `wait_stall_s` for a slot handed over by `_release`, in arrival
+        order; TooManyStalledMsgsError when none came (as nats-py's `publish_async`)."""
+        assert self.loop is not None
+        waiter: asyncio.Future[None] = self.loop.create_future()
+        self._stalled.append(waiter)
+        try:
+            async with asyncio.timeout(wait_stall_s):
+                await waiter
+        except BaseException as exc:
+            if waiter.done() and not waiter.cancelled():
+                self._release()  # handed a slot just as the wait ended: pass it on
+            else:
+                waiter.cancel()  # `_release` skips it
+            if isinstance(exc, TimeoutError):
+                raise TooManyStalledMsgsError from None
+            raise
+
+    def _release(self) -> None:
+        """A slot is free: to the oldest stalled publish still waiting, else counted."""
+        stalled = self._stalled
+        while stalled:
+            waiter = stalled.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
     def _forget(self, token: str) -> None:
         if self._waiting.pop(token, None) is not None:
-            self._slots.release()
+            self._release()
 
     async def _start(self) -> str:
         """Subscribe to this publisher's reply prefix once (concurrent first callers wait)."""
@@ -167,6 +220,7 @@ class AckedPublisher:
             self._starting = asyncio.Lock()
         async with self._starting:
             if self._prefix is None:
+                self.loop = asyncio.get_running_loop()
                 prefix = self.nc.new_inbox() + "."
                 await self.nc.subscribe(prefix + "*", cb=self._on_answer)
                 self._prefix = prefix
@@ -183,10 +237,14 @@ class AckedPublisher:
                 else:
                     acked.set_result(None)
             return
-        waiting = self._awaited if token.startswith(_AWAITED_MARK) else self._waiting
-        future = waiting.get(token)
+        future: asyncio.Future[PubAck] | None = (
+            self._awaited.get(token)
+            if token.startswith(_AWAITED_MARK)
+            else self._waiting.get(token)
+        )
         if future is None or future.done():
             return
+        self._forget(token)  # answered: the slot is free whatever the answer says
         if msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
             future.set_exception(NoStreamResponseError())
             return

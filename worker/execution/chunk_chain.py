@@ -33,6 +33,7 @@ import hmac
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from schemas.errors import EnvelopeRejected
 from worker.bus.publisher import CHAIN_MAC_HEADER, BusPublisher
@@ -59,15 +60,31 @@ def chain_mac(chain_key: str, fence: int, sha256_hex: str) -> str:
     The HMAC is keyed once per key (`_keyed`, the streams publishing now) and copied per
     chunk: keying it, with OpenSSL looking sha256 up by name, was most of a per-chunk
     `hmac.new`/`hmac.digest` in a relay. Held per key in a small cache, not per stream, so
-    10,000 held runs do not each keep an HMAC context."""
-    mac = _keyed(chain_key).copy()
-    mac.update(sha256_hex.encode())
+    10,000 held runs do not each keep an HMAC context. The keyed state is HMAC's own two
+    sha256 states (RFC 2104: the key padded and xored with ipad, with opad), copied and
+    finished here: `hmac.HMAC.copy` and its wrappers were a Python call each per chunk."""
+    inner, outer = _keyed(chain_key)
+    digest = inner.copy()
+    digest.update(sha256_hex.encode())
+    mac = outer.copy()
+    mac.update(digest.digest())
     return f"{fence}:{mac.hexdigest()[:MAC_HEX]}"
 
 
 @functools.lru_cache(maxsize=64)
-def _keyed(chain_key: str) -> hmac.HMAC:
-    return hmac.new(bytes.fromhex(chain_key), digestmod=hashlib.sha256)
+def _keyed(chain_key: str) -> tuple[Any, Any]:
+    """HMAC-SHA256's inner and outer states for `chain_key` (RFC 2104, block of 64 bytes)."""
+    key = bytes.fromhex(chain_key)
+    if len(key) > _BLOCK:
+        key = hashlib.sha256(key).digest()
+    key = key.ljust(_BLOCK, b"\0")
+    return (
+        hashlib.sha256(bytes(b ^ 0x36 for b in key)),
+        hashlib.sha256(bytes(b ^ 0x5C for b in key)),
+    )
+
+
+_BLOCK = 64
 
 
 def mac_is_valid(

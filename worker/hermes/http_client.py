@@ -103,37 +103,37 @@ class SSEStream:
 
     async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """The parsed events; use with `contextlib.aclosing` when leaving early."""
-        failure: ConnectorError | None = None
+        failure: ConnectorError
         events = aiter_events(_body(self._response), self._limits)
-        while True:
-            try:
-                event = await anext(events)
-            except StopAsyncIteration:
-                return
-            except SSELimitReached:
-                failure = ConnectorError(
-                    ErrorCode.STREAM_TRUNCATED,
-                    f"{self._what} passed the {self._limits.max_events}-event limit",
-                )
-            except SSEDecodeError as exc:
-                failure = ConnectorError(
-                    ErrorCode.TRANSPORT, f"{self._what} stream decode failure: {exc}"
-                )
-            except SSEIdle as exc:
-                failure = ConnectorError(
-                    ErrorCode.STREAM_INCOMPLETE, f"{self._what} stream ended: {exc}"
-                )
-            except _TRANSPORT_ERRORS as exc:
-                # The stream was open and well-formed; it ended (cut, or silent past the
-                # read timeout) before its terminal event: incomplete, never retryable.
-                failure = ConnectorError(
-                    ErrorCode.STREAM_INCOMPLETE,
-                    f"{self._what} stream broke off: {type(exc).__name__}",
-                )
-            if failure is not None:
-                await events.aclose()
-                raise failure
-            yield event
+        try:
+            # One `async for` around the whole stream rather than a guarded `anext` per
+            # event: only the reading raises these (a consumer's own errors are never
+            # thrown into this generator at its `yield`).
+            async for event in events:
+                yield event
+            return
+        except SSELimitReached:
+            failure = ConnectorError(
+                ErrorCode.STREAM_TRUNCATED,
+                f"{self._what} passed the {self._limits.max_events}-event limit",
+            )
+        except SSEDecodeError as exc:
+            failure = ConnectorError(
+                ErrorCode.TRANSPORT, f"{self._what} stream decode failure: {exc}"
+            )
+        except SSEIdle as exc:
+            failure = ConnectorError(
+                ErrorCode.STREAM_INCOMPLETE, f"{self._what} stream ended: {exc}"
+            )
+        except _TRANSPORT_ERRORS as exc:
+            # The stream was open and well-formed; it ended (cut, or silent past the
+            # read timeout) before its terminal event: incomplete, never retryable.
+            failure = ConnectorError(
+                ErrorCode.STREAM_INCOMPLETE,
+                f"{self._what} stream broke off: {type(exc).__name__}",
+            )
+        await events.aclose()
+        raise failure
 
 
 def _body(response: httpx.Response) -> AsyncIterator[bytes]:

@@ -37,8 +37,9 @@ from schemas.aip.extensions import ChunkExtension
 from schemas.aip.messages import open_body
 from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
-from worker.aip.canonical import canonical_bytes, is_plain, plain_bytes
+from worker.aip.canonical import PLAIN_ENCODER, canonical_bytes, is_plain, plain_bytes
 from worker.aip.envelope import AIP_VERSION, BODY_KEYS
+from worker.aip.errors import NotCanonicalizable
 from worker.wire.actions import timestamp_of_ms
 from worker.wire.envelopes import (
     DEFAULT_MAX_ENVELOPE_BYTES,
@@ -147,6 +148,223 @@ def encode_chunk(chunk: StreamChunk, *, operator: bool = False) -> bytes:
     return canonical_bytes(envelope)  # the exact printer: the payload holds more than plain JSON
 
 
+class ChunkFramer:
+    """`encode_chunk` for the chunks of one Action, with what they all share printed once.
+
+    A relayed run makes a chunk per provider event (figure 3 of the benchmark: tens of
+    thousands a second), and framing each as a dict of dicts printed by the sorted encoder
+    was the largest part of the worker's own CPU per chunk. The Envelope's members are
+    printed in canonical (sorted) order whatever their values, so the bytes every chunk of
+    one Action shares (the version, the Action and endpoint ids, the sender, the message
+    type) are printed once here, and a chunk's own members (its kind, data, text part,
+    sequence, predecessor, run, time, message id) are printed and spliced between them. A
+    chunk whose facts are not all of the types the splice prints exactly (a payload that is
+    not plain JSON, an id that is not a `str`) is framed by `encode_chunk` itself, so the
+    bytes are `encode_chunk`'s in every case (`tests/unit/test_wire_chunk_frame.py`); the
+    milliseconds' `sent_at` and message-id prefix are kept for the next chunk of the same
+    millisecond."""
+
+    __slots__ = (
+        "_data_head",
+        "_event",
+        "_event_printed",
+        "_extension_head",
+        "_from_head",
+        "_id_hash",
+        "_ms",
+        "_ms_id",
+        "_ms_sent_at",
+        "_run_id",
+        "_run_id_json",
+        "_spliced",
+        "action_id",
+        "endpoint_id",
+        "operator",
+    )
+
+    def __init__(self, action_id: str, endpoint_id: str, *, operator: bool = False) -> None:
+        self.action_id = action_id
+        self.endpoint_id = endpoint_id
+        self.operator = operator
+        #: False when the shared facts cannot be printed by the splice: every chunk then
+        #: goes through `encode_chunk`, which prints or refuses them as it always has.
+        self._spliced = type(action_id) is str and type(endpoint_id) is str
+        self._data_head = self._extension_head = self._from_head = b""
+        if self._spliced:
+            try:
+                self._data_head = b"".join((
+                    b'{"aip_version":', plain_bytes(AIP_VERSION),
+                    b',"body":{', plain_bytes(_BODY_KEY),
+                    b':{"action_id":', plain_bytes(action_id), b',"data":',
+                ))
+                self._extension_head = b"".join((
+                    b'}},"extensions":{', plain_bytes(EXTENSION_KEY),
+                    b':{"endpoint_id":', plain_bytes(endpoint_id),
+                ))
+                self._from_head = b"".join((
+                    b'}},"from":', plain_bytes(worker_principal(endpoint_id)),
+                    b',"message_id":"msg_',
+                ))
+            except NotCanonicalizable:
+                self._spliced = False
+        #: sha256 of `{action_id}:`, the common start of every chunk's place in the chain
+        #: (`chunk_message_id`): copied and completed per chunk.
+        self._id_hash = hashlib.sha256(f"{action_id}:".encode())
+        self._ms = -1
+        self._ms_id = ""
+        self._ms_sent_at = b""
+        self._run_id: str | None = None
+        self._run_id_json = b""
+        self._event: str | None = None
+        self._event_printed = b""
+
+    def frame(
+        self,
+        kind: ChunkKind,
+        *,
+        seq: int,
+        ts_unix_ms: int,
+        payload: Any = None,
+        provider_event: str | None = None,
+        run_id: str | None = None,
+        prev_sha256: str | None = None,
+    ) -> bytes:
+        """The bytes `encode_chunk` prints for the chunk these facts make (`make_chunk`
+        with this framer's Action and endpoint)."""
+        operator = self.operator
+        if (
+            not self._spliced
+            or type(seq) is not int
+            or type(ts_unix_ms) is not int
+            or not 0 <= seq <= _I64_MAX
+            or not 0 <= ts_unix_ms <= _I64_MAX
+            or (prev_sha256 is not None and type(prev_sha256) is not str)
+            or (run_id is not None and type(run_id) is not str)
+            or (provider_event is not None and type(provider_event) is not str)
+            or not is_plain(payload)
+        ):
+            return encode_chunk(self.chunk(kind, seq=seq, ts_unix_ms=ts_unix_ms,
+                                           payload=payload, provider_event=provider_event,
+                                           run_id=run_id, prev_sha256=prev_sha256),
+                                operator=operator)
+        if ts_unix_ms != self._ms:  # first, as `encode_chunk` refuses a time past 9999 first
+            self._ms_sent_at = plain_bytes(timestamp_of_ms(ts_unix_ms))
+            self._ms_id = (ts_unix_ms & _MS_MASK).to_bytes(6, "big").hex()
+            self._ms = ts_unix_ms
+        try:
+            parts = self._members(kind._value_, seq, payload, provider_event, run_id, prev_sha256)
+        except UnicodeEncodeError:  # as `plain_bytes` says it
+            raise NotCanonicalizable(_SURROGATE) from None
+        place = self._id_hash.copy()
+        place.update(f"{seq}:{prev_sha256 or ''}:{kind._value_}".encode())
+        digest = place.digest()
+        # The UUIDv7 layout of `chunk_message_id`: version 7 in the high nibble of byte 6
+        # (the hash's first byte), variant 10 in the top bits of byte 8 (its third).
+        layout = bytes((0x70 | digest[0] & 0x0F, digest[1], 0x80 | digest[2] & 0x3F))
+        parts += (
+            b',"ts_unix_ms":', b"%d" % ts_unix_ms, self._from_head,
+            (self._ms_id + layout.hex() + digest[3:10].hex()).encode(),
+            _TYPE_AND_SENT_AT, self._ms_sent_at,
+            b"}",
+        )
+        return b"".join(parts)
+
+    def _members(
+        self,
+        value: str,
+        seq: int,
+        payload: Any,
+        provider_event: str | None,
+        run_id: str | None,
+        prev_sha256: str | None,
+    ) -> list[bytes]:
+        """A chunk's own members up to its `ts_unix_ms`, printed in canonical order by the
+        sorted encoder (UnicodeEncodeError for a lone surrogate), between the shared parts.
+        The run id and provider event of the chunk before are kept printed: a run's chunks
+        repeat them."""
+        parts = [self._data_head]
+        # `data`: one key, the form (`_data`); its members in sorted order.
+        if self.operator:
+            parts += (b'{"hermes_operator":', _print(payload), b"}")
+        elif provider_event is not None:
+            if payload is None:
+                parts += (b'{"hermes_sse":{"event":', self._event_json(provider_event), b"}}")
+            else:
+                parts += (b'{"hermes_sse":{"data":', _print(payload),
+                          b',"event":', self._event_json(provider_event), b"}}")
+        else:
+            parts += (b'{"hermes_worker":', _print(payload), b"}")
+        parts += (b',"kind":"', value.encode(), b'"')
+        if value == "data" and type(payload) is dict:
+            delta = payload.get("delta")
+            if type(delta) is str and delta:
+                parts += (b',"part":{"text":', _print(delta), b',"type":"text"}')
+        parts += (b',"sequence":', b"%d" % seq, self._extension_head)
+        if prev_sha256 is not None:
+            parts += (b',"prev_sha256":', _print(prev_sha256))
+        if self.operator and provider_event is not None:
+            parts += (b',"provider_event":', self._event_json(provider_event))
+        if run_id is not None:
+            if run_id != self._run_id:
+                self._run_id_json = _print(run_id)
+                self._run_id = run_id
+            parts += (b',"run_id":', self._run_id_json)
+        return parts
+
+    def _event_json(self, provider_event: str) -> bytes:
+        if provider_event != self._event:
+            self._event_printed = _print(provider_event)
+            self._event = provider_event
+        return self._event_printed
+
+    def chunk(
+        self,
+        kind: ChunkKind,
+        *,
+        seq: int,
+        ts_unix_ms: int,
+        payload: Any = None,
+        provider_event: str | None = None,
+        run_id: str | None = None,
+        prev_sha256: str | None = None,
+    ) -> StreamChunk:
+        """The internal chunk these facts make, of this framer's Action and endpoint."""
+        return make_chunk(
+            kind,
+            action_id=self.action_id,
+            endpoint_id=self.endpoint_id,
+            seq=seq,
+            ts_unix_ms=ts_unix_ms,
+            payload=payload,
+            provider_event=provider_event,
+            run_id=run_id,
+            prev_sha256=prev_sha256,
+        )
+
+    def encode(self, chunk: StreamChunk) -> bytes:
+        """The bytes of one of this Action's chunks (a re-send, the head's record): the
+        same as when it was first framed."""
+        if chunk.action_id != self.action_id or chunk.endpoint_id != self.endpoint_id:
+            return encode_chunk(chunk, operator=self.operator)
+        return self.frame(
+            chunk.kind,
+            seq=chunk.seq,
+            ts_unix_ms=chunk.ts_unix_ms,
+            payload=chunk.payload,
+            provider_event=chunk.provider_event,
+            run_id=chunk.run_id,
+            prev_sha256=chunk.prev_sha256,
+        )
+
+
+_I64_MAX: Final = 2**63 - 1
+_SURROGATE: Final = "a string holds a lone surrogate (not valid Unicode)"
+#: The sorted encoder `plain_bytes` prints with, without its wrapper: `ChunkFramer` turns a
+#: lone surrogate's UnicodeEncodeError into NotCanonicalizable once per chunk.
+_print: Final = PLAIN_ENCODER.encode
+_TYPE_AND_SENT_AT: Final = b'","message_type":' + plain_bytes(CHUNK_TYPE) + b',"sent_at":'
+
+
 def decode_chunk(
     data: bytes, *, max_bytes: int = DEFAULT_MAX_ENVELOPE_BYTES
 ) -> tuple[StreamChunk, Opened]:
@@ -193,6 +411,7 @@ __all__ = [
     "OPERATOR_KEY",
     "SSE_KEY",
     "WORKER_KEY",
+    "ChunkFramer",
     "chunk_message_id",
     "decode_chunk",
     "encode_chunk",
