@@ -49,3 +49,25 @@ def test_a_wide_integer_reads_as_f64_on_every_reading() -> None:
     assert believed.body["output"]["wide"] == float(WIDE)
     assert isinstance(believed.body["output"]["wide"], float)
     assert first.output is not None and first.output["wide"] == float(WIDE)
+
+
+def test_a_chunk_read_again_gives_the_same_wide_number() -> None:
+    from schemas.chunk import ChunkKind, make_chunk
+    from worker.wire.chunks import aip_chunk_of, encode_chunk
+
+    chunk = make_chunk(
+        ChunkKind.DATA,
+        action_id=new_action_id(),
+        endpoint_id=ENDPOINT,
+        seq=0,
+        ts_unix_ms=1_700_000_000_000,
+        payload={"wide": WIDE},
+    )
+    printed = b'"wide":1.1805916207174113e+21'
+    data = encode_chunk(chunk)
+    assert printed in data
+    again = aip_chunk_of(data.replace(printed, b'"wide":' + str(WIDE).encode()))
+    assert isinstance(again.data, dict)
+    wide = again.data["hermes_worker"]["wide"]  # a payload that is not AIP text's own
+    assert wide == float(WIDE)
+    assert isinstance(wide, float)

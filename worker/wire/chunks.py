@@ -28,7 +28,6 @@ re-send, the chain head's record) gives the same bytes, and the same hash.
 from __future__ import annotations
 
 import hashlib
-import json
 from typing import Any, Final
 
 import msgspec
@@ -37,6 +36,7 @@ from schemas.aip.extensions import ChunkExtension
 from schemas.aip.messages import open_body
 from schemas.aip.stream import StreamChunk as AipStreamChunk
 from schemas.chunk import ChunkKind, StreamChunk, make_chunk
+from worker.aip import canonical
 from worker.aip.canonical import PLAIN_ENCODER, canonical_bytes, is_plain, plain_bytes
 from worker.aip.envelope import AIP_VERSION, BODY_KEYS
 from worker.aip.errors import NotCanonicalizable
@@ -422,6 +422,6 @@ def aip_chunk_of(data: bytes) -> AipStreamChunk:
     """The AIP StreamChunk (`body.stream_chunk`) of chunk Envelope bytes already opened
     (`decode_chunk`), as AIP 1.0's own type (`schemas/aip/stream.py`): `sequence`, `kind`,
     `data` in upstream's forms and the text `part`, none of our extension's facts."""
-    body = open_body(CHUNK_TYPE, json.loads(data)["body"])
+    body = open_body(CHUNK_TYPE, canonical.loads(data)["body"])
     assert isinstance(body, AipStreamChunk)
     return body
