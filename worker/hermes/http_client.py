@@ -31,6 +31,7 @@ import aiohttp
 import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
+from multidict import istr
 
 from schemas.errors import ErrorCode
 from worker import tracing
@@ -182,6 +183,10 @@ def _body(response: StreamedResponse) -> AsyncIterator[bytes]:
 DEFAULT_MAX_CONNECTIONS = 2_048
 
 
+#: Header names `HermesClient._name` remembers (a client sends a handful).
+MAX_REMEMBERED_HEADER_NAMES = 64
+
+
 #: Marks a request the worker sends only to learn whether Hermes accepts its key (the
 #: serving gate and `/ready`); Hermes ignores it, the fake counts such requests apart.
 PROBE_HEADER = "X-AIP-Probe"
@@ -248,6 +253,8 @@ class HermesClient:
             sock_read=self.timeout.read,
             connect=self.timeout.pool,
         )
+        #: Header names as aiohttp's case-insensitive keys, made once each (`_names`).
+        self._header_names: dict[str, istr] = {}
 
     def require_key(self, what: str) -> None:
         if self.endpoint.api_key is None:
@@ -352,11 +359,24 @@ class HermesClient:
         return await session.request(
             method,
             url,
-            headers=headers,
+            headers={self._name(name): value for name, value in headers.items()},
             data=content,
             allow_redirects=False,
             timeout=self._aiohttp_timeout,
         )
+
+    def _name(self, name: str) -> istr:
+        """`name` as an `istr`, made once: aiohttp keeps a request's headers for the
+        response's life, and a plain `str` name costs a lowercased copy of it per header
+        per request there (~0.5 KiB per held stream); an `istr` carries its own. The names
+        are this client's and the caller's few fixed ones; the memo stops growing at 64."""
+        known = self._header_names.get(name)
+        if known is not None:
+            return known
+        made = istr(name)
+        if len(self._header_names) < MAX_REMEMBERED_HEADER_NAMES:
+            self._header_names[name] = made
+        return made
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send a request built by `_build` straight to the transport; the response streams.
