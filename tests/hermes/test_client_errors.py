@@ -106,6 +106,38 @@ async def test_caller_headers_cannot_replace_the_key_or_content_type(
     assert seen["X-AIP-Trace-Id"] == "t"
 
 
+async def test_an_event_stream_request_is_the_same_over_either_transport(
+    server: ScriptedServer,
+) -> None:
+    """Over aiohttp an event stream's request is sent on aiohttp itself, not through httpx
+    (`HermesClient._open_over_aiohttp`): Hermes must see the very request httpx sends."""
+    path = "/v1/runs/run%201/events?after=a+b&full=true"
+    server.script(path, Reply(headers=SSE_HEADERS, body=[sse('data: {"event": "x"}\n\n')]))
+    for transport in ("httpx", "aiohttp"):
+        client = make_client(server.url, transport)
+        try:
+            async with client.stream_sse(
+                "POST",
+                "/v1/runs/{run_id}/events",
+                {"run_id": "run 1"},
+                json_body={"input": "x"},
+                query={"after": "a b", "full": True, "none": None},
+                headers={"Authorization": "Bearer forged", "X-AIP-Trace-Id": "t"},
+            ) as stream:
+                assert [event.name async for event in stream] == ["x"]
+        finally:
+            await client.aclose()
+    by_httpx, by_aiohttp = server.seen
+    assert (by_aiohttp.method, by_aiohttp.path, by_aiohttp.body) == (
+        by_httpx.method, by_httpx.path, by_httpx.body,
+    )  # fmt: skip
+    assert by_httpx.path == path
+    assert sorted(by_aiohttp.headers.items()) == sorted(by_httpx.headers.items())
+    assert by_aiohttp.headers["Authorization"] == f"Bearer {API_KEY}"
+    assert by_aiohttp.headers["Accept"] == "text/event-stream"
+    assert by_aiohttp.headers["Accept-Encoding"] == "identity"
+
+
 async def test_a_protected_route_without_a_key_sends_nothing(
     server: ScriptedServer, transport: Transport
 ) -> None:

@@ -3,12 +3,14 @@
 One shared `httpx.AsyncClient` per endpoint (a client per request would cost ~0.8 MiB and a
 TLS context each). By default it runs over the `httpx-aiohttp` transport, measured here at
 about 7x the stock transport's throughput at 100 concurrent streams; the stock transport
-stays selectable. Redirects are never followed (3xx is `remote_rejected`), so the bearer key
-never reaches another origin. Every failure leaves as a typed `ConnectorError` naming the
-route template only: never the concrete URL, the provider's body or the key; how each
-status and transport ending is typed is `worker.hermes.exchange`. Every finished exchange is
-reported to the hook the app wires (`on_exchange`: the audit receipt), so this package knows
-nothing of the audit log.
+stays selectable. Over it, an event stream's request goes to the transport's aiohttp session
+itself (`_open_over_aiohttp`): a held run then keeps aiohttp's response only, not an httpx
+request and response beside it. Redirects are never followed (3xx is `remote_rejected`), so
+the bearer key never reaches another origin. Every failure leaves as a typed
+`ConnectorError` naming the route template only: never the concrete URL, the provider's body
+or the key; how each status and transport ending is typed is `worker.hermes.exchange`. Every
+finished exchange is reported to the hook the app wires (`on_exchange`: the audit receipt),
+so this package knows nothing of the audit log.
 
 Failures are raised *outside* the `except` block that caught the lower-layer exception, so
 the ConnectorError has no `__context__`: a traceback of it cannot show an httpx request, a
@@ -29,6 +31,7 @@ import aiohttp
 import httpx
 import msgspec
 from httpx_aiohttp import AiohttpTransport
+from multidict import istr
 
 from schemas.errors import ErrorCode
 from worker import tracing
@@ -53,6 +56,9 @@ from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 from worker.metrics import Metrics
 
 Transport = Literal["aiohttp", "httpx"]
+#: An open streamed response: httpx's (the stock transport, and one-shot requests) or, for
+#: event streams over the aiohttp transport, aiohttp's own (`HermesClient.stream_sse`).
+StreamedResponse = httpx.Response | aiohttp.ClientResponse
 
 _json_decoder = msgspec.json.Decoder()
 MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
@@ -91,12 +97,21 @@ class SSEStream:
     and so is a stream that keeps sending bytes but no event past the idle bounds.
     """
 
-    def __init__(self, what: str, response: httpx.Response, limits: SSELimits) -> None:
+    __slots__ = ("_body", "_limits", "_what", "headers", "status")
+
+    def __init__(
+        self,
+        what: str,
+        status: int,
+        headers: Mapping[str, str],
+        body: AsyncIterator[bytes],
+        limits: SSELimits,
+    ) -> None:
         self._what = what
-        self._response = response
+        self._body = body
         self._limits = limits
-        self.status = response.status_code
-        self.headers = response.headers
+        self.status = status
+        self.headers = headers
 
     def __aiter__(self) -> AsyncGenerator[SSEEvent, None]:
         return self.events()
@@ -104,13 +119,14 @@ class SSEStream:
     async def events(self) -> AsyncGenerator[SSEEvent, None]:
         """The parsed events; use with `contextlib.aclosing` when leaving early."""
         failure: ConnectorError
-        events = aiter_events(_body(self._response), self._limits)
+        events = aiter_events(self._body, self._limits)
         try:
             # One `async for` around the whole stream rather than a guarded `anext` per
             # event: only the reading raises these (a consumer's own errors are never
             # thrown into this generator at its `yield`).
             async for event in events:
                 yield event
+                del event  # not kept while the next one is awaited (a held run waits there)
             return
         except SSELimitReached:
             failure = ConnectorError(
@@ -136,14 +152,21 @@ class SSEStream:
         raise failure
 
 
-def _body(response: httpx.Response) -> AsyncIterator[bytes]:
+#: Bytes asked of aiohttp per read of a streamed body (what httpx-aiohttp asks for too).
+_READ_BYTES = 16 * 1024
+
+
+def _body(response: StreamedResponse) -> AsyncIterator[bytes]:
     """The body's bytes: the transport's own stream when there is nothing to decode.
 
     Event streams are asked for without compression (`stream_sse`), so their bodies arrive
     as sent and httpx's decoding layers (two async generators, a byte chunker and a decoder
     per response) would only copy them: per held run that was ~3 KiB (bench figure 4) and
-    a generator hop per chunk (figure 3). A body that is encoded anyway is decoded.
+    a generator hop per chunk (figure 3). A body that is encoded anyway is decoded (aiohttp
+    decodes its own responses, `_open_over_aiohttp`).
     """
+    if isinstance(response, aiohttp.ClientResponse):
+        return response.content.iter_chunked(_READ_BYTES)
     if "content-encoding" in response.headers or not isinstance(
         response.stream, httpx.AsyncByteStream
     ):
@@ -158,6 +181,10 @@ def _body(response: httpx.Response) -> AsyncIterator[bytes]:
 #: out the pool timeout and settled `outcome_unknown`. 2,048 covers the endpoint
 #: capacity's ceiling (1,000 open runs per endpoint) with room for status reads.
 DEFAULT_MAX_CONNECTIONS = 2_048
+
+
+#: Header names `HermesClient._name` remembers (a client sends a handful).
+MAX_REMEMBERED_HEADER_NAMES = 64
 
 
 #: Marks a request the worker sends only to learn whether Hermes accepts its key (the
@@ -223,6 +250,15 @@ class HermesClient:
         #: `POST /v1/runs` once per operator Action), so its text is parsed once, not on
         #: every request (~half of building an `httpx.Request` here).
         self._fixed_urls: dict[str, httpx.URL] = {}
+        #: The timeouts httpx-aiohttp derives from `self.timeout` for each request, made
+        #: once for the event streams sent on aiohttp directly (`_open_over_aiohttp`).
+        self._aiohttp_timeout = aiohttp.ClientTimeout(
+            sock_connect=self.timeout.connect,
+            sock_read=self.timeout.read,
+            connect=self.timeout.pool,
+        )
+        #: Header names as aiohttp's case-insensitive keys, made once each (`_names`).
+        self._header_names: dict[str, istr] = {}
 
     def require_key(self, what: str) -> None:
         if self.endpoint.api_key is None:
@@ -247,24 +283,15 @@ class HermesClient:
         """The request `AsyncClient.build_request` would make (the client's default headers,
         its timeouts), built directly: this client has no cookies, auth flow or per-request
         options to merge, and the merge was ~5% of an operator Action's CPU."""
-        what = f"{method} {route}"
-        if protected:
-            self.require_key(what)
-        # Caller headers first, ours last: nothing a caller passes can replace the key,
-        # the content type or what we accept.
-        all_headers = dict(self._default_headers)
-        for name, value in (headers or {}).items():
-            all_headers[name.lower()] = value
-        all_headers["accept"] = accept
-        tracing.inject(all_headers)  # the request's span (`_span`), Hermes's parent
+        all_headers = self._headers(
+            f"{method} {route}",
+            headers,
+            protected=protected,
+            accept=accept,
+            json_content=json_body is not None or content is not None,
+        )
         if json_body is not None:
             content = msgspec.json.encode(json_body)
-        if content is not None:
-            all_headers["content-type"] = "application/json"
-        if protected:
-            key = self.endpoint.api_key
-            if key is not None:
-                all_headers["authorization"] = f"Bearer {key.reveal()}"
         encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
         url: httpx.URL | str
         if params:
@@ -283,6 +310,86 @@ class HermesClient:
     def _fixed_url(self, route: str) -> httpx.URL:
         url = self._fixed_urls[route] = httpx.URL(self._base_url + route_path(route, {}))
         return url
+
+    def _headers(
+        self,
+        what: str,
+        headers: Mapping[str, str] | None,
+        *,
+        protected: bool,
+        accept: str,
+        json_content: bool,
+    ) -> dict[str, str]:
+        """Every header of one request: the client's defaults, the caller's, then ours."""
+        if protected:
+            self.require_key(what)
+        # Caller headers first, ours last: nothing a caller passes can replace the key,
+        # the content type or what we accept.
+        all_headers = dict(self._default_headers)
+        for name, value in (headers or {}).items():
+            all_headers[name.lower()] = value
+        all_headers["accept"] = accept
+        tracing.inject(all_headers)  # the request's span (`_span`), Hermes's parent
+        if json_content:
+            all_headers["content-type"] = "application/json"
+        if protected:
+            key = self.endpoint.api_key
+            if key is not None:
+                all_headers["authorization"] = f"Bearer {key.reveal()}"
+        return all_headers
+
+    def _aiohttp_session(self) -> aiohttp.ClientSession | None:
+        """The aiohttp session under the httpx-aiohttp transport (made as that transport
+        makes it on its first request, and then shared with it: one connection pool);
+        None on the stock transport."""
+        transport = self._transport
+        if not isinstance(transport, AiohttpTransport):
+            return None
+        if not isinstance(transport.client, aiohttp.ClientSession):
+            transport.client = transport.get_client()
+        return transport.client
+
+    async def _open_over_aiohttp(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        route: str,
+        params: Mapping[str, str] | None,
+        *,
+        json_body: Any,
+        query: Mapping[str, Any] | None,
+        headers: dict[str, str],
+    ) -> aiohttp.ClientResponse:
+        """Send an event stream's request on aiohttp itself, as httpx-aiohttp would send the
+        `httpx.Request` `_build` makes (same URL, headers, body and timeouts; no redirect
+        followed), without the httpx request and response it would keep beside aiohttp's
+        for the stream's whole life: ~4 KiB per held run (bench figure 4)."""
+        url = self._base_url + route_path(route, params or {})
+        encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
+        if encoded:
+            url = str(httpx.URL(url, params=encoded))  # encoded as httpx encodes it
+        content = msgspec.json.encode(json_body) if json_body is not None else None
+        return await session.request(
+            method,
+            url,
+            headers={self._name(name): value for name, value in headers.items()},
+            data=content,
+            allow_redirects=False,
+            timeout=self._aiohttp_timeout,
+        )
+
+    def _name(self, name: str) -> istr:
+        """`name` as an `istr`, made once: aiohttp keeps a request's headers for the
+        response's life, and a plain `str` name costs a lowercased copy of it per header
+        per request there (~0.5 KiB per held stream); an `istr` carries its own. The names
+        are this client's and the caller's few fixed ones; the memo stops growing at 64."""
+        known = self._header_names.get(name)
+        if known is not None:
+            return known
+        made = istr(name)
+        if len(self._header_names) < MAX_REMEMBERED_HEADER_NAMES:
+            self._header_names[name] = made
+        return made
 
     async def send(self, request: httpx.Request) -> httpx.Response:
         """Send a request built by `_build` straight to the transport; the response streams.
@@ -492,6 +599,54 @@ class HermesClient:
         if self.on_exchange is not None:
             self.on_exchange(exchange)
 
+    async def _open_stream(
+        self,
+        method: str,
+        route: str,
+        params: Mapping[str, str] | None,
+        *,
+        json_body: Any,
+        query: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        protected: bool,
+    ) -> StreamedResponse:
+        """Send an event stream's request; the response is open, its body unread.
+
+        Over the aiohttp transport the request goes to aiohttp itself
+        (`_open_over_aiohttp`); a stream's request, headers and body are temporaries of
+        this call, so the stream keeps none of them beside the response."""
+        # Uncompressed, so the body is read as it arrives (`_body`).
+        headers = {**(headers or {}), "accept-encoding": "identity"}
+        session = self._aiohttp_session()
+        if session is None:
+            return await self.send(
+                self._build(
+                    method,
+                    route,
+                    params,
+                    json_body=json_body,
+                    query=query,
+                    headers=headers,
+                    protected=protected,
+                    accept="text/event-stream",
+                )
+            )
+        return await self._open_over_aiohttp(
+            session,
+            method,
+            route,
+            params,
+            json_body=json_body,
+            query=query,
+            headers=self._headers(
+                f"{method} {route}",
+                headers,
+                protected=protected,
+                accept="text/event-stream",
+                json_content=json_body is not None,
+            ),
+        )
+
     @asynccontextmanager
     async def stream_sse(
         self,
@@ -513,40 +668,39 @@ class HermesClient:
         """
         with self._span(method, route):
             what = f"{method} {route}"
-            request = self._build(
-                method,
-                route,
-                params,
-                json_body=json_body,
-                query=query,
-                # Uncompressed, so the body is read as it arrives (`_body`).
-                headers={**(headers or {}), "accept-encoding": "identity"},
-                protected=protected,
-                accept="text/event-stream",
-            )
             failure: ConnectorError | None = None
             started = time.monotonic()
+            response: StreamedResponse
             try:
-                response = await self.send(request)
+                response = await self._open_stream(
+                    method,
+                    route,
+                    params,
+                    json_body=json_body,
+                    query=query,
+                    headers=headers,
+                    protected=protected,
+                )
             except _TRANSPORT_ERRORS as exc:
                 failure = from_transport(exc, what)
             if failure is not None:
                 self._finished(method, route, None, started)
                 raise failure
+            status = _status(response)
             try:
-                if not 200 <= response.status_code < 300:
-                    raise from_http_status(
-                        response.status_code, what, error_code=await refusal_code(response)
-                    )
+                if not 200 <= status < 300:
+                    raise from_http_status(status, what, error_code=await refusal_code(response))
                 content_type = response.headers.get("content-type", "")
                 if not content_type.startswith("text/event-stream"):
                     raise ConnectorError(
                         ErrorCode.TRANSPORT, f"{what} answered 2xx without an event stream"
                     )
-                yield SSEStream(what, response, limits or SSELimits())
+                yield SSEStream(
+                    what, status, response.headers, _body(response), limits or SSELimits()
+                )
             finally:
                 await _close_quietly(response)
-                self._finished(method, route, response.status_code, started)
+                self._finished(method, route, status, started)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -594,15 +748,24 @@ def _never_sent(exc: BaseException, transport: str) -> bool:
     return isinstance(exc, connecting) or isinstance(exc.__cause__, connecting)
 
 
-async def refusal_code(response: httpx.Response) -> str | None:
+def _status(response: StreamedResponse) -> int:
+    return response.status if isinstance(response, aiohttp.ClientResponse) else response.status_code
+
+
+async def refusal_code(response: StreamedResponse) -> str | None:
     """The `error.code` of a 503, the one status whose body tells whether Hermes refused
     before starting anything (`gateway_draining`); None for any other status or body.
     At most `MAX_REFUSAL_BYTES` are read and only the code is returned, never the body."""
-    if response.status_code != 503:
+    if _status(response) != 503:
         return None
     raw = bytearray()
+    pieces = (
+        response.content.iter_chunked(_READ_BYTES)
+        if isinstance(response, aiohttp.ClientResponse)
+        else response.aiter_bytes()
+    )
     try:
-        async for piece in response.aiter_bytes():
+        async for piece in pieces:
             raw += piece
             if len(raw) > MAX_REFUSAL_BYTES:
                 return None
@@ -623,7 +786,14 @@ def error_code_of(raw: bytes) -> str | None:
     return code if isinstance(code, str) else None
 
 
-async def _close_quietly(response: httpx.Response) -> None:
-    """Closing a half-read stream may itself fail on a broken socket; that is not news."""
+async def _close_quietly(response: StreamedResponse) -> None:
+    """Closing a half-read stream may itself fail on a broken socket; that is not news.
+
+    An aiohttp response is let go as httpx-aiohttp lets go of it (its `__aexit__`): a
+    body not read to its end closes the connection, which tells Hermes the client left."""
     with suppress(*_TRANSPORT_ERRORS):
-        await response.aclose()
+        if isinstance(response, aiohttp.ClientResponse):
+            response.release()
+            await response.wait_for_close()
+        else:
+            await response.aclose()
