@@ -44,11 +44,13 @@ def test_a_wide_integer_reads_as_f64_on_every_reading() -> None:
     assert isinstance(again.output, dict)
     assert again.output["wide"] == float(WIDE)
     assert isinstance(again.output["wide"], float)
-    assert again.output["small"] == 7 and isinstance(again.output["small"], int)
+    assert again.output["small"] == 7
+    assert isinstance(again.output["small"], int)
     believed = BelievedResult(result=first, data=data)
     assert believed.body["output"]["wide"] == float(WIDE)
     assert isinstance(believed.body["output"]["wide"], float)
-    assert first.output is not None and first.output["wide"] == float(WIDE)
+    assert first.output is not None
+    assert first.output["wide"] == float(WIDE)
 
 
 def test_a_chunk_read_again_gives_the_same_wide_number() -> None:
