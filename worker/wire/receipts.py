@@ -218,9 +218,11 @@ class ReceiptFramer:
             or type(ms) is not int
             or not 0 <= ms <= _MAX_MS
             or type(details) is not dict
-            or not all(type(k) is str and plain_scalar(v) for k, v in details.items())
         ):
             return encode_receipt(receipt, signer=signer)
+        for key, item in details.items():
+            if type(key) is not str or (type(item) not in _AS_IS and not plain_scalar(item)):
+                return encode_receipt(receipt, signer=signer)
         if ms != self._ms:
             self._ms_sent_at = _print(timestamp_of_ms(ms))
             self._ms = ms
@@ -284,6 +286,9 @@ class ReceiptFramer:
         )), digest  # fmt: skip
 
 
+#: Detail values the sorted encoder prints exactly whatever they hold (`plain_scalar`
+#: without the call; numbers are checked by it).
+_AS_IS: Final = frozenset({str, bool, type(None)})
 _I64_MIN: Final = -(2**63)
 _I64_MAX: Final = 2**63 - 1
 #: The last millisecond of year 9999: `timestamp_of_ms` refuses any later one, and a
