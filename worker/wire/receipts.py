@@ -16,7 +16,8 @@ chains receipts, in an `aip.audit.v1.receipt_chain` Envelope, and back (docs/pub
   every receipt it links back to. The Envelope is framed and signed here without `seal`'s
   checks: it is built from a Receipt that is already well-formed, and `seal` cost ~80 µs a
   receipt on the shared machine, 8 of them ~45 % of an Action's CPU
-  (`python -m tests.bench.aip_receipt_sealing`).
+  (`python -m tests.bench.aip_receipt_sealing`). The audit log frames its receipts with
+  `ReceiptFramer`: `encode_receipt`'s bytes, spliced into text printed once.
 """
 
 from __future__ import annotations
