@@ -14,7 +14,8 @@ receipts shaped like `AuditLog.emit`'s and prints the CPU per Action next to the
   canonical JSON, `previous_hash` the one before) in its own unsigned `receipt_chain`
   Envelope (`worker.wire.receipts.encode_receipt`), and one signed Envelope per segment:
   a separate `segment_sealed` receipt, or (what `worker.bus.audit.seal` does before a
-  result) the segment's last receipt itself signed;
+  result) the segment's last receipt itself signed; framed by `encode_receipt`, and as
+  shipped by the audit log's `ReceiptFramer` (the same bytes);
 - **AIP, every receipt signed**: the same Envelopes, each signed.
 
 One segment per Action (measured with real workers: 1.0 signature per Action). Run on a
@@ -37,7 +38,7 @@ from schemas.codec import encode
 from tests.bench.receipt_signing import CPU_PER_ACTION_MS, receipts
 from worker.trust.responses import ResponseSigner
 from worker.trust.signing import generate_keypair, write_seed_file
-from worker.wire.receipts import encode_receipt
+from worker.wire.receipts import ReceiptFramer, encode_receipt
 
 
 def cpu_us_per_action(work: Callable[[], object], actions: int, rounds: int = 5) -> float:
@@ -70,33 +71,37 @@ def main() -> None:
                 link = hashlib.sha256(data).hexdigest()
             signer.headers(encode(msgspec.structs.replace(group[-1], prev_sha256=link)))
 
-    def aip(*, sign_each: bool, seal_apart: bool = False) -> None:
+    def aip(*, sign_each: bool, seal_apart: bool = False, framer: bool = False) -> None:
+        encode_one = ReceiptFramer().encode if framer else encode_receipt
         for group in groups:
             link = None
             for n, receipt in enumerate(group):
                 linked = msgspec.structs.replace(receipt, prev_sha256=link)
                 signed = sign_each or (n == len(group) - 1 and not seal_apart)
-                _, link = encode_receipt(linked, signer=signer.aip if signed else None)
+                _, link = encode_one(linked, signer=signer.aip if signed else None)
             if seal_apart:
                 sealed = msgspec.structs.replace(
                     group[-1], event=ReceiptEvent.SEGMENT_SEALED, details={}, prev_sha256=link
                 )
-                encode_receipt(sealed, signer=signer.aip)
+                encode_one(sealed, signer=signer.aip)
 
     figures = {
         "before (msgspec + nkey signature per segment)": cpu_us_per_action(before, len(groups)),
         "AIP, a separate signed segment_sealed": cpu_us_per_action(
             lambda: aip(sign_each=False, seal_apart=True), len(groups)
         ),
-        "AIP, the last receipt signed (as shipped)": cpu_us_per_action(
+        "AIP, the last receipt signed, encode_receipt": cpu_us_per_action(
             lambda: aip(sign_each=False), len(groups)
+        ),
+        "AIP, the last receipt signed, ReceiptFramer (shipped)": cpu_us_per_action(
+            lambda: aip(sign_each=False, framer=True), len(groups)
         ),
         "AIP, every receipt signed": cpu_us_per_action(lambda: aip(sign_each=True), len(groups)),
     }
     print(f"{len(groups)} Actions x {per} receipts; CPU to seal one Action's receipts:")
     for what, us in figures.items():
         share = us / 1000 / CPU_PER_ACTION_MS * 100
-        print(f"  {what:<48} {us:7.0f} us = {share:5.1f} % of {CPU_PER_ACTION_MS} ms")
+        print(f"  {what:<54} {us:7.0f} us = {share:5.1f} % of {CPU_PER_ACTION_MS} ms")
 
 
 if __name__ == "__main__":
