@@ -203,6 +203,30 @@ async def test_receipts_emitted_together_share_one_signature_and_link_back(
     assert [signed for _, signed in publisher.payloads] == [False, True]
 
 
+async def test_a_receipt_that_cannot_be_framed_is_skipped_and_the_chain_stays_whole(
+    tmp_path: Path,
+) -> None:
+    """A receipt whose details cannot be printed as AIP JSON (a lone surrogate) is logged
+    and skipped; the receipts queued with it still go, the next one links to the last one
+    framed, and `seal` does not raise."""
+    seed_file = tmp_path / "worker.seed"
+    write_seed_file(seed_file, generate_keypair().seed)
+    publisher = _RecordingPublisher(ResponseSigner.load(seed_file))
+    audit = AuditLog(publisher, "w1")  # type: ignore[arg-type]
+    action_id = new_action_id()
+    audit.emit(ReceiptEvent.RECEIVED, action_id=action_id, endpoint_id="h1")
+    audit.emit(ReceiptEvent.ADMITTED, action_id=action_id, endpoint_id="h1", note="\ud800")
+    audit.emit(ReceiptEvent.SETTLED, action_id=action_id, endpoint_id="h1")
+    await audit.seal(action_id)
+    sent = [(receipt_fields(p), signed) for p, signed in publisher.payloads]
+    assert [(f["event"], signed) for f, signed in sent] == [
+        ("received", False),
+        ("settled", True),
+    ]
+    assert msgspec.convert(sent[1][0], Receipt).prev_sha256 == aip_receipt(sent[0][0])["hash"]
+    await audit.drain()
+
+
 def _held_lease(action_id: str) -> HeldLease:
     grant = LeaseGrant(
         status=AcquireStatus.ACQUIRED, fence=1, other_owner="", expires_at_ms=0,

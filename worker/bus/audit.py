@@ -188,15 +188,23 @@ class AuditLog:
                 outbox.append((receipt, None, False))
                 continue
             ends = receipt.event in ENDS_SEGMENT or receipt is last_of_closing
-            before = held.pop(receipt.action_id, None)
+            before = held.get(receipt.action_id)
             if before is not None:
                 # Linked before it is sent: a receipt lost then breaks the chain visibly
                 # (audit reports the receipts before it unverified) instead of silently.
                 receipt = msgspec.structs.replace(receipt, prev_sha256=before.sha256)
-            payload, digest = self._framer.encode(
-                receipt, signer=publisher.signer.aip if ends else None
-            )
+            try:
+                payload, digest = self._framer.encode(
+                    receipt, signer=publisher.signer.aip if ends else None
+                )
+            except Exception as exc:  # cannot be framed: skipped like one not published
+                # The rest of the queue still goes, and the Action's open segment stays as
+                # it was: its next receipt links to the last one framed.
+                _not_sent(receipt, exc)
+                continue
             outbox.append((receipt, payload, ends))
+            # A new last receipt moves the segment to the end of the seal order.
+            held.pop(receipt.action_id, None)
             if not ends:
                 held[receipt.action_id] = _Held(receipt, digest, due)
         return outbox
