@@ -281,6 +281,47 @@ async def test_a_forged_receipt_is_excluded_from_audit_and_reported(stack: Stack
     assert f"({linked.receipt_id}): unverified" in err, err
 
 
+async def test_a_receipt_stored_first_under_a_genuine_id_suppresses_nothing(
+    stack: Stack,
+) -> None:
+    """Receipt ids are predictable (`{action}:{event}:{fence}:{worker}:{n}`). Before the
+    Action runs, messages under the ids its `received` receipt can take are stored on its
+    audit subject, each with that id as `Nats-Msg-Id`. Workers publish receipts with no
+    dedupe id, so the genuine receipt is stored beside them, not dropped as their
+    duplicate, and `audit` shows the chain the worker signed."""
+    await stack.spawn("w1")
+    action = stack.action("models")
+    subject = stack.subjects.audit(ENDPOINT, action.id)
+    for n in range(64):  # the worker's receipt counter starts at 0
+        squatted = Receipt(
+            receipt_id=f"{action.id}:received:0:w1:{n}",
+            event=ReceiptEvent.RECEIVED,
+            action_id=action.id,
+            endpoint_id=ENDPOINT,
+            worker_id="w1",
+            fence=0,
+            ts_unix_ms=1,
+            details={"note": "squatting"},
+        )
+        await stack.nc.jetstream().publish(
+            subject,
+            receipt_envelope(msgspec.to_builtins(squatted), seed=None),
+            headers={"Nats-Msg-Id": squatted.receipt_id},
+        )
+    result = await (await stack.publish(action)).result(timeout_s=30)
+    assert result.status is ResultStatus.COMPLETED, result.error
+    await stack.settled_and_acked(timeout_s=30)
+    await asyncio.sleep(0.5)  # the receipts are published after the result, best effort
+    code, out, err = await cli(stack, "audit", action.id, "--endpoint", ENDPOINT, "--json")
+    assert code == 0, err
+    shown = [msgspec.json.decode(line, type=Receipt) for line in out.splitlines()]
+    received = [r for r in shown if r.event is ReceiptEvent.RECEIVED]
+    assert len(received) == 1
+    assert received[0].details.get("note") != "squatting"
+    assert ReceiptEvent.SETTLED in {r.event for r in shown}
+    assert err.count("unverified") >= 64
+
+
 async def test_a_malformed_receipt_is_skipped_and_audit_still_prints_the_chain(
     stack: Stack,
 ) -> None:
