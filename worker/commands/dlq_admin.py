@@ -271,9 +271,11 @@ async def file_receipt(
     )
     signer = AipSigner.from_nkey_seed(seed.strip()) if seed is not None else None
     data = encode_receipt(receipt, signer=signer)[0]
-    headers = {"Nats-Msg-Id": receipt.receipt_id}
+    # No `Nats-Msg-Id`: a receipt is sent once, and its predictable id as a dedupe id would
+    # let a message stored first under it drop this one (worker/bus/publisher.py).
+    headers: dict[str, str] = {}
     tracing.inject(headers)
-    await js.publish(subjects.audit(endpoint_id, dlq_id), data, headers=headers)
+    await js.publish(subjects.audit(endpoint_id, dlq_id), data, headers=headers or None)
     return receipt
 
 

@@ -142,6 +142,8 @@ async def _file_receipt(
         },
     )
     data = encode_receipt(receipt, signer=AipSigner.from_nkey_seed(seed.strip()))[0]
-    headers = {"Nats-Msg-Id": receipt.receipt_id}
+    # No `Nats-Msg-Id`: a receipt is sent once, and its predictable id as a dedupe id would
+    # let a message stored first under it drop this one (worker/bus/publisher.py).
+    headers: dict[str, str] = {}
     tracing.inject(headers)
-    await js.publish(subjects.audit(escalation.endpoint_id, source), data, headers=headers)
+    await js.publish(subjects.audit(escalation.endpoint_id, source), data, headers=headers or None)

@@ -135,11 +135,13 @@ class ToolReceipts:
         )
         signer = AipSigner.from_nkey_seed(self.seed.strip()) if self.seed is not None else None
         data = encode_receipt(receipt, signer=signer)[0]
-        headers = {"Nats-Msg-Id": receipt.receipt_id}
+        # No `Nats-Msg-Id`: a receipt is sent once, and its predictable id as a dedupe id would
+        # let a message stored first under it drop this one (worker/bus/publisher.py).
+        headers: dict[str, str] = {}
         tracing.inject(headers)
         try:
             await self.nc.publish(
-                self.subjects.audit(endpoint, receipt_action), data, headers=headers
+                self.subjects.audit(endpoint, receipt_action), data, headers=headers or None
             )
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
