@@ -27,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import itertools
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -37,6 +37,8 @@ from nats.errors import MsgAlreadyAckdError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.api import PubAck
 from nats.js.errors import APIError, NoStreamResponseError, TooManyStalledMsgsError
+
+T = TypeVar("T")
 
 #: nats-py's default bound on publishes waiting for an acknowledgement.
 DEFAULT_MAX_PENDING = 4000
@@ -145,19 +147,7 @@ class AckedPublisher:
         `js.publish` answers, `nats.errors.TimeoutError` when none came. It takes none of
         `publish`'s slots (as `js.publish` took none): its caller's own wait bounds it, so a
         result never waits behind a flood of chunks still unconfirmed."""
-        prefix = self._prefix or await self._start()
-        token = _AWAITED_MARK + str(next(self._tokens))
-        future: asyncio.Future[PubAck] = asyncio.get_running_loop().create_future()
-        self._awaited[token] = future
-        try:
-            await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
-            async with asyncio.timeout(timeout_s):
-                return await future
-        except TimeoutError:
-            raise NatsTimeoutError from None
-        finally:
-            self._awaited.pop(token, None)
-            future.cancel()  # a no-op once answered
+        return await self._ask(self._awaited, _AWAITED_MARK, subject, payload, headers, timeout_s)
 
     async def ack_confirmed(self, msg: Msg, timeout_s: float) -> None:
         """`msg.ack_sync(timeout_s)`: the ack, and the server's answer that it processed it
@@ -167,20 +157,33 @@ class AckedPublisher:
             raise MsgAlreadyAckdError(msg)
         if not msg.reply:
             raise NatsError("no reply subject available")
+        await self._ask(self._acks, _ACK_MARK, msg.reply, b"", None, timeout_s)
+        msg._ackd = True
+
+    async def _ask(
+        self,
+        waiting: dict[str, asyncio.Future[T]],
+        mark: str,
+        subject: str,
+        payload: bytes,
+        headers: dict[str, str] | None,
+        timeout_s: float,
+    ) -> T:
+        """One request answered on this publisher's reply subscription (`_on_answer` sets
+        the future filed under its token in `waiting`), waited for up to `timeout_s`."""
         prefix = self._prefix or await self._start()
-        token = _ACK_MARK + str(next(self._tokens))
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._acks[token] = future
+        token = mark + str(next(self._tokens))
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        waiting[token] = future
         try:
-            await self.nc.publish(msg.reply, b"", reply=prefix + token)
+            await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
             async with asyncio.timeout(timeout_s):
-                await future
+                return await future
         except TimeoutError:
             raise NatsTimeoutError from None
         finally:
-            self._acks.pop(token, None)
-            future.cancel()
-        msg._ackd = True
+            waiting.pop(token, None)
+            future.cancel()  # a no-op once answered
 
     async def _stall(self, wait_stall_s: float) -> None:
         """Wait up to `wait_stall_s` for a slot handed over by `_release`, in arrival
