@@ -102,6 +102,21 @@ def confirmed(future: asyncio.Future[PubAck]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
+def receipt_headers() -> dict[str, str] | None:
+    """The headers of an audit receipt's publish, whoever sends it (worker, gateway, CLI):
+    the trace context only, never a `Nats-Msg-Id`. A receipt is published once and never
+    re-sent, so a dedupe id would drop nothing of ours, and receipt ids are predictable
+    (Action, event, fence, author, counter or time): with one, anyone who may publish on
+    the audit subject could store a message under a genuine receipt's id first and have
+    the genuine receipt dropped as its duplicate. Without it both are stored and `audit`
+    believes the one a trusted key signed or links to (`AipClient.audit_chain`). It also
+    spares client and server the header (~4 µs each per receipt). None when tracing is
+    off (a plain publish, no headers at all)."""
+    headers: dict[str, str] = {}
+    tracing.inject(headers)
+    return headers or None
+
+
 class BusPublisher:
     def __init__(
         self,
@@ -336,30 +351,21 @@ class BusPublisher:
         Sent as a plain NATS publish to the audit stream's subject (JetStream stores it all
         the same) rather than with `publish_async`: no caller ever waited for a receipt's
         acknowledgement, so asking the server for one (a reply inbox, a future and a JSON
-        PubAck per receipt) bought nothing.
-
-        With no `Nats-Msg-Id`: a receipt is published once and never re-sent, so a dedupe
-        id would drop nothing of ours, and receipt ids are predictable (Action, event,
-        fence, worker, counter), so with one anyone who may publish on the subject could
-        store a message under a genuine receipt's id first and have the genuine receipt
-        dropped as its duplicate. Without it both are stored and `audit` believes the one
-        a trusted worker signed or links to (`AipClient.audit_chain`). It also spares the
-        client and the server the header (~4 µs and ~4 µs per receipt). `payload` is
-        the receipt's `receipt_chain` Envelope as `worker.bus.audit` sealed it (signed when
-        it ends a segment, so `audit` can exclude a receipt another role appended); None
-        sends it unsigned (`worker.wire.receipts`).
+        PubAck per receipt) bought nothing. No `Nats-Msg-Id` (`receipt_headers` says why).
+        `payload` is the receipt's `receipt_chain` Envelope as `worker.bus.audit` sealed it
+        (signed when it ends a segment, so `audit` can exclude a receipt another role
+        appended); None sends it unsigned (`worker.wire.receipts`).
         """
         try:
             subject = self.subjects.audit(receipt.endpoint_id, receipt.action_id)
             if payload is None:
                 payload = encode_receipt(receipt, signer=None)[0]
-            headers: dict[str, str] = {}
-            tracing.inject(headers)
+            headers = receipt_headers()
             nc = self.nc
             if nc is not None:
-                await nc.publish(subject, payload, headers=headers or None)
+                await nc.publish(subject, payload, headers=headers)
             else:
-                await self._publish_async(subject, payload, headers, 0.5)
+                await self._publish_async(subject, payload, headers or {}, 0.5)
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
 

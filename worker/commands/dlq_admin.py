@@ -54,8 +54,8 @@ from schemas.audit import Receipt, ReceiptEvent
 from schemas.errors import EnvelopeRejected, ErrorCode
 from schemas.ids import is_dlq_id, new_action_id
 from subjects.grammar import Subjects
-from worker import tracing
 from worker.aip.signing import AipSigner
+from worker.bus.publisher import receipt_headers
 from worker.bus.stream_reads import drain
 from worker.commands.cli_settings import add_settings_flags, believed_worker_keys, settings_from
 from worker.errors import DlqRefused, TrustConfigError, UnverifiedResponse
@@ -271,11 +271,8 @@ async def file_receipt(
     )
     signer = AipSigner.from_nkey_seed(seed.strip()) if seed is not None else None
     data = encode_receipt(receipt, signer=signer)[0]
-    # No `Nats-Msg-Id`: a receipt is sent once, and its predictable id as a dedupe id would
-    # let a message stored first under it drop this one (worker/bus/publisher.py).
-    headers: dict[str, str] = {}
-    tracing.inject(headers)
-    await js.publish(subjects.audit(endpoint_id, dlq_id), data, headers=headers or None)
+    headers = receipt_headers()  # no Nats-Msg-Id: it says why
+    await js.publish(subjects.audit(endpoint_id, dlq_id), data, headers=headers)
     return receipt
 
 

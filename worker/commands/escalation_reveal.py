@@ -26,8 +26,8 @@ from typing import Any
 from schemas.audit import Receipt, ReceiptEvent
 from schemas.escalation import Escalation
 from subjects.grammar import Subjects
-from worker import tracing
 from worker.aip.signing import AipSigner
+from worker.bus.publisher import receipt_headers
 from worker.errors import NotAuthorized, ResolutionRefused, TrustConfigError
 from worker.operator.binding import decode_binding
 from worker.operator.sealed_command import open_sealed
@@ -142,8 +142,5 @@ async def _file_receipt(
         },
     )
     data = encode_receipt(receipt, signer=AipSigner.from_nkey_seed(seed.strip()))[0]
-    # No `Nats-Msg-Id`: a receipt is sent once, and its predictable id as a dedupe id would
-    # let a message stored first under it drop this one (worker/bus/publisher.py).
-    headers: dict[str, str] = {}
-    tracing.inject(headers)
-    await js.publish(subjects.audit(escalation.endpoint_id, source), data, headers=headers or None)
+    headers = receipt_headers()  # no Nats-Msg-Id: it says why
+    await js.publish(subjects.audit(escalation.endpoint_id, source), data, headers=headers)

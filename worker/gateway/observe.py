@@ -25,8 +25,8 @@ from prometheus_client import (
 from schemas.audit import DetailValue, Receipt, ReceiptEvent
 from schemas.ids import new_action_id
 from subjects.grammar import Subjects
-from worker import tracing
 from worker.aip.signing import AipSigner
+from worker.bus.publisher import receipt_headers
 from worker.wire.receipts import encode_receipt
 
 log = logging.getLogger(__name__)
@@ -135,13 +135,10 @@ class ToolReceipts:
         )
         signer = AipSigner.from_nkey_seed(self.seed.strip()) if self.seed is not None else None
         data = encode_receipt(receipt, signer=signer)[0]
-        # No `Nats-Msg-Id`: a receipt is sent once, and its predictable id as a dedupe id would
-        # let a message stored first under it drop this one (worker/bus/publisher.py).
-        headers: dict[str, str] = {}
-        tracing.inject(headers)
+        headers = receipt_headers()  # no Nats-Msg-Id: it says why
         try:
             await self.nc.publish(
-                self.subjects.audit(endpoint, receipt_action), data, headers=headers or None
+                self.subjects.audit(endpoint, receipt_action), data, headers=headers
             )
         except Exception as exc:
             log.warning("audit receipt not published: %s", type(exc).__name__)
