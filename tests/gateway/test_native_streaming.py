@@ -161,6 +161,17 @@ def streaming(callback: dict[str, Any] | None) -> dict[str, Any]:
     return request
 
 
+def run_events(run_id: str, target: str) -> dict[str, Any]:
+    """A streaming `run_events` Action for `run_id` whose chunks go to `target` (a
+    capability with no idempotency requirement: none is sent)."""
+    request = chat("streaming")
+    body = request["body"]["action"]
+    body.update(capability_id=RUN_EVENTS, input={"run_id": run_id})
+    body.pop("idempotency_key")
+    body["callback"] = {"profile": NATS_PROFILE, "target": target}
+    return request
+
+
 def chunk_schema() -> dict[str, Any]:
     """The published chunk Envelope schema, less the requirement of our extension (the
     workers' bus chunks carry it; the gateway's callback chunk is the plain AIP one)."""
@@ -371,12 +382,7 @@ async def test_a_long_stream_reaches_the_callback_whole_in_order_once(
         received.append(msg)
 
     sub = await nc.subscribe(target, cb=keep)
-    request = chat("streaming")
-    body = request["body"]["action"]
-    body.update(capability_id=RUN_EVENTS, input={"run_id": run_id})
-    body.pop("idempotency_key")
-    body["callback"] = {"profile": NATS_PROFILE, "target": target}
-    request = sign(request, caller, CALLER)
+    request = sign(run_events(run_id, target), caller, CALLER)
     result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
     assert result["status"] == "completed", result
     await nc.flush()
@@ -414,12 +420,7 @@ async def test_the_gateway_bounds_held_chunks_over_all_its_streams(
         received.append(msg)
 
     sub = await nc.subscribe(target, cb=keep)
-    request = chat("streaming")
-    body = request["body"]["action"]
-    body.update(capability_id=RUN_EVENTS, input={"run_id": run_id})
-    body.pop("idempotency_key")
-    body["callback"] = {"profile": NATS_PROFILE, "target": target}
-    request = sign(request, caller, CALLER)
+    request = sign(run_events(run_id, target), caller, CALLER)
     result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
     assert result["status"] == "completed", result
     await nc.flush()
