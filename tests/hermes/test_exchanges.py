@@ -4,10 +4,11 @@ connection is told apart from one that may have run."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
-from scripted_server import Reply, ScriptedServer, make_client
+from scripted_server import API_KEY, Reply, ScriptedServer, make_client
 
 from worker.hermes.exchange import Answer, Exchange
 from worker.hermes.http_client import HermesClient, Transport
@@ -118,3 +119,62 @@ async def test_json_and_stream_exchanges_are_reported_too(
         ("/v1/models", 200, Answer.OK),
         ("/v1/runs/{run_id}", 404, Answer.CLIENT_ERROR),
     ]
+
+
+async def test_a_start_request_is_the_same_over_either_transport(server: ScriptedServer) -> None:
+    """Over aiohttp the start is sent on aiohttp itself, not through httpx
+    (`HermesClient._exchange_over_aiohttp`): Hermes must see the very request httpx sends."""
+    server.script(START_ROUTE, Reply(status=201, body=b'{"run_id": "run_1"}'))
+    body = b'{"input": "x", "session_id": "s"}'
+    answers = []
+    for transport in ("httpx", "aiohttp"):
+        client = make_client(server.url, transport)
+        try:
+            exchange = await client.exchange(
+                "POST",
+                START_ROUTE,
+                body,
+                {"Authorization": "Bearer forged", "X-AIP-Trace-Id": "t"},
+                timeout_s=5,
+                max_body_bytes=1024,
+            )
+        finally:
+            await client.aclose()
+        answers.append((exchange.answer, exchange.status, exchange.body))
+    assert answers == [(Answer.OK, 201, b'{"run_id": "run_1"}')] * 2
+    by_httpx, by_aiohttp = server.seen
+    assert (by_aiohttp.method, by_aiohttp.path, by_aiohttp.body) == ("POST", START_ROUTE, body)
+    assert (by_httpx.method, by_httpx.path, by_httpx.body) == ("POST", START_ROUTE, body)
+    assert sorted(by_aiohttp.headers.items()) == sorted(by_httpx.headers.items())
+    assert by_aiohttp.headers["Authorization"] == f"Bearer {API_KEY}"
+    assert by_aiohttp.headers["Content-Type"] == "application/json"
+    assert by_aiohttp.headers["Accept"] == "application/json"
+
+
+async def test_a_start_whose_connection_breaks_after_it_was_read_may_have_run(
+    transport: Transport,
+) -> None:
+    """A server that reads the whole request and then closes the connection may have
+    started the run: the start is `lost` (outcome unknown), never `not_sent`."""
+    heard_request = asyncio.Event()
+
+    async def read_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        heard_request.set()
+        writer.close()
+
+    listener = await asyncio.start_server(read_then_close, "127.0.0.1", 0)
+    port = listener.sockets[0].getsockname()[1]
+    client = make_client(f"http://127.0.0.1:{port}", transport)
+    heard = _hooked(client)
+    try:
+        result = await start_run(client, b"{}", {}, timeout_s=5)
+    finally:
+        await client.aclose()
+        listener.close()
+        await listener.wait_closed()
+    assert heard_request.is_set()
+    assert isinstance(result, StartUnknown)
+    [exchange] = heard
+    assert (exchange.answer, exchange.status) == (Answer.LOST, None)
+    assert exchange.failure is not None

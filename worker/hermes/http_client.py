@@ -3,9 +3,10 @@
 One shared `httpx.AsyncClient` per endpoint (a client per request would cost ~0.8 MiB and a
 TLS context each). By default it runs over the `httpx-aiohttp` transport, measured here at
 about 7x the stock transport's throughput at 100 concurrent streams; the stock transport
-stays selectable. Over it, an event stream's request goes to the transport's aiohttp session
-itself (`_open_over_aiohttp`): a held run then keeps aiohttp's response only, not an httpx
-request and response beside it. Redirects are never followed (3xx is `remote_rejected`), so
+stays selectable. Over it, an event stream's request and the operator's start
+(`exchange`) go to the transport's aiohttp session itself (`_open_over_aiohttp`): a held run
+then keeps aiohttp's response only, not an httpx request and response beside it, and a start
+costs no httpx objects. Redirects are never followed (3xx is `remote_rejected`), so
 the bearer key never reaches another origin. Every failure leaves as a typed
 `ConnectorError` naming the route template only: never the concrete URL, the provider's body
 or the key; how each status and transport ending is typed is `worker.hermes.exchange`. Every
@@ -356,19 +357,18 @@ class HermesClient:
         route: str,
         params: Mapping[str, str] | None,
         *,
-        json_body: Any,
+        content: bytes | None,
         query: Mapping[str, Any] | None,
         headers: dict[str, str],
     ) -> aiohttp.ClientResponse:
-        """Send an event stream's request on aiohttp itself, as httpx-aiohttp would send the
-        `httpx.Request` `_build` makes (same URL, headers, body and timeouts; no redirect
-        followed), without the httpx request and response it would keep beside aiohttp's
-        for the stream's whole life: ~4 KiB per held run (bench figure 4)."""
+        """Send a request on aiohttp itself, as httpx-aiohttp would send the `httpx.Request`
+        `_build` makes (same URL, headers, body and timeouts; no redirect followed), without
+        an httpx request and response beside aiohttp's: for an event stream that was ~4 KiB
+        per held run (bench figure 4), for the operator's start ~10% of an Action's CPU."""
         url = self._base_url + route_path(route, params or {})
         encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
         if encoded:
             url = str(httpx.URL(url, params=encoded))  # encoded as httpx encodes it
-        content = msgspec.json.encode(json_body) if json_body is not None else None
         return await session.request(
             method,
             url,
@@ -417,17 +417,13 @@ class HermesClient:
         """One request with a JSON body already encoded, sent once, whose every ending is an
         `Exchange` (cancellation aside), never an exception: the operator's unsafe start,
         which must tell "never sent" from "may have run". The answer's body is kept up to
-        `max_body_bytes` (a larger one is None)."""
+        `max_body_bytes` (a larger one is None).
+
+        Over the aiohttp transport the request goes to aiohttp itself (`_open_over_aiohttp`):
+        building and answering an httpx request and response around aiohttp's was about a
+        tenth of an operator Action's CPU (bench figure 1)."""
         with self._span(method, route):
-            request = self._build(
-                method,
-                route,
-                params,
-                content=body,
-                headers=headers,
-                protected=True,
-                accept="application/json",
-            )
+            session = self._aiohttp_session()
             started = time.monotonic()
             status: int | None = None
             raw: bytes | None = b""
@@ -435,14 +431,22 @@ class HermesClient:
             failure: str | None = None
             try:
                 async with asyncio.timeout(timeout_s):
-                    response = await self.send(request)
-                    try:
-                        raw = await _read_bounded(response, max_body_bytes)
-                    finally:
-                        await response.aclose()
-                status, response_headers = response.status_code, response.headers
+                    if session is None:
+                        status, raw, response_headers = await self._exchange_over_httpx(
+                            method, route, params, body, headers, max_body_bytes
+                        )
+                    else:
+                        status, raw, response_headers = await self._exchange_over_aiohttp(
+                            session, method, route, params, body, headers, max_body_bytes
+                        )
                 code = error_code_of(raw) if status == 503 and raw is not None else None
                 answer = answer_of(status, code)
+            except aiohttp.ClientError as exc:
+                # Before TimeoutError: aiohttp's own timeouts (a connection not had within
+                # the connect timeout, a read timeout) are TimeoutErrors too, and which of
+                # them it was decides "never sent" from "may have run".
+                answer = Answer.NOT_SENT if _never_sent(exc, self.transport_name) else Answer.LOST
+                failure = type(exc).__name__
             except TimeoutError:
                 answer = Answer.TIMED_OUT
             except _TRANSPORT_ERRORS as exc:
@@ -461,6 +465,61 @@ class HermesClient:
             )
             self._report(exchange)
             return exchange
+
+    async def _exchange_over_httpx(
+        self,
+        method: str,
+        route: str,
+        params: Mapping[str, str] | None,
+        body: bytes,
+        headers: Mapping[str, str],
+        max_body_bytes: int,
+    ) -> tuple[int, bytes | None, Mapping[str, str]]:
+        """`exchange`'s request on the stock transport: the status, the bounded body (None
+        past the bound) and the headers, once the body is read."""
+        request = self._build(
+            method,
+            route,
+            params,
+            content=body,
+            headers=headers,
+            protected=True,
+            accept="application/json",
+        )
+        response = await self.send(request)
+        try:
+            raw = await _read_bounded(response, max_body_bytes)
+        finally:
+            await response.aclose()
+        return response.status_code, raw, response.headers
+
+    async def _exchange_over_aiohttp(
+        self,
+        session: aiohttp.ClientSession,
+        method: str,
+        route: str,
+        params: Mapping[str, str] | None,
+        body: bytes,
+        headers: Mapping[str, str],
+        max_body_bytes: int,
+    ) -> tuple[int, bytes | None, Mapping[str, str]]:
+        """`_exchange_over_httpx` on aiohttp itself (the same request, `_open_over_aiohttp`)."""
+        all_headers = self._headers(
+            f"{method} {route}",
+            headers,
+            protected=True,
+            accept="application/json",
+            json_content=True,
+        )
+        response = await self._open_over_aiohttp(
+            session, method, route, params, content=body, query=None, headers=all_headers
+        )
+        try:
+            raw = await _read_bounded_aiohttp(response, max_body_bytes)
+        finally:
+            response.release()
+            await response.wait_for_close()
+        return response.status, raw, response.headers
 
     async def request_json(
         self,
@@ -636,7 +695,7 @@ class HermesClient:
             method,
             route,
             params,
-            json_body=json_body,
+            content=msgspec.json.encode(json_body) if json_body is not None else None,
             query=query,
             headers=self._headers(
                 f"{method} {route}",
@@ -723,6 +782,17 @@ async def _read_bounded(response: httpx.Response, limit: int) -> bytes | None:
     """The body, or None as soon as it passes `limit` bytes (the rest is never read)."""
     raw = bytearray()
     async for piece in response.aiter_bytes():
+        raw += piece
+        if len(raw) > limit:
+            return None
+    return bytes(raw)
+
+
+async def _read_bounded_aiohttp(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+    """`_read_bounded` for an aiohttp response: whatever has arrived, piece by piece."""
+    content = response.content
+    raw = bytearray()
+    while piece := await content.readany():
         raw += piece
         if len(raw) > limit:
             return None
