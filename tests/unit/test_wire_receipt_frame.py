@@ -120,9 +120,11 @@ def test_the_framer_prints_what_encode_receipt_prints(
 @settings(max_examples=300)
 @given(receipts(), signers)
 def test_encode_receipt_prints_what_seal_prints(receipt: Receipt, signer: AipSigner | None) -> None:
-    # Below -2**63 `encode_receipt` prints the fence as an integer where the exact printer
-    # prints the f64 serde_json would read (a fence is a small count: no receipt has one).
-    assume(receipt.fence >= -(2**63))
+    # Outside i64..u64 (below -2**63, above 2**64 - 1) `encode_receipt` prints the fence as
+    # an integer where the exact printer prints the f64 serde_json would read (a fence is a
+    # small count from a Redis INCR: no receipt has one). Hypothesis draws the upper end
+    # (2**64) too: in about one run in a few hundred the test failed there.
+    assume(-(2**63) <= receipt.fence <= 2**64 - 1)
     try:
         expected = sealed(receipt, signer)
     except Exception:

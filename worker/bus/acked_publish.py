@@ -173,15 +173,20 @@ class AckedPublisher:
         the future filed under its token in `waiting`), waited for up to `timeout_s`."""
         prefix = self._prefix or await self._start()
         token = mark + str(next(self._tokens))
-        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
         waiting[token] = future
+        expiry: asyncio.TimerHandle | None = None
         try:
             await self.nc.publish(subject, payload, reply=prefix + token, headers=headers)
-            async with asyncio.timeout(timeout_s):
-                return await future
-        except TimeoutError:
-            raise NatsTimeoutError from None
+            # A timer that fails the future, not `asyncio.timeout` around the wait: the
+            # same bound, without a Timeout object, a task lookup and the uncancel
+            # bookkeeping on every result and every confirmed ack (~0.5% of an Action).
+            expiry = loop.call_later(timeout_s, _expire, future)
+            return await future
         finally:
+            if expiry is not None:
+                expiry.cancel()
             waiting.pop(token, None)
             future.cancel()  # a no-op once answered
 
@@ -267,3 +272,9 @@ class AckedPublisher:
                 duplicate=answer.duplicate,
             )
         )
+
+
+def _expire(future: asyncio.Future[Any]) -> None:
+    """`_ask`'s bound: no answer came in time (nats-py's TimeoutError, as `js.publish`)."""
+    if not future.done():
+        future.set_exception(NatsTimeoutError())

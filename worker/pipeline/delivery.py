@@ -70,8 +70,12 @@ class Delivery:
             return None
 
     def having(self, **decided: Any) -> Delivery:
-        """This delivery with what a step decided."""
-        return dataclasses.replace(self, **decided)
+        """This delivery with what a step decided: `dataclasses.replace`, without its walk
+        over the fields' metadata on every call (each step of every Action calls this)."""
+        for name in _FIELD_NAMES:
+            if name not in decided:
+                decided[name] = getattr(self, name)
+        return Delivery(**decided)
 
     @property
     def may_recover(self) -> bool:
@@ -79,6 +83,9 @@ class Delivery:
         began: its endpoint, operation and params are known."""
         return self.ep is not None and self.operation is not None and self.params is not None
 
+
+#: Every field of a Delivery, in order (`Delivery.having`).
+_FIELD_NAMES = tuple(f.name for f in dataclasses.fields(Delivery))
 
 #: One step of an intake: the delivery with what it decided, or a `Refusal`.
 Step = Callable[[Delivery], Awaitable[Delivery]]
