@@ -193,8 +193,11 @@ async def test_a_worker_started_without_redis_takes_no_work_from_the_others(
         f"\ncanary latency with one of three workers started without redis: median "
         f"{median * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
     )
-    assert median < 0.5, latencies
-    assert p90 < 1.0, latencies
+    # A canary the sick worker took would come back only after AckWait (the stack's 3 s
+    # lease TTL), and it would take about a third of them: p90 would be 3 s or more. The
+    # bounds leave room for the suite's load (p90 was 1.45 s once in a full CI run).
+    assert median < 1.0, latencies
+    assert p90 < 2.5, latencies
     assert sick.alive
     assert "bound to consumer" not in sick.log_text()
 
