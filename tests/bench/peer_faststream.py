@@ -33,7 +33,9 @@ IN_FLIGHT = 100
 
 
 def build_app(args: argparse.Namespace) -> FastStream:
-    # Per-message access logs at DEBUG (not shown): the other systems log nothing per Action.
+    # Per-message access logs at DEBUG (not shown), as arq's per-job lines are not shown
+    # either. Our worker writes one `settled` line per Action; figure 1 with that line
+    # silenced was the same within its noise (BENCHMARKS.md, 2026-12-06 evening).
     broker = NatsBroker(args.nats_url, log_level=logging.DEBUG)
     http = new_client(args.hermes_url, Path(args.api_key_file).read_text().strip())
     worker_id = f"faststream-{os.getpid()}"
