@@ -90,16 +90,21 @@ async def test_a_start_that_times_out_is_unknown_and_reported_without_a_status(
     assert (exchange.answer, exchange.status) == (Answer.TIMED_OUT, None)
 
 
+async def _start_at(port: int, transport: Transport) -> tuple[object, list[Exchange]]:
+    """A start sent by a fresh client to 127.0.0.1:`port`: its outcome, and what was heard."""
+    client = make_client(f"http://127.0.0.1:{port}", transport)
+    heard = _hooked(client)
+    try:
+        return await start_run(client, b"{}", {}, timeout_s=5), heard
+    finally:
+        await client.aclose()
+
+
 async def test_a_start_that_finds_no_server_was_never_sent(transport: Transport) -> None:
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    client = make_client(f"http://127.0.0.1:{port}", transport)
-    heard = _hooked(client)
-    try:
-        result = await start_run(client, b"{}", {}, timeout_s=5)
-    finally:
-        await client.aclose()
+    result, heard = await _start_at(port, transport)
     assert isinstance(result, StartRateLimited)
     [exchange] = heard
     assert exchange.answer is Answer.NOT_SENT
@@ -164,13 +169,9 @@ async def test_a_start_whose_connection_breaks_after_it_was_read_may_have_run(
         writer.close()
 
     listener = await asyncio.start_server(read_then_close, "127.0.0.1", 0)
-    port = listener.sockets[0].getsockname()[1]
-    client = make_client(f"http://127.0.0.1:{port}", transport)
-    heard = _hooked(client)
     try:
-        result = await start_run(client, b"{}", {}, timeout_s=5)
+        result, heard = await _start_at(listener.sockets[0].getsockname()[1], transport)
     finally:
-        await client.aclose()
         listener.close()
         await listener.wait_closed()
     assert heard_request.is_set()
