@@ -193,13 +193,7 @@ async def test_streaming_chunks_go_to_the_callback_then_the_result(
 ) -> None:
     gs, caller, gateway = await serve_native(gstack, tmp_path)
     nc: NATS = gs.stack.nc
-    target = f"client.callbacks.{secrets.token_hex(6)}"
-    received: list[Msg] = []
-
-    async def keep(msg: Msg) -> None:
-        received.append(msg)
-
-    sub = await nc.subscribe(target, cb=keep)
+    target, received, sub = await callback_subject(nc)
     request = sign(streaming({"profile": NATS_PROFILE, "target": target}), caller, CALLER)
     answer = await ask(nc, request)
     result = check_answer(answer, request, gateway, "aip.core.v1.action_result")
@@ -362,6 +356,30 @@ async def test_events_pages_kinds_and_another_principals_action(
     assert (await running)["body"]["action_result"]["status"] == "completed"
 
 
+async def callback_subject(nc: NATS) -> tuple[str, list[Msg], Subscription]:
+    """A fresh callback subject, the list every message it receives is appended to, in
+    order, and the subscription (the caller unsubscribes)."""
+    target = f"client.callbacks.{secrets.token_hex(6)}"
+    received: list[Msg] = []
+
+    async def keep(msg: Msg) -> None:
+        received.append(msg)
+
+    return target, received, await nc.subscribe(target, cb=keep)
+
+
+async def completed_answer(
+    nc: NATS, request: dict[str, Any], gateway: nacl.signing.SigningKey
+) -> dict[str, Any]:
+    """The checked `action_result` of a completed streaming request, once the callbacks it
+    sent have had time to arrive."""
+    result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
+    assert result["status"] == "completed", result
+    await nc.flush()
+    await asyncio.sleep(0.3)
+    return result
+
+
 def callback_chunks(received: list[Msg]) -> list[dict[str, Any]]:
     return [json.loads(msg.data)["envelope"]["body"]["stream_chunk"] for msg in received]
 
@@ -375,18 +393,8 @@ async def test_a_long_stream_reaches_the_callback_whole_in_order_once(
     gs, caller, gateway = await serve_native(gstack, tmp_path)
     nc = gs.stack.nc
     run_id = await flooded_run(gs)
-    target = f"client.callbacks.{secrets.token_hex(6)}"
-    received: list[Msg] = []
-
-    async def keep(msg: Msg) -> None:
-        received.append(msg)
-
-    sub = await nc.subscribe(target, cb=keep)
-    request = sign(run_events(run_id, target), caller, CALLER)
-    result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
-    assert result["status"] == "completed", result
-    await nc.flush()
-    await asyncio.sleep(0.3)
+    target, received, sub = await callback_subject(nc)
+    result = await completed_answer(nc, sign(run_events(run_id, target), caller, CALLER), gateway)
     await sub.unsubscribe()
 
     chunks = callback_chunks(received)
@@ -413,18 +421,8 @@ async def test_the_gateway_bounds_held_chunks_over_all_its_streams(
     )
     nc = gs.stack.nc
     run_id = await flooded_run(gs)  # FLOOD chunk Envelopes of ~600 bytes: over 64 KiB
-    target = f"client.callbacks.{secrets.token_hex(6)}"
-    received: list[Msg] = []
-
-    async def keep(msg: Msg) -> None:
-        received.append(msg)
-
-    sub = await nc.subscribe(target, cb=keep)
-    request = sign(run_events(run_id, target), caller, CALLER)
-    result = check_answer(await ask(nc, request), request, gateway, "aip.core.v1.action_result")
-    assert result["status"] == "completed", result
-    await nc.flush()
-    await asyncio.sleep(0.3)
+    target, received, sub = await callback_subject(nc)
+    result = await completed_answer(nc, sign(run_events(run_id, target), caller, CALLER), gateway)
     assert callback_chunks(received) == []
     assert (await chain_breaks(gs, NATS_PROFILE)).get("over_bound") == 1.0
 
