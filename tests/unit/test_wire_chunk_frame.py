@@ -125,17 +125,9 @@ def test_a_payload_without_canonical_form_is_refused_as_seal_refuses_it() -> Non
 
 
 def framed(chunk: StreamChunk, *, operator: bool) -> bytes:
-    """The chunk as a `ChunkFramer` of its Action frames it (the chunk stream's path)."""
-    framer = ChunkFramer(chunk.action_id, chunk.endpoint_id, operator=operator)
-    return framer.frame(
-        chunk.kind,
-        seq=chunk.seq,
-        ts_unix_ms=chunk.ts_unix_ms,
-        payload=chunk.payload,
-        provider_event=chunk.provider_event,
-        run_id=chunk.run_id,
-        prev_sha256=chunk.prev_sha256,
-    )
+    """The chunk as a `ChunkFramer` of its Action frames it (the chunk stream's path:
+    `encode` hands a chunk of the framer's own Action to `frame`)."""
+    return ChunkFramer(chunk.action_id, chunk.endpoint_id, operator=operator).encode(chunk)
 
 
 @settings(max_examples=500)

@@ -243,10 +243,12 @@ class ChunkFramer:
             or (provider_event is not None and type(provider_event) is not str)
             or not is_plain(payload)
         ):
-            return encode_chunk(self.chunk(kind, seq=seq, ts_unix_ms=ts_unix_ms,
-                                           payload=payload, provider_event=provider_event,
-                                           run_id=run_id, prev_sha256=prev_sha256),
-                                operator=operator)
+            chunk = make_chunk(
+                kind, action_id=self.action_id, endpoint_id=self.endpoint_id, seq=seq,
+                ts_unix_ms=ts_unix_ms, payload=payload, provider_event=provider_event,
+                run_id=run_id, prev_sha256=prev_sha256,
+            )  # fmt: skip
+            return encode_chunk(chunk, operator=operator)
         if ts_unix_ms != self._ms:  # first, as `encode_chunk` refuses a time past 9999 first
             self._ms_sent_at = plain_bytes(timestamp_of_ms(ts_unix_ms))
             self._ms_id = (ts_unix_ms & _MS_MASK).to_bytes(6, "big").hex()
@@ -316,30 +318,6 @@ class ChunkFramer:
             self._event_printed = _print(provider_event)
             self._event = provider_event
         return self._event_printed
-
-    def chunk(
-        self,
-        kind: ChunkKind,
-        *,
-        seq: int,
-        ts_unix_ms: int,
-        payload: Any = None,
-        provider_event: str | None = None,
-        run_id: str | None = None,
-        prev_sha256: str | None = None,
-    ) -> StreamChunk:
-        """The internal chunk these facts make, of this framer's Action and endpoint."""
-        return make_chunk(
-            kind,
-            action_id=self.action_id,
-            endpoint_id=self.endpoint_id,
-            seq=seq,
-            ts_unix_ms=ts_unix_ms,
-            payload=payload,
-            provider_event=provider_event,
-            run_id=run_id,
-            prev_sha256=prev_sha256,
-        )
 
     def encode(self, chunk: StreamChunk) -> bytes:
         """The bytes of one of this Action's chunks (a re-send, the head's record): the
