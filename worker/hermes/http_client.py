@@ -515,7 +515,7 @@ class HermesClient:
             session, method, route, params, content=body, query=None, headers=all_headers
         )
         try:
-            raw = await _read_bounded_aiohttp(response, max_body_bytes)
+            raw = await _read_bounded(response, max_body_bytes)
         finally:
             response.release()
             await response.wait_for_close()
@@ -603,12 +603,10 @@ class HermesClient:
                 raise from_http_status(
                     response.status_code, what, error_code=await refusal_code(response)
                 )
-            body = bytearray()
-            async for piece in response.aiter_bytes():
-                body += piece
-                if len(body) > MAX_JSON_BODY_BYTES:
-                    raise ConnectorError(ErrorCode.TRANSPORT, f"{what} answered an over-size body")
-            return response.status_code, bytes(body), response.headers
+            body = await _read_bounded(response, MAX_JSON_BODY_BYTES)
+            if body is None:
+                raise ConnectorError(ErrorCode.TRANSPORT, f"{what} answered an over-size body")
+            return response.status_code, body, response.headers
         finally:
             await response.aclose()
             self._finished(method, route, status, started)
@@ -778,21 +776,17 @@ def _query_value(value: Any) -> Any:
     return value
 
 
-async def _read_bounded(response: httpx.Response, limit: int) -> bytes | None:
+def _pieces(response: StreamedResponse) -> AsyncIterator[bytes]:
+    """A response's body, decoded, piece by piece, whichever client's response it is."""
+    if isinstance(response, aiohttp.ClientResponse):
+        return response.content.iter_chunked(_READ_BYTES)
+    return response.aiter_bytes()
+
+
+async def _read_bounded(response: StreamedResponse, limit: int) -> bytes | None:
     """The body, or None as soon as it passes `limit` bytes (the rest is never read)."""
     raw = bytearray()
-    async for piece in response.aiter_bytes():
-        raw += piece
-        if len(raw) > limit:
-            return None
-    return bytes(raw)
-
-
-async def _read_bounded_aiohttp(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
-    """`_read_bounded` for an aiohttp response: whatever has arrived, piece by piece."""
-    content = response.content
-    raw = bytearray()
-    while piece := await content.readany():
+    async for piece in _pieces(response):
         raw += piece
         if len(raw) > limit:
             return None
@@ -828,20 +822,11 @@ async def refusal_code(response: StreamedResponse) -> str | None:
     At most `MAX_REFUSAL_BYTES` are read and only the code is returned, never the body."""
     if _status(response) != 503:
         return None
-    raw = bytearray()
-    pieces = (
-        response.content.iter_chunked(_READ_BYTES)
-        if isinstance(response, aiohttp.ClientResponse)
-        else response.aiter_bytes()
-    )
     try:
-        async for piece in pieces:
-            raw += piece
-            if len(raw) > MAX_REFUSAL_BYTES:
-                return None
+        raw = await _read_bounded(response, MAX_REFUSAL_BYTES)
     except _TRANSPORT_ERRORS:
         return None
-    return error_code_of(bytes(raw))
+    return None if raw is None else error_code_of(raw)
 
 
 def error_code_of(raw: bytes) -> str | None:
