@@ -8,16 +8,21 @@ AIP writer may send the integer literal, which reads the same: the document belo
 
 from __future__ import annotations
 
+from schemas.chunk import ChunkKind, make_chunk
 from schemas.ids import capability_id, new_action_id
 from schemas.result import ActionResult, ResultStatus
 from worker.client import BelievedResult
+from worker.wire.chunks import aip_chunk_of, encode_chunk
 from worker.wire.results import aip_result_of, decode_result, encode_result
 
 ENDPOINT = "h1"
 WIDE = 2**70  # beyond u64::MAX, inside the f64 range
+#: How our writer prints WIDE (serde_json's f64), and the integer literal another may send.
+PRINTED = b'"wide":1.1805916207174113e+21'
+LITERAL = b'"wide":' + str(WIDE).encode()
 
 
-def _result_bytes() -> tuple[ActionResult, bytes]:
+def _result_bytes() -> bytes:
     action_id = new_action_id()
     result = ActionResult(
         action_id=action_id,
@@ -31,13 +36,12 @@ def _result_bytes() -> tuple[ActionResult, bytes]:
         action_sha256="0" * 64,
     )
     data = encode_result(result, action=None, signer=None, endpoint_id=ENDPOINT)
-    printed = b'"wide":1.1805916207174113e+21'
-    assert printed in data
-    return result, data.replace(printed, b'"wide":' + str(WIDE).encode())
+    assert PRINTED in data
+    return data.replace(PRINTED, LITERAL)
 
 
 def test_a_wide_integer_reads_as_f64_on_every_reading() -> None:
-    _, data = _result_bytes()
+    data = _result_bytes()
     assert b'"wide":1180591620717411303424' in data
     first, _ = decode_result(data)
     again = aip_result_of(data)
@@ -54,9 +58,6 @@ def test_a_wide_integer_reads_as_f64_on_every_reading() -> None:
 
 
 def test_a_chunk_read_again_gives_the_same_wide_number() -> None:
-    from schemas.chunk import ChunkKind, make_chunk
-    from worker.wire.chunks import aip_chunk_of, encode_chunk
-
     chunk = make_chunk(
         ChunkKind.DATA,
         action_id=new_action_id(),
@@ -65,10 +66,9 @@ def test_a_chunk_read_again_gives_the_same_wide_number() -> None:
         ts_unix_ms=1_700_000_000_000,
         payload={"wide": WIDE},
     )
-    printed = b'"wide":1.1805916207174113e+21'
     data = encode_chunk(chunk)
-    assert printed in data
-    again = aip_chunk_of(data.replace(printed, b'"wide":' + str(WIDE).encode()))
+    assert PRINTED in data
+    again = aip_chunk_of(data.replace(PRINTED, LITERAL))
     assert isinstance(again.data, dict)
     wide = again.data["hermes_worker"]["wide"]  # a payload that is not AIP text's own
     assert wide == float(WIDE)
