@@ -128,7 +128,7 @@ async def test_json_and_stream_exchanges_are_reported_too(
 
 async def test_a_start_request_is_the_same_over_either_transport(server: ScriptedServer) -> None:
     """Over aiohttp the start is sent on aiohttp itself, not through httpx
-    (`HermesClient._exchange_over_aiohttp`): Hermes must see the very request httpx sends."""
+    (`HermesClient._open`): Hermes must see the very request httpx sends."""
     server.script(START_ROUTE, Reply(status=201, body=b'{"run_id": "run_1"}'))
     body = b'{"input": "x", "session_id": "s"}'
     answers = []

@@ -419,11 +419,10 @@ class HermesClient:
         which must tell "never sent" from "may have run". The answer's body is kept up to
         `max_body_bytes` (a larger one is None).
 
-        Over the aiohttp transport the request goes to aiohttp itself (`_open_over_aiohttp`):
-        building and answering an httpx request and response around aiohttp's was about a
-        tenth of an operator Action's CPU (bench figure 1)."""
+        Over the aiohttp transport the request goes to aiohttp itself (`_open`): building
+        and answering an httpx request and response around aiohttp's was about a tenth of
+        an operator Action's CPU (bench figure 1)."""
         with self._span(method, route):
-            session = self._aiohttp_session()
             started = time.monotonic()
             status: int | None = None
             raw: bytes | None = b""
@@ -431,14 +430,21 @@ class HermesClient:
             failure: str | None = None
             try:
                 async with asyncio.timeout(timeout_s):
-                    if session is None:
-                        status, raw, response_headers = await self._exchange_over_httpx(
-                            method, route, params, body, headers, max_body_bytes
-                        )
-                    else:
-                        status, raw, response_headers = await self._exchange_over_aiohttp(
-                            session, method, route, params, body, headers, max_body_bytes
-                        )
+                    response = await self._open(
+                        method,
+                        route,
+                        params,
+                        content=body,
+                        query=None,
+                        headers=headers,
+                        protected=True,
+                        accept="application/json",
+                    )
+                    try:
+                        raw = await _read_bounded(response, max_body_bytes)
+                    finally:
+                        await _close(response)
+                status, response_headers = _status(response), response.headers
                 code = error_code_of(raw) if status == 503 and raw is not None else None
                 answer = answer_of(status, code)
             except aiohttp.ClientError as exc:
@@ -465,61 +471,6 @@ class HermesClient:
             )
             self._report(exchange)
             return exchange
-
-    async def _exchange_over_httpx(
-        self,
-        method: str,
-        route: str,
-        params: Mapping[str, str] | None,
-        body: bytes,
-        headers: Mapping[str, str],
-        max_body_bytes: int,
-    ) -> tuple[int, bytes | None, Mapping[str, str]]:
-        """`exchange`'s request on the stock transport: the status, the bounded body (None
-        past the bound) and the headers, once the body is read."""
-        request = self._build(
-            method,
-            route,
-            params,
-            content=body,
-            headers=headers,
-            protected=True,
-            accept="application/json",
-        )
-        response = await self.send(request)
-        try:
-            raw = await _read_bounded(response, max_body_bytes)
-        finally:
-            await response.aclose()
-        return response.status_code, raw, response.headers
-
-    async def _exchange_over_aiohttp(
-        self,
-        session: aiohttp.ClientSession,
-        method: str,
-        route: str,
-        params: Mapping[str, str] | None,
-        body: bytes,
-        headers: Mapping[str, str],
-        max_body_bytes: int,
-    ) -> tuple[int, bytes | None, Mapping[str, str]]:
-        """`_exchange_over_httpx` on aiohttp itself (the same request, `_open_over_aiohttp`)."""
-        all_headers = self._headers(
-            f"{method} {route}",
-            headers,
-            protected=True,
-            accept="application/json",
-            json_content=True,
-        )
-        response = await self._open_over_aiohttp(
-            session, method, route, params, content=body, query=None, headers=all_headers
-        )
-        try:
-            raw = await _read_bounded(response, max_body_bytes)
-        finally:
-            response.release()
-            await response.wait_for_close()
-        return response.status, raw, response.headers
 
     async def request_json(
         self,
@@ -656,6 +607,55 @@ class HermesClient:
         if self.on_exchange is not None:
             self.on_exchange(exchange)
 
+    async def _open(
+        self,
+        method: str,
+        route: str,
+        params: Mapping[str, str] | None,
+        *,
+        content: bytes | None,
+        query: Mapping[str, Any] | None,
+        headers: Mapping[str, str] | None,
+        protected: bool,
+        accept: str,
+    ) -> StreamedResponse:
+        """Send a request whose body (JSON, if any) is already encoded; the response is
+        open, its body unread.
+
+        Over the aiohttp transport the request goes to aiohttp itself
+        (`_open_over_aiohttp`): its request, headers and body are temporaries of this call,
+        so a held stream keeps none of them beside the response, and a start builds no
+        httpx objects."""
+        session = self._aiohttp_session()
+        if session is None:
+            return await self.send(
+                self._build(
+                    method,
+                    route,
+                    params,
+                    content=content,
+                    query=query,
+                    headers=headers,
+                    protected=protected,
+                    accept=accept,
+                )
+            )
+        return await self._open_over_aiohttp(
+            session,
+            method,
+            route,
+            params,
+            content=content,
+            query=query,
+            headers=self._headers(
+                f"{method} {route}",
+                headers,
+                protected=protected,
+                accept=accept,
+                json_content=content is not None,
+            ),
+        )
+
     async def _open_stream(
         self,
         method: str,
@@ -667,41 +667,17 @@ class HermesClient:
         headers: Mapping[str, str] | None,
         protected: bool,
     ) -> StreamedResponse:
-        """Send an event stream's request; the response is open, its body unread.
-
-        Over the aiohttp transport the request goes to aiohttp itself
-        (`_open_over_aiohttp`); a stream's request, headers and body are temporaries of
-        this call, so the stream keeps none of them beside the response."""
-        # Uncompressed, so the body is read as it arrives (`_body`).
-        headers = {**(headers or {}), "accept-encoding": "identity"}
-        session = self._aiohttp_session()
-        if session is None:
-            return await self.send(
-                self._build(
-                    method,
-                    route,
-                    params,
-                    json_body=json_body,
-                    query=query,
-                    headers=headers,
-                    protected=protected,
-                    accept="text/event-stream",
-                )
-            )
-        return await self._open_over_aiohttp(
-            session,
+        """Send an event stream's request (`_open`), asked for uncompressed, so its body is
+        read as it arrives (`_body`)."""
+        return await self._open(
             method,
             route,
             params,
             content=msgspec.json.encode(json_body) if json_body is not None else None,
             query=query,
-            headers=self._headers(
-                f"{method} {route}",
-                headers,
-                protected=protected,
-                accept="text/event-stream",
-                json_content=json_body is not None,
-            ),
+            headers={**(headers or {}), "accept-encoding": "identity"},
+            protected=protected,
+            accept="text/event-stream",
         )
 
     @asynccontextmanager
@@ -841,14 +817,19 @@ def error_code_of(raw: bytes) -> str | None:
     return code if isinstance(code, str) else None
 
 
-async def _close_quietly(response: StreamedResponse) -> None:
-    """Closing a half-read stream may itself fail on a broken socket; that is not news.
+async def _close(response: StreamedResponse) -> None:
+    """Let a response go. An aiohttp response is let go as httpx-aiohttp lets go of it (its
+    `__aexit__`): a body not read to its end closes the connection, which tells Hermes the
+    client left."""
+    if isinstance(response, aiohttp.ClientResponse):
+        response.release()
+        await response.wait_for_close()
+    else:
+        await response.aclose()
 
-    An aiohttp response is let go as httpx-aiohttp lets go of it (its `__aexit__`): a
-    body not read to its end closes the connection, which tells Hermes the client left."""
+
+async def _close_quietly(response: StreamedResponse) -> None:
+    """`_close` for a half-read stream, whose closing may itself fail on a broken socket;
+    that is not news."""
     with suppress(*_TRANSPORT_ERRORS):
-        if isinstance(response, aiohttp.ClientResponse):
-            response.release()
-            await response.wait_for_close()
-        else:
-            await response.aclose()
+        await _close(response)
