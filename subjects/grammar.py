@@ -3,6 +3,7 @@ nowhere else."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -111,9 +112,7 @@ class Subjects:
         """Receipts of one Action: the Action id in the subject lets `audit ACTION_ID` read its
         chain with a filtered consumer instead of scanning every receipt of the endpoint.
         A DLQ entry id (`dlq_…`) names the chain of an envelope that was not authenticated."""
-        if is_dlq_id(action_id):
-            return f"{self.prefix}.hermes.{endpoint_id}.audit.{action_id}"
-        return f"{self.prefix}.hermes.{endpoint_id}.audit.{_checked(action_id)}"
+        return _audit_subject(self.prefix, endpoint_id, action_id)
 
     def egress(self, endpoint_id: str) -> str:
         """Channel deliveries bound for a session of this endpoint (work queue)."""
@@ -232,6 +231,16 @@ def result_msg_id(action_id: str, payload_sha256: str | None = None) -> str:
 
 def escalation_resolution_msg_id(escalation_id: str) -> str:
     return f"{escalation_id}:resolved"
+
+
+@functools.lru_cache(maxsize=1024)
+def _audit_subject(prefix: str, endpoint_id: str, action_id: str) -> str:
+    """`Subjects.audit`, remembered for the Actions in flight: an operator Action publishes
+    ~8 receipts, and checking its id for each was most of a receipt's subject cost. An id
+    that fails the check raises every time (a raise is not cached)."""
+    if is_dlq_id(action_id):
+        return f"{prefix}.hermes.{endpoint_id}.audit.{action_id}"
+    return f"{prefix}.hermes.{endpoint_id}.audit.{_checked(action_id)}"
 
 
 def _checked(action_id: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from schemas.channel import INGRESS_SESSION_PATTERN
 from schemas.ids import is_action_id, is_endpoint_id
@@ -48,19 +48,21 @@ class ActionKeys:
     action_id: str
     #: The Action whose hash tag these keys share (the action itself, or a resume's source).
     slot_action_id: str
+    #: `NAMESPACE:{slot}` and, for a resume, `:action_id`: what every key of the slot is
+    #: built around, validated and printed once, when the keys are made, rather than at
+    #: each of the ~18 key reads of an operator Action.
+    _base: str = field(init=False, repr=False, compare=False)
+    _suffix: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _tag(self.action_id)
+        object.__setattr__(self, "_base", f"{NAMESPACE}:{_tag(self.slot_action_id)}")
+        suffix = "" if self.slot_action_id == self.action_id else f":{self.action_id}"
+        object.__setattr__(self, "_suffix", suffix)
 
     @classmethod
     def of(cls, action_id: str, *, source_action_id: str | None = None) -> ActionKeys:
-        _tag(action_id)
         return cls(action_id=action_id, slot_action_id=source_action_id or action_id)
-
-    @property
-    def _base(self) -> str:
-        return f"{NAMESPACE}:{_tag(self.slot_action_id)}"
-
-    @property
-    def _suffix(self) -> str:
-        return "" if self.slot_action_id == self.action_id else f":{self.action_id}"
 
     @property
     def lease(self) -> str:
