@@ -142,12 +142,16 @@ async def _one_sick_worker(stack: Stack, redis_server: ServiceHandle, fail: str)
             f"{median * 1000:.0f} ms, p90 {p90 * 1000:.0f} ms, max {latencies[-1] * 1000:.0f} ms"
             f" over {len(latencies)} (healthy: median {statistics.median(before) * 1000:.0f} ms)"
         )
-        assert median < 0.5, latencies
+        # What these bounds catch: a sick worker holding the canaries it takes for its
+        # whole store budget (21.8 s median before the gate), a third of them. Quiet, the
+        # median is ~11 ms; the bounds leave room for the suite's load, which once put a
+        # sibling test's p90 at 1.45 s (test_a_worker_started_without_redis_...).
+        assert median < 1.0, latencies
         # A hung Redis leaves one residual tail: a fetch the sick worker sent just before its
         # gate closed may still take canaries (up to the 2 s fetch window); each is nak'd and
         # comes back after the nak delay, once or twice (seen: p90 3.0 s in 1 of ~8 runs). A
         # refused Redis fails every call at once, so its tail stays short.
-        assert p90 < (1.0 if fail == "refused" else 4.0), latencies
+        assert p90 < (2.5 if fail == "refused" else 4.0), latencies
         # The sick worker noticed and stopped fetching; its log stays a few lines long.
         await asyncio.sleep(max(0.0, 10.0 - (time.monotonic() - failing_since)))
         log = sick.log_text()
