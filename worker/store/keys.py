@@ -48,17 +48,20 @@ class ActionKeys:
     action_id: str
     #: The Action whose hash tag these keys share (the action itself, or a resume's source).
     slot_action_id: str
-    #: `NAMESPACE:{slot}` and, for a resume, `:action_id`: what every key of the slot is
-    #: built around, validated and printed once, when the keys are made, rather than at
-    #: each of the ~18 key reads of an operator Action.
+    #: `{action_id}`, `NAMESPACE:{slot}` and, for a resume, `:action_id`: what every key is
+    #: built around, each id validated once and printed once, when the keys are made,
+    #: rather than at each of the ~18 key reads of an operator Action.
+    _own_tag: str = field(init=False, repr=False, compare=False)
     _base: str = field(init=False, repr=False, compare=False)
     _suffix: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _tag(self.action_id)
-        object.__setattr__(self, "_base", f"{NAMESPACE}:{_tag(self.slot_action_id)}")
-        suffix = "" if self.slot_action_id == self.action_id else f":{self.action_id}"
-        object.__setattr__(self, "_suffix", suffix)
+        own_tag = _tag(self.action_id)
+        resume = self.slot_action_id != self.action_id
+        slot_tag = _tag(self.slot_action_id) if resume else own_tag
+        object.__setattr__(self, "_own_tag", own_tag)
+        object.__setattr__(self, "_base", f"{NAMESPACE}:{slot_tag}")
+        object.__setattr__(self, "_suffix", f":{self.action_id}" if resume else "")
 
     @classmethod
     def of(cls, action_id: str, *, source_action_id: str | None = None) -> ActionKeys:
@@ -97,7 +100,7 @@ class ActionKeys:
     @property
     def resume_alias(self) -> str:
         """Under the resume's *own* tag: which source slot holds its keys (for cancels)."""
-        return f"{NAMESPACE}:{_tag(self.action_id)}:resume_of"
+        return f"{NAMESPACE}:{self._own_tag}:resume_of"
 
     @property
     def is_resume(self) -> bool:
@@ -111,7 +114,7 @@ class ActionKeys:
     @property
     def approvals(self) -> str:
         """The ApprovalRecord an approval authority wrote for this Action."""
-        return f"{APPROVALS_PREFIX}:{_tag(self.action_id)}"
+        return f"{APPROVALS_PREFIX}:{self._own_tag}"
 
 
 @dataclass(frozen=True, slots=True)
