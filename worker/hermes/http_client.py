@@ -447,17 +447,8 @@ class HermesClient:
                 status, response_headers = _status(response), response.headers
                 code = error_code_of(raw) if status == 503 and raw is not None else None
                 answer = answer_of(status, code)
-            except aiohttp.ClientError as exc:
-                # Before TimeoutError: aiohttp's own timeouts (a connection not had within
-                # the connect timeout, a read timeout) are TimeoutErrors too, and which of
-                # them it was decides "never sent" from "may have run".
-                answer = Answer.NOT_SENT if _never_sent(exc, self.transport_name) else Answer.LOST
-                failure = type(exc).__name__
-            except TimeoutError:
-                answer = Answer.TIMED_OUT
-            except _TRANSPORT_ERRORS as exc:
-                answer = Answer.NOT_SENT if _never_sent(exc, self.transport_name) else Answer.LOST
-                failure = type(exc).__name__
+            except (TimeoutError, *_TRANSPORT_ERRORS) as exc:
+                answer, failure = _answer_of_failure(exc, self.transport_name)
             exchange = Exchange(
                 endpoint_id=self.endpoint.id,
                 method=method,
@@ -767,6 +758,16 @@ async def _read_bounded(response: StreamedResponse, limit: int) -> bytes | None:
         if len(raw) > limit:
             return None
     return bytes(raw)
+
+
+def _answer_of_failure(exc: BaseException, transport: str) -> tuple[Answer, str | None]:
+    """How an exchange that raised `exc` ended, and the failure's name (None for our own
+    deadline). `asyncio.timeout`'s TimeoutError is the deadline; aiohttp's own timeouts (no
+    connection within the connect timeout, a read timeout) are TimeoutErrors too, but they
+    are transport failures, and which one it was decides "never sent" from "may have run"."""
+    if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+        return Answer.TIMED_OUT, None
+    return (Answer.NOT_SENT if _never_sent(exc, transport) else Answer.LOST), type(exc).__name__
 
 
 def _never_sent(exc: BaseException, transport: str) -> bool:
