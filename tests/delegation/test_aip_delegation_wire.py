@@ -76,8 +76,29 @@ def _verified(data: bytes, message_type: str, *, any_capability: bool = False) -
     return envelope
 
 
+def _rfc3339_as_signed(moment: datetime) -> str:
+    """`moment` (UTC) as the reference verifier re-renders a timestamp before it checks a
+    signature (aip-1.0-wire.md §2.2, "Consequences for a non-Rust signer"): `Z`, and
+    fractional seconds only when non-zero, trailing zeros trimmed. A signer that writes
+    `…:05.500Z` signs other bytes than the verifier rebuilds (`…:05.5Z`): refused."""
+    whole = moment.strftime("%Y-%m-%dT%H:%M:%S")
+    fraction = f"{moment.microsecond:06d}".rstrip("0")
+    return f"{whole}.{fraction}Z" if fraction else f"{whole}Z"
+
+
+def test_timestamps_are_written_as_the_verifier_rebuilds_them() -> None:
+    at = datetime(2026, 12, 6, 21, 17, 5, tzinfo=UTC)
+    assert _rfc3339_as_signed(at) == "2026-12-06T21:17:05Z"
+    assert _rfc3339_as_signed(at.replace(microsecond=500_000)) == "2026-12-06T21:17:05.5Z"
+    assert _rfc3339_as_signed(at.replace(microsecond=750_000)) == "2026-12-06T21:17:05.75Z"
+    assert _rfc3339_as_signed(at.replace(microsecond=123_456)) == "2026-12-06T21:17:05.123456Z"
+
+
 def _request_envelope(child_id: str, delegation_id: str, child_input: Any) -> dict[str, Any]:
-    sent_at = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "Z"
+    # Milliseconds, as a publisher's clock often gives them; one in ten ends in a zero,
+    # which the rule trims (the cause of this test's earlier one-in-ten refusal).
+    now = datetime.now(UTC)
+    sent_at = _rfc3339_as_signed(now.replace(microsecond=now.microsecond // 1000 * 1000))
     return {
         "aip_version": "1.0",
         "message_type": "aip.agent.v1.delegation_request",
