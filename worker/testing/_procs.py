@@ -22,7 +22,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Self
@@ -60,6 +60,17 @@ def free_ports(count: int) -> list[int]:
 def free_port() -> int:
     """One loopback port that is free right now."""
     return free_ports(1)[0]
+
+
+@contextlib.contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port that refuses every connection while the block runs: bound, never
+    listening, so no other process can take it. A test of "nothing answers there" needs
+    this, not `free_port`: a parallel test's server or proxy can bind a free port between
+    the choice and the connect, and answer (or accept and hang up) in its stead."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((HOST, 0))
+        yield int(sock.getsockname()[1])
 
 
 def port_accepts(port: int, timeout: float = 0.2) -> bool:

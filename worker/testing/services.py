@@ -36,6 +36,7 @@ from worker.testing._procs import (
     free_port,
     free_ports,
     port_accepts,
+    refusing_port,
     wait_until,
 )
 from worker.testing.containers import (
@@ -75,6 +76,7 @@ __all__ = [
     "nats_container",
     "port_accepts",
     "redis_container",
+    "refusing_port",
     "wait_until",
 ]
 
