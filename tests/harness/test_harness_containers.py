@@ -16,7 +16,12 @@ import pytest
 import redis
 
 from worker.testing.pytest_plugin import require_engine
-from worker.testing.services import docker_available, free_port, nats_container, redis_container
+from worker.testing.services import (
+    docker_available,
+    nats_container,
+    redis_container,
+    refusing_port,
+)
 
 
 @pytest.fixture
@@ -70,8 +75,9 @@ def test_redis_container_keeps_an_aof_key_across_kill_and_pause() -> None:
 def test_engine_check_answers_no_quickly_when_nothing_listens(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{free_port()}")
-    started = time.monotonic()
+    with refusing_port() as port:
+        monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")
+        started = time.monotonic()
 
-    assert docker_available(timeout=1.0) is False
-    assert time.monotonic() - started < 5.0
+        assert docker_available(timeout=1.0) is False
+        assert time.monotonic() - started < 5.0

@@ -19,8 +19,8 @@ from worker.testing.services import (
     NatsServer,
     ServiceControlUnavailable,
     ServiceStartError,
-    free_port,
     port_accepts,
+    refusing_port,
 )
 from worker.testing.shared import SharedView
 
@@ -83,10 +83,10 @@ def test_require_control_fails_a_test_that_shares_its_server(
 
 
 def test_external_service_that_does_not_answer_cannot_start() -> None:
-    port = free_port()
-    assert not port_accepts(port)
-    with pytest.raises(ServiceStartError, match=str(port)):
-        ExternalService("redis", f"redis://127.0.0.1:{port}/0", "AIPD_TEST_REDIS_URL").start()
+    with refusing_port() as port:
+        assert not port_accepts(port)
+        with pytest.raises(ServiceStartError, match=str(port)):
+            ExternalService("redis", f"redis://127.0.0.1:{port}/0", "AIPD_TEST_REDIS_URL").start()
 
 
 _INNER_TEST = """
@@ -167,11 +167,12 @@ def test_a_container_test_without_an_engine_fails_only_in_ci_where_one_is_allowe
     outcome: type[BaseException],
     says: str,
 ) -> None:
-    monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{free_port()}")  # nothing answers
     for name, value in (("CI", ci), (CONTAINERS_ENV, expected)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
-    with pytest.raises(outcome, match=re.escape(says)):
-        require_engine()
+    with refusing_port() as port:
+        monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")  # nothing answers
+        with pytest.raises(outcome, match=re.escape(says)):
+            require_engine()
