@@ -6,21 +6,32 @@ per-example deadline and the `too_slow` health check, fail tests for the machine
 The suite's profile turns those two off; a test's own `@settings` still applies on top.
 
 `store_client` runs a store test over both Redis paths of the worker's client.
+
+`refused_port` is a loopback port nothing answers on, held so for the whole test.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
 
 from worker.store.connection import multiplexed, open_redis
-from worker.testing.services import ServiceHandle
+from worker.testing.services import ServiceHandle, refusing_port
 
 settings.register_profile("suite", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("suite")
+
+
+@pytest.fixture
+def refused_port() -> Iterator[int]:
+    """A port every connect to is refused on until the test ends (`refusing_port`): what a
+    test of "nothing answers there" names, where a merely free port could be taken by a
+    parallel test's server in the meantime."""
+    with refusing_port() as port:
+        yield port
 
 
 @pytest.fixture(params=["shared-connection", "redis-py"])

@@ -17,7 +17,6 @@ from aiohttp import web
 
 from tests.chaos.checker import APPROVAL, START, Evidence, Request, approval_once, start_once
 from tests.chaos.recorder import HermesRecorder
-from worker.testing._procs import free_port
 
 
 @dataclass
@@ -149,8 +148,10 @@ async def test_a_client_going_away_ends_hermes_side_of_the_stream_too(
     await asyncio.wait_for(upstream.stream_ended.wait(), 5)
 
 
-async def test_a_request_hermes_refused_is_not_logged_and_the_worker_sees_a_reset() -> None:
-    recorder = await HermesRecorder(free_port()).start()  # nothing listens upstream
+async def test_a_request_hermes_refused_is_not_logged_and_the_worker_sees_a_reset(
+    refused_port: int,
+) -> None:
+    recorder = await HermesRecorder(refused_port).start()  # nothing listens upstream
     try:
         async with aiohttp.ClientSession() as http:
             with pytest.raises(aiohttp.ClientError):

@@ -16,12 +16,7 @@ import pytest
 import redis
 
 from worker.testing.pytest_plugin import require_engine
-from worker.testing.services import (
-    docker_available,
-    nats_container,
-    redis_container,
-    refusing_port,
-)
+from worker.testing.services import docker_available, nats_container, redis_container
 
 
 @pytest.fixture
@@ -73,11 +68,10 @@ def test_redis_container_keeps_an_aof_key_across_kill_and_pause() -> None:
 
 @pytest.mark.skipif(docker_available(), reason="a Docker engine answers here")
 def test_engine_check_answers_no_quickly_when_nothing_listens(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, refused_port: int
 ) -> None:
-    with refusing_port() as port:
-        monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")
-        started = time.monotonic()
+    monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{refused_port}")
+    started = time.monotonic()
 
-        assert docker_available(timeout=1.0) is False
-        assert time.monotonic() - started < 5.0
+    assert docker_available(timeout=1.0) is False
+    assert time.monotonic() - started < 5.0

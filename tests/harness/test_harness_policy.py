@@ -20,7 +20,6 @@ from worker.testing.services import (
     ServiceControlUnavailable,
     ServiceStartError,
     port_accepts,
-    refusing_port,
 )
 from worker.testing.shared import SharedView
 
@@ -82,11 +81,11 @@ def test_require_control_fails_a_test_that_shares_its_server(
         require_control(SharedView("nats", "nats://127.0.0.1:4222"))
 
 
-def test_external_service_that_does_not_answer_cannot_start() -> None:
-    with refusing_port() as port:
-        assert not port_accepts(port)
-        with pytest.raises(ServiceStartError, match=str(port)):
-            ExternalService("redis", f"redis://127.0.0.1:{port}/0", "AIPD_TEST_REDIS_URL").start()
+def test_external_service_that_does_not_answer_cannot_start(refused_port: int) -> None:
+    port = refused_port
+    assert not port_accepts(port)
+    with pytest.raises(ServiceStartError, match=str(port)):
+        ExternalService("redis", f"redis://127.0.0.1:{port}/0", "AIPD_TEST_REDIS_URL").start()
 
 
 _INNER_TEST = """
@@ -166,13 +165,13 @@ def test_a_container_test_without_an_engine_fails_only_in_ci_where_one_is_allowe
     expected: str | None,
     outcome: type[BaseException],
     says: str,
+    refused_port: int,
 ) -> None:
+    monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{refused_port}")  # nothing answers
     for name, value in (("CI", ci), (CONTAINERS_ENV, expected)):
         if value is None:
             monkeypatch.delenv(name, raising=False)
         else:
             monkeypatch.setenv(name, value)
-    with refusing_port() as port:
-        monkeypatch.setenv("DOCKER_HOST", f"tcp://127.0.0.1:{port}")  # nothing answers
-        with pytest.raises(outcome, match=re.escape(says)):
-            require_engine()
+    with pytest.raises(outcome, match=re.escape(says)):
+        require_engine()

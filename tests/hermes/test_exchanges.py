@@ -5,7 +5,6 @@ connection is told apart from one that may have run."""
 from __future__ import annotations
 
 import asyncio
-import socket
 
 import pytest
 from scripted_server import API_KEY, Reply, ScriptedServer, make_client
@@ -100,11 +99,10 @@ async def _start_at(port: int, transport: Transport) -> tuple[object, list[Excha
         await client.aclose()
 
 
-async def test_a_start_that_finds_no_server_was_never_sent(transport: Transport) -> None:
-    with socket.socket() as probe:  # a port nothing listens on
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    result, heard = await _start_at(port, transport)
+async def test_a_start_that_finds_no_server_was_never_sent(
+    transport: Transport, refused_port: int
+) -> None:
+    result, heard = await _start_at(refused_port, transport)
     assert isinstance(result, StartRateLimited)
     [exchange] = heard
     assert exchange.answer is Answer.NOT_SENT

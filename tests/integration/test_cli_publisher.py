@@ -38,7 +38,7 @@ from worker.testing.identities import (
     USER_UNTENANTED,
 )
 from worker.testing.scenario import NEEDS_APPROVAL
-from worker.testing.services import free_port, refusing_port
+from worker.testing.services import free_port
 from worker.trust.signing import generate_keypair, write_seed_file
 
 POST_RUNS = "POST /v1/runs"
@@ -348,10 +348,11 @@ async def test_a_result_that_requires_a_human_exits_7(stack: Stack) -> None:
     assert json.loads(out)["status"] == "requires_human"
 
 
-async def test_an_unreachable_nats_is_one_line_naming_the_url(stack: Stack) -> None:
-    with refusing_port() as port:
-        url = f"nats://127.0.0.1:{port}"
-        code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url)
+async def test_an_unreachable_nats_is_one_line_naming_the_url(
+    stack: Stack, refused_port: int
+) -> None:
+    url = f"nats://127.0.0.1:{refused_port}"
+    code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url)
     assert code == Exit.UNREACHABLE
     line = one_line(err)
     assert url in line

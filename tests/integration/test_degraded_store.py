@@ -177,10 +177,10 @@ async def test_a_refused_redis_on_one_of_three_workers_keeps_the_canary_fast(
 
 
 async def test_a_worker_started_without_redis_takes_no_work_from_the_others(
-    stack: Stack,
+    stack: Stack, refused_port: int
 ) -> None:
     """The attack pass's setup: one of three workers cannot reach Redis from the start."""
-    (dead_port,) = free_ports(1)
+    dead_port = refused_port
     await stack.spawn("w1", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)
     await stack.spawn("w2", AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS)
     sick = await stack.spawn(

@@ -103,10 +103,10 @@ async def test_nats_down_for_seconds_is_logged_a_bounded_number_of_times_with_it
 
 
 async def test_redis_url_in_the_worker_log_has_no_password(
-    stack: Stack, redis_server: ServiceHandle
+    stack: Stack, redis_server: ServiceHandle, refused_port: int
 ) -> None:
     """A Redis that refuses connections is named by its URL, never with its password."""
-    dead = free_port()
+    dead = refused_port
     worker = await stack.spawn(
         "w1", wait=False, AIPD_REDIS_URL=f"redis://user:s3cret-pw@127.0.0.1:{dead}/0",
         AIPD_REDIS_STARTUP_WAIT_S="2",

@@ -159,12 +159,12 @@ async def test_a_worker_serves_once_hermes_accepts_its_key_again(stack: Stack) -
 
 
 async def test_an_unreachable_hermes_is_an_outage_reported_not_a_reason_to_unbind(
-    stack: Stack,
+    stack: Stack, refused_port: int
 ) -> None:
     """An outage hits every worker alike: the endpoint stays served, so each Action gets the
     spec's typed, retryable transport error instead of waiting in the queue, and /ready says
     what is wrong."""
-    port, closed = free_port(), free_port()
+    port, closed = free_port(), refused_port
     worker = await stack.spawn(
         "w1",
         AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}=http://127.0.0.1:{closed}",

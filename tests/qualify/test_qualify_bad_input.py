@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from worker.commands.cli import main
-from worker.testing._procs import refusing_port
 from worker.testing.fake_hermes import FakeHermes
 from worker.testing.gateway import GatewayRuntime, gateway_runtime, hermes_principal_id
 from worker.testing.identities import TrustFiles, write_api_key_file, write_trust_files
@@ -91,13 +90,12 @@ def _no_secret_in(record: Path, *secrets: str) -> None:
 
 
 async def test_an_unreachable_endpoint_fails_its_items_with_the_reason(
-    target: Target, capsys: pytest.CaptureFixture[str]
+    target: Target, capsys: pytest.CaptureFixture[str], refused_port: int
 ) -> None:
-    with refusing_port() as port:
-        closed = f"http://127.0.0.1:{port}"
-        code, record = await target.qualify(
-            "--endpoint-id", "h1", "--item", "2", endpoints=f"h1={closed}"
-        )
+    closed = f"http://127.0.0.1:{refused_port}"
+    code, record = await target.qualify(
+        "--endpoint-id", "h1", "--item", "2", endpoints=f"h1={closed}"
+    )
     assert code == 1
     item = _items(record)[2]
     assert item["status"] == "fail"

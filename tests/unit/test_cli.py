@@ -13,7 +13,7 @@ import pytest
 
 from worker.commands.cli import build_parser
 from worker.commands.exit_codes import Exit
-from worker.testing.services import free_port, refusing_port
+from worker.testing.services import free_port
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -85,12 +85,9 @@ def test_a_non_http_endpoint_url_is_refused() -> None:
     assert "http" in done.stderr
 
 
-def test_an_unreachable_nats_names_the_url_and_the_setting() -> None:
-    with refusing_port() as port:
-        url = f"nats://127.0.0.1:{port}"
-        done = run_cli(
-            "provision", "--nats-url", url, "--hermes-endpoints", "h1=http://127.0.0.1:1"
-        )
+def test_an_unreachable_nats_names_the_url_and_the_setting(refused_port: int) -> None:
+    url = f"nats://127.0.0.1:{refused_port}"
+    done = run_cli("provision", "--nats-url", url, "--hermes-endpoints", "h1=http://127.0.0.1:1")
     assert done.returncode == 3
     assert url in done.stderr
     assert "AIPD_NATS_URL" in done.stderr
