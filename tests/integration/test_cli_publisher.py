@@ -359,6 +359,47 @@ async def test_an_unreachable_nats_is_one_line_naming_the_url(
     assert "AIPD_NATS_URL" in line
 
 
+async def test_a_url_that_hangs_up_is_not_a_nats_server_not_a_credential_problem(
+    stack: Stack,
+) -> None:
+    """Something that accepts and hangs up at once (no NATS `INFO`): the line says the URL
+    did not answer as a NATS server, and does not send the operator to the credentials."""
+
+    async def hang_up(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.close()
+
+    server = await asyncio.start_server(hang_up, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    url = f"nats://127.0.0.1:{port}"
+    async with server:
+        code, _, err = await cli(stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url)
+    assert code == Exit.UNREACHABLE
+    line = one_line(err)
+    assert url in line
+    assert "did not answer as a NATS server" in line
+    assert "AIPD_NATS_URL" in line
+    assert "credential" not in line
+
+
+async def test_a_nats_refusing_the_password_names_the_credential_settings(
+    stack: Stack, tmp_path: Path
+) -> None:
+    wrong = tmp_path / "wrong.password"
+    wrong.write_text("not-the-password")
+    wrong.chmod(0o600)
+    with nats_process("-a", "127.0.0.1", "--user", "publisher", "--pass", "right") as url:
+        code, _, err = await cli(
+            stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url,
+            env={"AIPD_NATS_USER": "publisher", "AIPD_NATS_PASSWORD_FILE": str(wrong)},
+        )  # fmt: skip
+    assert code == Exit.UNREACHABLE
+    line = one_line(err)
+    assert url in line
+    assert "refused the connection" in line
+    assert "AIPD_NATS_* credential settings" in line
+    assert "not-the-password" not in err
+
+
 @pytest.mark.parametrize(
     ("args", "says"),
     [

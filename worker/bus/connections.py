@@ -15,7 +15,15 @@ from typing import Any
 
 import nats
 from nats.aio.client import Client as NATS
-from nats.errors import AuthorizationError, NoServersError, SlowConsumerError
+from nats.errors import (
+    AuthorizationError,
+    InvalidUserCredentialsError,
+    NoServersError,
+    SecureConnFailedError,
+    SecureConnRequiredError,
+    SecureConnWantedError,
+    SlowConsumerError,
+)
 from nats.errors import Error as NatsError
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
@@ -150,10 +158,37 @@ async def connect_nats_for_command(settings: Settings) -> NATS:
             "set --nats-url or AIPD_NATS_URL"
         ) from None
     except NatsError as exc:
-        raise ServiceUnreachable(
-            f"NATS at {servers} refused the connection ({str(exc).strip()}); "
-            "check the AIPD_NATS_* credential settings"
-        ) from None
+        raise ServiceUnreachable(f"NATS at {servers} {_why_connect_failed(exc)}") from None
+
+
+def _why_connect_failed(exc: NatsError) -> str:
+    """What a command's failed NATS connect means, and the setting to check.
+
+    nats-py raises its plain `Error` for each of three different causes, told apart only by
+    the text: the server refused the credentials (`'Authorization Violation'`), TLS failed,
+    or what answers at the URL is not a NATS client port (it accepted and hung up, or sent
+    no `INFO`). Only the first is about the credential settings; naming them for the others
+    sent an operator to the wrong place.
+    """
+    text = str(exc).strip()
+    lowered = text.lower()
+    if (
+        isinstance(exc, (AuthorizationError, InvalidUserCredentialsError))
+        or "authorization" in lowered
+        or "authentication" in lowered
+    ):
+        return f"refused the connection ({text}); check the AIPD_NATS_* credential settings"
+    if isinstance(exc, (SecureConnRequiredError, SecureConnWantedError, SecureConnFailedError)):
+        return (
+            f"refused the connection's TLS ({type(exc).__name__}); check the nats(s):// "
+            "scheme of AIPD_NATS_URL and AIPD_NATS_TLS_CA_FILE / _CERT_FILE / _KEY_FILE"
+        )
+    if "info" in lowered:
+        return (
+            f"did not answer as a NATS server ({text}); check that AIPD_NATS_URL names "
+            "nats-server's client port"
+        )
+    return f"refused the connection ({text}); check AIPD_NATS_URL and the server's log"
 
 
 def credential_options(settings: Settings) -> dict[str, Any]:
