@@ -153,11 +153,13 @@ class AckedPublisher:
         """`msg.ack_sync(timeout_s)`: the ack, and the server's answer that it processed it
         (`nats.errors.TimeoutError` without one, `NoRespondersError` when nobody listens on
         the reply subject, `MsgAlreadyAckdError` for a message already answered)."""
-        if msg._ackd:  # as nats-py's `_check_reply`
+        if msg.is_acked:  # as nats-py's `_check_reply`
             raise MsgAlreadyAckdError(msg)
         if not msg.reply:
             raise NatsError("no reply subject available")
         await self._ask(self._acks, _ACK_MARK, msg.reply, b"", None, timeout_s)
+        # nats-py has no public setter: its own `ack_sync` marks the message the same way,
+        # so `is_acked` and a second ack (`MsgAlreadyAckdError`) behave as they do there.
         msg._ackd = True
 
     async def _ask(

@@ -146,11 +146,15 @@ def idempotency_key(scope_digest: str) -> str:
 
 
 def binding_key(action_id: str) -> str:
-    return f"{NAMESPACE}:{_tag(action_id)}:binding"
+    """The operator binding of `action_id` (a source Action: a resume shares its source's),
+    for callers holding an id rather than a delivery's keys; spelled by `ActionKeys`."""
+    return ActionKeys.of(action_id).binding
 
 
 def approvals_key(action_id: str) -> str:
-    return f"{APPROVALS_PREFIX}:{_tag(action_id)}"
+    """The ApprovalRecord of `action_id`, for callers holding an id rather than a
+    delivery's keys (the approver CLI, the gateway); spelled by `ActionKeys`."""
+    return ActionKeys.of(action_id).approvals
 
 
 def escalation_resolution_key(escalation_id: str) -> str:
