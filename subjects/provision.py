@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServerError
 
 from subjects.grammar import Subjects
 from subjects.streams import StreamPolicy, consumer_specs, runtime_store_configs, stream_configs
@@ -116,7 +116,7 @@ async def provision_stream(js: JetStreamContext, wanted: StreamConfig) -> Provis
     try:
         info = await js.stream_info(name)
     except NotFoundError:
-        await js.add_stream(wanted)
+        await _add_stream(js, wanted)
         return ProvisionItem("stream", name, Change.CREATED)
     have = info.config
     if wanted.retention is RetentionPolicy.WORK_QUEUE:
@@ -136,6 +136,37 @@ async def provision_stream(js: JetStreamContext, wanted: StreamConfig) -> Provis
         return ProvisionItem("stream", name, Change.UNCHANGED)
     await js.update_stream(wanted)
     return ProvisionItem("stream", name, Change.UPDATED, "changed " + ", ".join(changed))
+
+
+#: JetStream's "error creating store for stream" (a 500): the server could not make the
+#: stream's directory.
+STORE_NOT_CREATED = 10049
+#: The waits before each new attempt at a stream whose store was not created (~1.5 s in all).
+STORE_RETRY_WAITS_S = (0.1, 0.2, 0.4, 0.8)
+
+
+async def _add_stream(js: JetStreamContext, wanted: StreamConfig) -> None:
+    """`add_stream`, tried again a few times when the server could not create the stream's
+    store directory.
+
+    A stream created right after an account's last stream was deleted can find the account's
+    directory gone under it (nats-server 2.9.10 removes it with the last stream): "could not
+    create storage directory - mkdir …/jetstream/$G/streams: no such file or directory"
+    in the server's log, 500 / 10049 to the client. Seen once in the benchmark's wipe on
+    2.15.1 (BENCHMARKS.md); every test's clean-up and that wipe delete all streams and then
+    provision again. The next attempt finds the directory consistent (2.15.1 also cleans up
+    after a failed creation). Only this error is tried again: a store that stays
+    uncreatable (a read-only disk) still raises the server's error, after ~1.5 s, and a
+    full one (10047) at once.
+    """
+    for wait_s in (*STORE_RETRY_WAITS_S, None):
+        try:
+            await js.add_stream(wanted)
+            return
+        except ServerError as exc:
+            if exc.err_code != STORE_NOT_CREATED or wait_s is None:
+                raise
+        await asyncio.sleep(wait_s)
 
 
 def _work_subjects(have: list[str] | None, wanted: list[str] | None) -> list[str]:
