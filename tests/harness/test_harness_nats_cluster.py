@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import nats
 import pytest
+from nats.js import JetStreamContext
+from nats.js.errors import NoStreamResponseError
 
 from worker.testing.services import NatsCluster, NatsServer, wait_until
 
@@ -24,8 +27,8 @@ async def test_r3_stream_stays_available_after_its_leader_is_killed(
     try:
         js = nc.jetstream()
         await js.add_stream(name="R3", subjects=["r3.>"], num_replicas=3)
-        for n in range(2):
-            await js.publish(f"r3.{n}", f"m{n}".encode())
+        await _publish_once_elected(js, "r3.0", b"m0")
+        await js.publish("r3.1", b"m1")
         leader = await asyncio.to_thread(nats_cluster.stream_leader, "R3")
         info = await js.stream_info("R3")
         assert info.cluster is not None
@@ -50,6 +53,28 @@ async def test_r3_stream_stays_available_after_its_leader_is_killed(
         )
     finally:
         await nc.close()
+
+
+async def _publish_once_elected(
+    js: JetStreamContext, subject: str, payload: bytes, within_s: float = 10.0
+) -> None:
+    """The first publish to a new R3 stream, sent again while nobody answers for it yet.
+
+    The first publish right after `add_stream` got a 503 (no responders: nothing answered
+    for the stream yet) once in a clean-clone CI run on nats-server 2.15.1, under the
+    suite's load; not reproduced alone (0 of 40 new R3 streams on 2.15.1 and on 2.9.10,
+    with two busy loops beside). A 503 means nothing stored the message, so sending it
+    again stores it once.
+    """
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            await js.publish(subject, payload)
+            return
+        except NoStreamResponseError:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 def _stored(node: NatsServer, stream: str) -> int:
