@@ -19,9 +19,6 @@ from nats.errors import (
     AuthorizationError,
     InvalidUserCredentialsError,
     NoServersError,
-    SecureConnFailedError,
-    SecureConnRequiredError,
-    SecureConnWantedError,
     SlowConsumerError,
 )
 from nats.errors import Error as NatsError
@@ -164,11 +161,12 @@ async def connect_nats_for_command(settings: Settings) -> NATS:
 def _why_connect_failed(exc: NatsError) -> str:
     """What a command's failed NATS connect means, and the setting to check.
 
-    nats-py raises its plain `Error` for each of three different causes, told apart only by
-    the text: the server refused the credentials (`'Authorization Violation'`), TLS failed,
-    or what answers at the URL is not a NATS client port (it accepted and hung up, or sent
-    no `INFO`). Only the first is about the credential settings; naming them for the others
-    sent an operator to the wrong place.
+    nats-py raises its plain `Error` for different causes, told apart only by the text: the
+    server refused the credentials (`'Authorization Violation'`), or what answers at the URL
+    is not a NATS client port (it accepted and hung up, or sent no `INFO`), or another `-ERR`
+    from the server. Only the first is about the credential settings; naming them for the
+    others sent an operator to the wrong place. (nats-py defines `SecureConn*` errors for
+    TLS but never raises them.)
     """
     text = str(exc).strip()
     lowered = text.lower()
@@ -178,11 +176,6 @@ def _why_connect_failed(exc: NatsError) -> str:
         or "authentication" in lowered
     ):
         return f"refused the connection ({text}); check the AIPD_NATS_* credential settings"
-    if isinstance(exc, (SecureConnRequiredError, SecureConnWantedError, SecureConnFailedError)):
-        return (
-            f"refused the connection's TLS ({type(exc).__name__}); check the nats(s):// "
-            "scheme of AIPD_NATS_URL and AIPD_NATS_TLS_CA_FILE / _CERT_FILE / _KEY_FILE"
-        )
     if "info" in lowered:
         return (
             f"did not answer as a NATS server ({text}); check that AIPD_NATS_URL names "
