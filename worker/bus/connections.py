@@ -176,7 +176,7 @@ def _why_connect_failed(exc: NatsError) -> str:
         or "authentication" in lowered
     ):
         return f"refused the connection ({text}); check the AIPD_NATS_* credential settings"
-    if "info" in lowered:
+    if "info message" in lowered:  # nats-py: "… when expecting INFO message", "info message, …"
         return (
             f"did not answer as a NATS server ({text}); check that AIPD_NATS_URL names "
             "nats-server's client port"
