@@ -60,7 +60,7 @@ class ActionKeys:
         resume = self.slot_action_id != self.action_id
         slot_tag = _tag(self.slot_action_id) if resume else own_tag
         object.__setattr__(self, "_own_tag", own_tag)
-        object.__setattr__(self, "_base", f"{NAMESPACE}:{slot_tag}")
+        object.__setattr__(self, "_base", _base_of(slot_tag))
         object.__setattr__(self, "_suffix", f":{self.action_id}" if resume else "")
 
     @classmethod
@@ -109,12 +109,12 @@ class ActionKeys:
     @property
     def binding(self) -> str:
         """The operator binding of the slot's source Action (shared by its resumes)."""
-        return f"{self._base}:binding"
+        return _binding_at(self._base)
 
     @property
     def approvals(self) -> str:
         """The ApprovalRecord an approval authority wrote for this Action."""
-        return f"{APPROVALS_PREFIX}:{self._own_tag}"
+        return _approvals_at(self._own_tag)
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,14 +147,29 @@ def idempotency_key(scope_digest: str) -> str:
 
 def binding_key(action_id: str) -> str:
     """The operator binding of `action_id` (a source Action: a resume shares its source's),
-    for callers holding an id rather than a delivery's keys; spelled by `ActionKeys`."""
-    return ActionKeys.of(action_id).binding
+    for callers holding an id rather than a delivery's keys; spelled as `ActionKeys.binding`."""
+    return _binding_at(_base_of(_tag(action_id)))
 
 
 def approvals_key(action_id: str) -> str:
-    """The ApprovalRecord of `action_id`, for callers holding an id rather than a
-    delivery's keys (the approver CLI, the gateway); spelled by `ActionKeys`."""
-    return ActionKeys.of(action_id).approvals
+    """The ApprovalRecord of `action_id`, for callers holding an id rather than a delivery's
+    keys (each Action's approval prefetch among them: no `ActionKeys` is built for it, ~2 µs
+    against ~0.5); spelled as `ActionKeys.approvals`."""
+    return _approvals_at(_tag(action_id))
+
+
+def _base_of(tag: str) -> str:
+    """The operator-runs namespace under one Action's hash tag: every `ActionKeys` key but
+    the approvals and the resume alias starts with it."""
+    return f"{NAMESPACE}:{tag}"
+
+
+def _binding_at(base: str) -> str:
+    return f"{base}:binding"
+
+
+def _approvals_at(tag: str) -> str:
+    return f"{APPROVALS_PREFIX}:{tag}"
 
 
 def escalation_resolution_key(escalation_id: str) -> str:
