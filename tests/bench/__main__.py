@@ -21,6 +21,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import signal
 import sys
 import time
 from typing import Any
@@ -52,6 +53,12 @@ def _machine() -> str:
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     figures = {int(f) for f in args.figures.split(",")}
+    # `timeout` or `kill` ends a session with SIGTERM: as the main task's cancellation, so
+    # the `finally` below stops the servers and workers (they run in sessions of their own
+    # and would outlive an abrupt exit).
+    asyncio.get_running_loop().add_signal_handler(
+        signal.SIGTERM, _cancel, asyncio.current_task()
+    )
     bench = Bench.start()
     out: dict[str, Any] = {"machine": _machine(), "root": str(bench.root)}
     print(f"# bench session in {bench.root}\n{out['machine']}\n", flush=True)
@@ -111,6 +118,11 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def _cancel(task: asyncio.Task[Any] | None) -> None:
+    if task is not None:
+        task.cancel()
+
+
 def main() -> None:
     if sys.argv[1:2] == ["native"]:  # its own command: the native binding's figure
         from tests.bench import native
@@ -134,9 +146,16 @@ def main() -> None:
                         help="seconds between two events of one held run (default: the "
                              "runs together send 1,000 events/s, at most one per 2 s each)")
     args = parser.parse_args()
+    if not 1 <= args.flood <= relay.MAX_FLOOD:
+        parser.error(f"--flood: 1 to {relay.MAX_FLOOD:,} events (one run reads at most "
+                     f"{relay.RUN_MAX_EVENTS:,}, {relay.OWN_EVENTS} of them its own)")
     counting.install()
     began = time.monotonic()
-    out = asyncio.run(run(args))
+    try:
+        out = asyncio.run(run(args))
+    except asyncio.CancelledError:
+        print("stopped by SIGTERM; its servers and workers are stopped", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     path = f"{out['root']}/results.json"
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(out, handle, default=_plain, indent=1)

@@ -9,6 +9,12 @@ Latency: the pacer offers 5,000 events/s on one run; each event carries the time
 written, the chunk keeps it in its payload, and the consumer records when the chunk
 arrived. This is "event written → chunk received", an upper bound of the relay's added
 latency (it includes the loopback SSE hop).
+
+Each max-rate run also records the CPU that nats-server and the counting consumer (this
+process) spent per chunk over the same window. The flood, the relay, nats-server and the
+consumer share the machine's two cores, so the rate is the whole machine's: when the
+relay's own CPU per chunk rises, these two say whether the machine slowed down as a whole
+(all three rise together) or the relay alone did.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import nats
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from schemas.ids import new_action_id
-from tests.bench.env import ENDPOINT, Bench, Proc
+from tests.bench.env import ENDPOINT, Bench, Proc, cpu_s_of
 from tests.bench.throughput import prepare, start_workers
 from tests.bench.workload import publish_all
 from worker.testing.fake_hermes import EventsFlood, FakeHermesControl
@@ -34,6 +40,10 @@ from worker.testing.fake_hermes import EventsFlood, FakeHermesControl
 FLOOD_EVENTS = 30_000
 #: The run's own events after the flood: two deltas, `reasoning.available`, `run.completed`.
 OWN_EVENTS = 4
+#: Provider events the relaying worker reads from one run (`AIPD_HERMES_OPERATOR_MAX_EVENTS`,
+#: at its upper bound), and so the largest flood a run relays whole.
+RUN_MAX_EVENTS = 100_000
+MAX_FLOOD = RUN_MAX_EVENTS - OWN_EVENTS
 #: The issue's offered rate, and one a saturated worker can still keep up with: past its
 #: ceiling the latency is only the age of the backlog, which says nothing about the relay.
 OFFERED_RATES = (5_000, 500)
@@ -49,6 +59,31 @@ class RelayRate:
     chunks: int
     chunks_per_s: float
     cpu_us_per_chunk: float
+    #: The bystanders' CPU per chunk over the same window (see the module docstring).
+    nats_cpu_us_per_chunk: float
+    consumer_cpu_us_per_chunk: float
+
+
+class Bystanders:
+    """CPU seconds that nats-server and this process spend between `start` and `stop`."""
+
+    def __init__(self, bench: Bench) -> None:
+        self.nats_pid = bench.nats_server.pid
+        self.nats_s = self.consumer_s = 0.0
+
+    def start(self) -> None:
+        self.nats_s = cpu_s_of(self.nats_pid)
+        self.consumer_s = time.process_time()
+
+    def stop(self) -> None:
+        self.nats_s = cpu_s_of(self.nats_pid) - self.nats_s
+        self.consumer_s = time.process_time() - self.consumer_s
+
+    def rate(self, system: str, received: int, rate: float, cpu_s: float) -> RelayRate:
+        """The run's figures, each CPU in µs per chunk received."""
+        per = 1e6 / received
+        return RelayRate(system, received, rate, cpu_s * per, self.nats_s * per,
+                         self.consumer_s * per)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,27 +180,27 @@ def _chunk_payload(document: Any) -> dict[str, Any]:
 async def ours_max_rate(bench: Bench, events: int = FLOOD_EVENTS) -> tuple[RelayRate, bytes]:
     """Our worker relaying one flooded operator run; returns a chunk sample for the raw runs."""
     envelopes = await prepare(bench, "ours", 1)
-    procs = start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS="100000")
+    procs = start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS=str(RUN_MAX_EVENTS))
     async with FakeHermesControl(bench.fake_url) as control:
         await control.add_faults(EventsFlood(count=events, times=1))
     nc = await nats.connect(bench.nats_url)
     consumer = ChunkConsumer()
+    bystanders = Bystanders(bench)
     try:
         await consumer.start(nc)
         cpu0 = procs[0].cpu_s()
+        bystanders.start()
         await publish_all(nc, bench.subjects.actions(ENDPOINT), envelopes)
         await consumer.wait_count(events + OWN_EVENTS, 60 + events / 500)
         cpu1 = procs[0].cpu_s()
+        bystanders.stop()
     finally:
         await consumer.stop()
         await nc.close()
     bench.reap()
     assert consumer.sample is not None
     received = len(consumer.arrivals)
-    return (
-        RelayRate("ours", received, consumer.rate(), (cpu1 - cpu0) * 1e6 / received),
-        consumer.sample,
-    )
+    return bystanders.rate("ours", received, consumer.rate(), cpu1 - cpu0), consumer.sample
 
 
 async def raw_publish_rate(bench: Bench, sample: bytes, events: int = FLOOD_EVENTS) -> RelayRate:
@@ -186,8 +221,10 @@ async def raw_relay_rate(bench: Bench, events: int = FLOOD_EVENTS) -> RelayRate:
 async def _raw(bench: Bench, mode: str, events: int, extra: list[str], url: str) -> RelayRate:
     nc = await nats.connect(bench.nats_url)
     consumer = ChunkConsumer()
+    bystanders = Bystanders(bench)
     try:
         await consumer.start(nc)
+        bystanders.start()
         proc = bench.spawn(f"raw-{mode}", [
             sys.executable, "-m", "tests.bench.raw_relay", mode, "--nats-url", bench.nats_url,
             "--action-id", new_action_id(), "--hermes-url", url,
@@ -195,13 +232,14 @@ async def _raw(bench: Bench, mode: str, events: int, extra: list[str], url: str)
         await asyncio.to_thread(proc.wait_for_log, f"raw {mode} done", 120.0)
         cpu = proc.cpu_s()
         await consumer.wait_count(events, 30)
+        bystanders.stop()
     finally:
         await consumer.stop()
         await nc.close()
     bench.reap()
     received = len(consumer.arrivals)
     # The process CPU includes its start-up (imports, connect): an upper bound per chunk.
-    return RelayRate(f"raw {mode}", received, consumer.rate(), cpu * 1e6 / received)
+    return bystanders.rate(f"raw {mode}", received, consumer.rate(), cpu)
 
 
 def _pacer(bench: Bench, rate: float, count: int) -> tuple[Proc, str]:
@@ -224,7 +262,7 @@ async def ours_latency(bench: Bench, rate: float) -> RelayLatency:
     count = int(rate * LATENCY_SECONDS)
     envelopes = await prepare(bench, "ours", 1)
     _, url = _pacer(bench, rate, count)
-    start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS="100000",
+    start_workers(bench, "ours", 1, AIPD_HERMES_OPERATOR_MAX_EVENTS=str(RUN_MAX_EVENTS),
                   AIPD_HERMES_ENDPOINTS=f"{ENDPOINT}={url}")
     nc = await nats.connect(bench.nats_url)
     consumer = ChunkConsumer(parse_timestamps=True)

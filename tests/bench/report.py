@@ -81,7 +81,8 @@ def relay_tables(rates: Sequence[RelayRate], latencies: Sequence[RelayLatency]) 
     raw = by_system.get("raw publish")
     raw_rate = median_of(raw, "chunks_per_s") if raw else float("nan")
     rate_rows = [[system, len(s), median_of(s, "chunks_per_s"),
-                  median_of(s, "chunks_per_s") / raw_rate, median_of(s, "cpu_us_per_chunk")]
+                  median_of(s, "chunks_per_s") / raw_rate, median_of(s, "cpu_us_per_chunk"),
+                  median_of(s, "nats_cpu_us_per_chunk"), median_of(s, "consumer_cpu_us_per_chunk")]
                  for system, s in by_system.items()]
     by_case: dict[tuple[str, float], list[RelayLatency]] = {}
     for latency in latencies:
@@ -91,7 +92,8 @@ def relay_tables(rates: Sequence[RelayRate], latencies: Sequence[RelayLatency]) 
                     for (system, offered), s in sorted(
                         by_case.items(), key=lambda kv: (-kv[0][1], kv[0][0]))]
     return (
-        table(["relay", "runs", "chunks/s", "x raw publish", "CPU us/chunk"], rate_rows)
+        table(["relay", "runs", "chunks/s", "x raw publish", "CPU us/chunk",
+               "nats-server us/chunk", "consumer us/chunk"], rate_rows)
         + "\n\n"
         + table(["relay", "offered/s", "runs", "achieved/s", "p50 ms", "p99 ms"], latency_rows)
     )
