@@ -25,7 +25,7 @@ from enum import StrEnum
 
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, RetentionPolicy, StorageType, StreamConfig
-from nats.js.errors import NotFoundError, ServerError
+from nats.js.errors import APIError, NotFoundError
 
 from subjects.grammar import Subjects
 from subjects.streams import StreamPolicy, consumer_specs, runtime_store_configs, stream_configs
@@ -143,29 +143,56 @@ async def provision_stream(js: JetStreamContext, wanted: StreamConfig) -> Provis
 STORE_NOT_CREATED = 10049
 #: The waits before each new attempt at a stream whose store was not created (~1.5 s in all).
 STORE_RETRY_WAITS_S = (0.1, 0.2, 0.4, 0.8)
+#: JetStream's "no suitable peers for placement" (a 400), and the reason among its reasons
+#: that a cluster still forming gives.
+NO_PEERS_FOR_PLACEMENT = 10005
+PEER_OFFLINE = "peer offline"
+#: The waits before each new attempt at a stream no peer could be placed on for an offline
+#: peer (~7.75 s in all).
+PLACEMENT_RETRY_WAITS_S = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def _retry_waits(exc: APIError) -> tuple[float, ...]:
+    """The waits `_add_stream` allows for this refusal: none for one that stays."""
+    if exc.err_code == STORE_NOT_CREATED:
+        return STORE_RETRY_WAITS_S
+    if exc.err_code == NO_PEERS_FOR_PLACEMENT and PEER_OFFLINE in (exc.description or ""):
+        return PLACEMENT_RETRY_WAITS_S
+    return ()
 
 
 async def _add_stream(js: JetStreamContext, wanted: StreamConfig) -> None:
-    """`add_stream`, tried again a few times when the server could not create the stream's
-    store directory.
+    """`add_stream`, tried again a few times for the two refusals that pass by themselves.
 
-    A stream created right after an account's last stream was deleted can find the account's
-    directory gone under it (nats-server 2.9.10 removes it with the last stream): "could not
-    create storage directory - mkdir …/jetstream/$G/streams: no such file or directory"
-    in the server's log, 500 / 10049 to the client. Seen once in the benchmark's wipe on
-    2.15.1 (BENCHMARKS.md); every test's clean-up and that wipe delete all streams and then
-    provision again. The next attempt finds the directory consistent (2.15.1 also cleans up
-    after a failed creation). Only this error is tried again: a store that stays
-    uncreatable (a read-only disk) still raises the server's error, after ~1.5 s, and a
-    full one (10047) at once.
+    - **The store directory could not be made** (500 / 10049). A stream created right after
+      an account's last stream was deleted can find the account's directory gone under it
+      (nats-server 2.9.10 removes it with the last stream): "could not create storage
+      directory - mkdir …/jetstream/$G/streams: no such file or directory" in the server's
+      log. Seen once in the benchmark's wipe on 2.15.1 (BENCHMARKS.md); every test's
+      clean-up and that wipe delete all streams and then provision again. The next attempt
+      finds the directory consistent (2.15.1 also cleans up after a failed creation).
+    - **No peer could be placed because one is offline** (400 / 10005, "no suitable peers
+      for placement, peer offline"). Right after a cluster forms, its meta leader can still
+      count a peer offline until that peer's first report reaches it: seen on 2.15.1 in a
+      clean-clone CI run, where `provision --replicas 3` ran the moment every node agreed
+      on the leader. A deployment that provisions as soon as its cluster is up does the
+      same.
+
+    Anything else is raised at once, including the placement refusals that stay (tags not
+    matched, too little storage); a store that stays uncreatable (a read-only disk) after
+    ~1.5 s, and a peer that stays offline after ~7.75 s.
     """
-    for wait_s in (*STORE_RETRY_WAITS_S, None):
+    attempt = 0
+    while True:
         try:
             await js.add_stream(wanted)
             return
-        except ServerError as exc:
-            if exc.err_code != STORE_NOT_CREATED or wait_s is None:
+        except APIError as exc:
+            waits = _retry_waits(exc)
+            if attempt >= len(waits):
                 raise
+            wait_s = waits[attempt]
+        attempt += 1
         await asyncio.sleep(wait_s)
 
 

@@ -1,5 +1,6 @@
-"""`provision` tries a stream again when the server could not create its store directory
-(subjects/provision.py `_add_stream`).
+"""`provision` tries a stream again when the server could not create its store directory, or
+could place it on no peer because one is offline for a moment (subjects/provision.py
+`_add_stream`).
 
 nats-server answers 500 / 10049 "error creating store for stream" when it cannot make the
 stream's directory. Right after an account's last stream is deleted (every test's clean-up
@@ -21,10 +22,13 @@ from typing import Any
 import nats
 import pytest
 from nats.js.api import StreamConfig
-from nats.js.errors import NotFoundError, ServerError
+from nats.js.errors import BadRequestError, NotFoundError, ServerError
 
+import subjects.provision as provision_module
 from subjects.grammar import Subjects
 from subjects.provision import (
+    NO_PEERS_FOR_PLACEMENT,
+    PLACEMENT_RETRY_WAITS_S,
     STORE_NOT_CREATED,
     STORE_RETRY_WAITS_S,
     Change,
@@ -108,5 +112,58 @@ async def test_a_store_that_stays_uncreatable_raises_the_servers_error_after_the
 async def test_any_other_server_error_is_not_tried_again() -> None:
     js = _StoreNeverMade(10047)  # insufficient storage resources: retrying cannot help
     with pytest.raises(ServerError):
+        await provision_stream(js, StreamConfig(name="S", subjects=["s.>"]))  # type: ignore[arg-type]
+    assert js.attempts == 1
+
+
+class _PlacementRefused:
+    """nats-server's answers for a stream no peer can be placed on (400 / 10005): no such
+    stream, then `description` on the first `refusals` attempts and a created stream after."""
+
+    def __init__(self, description: str, refusals: int) -> None:
+        self.description = description
+        self.refusals = refusals
+        self.attempts = 0
+
+    async def stream_info(self, name: str) -> Any:
+        raise NotFoundError(code=404, err_code=10059, description="stream not found")
+
+    async def add_stream(self, config: StreamConfig) -> Any:
+        self.attempts += 1
+        if self.attempts <= self.refusals:
+            raise BadRequestError(
+                code=400, err_code=NO_PEERS_FOR_PLACEMENT, description=self.description
+            )
+        return None
+
+
+#: What a cluster's meta leader answers while it still counts a peer offline (a clean-clone
+#: CI run on 2.15.1, right after the cluster agreed on its leader).
+_OFFLINE = "no suitable peers for placement, peer offline"
+
+
+async def test_a_peer_offline_for_a_moment_is_waited_for() -> None:
+    js = _PlacementRefused(_OFFLINE, refusals=2)
+    item = await provision_stream(js, StreamConfig(name="S", subjects=["s.>"]))  # type: ignore[arg-type]
+    assert item.change is Change.CREATED
+    assert js.attempts == 3
+
+
+async def test_a_peer_that_stays_offline_raises_the_servers_error_after_the_retries(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(provision_module, "PLACEMENT_RETRY_WAITS_S", (0.01, 0.02, 0.04))
+    js = _PlacementRefused(_OFFLINE, refusals=100)
+    with pytest.raises(BadRequestError) as raised:
+        await provision_stream(js, StreamConfig(name="S", subjects=["s.>"]))  # type: ignore[arg-type]
+    assert raised.value.err_code == NO_PEERS_FOR_PLACEMENT
+    assert js.attempts == 4
+    assert len(PLACEMENT_RETRY_WAITS_S) == 5  # the module's own schedule, ~7.75 s
+
+
+async def test_a_placement_that_cannot_succeed_is_not_tried_again() -> None:
+    # Tags no server has: waiting cannot help, and the operator must see it at once.
+    js = _PlacementRefused("no suitable peers for placement, tags not matched ['az:x']", 100)
+    with pytest.raises(BadRequestError):
         await provision_stream(js, StreamConfig(name="S", subjects=["s.>"]))  # type: ignore[arg-type]
     assert js.attempts == 1
