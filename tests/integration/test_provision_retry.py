@@ -83,16 +83,21 @@ async def test_a_store_directory_that_cannot_be_made_for_a_moment_is_tried_again
     assert account_dir.is_dir()
 
 
-class _StoreNeverMade:
+class _NoSuchStream:
+    """nats-server's answer for a stream not created yet, and a count of creation attempts."""
+
+    attempts = 0
+
+    async def stream_info(self, name: str) -> Any:
+        raise NotFoundError(code=404, err_code=10059, description="stream not found")
+
+
+class _StoreNeverMade(_NoSuchStream):
     """nats-server's answers for a stream whose store can never be created (a read-only or
     full disk): no such stream, and the same 500 on every attempt."""
 
     def __init__(self, err_code: int) -> None:
         self.err_code = err_code
-        self.attempts = 0
-
-    async def stream_info(self, name: str) -> Any:
-        raise NotFoundError(code=404, err_code=10059, description="stream not found")
 
     async def add_stream(self, config: StreamConfig) -> Any:
         self.attempts += 1
@@ -116,17 +121,13 @@ async def test_any_other_server_error_is_not_tried_again() -> None:
     assert js.attempts == 1
 
 
-class _PlacementRefused:
+class _PlacementRefused(_NoSuchStream):
     """nats-server's answers for a stream no peer can be placed on (400 / 10005): no such
     stream, then `description` on the first `refusals` attempts and a created stream after."""
 
     def __init__(self, description: str, refusals: int) -> None:
         self.description = description
         self.refusals = refusals
-        self.attempts = 0
-
-    async def stream_info(self, name: str) -> Any:
-        raise NotFoundError(code=404, err_code=10059, description="stream not found")
 
     async def add_stream(self, config: StreamConfig) -> Any:
         self.attempts += 1
