@@ -174,7 +174,7 @@ async def _add_stream(js: JetStreamContext, wanted: StreamConfig) -> None:
     - **No peer could be placed because one is offline** (400 / 10005, "no suitable peers
       for placement, peer offline"). Right after a cluster forms, its meta leader can still
       count a peer offline until that peer's first report reaches it: seen on 2.15.1 in a
-      clean-clone CI run, where `provision --replicas 3` ran the moment every node agreed
+      clean-clone CI run, where `provision --stream-replicas 3` ran the moment every node agreed
       on the leader. A deployment that provisions as soon as its cluster is up does the
       same.
 

