@@ -16,7 +16,7 @@ from worker import gc_policy
 from worker.bus.acked_publish import AckedPublisher
 from worker.bus.audit import AuditLog, provider_receipt
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
-from worker.bus.consumer import PullLoop, Slots
+from worker.bus.consumer import AdmissionWindow, PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
 from worker.bus.publisher import BusPublisher
 from worker.bus.queue_depth import QueueDepthGauge
@@ -92,6 +92,8 @@ class Worker:
         self.control: ControlPlane | None = None
         self.slots = Slots(settings.concurrency)
         self.delegation_slots = Slots(settings.concurrency)
+        #: Every pull loop's fetched deliveries not yet under the lease heartbeat (one CPU).
+        self.admitting = AdmissionWindow()
         #: The work subject of each consumer kind, from the subject grammar.
         self._work_subject = {
             "actions": self.subjects.actions,
@@ -404,6 +406,7 @@ class Worker:
             errors=self.errors,
             endpoint_id=endpoint_id,
             serving=self.serving,
+            window=self.admitting,
         )
         self.loops.append(pull)
         self._tasks.append(asyncio.get_running_loop().create_task(pull.run()))

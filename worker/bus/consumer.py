@@ -1,9 +1,11 @@
 """The pull loop: fetch only as many Actions as there are free slots, and never stop.
 
 Nothing waits in a local buffer while its AckWait runs: a fetch asks for at most the free
-execution slots. An empty fetch is normal (nats-py raises a timeout for it); any other
-failure — a NATS restart, a deleted consumer, a lost connection — is logged and the loop
-binds again, so the pull consumer resumes by itself (nats.py #504).
+execution slots, and for no more than the `AdmissionWindow` has room for (the deliveries
+fetched that no lease heartbeat keeps alive yet). An empty fetch is normal (nats-py raises
+a timeout for it); any other failure — a NATS restart, a deleted consumer, a lost
+connection — is logged and the loop binds again, so the pull consumer resumes by itself
+(nats.py #504).
 
 A fetch also waits for the `gate` (the store's health): a worker whose Redis is failing or
 full leaves the queue to the workers that can lease and settle. And the consumer is not
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Protocol
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -28,6 +31,11 @@ from worker.logs import RepeatedErrors
 log = logging.getLogger(__name__)
 
 MAX_BATCH = 128
+#: Deliveries a worker may hold between their fetch and the lease heartbeat taking them
+#: over (`AdmissionWindow`): a second's admissions on a slow, saturated machine (~250/s in
+#: figure 4 on a 2-core VM), two fetches' worth, and far more than a worker with its default
+#: concurrency ever has in admission at once.
+MAX_ADMITTING = 256
 
 Handler = Callable[..., Awaitable[None]]
 
@@ -83,6 +91,75 @@ class Slots:
             return True
 
 
+class AdmissionWindow:
+    """Bounds the deliveries a worker has fetched but nothing keeps alive yet.
+
+    Slots bound how many Actions a worker runs, not how far its fetching runs ahead of its
+    CPU. A delivery's in-progress signals start once its lease is held (the heartbeat sends
+    them, `worker.execution.leases`); before that -- decode, signature, admission, the lease
+    -- its AckWait runs. With 10,000 slots a saturated worker fetched all 10,000 held-run
+    Actions within seconds, and the ones still waiting their turn to be leased outlived
+    AckWait and came back as redeliveries (806 of 10,000 in figure 4 on a slow machine),
+    each costing a second decode and verification while the CPU was already short. Here a
+    delivery holds a place from just before its fetch until `admitted` (called where the
+    lease keeper takes it over) or until its handling ends, and a fetch asks for no more
+    than the free places: what the worker cannot admit soon stays on the stream, where no
+    AckWait runs. One window is shared by every pull loop of a worker (one CPU).
+    """
+
+    def __init__(self, limit: int = MAX_ADMITTING) -> None:
+        self.limit = limit
+        self.held = 0
+        #: Set while a place is free.
+        self._room = asyncio.Event()
+        self._room.set()
+
+    async def room(self) -> int:
+        """Wait until a place is free; how many are."""
+        while self.held >= self.limit:
+            self._room.clear()
+            await self._room.wait()
+        return self.limit - self.held
+
+    def take(self, places: int) -> None:
+        """The deliveries one fetch brought."""
+        self.held += places
+
+    def give_back(self, places: int) -> None:
+        """A delivery admitted or ended."""
+        self.held -= places
+        if self.held < self.limit:
+            self._room.set()
+
+
+class _Place:
+    """One delivery's place in the window, given back once (`admitted` or its end)."""
+
+    __slots__ = ("taken", "window")
+
+    def __init__(self, window: AdmissionWindow) -> None:
+        self.window = window
+        self.taken = True
+
+    def give_back(self) -> None:
+        if self.taken:
+            self.taken = False
+            self.window.give_back(1)
+
+
+#: The place of the delivery the current task handles (each fetched message is handled in
+#: its own task, `PullLoop._one`, so its context carries its own place).
+_place: ContextVar[_Place | None] = ContextVar("aip_admission_place", default=None)
+
+
+def admitted() -> None:
+    """The current delivery is kept alive by the lease heartbeat from now on: its place in
+    the admission window is free for the next fetch. A no-op outside a pull loop's task."""
+    place = _place.get()
+    if place is not None:
+        place.give_back()
+
+
 class PullLoop:
     """Fetch from one durable consumer and hand each message to the delivery handler."""
 
@@ -100,6 +177,7 @@ class PullLoop:
         errors: RepeatedErrors | None = None,
         endpoint_id: str = "",
         serving: ServingCheck | None = None,
+        window: AdmissionWindow | None = None,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -113,6 +191,8 @@ class PullLoop:
         #: Asked before binding and before each fetch: unbound while it says no.
         self.endpoint_id = endpoint_id
         self.serving = serving
+        #: Shared by the worker's pull loops: how many fetched deliveries may await a lease.
+        self.window = window if window is not None else AdmissionWindow()
         #: A NATS outage fails every bind and fetch alike: logged once per cause per interval.
         self.errors = errors if errors is not None else RepeatedErrors()
         self.stopping = asyncio.Event()
@@ -157,7 +237,15 @@ class PullLoop:
                 await self._until_stopping_or(self.gate.wait_accepting())
             if self.stopping.is_set():
                 return
-            batch = min(free, MAX_BATCH)
+            # The room is read, not reserved: an idle consumer's fetch waits up to
+            # `fetch_timeout_s` for its first message, and a reservation held through that
+            # wait would starve the loops that have work (one window, many consumers). So
+            # loops fetching at the same moment can overshoot the limit, by at most what
+            # each of them asked for.
+            room = await self.window.room()
+            batch = min(free, room, MAX_BATCH, self.slots.free)
+            if batch <= 0:
+                continue
             try:
                 msgs = await sub.fetch(batch, timeout=self.fetch_timeout_s)
             except (TimeoutError, FetchTimeoutError, NatsTimeoutError):
@@ -169,16 +257,21 @@ class PullLoop:
                 )
                 await self._pause(0.2)
                 return
+            self.window.take(len(msgs))
             self.slots.take(len(msgs))
             for msg in msgs:
-                task = asyncio.get_running_loop().create_task(self._one(msg))
+                task = asyncio.get_running_loop().create_task(
+                    self._one(msg, _Place(self.window))
+                )
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
 
-    async def _one(self, msg: object) -> None:
+    async def _one(self, msg: object, place: _Place) -> None:
+        _place.set(place)
         try:
             await self.handle(msg)
         finally:
+            place.give_back()
             await self.slots.give()
 
     async def _until_stopping_or(self, waiting: Awaitable[None]) -> None:

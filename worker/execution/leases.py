@@ -28,6 +28,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from schemas.action import Action
 from schemas.audit import ReceiptEvent
 from worker.bus.audit import AuditLog
+from worker.bus.consumer import admitted
 from worker.endpoints import Endpoint
 from worker.errors import LeaseLost, StoreUnavailable
 from worker.execution.cancel_notices import CancelNotices
@@ -162,9 +163,13 @@ class LeaseKeeper(Generic[L]):
         )
 
     def add(self, execution: L) -> None:
+        """Heartbeat `execution` from now on. Called in the task of its delivery, which
+        from here on is kept alive by the heartbeat's in-progress signals: its place in
+        the pull loop's admission window goes to the next fetch (`admitted`)."""
         self.executions[execution.lease.owner] = execution
         self._by_action[execution.action.id] = execution
         self.notices.registered(execution.action.id)
+        admitted()
 
     def cancel_notice(self, action_id: str) -> None:
         """A cancel notice named `action_id`: re-read its durable intent soon (it grants

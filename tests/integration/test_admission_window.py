@@ -1,0 +1,167 @@
+"""The pull loop's admission window, over a real JetStream consumer.
+
+Slots bound how many Actions a worker runs; the window bounds how many it has fetched that
+no lease heartbeat keeps alive yet (their AckWait runs). A delivery's place is freed where
+the lease keeper takes it over (`LeaseKeeper.add` calls `admitted`) or when its handling
+ends. Without the window a saturated worker with 10,000 slots fetched everything at once:
+on an overloaded 2-core machine figure 4 of `python -m tests.bench` lost 6,797 leases and
+had 5,567 AckWait expiries; with it, 0 and 1,994 (BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any
+
+import nats
+import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
+
+from worker.bus.consumer import AdmissionWindow, PullLoop, Slots, admitted
+from worker.execution.leases import LeaseKeeper
+from worker.testing.services import ServiceHandle
+
+STREAM, DURABLE, SUBJECT = "WINDOW", "window_work", "window.work"
+OFFERED = 40
+LIMIT = 5
+
+
+async def _offer(js: Any) -> None:
+    await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT]))
+    await js.add_consumer(
+        STREAM,
+        ConsumerConfig(durable_name=DURABLE, ack_policy=AckPolicy.EXPLICIT, ack_wait=30),
+    )
+    for n in range(OFFERED):
+        await js.publish(SUBJECT, b"%d" % n)
+
+
+async def _until(condition: Any, timeout_s: float = 10.0) -> None:
+    async with asyncio.timeout(timeout_s):
+        while not condition():
+            await asyncio.sleep(0.02)
+
+
+def _loop(js: Any, slots: Slots, window: AdmissionWindow, handle: Any) -> PullLoop:
+    return PullLoop(
+        js, stream=STREAM, durable=DURABLE, subject=SUBJECT, slots=slots, handle=handle,
+        fetch_timeout_s=0.2, window=window,
+    )
+
+
+async def _running(loop: PullLoop) -> asyncio.Task[None]:
+    return asyncio.get_running_loop().create_task(loop.run())
+
+
+async def _stop(loop: PullLoop, task: asyncio.Task[None], release: asyncio.Event) -> None:
+    loop.stop()
+    release.set()
+    task.cancel()
+    await asyncio.gather(task, *loop.tasks, return_exceptions=True)
+
+
+async def test_no_more_deliveries_await_admission_than_the_window_holds(
+    nats_server: ServiceHandle,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await _offer(js)
+    slots, window = Slots(1_000), AdmissionWindow(LIMIT)
+    handed: list[Any] = []
+    admit, release = asyncio.Event(), asyncio.Event()
+
+    async def handle(msg: Any) -> None:
+        handed.append(msg)
+        await admit.wait()
+        admitted()  # what the lease keeper says once the heartbeat covers the delivery
+        await release.wait()
+        await msg.ack()
+
+    loop = _loop(js, slots, window, handle)
+    task = await _running(loop)
+    try:
+        await _until(lambda: len(handed) == LIMIT)
+        await asyncio.sleep(0.6)  # three more fetch timeouts: nothing else may come
+        assert len(handed) == LIMIT, "slots were free, but the window was full"
+        assert window.held == LIMIT
+        info = await js.consumer_info(STREAM, DURABLE)
+        assert info.num_pending == OFFERED - LIMIT  # the rest waits on the stream, unsent
+        admit.set()  # each delivery is kept alive by its lease now: its place is free
+        await _until(lambda: len(handed) == OFFERED)
+        await _until(lambda: window.held == 0)
+        assert slots.in_use == OFFERED  # still running: slots and window count apart
+    finally:
+        await _stop(loop, task, release)
+        await nc.close()
+
+
+async def test_a_delivery_that_ends_before_its_lease_gives_its_place_back(
+    nats_server: ServiceHandle,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await _offer(js)
+    slots, window = Slots(1_000), AdmissionWindow(LIMIT)
+    done: list[Any] = []
+
+    async def handle(msg: Any) -> None:  # a refusal or a duplicate: no lease, no admitted()
+        await msg.ack()
+        done.append(msg)
+
+    loop = _loop(js, slots, window, handle)
+    task = await _running(loop)
+    try:
+        await _until(lambda: len(done) == OFFERED)
+        await _until(lambda: window.held == 0 and slots.in_use == 0)
+    finally:
+        await _stop(loop, task, asyncio.Event())
+        await nc.close()
+
+
+async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
+    nats_server: ServiceHandle,
+) -> None:
+    nc = await nats.connect(nats_server.url)
+    js = nc.jetstream()
+    await _offer(js)
+    slots, window = Slots(1_000), AdmissionWindow(LIMIT)
+    keeper: LeaseKeeper[Any] = LeaseKeeper(None, None, lease_ttl_ms=15_000)  # type: ignore[arg-type]
+    release = asyncio.Event()
+
+    async def handle(msg: Any) -> None:
+        n = msg.data.decode()
+        lease, action = SimpleNamespace(owner=f"o{n}"), SimpleNamespace(id=f"act_{n}")
+        keeper.add(SimpleNamespace(lease=lease, action=action))
+        await release.wait()
+        await msg.ack()
+
+    loop = _loop(js, slots, window, handle)
+    task = await _running(loop)
+    try:
+        await _until(lambda: len(keeper.executions) == OFFERED)
+        assert window.held == 0
+    finally:
+        await _stop(loop, task, release)
+        await nc.close()
+
+
+def test_places_freed_twice_are_counted_once() -> None:
+    """`admitted` and the end of the delivery both give the place back: only once counts."""
+    window = AdmissionWindow(2)
+    window.take(2)
+
+    async def one() -> None:
+        from worker.bus import consumer
+
+        place = consumer._Place(window)
+        consumer._place.set(place)
+        admitted()
+        admitted()
+        place.give_back()
+
+    asyncio.run(one())
+    assert window.held == 1
+
+
+pytestmark = pytest.mark.timeout(60)
