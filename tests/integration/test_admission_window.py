@@ -3,9 +3,8 @@
 Slots bound how many Actions a worker runs; the window bounds how many it has fetched that
 no lease heartbeat keeps alive yet (their AckWait runs). A delivery's place is freed where
 the lease keeper takes it over (`LeaseKeeper.add` calls `admitted`) or when its handling
-ends. Without the window a saturated worker with 10,000 slots fetched everything at once:
-on an overloaded 2-core machine figure 4 of `python -m tests.bench` lost 6,797 leases and
-had 5,567 AckWait expiries; with it, 0 and 1,994 (BENCHMARKS.md).
+ends. Without the window a saturated worker with 10,000 slots fetched as fast as it could
+while its AckWait clocks ran (BENCHMARKS.md, "An admission window").
 """
 
 from __future__ import annotations
