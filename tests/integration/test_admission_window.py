@@ -25,6 +25,8 @@ STREAM, DURABLE, SUBJECT = "WINDOW", "window_work", "window.work"
 OFFERED = 40
 LIMIT = 5
 
+pytestmark = pytest.mark.timeout(60)
+
 
 async def _offer(js: Any) -> None:
     await js.add_stream(StreamConfig(name=STREAM, subjects=[SUBJECT]))
@@ -163,4 +165,46 @@ def test_places_freed_twice_are_counted_once() -> None:
     assert window.held == 1
 
 
-pytestmark = pytest.mark.timeout(60)
+
+@pytest.mark.parametrize(("slow_after_s", "signals"), [(0.0, OFFERED), (60.0, 0)])
+async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarted(
+    nats_server: ServiceHandle, monkeypatch: pytest.MonkeyPatch, slow_after_s: float, signals: int
+) -> None:
+    """nats-py reads a batch one message per event-loop pass: on a saturated worker a fetch
+    returns seconds after the server delivered its first messages. A fetch slower than
+    `SLOW_FETCH_S` sends each of its messages an in-progress signal at once (seen here on
+    the wire, by a plain subscriber to the consumer's ack subjects); a quick one sends none."""
+    from worker.bus import consumer
+
+    monkeypatch.setattr(consumer, "SLOW_FETCH_S", slow_after_s)
+    nc = await nats.connect(nats_server.url)
+    spy = await nats.connect(nats_server.url)
+    seen: list[bytes] = []
+
+    async def on_ack(msg: Any) -> None:
+        seen.append(msg.data)
+
+    await spy.subscribe(f"$JS.ACK.{STREAM}.{DURABLE}.>", cb=on_ack)
+    await spy.flush()
+    js = nc.jetstream()
+    await _offer(js)
+    slots, window = Slots(1_000), AdmissionWindow(OFFERED)
+    handed: list[Any] = []
+    release = asyncio.Event()
+
+    async def handle(msg: Any) -> None:
+        handed.append(msg)
+        await release.wait()
+
+    loop = _loop(js, slots, window, handle)
+    task = await _running(loop)
+    try:
+        await _until(lambda: len(handed) == OFFERED)
+        await nc.flush()
+        await asyncio.sleep(0.3)
+        assert seen.count(b"+WPI") == signals
+        assert len(seen) == signals  # nothing acked, nothing nak'd
+    finally:
+        await _stop(loop, task, release)
+        await nc.close()
+        await spy.close()

@@ -18,10 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Protocol
 
+from nats.aio.msg import Msg
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.errors import FetchTimeoutError
@@ -36,6 +38,10 @@ MAX_BATCH = 128
 #: figure 4 on a 2-core VM), two fetches' worth, and far more than a worker with its default
 #: concurrency ever has in admission at once.
 MAX_ADMITTING = 256
+#: A fetch that took longer than this may have held its first messages since the server
+#: delivered them (nats-py reads a batch one message per event-loop pass, seconds on a
+#: saturated worker): their AckWait is restarted at once (`_alive`).
+SLOW_FETCH_S = 1.0
 
 Handler = Callable[..., Awaitable[None]]
 
@@ -246,6 +252,7 @@ class PullLoop:
             batch = min(free, room, MAX_BATCH, self.slots.free)
             if batch <= 0:
                 continue
+            asked_at = time.monotonic()
             try:
                 msgs = await sub.fetch(batch, timeout=self.fetch_timeout_s)
             except (TimeoutError, FetchTimeoutError, NatsTimeoutError):
@@ -257,6 +264,8 @@ class PullLoop:
                 )
                 await self._pause(0.2)
                 return
+            if time.monotonic() - asked_at > SLOW_FETCH_S:
+                await _alive(msgs)
             self.window.take(len(msgs))
             self.slots.take(len(msgs))
             for msg in msgs:
@@ -290,6 +299,14 @@ class PullLoop:
 
     def stop(self) -> None:
         self.stopping.set()
+
+
+async def _alive(msgs: list[Msg]) -> None:
+    """Restart the AckWait of deliveries that waited inside a slow fetch (a buffered
+    in-progress signal each; a lost one only leaves the AckWait shorter)."""
+    for msg in msgs:
+        with contextlib.suppress(Exception):
+            await msg.in_progress()
 
 
 async def _quiet_unsubscribe(sub: JetStreamContext.PullSubscription) -> None:
