@@ -10,6 +10,9 @@ while its AckWait clocks ran (BENCHMARKS.md, "An admission window").
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,31 +47,44 @@ async def _until(condition: Any, timeout_s: float = 10.0) -> None:
             await asyncio.sleep(0.02)
 
 
-def _loop(js: Any, slots: Slots, window: AdmissionWindow, handle: Any) -> PullLoop:
-    return PullLoop(
-        js, stream=STREAM, durable=DURABLE, subject=SUBJECT, slots=slots, handle=handle,
-        fetch_timeout_s=0.2, window=window,
+@dataclass
+class _Pulling:
+    """A pull loop over the offered messages, and what a test looks at."""
+
+    js: Any
+    slots: Slots
+    window: AdmissionWindow
+
+
+@asynccontextmanager
+async def _pulling(
+    url: str, handle: Any, *, limit: int, release: asyncio.Event
+) -> AsyncIterator[_Pulling]:
+    """Offer `OFFERED` messages and run a `PullLoop` with 1,000 slots and a window of
+    `limit` over them until the test is done; `release` is set before the loop stops, so
+    handlers waiting on it end."""
+    nc = await nats.connect(url)
+    js = nc.jetstream()
+    await _offer(js)
+    pulling = _Pulling(js, Slots(1_000), AdmissionWindow(limit))
+    loop = PullLoop(
+        js, stream=STREAM, durable=DURABLE, subject=SUBJECT, slots=pulling.slots,
+        handle=handle, fetch_timeout_s=0.2, window=pulling.window,
     )
-
-
-async def _running(loop: PullLoop) -> asyncio.Task[None]:
-    return asyncio.get_running_loop().create_task(loop.run())
-
-
-async def _stop(loop: PullLoop, task: asyncio.Task[None], release: asyncio.Event) -> None:
-    loop.stop()
-    release.set()
-    task.cancel()
-    await asyncio.gather(task, *loop.tasks, return_exceptions=True)
+    task = asyncio.get_running_loop().create_task(loop.run())
+    try:
+        yield pulling
+    finally:
+        loop.stop()
+        release.set()
+        task.cancel()
+        await asyncio.gather(task, *loop.tasks, return_exceptions=True)
+        await nc.close()
 
 
 async def test_no_more_deliveries_await_admission_than_the_window_holds(
     nats_server: ServiceHandle,
 ) -> None:
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await _offer(js)
-    slots, window = Slots(1_000), AdmissionWindow(LIMIT)
     handed: list[Any] = []
     admit, release = asyncio.Event(), asyncio.Event()
 
@@ -79,54 +95,38 @@ async def test_no_more_deliveries_await_admission_than_the_window_holds(
         await release.wait()
         await msg.ack()
 
-    loop = _loop(js, slots, window, handle)
-    task = await _running(loop)
-    try:
+    async with _pulling(nats_server.url, handle, limit=LIMIT, release=release) as pulling:
         await _until(lambda: len(handed) == LIMIT)
         await asyncio.sleep(0.6)  # three more fetch timeouts: nothing else may come
         assert len(handed) == LIMIT, "slots were free, but the window was full"
-        assert window.held == LIMIT
-        info = await js.consumer_info(STREAM, DURABLE)
+        assert pulling.window.held == LIMIT
+        info = await pulling.js.consumer_info(STREAM, DURABLE)
         assert info.num_pending == OFFERED - LIMIT  # the rest waits on the stream, unsent
         admit.set()  # each delivery is kept alive by its lease now: its place is free
         await _until(lambda: len(handed) == OFFERED)
-        await _until(lambda: window.held == 0)
-        assert slots.in_use == OFFERED  # still running: slots and window count apart
-    finally:
-        await _stop(loop, task, release)
-        await nc.close()
+        await _until(lambda: pulling.window.held == 0)
+        assert pulling.slots.in_use == OFFERED  # still running: slots and window count apart
 
 
 async def test_a_delivery_that_ends_before_its_lease_gives_its_place_back(
     nats_server: ServiceHandle,
 ) -> None:
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await _offer(js)
-    slots, window = Slots(1_000), AdmissionWindow(LIMIT)
     done: list[Any] = []
 
     async def handle(msg: Any) -> None:  # a refusal or a duplicate: no lease, no admitted()
         await msg.ack()
         done.append(msg)
 
-    loop = _loop(js, slots, window, handle)
-    task = await _running(loop)
-    try:
+    async with _pulling(
+        nats_server.url, handle, limit=LIMIT, release=asyncio.Event()
+    ) as pulling:
         await _until(lambda: len(done) == OFFERED)
-        await _until(lambda: window.held == 0 and slots.in_use == 0)
-    finally:
-        await _stop(loop, task, asyncio.Event())
-        await nc.close()
+        await _until(lambda: pulling.window.held == 0 and pulling.slots.in_use == 0)
 
 
 async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
     nats_server: ServiceHandle,
 ) -> None:
-    nc = await nats.connect(nats_server.url)
-    js = nc.jetstream()
-    await _offer(js)
-    slots, window = Slots(1_000), AdmissionWindow(LIMIT)
     keeper: LeaseKeeper[Any] = LeaseKeeper(None, None, lease_ttl_ms=15_000)  # type: ignore[arg-type]
     release = asyncio.Event()
 
@@ -137,14 +137,9 @@ async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
         await release.wait()
         await msg.ack()
 
-    loop = _loop(js, slots, window, handle)
-    task = await _running(loop)
-    try:
+    async with _pulling(nats_server.url, handle, limit=LIMIT, release=release) as pulling:
         await _until(lambda: len(keeper.executions) == OFFERED)
-        assert window.held == 0
-    finally:
-        await _stop(loop, task, release)
-        await nc.close()
+        assert pulling.window.held == 0
 
 
 def test_places_freed_twice_are_counted_once() -> None:
@@ -165,7 +160,6 @@ def test_places_freed_twice_are_counted_once() -> None:
     assert window.held == 1
 
 
-
 @pytest.mark.parametrize(("slow_after_s", "signals"), [(0.0, OFFERED), (60.0, 0)])
 async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarted(
     nats_server: ServiceHandle, monkeypatch: pytest.MonkeyPatch, slow_after_s: float, signals: int
@@ -177,7 +171,6 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
     from worker.bus import consumer
 
     monkeypatch.setattr(consumer, "SLOW_FETCH_S", slow_after_s)
-    nc = await nats.connect(nats_server.url)
     spy = await nats.connect(nats_server.url)
     seen: list[bytes] = []
 
@@ -186,9 +179,6 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
 
     await spy.subscribe(f"$JS.ACK.{STREAM}.{DURABLE}.>", cb=on_ack)
     await spy.flush()
-    js = nc.jetstream()
-    await _offer(js)
-    slots, window = Slots(1_000), AdmissionWindow(OFFERED)
     handed: list[Any] = []
     release = asyncio.Event()
 
@@ -196,15 +186,11 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
         handed.append(msg)
         await release.wait()
 
-    loop = _loop(js, slots, window, handle)
-    task = await _running(loop)
     try:
-        await _until(lambda: len(handed) == OFFERED)
-        await nc.flush()
-        await asyncio.sleep(0.3)
-        assert seen.count(b"+WPI") == signals
-        assert len(seen) == signals  # nothing acked, nothing nak'd
+        async with _pulling(nats_server.url, handle, limit=OFFERED, release=release):
+            await _until(lambda: len(handed) == OFFERED)
+            await asyncio.sleep(0.3)
+            assert seen.count(b"+WPI") == signals
+            assert len(seen) == signals  # nothing acked, nothing nak'd
     finally:
-        await _stop(loop, task, release)
-        await nc.close()
         await spy.close()
