@@ -16,7 +16,7 @@ from worker import gc_policy
 from worker.bus.acked_publish import AckedPublisher
 from worker.bus.audit import AuditLog, provider_receipt
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
-from worker.bus.consumer import AdmissionWindow, PullLoop, Slots
+from worker.bus.consumer import MAX_ADMITTING, PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
 from worker.bus.publisher import BusPublisher
 from worker.bus.queue_depth import QueueDepthGauge
@@ -93,7 +93,7 @@ class Worker:
         self.slots = Slots(settings.concurrency)
         self.delegation_slots = Slots(settings.concurrency)
         #: Every pull loop's fetched deliveries not yet under the lease heartbeat (one CPU).
-        self.admitting = AdmissionWindow()
+        self.admitting = Slots(MAX_ADMITTING)
         #: The work subject of each consumer kind, from the subject grammar.
         self._work_subject = {
             "actions": self.subjects.actions,

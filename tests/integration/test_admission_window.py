@@ -20,7 +20,7 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from worker.bus.consumer import AdmissionWindow, PullLoop, Slots, admitted
+from worker.bus.consumer import PullLoop, Slots, admitted
 from worker.execution.leases import LeaseKeeper
 from worker.testing.services import ServiceHandle
 
@@ -53,7 +53,7 @@ class _Pulling:
 
     js: Any
     slots: Slots
-    window: AdmissionWindow
+    window: Slots
 
 
 @asynccontextmanager
@@ -66,7 +66,7 @@ async def _pulling(
     nc = await nats.connect(url)
     js = nc.jetstream()
     await _offer(js)
-    pulling = _Pulling(js, Slots(1_000), AdmissionWindow(limit))
+    pulling = _Pulling(js, Slots(1_000), Slots(limit))
     loop = PullLoop(
         js, stream=STREAM, durable=DURABLE, subject=SUBJECT, slots=pulling.slots,
         handle=handle, fetch_timeout_s=0.2, window=pulling.window,
@@ -99,12 +99,12 @@ async def test_no_more_deliveries_await_admission_than_the_window_holds(
         await _until(lambda: len(handed) == LIMIT)
         await asyncio.sleep(0.6)  # three more fetch timeouts: nothing else may come
         assert len(handed) == LIMIT, "slots were free, but the window was full"
-        assert pulling.window.held == LIMIT
+        assert pulling.window.in_use == LIMIT
         info = await pulling.js.consumer_info(STREAM, DURABLE)
         assert info.num_pending == OFFERED - LIMIT  # the rest waits on the stream, unsent
         admit.set()  # each delivery is kept alive by its lease now: its place is free
         await _until(lambda: len(handed) == OFFERED)
-        await _until(lambda: pulling.window.held == 0)
+        await _until(lambda: pulling.window.in_use == 0)
         assert pulling.slots.in_use == OFFERED  # still running: slots and window count apart
 
 
@@ -121,7 +121,7 @@ async def test_a_delivery_that_ends_before_its_lease_gives_its_place_back(
         nats_server.url, handle, limit=LIMIT, release=asyncio.Event()
     ) as pulling:
         await _until(lambda: len(done) == OFFERED)
-        await _until(lambda: pulling.window.held == 0 and pulling.slots.in_use == 0)
+        await _until(lambda: pulling.window.in_use == 0 and pulling.slots.in_use == 0)
 
 
 async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
@@ -139,12 +139,12 @@ async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
 
     async with _pulling(nats_server.url, handle, limit=LIMIT, release=release) as pulling:
         await _until(lambda: len(keeper.executions) == OFFERED)
-        assert pulling.window.held == 0
+        assert pulling.window.in_use == 0
 
 
 def test_places_freed_twice_are_counted_once() -> None:
     """`admitted` and the end of the delivery both give the place back: only once counts."""
-    window = AdmissionWindow(2)
+    window = Slots(2)
     window.take(2)
 
     async def one() -> None:
@@ -157,7 +157,7 @@ def test_places_freed_twice_are_counted_once() -> None:
         place.give_back()
 
     asyncio.run(one())
-    assert window.held == 1
+    assert window.in_use == 1
 
 
 @pytest.mark.parametrize(("slow_after_s", "signals"), [(0.0, OFFERED), (60.0, 0)])

@@ -1,11 +1,11 @@
 """The pull loop: fetch only as many Actions as there are free slots, and never stop.
 
 Nothing waits in a local buffer while its AckWait runs: a fetch asks for at most the free
-execution slots, and for no more than the `AdmissionWindow` has room for (the deliveries
-fetched that no lease heartbeat keeps alive yet). An empty fetch is normal (nats-py raises
-a timeout for it); any other failure — a NATS restart, a deleted consumer, a lost
-connection — is logged and the loop binds again, so the pull consumer resumes by itself
-(nats.py #504).
+execution slots, and for no more than the admission window has room for (the deliveries
+fetched that no lease heartbeat keeps alive yet; `Slots` says why). An empty fetch is
+normal (nats-py raises a timeout for it); any other failure — a NATS restart, a deleted
+consumer, a lost connection — is logged and the loop binds again, so the pull consumer
+resumes by itself (nats.py #504).
 
 A fetch also waits for the `gate` (the store's health): a worker whose Redis is failing or
 full leaves the queue to the workers that can lease and settle. And the consumer is not
@@ -34,9 +34,9 @@ log = logging.getLogger(__name__)
 
 MAX_BATCH = 128
 #: Deliveries a worker may hold between their fetch and the lease heartbeat taking them
-#: over (`AdmissionWindow`): a second's admissions on a slow, saturated machine (~250/s in
-#: figure 4 on a 2-core VM), two fetches' worth, and far more than a worker with its default
-#: concurrency ever has in admission at once.
+#: over (the admission window, `Slots`): a second's admissions on a slow, saturated machine
+#: (~250/s in figure 4 on a 2-core VM), two fetches' worth, and far more than a worker
+#: with its default concurrency ever has in admission at once.
 MAX_ADMITTING = 256
 #: A fetch that took longer than this may have held its first messages since the server
 #: delivered them (nats-py reads a batch one message per event-loop pass, seconds on a
@@ -64,93 +64,86 @@ class ServingCheck(Protocol):
 
 
 class Slots:
-    """The worker's execution slots, shared by every endpoint it serves."""
+    """A count of places taken, up to `capacity`, that a taker can wait on.
+
+    Two kinds are shared by a worker's pull loops: its execution slots (how many Actions it
+    runs; `AIPD_CONCURRENCY`, one set for Actions and egress and one for delegations) and
+    its admission window (`MAX_ADMITTING`: how many deliveries it has fetched that nothing
+    keeps alive yet). Slots bound how many Actions a worker runs, not how far its fetching
+    runs ahead of its CPU. A delivery's in-progress signals start once its lease is held
+    (the heartbeat sends them, `worker.execution.leases`); before that -- decode,
+    signature, admission, the lease -- its AckWait runs. With 10,000 slots a saturated
+    worker fetched all 10,000 held-run Actions within seconds, and the ones still waiting
+    their turn to be leased outlived AckWait and came back as redeliveries (806 of 10,000 in
+    figure 4 on a slow machine), each costing a second decode and verification while the
+    CPU was already short. So a fetched delivery also holds a place in the window until
+    `admitted` (called where the lease keeper takes it over) or until its handling ends,
+    and a fetch asks for no more than both have free: what the worker cannot admit soon
+    stays on the stream, where no AckWait runs.
+
+    `give` is synchronous, so `admitted` can be called from the lease keeper's `add`.
+    """
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.in_use = 0
-        self._changed = asyncio.Condition()
+        #: Set while a place is free.
+        self._free = asyncio.Event()
+        self._free.set()
+        #: Set while no place is taken.
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     @property
     def free(self) -> int:
         return self.capacity - self.in_use
 
     async def wait_free(self) -> int:
-        async with self._changed:
-            await self._changed.wait_for(lambda: self.free > 0)
-            return self.free
+        """Wait until a place is free; how many are."""
+        while self.free <= 0:
+            self._free.clear()
+            await self._free.wait()
+        return self.free
 
     def take(self, n: int) -> None:
         self.in_use += n
+        if self.in_use > 0:
+            self._idle.clear()
 
-    async def give(self) -> None:
-        async with self._changed:
-            self.in_use -= 1
-            self._changed.notify_all()
+    def give(self, n: int = 1) -> None:
+        self.in_use -= n
+        if self.free > 0:
+            self._free.set()
+        if self.in_use == 0:
+            self._idle.set()
 
     async def wait_idle(self, timeout_s: float) -> bool:
-        async with self._changed:
-            try:
-                await asyncio.wait_for(self._changed.wait_for(lambda: self.in_use == 0), timeout_s)
-            except TimeoutError:
-                return False
-            return True
+        async def idle() -> None:
+            while self.in_use != 0:
+                self._idle.clear()
+                await self._idle.wait()
 
-
-class AdmissionWindow:
-    """Bounds the deliveries a worker has fetched but nothing keeps alive yet.
-
-    Slots bound how many Actions a worker runs, not how far its fetching runs ahead of its
-    CPU. A delivery's in-progress signals start once its lease is held (the heartbeat sends
-    them, `worker.execution.leases`); before that -- decode, signature, admission, the lease
-    -- its AckWait runs. With 10,000 slots a saturated worker fetched all 10,000 held-run
-    Actions within seconds, and the ones still waiting their turn to be leased outlived
-    AckWait and came back as redeliveries (806 of 10,000 in figure 4 on a slow machine),
-    each costing a second decode and verification while the CPU was already short. Here a
-    delivery holds a place from just before its fetch until `admitted` (called where the
-    lease keeper takes it over) or until its handling ends, and a fetch asks for no more
-    than the free places: what the worker cannot admit soon stays on the stream, where no
-    AckWait runs. One window is shared by every pull loop of a worker (one CPU).
-    """
-
-    def __init__(self, limit: int = MAX_ADMITTING) -> None:
-        self.limit = limit
-        self.held = 0
-        #: Set while a place is free.
-        self._room = asyncio.Event()
-        self._room.set()
-
-    async def room(self) -> int:
-        """Wait until a place is free; how many are."""
-        while self.held >= self.limit:
-            self._room.clear()
-            await self._room.wait()
-        return self.limit - self.held
-
-    def take(self, places: int) -> None:
-        """The deliveries one fetch brought."""
-        self.held += places
-
-    def give_back(self, places: int) -> None:
-        """A delivery admitted or ended."""
-        self.held -= places
-        if self.held < self.limit:
-            self._room.set()
+        try:
+            await asyncio.wait_for(idle(), timeout_s)
+        except TimeoutError:
+            return False
+        return True
 
 
 class _Place:
-    """One delivery's place in the window, given back once (`admitted` or its end)."""
+    """One delivery's place in the admission window, given back once (`admitted` or the
+    end of its handling)."""
 
     __slots__ = ("taken", "window")
 
-    def __init__(self, window: AdmissionWindow) -> None:
+    def __init__(self, window: Slots) -> None:
         self.window = window
         self.taken = True
 
     def give_back(self) -> None:
         if self.taken:
             self.taken = False
-            self.window.give_back(1)
+            self.window.give()
 
 
 #: The place of the delivery the current task handles (each fetched message is handled in
@@ -183,7 +176,7 @@ class PullLoop:
         errors: RepeatedErrors | None = None,
         endpoint_id: str = "",
         serving: ServingCheck | None = None,
-        window: AdmissionWindow | None = None,
+        window: Slots | None = None,
     ) -> None:
         self.js = js
         self.stream = stream
@@ -198,7 +191,7 @@ class PullLoop:
         self.endpoint_id = endpoint_id
         self.serving = serving
         #: Shared by the worker's pull loops: how many fetched deliveries may await a lease.
-        self.window = window if window is not None else AdmissionWindow()
+        self.window = window if window is not None else Slots(MAX_ADMITTING)
         #: A NATS outage fails every bind and fetch alike: logged once per cause per interval.
         self.errors = errors if errors is not None else RepeatedErrors()
         self.stopping = asyncio.Event()
@@ -234,7 +227,7 @@ class PullLoop:
 
     async def _fetch_until_error(self, sub: JetStreamContext.PullSubscription) -> None:
         while not self.stopping.is_set():
-            free = await self.slots.wait_free()
+            await self.slots.wait_free()
             if self.serving is not None and not self.serving.servable(self.endpoint_id):
                 log.warning("unbinding %s/%s: this worker cannot serve %s now (see /ready)",
                             self.stream, self.durable, self.endpoint_id)
@@ -248,8 +241,8 @@ class PullLoop:
             # wait would starve the loops that have work (one window, many consumers). So
             # loops fetching at the same moment can overshoot the limit, by at most what
             # each of them asked for.
-            room = await self.window.room()
-            batch = min(free, room, MAX_BATCH, self.slots.free)
+            await self.window.wait_free()
+            batch = min(self.window.free, self.slots.free, MAX_BATCH)
             if batch <= 0:
                 continue
             asked_at = time.monotonic()
@@ -281,7 +274,7 @@ class PullLoop:
             await self.handle(msg)
         finally:
             place.give_back()
-            await self.slots.give()
+            self.slots.give()
 
     async def _until_stopping_or(self, waiting: Awaitable[None]) -> None:
         """Wait for `waiting`, or less when the loop is stopped meanwhile."""
