@@ -10,13 +10,11 @@ however the test ends.
 from __future__ import annotations
 
 import contextlib
-import socket
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from worker.testing.services import find_nats_server, free_port
+from worker.testing.services import find_nats_server, free_port, port_accepts, wait_until
 
 HOST = "127.0.0.1"
 START_TIMEOUT_S = 10.0
@@ -35,13 +33,13 @@ def nats_process(*argv: str, log: Path | None = None) -> Iterator[str]:
             [binary, "-a", HOST, "-p", str(port), *argv], stdout=out, stderr=subprocess.STDOUT
         )
         try:
-            deadline = time.monotonic() + START_TIMEOUT_S
-            while True:
-                with contextlib.suppress(OSError), socket.create_connection((HOST, port), 0.2):
-                    break
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(f"nats-server {' '.join(argv)} did not start")
-                time.sleep(0.05)
+            with contextlib.suppress(TimeoutError):
+                wait_until(
+                    lambda: proc.poll() is not None or port_accepts(port),
+                    timeout=START_TIMEOUT_S, what="nats-server",
+                )
+            if proc.poll() is not None or not port_accepts(port):
+                raise AssertionError(f"nats-server {' '.join(argv)} did not start")
             yield f"nats://{HOST}:{port}"
         finally:
             proc.terminate()
