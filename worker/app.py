@@ -16,7 +16,7 @@ from worker import gc_policy
 from worker.bus.acked_publish import AckedPublisher
 from worker.bus.audit import AuditLog, provider_receipt
 from worker.bus.connections import connect_nats, open_redis_for, stream_policy
-from worker.bus.consumer import MAX_ADMITTING, PullLoop, Slots
+from worker.bus.consumer import MAX_ADMITTING, AllGates, FetchGate, PullLoop, Slots
 from worker.bus.dead_letters import DeadLetters
 from worker.bus.publisher import BusPublisher
 from worker.bus.queue_depth import QueueDepthGauge
@@ -104,6 +104,7 @@ class Worker:
         #: Repeated failures are logged once per cause per interval, and counted.
         self.errors = RepeatedErrors(on_count=self.metrics.error)
         self.store_health: StoreHealth | None = None
+        self.fetch_gate: FetchGate | None = None
         self.health: HealthServer | None = None
         self.escalations_open: OpenEscalationsGauge | None = None
         self.queue_depth: QueueDepthGauge | None = None
@@ -180,6 +181,9 @@ class Worker:
             stores.leases, audit, lease_ttl_ms=settings.lease_ttl_ms, metrics=self.metrics,
             health=health, errors=self.errors,
         )
+        # The pull loops fetch only while the store takes new leases and the heartbeat
+        # keeps up with the leases already held.
+        self.fetch_gate = AllGates(health, keeper.pressure)
         self.rt = Runtime(
             settings=settings,
             subjects=self.subjects,
@@ -402,7 +406,7 @@ class Worker:
             subject=self._work_subject[kind](endpoint_id),
             slots=slots,
             handle=_bound(handler, endpoint_id),
-            gate=self.store_health,
+            gate=self.fetch_gate,
             errors=self.errors,
             endpoint_id=endpoint_id,
             serving=self.serving,

@@ -234,6 +234,12 @@ class Metrics:
             "1 while Redis answers and has room for new leases (the worker fetches only then)",
             registry=r,
         )
+        self.heartbeat_strained = Gauge(
+            f"{PREFIX}_heartbeat_strained",
+            "1 while fetching is paused because the last lease renewal round trip took more "
+            "than half the heartbeat interval (the worker is overloaded)",
+            registry=r,
+        )
         self._ready = Gauge(
             f"{PREFIX}_ready", "1 when the named readiness check passed at its last evaluation",
             ["check"], registry=r,

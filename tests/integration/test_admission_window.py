@@ -10,6 +10,7 @@ while its AckWait clocks ran (BENCHMARKS.md, "An admission window").
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -20,7 +21,7 @@ import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from worker.bus.consumer import PullLoop, Slots, admitted
+from worker.bus.consumer import SLOW_FETCH_S, PullLoop, Slots, admitted
 from worker.execution.leases import LeaseKeeper
 from worker.testing.services import ServiceHandle
 
@@ -45,6 +46,24 @@ async def _until(condition: Any, timeout_s: float = 10.0) -> None:
     async with asyncio.timeout(timeout_s):
         while not condition():
             await asyncio.sleep(0.02)
+
+
+@asynccontextmanager
+async def _acks_seen(url: str) -> AsyncIterator[list[bytes]]:
+    """What the consumer's ack subjects carry (acks, naks, in-progress signals), as a plain
+    subscriber on the wire sees it, in order."""
+    spy = await nats.connect(url)
+    seen: list[bytes] = []
+
+    async def on_ack(msg: Any) -> None:
+        seen.append(msg.data)
+
+    try:
+        await spy.subscribe(f"$JS.ACK.{STREAM}.{DURABLE}.>", cb=on_ack)
+        await spy.flush()
+        yield seen
+    finally:
+        await spy.close()
 
 
 @dataclass
@@ -150,7 +169,7 @@ def test_places_freed_twice_are_counted_once() -> None:
     async def one() -> None:
         from worker.bus import consumer
 
-        place = consumer._Place(window)
+        place = consumer._Place(window, None, time.monotonic())  # type: ignore[arg-type]
         consumer._place.set(place)
         admitted()
         admitted()
@@ -171,14 +190,6 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
     from worker.bus import consumer
 
     monkeypatch.setattr(consumer, "SLOW_FETCH_S", slow_after_s)
-    spy = await nats.connect(nats_server.url)
-    seen: list[bytes] = []
-
-    async def on_ack(msg: Any) -> None:
-        seen.append(msg.data)
-
-    await spy.subscribe(f"$JS.ACK.{STREAM}.{DURABLE}.>", cb=on_ack)
-    await spy.flush()
     handed: list[Any] = []
     release = asyncio.Event()
 
@@ -186,11 +197,39 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
         handed.append(msg)
         await release.wait()
 
-    try:
-        async with _pulling(nats_server.url, handle, limit=OFFERED, release=release):
-            await _until(lambda: len(handed) == OFFERED)
-            await asyncio.sleep(0.3)
-            assert seen.count(b"+WPI") == signals
-            assert len(seen) == signals  # nothing acked, nothing nak'd
-    finally:
-        await spy.close()
+    async with (
+        _acks_seen(nats_server.url) as seen,
+        _pulling(nats_server.url, handle, limit=OFFERED, release=release),
+    ):
+        await _until(lambda: len(handed) == OFFERED)
+        await asyncio.sleep(0.3)
+        assert seen.count(b"+WPI") == signals
+        assert len(seen) == signals  # nothing acked, nothing nak'd
+
+
+@pytest.mark.parametrize(("admission_s", "signals"), [(SLOW_FETCH_S + 0.3, OFFERED), (0.0, 0)])
+async def test_deliveries_admitted_slowly_get_their_ackwait_restarted_at_admission(
+    nats_server: ServiceHandle, admission_s: float, signals: int
+) -> None:
+    """On a swamped loop the way from a fetch to the lease can take seconds, all counted
+    against the AckWait, and the heartbeat's first signal may be a whole interval later.
+    A delivery that took longer than `SLOW_FETCH_S` to be admitted sends one in-progress
+    signal when it is (seen on the wire); one admitted at once sends none."""
+    admitted_ids: list[Any] = []
+    release = asyncio.Event()
+
+    async def handle(msg: Any) -> None:
+        await asyncio.sleep(admission_s)  # decode, trust, lease: slow on a swamped loop
+        admitted()
+        admitted_ids.append(msg)
+        await release.wait()
+
+    async with (
+        _acks_seen(nats_server.url) as seen,
+        _pulling(nats_server.url, handle, limit=OFFERED, release=release),
+    ):
+        await _until(lambda: len(admitted_ids) == OFFERED)
+        await _until(lambda: len(seen) >= signals)
+        await asyncio.sleep(0.3)
+        assert seen.count(b"+WPI") == signals
+        assert len(seen) == signals  # nothing acked, nothing nak'd

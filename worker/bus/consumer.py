@@ -47,12 +47,33 @@ Handler = Callable[..., Awaitable[None]]
 
 
 class FetchGate(Protocol):
-    """Whether this worker may take new work now (`StoreHealth` is one)."""
+    """Whether this worker may take new work now (`StoreHealth` is one, and
+    `HeartbeatPressure`)."""
 
     @property
     def accepting(self) -> bool: ...
 
     async def wait_accepting(self) -> None: ...
+
+
+class AllGates:
+    """A fetch gate open while every one of `gates` is."""
+
+    def __init__(self, *gates: FetchGate) -> None:
+        self.gates = gates
+
+    @property
+    def accepting(self) -> bool:
+        return all(gate.accepting for gate in self.gates)
+
+    async def wait_accepting(self) -> None:
+        """Until all are open at once: each closed one is waited for, then all are asked
+        again (one may have closed meanwhile)."""
+        while True:
+            closed = next((gate for gate in self.gates if not gate.accepting), None)
+            if closed is None:
+                return
+            await closed.wait_accepting()
 
 
 class ServingCheck(Protocol):
@@ -132,12 +153,14 @@ class Slots:
 
 class _Place:
     """One delivery's place in the admission window, given back once (`admitted` or the
-    end of its handling)."""
+    end of its handling), and when its fetch returned."""
 
-    __slots__ = ("taken", "window")
+    __slots__ = ("fetched_at", "msg", "taken", "window")
 
-    def __init__(self, window: Slots) -> None:
+    def __init__(self, window: Slots, msg: Msg, fetched_at: float) -> None:
         self.window = window
+        self.msg = msg
+        self.fetched_at = fetched_at
         self.taken = True
 
     def give_back(self) -> None:
@@ -149,14 +172,26 @@ class _Place:
 #: The place of the delivery the current task handles (each fetched message is handled in
 #: its own task, `PullLoop._one`, so its context carries its own place).
 _place: ContextVar[_Place | None] = ContextVar("aip_admission_place", default=None)
+#: The in-progress signals of slow admissions, kept until sent.
+_signals: set[asyncio.Task[None]] = set()
 
 
 def admitted() -> None:
     """The current delivery is kept alive by the lease heartbeat from now on: its place in
-    the admission window is free for the next fetch. A no-op outside a pull loop's task."""
+    the admission window is free for the next fetch. A no-op outside a pull loop's task.
+
+    A delivery that took longer than `SLOW_FETCH_S` from its fetch to its lease (a swamped
+    loop) restarts its AckWait here: its first heartbeat signal may be a whole heartbeat
+    interval away, and the time spent in admission already counts against the AckWait.
+    """
     place = _place.get()
-    if place is not None:
-        place.give_back()
+    if place is None or not place.taken:
+        return
+    place.give_back()
+    if time.monotonic() - place.fetched_at > SLOW_FETCH_S:
+        signal = asyncio.get_running_loop().create_task(_alive([place.msg]))
+        _signals.add(signal)
+        signal.add_done_callback(_signals.discard)
 
 
 class PullLoop:
@@ -257,13 +292,14 @@ class PullLoop:
                 )
                 await self._pause(0.2)
                 return
-            if time.monotonic() - asked_at > SLOW_FETCH_S:
+            fetched_at = time.monotonic()
+            if fetched_at - asked_at > SLOW_FETCH_S:
                 await _alive(msgs)
             self.window.take(len(msgs))
             self.slots.take(len(msgs))
             for msg in msgs:
                 task = asyncio.get_running_loop().create_task(
-                    self._one(msg, _Place(self.window))
+                    self._one(msg, _Place(self.window, msg, fetched_at))
                 )
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)

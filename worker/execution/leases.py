@@ -13,9 +13,13 @@ publishing or acking.
 
 The heartbeat (`LeaseKeeper`) renews all leases in one pipelined round trip per tick (cost
 does not grow with the number of Actions in flight) and reports cancel intents in the same
-replies. `lose` is where every loss is reported, once (`leases_lost_total`, the metric
-operators alert on, a log line and a receipt). A renewal refused because the owner itself
-just settled or released the lease is not a loss.
+replies. Ticks start one interval apart, and each round trip is timed: a slow one (a
+swamped event loop) closes the pull loops' fetch gate (`HeartbeatPressure`), so an
+overloaded worker keeps the leases it holds before it takes more work.
+
+`lose` is where every loss is reported, once (`leases_lost_total`, the metric operators
+alert on, a log line and a receipt). A renewal refused because the owner itself just
+settled or released the lease is not a loss.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from worker.endpoints import Endpoint
 from worker.errors import LeaseLost, StoreUnavailable
 from worker.execution.cancel_notices import CancelNotices
 from worker.execution.cancel_signal import CancelSignal
+from worker.execution.heartbeat_pressure import HeartbeatPressure
 from worker.logs import RepeatedErrors
 from worker.metrics import FenceStep, Metrics
 from worker.operations.base import Operation
@@ -161,6 +166,9 @@ class LeaseKeeper(Generic[L]):
         self.notices: CancelNotices[L] = CancelNotices(
             store, holding=self.holding, cancel=self.cancel
         )
+        #: Closed while renewals are slow (an overloaded worker): the pull loops' second
+        #: gate, so a worker that cannot keep its leases takes no more work.
+        self.pressure = HeartbeatPressure(self.interval_s, metrics)
 
     def add(self, execution: L) -> None:
         """Heartbeat `execution` from now on. Called in the task of its delivery, which
@@ -185,11 +193,20 @@ class LeaseKeeper(Generic[L]):
         return self._by_action.get(action_id)
 
     async def run(self) -> None:
-        """The heartbeat, and the re-reads cancel notices ask for, until cancelled."""
+        """The heartbeat, and the re-reads cancel notices ask for, until cancelled.
+
+        Ticks start one interval apart, however long each took: a slow round trip must not
+        also push the next one back (sleeping a whole interval after each tick let the gap
+        between two confirmations grow to the interval plus the round trip plus the loop's
+        backlog, past the 0.8 of the TTL a lease is trusted for). A tick that overran is
+        followed at once.
+        """
         notices = asyncio.get_running_loop().create_task(self.notices.run())
         try:
+            next_at = time.monotonic() + self.interval_s
             while True:
-                await asyncio.sleep(self.interval_s)
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+                next_at = time.monotonic() + self.interval_s
                 await self.tick()
         finally:
             notices.cancel()
@@ -197,8 +214,12 @@ class LeaseKeeper(Generic[L]):
     async def tick(self) -> None:
         held = list(self.executions.values())
         if not held:
+            self.pressure.relieved()
             return
         sent_at = time.monotonic()
+        overdue = asyncio.get_running_loop().call_later(
+            self.pressure.limit_s, self.pressure.overdue
+        )
         try:
             renewals = await self.store.renew_many(
                 [(e.lease.keys, e.lease.owner, e.lease.fence) for e in held],
@@ -216,8 +237,12 @@ class LeaseKeeper(Generic[L]):
                 self.health.mark_failing("lease renewal failed")
             self._expire_stale(held)
             return
+        finally:
+            overdue.cancel()
+        round_trip_s = time.monotonic() - sent_at
         if self.metrics is not None:
-            self.metrics.heartbeat(time.monotonic() - sent_at, leases=len(held), ok=True)
+            self.metrics.heartbeat(round_trip_s, leases=len(held), ok=True)
+        self.pressure.measured(round_trip_s)
         if self.health is not None:
             self.health.mark_answering()
         for execution, renewal in zip(held, renewals, strict=True):

@@ -1,0 +1,138 @@
+"""An overloaded worker keeps the leases it holds before it takes more work.
+
+On a swamped event loop the heartbeat's renewal round trip grew to 3-21 s against a 5 s
+interval, and thousands of leases ran past the 0.8 of the TTL they are trusted for while
+their runs were fine (BENCHMARKS.md, "An overloaded worker keeps its leases"). Ticks now
+start one interval apart however long each took, and a renewal round trip longer than half
+the interval closes the fetch gate (`HeartbeatPressure`) until one takes less than a
+quarter. Here the round trip is made slow the way a real one is: Redis does not answer
+(SIGSTOP) for longer than the limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from schemas.ids import new_action_id
+from worker.bus.consumer import AllGates
+from worker.execution.heartbeat_pressure import HeartbeatPressure
+from worker.execution.leases import HeldLease, LeaseKeeper
+from worker.store.connection import open_redis
+from worker.store.keys import ActionKeys
+from worker.store.lease_store import LeaseStore
+from worker.testing.services import ServiceHandle
+
+#: A 3 s TTL: ticks 1 s apart, a round trip over 0.5 s closes the gate, one under 0.25 s
+#: opens it.
+TTL_MS = 3_000
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _held(store: LeaseStore, keeper: LeaseKeeper[Any]) -> HeldLease:
+    """One real lease in Redis, kept by `keeper` (an execution as the heartbeat sees it)."""
+    action_id = new_action_id()
+    keys = ActionKeys.of(action_id)
+    grant = await store.acquire(keys, "w#1", TTL_MS, "fp")
+    lease = HeldLease(keys, "w#1", grant, ttl_ms=TTL_MS)
+
+    async def in_progress() -> None:
+        """The delivery's in-progress signal (no JetStream message behind it here)."""
+
+    keeper.add(SimpleNamespace(  # type: ignore[arg-type]
+        lease=lease, keys=keys, action=SimpleNamespace(id=action_id), task=None,
+        cancel_requested=asyncio.Event(), in_progress=in_progress,
+    ))
+    return lease
+
+
+@pytest.mark.chaos
+async def test_a_slow_renewal_closes_the_fetch_gate_until_a_quick_one(
+    redis_server: ServiceHandle,
+) -> None:
+    client = open_redis(redis_server.url, socket_timeout_s=5.0)
+    try:
+        store = LeaseStore(client, call_budget_s=2.0)
+        keeper: LeaseKeeper[Any] = LeaseKeeper(store, None, lease_ttl_ms=TTL_MS)  # type: ignore[arg-type]
+        lease = await _held(store, keeper)
+        await keeper.tick()
+        assert keeper.pressure.accepting  # a quick round trip
+
+        redis_server.pause()
+        asyncio.get_running_loop().call_later(0.9, redis_server.resume)
+        sent_at = time.monotonic()
+        tick = asyncio.get_running_loop().create_task(keeper.tick())
+        await asyncio.sleep(0.7)
+        assert not tick.done()
+        assert not keeper.pressure.accepting, "closed while the round trip is under way"
+        await tick
+        assert not keeper.pressure.accepting
+        assert keeper.pressure.strained_s >= 0.85
+        assert lease.lost is None  # slow, but renewed
+        assert lease.renewed_at >= sent_at
+
+        await keeper.tick()
+        assert keeper.pressure.accepting, "a quick round trip opens the gate again"
+    finally:
+        await client.aclose()
+
+
+async def test_a_gate_closed_for_pressure_opens_when_no_lease_is_left() -> None:
+    """A worker that finished everything it held has nothing to renew: it may fetch."""
+    keeper: LeaseKeeper[Any] = LeaseKeeper(None, None, lease_ttl_ms=TTL_MS)  # type: ignore[arg-type]
+    keeper.pressure.measured(2.0)
+    assert not keeper.pressure.accepting
+    keeper.pressure.measured(0.4)  # under the limit, not under the relief bound: still closed
+    assert not keeper.pressure.accepting
+    await keeper.tick()
+    assert keeper.pressure.accepting
+
+
+async def test_ticks_start_one_interval_apart_however_long_each_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tick taking most of the interval must not push the next one a whole interval
+    further: the gap between two confirmations would grow by every round trip."""
+    keeper: LeaseKeeper[Any] = LeaseKeeper(None, None, lease_ttl_ms=1_500)  # type: ignore[arg-type]
+    starts: list[float] = []
+
+    async def slow_tick() -> None:
+        starts.append(time.monotonic())
+        await asyncio.sleep(0.4)  # of an interval of 0.5 s
+
+    monkeypatch.setattr(keeper, "tick", slow_tick)
+    monkeypatch.setattr(keeper.notices, "run", asyncio.Event().wait)
+    heartbeat = asyncio.get_running_loop().create_task(keeper.run())
+    try:
+        async with asyncio.timeout(10):
+            while len(starts) < 5:
+                await asyncio.sleep(0.05)
+    finally:
+        heartbeat.cancel()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    # Sleeping an interval after each tick would make every gap 0.9 s.
+    assert sum(gaps) / len(gaps) < 0.7, gaps
+
+
+async def test_all_gates_open_only_while_each_is() -> None:
+    first, second = HeartbeatPressure(1.0), HeartbeatPressure(1.0)
+    gates = AllGates(first, second)
+    first.measured(0.9)
+    second.measured(0.9)
+    assert not gates.accepting
+    waiting = asyncio.get_running_loop().create_task(gates.wait_accepting())
+    await asyncio.sleep(0.05)
+    first.relieved()
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    assert not gates.accepting
+    second.relieved()
+    async with asyncio.timeout(5):
+        await waiting
+    assert gates.accepting
