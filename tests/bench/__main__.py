@@ -99,11 +99,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print("\n## Figure 3: chunk relay\n" + report.relay_tables(rates, latencies) + "\n",
                   flush=True)
         if 4 in figures:
-            held = [await inflight.measure(bench, args.inflight, args.inflight_event_every)
+            held = [await inflight.measure(bench, args.inflight, args.inflight_event_every,
+                                           starve=args.starve)
                     for _ in range(args.slow_runs)]
             out["inflight"] = held
-            print("\n## Figure 4: in-flight scale\n" + report.inflight_table(held) + "\n",
-                  flush=True)
+            starved = "" if args.starve is None else f" (worker starved to {args.starve:.0%})"
+            print(f"\n## Figure 4: in-flight scale{starved}\n" + report.inflight_table(held)
+                  + "\n", flush=True)
         if 5 in figures:
             recovered = []
             for _ in range(args.slow_runs):
@@ -145,7 +147,12 @@ def main() -> None:
     parser.add_argument("--inflight-event-every", type=float, default=None, metavar="S",
                         help="seconds between two events of one held run (default: the "
                              "runs together send 1,000 events/s, at most one per 2 s each)")
+    parser.add_argument("--starve", type=float, default=None, metavar="SHARE",
+                        help="figure 4 with the worker overloaded: it runs only SHARE of "
+                             "every 100 ms (SIGSTOP/SIGCONT), e.g. 0.35")
     args = parser.parse_args()
+    if args.starve is not None and not 0.05 <= args.starve < 1:
+        parser.error("--starve: a share of the time from 0.05 to under 1")
     if not 1 <= args.flood <= relay.MAX_FLOOD:
         parser.error(f"--flood: 1 to {relay.MAX_FLOOD:,} events (one run reads at most "
                      f"{relay.RUN_MAX_EVENTS:,}, {relay.OWN_EVENTS} of them its own)")

@@ -16,7 +16,10 @@ tops out at 1,000), so the runs are spread over as many endpoint ids as that tak
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import os
+import signal
 import sys
 import time
 import urllib.request
@@ -79,9 +82,34 @@ def event_every_s(runs: int) -> float:
     return max(MIN_EVENT_EVERY_S, runs / EVENTS_PER_S)
 
 
-async def measure(bench: Bench, runs: int = RUNS, every_s: float | None = None) -> InFlight:
+#: The duty cycle of a starved worker (`--starve`): short enough that no pause is a lease
+#: matter by itself (a 65 ms stop is nothing to a 15 s TTL), long enough to be cheap.
+STARVE_PERIOD_S = 0.1
+
+
+async def _starve(pid: int, share: float) -> None:
+    """Let the worker run `share` of every `STARVE_PERIOD_S` and stop it the rest
+    (SIGSTOP/SIGCONT), until cancelled: a worker that gets far less CPU than its work needs,
+    as under a noisy neighbour, whatever the machine's own speed. It is left running."""
+    try:
+        while True:
+            os.kill(pid, signal.SIGCONT)
+            await asyncio.sleep(STARVE_PERIOD_S * share)
+            os.kill(pid, signal.SIGSTOP)
+            await asyncio.sleep(STARVE_PERIOD_S * (1 - share))
+    except ProcessLookupError:
+        return
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+
+async def measure(
+    bench: Bench, runs: int = RUNS, every_s: float | None = None, *, starve: float | None = None
+) -> InFlight:
     """Hold `runs` slow runs in one worker; each sends an event every `every_s` seconds
-    (default: `event_every_s(runs)`)."""
+    (default: `event_every_s(runs)`). `starve`: the worker runs only that share of every
+    `STARVE_PERIOD_S` (an overloaded worker, `_starve`)."""
     if runs > MAX_SLOTS:
         raise ValueError(f"one worker holds at most {MAX_SLOTS:,} runs (AIPD_CONCURRENCY)")
     endpoints = endpoint_ids(runs)
@@ -108,6 +136,11 @@ async def measure(bench: Bench, runs: int = RUNS, every_s: float | None = None) 
     )[0]
     idle_rss = worker.rss_mb()
     nc = await nats.connect(bench.nats_url)
+    starving = (
+        asyncio.get_running_loop().create_task(_starve(worker.pid, starve))
+        if starve is not None
+        else None
+    )
     try:
         began = time.monotonic()
         for endpoint, envelopes in batches.items():
@@ -138,6 +171,9 @@ async def measure(bench: Bench, runs: int = RUNS, every_s: float | None = None) 
             )
             redelivered += info.num_redelivered
     finally:
+        if starving is not None:
+            starving.cancel()
+            await asyncio.gather(starving, return_exceptions=True)
         await nc.close()
     lost = worker.log_text().count("lease lost for")
     bench.reap(timeout_s=90.0)
