@@ -14,6 +14,7 @@ import logging
 import sys
 import time
 from collections.abc import Callable
+from typing import Literal
 
 import msgspec
 
@@ -57,6 +58,11 @@ class JsonFormatter(logging.Formatter):
             doc["traceback"] = self.formatException(record.exc_info)
         return _LINE_ENCODER.encode(doc).decode()
 
+
+#: `AIPD_LOG_FORMAT`, read by the worker and the gateway alike (one `.env` may serve both):
+#: `json` lines for machines; `human` for terminals, and `text`, the same format, which the
+#: gateway's own setting named until the two were made one.
+LogFormat = Literal["json", "human", "text"]
 
 #: Prints what JSON has no type for (a path, an exception) as its `str`, as `json.dumps`'s
 #: `default=str` did.
@@ -116,7 +122,7 @@ class RepeatedErrors:
         return True
 
 
-def setup_logging(fmt: str = "json", level: str = "info") -> None:
+def setup_logging(fmt: LogFormat | str = "json", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())

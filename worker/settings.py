@@ -15,6 +15,7 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from worker.logs import LogFormat
 from worker.reference_names import ReferenceNamesSource
 
 
@@ -301,8 +302,8 @@ class Settings(BaseSettings):
     queue_depth_refresh_ms: Annotated[int, Field(ge=0, le=3_600_000)] = 5_000
     """Shortest time between two readings of the work consumers for the `queue_pending` and
     `queue_in_flight` gauges (done when `/metrics` is scraped; 0: at every scrape)."""
-    log_format: Literal["json", "human"] = "json"
-    """`json` lines for machines, `human` for terminals."""
+    log_format: LogFormat = "json"
+    """`json` lines for machines, `human` (or `text`, the same) for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
     use_uvloop: bool = True

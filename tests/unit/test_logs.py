@@ -8,7 +8,12 @@ import re
 import sys
 from pathlib import Path
 
+import pytest
+from pydantic import TypeAdapter
+
+from worker.gateway.settings import GatewaySettings
 from worker.logs import JsonFormatter
+from worker.settings import Settings
 
 _TS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
 
@@ -69,3 +74,15 @@ def test_an_exception_is_named_and_its_traceback_kept_on_the_one_line() -> None:
     assert doc["error"] == "ValueError"
     assert "ValueError: boom" in doc["traceback"]
     assert "\n" not in line
+
+
+@pytest.mark.parametrize("fmt", ["json", "human", "text"])
+def test_the_worker_and_the_gateway_accept_the_same_log_formats(
+    monkeypatch: pytest.MonkeyPatch, fmt: str
+) -> None:
+    """Both read `AIPD_LOG_FORMAT`, so one `.env` may serve both: what one accepts, the
+    other does (the gateway took `text` and the worker `human` for the same format)."""
+    monkeypatch.setenv("AIPD_LOG_FORMAT", fmt)
+    assert Settings().log_format == fmt
+    gateway_field = GatewaySettings.model_fields["log_format"].annotation
+    assert TypeAdapter(gateway_field).validate_python(fmt) == fmt

@@ -15,6 +15,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from worker.logs import LogFormat
+
 #: The scope each tool needs (the protected-resource scopes of the AIP MCP server).
 CAPABILITY_READ = "capability:read"
 ACTION_WRITE = "action:write"
@@ -203,8 +205,8 @@ class GatewaySettings(BaseSettings):
     (`connector_host.not_ready`, HTTP 503)."""
     aip_host_drain_timeout_ms: Annotated[int, Field(ge=1, le=300_000)] = 30_000
     """On stop, how long the draining host waits for its Actions before it goes offline."""
-    log_format: Literal["json", "text"] = "json"
-    """`json` lines for machines, `text` for terminals."""
+    log_format: LogFormat = "json"
+    """`json` lines for machines, `human` (or `text`, the same) for terminals."""
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     """Lowest level logged."""
 
