@@ -15,7 +15,6 @@ import json
 import secrets
 import time
 from collections import defaultdict
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +28,7 @@ from worker.gateway.service import namespaced_action_id  # the bus id, to count 
 from worker.testing._procs import free_port
 from worker.testing.fake_hermes.faults import RouteDelay
 from worker.testing.gateway import MCP_ISSUER
-from worker.testing.services import ServiceHandle
+from worker.testing.services import ServiceHandle, eventually
 from worker.testing.workers import WorkerProcess
 from worker.trust.signing import generate_keypair, write_seed_file
 
@@ -93,13 +92,6 @@ def again(first: dict[str, Any], caller: nacl.signing.SigningKey) -> dict[str, A
     return sign(retry, caller, CALLER)
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.05)
-
-
 async def ask(gs: GatewayStack, envelope: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     msg = await gs.stack.nc.request(
         subject(str(envelope["message_type"])),
@@ -161,7 +153,7 @@ async def test_a_gateway_killed_between_accepting_and_answering_loses_nothing(
     async def on_jetstream() -> bool:
         return await actions_last_seq(gs) > queued_before
 
-    await until(on_jetstream, 15, "the Action on its work queue")
+    await eventually(on_jetstream, within=15, what="the Action on its work queue")
     g1.kill()
     g2 = asyncio.ensure_future(start_native(gs, signers, "g2"))
     with pytest.raises(nats.errors.TimeoutError):
@@ -197,7 +189,7 @@ async def test_nats_restarted_mid_request_answers_or_times_out_and_runs_once(
     async def on_jetstream() -> bool:
         return await actions_last_seq(gs) > queued_before
 
-    await until(on_jetstream, 15, "the Action on its work queue")
+    await eventually(on_jetstream, within=15, what="the Action on its work queue")
     await asyncio.to_thread(nats_server.restart)
     try:
         answer = await pending
@@ -327,7 +319,7 @@ async def test_a_burst_of_1000_requests_is_answered_once_each_in_bounded_memory(
     async def all_ran() -> bool:
         return await runs(gs) - runs_before >= BURST_ACTIONS
 
-    await until(all_ran, 30, "every Action's Hermes run")
+    await eventually(all_ran, within=30, what="every Action's Hermes run")
     await asyncio.sleep(0.5)
     assert await actions_last_seq(gs) == queued_before + BURST_ACTIONS
     assert await runs(gs) - runs_before == BURST_ACTIONS

@@ -23,7 +23,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from worker.bus.consumer import SLOW_FETCH_S, PullLoop, Slots, admitted
 from worker.execution.leases import LeaseKeeper
-from worker.testing.services import ServiceHandle
+from worker.testing.services import ServiceHandle, eventually
 
 STREAM, DURABLE, SUBJECT = "WINDOW", "window_work", "window.work"
 OFFERED = 40
@@ -40,12 +40,6 @@ async def _offer(js: Any) -> None:
     )
     for n in range(OFFERED):
         await js.publish(SUBJECT, b"%d" % n)
-
-
-async def _until(condition: Any, timeout_s: float = 10.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not condition():
-            await asyncio.sleep(0.02)
 
 
 @asynccontextmanager
@@ -115,15 +109,24 @@ async def test_no_more_deliveries_await_admission_than_the_window_holds(
         await msg.ack()
 
     async with _pulling(nats_server.url, handle, limit=LIMIT, release=release) as pulling:
-        await _until(lambda: len(handed) == LIMIT)
+        await eventually(
+            lambda: len(handed) == LIMIT,
+            within=10, what="the window's worth of deliveries",
+        )
         await asyncio.sleep(0.6)  # three more fetch timeouts: nothing else may come
         assert len(handed) == LIMIT, "slots were free, but the window was full"
         assert pulling.window.in_use == LIMIT
         info = await pulling.js.consumer_info(STREAM, DURABLE)
         assert info.num_pending == OFFERED - LIMIT  # the rest waits on the stream, unsent
         admit.set()  # each delivery is kept alive by its lease now: its place is free
-        await _until(lambda: len(handed) == OFFERED)
-        await _until(lambda: pulling.window.in_use == 0)
+        await eventually(
+            lambda: len(handed) == OFFERED,
+            within=10, what='every delivery handed out',
+        )
+        await eventually(
+            lambda: pulling.window.in_use == 0,
+            within=10, what='every window place given back',
+        )
         assert pulling.slots.in_use == OFFERED  # still running: slots and window count apart
 
 
@@ -139,8 +142,11 @@ async def test_a_delivery_that_ends_before_its_lease_gives_its_place_back(
     async with _pulling(
         nats_server.url, handle, limit=LIMIT, release=asyncio.Event()
     ) as pulling:
-        await _until(lambda: len(done) == OFFERED)
-        await _until(lambda: pulling.window.in_use == 0 and pulling.slots.in_use == 0)
+        await eventually(lambda: len(done) == OFFERED, within=10, what='every delivery done')
+        await eventually(
+            lambda: pulling.window.in_use == 0 and pulling.slots.in_use == 0,
+            within=10, what='every place and slot given back',
+        )
 
 
 async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
@@ -157,7 +163,10 @@ async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
         await msg.ack()
 
     async with _pulling(nats_server.url, handle, limit=LIMIT, release=release) as pulling:
-        await _until(lambda: len(keeper.executions) == OFFERED)
+        await eventually(
+            lambda: len(keeper.executions) == OFFERED,
+            within=10, what='every execution kept',
+        )
         assert pulling.window.in_use == 0
 
 
@@ -201,7 +210,10 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
         _acks_seen(nats_server.url) as seen,
         _pulling(nats_server.url, handle, limit=OFFERED, release=release),
     ):
-        await _until(lambda: len(handed) == OFFERED)
+        await eventually(
+            lambda: len(handed) == OFFERED,
+            within=10, what='every delivery handed out',
+        )
         await asyncio.sleep(0.3)
         assert seen.count(b"+WPI") == signals
         assert len(seen) == signals  # nothing acked, nothing nak'd
@@ -228,8 +240,11 @@ async def test_deliveries_admitted_slowly_get_their_ackwait_restarted_at_admissi
         _acks_seen(nats_server.url) as seen,
         _pulling(nats_server.url, handle, limit=OFFERED, release=release),
     ):
-        await _until(lambda: len(admitted_ids) == OFFERED)
-        await _until(lambda: len(seen) >= signals)
+        await eventually(
+            lambda: len(admitted_ids) == OFFERED,
+            within=10, what='every delivery admitted',
+        )
+        await eventually(lambda: len(seen) >= signals, within=10, what='the in-progress signals')
         await asyncio.sleep(0.3)
         assert seen.count(b"+WPI") == signals
         assert len(seen) == signals  # nothing acked, nothing nak'd

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import statistics
 import time
-from collections.abc import Awaitable, Callable
 from urllib.parse import urlsplit
 
 import pytest
@@ -28,7 +27,7 @@ from worker.client import ActionHandle
 from worker.store.keys import ActionKeys
 from worker.testing._procs import free_ports
 from worker.testing.fake_hermes import RouteDelay
-from worker.testing.services import ServiceHandle
+from worker.testing.services import ServiceHandle, eventually
 
 MODELS = "GET /v1/models"
 #: Redis is checked every 200 ms (the default is 1 s), so the tests need not wait long.
@@ -189,7 +188,9 @@ async def test_a_worker_started_without_redis_takes_no_work_from_the_others(
         AIPD_REDIS_URL=f"redis://127.0.0.1:{dead_port}/0",
         AIPD_REDIS_CHECK_INTERVAL_MS=FAST_CHECKS,
     )
-    await _until(_true_when(lambda: "waiting for redis" in sick.log_text()), "the wait log")
+    await eventually(
+        lambda: "waiting for redis" in sick.log_text(), within=20, what="the wait log"
+    )
     latencies = await _canary_latencies(stack, 10)
     median = statistics.median(latencies)
     p90 = latencies[int(len(latencies) * 0.9)]
@@ -204,13 +205,6 @@ async def test_a_worker_started_without_redis_takes_no_work_from_the_others(
     assert p90 < 2.5, latencies
     assert sick.alive
     assert "bound to consumer" not in sick.log_text()
-
-
-def _true_when(predicate: Callable[[], bool]) -> Callable[[], Awaitable[bool]]:
-    async def check() -> bool:
-        return predicate()
-
-    return check
 
 
 async def test_start_up_waits_for_redis_and_gives_up_clearly(stack: Stack) -> None:
@@ -250,7 +244,9 @@ async def test_a_redis_at_maxmemory_keeps_finished_work_finished(
         # Work in flight: leased, Hermes answers in 3 s.
         stack.fake.faults.add(RouteDelay(route=MODELS, delay_s=3.0, times=12))
         running = [await stack.publish(stack.action("models")) for _ in range(12)]
-        await _until(lambda: _leased(admin, running, 12), "12 leases")  # all in flight
+        await eventually(  # all in flight
+            lambda: _leased(admin, running, 12), within=20, what="12 leases"
+        )
         # Redis is full now: filled to maxmemory, then maxmemory lowered below what is
         # used, so noeviction refuses every ordinary write until memory is freed.
         used = int((await admin.info("memory"))["used_memory"])
@@ -299,14 +295,3 @@ async def _leased(
         if await admin.exists(ActionKeys.of(handle.action_id).lease):
             found += 1
     return found == count if exactly else found >= count
-
-
-async def _until(
-    check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 20.0
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if await check():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")

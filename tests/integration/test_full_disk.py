@@ -28,7 +28,7 @@ import logging
 import os
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +45,7 @@ from worker.testing._procs import free_port
 from worker.testing.identities import write_trust_files
 from worker.testing.nats_server import NatsServer
 from worker.testing.scenario import SLOW_REPLY
-from worker.testing.services import find_nats_server_at_least
+from worker.testing.services import eventually, find_nats_server_at_least
 from worker.wire.results import decode_result
 
 log = logging.getLogger(__name__)
@@ -98,17 +98,6 @@ def _fill(store: Path) -> Path:
     return filler
 
 
-async def _until(check: Callable[[], Any], timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        value = await check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s} s: {what}")
-        await asyncio.sleep(0.25)
-
-
 async def _ready(port: int) -> tuple[int, dict[str, Any]]:
     url = f"http://127.0.0.1:{port}/ready"
     async with aiohttp.ClientSession() as http, http.get(url, timeout=10) as answer:
@@ -155,7 +144,7 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
             async def all_started() -> bool:
                 return fake.stats().count(CHAT) == TURNS
 
-            await _until(all_started, 60, "every turn started in Hermes")
+            await eventually(all_started, within=60, what="every turn started in Hermes", poll=0.25)
             filler = _fill(server.store_dir)
             filled_at = time.monotonic()
 
@@ -163,7 +152,9 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
                 status, document = await _ready(port)
                 return document if status == 503 else None
 
-            document = await _until(unready, 90, "/ready 503 while the store is full")
+            document = await eventually(
+                unready, within=90, what="/ready 503 while the store is full", poll=0.25
+            )
             log.info("/ready 503 %.1f s after the store filled", time.monotonic() - filled_at)
             assert document["checks"]["jetstream_publish"] is False
             assert any("JetStream publication failing" in r for r in document["reasons"])
@@ -173,7 +164,9 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
                 return stored if len(stored) == TURNS else None
 
             # Every turn completed in Hermes settles as completed, not stream_publication.
-            settled = await _until(all_settled, 180, "every turn settled in Redis")
+            settled = await eventually(
+                all_settled, within=180, what="every turn settled in Redis", poll=0.25
+            )
             log.info("%d turns settled %.1f s after the fill", TURNS, time.monotonic() - filled_at)
             assert {r.status for r in settled} == {ResultStatus.COMPLETED}, [
                 r.error for r in settled if r.error
@@ -217,6 +210,8 @@ async def test_a_full_store_fails_ready_and_every_completed_turn_is_delivered_af
             async def ready() -> bool:
                 return (await _ready(port))[0] == 200
 
-            await _until(ready, 60, "/ready 200 once the bus stores publishes again")
+            await eventually(
+                ready, within=60, what="/ready 200 once the bus stores publishes again", poll=0.25
+            )
     finally:
         await asyncio.to_thread(server.close)

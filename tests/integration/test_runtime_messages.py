@@ -13,7 +13,6 @@ import asyncio
 import contextlib
 import json
 import socket
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -26,7 +25,7 @@ from tests.nats_process import nats_process
 from worker.testing.identities import write_trust_files
 from worker.testing.nats_server import NatsServer
 from worker.testing.scenario import SLOW_REPLY
-from worker.testing.services import ServiceHandle
+from worker.testing.services import ServiceHandle, eventually
 
 #: How long NATS stays down in the outage test.
 OUTAGE_S = 6.0
@@ -40,13 +39,6 @@ def _records(text: str) -> list[dict[str, object]]:
             if isinstance(doc, dict):
                 out.append(doc)
     return out
-
-
-async def _until(check: object, what: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.1)
 
 
 @pytest.fixture
@@ -79,7 +71,9 @@ async def test_nats_down_for_seconds_is_logged_a_bounded_number_of_times_with_it
     await asyncio.sleep(OUTAGE_S)
     during = _records(worker.log_text())[before:]
     own_nats.start()
-    await _until(lambda: "answers again" in worker.log_text(), worker.log_tail())
+    await eventually(
+        lambda: "answers again" in worker.log_text(), within=30, what=worker.log_tail()
+    )
     warnings = [r for r in during if r["level"] in ("warning", "error")]
     # nats-py calls back on every reconnect attempt (twice a second: ~12 in the outage);
     # the worker says it once per cause per 10 s, and each pull loop once per cause.
@@ -189,8 +183,8 @@ async def test_nats_refusing_the_worker_names_the_credential_settings(
         log=tmp_path / "auth-nats.log",
     ) as url:
         worker = await stack.spawn("w1", wait=False, AIPD_NATS_URL=url)
-        await _until(
-            lambda: "refused this worker" in worker.log_text(), worker.log_tail(), 60.0
+        await eventually(
+            lambda: "refused this worker" in worker.log_text(), within=60, what=worker.log_tail()
         )
         # nats-py tries again every 0.5 s: six more attempts, none of them a new line.
         await asyncio.sleep(3.0)

@@ -8,7 +8,6 @@ the runtime.
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
 from dataclasses import dataclass, field, replace
@@ -35,6 +34,7 @@ from worker.store.lease_store import AcquireStatus, LeaseStore
 from worker.store.operator_store import OperatorStore
 from worker.store.stores import Stores
 from worker.testing.fake_hermes import FakeConfig, upstream
+from worker.testing.services import eventually
 
 ENDPOINT_ID = "hermes-1"
 LEASE_TTL_MS = 120_000
@@ -193,9 +193,4 @@ async def expect_lease_lost(coro: Any) -> None:
 
 async def wait_for(predicate: Any, timeout_s: float = 10.0, step_s: float = 0.02) -> None:
     """Poll an async predicate until it holds (fails the test on timeout)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not await predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(step_s)
+    await eventually(predicate, within=timeout_s, what="the condition", poll=step_s)

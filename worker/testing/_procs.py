@@ -12,8 +12,10 @@ does not leave servers behind.
 from __future__ import annotations
 
 import abc
+import asyncio
 import atexit
 import contextlib
+import inspect
 import os
 import shutil
 import signal
@@ -22,10 +24,10 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Self
+from typing import Self, TypeVar
 
 from worker.testing._errors import ServiceStartError
 
@@ -91,6 +93,28 @@ def wait_until(
         if time.monotonic() >= deadline:
             raise TimeoutError(f"timed out after {timeout:.1f}s waiting for {what}")
         time.sleep(poll)
+
+
+T = TypeVar("T")
+
+
+async def eventually(
+    check: Callable[[], T | Awaitable[T]], *, within: float, what: str, poll: float = _POLL_S
+) -> T:
+    """`wait_until` inside an event loop: poll `check` (a plain function or a coroutine
+    function) until it returns something true within `within` seconds, and return that;
+    raise TimeoutError naming `what` otherwise. The loop runs between polls, so what is
+    awaited can make progress."""
+    deadline = time.monotonic() + within
+    while True:
+        value = check()
+        if inspect.isawaitable(value):
+            value = await value
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {within:.1f}s waiting for {what}")
+        await asyncio.sleep(poll)
 
 
 class ProcessService(abc.ABC):

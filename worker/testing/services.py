@@ -33,6 +33,7 @@ from worker.testing._errors import ServiceControlUnavailable, ServiceError, Serv
 from worker.testing._procs import (
     ProcessService,
     close_all_on_sigterm,
+    eventually,
     free_port,
     free_ports,
     port_accepts,
@@ -67,6 +68,7 @@ __all__ = [
     "ServiceStartError",
     "close_all_on_sigterm",
     "docker_available",
+    "eventually",
     "find_nats_server",
     "find_nats_server_at_least",
     "find_redis_cli",
