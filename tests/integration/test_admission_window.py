@@ -60,6 +60,18 @@ async def _acks_seen(url: str) -> AsyncIterator[list[bytes]]:
         await spy.close()
 
 
+async def _acks_after(
+    url: str, handle: Any, release: asyncio.Event, handled: list[Any], expected: int
+) -> list[bytes]:
+    """What the consumer's ack subjects carried once `handle` has seen every offered message
+    (it appends each to `handled`) and `expected` signals arrived, plus 0.3 s for any more."""
+    async with _acks_seen(url) as seen, _pulling(url, handle, limit=OFFERED, release=release):
+        await eventually(lambda: len(handled) == OFFERED, within=10, what="every delivery")
+        await eventually(lambda: len(seen) >= expected, within=10, what="the ack signals")
+        await asyncio.sleep(0.3)
+        return list(seen)
+
+
 @dataclass
 class _Pulling:
     """A pull loop over the offered messages, and what a test looks at."""
@@ -121,11 +133,11 @@ async def test_no_more_deliveries_await_admission_than_the_window_holds(
         admit.set()  # each delivery is kept alive by its lease now: its place is free
         await eventually(
             lambda: len(handed) == OFFERED,
-            within=10, what='every delivery handed out',
+            within=10, what="every delivery handed out",
         )
         await eventually(
             lambda: pulling.window.in_use == 0,
-            within=10, what='every window place given back',
+            within=10, what="every window place given back",
         )
         assert pulling.slots.in_use == OFFERED  # still running: slots and window count apart
 
@@ -142,10 +154,10 @@ async def test_a_delivery_that_ends_before_its_lease_gives_its_place_back(
     async with _pulling(
         nats_server.url, handle, limit=LIMIT, release=asyncio.Event()
     ) as pulling:
-        await eventually(lambda: len(done) == OFFERED, within=10, what='every delivery done')
+        await eventually(lambda: len(done) == OFFERED, within=10, what="every delivery done")
         await eventually(
             lambda: pulling.window.in_use == 0 and pulling.slots.in_use == 0,
-            within=10, what='every place and slot given back',
+            within=10, what="every place and slot given back",
         )
 
 
@@ -165,7 +177,7 @@ async def test_the_lease_keeper_taking_an_execution_frees_its_delivery_place(
     async with _pulling(nats_server.url, handle, limit=LIMIT, release=release) as pulling:
         await eventually(
             lambda: len(keeper.executions) == OFFERED,
-            within=10, what='every execution kept',
+            within=10, what="every execution kept",
         )
         assert pulling.window.in_use == 0
 
@@ -206,17 +218,9 @@ async def test_deliveries_that_waited_in_a_slow_fetch_get_their_ackwait_restarte
         handed.append(msg)
         await release.wait()
 
-    async with (
-        _acks_seen(nats_server.url) as seen,
-        _pulling(nats_server.url, handle, limit=OFFERED, release=release),
-    ):
-        await eventually(
-            lambda: len(handed) == OFFERED,
-            within=10, what='every delivery handed out',
-        )
-        await asyncio.sleep(0.3)
-        assert seen.count(b"+WPI") == signals
-        assert len(seen) == signals  # nothing acked, nothing nak'd
+    seen = await _acks_after(nats_server.url, handle, release, handed, signals)
+    assert seen.count(b"+WPI") == signals
+    assert len(seen) == signals  # nothing acked, nothing nak'd
 
 
 @pytest.mark.parametrize(("admission_s", "signals"), [(SLOW_FETCH_S + 0.3, OFFERED), (0.0, 0)])
@@ -236,15 +240,6 @@ async def test_deliveries_admitted_slowly_get_their_ackwait_restarted_at_admissi
         admitted_ids.append(msg)
         await release.wait()
 
-    async with (
-        _acks_seen(nats_server.url) as seen,
-        _pulling(nats_server.url, handle, limit=OFFERED, release=release),
-    ):
-        await eventually(
-            lambda: len(admitted_ids) == OFFERED,
-            within=10, what='every delivery admitted',
-        )
-        await eventually(lambda: len(seen) >= signals, within=10, what='the in-progress signals')
-        await asyncio.sleep(0.3)
-        assert seen.count(b"+WPI") == signals
-        assert len(seen) == signals  # nothing acked, nothing nak'd
+    seen = await _acks_after(nats_server.url, handle, release, admitted_ids, signals)
+    assert seen.count(b"+WPI") == signals
+    assert len(seen) == signals  # nothing acked, nothing nak'd
