@@ -65,6 +65,8 @@ class InFlight:
     renewals_per_tick: float
     leases_lost: int
     ackwait_expiries: int
+    #: The share of the time the worker was let run (`--starve`; None: not starved).
+    starved_to: float | None = None
 
 
 def _pacer_started(url: str) -> int:
@@ -195,4 +197,5 @@ async def measure(
         renewals_per_tick=renewals / ticks,
         leases_lost=lost,
         ackwait_expiries=redelivered,
+        starved_to=starve,
     )
