@@ -17,10 +17,12 @@ import time
 from types import SimpleNamespace
 from typing import Any
 
+import nats
 import pytest
+from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from schemas.ids import new_action_id
-from worker.bus.consumer import AllGates
+from worker.bus.consumer import AllGates, PullLoop, Slots
 from worker.execution.heartbeat_pressure import HeartbeatPressure
 from worker.execution.leases import HeldLease, LeaseKeeper
 from worker.store.connection import open_redis
@@ -134,3 +136,46 @@ async def test_all_gates_open_only_while_each_is() -> None:
     async with asyncio.timeout(5):
         await waiting
     assert gates.accepting
+
+
+async def test_a_pull_loop_fetches_nothing_while_the_heartbeat_is_behind(
+    nats_server: ServiceHandle,
+) -> None:
+    """The gate as the worker wires it (`AllGates` in front of a `PullLoop`), over a real
+    JetStream consumer: while the heartbeat is behind, what is offered stays on the stream;
+    once it keeps up, every message is handed out."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="PRESSURE", subjects=["pressure.work"]))
+        await js.add_consumer("PRESSURE", ConsumerConfig(
+            durable_name="pressure_work", ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+        ))
+        for n in range(5):
+            await js.publish("pressure.work", b"%d" % n)
+        pressure = HeartbeatPressure(1.0)
+        pressure.measured(0.9)  # over half the interval: behind
+        handed: list[Any] = []
+
+        async def handle(msg: Any) -> None:
+            handed.append(msg)
+            await msg.ack()
+
+        pull = PullLoop(
+            js, stream="PRESSURE", durable="pressure_work", subject="pressure.work",
+            slots=Slots(100), handle=handle, fetch_timeout_s=0.2, gate=AllGates(pressure),
+        )
+        task = asyncio.get_running_loop().create_task(pull.run())
+        try:
+            await asyncio.sleep(0.6)  # three fetch timeouts' worth: none may be asked for
+            assert handed == []
+            info = await js.consumer_info("PRESSURE", "pressure_work")
+            assert info.num_pending == 5
+            pressure.measured(0.1)  # under a quarter of the interval: keeps up again
+            await eventually(lambda: len(handed) == 5, within=10, what="every message")
+        finally:
+            pull.stop()
+            task.cancel()
+            await asyncio.gather(task, *pull.tasks, return_exceptions=True)
+    finally:
+        await nc.close()
