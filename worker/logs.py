@@ -122,7 +122,7 @@ class RepeatedErrors:
         return True
 
 
-def setup_logging(fmt: LogFormat | str = "json", level: str = "info") -> None:
+def setup_logging(fmt: LogFormat = "json", level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     if fmt == "json":
         handler.setFormatter(JsonFormatter())
