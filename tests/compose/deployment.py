@@ -19,11 +19,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from worker.testing.services import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = ROOT / "compose"
 COMPOSE_FILE = COMPOSE / "docker-compose.yml"
 #: Lines of output a failed compose or docker command shows (a failed build's log tail).
 LOG_TAIL_LINES = 60
+#: Starts tried, each on fresh host ports, when a published port was taken meanwhile.
+PORT_ATTEMPTS = 3
 
 
 def compose_command() -> list[str] | None:
@@ -45,6 +49,12 @@ class DeploymentError(AssertionError):
 
 def _tail(text: str, lines: int = LOG_TAIL_LINES) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+def _port_in_use(output: str) -> bool:
+    """Whether compose failed because a host port it publishes was taken (the engine's words
+    differ between the userland proxy and iptables-only publishing)."""
+    return "address already in use" in output or "port is already allocated" in output
 
 
 @dataclass
@@ -112,10 +122,27 @@ class Deployment:
 
     def up(self) -> float:
         """Build the images (a failure shows the build log's tail) and start it all; the
-        seconds the build took (the Hermes image's pip install dominates a cold one)."""
+        seconds the build took (the Hermes image's pip install dominates a cold one).
+
+        The host ports were free when chosen, but the Hermes container publishes its port
+        only once the gateway is healthy, tens of seconds later, and a parallel test may bind
+        one of them meanwhile. A start refused for a port in use is taken down and tried again
+        on fresh ports, at most `PORT_ATTEMPTS` times; any other failure is raised at once.
+        """
         started = time.monotonic()
         self.run("build", timeout_s=900)
         built = time.monotonic() - started
+        for _ in range(PORT_ATTEMPTS - 1):
+            try:
+                self.run("up", "-d", timeout_s=300)
+                return built
+            except DeploymentError as refused:
+                if not _port_in_use(str(refused)):
+                    raise
+                self.down()
+                self.nats_port, self.gateway_port, self.hermes_port, self.fake_hermes_port = (
+                    free_ports(4)
+                )
         self.run("up", "-d", timeout_s=300)
         return built
 
