@@ -22,10 +22,12 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
 from schemas.ids import new_action_id
-from worker.bus.consumer import AllGates, PullLoop, Slots
+from worker.bus.consumer import AllGates, PullLoop, Slots, admitted
 from worker.execution.heartbeat_pressure import HeartbeatPressure
 from worker.execution.leases import HeldLease, LeaseKeeper
+from worker.logs import RepeatedErrors
 from worker.store.connection import open_redis
+from worker.store.health import StoreHealth
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseStore
 from worker.testing.services import ServiceHandle, eventually
@@ -179,3 +181,123 @@ async def test_a_pull_loop_fetches_nothing_while_the_heartbeat_is_behind(
             await asyncio.gather(task, *pull.tasks, return_exceptions=True)
     finally:
         await nc.close()
+
+
+async def test_a_pull_loop_waiting_for_window_room_does_not_fetch_once_the_gate_closed(
+    nats_server: ServiceHandle,
+) -> None:
+    """The admission window fills exactly when the worker is swamped, which is when the
+    heartbeat gate closes: a loop that was waiting for window room when the gate closed
+    must not fetch when the room comes, or every such loop takes one more batch of the
+    work the gate is there to leave on the bus."""
+    nc = await nats.connect(nats_server.url)
+    try:
+        js = nc.jetstream()
+        await js.add_stream(StreamConfig(name="ROOM", subjects=["room.work"]))
+        await js.add_consumer("ROOM", ConsumerConfig(
+            durable_name="room_work", ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+        ))  # fmt: skip
+        for n in range(5):
+            await js.publish("room.work", b"%d" % n)
+        pressure = HeartbeatPressure(1.0)
+        release_first = asyncio.Event()
+        handed: list[Any] = []
+
+        async def handle(msg: Any) -> None:
+            handed.append(msg)
+            if len(handed) == 1:
+                await release_first.wait()  # the window's one place stays taken until then
+            admitted()
+            await msg.ack()
+
+        pull = PullLoop(
+            js, stream="ROOM", durable="room_work", subject="room.work", slots=Slots(100),
+            handle=handle, fetch_timeout_s=0.2, gate=AllGates(pressure), window=Slots(1),
+        )  # fmt: skip
+        task = asyncio.get_running_loop().create_task(pull.run())
+        try:
+            await eventually(lambda: len(handed) == 1, within=10, what="the first message")
+            await asyncio.sleep(0.3)  # the loop is now waiting for window room
+            pressure.measured(0.9)  # the heartbeat falls behind: the gate closes
+            release_first.set()  # and the room comes
+            await asyncio.sleep(0.6)
+            assert len(handed) == 1, "fetched after the gate closed"
+            info = await js.consumer_info("ROOM", "room_work")
+            assert info.num_pending == 4
+            pressure.measured(0.1)
+            await eventually(lambda: len(handed) == 5, within=10, what="every message")
+        finally:
+            pull.stop()
+            task.cancel()
+            await asyncio.gather(task, *pull.tasks, return_exceptions=True)
+    finally:
+        await nc.close()
+
+
+@pytest.mark.chaos
+async def test_a_renewal_redis_refuses_fails_the_tick_not_the_heartbeat(
+    redis_server: ServiceHandle,
+) -> None:
+    """A refusal `reask` does not ask again (here a lease key of the wrong type; an ACL or
+    password changed under the worker is another) fails one tick: the heartbeat reports it,
+    marks the store failing, goes on ticking, and reopens a gate it had closed once nothing
+    is held. (It used to end the heartbeat: no renewal again, and the gate closed for good.)"""
+    client = open_redis(redis_server.url, socket_timeout_s=5.0)
+    health = StoreHealth(client)
+    health.mark_answering()
+    errors: list[tuple[str, str]] = []
+    try:
+        store = LeaseStore(client, call_budget_s=2.0)
+        keeper: LeaseKeeper[Any] = LeaseKeeper(
+            store, None, lease_ttl_ms=TTL_MS, health=health,  # type: ignore[arg-type]
+            errors=RepeatedErrors(on_count=lambda where, cause: errors.append((where, cause))),
+        )  # fmt: skip
+        lease = await _held(store, keeper)
+        keeper.pressure.measured(0.9)  # a slow round trip earlier closed the gate
+        await client.delete(lease.keys.lease)
+        await client.set(lease.keys.lease, "not a lease hash")
+        heartbeat = asyncio.get_running_loop().create_task(keeper.run())
+        try:
+            await eventually(lambda: len(errors) >= 2, within=10, what="two failed ticks")
+            assert not heartbeat.done(), "the heartbeat ended on a refused renewal"
+            assert errors[:2] == [("heartbeat", "ResponseError")] * 2, errors
+            assert not health.accepting, "a renewal that failed marks the store failing"
+            assert lease.lost is None  # a whole TTL has not passed yet
+            # The execution ends (its own settle or loss does this in the worker).
+            keeper.remove(keeper.holding(lease.keys.action_id))  # type: ignore[arg-type]
+            await eventually(
+                lambda: keeper.pressure.accepting, within=10, what="the gate open again"
+            )
+        finally:
+            heartbeat.cancel()
+            await asyncio.gather(heartbeat, return_exceptions=True)
+    finally:
+        await client.aclose()
+
+
+async def test_a_tick_that_raises_is_reported_and_the_next_one_runs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Nothing restarts a heartbeat that ended, so no one tick's error may end it."""
+    errors: list[tuple[str, str]] = []
+    keeper: LeaseKeeper[Any] = LeaseKeeper(
+        None, None, lease_ttl_ms=600,  # type: ignore[arg-type]
+        errors=RepeatedErrors(on_count=lambda where, cause: errors.append((where, cause))),
+    )  # fmt: skip
+    ticks: list[float] = []
+
+    async def failing_then_fine() -> None:
+        ticks.append(time.monotonic())
+        if len(ticks) == 1:
+            raise RuntimeError("a defect in one tick")
+
+    monkeypatch.setattr(keeper, "tick", failing_then_fine)
+    monkeypatch.setattr(keeper.notices, "run", asyncio.Event().wait)
+    heartbeat = asyncio.get_running_loop().create_task(keeper.run())
+    try:
+        await eventually(lambda: len(ticks) >= 3, within=10, what="three ticks")
+        assert not heartbeat.done()
+    finally:
+        heartbeat.cancel()
+        await asyncio.gather(heartbeat, return_exceptions=True)
+    assert errors == [("heartbeat", "RuntimeError")]

@@ -277,6 +277,11 @@ class PullLoop:
             # loops fetching at the same moment can overshoot the limit, by at most what
             # each of them asked for.
             await self.window.wait_free()
+            if self.gate is not None and not self.gate.accepting:
+                # Closed while this loop waited for window room: the window fills exactly
+                # when the worker is swamped, which is when the heartbeat gate closes, and a
+                # fetch now would take the very work the gate is there to leave on the bus.
+                continue
             batch = min(self.window.free, self.slots.free, MAX_BATCH)
             if batch <= 0:
                 continue

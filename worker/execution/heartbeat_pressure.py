@@ -29,9 +29,10 @@ from worker.metrics import Metrics
 log = logging.getLogger(__name__)
 
 #: A renewal round trip longer than this share of the heartbeat interval closes the gate.
-#: Half: the next tick starts one interval after this one did, so a lease is then confirmed
-#: at most 1.5 intervals (half the TTL) after the previous confirmation, well inside the
-#: 0.8 of the TTL it is trusted for.
+#: Half: the next tick starts one interval after this one did, so while round trips stay
+#: under it a lease is confirmed at most 1.5 intervals (half the TTL) after the previous
+#: confirmation, well inside the 0.8 of the TTL it is trusted for. Closing the gate does not
+#: bound a round trip that goes on growing from work already held; it stops adding to it.
 STRAINED_SHARE = 0.5
 #: The gate opens again after a round trip shorter than this share of the closing limit.
 RELIEVED_SHARE = 0.5

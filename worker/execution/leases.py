@@ -207,7 +207,17 @@ class LeaseKeeper(Generic[L]):
             while True:
                 await asyncio.sleep(max(0.0, next_at - time.monotonic()))
                 next_at = time.monotonic() + self.interval_s
-                await self.tick()
+                try:
+                    await self.tick()
+                except Exception as exc:
+                    # Nothing restarts a heartbeat that ended: every lease would run out
+                    # while the executions went on, and a fetch gate this keeper closed
+                    # would stay closed. One tick's failure is reported; the next one runs.
+                    self.errors.report(
+                        "heartbeat", type(exc).__name__, log,
+                        "heartbeat tick failed (%s); the next runs on schedule",
+                        type(exc).__name__, level=logging.ERROR, exc_info=True,
+                    )  # fmt: skip
         finally:
             notices.cancel()
 
@@ -227,12 +237,14 @@ class LeaseKeeper(Generic[L]):
                 budget_s=self.interval_s,
             )
             self.renew_round_trips += 1
-        except StoreUnavailable:
+        except Exception as exc:
+            # Unreachable, or a refusal `reask` does not ask again (an ACL or password
+            # changed under the worker, a key of the wrong type): either way nothing was
+            # confirmed, and the leases run out by the clock below.
+            cause = "redis unavailable" if isinstance(exc, StoreUnavailable) else type(exc).__name__
             if self.metrics is not None:
                 self.metrics.heartbeat(time.monotonic() - sent_at, leases=len(held), ok=False)
-            self.errors.report(
-                "heartbeat", "redis unavailable", log, "lease renewal failed: redis unavailable"
-            )
+            self.errors.report("heartbeat", cause, log, "lease renewal failed: %s", cause)
             if self.health is not None:
                 self.health.mark_failing("lease renewal failed")
             self._expire_stale(held)
