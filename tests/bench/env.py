@@ -54,6 +54,18 @@ def cpu_s_of(pid: int | None) -> float:
     return 0.0 if pid is None else _cpu_s(psutil.Process(pid))
 
 
+def _unused_log_path(log_dir: Path, name: str) -> Path:
+    """`name.log`, or `name.2.log`, `name.3.log`, … for the next process of that name: every
+    round of a figure starts its worker under the same name, and a log written over by the
+    next round loses what the round of interest showed (a lease loss, a stall)."""
+    path = log_dir / f"{name}.log"
+    number = 1
+    while path.exists():
+        number += 1
+        path = log_dir / f"{name}.{number}.log"
+    return path
+
+
 class Proc:
     """One child process with its own log, measured by the kernel's CPU accounting."""
 
@@ -63,7 +75,7 @@ class Proc:
         self.name = name
         self.argv = list(argv)
         self.env = {**os.environ, "PYTHONPATH": str(REPO), **env}
-        self.log_path = log_dir / f"{name}.log"
+        self.log_path = _unused_log_path(log_dir, name)
         self.popen: subprocess.Popen[bytes] | None = None
         self._ps: psutil.Process | None = None
 
