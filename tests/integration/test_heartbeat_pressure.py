@@ -12,8 +12,10 @@ quarter. Here the round trip is made slow the way a real one is: Redis does not 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from types import SimpleNamespace
 from typing import Any
 
@@ -140,47 +142,63 @@ async def test_all_gates_open_only_while_each_is() -> None:
     assert gates.accepting
 
 
-async def test_a_pull_loop_fetches_nothing_while_the_heartbeat_is_behind(
-    nats_server: ServiceHandle,
-) -> None:
-    """The gate as the worker wires it (`AllGates` in front of a `PullLoop`), over a real
-    JetStream consumer: while the heartbeat is behind, what is offered stays on the stream;
-    once it keeps up, every message is handed out."""
-    nc = await nats.connect(nats_server.url)
+@contextlib.asynccontextmanager
+async def _gated_pull(
+    url: str, name: str, pressure: HeartbeatPressure,
+    handle: Callable[[Any], Awaitable[None]], *, window: Slots | None = None,
+) -> AsyncIterator[Callable[[], Awaitable[int]]]:
+    """Five messages on a fresh JetStream stream `name`, and a `PullLoop` behind
+    `AllGates(pressure)` (as the worker wires it) handing them to `handle`; yields what
+    tells how many are still pending on the stream, and stops the loop afterwards."""
+    nc = await nats.connect(url)
     try:
         js = nc.jetstream()
-        await js.add_stream(StreamConfig(name="PRESSURE", subjects=["pressure.work"]))
-        await js.add_consumer("PRESSURE", ConsumerConfig(
-            durable_name="pressure_work", ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
-        ))
+        subject, durable = f"{name.lower()}.work", f"{name.lower()}_work"
+        await js.add_stream(StreamConfig(name=name, subjects=[subject]))
+        await js.add_consumer(name, ConsumerConfig(
+            durable_name=durable, ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
+        ))  # fmt: skip
         for n in range(5):
-            await js.publish("pressure.work", b"%d" % n)
-        pressure = HeartbeatPressure(1.0)
-        pressure.measured(0.9)  # over half the interval: behind
-        handed: list[Any] = []
+            await js.publish(subject, b"%d" % n)
 
-        async def handle(msg: Any) -> None:
-            handed.append(msg)
-            await msg.ack()
+        async def pending() -> int:
+            return int((await js.consumer_info(name, durable)).num_pending)
 
         pull = PullLoop(
-            js, stream="PRESSURE", durable="pressure_work", subject="pressure.work",
-            slots=Slots(100), handle=handle, fetch_timeout_s=0.2, gate=AllGates(pressure),
-        )
+            js, stream=name, durable=durable, subject=subject, slots=Slots(100),
+            handle=handle, fetch_timeout_s=0.2, gate=AllGates(pressure), window=window,
+        )  # fmt: skip
         task = asyncio.get_running_loop().create_task(pull.run())
         try:
-            await asyncio.sleep(0.6)  # three fetch timeouts' worth: none may be asked for
-            assert handed == []
-            info = await js.consumer_info("PRESSURE", "pressure_work")
-            assert info.num_pending == 5
-            pressure.measured(0.1)  # under a quarter of the interval: keeps up again
-            await eventually(lambda: len(handed) == 5, within=10, what="every message")
+            yield pending
         finally:
             pull.stop()
             task.cancel()
             await asyncio.gather(task, *pull.tasks, return_exceptions=True)
     finally:
         await nc.close()
+
+
+async def test_a_pull_loop_fetches_nothing_while_the_heartbeat_is_behind(
+    nats_server: ServiceHandle,
+) -> None:
+    """The gate as the worker wires it (`AllGates` in front of a `PullLoop`), over a real
+    JetStream consumer: while the heartbeat is behind, what is offered stays on the stream;
+    once it keeps up, every message is handed out."""
+    pressure = HeartbeatPressure(1.0)
+    pressure.measured(0.9)  # over half the interval: behind
+    handed: list[Any] = []
+
+    async def handle(msg: Any) -> None:
+        handed.append(msg)
+        await msg.ack()
+
+    async with _gated_pull(nats_server.url, "PRESSURE", pressure, handle) as pending:
+        await asyncio.sleep(0.6)  # three fetch timeouts' worth: none may be asked for
+        assert handed == []
+        assert await pending() == 5
+        pressure.measured(0.1)  # under a quarter of the interval: keeps up again
+        await eventually(lambda: len(handed) == 5, within=10, what="every message")
 
 
 async def test_a_pull_loop_waiting_for_window_room_does_not_fetch_once_the_gate_closed(
@@ -190,48 +208,29 @@ async def test_a_pull_loop_waiting_for_window_room_does_not_fetch_once_the_gate_
     heartbeat gate closes: a loop that was waiting for window room when the gate closed
     must not fetch when the room comes, or every such loop takes one more batch of the
     work the gate is there to leave on the bus."""
-    nc = await nats.connect(nats_server.url)
-    try:
-        js = nc.jetstream()
-        await js.add_stream(StreamConfig(name="ROOM", subjects=["room.work"]))
-        await js.add_consumer("ROOM", ConsumerConfig(
-            durable_name="room_work", ack_policy=AckPolicy.EXPLICIT, ack_wait=30,
-        ))  # fmt: skip
-        for n in range(5):
-            await js.publish("room.work", b"%d" % n)
-        pressure = HeartbeatPressure(1.0)
-        release_first = asyncio.Event()
-        handed: list[Any] = []
+    pressure = HeartbeatPressure(1.0)
+    release_first = asyncio.Event()
+    handed: list[Any] = []
 
-        async def handle(msg: Any) -> None:
-            handed.append(msg)
-            if len(handed) == 1:
-                await release_first.wait()  # the window's one place stays taken until then
-            admitted()
-            await msg.ack()
+    async def handle(msg: Any) -> None:
+        handed.append(msg)
+        if len(handed) == 1:
+            await release_first.wait()  # the window's one place stays taken until then
+        admitted()
+        await msg.ack()
 
-        pull = PullLoop(
-            js, stream="ROOM", durable="room_work", subject="room.work", slots=Slots(100),
-            handle=handle, fetch_timeout_s=0.2, gate=AllGates(pressure), window=Slots(1),
-        )  # fmt: skip
-        task = asyncio.get_running_loop().create_task(pull.run())
-        try:
-            await eventually(lambda: len(handed) == 1, within=10, what="the first message")
-            await asyncio.sleep(0.3)  # the loop is now waiting for window room
-            pressure.measured(0.9)  # the heartbeat falls behind: the gate closes
-            release_first.set()  # and the room comes
-            await asyncio.sleep(0.6)
-            assert len(handed) == 1, "fetched after the gate closed"
-            info = await js.consumer_info("ROOM", "room_work")
-            assert info.num_pending == 4
-            pressure.measured(0.1)
-            await eventually(lambda: len(handed) == 5, within=10, what="every message")
-        finally:
-            pull.stop()
-            task.cancel()
-            await asyncio.gather(task, *pull.tasks, return_exceptions=True)
-    finally:
-        await nc.close()
+    async with _gated_pull(
+        nats_server.url, "ROOM", pressure, handle, window=Slots(1)
+    ) as pending:
+        await eventually(lambda: len(handed) == 1, within=10, what="the first message")
+        await asyncio.sleep(0.3)  # the loop is now waiting for window room
+        pressure.measured(0.9)  # the heartbeat falls behind: the gate closes
+        release_first.set()  # and the room comes
+        await asyncio.sleep(0.6)
+        assert len(handed) == 1, "fetched after the gate closed"
+        assert await pending() == 4
+        pressure.measured(0.1)
+        await eventually(lambda: len(handed) == 5, within=10, what="every message")
 
 
 @pytest.mark.chaos
