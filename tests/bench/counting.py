@@ -61,6 +61,14 @@ def install() -> None:
         return await execute(self, raise_on_error)
 
     Pipeline.execute = pipeline_execute  # type: ignore[method-assign]
+    execute_many = multiplexed.Multiplexed.execute_many
+
+    async def shared_execute_many(self: multiplexed.Multiplexed, commands: Any) -> Any:
+        pipelines["executions"] += 1
+        pipelines["commands"] += len(commands)
+        return await execute_many(self, commands)
+
+    multiplexed.Multiplexed.execute_many = shared_execute_many  # type: ignore[method-assign]
     target = os.environ.get(COUNT_FILE_ENV)
     if target:
         atexit.register(_write, Path(target))

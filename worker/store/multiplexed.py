@@ -1,4 +1,5 @@
-"""One pipelined Redis connection shared by every script call of a process.
+"""One pipelined Redis connection shared by every script call of a process, and by the
+heartbeat's renewal of every held lease (`execute_many`).
 
 Why: a store call through redis-py takes a connection from the pool, wraps the write and
 the read each in a timeout, runs them through its retry helper and puts the connection
@@ -39,7 +40,7 @@ import asyncio
 import contextlib
 import socket
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import hiredis
@@ -285,6 +286,43 @@ class Multiplexed:
         if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
             wire = await self._connected()
         return await wire.send(pack(args))
+
+    async def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
+        """Send `commands` in one write and return their replies, in order; the first error
+        reply is raised (as redis-py's pipeline does), after every reply has arrived.
+
+        The caller wakes once, when the last reply is in: replies come in the order
+        written, so the rest are in by then. This is what keeps the heartbeat's renewal of
+        thousands of leases (`LeaseStore.renew_many`) to a few passes of the event loop. On
+        redis-py's pipeline it took one pass per socket read and per write drain, and on a
+        swamped loop each pass is slow: with the worker held to a third of a core a
+        renewal took 7-9 s, past the 12 s a lease is trusted for after its previous one
+        (BENCHMARKS.md, "Where one process's time goes while measured")."""
+        if not commands:
+            return []
+        self._closed = False
+        wire = self._wire
+        if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
+            wire = await self._connected()
+        futures = [wire.send(pack(command)) for command in commands]
+        try:
+            with contextlib.suppress(Exception):  # an error reply is read below, in order
+                await futures[-1]
+        except BaseException:  # cancelled: the replies still to come are dropped unread
+            for future in futures:
+                future.add_done_callback(_read_quietly)
+            raise
+        # Every future is answered by now: replies, and a failed connection's errors, are
+        # handed out in the order the commands were written.
+        replies = []
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                for rest in futures:
+                    rest.add_done_callback(_read_quietly)
+                raise error
+            replies.append(future.result())
+        return replies
 
     async def _connected(self) -> _Wire:
         """The live connection; concurrent callers share one connect."""

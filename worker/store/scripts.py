@@ -28,6 +28,7 @@ from redis.exceptions import NoScriptError
 
 from worker import tracing
 from worker.store.connection import is_transient, multiplexed
+from worker.store.multiplexed import Multiplexed
 from worker.store.reask import reask
 
 _LUA = resources.files("worker.store") / "lua"
@@ -250,6 +251,9 @@ class Scripts:
         names = list(dict.fromkeys(call.name for call in calls))
         # Loaded up front once per client, so the first pipeline is not wasted on NOSCRIPT.
         await self._load([name for name in names if name not in self._loaded])
+        shared = multiplexed(self.redis)
+        if shared is not None and trailer is None:
+            return await self._on_shared(shared, calls, names)
         for attempt in (0, 1):
             pipe = self.redis.pipeline(transaction=False)
             for call in calls:
@@ -264,6 +268,22 @@ class Scripts:
                     raise
                 await self._load(names)
         raise AssertionError("unreachable")
+
+    async def _on_shared(
+        self, shared: Multiplexed, calls: Sequence[ScriptCall], names: list[str]
+    ) -> list[Any]:
+        """The pipeline on the client's shared connection: one write, and one wake-up when
+        the last reply is in (`Multiplexed.execute_many`), where redis-py's pipeline takes a
+        pass of the event loop per socket read."""
+        commands = [
+            ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
+            for call in calls
+        ]
+        try:
+            return await shared.execute_many(commands)
+        except NoScriptError:
+            await self._load(names)  # a restarted or promoted server lost them: once more
+            return await shared.execute_many(commands)
 
     async def _load(self, names: list[str]) -> None:
         for name in names:
