@@ -281,10 +281,7 @@ class Multiplexed:
 
     async def execute(self, *args: Any) -> Any:
         """Send one command and return its reply (an error reply raises)."""
-        self._closed = False
-        wire = self._wire
-        if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
-            wire = await self._connected()
+        wire = self._live() or await self._connected()
         return await wire.send(pack(args))
 
     async def execute_many(self, commands: Sequence[tuple[Any, ...]]) -> list[Any]:
@@ -300,10 +297,7 @@ class Multiplexed:
         (BENCHMARKS.md, "Where one process's time goes while measured")."""
         if not commands:
             return []
-        self._closed = False
-        wire = self._wire
-        if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
-            wire = await self._connected()
+        wire = self._live() or await self._connected()
         futures = [wire.send(pack(command)) for command in commands]
         try:
             with contextlib.suppress(Exception):  # an error reply is read below, in order
@@ -323,6 +317,15 @@ class Multiplexed:
                 raise error
             replies.append(future.result())
         return replies
+
+    def _live(self) -> _Wire | None:
+        """The connection a call may use now, without connecting (None: connect first);
+        a call reopens a client that was closed."""
+        self._closed = False
+        wire = self._wire
+        if wire is None or wire.closed or wire.loop is not asyncio.get_running_loop():
+            return None
+        return wire
 
     async def _connected(self) -> _Wire:
         """The live connection; concurrent callers share one connect."""
