@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import Any
 
 import msgspec
 import pytest
@@ -259,6 +260,46 @@ async def test_a_stream_left_early_does_not_wait_for_the_server(
             async for event in stream.events():
                 assert event.name == "run.completed"
                 break
+
+
+async def test_a_stream_closed_early_closes_its_parser_at_once(
+    client: HermesClient, server: ScriptedServer
+) -> None:
+    """The operator closes the events at a run's terminal event, before the stream ends:
+    the parser underneath is closed there, not left for the event loop's async-generator
+    finalizer, which would start one more task per Action to close it."""
+    import asyncio
+    import contextlib
+    import gc
+
+    body = sse('data: {"event": "run.completed"}\n\n')
+    server.script("/v1/runs/run_1/events", Reply(headers=SSE_HEADERS, body=[body], linger_s=30))
+    loop = asyncio.get_running_loop()
+    started: list[str] = []
+
+    def counting_factory(
+        loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any
+    ) -> asyncio.Task[Any]:
+        started.append(type(coro).__name__)
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    previous = loop.get_task_factory()
+    loop.set_task_factory(counting_factory)
+    try:
+        async with (
+            asyncio.timeout(5),
+            client.stream_sse("GET", "/v1/runs/run_1/events") as stream,
+            contextlib.aclosing(stream.events()) as events,
+        ):
+            async for event in events:
+                assert event.name == "run.completed"
+                break
+        gc.collect()
+        for _ in range(3):
+            await asyncio.sleep(0)
+    finally:
+        loop.set_task_factory(previous)
+    assert "async_generator_athrow" not in started
 
 
 # --- the key never shows -------------------------------------------------------------------

@@ -129,6 +129,12 @@ class SSEStream:
                 yield event
                 del event  # not kept while the next one is awaited (a held run waits there)
             return
+        except GeneratorExit:
+            # Closed early (the operator leaves at the run's terminal event): the parser is
+            # closed here and now. Left to the garbage collector, its close would be one more
+            # task the event loop's finalizer hook starts per Action.
+            await events.aclose()
+            raise
         except SSELimitReached:
             failure = ConnectorError(
                 ErrorCode.STREAM_TRUNCATED,
