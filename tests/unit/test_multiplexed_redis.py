@@ -5,6 +5,7 @@ server fails calls the way the stores' re-ask expects, then the next call reconn
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 from collections.abc import AsyncIterator
 
@@ -67,6 +68,47 @@ async def test_a_cancelled_caller_leaves_the_next_reply_to_the_next_caller(
         await slow
     # The abandoned reply arrives first and is dropped; this caller gets its own.
     assert await mux.execute("GET", key) == b"value"
+
+
+async def test_many_commands_answer_in_order_and_the_first_error_is_raised_after_all(
+    mux: Multiplexed,
+) -> None:
+    key = f"mux:{new_action_id()}"
+    replies = await mux.execute_many([("SET", key, "1"), ("INCR", key), ("GET", key)])
+    assert replies == [b"OK", 2, b"2"]
+    with pytest.raises(ResponseError, match="not an integer"):
+        await mux.execute_many(
+            [("SET", key, "text"), ("INCR", key), ("NO-SUCH-COMMAND",), ("SET", key, "after")]
+        )
+    # Every command was written and answered: the one after both errors ran too, and the
+    # connection hands the next caller its own reply.
+    assert await mux.execute("GET", key) == b"after"
+    assert await mux.execute_many([]) == []
+
+
+async def test_a_cancelled_batch_leaves_the_next_reply_to_the_next_caller(
+    mux: Multiplexed, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The heartbeat's renewal is cancelled when the worker stops: the batch's replies
+    still to come are dropped unread, and an error among them is not reported as an
+    exception nobody retrieved."""
+    key = f"mux:{new_action_id()}"
+    await mux.execute("SET", key, "value")
+    batch = asyncio.ensure_future(
+        mux.execute_many(
+            [("EVAL", BUSY, 0, 200_000), ("NO-SUCH-COMMAND",), ("EVAL", BUSY, 0, 1_000)]
+        )
+    )
+    await asyncio.sleep(0.05)
+    batch.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await batch
+    assert await mux.execute("GET", key) == b"value"
+    assert await mux.execute_many([("GET", key), ("PING",)]) == [b"value", b"PONG"]
+    del batch
+    gc.collect()
+    await asyncio.sleep(0)
+    assert "exception was never retrieved" not in caplog.text
 
 
 async def test_url_options_are_honoured_and_tls_or_sockets_keep_redis_py() -> None:
