@@ -8,7 +8,8 @@
                                                        # (tests/bench/native.py)
 
 Figures 1-3 are repeated `--runs` times, systems interleaved inside each round so a noisy
-minute hurts every system alike; the tables show medians. Figures 4 and 5 are driven by
+minute hurts every system alike; the tables show medians, and figure 1's lead is also
+printed round by round (`report.lead_by_round`). Figures 4 and 5 are driven by
 timers (lease TTL, AckWait, job timeout) rather than by throughput and run `--slow-runs`
 times. Raw results go to `results.json` in the session directory (printed at the end),
 next to every process log.
@@ -81,9 +82,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                         )
                         print(f"  round {round_ + 1} {system} x{workers}: "
                               f"{result.actions_per_s:,.0f} Actions/s", flush=True)
-                        results.append(result)
+                        results.append(dataclasses.replace(result, round=round_ + 1))
             out["throughput"] = results
             print("\n## Figures 1-2: throughput\n" + report.throughput_table(results))
+            print("\n" + report.lead_by_round(results))
             print("\nRedis commands our worker sends per Action (1 process):\n"
                   + report.breakdown_table(results) + "\n", flush=True)
         if 3 in figures:

@@ -63,6 +63,37 @@ def throughput_table(results: Sequence[Throughput]) -> str:
     )
 
 
+def lead_by_round(results: Sequence[Throughput], system: str = "ours") -> str:
+    """`system`'s rate over the best peer's of the same round, one ratio per round.
+
+    The table's "x best peer" divides two medians taken over different rounds. The systems
+    of one round run minutes apart, so they share the machine's state (a noisy neighbour,
+    a slow phase), which moves every system's rate by a quarter or more between rounds
+    here: the ratio within a round keeps the pairing that the interleaving is there for.
+    Both are printed; neither replaces the other."""
+    rounds: dict[tuple[int, int], dict[str, float]] = {}
+    for result in results:
+        if result.round:
+            rounds.setdefault((result.workers, result.round), {})[result.system] = (
+                result.actions_per_s
+            )
+    ratios: dict[int, list[float]] = {}
+    for (workers, _), rates in sorted(rounds.items()):
+        peers = [rates[peer] for peer in ("arq", "faststream") if peer in rates]
+        if system in rates and peers:
+            ratios.setdefault(workers, []).append(rates[system] / max(peers))
+    if not ratios:
+        return f"(no round measured {system} beside a peer)"
+    lines = []
+    for workers, per_round in sorted(ratios.items()):
+        listed = ", ".join(f"{ratio:.2f}" for ratio in per_round)
+        lines.append(
+            f"{system} x{workers} / the best peer of the same round: median "
+            f"{statistics.median(per_round):.2f}x over {len(per_round)} round(s) ({listed})"
+        )
+    return "\n".join(lines)
+
+
 def breakdown_table(results: Sequence[Throughput], system: str = "ours") -> str:
     ours = [r for r in results if r.system == system and r.workers == 1]
     if not ours:

@@ -72,6 +72,8 @@ class Throughput:
     bench_cpu: float
     #: Commands sent per Action by name; EVALSHA split by script (`evalsha:lease_acquire`).
     sent_breakdown: dict[str, float]
+    #: The round of the session that measured it (1, 2, …; 0: measured on its own).
+    round: int = 0
 
 
 def start_workers(
