@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -55,12 +56,22 @@ def throughput_table(results: Sequence[Throughput]) -> str:
             median_of(samples, "http_per_action"),
             f"{median_of(samples, 'nats_cpu'):.2f}/{median_of(samples, 'redis_cpu'):.2f}/"
             f"{median_of(samples, 'fake_cpu'):.2f}",
+            _percentages(samples, "on_cpu_share", "waiting_share"),
         ])
     return table(
         ["system", "procs", "runs", "Actions/s", "x raw", "x best peer", "CPU ms/Action",
-         "Redis sent/Action", "Redis executed/Action", "HTTP/Action", "cores nats/redis/fake"],
+         "Redis sent/Action", "Redis executed/Action", "HTTP/Action", "cores nats/redis/fake",
+         "% on a CPU/waiting"],
         rows,
     )
+
+
+def _percentages(samples: Sequence[Throughput], *fields: str) -> str:
+    """Medians of shares as whole percentages, `a/b`; `-` where one was not measured."""
+    values = [median_of(samples, field) for field in fields]
+    if any(math.isnan(value) for value in values):
+        return "-"
+    return "/".join(f"{value * 100:.0f}" for value in values)
 
 
 def lead_by_round(results: Sequence[Throughput], system: str = "ours") -> str:

@@ -14,6 +14,7 @@ deltas, which include every `redis.call` inside a Lua script, minus what the ben
 from __future__ import annotations
 
 import asyncio
+import math
 import sys
 import time
 from collections import Counter
@@ -23,7 +24,7 @@ from typing import Any
 
 import nats
 
-from tests.bench import counting, require
+from tests.bench import counting, require, sched
 from tests.bench.counting import read_counts, script_names
 from tests.bench.env import ENDPOINT, Bench, Proc, cpu_s_of
 from tests.bench.workload import (
@@ -74,6 +75,10 @@ class Throughput:
     sent_breakdown: dict[str, float]
     #: The round of the session that measured it (1, 2, …; 0: measured on its own).
     round: int = 0
+    #: Shares of each worker process's wall time on a CPU and runnable but waiting for one
+    #: (`tests.bench.sched`; NaN where the kernel keeps no schedstats).
+    on_cpu_share: float = math.nan
+    waiting_share: float = math.nan
 
 
 def start_workers(
@@ -206,7 +211,9 @@ async def measure(
     try:
         completions = Completions()
         await completions.subscribe(nc)
+        pids = [p.popen.pid if p.popen is not None else None for p in procs]
         cpu0 = sum(p.cpu_s() for p in procs)
+        sched0 = sched.sched_times(pids)
         servers0 = _server_cpu(bench)
         bench0 = time.process_time()
         sent0 = sum(counting.sent.values())
@@ -219,6 +226,7 @@ async def measure(
         else:
             ended = await completions.wait_results(ids, timeout_s)
         cpu1 = sum(p.cpu_s() for p in procs)
+        sched1 = sched.sched_times(pids)
         servers1 = _server_cpu(bench)
         bench1 = time.process_time()
         bench_sent = sum(counting.sent.values()) - sent0
@@ -231,6 +239,9 @@ async def measure(
     sent = sum(breakdown.values()) * count
     seconds = ended - began
     http = sum(http1.values()) - sum(http0.values())
+    # Over the measured run: the readings also hold the moments before it (arq's jobs wait
+    # for their release instant), when a worker only polls, so shares are of `seconds`.
+    on_cpu_share, waiting_share = sched.shares(sched0, sched1, seconds, len(procs))
     return Throughput(
         system=system,
         workers=workers,
@@ -246,6 +257,8 @@ async def measure(
         fake_cpu=(servers1[2] - servers0[2]) / seconds,
         bench_cpu=(bench1 - bench0) / seconds,
         sent_breakdown=breakdown,
+        on_cpu_share=on_cpu_share,
+        waiting_share=waiting_share,
     )
 
 
