@@ -25,6 +25,7 @@ with no engine answering, so the two `up`s race to start the daemon.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shlex
 import shutil
@@ -32,6 +33,7 @@ import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
+from urllib.parse import urlsplit
 
 import nats
 import pytest
@@ -218,16 +220,40 @@ def _start_nats(env: dict[str, str]) -> tuple[str, str]:
 
 
 async def _connect(url: str, timeout_s: float = 60) -> NATS:
-    """A connection once the container's NATS accepts one (it starts in a moment)."""
+    """A connection once the container's NATS answers (it starts in a moment).
+
+    Readiness is asked of `_nats_answers`, not of `nats.connect` in a loop: the engine's
+    proxy accepts a connection on the published port before the container's server is
+    up, and a `nats.connect` that fails after such an accept leaves its socket unclosed
+    (nats-py 2.16), which the garbage collector reports as a ResourceWarning during some
+    later test on the same pytest worker."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    while True:
-        try:
-            return await nats.connect(url, allow_reconnect=False, connect_timeout=2)
-        except Exception:
-            if loop.time() > deadline:
-                raise
-            await asyncio.sleep(0.5)
+    while not await _nats_answers(url):
+        if loop.time() > deadline:
+            raise TimeoutError(f"no NATS answered at {url} within {timeout_s:.0f} s")
+        await asyncio.sleep(0.5)
+    return await nats.connect(url, allow_reconnect=False, connect_timeout=2)
+
+
+async def _nats_answers(url: str) -> bool:
+    """Whether a NATS server greets a connection to `url` with its INFO line; the probe's
+    own connection is closed whatever happens."""
+    address = urlsplit(url)
+    try:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection(address.hostname, address.port), 2
+        )
+    except (OSError, TimeoutError):
+        return False
+    try:
+        return (await asyncio.wait_for(reader.readline(), 2)).startswith(b"INFO ")
+    except (OSError, TimeoutError):
+        return False
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
 
 
 async def _publish_and_read(nc: NATS, n: int) -> None:
