@@ -3,6 +3,9 @@ says, never follows a redirect, never exposes a provider body, and never shows i
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import logging
 import traceback
 from typing import Any
@@ -253,8 +256,6 @@ async def test_a_stream_left_early_does_not_wait_for_the_server(
 ) -> None:
     body = sse('data: {"event": "run.completed"}\n\n')
     server.script("/v1/runs/run_1/events", Reply(headers=SSE_HEADERS, body=[body], linger_s=30))
-    import asyncio
-
     async with asyncio.timeout(5):
         async with client.stream_sse("GET", "/v1/runs/run_1/events") as stream:
             async for event in stream.events():
@@ -268,10 +269,6 @@ async def test_a_stream_closed_early_closes_its_parser_at_once(
     """The operator closes the events at a run's terminal event, before the stream ends:
     the parser underneath is closed there, not left for the event loop's async-generator
     finalizer, which would start one more task per Action to close it."""
-    import asyncio
-    import contextlib
-    import gc
-
     body = sse('data: {"event": "run.completed"}\n\n')
     server.script("/v1/runs/run_1/events", Reply(headers=SSE_HEADERS, body=[body], linger_s=30))
     loop = asyncio.get_running_loop()

@@ -265,3 +265,24 @@ async def test_both_redis_paths_answer_a_lease_life_alike(redis_server: ServiceH
             await client.aclose()
 
     assert await life(multiplex=True) == await life(multiplex=False)
+
+
+@pytest.mark.parametrize("multiplex", [True, False], ids=["shared", "redis-py"])
+async def test_a_renewal_after_the_server_lost_its_scripts_loads_them_and_answers(
+    redis_server: ServiceHandle, multiplex: bool
+) -> None:
+    """A restarted or promoted server has no scripts: the pipeline's NOSCRIPT is answered by
+    loading them and sending it once more, on either path."""
+    from worker.store.connection import open_redis
+
+    client = open_redis(redis_server.url, socket_timeout_s=1.0, multiplex=multiplex)
+    try:
+        store = LeaseStore(client, call_budget_s=2.0)
+        keys = ActionKeys.of(new_action_id())
+        grant = await store.acquire(keys, "w1#a", 5_000, "fp")
+        await store.renew_many([(keys, "w1#a", grant.fence)], 5_000, budget_s=2)
+        await client.script_flush()
+        [renewal] = await store.renew_many([(keys, "w1#a", grant.fence)], 5_000, budget_s=2)
+        assert renewal.still_held
+    finally:
+        await client.aclose()

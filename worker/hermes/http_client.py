@@ -129,12 +129,6 @@ class SSEStream:
                 yield event
                 del event  # not kept while the next one is awaited (a held run waits there)
             return
-        except GeneratorExit:
-            # Closed early (the operator leaves at the run's terminal event): the parser is
-            # closed here and now. Left to the garbage collector, its close would be one more
-            # task the event loop's finalizer hook starts per Action.
-            await events.aclose()
-            raise
         except SSELimitReached:
             failure = ConnectorError(
                 ErrorCode.STREAM_TRUNCATED,
@@ -155,7 +149,11 @@ class SSEStream:
                 ErrorCode.STREAM_INCOMPLETE,
                 f"{self._what} stream broke off: {type(exc).__name__}",
             )
-        await events.aclose()
+        finally:
+            # Closed here whatever way this ends, early included (the operator leaves at the
+            # run's terminal event): left to the garbage collector, the parser's close would
+            # be one more task the event loop's finalizer hook starts per Action.
+            await events.aclose()
         raise failure
 
 

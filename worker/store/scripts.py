@@ -28,7 +28,6 @@ from redis.exceptions import NoScriptError
 
 from worker import tracing
 from worker.store.connection import is_transient, multiplexed
-from worker.store.multiplexed import Multiplexed
 from worker.store.reask import reask
 
 _LUA = resources.files("worker.store") / "lua"
@@ -251,39 +250,35 @@ class Scripts:
         names = list(dict.fromkeys(call.name for call in calls))
         # Loaded up front once per client, so the first pipeline is not wasted on NOSCRIPT.
         await self._load([name for name in names if name not in self._loaded])
-        shared = multiplexed(self.redis)
-        if shared is not None and trailer is None:
-            return await self._on_shared(shared, calls, names)
-        for attempt in (0, 1):
-            pipe = self.redis.pipeline(transaction=False)
-            for call in calls:
-                sha = self._scripts[call.name].sha
-                pipe.execute_command("EVALSHA", sha, len(call.keys), *call.keys, *call.args)
-            if trailer is not None:
-                trailer(pipe)
-            try:
-                return list(await pipe.execute())
-            except NoScriptError:
-                if attempt:
-                    raise
-                await self._load(names)
-        raise AssertionError("unreachable")
-
-    async def _on_shared(
-        self, shared: Multiplexed, calls: Sequence[ScriptCall], names: list[str]
-    ) -> list[Any]:
-        """The pipeline on the client's shared connection: one write, and one wake-up when
-        the last reply is in (`Multiplexed.execute_many`), where redis-py's pipeline takes a
-        pass of the event loop per socket read."""
         commands = [
             ("EVALSHA", self._scripts[call.name].sha, len(call.keys), *call.keys, *call.args)
             for call in calls
         ]
-        try:
-            return await shared.execute_many(commands)
-        except NoScriptError:
-            await self._load(names)  # a restarted or promoted server lost them: once more
-            return await shared.execute_many(commands)
+        # On the client's shared connection: one write, and one wake-up when the last reply
+        # is in (`Multiplexed.execute_many`), where redis-py's pipeline takes a pass of the
+        # event loop per socket read. A trailer needs redis-py's pipeline (WAIT must follow
+        # the write on its connection), and a cluster client has no shared connection.
+        shared = multiplexed(self.redis) if trailer is None else None
+        for attempt in (0, 1):
+            try:
+                if shared is not None:
+                    return await shared.execute_many(commands)
+                return await self._on_redis_py(commands, trailer)
+            except NoScriptError:
+                if attempt:
+                    raise
+                await self._load(names)  # a restarted or promoted server lost them
+        raise AssertionError("unreachable")
+
+    async def _on_redis_py(
+        self, commands: list[tuple[Any, ...]], trailer: Callable[[Any], None] | None
+    ) -> list[Any]:
+        pipe = self.redis.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        if trailer is not None:
+            trailer(pipe)
+        return list(await pipe.execute())
 
     async def _load(self, names: list[str]) -> None:
         for name in names:
