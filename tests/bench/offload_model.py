@@ -47,10 +47,14 @@ DOCUMENT = {"a": [1, 2, 3] * 20, "b": "x" * 200, "c": {"d": 1.5}}
 #: A check: u32 length of the rest, u64 id, the 32-byte key, the 64-byte signature, the
 #: message. A verdict: u64 id, u8 1 or 0. A batch verdict: u32 count, then count u8s.
 CHECK = struct.Struct(">IQ")
+#: The bytes of a check's leading length, which counts what follows it.
+LENGTH_BYTES = 4
 VERDICT = struct.Struct(">QB")
 COUNT = struct.Struct(">I")
 
 Verify = Callable[[], Awaitable[bool]]
+#: A check for the thread: key, signature, message, and the future its verdict settles.
+ThreadJob = tuple[bytes, bytes, bytes, "asyncio.Future[bool]"]
 
 
 def _busy() -> None:
@@ -75,7 +79,7 @@ def _child(batched: bool, source: int, sink: BinaryIO) -> None:
         verdicts = bytearray()
         while len(buffer) >= CHECK.size:
             length, check_id = CHECK.unpack_from(buffer)
-            end = COUNT.size + length
+            end = LENGTH_BYTES + length
             if len(buffer) < end:
                 break
             rest = bytes(buffer[CHECK.size : end])
@@ -114,8 +118,7 @@ async def _run(verify: Verify, tasks: int) -> tuple[float, float]:
 class _Thread:
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.jobs: queue.SimpleQueue[tuple[bytes, bytes, bytes, asyncio.Future[bool]] | None]
-        self.jobs = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[ThreadJob | None] = queue.SimpleQueue()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -176,7 +179,7 @@ class _Child:
             self.waiting[self.next_id] = future
         if not self.queued:
             self.loop.call_soon(self._flush)
-        check = CHECK.pack(8 + 96 + len(message), self.next_id)
+        check = CHECK.pack(CHECK.size - LENGTH_BYTES + 96 + len(message), self.next_id)
         self.queued.append(check + key + signature + message)
         return await future
 

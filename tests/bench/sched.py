@@ -73,4 +73,3 @@ def shares(
         (after.on_cpu_s - before.on_cpu_s) / span,
         (after.waiting_s - before.waiting_s) / span,
     )
-

@@ -10,7 +10,7 @@ import pytest
 
 from schemas.ids import new_action_id
 from worker.errors import StoreUnavailable
-from worker.store.connection import multiplexed
+from worker.store.connection import multiplexed, open_redis
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import (
     MAX_PENDING_CANCELS,
@@ -234,8 +234,6 @@ async def test_a_frozen_redis_is_unavailable_and_the_retry_answers_after(
 
 async def test_both_redis_paths_answer_a_lease_life_alike(redis_server: ServiceHandle) -> None:
     """The same sequence of lease calls, once on each path, gives the same answers."""
-    from worker.store.connection import open_redis
-
     async def life(multiplex: bool) -> list[object]:
         client = open_redis(redis_server.url, socket_timeout_s=1.0, multiplex=multiplex)
         try:
@@ -273,8 +271,6 @@ async def test_a_renewal_after_the_server_lost_its_scripts_loads_them_and_answer
 ) -> None:
     """A restarted or promoted server has no scripts: the pipeline's NOSCRIPT is answered by
     loading them and sending it once more, on either path."""
-    from worker.store.connection import open_redis
-
     client = open_redis(redis_server.url, socket_timeout_s=1.0, multiplex=multiplex)
     try:
         store = LeaseStore(client, call_budget_s=2.0)
