@@ -31,6 +31,7 @@ from worker.escalation.gauge import EndpointEscalations, OpenEscalationsGauge
 from worker.escalation.output import EscalationOutput
 from worker.execution.context import Execution
 from worker.execution.leases import LeaseKeeper
+from worker.execution.renewal_backstop import RenewalBackstop
 from worker.health import (
     CallbackProbe,
     HealthServer,
@@ -108,6 +109,8 @@ class Worker:
         self.health: HealthServer | None = None
         self.escalations_open: OpenEscalationsGauge | None = None
         self.queue_depth: QueueDepthGauge | None = None
+        #: Renews the held leases from a thread while the heartbeat is behind.
+        self.backstop: RenewalBackstop | None = None
         #: Whose signed escalations the gauge counts (`trusted_workers`).
         self._trusted_workers: TrustedGatewayKeys | None = None
         #: What keeps this worker from serving each endpoint (worker/serving.py).
@@ -288,6 +291,12 @@ class Worker:
         await self.control.start()
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(keeper.run()))
+        # Its own Redis client, opened on its thread: the main loop's client and its
+        # multiplexed connection belong to the main loop.
+        self.backstop = RenewalBackstop(
+            keeper, lambda: open_redis_for(settings), metrics=self.metrics
+        )
+        self.backstop.start()
         self._tasks.append(loop.create_task(health.run()))
         self._tasks.append(loop.create_task(self.serving.run()))
         for endpoint in endpoints:
@@ -495,6 +504,8 @@ class Worker:
                     execution.task.cancel("shutdown")
             await self._wait_idle(10.0)
         await stop_tasks(self._tasks, _TASK_STOP_TIMEOUT_S)
+        if self.backstop is not None:
+            await self.backstop.stop()
         for follower in self.followers:
             await follower.release()
         if self.health is not None:

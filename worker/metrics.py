@@ -218,6 +218,12 @@ class Metrics:
             f"{PREFIX}_heartbeat_round_trips", "Lease renewal round trips by result",
             ["result"], registry=r,
         )
+        self._backstop = Counter(
+            f"{PREFIX}_lease_backstop_round_trips",
+            "Lease renewal round trips the backstop thread sent while the heartbeat was "
+            "behind, by result",
+            ["result"], registry=r,
+        )
         self.heartbeat_seconds = Histogram(
             f"{PREFIX}_heartbeat_seconds", "Duration of one pipelined renewal of every lease",
             buckets=HEARTBEAT_BUCKETS, registry=r,
@@ -364,6 +370,10 @@ class Metrics:
         if ok:
             self.heartbeat_seconds.observe(seconds)
             self.leases_held.set(leases)
+
+    def backstop_renewal(self, result: str) -> None:
+        """One renewal round trip by the backstop thread (`ok`, `failed`); thread-safe."""
+        self._backstop.labels(result).inc()
 
     def lease_lost(self, endpoint: str) -> None:
         """An execution was cancelled because its lease was lost."""

@@ -83,6 +83,14 @@ class HeldLease:
         #: Given back unsettled (shutdown): not a loss, nothing is reported.
         self.released = False
 
+    def confirmed(self, sent_at: float) -> None:
+        """A renewal sent at `sent_at` (monotonic) was answered: the lease is ours until
+        at least then plus the TTL. Moves `renewed_at` forward only: the heartbeat and the
+        backstop thread both confirm, and a slow round trip's answer must not undo a
+        newer one."""
+        if sent_at > self.renewed_at:
+            self.renewed_at = sent_at
+
     def lose(self, why: str) -> LeaseLost:
         """Record the loss (the first reason stays) and return what to raise."""
         if self.lost is None:
@@ -163,6 +171,9 @@ class LeaseKeeper(Generic[L]):
         self._by_action: dict[str, L] = {}
         self.lost_count = 0
         self.renew_round_trips = 0
+        #: Monotonic time at which the last tick whose renewals Redis answered was sent (or
+        #: found nothing to renew): how far behind the heartbeat is (`RenewalBackstop`).
+        self.confirmed_at = time.monotonic()
         self.notices: CancelNotices[L] = CancelNotices(
             store, holding=self.holding, cancel=self.cancel
         )
@@ -224,6 +235,7 @@ class LeaseKeeper(Generic[L]):
     async def tick(self) -> None:
         held = list(self.executions.values())
         if not held:
+            self.confirmed_at = time.monotonic()
             self.pressure.relieved()
             return
         sent_at = time.monotonic()
@@ -252,6 +264,7 @@ class LeaseKeeper(Generic[L]):
         finally:
             overdue.cancel()
         round_trip_s = time.monotonic() - sent_at
+        self.confirmed_at = max(self.confirmed_at, sent_at)
         if self.metrics is not None:
             self.metrics.heartbeat(round_trip_s, leases=len(held), ok=True)
         self.pressure.measured(round_trip_s)
@@ -259,16 +272,26 @@ class LeaseKeeper(Generic[L]):
             self.health.mark_answering()
         for execution, renewal in zip(held, renewals, strict=True):
             if not renewal.still_held:
-                if execution.lease.ending:
-                    continue  # settled or released while this renewal was in flight
-                if self.metrics is not None:
-                    self.metrics.fenced_out(execution.endpoint.id, FenceStep.RENEW)
-                self.lose(execution, "renewal refused: another owner holds the lease")
+                self.refused(execution)
                 continue
-            execution.lease.renewed_at = sent_at
+            execution.lease.confirmed(sent_at)
             await execution.in_progress()
-            if renewal.cancel_requested and not execution.cancel_requested.is_set():
-                self.cancel(execution)
+            if renewal.cancel_requested:
+                self.cancel_intent(execution)
+
+    def refused(self, execution: L) -> None:
+        """A renewal of `execution`'s lease was refused, by this heartbeat or by the
+        backstop thread (`RenewalBackstop`, which hands it here on the event loop)."""
+        if execution.lease.ending or self.executions.get(execution.lease.owner) is not execution:
+            return  # settled or released while the renewal was in flight
+        if self.metrics is not None:
+            self.metrics.fenced_out(execution.endpoint.id, FenceStep.RENEW)
+        self.lose(execution, "renewal refused: another owner holds the lease")
+
+    def cancel_intent(self, execution: L) -> None:
+        """A renewal's reply named a durable cancel intent for `execution`'s Action."""
+        if not execution.cancel_requested.is_set():
+            self.cancel(execution)
 
     def _expire_stale(self, held: list[L]) -> None:
         limit = self.lease_ttl_ms / 1000
