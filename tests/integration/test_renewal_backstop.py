@@ -10,6 +10,7 @@ heartbeat sees of one (as in `test_heartbeat_pressure`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator
 from types import SimpleNamespace
@@ -228,3 +229,36 @@ async def test_a_lease_being_settled_is_left_to_its_settle(
     assert thread.rounds == 0
     assert lease.lost is None
     assert keeper.lost_count == 0
+
+
+@pytest.mark.chaos
+async def test_a_redis_that_does_not_answer_is_one_log_line_per_spell(
+    store: LeaseStore, redis_server: ServiceHandle, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis down fails the heartbeat too, which reports it: the thread says so once, counts
+    every failed round trip, and says so again once it renews."""
+    keeper = _keeper(store)
+    lease, _ = await _held(store, keeper)
+    keeper.confirmed_at -= TTL_MS / 1000
+    thread = RenewalBackstop(keeper, lambda: open_redis(redis_server.url, socket_timeout_s=1.0))
+    caplog.set_level(logging.INFO, logger="worker.execution.renewal_backstop")
+    thread.start()
+    try:
+        await eventually(lambda: thread.rounds_answered >= 1, within=10, what="a renewal")
+        redis_server.pause()
+        try:
+            await eventually(lambda: thread.rounds - thread.rounds_answered >= 3, within=30,
+                             what="three failed round trips")  # fmt: skip
+        finally:
+            redis_server.resume()
+        confirmed = lease.renewed_at
+        await eventually(lambda: lease.renewed_at > confirmed, within=15, what="renewed again")
+    finally:
+        await thread.stop()
+    said = [r.getMessage() for r in caplog.records]
+    renewed, failed = "renewed the 1 held lease(s) from its thread", "renewal failed ("
+    assert len(said) == 3, said
+    assert renewed in said[0]
+    assert failed in said[1]
+    assert renewed in said[2]
+    assert lease.lost is None

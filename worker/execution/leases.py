@@ -213,6 +213,9 @@ class LeaseKeeper(Generic[L]):
         followed at once.
         """
         notices = asyncio.get_running_loop().create_task(self.notices.run())
+        # Behind from now on, not from construction: start-up before the first tick is not
+        # a heartbeat falling behind.
+        self.confirmed_at = time.monotonic()
         try:
             next_at = time.monotonic() + self.interval_s
             while True:
@@ -290,6 +293,8 @@ class LeaseKeeper(Generic[L]):
 
     def cancel_intent(self, execution: L) -> None:
         """A renewal's reply named a durable cancel intent for `execution`'s Action."""
+        if self.executions.get(execution.lease.owner) is not execution:
+            return  # finished while the renewal was in flight
         if not execution.cancel_requested.is_set():
             self.cancel(execution)
 

@@ -181,14 +181,8 @@ class RenewalBackstop:
         ]
         if not held:
             return
-        self._say(
-            "behind",
-            "lease renewal backstop: the heartbeat's last answered renewal was sent %.1f s "
-            "ago; renewing the %d held lease(s) from its thread",
-            time.monotonic() - self.keeper.confirmed_at,
-            len(held),
-        )
         sent_at = self._sent_at = time.monotonic()
+        behind_s = sent_at - self.keeper.confirmed_at
         self.rounds += 1
         try:
             renewals = await store.renew_many(
@@ -198,10 +192,18 @@ class RenewalBackstop:
             )
         except Exception as exc:  # nothing confirmed: the leases run out by the clock
             self._count("failed")
-            log.warning("lease renewal backstop: renewal failed (%s)", type(exc).__name__)
+            # Once per failing spell (Redis down fails the heartbeat too, which reports it).
+            self._say("failing", "lease renewal backstop: renewal failed (%s)", type(exc).__name__)
             return
         self.rounds_answered += 1
         self._count("ok")
+        self._say(
+            "behind",
+            "lease renewal backstop: the heartbeat's last answered renewal was sent %.1f s "
+            "ago; renewed the %d held lease(s) from its thread",
+            behind_s,
+            len(held),
+        )
         self._report(held, renewals, sent_at)
 
     def _report(self, held: list[Leased], renewals: list[Renewal], sent_at: float) -> None:
