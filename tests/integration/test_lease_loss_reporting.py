@@ -87,11 +87,13 @@ async def test_a_loss_found_by_the_local_validity_check_is_counted_and_logged_on
 ) -> None:
     action = stack.action("models")
     port = free_port()
-    # A stall longer than the lease TTL between the provider answer and the settle: the
-    # worker resumes straight into its local validity check, no renewal in between.
+    # A stall between the provider answer and the settle longer than a lease TTL, plus the
+    # one renewal the backstop thread may still send while the loop runs nothing (it
+    # renews once per pass of the loop, `RenewalBackstop`): the worker resumes straight
+    # into its local validity check, no renewal within the TTL.
     stalled = await stack.spawn(
         "w1",
-        fault_points=f"after_execute=sleep:{LEASE_TTL_MS / 1000 + 1}@{action.id}",
+        fault_points=f"after_execute=sleep:{2 * LEASE_TTL_MS / 1000 + 1}@{action.id}",
         AIPD_METRICS_PORT=str(port),
     )
     await stack.publish(action)

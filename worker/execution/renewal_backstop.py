@@ -16,11 +16,12 @@ most once per interval, over a Redis client and an event loop of its own: a thre
 for the GIL gets it within the interpreter's switch interval (5 ms), however long the main
 loop's backlog is.
 
-It renews only while the main loop shows progress: a pulse it posts there must have run
-within one TTL. A loop that is stuck (a call that never returns) keeps nothing: its leases
-run out and other workers take the Actions over, as they would without this thread. A paused
-process (SIGSTOP, a frozen VM) pauses this thread too; the local validity check
-(`HeldLease.check`) is unchanged.
+It renews only while the main loop shows progress, and at most once per pass of it: a pulse
+it posts there must have run since the thread's previous renewal, and within one TTL. So a
+loop that runs nothing (a call that blocks it, or one that never returns) gets one renewal
+from the thread at most, and its leases then run out for other workers to take the Actions
+over, as they would without this thread. A paused process (SIGSTOP, a frozen VM) pauses
+this thread too; the local validity check (`HeldLease.check`) is unchanged.
 
 What it finds goes back to the keeper. A confirmed renewal moves the lease's `renewed_at`
 forward, never back (`HeldLease.confirmed`). A refusal and a cancel intent are handed to the
@@ -171,6 +172,8 @@ class RenewalBackstop:
                 level=logging.ERROR,
             )
             return False
+        if self._pulse_at <= self._sent_at:
+            return False  # no pass of the loop since this thread's last renewal: wait for one
         return now - self._sent_at >= self.interval_s
 
     async def _renew(self, store: LeaseStore) -> None:
