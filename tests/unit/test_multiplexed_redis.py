@@ -20,7 +20,7 @@ from worker.store.health import is_refused
 from worker.store.keys import ActionKeys
 from worker.store.lease_store import AcquireStatus, LeaseStore, SettleStatus
 from worker.store.multiplexed import Multiplexed, pack
-from worker.testing.services import ServiceHandle
+from worker.testing.services import ServiceHandle, eventually
 
 #: A script that keeps Redis busy for ARGV[1] microseconds (DEBUG SLEEP is off by default).
 BUSY = """
@@ -231,6 +231,16 @@ async def test_an_idle_connection_to_a_hung_server_is_found_by_its_ping_and_repl
             await asyncio.to_thread(redis_server.resume)
         assert first.closed
         assert shared.connects >= 2
+
+        # The replacement itself connected while the server hung (the kernel accepts), so
+        # its own health PING may still be out at the resume, and be failed by its timeout
+        # just after it: a call queued behind it then fails as transient (a CI run saw it).
+        # Once no PING is outstanding, the connection in place answers at once.
+        def settled() -> bool:
+            wire = shared._wire
+            return wire is not None and not wire.closed and not wire.waiting
+
+        await eventually(settled, within=5, what="a connection with no PING outstanding")
         async with asyncio.timeout(0.5):
             assert await shared.execute("PING") == b"PONG"
         assert shared._wire is not first
