@@ -16,21 +16,19 @@ import contextlib
 import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
-from types import SimpleNamespace
 from typing import Any
 
 import nats
 import pytest
 from nats.js.api import AckPolicy, ConsumerConfig, StreamConfig
 
-from schemas.ids import new_action_id
+from tests.integration.held_leases import held_lease
 from worker.bus.consumer import AllGates, PullLoop, Slots, admitted
 from worker.execution.heartbeat_pressure import HeartbeatPressure
-from worker.execution.leases import HeldLease, LeaseKeeper
+from worker.execution.leases import LeaseKeeper
 from worker.logs import RepeatedErrors
 from worker.store.connection import open_redis
 from worker.store.health import StoreHealth
-from worker.store.keys import ActionKeys
 from worker.store.lease_store import LeaseStore
 from worker.testing.services import ServiceHandle, eventually
 
@@ -41,23 +39,6 @@ TTL_MS = 3_000
 pytestmark = pytest.mark.timeout(60)
 
 
-async def _held(store: LeaseStore, keeper: LeaseKeeper[Any]) -> HeldLease:
-    """One real lease in Redis, kept by `keeper` (an execution as the heartbeat sees it)."""
-    action_id = new_action_id()
-    keys = ActionKeys.of(action_id)
-    grant = await store.acquire(keys, "w#1", TTL_MS, "fp")
-    lease = HeldLease(keys, "w#1", grant, ttl_ms=TTL_MS)
-
-    async def in_progress() -> None:
-        """The delivery's in-progress signal (no JetStream message behind it here)."""
-
-    keeper.add(SimpleNamespace(  # type: ignore[arg-type]
-        lease=lease, keys=keys, action=SimpleNamespace(id=action_id), task=None,
-        cancel_requested=asyncio.Event(), in_progress=in_progress,
-    ))
-    return lease
-
-
 @pytest.mark.chaos
 async def test_a_slow_renewal_closes_the_fetch_gate_until_a_quick_one(
     redis_server: ServiceHandle,
@@ -66,7 +47,7 @@ async def test_a_slow_renewal_closes_the_fetch_gate_until_a_quick_one(
     try:
         store = LeaseStore(client, call_budget_s=2.0)
         keeper: LeaseKeeper[Any] = LeaseKeeper(store, None, lease_ttl_ms=TTL_MS)  # type: ignore[arg-type]
-        lease = await _held(store, keeper)
+        lease, _ = await held_lease(store, keeper, TTL_MS)
         await keeper.tick()
         assert keeper.pressure.accepting  # a quick round trip
 
@@ -251,7 +232,7 @@ async def test_a_renewal_redis_refuses_fails_the_tick_not_the_heartbeat(
             store, None, lease_ttl_ms=TTL_MS, health=health,  # type: ignore[arg-type]
             errors=RepeatedErrors(on_count=lambda where, cause: errors.append((where, cause))),
         )  # fmt: skip
-        lease = await _held(store, keeper)
+        lease, _ = await held_lease(store, keeper, TTL_MS)
         keeper.pressure.measured(0.9)  # a slow round trip earlier closed the gate
         await client.delete(lease.keys.lease)
         await client.set(lease.keys.lease, "not a lease hash")

@@ -13,13 +13,12 @@ import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
-from schemas.ids import new_action_id
+from tests.integration.held_leases import held_lease
 from worker.bus.audit import AuditLog
 from worker.errors import LeaseLost
 from worker.execution.leases import HeldLease, LeaseKeeper
@@ -50,28 +49,6 @@ async def store(redis_server: ServiceHandle) -> AsyncIterator[LeaseStore]:
 
 def _keeper(store: LeaseStore) -> LeaseKeeper[Any]:
     return LeaseKeeper(store, AuditLog(None, "w"), lease_ttl_ms=TTL_MS)
-
-
-async def _held(
-    store: LeaseStore, keeper: LeaseKeeper[Any], *, task: asyncio.Task[Any] | None = None
-) -> tuple[HeldLease, SimpleNamespace]:
-    """One real lease in Redis, kept by `keeper`."""
-    action_id = new_action_id()
-    keys = ActionKeys.of(action_id)
-    grant = await store.acquire(keys, f"w#{action_id}", TTL_MS, "fp")
-    lease = HeldLease(keys, f"w#{action_id}", grant, ttl_ms=TTL_MS)
-
-    async def in_progress() -> None:
-        """The delivery's in-progress signal (no JetStream message behind it here)."""
-
-    execution = SimpleNamespace(
-        lease=lease, keys=keys, action=SimpleNamespace(id=action_id), task=task,
-        cancel_requested=asyncio.Event(), in_progress=in_progress,
-        endpoint=SimpleNamespace(id="h1"), operation=SimpleNamespace(handles_cancel=True),
-        log_fields=dict,
-    )  # fmt: skip
-    keeper.add(execution)  # type: ignore[arg-type]
-    return lease, execution
 
 
 async def _swamp(lease: HeldLease, seconds: float) -> list[str]:
@@ -108,7 +85,7 @@ async def _heartbeat_swamped(
     """Swamp the loop for 14 s while the heartbeat runs (and the thread, with `backstop`):
     the lease checks that failed, and the thread's answered renewals."""
     keeper = _keeper(store)
-    lease, _ = await _held(store, keeper)
+    lease, _ = await held_lease(store, keeper, TTL_MS)
     thread = RenewalBackstop(keeper, lambda: open_redis(url))
     heartbeat = asyncio.get_running_loop().create_task(keeper.run())
     if backstop:
@@ -143,7 +120,7 @@ async def test_the_backstop_sends_nothing_while_the_heartbeat_keeps_up(
     store: LeaseStore, redis_server: ServiceHandle
 ) -> None:
     keeper = _keeper(store)
-    await _held(store, keeper)
+    await held_lease(store, keeper, TTL_MS)
     thread = RenewalBackstop(keeper, lambda: open_redis(redis_server.url))
     heartbeat = asyncio.get_running_loop().create_task(keeper.run())
     thread.start()
@@ -163,7 +140,7 @@ async def test_a_stuck_loop_keeps_nothing(
     (it renews once per pass of the loop), and the lease lapses in Redis for another worker
     to take."""
     keeper = _keeper(store)
-    lease, _ = await _held(store, keeper)
+    lease, _ = await held_lease(store, keeper, TTL_MS)
     keeper.confirmed_at -= TTL_MS / 1000  # the heartbeat is behind from the start
     thread = RenewalBackstop(keeper, lambda: open_redis(redis_server.url))
     thread.start()
@@ -184,8 +161,8 @@ async def test_a_refusal_and_a_cancel_intent_found_by_the_thread_reach_the_keepe
 ) -> None:
     keeper = _keeper(store)
     running = asyncio.get_running_loop().create_task(asyncio.sleep(60))
-    taken, taken_execution = await _held(store, keeper, task=running)
-    cancelled, cancelled_execution = await _held(store, keeper)
+    taken, taken_execution = await held_lease(store, keeper, TTL_MS, task=running)
+    cancelled, cancelled_execution = await held_lease(store, keeper, TTL_MS)
     # Another worker takes the first lease over once it lapsed; the second Action gets a
     # durable cancel intent.
     await store.redis.hset(taken.keys.lease, "expires_at_ms", 1)
@@ -217,7 +194,7 @@ async def test_a_lease_being_settled_is_left_to_its_settle(
     """A settle or release in flight tells a real loss by its own answer: the thread does
     not renew that lease (a refusal would only be the settle's doing)."""
     keeper = _keeper(store)
-    lease, _ = await _held(store, keeper)
+    lease, _ = await held_lease(store, keeper, TTL_MS)
     lease.ending = True
     await store.release(lease.keys, lease.owner, lease.fence)
     keeper.confirmed_at -= TTL_MS / 1000
@@ -239,7 +216,7 @@ async def test_a_redis_that_does_not_answer_is_one_log_line_per_spell(
     """Redis down fails the heartbeat too, which reports it: the thread says so once, counts
     every failed round trip, and says so again once it renews."""
     keeper = _keeper(store)
-    lease, _ = await _held(store, keeper)
+    lease, _ = await held_lease(store, keeper, TTL_MS)
     keeper.confirmed_at -= TTL_MS / 1000
     thread = RenewalBackstop(keeper, lambda: open_redis(redis_server.url, socket_timeout_s=1.0))
     caplog.set_level(logging.INFO, logger="worker.execution.renewal_backstop")

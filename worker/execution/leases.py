@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any, Generic, Protocol, TypeVar
 
 from schemas.action import Action
@@ -43,7 +44,7 @@ from worker.metrics import FenceStep, Metrics
 from worker.operations.base import Operation
 from worker.store.health import StoreHealth
 from worker.store.keys import ActionKeys
-from worker.store.lease_store import LeaseGrant, LeaseStore
+from worker.store.lease_store import LeaseGrant, LeaseStore, Renewal
 
 log = logging.getLogger(__name__)
 
@@ -246,11 +247,7 @@ class LeaseKeeper(Generic[L]):
             self.pressure.limit_s, self.pressure.overdue
         )
         try:
-            renewals = await self.store.renew_many(
-                [(e.lease.keys, e.lease.owner, e.lease.fence) for e in held],
-                self.lease_ttl_ms,
-                budget_s=self.interval_s,
-            )
+            renewals = await self.renew_on(self.store, held)
             self.renew_round_trips += 1
         except Exception as exc:
             # Unreachable, or a refusal `reask` does not ask again (an ACL or password
@@ -267,7 +264,7 @@ class LeaseKeeper(Generic[L]):
         finally:
             overdue.cancel()
         round_trip_s = time.monotonic() - sent_at
-        self.confirmed_at = max(self.confirmed_at, sent_at)
+        self.confirmed_at = sent_at
         if self.metrics is not None:
             self.metrics.heartbeat(round_trip_s, leases=len(held), ok=True)
         self.pressure.measured(round_trip_s)
@@ -281,6 +278,16 @@ class LeaseKeeper(Generic[L]):
             await execution.in_progress()
             if renewal.cancel_requested:
                 self.cancel_intent(execution)
+
+    async def renew_on(self, store: LeaseStore, held: Sequence[Leased]) -> list[Renewal]:
+        """Renew `held`'s leases over `store` in one pipelined round trip, each under its
+        owner token and fence, for one TTL, within one heartbeat interval: the renewal the
+        heartbeat sends and the backstop thread (on its own store) sends too."""
+        return await store.renew_many(
+            [(e.lease.keys, e.lease.owner, e.lease.fence) for e in held],
+            self.lease_ttl_ms,
+            budget_s=self.interval_s,
+        )
 
     def refused(self, execution: L) -> None:
         """A renewal of `execution`'s lease was refused, by this heartbeat or by the

@@ -188,11 +188,7 @@ class RenewalBackstop:
         behind_s = sent_at - self.keeper.confirmed_at
         self.rounds += 1
         try:
-            renewals = await store.renew_many(
-                [(e.lease.keys, e.lease.owner, e.lease.fence) for e in held],
-                self.ttl_ms,
-                budget_s=self.interval_s,
-            )
+            renewals = await self.keeper.renew_on(store, held)
         except Exception as exc:  # nothing confirmed: the leases run out by the clock
             self._count("failed")
             # Once per failing spell (Redis down fails the heartbeat too, which reports it).
