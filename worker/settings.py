@@ -125,8 +125,9 @@ class Settings(BaseSettings):
     that are one Hermes deployment: every endpoint receiving a key can use it elsewhere."""
     hermes_max_concurrent_runs: Annotated[int, Field(ge=1, le=1_000)] = 8
     """Operator runs admitted at once per endpoint, across all workers (Redis semaphore)."""
-    hermes_http_transport: Literal["aiohttp", "httpx"] = "aiohttp"
-    """HTTP transport under httpx: `aiohttp` (httpx-aiohttp, fast) or the stock `httpx` one."""
+    hermes_http_transport: Literal["h1", "aiohttp", "httpx"] = "h1"
+    """`h1`: starts and event streams on the worker's own HTTP/1.1 pool, the rest on
+    httpx-aiohttp; `aiohttp`: all on httpx-aiohttp; `httpx`: all on the stock transport."""
     hermes_read_retry_attempts: Annotated[int, Field(ge=0, le=10)] = 2
     """Retries of a read-only call after a temporary or transport failure (never unsafe ones)."""
     hermes_stream_max_idle_bytes: Annotated[int, Field(ge=64, le=16_777_216)] = 65_536

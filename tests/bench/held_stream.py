@@ -78,7 +78,7 @@ async def measure(transport: Transport, streams: int, top: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.held_stream", description=__doc__)
-    parser.add_argument("--transport", choices=("aiohttp", "httpx"), default="aiohttp")
+    parser.add_argument("--transport", choices=("h1", "aiohttp", "httpx"), default="h1")
     parser.add_argument("--streams", type=int, default=300)
     parser.add_argument("--top", type=int, default=0, help="allocation sites to show")
     args = parser.parse_args()

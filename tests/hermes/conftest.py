@@ -32,7 +32,7 @@ async def other_origin() -> AsyncIterator[ScriptedServer]:
         await scripted.stop()
 
 
-@pytest.fixture(params=["aiohttp", "httpx"])
+@pytest.fixture(params=["h1", "aiohttp", "httpx"])
 def transport(request: pytest.FixtureRequest) -> Transport:
     value: Transport = request.param
     return value

@@ -113,11 +113,12 @@ async def test_caller_headers_cannot_replace_the_key_or_content_type(
 async def test_an_event_stream_request_is_the_same_over_either_transport(
     server: ScriptedServer,
 ) -> None:
-    """Over aiohttp an event stream's request is sent on aiohttp itself, not through httpx
-    (`HermesClient._open_over_aiohttp`): Hermes must see the very request httpx sends."""
+    """Over aiohttp an event stream's request is sent on aiohttp itself, and over `h1` on the
+    worker's own pool, not through httpx (`HermesClient._open`): Hermes must see the very
+    request httpx sends."""
     path = "/v1/runs/run%201/events?after=a+b&full=true"
     server.script(path, Reply(headers=SSE_HEADERS, body=[sse('data: {"event": "x"}\n\n')]))
-    for transport in ("httpx", "aiohttp"):
+    for transport in ("httpx", "aiohttp", "h1"):
         client = make_client(server.url, transport)
         try:
             async with client.stream_sse(
@@ -131,15 +132,16 @@ async def test_an_event_stream_request_is_the_same_over_either_transport(
                 assert [event.name async for event in stream] == ["x"]
         finally:
             await client.aclose()
-    by_httpx, by_aiohttp = server.seen
-    assert (by_aiohttp.method, by_aiohttp.path, by_aiohttp.body) == (
-        by_httpx.method, by_httpx.path, by_httpx.body,
-    )  # fmt: skip
+    by_httpx, *others = server.seen
     assert by_httpx.path == path
-    assert sorted(by_aiohttp.headers.items()) == sorted(by_httpx.headers.items())
-    assert by_aiohttp.headers["Authorization"] == f"Bearer {API_KEY}"
-    assert by_aiohttp.headers["Accept"] == "text/event-stream"
-    assert by_aiohttp.headers["Accept-Encoding"] == "identity"
+    for by_other in others:  # aiohttp's session, then the `h1` pool
+        assert (by_other.method, by_other.path, by_other.body) == (
+            by_httpx.method, by_httpx.path, by_httpx.body,
+        )  # fmt: skip
+        assert sorted(by_other.headers.items()) == sorted(by_httpx.headers.items())
+        assert by_other.headers["Authorization"] == f"Bearer {API_KEY}"
+        assert by_other.headers["Accept"] == "text/event-stream"
+        assert by_other.headers["Accept-Encoding"] == "identity"
 
 
 async def test_a_protected_route_without_a_key_sends_nothing(

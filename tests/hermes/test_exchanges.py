@@ -125,12 +125,13 @@ async def test_json_and_stream_exchanges_are_reported_too(
 
 
 async def test_a_start_request_is_the_same_over_either_transport(server: ScriptedServer) -> None:
-    """Over aiohttp the start is sent on aiohttp itself, not through httpx
-    (`HermesClient._open`): Hermes must see the very request httpx sends."""
+    """Over aiohttp the start is sent on aiohttp itself, and over `h1` on the worker's own
+    pool, not through httpx (`HermesClient._open`): Hermes must see the very request httpx
+    sends."""
     server.script(START_ROUTE, Reply(status=201, body=b'{"run_id": "run_1"}'))
     body = b'{"input": "x", "session_id": "s"}'
     answers = []
-    for transport in ("httpx", "aiohttp"):
+    for transport in ("httpx", "aiohttp", "h1"):
         client = make_client(server.url, transport)
         try:
             exchange = await client.exchange(
@@ -144,14 +145,15 @@ async def test_a_start_request_is_the_same_over_either_transport(server: Scripte
         finally:
             await client.aclose()
         answers.append((exchange.answer, exchange.status, exchange.body))
-    assert answers == [(Answer.OK, 201, b'{"run_id": "run_1"}')] * 2
-    by_httpx, by_aiohttp = server.seen
-    assert (by_aiohttp.method, by_aiohttp.path, by_aiohttp.body) == ("POST", START_ROUTE, body)
+    assert answers == [(Answer.OK, 201, b'{"run_id": "run_1"}')] * 3
+    by_httpx, *others = server.seen
     assert (by_httpx.method, by_httpx.path, by_httpx.body) == ("POST", START_ROUTE, body)
-    assert sorted(by_aiohttp.headers.items()) == sorted(by_httpx.headers.items())
-    assert by_aiohttp.headers["Authorization"] == f"Bearer {API_KEY}"
-    assert by_aiohttp.headers["Content-Type"] == "application/json"
-    assert by_aiohttp.headers["Accept"] == "application/json"
+    for by_other in others:  # aiohttp's session, then the `h1` pool
+        assert (by_other.method, by_other.path, by_other.body) == ("POST", START_ROUTE, body)
+        assert sorted(by_other.headers.items()) == sorted(by_httpx.headers.items())
+        assert by_other.headers["Authorization"] == f"Bearer {API_KEY}"
+        assert by_other.headers["Content-Type"] == "application/json"
+        assert by_other.headers["Accept"] == "application/json"
 
 
 async def test_a_start_whose_connection_breaks_after_it_was_read_may_have_run(

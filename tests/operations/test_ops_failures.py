@@ -280,8 +280,8 @@ async def test_opening_a_read_stream_is_retried_but_its_events_are_not(
     assert fake.stats().count("GET /v1/runs/{run_id}/events") == 2
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
-async def test_both_transports_run_json_and_stream_operations(
+@pytest.mark.parametrize("transport", ["h1", "aiohttp", "httpx"])
+async def test_every_transport_runs_json_and_stream_operations(
     invoke: Invoke, hermes: HermesServer, transport: str
 ) -> None:
     client = HermesClient(endpoint_for(hermes.url, hermes.api_key), transport=transport)  # type: ignore[arg-type]

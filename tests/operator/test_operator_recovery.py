@@ -77,7 +77,7 @@ async def test_a_bound_run_is_observed_to_its_end(harness: Harness, fake: FakeHe
     assert fake.stats().count(START) == 1
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "httpx"])
+@pytest.mark.parametrize("transport", ["h1", "aiohttp", "httpx"])
 async def test_a_start_that_never_left_this_process_is_not_unknown(
     redis: Redis, transport: Transport
 ) -> None:

@@ -1,12 +1,13 @@
 """HTTP calls to one Hermes endpoint.
 
 One shared `httpx.AsyncClient` per endpoint (a client per request would cost ~0.8 MiB and a
-TLS context each). By default it runs over the `httpx-aiohttp` transport, measured here at
-about 7x the stock transport's throughput at 100 concurrent streams; the stock transport
-stays selectable. Over it, an event stream's request and the operator's start
-(`exchange`) go to the transport's aiohttp session itself (`_open_over_aiohttp`): a held run
-then keeps aiohttp's response only, not an httpx request and response beside it, and a start
-costs no httpx objects. Redirects are never followed (3xx is `remote_rejected`), so
+TLS context each), over the `httpx-aiohttp` transport, measured here at about 7x the stock
+transport's throughput at 100 concurrent streams; the stock transport stays selectable.
+The two requests every operator Action makes, its start (`exchange`) and its event stream
+(`stream_sse`), go by default (`h1`) to the worker's own HTTP/1.1 pool (`worker.hermes.h1`,
+~14 % of an Action's CPU on aiohttp); with `aiohttp` they go to the transport's aiohttp
+session itself (`_open_over_aiohttp`), so a held run keeps aiohttp's response only, not an
+httpx request and response beside it. Redirects are never followed (3xx is `remote_rejected`), so
 the bearer key never reaches another origin. Every failure leaves as a typed
 `ConnectorError` naming the route template only: never the concrete URL, the provider's body
 or the key; how each status and transport ending is typed is `worker.hermes.exchange`. Every
@@ -53,13 +54,14 @@ from worker.hermes.exchange import (
     from_transport,
 )
 from worker.hermes.features import NO_FEATURES, HermesFeatures
+from worker.hermes.h1 import H1_ENCODINGS, H1ConnectError, H1Error, H1Pool, H1Response
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 from worker.metrics import Metrics
 
-Transport = Literal["aiohttp", "httpx"]
+Transport = Literal["h1", "aiohttp", "httpx"]
 #: An open streamed response: httpx's (the stock transport, and one-shot requests) or, for
-#: event streams over the aiohttp transport, aiohttp's own (`HermesClient.stream_sse`).
-StreamedResponse = httpx.Response | aiohttp.ClientResponse
+#: starts and event streams, the `h1` pool's or aiohttp's own (`HermesClient._open`).
+StreamedResponse = httpx.Response | aiohttp.ClientResponse | H1Response
 
 _json_decoder = msgspec.json.Decoder()
 MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
@@ -67,7 +69,7 @@ MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
 MAX_REFUSAL_BYTES = 4096
 #: What a lower layer may raise while a request or stream is in flight. aiohttp errors that
 #: the httpx-aiohttp transport does not map arrive unmapped; OSError covers sockets.
-_TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, aiohttp.ClientError, OSError)
+_TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, aiohttp.ClientError, OSError, H1Error)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +172,8 @@ def _body(response: StreamedResponse) -> AsyncIterator[bytes]:
     a generator hop per chunk (figure 3). A body that is encoded anyway is decoded (aiohttp
     decodes its own responses, `_open_over_aiohttp`).
     """
+    if isinstance(response, H1Response):
+        return response.iter_chunked()
     if isinstance(response, aiohttp.ClientResponse):
         return response.content.iter_chunked(_READ_BYTES)
     if "content-encoding" in response.headers or not isinstance(
@@ -204,7 +208,7 @@ class HermesClient:
         self,
         endpoint: Endpoint,
         *,
-        transport: Transport = "aiohttp",
+        transport: Transport = "h1",
         max_connections: int = DEFAULT_MAX_CONNECTIONS,
         metrics: Metrics | None = None,
         on_exchange: ExchangeHook | None = None,
@@ -230,7 +234,7 @@ class HermesClient:
             max_connections=max_connections, max_keepalive_connections=max_connections
         )
         base_transport: httpx.AsyncBaseTransport
-        if transport == "aiohttp":
+        if transport in ("h1", "aiohttp"):
             base_transport = AiohttpTransport(limits=limits, trust_env=False)
         else:
             base_transport = httpx.AsyncHTTPTransport(limits=limits, trust_env=False)
@@ -264,6 +268,18 @@ class HermesClient:
         )
         #: Header names as aiohttp's case-insensitive keys, made once each (`_names`).
         self._header_names: dict[str, istr] = {}
+        #: The pool starts and event streams go to on the `h1` transport (`_open`).
+        self._h1 = (
+            H1Pool(
+                endpoint.url,
+                max_connections=max_connections,
+                connect_timeout_s=self.timeout.connect or 0.0,
+                read_timeout_s=self.timeout.read or 0.0,
+                pool_timeout_s=self.timeout.pool or 0.0,
+            )
+            if transport == "h1"
+            else None
+        )
 
     def require_key(self, what: str) -> None:
         if self.endpoint.api_key is None:
@@ -381,6 +397,16 @@ class HermesClient:
             allow_redirects=False,
             timeout=self._aiohttp_timeout,
         )
+
+    @staticmethod
+    def _target(
+        route: str, params: Mapping[str, str] | None, query: Mapping[str, Any] | None
+    ) -> str:
+        """The request target below the endpoint's base path, its query encoded as httpx
+        encodes one (`_open_over_aiohttp` sends the same)."""
+        path = route_path(route, params or {})
+        encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
+        return f"{path}?{httpx.QueryParams(encoded)}" if encoded else path
 
     def _name(self, name: str) -> istr:
         """`name` as an `istr`, made once: aiohttp keeps a request's headers for the
@@ -617,10 +643,24 @@ class HermesClient:
         """Send a request whose body (JSON, if any) is already encoded; the response is
         open, its body unread.
 
-        Over the aiohttp transport the request goes to aiohttp itself
-        (`_open_over_aiohttp`): its request, headers and body are temporaries of this call,
-        so a held stream keeps none of them beside the response, and a start builds no
-        httpx objects."""
+        On the `h1` transport the request goes to the worker's own HTTP/1.1 pool, on the
+        aiohttp one to aiohttp itself (`_open_over_aiohttp`): either way its request,
+        headers and body are temporaries of this call, so a held stream keeps none of them
+        beside the response, and a start builds no httpx objects."""
+        if self._h1 is not None:
+            all_headers = self._headers(
+                f"{method} {route}",
+                headers,
+                protected=protected,
+                accept=accept,
+                json_content=content is not None,
+            )
+            if all_headers.get("accept-encoding", "identity") != "identity":
+                # What the pool decodes (httpx offers br and zstd when their packages exist).
+                all_headers["accept-encoding"] = H1_ENCODINGS
+            return await self._h1.open(
+                method, self._target(route, params, query), all_headers.items(), content
+            )
         session = self._aiohttp_session()
         if session is None:
             return await self.send(
@@ -731,6 +771,8 @@ class HermesClient:
                 self._finished(method, route, status, started)
 
     async def aclose(self) -> None:
+        if self._h1 is not None:
+            await self._h1.aclose()
         await self._client.aclose()
 
     def __repr__(self) -> str:
@@ -749,6 +791,8 @@ def _query_value(value: Any) -> Any:
 
 def _pieces(response: StreamedResponse) -> AsyncIterator[bytes]:
     """A response's body, decoded, piece by piece, whichever client's response it is."""
+    if isinstance(response, H1Response):
+        return response.iter_chunked()
     if isinstance(response, aiohttp.ClientResponse):
         return response.content.iter_chunked(_READ_BYTES)
     return response.aiter_bytes()
@@ -766,7 +810,8 @@ async def _read_bounded(response: StreamedResponse, limit: int) -> bytes | None:
 
 def _answer_of_failure(exc: BaseException, transport: str) -> tuple[Answer, str | None]:
     """How an exchange that raised `exc` ended, and the failure's name (None for our own
-    deadline). `asyncio.timeout`'s TimeoutError is the deadline; aiohttp's own timeouts (no
+    deadline). `asyncio.timeout`'s TimeoutError is the deadline (the `h1` pool's own timeouts
+    are not TimeoutErrors); aiohttp's own timeouts (no
     connection within the connect timeout, a read timeout) are TimeoutErrors too, but they
     are transport failures, and which one it was decides "never sent" from "may have run"."""
     if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
@@ -783,8 +828,11 @@ def _never_sent(exc: BaseException, transport: str) -> bool:
     sending. httpx-aiohttp maps every `aiohttp.ClientConnectionError`, including a server
     disconnect after the request, to `ConnectTimeout`, so there the aiohttp cause decides:
     `ClientConnectorError` (connecting failed) or `ConnectionTimeoutError` (no connection
-    within the connect timeout, pool wait included).
+    within the connect timeout, pool wait included). The `h1` pool raises `H1ConnectError`
+    exactly when nothing was written.
     """
+    if isinstance(exc, H1Error):
+        return isinstance(exc, H1ConnectError)
     if isinstance(exc, httpx.PoolTimeout):
         return True
     if transport == "httpx":
@@ -794,7 +842,9 @@ def _never_sent(exc: BaseException, transport: str) -> bool:
 
 
 def _status(response: StreamedResponse) -> int:
-    return response.status if isinstance(response, aiohttp.ClientResponse) else response.status_code
+    if isinstance(response, httpx.Response):
+        return response.status_code
+    return response.status
 
 
 async def refusal_code(response: StreamedResponse) -> str | None:
@@ -825,8 +875,10 @@ def error_code_of(raw: bytes) -> str | None:
 async def _close(response: StreamedResponse) -> None:
     """Let a response go. An aiohttp response is let go as httpx-aiohttp lets go of it (its
     `__aexit__`): a body not read to its end closes the connection, which tells Hermes the
-    client left."""
-    if isinstance(response, aiohttp.ClientResponse):
+    client left. An `h1` answer not read to its end closes its connection the same way."""
+    if isinstance(response, H1Response):
+        response.release()
+    elif isinstance(response, aiohttp.ClientResponse):
         response.release()
         await response.wait_for_close()
     else:
