@@ -37,6 +37,16 @@ succeed); U: uncertain (something may have happened although this was raised).
           SSELimitReached         `stream_truncated` (not R, U if unsafe)
           SSEIdle                 `stream_incomplete` (not R, U if unsafe)
         EventStreamUnavailable    a run's event stream did not open: the operator polls
+        HttpPoolError             the worker's HTTP/1.1 pool (`worker/hermes/h1.py`);
+                                  becomes `transport` or a start's answer; U unless one of
+                                  `NEVER_SENT`:
+          HttpConnectError        no connection could be had: nothing written, not U
+          HttpPoolTimeout         every slot taken for the pool timeout: nothing written
+          HttpConnectTimeout      no connection within the connect timeout: nothing written
+          HttpHeaderRefused       a header holds CR, LF or NUL: nothing written
+          HttpDisconnected        the connection ended before the whole answer: U
+          HttpReadTimeout         no byte within the read timeout while awaited: U
+          HttpProtocolError       the answer is not HTTP/1.1 this client reads: U
         NotAuthorized             no membership covers it: a refusal or an authorization
                                   conflict (not R, not U)
         ApprovalRefused           `approve` wrote nothing: not R as asked, not U; exit 1
@@ -88,7 +98,7 @@ dead-lettered envelope: not R, not U) and `InvalidEndpointId` (a start-up refusa
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 from schemas.aip.extensions import RetryExhausted
 from schemas.errors import CODE_RULES, ErrorCategory, ErrorCode, ProtocolError
@@ -285,6 +295,42 @@ class EventStreamUnavailable(WorkerError):
 
 
 # --- trust and the operator's commands ------------------------------------------------------
+
+
+class HttpPoolError(WorkerError):
+    """Any failure of the worker's HTTP/1.1 pool; `NEVER_SENT` says when nothing was written."""
+
+
+class HttpConnectError(HttpPoolError):
+    """No connection could be had: nothing of the request was written."""
+
+
+class HttpPoolTimeout(HttpPoolError):
+    """Every connection slot stayed taken for the pool timeout: nothing was written."""
+
+
+class HttpConnectTimeout(HttpPoolError):
+    """No connection within the connect timeout: nothing was written."""
+
+
+class HttpHeaderRefused(HttpPoolError):
+    """A header the request would carry holds CR, LF or NUL: refused, nothing written."""
+
+
+class HttpDisconnected(HttpPoolError):
+    """The connection ended before the whole answer arrived: the request may have run."""
+
+
+class HttpReadTimeout(HttpPoolError):
+    """No byte of the answer for the read timeout while it was awaited: may have run."""
+
+
+class HttpProtocolError(HttpPoolError):
+    """The server's bytes are not an HTTP/1.1 answer this client can read: may have run."""
+
+
+#: The pool's failures raised before any byte of the request was written.
+NEVER_SENT: Final = (HttpConnectError, HttpPoolTimeout, HttpConnectTimeout, HttpHeaderRefused)
 
 
 class NotAuthorized(WorkerError):

@@ -11,17 +11,17 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import pytest
 import pytest_asyncio
 
-from worker.hermes import h1
-from worker.hermes.h1 import (
-    H1ConnectError,
-    H1ConnectTimeout,
-    H1Disconnected,
-    H1HeaderError,
-    H1Pool,
-    H1PoolTimeout,
-    H1ProtocolError,
-    H1ReadTimeout,
+from worker.errors import (
+    HttpConnectError,
+    HttpConnectTimeout,
+    HttpDisconnected,
+    HttpHeaderRefused,
+    HttpPoolTimeout,
+    HttpProtocolError,
+    HttpReadTimeout,
 )
+from worker.hermes import h1
+from worker.hermes.h1 import H1Pool
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -159,7 +159,7 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(
 async def test_no_connection_is_never_sent(closing: list[H1Pool]) -> None:
     pool = pool_for("http://127.0.0.1:9")
     closing.append(pool)
-    with pytest.raises(H1ConnectError):
+    with pytest.raises(HttpConnectError):
         await pool.open("POST", "/v1/runs", [], b"{}")
 
 
@@ -167,9 +167,8 @@ async def test_a_connect_that_hangs_is_a_connect_timeout(closing: list[H1Pool]) 
     """An address that never answers a SYN (TEST-NET-1): nothing was written."""
     pool = pool_for("http://192.0.2.1:80", connect_timeout_s=0.2)
     closing.append(pool)
-    with pytest.raises(H1ConnectError) as caught:
+    with pytest.raises((HttpConnectTimeout, HttpConnectError)):
         await pool.open("POST", "/v1/runs", [], b"{}")
-    assert isinstance(caught.value, H1ConnectTimeout) or "connecting failed" in str(caught.value)
 
 
 async def test_every_slot_taken_past_the_pool_timeout_is_never_sent(
@@ -184,7 +183,7 @@ async def test_every_slot_taken_past_the_pool_timeout_is_never_sent(
         pool = pool_for(server.url, max_connections=1, pool_timeout_s=0.2)
         closing.append(pool)
         held = await pool.open("GET", "/stream", [], None)
-        with pytest.raises(H1PoolTimeout):
+        with pytest.raises(HttpPoolTimeout):
             await pool.open("POST", "/v1/runs", [], b"{}")
         assert len(server.requests) == 1  # the second request never reached the server
         held.close()
@@ -204,7 +203,7 @@ async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent(
     async with RawServer(serve) as server:
         pool = pool_for(server.url)
         closing.append(pool)
-        with pytest.raises(H1HeaderError):
+        with pytest.raises(HttpHeaderRefused):
             await pool.open("GET", "/x", [header], None)
         await asyncio.sleep(0.05)
     assert server.connections == 0
@@ -217,7 +216,7 @@ async def test_a_close_before_the_answer_may_have_run(closing: list[H1Pool]) -> 
     async with RawServer(read_then_close) as server:
         pool = pool_for(server.url)
         closing.append(pool)
-        with pytest.raises(H1Disconnected):
+        with pytest.raises(HttpDisconnected):
             await pool.open("POST", "/v1/runs", [], b"{}")
     assert len(server.requests) == 1
 
@@ -234,7 +233,7 @@ async def test_a_close_inside_a_body_with_a_length_is_a_disconnect(
         pool = pool_for(server.url)
         closing.append(pool)
         response = await pool.open("GET", "/x", [], None)
-        with pytest.raises(H1Disconnected):
+        with pytest.raises(HttpDisconnected):
             await response.read(100)
         response.release()
 
@@ -263,12 +262,12 @@ async def test_no_byte_within_the_read_timeout_fails_the_wait(closing: list[H1Po
     async with RawServer(stall) as server:
         pool = pool_for(server.url, read_timeout_s=0.3)
         closing.append(pool)
-        with pytest.raises(H1ReadTimeout):  # no head at all
+        with pytest.raises(HttpReadTimeout):  # no head at all
             await pool.open("POST", "/v1/runs", [], b"{}")
         response = await pool.open("GET", "/events", [], None)
         pieces = response.iter_chunked()
         assert await anext(pieces) == b"a"
-        with pytest.raises(H1ReadTimeout):  # then silence inside the body
+        with pytest.raises(HttpReadTimeout):  # then silence inside the body
             await anext(pieces)
         response.release()
 
@@ -353,7 +352,7 @@ async def test_an_answer_that_is_not_http_is_a_protocol_error(
     async with RawServer(garbage) as server:
         pool = pool_for(server.url)
         closing.append(pool)
-        with pytest.raises(H1ProtocolError):
+        with pytest.raises(HttpProtocolError):
             await pool.open("POST", "/v1/runs", [], b"{}")
 
 

@@ -10,10 +10,11 @@ the uvloop authors) straight into a status, case-insensitive headers and body pi
 
 What it keeps of a full client, because the operator's guarantees rest on it:
 
-- **"Never sent" is exact.** `H1ConnectError` (and its `H1PoolTimeout`,
-  `H1ConnectTimeout`) is raised only before any byte of the request was written: no slot
-  in the pool within the pool timeout, or no connection within the connect timeout. Every
-  failure after that (`H1Disconnected`, `H1ReadTimeout`, `H1ProtocolError`) may have
+- **"Never sent" is exact.** `HttpConnectError`, `HttpPoolTimeout`, `HttpConnectTimeout` and
+  `HttpHeaderRefused` (`worker.errors.NEVER_SENT`) are raised only before any byte of the
+  request was written: no slot in the pool within the pool timeout, no connection within
+  the connect timeout, a header refused. Every
+  failure after that (`HttpDisconnected`, `HttpReadTimeout`, `HttpProtocolError`) may have
   delivered the request, so the operator settles `outcome_unknown` for a start.
 - **An idle connection is reused only while it is young** (`KEEPALIVE_S`, aiohttp's own
   keep-alive default, well under Hermes' 75 s): a start is never written to a connection
@@ -23,9 +24,9 @@ What it keeps of a full client, because the operator's guarantees rest on it:
   allows keep-alive.
 - **Bounded**: at most `max_connections` sockets (pooled ones included); a stream that
   is read more slowly than it arrives stops the socket's reading past `HIGH_WATER` bytes;
-  no byte for `read_timeout_s` while the reader waits is `H1ReadTimeout`.
+  no byte for `read_timeout_s` while the reader waits is `HttpReadTimeout`.
 - **No header injection**: a header name or value holding CR, LF or NUL is refused before
-  anything is sent (`H1HeaderError`, never sent).
+  anything is sent (`HttpHeaderRefused`, never sent).
 - Redirects are never followed (a 3xx is an answer like any other), no proxy is used, TLS
   verifies the certificate and host name with the system's trust store (as aiohttp did).
 
@@ -45,6 +46,17 @@ from urllib.parse import urlsplit
 import httptools
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from worker.errors import (
+    HttpConnectError,
+    HttpConnectTimeout,
+    HttpDisconnected,
+    HttpHeaderRefused,
+    HttpPoolError,
+    HttpPoolTimeout,
+    HttpProtocolError,
+    HttpReadTimeout,
+)
+
 #: Idle connections older than this are closed instead of reused (aiohttp's default).
 KEEPALIVE_S: Final = 15.0
 #: Buffered body bytes past which the socket stops being read until the reader catches up,
@@ -53,38 +65,6 @@ HIGH_WATER: Final = 256 * 1024
 LOW_WATER: Final = 64 * 1024
 #: The content codings an answer may use (`Accept-Encoding` of a request that accepts any).
 H1_ENCODINGS: Final = "gzip, deflate"
-
-
-class H1Error(Exception):
-    """Any failure of this client; the subclass says whether the request may have run."""
-
-
-class H1ConnectError(H1Error):
-    """No connection could be had: nothing of the request was written."""
-
-
-class H1PoolTimeout(H1ConnectError):
-    """Every connection slot stayed taken for the pool timeout."""
-
-
-class H1ConnectTimeout(H1ConnectError):
-    """No connection within the connect timeout."""
-
-
-class H1HeaderError(H1ConnectError):
-    """A header the request would carry holds CR, LF or NUL: refused, nothing written."""
-
-
-class H1Disconnected(H1Error):
-    """The connection ended before the whole answer arrived: the request may have run."""
-
-
-class H1ReadTimeout(H1Error):
-    """No byte of the answer for the read timeout while it was awaited."""
-
-
-class H1ProtocolError(H1Error):
-    """The server's bytes are not an HTTP/1.1 answer this client can read."""
 
 
 class H1Response:
@@ -115,7 +95,7 @@ class H1Response:
         self._pieces: deque[bytes] = deque()
         self._size = 0
         self._complete = False
-        self._error: H1Error | None = None
+        self._error: HttpPoolError | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._released = False
 
@@ -128,7 +108,7 @@ class H1Response:
             self._conn.pause()
         self._wake()
 
-    def _finish(self, error: H1Error | None) -> None:
+    def _finish(self, error: HttpPoolError | None) -> None:
         if self._complete or self._error is not None:
             return
         if error is None:
@@ -166,7 +146,7 @@ class H1Response:
                 try:
                     piece = decoder.decompress(piece)
                 except zlib.error:
-                    raise H1ProtocolError("the compressed body does not decode") from None
+                    raise HttpProtocolError("the compressed body does not decode") from None
                 if not piece:
                     continue
             yield piece
@@ -227,7 +207,7 @@ def _decoder_for(encoding: str | None) -> zlib._Decompress | None:
         return zlib.decompressobj(16 + zlib.MAX_WBITS)
     if name == "deflate":
         return zlib.decompressobj()
-    raise H1ProtocolError(f"a body in an encoding this client cannot read ({name[:32]})")
+    raise HttpProtocolError(f"a body in an encoding this client cannot read ({name[:32]})")
 
 
 class _Connection(asyncio.Protocol):
@@ -267,7 +247,7 @@ class _Connection(asyncio.Protocol):
         try:
             parser.feed_data(data)
         except httptools.HttpParserError:
-            self._fail(H1ProtocolError("the answer is not HTTP/1.1"))
+            self._fail(HttpProtocolError("the answer is not HTTP/1.1"))
             self._abort()
 
     def eof_received(self) -> bool | None:
@@ -282,7 +262,7 @@ class _Connection(asyncio.Protocol):
             return
         waiter = self._headers_waiter
         if waiter is not None:  # no whole head yet
-            self._fail(H1Disconnected("the connection closed before the answer"))
+            self._fail(HttpDisconnected("the connection closed before the answer"))
             return
         response = self.response
         if response is not None and not response._complete:
@@ -290,7 +270,7 @@ class _Connection(asyncio.Protocol):
             if exc is None and _ends_with_close(response.headers):
                 response._finish(None)
             else:
-                response._finish(H1Disconnected("the connection closed inside the body"))
+                response._finish(HttpDisconnected("the connection closed inside the body"))
         self._pool._forget(self)
 
     def pause_writing(self) -> None:  # a request is one write; nothing to hold back
@@ -356,7 +336,7 @@ class _Connection(asyncio.Protocol):
         if waiter is not None:
             await waiter
 
-    def _fail(self, error: H1Error) -> None:
+    def _fail(self, error: HttpPoolError) -> None:
         waiter, self._headers_waiter = self._headers_waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_exception(error)
@@ -387,7 +367,7 @@ class _Connection(asyncio.Protocol):
         if now < deadline or not awaiting:
             self._arm(max(deadline, now + self._read_timeout_s / 4))
             return
-        self._fail(H1ReadTimeout("no byte of the answer within the read timeout"))
+        self._fail(HttpReadTimeout("no byte of the answer within the read timeout"))
         self._abort()
 
     def reading(self) -> None:
@@ -484,17 +464,17 @@ class H1Pool:
     ) -> H1Response:
         """Send one request (`target`: the path and query below the base path) and return
         its answer once its status and headers arrived; the caller reads the body and
-        releases it. Raises an `H1ConnectError` only when nothing was written."""
+        releases it. Raises one of `NEVER_SENT` only when nothing was written."""
         head = self._head(method, target, headers, body)
         if self._closed:
-            raise H1ConnectError("the client is closed")
+            raise HttpConnectError("the client is closed")
         slots = self._slots
         if slots.locked():  # every slot taken: wait for one, for the pool timeout at most
             try:
                 async with asyncio.timeout(self.pool_timeout_s):
                     await slots.acquire()
             except TimeoutError:
-                raise H1PoolTimeout("no connection slot within the pool timeout") from None
+                raise HttpPoolTimeout("no connection slot within the pool timeout") from None
         else:
             await slots.acquire()  # free: taken at once
         conn: _Connection | None = None
@@ -516,14 +496,14 @@ class H1Pool:
         lines = [f"{method} {self.base_path}{target} HTTP/1.1"]
         for name, value in headers:
             if _unsafe(name) or _unsafe(value) or ":" in name:
-                raise H1HeaderError(f"header {name[:40]!r} holds a character HTTP forbids")
+                raise HttpHeaderRefused(f"header {name[:40]!r} holds a character HTTP forbids")
             lines.append(f"{name}: {value}")
         if body is not None or method in ("POST", "PUT", "PATCH"):
             lines.append(f"Content-Length: {len(body or b'')}")
         try:
             text = "\r\n".join(lines).encode("utf-8")
         except UnicodeEncodeError:
-            raise H1HeaderError("a header is not encodable text") from None
+            raise HttpHeaderRefused("a header is not encodable text") from None
         return b"".join((text, b"\r\nHost: ", self._host_header, _HEAD_END))
 
     def _reused(self) -> _Connection | None:
@@ -549,9 +529,9 @@ class H1Pool:
                     server_hostname=self.host if self._ssl is not None else None,
                 )
         except TimeoutError:
-            raise H1ConnectTimeout("no connection within the connect timeout") from None
+            raise HttpConnectTimeout("no connection within the connect timeout") from None
         except (OSError, ssl.SSLError) as exc:
-            raise H1ConnectError(f"connecting failed: {type(exc).__name__}") from None
+            raise HttpConnectError(f"connecting failed: {type(exc).__name__}") from None
         self._open.add(conn)
         return conn
 
@@ -592,17 +572,4 @@ def _unsafe(text: str) -> bool:
     return "\r" in text or "\n" in text or "\0" in text
 
 
-__all__ = [
-    "H1_ENCODINGS",
-    "KEEPALIVE_S",
-    "H1ConnectError",
-    "H1ConnectTimeout",
-    "H1Disconnected",
-    "H1Error",
-    "H1HeaderError",
-    "H1Pool",
-    "H1PoolTimeout",
-    "H1ProtocolError",
-    "H1ReadTimeout",
-    "H1Response",
-]
+__all__ = ["H1_ENCODINGS", "KEEPALIVE_S", "H1Pool", "H1Response"]

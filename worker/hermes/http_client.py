@@ -39,7 +39,9 @@ from schemas.errors import ErrorCode
 from worker import tracing
 from worker.endpoints import Endpoint
 from worker.errors import (
+    NEVER_SENT,
     ConnectorError,
+    HttpPoolError,
     SSEDecodeError,
     SSEIdle,
     SSELimitReached,
@@ -54,7 +56,7 @@ from worker.hermes.exchange import (
     from_transport,
 )
 from worker.hermes.features import NO_FEATURES, HermesFeatures
-from worker.hermes.h1 import H1_ENCODINGS, H1ConnectError, H1Error, H1Pool, H1Response
+from worker.hermes.h1 import H1_ENCODINGS, H1Pool, H1Response
 from worker.hermes.sse import SSEEvent, SSELimits, aiter_events
 from worker.metrics import Metrics
 
@@ -69,7 +71,13 @@ MAX_JSON_BODY_BYTES = 16 * 1024 * 1024
 MAX_REFUSAL_BYTES = 4096
 #: What a lower layer may raise while a request or stream is in flight. aiohttp errors that
 #: the httpx-aiohttp transport does not map arrive unmapped; OSError covers sockets.
-_TRANSPORT_ERRORS = (httpx.HTTPError, httpx.StreamError, aiohttp.ClientError, OSError, H1Error)
+_TRANSPORT_ERRORS = (
+    httpx.HTTPError,
+    httpx.StreamError,
+    aiohttp.ClientError,
+    OSError,
+    HttpPoolError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -374,24 +382,17 @@ class HermesClient:
         self,
         session: aiohttp.ClientSession,
         method: str,
-        route: str,
-        params: Mapping[str, str] | None,
-        *,
+        target: str,
         content: bytes | None,
-        query: Mapping[str, Any] | None,
         headers: dict[str, str],
     ) -> aiohttp.ClientResponse:
         """Send a request on aiohttp itself, as httpx-aiohttp would send the `httpx.Request`
         `_build` makes (same URL, headers, body and timeouts; no redirect followed), without
         an httpx request and response beside aiohttp's: for an event stream that was ~4 KiB
         per held run (bench figure 4), for the operator's start ~10% of an Action's CPU."""
-        url = self._base_url + route_path(route, params or {})
-        encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
-        if encoded:
-            url = str(httpx.URL(url, params=encoded))  # encoded as httpx encodes it
         return await session.request(
             method,
-            url,
+            self._base_url + target,
             headers={self._name(name): value for name, value in headers.items()},
             data=content,
             allow_redirects=False,
@@ -403,7 +404,7 @@ class HermesClient:
         route: str, params: Mapping[str, str] | None, query: Mapping[str, Any] | None
     ) -> str:
         """The request target below the endpoint's base path, its query encoded as httpx
-        encodes one (`_open_over_aiohttp` sends the same)."""
+        encodes one, so every transport sends the request httpx would."""
         path = route_path(route, params or {})
         encoded = {k: _query_value(v) for k, v in (query or {}).items() if v is not None}
         return f"{path}?{httpx.QueryParams(encoded)}" if encoded else path
@@ -647,22 +648,8 @@ class HermesClient:
         aiohttp one to aiohttp itself (`_open_over_aiohttp`): either way its request,
         headers and body are temporaries of this call, so a held stream keeps none of them
         beside the response, and a start builds no httpx objects."""
-        if self._h1 is not None:
-            all_headers = self._headers(
-                f"{method} {route}",
-                headers,
-                protected=protected,
-                accept=accept,
-                json_content=content is not None,
-            )
-            if all_headers.get("accept-encoding", "identity") != "identity":
-                # What the pool decodes (httpx offers br and zstd when their packages exist).
-                all_headers["accept-encoding"] = H1_ENCODINGS
-            return await self._h1.open(
-                method, self._target(route, params, query), all_headers.items(), content
-            )
-        session = self._aiohttp_session()
-        if session is None:
+        session = self._aiohttp_session() if self._h1 is None else None
+        if self._h1 is None and session is None:
             return await self.send(
                 self._build(
                     method,
@@ -675,21 +662,21 @@ class HermesClient:
                     accept=accept,
                 )
             )
-        return await self._open_over_aiohttp(
-            session,
-            method,
-            route,
-            params,
-            content=content,
-            query=query,
-            headers=self._headers(
-                f"{method} {route}",
-                headers,
-                protected=protected,
-                accept=accept,
-                json_content=content is not None,
-            ),
+        all_headers = self._headers(
+            f"{method} {route}",
+            headers,
+            protected=protected,
+            accept=accept,
+            json_content=content is not None,
         )
+        target = self._target(route, params, query)
+        if self._h1 is not None:
+            if all_headers.get("accept-encoding", "identity") != "identity":
+                # What the pool decodes (httpx offers br and zstd when their packages exist).
+                all_headers["accept-encoding"] = H1_ENCODINGS
+            return await self._h1.open(method, target, all_headers.items(), content)
+        assert session is not None
+        return await self._open_over_aiohttp(session, method, target, content, all_headers)
 
     async def _open_stream(
         self,
@@ -828,11 +815,11 @@ def _never_sent(exc: BaseException, transport: str) -> bool:
     sending. httpx-aiohttp maps every `aiohttp.ClientConnectionError`, including a server
     disconnect after the request, to `ConnectTimeout`, so there the aiohttp cause decides:
     `ClientConnectorError` (connecting failed) or `ConnectionTimeoutError` (no connection
-    within the connect timeout, pool wait included). The `h1` pool raises `H1ConnectError`
-    exactly when nothing was written.
+    within the connect timeout, pool wait included). The `h1` pool raises one of
+    `NEVER_SENT` exactly when nothing was written.
     """
-    if isinstance(exc, H1Error):
-        return isinstance(exc, H1ConnectError)
+    if isinstance(exc, HttpPoolError):
+        return isinstance(exc, NEVER_SENT)
     if isinstance(exc, httpx.PoolTimeout):
         return True
     if transport == "httpx":
