@@ -11,6 +11,7 @@ from collections.abc import Callable
 import msgspec
 import pytest
 
+from schemas.audit import ReceiptEvent
 from schemas.chunk import DoneChunk, PendingApprovalChunk
 from schemas.result import ResultStatus
 from tests.integration.stack import Stack
@@ -90,6 +91,11 @@ async def test_kill_at_each_step_ends_in_the_right_state_without_a_second_start(
     assert len(await stack.results(action.id)) == 1
     chunks = await stack.chunks(action.id)
     assert [c.seq for c in chunks] == list(range(len(chunks)))
+    if point == "after_post_run":
+        # Killed once the start was sent: the receipts that led to it were handed to the
+        # bus before it left (`AuditLog.hand_over`), so the dead owner's claim is on record.
+        by_w1 = [r.event for r in await stack.receipts(action.id) if r.worker_id == "w1"]
+        assert ReceiptEvent.START_CLAIMED in by_w1, by_w1
 
 
 async def test_paused_owner_is_taken_over_by_polling_and_never_settles(stack: Stack) -> None:

@@ -13,7 +13,9 @@ still-queued receipt signed, when there is one); a receipt that ends a segment
 (`ENDS_SEGMENT`: a lease released or lost, a refusal) is itself sent signed. `audit`
 believes a receipt that a trusted worker signed or that a signed receipt links back to.
 Nothing is held back, so a process killed mid-run leaves every receipt it emitted on the
-stream (the receipt chain of a killed run still tells its story); only the seal of its last
+stream (the receipt chain of a killed run still tells its story; before the operator's start,
+the one unsafe request, `hand_over` waits until the bus server has them, so not even a kill
+right after the send can catch them in this process's buffers); only the seal of its last
 segment is missing, so `audit` reports that segment's receipts as not verified, never as
 believed. A segment's signed Envelope vouches for every receipt it links back to because a
 receipt's hash covers its `previous_hash` (aip-1.0-wire.md §2.7).
@@ -42,6 +44,10 @@ log = logging.getLogger(__name__)
 #: How long an Action's open segment waits for a next receipt before it is sealed: receipts
 #: emitted together (an Action's start, its settle and release) share one signature.
 SEAL_AFTER_S = 0.1
+
+
+#: How long `hand_over` waits for the bus server to confirm it has the receipts.
+HAND_OVER_S = 1  # whole seconds: nats-py's `flush` takes an int
 
 
 #: Events after which this process has nothing more to say about the Action for now (its
@@ -249,6 +255,24 @@ class AuditLog:
             outbox.append(self._seal_of(last, publisher))
         await _send_all(publisher, outbox, self._framer)
 
+    async def hand_over(self) -> None:
+        """Put every receipt emitted so far on the bus before the caller goes on: the
+        sender publishes what is queued, then the bus server confirms it has them
+        (`BusPublisher.flushed`). Called before an unsafe provider request (the operator's
+        start), so a process killed right after sending it still leaves the receipts that
+        led to it, its `start_claimed` among them: otherwise they could still sit in this
+        process's queue or in the NATS client's buffer. Never raises; a bus that does not
+        confirm within `HAND_OVER_S` delays the request by that much at most."""
+        publisher = self.publisher
+        if publisher is None:
+            return
+        sender = self._sender
+        if sender is not None:
+            # Shielded: a caller cancelled here must not cancel the sender, which serves
+            # every Action's receipts.
+            await asyncio.shield(sender)
+        await publisher.flushed(HAND_OVER_S)
+
     async def drain(self, timeout_s: float = 2.0) -> None:
         """Send what is queued and seal every open segment at once, for up to `timeout_s`."""
         self._closing = True
@@ -333,6 +357,13 @@ def receipt(event: ReceiptEvent, **details: DetailValue) -> None:
             trace_id=scope.trace_id,
             facts=details,
         )
+
+
+async def handed_over() -> None:
+    """`AuditLog.hand_over` for the Action the current task executes (no-op outside one)."""
+    scope = _scope.get()
+    if scope is not None:
+        await scope.log.hand_over()
 
 
 #: Routes read again and again while a run is followed (the operator's status poll, every

@@ -148,6 +148,18 @@ class BusPublisher:
         #: what `/ready` reports (`worker.bus.publish_health`).
         self.health = PublishHealth()
 
+    async def flushed(self, timeout_s: int) -> None:
+        """Wait until the bus server has every message published on this connection so far
+        (a PING answered after them), for `timeout_s` at most; never raises. A process
+        killed after this returns has left them on the bus, whatever it had buffered."""
+        nc = self.nc
+        if nc is None or not nc.is_connected:
+            return
+        try:
+            await nc.flush(timeout=timeout_s)
+        except Exception as exc:  # a slow or lost server: the caller goes on regardless
+            log.debug("bus flush not confirmed: %s", type(exc).__name__)
+
     def max_message_bytes(self) -> int:
         """The largest body one result or chunk may have: the server's `max_payload` (from
         its INFO, so a deployment's own limit counts) less the room for our headers."""

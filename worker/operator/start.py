@@ -49,7 +49,7 @@ from schemas.audit import ReceiptEvent
 from schemas.errors import ErrorCode
 from schemas.operator import OperatorObjective
 from worker import faults
-from worker.bus.audit import receipt
+from worker.bus.audit import handed_over, receipt
 from worker.errors import ConnectorError
 from worker.fingerprints import operator_fingerprint
 from worker.hermes.feature_probe import read_features
@@ -390,6 +390,9 @@ class StartFence:
                     ),
                 )
             faults.hit("after_claim", s.ctx.action.id)
+            # The receipts that led here (`start_claimed`) reach the bus before the start
+            # leaves, so a process killed once it is sent has left them behind.
+            await handed_over()
             outcome = await provider.start_run(
                 s.ctx.hermes, self.body, self._start_headers(claim), budget
             )
