@@ -221,34 +221,32 @@ async def test_a_close_before_the_answer_may_have_run(closing: list[H1Pool]) -> 
     assert len(server.requests) == 1
 
 
-async def test_a_close_inside_a_body_with_a_length_is_a_disconnect(
-    closing: list[H1Pool],
+@pytest.mark.parametrize(
+    ("reply", "body"),
+    [
+        # A length promised and not kept: the answer broke off (the request may have run).
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc", None),
+        # No length and not chunked: the body ends with the connection.
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it", b"all of it"),
+    ],
+)
+async def test_a_close_inside_a_body_ends_it_only_when_nothing_else_delimits_it(
+    closing: list[H1Pool], reply: bytes, body: bytes | None
 ) -> None:
-    async def short(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def close_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc")
+        writer.write(reply)
         await writer.drain()
 
-    async with RawServer(short) as server:
+    async with RawServer(close_after) as server:
         pool = pool_for(server.url)
         closing.append(pool)
         response = await pool.open("GET", "/x", [], None)
-        with pytest.raises(HttpDisconnected):
-            await response.read(100)
-        response.release()
-
-
-async def test_a_body_without_a_length_ends_with_the_connection(closing: list[H1Pool]) -> None:
-    async def until_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await server.read_request(reader)
-        writer.write(b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\nall of it")
-        await writer.drain()
-
-    async with RawServer(until_close) as server:
-        pool = pool_for(server.url)
-        closing.append(pool)
-        response = await pool.open("GET", "/x", [], None)
-        assert await response.read(100) == b"all of it"
+        if body is None:
+            with pytest.raises(HttpDisconnected):
+                await response.read(100)
+        else:
+            assert await response.read(100) == body
         response.release()
 
 
