@@ -66,20 +66,34 @@ class RawServer:
         self._server.close()
 
 
-def pool_for(url: str, **kw: float) -> H1Pool:
-    return H1Pool(
-        url,
-        max_connections=int(kw.pop("max_connections", 8)),
-        connect_timeout_s=kw.pop("connect_timeout_s", 2.0),
-        read_timeout_s=kw.pop("read_timeout_s", 5.0),
-        pool_timeout_s=kw.pop("pool_timeout_s", 2.0),
-    )
+#: Makes a pool for a URL (`max_connections`, the timeouts: keyword overrides), closed
+#: when the test ends.
+PoolFor = Callable[..., H1Pool]
 
 
 @pytest_asyncio.fixture
-async def closing() -> AsyncIterator[list[H1Pool]]:
+async def pool_for() -> AsyncIterator[PoolFor]:
     pools: list[H1Pool] = []
-    yield pools
+
+    def make(
+        url: str,
+        *,
+        max_connections: int = 8,
+        connect_timeout_s: float = 2.0,
+        read_timeout_s: float = 5.0,
+        pool_timeout_s: float = 2.0,
+    ) -> H1Pool:
+        pool = H1Pool(
+            url,
+            max_connections=max_connections,
+            connect_timeout_s=connect_timeout_s,
+            read_timeout_s=read_timeout_s,
+            pool_timeout_s=pool_timeout_s,
+        )
+        pools.append(pool)
+        return pool
+
+    yield make
     for pool in pools:
         await pool.aclose()
 
@@ -90,7 +104,7 @@ def answer(body: bytes, *headers: bytes) -> bytes:
 
 
 async def test_a_whole_answer_frees_its_connection_for_the_next_request(
-    closing: list[H1Pool],
+    pool_for: PoolFor,
 ) -> None:
     async def two(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         for _ in range(2):
@@ -99,7 +113,6 @@ async def test_a_whole_answer_frees_its_connection_for_the_next_request(
 
     async with RawServer(two) as server:
         pool = pool_for(server.url + "/prefix/")
-        closing.append(pool)
         for _ in range(2):
             response = await pool.open("POST", "/v1/runs", [("x-a", "1")], b"{}")
             assert (response.status, response.headers["content-type"]) == (200, "application/json")
@@ -115,7 +128,7 @@ async def test_a_whole_answer_frees_its_connection_for_the_next_request(
 
 
 async def test_an_idle_connection_past_keep_alive_is_closed_not_reused(
-    closing: list[H1Pool], monkeypatch: pytest.MonkeyPatch
+    pool_for: PoolFor, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A start must never go to a connection the server may be closing: only young idle
     connections are reused."""
@@ -128,7 +141,6 @@ async def test_an_idle_connection_past_keep_alive_is_closed_not_reused(
 
     async with RawServer(serve) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         for pause in (0.0, 0.4):
             await asyncio.sleep(pause)
             response = await pool.open("GET", "/x", [], None)
@@ -138,7 +150,7 @@ async def test_an_idle_connection_past_keep_alive_is_closed_not_reused(
 
 
 async def test_a_connection_the_server_closed_while_idle_is_not_reused(
-    closing: list[H1Pool],
+    pool_for: PoolFor,
 ) -> None:
     async def once(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
@@ -147,7 +159,6 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(
 
     async with RawServer(once) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         for _ in range(2):
             response = await pool.open("GET", "/x", [], None)
             assert await response.read(10) == b"{}"
@@ -156,23 +167,21 @@ async def test_a_connection_the_server_closed_while_idle_is_not_reused(
     assert server.connections == 2
 
 
-async def test_no_connection_is_never_sent(closing: list[H1Pool]) -> None:
+async def test_no_connection_is_never_sent(pool_for: PoolFor) -> None:
     pool = pool_for("http://127.0.0.1:9")
-    closing.append(pool)
     with pytest.raises(HttpConnectError):
         await pool.open("POST", "/v1/runs", [], b"{}")
 
 
-async def test_a_connect_that_hangs_is_a_connect_timeout(closing: list[H1Pool]) -> None:
+async def test_a_connect_that_hangs_is_a_connect_timeout(pool_for: PoolFor) -> None:
     """An address that never answers a SYN (TEST-NET-1): nothing was written."""
     pool = pool_for("http://192.0.2.1:80", connect_timeout_s=0.2)
-    closing.append(pool)
     with pytest.raises((HttpConnectTimeout, HttpConnectError)):
         await pool.open("POST", "/v1/runs", [], b"{}")
 
 
 async def test_every_slot_taken_past_the_pool_timeout_is_never_sent(
-    closing: list[H1Pool],
+    pool_for: PoolFor,
 ) -> None:
     async def hold(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
@@ -181,12 +190,11 @@ async def test_every_slot_taken_past_the_pool_timeout_is_never_sent(
 
     async with RawServer(hold) as server:
         pool = pool_for(server.url, max_connections=1, pool_timeout_s=0.2)
-        closing.append(pool)
         held = await pool.open("GET", "/stream", [], None)
         with pytest.raises(HttpPoolTimeout):
             await pool.open("POST", "/v1/runs", [], b"{}")
         assert len(server.requests) == 1  # the second request never reached the server
-        held.close()
+        held.release()  # not read to its end: its connection is closed
         await asyncio.sleep(0.05)
     assert server.connections == 1
 
@@ -195,27 +203,25 @@ async def test_every_slot_taken_past_the_pool_timeout_is_never_sent(
     "header", [("x-a", "1\r\nX-Injected: yes"), ("x-a", "a\nb"), ("x-a\r\nb", "1"), ("x:a", "1")]
 )
 async def test_a_header_with_a_line_break_is_refused_before_anything_is_sent(
-    closing: list[H1Pool], header: tuple[str, str]
+    pool_for: PoolFor, header: tuple[str, str]
 ) -> None:
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
 
     async with RawServer(serve) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         with pytest.raises(HttpHeaderRefused):
             await pool.open("GET", "/x", [header], None)
         await asyncio.sleep(0.05)
     assert server.connections == 0
 
 
-async def test_a_close_before_the_answer_may_have_run(closing: list[H1Pool]) -> None:
+async def test_a_close_before_the_answer_may_have_run(pool_for: PoolFor) -> None:
     async def read_then_close(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
 
     async with RawServer(read_then_close) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         with pytest.raises(HttpDisconnected):
             await pool.open("POST", "/v1/runs", [], b"{}")
     assert len(server.requests) == 1
@@ -231,7 +237,7 @@ async def test_a_close_before_the_answer_may_have_run(closing: list[H1Pool]) -> 
     ],
 )
 async def test_a_close_inside_a_body_ends_it_only_when_nothing_else_delimits_it(
-    closing: list[H1Pool], reply: bytes, body: bytes | None
+    pool_for: PoolFor, reply: bytes, body: bytes | None
 ) -> None:
     async def close_after(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
@@ -240,7 +246,6 @@ async def test_a_close_inside_a_body_ends_it_only_when_nothing_else_delimits_it(
 
     async with RawServer(close_after) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         response = await pool.open("GET", "/x", [], None)
         if body is None:
             with pytest.raises(HttpDisconnected):
@@ -250,7 +255,7 @@ async def test_a_close_inside_a_body_ends_it_only_when_nothing_else_delimits_it(
         response.release()
 
 
-async def test_no_byte_within_the_read_timeout_fails_the_wait(closing: list[H1Pool]) -> None:
+async def test_no_byte_within_the_read_timeout_fails_the_wait(pool_for: PoolFor) -> None:
     async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
         if len(server.requests) == 2:  # the second request: head, then nothing more
@@ -259,7 +264,6 @@ async def test_no_byte_within_the_read_timeout_fails_the_wait(closing: list[H1Po
 
     async with RawServer(stall) as server:
         pool = pool_for(server.url, read_timeout_s=0.3)
-        closing.append(pool)
         with pytest.raises(HttpReadTimeout):  # no head at all
             await pool.open("POST", "/v1/runs", [], b"{}")
         response = await pool.open("GET", "/events", [], None)
@@ -271,7 +275,7 @@ async def test_no_byte_within_the_read_timeout_fails_the_wait(closing: list[H1Po
 
 
 async def test_a_stream_read_slowly_pauses_the_socket_and_loses_nothing(
-    closing: list[H1Pool],
+    pool_for: PoolFor,
 ) -> None:
     piece = bytes(range(256)) * 256  # 64 KiB
     count = 40  # 2.5 MiB, well past the high-water mark
@@ -287,7 +291,6 @@ async def test_a_stream_read_slowly_pauses_the_socket_and_loses_nothing(
 
     async with RawServer(flood) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         response = await pool.open("GET", "/events", [], None)
         await asyncio.sleep(0.3)  # let the server fill what the client buffers
         conn = response._conn
@@ -302,7 +305,7 @@ async def test_a_stream_read_slowly_pauses_the_socket_and_loses_nothing(
 
 
 async def test_an_answer_not_read_to_its_end_closes_the_connection(
-    closing: list[H1Pool],
+    pool_for: PoolFor,
 ) -> None:
     """How Hermes learns the client left an event stream."""
 
@@ -315,21 +318,19 @@ async def test_an_answer_not_read_to_its_end_closes_the_connection(
 
     async with RawServer(stream) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         response = await pool.open("GET", "/events", [], None)
         assert await anext(response.iter_chunked()) == b"abc"
         response.release()
         await asyncio.wait_for(server.closed_by_client.wait(), 2)
 
 
-async def test_a_gzip_body_is_decoded(closing: list[H1Pool]) -> None:
+async def test_a_gzip_body_is_decoded(pool_for: PoolFor) -> None:
     async def zipped(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
         writer.write(answer(gzip.compress(b'{"run_id": "r"}'), b"Content-Encoding: gzip"))
 
     async with RawServer(zipped) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         response = await pool.open("POST", "/v1/runs", [], b"{}")
         assert await response.read(100) == b'{"run_id": "r"}'
         response.release()
@@ -340,7 +341,7 @@ async def test_a_gzip_body_is_decoded(closing: list[H1Pool]) -> None:
     [b"SSH-2.0-OpenSSH_9.6\r\n", b"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n"],
 )
 async def test_an_answer_that_is_not_http_is_a_protocol_error(
-    closing: list[H1Pool], reply: bytes
+    pool_for: PoolFor, reply: bytes
 ) -> None:
     async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
@@ -349,13 +350,12 @@ async def test_an_answer_that_is_not_http_is_a_protocol_error(
 
     async with RawServer(garbage) as server:
         pool = pool_for(server.url)
-        closing.append(pool)
         with pytest.raises(HttpProtocolError):
             await pool.open("POST", "/v1/runs", [], b"{}")
 
 
 async def test_a_cancelled_request_drops_its_connection_and_frees_its_slot(
-    closing: list[H1Pool],
+    pool_for: PoolFor,
 ) -> None:
     async def slow(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await server.read_request(reader)
@@ -367,7 +367,6 @@ async def test_a_cancelled_request_drops_its_connection_and_frees_its_slot(
 
     async with RawServer(slow) as server:
         pool = pool_for(server.url, max_connections=1, pool_timeout_s=0.5)
-        closing.append(pool)
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.2):
                 await pool.open("POST", "/v1/runs", [], b"{}")

@@ -70,9 +70,9 @@ H1_ENCODINGS: Final = "gzip, deflate"
 class H1Response:
     """One answer: its status and headers once they arrived, then its body, piece by piece.
 
-    Read the body with `iter_chunked` or `read`, then `release` it (the pool is told whether
-    the connection may serve another request); `close` ends it early and drops the
-    connection."""
+    Read the body with `iter_chunked` or `read`, then `release` it: the connection serves
+    another request when the whole answer arrived, and is closed otherwise (how the
+    server learns the client left a stream)."""
 
     __slots__ = (
         "_complete",
@@ -186,12 +186,6 @@ class H1Response:
         # boundary between two answers either way.
         self._pool._give_back(self._conn, reusable=self._complete)
 
-    def close(self) -> None:
-        """Done early: the connection is closed (the server sees the client leave)."""
-        if not self._released:
-            self._released = True
-            self._pool._give_back(self._conn, reusable=False)
-
 
 _NO_HEADERS: Final[CIMultiDictProxy[str]] = CIMultiDictProxy(CIMultiDict())
 
@@ -220,7 +214,6 @@ class _Connection(asyncio.Protocol):
         self.response: H1Response | None = None
         self._parser: httptools.HttpResponseParser | None = None
         self._header_list: list[tuple[str, str]] = []
-        self._name = b""
         self._headers_waiter: asyncio.Future[None] | None = None
         self._keep_alive = False
         self.lost = False
@@ -250,34 +243,20 @@ class _Connection(asyncio.Protocol):
             self._fail(HttpProtocolError("the answer is not HTTP/1.1"))
             self._abort()
 
-    def eof_received(self) -> bool | None:
-        return None  # close the transport; connection_lost tells the answer
-
     def connection_lost(self, exc: Exception | None) -> None:
         self.lost = True
         self._stop_timer()
-        parser, self._parser = self._parser, None
-        if parser is None:
-            self._pool._forget(self)
-            return
-        waiter = self._headers_waiter
-        if waiter is not None:  # no whole head yet
-            self._fail(HttpDisconnected("the connection closed before the answer"))
-            return
-        response = self.response
-        if response is not None and not response._complete:
-            # A body without a length and not chunked ends with the connection.
-            if exc is None and _ends_with_close(response.headers):
-                response._finish(None)
-            else:
-                response._finish(HttpDisconnected("the connection closed inside the body"))
         self._pool._forget(self)
-
-    def pause_writing(self) -> None:  # a request is one write; nothing to hold back
-        pass
-
-    def resume_writing(self) -> None:
-        pass
+        parser, self._parser = self._parser, None
+        response = self.response
+        if parser is None or response is None:  # idle, or the answer was whole
+            return
+        if self._headers_waiter is not None:  # no whole head yet
+            self._fail(HttpDisconnected("the connection closed before the answer"))
+        elif exc is None and _ends_with_close(response.headers):
+            response._finish(None)  # a body without a length, not chunked, ends so
+        else:
+            response._finish(HttpDisconnected("the connection closed inside the body"))
 
     # -- httptools callbacks -----------------------------------------------------------
 

@@ -648,8 +648,8 @@ class HermesClient:
         aiohttp one to aiohttp itself (`_open_over_aiohttp`): either way its request,
         headers and body are temporaries of this call, so a held stream keeps none of them
         beside the response, and a start builds no httpx objects."""
-        session = self._aiohttp_session() if self._h1 is None else None
-        if self._h1 is None and session is None:
+        pool, session = self._h1, None
+        if pool is None and (session := self._aiohttp_session()) is None:
             return await self.send(
                 self._build(
                     method,
@@ -670,13 +670,13 @@ class HermesClient:
             json_content=content is not None,
         )
         target = self._target(route, params, query)
-        if self._h1 is not None:
-            if all_headers.get("accept-encoding", "identity") != "identity":
-                # What the pool decodes (httpx offers br and zstd when their packages exist).
-                all_headers["accept-encoding"] = H1_ENCODINGS
-            return await self._h1.open(method, target, all_headers.items(), content)
-        assert session is not None
-        return await self._open_over_aiohttp(session, method, target, content, all_headers)
+        if session is not None:
+            return await self._open_over_aiohttp(session, method, target, content, all_headers)
+        assert pool is not None
+        if all_headers.get("accept-encoding", "identity") != "identity":
+            # What the pool decodes (httpx offers br and zstd when their packages exist).
+            all_headers["accept-encoding"] = H1_ENCODINGS
+        return await pool.open(method, target, all_headers.items(), content)
 
     async def _open_stream(
         self,
