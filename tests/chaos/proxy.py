@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 HOST = "127.0.0.1"
@@ -49,6 +50,8 @@ class FaultProxy:
     state: LinkState = field(default_factory=LinkState)
     port: int = 0
     connections: int = 0
+    #: Called with every chunk forwarded towards the server, in order (what it received).
+    tap: Callable[[bytes], None] | None = None
     _server: asyncio.Server | None = None
     _open: set[asyncio.StreamWriter] = field(default_factory=set)
     _tasks: set[asyncio.Task[None]] = field(default_factory=set)
@@ -160,5 +163,7 @@ class FaultProxy:
                     await asyncio.sleep(0.05)
                 if self.state.latency_s:
                     await asyncio.sleep(self.state.latency_s)
+                if up and self.tap is not None:
+                    self.tap(data)
                 dst.write(data)
                 await dst.drain()

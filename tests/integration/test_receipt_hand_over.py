@@ -4,7 +4,8 @@ The operator's start is sent only after `AuditLog.hand_over` (`worker/operator/s
 the bus server then holds the `start_claimed` receipt, so a worker killed once the start
 left still leaves it on the audit stream. Here a real process emits a receipt and ends with
 `os._exit` at once (kill -9's effect on what it buffered), with and without the hand-over,
-against a real NATS server.
+against a real NATS server; and the bytes the server receives show that the hand-over's
+PING follows what was published before it, so its PONG confirms them.
 """
 
 from __future__ import annotations
@@ -18,7 +19,11 @@ import nats
 import pytest
 
 from schemas.audit import ReceiptEvent
+from subjects.grammar import Subjects
+from tests.chaos.proxy import FaultProxy
 from tests.integration.stack import ENDPOINT, provision_streams
+from worker.bus.flush import flushed_in_order
+from worker.bus.publisher import BusPublisher
 from worker.client import AipClient
 from worker.testing.services import ServiceHandle
 
@@ -31,6 +36,7 @@ import nats
 from schemas.audit import ReceiptEvent
 from subjects.grammar import Subjects
 from worker.bus.audit import AuditLog
+from worker.bus.flush import flushed_in_order
 from worker.bus.publisher import BusPublisher
 
 async def main(url, endpoint, action_id, hand_over):
@@ -74,3 +80,34 @@ async def test_a_receipt_handed_over_is_on_the_stream_after_a_kill(
         await reader.close()
     # The control: emitted but not handed over, the receipt dies in the process's queue.
     assert events == ([ReceiptEvent.START_CLAIMED] if hand_over else [])
+
+
+@pytest.mark.parametrize("queued", ["publish", "subscribe"])
+async def test_the_flush_ping_follows_what_was_queued_before_it(
+    nats_server: ServiceHandle, queued: str
+) -> None:
+    # nats-py writes a flush's PING ahead of commands still queued for its flusher; a PONG
+    # to that PING would confirm nothing about them (`worker.bus.flush`). A publish is the
+    # hand-over's case (`BusPublisher.flushed`), a subscribe the stream wake-ups'.
+    received = bytearray()
+    port = int(nats_server.url.rsplit(":", 1)[1])
+    proxy = await FaultProxy("nats", port, tap=received.extend).start()
+    nc = await nats.connect(f"nats://127.0.0.1:{proxy.port}")
+    try:
+        await nc.flush()
+        before = len(received)  # the connect's own CONNECT and PING
+        if queued == "publish":
+            await nc.publish("aip.test.hand_over", b"receipt")
+            await BusPublisher(nc.jetstream(), Subjects(), nc=nc).flushed(1)
+            command = b"PUB aip.test.hand_over "
+        else:
+            await nc.subscribe("aip.test.wake_up")
+            await flushed_in_order(nc, 1)
+            command = b"SUB aip.test.wake_up "
+        after = bytes(received[before:])
+    finally:
+        await nc.close()
+        await proxy.close()
+    sent, ping = after.find(command), after.rfind(b"PING\r\n")
+    assert sent >= 0, f"the {queued} had not reached the server: {after!r}"
+    assert ping > sent, f"the PING went ahead of the {queued}: {after!r}"

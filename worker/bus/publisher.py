@@ -38,6 +38,7 @@ from subjects.grammar import (
 )
 from worker import tracing
 from worker.aip.signing import AipSigner
+from worker.bus.flush import flushed_in_order
 from worker.bus.publish_health import PublishHealth
 from worker.errors import PublishFailed, StreamFull
 from worker.wire.channels import encode_delivery, encode_inbound, inbound_dedupe_id
@@ -150,13 +151,14 @@ class BusPublisher:
 
     async def flushed(self, timeout_s: int) -> None:
         """Wait until the bus server has every message published on this connection so far
-        (a PING answered after them), for `timeout_s` at most; never raises. A process
-        killed after this returns has left them on the bus, whatever it had buffered."""
+        (a PING answered after them, `worker.bus.flush`), for `timeout_s` at most; never
+        raises. A process killed after this returns has left them on the bus, whatever it
+        had buffered."""
         nc = self.nc
         if nc is None or not nc.is_connected:
             return
         try:
-            await nc.flush(timeout=timeout_s)
+            await flushed_in_order(nc, timeout_s)
         except Exception as exc:  # a slow or lost server: the caller goes on regardless
             log.debug("bus flush not confirmed: %s", type(exc).__name__)
 

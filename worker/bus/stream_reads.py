@@ -38,6 +38,8 @@ from nats.js import JetStreamContext
 from nats.js.api import RawStreamMsg
 from nats.js.errors import NotFoundError
 
+from worker.bus.flush import flushed_in_order
+
 log = logging.getLogger(__name__)
 
 #: How often a waiter reads the stream again when no wake-up came.
@@ -116,7 +118,7 @@ class Wakeups:
                 try:
                     self._subs[pattern] = await self.nc.subscribe(pattern, cb=self._on_msg)
                     # Active on the server before the caller's first read.
-                    await self.nc.flush(timeout=2)
+                    await flushed_in_order(self.nc, 2)
                 except (NatsError, TimeoutError) as exc:  # polling still finds it
                     log.info("no wake-ups for %s: %s", pattern, type(exc).__name__)
         return event
