@@ -36,7 +36,6 @@ import nats
 from schemas.audit import ReceiptEvent
 from subjects.grammar import Subjects
 from worker.bus.audit import AuditLog
-from worker.bus.flush import flushed_in_order
 from worker.bus.publisher import BusPublisher
 
 async def main(url, endpoint, action_id, hand_over):
